@@ -1,0 +1,364 @@
+"""Configuration: one registry of options, read from flags, environment, a TOML file.
+
+Precedence: flag > environment > file > default. Every option is declared once in
+:data:`OPTIONS`; from there it gets its flag (``--generation-model``), its environment
+variable (``LLAMAD_GENERATION_MODEL``), its TOML key (``[generation] model``), its
+``--help`` text, and its validation. Invalid values stop the daemon at start with one
+clear line naming the option and where the value came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from supervisor import RestartPolicy, Timeouts
+
+
+class ConfigError(Exception):
+    """A configuration value is missing or invalid."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting. ``key`` is ``section.name`` or ``name`` (top level)."""
+
+    key: str
+    kind: type
+    default: Any
+    help: str
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace(".", "-").replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "LLAMAD_" + self.key.replace(".", "_").upper()
+
+    @property
+    def dest(self) -> str:
+        return self.key.replace(".", "__")
+
+
+def _child_options(role: str, enabled: bool, threads: int, parallel: int, ctx: int) -> list[Option]:
+    return [
+        Option(f"{role}.enabled", bool, enabled, f"Run the {role} child."),
+        Option(f"{role}.model", str, "", f"Path of the {role} GGUF model."),
+        Option(f"{role}.runtime", str, "auto",
+               "Runtime: llama-server, bundled (python -m llama_cpp.server), or auto "
+               "(llama-server when found).", choices=("auto", "llama-server", "bundled")),
+        Option(f"{role}.ctx_size", int, ctx,
+               "Context tokens per slot (0: the model's training context).", minimum=0),
+        Option(f"{role}.threads", int, threads, "CPU threads for the child.", minimum=1),
+        Option(f"{role}.parallel", int, parallel,
+               "Concurrent request slots (llama-server; the bundled runtime serves one).",
+               minimum=1),
+        Option(f"{role}.batch", int, 512, "Logical batch size in tokens.", minimum=1),
+        Option(f"{role}.extra_args", str, "",
+               "Extra runtime arguments, space separated, appended verbatim."),
+    ]
+
+
+_CPUS = os.cpu_count() or 2
+
+OPTIONS: tuple[Option, ...] = (
+    Option("listen", str, "127.0.0.1:50051",
+           "gRPC address: host:port (loopback by default; port 0 picks a free one) "
+           "or unix:/path/to.sock."),
+    Option("llama_bin", str, "",
+           "llama-server binary (default: beside the daemon's Python, then PATH)."),
+    Option("state_dir", str, "",
+           "Directory for state files (default: $STATE_DIRECTORY or ./var)."),
+    *_child_options("generation", True, _CPUS, 4, 4096),
+    *_child_options("embedding", True, _CPUS, 2, 0),
+    Option("restart.backoff_base", float, 0.5, "First restart backoff ceiling, s.", minimum=0.001),
+    Option("restart.backoff_cap", float, 30.0, "Largest restart backoff ceiling, s.",
+           minimum=0.001),
+    Option("restart.breaker_failures", int, 5,
+           "Consecutive failed starts that open the circuit breaker.", minimum=1),
+    Option("restart.breaker_reset", float, 60.0,
+           "Seconds of stable running that reset the failure count.", minimum=0),
+    Option("restart.breaker_cooldown", float, 300.0,
+           "Seconds before an open breaker (transient causes) tries once more; 0 never.",
+           minimum=0),
+    Option("child.start_timeout", float, 60.0,
+           "Seconds a child start may go without progress (output or 'loading').",
+           minimum=0.1),
+    Option("child.start_cap", float, 300.0, "Hard limit of a child start, s.", minimum=0.1),
+    Option("child.probe_interval", float, 5.0, "Seconds between liveness probes.", minimum=0.05),
+    Option("child.probe_timeout", float, 3.0, "Seconds a liveness probe may take.", minimum=0.05),
+    Option("child.probe_failures", int, 3, "Failed probes in a row that mean hung.", minimum=1),
+    Option("child.stop_grace", float, 10.0, "Seconds between SIGTERM and SIGKILL.", minimum=0),
+    Option("child.request_timeout", float, 600.0,
+           "Longest silence from a child during a request, s.", minimum=1),
+    Option("child.log_lines", int, 2000, "Output lines kept per child for TailLogs.", minimum=10),
+    Option("drain_grace", float, 30.0,
+           "On SIGTERM, seconds in-flight calls get to finish before they are cancelled.",
+           minimum=0),
+    Option("log.format", str, "auto", "Log format: auto (JSON unless a terminal), json, console.",
+           choices=("auto", "json", "console")),
+    Option("log.level", str, "info", "Log level.",
+           choices=("debug", "info", "warning", "error")),
+    Option("limits.max_prompt_chars", int, 262144, "Longest prompt or chat text, characters.",
+           minimum=1),
+    Option("limits.max_messages", int, 256, "Most chat messages per call.", minimum=1),
+    Option("limits.default_max_tokens", int, 256, "max_tokens when a call sets none.", minimum=1),
+    Option("limits.max_tokens", int, 8192, "Largest max_tokens a call may ask.", minimum=1),
+    Option("limits.max_stop", int, 8, "Most stop strings per call.", minimum=0),
+    Option("limits.max_embed_batch", int, 256, "Most texts per Embed call.", minimum=1),
+    Option("limits.max_embed_chars", int, 32768, "Longest text to embed, characters.", minimum=1),
+    Option("limits.max_message_bytes", int, 16 * 1024 * 1024,
+           "Largest gRPC message received or sent, bytes.", minimum=1024),
+)
+
+_BY_KEY = {o.key: o for o in OPTIONS}
+
+
+@dataclass(frozen=True)
+class ChildConfig:
+    role: str
+    enabled: bool
+    model: str
+    runtime: str
+    ctx_size: int
+    threads: int
+    parallel: int
+    batch: int
+    extra_args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_prompt_chars: int
+    max_messages: int
+    default_max_tokens: int
+    max_tokens: int
+    max_stop: int
+    max_embed_batch: int
+    max_embed_chars: int
+    max_message_bytes: int
+
+
+@dataclass(frozen=True)
+class Config:
+    """The validated configuration of one daemon run."""
+
+    listen: str
+    llama_bin: str
+    state_dir: Path
+    generation: ChildConfig
+    embedding: ChildConfig
+    policy: RestartPolicy
+    timeouts: Timeouts
+    request_timeout: float
+    log_lines: int
+    drain_grace: float
+    log_format: str
+    log_level: str
+    limits: Limits
+    sources: Mapping[str, str]
+
+    def child(self, role: str) -> ChildConfig:
+        return self.generation if role == "generation" else self.embedding
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every option as a flag (with its env variable and default in the help)."""
+    parser.add_argument("--config", metavar="FILE",
+                        help="TOML configuration file (env LLAMAD_CONFIG).")
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for opt in OPTIONS:
+        section = opt.key.split(".")[0] if "." in opt.key else "daemon"
+        group = groups.setdefault(section, parser.add_argument_group(section))
+        default = "" if opt.default == "" else f" Default: {opt.default}."
+        text = f"{opt.help}{default} Env: {opt.env}."
+        if opt.kind is bool:
+            group.add_argument(opt.flag, dest=opt.dest, default=None,
+                               action=argparse.BooleanOptionalAction, help=text)
+        else:
+            group.add_argument(opt.flag, dest=opt.dest, default=None, help=text,
+                               metavar=opt.key.split(".")[-1].upper(),
+                               choices=opt.choices or None)
+
+
+def _coerce(opt: Option, raw: Any, source: str) -> Any:
+    where = f"{opt.key} (from {source})"
+    try:
+        if opt.kind is bool:
+            if isinstance(raw, bool):
+                value: Any = raw
+            elif str(raw).strip().lower() in ("1", "true", "yes", "on"):
+                value = True
+            elif str(raw).strip().lower() in ("0", "false", "no", "off"):
+                value = False
+            else:
+                raise ValueError(f"not a boolean: {raw!r}")
+        elif opt.kind is int:
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError(f"not an integer: {raw!r}")
+            value = int(raw)
+        elif opt.kind is float:
+            if isinstance(raw, bool):
+                raise ValueError(f"not a number: {raw!r}")
+            value = float(raw)
+            if not math.isfinite(value):
+                raise ValueError(f"not a finite number: {raw!r}")
+        else:
+            if not isinstance(raw, str):
+                raise ValueError(f"not a string: {raw!r}")
+            value = raw
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if opt.choices and value not in opt.choices:
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(opt.choices)}")
+    if opt.minimum is not None and value < opt.minimum:
+        raise ConfigError(f"{where}: {value} is below the minimum {opt.minimum:g}")
+    return value
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, full + "."))
+        else:
+            out[full] = value
+    return out
+
+
+def load(
+    args: argparse.Namespace | None = None,
+    env: Mapping[str, str] | None = None,
+    file: str | os.PathLike[str] | None = None,
+) -> Config:
+    """Build the configuration from flags, environment and file.
+
+    Raises:
+        ConfigError: an unknown file key, a bad value, or an inconsistent combination.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {o.key: o.default for o in OPTIONS}
+    sources: dict[str, str] = {o.key: "default" for o in OPTIONS}
+
+    path = file or (getattr(args, "config", None) if args else None) or env.get("LLAMAD_CONFIG")
+    if path:
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except OSError as exc:
+            raise ConfigError(f"config file {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
+        for key, raw in _flatten(data).items():
+            if key not in _BY_KEY:
+                raise ConfigError(f"config file {path}: unknown setting {key!r}")
+            values[key] = _coerce(_BY_KEY[key], raw, f"file {path}")
+            sources[key] = "file"
+    for opt in OPTIONS:
+        if opt.env in env:
+            values[opt.key] = _coerce(opt, env[opt.env], f"env {opt.env}")
+            sources[opt.key] = "env"
+    if args is not None:
+        for opt in OPTIONS:
+            raw = getattr(args, opt.dest, None)
+            if raw is not None:
+                values[opt.key] = _coerce(opt, raw, f"flag {opt.flag}")
+                sources[opt.key] = "flag"
+    return _build(values, sources, env)
+
+
+def _child(values: Mapping[str, Any], role: str) -> ChildConfig:
+    return ChildConfig(
+        role=role,
+        enabled=values[f"{role}.enabled"],
+        model=values[f"{role}.model"],
+        runtime=values[f"{role}.runtime"],
+        ctx_size=values[f"{role}.ctx_size"],
+        threads=values[f"{role}.threads"],
+        parallel=values[f"{role}.parallel"],
+        batch=values[f"{role}.batch"],
+        extra_args=tuple(str(values[f"{role}.extra_args"]).split()),
+    )
+
+
+def _build(values: Mapping[str, Any], sources: Mapping[str, str], env: Mapping[str, str]) -> Config:
+    generation, embedding = _child(values, "generation"), _child(values, "embedding")
+    for child in (generation, embedding):
+        if child.enabled and not child.model:
+            opt = _BY_KEY[f"{child.role}.model"]
+            raise ConfigError(
+                f"{child.role}.model: no model configured (set {opt.flag} or {opt.env}, "
+                f"or disable the child with --no-{child.role}-enabled)"
+            )
+    if values["restart.backoff_cap"] < values["restart.backoff_base"]:
+        raise ConfigError("restart.backoff_cap must be >= restart.backoff_base")
+    if values["child.start_cap"] < values["child.start_timeout"]:
+        raise ConfigError("child.start_cap must be >= child.start_timeout")
+    if values["limits.default_max_tokens"] > values["limits.max_tokens"]:
+        raise ConfigError("limits.default_max_tokens must be <= limits.max_tokens")
+    listen = values["listen"]
+    check_listen(listen)
+    cooldown = values["restart.breaker_cooldown"]
+    state_dir = values["state_dir"] or env.get("STATE_DIRECTORY", "").split(":")[0] or "var"
+    return Config(
+        listen=listen,
+        llama_bin=values["llama_bin"],
+        state_dir=Path(state_dir),
+        generation=generation,
+        embedding=embedding,
+        policy=RestartPolicy(
+            base=values["restart.backoff_base"],
+            cap=values["restart.backoff_cap"],
+            max_failures=values["restart.breaker_failures"],
+            stable_after=values["restart.breaker_reset"],
+            cooldown=cooldown or None,
+        ),
+        timeouts=Timeouts(
+            start=values["child.start_timeout"],
+            start_cap=values["child.start_cap"],
+            probe_interval=values["child.probe_interval"],
+            probe_timeout=values["child.probe_timeout"],
+            probe_failures=values["child.probe_failures"],
+            stop_grace=values["child.stop_grace"],
+        ),
+        request_timeout=values["child.request_timeout"],
+        log_lines=values["child.log_lines"],
+        drain_grace=values["drain_grace"],
+        log_format=values["log.format"],
+        log_level=values["log.level"],
+        limits=Limits(**{k.split(".")[1]: v for k, v in values.items() if k.startswith("limits.")}),
+        sources=dict(sources),
+    )
+
+
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def check_listen(listen: str) -> None:
+    """Accept loopback ``host:port`` or ``unix:/path``; refuse anything else.
+
+    Listening beyond loopback needs TLS and a token, which this version does not offer
+    yet, so it is refused rather than served in the clear.
+    """
+    if listen.startswith(("unix:", "unix://")):
+        if not listen.split(":", 1)[1].lstrip("/"):
+            raise ConfigError("listen: unix socket path is empty")
+        return
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"listen: {listen!r} is not host:port or unix:/path")
+    if host not in _LOOPBACK_HOSTS and not host.startswith("127."):
+        raise ConfigError(
+            f"listen: {host} is not a loopback address; remote listening requires TLS and a "
+            "token, which are not configured"
+        )

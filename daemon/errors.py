@@ -1,0 +1,100 @@
+"""The one place where domain errors become gRPC status codes.
+
+The daemon's own errors::
+
+    RequestError               the call cannot be served as asked
+    ├── InvalidArgument        bad input: a clear message, nothing was done
+    ├── Disabled               the role is switched off in configuration
+    └── Draining               the daemon is shutting down (retry on another instance)
+
+Mapping (everything else in :mod:`supervisor.errors` included):
+
+============================  =====================  ==========
+error                         status                 retry hint
+============================  =====================  ==========
+InvalidArgument               INVALID_ARGUMENT       no
+Disabled                      FAILED_PRECONDITION    no
+Draining                      UNAVAILABLE            yes
+ChildNotReadyError            UNAVAILABLE            when known
+ChildBadRequestError          INVALID_ARGUMENT       no
+ChildRequestError             UNAVAILABLE            yes
+anything else                 INTERNAL               no (no traceback is sent)
+============================  =====================  ==========
+
+A retry hint is sent twice, for rich and for simple clients: as a ``google.rpc.RetryInfo``
+detail (``grpc-status-details-bin``) and as trailing metadata ``retry-after-ms``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+from google.protobuf import duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+from supervisor.errors import ChildBadRequestError, ChildNotReadyError, ChildRequestError
+
+RETRY_AFTER_KEY = "retry-after-ms"
+DEFAULT_RETRY_AFTER = 1.0
+
+
+class RequestError(Exception):
+    """Base of the daemon's own call errors."""
+
+
+class InvalidArgument(RequestError):
+    """The request is invalid; the message says which field and why."""
+
+
+class Disabled(RequestError):
+    """The role needed by the call is disabled in configuration."""
+
+
+class Draining(RequestError):
+    """The daemon is draining for shutdown and takes no new calls."""
+
+
+@dataclass(frozen=True)
+class Mapped:
+    code: grpc.StatusCode
+    message: str
+    retry_after: float | None = None
+
+    def trailing_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        """Metadata for ``context.abort``: the retry hint when there is one."""
+        if self.retry_after is None:
+            return ()
+        delay = duration_pb2.Duration()
+        delay.FromMilliseconds(int(self.retry_after * 1000))
+        info = error_details_pb2.RetryInfo(retry_delay=delay)
+        status = status_pb2.Status(code=_RPC_CODES[self.code], message=self.message)
+        status.details.add().Pack(info)
+        return (
+            ("grpc-status-details-bin", status.SerializeToString()),
+            (RETRY_AFTER_KEY, str(int(self.retry_after * 1000))),
+        )
+
+
+_RPC_CODES = {
+    grpc.StatusCode.UNAVAILABLE: code_pb2.UNAVAILABLE,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: code_pb2.RESOURCE_EXHAUSTED,
+}
+
+
+def map_error(exc: BaseException) -> Mapped:
+    """The status code, message and retry hint for ``exc``."""
+    if isinstance(exc, InvalidArgument):
+        return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    if isinstance(exc, Disabled):
+        return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+    if isinstance(exc, Draining):
+        return Mapped(grpc.StatusCode.UNAVAILABLE, str(exc), DEFAULT_RETRY_AFTER)
+    if isinstance(exc, ChildNotReadyError):
+        return Mapped(grpc.StatusCode.UNAVAILABLE, str(exc), exc.retry_after)
+    if isinstance(exc, ChildBadRequestError):
+        return Mapped(grpc.StatusCode.INVALID_ARGUMENT, f"the model refused the request: {exc}")
+    if isinstance(exc, ChildRequestError):
+        return Mapped(grpc.StatusCode.UNAVAILABLE, f"inference child failed: {exc}",
+                      DEFAULT_RETRY_AFTER)
+    return Mapped(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})")

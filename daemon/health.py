@@ -1,0 +1,93 @@
+"""gRPC health (``grpc.health.v1``): one entry per service, plus the overall "".
+
+=============================  ==============================================
+service name                   SERVING when
+=============================  ==============================================
+``generation``                 the generation child is running
+``embedding``                  the embedding child is running
+``llamad.v1.InferenceService`` the generation child is running
+``llamad.v1.ControlService``   the daemon is up (not draining)
+``""`` (overall)               not draining and every enabled child is running
+=============================  ==============================================
+
+A disabled child's entry is NOT_SERVING. Updates follow supervisor state changes, in
+order, through one queue, so Watch streams never see a stale status win a race.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+from grpc_health.v1 import health_pb2
+from grpc_health.v1.health import aio as health_aio
+
+from supervisor import State, StateChange
+
+from .children import ManagedChild
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+INFERENCE_SERVICE = "llamad.v1.InferenceService"
+CONTROL_SERVICE = "llamad.v1.ControlService"
+
+
+class HealthReporter:
+    def __init__(self, children: Mapping[str, ManagedChild]) -> None:
+        self.servicer = health_aio.HealthServicer()
+        self._children = children
+        self._draining = False
+        self._queue: asyncio.Queue[None] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._unsubscribe = [
+            c.supervisor.subscribe(self._on_change) for c in children.values()
+        ]
+
+    def _on_change(self, _: StateChange) -> None:
+        self._queue.put_nowait(None)
+
+    def statuses(self) -> dict[str, int]:
+        """The status each service name should have now."""
+        def running(role: str) -> bool:
+            child = self._children.get(role)
+            return child is not None and child.supervisor.state is State.RUNNING
+
+        up = not self._draining
+        all_running = all(c.supervisor.state is State.RUNNING for c in self._children.values())
+        flag = {True: SERVING, False: NOT_SERVING}
+        return {
+            "generation": flag[up and running("generation")],
+            "embedding": flag[up and running("embedding")],
+            INFERENCE_SERVICE: flag[up and running("generation")],
+            CONTROL_SERVICE: flag[up],
+            "": flag[up and all_running],
+        }
+
+    async def _apply(self) -> None:
+        for name, status in self.statuses().items():
+            await self.servicer.set(name, status)
+
+    async def start(self) -> None:
+        await self._apply()
+        self._task = asyncio.create_task(self._loop(), name="health")
+
+    async def _loop(self) -> None:
+        while True:
+            await self._queue.get()
+            while not self._queue.empty():  # coalesce bursts
+                self._queue.get_nowait()
+            await self._apply()
+
+    async def drain(self) -> None:
+        """Report NOT_SERVING everywhere (shutdown has begun)."""
+        self._draining = True
+        await self._apply()
+
+    async def close(self) -> None:
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        if self._task is not None:
+            self._task.cancel()
+        await self._apply()
+        await self.servicer.enter_graceful_shutdown()

@@ -1,0 +1,44 @@
+"""The inference router: which client serves a role right now.
+
+Servicers never hold on to a child's client; they ask the router for each call, so when
+the supervisor replaces a child (a restart, or a swap) the next call goes to the new one
+and calls already running finish on the client they started with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from supervisor import InferenceClient
+
+from .children import ManagedChild
+from .errors import Disabled, Draining
+
+
+class InferenceRouter:
+    def __init__(self, children: Mapping[str, ManagedChild]) -> None:
+        self._children = dict(children)
+        self.draining = False
+
+    def child(self, role: str) -> ManagedChild:
+        try:
+            return self._children[role]
+        except KeyError:
+            raise Disabled(
+                f"the {role} child is disabled in configuration ({role}.enabled = false)"
+            ) from None
+
+    def client(self, role: str) -> InferenceClient:
+        """The client of the running child for ``role``.
+
+        Raises:
+            Draining: the daemon is shutting down.
+            Disabled: the role is not configured.
+            supervisor.ChildNotReadyError: the child is not running (with a retry hint).
+        """
+        if self.draining:
+            raise Draining("llamad is shutting down; retry on another instance or later")
+        return self.child(role).supervisor.client
+
+    def model_name(self, role: str) -> str:
+        return self.child(role).spec.model.name

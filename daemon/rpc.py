@@ -1,0 +1,123 @@
+"""Per-RPC plumbing: error mapping and the one summary log line per call."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+
+from .errors import map_error
+
+_log = structlog.get_logger("llamad.rpc")
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Self = TypeVar("Self")
+
+
+@dataclass
+class Call:
+    """What a handler records about its call for the summary line."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def note(self, **kw: Any) -> None:
+        self.fields.update(kw)
+
+
+def _code_on_cancel(context: grpc.aio.ServicerContext) -> str:
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        return "DEADLINE_EXCEEDED"
+    return "CANCELLED"
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, call: Call) -> None:
+    mapped = map_error(exc)
+    call.note(code=mapped.code.name)
+    if mapped.code is grpc.StatusCode.INTERNAL:
+        _log.error("internal error", exc_info=exc, **call.fields)
+    await context.abort(mapped.code, mapped.message, mapped.trailing_metadata())
+
+
+def _summary(method: str, started: float, call: Call) -> None:
+    code = call.fields.pop("code", "OK")
+    duration_ms = round((time.perf_counter() - started) * 1000, 2)
+    level = "info" if code in ("OK", "CANCELLED", "INVALID_ARGUMENT") else "warning"
+    getattr(_log, level)("rpc", method=method, code=code, duration_ms=duration_ms, **call.fields)
+
+
+def unary(
+    method: str,
+) -> Callable[
+    [Callable[[Self, Req, grpc.aio.ServicerContext, Call], Awaitable[Resp]]],
+    Callable[[Self, Req, grpc.aio.ServicerContext], Awaitable[Resp]],
+]:
+    """Wrap a unary handler ``(self, request, context, call)``."""
+
+    def wrap(
+        fn: Callable[[Self, Req, grpc.aio.ServicerContext, Call], Awaitable[Resp]],
+    ) -> Callable[[Self, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:
+        @functools.wraps(fn)
+        async def handler(self: Self, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+            call = Call()
+            started = time.perf_counter()
+            try:
+                return await fn(self, request, context, call)
+            except asyncio.CancelledError:
+                call.note(code=_code_on_cancel(context))
+                raise
+            except Exception as exc:
+                if isinstance(exc, grpc.aio.AbortError):
+                    raise
+                await _abort(context, exc, call)
+                raise AssertionError("unreachable: abort raises") from exc
+            finally:
+                _summary(method, started, call)
+
+        return handler
+
+    return wrap
+
+
+def stream(
+    method: str,
+) -> Callable[
+    [Callable[[Self, Req, grpc.aio.ServicerContext, Call], AsyncIterator[Resp]]],
+    Callable[[Self, Req, grpc.aio.ServicerContext], AsyncIterator[Resp]],
+]:
+    """Wrap a server-streaming handler (an async generator ``(self, request, context, call)``)."""
+
+    def wrap(
+        fn: Callable[[Self, Req, grpc.aio.ServicerContext, Call], AsyncIterator[Resp]],
+    ) -> Callable[[Self, Req, grpc.aio.ServicerContext], AsyncIterator[Resp]]:
+        @functools.wraps(fn)
+        async def handler(
+            self: Self, request: Req, context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[Resp]:
+            call = Call()
+            started = time.perf_counter()
+            gen = fn(self, request, context, call)
+            try:
+                async for item in gen:
+                    yield item
+            except asyncio.CancelledError:
+                call.note(code=_code_on_cancel(context))
+                raise
+            except Exception as exc:
+                if isinstance(exc, grpc.aio.AbortError):
+                    raise
+                await _abort(context, exc, call)
+            finally:
+                await gen.aclose()  # type: ignore[attr-defined]
+                _summary(method, started, call)
+
+        return handler
+
+    return wrap

@@ -1,0 +1,144 @@
+"""The daemon: composition root. Builds the children, serves gRPC, drains on SIGTERM.
+
+Start-up order: the gRPC server listens first (health answers NOT_SERVING while the
+children load, so clients can Watch), then the supervisors start the children.
+
+Shutdown (SIGTERM or SIGINT): health turns NOT_SERVING everywhere, new calls are refused
+with UNAVAILABLE, in-flight calls get ``drain_grace`` seconds to finish, then the
+children are stopped (generation first, then embedding) and reaped, and the process exits
+with status 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from importlib import metadata
+
+import grpc
+import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from clients._pb import control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc
+from supervisor import Clock, SystemClock
+
+from .children import ManagedChild, build_child
+from .config import Config
+from .health import HealthReporter
+from .router import InferenceRouter
+from .servicers import ControlServicer, InferenceServicer
+
+_log = structlog.get_logger("llamad.daemon")
+
+SERVICE_NAMES = (
+    inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name,
+    control_pb2.DESCRIPTOR.services_by_name["ControlService"].full_name,
+    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+    reflection.SERVICE_NAME,
+)
+
+
+def version() -> str:
+    try:
+        return metadata.version("llamad")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+class Daemon:
+    """One llamad instance. ``await start()``, then ``await run_until_stopped()``."""
+
+    def __init__(self, config: Config, *, clock: Clock | None = None) -> None:
+        self.config = config
+        self._clock = clock or SystemClock()
+        self.children: dict[str, ManagedChild] = {}
+        for role in ("generation", "embedding"):
+            if config.child(role).enabled:
+                self.children[role] = build_child(config, role, clock=self._clock)
+        self.router = InferenceRouter(self.children)
+        self.health = HealthReporter(self.children)
+        self._server: grpc.aio.Server | None = None
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._started = time.monotonic()
+        self.address = ""
+
+    async def start(self) -> str:
+        """Listen and start the children; return the bound address (``host:port``)."""
+        limit = self.config.limits.max_message_bytes
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+            # Never share a port with another process: a second daemon must fail to bind.
+            ("grpc.so_reuseport", 0),
+        ])
+        # The generated *_grpc modules carry no type hints (grpcio-tools makes no .pyi).
+        inference_pb2_grpc.add_InferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            InferenceServicer(self.router, self.config.limits), server)
+        control_pb2_grpc.add_ControlServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            ControlServicer(self.children, version(), self._started, lambda: self.router.draining),
+            server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
+        reflection.enable_server_reflection(SERVICE_NAMES, server)
+        listen = self.config.listen
+        try:
+            port = server.add_insecure_port(listen)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {listen}: {exc}") from None
+        if listen.startswith("unix:"):
+            self.address = listen
+        else:
+            host = listen.rpartition(":")[0]
+            self.address = f"{host}:{port}"
+        await self.health.start()
+        await server.start()
+        self._server = server
+        _log.info("listening", address=self.address, version=version(),
+                  children={r: str(c.spec.model) for r, c in self.children.items()},
+                  runtimes={r: c.runtime.name for r, c in self.children.items()})
+        for child in self.children.values():
+            child.supervisor.start()
+            self._tasks.add(asyncio.create_task(child.hash_model(), name=f"hash-{child.role}"))
+        return self.address
+
+    def request_stop(self) -> None:
+        """Begin a graceful shutdown (what SIGTERM does)."""
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+
+    async def run_until_stopped(self) -> None:
+        """Serve until :meth:`request_stop` (or a signal), then drain and stop."""
+        await self._stop.wait()
+        await self.shutdown()
+
+    async def shutdown(self) -> None:
+        """Drain and stop everything. Idempotent."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        _log.info("draining", grace_s=self.config.drain_grace)
+        self.router.draining = True
+        await self.health.drain()
+        await server.stop(self.config.drain_grace)
+        for child in self.children.values():
+            child.ring.close()
+        for role in ("generation", "embedding"):
+            if role in self.children:
+                await self.children[role].supervisor.stop()
+        await self.health.close()
+        _log.info("stopped")
+
+    async def __aenter__(self) -> Daemon:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.shutdown()

@@ -1,0 +1,295 @@
+"""gRPC servicers: InferenceService and ControlService.
+
+Handlers validate, ask the router for the current client, call it, and translate. They
+hold no state of their own; errors are mapped in :mod:`daemon.errors` by the wrappers of
+:mod:`daemon.rpc`, which also write the one summary line per call.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+
+import grpc
+from google.protobuf import timestamp_pb2
+
+from clients._pb import common_pb2, control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc
+from supervisor import BreakerState, ChildRequestError, Chunk, ExitCause, LogLine, State
+
+from . import rpc, validation
+from .children import ManagedChild
+from .config import Limits
+from .errors import InvalidArgument
+from .router import InferenceRouter
+
+ROLE_NAMES: dict[int, str] = {
+    common_pb2.CHILD_ROLE_GENERATION: "generation",
+    common_pb2.CHILD_ROLE_EMBEDDING: "embedding",
+}
+ROLE_ENUMS: dict[str, common_pb2.ChildRole] = {
+    "generation": common_pb2.CHILD_ROLE_GENERATION,
+    "embedding": common_pb2.CHILD_ROLE_EMBEDDING,
+}
+_FINISH = {
+    "stop": inference_pb2.FINISH_REASON_STOP,
+    "length": inference_pb2.FINISH_REASON_LENGTH,
+}
+_STATES = {
+    State.IDLE: control_pb2.CHILD_STATE_IDLE,
+    State.STARTING: control_pb2.CHILD_STATE_STARTING,
+    State.RUNNING: control_pb2.CHILD_STATE_RUNNING,
+    State.BACKOFF: control_pb2.CHILD_STATE_BACKOFF,
+    State.FAILED: control_pb2.CHILD_STATE_FAILED,
+    State.STOPPED: control_pb2.CHILD_STATE_STOPPED,
+}
+
+
+def _role(value: int, default: str = "generation") -> str:
+    if value == common_pb2.CHILD_ROLE_UNSPECIFIED:
+        return default
+    try:
+        return ROLE_NAMES[value]
+    except KeyError:
+        raise InvalidArgument(f"unknown role {value}") from None
+
+
+def _timestamp(seconds: float) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
+    """Generate, Chat, Embed and Tokenize, served by the current children."""
+
+    def __init__(self, router: InferenceRouter, limits: Limits) -> None:
+        self._router = router
+        self._limits = limits
+
+    async def _stream(
+        self,
+        chunks: AsyncIterator[Chunk],
+        model: str,
+        call: rpc.Call,
+        received: float,
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        first: float | None = None
+        tokens = 0
+        async for item in chunks:
+            if item.finish_reason is None:
+                if first is None:
+                    first = time.perf_counter()
+                tokens += item.tokens
+                yield inference_pb2.GenerateResponse(text=item.text, tokens=item.tokens,
+                                                     model=model)
+                continue
+            end = time.perf_counter()
+            completion = item.completion_tokens if item.completion_tokens is not None else tokens
+            prompt_tokens = item.prompt_tokens or 0
+            ttft = ((first or end) - received) * 1000
+            rate = tokens / (end - first) if first is not None and end > first else 0.0
+            call.note(tokens=completion, prompt_tokens=prompt_tokens,
+                      ttft_ms=round(ttft, 2), finish=item.finish_reason)
+            yield inference_pb2.GenerateResponse(
+                text=item.text,
+                tokens=item.tokens,
+                model=model,
+                finish_reason=_FINISH.get(item.finish_reason, inference_pb2.FINISH_REASON_STOP),
+                usage=inference_pb2.Usage(
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=completion,
+                    total_tokens=prompt_tokens + completion,
+                    time_to_first_token_ms=ttft,
+                    tokens_per_second=rate,
+                ),
+            )
+
+    @rpc.stream("Generate")
+    async def Generate(
+        self,
+        request: inference_pb2.GenerateRequest,
+        context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        received = time.perf_counter()
+        prompt = validation.prompt(request, self._limits)
+        sampling = validation.sampling(request.sampling, self._limits)
+        call.note(prompt_chars=len(prompt), max_tokens=sampling.max_tokens)
+        client = self._router.client("generation")
+        model = self._router.model_name("generation")
+        async for msg in self._stream(client.stream_completion(prompt, sampling), model, call,
+                                      received):
+            yield msg
+
+    @rpc.stream("Chat")
+    async def Chat(
+        self,
+        request: inference_pb2.ChatRequest,
+        context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        received = time.perf_counter()
+        messages = validation.chat_messages(request, self._limits)
+        sampling = validation.sampling(request.sampling, self._limits)
+        call.note(messages=len(messages), max_tokens=sampling.max_tokens)
+        client = self._router.client("generation")
+        model = self._router.model_name("generation")
+        async for msg in self._stream(client.stream_chat(messages, sampling), model, call,
+                                      received):
+            yield msg
+
+    @rpc.unary("Embed")
+    async def Embed(
+        self,
+        request: inference_pb2.EmbedRequest,
+        context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> inference_pb2.EmbedResponse:
+        texts = validation.embed_texts(request.texts, self._limits)
+        call.note(texts=len(texts))
+        client = self._router.client("embedding")
+        try:
+            result = await client.embed(texts)
+        except ChildRequestError as exc:
+            # llama.cpp answers 500 when an input exceeds the context / micro-batch.
+            if exc.status == 500 and "too large" in str(exc).lower():
+                info = self._router.child("embedding").model.info
+                ctx = info.context_length if info else "its"
+                raise InvalidArgument(
+                    f"a text is longer than the embedding model's context ({ctx} tokens); "
+                    "split it"
+                ) from exc
+            raise
+        normalize = request.normalize if request.HasField("normalize") else True
+        vectors = [_l2(v) for v in result.vectors] if normalize else result.vectors
+        dim = len(vectors[0]) if vectors else 0
+        call.note(dimension=dim, prompt_tokens=result.prompt_tokens)
+        return inference_pb2.EmbedResponse(
+            embeddings=[inference_pb2.Embedding(values=v) for v in vectors],
+            model=self._router.model_name("embedding"),
+            dimension=dim,
+            prompt_tokens=result.prompt_tokens,
+        )
+
+    @rpc.unary("Tokenize")
+    async def Tokenize(
+        self,
+        request: inference_pb2.TokenizeRequest,
+        context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> inference_pb2.TokenizeResponse:
+        role = _role(request.role)
+        if len(request.text) > self._limits.max_prompt_chars:
+            raise InvalidArgument(
+                f"text has {len(request.text)} characters; the limit is "
+                f"{self._limits.max_prompt_chars} (limits.max_prompt_chars)"
+            )
+        client = self._router.client(role)
+        tokens = await client.tokenize(request.text, add_special=request.add_special)
+        call.note(role=role, tokens=len(tokens))
+        return inference_pb2.TokenizeResponse(
+            tokens=tokens, count=len(tokens), model=self._router.model_name(role)
+        )
+
+
+def _l2(vector: list[float]) -> list[float]:
+    norm = math.sqrt(math.fsum(x * x for x in vector))
+    return [x / norm for x in vector] if norm > 0 else vector
+
+
+def _exit_cause(cause: ExitCause | None) -> control_pb2.ExitCause | None:
+    if cause is None:
+        return None
+    msg = control_pb2.ExitCause(
+        kind=cause.kind, signal=cause.signal, permanent=cause.permanent,
+        message=cause.message, at=_timestamp(cause.at),
+    )
+    if cause.exit_code is not None:
+        msg.exit_code = cause.exit_code
+    return msg
+
+
+def _log_line(role: str, line: LogLine) -> control_pb2.LogLine:
+    return control_pb2.LogLine(
+        role=ROLE_ENUMS[role], pid=line.pid, stream=line.stream, text=line.text,
+        time=_timestamp(line.time), seq=line.seq,
+    )
+
+
+class ControlServicer(control_pb2_grpc.ControlServiceServicer):
+    """Status and TailLogs."""
+
+    def __init__(
+        self,
+        children: Mapping[str, ManagedChild],
+        version: str,
+        started: float,
+        draining: Callable[[], bool],
+    ) -> None:
+        self._children = children
+        self._version = version
+        self._started = started
+        self._draining = draining
+
+    def child_status(self, role: str) -> control_pb2.ChildStatus:
+        child = self._children.get(role)
+        if child is None:
+            return control_pb2.ChildStatus(role=ROLE_ENUMS[role], enabled=False,
+                                           state=control_pb2.CHILD_STATE_STOPPED)
+        sup = child.supervisor
+        info = child.model.info
+        status = control_pb2.ChildStatus(
+            role=ROLE_ENUMS[role],
+            state=_STATES[sup.state],
+            pid=sup.pid,
+            model_path=str(child.spec.model),
+            model_sha256=child.model.sha256,
+            runtime=child.runtime.name,
+            port=sup.port,
+            uptime_seconds=sup.uptime(),
+            restarts=sup.restarts,
+            breaker=(control_pb2.BREAKER_STATE_OPEN if sup.breaker.state is BreakerState.OPEN
+                     else control_pb2.BREAKER_STATE_CLOSED),
+            consecutive_failures=sup.breaker.failures,
+            enabled=True,
+            model_architecture=info.architecture if info else "",
+            model_context_length=info.context_length if info else 0,
+        )
+        cause = _exit_cause(sup.last_exit)
+        if cause is not None:
+            status.last_exit.CopyFrom(cause)
+        return status
+
+    @rpc.unary("Status")
+    async def Status(
+        self,
+        request: control_pb2.StatusRequest,
+        context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> control_pb2.StatusResponse:
+        return control_pb2.StatusResponse(
+            children=[self.child_status(r) for r in ("generation", "embedding")],
+            version=self._version,
+            daemon_uptime_seconds=time.monotonic() - self._started,
+            draining=self._draining(),
+        )
+
+    @rpc.stream("TailLogs")
+    async def TailLogs(
+        self,
+        request: control_pb2.TailLogsRequest,
+        context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> AsyncIterator[control_pb2.LogLine]:
+        role = _role(request.role)
+        child = self._children.get(role)
+        if child is None:
+            raise InvalidArgument(f"the {role} child is disabled; it has no logs")
+        call.note(role=role, follow=request.follow)
+        if request.follow:
+            async for line in child.ring.follow(request.lines):
+                yield _log_line(role, line)
+        else:
+            for line in child.ring.tail(request.lines):
+                yield _log_line(role, line)

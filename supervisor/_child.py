@@ -1,0 +1,275 @@
+"""One launch of a child: spawn it, wait until it is ready, watch it while it runs.
+
+A :class:`LiveChild` is what the supervisor's state machine drives. Its contract:
+
+* :meth:`ProcessLauncher.launch` returns only once the child is *usable*: the health
+  endpoint answered, the server proved it is our child (it reports the per-launch alias
+  we gave it, so a stale server on a reused port is never mistaken for it), and a tiny
+  real request succeeded (one generated token, or one embedding). Otherwise it raises
+  :class:`StartFailure` carrying the classified :class:`ExitCause`, with the process
+  already reaped.
+* :meth:`LiveChild.watch` returns the cause when the child dies or stops answering
+  liveness probes.
+* :meth:`LiveChild.stop` stops and reaps it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from ._client import ApiShape, Health, InferenceClient, Sampling
+from ._clock import Clock
+from ._exits import ExitCause, classify_exit
+from ._logring import LogRing
+from ._process import ChildProcess, LineSink
+from ._runtime import LaunchSpec, Runtime
+from .errors import SupervisorError
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Deadlines of a launch and of liveness probing.
+
+    Attributes:
+        start: seconds a start may go without any sign of progress (new output lines,
+            or the health endpoint saying "loading") before it is declared stuck.
+        start_cap: hard limit of a start, progress or not.
+        probe_interval: seconds between liveness probes while running.
+        probe_timeout: seconds a probe may take.
+        probe_failures: consecutive failed probes that declare the child hung.
+        stop_grace: seconds between SIGTERM and SIGKILL when stopping.
+    """
+
+    start: float = 60.0
+    start_cap: float = 300.0
+    probe_interval: float = 5.0
+    probe_timeout: float = 3.0
+    probe_failures: int = 3
+    stop_grace: float = 10.0
+
+
+class StartFailure(SupervisorError):
+    """A launch did not produce a ready child."""
+
+    def __init__(self, cause: ExitCause) -> None:
+        self.cause = cause
+        super().__init__(cause.message)
+
+
+class LiveChild(Protocol):
+    """A ready child, as seen by the state machine."""
+
+    pid: int
+    port: int
+    client: InferenceClient
+
+    async def watch(self) -> ExitCause:
+        """Return why the child stopped serving (it died, or it hangs)."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop and reap the child. Idempotent."""
+        ...
+
+
+class Launcher(Protocol):
+    """Starts children; the real one is :class:`ProcessLauncher`."""
+
+    async def launch(self) -> LiveChild:
+        """Start a child and return it once ready, or raise :class:`StartFailure`."""
+        ...
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (the child may still lose a race for
+    it; that exits as ``port_in_use``, which is transient and retried on a new port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ProcessChild:
+    """A child process with its HTTP client."""
+
+    def __init__(
+        self,
+        process: ChildProcess,
+        client: InferenceClient,
+        port: int,
+        clock: Clock,
+        timeouts: Timeouts,
+    ) -> None:
+        self.process = process
+        self.client = client
+        self.port = port
+        self.pid = process.pid
+        self._clock = clock
+        self._timeouts = timeouts
+        self._exit_task = asyncio.ensure_future(process.wait())
+
+    def _cause(self, code: int) -> ExitCause:
+        return classify_exit(
+            code, self.process.recent_lines(),
+            we_killed=self.process.killed_by_us, at=self._clock.wall(),
+        )
+
+    async def wait_ready(self, spec: LaunchSpec) -> None:
+        """Poll until ready; raise :class:`StartFailure` (child reaped) otherwise."""
+        t = self._timeouts
+        began = self._clock.monotonic()
+        soft_deadline = began + t.start
+        lines_seen = self.process.lines_seen
+        interval = 0.05
+        try:
+            while True:
+                if self._exit_task.done():
+                    raise StartFailure(self._cause(self._exit_task.result()))
+                health = await self.client.health(timeout=min(2.0, t.probe_timeout))
+                now = self._clock.monotonic()
+                if health is Health.READY:
+                    await self._prove_identity_and_usable(spec)
+                    return
+                if health is Health.LOADING or self.process.lines_seen != lines_seen:
+                    lines_seen = self.process.lines_seen
+                    soft_deadline = now + t.start
+                if now >= began + t.start_cap or now >= soft_deadline:
+                    limit = "hard cap" if now >= began + t.start_cap else "no progress for"
+                    seconds = t.start_cap if limit == "hard cap" else t.start
+                    raise StartFailure(ExitCause(
+                        "start_timeout", False,
+                        f"not ready after {now - began:.1f}s ({limit} {seconds:g}s)",
+                        at=self._clock.wall(),
+                    ))
+                await self._sleep_or_exit(interval)
+                interval = min(interval * 1.5, 0.5)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _prove_identity_and_usable(self, spec: LaunchSpec) -> None:
+        try:
+            ids = await self.client.model_ids(timeout=self._timeouts.probe_timeout)
+        except SupervisorError as exc:
+            raise StartFailure(self._not_ready(f"/v1/models failed: {exc}")) from exc
+        if self.client.model_id not in ids:
+            # Someone else's server answers on this port: a stale llamad child or a
+            # stranger that grabbed the port between our bind test and the launch.
+            raise StartFailure(ExitCause(
+                "stranger", False,
+                f"the server on port {self.port} reports models {ids}, not ours",
+                at=self._clock.wall(),
+            ))
+        try:
+            if spec.embedding:
+                await self.client.embed(["ready"])
+            else:
+                await self.client.complete("Hello", Sampling(max_tokens=1, temperature=0.0))
+        except SupervisorError as exc:
+            if self._exit_task.done():
+                raise StartFailure(self._cause(self._exit_task.result())) from exc
+            raise StartFailure(self._not_ready(f"readiness request failed: {exc}")) from exc
+
+    def _not_ready(self, message: str) -> ExitCause:
+        return ExitCause("never_ready", False, message, at=self._clock.wall())
+
+    async def _sleep_or_exit(self, seconds: float) -> None:
+        sleeper = asyncio.ensure_future(self._clock.sleep(seconds))
+        try:
+            await asyncio.wait({sleeper, self._exit_task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+
+    async def watch(self) -> ExitCause:
+        t = self._timeouts
+        failures = 0
+        while True:
+            await self._sleep_or_exit(t.probe_interval)
+            if self._exit_task.done():
+                return self._cause(self._exit_task.result())
+            # A busy child (the bundled runtime serves one request at a time) may not
+            # answer a probe while it streams; bytes arriving count as liveness.
+            busy = self.client.in_flight > 0
+            recent = self._clock.monotonic() - self.client.last_progress < t.probe_interval
+            if busy and recent:
+                failures = 0
+                continue
+            health = await self.client.health(timeout=t.probe_timeout)
+            if self._exit_task.done():
+                return self._cause(self._exit_task.result())
+            if health is Health.READY:
+                failures = 0
+                continue
+            failures += 1
+            if failures >= t.probe_failures:
+                await self.stop()
+                return ExitCause(
+                    "hung", False,
+                    f"{failures} liveness probes failed in a row ({health.value})",
+                    at=self._clock.wall(),
+                )
+
+    async def stop(self) -> None:
+        await self.process.terminate(self._timeouts.stop_grace)
+        with contextlib.suppress(BaseException):
+            await self._exit_task
+        await self.client.aclose()
+
+
+class ProcessLauncher:
+    """Launches real child processes for one role."""
+
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        runtime: Runtime,
+        *,
+        clock: Clock,
+        ring: LogRing,
+        timeouts: Timeouts = Timeouts(),
+        sink: LineSink | None = None,
+        env: dict[str, str] | None = None,
+        port_picker: Callable[[], int] = free_port,
+        read_timeout: float = 300.0,
+    ) -> None:
+        self.spec = spec
+        self.runtime = runtime
+        self.timeouts = timeouts
+        self._clock = clock
+        self._ring = ring
+        self._sink = sink
+        self._env = env
+        self._port_picker = port_picker
+        self._read_timeout = read_timeout
+
+    @property
+    def api(self) -> ApiShape:
+        return self.runtime.api
+
+    async def launch(self) -> ProcessChild:
+        port = self._port_picker()
+        alias = f"llamad-{self.spec.role}-{secrets.token_hex(6)}"
+        argv = self.runtime.command(self.spec, port=port, alias=alias)
+        try:
+            process = await ChildProcess.spawn(
+                argv, ring=self._ring, env=self._env, sink=self._sink
+            )
+        except OSError as exc:
+            raise StartFailure(ExitCause(
+                "spawn_error", True, f"cannot start {argv[0]}: {exc.strerror or exc}",
+                at=self._clock.wall(),
+            )) from exc
+        client = InferenceClient(
+            f"http://127.0.0.1:{port}",
+            model_id=alias,
+            api=self.runtime.api,
+            read_timeout=self._read_timeout,
+        )
+        child = ProcessChild(process, client, port, self._clock, self.timeouts)
+        await child.wait_ready(self.spec)
+        return child

@@ -1,0 +1,315 @@
+"""The inference client: the one small interface between llamad and a child's HTTP API.
+
+Both runtimes speak the OpenAI-compatible API on loopback; what differs (where health and
+tokenization live) is described by :class:`ApiShape`, owned by the runtime adapter.
+Foreign exceptions (httpx's) are mapped here, at the boundary, into
+:mod:`supervisor.errors`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from .errors import ChildBadRequestError, ChildRequestError
+
+
+@dataclass(frozen=True)
+class ApiShape:
+    """Where a runtime keeps the endpoints that are not OpenAI-standard.
+
+    Attributes:
+        health_path: a path answering 200 when loaded and 503 while loading, or None
+            when the runtime has none (then ``/v1/models`` answering means loaded).
+        tokenize_path: the tokenizer endpoint.
+        tokenize_field: the JSON field that carries the text.
+        tokenize_special_field: the JSON field for "add special tokens", or None.
+    """
+
+    health_path: str | None
+    tokenize_path: str
+    tokenize_field: str
+    tokenize_special_field: str | None
+
+
+class Health(enum.Enum):
+    READY = "ready"
+    LOADING = "loading"
+    DOWN = "down"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Generation parameters, already validated and defaulted."""
+
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": self.temperature}
+        if self.top_p is not None:
+            body["top_p"] = self.top_p
+        if self.top_k is not None:
+            body["top_k"] = self.top_k
+        if self.seed is not None:
+            body["seed"] = self.seed
+        if self.stop:
+            body["stop"] = list(self.stop)
+        return body
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of a streamed completion.
+
+    ``tokens`` is the number of tokens this chunk carries (runtimes send one event per
+    token; a held-back multi-byte character can make it more). The last chunk has a
+    ``finish_reason`` and, when the runtime reports it, the usage counts.
+    """
+
+    text: str
+    tokens: int
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class EmbedResult:
+    vectors: list[list[float]]
+    prompt_tokens: int
+
+
+@dataclass
+class _Activity:
+    in_flight: int = 0
+    last_progress: float = field(default_factory=time.monotonic)
+
+
+class InferenceClient:
+    """HTTP client for one child (or any OpenAI-compatible server at ``base_url``).
+
+    Every coroutine is cancellable: cancelling closes the HTTP connection, which makes a
+    llama.cpp server stop the generation it was running for that request.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model_id: str,
+        api: ApiShape,
+        connect_timeout: float = 2.0,
+        read_timeout: float = 300.0,
+        max_connections: int = 64,
+    ) -> None:
+        self.base_url = base_url
+        self.model_id = model_id
+        self._api = api
+        self._read_timeout = read_timeout
+        # trust_env=False: an HTTP(S)_PROXY in the daemon's environment must never
+        # capture loopback traffic to our own child.
+        self._http = httpx.AsyncClient(
+            base_url=base_url,
+            trust_env=False,
+            timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+        )
+        self._activity = _Activity()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests running now."""
+        return self._activity.in_flight
+
+    @property
+    def last_progress(self) -> float:
+        """``time.monotonic()`` of the last byte received from the child."""
+        return self._activity.last_progress
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # -- health ---------------------------------------------------------------------
+
+    async def health(self, timeout: float = 2.0) -> Health:
+        """READY, LOADING (the child says it is loading) or DOWN (no useful answer)."""
+        path = self._api.health_path or "/v1/models"
+        try:
+            resp = await self._http.get(path, timeout=timeout)
+        except httpx.HTTPError:
+            return Health.DOWN
+        if resp.status_code == 200:
+            return Health.READY
+        if resp.status_code == 503:
+            return Health.LOADING
+        return Health.DOWN
+
+    async def model_ids(self, timeout: float = 2.0) -> list[str]:
+        """The model ids the server reports on ``/v1/models``."""
+        data = await self._json("GET", "/v1/models", None, timeout=timeout)
+        return [str(m.get("id", "")) for m in data.get("data", []) if isinstance(m, dict)]
+
+    # -- requests -------------------------------------------------------------------
+
+    async def _json(
+        self, method: str, path: str, body: dict[str, Any] | None, *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        self._activity.in_flight += 1
+        try:
+            resp = await self._http.request(
+                method, path, json=body,
+                timeout=self._read_timeout if timeout is None else timeout,
+            )
+            self._activity.last_progress = time.monotonic()
+        except httpx.HTTPError as exc:
+            raise ChildRequestError(f"{method} {path}: {_describe(exc)}") from exc
+        finally:
+            self._activity.in_flight -= 1
+        _raise_for_status(resp, path)
+        try:
+            data = resp.json()
+        except ValueError as exc:
+            raise ChildRequestError(f"{path}: answer is not JSON") from exc
+        if not isinstance(data, dict):
+            raise ChildRequestError(f"{path}: answer is not a JSON object")
+        return data
+
+    async def complete(self, prompt: str, sampling: Sampling) -> str:
+        """A whole (non-streamed) completion; used for readiness checks."""
+        body = {"prompt": prompt, "stream": False, **sampling.to_json()}
+        data = await self._json("POST", "/v1/completions", body)
+        try:
+            return str(data["choices"][0]["text"])
+        except (KeyError, IndexError, TypeError) as exc:
+            raise ChildRequestError("/v1/completions: malformed answer") from exc
+
+    def stream_completion(self, prompt: str, sampling: Sampling) -> AsyncIterator[Chunk]:
+        """Stream a completion of ``prompt``."""
+        body = {"prompt": prompt, **sampling.to_json()}
+        return self._stream("/v1/completions", body, chat=False)
+
+    def stream_chat(
+        self, messages: Sequence[tuple[str, str]], sampling: Sampling
+    ) -> AsyncIterator[Chunk]:
+        """Stream a chat completion of ``(role, content)`` messages."""
+        body = {
+            "messages": [{"role": r, "content": c} for r, c in messages],
+            **sampling.to_json(),
+        }
+        return self._stream("/v1/chat/completions", body, chat=True)
+
+    async def _stream(self, path: str, body: dict[str, Any], *, chat: bool) -> AsyncIterator[Chunk]:
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        activity = self._activity
+        activity.in_flight += 1
+        try:
+            async with self._http.stream("POST", path, json=body) as resp:
+                if resp.status_code != 200:
+                    await resp.aread()
+                    _raise_for_status(resp, path)
+                finish: str | None = None
+                prompt_tokens: int | None = None
+                completion_tokens: int | None = None
+                async for line in resp.aiter_lines():
+                    activity.last_progress = time.monotonic()
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    try:
+                        event = json.loads(payload)
+                    except ValueError as exc:
+                        raise ChildRequestError(f"{path}: malformed stream event") from exc
+                    if "error" in event:
+                        raise ChildRequestError(f"{path}: {event['error']}")
+                    usage = event.get("usage")
+                    if isinstance(usage, dict):
+                        prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
+                        completion_tokens = _int_or_none(usage.get("completion_tokens"))
+                    for choice in event.get("choices") or ():
+                        text = _choice_text(choice, chat)
+                        finish = choice.get("finish_reason") or finish
+                        if text:
+                            yield Chunk(text, 1)
+                yield Chunk("", 0, finish or "stop", prompt_tokens, completion_tokens)
+        except httpx.HTTPError as exc:
+            raise ChildRequestError(f"POST {path}: {_describe(exc)}") from exc
+        finally:
+            activity.in_flight -= 1
+
+    async def embed(self, texts: Sequence[str]) -> EmbedResult:
+        """Embed ``texts`` (one vector each, in order)."""
+        data = await self._json("POST", "/v1/embeddings", {"input": list(texts)})
+        try:
+            items = sorted(data["data"], key=lambda d: int(d.get("index", 0)))
+            vectors = [[float(x) for x in item["embedding"]] for item in items]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ChildRequestError("/v1/embeddings: malformed answer") from exc
+        if len(vectors) != len(texts):
+            raise ChildRequestError(
+                f"/v1/embeddings: asked for {len(texts)} vectors, got {len(vectors)}"
+            )
+        usage = data.get("usage") or {}
+        return EmbedResult(vectors, _int_or_none(usage.get("prompt_tokens")) or 0)
+
+    async def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
+        """Token ids of ``text`` from the child's own tokenizer."""
+        body: dict[str, Any] = {self._api.tokenize_field: text}
+        if self._api.tokenize_special_field:
+            body[self._api.tokenize_special_field] = add_special
+        data = await self._json("POST", self._api.tokenize_path, body)
+        try:
+            return [int(t) for t in data["tokens"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ChildRequestError(f"{self._api.tokenize_path}: malformed answer") from exc
+
+
+def _choice_text(choice: dict[str, Any], chat: bool) -> str:
+    if chat:
+        delta = choice.get("delta") or {}
+        return str(delta.get("content") or "")
+    return str(choice.get("text") or "")
+
+
+def _int_or_none(value: object) -> int | None:
+    return int(value) if isinstance(value, int | float) else None
+
+
+def _describe(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.ConnectError):
+        return "connection refused (child not listening)"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"timed out ({type(exc).__name__})"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "connection dropped by the child"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _raise_for_status(resp: httpx.Response, path: str) -> None:
+    if resp.status_code < 400:
+        return
+    message = resp.text[:300]
+    try:
+        err = resp.json().get("error")
+        if isinstance(err, dict) and err.get("message"):
+            message = str(err["message"])[:300]
+        elif isinstance(err, str):
+            message = err[:300]
+    except (ValueError, AttributeError):
+        pass
+    cls = ChildBadRequestError if 400 <= resp.status_code < 500 else ChildRequestError
+    raise cls(f"{path}: HTTP {resp.status_code}: {message}", status=resp.status_code)

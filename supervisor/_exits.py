@@ -1,0 +1,113 @@
+"""Why a child stopped, classified.
+
+The classification decides what happens next: a permanent cause (a model that cannot
+load, arguments the runtime rejects) opens the circuit breaker at once, because
+restarting cannot fix it; a transient one (a crash, an OOM kill, a port clash, a hang)
+backs off and retries.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ExitCause:
+    """Why a child is gone (or never became ready).
+
+    Attributes:
+        kind: crash, signal, oom, port_in_use, usage_error, model_error, invalid_model,
+            hung, never_ready, start_timeout, spawn_error, stranger, stopped.
+        permanent: True when retrying the same launch cannot help.
+        message: one line, in words.
+        exit_code: the process's exit status when it exited by itself.
+        signal: the signal name when a signal killed it.
+        at: wall-clock time it was recorded.
+    """
+
+    kind: str
+    permanent: bool
+    message: str
+    exit_code: int | None = None
+    signal: str = ""
+    at: float = 0.0
+
+
+# Lines that llama.cpp runtimes print when the model cannot be loaded. Examples:
+#   llama_model_load: error loading model: ...           (llama.cpp, both runtimes)
+#   main: exiting due to model loading error              (llama-server)
+#   ValueError: Failed to load model from file: ...       (llama-cpp-python)
+_MODEL_ERROR = re.compile(
+    r"error loading model|exiting due to model loading error|failed to load model"
+    r"|gguf_init_from_file|invalid magic|unknown model architecture",
+    re.IGNORECASE,
+)
+# Argument errors: llama-server's "error: invalid argument: --x", argparse's "usage: ...
+# error: unrecognized arguments" (exit 2) and pydantic-settings validation errors.
+_USAGE_ERROR = re.compile(
+    r"invalid argument|unrecognized argument|^usage:|error: argument|validation error",
+    re.IGNORECASE,
+)
+_PORT_IN_USE = re.compile(
+    r"couldn't bind|address already in use|error while attempting to bind", re.IGNORECASE
+)
+
+
+def _last_meaningful(lines: Sequence[str]) -> str:
+    for line in reversed(lines):
+        text = line.strip()
+        if text:
+            return text[:300]
+    return ""
+
+
+def _first_match(pattern: re.Pattern[str], lines: Sequence[str]) -> str | None:
+    for line in lines:
+        if pattern.search(line):
+            return line.strip()[:300]
+    return None
+
+
+def classify_exit(
+    returncode: int, tail: Sequence[str], *, we_killed: bool = False, at: float = 0.0
+) -> ExitCause:
+    """Classify a child's exit from its return code and its last output lines.
+
+    Args:
+        returncode: as from ``Popen.returncode`` (negative: killed by that signal).
+        tail: the child's last output lines, oldest first.
+        we_killed: the supervisor itself sent the fatal signal (a stop, or a hung child).
+        at: wall-clock time to stamp on the cause.
+    """
+    if returncode < 0:
+        sig = -returncode
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"SIG{sig}"
+        if we_killed:
+            return ExitCause("stopped", False, f"stopped with {name}", signal=name, at=at)
+        if sig == signal.SIGKILL:
+            # Nobody in llamad sent it: on Linux that is almost always the OOM killer.
+            return ExitCause(
+                "oom", False, "killed by SIGKILL (likely the kernel's OOM killer)",
+                signal=name, at=at,
+            )
+        return ExitCause("signal", False, f"killed by {name}", signal=name, at=at)
+
+    if (line := _first_match(_MODEL_ERROR, tail)) is not None:
+        return ExitCause("model_error", True, line, exit_code=returncode, at=at)
+    if (line := _first_match(_PORT_IN_USE, tail)) is not None:
+        return ExitCause("port_in_use", False, line, exit_code=returncode, at=at)
+    if (line := _first_match(_USAGE_ERROR, tail)) is not None:
+        return ExitCause("usage_error", True, line, exit_code=returncode, at=at)
+    if returncode == 0:
+        return ExitCause(
+            "crash", False, "exited with status 0 without being asked to stop",
+            exit_code=0, at=at,
+        )
+    message = _last_meaningful(tail) or f"exited with status {returncode}"
+    return ExitCause("crash", False, message, exit_code=returncode, at=at)

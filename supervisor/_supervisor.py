@@ -1,0 +1,273 @@
+"""The supervisor: keeps one child alive under a state machine.
+
+Life of a child (see :mod:`supervisor._states` for the table)::
+
+    idle ─► starting ─► running ─┐
+               ▲  │              │ crash / hang
+               │  ├─(transient)─►backoff ──(delay)──► starting
+               │  └─(permanent or breaker trips)─► failed ──(reset / cool-down)──► starting
+    any ─(stop)─► stopped ─(start)─► starting
+
+Every state change is published as a :class:`StateChange` to subscribers (health,
+metrics, logs). Time comes from an injected :class:`Clock`, randomness from an injected
+``random.Random``, and children from an injected :class:`Launcher`, so every edge is
+unit-tested without processes or real sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from ._backoff import CircuitBreaker, RestartPolicy
+from ._child import Launcher, LiveChild, StartFailure
+from ._client import InferenceClient
+from ._clock import Clock, SystemClock
+from ._exits import ExitCause
+from ._states import State, check_transition
+from .errors import ChildNotReadyError, InvalidModelError
+
+
+@dataclass(frozen=True)
+class StateChange:
+    """One transition, as published to subscribers."""
+
+    role: str
+    old: State
+    new: State
+    at: float
+    pid: int
+    cause: ExitCause | None
+
+
+Listener = Callable[[StateChange], None]
+Validator = Callable[[], None]
+"""Checks the model before each launch; raises :class:`InvalidModelError`."""
+
+
+class Supervisor:
+    """Runs one child (generation or embedding) and restarts it when it fails.
+
+    Args:
+        role: "generation" or "embedding".
+        launcher: starts a child and returns it once ready.
+        validate: checks the model file before each launch (permanent failure if bad).
+        policy: backoff and circuit-breaker settings.
+        clock: time source; the real one by default.
+        rng: randomness for jitter.
+    """
+
+    def __init__(
+        self,
+        role: str,
+        launcher: Launcher,
+        *,
+        validate: Validator | None = None,
+        policy: RestartPolicy | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.role = role
+        self.launcher = launcher
+        self.policy = policy or RestartPolicy()
+        self.breaker = CircuitBreaker(self.policy)
+        self._validate = validate
+        self._clock = clock or SystemClock()
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
+        self._state = State.IDLE
+        self._listeners: list[Listener] = []
+        self._child: LiveChild | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._log = structlog.get_logger("llamad.supervisor").bind(role=role)
+        self.restarts = 0
+        self.last_exit: ExitCause | None = None
+        self.running_since: float | None = None
+        self.retry_at: float | None = None
+
+    # -- observation ------------------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def pid(self) -> int:
+        """The child's pid, or 0 when none is alive."""
+        return self._child.pid if self._child is not None else 0
+
+    @property
+    def port(self) -> int:
+        return self._child.port if self._child is not None and self._state is State.RUNNING else 0
+
+    @property
+    def client(self) -> InferenceClient:
+        """The running child's client.
+
+        Raises:
+            ChildNotReadyError: not running; carries a retry hint.
+        """
+        child = self._child
+        if self._state is not State.RUNNING or child is None:
+            raise ChildNotReadyError(self.role, self._state.value, self.retry_after())
+        return child.client
+
+    def uptime(self) -> float:
+        """Seconds since the child became running; 0 when not running."""
+        if self._state is not State.RUNNING or self.running_since is None:
+            return 0.0
+        return self._clock.monotonic() - self.running_since
+
+    def retry_after(self) -> float | None:
+        """Seconds until the child may be usable again; None when nobody knows."""
+        now = self._clock.monotonic()
+        if self._state is State.BACKOFF and self.retry_at is not None:
+            return max(0.0, self.retry_at - now) + 1.0
+        if self._state is State.STARTING:
+            return 1.0
+        if self._state is State.FAILED:
+            half_open = self.breaker.half_open_at()
+            return None if half_open is None else max(0.0, half_open - now) + 1.0
+        return None
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener`` on every state change; returns an unsubscribe function.
+
+        Listeners run synchronously inside the transition and must not block or raise.
+        """
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    async def wait_for(self, *states: State, timeout: float | None = None) -> State:
+        """Wait until the state is one of ``states``; return it.
+
+        Raises:
+            TimeoutError: ``timeout`` (real seconds) passed first.
+        """
+        async def _wait() -> State:
+            while self._state not in states:
+                changed = self._changed
+                await changed.wait()
+            return self._state
+
+        return await asyncio.wait_for(_wait(), timeout)
+
+    # -- control ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Begin supervising (from idle or stopped). Returns at once; see :meth:`wait_for`."""
+        if self._task is not None and not self._task.done():
+            return
+        self._task = asyncio.create_task(self._run(), name=f"supervise-{self.role}")
+
+    def reset(self) -> None:
+        """Close the breaker and retry now: cuts short a backoff delay or a failed wait.
+
+        A no-op while starting or running (the breaker is still reset).
+        """
+        self.breaker.reset()
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Stop supervising; stop and reap the child. Idempotent.
+
+        Cancelling the caller does not leave the child running: the stop is shielded.
+        """
+        task = self._task
+        if task is None:
+            if self._state is State.IDLE:
+                self._set(State.STOPPED)
+            return
+        self._task = None
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(task)
+        if self._state is not State.STOPPED:
+            self._set(State.STOPPED)
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def _set(self, new: State, cause: ExitCause | None = None) -> None:
+        old = self._state
+        check_transition(old, new)
+        self._state = new
+        change = StateChange(self.role, old, new, self._clock.wall(), self.pid, cause)
+        self._changed.set()
+        self._changed = asyncio.Event()
+        level = "warning" if new in (State.BACKOFF, State.FAILED) else "info"
+        getattr(self._log, level)(
+            "child state", old=old.value, new=new.value, pid=self.pid,
+            cause=cause.kind if cause else None,
+            reason=cause.message if cause else None,
+        )
+        for listener in list(self._listeners):
+            listener(change)
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                self._set(State.STARTING)
+                cause = await self._one_life()
+                self._child = None
+                self.running_since = None
+                self.last_exit = cause
+                now = self._clock.monotonic()
+                if self.breaker.record_failure(now, permanent=cause.permanent):
+                    self.retry_at = self.breaker.half_open_at()
+                    self._set(State.FAILED, cause)
+                    woken = await self._wait(None if self.retry_at is None else self.retry_at - now)
+                    if not woken:
+                        self.breaker.half_open()
+                else:
+                    delay = self.policy.delay(self.breaker.failures - 1, self._rng)
+                    self.retry_at = now + delay
+                    self._set(State.BACKOFF, cause)
+                    await self._wait(delay)
+                self.retry_at = None
+                self.restarts += 1
+        finally:
+            child, self._child = self._child, None
+            if child is not None:
+                await asyncio.shield(child.stop())
+
+    async def _one_life(self) -> ExitCause:
+        """Start a child, run it until it fails; return why it failed."""
+        try:
+            if self._validate is not None:
+                await asyncio.to_thread(self._validate)
+            self._child = await self.launcher.launch()
+        except InvalidModelError as exc:
+            return ExitCause("invalid_model", True, str(exc), at=self._clock.wall())
+        except StartFailure as exc:
+            return exc.cause
+        self.running_since = self._clock.monotonic()
+        self._set(State.RUNNING)
+        cause = await self._child.watch()
+        if self._clock.monotonic() - self.running_since >= self.policy.stable_after:
+            self.breaker.record_stable()
+        await self._child.stop()
+        return cause
+
+    async def _wait(self, seconds: float | None) -> bool:
+        """Sleep ``seconds`` (forever if None) unless :meth:`reset` wakes us first.
+
+        Returns:
+            True if :meth:`reset` woke us, False if the time passed.
+        """
+        self._wake.clear()
+        waiter = asyncio.ensure_future(self._wake.wait())
+        sleeper = asyncio.ensure_future(
+            self._clock.sleep(seconds) if seconds is not None else asyncio.Event().wait()
+        )
+        try:
+            await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            sleeper.cancel()
+        return self._wake.is_set()

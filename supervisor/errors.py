@@ -1,0 +1,72 @@
+"""Errors raised by the supervisor core.
+
+The tree::
+
+    SupervisorError
+    ├── InvalidModelError        the GGUF file is missing, unreadable or not a valid GGUF
+    ├── ChildNotReadyError       no running child to serve a request (retry later)
+    ├── ChildRequestError        the child answered a request with an error
+    │   └── ChildBadRequestError the child rejected the request itself (4xx): do not retry
+    └── IllegalTransitionError   a state change the state machine does not allow (a bug)
+
+None of these import or know about gRPC; ``daemon.errors`` maps them to status codes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class SupervisorError(Exception):
+    """Base of every error raised by ``supervisor``."""
+
+
+class InvalidModelError(SupervisorError):
+    """A model file cannot be used. Permanent: retrying the same file cannot help.
+
+    Attributes:
+        path: the file that was checked.
+        reason: one line saying what is wrong with it.
+    """
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"invalid model {self.path}: {reason}")
+
+
+class ChildNotReadyError(SupervisorError):
+    """The child for a role is not running (starting, backing off, failed or stopped).
+
+    Attributes:
+        role: the child's role ("generation" or "embedding").
+        state: its current state name.
+        retry_after: seconds after which a retry may succeed, or None if unknown
+            (for example while the circuit breaker is open with no cool-down).
+    """
+
+    def __init__(self, role: str, state: str, retry_after: float | None) -> None:
+        self.role = role
+        self.state = state
+        self.retry_after = retry_after
+        super().__init__(f"{role} child is not running (state: {state})")
+
+
+class ChildRequestError(SupervisorError):
+    """The child failed a request: a 5xx answer, a dropped connection, a bad stream.
+
+    Attributes:
+        status: the HTTP status, or None when no answer arrived.
+    """
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class ChildBadRequestError(ChildRequestError):
+    """The child refused the request as invalid (HTTP 4xx); retrying will not help."""
+
+
+class IllegalTransitionError(SupervisorError):
+    """The state machine was asked for a transition its table does not allow."""
