@@ -90,6 +90,7 @@ class Supervisor:
         self.last_exit: ExitCause | None = None
         self.running_since: float | None = None
         self.retry_at: float | None = None
+        self._stopping = False
 
     # -- observation ------------------------------------------------------------------
 
@@ -164,6 +165,7 @@ class Supervisor:
         """Begin supervising (from idle or stopped). Returns at once; see :meth:`wait_for`."""
         if self._task is not None and not self._task.done():
             return
+        self._stopping = False
         self._task = asyncio.create_task(self._run(), name=f"supervise-{self.role}")
 
     def reset(self) -> None:
@@ -177,7 +179,8 @@ class Supervisor:
     async def stop(self) -> None:
         """Stop supervising; stop and reap the child. Idempotent.
 
-        Cancelling the caller does not leave the child running: the stop is shielded.
+        Cancelling the caller does not leave the child running: the stop goes on in the
+        background (the caller's cancellation still propagates).
         """
         task = self._task
         if task is None:
@@ -185,11 +188,13 @@ class Supervisor:
                 self._set(State.STOPPED)
             return
         self._task = None
+        self._stopping = True
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await asyncio.shield(task)
-        if self._state is not State.STOPPED:
-            self._set(State.STOPPED)
+        except asyncio.CancelledError:
+            if not task.done():
+                raise  # our caller was cancelled; the task finishes the stop by itself
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -235,6 +240,9 @@ class Supervisor:
             child, self._child = self._child, None
             if child is not None:
                 await asyncio.shield(child.stop())
+            if self._stopping:
+                self._stopping = False
+                self._set(State.STOPPED)
 
     async def _one_life(self) -> ExitCause:
         """Start a child, run it until it fails; return why it failed."""
