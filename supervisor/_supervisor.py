@@ -17,7 +17,6 @@ unit-tested without processes or real sleeping.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -4,6 +4,7 @@ scripted launcher (no processes, no real sleeping)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import random
 from collections.abc import Callable
@@ -98,6 +99,11 @@ def path(changes: list[StateChange]) -> list[str]:
 
 async def settle(sup: Supervisor, *states: State) -> None:
     await sup.wait_for(*states, timeout=2)
+
+
+def backing_off(launcher: ScriptedLauncher, clock: ManualClock, launches: int) -> bool:
+    """The n-th launch happened and its backoff sleep is registered."""
+    return launcher.launches == launches and clock.sleepers > 0
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -205,7 +211,7 @@ async def test_breaker_opens_after_max_failures_with_growing_backoff() -> None:
     sup.start()
     delays = []
     for attempt in range(4):
-        await until(lambda: launcher.launches == attempt + 1 and clock.sleepers > 0)
+        await until(functools.partial(backing_off, launcher, clock, attempt + 1))
         assert sup.state is State.BACKOFF
         deadline = clock.next_deadline()
         assert deadline is not None
@@ -292,7 +298,7 @@ async def test_stable_running_forgets_past_failures() -> None:
     sup, launcher, clock, _ = make([TRANSIENT, TRANSIENT, "ok", "ok"], policy=policy)
     sup.start()
     for attempt in range(2):
-        await until(lambda: launcher.launches == attempt + 1 and clock.sleepers > 0)
+        await until(functools.partial(backing_off, launcher, clock, attempt + 1))
         deadline = clock.next_deadline()
         assert deadline is not None
         await clock.advance(deadline - clock.monotonic())
