@@ -1,0 +1,278 @@
+"""Each fault of the fake child, supervised for real: real processes, real HTTP, real
+signals, and the state sequence the supervisor must go through."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from supervisor import (
+    ChildRequestError,
+    LaunchSpec,
+    LogRing,
+    ProcessLauncher,
+    RestartPolicy,
+    Sampling,
+    State,
+    StateChange,
+    Supervisor,
+    SystemClock,
+    Timeouts,
+)
+from supervisor.testing.fake_runtime import FakeRuntime
+
+FAST = Timeouts(start=2.0, start_cap=4.0, probe_interval=0.2, probe_timeout=0.3,
+                probe_failures=2, stop_grace=1.0)
+POLICY = RestartPolicy(base=0.05, cap=0.2, max_failures=3, stable_after=60.0, cooldown=None)
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    path = tmp_path / "fake.gguf"
+    path.write_bytes(b"GGUF fake")
+    return path
+
+
+class Harness:
+    def __init__(self, sup: Supervisor, ring: LogRing, runtime: FakeRuntime) -> None:
+        self.sup = sup
+        self.ring = ring
+        self.runtime = runtime
+        self.changes: list[StateChange] = []
+        sup.subscribe(self.changes.append)
+
+    def states(self) -> list[str]:
+        return [c.new.value for c in self.changes]
+
+    async def until(self, predicate: str, timeout: float = 10.0) -> None:
+        """Wait until the state sequence contains ``predicate`` (a comma-joined run)."""
+        deadline = time.monotonic() + timeout
+        while predicate not in ",".join(self.states()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"never saw {predicate!r}; saw {self.states()}")
+            await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def harness_factory(model: Path) -> AsyncIterator[object]:
+    made: list[Harness] = []
+
+    def make(runtime: FakeRuntime, *, timeouts: Timeouts = FAST,
+             policy: RestartPolicy = POLICY, ring_lines: int = 200) -> Harness:
+        ring = LogRing(ring_lines)
+        spec = LaunchSpec(role="generation", model=model)
+        launcher = ProcessLauncher(spec, runtime, clock=SystemClock(), ring=ring,
+                                   timeouts=timeouts)
+        sup = Supervisor("generation", launcher, policy=policy)
+        h = Harness(sup, ring, runtime)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        await h.sup.stop()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); look at its state.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_healthy_child_streams(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    """A well-behaved child goes starting -> running and streams tokens."""
+    h = harness_factory(FakeRuntime())
+    h.sup.start()
+    await h.until("starting,running")
+    chunks = [c async for c in h.sup.client.stream_completion("a b c", Sampling(max_tokens=5))]
+    assert sum(c.tokens for c in chunks) == 5
+    assert chunks[-1].finish_reason == "length"
+
+
+async def test_crash_at_start_backs_off_then_breaker_opens(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    """Crashing at every start backs off, then opens the breaker after 3 failures."""
+    h = harness_factory(FakeRuntime(fault="crash-at-start"))
+    h.sup.start()
+    await h.until("starting,backoff,starting,backoff,starting,failed")
+    assert h.sup.last_exit is not None
+    assert h.sup.last_exit.kind == "crash"
+    assert h.sup.last_exit.exit_code == 1
+    assert h.runtime.launches == 3
+
+
+async def test_crash_mid_stream_fails_the_call_and_restarts(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    """A SIGSEGV mid-stream ends the call with an error; the child comes back."""
+    h = harness_factory(FakeRuntime(faults_per_launch=("crash-mid-stream",), fault_after=2))
+    h.sup.start()
+    await h.until("starting,running")
+    first_pid = h.sup.pid
+    got: list[str] = []
+    with pytest.raises(ChildRequestError):
+        async for chunk in h.sup.client.stream_completion("x", Sampling(max_tokens=50)):
+            got.append(chunk.text)
+    assert len(got) == 2
+    await h.until("running,backoff,starting,running")
+    assert h.sup.last_exit is not None
+    assert h.sup.last_exit.signal == "SIGSEGV"
+    assert h.sup.pid != first_pid
+    assert not alive(first_pid)
+
+
+async def test_hang_is_detected_killed_and_restarted(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    """A child that stops answering fails its probes, is killed, and is replaced."""
+    h = harness_factory(FakeRuntime(faults_per_launch=("hang",), fault_after=4))
+    h.sup.start()
+    await h.until("starting,running")
+    hung_pid = h.sup.pid
+    await h.until("running,backoff", timeout=10)
+    assert h.sup.last_exit is not None
+    assert h.sup.last_exit.kind == "hung"
+    assert not alive(hung_pid)
+    await h.until("backoff,starting,running")
+
+
+async def test_health_503_forever_times_out(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    """A child that loads forever hits the hard start cap, is killed, and backs off."""
+    timeouts = Timeouts(start=0.5, start_cap=1.5, probe_interval=0.2, probe_timeout=0.3,
+                        probe_failures=2, stop_grace=1.0)
+    h = harness_factory(FakeRuntime(fault="health-503-forever"), timeouts=timeouts)
+    h.sup.start()
+    await h.until("starting,backoff")
+    assert h.sup.last_exit is not None
+    assert h.sup.last_exit.kind == "start_timeout"
+    assert "hard cap" in h.sup.last_exit.message  # progress kept extending the soft deadline
+
+
+async def test_slow_start_with_progress_extends_the_deadline(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    """A 2 s load succeeds under a 0.7 s no-progress deadline because it shows progress."""
+    timeouts = Timeouts(start=0.7, start_cap=10.0, probe_interval=0.2, probe_timeout=0.3,
+                        probe_failures=2, stop_grace=1.0)
+    h = harness_factory(FakeRuntime(fault="slow-start", load_seconds=2.0), timeouts=timeouts)
+    began = time.monotonic()
+    h.sup.start()
+    await h.until("starting,running")
+    assert time.monotonic() - began >= 1.9
+    assert h.states() == ["starting", "running"]
+
+
+async def test_ignore_sigterm_is_killed_after_grace(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    """stop() of a child ignoring SIGTERM escalates to SIGKILL after the grace period."""
+    h = harness_factory(FakeRuntime(fault="ignore-sigterm"))
+    h.sup.start()
+    await h.until("starting,running")
+    pid = h.sup.pid
+    began = time.monotonic()
+    await h.sup.stop()
+    took = time.monotonic() - began
+    assert 0.9 <= took < 5.0  # grace is 1 s
+    assert not alive(pid)
+    assert h.states()[-1] == "stopped"
+
+
+async def test_flood_stdout_is_drained_and_bounded(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    """A child flooding stdout keeps serving; the ring holds only its last lines."""
+    h = harness_factory(FakeRuntime(fault="flood-stdout"), ring_lines=100)
+    h.sup.start()
+    await h.until("starting,running")
+    await asyncio.sleep(0.5)
+    text = await h.sup.client.complete("hello there", Sampling(max_tokens=3))
+    assert text
+    assert h.ring.last_seq > 1000
+    assert len(h.ring.tail()) == 100
+    assert h.sup.state is State.RUNNING
+
+
+@pytest.mark.parametrize(("fault", "kind"), [("usage-error", "usage_error"),
+                                             ("model-error", "model_error")])
+async def test_permanent_errors_open_breaker_at_once(harness_factory, fault: str, kind: str) -> None:  # type: ignore[no-untyped-def]
+    """Bad arguments and unloadable models fail once, with no retry loop."""
+    h = harness_factory(FakeRuntime(fault=fault))
+    h.sup.start()
+    await h.until("starting,failed")
+    await asyncio.sleep(0.3)
+    assert h.states() == ["starting", "failed"]
+    assert h.sup.last_exit is not None
+    assert h.sup.last_exit.kind == kind
+    assert h.sup.last_exit.permanent
+    assert h.runtime.launches == 1
+
+
+async def test_exit_while_idle_restarts(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    """A child that exits on its own while idle is restarted."""
+    h = harness_factory(FakeRuntime(faults_per_launch=("exit-after-ready",), fault_after=1))
+    h.sup.start()
+    await h.until("starting,running,backoff,starting,running")
+    assert h.sup.last_exit is not None
+    assert h.sup.last_exit.kind == "crash"
+
+
+@pytest.fixture
+def stranger() -> Iterator[int]:
+    """A plain HTTP server squatting on a loopback port."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield int(server.server_address[1])
+    server.shutdown()
+    server.server_close()
+
+
+async def test_port_taken_by_stranger_is_retried_on_a_new_port(
+    model: Path, stranger: int
+) -> None:
+    """A port lost to another server fails that start (never served), the next one works."""
+    from supervisor._child import free_port
+
+    ports = iter([stranger])
+
+    def picker() -> int:
+        return next(ports, None) or free_port()
+
+    ring = LogRing(200)
+    launcher = ProcessLauncher(LaunchSpec(role="generation", model=model), FakeRuntime(),
+                               clock=SystemClock(), ring=ring, timeouts=FAST, port_picker=picker)
+    sup = Supervisor("generation", launcher, policy=POLICY)
+    changes: list[StateChange] = []
+    sup.subscribe(changes.append)
+    sup.start()
+    try:
+        await sup.wait_for(State.RUNNING, timeout=10)
+        assert [c.new.value for c in changes] == ["starting", "backoff", "starting", "running"]
+        assert sup.last_exit is not None
+        assert sup.last_exit.kind in ("port_in_use", "stranger")
+        assert sup.port != stranger
+    finally:
+        await sup.stop()
+
+
+async def test_missing_model_file_is_permanent(tmp_path: Path) -> None:
+    """A model path that does not exist fails at once (validated before launch)."""
+    from supervisor import read_gguf_info
+
+    missing = tmp_path / "nope.gguf"
+    launcher = ProcessLauncher(LaunchSpec(role="generation", model=missing), FakeRuntime(),
+                               clock=SystemClock(), ring=LogRing(10), timeouts=FAST)
+    sup = Supervisor("generation", launcher, policy=POLICY,
+                     validate=lambda: read_gguf_info(missing) and None)
+    sup.start()
+    try:
+        await sup.wait_for(State.FAILED, timeout=5)
+        assert sup.last_exit is not None
+        assert sup.last_exit.kind == "invalid_model"
+        assert "nope.gguf" in sup.last_exit.message
+    finally:
+        await sup.stop()
