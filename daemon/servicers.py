@@ -15,7 +15,15 @@ import grpc
 from google.protobuf import timestamp_pb2
 
 from clients._pb import common_pb2, control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc
-from supervisor import BreakerState, ChildRequestError, Chunk, ExitCause, LogLine, State
+from supervisor import (
+    BreakerState,
+    ChildRequestError,
+    Chunk,
+    ExitCause,
+    InferenceClient,
+    LogLine,
+    State,
+)
 
 from . import rpc, validation
 from .children import ManagedChild
@@ -149,16 +157,15 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         texts = validation.embed_texts(request.texts, self._limits)
         call.note(texts=len(texts))
         client = self._router.client("embedding")
+        await self._check_embed_context(client, texts)
         try:
             result = await client.embed(texts)
         except ChildRequestError as exc:
             # llama.cpp answers 500 when an input exceeds the context / micro-batch.
             if exc.status == 500 and "too large" in str(exc).lower():
-                info = self._router.child("embedding").model.info
-                ctx = info.context_length if info else "its"
                 raise InvalidArgument(
-                    f"a text is longer than the embedding model's context ({ctx} tokens); "
-                    "split it"
+                    f"a text is longer than the embedding model's context "
+                    f"({self._embed_context() or '?'} tokens); split it"
                 ) from exc
             raise
         normalize = request.normalize if request.HasField("normalize") else True
@@ -171,6 +178,34 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             dimension=dim,
             prompt_tokens=result.prompt_tokens,
         )
+
+    def _embed_context(self) -> int:
+        """Tokens one embedding input may have: the model's context, or less if configured."""
+        child = self._router.child("embedding")
+        model_ctx = child.model.info.context_length if child.model.info else 0
+        configured = child.spec.ctx_size
+        return min(c for c in (model_ctx, configured) if c) if (model_ctx or configured) else 0
+
+    async def _check_embed_context(self, client: InferenceClient, texts: list[str]) -> None:
+        """Refuse a text longer than the embedding context, naming it.
+
+        The bundled runtime silently truncates such a text and llama-server fails the whole
+        batch; both hide which input was at fault. A WordPiece/BPE token covers at least
+        one character, so only texts longer than the context (in characters) need the
+        tokenizer's count.
+        """
+        ctx = self._embed_context()
+        if not ctx:
+            return
+        for i, text in enumerate(texts):
+            if len(text) + 2 <= ctx:
+                continue
+            count = len(await client.tokenize(text, add_special=True))
+            if count > ctx:
+                raise InvalidArgument(
+                    f"texts[{i}] has {count} tokens; the embedding model's context is {ctx} "
+                    "tokens: split it"
+                )
 
     @rpc.unary("Tokenize")
     async def Tokenize(

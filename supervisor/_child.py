@@ -25,7 +25,7 @@ from typing import Protocol
 
 from ._client import ApiShape, Health, InferenceClient, Sampling
 from ._clock import Clock
-from ._exits import ExitCause, classify_exit
+from ._exits import ExitCause, cgroup_oom_kills, classify_exit
 from ._logring import LogRing
 from ._process import ChildProcess, LineSink
 from ._runtime import LaunchSpec, Runtime
@@ -112,11 +112,14 @@ class ProcessChild:
         self._clock = clock
         self._timeouts = timeouts
         self._exit_task = asyncio.ensure_future(process.wait())
+        self._oom_kills = cgroup_oom_kills()
 
     def _cause(self, code: int) -> ExitCause:
+        now = cgroup_oom_kills()
+        oom = None if now is None or self._oom_kills is None else now - self._oom_kills
         return classify_exit(
             code, self.process.recent_lines(),
-            we_killed=self.process.killed_by_us, at=self._clock.wall(),
+            we_killed=self.process.killed_by_us, oom_kills=oom, at=self._clock.wall(),
         )
 
     async def wait_ready(self, spec: LaunchSpec) -> None:

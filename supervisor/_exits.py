@@ -71,8 +71,33 @@ def _first_match(pattern: re.Pattern[str], lines: Sequence[str]) -> str | None:
     return None
 
 
+def cgroup_oom_kills() -> int | None:
+    """The ``oom_kill`` count of this process's cgroup (v2), or None if unreadable.
+
+    Children share the daemon's cgroup (under systemd, the unit's), so a rise of this
+    counter while a child died of SIGKILL means the kernel's OOM killer chose it.
+    """
+    try:
+        with open("/proc/self/cgroup") as fh:
+            path = next((ln.strip()[3:] for ln in fh if ln.startswith("0::")), None)
+        if path is None:
+            return None
+        with open(f"/sys/fs/cgroup{path}/memory.events") as fh:
+            for line in fh:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def classify_exit(
-    returncode: int, tail: Sequence[str], *, we_killed: bool = False, at: float = 0.0
+    returncode: int,
+    tail: Sequence[str],
+    *,
+    we_killed: bool = False,
+    oom_kills: int | None = None,
+    at: float = 0.0,
 ) -> ExitCause:
     """Classify a child's exit from its return code and its last output lines.
 
@@ -80,6 +105,8 @@ def classify_exit(
         returncode: as from ``Popen.returncode`` (negative: killed by that signal).
         tail: the child's last output lines, oldest first.
         we_killed: the supervisor itself sent the fatal signal (a stop, or a hung child).
+        oom_kills: how many OOM kills the cgroup saw during the child's life (None:
+            unknown).
         at: wall-clock time to stamp on the cause.
     """
     if returncode < 0:
@@ -90,10 +117,14 @@ def classify_exit(
             name = f"SIG{sig}"
         if we_killed:
             return ExitCause("stopped", False, f"stopped with {name}", signal=name, at=at)
+        if sig == signal.SIGKILL and oom_kills:
+            return ExitCause("oom", False, "killed by the kernel's OOM killer",
+                             signal=name, at=at)
         if sig == signal.SIGKILL:
-            # Nobody in llamad sent it: on Linux that is almost always the OOM killer.
             return ExitCause(
-                "oom", False, "killed by SIGKILL (likely the kernel's OOM killer)",
+                "signal", False,
+                "killed by SIGKILL, not sent by llamad (another process, or the OOM killer "
+                "outside this cgroup's accounting)",
                 signal=name, at=at,
             )
         return ExitCause("signal", False, f"killed by {name}", signal=name, at=at)

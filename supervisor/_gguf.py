@@ -117,13 +117,18 @@ def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
         The header facts.
 
     Raises:
-        InvalidModelError: the file is missing, not a regular file, unreadable, not a
-            GGUF file, of an unsupported version, corrupt, or truncated. Its ``reason``
-            is one line naming what is wrong.
+        InvalidModelError: the file is missing, not a regular file, unreadable, empty,
+            not a GGUF file, of an unsupported version, corrupt, or truncated. Its
+            ``reason`` is one line naming what is wrong.
     """
     fspath = os.fspath(path)
-    fd, size = _open_regular(fspath)
     try:
+        fd, size = _open_regular(fspath)
+    except OSError as exc:
+        raise InvalidModelError(fspath, _os_reason(exc)) from exc
+    try:
+        if size == 0:
+            raise InvalidModelError(fspath, "empty file (0 bytes)")
         return _parse(_Cursor(fd, size, fspath), os.path.realpath(fspath))
     finally:
         os.close(fd)
@@ -131,6 +136,8 @@ def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
 
 def sha256_file(path: str | os.PathLike[str], *, chunk: int = 1 << 20) -> str:
     """Return the hex SHA-256 of a regular file's contents, read ``chunk`` bytes at a time.
+
+    Like ``read_gguf_info`` it refuses, without blocking, anything but a regular file.
 
     Args:
         path: the file.
@@ -140,40 +147,39 @@ def sha256_file(path: str | os.PathLike[str], *, chunk: int = 1 << 20) -> str:
         The lowercase hex digest.
 
     Raises:
-        InvalidModelError: the file is missing, not a regular file, or unreadable.
+        OSError: the file cannot be opened or read, or is not a regular file (I/O
+            errors stay ``OSError`` so callers that hash in the background can ignore
+            them; ``read_gguf_info`` is the check that explains what is wrong).
         ValueError: ``chunk`` is not positive.
     """
     if chunk <= 0:
         raise ValueError(f"chunk must be positive, got {chunk}")
-    fspath = os.fspath(path)
-    fd, _ = _open_regular(fspath, allow_empty=True)
+    fd, _ = _open_regular(os.fspath(path))
     digest = hashlib.sha256()
-    buf = bytearray(chunk)
-    view = memoryview(buf)
+    view = memoryview(bytearray(chunk))
     with open(fd, "rb", buffering=0, closefd=True) as f:
         while n := f.readinto(view):
             digest.update(view[:n])
     return digest.hexdigest()
 
 
-def _open_regular(path: str, *, allow_empty: bool = False) -> tuple[int, int]:
-    """Open ``path`` read-only if it is a non-empty regular file; return (fd, size)."""
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise InvalidModelError(path, _os_reason(exc)) from exc
-    _require_regular(path, st.st_mode)
-    try:
-        # O_NONBLOCK: if the path was swapped for a FIFO after the stat, open still
-        # returns at once instead of waiting for a writer.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise InvalidModelError(path, _os_reason(exc)) from exc
+class _NotRegularFileError(OSError):
+    """The path names a directory, FIFO, device or socket; ``strerror`` says which."""
+
+
+def _open_regular(path: str) -> tuple[int, int]:
+    """Open ``path`` read-only if it is a regular file; return (fd, size).
+
+    Raises:
+        OSError: from ``stat`` or ``open``, or ``_NotRegularFileError``.
+    """
+    _require_regular(path, os.stat(path).st_mode)
+    # O_NONBLOCK: if the path is swapped for a FIFO after the stat, open still returns
+    # at once instead of waiting for a writer; the fstat below then refuses it.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
         _require_regular(path, st.st_mode)
-        if st.st_size == 0 and not allow_empty:
-            raise InvalidModelError(path, "empty file (0 bytes)")
     except BaseException:
         os.close(fd)
         raise
@@ -195,10 +201,12 @@ def _require_regular(path: str, mode: int) -> None:
         kind = "a socket"
     else:
         kind = "a special file"
-    raise InvalidModelError(path, f"not a regular file: it is {kind}")
+    raise _NotRegularFileError(errno.EINVAL, f"not a regular file: it is {kind}", path)
 
 
 def _os_reason(exc: OSError) -> str:
+    if isinstance(exc, _NotRegularFileError):
+        return str(exc.strerror)
     reasons = {
         errno.ENOENT: "no such file",
         errno.ELOOP: "symlink loop (too many levels of symbolic links)",
@@ -236,7 +244,7 @@ class _Cursor:
         if self.pos + n > self.size:
             raise self.truncated(what)
         off = self.pos - self._base
-        if 0 <= off and off + n <= len(self._buf):
+        if off >= 0 and off + n <= len(self._buf):
             return off
         want = max(n, _WINDOW)
         data = os.pread(self._fd, want, self.pos)
@@ -294,21 +302,29 @@ class _Cursor:
             raise self.fail(f"{what} is not valid UTF-8") from None
 
     def skip_strings(self, count: int, what: str) -> None:
-        """Skip ``count`` length-prefixed strings without materialising any of them."""
+        """Skip ``count`` length-prefixed strings without materialising any of them.
+
+        This is the hot loop of the whole parser (a vocabulary has up to a few hundred
+        thousand entries), so it does the least per item: no per-string cap, since a
+        huge length only jumps past the end of the file, which is then reported.
+        """
         unpack = _U64.unpack_from
         remaining = count
         while remaining:
             off = self._window(8, what)
             buf = self._buf
             last = len(buf) - 8
+            done = 0
             # Walk every length prefix that lies inside the window; a string body may run
             # past its end, the next window starts wherever the walk stopped.
-            while remaining and off <= last:
-                n = unpack(buf, off)[0]
-                if n > _MAX_STRING_LEN:
-                    raise self.fail(f"{what}: a string claims {n} bytes (limit {_MAX_STRING_LEN})")
+            for done in range(remaining):  # noqa: B007 - read after the loop
+                if off > last:
+                    break
+                (n,) = unpack(buf, off)
                 off += 8 + n
-                remaining -= 1
+            else:
+                done = remaining
+            remaining -= done
             self.pos = self._base + off
             if self.pos > self.size:
                 raise self.truncated(what)
@@ -387,12 +403,9 @@ def _read_metadata(cur: _Cursor, kv_count: int) -> tuple[dict[str, str], dict[st
             _expect(cur, key, vtype, _UINT32)
             ints[key] = cur.u32(label)
         elif vtype in _INTEGER_TYPES and (
-            key == "general.file_type"
-            or key.endswith((".context_length", ".embedding_length"))
+            key == "general.file_type" or key.endswith((".context_length", ".embedding_length"))
         ):
-            value = cur.unpack(_SCALARS[vtype][1], label)[0]
-            assert isinstance(value, int)
-            ints[key] = value
+            ints[key] = int(cur.unpack(_SCALARS[vtype][1], label)[0])
         else:
             _skip_value(cur, vtype, label)
     return strings, ints

@@ -38,7 +38,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["FAULTS", "fake_child_command"]
+__all__ = ["FAULTS", "FakeRuntime", "fake_child_command"]
 
 #: Every value ``--fault`` accepts. See :mod:`supervisor.testing.fake_child` for each one.
 FAULTS: tuple[str, ...] = (
@@ -117,3 +117,13 @@ def fake_child_command(
         cmd += ["--token-delay", repr(float(token_delay))]
     cmd += list(extra)
     return cmd
+
+
+def __getattr__(name: str) -> object:
+    # FakeRuntime imports the supervisor package (httpx and more); load it only when asked,
+    # so importing this package stays cheap.
+    if name == "FakeRuntime":
+        from .fake_runtime import FakeRuntime  # noqa: PLC0415
+
+        return FakeRuntime
+    raise AttributeError(name)

@@ -1,0 +1,36 @@
+"""Shared fixtures: where the real models and the llama-server binary are."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from supervisor import find_llama_server
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL_MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL = "gemma-3-270m-q4_k_m.gguf"
+EMBED_MODEL = "all-MiniLM-L6-v2-f16.gguf"
+RUNTIMES = ("llama-server", "bundled")
+
+
+def models_dir() -> Path:
+    return Path(os.environ.get("LLAMAD_MODELS_DIR") or ROOT / "models" / "gguf")
+
+
+def model_path(name: str) -> Path:
+    path = models_dir() / name
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: run `make models` (or set LLAMAD_MODELS_DIR)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> str:
+    binary = find_llama_server()
+    if binary is None:
+        pytest.fail("no llama-server binary beside the venv's python or on PATH: "
+                    "run `make llama-server`")
+    return binary

@@ -1,0 +1,73 @@
+"""Helpers to run a real daemon in-process on port 0 and talk to it with real clients."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from clients._pb import control_pb2, control_pb2_grpc, inference_pb2_grpc
+from daemon import Daemon, load
+from tests.conftest import EMBED_MODEL, SMALL_MODEL, model_path
+
+
+def config_env(runtime: str, **overrides: str) -> dict[str, str]:
+    env = {
+        "LLAMAD_LISTEN": "127.0.0.1:0",
+        "LLAMAD_GENERATION_MODEL": str(model_path(SMALL_MODEL)),
+        "LLAMAD_EMBEDDING_MODEL": str(model_path(EMBED_MODEL)),
+        "LLAMAD_GENERATION_RUNTIME": runtime,
+        "LLAMAD_EMBEDDING_RUNTIME": runtime,
+        "LLAMAD_GENERATION_THREADS": "2",
+        "LLAMAD_EMBEDDING_THREADS": "2",
+        "LLAMAD_GENERATION_PARALLEL": "2",
+        "LLAMAD_GENERATION_CTX_SIZE": "2048",
+        "LLAMAD_RESTART_BACKOFF_BASE": "0.1",
+        "LLAMAD_RESTART_BACKOFF_CAP": "0.5",
+        "LLAMAD_CHILD_PROBE_INTERVAL": "0.5",
+        "LLAMAD_CHILD_STOP_GRACE": "3",
+        "LLAMAD_DRAIN_GRACE": "5",
+        "LLAMAD_LOG_FORMAT": "json",
+    }
+    env.update(overrides)
+    return env
+
+
+def make_daemon(env: Mapping[str, str]) -> Daemon:
+    return Daemon(load(None, env=env))
+
+
+class Clients:
+    """Real gRPC stubs over one channel to the daemon."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.aio.insecure_channel(address)
+        self.inference = inference_pb2_grpc.InferenceServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.control = control_pb2_grpc.ControlServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+
+    async def status(self, service: str = "") -> int:
+        resp = await self.health.Check(health_pb2.HealthCheckRequest(service=service))
+        return int(resp.status)
+
+    async def wait_serving(self, service: str = "", timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        async for resp in self.health.Watch(health_pb2.HealthCheckRequest(service=service),
+                                            timeout=timeout):
+            if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                return
+            if time.monotonic() > deadline:
+                break
+        raise AssertionError(f"{service or 'overall'} never became SERVING")
+
+    async def child(self, role: int) -> control_pb2.ChildStatus:
+        resp = await self.control.Status(control_pb2.StatusRequest())
+        for child in resp.children:
+            if child.role == role:
+                return child
+        raise AssertionError(f"no child with role {role}")
+
+    async def close(self) -> None:
+        await self.channel.close()

@@ -1,0 +1,308 @@
+"""The daemon end to end: real llama.cpp children (both runtimes) on real GGUF models, a
+real gRPC server on port 0, real clients."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2
+
+from clients._pb import common_pb2, control_pb2
+from clients._pb import inference_pb2 as pb
+from daemon import Daemon
+from tests.conftest import RUNTIMES, SMALL_MODEL, model_path
+from tests.integration.daemon_helpers import Clients, config_env, make_daemon
+
+pytestmark = pytest.mark.integration
+
+GEN = common_pb2.CHILD_ROLE_GENERATION
+EMB = common_pb2.CHILD_ROLE_EMBEDDING
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@pytest.fixture(params=RUNTIMES)
+def runtime(request: pytest.FixtureRequest, llama_server: str) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def running(runtime: str) -> AsyncIterator[tuple[Daemon, Clients]]:
+    daemon = make_daemon(config_env(runtime))
+    address = await daemon.start()
+    clients = Clients(address)
+    try:
+        await clients.wait_serving("")
+        yield daemon, clients
+    finally:
+        await clients.close()
+        await daemon.shutdown()
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_generate_streams_tokens_then_usage(running: tuple[Daemon, Clients]) -> None:
+    """Generate streams text as produced; the last message has finish reason and usage."""
+    _, c = running
+    msgs = [m async for m in c.inference.Generate(pb.GenerateRequest(
+        prompt="The three primary colors are", sampling=pb.SamplingParams(max_tokens=16)))]
+    assert len(msgs) >= 10  # streamed, not one blob
+    text = "".join(m.text for m in msgs)
+    assert text.strip()
+    last = msgs[-1]
+    assert last.finish_reason == pb.FINISH_REASON_LENGTH
+    assert last.usage.completion_tokens == 16
+    assert sum(m.tokens for m in msgs) == 16
+    assert last.usage.time_to_first_token_ms > 0
+    assert last.model == SMALL_MODEL
+    assert not any(m.HasField("usage") for m in msgs[:-1])
+
+
+async def test_generate_is_deterministic_when_greedy(running: tuple[Daemon, Clients]) -> None:
+    """Temperature 0 gives the same text twice (the child really generates it)."""
+    _, c = running
+    req = pb.GenerateRequest(prompt="Once upon a time",
+                             sampling=pb.SamplingParams(max_tokens=12, temperature=0.0))
+    first = "".join([m.text async for m in c.inference.Generate(req)])
+    second = "".join([m.text async for m in c.inference.Generate(req)])
+    assert first == second
+    assert len(first) > 10
+
+
+async def test_chat_streams(running: tuple[Daemon, Clients]) -> None:
+    """Chat formats the messages with the model's template and streams the answer."""
+    _, c = running
+    msgs = [m async for m in c.inference.Chat(pb.ChatRequest(
+        messages=[pb.ChatMessage(role=pb.CHAT_ROLE_SYSTEM, content="You are terse."),
+                  pb.ChatMessage(role=pb.CHAT_ROLE_USER, content="Name a color.")],
+        sampling=pb.SamplingParams(max_tokens=8)))]
+    assert "".join(m.text for m in msgs)
+    assert msgs[-1].finish_reason in (pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_STOP)
+    assert msgs[-1].usage.completion_tokens >= 1
+
+
+async def test_tokenize_and_embed_return_real_values(running: tuple[Daemon, Clients]) -> None:
+    """Tokenize uses the model's tokenizer; Embed returns 384-d vectors that mean something."""
+    _, c = running
+    short = await c.inference.Tokenize(pb.TokenizeRequest(text="hello"))
+    long = await c.inference.Tokenize(pb.TokenizeRequest(text="hello world, how are you today?"))
+    assert 1 <= short.count < long.count
+    assert list(long.tokens)[: short.count] != [] and len(long.tokens) == long.count
+    emb = await c.inference.Embed(pb.EmbedRequest(texts=[
+        "a cat sat on the mat", "a kitten rested on the rug", "quarterly tax filing deadline"]))
+    assert emb.dimension == 384
+    vectors = np.array([e.values for e in emb.embeddings])
+    assert vectors.shape == (3, 384)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-4)
+    sims = vectors @ vectors.T
+    assert sims[0, 1] > sims[0, 2] + 0.2
+    etok = await c.inference.Tokenize(pb.TokenizeRequest(text="hello", role=EMB))
+    assert etok.count >= 1
+
+
+async def test_kill9_child_comes_back_and_serves(running: tuple[Daemon, Clients]) -> None:
+    """SIGKILL of the generation child: health drops, the child restarts, calls succeed."""
+    _, c = running
+    before = await c.child(GEN)
+    assert before.state == control_pb2.CHILD_STATE_RUNNING
+    os.kill(before.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while True:
+        now = await c.child(GEN)
+        if now.state == control_pb2.CHILD_STATE_RUNNING and now.pid != before.pid:
+            break
+        assert time.monotonic() < deadline, "child never came back"
+        await asyncio.sleep(0.1)
+    assert now.restarts == before.restarts + 1
+    assert now.last_exit.signal == "SIGKILL"
+    assert not alive(before.pid)
+    text = "".join([m.text async for m in c.inference.Generate(pb.GenerateRequest(
+        prompt="Hello", sampling=pb.SamplingParams(max_tokens=4)))])
+    assert text
+    assert await c.status("generation") == SERVING
+
+
+async def test_status_reports_children(running: tuple[Daemon, Clients], runtime: str) -> None:
+    """Status shows state, pid, model path and SHA-256, runtime, port, breaker."""
+    daemon, c = running
+    await asyncio.sleep(0.5)  # the SHA-256 is computed in the background
+    gen = await c.child(GEN)
+    assert gen.enabled
+    assert gen.pid > 0
+    assert alive(gen.pid)
+    assert gen.port > 0
+    assert gen.model_path.endswith(SMALL_MODEL)
+    assert gen.runtime == ("llama-server" if runtime == "llama-server" else "llama-cpp-python")
+    assert gen.breaker == control_pb2.BREAKER_STATE_CLOSED
+    assert gen.model_architecture == "llama"
+    deadline = time.monotonic() + 20
+    while not (await c.child(GEN)).model_sha256:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.2)
+    import hashlib
+
+    digest = hashlib.sha256(Path(gen.model_path).read_bytes()).hexdigest()
+    assert (await c.child(GEN)).model_sha256 == digest
+    emb = await c.child(EMB)
+    assert emb.model_context_length == 512
+
+
+async def test_cancel_stops_generation_in_the_child(running: tuple[Daemon, Clients],
+                                                   runtime: str) -> None:
+    """A client cancelling a stream makes the child stop generating for it."""
+    _, c = running
+    call = c.inference.Generate(pb.GenerateRequest(
+        prompt="Write a very long story about the sea.",
+        sampling=pb.SamplingParams(max_tokens=3000)))
+    got = 0
+    async for _ in call:
+        got += 1
+        if got == 5:
+            break
+    call.cancel()
+    gen = await c.child(GEN)
+    if runtime == "llama-server":
+        async with httpx.AsyncClient(trust_env=False) as http:
+            deadline = time.monotonic() + 5
+            while True:
+                slots = (await http.get(f"http://127.0.0.1:{gen.port}/slots")).json()
+                if not any(s.get("is_processing") for s in slots):
+                    break
+                assert time.monotonic() < deadline, "the child kept generating"
+                await asyncio.sleep(0.1)
+    # The bundled runtime serves one request at a time: if the abandoned generation went
+    # on (3000 tokens), this call would wait behind it for tens of seconds.
+    began = time.monotonic()
+    out = [m async for m in c.inference.Generate(pb.GenerateRequest(
+        prompt="Hi", sampling=pb.SamplingParams(max_tokens=3)), timeout=20)]
+    assert out
+    assert time.monotonic() - began < 10
+
+
+async def test_deadline_propagates(running: tuple[Daemon, Clients]) -> None:
+    """A deadline that passes mid-stream ends the call with DEADLINE_EXCEEDED."""
+    _, c = running
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _ in c.inference.Generate(pb.GenerateRequest(
+                prompt="Count to one thousand:", sampling=pb.SamplingParams(max_tokens=3000)),
+                timeout=0.3):
+            pass
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    out = [m async for m in c.inference.Generate(pb.GenerateRequest(
+        prompt="Hi", sampling=pb.SamplingParams(max_tokens=3)), timeout=20)]
+    assert out
+
+
+async def test_bad_requests_get_invalid_argument(running: tuple[Daemon, Clients]) -> None:
+    """Invalid input is refused with INVALID_ARGUMENT and a message naming the field."""
+    _, c = running
+    cases = [
+        (pb.GenerateRequest(prompt=""), "prompt is empty"),
+        (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(max_tokens=0)), "max_tokens"),
+        (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(max_tokens=10**9)),
+         "max_tokens"),
+        (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(temperature=float("nan"))),
+         "temperature"),
+    ]
+    for request, needle in cases:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in c.inference.Generate(request):
+                pass
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert needle in (err.value.details() or "")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await c.inference.Embed(pb.EmbedRequest(texts=["word " * 3000]))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "context" in (err.value.details() or "")
+
+
+async def test_tail_logs_has_child_output(running: tuple[Daemon, Clients]) -> None:
+    """TailLogs returns the child's buffered output lines with its pid."""
+    _, c = running
+    gen = await c.child(GEN)
+    lines = [ln async for ln in c.control.TailLogs(control_pb2.TailLogsRequest(lines=20))]
+    assert 0 < len(lines) <= 20
+    assert any(ln.pid == gen.pid for ln in lines)
+    seqs = [ln.seq for ln in lines]
+    assert seqs == sorted(seqs)
+
+
+@pytest.mark.parametrize("runtime", ["llama-server"])
+async def test_corrupt_model_opens_breaker_at_once(tmp_path: Path, runtime: str,
+                                                  llama_server: str) -> None:
+    """A truncated GGUF fails once with the cause in Status; calls get UNAVAILABLE fast."""
+    bad = tmp_path / "truncated.gguf"
+    with open(model_path(SMALL_MODEL), "rb") as src:
+        bad.write_bytes(src.read(3_000_000))
+    daemon = make_daemon(config_env(runtime, LLAMAD_GENERATION_MODEL=str(bad),
+                                    LLAMAD_EMBEDDING_ENABLED="false"))
+    address = await daemon.start()
+    c = Clients(address)
+    try:
+        deadline = time.monotonic() + 20
+        while (gen := await c.child(GEN)).state != control_pb2.CHILD_STATE_FAILED:
+            assert time.monotonic() < deadline, gen
+            await asyncio.sleep(0.1)
+        assert gen.breaker == control_pb2.BREAKER_STATE_OPEN
+        assert gen.last_exit.permanent
+        assert gen.last_exit.kind == "invalid_model"
+        assert "truncated" in gen.last_exit.message
+        assert gen.restarts == 0
+        began = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in c.inference.Generate(pb.GenerateRequest(prompt="hi")):
+                pass
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert time.monotonic() - began < 1.0
+        assert await c.status("") == NOT_SERVING
+        emb = await c.child(EMB)
+        assert not emb.enabled
+    finally:
+        await c.close()
+        await daemon.shutdown()
+
+
+async def test_unavailable_with_retry_hint_while_starting(tmp_path: Path,
+                                                         llama_server: str) -> None:
+    """While the child is starting, calls fail fast with UNAVAILABLE and retry-after-ms."""
+    from supervisor.testing import FakeRuntime
+
+    model = tmp_path / "fake.gguf"
+    shutil.copy(model_path(SMALL_MODEL), model)
+    daemon = make_daemon(config_env("llama-server", LLAMAD_GENERATION_MODEL=str(model),
+                                    LLAMAD_EMBEDDING_ENABLED="false"))
+    # Slow the start down with the fake child: 5 s of "loading".
+    child = daemon.children["generation"]
+    child.supervisor.launcher.runtime = FakeRuntime(load_seconds=5)  # type: ignore[attr-defined]
+    address = await daemon.start()
+    c = Clients(address)
+    try:
+        began = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in c.inference.Generate(pb.GenerateRequest(prompt="hi")):
+                pass
+        assert time.monotonic() - began < 1.0
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        trailers = dict(err.value.trailing_metadata() or ())
+        assert int(trailers["retry-after-ms"]) > 0
+        assert "grpc-status-details-bin" in trailers
+        assert "starting" in (err.value.details() or "")
+    finally:
+        await c.close()
+        await daemon.shutdown()
