@@ -66,7 +66,8 @@ class Clients:
         resp = await self.control.Status(control_pb2.StatusRequest())
         for child in resp.children:
             if child.role == role:
-                return child
+                found: control_pb2.ChildStatus = child
+                return found
         raise AssertionError(f"no child with role {role}")
 
     async def close(self) -> None:

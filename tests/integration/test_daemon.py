@@ -140,7 +140,7 @@ async def test_kill9_child_comes_back_and_serves(running: tuple[Daemon, Clients]
 
 async def test_status_reports_children(running: tuple[Daemon, Clients], runtime: str) -> None:
     """Status shows state, pid, model path and SHA-256, runtime, port, breaker."""
-    daemon, c = running
+    _, c = running
     await asyncio.sleep(0.5)  # the SHA-256 is computed in the background
     gen = await c.child(GEN)
     assert gen.enabled
@@ -281,7 +281,7 @@ async def test_corrupt_model_opens_breaker_at_once(tmp_path: Path, runtime: str,
 async def test_unavailable_with_retry_hint_while_starting(tmp_path: Path,
                                                          llama_server: str) -> None:
     """While the child is starting, calls fail fast with UNAVAILABLE and retry-after-ms."""
-    from supervisor.testing import FakeRuntime
+    from supervisor.testing.fake_runtime import FakeRuntime
 
     model = tmp_path / "fake.gguf"
     shutil.copy(model_path(SMALL_MODEL), model)

@@ -8,7 +8,7 @@ import http.server
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -60,8 +60,11 @@ class Harness:
             await asyncio.sleep(0.02)
 
 
+Factory = Callable[..., Harness]
+
+
 @pytest.fixture
-async def harness_factory(model: Path) -> AsyncIterator[object]:
+async def harness_factory(model: Path) -> AsyncIterator[Callable[..., Harness]]:
     made: list[Harness] = []
 
     def make(runtime: FakeRuntime, *, timeouts: Timeouts = FAST,
@@ -93,7 +96,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-async def test_healthy_child_streams(harness_factory) -> None:  # type: ignore[no-untyped-def]
+async def test_healthy_child_streams(harness_factory: Factory) -> None:
     """A well-behaved child goes starting -> running and streams tokens."""
     h = harness_factory(FakeRuntime())
     h.sup.start()
@@ -103,7 +106,7 @@ async def test_healthy_child_streams(harness_factory) -> None:  # type: ignore[n
     assert chunks[-1].finish_reason == "length"
 
 
-async def test_crash_at_start_backs_off_then_breaker_opens(harness_factory) -> None:  # type: ignore[no-untyped-def]
+async def test_crash_at_start_backs_off_then_breaker_opens(harness_factory: Factory) -> None:
     """Crashing at every start backs off, then opens the breaker after 3 failures."""
     h = harness_factory(FakeRuntime(fault="crash-at-start"))
     h.sup.start()
@@ -114,7 +117,7 @@ async def test_crash_at_start_backs_off_then_breaker_opens(harness_factory) -> N
     assert h.runtime.launches == 3
 
 
-async def test_crash_mid_stream_fails_the_call_and_restarts(harness_factory) -> None:  # type: ignore[no-untyped-def]
+async def test_crash_mid_stream_fails_the_call_and_restarts(harness_factory: Factory) -> None:
     """A SIGSEGV mid-stream ends the call with an error; the child comes back."""
     h = harness_factory(FakeRuntime(faults_per_launch=("crash-mid-stream",), fault_after=2))
     h.sup.start()
@@ -132,7 +135,7 @@ async def test_crash_mid_stream_fails_the_call_and_restarts(harness_factory) -> 
     assert not alive(first_pid)
 
 
-async def test_hang_is_detected_killed_and_restarted(harness_factory) -> None:  # type: ignore[no-untyped-def]
+async def test_hang_is_detected_killed_and_restarted(harness_factory: Factory) -> None:
     """A child that stops answering fails its probes, is killed, and is replaced."""
     h = harness_factory(FakeRuntime(faults_per_launch=("hang",), fault_after=4))
     h.sup.start()
@@ -145,7 +148,7 @@ async def test_hang_is_detected_killed_and_restarted(harness_factory) -> None:  
     await h.until("backoff,starting,running")
 
 
-async def test_health_503_forever_times_out(harness_factory) -> None:  # type: ignore[no-untyped-def]
+async def test_health_503_forever_times_out(harness_factory: Factory) -> None:
     """A child that loads forever hits the hard start cap, is killed, and backs off."""
     timeouts = Timeouts(start=0.5, start_cap=1.5, probe_interval=0.2, probe_timeout=0.3,
                         probe_failures=2, stop_grace=1.0)
@@ -157,7 +160,7 @@ async def test_health_503_forever_times_out(harness_factory) -> None:  # type: i
     assert "hard cap" in h.sup.last_exit.message  # progress kept extending the soft deadline
 
 
-async def test_slow_start_with_progress_extends_the_deadline(harness_factory) -> None:  # type: ignore[no-untyped-def]
+async def test_slow_start_with_progress_extends_the_deadline(harness_factory: Factory) -> None:
     """A 2 s load succeeds under a 0.7 s no-progress deadline because it shows progress."""
     timeouts = Timeouts(start=0.7, start_cap=10.0, probe_interval=0.2, probe_timeout=0.3,
                         probe_failures=2, stop_grace=1.0)
@@ -169,7 +172,7 @@ async def test_slow_start_with_progress_extends_the_deadline(harness_factory) ->
     assert h.states() == ["starting", "running"]
 
 
-async def test_ignore_sigterm_is_killed_after_grace(harness_factory) -> None:  # type: ignore[no-untyped-def]
+async def test_ignore_sigterm_is_killed_after_grace(harness_factory: Factory) -> None:
     """stop() of a child ignoring SIGTERM escalates to SIGKILL after the grace period."""
     h = harness_factory(FakeRuntime(fault="ignore-sigterm"))
     h.sup.start()
@@ -183,7 +186,7 @@ async def test_ignore_sigterm_is_killed_after_grace(harness_factory) -> None:  #
     assert h.states()[-1] == "stopped"
 
 
-async def test_flood_stdout_is_drained_and_bounded(harness_factory) -> None:  # type: ignore[no-untyped-def]
+async def test_flood_stdout_is_drained_and_bounded(harness_factory: Factory) -> None:
     """A child flooding stdout keeps serving; the ring holds only its last lines."""
     h = harness_factory(FakeRuntime(fault="flood-stdout"), ring_lines=100)
     h.sup.start()
@@ -198,7 +201,9 @@ async def test_flood_stdout_is_drained_and_bounded(harness_factory) -> None:  # 
 
 @pytest.mark.parametrize(("fault", "kind"), [("usage-error", "usage_error"),
                                              ("model-error", "model_error")])
-async def test_permanent_errors_open_breaker_at_once(harness_factory, fault: str, kind: str) -> None:  # type: ignore[no-untyped-def]
+async def test_permanent_errors_open_breaker_at_once(
+    harness_factory: Factory, fault: str, kind: str
+) -> None:
     """Bad arguments and unloadable models fail once, with no retry loop."""
     h = harness_factory(FakeRuntime(fault=fault))
     h.sup.start()
@@ -211,7 +216,7 @@ async def test_permanent_errors_open_breaker_at_once(harness_factory, fault: str
     assert h.runtime.launches == 1
 
 
-async def test_exit_while_idle_restarts(harness_factory) -> None:  # type: ignore[no-untyped-def]
+async def test_exit_while_idle_restarts(harness_factory: Factory) -> None:
     """A child that exits on its own while idle is restarted."""
     h = harness_factory(FakeRuntime(faults_per_launch=("exit-after-ready",), fault_after=1))
     h.sup.start()
@@ -264,10 +269,14 @@ async def test_missing_model_file_is_permanent(tmp_path: Path) -> None:
     from supervisor import read_gguf_info
 
     missing = tmp_path / "nope.gguf"
+
+    def check() -> None:
+        read_gguf_info(missing)
+
     launcher = ProcessLauncher(LaunchSpec(role="generation", model=missing), FakeRuntime(),
                                clock=SystemClock(), ring=LogRing(10), timeouts=FAST)
     sup = Supervisor("generation", launcher, policy=POLICY,
-                     validate=lambda: read_gguf_info(missing) and None)
+                     validate=check)
     sup.start()
     try:
         await sup.wait_for(State.FAILED, timeout=5)
