@@ -1,0 +1,180 @@
+"""The daemon as operators run it: a real ``python -m daemon serve`` process, signalled."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from clients._pb import control_pb2, control_pb2_grpc
+from clients._pb import inference_pb2 as pb
+from clients._pb import inference_pb2_grpc
+from tests.conftest import ROOT
+from tests.integration.daemon_helpers import config_env
+
+pytestmark = pytest.mark.integration
+
+
+class DaemonProcess:
+    def __init__(self, env: dict[str, str], *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "daemon", "serve", *args],
+            cwd=ROOT, env={**os.environ, **env},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        self.lines: list[str] = []
+
+    def wait_event(self, event: str, timeout: float = 60.0) -> dict[str, object]:
+        """Read log lines until one with ``event``; return it parsed."""
+        deadline = time.monotonic() + timeout
+        assert self.proc.stderr is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                raise AssertionError(f"daemon exited before {event!r}: {self.lines[-20:]}")
+            self.lines.append(line)
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("event") == event:
+                return dict(record)
+        raise AssertionError(f"no {event!r} within {timeout}s")
+
+    def wait_running(self, roles: int) -> None:
+        for _ in range(roles):
+            while self.wait_event("child state").get("new") != "running":
+                pass
+
+    def rest_of_log(self) -> list[str]:
+        assert self.proc.stderr is not None
+        return self.lines + self.proc.stderr.readlines()
+
+
+@pytest.fixture
+def daemon_env(llama_server: str) -> dict[str, str]:
+    return config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false")
+
+
+@pytest.fixture
+def spawned() -> Iterator[list[DaemonProcess]]:
+    procs: list[DaemonProcess] = []
+    yield procs
+    for d in procs:
+        if d.proc.poll() is None:
+            d.proc.kill()
+        d.proc.wait()
+        if d.proc.stderr is not None:
+            d.proc.stderr.close()
+
+
+def child_pids(address: str) -> list[int]:
+    with grpc.insecure_channel(address) as ch:
+        stub = control_pb2_grpc.ControlServiceStub(ch)  # type: ignore[no-untyped-call]
+        status = stub.Status(control_pb2.StatusRequest(), timeout=5)
+        return [int(c.pid) for c in status.children if c.pid]
+
+
+def gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().split(")")[-1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_sigterm_drains_in_flight_stream_and_exits_zero(
+    daemon_env: dict[str, str], spawned: list[DaemonProcess]
+) -> None:
+    """SIGTERM: the running stream completes, new calls are refused, children stop, exit 0."""
+    d = DaemonProcess(daemon_env)
+    spawned.append(d)
+    address = str(d.wait_event("listening")["address"])
+    d.wait_running(1)
+    pids = child_pids(address)
+    assert len(pids) == 1
+
+    async def scenario() -> tuple[list[pb.GenerateResponse], grpc.StatusCode | None]:
+        async with grpc.aio.insecure_channel(address) as ch:
+            stub = inference_pb2_grpc.InferenceServiceStub(ch)  # type: ignore[no-untyped-call]
+            call = stub.Generate(pb.GenerateRequest(
+                prompt="List the planets of the solar system, one per line, with facts:",
+                sampling=pb.SamplingParams(max_tokens=150)))
+            msgs = [await call.read()]
+            d.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.3)  # the drain has begun
+            refused: grpc.StatusCode | None = None
+            try:
+                async for _ in stub.Generate(pb.GenerateRequest(prompt="hi"), timeout=5):
+                    pass
+            except grpc.aio.AioRpcError as exc:
+                refused = exc.code()
+            while (msg := await call.read()) is not grpc.aio.EOF:
+                msgs.append(msg)
+            return msgs, refused
+
+    msgs, refused = asyncio.run(scenario())
+    assert msgs[-1].usage.completion_tokens >= 1
+    assert msgs[-1].finish_reason != pb.FINISH_REASON_UNSPECIFIED  # finished, not cut off
+    assert refused == grpc.StatusCode.UNAVAILABLE
+    assert d.proc.wait(timeout=30) == 0
+    assert all(gone(pid, 5) for pid in pids)
+    log = "".join(d.rest_of_log())
+    assert '"draining"' in log or "draining" in log
+
+
+def test_sigkill_of_daemon_leaves_no_child(
+    daemon_env: dict[str, str], spawned: list[DaemonProcess]
+) -> None:
+    """kill -9 of the daemon takes its children down too (parent-death signal)."""
+    d = DaemonProcess(config_env("llama-server"))
+    spawned.append(d)
+    address = str(d.wait_event("listening")["address"])
+    d.wait_running(2)
+    pids = child_pids(address)
+    assert len(pids) == 2
+    d.proc.kill()
+    d.proc.wait()
+    assert all(gone(pid, 5) for pid in pids), "a child outlived the daemon"
+
+
+def test_second_daemon_on_same_port_fails_with_one_line(
+    daemon_env: dict[str, str], spawned: list[DaemonProcess]
+) -> None:
+    """A fatal start error exits non-zero with one clear line, and no traceback."""
+    first = DaemonProcess(daemon_env)
+    spawned.append(first)
+    address = str(first.wait_event("listening")["address"])
+    second = DaemonProcess({**daemon_env, "LLAMAD_LISTEN": address})
+    spawned.append(second)
+    assert second.proc.wait(timeout=30) == 1
+    err = "".join(second.rest_of_log())
+    assert f"llamad: cannot listen on {address}" in err
+    assert "Traceback" not in err
+
+
+def test_config_error_exits_2(tmp_path: Path) -> None:
+    """An invalid setting stops the daemon at start with exit 2 and the option's name."""
+    result = subprocess.run(
+        [sys.executable, "-m", "daemon", "serve", "--listen", "0.0.0.0:1234",
+         "--generation-model", str(tmp_path / "m.gguf"), "--no-embedding-enabled"],
+        cwd=ROOT, capture_output=True, text=True, timeout=30, check=False,
+    )
+    assert result.returncode == 2
+    assert "listen" in result.stderr
+    assert "not a loopback address" in result.stderr
+    assert "Traceback" not in result.stderr
