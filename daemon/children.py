@@ -18,12 +18,14 @@ import structlog
 from supervisor import (
     Clock,
     GGUFInfo,
+    InvalidModelError,
     LaunchSpec,
     LogRing,
     ProcessLauncher,
     Runtime,
     Supervisor,
     SystemClock,
+    fallback_chat_template,
     pick_runtime,
     read_gguf_info,
     sha256_file,
@@ -89,6 +91,15 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None) -> Man
     model_path = Path(cc.model).expanduser()
     if not model_path.is_absolute():
         model_path = Path.cwd() / model_path
+    facts = ModelFacts(model_path)
+    template = None
+    if role == "generation":
+        with contextlib.suppress(InvalidModelError):
+            # A bad file is reported by the supervisor, which validates before each launch.
+            facts.validate()
+        if facts.info is not None:
+            template = fallback_chat_template(facts.info.architecture,
+                                              facts.info.has_chat_template)
     spec = LaunchSpec(
         role=role,
         model=model_path,
@@ -97,10 +108,10 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None) -> Man
         threads=cc.threads,
         parallel=cc.parallel,
         batch=cc.batch,
+        chat_template=template,
         extra_args=cc.extra_args,
     )
     ring = LogRing(config.log_lines)
-    facts = ModelFacts(model_path)
     launcher = ProcessLauncher(
         spec, runtime, clock=clock, ring=ring, timeouts=config.timeouts,
         sink=ChildLogForwarder(role), read_timeout=config.request_timeout,

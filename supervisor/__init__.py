@@ -16,6 +16,7 @@ from ._runtime import (
     LaunchSpec,
     LlamaServerRuntime,
     Runtime,
+    fallback_chat_template,
     find_llama_server,
     pick_runtime,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "Timeouts",
     "check_transition",
     "classify_exit",
+    "fallback_chat_template",
     "find_llama_server",
     "pick_runtime",
     "read_gguf_info",

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import structlog
+
 from ._client import ApiShape, Health, InferenceClient, Sampling
 from ._clock import Clock
 from ._exits import ExitCause, cgroup_oom_kills, classify_exit
@@ -30,6 +32,8 @@ from ._logring import LogRing
 from ._process import ChildProcess, LineSink
 from ._runtime import LaunchSpec, Runtime
 from .errors import SupervisorError
+
+_log = structlog.get_logger("llamad.supervisor")
 
 
 @dataclass(frozen=True)
@@ -258,6 +262,8 @@ class ProcessLauncher:
         port = self._port_picker()
         alias = f"llamad-{self.spec.role}-{secrets.token_hex(6)}"
         argv = self.runtime.command(self.spec, port=port, alias=alias)
+        _log.info("launching child", role=self.spec.role, runtime=self.runtime.name,
+                  port=port, argv=" ".join(argv))
         try:
             process = await ChildProcess.spawn(
                 argv, ring=self._ring, env=self._env, sink=self._sink

@@ -89,6 +89,7 @@ class GGUFInfo:
         file_type: ``general.file_type`` as a name such as ``"Q4_K_M"`` or ``"F16"``,
             ``""`` when absent, or the number as text when this gguf package does not
             know it.
+        has_chat_template: the file carries ``tokenizer.chat_template``.
     """
 
     path: str
@@ -100,6 +101,7 @@ class GGUFInfo:
     embedding_length: int
     tensor_count: int
     file_type: str
+    has_chat_template: bool = False
 
 
 def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
@@ -349,7 +351,7 @@ def _parse(cur: _Cursor, realpath: str) -> GGUFInfo:
     if tensor_count > _MAX_TENSOR_COUNT:
         raise cur.fail(f"corrupt header: {tensor_count} tensors (limit {_MAX_TENSOR_COUNT})")
 
-    strings, ints = _read_metadata(cur, kv_count)
+    strings, ints, keys = _read_metadata(cur, kv_count)
 
     architecture = strings.get("general.architecture")
     if architecture is None:
@@ -378,11 +380,17 @@ def _parse(cur: _Cursor, realpath: str) -> GGUFInfo:
         embedding_length=ints.get(f"{architecture}.embedding_length", 0),
         tensor_count=tensor_count,
         file_type=_file_type_name(ints.get("general.file_type")),
+        has_chat_template="tokenizer.chat_template" in keys,
     )
 
 
-def _read_metadata(cur: _Cursor, kv_count: int) -> tuple[dict[str, str], dict[str, int]]:
-    """Walk the key/value section; keep the few values ``GGUFInfo`` needs, skip the rest."""
+def _read_metadata(
+    cur: _Cursor, kv_count: int
+) -> tuple[dict[str, str], dict[str, int], set[str]]:
+    """Walk the key/value section; keep the few values ``GGUFInfo`` needs, skip the rest.
+
+    Returns the string values, the integer values, and every key seen.
+    """
     strings: dict[str, str] = {}
     ints: dict[str, int] = {}
     seen: set[str] = set()
@@ -408,7 +416,7 @@ def _read_metadata(cur: _Cursor, kv_count: int) -> tuple[dict[str, str], dict[st
             ints[key] = int(cur.unpack(_SCALARS[vtype][1], label)[0])
         else:
             _skip_value(cur, vtype, label)
-    return strings, ints
+    return strings, ints, seen
 
 
 def _expect(cur: _Cursor, key: str, vtype: int, want: int) -> None:

@@ -37,6 +37,8 @@ class LaunchSpec:
         threads: CPU threads for generation and batch processing.
         parallel: concurrent request slots (llama-server only).
         batch: logical batch size; for embeddings it must hold a whole input.
+        chat_template: a built-in chat template name to use because the GGUF carries
+            none (see :func:`fallback_chat_template`); None uses the model's own.
         extra_args: appended verbatim to the runtime's command line.
     """
 
@@ -47,6 +49,7 @@ class LaunchSpec:
     threads: int = 2
     parallel: int = 1
     batch: int = 512
+    chat_template: str | None = None
     extra_args: tuple[str, ...] = ()
 
 
@@ -121,6 +124,8 @@ class LlamaServerRuntime:
         else:
             argv += ["--ctx-size", str(spec.ctx_size * parallel if spec.ctx_size else 0)]
             argv += ["--batch-size", str(spec.batch)]
+            if spec.chat_template:
+                argv += ["--chat-template", spec.chat_template]
         return argv + list(spec.extra_args)
 
     def max_concurrency(self, spec: LaunchSpec) -> int:
@@ -153,10 +158,25 @@ class BundledRuntime:
         ]
         if spec.embedding:
             argv += ["--n_ubatch", str(max(spec.batch, ctx))]
+        elif spec.chat_template:
+            argv += ["--chat_format", spec.chat_template]
         return argv + list(spec.extra_args)
 
     def max_concurrency(self, spec: LaunchSpec) -> int:
         return 1
+
+
+# Built-in templates (known to both llama-server and llama-cpp-python by these names) for
+# architectures whose GGUF files are often published without tokenizer.chat_template;
+# without one, llama-server falls back to ChatML, which Gemma does not understand.
+_FALLBACK_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma"}
+
+
+def fallback_chat_template(architecture: str, has_template: bool) -> str | None:
+    """The built-in chat template to pass for a model without its own, or None."""
+    if has_template:
+        return None
+    return _FALLBACK_TEMPLATES.get(architecture)
 
 
 def find_llama_server(explicit: str | None = None) -> str | None:

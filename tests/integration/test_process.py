@@ -15,9 +15,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from clients._pb import control_pb2, control_pb2_grpc
+from clients._pb import control_pb2, control_pb2_grpc, inference_pb2_grpc
 from clients._pb import inference_pb2 as pb
-from clients._pb import inference_pb2_grpc
 from tests.conftest import ROOT
 from tests.integration.daemon_helpers import config_env
 
