@@ -15,7 +15,6 @@ import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from supervisor import RestartPolicy, Timeouts
@@ -76,8 +75,6 @@ OPTIONS: tuple[Option, ...] = (
            "or unix:/path/to.sock."),
     Option("llama_bin", str, "",
            "llama-server binary (default: beside the daemon's Python, then PATH)."),
-    Option("state_dir", str, "",
-           "Directory for state files (default: $STATE_DIRECTORY or ./var)."),
     *_child_options("generation", True, _CPUS, 4, 4096),
     *_child_options("embedding", True, _CPUS, 2, 0),
     Option("restart.backoff_base", float, 0.5, "First restart backoff ceiling, s.", minimum=0.001),
@@ -154,7 +151,6 @@ class Config:
 
     listen: str
     llama_bin: str
-    state_dir: Path
     generation: ChildConfig
     embedding: ChildConfig
     policy: RestartPolicy
@@ -274,7 +270,7 @@ def load(
             if raw is not None:
                 values[opt.key] = _coerce(opt, raw, f"flag {opt.flag}")
                 sources[opt.key] = "flag"
-    return _build(values, sources, env)
+    return _build(values, sources)
 
 
 def _child(values: Mapping[str, Any], role: str) -> ChildConfig:
@@ -291,7 +287,7 @@ def _child(values: Mapping[str, Any], role: str) -> ChildConfig:
     )
 
 
-def _build(values: Mapping[str, Any], sources: Mapping[str, str], env: Mapping[str, str]) -> Config:
+def _build(values: Mapping[str, Any], sources: Mapping[str, str]) -> Config:
     generation, embedding = _child(values, "generation"), _child(values, "embedding")
     for child in (generation, embedding):
         if child.enabled and not child.model:
@@ -309,11 +305,9 @@ def _build(values: Mapping[str, Any], sources: Mapping[str, str], env: Mapping[s
     listen = values["listen"]
     check_listen(listen)
     cooldown = values["restart.breaker_cooldown"]
-    state_dir = values["state_dir"] or env.get("STATE_DIRECTORY", "").split(":")[0] or "var"
     return Config(
         listen=listen,
         llama_bin=values["llama_bin"],
-        state_dir=Path(state_dir),
         generation=generation,
         embedding=embedding,
         policy=RestartPolicy(

@@ -90,12 +90,32 @@ class Launcher(Protocol):
         ...
 
 
+# Ports handed to children that are still alive, process-wide: the kernel may hand the
+# same ephemeral port out twice before the first child has bound it, and two children
+# must never be told the same port.
+_PORTS_IN_USE: set[int] = set()
+
+
 def free_port() -> int:
-    """A loopback port that was free a moment ago (the child may still lose a race for
-    it; that exits as ``port_in_use``, which is transient and retried on a new port)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port that was free a moment ago and is not promised to another child.
+
+    A stranger can still take it before the child binds; the child then exits as
+    ``port_in_use`` (transient), and the retry gets a new port. Release it with
+    :func:`release_port` when the child is gone.
+    """
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _PORTS_IN_USE:
+            _PORTS_IN_USE.add(port)
+            return port
+    raise OSError("no free loopback port")
+
+
+def release_port(port: int) -> None:
+    """Forget a port promised by :func:`free_port`."""
+    _PORTS_IN_USE.discard(port)
 
 
 class ProcessChild:
@@ -226,6 +246,7 @@ class ProcessChild:
         with contextlib.suppress(BaseException):
             await self._exit_task
         await self.client.aclose()
+        release_port(self.port)
 
 
 class ProcessLauncher:
@@ -269,6 +290,7 @@ class ProcessLauncher:
                 argv, ring=self._ring, env=self._env, sink=self._sink
             )
         except OSError as exc:
+            release_port(port)
             raise StartFailure(ExitCause(
                 "spawn_error", True, f"cannot start {argv[0]}: {exc.strerror or exc}",
                 at=self._clock.wall(),
