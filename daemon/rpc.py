@@ -46,8 +46,9 @@ async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, call: Ca
     await context.abort(mapped.code, mapped.message, mapped.trailing_metadata())
 
 
-def _summary(method: str, started: float, call: Call) -> None:
+def _summary(method: str, started: float, call: Call, context: grpc.aio.ServicerContext) -> None:
     code = call.fields.pop("code", "OK")
+    call.fields.setdefault("peer", context.peer())
     duration_ms = round((time.perf_counter() - started) * 1000, 2)
     level = "info" if code in ("OK", "CANCELLED", "INVALID_ARGUMENT") else "warning"
     getattr(_log, level)("rpc", method=method, code=code, duration_ms=duration_ms, **call.fields)
@@ -79,7 +80,7 @@ def unary(
                 await _abort(context, exc, call)
                 raise AssertionError("unreachable: abort raises") from exc
             finally:
-                _summary(method, started, call)
+                _summary(method, started, call, context)
 
         return handler
 
@@ -116,7 +117,7 @@ def stream(
                 await _abort(context, exc, call)
             finally:
                 await gen.aclose()  # type: ignore[attr-defined]
-                _summary(method, started, call)
+                _summary(method, started, call, context)
 
         return handler
 

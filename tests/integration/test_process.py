@@ -177,3 +177,34 @@ def test_config_error_exits_2(tmp_path: Path) -> None:
     assert "listen" in result.stderr
     assert "not a loopback address" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_one_json_summary_line_per_rpc_without_the_prompt(
+    daemon_env: dict[str, str], spawned: list[DaemonProcess]
+) -> None:
+    """Each call logs one JSON 'rpc' line (method, code, duration, tokens); the prompt never
+    appears in the log at info level."""
+    d = DaemonProcess(daemon_env)
+    spawned.append(d)
+    address = str(d.wait_event("listening")["address"])
+    d.wait_running(1)
+    secret = "zebra-prompt-do-not-log-4711"
+    with grpc.insecure_channel(address) as ch:
+        stub = inference_pb2_grpc.InferenceServiceStub(ch)  # type: ignore[no-untyped-call]
+        list(stub.Generate(pb.GenerateRequest(prompt=secret,
+                                              sampling=pb.SamplingParams(max_tokens=4))))
+        with pytest.raises(grpc.RpcError):
+            list(stub.Generate(pb.GenerateRequest(prompt="")))
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(timeout=30) == 0
+    lines = d.rest_of_log()
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    assert len(records) == len([line for line in lines if line.strip()]), "non-JSON log line"
+    rpcs = [r for r in records if r.get("event") == "rpc"]
+    assert [(r["method"], r["code"]) for r in rpcs] == [
+        ("Generate", "OK"), ("Generate", "INVALID_ARGUMENT")]
+    assert rpcs[0]["tokens"] == 4
+    assert rpcs[0]["prompt_chars"] == len(secret)
+    assert isinstance(rpcs[0]["duration_ms"], float)
+    assert rpcs[0]["peer"]
+    assert not any(secret in line for line in lines)
