@@ -10,6 +10,7 @@ clear line naming the option and where the value came from.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 import os
 import tomllib
@@ -338,6 +339,14 @@ def _build(values: Mapping[str, Any], sources: Mapping[str, str]) -> Config:
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
+def _is_loopback_ip(host: str) -> bool:
+    # An IP literal only: a DNS name such as "127.example.com" may resolve anywhere.
+    try:
+        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]")).is_loopback
+    except ValueError:
+        return False
+
+
 def check_listen(listen: str) -> None:
     """Accept loopback ``host:port`` or ``unix:/path``; refuse anything else.
 
@@ -351,7 +360,7 @@ def check_listen(listen: str) -> None:
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
         raise ConfigError(f"listen: {listen!r} is not host:port or unix:/path")
-    if host not in _LOOPBACK_HOSTS and not host.startswith("127."):
+    if host not in _LOOPBACK_HOSTS and not _is_loopback_ip(host):
         raise ConfigError(
             f"listen: {host} is not a loopback address; remote listening requires TLS and a "
             "token, which are not configured"

@@ -22,6 +22,15 @@ from ._runtime import (
 )
 from ._states import TRANSITIONS, State, check_transition
 from ._supervisor import StateChange, Supervisor
+from ._swap import (
+    STAGES,
+    SwapError,
+    SwapFailedError,
+    SwapInProgressError,
+    SwapProgress,
+    SwapRecord,
+    SwapRefusedError,
+)
 from .errors import (
     ChildBadRequestError,
     ChildNotReadyError,
@@ -32,6 +41,7 @@ from .errors import (
 )
 
 __all__ = [
+    "STAGES",
     "TRANSITIONS",
     "ApiShape",
     "BreakerState",
@@ -67,6 +77,12 @@ __all__ = [
     "StateChange",
     "Supervisor",
     "SupervisorError",
+    "SwapError",
+    "SwapFailedError",
+    "SwapInProgressError",
+    "SwapProgress",
+    "SwapRecord",
+    "SwapRefusedError",
     "SystemClock",
     "Timeouts",
     "check_transition",

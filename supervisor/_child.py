@@ -82,11 +82,18 @@ class LiveChild(Protocol):
         ...
 
 
+StageSink = Callable[[str], None]
+"""Told "loading" once the process runs and "probing" once it answers health."""
+
+
 class Launcher(Protocol):
     """Starts children; the real one is :class:`ProcessLauncher`."""
 
-    async def launch(self) -> LiveChild:
-        """Start a child and return it once ready, or raise :class:`StartFailure`."""
+    async def launch(self, on_stage: StageSink | None = None) -> LiveChild:
+        """Start a child and return it once ready, or raise :class:`StartFailure`.
+
+        Cancellation stops and reaps the half-started child.
+        """
         ...
 
 
@@ -146,7 +153,7 @@ class ProcessChild:
             we_killed=self.process.killed_by_us, oom_kills=oom, at=self._clock.wall(),
         )
 
-    async def wait_ready(self, spec: LaunchSpec) -> None:
+    async def wait_ready(self, spec: LaunchSpec, on_stage: StageSink | None = None) -> None:
         """Poll until ready; raise :class:`StartFailure` (child reaped) otherwise."""
         t = self._timeouts
         began = self._clock.monotonic()
@@ -160,6 +167,8 @@ class ProcessChild:
                 health = await self.client.health(timeout=min(2.0, t.probe_timeout))
                 now = self._clock.monotonic()
                 if health is Health.READY:
+                    if on_stage is not None:
+                        on_stage("probing")
                     await self._prove_identity_and_usable(spec)
                     return
                 if health is Health.LOADING or self.process.lines_seen != lines_seen:
@@ -279,7 +288,7 @@ class ProcessLauncher:
     def api(self) -> ApiShape:
         return self.runtime.api
 
-    async def launch(self) -> ProcessChild:
+    async def launch(self, on_stage: StageSink | None = None) -> ProcessChild:
         port = self._port_picker()
         alias = f"llamad-{self.spec.role}-{secrets.token_hex(6)}"
         argv = self.runtime.command(self.spec, port=port, alias=alias)
@@ -302,5 +311,7 @@ class ProcessLauncher:
             read_timeout=self._read_timeout,
         )
         child = ProcessChild(process, client, port, self._clock, self.timeouts)
-        await child.wait_ready(self.spec)
+        if on_stage is not None:
+            on_stage("loading")
+        await child.wait_ready(self.spec, on_stage)
         return child

@@ -48,9 +48,12 @@ _MODEL_ERROR = re.compile(
 # Argument errors: llama-server's "error: invalid argument: --x", argparse's "usage: ...
 # error: unrecognized arguments" (exit 2) and pydantic-settings validation errors.
 _USAGE_ERROR = re.compile(
-    r"invalid argument|unrecognized argument|^usage:|error: argument|validation error",
+    r"invalid argument|unrecognized argument|error: argument|validation error",
     re.IGNORECASE,
 )
+# argparse prints its (long) usage before the error line: the usage line is only the
+# fallback message, so the cause names the bad argument.
+_USAGE_LINE = re.compile(r"^usage:", re.IGNORECASE)
 _PORT_IN_USE = re.compile(
     r"couldn't bind|address already in use|error while attempting to bind", re.IGNORECASE
 )
@@ -133,7 +136,7 @@ def classify_exit(
         return ExitCause("model_error", True, line, exit_code=returncode, at=at)
     if (line := _first_match(_PORT_IN_USE, tail)) is not None:
         return ExitCause("port_in_use", False, line, exit_code=returncode, at=at)
-    if (line := _first_match(_USAGE_ERROR, tail)) is not None:
+    if (line := _first_match(_USAGE_ERROR, tail) or _first_match(_USAGE_LINE, tail)) is not None:
         return ExitCause("usage_error", True, line, exit_code=returncode, at=at)
     if returncode == 0:
         return ExitCause(

@@ -17,6 +17,7 @@ unit-tested without processes or real sleeping.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,13 @@ from ._client import InferenceClient
 from ._clock import Clock, SystemClock
 from ._exits import ExitCause
 from ._states import State, check_transition
+from ._swap import (
+    ProgressSink,
+    SwapFailedError,
+    SwapInProgressError,
+    SwapProgress,
+    SwapRefusedError,
+)
 from .errors import ChildNotReadyError, InvalidModelError
 
 
@@ -90,6 +98,11 @@ class Supervisor:
         self.running_since: float | None = None
         self.retry_at: float | None = None
         self._stopping = False
+        self._swap_lock = asyncio.Lock()
+        # A ready child handed over by swap(), with the launcher and validator that made it.
+        self._adopt: tuple[LiveChild, Launcher, Validator | None] | None = None
+        self._adopted: asyncio.Future[LiveChild | None] | None = None
+        self._swap_signal = asyncio.Event()
 
     # -- observation ------------------------------------------------------------------
 
@@ -234,32 +247,165 @@ class Supervisor:
                     self._set(State.BACKOFF, cause)
                     await self._wait(delay)
                 self.retry_at = None
-                self.restarts += 1
+                if self._adopt is None:
+                    self.restarts += 1
         finally:
             child, self._child = self._child, None
             if child is not None:
                 await asyncio.shield(child.stop())
+            if self._adopt is not None:  # a swap handed over a child nobody will run
+                adopted, self._adopt = self._adopt, None
+                await asyncio.shield(adopted[0].stop())
+                self._ack_adoption(None)
             if self._stopping:
                 self._stopping = False
                 self._set(State.STOPPED)
 
+    def _take_adopted(self) -> LiveChild | None:
+        if self._adopt is None:
+            return None
+        child, self.launcher, self._validate = self._adopt
+        self._adopt = None
+        self.breaker.reset()  # a new configuration starts with a clean record
+        return child
+
+    def _ack_adoption(self, old: LiveChild | None) -> None:
+        if self._adopted is not None and not self._adopted.done():
+            self._adopted.set_result(old)
+
     async def _one_life(self) -> ExitCause:
-        """Start a child, run it until it fails; return why it failed."""
-        try:
-            if self._validate is not None:
-                await asyncio.to_thread(self._validate)
-            self._child = await self.launcher.launch()
-        except InvalidModelError as exc:
-            return ExitCause("invalid_model", True, str(exc), at=self._clock.wall())
-        except StartFailure as exc:
-            return exc.cause
+        """Start (or adopt) a child, run it until it fails; return why it failed."""
+        adopted = self._take_adopted()
+        if adopted is not None:
+            self._child = adopted
+            self._ack_adoption(None)
+        else:
+            try:
+                if self._validate is not None:
+                    await asyncio.to_thread(self._validate)
+                self._child = await self.launcher.launch()
+            except InvalidModelError as exc:
+                return ExitCause("invalid_model", True, str(exc), at=self._clock.wall())
+            except StartFailure as exc:
+                return exc.cause
         self.running_since = self._clock.monotonic()
         self._set(State.RUNNING)
-        cause = await self._child.watch()
+        while True:
+            watch = asyncio.ensure_future(self._child.watch())
+            swapped = asyncio.ensure_future(self._swap_signal.wait())
+            try:
+                await asyncio.wait({watch, swapped}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                swapped.cancel()
+            if watch.done():
+                cause = watch.result()
+                break
+            # A swap: the new child takes over now; the old one is the swapper's to drain.
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+            self._swap_signal.clear()
+            old = self._child
+            new = self._take_adopted()
+            if new is None:
+                continue
+            self._child = new
+            self.running_since = self._clock.monotonic()
+            self._ack_adoption(old)
+            self._log.info("child swapped", old_pid=old.pid, new_pid=new.pid)
         if self._clock.monotonic() - self.running_since >= self.policy.stable_after:
             self.breaker.record_stable()
         await self._child.stop()
         return cause
+
+    # -- swaps ----------------------------------------------------------------------------
+
+    async def swap(
+        self,
+        launcher: Launcher,
+        *,
+        validate: Validator | None = None,
+        drain_timeout: float = 30.0,
+        progress: ProgressSink | None = None,
+    ) -> None:
+        """Replace the child, make-before-break.
+
+        The new child starts beside the old one and must become ready; only then does it
+        take over (atomically: the next :attr:`client` is the new child's). Calls already
+        running on the old child get ``drain_timeout`` seconds to finish, then it stops.
+        If the old child is down (backing off or failed) when the new one is ready, the
+        new one simply takes over. Stages are reported to ``progress``.
+
+        Cancellation: before the take-over, cancelling stops the new child and leaves
+        the old one serving; after it, the swap is complete and only the drain is cut
+        short (the old child is still stopped, in the background).
+
+        Raises:
+            SwapInProgressError: another swap of this child is running.
+            SwapRefusedError: the supervisor is not running (never started, or stopped).
+            SwapFailedError: the new child never became ready; nothing changed.
+        """
+        report = progress or (lambda _: None)
+        if self._swap_lock.locked():
+            raise SwapInProgressError(f"a swap of the {self.role} child is already running")
+        async with self._swap_lock:
+            if self._task is None or self._task.done():
+                raise SwapRefusedError(f"the {self.role} child is stopped; start it first")
+            report(SwapProgress("validating"))
+            if validate is not None:
+                try:
+                    await asyncio.to_thread(validate)
+                except InvalidModelError as exc:
+                    cause = ExitCause("invalid_model", True, str(exc), at=self._clock.wall())
+                    report(SwapProgress("failed", str(exc), cause))
+                    raise SwapFailedError(cause) from exc
+            report(SwapProgress("launching"))
+            try:
+                new = await launcher.launch(on_stage=lambda s: report(SwapProgress(s)))
+            except StartFailure as exc:
+                report(SwapProgress("failed", exc.cause.message, exc.cause))
+                raise SwapFailedError(exc.cause) from exc
+            report(SwapProgress("swapping", f"new child pid {new.pid}"))
+            try:
+                old = await self._hand_over(new, launcher, validate)
+            except BaseException:
+                if self._adopt is not None and self._adopt[0] is new:
+                    self._adopt = None
+                    await asyncio.shield(new.stop())
+                raise
+        if old is None:
+            report(SwapProgress("done", "the old child was not running"))
+            return
+        report(SwapProgress("draining", f"old child pid {old.pid}"))
+        await asyncio.shield(self._drain(old, drain_timeout))
+        report(SwapProgress("done"))
+
+    async def _hand_over(
+        self, new: LiveChild, launcher: Launcher, validate: Validator | None
+    ) -> LiveChild | None:
+        """Give ``new`` to the supervision loop; return the child it replaced, if any."""
+        # A restart of the old configuration may be in flight: let it settle first.
+        settled = await self.wait_for(State.RUNNING, State.BACKOFF, State.FAILED, State.STOPPED)
+        if settled is State.STOPPED:
+            await new.stop()
+            raise SwapRefusedError(f"the {self.role} child was stopped during the swap")
+        loop = asyncio.get_running_loop()
+        self._adopted = loop.create_future()
+        self._adopt = (new, launcher, validate)
+        if self._state is State.RUNNING:
+            self._swap_signal.set()
+        else:
+            self._wake.set()  # cut the backoff or failed wait short; the loop adopts
+        return await self._adopted
+
+    async def _drain(self, old: LiveChild, timeout: float) -> None:
+        """Let calls on ``old`` finish (up to ``timeout`` s), then stop it."""
+        deadline = self._clock.monotonic() + timeout
+        while old.client.in_flight > 0 and self._clock.monotonic() < deadline:
+            await self._clock.sleep(0.05)
+        if old.client.in_flight:
+            self._log.warning("drain timed out", pid=old.pid, in_flight=old.client.in_flight)
+        await old.stop()
 
     async def _wait(self, seconds: float | None) -> bool:
         """Sleep ``seconds`` (forever if None) unless :meth:`reset` wakes us first.

@@ -65,8 +65,10 @@ class ScriptedLauncher:
         self.launches = 0
         self.hanging: asyncio.Future[None] | None = None
 
-    async def launch(self) -> ScriptedChild:
+    async def launch(self, on_stage: Callable[[str], None] | None = None) -> ScriptedChild:
         self.launches += 1
+        if on_stage is not None:
+            on_stage("loading")
         outcome = self.outcomes.pop(0) if self.outcomes else "ok"
         if isinstance(outcome, ExitCause):
             raise StartFailure(outcome)
