@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +27,9 @@ from supervisor import (
     ProcessLauncher,
     Runtime,
     Supervisor,
+    SwapRecord,
     SystemClock,
+    Timeouts,
     fallback_chat_template,
     pick_runtime,
     read_gguf_info,
@@ -63,15 +68,77 @@ class ModelFacts:
             self._hashed = key
 
 
+@dataclass(frozen=True)
+class Setup:
+    """One configuration of a child — what a swap replaces, all at once."""
+
+    spec: LaunchSpec
+    runtime: Runtime
+    model: ModelFacts
+
+
+def make_setup(
+    role: str,
+    model: str | Path,
+    runtime: Runtime,
+    cc: ChildConfig,
+    *,
+    ctx_size: int | None = None,
+    extra_args: tuple[str, ...] | None = None,
+) -> Setup:
+    """The launch spec and model facts for ``model`` with ``cc``'s settings.
+
+    Reads the GGUF header when it can (to pick a chat template for files without one); a
+    bad file is not an error here: the supervisor validates before every launch.
+    """
+    path = Path(model).expanduser()
+    if not path.is_absolute():
+        path = Path.cwd() / path
+    facts = ModelFacts(path)
+    with contextlib.suppress(InvalidModelError):
+        facts.validate()
+    template = None
+    if role == "generation" and facts.info is not None:
+        template = fallback_chat_template(facts.info.architecture, facts.info.has_chat_template)
+    spec = LaunchSpec(
+        role=role,
+        model=path,
+        embedding=role == "embedding",
+        ctx_size=cc.ctx_size if ctx_size is None else ctx_size,
+        threads=cc.threads,
+        parallel=cc.parallel,
+        batch=cc.batch,
+        chat_template=template,
+        extra_args=cc.extra_args if extra_args is None else extra_args,
+    )
+    return Setup(spec, runtime, facts)
+
+
 @dataclass
 class ManagedChild:
+    """Everything the daemon keeps for one role."""
+
     role: str
     config: ChildConfig
-    runtime: Runtime
-    spec: LaunchSpec
+    current: Setup
     ring: LogRing
     supervisor: Supervisor
-    model: ModelFacts
+    launcher_factory: Callable[[Setup], ProcessLauncher]
+    """Makes the launcher for a setup; swaps get the swap readiness deadline."""
+    previous: Setup | None = None
+    last_swap: SwapRecord | None = None
+
+    @property
+    def spec(self) -> LaunchSpec:
+        return self.current.spec
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.current.runtime
+
+    @property
+    def model(self) -> ModelFacts:
+        return self.current.model
 
     async def hash_model(self) -> None:
         """Compute the model's SHA-256 in a thread (for Status); never raises."""
@@ -88,33 +155,22 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None) -> Man
     clock = clock or SystemClock()
     cc = config.child(role)
     runtime = pick_runtime(cc.runtime, config.llama_bin or None)
-    model_path = Path(cc.model).expanduser()
-    if not model_path.is_absolute():
-        model_path = Path.cwd() / model_path
-    facts = ModelFacts(model_path)
-    template = None
-    if role == "generation":
-        with contextlib.suppress(InvalidModelError):
-            # A bad file is reported by the supervisor, which validates before each launch.
-            facts.validate()
-        if facts.info is not None:
-            template = fallback_chat_template(facts.info.architecture,
-                                              facts.info.has_chat_template)
-    spec = LaunchSpec(
-        role=role,
-        model=model_path,
-        embedding=role == "embedding",
-        ctx_size=cc.ctx_size,
-        threads=cc.threads,
-        parallel=cc.parallel,
-        batch=cc.batch,
-        chat_template=template,
-        extra_args=cc.extra_args,
-    )
+    setup = make_setup(role, cc.model, runtime, cc)
     ring = LogRing(config.log_lines)
-    launcher = ProcessLauncher(
-        spec, runtime, clock=clock, ring=ring, timeouts=config.timeouts,
-        sink=ChildLogForwarder(role), read_timeout=config.request_timeout,
+    sink = ChildLogForwarder(role)
+
+    def launcher_for(s: Setup, timeouts: Timeouts = config.timeouts) -> ProcessLauncher:
+        return ProcessLauncher(
+            s.spec, s.runtime, clock=clock, ring=ring, timeouts=timeouts,
+            sink=sink, read_timeout=config.request_timeout,
+        )
+
+    swap_timeouts = dataclasses.replace(
+        config.timeouts,
+        start=min(config.timeouts.start, config.swap_ready_timeout),
+        start_cap=config.swap_ready_timeout,
     )
-    sup = Supervisor(role, launcher, validate=facts.validate, policy=config.policy, clock=clock)
-    return ManagedChild(role, cc, runtime, spec, ring, sup, facts)
+    sup = Supervisor(role, launcher_for(setup), validate=setup.model.validate,
+                     policy=config.policy, clock=clock)
+    return ManagedChild(role, cc, setup, ring, sup,
+                        functools.partial(launcher_for, timeouts=swap_timeouts))

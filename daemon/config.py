@@ -99,6 +99,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("child.request_timeout", float, 600.0,
            "Longest silence from a child during a request, s.", minimum=1),
     Option("child.log_lines", int, 2000, "Output lines kept per child for TailLogs.", minimum=10),
+    Option("swap.ready_timeout", float, 90.0,
+           "Seconds a swapped-in child has to become ready before the swap fails.",
+           minimum=1),
+    Option("swap.drain_timeout", float, 30.0,
+           "Seconds calls on the old child get to finish after a swap before it stops.",
+           minimum=0),
     Option("drain_grace", float, 30.0,
            "On SIGTERM, seconds in-flight calls get to finish before they are cancelled.",
            minimum=0),
@@ -157,6 +163,8 @@ class Config:
     policy: RestartPolicy
     timeouts: Timeouts
     request_timeout: float
+    swap_ready_timeout: float
+    swap_drain_timeout: float
     log_lines: int
     drain_grace: float
     log_format: str
@@ -327,6 +335,8 @@ def _build(values: Mapping[str, Any], sources: Mapping[str, str]) -> Config:
             stop_grace=values["child.stop_grace"],
         ),
         request_timeout=values["child.request_timeout"],
+        swap_ready_timeout=values["swap.ready_timeout"],
+        swap_drain_timeout=values["swap.drain_timeout"],
         log_lines=values["child.log_lines"],
         drain_grace=values["drain_grace"],
         log_format=values["log.format"],

@@ -18,6 +18,9 @@ Draining                      UNAVAILABLE            yes
 ChildNotReadyError            UNAVAILABLE            when known
 ChildBadRequestError          INVALID_ARGUMENT       no
 ChildRequestError             UNAVAILABLE            yes
+SwapInProgressError           FAILED_PRECONDITION    no
+SwapRefusedError              FAILED_PRECONDITION    no
+SwapFailedError               ABORTED                no
 anything else                 INTERNAL               no (no traceback is sent)
 ============================  =====================  ==========
 
@@ -33,6 +36,7 @@ import grpc
 from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
+from supervisor import SwapFailedError, SwapInProgressError, SwapRefusedError
 from supervisor.errors import ChildBadRequestError, ChildNotReadyError, ChildRequestError
 
 RETRY_AFTER_KEY = "retry-after-ms"
@@ -94,6 +98,10 @@ def map_error(exc: BaseException) -> Mapped:
         return Mapped(grpc.StatusCode.UNAVAILABLE, str(exc), exc.retry_after)
     if isinstance(exc, ChildBadRequestError):
         return Mapped(grpc.StatusCode.INVALID_ARGUMENT, f"the model refused the request: {exc}")
+    if isinstance(exc, SwapInProgressError | SwapRefusedError):
+        return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+    if isinstance(exc, SwapFailedError):
+        return Mapped(grpc.StatusCode.ABORTED, f"{exc}; the old child keeps serving")
     if isinstance(exc, ChildRequestError):
         return Mapped(grpc.StatusCode.UNAVAILABLE, f"inference child failed: {exc}",
                       DEFAULT_RETRY_AFTER)

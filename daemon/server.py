@@ -30,6 +30,7 @@ from .config import Config
 from .health import HealthReporter
 from .router import InferenceRouter
 from .servicers import ControlServicer, InferenceServicer
+from .swaps import SwapManager
 
 _log = structlog.get_logger("llamad.daemon")
 
@@ -59,6 +60,8 @@ class Daemon:
             if config.child(role).enabled:
                 self.children[role] = build_child(config, role, clock=self._clock)
         self.router = InferenceRouter(self.children)
+        self.swaps = SwapManager(self.children, config.swap_drain_timeout,
+                                 on_swapped=self._after_swap)
         self.health = HealthReporter(self.children)
         self._server: grpc.aio.Server | None = None
         self._stop = asyncio.Event()
@@ -79,7 +82,8 @@ class Daemon:
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
             InferenceServicer(self.router, self.config.limits), server)
         control_pb2_grpc.add_ControlServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            ControlServicer(self.children, version(), self._started, lambda: self.router.draining),
+            ControlServicer(self.children, version(), self._started,
+                            lambda: self.router.draining, self.swaps),
             server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
@@ -103,6 +107,9 @@ class Daemon:
             child.supervisor.start()
             self._tasks.add(asyncio.create_task(child.hash_model(), name=f"hash-{child.role}"))
         return self.address
+
+    def _after_swap(self, child: ManagedChild) -> None:
+        self._tasks.add(asyncio.create_task(child.hash_model(), name=f"hash-{child.role}"))
 
     def request_stop(self) -> None:
         """Begin a graceful shutdown (what SIGTERM does)."""

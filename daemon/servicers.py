@@ -7,6 +7,8 @@ hold no state of their own; errors are mapped in :mod:`daemon.errors` by the wra
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -23,6 +25,7 @@ from supervisor import (
     InferenceClient,
     LogLine,
     State,
+    SwapProgress,
 )
 
 from . import rpc, validation
@@ -30,6 +33,7 @@ from .children import ManagedChild
 from .config import Limits
 from .errors import InvalidArgument
 from .router import InferenceRouter
+from .swaps import SwapManager, SwapPlan, check_plan_model
 
 ROLE_NAMES: dict[int, str] = {
     common_pb2.CHILD_ROLE_GENERATION: "generation",
@@ -252,8 +256,20 @@ def _log_line(role: str, line: LogLine) -> control_pb2.LogLine:
     )
 
 
+_SWAP_STAGES = {
+    "validating": control_pb2.SWAP_STAGE_VALIDATING,
+    "launching": control_pb2.SWAP_STAGE_LAUNCHING,
+    "loading": control_pb2.SWAP_STAGE_LOADING,
+    "probing": control_pb2.SWAP_STAGE_PROBING,
+    "swapping": control_pb2.SWAP_STAGE_SWAPPING,
+    "draining": control_pb2.SWAP_STAGE_DRAINING,
+    "done": control_pb2.SWAP_STAGE_DONE,
+    "failed": control_pb2.SWAP_STAGE_FAILED,
+}
+
+
 class ControlServicer(control_pb2_grpc.ControlServiceServicer):
-    """Status and TailLogs."""
+    """Status, TailLogs, Swap and Reset."""
 
     def __init__(
         self,
@@ -261,11 +277,13 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         version: str,
         started: float,
         draining: Callable[[], bool],
+        swaps: SwapManager,
     ) -> None:
         self._children = children
         self._version = version
         self._started = started
         self._draining = draining
+        self._swaps = swaps
 
     def child_status(self, role: str) -> control_pb2.ChildStatus:
         child = self._children.get(role)
@@ -294,6 +312,14 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         cause = _exit_cause(sup.last_exit)
         if cause is not None:
             status.last_exit.CopyFrom(cause)
+        if child.previous is not None:
+            status.previous_model_path = str(child.previous.spec.model)
+        if child.last_swap is not None:
+            swap = child.last_swap
+            status.last_swap.CopyFrom(control_pb2.SwapInfo(
+                from_model=swap.old, to_model=swap.new, at=_timestamp(swap.at),
+                reason=swap.reason, duration_seconds=swap.seconds,
+            ))
         return status
 
     @rpc.unary("Status")
@@ -309,6 +335,72 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
             daemon_uptime_seconds=time.monotonic() - self._started,
             draining=self._draining(),
         )
+
+    @rpc.stream("Swap")
+    async def Swap(
+        self,
+        request: control_pb2.SwapRequest,
+        context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> AsyncIterator[control_pb2.SwapProgress]:
+        role = _role(request.role)
+        if role not in self._children:
+            raise InvalidArgument(f"the {role} child is disabled; it cannot be swapped")
+        check_plan_model(request.model_path)
+        if request.HasField("ctx_size") and request.ctx_size > 1 << 20:
+            raise InvalidArgument("ctx_size must be at most 1048576")
+        plan = SwapPlan(
+            model=request.model_path,
+            extra_args=tuple(request.extra_args.split()) if request.HasField("extra_args")
+            else None,
+            ctx_size=request.ctx_size if request.HasField("ctx_size") else None,
+            rollback=request.rollback,
+            stop_old_first=request.stop_old_first,
+            reason=request.reason[:200],
+        )
+        call.note(role=role, rollback=plan.rollback)
+        began = time.monotonic()
+        queue: asyncio.Queue[SwapProgress | None] = asyncio.Queue()
+
+        async def run() -> None:
+            try:
+                await self._swaps.swap(role, plan, queue.put_nowait)
+            finally:
+                queue.put_nowait(None)
+
+        task = asyncio.create_task(run(), name=f"swap-{role}")
+        try:
+            while (event := await queue.get()) is not None:
+                msg = control_pb2.SwapProgress(
+                    stage=_SWAP_STAGES.get(event.stage, control_pb2.SWAP_STAGE_UNSPECIFIED),
+                    message=event.message,
+                    elapsed_seconds=time.monotonic() - began,
+                )
+                cause = _exit_cause(event.cause)
+                if cause is not None:
+                    msg.cause.CopyFrom(cause)
+                yield msg
+            await task  # raises the swap's error, mapped by the wrapper
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    @rpc.unary("Reset")
+    async def Reset(
+        self,
+        request: control_pb2.ResetRequest,
+        context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> control_pb2.ResetResponse:
+        role = _role(request.role)
+        child = self._children.get(role)
+        if child is None:
+            raise InvalidArgument(f"the {role} child is disabled")
+        child.supervisor.reset()
+        call.note(role=role)
+        return control_pb2.ResetResponse(state=_STATES[child.supervisor.state])
 
     @rpc.stream("TailLogs")
     async def TailLogs(

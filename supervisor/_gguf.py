@@ -90,6 +90,10 @@ class GGUFInfo:
             ``""`` when absent, or the number as text when this gguf package does not
             know it.
         has_chat_template: the file carries ``tokenizer.chat_template``.
+        block_count: ``{architecture}.block_count`` (layers), or 0 when absent.
+        head_count: ``{architecture}.attention.head_count``, or 0.
+        head_count_kv: ``{architecture}.attention.head_count_kv``, or 0 (then equal to
+            ``head_count``).
     """
 
     path: str
@@ -102,6 +106,19 @@ class GGUFInfo:
     tensor_count: int
     file_type: str
     has_chat_template: bool = False
+    block_count: int = 0
+    head_count: int = 0
+    head_count_kv: int = 0
+
+    def kv_cache_bytes(self, tokens: int) -> int:
+        """Bytes of an f16 KV cache holding ``tokens`` tokens (an estimate: 2 tensors,
+        K and V, per layer, scaled by grouped-query attention)."""
+        if not (self.block_count and self.embedding_length):
+            return 0
+        heads = self.head_count or 1
+        kv_heads = self.head_count_kv or heads
+        per_token = 2 * self.block_count * self.embedding_length * kv_heads // heads
+        return per_token * 2 * tokens
 
 
 def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
@@ -381,6 +398,9 @@ def _parse(cur: _Cursor, realpath: str) -> GGUFInfo:
         tensor_count=tensor_count,
         file_type=_file_type_name(ints.get("general.file_type")),
         has_chat_template="tokenizer.chat_template" in keys,
+        block_count=ints.get(f"{architecture}.block_count", 0),
+        head_count=ints.get(f"{architecture}.attention.head_count", 0),
+        head_count_kv=ints.get(f"{architecture}.attention.head_count_kv", 0),
     )
 
 
@@ -411,7 +431,9 @@ def _read_metadata(
             _expect(cur, key, vtype, _UINT32)
             ints[key] = cur.u32(label)
         elif vtype in _INTEGER_TYPES and (
-            key == "general.file_type" or key.endswith((".context_length", ".embedding_length"))
+            key == "general.file_type"
+            or key.endswith((".context_length", ".embedding_length", ".block_count",
+                             ".attention.head_count", ".attention.head_count_kv"))
         ):
             ints[key] = int(cur.unpack(_SCALARS[vtype][1], label)[0])
         else:

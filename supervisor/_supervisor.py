@@ -180,6 +180,15 @@ class Supervisor:
         self._stopping = False
         self._task = asyncio.create_task(self._run(), name=f"supervise-{self.role}")
 
+    def reconfigure(self, launcher: Launcher, validate: Validator | None) -> None:
+        """Use another launcher and validator from the next start on (only while stopped
+        or never started; a running child is replaced with :meth:`swap`)."""
+        if self._task is not None and not self._task.done():
+            raise SwapRefusedError("reconfigure needs a stopped supervisor; use swap()")
+        self.launcher = launcher
+        self._validate = validate
+        self.breaker.reset()
+
     def reset(self) -> None:
         """Close the breaker and retry now: cuts short a backoff delay or a failed wait.
 

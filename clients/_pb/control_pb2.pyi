@@ -27,6 +27,18 @@ class BreakerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BREAKER_STATE_UNSPECIFIED: _ClassVar[BreakerState]
     BREAKER_STATE_CLOSED: _ClassVar[BreakerState]
     BREAKER_STATE_OPEN: _ClassVar[BreakerState]
+
+class SwapStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SWAP_STAGE_UNSPECIFIED: _ClassVar[SwapStage]
+    SWAP_STAGE_VALIDATING: _ClassVar[SwapStage]
+    SWAP_STAGE_LAUNCHING: _ClassVar[SwapStage]
+    SWAP_STAGE_LOADING: _ClassVar[SwapStage]
+    SWAP_STAGE_PROBING: _ClassVar[SwapStage]
+    SWAP_STAGE_SWAPPING: _ClassVar[SwapStage]
+    SWAP_STAGE_DRAINING: _ClassVar[SwapStage]
+    SWAP_STAGE_DONE: _ClassVar[SwapStage]
+    SWAP_STAGE_FAILED: _ClassVar[SwapStage]
 CHILD_STATE_UNSPECIFIED: ChildState
 CHILD_STATE_IDLE: ChildState
 CHILD_STATE_STARTING: ChildState
@@ -37,6 +49,15 @@ CHILD_STATE_STOPPED: ChildState
 BREAKER_STATE_UNSPECIFIED: BreakerState
 BREAKER_STATE_CLOSED: BreakerState
 BREAKER_STATE_OPEN: BreakerState
+SWAP_STAGE_UNSPECIFIED: SwapStage
+SWAP_STAGE_VALIDATING: SwapStage
+SWAP_STAGE_LAUNCHING: SwapStage
+SWAP_STAGE_LOADING: SwapStage
+SWAP_STAGE_PROBING: SwapStage
+SWAP_STAGE_SWAPPING: SwapStage
+SWAP_STAGE_DRAINING: SwapStage
+SWAP_STAGE_DONE: SwapStage
+SWAP_STAGE_FAILED: SwapStage
 
 class ExitCause(_message.Message):
     __slots__ = ("kind", "exit_code", "signal", "permanent", "message", "at")
@@ -55,7 +76,7 @@ class ExitCause(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., exit_code: _Optional[int] = ..., signal: _Optional[str] = ..., permanent: _Optional[bool] = ..., message: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ChildStatus(_message.Message):
-    __slots__ = ("role", "state", "pid", "model_path", "model_sha256", "runtime", "port", "uptime_seconds", "restarts", "breaker", "consecutive_failures", "last_exit", "enabled", "model_architecture", "model_context_length")
+    __slots__ = ("role", "state", "pid", "model_path", "model_sha256", "runtime", "port", "uptime_seconds", "restarts", "breaker", "consecutive_failures", "last_exit", "enabled", "model_architecture", "model_context_length", "previous_model_path", "last_swap", "in_flight", "queued", "slots")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +92,11 @@ class ChildStatus(_message.Message):
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     MODEL_ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     MODEL_CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    LAST_SWAP_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
     role: _common_pb2.ChildRole
     state: ChildState
     pid: int
@@ -86,7 +112,68 @@ class ChildStatus(_message.Message):
     enabled: bool
     model_architecture: str
     model_context_length: int
-    def __init__(self, role: _Optional[_Union[_common_pb2.ChildRole, str]] = ..., state: _Optional[_Union[ChildState, str]] = ..., pid: _Optional[int] = ..., model_path: _Optional[str] = ..., model_sha256: _Optional[str] = ..., runtime: _Optional[str] = ..., port: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., restarts: _Optional[int] = ..., breaker: _Optional[_Union[BreakerState, str]] = ..., consecutive_failures: _Optional[int] = ..., last_exit: _Optional[_Union[ExitCause, _Mapping]] = ..., enabled: _Optional[bool] = ..., model_architecture: _Optional[str] = ..., model_context_length: _Optional[int] = ...) -> None: ...
+    previous_model_path: str
+    last_swap: SwapInfo
+    in_flight: int
+    queued: int
+    slots: int
+    def __init__(self, role: _Optional[_Union[_common_pb2.ChildRole, str]] = ..., state: _Optional[_Union[ChildState, str]] = ..., pid: _Optional[int] = ..., model_path: _Optional[str] = ..., model_sha256: _Optional[str] = ..., runtime: _Optional[str] = ..., port: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., restarts: _Optional[int] = ..., breaker: _Optional[_Union[BreakerState, str]] = ..., consecutive_failures: _Optional[int] = ..., last_exit: _Optional[_Union[ExitCause, _Mapping]] = ..., enabled: _Optional[bool] = ..., model_architecture: _Optional[str] = ..., model_context_length: _Optional[int] = ..., previous_model_path: _Optional[str] = ..., last_swap: _Optional[_Union[SwapInfo, _Mapping]] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., slots: _Optional[int] = ...) -> None: ...
+
+class SwapInfo(_message.Message):
+    __slots__ = ("from_model", "to_model", "at", "reason", "duration_seconds")
+    FROM_MODEL_FIELD_NUMBER: _ClassVar[int]
+    TO_MODEL_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    from_model: str
+    to_model: str
+    at: _timestamp_pb2.Timestamp
+    reason: str
+    duration_seconds: float
+    def __init__(self, from_model: _Optional[str] = ..., to_model: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ..., duration_seconds: _Optional[float] = ...) -> None: ...
+
+class SwapRequest(_message.Message):
+    __slots__ = ("role", "model_path", "extra_args", "ctx_size", "rollback", "stop_old_first", "reason")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_ARGS_FIELD_NUMBER: _ClassVar[int]
+    CTX_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ROLLBACK_FIELD_NUMBER: _ClassVar[int]
+    STOP_OLD_FIRST_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    role: _common_pb2.ChildRole
+    model_path: str
+    extra_args: str
+    ctx_size: int
+    rollback: bool
+    stop_old_first: bool
+    reason: str
+    def __init__(self, role: _Optional[_Union[_common_pb2.ChildRole, str]] = ..., model_path: _Optional[str] = ..., extra_args: _Optional[str] = ..., ctx_size: _Optional[int] = ..., rollback: _Optional[bool] = ..., stop_old_first: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SwapProgress(_message.Message):
+    __slots__ = ("stage", "message", "cause", "elapsed_seconds")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    stage: SwapStage
+    message: str
+    cause: ExitCause
+    elapsed_seconds: float
+    def __init__(self, stage: _Optional[_Union[SwapStage, str]] = ..., message: _Optional[str] = ..., cause: _Optional[_Union[ExitCause, _Mapping]] = ..., elapsed_seconds: _Optional[float] = ...) -> None: ...
+
+class ResetRequest(_message.Message):
+    __slots__ = ("role",)
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    role: _common_pb2.ChildRole
+    def __init__(self, role: _Optional[_Union[_common_pb2.ChildRole, str]] = ...) -> None: ...
+
+class ResetResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: ChildState
+    def __init__(self, state: _Optional[_Union[ChildState, str]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

@@ -45,6 +45,16 @@ class ControlServiceStub:
                 request_serializer=llamad_dot_v1_dot_control__pb2.TailLogsRequest.SerializeToString,
                 response_deserializer=llamad_dot_v1_dot_control__pb2.LogLine.FromString,
                 _registered_method=True)
+        self.Swap = channel.unary_stream(
+                '/llamad.v1.ControlService/Swap',
+                request_serializer=llamad_dot_v1_dot_control__pb2.SwapRequest.SerializeToString,
+                response_deserializer=llamad_dot_v1_dot_control__pb2.SwapProgress.FromString,
+                _registered_method=True)
+        self.Reset = channel.unary_unary(
+                '/llamad.v1.ControlService/Reset',
+                request_serializer=llamad_dot_v1_dot_control__pb2.ResetRequest.SerializeToString,
+                response_deserializer=llamad_dot_v1_dot_control__pb2.ResetResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -65,6 +75,25 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Swap(self, request, context):
+        """Replaces a child's model and/or arguments, make-before-break: the new child starts
+        beside the old one and takes over only once ready; calls running on the old child
+        finish (bounded drain), then it stops. Streams the stages. A failed swap ends with
+        the FAILED stage and status ABORTED, the old child still serving; a concurrent swap
+        of the same child, or a model that does not fit in memory beside the running one
+        (unless stop_old_first), fails with FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reset(self, request, context):
+        """Closes a child's circuit breaker and retries its start now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +106,16 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.TailLogs,
                     request_deserializer=llamad_dot_v1_dot_control__pb2.TailLogsRequest.FromString,
                     response_serializer=llamad_dot_v1_dot_control__pb2.LogLine.SerializeToString,
+            ),
+            'Swap': grpc.unary_stream_rpc_method_handler(
+                    servicer.Swap,
+                    request_deserializer=llamad_dot_v1_dot_control__pb2.SwapRequest.FromString,
+                    response_serializer=llamad_dot_v1_dot_control__pb2.SwapProgress.SerializeToString,
+            ),
+            'Reset': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reset,
+                    request_deserializer=llamad_dot_v1_dot_control__pb2.ResetRequest.FromString,
+                    response_serializer=llamad_dot_v1_dot_control__pb2.ResetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +172,60 @@ class ControlService:
             '/llamad.v1.ControlService/TailLogs',
             llamad_dot_v1_dot_control__pb2.TailLogsRequest.SerializeToString,
             llamad_dot_v1_dot_control__pb2.LogLine.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Swap(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/llamad.v1.ControlService/Swap',
+            llamad_dot_v1_dot_control__pb2.SwapRequest.SerializeToString,
+            llamad_dot_v1_dot_control__pb2.SwapProgress.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llamad.v1.ControlService/Reset',
+            llamad_dot_v1_dot_control__pb2.ResetRequest.SerializeToString,
+            llamad_dot_v1_dot_control__pb2.ResetResponse.FromString,
             options,
             channel_credentials,
             insecure,

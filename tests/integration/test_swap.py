@@ -1,0 +1,159 @@
+"""Hot-swap with real children: make-before-break between two real GGUF models."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from clients._pb import common_pb2, control_pb2
+from clients._pb import inference_pb2 as pb
+from daemon import Daemon
+from tests.conftest import DEFAULT_MODEL, SMALL_MODEL, model_path
+from tests.integration.daemon_helpers import Clients, config_env, make_daemon
+
+pytestmark = pytest.mark.integration
+
+GEN = common_pb2.CHILD_ROLE_GENERATION
+DONE = control_pb2.SWAP_STAGE_DONE
+FAILED = control_pb2.SWAP_STAGE_FAILED
+
+
+@pytest.fixture
+async def running(llama_server: str) -> AsyncIterator[tuple[Daemon, Clients]]:
+    daemon = make_daemon(config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false"))
+    clients = Clients(await daemon.start())
+    try:
+        await clients.wait_serving("")
+        yield daemon, clients
+    finally:
+        await clients.close()
+        await daemon.shutdown()
+
+
+async def swap(c: Clients, **fields: object) -> list[control_pb2.SwapProgress]:
+    return [p async for p in c.control.Swap(control_pb2.SwapRequest(role=GEN, **fields))]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_swap_under_a_running_stream(running: tuple[Daemon, Clients]) -> None:
+    """The stream on the old model finishes; new calls use the new model; old child stops."""
+    _, c = running
+    before = await c.child(GEN)
+    stream = c.inference.Generate(pb.GenerateRequest(
+        prompt="Write a list of twenty fruits:", sampling=pb.SamplingParams(max_tokens=120)))
+    first = await stream.read()
+    assert first.model == SMALL_MODEL
+    progress = await swap(c, model_path=str(model_path(DEFAULT_MODEL)), reason="upgrade")
+    stages = [p.stage for p in progress]
+    assert stages[0] == control_pb2.SWAP_STAGE_VALIDATING
+    assert control_pb2.SWAP_STAGE_PROBING in stages
+    assert control_pb2.SWAP_STAGE_SWAPPING in stages
+    assert stages[-1] == DONE
+    rest = []
+    while (msg := await stream.read()) is not grpc.aio.EOF:
+        rest.append(msg)
+    assert rest[-1].finish_reason != pb.FINISH_REASON_UNSPECIFIED  # completed, not cut
+    assert rest[-1].model == SMALL_MODEL
+    after = await c.child(GEN)
+    assert after.state == control_pb2.CHILD_STATE_RUNNING
+    assert after.model_path.endswith(DEFAULT_MODEL)
+    assert after.previous_model_path.endswith(SMALL_MODEL)
+    assert after.last_swap.reason == "upgrade"
+    assert after.pid != before.pid
+    assert not alive(before.pid)
+    out = [m async for m in c.inference.Generate(pb.GenerateRequest(
+        prompt="Hi", sampling=pb.SamplingParams(max_tokens=3)))]
+    assert out[-1].model == DEFAULT_MODEL
+
+
+async def test_failed_swap_keeps_old_child(running: tuple[Daemon, Clients],
+                                           tmp_path: Path) -> None:
+    """A corrupt new model fails the swap with its cause; the old child is untouched."""
+    _, c = running
+    before = await c.child(GEN)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + os.urandom(4000))
+    seen: list[control_pb2.SwapProgress] = []
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for p in c.control.Swap(control_pb2.SwapRequest(role=GEN, model_path=str(bad))):
+            seen.append(p)
+    assert err.value.code() == grpc.StatusCode.ABORTED
+    assert seen[-1].stage == FAILED
+    assert seen[-1].cause.permanent
+    assert "bad.gguf" in seen[-1].cause.message
+    after = await c.child(GEN)
+    assert (after.pid, after.model_path) == (before.pid, before.model_path)
+    assert not after.previous_model_path
+    out = [m async for m in c.inference.Generate(pb.GenerateRequest(
+        prompt="Hi", sampling=pb.SamplingParams(max_tokens=3)))]
+    assert out[-1].model == SMALL_MODEL
+
+
+async def test_rollback_returns_to_previous_model(running: tuple[Daemon, Clients]) -> None:
+    """Rollback swaps back to the model before the last swap."""
+    _, c = running
+    assert (await swap(c, model_path=str(model_path(DEFAULT_MODEL))))[-1].stage == DONE
+    assert (await swap(c, rollback=True))[-1].stage == DONE
+    after = await c.child(GEN)
+    assert after.model_path.endswith(SMALL_MODEL)
+    assert after.previous_model_path.endswith(DEFAULT_MODEL)
+    assert after.last_swap.reason == "rollback"
+
+
+async def test_concurrent_swap_is_rejected(running: tuple[Daemon, Clients]) -> None:
+    """A second swap of the same child while one runs gets FAILED_PRECONDITION."""
+    _, c = running
+    first = asyncio.ensure_future(swap(c, model_path=str(model_path(DEFAULT_MODEL))))
+    await asyncio.sleep(0.2)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await swap(c, model_path=str(model_path(DEFAULT_MODEL)))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "already running" in (err.value.details() or "")
+    assert (await first)[-1].stage == DONE
+
+
+async def test_swap_that_does_not_fit_needs_stop_old_first(
+    running: tuple[Daemon, Clients], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without room for both children the swap refuses, unless told to stop the old first."""
+    import daemon.swaps
+
+    _, c = running
+    monkeypatch.setattr(daemon.swaps, "memory_available", lambda: 64 * 1024 * 1024)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await swap(c, model_path=str(model_path(DEFAULT_MODEL)))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "stop_old_first" in (err.value.details() or "")
+    before = await c.child(GEN)
+    progress = await swap(c, model_path=str(model_path(DEFAULT_MODEL)), stop_old_first=True)
+    assert progress[-1].stage == DONE
+    after = await c.child(GEN)
+    assert after.model_path.endswith(DEFAULT_MODEL)
+    assert not alive(before.pid)
+
+
+async def test_bad_swap_requests(running: tuple[Daemon, Clients]) -> None:
+    """Nonsense swap requests are refused with INVALID_ARGUMENT before anything starts."""
+    _, c = running
+    cases = [
+        (control_pb2.SwapRequest(role=GEN), "nothing to swap"),
+        (control_pb2.SwapRequest(role=GEN, rollback=True), "nothing to roll back"),
+        (control_pb2.SwapRequest(role=GEN, model_path="relative.gguf"), "absolute"),
+    ]
+    for request, needle in cases:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            _ = [p async for p in c.control.Swap(request)]
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert needle in (err.value.details() or "")
