@@ -35,8 +35,11 @@ async def running(llama_server: str) -> AsyncIterator[tuple[Daemon, Clients]]:
         await daemon.shutdown()
 
 
-async def swap(c: Clients, **fields: object) -> list[control_pb2.SwapProgress]:
-    return [p async for p in c.control.Swap(control_pb2.SwapRequest(role=GEN, **fields))]
+async def swap(c: Clients, model_path: str = "", *, rollback: bool = False,
+               stop_old_first: bool = False, reason: str = "") -> list[control_pb2.SwapProgress]:
+    request = control_pb2.SwapRequest(role=GEN, model_path=model_path, rollback=rollback,
+                                      stop_old_first=stop_old_first, reason=reason)
+    return [p async for p in c.control.Swap(request)]
 
 
 def alive(pid: int) -> bool:
