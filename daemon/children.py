@@ -36,6 +36,7 @@ from supervisor import (
     sha256_file,
 )
 
+from .admission import Admission
 from .config import ChildConfig, Config
 from .logs import ChildLogForwarder
 
@@ -125,6 +126,7 @@ class ManagedChild:
     supervisor: Supervisor
     launcher_factory: Callable[[Setup], ProcessLauncher]
     """Makes the launcher for a setup; swaps get the swap readiness deadline."""
+    admission: Admission
     previous: Setup | None = None
     last_swap: SwapRecord | None = None
 
@@ -172,5 +174,6 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None) -> Man
     )
     sup = Supervisor(role, launcher_for(setup), validate=setup.model.validate,
                      policy=config.policy, clock=clock)
+    admission = Admission(role, runtime.max_concurrency(setup.spec), config.limits.queue_size)
     return ManagedChild(role, cc, setup, ring, sup,
-                        functools.partial(launcher_for, timeouts=swap_timeouts))
+                        functools.partial(launcher_for, timeouts=swap_timeouts), admission)

@@ -96,6 +96,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("child.probe_timeout", float, 3.0, "Seconds a liveness probe may take.", minimum=0.05),
     Option("child.probe_failures", int, 3, "Failed probes in a row that mean hung.", minimum=1),
     Option("child.stop_grace", float, 10.0, "Seconds between SIGTERM and SIGKILL.", minimum=0),
+    Option("child.busy_silence", float, 120.0,
+           "While calls run, seconds without a byte from the child before probes count "
+           "again (a busy child may not answer them).", minimum=1),
     Option("child.request_timeout", float, 600.0,
            "Longest silence from a child during a request, s.", minimum=1),
     Option("child.log_lines", int, 2000, "Output lines kept per child for TailLogs.", minimum=10),
@@ -120,6 +123,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("limits.max_stop", int, 8, "Most stop strings per call.", minimum=0),
     Option("limits.max_embed_batch", int, 256, "Most texts per Embed call.", minimum=1),
     Option("limits.max_embed_chars", int, 32768, "Longest text to embed, characters.", minimum=1),
+    Option("limits.queue_size", int, 32,
+           "Calls that may wait for a busy child's slot; past it: RESOURCE_EXHAUSTED.",
+           minimum=0),
     Option("limits.max_message_bytes", int, 16 * 1024 * 1024,
            "Largest gRPC message received or sent, bytes.", minimum=1024),
 )
@@ -149,6 +155,7 @@ class Limits:
     max_stop: int
     max_embed_batch: int
     max_embed_chars: int
+    queue_size: int
     max_message_bytes: int
 
 
@@ -333,6 +340,7 @@ def _build(values: Mapping[str, Any], sources: Mapping[str, str]) -> Config:
             probe_timeout=values["child.probe_timeout"],
             probe_failures=values["child.probe_failures"],
             stop_grace=values["child.stop_grace"],
+            busy_silence=values["child.busy_silence"],
         ),
         request_timeout=values["child.request_timeout"],
         swap_ready_timeout=values["swap.ready_timeout"],

@@ -5,7 +5,9 @@ The daemon's own errors::
     RequestError               the call cannot be served as asked
     ├── InvalidArgument        bad input: a clear message, nothing was done
     ├── Disabled               the role is switched off in configuration
-    └── Draining               the daemon is shutting down (retry on another instance)
+    ├── Draining               the daemon is shutting down (retry on another instance)
+    ├── Overloaded             the child's slots and wait queue are full
+    └── DeadlineUnmeetable     the expected queue wait exceeds the call's deadline
 
 Mapping (everything else in :mod:`supervisor.errors` included):
 
@@ -15,6 +17,8 @@ error                         status                 retry hint
 InvalidArgument               INVALID_ARGUMENT       no
 Disabled                      FAILED_PRECONDITION    no
 Draining                      UNAVAILABLE            yes
+Overloaded                    RESOURCE_EXHAUSTED     yes
+DeadlineUnmeetable            DEADLINE_EXCEEDED      no
 ChildNotReadyError            UNAVAILABLE            when known
 ChildBadRequestError          INVALID_ARGUMENT       no
 ChildRequestError             UNAVAILABLE            yes
@@ -59,6 +63,18 @@ class Draining(RequestError):
     """The daemon is draining for shutdown and takes no new calls."""
 
 
+class Overloaded(RequestError):
+    """Every slot is busy and the wait queue is full."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+class DeadlineUnmeetable(RequestError):
+    """The call would wait in the queue past its deadline: refused early."""
+
+
 @dataclass(frozen=True)
 class Mapped:
     code: grpc.StatusCode
@@ -92,6 +108,10 @@ def map_error(exc: BaseException) -> Mapped:
         return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
     if isinstance(exc, Disabled):
         return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+    if isinstance(exc, Overloaded):
+        return Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), exc.retry_after)
+    if isinstance(exc, DeadlineUnmeetable):
+        return Mapped(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
     if isinstance(exc, Draining):
         return Mapped(grpc.StatusCode.UNAVAILABLE, str(exc), DEFAULT_RETRY_AFTER)
     if isinstance(exc, ChildNotReadyError):

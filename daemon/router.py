@@ -7,7 +7,8 @@ and calls already running finish on the client they started with.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import AsyncIterator, Mapping
 
 from supervisor import InferenceClient
 
@@ -39,6 +40,23 @@ class InferenceRouter:
         if self.draining:
             raise Draining("llamad is shutting down; retry on another instance or later")
         return self.child(role).supervisor.client
+
+    @contextlib.asynccontextmanager
+    async def admit(
+        self, role: str, time_remaining: float | None
+    ) -> AsyncIterator[InferenceClient]:
+        """Wait for a slot on ``role``'s child, then yield its current client.
+
+        Fails fast (before queueing) when the child is not running; the client is taken
+        after the wait, so a call queued across a swap goes to the new child.
+
+        Raises:
+            Draining, Disabled, supervisor.ChildNotReadyError: see :meth:`client`.
+            Overloaded, DeadlineUnmeetable: see :class:`daemon.admission.Admission`.
+        """
+        self.client(role)
+        async with self.child(role).admission.slot(time_remaining):
+            yield self.client(role)
 
     def model_name(self, role: str) -> str:
         return self.child(role).spec.model.name

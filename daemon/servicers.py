@@ -128,11 +128,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         prompt = validation.prompt(request, self._limits)
         sampling = validation.sampling(request.sampling, self._limits)
         call.note(prompt_chars=len(prompt), max_tokens=sampling.max_tokens)
-        client = self._router.client("generation")
-        model = self._router.model_name("generation")
-        async for msg in self._stream(client.stream_completion(prompt, sampling), model, call,
-                                      received):
-            yield msg
+        async with self._router.admit("generation", context.time_remaining()) as client:
+            model = self._router.model_name("generation")
+            async for msg in self._stream(client.stream_completion(prompt, sampling), model,
+                                          call, received):
+                yield msg
 
     @rpc.stream("Chat")
     async def Chat(
@@ -145,11 +145,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         messages = validation.chat_messages(request, self._limits)
         sampling = validation.sampling(request.sampling, self._limits)
         call.note(messages=len(messages), max_tokens=sampling.max_tokens)
-        client = self._router.client("generation")
-        model = self._router.model_name("generation")
-        async for msg in self._stream(client.stream_chat(messages, sampling), model, call,
-                                      received):
-            yield msg
+        async with self._router.admit("generation", context.time_remaining()) as client:
+            model = self._router.model_name("generation")
+            async for msg in self._stream(client.stream_chat(messages, sampling), model, call,
+                                          received):
+                yield msg
 
     @rpc.unary("Embed")
     async def Embed(
@@ -160,18 +160,18 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     ) -> inference_pb2.EmbedResponse:
         texts = validation.embed_texts(request.texts, self._limits)
         call.note(texts=len(texts))
-        client = self._router.client("embedding")
-        await self._check_embed_context(client, texts)
-        try:
-            result = await client.embed(texts)
-        except ChildRequestError as exc:
-            # llama.cpp answers 500 when an input exceeds the context / micro-batch.
-            if exc.status == 500 and "too large" in str(exc).lower():
-                raise InvalidArgument(
-                    f"a text is longer than the embedding model's context "
-                    f"({self._embed_context() or '?'} tokens); split it"
-                ) from exc
-            raise
+        async with self._router.admit("embedding", context.time_remaining()) as client:
+            await self._check_embed_context(client, texts)
+            try:
+                result = await client.embed(texts)
+            except ChildRequestError as exc:
+                # llama.cpp answers 500 when an input exceeds the context / micro-batch.
+                if exc.status == 500 and "too large" in str(exc).lower():
+                    raise InvalidArgument(
+                        f"a text is longer than the embedding model's context "
+                        f"({self._embed_context() or '?'} tokens); split it"
+                    ) from exc
+                raise
         normalize = request.normalize if request.HasField("normalize") else True
         vectors = [_l2(v) for v in result.vectors] if normalize else result.vectors
         dim = len(vectors[0]) if vectors else 0
@@ -308,6 +308,9 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
             enabled=True,
             model_architecture=info.architecture if info else "",
             model_context_length=info.context_length if info else 0,
+            in_flight=child.admission.in_flight,
+            queued=child.admission.queued,
+            slots=child.admission.limit,
         )
         cause = _exit_cause(sup.last_exit)
         if cause is not None:

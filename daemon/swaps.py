@@ -147,6 +147,7 @@ class SwapManager:
                             plan.reason or ("rollback" if plan.rollback else ""),
                             time.monotonic() - began)
         child.previous, child.current, child.last_swap = old, target, record
+        child.admission.resize(target.runtime.max_concurrency(target.spec))
         _log.info("swapped", role=role, old=record.old, new=record.new, reason=record.reason,
                   seconds=round(record.seconds, 3))
         if self._on_swapped is not None:

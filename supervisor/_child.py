@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import secrets
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -48,6 +49,9 @@ class Timeouts:
         probe_timeout: seconds a probe may take.
         probe_failures: consecutive failed probes that declare the child hung.
         stop_grace: seconds between SIGTERM and SIGKILL when stopping.
+        busy_silence: while requests run, probes are skipped (a child serving one
+            request at a time cannot answer them); only this long without a byte from
+            the child makes a busy child suspect again.
     """
 
     start: float = 60.0
@@ -56,6 +60,7 @@ class Timeouts:
     probe_timeout: float = 3.0
     probe_failures: int = 3
     stop_grace: float = 10.0
+    busy_silence: float = 120.0
 
 
 class StartFailure(SupervisorError):
@@ -229,10 +234,11 @@ class ProcessChild:
             if self._exit_task.done():
                 return self._cause(self._exit_task.result())
             # A busy child (the bundled runtime serves one request at a time) may not
-            # answer a probe while it streams; bytes arriving count as liveness.
+            # answer a probe while it works on a long prompt or streams; a request in
+            # flight that heard from the child recently counts as alive.
             busy = self.client.in_flight > 0
-            recent = self._clock.monotonic() - self.client.last_progress < t.probe_interval
-            if busy and recent:
+            silent = time.monotonic() - self.client.last_progress
+            if busy and silent < t.busy_silence:
                 failures = 0
                 continue
             health = await self.client.health(timeout=t.probe_timeout)

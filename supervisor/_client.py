@@ -168,6 +168,7 @@ class InferenceClient:
         self, method: str, path: str, body: dict[str, Any] | None, *, timeout: float | None = None
     ) -> dict[str, Any]:
         self._activity.in_flight += 1
+        self._activity.last_progress = time.monotonic()
         try:
             resp = await self._http.request(
                 method, path, json=body,
@@ -215,6 +216,7 @@ class InferenceClient:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         activity = self._activity
         activity.in_flight += 1
+        activity.last_progress = time.monotonic()
         try:
             async with self._http.stream("POST", path, json=body) as resp:
                 if resp.status_code != 200:

@@ -154,6 +154,9 @@ class BundledRuntime:
             "--n_ctx", str(ctx),
             "--n_batch", str(max(spec.batch, ctx) if spec.embedding else spec.batch),
             "--embedding", "true" if spec.embedding else "false",
+            # By default a new request interrupts the one streaming: a liveness probe or a
+            # second client would cut a running generation short.
+            "--interrupt_requests", "false",
             "--verbose", "true",
         ]
         if spec.embedding:

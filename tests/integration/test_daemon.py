@@ -62,13 +62,15 @@ async def test_generate_streams_tokens_then_usage(running: tuple[Daemon, Clients
     _, c = running
     msgs = [m async for m in c.inference.Generate(pb.GenerateRequest(
         prompt="The three primary colors are", sampling=pb.SamplingParams(max_tokens=16)))]
-    assert len(msgs) >= 10  # streamed, not one blob
+    assert len(msgs) >= 4  # streamed, not one blob
     text = "".join(m.text for m in msgs)
     assert text.strip()
     last = msgs[-1]
-    assert last.finish_reason == pb.FINISH_REASON_LENGTH
-    assert last.usage.completion_tokens == 16
-    assert sum(m.tokens for m in msgs) == 16
+    assert last.finish_reason in (pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_STOP)
+    assert 3 <= last.usage.completion_tokens <= 16
+    if last.finish_reason == pb.FINISH_REASON_LENGTH:
+        assert last.usage.completion_tokens == 16
+    assert sum(m.tokens for m in msgs) == last.usage.completion_tokens
     assert last.usage.time_to_first_token_ms > 0
     assert last.model == SMALL_MODEL
     assert not any(m.HasField("usage") for m in msgs[:-1])
@@ -303,6 +305,29 @@ async def test_unavailable_with_retry_hint_while_starting(tmp_path: Path,
         assert int(trailers["retry-after-ms"]) > 0
         assert "grpc-status-details-bin" in trailers
         assert "starting" in (err.value.details() or "")
+    finally:
+        await c.close()
+        await daemon.shutdown()
+
+
+async def test_busy_child_refuses_past_queue_with_retry_hint(llama_server: str) -> None:
+    """The bundled runtime serves one call; with no queue the next gets RESOURCE_EXHAUSTED."""
+    daemon = make_daemon(config_env("bundled", LLAMAD_EMBEDDING_ENABLED="false",
+                                    LLAMAD_LIMITS_QUEUE_SIZE="0"))
+    c = Clients(await daemon.start())
+    try:
+        await c.wait_serving("")
+        long = c.inference.Generate(pb.GenerateRequest(
+            prompt="Tell a long story.", sampling=pb.SamplingParams(max_tokens=200)))
+        await long.read()
+        status = await c.child(GEN)
+        assert (status.slots, status.in_flight) == (1, 1)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in c.inference.Generate(pb.GenerateRequest(prompt="hi")):
+                pass
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert int(dict(err.value.trailing_metadata() or ())["retry-after-ms"]) > 0
+        long.cancel()
     finally:
         await c.close()
         await daemon.shutdown()

@@ -454,7 +454,8 @@ max_message_bytes = 4096
     assert (cfg.log_format, cfg.log_level) == ("json", "debug")
     assert cfg.limits == config.Limits(
         max_prompt_chars=1000, max_messages=10, default_max_tokens=20, max_tokens=200,
-        max_stop=0, max_embed_batch=16, max_embed_chars=500, max_message_bytes=4096,
+        max_stop=0, max_embed_batch=16, max_embed_chars=500, queue_size=32,
+        max_message_bytes=4096,
     )
     assert isinstance(cfg.policy.cap, float)
     assert isinstance(cfg.timeouts.probe_failures, int)

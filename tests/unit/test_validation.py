@@ -25,6 +25,7 @@ LIMITS = Limits(
     max_stop=2,
     max_embed_batch=3,
     max_embed_chars=50,
+    queue_size=4,
     max_message_bytes=1024,
 )
 

@@ -1,0 +1,123 @@
+"""Admission control: how many calls a child serves at once, and how many may wait.
+
+Each role has a concurrency limit that fits its runtime (llama-server's slots; one for the
+bundled runtime, which serves one request at a time) and a bounded FIFO wait queue. A call
+past the queue is refused at once with RESOURCE_EXHAUSTED and a retry hint; a call whose
+deadline would pass while it waits is refused at once with DEADLINE_EXCEEDED instead of
+timing out in the queue. The expected wait comes from an exponentially weighted moving
+average of how long calls hold a slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+
+from .errors import DeadlineUnmeetable, Overloaded
+
+_EWMA_WEIGHT = 0.2
+
+
+class Admission:
+    """Slots and a wait queue for one role."""
+
+    def __init__(self, role: str, limit: int, queue_size: int,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_change: Callable[[Admission], None] | None = None) -> None:
+        if limit < 1 or queue_size < 0:
+            raise ValueError("limit must be >= 1 and queue_size >= 0")
+        self.role = role
+        self.limit = limit
+        self.queue_size = queue_size
+        self.in_flight = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._clock = clock
+        self._on_change = on_change
+        self.hold_seconds = 0.0  # EWMA of slot hold time; 0 until a call finished
+        self.rejected = collections.Counter[str]()
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    def resize(self, limit: int) -> None:
+        """Change the limit (after a swap to another runtime or slot count)."""
+        self.limit = max(1, limit)
+        self._wake()
+
+    def expected_wait(self, position: int) -> float:
+        """Seconds a call at queue ``position`` (0-based) should expect to wait."""
+        return (position // self.limit + 1) * self.hold_seconds
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(self)
+
+    def _wake(self) -> None:
+        while self._waiters and self.in_flight < self.limit:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self.in_flight += 1
+                waiter.set_result(None)
+        self._changed()
+
+    @contextlib.asynccontextmanager
+    async def slot(self, time_remaining: float | None = None) -> AsyncIterator[None]:
+        """Hold a slot for the body of the ``async with``.
+
+        Args:
+            time_remaining: seconds left before the caller's deadline, or None.
+
+        Raises:
+            Overloaded: the wait queue is full (carries a retry hint).
+            DeadlineUnmeetable: the expected wait exceeds ``time_remaining``.
+
+        Cancellation while waiting leaves the queue; a slot is always released.
+        """
+        if self.in_flight < self.limit and not self._waiters:
+            self.in_flight += 1
+        else:
+            position = len(self._waiters)
+            if position >= self.queue_size:
+                self.rejected["queue_full"] += 1
+                self._changed()
+                raise Overloaded(
+                    f"the {self.role} child is busy ({self.in_flight} running, {position} "
+                    f"waiting; limits.queue_size = {self.queue_size})",
+                    retry_after=max(0.5, self.expected_wait(0)),
+                )
+            wait = self.expected_wait(position)
+            if time_remaining is not None and self.hold_seconds and wait > time_remaining:
+                self.rejected["deadline"] += 1
+                self._changed()
+                raise DeadlineUnmeetable(
+                    f"the {self.role} child is busy: the expected wait ({wait:.1f}s) is "
+                    f"longer than the call's deadline ({time_remaining:.1f}s)"
+                )
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            self._changed()
+            try:
+                await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self.in_flight -= 1  # granted just as we were cancelled: give it back
+                    self._wake()
+                else:
+                    with contextlib.suppress(ValueError):
+                        self._waiters.remove(waiter)
+                    self._changed()
+                raise
+        self._changed()
+        began = self._clock()
+        try:
+            yield
+        finally:
+            held = self._clock() - began
+            self.hold_seconds = (held if not self.hold_seconds
+                                 else (1 - _EWMA_WEIGHT) * self.hold_seconds + _EWMA_WEIGHT * held)
+            self.in_flight -= 1
+            self._wake()

@@ -1,0 +1,158 @@
+"""Admission control: slots, a bounded FIFO queue, early refusal of unmeetable deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from daemon.admission import Admission
+from daemon.errors import DeadlineUnmeetable, Overloaded
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def hold(adm: Admission, release: asyncio.Event, log: list[str], name: str,
+               remaining: float | None = None) -> None:
+    async with adm.slot(remaining):
+        log.append(name)
+        await release.wait()
+
+
+async def spin() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def test_calls_within_the_limit_run_at_once() -> None:
+    """Up to `limit` calls hold slots together; the next one waits."""
+    adm = Admission("generation", limit=2, queue_size=4)
+    release = asyncio.Event()
+    log: list[str] = []
+    tasks = [asyncio.create_task(hold(adm, release, log, f"c{i}")) for i in range(3)]
+    await spin()
+    assert log == ["c0", "c1"]
+    assert (adm.in_flight, adm.queued) == (2, 1)
+    release.set()
+    await asyncio.gather(*tasks)
+    assert log == ["c0", "c1", "c2"]
+    assert (adm.in_flight, adm.queued) == (0, 0)
+
+
+async def test_waiters_are_served_in_order() -> None:
+    """The queue is FIFO."""
+    adm = Admission("generation", limit=1, queue_size=10)
+    gates = [asyncio.Event() for _ in range(4)]
+    log: list[str] = []
+    tasks = [asyncio.create_task(hold(adm, gates[i], log, f"c{i}")) for i in range(4)]
+    await spin()
+    for gate in gates:
+        gate.set()
+        await spin()
+    await asyncio.gather(*tasks)
+    assert log == ["c0", "c1", "c2", "c3"]
+
+
+async def test_full_queue_is_refused_with_retry_hint() -> None:
+    """Past the queue, a call fails at once with Overloaded and a retry hint."""
+    adm = Admission("generation", limit=1, queue_size=1)
+    release = asyncio.Event()
+    log: list[str] = []
+    tasks = [asyncio.create_task(hold(adm, release, log, f"c{i}")) for i in range(2)]
+    await spin()
+    with pytest.raises(Overloaded) as err:
+        async with adm.slot():
+            pass
+    assert err.value.retry_after > 0
+    assert "queue_size = 1" in str(err.value)
+    assert adm.rejected["queue_full"] == 1
+    release.set()
+    await asyncio.gather(*tasks)
+
+
+async def test_unmeetable_deadline_is_refused_early() -> None:
+    """A call whose deadline ends before its expected turn is refused without waiting."""
+    clock = Clock()
+    adm = Admission("generation", limit=1, queue_size=10, clock=clock)
+    async with adm.slot():
+        clock.now += 4.0  # calls hold a slot about 4 s
+    release = asyncio.Event()
+    log: list[str] = []
+    busy = asyncio.create_task(hold(adm, release, log, "busy"))
+    await spin()
+    with pytest.raises(DeadlineUnmeetable, match="expected wait"):
+        async with adm.slot(time_remaining=1.0):
+            pass
+    assert adm.rejected["deadline"] == 1
+    waiter = asyncio.create_task(hold(adm, release, log, "patient", remaining=30.0))
+    await spin()
+    assert adm.queued == 1  # a deadline that can be met waits its turn
+    release.set()
+    await asyncio.gather(busy, waiter)
+    assert log == ["busy", "patient"]
+
+
+async def test_cancelled_waiter_leaves_the_queue() -> None:
+    """Cancelling a waiting call removes it; the slot goes to the next one."""
+    adm = Admission("generation", limit=1, queue_size=10)
+    release = asyncio.Event()
+    log: list[str] = []
+    first = asyncio.create_task(hold(adm, release, log, "first"))
+    await spin()
+    doomed = asyncio.create_task(hold(adm, release, log, "doomed"))
+    last = asyncio.create_task(hold(adm, release, log, "last"))
+    await spin()
+    doomed.cancel()
+    await spin()
+    assert adm.queued == 1
+    release.set()
+    await asyncio.gather(first, last)
+    assert log == ["first", "last"]
+    assert adm.in_flight == 0
+
+
+async def test_slot_is_released_when_the_body_fails() -> None:
+    """An exception inside the slot still frees it."""
+    adm = Admission("generation", limit=1, queue_size=1)
+    with pytest.raises(RuntimeError):
+        async with adm.slot():
+            raise RuntimeError("boom")
+    assert adm.in_flight == 0
+    async with adm.slot():
+        assert adm.in_flight == 1
+
+
+async def test_resize_admits_waiters() -> None:
+    """Raising the limit (after a swap to more slots) lets waiting calls in."""
+    adm = Admission("generation", limit=1, queue_size=10)
+    release = asyncio.Event()
+    log: list[str] = []
+    tasks = [asyncio.create_task(hold(adm, release, log, f"c{i}")) for i in range(3)]
+    await spin()
+    assert log == ["c0"]
+    adm.resize(3)
+    await spin()
+    assert log == ["c0", "c1", "c2"]
+    release.set()
+    await asyncio.gather(*tasks)
+
+
+async def test_on_change_reports_depth() -> None:
+    """The change hook sees queue depth and in-flight counts move."""
+    seen: list[tuple[int, int]] = []
+    adm = Admission("generation", limit=1, queue_size=5,
+                    on_change=lambda a: seen.append((a.in_flight, a.queued)))
+    release = asyncio.Event()
+    log: list[str] = []
+    tasks = [asyncio.create_task(hold(adm, release, log, f"c{i}")) for i in range(2)]
+    await spin()
+    assert (1, 1) in seen
+    release.set()
+    await asyncio.gather(*tasks)
+    assert seen[-1] == (0, 0)
