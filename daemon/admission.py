@@ -24,9 +24,10 @@ _EWMA_WEIGHT = 0.2
 class Admission:
     """Slots and a wait queue for one role."""
 
-    def __init__(self, role: str, limit: int, queue_size: int,
+    def __init__(self, role: str, limit: int, queue_size: int, *,
                  clock: Callable[[], float] = time.monotonic,
-                 on_change: Callable[[Admission], None] | None = None) -> None:
+                 on_change: Callable[[Admission], None] | None = None,
+                 on_reject: Callable[[str, str], None] | None = None) -> None:
         if limit < 1 or queue_size < 0:
             raise ValueError("limit must be >= 1 and queue_size >= 0")
         self.role = role
@@ -36,8 +37,15 @@ class Admission:
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._clock = clock
         self._on_change = on_change
+        self._on_reject = on_reject
         self.hold_seconds = 0.0  # EWMA of slot hold time; 0 until a call finished
         self.rejected = collections.Counter[str]()
+
+    def set_hooks(self, on_change: Callable[[Admission], None] | None,
+                  on_reject: Callable[[str, str], None] | None) -> None:
+        """Observe depth changes and rejections (metrics)."""
+        self._on_change = on_change
+        self._on_reject = on_reject
 
     @property
     def queued(self) -> int:
@@ -51,6 +59,12 @@ class Admission:
     def expected_wait(self, position: int) -> float:
         """Seconds a call at queue ``position`` (0-based) should expect to wait."""
         return (position // self.limit + 1) * self.hold_seconds
+
+    def _reject(self, reason: str) -> None:
+        self.rejected[reason] += 1
+        if self._on_reject is not None:
+            self._on_reject(self.role, reason)
+        self._changed()
 
     def _changed(self) -> None:
         if self._on_change is not None:
@@ -82,8 +96,7 @@ class Admission:
         else:
             position = len(self._waiters)
             if position >= self.queue_size:
-                self.rejected["queue_full"] += 1
-                self._changed()
+                self._reject("queue_full")
                 raise Overloaded(
                     f"the {self.role} child is busy ({self.in_flight} running, {position} "
                     f"waiting; limits.queue_size = {self.queue_size})",
@@ -91,8 +104,7 @@ class Admission:
                 )
             wait = self.expected_wait(position)
             if time_remaining is not None and self.hold_seconds and wait > time_remaining:
-                self.rejected["deadline"] += 1
-                self._changed()
+                self._reject("deadline")
                 raise DeadlineUnmeetable(
                     f"the {self.role} child is busy: the expected wait ({wait:.1f}s) is "
                     f"longer than the call's deadline ({time_remaining:.1f}s)"

@@ -74,6 +74,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("listen", str, "127.0.0.1:50051",
            "gRPC address: host:port (loopback by default; port 0 picks a free one) "
            "or unix:/path/to.sock."),
+    Option("metrics_listen", str, "",
+           "Serve Prometheus metrics over HTTP on this loopback host:port (off when empty)."),
     Option("llama_bin", str, "",
            "llama-server binary (default: beside the daemon's Python, then PATH)."),
     *_child_options("generation", True, _CPUS, 4, 4096),
@@ -164,6 +166,7 @@ class Config:
     """The validated configuration of one daemon run."""
 
     listen: str
+    metrics_listen: str
     llama_bin: str
     generation: ChildConfig
     embedding: ChildConfig
@@ -320,9 +323,18 @@ def _build(values: Mapping[str, Any], sources: Mapping[str, str]) -> Config:
         raise ConfigError("limits.default_max_tokens must be <= limits.max_tokens")
     listen = values["listen"]
     check_listen(listen)
+    metrics_listen = values["metrics_listen"]
+    if metrics_listen:
+        if metrics_listen.startswith("unix:"):
+            raise ConfigError("metrics_listen: must be a loopback host:port, not a unix socket")
+        try:
+            check_listen(metrics_listen)
+        except ConfigError as exc:
+            raise ConfigError(f"metrics_{exc}") from None
     cooldown = values["restart.breaker_cooldown"]
     return Config(
         listen=listen,
+        metrics_listen=metrics_listen,
         llama_bin=values["llama_bin"],
         generation=generation,
         embedding=embedding,

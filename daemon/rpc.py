@@ -13,6 +13,7 @@ import grpc
 import structlog
 
 from .errors import map_error
+from .metrics import Metrics
 
 _log = structlog.get_logger("llamad.rpc")
 
@@ -46,10 +47,16 @@ async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, call: Ca
     await context.abort(mapped.code, mapped.message, mapped.trailing_metadata())
 
 
-def _summary(method: str, started: float, call: Call, context: grpc.aio.ServicerContext) -> None:
+def _summary(
+    method: str, started: float, call: Call, context: grpc.aio.ServicerContext, servicer: object
+) -> None:
     code = call.fields.pop("code", "OK")
     call.fields.setdefault("peer", context.peer())
-    duration_ms = round((time.perf_counter() - started) * 1000, 2)
+    seconds = time.perf_counter() - started
+    metrics: Metrics | None = getattr(servicer, "metrics", None)
+    if metrics is not None:
+        metrics.request(method, code, seconds)
+    duration_ms = round(seconds * 1000, 2)
     level = "info" if code in ("OK", "CANCELLED", "INVALID_ARGUMENT") else "warning"
     getattr(_log, level)("rpc", method=method, code=code, duration_ms=duration_ms, **call.fields)
 
@@ -80,7 +87,7 @@ def unary(
                 await _abort(context, exc, call)
                 raise AssertionError("unreachable: abort raises") from exc
             finally:
-                _summary(method, started, call, context)
+                _summary(method, started, call, context, self)
 
         return handler
 
@@ -117,7 +124,7 @@ def stream(
                 await _abort(context, exc, call)
             finally:
                 await gen.aclose()  # type: ignore[attr-defined]
-                _summary(method, started, call, context)
+                _summary(method, started, call, context, self)
 
         return handler
 

@@ -23,11 +23,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from clients._pb import control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc
-from supervisor import Clock, SystemClock
+from supervisor import Clock, State, StateChange, SystemClock
 
+from .admission import Admission
 from .children import ManagedChild, build_child
 from .config import Config
 from .health import HealthReporter
+from .metrics import Metrics
+from .metrics_http import MetricsServer, serve_metrics
 from .router import InferenceRouter
 from .servicers import ControlServicer, InferenceServicer
 from .swaps import SwapManager
@@ -59,6 +62,13 @@ class Daemon:
         for role in ("generation", "embedding"):
             if config.child(role).enabled:
                 self.children[role] = build_child(config, role, clock=self._clock)
+        self.metrics = Metrics(version=version())
+        for child in self.children.values():
+            self.metrics.child_state(child.role, child.supervisor.state.value)
+            child.supervisor.subscribe(self._observe_child)
+            child.admission.set_hooks(on_change=self._observe_admission,
+                                      on_reject=self.metrics.rejected)
+        self._metrics_server: MetricsServer | None = None
         self.router = InferenceRouter(self.children)
         self.swaps = SwapManager(self.children, config.swap_drain_timeout,
                                  on_swapped=self._after_swap)
@@ -80,10 +90,11 @@ class Daemon:
         ])
         # The generated *_grpc modules carry no type hints (grpcio-tools makes no .pyi).
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            InferenceServicer(self.router, self.config.limits), server)
+            InferenceServicer(self.router, self.config.limits, self.metrics), server)
         control_pb2_grpc.add_ControlServiceServicer_to_server(  # type: ignore[no-untyped-call]
             ControlServicer(self.children, version(), self._started,
-                            lambda: self.router.draining, self.swaps),
+                            lambda: self.router.draining, swaps=self.swaps,
+                            metrics=self.metrics),
             server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
@@ -92,6 +103,13 @@ class Daemon:
             port = server.add_insecure_port(listen)
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {listen}: {exc}") from None
+        if self.config.metrics_listen:
+            host, _, mport = self.config.metrics_listen.rpartition(":")
+            try:
+                self._metrics_server = await serve_metrics(self.metrics, host, int(mport))
+            except OSError as exc:
+                raise OSError(f"cannot serve metrics on {self.config.metrics_listen}: "
+                              f"{exc.strerror or exc}") from None
         if listen.startswith("unix:"):
             self.address = listen
         else:
@@ -101,12 +119,27 @@ class Daemon:
         await server.start()
         self._server = server
         _log.info("listening", address=self.address, version=version(),
+                  metrics_port=self._metrics_server.port if self._metrics_server else None,
                   children={r: str(c.spec.model) for r, c in self.children.items()},
                   runtimes={r: c.runtime.name for r, c in self.children.items()})
         for child in self.children.values():
             child.supervisor.start()
             self._tasks.add(asyncio.create_task(child.hash_model(), name=f"hash-{child.role}"))
         return self.address
+
+    def _observe_admission(self, admission: Admission) -> None:
+        self.metrics.queue_depth(admission.role, admission.queued)
+        self.metrics.in_flight(admission.role, admission.in_flight)
+
+    def _observe_child(self, change: StateChange) -> None:
+        m = self.metrics
+        m.child_state(change.role, change.new.value)
+        if change.cause is not None:  # set on the way into backoff or failed
+            m.child_exit(change.role, change.cause.kind)
+        if change.new is State.STARTING and change.old in (State.BACKOFF, State.FAILED):
+            m.child_restart(change.role)
+        if change.new is State.FAILED:  # entered only when the breaker opens
+            m.breaker_opened(change.role)
 
     def _after_swap(self, child: ManagedChild) -> None:
         self._tasks.add(asyncio.create_task(child.hash_model(), name=f"hash-{child.role}"))
@@ -140,6 +173,8 @@ class Daemon:
             if role in self.children:
                 await self.children[role].supervisor.stop()
         await self.health.close()
+        if self._metrics_server is not None:
+            await self._metrics_server.close()
         _log.info("stopped")
 
     async def __aenter__(self) -> Daemon:

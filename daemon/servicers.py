@@ -25,13 +25,16 @@ from supervisor import (
     InferenceClient,
     LogLine,
     State,
+    SwapInProgressError,
     SwapProgress,
+    SwapRefusedError,
 )
 
 from . import rpc, validation
 from .children import ManagedChild
 from .config import Limits
 from .errors import InvalidArgument
+from .metrics import Metrics
 from .router import InferenceRouter
 from .swaps import SwapManager, SwapPlan, check_plan_model
 
@@ -75,9 +78,11 @@ def _timestamp(seconds: float) -> timestamp_pb2.Timestamp:
 class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     """Generate, Chat, Embed and Tokenize, served by the current children."""
 
-    def __init__(self, router: InferenceRouter, limits: Limits) -> None:
+    def __init__(self, router: InferenceRouter, limits: Limits,
+                 metrics: Metrics | None = None) -> None:
         self._router = router
         self._limits = limits
+        self.metrics = metrics
 
     async def _stream(
         self,
@@ -87,11 +92,21 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         received: float,
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
         first: float | None = None
+        last = 0.0
         tokens = 0
+        metrics = self.metrics
         async for item in chunks:
             if item.finish_reason is None:
+                now = time.perf_counter()
+                if metrics is not None:
+                    metrics.tokens("generation", item.tokens)
+                    if first is None:
+                        metrics.time_to_first_token("generation", now - received)
+                    else:
+                        metrics.inter_token("generation", now - last)
+                last = now
                 if first is None:
-                    first = time.perf_counter()
+                    first = now
                 tokens += item.tokens
                 yield inference_pb2.GenerateResponse(text=item.text, tokens=item.tokens,
                                                      model=model)
@@ -277,13 +292,16 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         version: str,
         started: float,
         draining: Callable[[], bool],
+        *,
         swaps: SwapManager,
+        metrics: Metrics | None = None,
     ) -> None:
         self._children = children
         self._version = version
         self._started = started
         self._draining = draining
         self._swaps = swaps
+        self.metrics = metrics
 
     def child_status(self, role: str) -> control_pb2.ChildStatus:
         child = self._children.get(role)
@@ -366,9 +384,16 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         queue: asyncio.Queue[SwapProgress | None] = asyncio.Queue()
 
         async def run() -> None:
+            outcome = "failed"
             try:
                 await self._swaps.swap(role, plan, queue.put_nowait)
+                outcome = "ok"
+            except (SwapInProgressError, SwapRefusedError, InvalidArgument):
+                outcome = "rejected"
+                raise
             finally:
+                if self.metrics is not None:
+                    self.metrics.swap(role, outcome, time.monotonic() - began)
                 queue.put_nowait(None)
 
         task = asyncio.create_task(run(), name=f"swap-{role}")

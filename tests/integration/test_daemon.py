@@ -331,3 +331,47 @@ async def test_busy_child_refuses_past_queue_with_retry_hint(llama_server: str) 
     finally:
         await c.close()
         await daemon.shutdown()
+
+
+async def test_metrics_endpoint_counts_what_happened(llama_server: str) -> None:
+    """Prometheus metrics on the loopback port reflect calls, tokens, restarts and exits."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    daemon = make_daemon(config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false",
+                                    LLAMAD_METRICS_LISTEN="127.0.0.1:0"))
+    c = Clients(await daemon.start())
+    try:
+        await c.wait_serving("")
+        msgs = [m async for m in c.inference.Generate(pb.GenerateRequest(
+            prompt="Hello there", sampling=pb.SamplingParams(max_tokens=6)))]
+        gen = await c.child(GEN)
+        os.kill(gen.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while (await c.child(GEN)).pid in (0, gen.pid) or (
+                await c.child(GEN)).state != control_pb2.CHILD_STATE_RUNNING:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        assert daemon._metrics_server is not None
+        url = f"http://127.0.0.1:{daemon._metrics_server.port}/metrics"
+        async with httpx.AsyncClient(trust_env=False) as http:
+            resp = await http.get(url)
+        assert resp.status_code == 200
+        values: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+        for family in text_string_to_metric_families(resp.text):
+            for s in family.samples:
+                values[(s.name, frozenset(s.labels.items()))] = s.value
+
+        def v(name: str, **labels: str) -> float:
+            return values.get((name, frozenset(labels.items())), 0.0)
+
+        assert v("llamad_requests_total", method="Generate", code="OK") == 1
+        assert v("llamad_tokens_generated_total", role="generation") == \
+            msgs[-1].usage.completion_tokens
+        assert v("llamad_time_to_first_token_seconds_count", role="generation") == 1
+        assert v("llamad_child_restarts_total", role="generation") == 1
+        assert v("llamad_child_exits_total", role="generation", kind="signal") == 1
+        assert v("llamad_child_state", role="generation", state="running") == 1
+        assert v("llamad_child_state", role="generation", state="backoff") == 0
+    finally:
+        await c.close()
+        await daemon.shutdown()
