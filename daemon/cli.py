@@ -62,7 +62,7 @@ async def _serve(args: argparse.Namespace) -> int:
     logs.configure(config.log_format, config.log_level)
     log = structlog.get_logger("llamad")
     try:
-        daemon = Daemon(config)
+        daemon = Daemon(config, reload=lambda: config_mod.load(args))
         daemon.install_signal_handlers()
         await daemon.start()
     except (OSError, ValueError) as exc:

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import signal
 import time
+from collections.abc import Callable
 from importlib import metadata
 
 import grpc
@@ -31,6 +32,7 @@ from .config import Config
 from .health import HealthReporter
 from .metrics import Metrics
 from .metrics_http import MetricsServer, serve_metrics
+from .reload import ReloadReport, reload_config
 from .router import InferenceRouter
 from .servicers import ControlServicer, InferenceServicer
 from .swaps import SwapManager
@@ -55,8 +57,16 @@ def version() -> str:
 class Daemon:
     """One llamad instance. ``await start()``, then ``await run_until_stopped()``."""
 
-    def __init__(self, config: Config, *, clock: Clock | None = None) -> None:
+    def __init__(self, config: Config, *, clock: Clock | None = None,
+                 reload: Callable[[], Config] | None = None) -> None:
+        """Args:
+            config: the validated configuration.
+            clock: time source for supervision (tests inject one).
+            reload: re-reads the configuration on SIGHUP (None: reload is refused).
+        """
         self.config = config
+        self._reload_source = reload
+        self._reloading = asyncio.Lock()
         self._clock = clock or SystemClock()
         self.children: dict[str, ManagedChild] = {}
         for role in ("generation", "embedding"):
@@ -89,8 +99,9 @@ class Daemon:
             ("grpc.so_reuseport", 0),
         ])
         # The generated *_grpc modules carry no type hints (grpcio-tools makes no .pyi).
+        self._inference = InferenceServicer(self.router, self.config.limits, self.metrics)
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            InferenceServicer(self.router, self.config.limits, self.metrics), server)
+            self._inference, server)
         control_pb2_grpc.add_ControlServiceServicer_to_server(  # type: ignore[no-untyped-call]
             ControlServicer(self.children, version(), self._started,
                             lambda: self.router.draining, swaps=self.swaps,
@@ -152,6 +163,32 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+
+    def _on_sighup(self) -> None:
+        async def run() -> None:
+            await self.reload()
+
+        task = asyncio.create_task(run(), name="reload")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def reload(self) -> ReloadReport:
+        """Re-read the configuration and apply it (see :mod:`daemon.reload`).
+
+        Reloads never overlap: a second one waits for the first.
+        """
+        if self._reload_source is None:
+            report = ReloadReport(error="this daemon was started without a reloadable config")
+            _log.warning("reload refused", error=report.error)
+            return report
+        async with self._reloading:
+            self.config, report = await reload_config(
+                self.config, self._reload_source, self.children, self.swaps)
+            self._inference.set_limits(self.config.limits)
+            for child in self.children.values():
+                child.admission.queue_size = self.config.limits.queue_size
+            return report
 
     async def run_until_stopped(self) -> None:
         """Serve until :meth:`request_stop` (or a signal), then drain and stop."""

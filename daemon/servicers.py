@@ -84,6 +84,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self._limits = limits
         self.metrics = metrics
 
+    def set_limits(self, limits: Limits) -> None:
+        """Apply new request limits (a reload); calls already running keep theirs."""
+        self._limits = limits
+
     async def _stream(
         self,
         chunks: AsyncIterator[Chunk],

@@ -123,12 +123,28 @@ class SwapManager:
             supervisor.SwapFailedError: see :meth:`supervisor.Supervisor.swap`.
         """
         child = self._children[role]
-        began = time.monotonic()
         target = self._target(child, plan)
+        reason = plan.reason or ("rollback" if plan.rollback else "")
+        return await self.swap_to(role, target, reason=reason,
+                                  stop_old_first=plan.stop_old_first, progress=progress)
+
+    async def swap_to(
+        self,
+        role: str,
+        target: Setup,
+        *,
+        reason: str,
+        stop_old_first: bool = False,
+        progress: Callable[[SwapProgress], None] | None = None,
+    ) -> SwapRecord:
+        """Swap ``role``'s child to ``target`` (a reload, a recycle, or a plan)."""
+        report = progress or (lambda _: None)
+        child = self._children[role]
+        began = time.monotonic()
         need = memory_needed(target)
         available = memory_available()
         fits = available is None or need <= available
-        if not fits and not plan.stop_old_first:
+        if not fits and not stop_old_first:
             raise SwapRefusedError(
                 f"{target.spec.model.name} needs about {need >> 20} MiB and "
                 f"{available >> 20 if available else 0} MiB are available beside the running "
@@ -139,13 +155,12 @@ class SwapManager:
         if fits:
             await child.supervisor.swap(
                 child.launcher_factory(target), validate=target.model.validate,
-                drain_timeout=self._drain_timeout, progress=progress,
+                drain_timeout=self._drain_timeout, progress=report,
             )
         else:
-            await self._stop_old_first(child, target, progress)
+            await self._stop_old_first(child, target, report)
         record = SwapRecord(role, str(old.spec.model), str(target.spec.model), time.time(),
-                            plan.reason or ("rollback" if plan.rollback else ""),
-                            time.monotonic() - began)
+                            reason, time.monotonic() - began)
         child.previous, child.current, child.last_swap = old, target, record
         child.admission.resize(target.runtime.max_concurrency(target.spec))
         _log.info("swapped", role=role, old=record.old, new=record.new, reason=record.reason,

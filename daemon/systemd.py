@@ -45,7 +45,7 @@ from collections.abc import Mapping, MutableMapping
 
 import structlog
 
-__all__ = ["STATUS_MAX_BYTES", "Notifier", "watchdog_loop"]
+__all__ = ["ENV_VARS", "STATUS_MAX_BYTES", "Notifier", "watchdog_loop"]
 
 STATUS_MAX_BYTES = 1024
 """Longest ``STATUS=`` text sent, in UTF-8 bytes (systemd drops datagrams over 4096)."""

@@ -1,0 +1,92 @@
+"""Configuration reload (SIGHUP): re-read the configuration, apply what can change live.
+
+* A child whose settings changed (model, runtime, context, threads, slots, batch, extra
+  arguments) goes through the swap path: the new child is test-launched beside the old
+  one and takes over only once ready. If it fails, the old child and its configuration
+  stay, and the reason is logged.
+* Request limits apply at once.
+* Everything else (listen addresses, logging, restart policy, timeouts, enabling or
+  disabling a child) needs a restart; the reload says so and keeps the running values.
+* An invalid configuration is refused as a whole: nothing changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from supervisor import SupervisorError, pick_runtime
+
+from .children import ManagedChild, make_setup
+from .config import Config, ConfigError
+from .swaps import SwapManager
+
+_log = structlog.get_logger("llamad.reload")
+
+
+@dataclass
+class ReloadReport:
+    """What a reload did."""
+
+    swapped: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)
+    restart_needed: list[str] = field(default_factory=list)
+    limits_changed: bool = False
+    error: str = ""
+
+
+async def reload_config(
+    current: Config,
+    load: Callable[[], Config],
+    children: dict[str, ManagedChild],
+    swaps: SwapManager,
+) -> tuple[Config, ReloadReport]:
+    """Apply a fresh configuration; return the configuration now in force and a report."""
+    report = ReloadReport()
+    try:
+        new = load()
+    except ConfigError as exc:
+        report.error = str(exc)
+        _log.warning("reload refused: invalid configuration; nothing changed", error=str(exc))
+        return current, report
+
+    applied = current
+    for role in ("generation", "embedding"):
+        old_cc, new_cc = current.child(role), new.child(role)
+        if old_cc.enabled != new_cc.enabled:
+            report.restart_needed.append(f"{role}.enabled")
+            continue
+        child = children.get(role)
+        if child is None or (old_cc == new_cc and current.llama_bin == new.llama_bin):
+            continue
+        try:
+            runtime = pick_runtime(new_cc.runtime, new.llama_bin or None)
+            target = make_setup(role, new_cc.model, runtime, new_cc)
+            await swaps.swap_to(role, target, reason="reload")
+        except (SupervisorError, FileNotFoundError) as exc:
+            report.kept[role] = str(exc)
+            _log.warning("reload kept the running child", role=role, error=str(exc))
+            continue
+        child.config = new_cc
+        if role == "generation":
+            applied = dataclasses.replace(applied, generation=new_cc)
+        else:
+            applied = dataclasses.replace(applied, embedding=new_cc)
+        report.swapped.append(role)
+    if new.limits != current.limits:
+        applied = dataclasses.replace(applied, limits=new.limits)
+        report.limits_changed = True
+    for name in ("listen", "metrics_listen", "policy", "timeouts", "request_timeout",
+                 "swap_ready_timeout", "swap_drain_timeout", "log_lines", "drain_grace",
+                 "log_format", "log_level"):
+        if getattr(new, name) != getattr(current, name):
+            report.restart_needed.append(name)
+    if current.llama_bin != new.llama_bin and not report.swapped:
+        report.restart_needed.append("llama_bin")
+    applied = dataclasses.replace(applied, sources=new.sources)
+    _log.info("reloaded", swapped=report.swapped, kept=report.kept,
+              limits_changed=report.limits_changed, restart_needed=report.restart_needed)
+    return applied, report

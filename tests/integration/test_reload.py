@@ -1,0 +1,109 @@
+"""SIGHUP reload with real children: changed child settings go through the swap path."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from clients._pb import common_pb2, control_pb2
+from daemon import Daemon, load
+from tests.conftest import DEFAULT_MODEL, SMALL_MODEL, model_path
+from tests.integration.daemon_helpers import Clients, config_env
+
+pytestmark = pytest.mark.integration
+GEN = common_pb2.CHILD_ROLE_GENERATION
+
+
+def write_config(path: Path, model: Path, *, max_tokens: int = 8192, threads: str = "2") -> None:
+    path.write_text(
+        f'[generation]\nmodel = "{model}"\nthreads = {threads}\n'
+        f"[limits]\nmax_tokens = {max_tokens}\n"
+    )
+
+
+def env_without_models() -> dict[str, str]:
+    env = config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false")
+    del env["LLAMAD_GENERATION_MODEL"], env["LLAMAD_GENERATION_THREADS"]
+    return env
+
+
+async def test_sighup_swaps_to_the_new_model_and_applies_limits(
+    tmp_path: Path, llama_server: str
+) -> None:
+    """Changing the model and a limit in the file, then SIGHUP: swapped, limit applied."""
+    file = tmp_path / "llamad.toml"
+    write_config(file, model_path(SMALL_MODEL))
+    env = env_without_models()
+    daemon = Daemon(load(None, env=env, file=file), reload=lambda: load(None, env=env, file=file))
+    c = Clients(await daemon.start())
+    daemon.install_signal_handlers()
+    try:
+        await c.wait_serving("")
+        before = await c.child(GEN)
+        write_config(file, model_path(DEFAULT_MODEL), max_tokens=1000)
+        os.kill(os.getpid(), signal.SIGHUP)
+        deadline = time.monotonic() + 60
+        while not (now := await c.child(GEN)).model_path.endswith(DEFAULT_MODEL):
+            assert time.monotonic() < deadline, "no swap after SIGHUP"
+            await asyncio.sleep(0.1)
+        assert now.last_swap.reason == "reload"
+        assert now.pid != before.pid
+        assert daemon.config.limits.max_tokens == 1000
+        assert daemon.config.generation.model == str(model_path(DEFAULT_MODEL))
+    finally:
+        await c.close()
+        await daemon.shutdown()
+
+
+async def test_reload_with_bad_model_keeps_old_child(tmp_path: Path, llama_server: str) -> None:
+    """A reload whose new child cannot start keeps the old child and configuration."""
+    file = tmp_path / "llamad.toml"
+    write_config(file, model_path(SMALL_MODEL))
+    env = env_without_models()
+    daemon = Daemon(load(None, env=env, file=file), reload=lambda: load(None, env=env, file=file))
+    c = Clients(await daemon.start())
+    try:
+        await c.wait_serving("")
+        before = await c.child(GEN)
+        bad = tmp_path / "bad.gguf"
+        bad.write_bytes(b"not a model")
+        write_config(file, bad)
+        report = await daemon.reload()
+        assert "generation" in report.kept
+        assert "bad.gguf" in report.kept["generation"]
+        after = await c.child(GEN)
+        assert (after.pid, after.model_path) == (before.pid, before.model_path)
+        assert after.state == control_pb2.CHILD_STATE_RUNNING
+        assert daemon.config.generation.model == str(model_path(SMALL_MODEL))
+    finally:
+        await c.close()
+        await daemon.shutdown()
+
+
+async def test_invalid_config_reload_changes_nothing(tmp_path: Path, llama_server: str) -> None:
+    """A file that no longer validates is refused whole; settings needing a restart are named."""
+    file = tmp_path / "llamad.toml"
+    write_config(file, model_path(SMALL_MODEL))
+    env = env_without_models()
+    daemon = Daemon(load(None, env=env, file=file), reload=lambda: load(None, env=env, file=file))
+    c = Clients(await daemon.start())
+    try:
+        await c.wait_serving("")
+        write_config(file, model_path(SMALL_MODEL), threads="-3")
+        report = await daemon.reload()
+        assert "generation.threads" in report.error
+        assert report.swapped == []
+        write_config(file, model_path(SMALL_MODEL))
+        file.write_text(file.read_text() + "[child]\nlog_lines = 500\n")
+        report = await daemon.reload()
+        assert report.error == ""
+        assert report.restart_needed == ["log_lines"]
+        assert daemon.config.log_lines == 2000  # the running value is kept
+    finally:
+        await c.close()
+        await daemon.shutdown()
