@@ -39,6 +39,7 @@ class Admission:
         self._on_change = on_change
         self._on_reject = on_reject
         self.hold_seconds = 0.0  # EWMA of slot hold time; 0 until a call finished
+        self._served: tuple[int, int] = (0, 0)  # (child pid, calls it completed)
         self.rejected = collections.Counter[str]()
 
     def set_hooks(self, on_change: Callable[[Admission], None] | None,
@@ -46,6 +47,16 @@ class Admission:
         """Observe depth changes and rejections (metrics)."""
         self._on_change = on_change
         self._on_reject = on_reject
+
+    def count_served(self, pid: int) -> None:
+        """Count a call completed by the child ``pid`` (a new pid starts from zero)."""
+        current, n = self._served
+        self._served = (pid, n + 1 if pid == current else 1)
+
+    def served_by(self, pid: int) -> int:
+        """Calls completed by the child ``pid``."""
+        current, n = self._served
+        return n if pid == current else 0
 
     @property
     def queued(self) -> int:

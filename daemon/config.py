@@ -110,6 +110,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("swap.drain_timeout", float, 30.0,
            "Seconds calls on the old child get to finish after a swap before it stops.",
            minimum=0),
+    Option("recycle.after_requests", int, 0,
+           "Replace a child (make-before-break) after it served this many calls; 0: never.",
+           minimum=0),
+    Option("recycle.max_rss_mb", int, 0,
+           "Replace a child whose resident memory exceeds this many MiB; 0: never.",
+           minimum=0),
+    Option("recycle.check_interval", float, 10.0, "Seconds between recycling checks.",
+           minimum=0.1),
+    Option("recycle.min_uptime", float, 60.0,
+           "A child is recycled at most once per this many seconds of running.", minimum=0),
     Option("drain_grace", float, 30.0,
            "On SIGTERM, seconds in-flight calls get to finish before they are cancelled.",
            minimum=0),
@@ -175,6 +185,10 @@ class Config:
     request_timeout: float
     swap_ready_timeout: float
     swap_drain_timeout: float
+    recycle_after_requests: int
+    recycle_max_rss_mb: int
+    recycle_check_interval: float
+    recycle_min_uptime: float
     log_lines: int
     drain_grace: float
     log_format: str
@@ -357,6 +371,10 @@ def _build(values: Mapping[str, Any], sources: Mapping[str, str]) -> Config:
         request_timeout=values["child.request_timeout"],
         swap_ready_timeout=values["swap.ready_timeout"],
         swap_drain_timeout=values["swap.drain_timeout"],
+        recycle_after_requests=values["recycle.after_requests"],
+        recycle_max_rss_mb=values["recycle.max_rss_mb"],
+        recycle_check_interval=values["recycle.check_interval"],
+        recycle_min_uptime=values["recycle.min_uptime"],
         log_lines=values["child.log_lines"],
         drain_grace=values["drain_grace"],
         log_format=values["log.format"],

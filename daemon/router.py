@@ -55,8 +55,11 @@ class InferenceRouter:
             Overloaded, DeadlineUnmeetable: see :class:`daemon.admission.Admission`.
         """
         self.client(role)
-        async with self.child(role).admission.slot(time_remaining):
+        child = self.child(role)
+        async with child.admission.slot(time_remaining):
+            pid = child.supervisor.pid
             yield self.client(role)
+            child.admission.count_served(pid)
 
     def model_name(self, role: str) -> str:
         return self.child(role).spec.model.name

@@ -32,6 +32,7 @@ from .config import Config
 from .health import HealthReporter
 from .metrics import Metrics
 from .metrics_http import MetricsServer, serve_metrics
+from .recycle import recycle_loop
 from .reload import ReloadReport, reload_config
 from .router import InferenceRouter
 from .servicers import ControlServicer, InferenceServicer
@@ -133,6 +134,13 @@ class Daemon:
                   metrics_port=self._metrics_server.port if self._metrics_server else None,
                   children={r: str(c.spec.model) for r, c in self.children.items()},
                   runtimes={r: c.runtime.name for r, c in self.children.items()})
+        cfg = self.config
+        if cfg.recycle_after_requests or cfg.recycle_max_rss_mb:
+            task = asyncio.create_task(recycle_loop(
+                self.children, self.swaps, after_requests=cfg.recycle_after_requests,
+                max_rss_mb=cfg.recycle_max_rss_mb, interval=cfg.recycle_check_interval,
+                min_uptime=cfg.recycle_min_uptime), name="recycle")
+            self._tasks.add(task)
         for child in self.children.values():
             child.supervisor.start()
             self._tasks.add(asyncio.create_task(child.hash_model(), name=f"hash-{child.role}"))
@@ -201,6 +209,9 @@ class Daemon:
             return
         server, self._server = self._server, None
         _log.info("draining", grace_s=self.config.drain_grace)
+        for task in list(self._tasks):
+            if task.get_name() == "recycle":
+                task.cancel()
         self.router.draining = True
         await self.health.drain()
         await server.stop(self.config.drain_grace)
