@@ -53,6 +53,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from . import config as config_mod  # noqa: PLC0415
     from . import logs  # noqa: PLC0415
     from .server import Daemon  # noqa: PLC0415
+    from .systemd import Notifier  # noqa: PLC0415
 
     try:
         config = config_mod.load(args)
@@ -62,7 +63,8 @@ async def _serve(args: argparse.Namespace) -> int:
     logs.configure(config.log_format, config.log_level)
     log = structlog.get_logger("llamad")
     try:
-        daemon = Daemon(config, reload=lambda: config_mod.load(args))
+        daemon = Daemon(config, reload=lambda: config_mod.load(args),
+                        notifier=Notifier.from_env(unset=True))
         daemon.install_signal_handlers()
         await daemon.start()
     except (OSError, ValueError) as exc:

@@ -27,14 +27,14 @@ class Call:
     """What a handler records about its call for the summary line."""
 
     fields: dict[str, Any] = field(default_factory=dict)
+    deadline: float | None = None  # time.monotonic() when the caller's deadline passes
 
     def note(self, **kw: Any) -> None:
         self.fields.update(kw)
 
 
-def _code_on_cancel(context: grpc.aio.ServicerContext) -> str:
-    remaining = context.time_remaining()
-    if remaining is not None and remaining <= 0:
+def _code_on_cancel(call: Call) -> str:
+    if call.deadline is not None and time.monotonic() >= call.deadline - 0.001:
         return "DEADLINE_EXCEEDED"
     return "CANCELLED"
 
@@ -47,11 +47,16 @@ async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, call: Ca
     await context.abort(mapped.code, mapped.message, mapped.trailing_metadata())
 
 
-def _summary(
-    method: str, started: float, call: Call, context: grpc.aio.ServicerContext, servicer: object
-) -> None:
+def _start(context: grpc.aio.ServicerContext) -> Call:
+    # Read the peer and deadline now: after a cancellation, the context can touch call state
+    # grpc has already freed (a segfault seen here in context.peer(); grpc/grpc#29069).
+    remaining = context.time_remaining()
+    deadline = None if remaining is None else time.monotonic() + remaining
+    return Call({"peer": context.peer()}, deadline)
+
+
+def _summary(method: str, started: float, call: Call, servicer: object) -> None:
     code = call.fields.pop("code", "OK")
-    call.fields.setdefault("peer", context.peer())
     seconds = time.perf_counter() - started
     metrics: Metrics | None = getattr(servicer, "metrics", None)
     if metrics is not None:
@@ -74,12 +79,12 @@ def unary(
     ) -> Callable[[Self, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:
         @functools.wraps(fn)
         async def handler(self: Self, request: Req, context: grpc.aio.ServicerContext) -> Resp:
-            call = Call()
+            call = _start(context)
             started = time.perf_counter()
             try:
                 return await fn(self, request, context, call)
             except asyncio.CancelledError:
-                call.note(code=_code_on_cancel(context))
+                call.note(code=_code_on_cancel(call))
                 raise
             except Exception as exc:
                 if isinstance(exc, grpc.aio.AbortError):
@@ -87,7 +92,7 @@ def unary(
                 await _abort(context, exc, call)
                 raise AssertionError("unreachable: abort raises") from exc
             finally:
-                _summary(method, started, call, context, self)
+                _summary(method, started, call, self)
 
         return handler
 
@@ -109,14 +114,14 @@ def stream(
         async def handler(
             self: Self, request: Req, context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Resp]:
-            call = Call()
+            call = _start(context)
             started = time.perf_counter()
             gen = fn(self, request, context, call)
             try:
                 async for item in gen:
                     yield item
             except asyncio.CancelledError:
-                call.note(code=_code_on_cancel(context))
+                call.note(code=_code_on_cancel(call))
                 raise
             except Exception as exc:
                 if isinstance(exc, grpc.aio.AbortError):
@@ -124,7 +129,7 @@ def stream(
                 await _abort(context, exc, call)
             finally:
                 await gen.aclose()  # type: ignore[attr-defined]
-                _summary(method, started, call, context, self)
+                _summary(method, started, call, self)
 
         return handler
 

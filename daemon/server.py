@@ -37,6 +37,7 @@ from .reload import ReloadReport, reload_config
 from .router import InferenceRouter
 from .servicers import ControlServicer, InferenceServicer
 from .swaps import SwapManager
+from .systemd import Notifier, watchdog_loop
 
 _log = structlog.get_logger("llamad.daemon")
 
@@ -59,12 +60,16 @@ class Daemon:
     """One llamad instance. ``await start()``, then ``await run_until_stopped()``."""
 
     def __init__(self, config: Config, *, clock: Clock | None = None,
-                 reload: Callable[[], Config] | None = None) -> None:
+                 reload: Callable[[], Config] | None = None,
+                 notifier: Notifier | None = None) -> None:
         """Args:
             config: the validated configuration.
             clock: time source for supervision (tests inject one).
             reload: re-reads the configuration on SIGHUP (None: reload is refused).
+            notifier: tells systemd about readiness, state and shutdown (None: silent).
         """
+        self._notifier = notifier or Notifier(None)
+        self._watchdog: asyncio.Task[None] | None = None
         self.config = config
         self._reload_source = reload
         self._reloading = asyncio.Lock()
@@ -144,7 +149,21 @@ class Daemon:
         for child in self.children.values():
             child.supervisor.start()
             self._tasks.add(asyncio.create_task(child.hash_model(), name=f"hash-{child.role}"))
+        interval = self._notifier.watchdog_interval()
+        if interval is not None:
+            self._watchdog = asyncio.create_task(watchdog_loop(self._notifier, interval),
+                                                 name="sd-watchdog")
+        self._notifier.status(self.status_line())
+        self._notifier.ready()
         return self.address
+
+    def status_line(self) -> str:
+        """One line for systemd's STATUS=: each child's state, with its pid when alive."""
+        parts = ["draining"] if self.router.draining else []
+        for role, child in self.children.items():
+            sup = child.supervisor
+            parts.append(f"{role}: {sup.state.value}" + (f" (pid {sup.pid})" if sup.pid else ""))
+        return ", ".join(parts) or "no children enabled"
 
     def _observe_admission(self, admission: Admission) -> None:
         self.metrics.queue_depth(admission.role, admission.queued)
@@ -159,6 +178,7 @@ class Daemon:
             m.child_restart(change.role)
         if change.new is State.FAILED:  # entered only when the breaker opens
             m.breaker_opened(change.role)
+        self._notifier.status(self.status_line())
 
     def _after_swap(self, child: ManagedChild) -> None:
         self._tasks.add(asyncio.create_task(child.hash_model(), name=f"hash-{child.role}"))
@@ -191,12 +211,18 @@ class Daemon:
             _log.warning("reload refused", error=report.error)
             return report
         async with self._reloading:
-            self.config, report = await reload_config(
-                self.config, self._reload_source, self.children, self.swaps)
-            self._inference.set_limits(self.config.limits)
-            for child in self.children.values():
-                child.admission.queue_size = self.config.limits.queue_size
-            return report
+            self._notifier.reloading()
+            self._notifier.status("reloading configuration")
+            try:
+                self.config, report = await reload_config(
+                    self.config, self._reload_source, self.children, self.swaps)
+                self._inference.set_limits(self.config.limits)
+                for child in self.children.values():
+                    child.admission.queue_size = self.config.limits.queue_size
+                return report
+            finally:
+                self._notifier.status(self.status_line())
+                self._notifier.ready()
 
     async def run_until_stopped(self) -> None:
         """Serve until :meth:`request_stop` (or a signal), then drain and stop."""
@@ -213,6 +239,8 @@ class Daemon:
             if task.get_name() == "recycle":
                 task.cancel()
         self.router.draining = True
+        self._notifier.stopping()
+        self._notifier.status(self.status_line())
         await self.health.drain()
         await server.stop(self.config.drain_grace)
         for child in self.children.values():
@@ -223,6 +251,12 @@ class Daemon:
         await self.health.close()
         if self._metrics_server is not None:
             await self._metrics_server.close()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
+            self._watchdog = None
+        self._notifier.close()
         _log.info("stopped")
 
     async def __aenter__(self) -> Daemon:
