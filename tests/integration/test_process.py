@@ -209,3 +209,46 @@ def test_one_json_summary_line_per_rpc_without_the_prompt(
     assert isinstance(rpcs[0]["duration_ms"], float)
     assert rpcs[0]["peer"]
     assert not any(secret in line for line in lines)
+
+
+def test_systemd_notify_protocol_end_to_end(
+    daemon_env: dict[str, str], spawned: list[DaemonProcess], tmp_path: Path
+) -> None:
+    """Under a (socket standing in for) systemd: READY=1 once listening, STATUS lines with
+    child states, WATCHDOG=1 pings, STOPPING=1 on SIGTERM; children don't inherit it."""
+    import socket
+
+    path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(0.2)
+    d = DaemonProcess({**daemon_env, "NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"})
+    spawned.append(d)
+    messages: list[str] = []
+
+    def drain_until(predicate: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                messages.append(sock.recv(4096).decode())
+            except TimeoutError:
+                continue
+            if any(predicate in m for m in messages):
+                return
+        raise AssertionError(f"never got {predicate!r}; got {messages[-10:]}")
+
+    try:
+        drain_until("READY=1")
+        ready = next(m for m in messages if "READY=1" in m)
+        assert f"MAINPID={d.proc.pid}" in ready
+        drain_until("generation: running")
+        drain_until("WATCHDOG=1")
+        address = str(d.wait_event("listening")["address"])
+        pid = child_pids(address)[0]
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            assert b"NOTIFY_SOCKET" not in fh.read()
+        d.proc.send_signal(signal.SIGTERM)
+        drain_until("STOPPING=1")
+        assert d.proc.wait(timeout=30) == 0
+    finally:
+        sock.close()
