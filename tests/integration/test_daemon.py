@@ -375,3 +375,36 @@ async def test_metrics_endpoint_counts_what_happened(llama_server: str) -> None:
     finally:
         await c.close()
         await daemon.shutdown()
+
+
+async def test_roles_fail_independently(llama_server: str) -> None:
+    """With the embedding child down, Embed fails fast while generation serves; and back."""
+    daemon = make_daemon(config_env("llama-server"))
+    c = Clients(await daemon.start())
+    try:
+        await c.wait_serving("")
+        await daemon.children["embedding"].supervisor.stop()
+        began = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.inference.Embed(pb.EmbedRequest(texts=["x"]))
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "embedding child is not running" in (err.value.details() or "")
+        assert time.monotonic() - began < 1.0
+        assert [m async for m in c.inference.Generate(pb.GenerateRequest(
+            prompt="Hi", sampling=pb.SamplingParams(max_tokens=2)))]
+        assert await c.status("embedding") == NOT_SERVING
+        assert await c.status("generation") == SERVING
+        assert await c.status("") == NOT_SERVING
+        daemon.children["embedding"].supervisor.start()
+        await c.wait_serving("embedding")
+        await daemon.children["generation"].supervisor.stop()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in c.inference.Generate(pb.GenerateRequest(prompt="Hi")):
+                pass
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        emb = await c.inference.Embed(pb.EmbedRequest(texts=["still embedding"]))
+        assert emb.dimension == 384
+        assert await c.status("llamad.v1.InferenceService") == NOT_SERVING
+    finally:
+        await c.close()
+        await daemon.shutdown()

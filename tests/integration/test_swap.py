@@ -160,3 +160,22 @@ async def test_bad_swap_requests(running: tuple[Daemon, Clients]) -> None:
             _ = [p async for p in c.control.Swap(request)]
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert needle in (err.value.details() or "")
+
+
+async def test_swap_racing_a_crash_of_the_old_child(running: tuple[Daemon, Clients]) -> None:
+    """kill -9 of the old child while the new one loads: the swap still ends swapped."""
+    _, c = running
+    old = await c.child(GEN)
+    swap_task = asyncio.ensure_future(swap(c, model_path=str(model_path(DEFAULT_MODEL))))
+    await asyncio.sleep(0.05)
+    os.kill(old.pid, 9)
+    progress = await swap_task
+    assert progress[-1].stage == DONE
+    deadline = asyncio.get_running_loop().time() + 30
+    while (now := await c.child(GEN)).state != control_pb2.CHILD_STATE_RUNNING:
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.1)
+    assert now.model_path.endswith(DEFAULT_MODEL)
+    out = [m async for m in c.inference.Generate(pb.GenerateRequest(
+        prompt="Hi", sampling=pb.SamplingParams(max_tokens=3)))]
+    assert out[-1].model == DEFAULT_MODEL
