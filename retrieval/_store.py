@@ -1,0 +1,397 @@
+"""The metadata store: SQLite in WAL mode, the source of truth for everything indexed.
+
+tantivy and hnswlib hold derived data; whatever they lack or hold in excess after a crash
+is re-derived from here at start-up. A document's replacement is one transaction: its old
+chunks go and its new ones arrive together, so a reader never sees half of each.
+``synchronous=FULL``: a commit that returned is on disk (an acknowledged write survives a
+power cut, not just a crash of the process).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sources (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,             -- directory | push
+    root TEXT NOT NULL DEFAULT '',
+    category TEXT NOT NULL DEFAULT '',
+    tags TEXT NOT NULL DEFAULT '[]',
+    created_at INTEGER NOT NULL,
+    last_scan INTEGER,
+    last_error TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS documents (
+    id TEXT PRIMARY KEY,
+    source_id TEXT NOT NULL REFERENCES sources(id) ON DELETE CASCADE,
+    path TEXT NOT NULL DEFAULT '',
+    title TEXT NOT NULL DEFAULT '',
+    kind TEXT NOT NULL DEFAULT 'text',
+    category TEXT NOT NULL DEFAULT '',
+    tags TEXT NOT NULL DEFAULT '[]',
+    content_hash TEXT NOT NULL DEFAULT '',
+    mtime_ns INTEGER NOT NULL DEFAULT 0,
+    size INTEGER NOT NULL DEFAULT 0,
+    state TEXT NOT NULL DEFAULT 'pending',   -- pending | processing | indexed | failed
+    error TEXT NOT NULL DEFAULT '',
+    indexed_at INTEGER NOT NULL DEFAULT 0,
+    redactions INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS documents_source ON documents(source_id);
+CREATE TABLE IF NOT EXISTS chunks (
+    key INTEGER PRIMARY KEY AUTOINCREMENT,
+    chunk_id TEXT NOT NULL UNIQUE,
+    doc_id TEXT NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+    ordinal INTEGER NOT NULL,
+    heading TEXT NOT NULL DEFAULT '',
+    text TEXT NOT NULL,
+    content_hash TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc_id);
+CREATE TABLE IF NOT EXISTS embeddings (
+    model TEXT NOT NULL,
+    content_hash TEXT NOT NULL,
+    vector BLOB NOT NULL,
+    PRIMARY KEY (model, content_hash)
+);
+"""
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    id: str
+    kind: str
+    root: str = ""
+    category: str = ""
+    tags: tuple[str, ...] = ()
+    created_at: int = 0
+    last_scan: int | None = None
+    last_error: str = ""
+
+
+@dataclass(frozen=True)
+class DocumentRow:
+    id: str
+    source_id: str
+    path: str = ""
+    title: str = ""
+    kind: str = "text"
+    category: str = ""
+    tags: tuple[str, ...] = ()
+    content_hash: str = ""
+    mtime_ns: int = 0
+    size: int = 0
+    state: str = "pending"
+    error: str = ""
+    indexed_at: int = 0
+    redactions: int = 0
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    """A chunk to store (``key`` is assigned by the store)."""
+
+    chunk_id: str
+    ordinal: int
+    heading: str
+    text: str
+    content_hash: str
+
+
+@dataclass(frozen=True)
+class StoredChunk:
+    """A stored chunk joined with its document, as search hits need it."""
+
+    key: int
+    chunk_id: str
+    doc_id: str
+    ordinal: int
+    heading: str
+    text: str
+    content_hash: str
+    title: str
+    source_id: str
+    path: str
+    kind: str
+    category: str
+    tags: tuple[str, ...]
+    indexed_at: int
+
+
+@dataclass
+class Replacement:
+    """What a document replacement changed, for the derived indexes."""
+
+    removed: list[int] = field(default_factory=list)
+    added: list[StoredChunk] = field(default_factory=list)
+
+
+def _tags(raw: str) -> tuple[str, ...]:
+    value = json.loads(raw or "[]")
+    return tuple(str(t) for t in value) if isinstance(value, list) else ()
+
+
+class Store:
+    """Thread-safe access to the SQLite database (one connection, one lock)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._lock = threading.RLock()
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- meta --------------------------------------------------------------------------
+
+    def get_meta(self, key: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT INTO meta(key, value) VALUES (?, ?) "
+                             "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                             (key, value))
+
+    # -- sources -----------------------------------------------------------------------
+
+    def upsert_source(self, source: SourceRow) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO sources(id, kind, root, category, tags, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET kind = excluded.kind,"
+                " root = excluded.root, category = excluded.category, tags = excluded.tags",
+                (source.id, source.kind, source.root, source.category,
+                 json.dumps(list(source.tags)), source.created_at or int(time.time())),
+            )
+
+    def source(self, source_id: str) -> SourceRow | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM sources WHERE id = ?", (source_id,)).fetchone()
+        return None if row is None else self._source(row)
+
+    def sources(self) -> list[SourceRow]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM sources ORDER BY id").fetchall()
+        return [self._source(r) for r in rows]
+
+    def mark_scanned(self, source_id: str, error: str = "") -> None:
+        with self._lock:
+            self._db.execute("UPDATE sources SET last_scan = ?, last_error = ? WHERE id = ?",
+                             (int(time.time()), error, source_id))
+
+    def delete_source(self, source_id: str) -> list[int]:
+        """Delete a source and its documents; return the removed chunk keys."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                keys = [int(r[0]) for r in self._db.execute(
+                    "SELECT c.key FROM chunks c JOIN documents d ON d.id = c.doc_id "
+                    "WHERE d.source_id = ?", (source_id,))]
+                self._db.execute("DELETE FROM sources WHERE id = ?", (source_id,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return keys
+
+    @staticmethod
+    def _source(row: sqlite3.Row) -> SourceRow:
+        return SourceRow(row["id"], row["kind"], row["root"], row["category"],
+                         _tags(row["tags"]), row["created_at"], row["last_scan"],
+                         row["last_error"])
+
+    # -- documents ---------------------------------------------------------------------
+
+    @staticmethod
+    def _document(row: sqlite3.Row) -> DocumentRow:
+        return DocumentRow(row["id"], row["source_id"], row["path"], row["title"], row["kind"],
+                           row["category"], _tags(row["tags"]), row["content_hash"],
+                           row["mtime_ns"], row["size"], row["state"], row["error"],
+                           row["indexed_at"], row["redactions"])
+
+    def document(self, doc_id: str) -> DocumentRow | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM documents WHERE id = ?", (doc_id,)).fetchone()
+        return None if row is None else self._document(row)
+
+    def documents(self, source_id: str | None = None) -> list[DocumentRow]:
+        with self._lock:
+            if source_id is None:
+                rows = self._db.execute("SELECT * FROM documents ORDER BY id").fetchall()
+            else:
+                rows = self._db.execute("SELECT * FROM documents WHERE source_id = ? ORDER BY id",
+                                        (source_id,)).fetchall()
+        return [self._document(r) for r in rows]
+
+    def set_state(self, doc: DocumentRow, state: str, error: str = "") -> None:
+        """Record a document's pipeline state (creating the row if needed), chunks kept."""
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO documents(id, source_id, path, title, kind, category, tags, "
+                "content_hash, mtime_ns, size, state, error) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(id) DO UPDATE SET state = excluded.state, error = excluded.error",
+                (doc.id, doc.source_id, doc.path, doc.title, doc.kind, doc.category,
+                 json.dumps(list(doc.tags)), "", doc.mtime_ns, doc.size, state, error),
+            )
+
+    def replace_document(self, doc: DocumentRow, chunks: Sequence[ChunkRow]) -> Replacement:
+        """Atomically make ``chunks`` the document's chunks and mark it indexed."""
+        result = Replacement()
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                result.removed = [int(r[0]) for r in self._db.execute(
+                    "SELECT key FROM chunks WHERE doc_id = ?", (doc.id,))]
+                self._db.execute("DELETE FROM chunks WHERE doc_id = ?", (doc.id,))
+                self._db.execute(
+                    "INSERT INTO documents(id, source_id, path, title, kind, category, tags, "
+                    "content_hash, mtime_ns, size, state, error, indexed_at, redactions) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'indexed', '', ?, ?) "
+                    "ON CONFLICT(id) DO UPDATE SET source_id = excluded.source_id, "
+                    "path = excluded.path, title = excluded.title, kind = excluded.kind, "
+                    "category = excluded.category, tags = excluded.tags, "
+                    "content_hash = excluded.content_hash, mtime_ns = excluded.mtime_ns, "
+                    "size = excluded.size, state = 'indexed', error = '', "
+                    "indexed_at = excluded.indexed_at, redactions = excluded.redactions",
+                    (doc.id, doc.source_id, doc.path, doc.title, doc.kind, doc.category,
+                     json.dumps(list(doc.tags)), doc.content_hash, doc.mtime_ns, doc.size,
+                     doc.indexed_at, doc.redactions),
+                )
+                for c in chunks:
+                    cur = self._db.execute(
+                        "INSERT INTO chunks(chunk_id, doc_id, ordinal, heading, text, "
+                        "content_hash) VALUES (?, ?, ?, ?, ?, ?)",
+                        (c.chunk_id, doc.id, c.ordinal, c.heading, c.text, c.content_hash))
+                    key = int(cur.lastrowid or 0)
+                    result.added.append(StoredChunk(
+                        key, c.chunk_id, doc.id, c.ordinal, c.heading, c.text, c.content_hash,
+                        doc.title, doc.source_id, doc.path, doc.kind, doc.category, doc.tags,
+                        doc.indexed_at))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return result
+
+    def delete_document(self, doc_id: str) -> list[int] | None:
+        """Delete a document; return its chunk keys, or None if it did not exist."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                if self._db.execute("SELECT 1 FROM documents WHERE id = ?",
+                                    (doc_id,)).fetchone() is None:
+                    self._db.execute("ROLLBACK")
+                    return None
+                keys = [int(r[0]) for r in self._db.execute(
+                    "SELECT key FROM chunks WHERE doc_id = ?", (doc_id,))]
+                self._db.execute("DELETE FROM documents WHERE id = ?", (doc_id,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return keys
+
+    # -- chunks ------------------------------------------------------------------------
+
+    _CHUNK_SELECT = (
+        "SELECT c.key, c.chunk_id, c.doc_id, c.ordinal, c.heading, c.text, c.content_hash, "
+        "d.title, d.source_id, d.path, d.kind, d.category, d.tags, d.indexed_at "
+        "FROM chunks c JOIN documents d ON d.id = c.doc_id"
+    )
+
+    @staticmethod
+    def _chunk(r: sqlite3.Row) -> StoredChunk:
+        return StoredChunk(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10],
+                           r[11], _tags(r[12]), r[13])
+
+    def chunks_by_keys(self, keys: Iterable[int]) -> dict[int, StoredChunk]:
+        wanted = list(keys)
+        out: dict[int, StoredChunk] = {}
+        with self._lock:
+            for i in range(0, len(wanted), 500):
+                part = wanted[i:i + 500]
+                marks = ",".join("?" * len(part))
+                for r in self._db.execute(f"{self._CHUNK_SELECT} WHERE c.key IN ({marks})",
+                                          part):
+                    out[int(r[0])] = self._chunk(r)
+        return out
+
+    def chunk_keys(self) -> set[int]:
+        with self._lock:
+            return {int(r[0]) for r in self._db.execute("SELECT key FROM chunks")}
+
+    def iter_chunks(self, batch: int = 1000) -> Iterator[list[StoredChunk]]:
+        """Every chunk, in key order, in batches (for rebuilding derived indexes)."""
+        last = 0
+        while True:
+            with self._lock:
+                rows = self._db.execute(f"{self._CHUNK_SELECT} WHERE c.key > ? ORDER BY c.key "
+                                        "LIMIT ?", (last, batch)).fetchall()
+            if not rows:
+                return
+            chunks = [self._chunk(r) for r in rows]
+            last = chunks[-1].key
+            yield chunks
+
+    # -- embeddings cache --------------------------------------------------------------
+
+    def cached_vectors(self, model: str, hashes: Iterable[str]) -> dict[str, np.ndarray]:
+        wanted = list(set(hashes))
+        out: dict[str, np.ndarray] = {}
+        with self._lock:
+            for i in range(0, len(wanted), 500):
+                part = wanted[i:i + 500]
+                marks = ",".join("?" * len(part))
+                for h, blob in self._db.execute(
+                        f"SELECT content_hash, vector FROM embeddings WHERE model = ? "  # noqa: S608 - placeholders only
+                        f"AND content_hash IN ({marks})", [model, *part]):
+                    out[str(h)] = np.frombuffer(blob, dtype=np.float32)
+        return out
+
+    def put_vectors(self, model: str, vectors: dict[str, np.ndarray]) -> None:
+        with self._lock:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO embeddings(model, content_hash, vector) VALUES (?, ?, ?)",
+                [(model, h, np.asarray(v, dtype=np.float32).tobytes())
+                 for h, v in vectors.items()])
+
+    # -- stats -------------------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            docs = {str(r[0]): int(r[1]) for r in self._db.execute(
+                "SELECT state, COUNT(*) FROM documents GROUP BY state")}
+            chunks = int(self._db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0])
+            sources = int(self._db.execute("SELECT COUNT(*) FROM sources").fetchone()[0])
+        return {"sources": sources, "chunks": chunks, **{f"documents_{k}": v
+                                                         for k, v in docs.items()}}
+
+    def embedded_chunks(self, model: str) -> int:
+        """Chunks whose text has a cached vector for ``model``."""
+        with self._lock:
+            return int(self._db.execute(
+                "SELECT COUNT(*) FROM chunks c JOIN embeddings e ON e.content_hash = "
+                "c.content_hash AND e.model = ?", (model,)).fetchone()[0])
