@@ -16,6 +16,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from supervisor import RestartPolicy, Timeouts
@@ -76,6 +77,8 @@ OPTIONS: tuple[Option, ...] = (
            "or unix:/path/to.sock."),
     Option("metrics_listen", str, "",
            "Serve Prometheus metrics over HTTP on this loopback host:port (off when empty)."),
+    Option("state_dir", str, "",
+           "Directory for the retrieval indexes (default: $STATE_DIRECTORY, else ./var)."),
     Option("llama_bin", str, "",
            "llama-server binary (default: beside the daemon's Python, then PATH)."),
     *_child_options("generation", True, _CPUS, 4, 4096),
@@ -120,6 +123,34 @@ OPTIONS: tuple[Option, ...] = (
            minimum=0.1),
     Option("recycle.min_uptime", float, 60.0,
            "A child is recycled at most once per this many seconds of running.", minimum=0),
+    Option("retrieval.enabled", bool, True, "Serve RetrievalService (ingest and search)."),
+    Option("retrieval.chunk_size", int, 1200, "Target chunk size, characters.", minimum=200),
+    Option("retrieval.chunk_overlap", int, 200, "Overlap between chunks, characters.",
+           minimum=0),
+    Option("retrieval.max_chunk_chars", int, 2000, "Hard cap of a chunk, characters.",
+           minimum=200),
+    Option("retrieval.embed_batch", int, 32, "Texts per embedding request.", minimum=1),
+    Option("retrieval.text_candidates", int, 25, "BM25 candidates fused per search.",
+           minimum=1),
+    Option("retrieval.vector_candidates", int, 25, "HNSW candidates fused per search.",
+           minimum=1),
+    Option("retrieval.rrf_k", int, 60, "Reciprocal Rank Fusion constant k.", minimum=1),
+    Option("retrieval.default_k", int, 5, "Hits returned when a search asks for none.",
+           minimum=1),
+    Option("retrieval.max_k", int, 20, "Most hits a search may ask for.", minimum=1),
+    Option("retrieval.max_query_chars", int, 2000, "Longest search query, characters.",
+           minimum=1),
+    Option("retrieval.max_document_chars", int, 5_000_000,
+           "Longest document text (after extraction), characters.", minimum=1),
+    Option("retrieval.max_file_mb", int, 20, "Largest file a scan reads, MiB.", minimum=1),
+    Option("retrieval.max_files_per_source", int, 20000, "Files a scan indexes per source.",
+           minimum=1),
+    Option("retrieval.max_source_mb", int, 2048, "Bytes a scan indexes per source, MiB.",
+           minimum=1),
+    Option("retrieval.pdf_timeout", float, 30.0, "Seconds to extract one PDF.", minimum=1),
+    Option("retrieval.redact_hostnames", bool, False,
+           "Also redact hostnames (FQDNs) at ingest."),
+    Option("retrieval.redact_ips", bool, False, "Also redact IP addresses at ingest."),
     Option("drain_grace", float, 30.0,
            "On SIGTERM, seconds in-flight calls get to finish before they are cancelled.",
            minimum=0),
@@ -178,6 +209,8 @@ class Config:
     listen: str
     metrics_listen: str
     llama_bin: str
+    state_dir: Path
+    retrieval: Mapping[str, Any]
     generation: ChildConfig
     embedding: ChildConfig
     policy: RestartPolicy
@@ -303,7 +336,7 @@ def load(
             if raw is not None:
                 values[opt.key] = _coerce(opt, raw, f"flag {opt.flag}")
                 sources[opt.key] = "flag"
-    return _build(values, sources)
+    return _build(values, sources, env)
 
 
 def _child(values: Mapping[str, Any], role: str) -> ChildConfig:
@@ -320,7 +353,9 @@ def _child(values: Mapping[str, Any], role: str) -> ChildConfig:
     )
 
 
-def _build(values: Mapping[str, Any], sources: Mapping[str, str]) -> Config:
+def _build(
+    values: Mapping[str, Any], sources: Mapping[str, str], env: Mapping[str, str]
+) -> Config:
     generation, embedding = _child(values, "generation"), _child(values, "embedding")
     for child in (generation, embedding):
         if child.enabled and not child.model:
@@ -350,6 +385,10 @@ def _build(values: Mapping[str, Any], sources: Mapping[str, str]) -> Config:
         listen=listen,
         metrics_listen=metrics_listen,
         llama_bin=values["llama_bin"],
+        state_dir=Path(values["state_dir"] or env.get("STATE_DIRECTORY", "").split(":")[0]
+                       or "var"),
+        retrieval={k.split(".", 1)[1]: v for k, v in values.items()
+                   if k.startswith("retrieval.")},
         generation=generation,
         embedding=embedding,
         policy=RestartPolicy(

@@ -25,6 +25,9 @@ ChildRequestError             UNAVAILABLE            yes
 SwapInProgressError           FAILED_PRECONDITION    no
 SwapRefusedError              FAILED_PRECONDITION    no
 SwapFailedError               ABORTED                no
+retrieval InvalidDocument     INVALID_ARGUMENT       no
+retrieval ExtractionError     INVALID_ARGUMENT       no
+retrieval NotFound            NOT_FOUND              no
 anything else                 INTERNAL               no (no traceback is sent)
 ============================  =====================  ==========
 
@@ -40,6 +43,7 @@ import grpc
 from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
+from retrieval.errors import ExtractionError, InvalidDocument, NotFound
 from supervisor import SwapFailedError, SwapInProgressError, SwapRefusedError
 from supervisor.errors import ChildBadRequestError, ChildNotReadyError, ChildRequestError
 
@@ -106,6 +110,10 @@ def map_error(exc: BaseException) -> Mapped:
     """The status code, message and retry hint for ``exc``."""
     if isinstance(exc, InvalidArgument):
         return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    if isinstance(exc, InvalidDocument | ExtractionError):
+        return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    if isinstance(exc, NotFound):
+        return Mapped(grpc.StatusCode.NOT_FOUND, str(exc))
     if isinstance(exc, Disabled):
         return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
     if isinstance(exc, Overloaded):

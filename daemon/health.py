@@ -7,6 +7,8 @@ service name                   SERVING when
 ``embedding``                  the embedding child is running
 ``llamad.v1.InferenceService`` the generation child is running
 ``llamad.v1.ControlService``   the daemon is up (not draining)
+``llamad.v1.RetrievalService`` the daemon is up and retrieval is enabled (BM25 works
+                               without the embedding child; vectors follow ``embedding``)
 ``""`` (overall)               not draining and every enabled child is running
 =============================  ==============================================
 
@@ -30,12 +32,14 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 INFERENCE_SERVICE = "llamad.v1.InferenceService"
+RETRIEVAL_SERVICE = "llamad.v1.RetrievalService"
 CONTROL_SERVICE = "llamad.v1.ControlService"
 
 
 class HealthReporter:
-    def __init__(self, children: Mapping[str, ManagedChild]) -> None:
+    def __init__(self, children: Mapping[str, ManagedChild], *, retrieval: bool = False) -> None:
         self.servicer = health_aio.HealthServicer()
+        self._retrieval = retrieval
         self._children = children
         self._draining = False
         self._queue: asyncio.Queue[None] = asyncio.Queue()
@@ -61,6 +65,7 @@ class HealthReporter:
             "embedding": flag[up and running("embedding")],
             INFERENCE_SERVICE: flag[up and running("generation")],
             CONTROL_SERVICE: flag[up],
+            RETRIEVAL_SERVICE: flag[up and self._retrieval],
             "": flag[up and all_running],
         }
 

@@ -23,7 +23,15 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from clients._pb import control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc
+from clients._pb import (
+    control_pb2,
+    control_pb2_grpc,
+    inference_pb2,
+    inference_pb2_grpc,
+    retrieval_pb2,
+    retrieval_pb2_grpc,
+)
+from retrieval import Retriever
 from supervisor import Clock, State, StateChange, SystemClock
 
 from .admission import Admission
@@ -34,6 +42,7 @@ from .metrics import Metrics
 from .metrics_http import MetricsServer, serve_metrics
 from .recycle import recycle_loop
 from .reload import ReloadReport, reload_config
+from .retrieval_service import RetrievalServicer, limits_from, make_provider
 from .router import InferenceRouter
 from .servicers import ControlServicer, InferenceServicer
 from .swaps import SwapManager
@@ -44,6 +53,7 @@ _log = structlog.get_logger("llamad.daemon")
 SERVICE_NAMES = (
     inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name,
     control_pb2.DESCRIPTOR.services_by_name["ControlService"].full_name,
+    retrieval_pb2.DESCRIPTOR.services_by_name["RetrievalService"].full_name,
     health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
     reflection.SERVICE_NAME,
 )
@@ -88,7 +98,12 @@ class Daemon:
         self.router = InferenceRouter(self.children)
         self.swaps = SwapManager(self.children, config.swap_drain_timeout,
                                  on_swapped=self._after_swap)
-        self.health = HealthReporter(self.children)
+        self.retriever: Retriever | None = None
+        if config.retrieval["enabled"]:
+            self.retriever = Retriever(config.state_dir / "retrieval",
+                                       make_provider(self.router, self.children),
+                                       limits_from(config))
+        self.health = HealthReporter(self.children, retrieval=self.retriever is not None)
         self._server: grpc.aio.Server | None = None
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -113,6 +128,10 @@ class Daemon:
                             lambda: self.router.draining, swaps=self.swaps,
                             metrics=self.metrics),
             server)
+        if self.retriever is not None:
+            await self.retriever.open()
+            retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(  # type: ignore[no-untyped-call]
+                RetrievalServicer(self.retriever, self.metrics), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
         listen = self.config.listen
@@ -245,6 +264,8 @@ class Daemon:
         await server.stop(self.config.drain_grace)
         for child in self.children.values():
             child.ring.close()
+        if self.retriever is not None:
+            await self.retriever.close()
         for role in ("generation", "embedding"):
             if role in self.children:
                 await self.children[role].supervisor.stop()

@@ -1,1 +1,38 @@
-"""Hybrid retrieval (tantivy BM25 + hnswlib HNSW, fused by RRF). Filled by a later issue."""
+"""Hybrid retrieval: tantivy BM25 + hnswlib HNSW fused by RRF, over a SQLite source of truth.
+
+This package never imports gRPC; the daemon maps :mod:`retrieval.errors` to status codes.
+See docs/retrieval.md for the design.
+"""
+
+from ._bm25 import Filters
+from ._engine import Embedder, Hit, RetrievalLimits, Retriever, SearchResult, snippet
+from ._scan import ScanReport, scan_source
+from ._store import DocumentRow, SourceRow
+from .errors import (
+    ExtractionError,
+    IndexCorrupt,
+    InvalidDocument,
+    NotFound,
+    RetrievalError,
+    validate_document_id,
+)
+
+__all__ = [
+    "DocumentRow",
+    "Embedder",
+    "ExtractionError",
+    "Filters",
+    "Hit",
+    "IndexCorrupt",
+    "InvalidDocument",
+    "NotFound",
+    "RetrievalError",
+    "RetrievalLimits",
+    "Retriever",
+    "ScanReport",
+    "SearchResult",
+    "SourceRow",
+    "scan_source",
+    "snippet",
+    "validate_document_id",
+]

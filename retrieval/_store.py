@@ -356,6 +356,40 @@ class Store:
             last = chunks[-1].key
             yield chunks
 
+    def keys_matching(
+        self,
+        *,
+        sources: Sequence[str] = (),
+        kinds: Sequence[str] = (),
+        categories: Sequence[str] = (),
+        tags: Sequence[str] = (),
+        since: int | None = None,
+        until: int | None = None,
+    ) -> set[int]:
+        """Chunk keys whose document passes the filters (any-of within each kind)."""
+        where: list[str] = []
+        args: list[object] = []
+        for column, values in (("d.source_id", sources), ("d.kind", kinds),
+                               ("d.category", categories)):
+            if values:
+                where.append(f"{column} IN ({','.join('?' * len(values))})")
+                args.extend(values)
+        if tags:
+            where.append("EXISTS (SELECT 1 FROM json_each(d.tags) t WHERE t.value IN "  # noqa: S608 - placeholders only
+                         f"({','.join('?' * len(tags))}))")
+            args.extend(tags)
+        if since is not None:
+            where.append("d.indexed_at >= ?")
+            args.append(since)
+        if until is not None:
+            where.append("d.indexed_at <= ?")
+            args.append(until)
+        sql = "SELECT c.key FROM chunks c JOIN documents d ON d.id = c.doc_id"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        with self._lock:
+            return {int(r[0]) for r in self._db.execute(sql, args)}
+
     # -- embeddings cache --------------------------------------------------------------
 
     def cached_vectors(self, model: str, hashes: Iterable[str]) -> dict[str, np.ndarray]:

@@ -1,0 +1,325 @@
+"""RetrievalService: the gRPC face of :mod:`retrieval`, and its link to the embedding child.
+
+:class:`ChildEmbedder` adapts the supervised embedding child to the retriever's
+``Embedder`` protocol. The retriever asks for it on every use, so it follows the child:
+when the child is down (or disabled) the provider returns None and search is BM25-only.
+Vectors are tagged with the embedding model's identity (file name and SHA-256), so a swap
+to another embedding model never mixes vector spaces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import grpc
+from google.protobuf import timestamp_pb2
+from retrieval._extract import ExtractLimits
+
+from clients._pb import retrieval_pb2 as rpb
+from clients._pb import retrieval_pb2_grpc
+from retrieval import (
+    DocumentRow,
+    Filters,
+    InvalidDocument,
+    RetrievalLimits,
+    Retriever,
+    ScanReport,
+    SourceRow,
+    scan_source,
+)
+from supervisor import State
+
+from . import rpc
+from .children import ManagedChild
+from .config import Config
+from .errors import InvalidArgument
+from .metrics import Metrics
+from .router import InferenceRouter
+
+_STATES = {
+    "pending": rpb.DOCUMENT_STATE_PENDING,
+    "processing": rpb.DOCUMENT_STATE_PROCESSING,
+    "indexed": rpb.DOCUMENT_STATE_INDEXED,
+    "failed": rpb.DOCUMENT_STATE_FAILED,
+}
+_SOURCES = {"text": rpb.SEARCH_SOURCE_TEXT, "vector": rpb.SEARCH_SOURCE_VECTOR,
+            "hybrid": rpb.SEARCH_SOURCE_HYBRID}
+
+
+def limits_from(config: Config) -> RetrievalLimits:
+    r = config.retrieval
+    return RetrievalLimits(
+        chunk_size=r["chunk_size"], chunk_overlap=r["chunk_overlap"],
+        max_chunk_chars=r["max_chunk_chars"], embed_batch=r["embed_batch"],
+        text_candidates=r["text_candidates"], vector_candidates=r["vector_candidates"],
+        rrf_k=r["rrf_k"], default_k=r["default_k"], max_k=r["max_k"],
+        max_query_chars=r["max_query_chars"], max_document_chars=r["max_document_chars"],
+        max_files_per_source=r["max_files_per_source"],
+        max_bytes_per_source=r["max_source_mb"] * 1024 * 1024,
+        redact_hostnames=r["redact_hostnames"], redact_ips=r["redact_ips"],
+        extract=ExtractLimits(max_bytes=r["max_file_mb"] * 1024 * 1024,
+                              pdf_timeout=r["pdf_timeout"]),
+    )
+
+
+class ChildEmbedder:
+    """The embedding child as an ``retrieval.Embedder``."""
+
+    def __init__(self, router: InferenceRouter, child: ManagedChild) -> None:
+        self._router = router
+        self._child = child
+
+    @property
+    def model_id(self) -> str:
+        model = self._child.model
+        return f"{model.path.name}@{model.sha256[:16]}"
+
+    @property
+    def context(self) -> int:
+        info = self._child.model.info
+        configured = self._child.spec.ctx_size
+        model_ctx = info.context_length if info else 512
+        return min(c for c in (model_ctx, configured) if c) if (model_ctx or configured) else 512
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        async with self._router.admit("embedding", None) as client:
+            result = await client.embed(list(texts))
+        return result.vectors
+
+    async def count_tokens(self, text: str) -> int:
+        client = self._router.client("embedding")
+        return len(await client.tokenize(text, add_special=True))
+
+
+def make_provider(router: InferenceRouter, children: dict[str, ManagedChild]):  # type: ignore[no-untyped-def]
+    """The embedder provider the retriever calls: None unless the child is running and its
+    model's identity (SHA-256) is known."""
+    child = children.get("embedding")
+    embedder = ChildEmbedder(router, child) if child is not None else None
+
+    def provider() -> ChildEmbedder | None:
+        if child is None or embedder is None or router.draining:
+            return None
+        if child.supervisor.state is not State.RUNNING or not child.model.sha256:
+            return None
+        return embedder
+
+    return provider
+
+
+def _ts(seconds: float | None) -> timestamp_pb2.Timestamp | None:
+    if not seconds:
+        return None
+    ts = timestamp_pb2.Timestamp()
+    ts.FromSeconds(int(seconds))
+    return ts
+
+
+def _document(d: DocumentRow) -> rpb.Document:
+    msg = rpb.Document(id=d.id, source_id=d.source_id, title=d.title, kind=d.kind,
+                       category=d.category, tags=list(d.tags),
+                       state=_STATES.get(d.state, rpb.DOCUMENT_STATE_UNSPECIFIED),
+                       error=d.error, path=d.path, redactions=d.redactions)
+    if (ts := _ts(d.indexed_at)) is not None:
+        msg.indexed_at.CopyFrom(ts)
+    return msg
+
+
+def _source(s: SourceRow, documents: int = 0) -> rpb.Source:
+    msg = rpb.Source(id=s.id, kind=s.kind, path=s.root, category=s.category, tags=list(s.tags),
+                     last_error=s.last_error, documents=documents)
+    if (ts := _ts(s.last_scan)) is not None:
+        msg.last_scan.CopyFrom(ts)
+    return msg
+
+
+def _progress(r: ScanReport, done: bool) -> rpb.ReindexProgress:
+    return rpb.ReindexProgress(
+        source_id=r.source_id, seen=r.seen, added=r.added, changed=r.changed,
+        unchanged=r.unchanged, deleted=r.deleted, done=done,
+        failed=[rpb.FileIssue(path=p, reason=why) for p, why in r.failed],
+        skipped=[rpb.FileIssue(path=p, reason=why) for p, why in r.skipped],
+    )
+
+
+class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
+    """Documents, sources, reindex, search, status."""
+
+    def __init__(self, retriever: Retriever, metrics: Metrics | None = None) -> None:
+        self._r = retriever
+        self.metrics = metrics
+
+    @rpc.unary("UpsertDocument")
+    async def UpsertDocument(
+        self, request: rpb.UpsertDocumentRequest, context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> rpb.UpsertDocumentResponse:
+        call.note(source=request.source_id, chars=len(request.text))
+        doc = await self._r.upsert(
+            request.source_id, request.title, request.text, doc_id=request.id or None,
+            kind=request.kind or "text", category=request.category, tags=tuple(request.tags))
+        call.note(document=doc.id)
+        return rpb.UpsertDocumentResponse(document=_document(doc))
+
+    @rpc.unary("DeleteDocument")
+    async def DeleteDocument(
+        self, request: rpb.DeleteDocumentRequest, context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> rpb.DeleteDocumentResponse:
+        return rpb.DeleteDocumentResponse(deleted=await self._r.delete(request.id))
+
+    @rpc.unary("GetDocument")
+    async def GetDocument(
+        self, request: rpb.GetDocumentRequest, context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> rpb.Document:
+        from retrieval import NotFound  # noqa: PLC0415
+
+        doc = await self._r.document(request.id)
+        if doc is None:
+            raise NotFound(f"no document {request.id!r}")
+        return _document(doc)
+
+    @rpc.unary("ListDocuments")
+    async def ListDocuments(
+        self, request: rpb.ListDocumentsRequest, context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> rpb.ListDocumentsResponse:
+        docs = await self._r.documents(request.source_id or None)
+        return rpb.ListDocumentsResponse(documents=[_document(d) for d in docs])
+
+    @rpc.unary("AddSource")
+    async def AddSource(
+        self, request: rpb.AddSourceRequest, context: grpc.aio.ServicerContext, call: rpc.Call,
+    ) -> rpb.Source:
+        root = None
+        if request.path:
+            root = Path(request.path)
+            if not root.is_absolute():
+                raise InvalidArgument("path must be absolute")
+            if not root.is_dir():
+                raise InvalidArgument(f"{root} is not a directory")
+        row = await self._r.add_source(request.id, root=root, category=request.category,
+                                       tags=tuple(request.tags))
+        call.note(source=row.id)
+        return _source(row)
+
+    @rpc.unary("RemoveSource")
+    async def RemoveSource(
+        self, request: rpb.RemoveSourceRequest, context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> rpb.RemoveSourceResponse:
+        return rpb.RemoveSourceResponse(chunks_removed=await self._r.remove_source(request.id))
+
+    @rpc.unary("ListSources")
+    async def ListSources(
+        self, request: rpb.ListSourcesRequest, context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> rpb.ListSourcesResponse:
+        return rpb.ListSourcesResponse(sources=await self._sources())
+
+    async def _sources(self) -> list[rpb.Source]:
+        docs = await self._r.documents()
+        counts: dict[str, int] = {}
+        for d in docs:
+            counts[d.source_id] = counts.get(d.source_id, 0) + 1
+        return [_source(s, counts.get(s.id, 0)) for s in await self._r.sources()]
+
+    @rpc.stream("Reindex")
+    async def Reindex(
+        self, request: rpb.ReindexRequest, context: grpc.aio.ServicerContext, call: rpc.Call,
+    ) -> AsyncIterator[rpb.ReindexProgress]:
+        sources = [s for s in await self._r.sources() if s.kind == "directory"]
+        if request.source_id:
+            sources = [s for s in sources if s.id == request.source_id]
+            if not sources:
+                raise InvalidArgument(f"no directory source {request.source_id!r}")
+        for source in sources:
+            queue: asyncio.Queue[ScanReport] = asyncio.Queue()
+            last = 0.0
+
+            def progress(report: ScanReport, q: asyncio.Queue[ScanReport] = queue) -> None:
+                nonlocal last
+                now = time.monotonic()
+                if now - last >= 0.5:  # at most two progress messages a second
+                    last = now
+                    q.put_nowait(report)
+
+            task = asyncio.create_task(scan_source(self._r, source.id, progress))
+            while not task.done():
+                getter = asyncio.ensure_future(queue.get())
+                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield _progress(getter.result(), done=False)
+                else:
+                    getter.cancel()
+            report = task.result()
+            call.note(source=source.id, added=report.added, changed=report.changed,
+                      deleted=report.deleted, failed=len(report.failed))
+            yield _progress(report, done=True)
+
+    @rpc.unary("Search")
+    async def Search(
+        self, request: rpb.SearchRequest, context: grpc.aio.ServicerContext, call: rpc.Call,
+    ) -> rpb.SearchResponse:
+        f = request.filters
+        filters = Filters(
+            sources=tuple(f.sources), kinds=tuple(f.kinds), categories=tuple(f.categories),
+            tags=tuple(f.tags),
+            since=f.indexed_since.seconds if f.HasField("indexed_since") else None,
+            until=f.indexed_until.seconds if f.HasField("indexed_until") else None,
+        )
+        try:
+            result = await self._r.search(request.query, k=request.top_k or None,
+                                          filters=filters)
+        except InvalidDocument as exc:
+            raise InvalidArgument(str(exc)) from None
+        call.note(query_chars=len(request.query), hits=len(result.hits), mode=result.mode)
+        hits = []
+        for h in result.hits:
+            hit = rpb.SearchHit(
+                chunk_id=h.chunk_id, document_id=h.doc_id, title=h.title,
+                source_id=h.source_id, path=h.path, heading=h.heading, text=h.text,
+                snippet=h.snippet, search_source=_SOURCES[h.search_source],
+                fused_score=h.fused_score,
+            )
+            if h.text_rank is not None:
+                hit.text_rank = h.text_rank
+            if h.text_score is not None:
+                hit.text_score = h.text_score
+            if h.vector_rank is not None:
+                hit.vector_rank = h.vector_rank
+            if h.vector_score is not None:
+                hit.vector_score = h.vector_score
+            if (ts := _ts(h.indexed_at)) is not None:
+                hit.indexed_at.CopyFrom(ts)
+            hits.append(hit)
+        return rpb.SearchResponse(
+            hits=hits,
+            mode=rpb.SEARCH_MODE_HYBRID if result.mode == "hybrid" else rpb.SEARCH_MODE_TEXT,
+            warnings=result.warnings,
+        )
+
+    @rpc.unary("Status")
+    async def Status(
+        self, request: rpb.RetrievalStatusRequest, context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> rpb.RetrievalStatusResponse:
+        s = await self._r.status()
+        by_state = {k.removeprefix("documents_"): int(v) for k, v in s.items()
+                    if k.startswith("documents_") and isinstance(v, int)}
+        repaired = s.get("repaired")
+        return rpb.RetrievalStatusResponse(
+            sources=int(s.get("sources", 0)),  # type: ignore[call-overload]
+            chunks=int(s.get("chunks", 0)),  # type: ignore[call-overload]
+            documents_by_state=by_state,
+            embedded_chunks=int(s.get("embedded_chunks", 0)),  # type: ignore[call-overload]
+            vectors=int(s.get("vectors", 0)),  # type: ignore[call-overload]
+            embedding_model=str(s.get("embedding_model", "")),
+            disk_bytes=int(s.get("disk_bytes", 0)),  # type: ignore[call-overload]
+            repaired=dict(repaired) if isinstance(repaired, dict) else {},
+            source_list=await self._sources(),
+        )

@@ -1,0 +1,569 @@
+"""The retriever: ingest pipeline and hybrid search over the three stores.
+
+Writes are serialised (one writer; tantivy allows one per index directory) and follow one
+order: embed (outside any lock; vectors are cached by model and content hash) → SQLite
+transaction (the acknowledgement point) → tantivy commit → hnswlib. A crash between those
+steps leaves SQLite ahead of the derived indexes; :meth:`Retriever.open` reconciles them
+from SQLite (whatever is missing is re-added from stored text and cached vectors, whatever
+is extra is removed) and logs what it repaired.
+
+Search never fails because of the vector side: without an embedding child (down,
+disabled, or a vector index built for another model), it is BM25-only and says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import hashlib
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import structlog
+
+from ._bm25 import Filters, IndexedChunk, TextIndex
+from ._chunk import chunk_text
+from ._extract import ExtractLimits, extract_bytes
+from ._fusion import rrf
+from ._redact import redact
+from ._store import ChunkRow, DocumentRow, SourceRow, Store, StoredChunk
+from ._vectors import VectorIndex
+from .errors import InvalidDocument, NotFound, RetrievalError, validate_document_id
+
+_log = structlog.get_logger("llamad.retrieval")
+
+_SOURCE_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+KINDS = ("markdown", "text", "html", "pdf", "config")
+
+
+class Embedder(Protocol):
+    """The embedding child, as the retriever needs it."""
+
+    @property
+    def model_id(self) -> str:
+        """Identifies the vector space (vectors of different models never mix)."""
+        ...
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One L2-normalised vector per text. Raises on any failure."""
+        ...
+
+    async def count_tokens(self, text: str) -> int:
+        """Tokens the embedding model sees for ``text``."""
+        ...
+
+    @property
+    def context(self) -> int:
+        """Most tokens one input may have."""
+        ...
+
+
+EmbedderProvider = Callable[[], "Embedder | None"]
+
+
+@dataclass(frozen=True)
+class RetrievalLimits:
+    """Every limit of retrieval, named (the daemon's config sets them)."""
+
+    chunk_size: int = 1200
+    chunk_overlap: int = 200
+    max_chunk_chars: int = 2000
+    embed_batch: int = 32
+    text_candidates: int = 25
+    vector_candidates: int = 25
+    rrf_k: int = 60
+    default_k: int = 5
+    max_k: int = 20
+    max_query_chars: int = 2000
+    max_document_chars: int = 5_000_000
+    max_files_per_source: int = 20_000
+    max_bytes_per_source: int = 2 * 1024**3
+    query_embed_timeout: float = 5.0
+    redact_hostnames: bool = False
+    redact_ips: bool = False
+    extract: ExtractLimits = field(default_factory=ExtractLimits)
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search hit; ``chunk_id`` is its citation key."""
+
+    chunk_id: str
+    doc_id: str
+    title: str
+    source_id: str
+    path: str
+    heading: str
+    text: str
+    snippet: str
+    search_source: str              # text | vector | hybrid
+    fused_score: float
+    text_rank: int | None
+    text_score: float | None
+    vector_rank: int | None
+    vector_score: float | None      # cosine similarity
+    indexed_at: int
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    hits: list[Hit]
+    mode: str                       # hybrid | text
+    warnings: list[str]
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def validate_source_id(source_id: str) -> str:
+    if not _SOURCE_ID.fullmatch(source_id):
+        raise InvalidDocument(
+            f"source id {source_id!r} must be 1-64 characters of a-z, 0-9, '_' and '-', "
+            "starting with a letter or digit"
+        )
+    return source_id
+
+
+def snippet(text: str, query: str, width: int = 240) -> str:
+    """A window of ``text`` around the first query term it contains."""
+    lowered = text.lower()
+    best = -1
+    for term in sorted(set(re.findall(r"\w{3,}", query.lower())), key=len, reverse=True):
+        best = lowered.find(term)
+        if best >= 0:
+            break
+    start = max(0, best - width // 3) if best >= 0 else 0
+    piece = " ".join(text[start:start + width].split())
+    return ("…" if start > 0 else "") + piece + ("…" if start + width < len(text) else "")
+
+
+class Retriever:
+    """Hybrid retrieval over a directory of indexes (``root``)."""
+
+    def __init__(self, root: Path, embedder: EmbedderProvider,
+                 limits: RetrievalLimits | None = None) -> None:
+        self.root = root
+        self.limits = limits or RetrievalLimits()
+        self._embedder = embedder
+        self._write = asyncio.Lock()
+        self._store: Store | None = None
+        self._text: TextIndex | None = None
+        self._vectors: VectorIndex | None = None
+        self._vector_model = ""
+        self._vectors_dirty = False
+        self.repaired: dict[str, int] = {}
+
+    # -- life cycle --------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Open (or create) the stores and reconcile them. Idempotent."""
+        if self._store is not None:
+            return
+        await asyncio.to_thread(self._open_sync)
+
+    def _open_sync(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        store = Store(self.root / "meta.sqlite3")
+        text = TextIndex(self.root / "bm25")
+        self._vector_model = store.get_meta("vector_model") or ""
+        dim = int(store.get_meta("vector_dim") or 0)
+        vectors = VectorIndex(self.root / "vectors.hnsw", dim) if dim else None
+        self._store, self._text, self._vectors = store, text, vectors
+        self._reconcile()
+
+    def _reconcile(self) -> None:
+        """Make tantivy and hnswlib agree with SQLite; count what was repaired."""
+        store, text = self._require()
+        truth = store.chunk_keys()
+        in_text = text.keys()
+        extra, missing = in_text - truth, truth - in_text
+        if extra:
+            text.delete_keys(extra)
+        if missing:
+            text.add([self._indexed(c) for c in store.chunks_by_keys(missing).values()])
+        if extra or missing:
+            text.commit()
+        repaired = {"text_removed": len(extra), "text_added": len(missing)}
+        if self._vectors is not None:
+            in_vec = self._vectors.keys()
+            v_extra = in_vec - truth
+            if v_extra:
+                self._vectors.delete(v_extra)
+            v_missing = truth - in_vec
+            added = self._add_cached_vectors(v_missing) if v_missing else 0
+            if v_extra or added:
+                self._vectors.save()
+            repaired |= {"vectors_removed": len(v_extra), "vectors_added": added}
+        self.repaired = {k: v for k, v in repaired.items() if v}
+        if self.repaired:
+            _log.warning("indexes repaired from SQLite", **self.repaired)
+
+    def _add_cached_vectors(self, keys: set[int]) -> int:
+        store, _ = self._require()
+        if self._vectors is None or not self._vector_model:
+            return 0
+        chunks = store.chunks_by_keys(keys)
+        cached = store.cached_vectors(self._vector_model, (c.content_hash for c in chunks.values()))
+        pairs = [(k, cached[c.content_hash]) for k, c in chunks.items() if c.content_hash in cached]
+        if pairs:
+            self._vectors.add([k for k, _ in pairs], np.stack([v for _, v in pairs]))
+        return len(pairs)
+
+    async def close(self) -> None:
+        async with self._write:
+            await asyncio.to_thread(self._close_sync)
+
+    def _close_sync(self) -> None:
+        if self._vectors is not None and self._vectors_dirty:
+            self._vectors.save()
+        if self._text is not None:
+            self._text.close()
+        if self._store is not None:
+            self._store.close()
+        self._store = self._text = self._vectors = None
+
+    def _require(self) -> tuple[Store, TextIndex]:
+        if self._store is None or self._text is None:
+            raise RetrievalError("retrieval is not open")
+        return self._store, self._text
+
+    async def flush(self) -> None:
+        """Persist the vector index now (it is also saved on close)."""
+        async with self._write:
+            if self._vectors is not None and self._vectors_dirty:
+                await asyncio.to_thread(self._vectors.save)
+                self._vectors_dirty = False
+
+    # -- sources -----------------------------------------------------------------------
+
+    async def add_source(self, source_id: str, *, root: Path | None = None, category: str = "",
+                         tags: Sequence[str] = ()) -> SourceRow:
+        """Add (or update) a source: a directory to scan, or (root None) pushed documents."""
+        validate_source_id(source_id)
+        row = SourceRow(source_id, "directory" if root is not None else "push",
+                        str(root) if root is not None else "", category, tuple(tags),
+                        int(time.time()))
+        store, _ = self._require()
+        await asyncio.to_thread(store.upsert_source, row)
+        return row
+
+    async def sources(self) -> list[SourceRow]:
+        store, _ = self._require()
+        return await asyncio.to_thread(store.sources)
+
+    async def remove_source(self, source_id: str) -> int:
+        """Remove a source and everything indexed from it; return the chunks removed."""
+        store, _ = self._require()
+        async with self._write:
+            if await asyncio.to_thread(store.source, source_id) is None:
+                raise NotFound(f"no source {source_id!r}")
+            keys = await asyncio.to_thread(store.delete_source, source_id)
+            await asyncio.to_thread(self._drop_keys, keys)
+        return len(keys)
+
+    # -- documents ---------------------------------------------------------------------
+
+    async def upsert(self, source_id: str, title: str, text: str, *, doc_id: str | None = None,
+                     kind: str = "text", category: str = "", tags: Sequence[str] = (),
+                     path: str = "", mtime_ns: int = 0, size: int = 0) -> DocumentRow:
+        """Index a document (replacing its previous version atomically).
+
+        Returns once the document is durable in SQLite and searchable by BM25 (and by
+        vectors when the embedding child is up). Unchanged content is a no-op.
+
+        Raises:
+            InvalidDocument: bad ids, kind, or empty or oversized text.
+            NotFound: unknown source.
+        """
+        store, _ = self._require()
+        if kind not in KINDS:
+            raise InvalidDocument(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+        if not text.strip():
+            raise InvalidDocument("document text is empty")
+        if len(text) > self.limits.max_document_chars:
+            raise InvalidDocument(f"document has {len(text)} characters; the limit is "
+                                  f"{self.limits.max_document_chars}")
+        source = await asyncio.to_thread(store.source, source_id)
+        if source is None:
+            raise NotFound(f"no source {source_id!r}; add it first")
+        doc_id = validate_document_id(
+            doc_id or f"{source_id}/{_hash(title + chr(0) + text)[:16]}")
+        cleaned = redact(text, hostnames=self.limits.redact_hostnames,
+                         ips=self.limits.redact_ips)
+        clean_title = redact(title).text[:500]
+        content_hash = _hash(clean_title + "\x00" + cleaned.text + "\x00" + kind)
+        existing = await asyncio.to_thread(store.document, doc_id)
+        doc = DocumentRow(
+            doc_id, source_id, path, clean_title, kind, category or source.category,
+            tuple(tags) or source.tags, content_hash, mtime_ns, size, "processing", "",
+            int(time.time()), sum(cleaned.counts.values()))
+        if existing is not None and existing.state == "indexed" and \
+                existing.content_hash == content_hash and existing.category == doc.category \
+                and existing.tags == doc.tags:
+            return existing
+        async with self._write:
+            await asyncio.to_thread(store.set_state, doc, "processing")
+            try:
+                pieces = chunk_text(cleaned.text, kind, size=self.limits.chunk_size,
+                                    overlap=self.limits.chunk_overlap,
+                                    max_chars=self.limits.max_chunk_chars)
+                pieces = await self._fit_embedding_context(pieces, kind)
+                rows = [ChunkRow(f"{doc_id}#{i}", i, p.heading, p.text, _hash(p.text))
+                        for i, p in enumerate(pieces, start=1)]
+                vectors = await self._vectors_for(rows)
+                replacement = await asyncio.to_thread(store.replace_document, doc, rows)
+                await asyncio.to_thread(self._apply, replacement.removed, replacement.added,
+                                        vectors)
+            except Exception as exc:
+                await asyncio.to_thread(store.set_state, doc, "failed", str(exc)[:500])
+                raise
+        return dataclasses.replace(doc, state="indexed")
+
+    async def _fit_embedding_context(self, pieces: list, kind: str) -> list:  # type: ignore[type-arg]
+        """Split chunks the embedding model could not take in one piece."""
+        embedder = self._embedder()
+        if embedder is None:
+            return pieces
+        out = []
+        for piece in pieces:
+            if len(piece.text) + 2 <= embedder.context:
+                out.append(piece)
+                continue
+            try:
+                tokens = await embedder.count_tokens(piece.text)
+            except Exception:
+                out.append(piece)
+                continue
+            if tokens <= embedder.context:
+                out.append(piece)
+                continue
+            # Re-chunk this piece smaller, in proportion to how far over it is.
+            size = max(200, int(len(piece.text) * embedder.context / tokens * 0.9))
+            smaller = chunk_text(piece.text, "text", size=size, overlap=min(100, size // 4),
+                                 max_chars=size)
+            out.extend(type(piece)(0, s.text, piece.heading) for s in smaller)
+        return out
+
+    async def _vectors_for(self, rows: Sequence[ChunkRow]) -> dict[str, np.ndarray]:
+        """Vectors for the rows' texts: cached, else embedded (batched). Empty when the
+        embedding child is unavailable; the document is then BM25-only until reindexed."""
+        embedder = self._embedder()
+        store, _ = self._require()
+        if embedder is None or not rows:
+            return {}
+        model = embedder.model_id
+        hashes = {r.content_hash: r.text for r in rows}
+        cached = await asyncio.to_thread(store.cached_vectors, model, hashes)
+        todo = [(h, t) for h, t in hashes.items() if h not in cached]
+        fresh: dict[str, np.ndarray] = {}
+        try:
+            for i in range(0, len(todo), self.limits.embed_batch):
+                part = todo[i:i + self.limits.embed_batch]
+                vectors = await embedder.embed([t for _, t in part])
+                fresh.update({h: np.asarray(v, dtype=np.float32)
+                              for (h, _), v in zip(part, vectors, strict=True)})
+        except Exception as exc:
+            _log.warning("embedding failed; indexing BM25-only", error=str(exc)[:200])
+            return {}
+        if fresh:
+            await asyncio.to_thread(store.put_vectors, model, fresh)
+        if model != self._vector_model or self._vectors is None:
+            await asyncio.to_thread(self._use_vector_model, model,
+                                    len(next(iter({**cached, **fresh}.values()))))
+        return {**cached, **fresh}
+
+    def _use_vector_model(self, model: str, dim: int) -> None:
+        """First vectors ever, or a different model: (re)build the vector index from the
+        cache for ``model`` (vectors of two models never share an index)."""
+        store, _ = self._require()
+        if self._vectors is not None and self._vector_model == model:
+            return
+        path = self.root / "vectors.hnsw"
+        if self._vectors is not None:
+            _log.warning("embedding model changed; rebuilding the vector index",
+                         old=self._vector_model, new=model)
+        for stale in (path, path.with_suffix(".hnsw.json")):
+            stale.unlink(missing_ok=True)
+        self._vectors = VectorIndex(path, dim)
+        self._vector_model = model
+        store.set_meta("vector_model", model)
+        store.set_meta("vector_dim", str(dim))
+        self._add_cached_vectors(store.chunk_keys())
+        self._vectors.save()
+
+    def _apply(self, removed: list[int], added: list[StoredChunk],
+               vectors: dict[str, np.ndarray]) -> None:
+        _, text = self._require()
+        if removed:
+            text.delete_keys(removed)
+        text.add([self._indexed(c) for c in added])
+        text.commit()
+        if self._vectors is not None:
+            if removed:
+                self._vectors.delete(removed)
+            pairs = [(c.key, vectors[c.content_hash]) for c in added if c.content_hash in vectors]
+            if pairs:
+                self._vectors.add([k for k, _ in pairs], np.stack([v for _, v in pairs]))
+            self._vectors_dirty = True
+
+    def _drop_keys(self, keys: Sequence[int]) -> None:
+        _, text = self._require()
+        if not keys:
+            return
+        text.delete_keys(keys)
+        text.commit()
+        if self._vectors is not None:
+            self._vectors.delete(keys)
+            self._vectors_dirty = True
+
+    @staticmethod
+    def _indexed(c: StoredChunk) -> IndexedChunk:
+        return IndexedChunk(c.key, c.doc_id, c.source_id, c.kind, c.category, c.tags,
+                            c.indexed_at, c.title, c.heading, c.text)
+
+    async def delete(self, doc_id: str) -> bool:
+        """Remove a document; False if it did not exist."""
+        store, _ = self._require()
+        async with self._write:
+            keys = await asyncio.to_thread(store.delete_document, doc_id)
+            if keys is None:
+                return False
+            await asyncio.to_thread(self._drop_keys, keys)
+        return True
+
+    async def document(self, doc_id: str) -> DocumentRow | None:
+        store, _ = self._require()
+        return await asyncio.to_thread(store.document, doc_id)
+
+    async def documents(self, source_id: str | None = None) -> list[DocumentRow]:
+        store, _ = self._require()
+        return await asyncio.to_thread(store.documents, source_id)
+
+    async def ingest_file(self, source: SourceRow, path: Path, rel: str) -> DocumentRow:
+        """Extract, then :meth:`upsert`, one file of a directory source."""
+        from ._extract import extract_file, kind_for  # noqa: PLC0415 - keeps import light
+
+        kind = kind_for(path)
+        if kind is None:
+            raise InvalidDocument(f"{rel}: unsupported file type")
+        st = await asyncio.to_thread(path.stat)
+        extracted = await asyncio.to_thread(extract_file, path, self.limits.extract)
+        return await self.upsert(source.id, extracted.title, extracted.text,
+                                 doc_id=f"{source.id}/{rel}", kind=extracted.kind,
+                                 path=str(path), mtime_ns=st.st_mtime_ns, size=st.st_size)
+
+    async def ingest_bytes(self, source_id: str, name: str, data: bytes, kind: str,
+                           **fields: object) -> DocumentRow:
+        extracted = await asyncio.to_thread(extract_bytes, data, name, kind,
+                                            self.limits.extract)
+        return await self.upsert(source_id, extracted.title, extracted.text,
+                                 kind=extracted.kind, **fields)  # type: ignore[arg-type]
+
+    # -- search ------------------------------------------------------------------------
+
+    async def search(self, query: str, *, k: int | None = None,
+                     filters: Filters | None = None) -> SearchResult:
+        """BM25 top-N ∥ HNSW top-N, fused by RRF; top ``k`` hits.
+
+        Raises:
+            InvalidDocument: empty or oversized query, k out of range.
+        """
+        store, text = self._require()
+        k = self.limits.default_k if k is None else k
+        if not 1 <= k <= self.limits.max_k:
+            raise InvalidDocument(f"k must be in 1..{self.limits.max_k}, got {k}")
+        if not query.strip():
+            raise InvalidDocument("query is empty")
+        if len(query) > self.limits.max_query_chars:
+            raise InvalidDocument(f"query has {len(query)} characters; the limit is "
+                                  f"{self.limits.max_query_chars}")
+        filters = filters or Filters()
+        n_text = max(self.limits.text_candidates, k)
+        n_vec = max(self.limits.vector_candidates, k)
+        warnings: list[str] = []
+        vector_task = asyncio.create_task(self._vector_search(query, n_vec, filters, warnings))
+        text_hits = await asyncio.to_thread(text.search, query, filters=filters, limit=n_text)
+        vec_hits = await vector_task
+        mode = "hybrid" if vec_hits is not None else "text"
+        fused = rrf([[key for key, _ in text_hits], [key for key, _ in (vec_hits or [])]],
+                    k=self.limits.rrf_k)[:k]
+        text_rank = {key: i for i, (key, _) in enumerate(text_hits, start=1)}
+        text_score = dict(text_hits)
+        vec_rank = {key: i for i, (key, _) in enumerate(vec_hits or [], start=1)}
+        vec_sim = {key: 1.0 - dist for key, dist in (vec_hits or [])}
+        chunks = await asyncio.to_thread(store.chunks_by_keys, [key for key, _ in fused])
+        hits = []
+        for key, score in fused:
+            c = chunks.get(key)
+            if c is None:  # deleted between the index read and now
+                continue
+            in_text, in_vec = key in text_rank, key in vec_rank
+            hits.append(Hit(
+                c.chunk_id, c.doc_id, c.title, c.source_id, c.path, c.heading, c.text,
+                snippet(c.text, query),
+                "hybrid" if in_text and in_vec else ("text" if in_text else "vector"),
+                score, text_rank.get(key), text_score.get(key), vec_rank.get(key),
+                vec_sim.get(key), c.indexed_at))
+        return SearchResult(hits, mode, warnings)
+
+    async def _vector_search(self, query: str, n: int, filters: Filters,
+                             warnings: list[str]) -> list[tuple[int, float]] | None:
+        embedder = self._embedder()
+        if embedder is None:
+            warnings.append("embedding child unavailable: results are BM25-only")
+            return None
+        if self._vectors is None or self._vector_model != embedder.model_id:
+            if self._vectors is not None:
+                warnings.append("the vector index belongs to another embedding model and is "
+                                "being rebuilt: results are BM25-only")
+            else:
+                warnings.append("no vectors indexed yet: results are BM25-only")
+            return None
+        try:
+            vectors = await asyncio.wait_for(embedder.embed([query]),
+                                             self.limits.query_embed_timeout)
+        except Exception as exc:
+            warnings.append(f"query embedding failed ({type(exc).__name__}): results are "
+                            "BM25-only")
+            return None
+        allowed = await self._allowed_keys(filters)
+        vector = np.asarray(vectors[0], dtype=np.float32)
+        index = self._vectors
+        return await asyncio.to_thread(
+            index.search, vector, n, None if allowed is None else allowed.__contains__)
+
+    async def _allowed_keys(self, filters: Filters) -> set[int] | None:
+        if filters == Filters():
+            return None
+        store, _ = self._require()
+        return await asyncio.to_thread(functools.partial(
+            store.keys_matching, sources=filters.sources, kinds=filters.kinds,
+            categories=filters.categories, tags=filters.tags, since=filters.since,
+            until=filters.until))
+
+    def _disk_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
+
+    # -- status ------------------------------------------------------------------------
+
+    async def status(self) -> dict[str, object]:
+        store, _ = self._require()
+        counts = await asyncio.to_thread(store.counts)
+        embedder = self._embedder()
+        model = embedder.model_id if embedder is not None else self._vector_model
+        embedded = await asyncio.to_thread(store.embedded_chunks, model) if model else 0
+        return {
+            **counts,
+            "embedding_model": self._vector_model,
+            "embedded_chunks": embedded,
+            "vectors": self._vectors.count() if self._vectors is not None else 0,
+            "disk_bytes": await asyncio.to_thread(self._disk_bytes),
+            "repaired": dict(self.repaired),
+        }

@@ -1,0 +1,122 @@
+"""Errors raised by the retrieval core, and the document id rules.
+
+The tree::
+
+    RetrievalError
+    ├── InvalidDocument      bad id, empty text, unsupported type, too large (clear reason)
+    ├── ExtractionError      a file could not be turned into text; attrs: reason, kind
+    │                        (binary, encoding, too_large, not_regular, timeout,
+    │                        resource_limit, worker_failed, pdf_malformed, pdf_encrypted,
+    │                        pdf_image_only, html_too_deep)
+    ├── NotFound             unknown source or document
+    └── IndexCorrupt         a store could not be opened or repaired
+
+None of these import or know about gRPC; the daemon maps them to status codes
+(``InvalidDocument`` and ``ExtractionError`` to INVALID_ARGUMENT, ``NotFound`` to NOT_FOUND,
+``IndexCorrupt`` to INTERNAL or FAILED_PRECONDITION). Every message is one line that can be
+shown to the caller as is: it names the document and says what is wrong, never a traceback.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+MAX_DOCUMENT_ID_CHARS = 512
+"""Longest valid document id, in characters (docs/retrieval.md, "Identifiers")."""
+
+
+class RetrievalError(Exception):
+    """Base of every error raised by ``retrieval``.
+
+    Attributes:
+        reason: the one-line message (also ``str(error)``).
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class InvalidDocument(RetrievalError):
+    """The caller handed over something that cannot become a document.
+
+    A bad id, empty text, an unsupported file type, a document over the size limit.
+    Permanent: retrying the same input cannot help.
+    """
+
+
+class ExtractionError(RetrievalError):
+    """A file could not be turned into text. Permanent for the same bytes.
+
+    Attributes:
+        reason: one line naming the file and saying what is wrong with it.
+        kind: a short machine-readable cause, for metrics and for the document's error
+            column: ``binary``, ``encoding``, ``too_large``, ``not_regular``, ``timeout``,
+            ``resource_limit``, ``worker_failed``, ``pdf_malformed``, ``pdf_encrypted``,
+            ``pdf_image_only``, ``html_too_deep``.
+    """
+
+    def __init__(self, reason: str, kind: str) -> None:
+        self.kind = kind
+        super().__init__(reason)
+
+    def __repr__(self) -> str:
+        return f"ExtractionError({self.reason!r}, kind={self.kind!r})"
+
+
+class NotFound(RetrievalError):
+    """An unknown source or document."""
+
+
+class IndexCorrupt(RetrievalError):
+    """A store (SQLite, tantivy or hnswlib) could not be opened or repaired."""
+
+
+def validate_document_id(doc_id: str) -> str:
+    """Check a document id against the rules of docs/retrieval.md and return it unchanged.
+
+    Valid ids are 1..512 characters, with ``/`` separating segments, and have no control
+    characters, no backslash, no leading ``/``, no empty segment (so no trailing ``/`` and
+    no ``//``) and no ``..`` segment. Unpaired surrogates are refused too: they cannot be
+    stored or sent as UTF-8.
+
+    Raises:
+        InvalidDocument: the id breaks a rule; the reason says which one.
+    """
+    if not isinstance(doc_id, str):
+        raise InvalidDocument(f"document id must be a string, not {type(doc_id).__name__}")
+    if not doc_id:
+        raise InvalidDocument("document id is empty")
+    shown = _show(doc_id)
+    if len(doc_id) > MAX_DOCUMENT_ID_CHARS:
+        raise InvalidDocument(
+            f"document id is {len(doc_id)} characters long, the limit is "
+            f"{MAX_DOCUMENT_ID_CHARS}: {shown}"
+        )
+    for ch in doc_id:
+        category = unicodedata.category(ch)
+        if category == "Cc":
+            raise InvalidDocument(
+                f"document id contains a control character (U+{ord(ch):04X}): {shown}"
+            )
+        if category == "Cs":
+            raise InvalidDocument(
+                f"document id contains an unpaired surrogate (U+{ord(ch):04X}): {shown}"
+            )
+    if "\\" in doc_id:
+        raise InvalidDocument(f"document id contains a backslash (use '/'): {shown}")
+    if doc_id.startswith("/"):
+        raise InvalidDocument(f"document id starts with '/': {shown}")
+    segments = doc_id.split("/")
+    if "" in segments:
+        raise InvalidDocument(f"document id has an empty segment ('//' or a trailing '/'): "
+                              f"{shown}")
+    if ".." in segments:
+        raise InvalidDocument(f"document id has a '..' segment: {shown}")
+    return doc_id
+
+
+def _show(doc_id: str, limit: int = 80) -> str:
+    """The id quoted for a message: escaped (no raw control characters) and shortened."""
+    text = doc_id if len(doc_id) <= limit else doc_id[:limit] + "..."
+    return repr(text)

@@ -1,0 +1,305 @@
+"""Retrieval end to end: a real daemon with real children, a runbook corpus on disk, real
+gRPC clients; and crash safety with kill -9 at random points during ingest."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from clients._pb import retrieval_pb2 as rpb
+from clients._pb import retrieval_pb2_grpc
+from daemon import Daemon
+from tests.conftest import ROOT
+from tests.integration.daemon_helpers import Clients, config_env, make_daemon
+
+pytestmark = pytest.mark.integration
+
+RUNBOOKS = {
+    "runbooks/web01.md": """# web01
+
+## Disk full on web01
+
+When web01 reports `No space left on device`, the nginx access logs under
+/var/log/nginx have usually grown past 40 GB. Rotate them with
+`logrotate -f /etc/logrotate.d/nginx`, then check `df -h /var`.
+
+## TLS certificate renewal
+
+web01 uses certbot; run `certbot renew --dry-run` first.
+""",
+    "runbooks/db02.md": """# db02
+
+## Replication lag
+
+If db02 falls behind the primary, check `SELECT now() - pg_last_xact_replay_timestamp();`
+and look for long-running queries on the replica.
+
+## Vacuum
+
+Autovacuum thresholds are tuned in postgresql.conf.
+""",
+    "runbooks/vpn.md": """# VPN gateway
+
+## Tunnel flapping
+
+The IPsec tunnel to 10.20.0.1 flaps when dead peer detection is too aggressive.
+Set `dpd 30` and check CVE-2024-3094 was patched on the gateway image v2.4.1.
+""",
+    "configs/core-sw1.cfg": """hostname core-sw1
+!
+interface GigabitEthernet0/1
+ description uplink to web01
+ switchport mode trunk
+!
+interface GigabitEthernet0/2
+ description db02 replication link
+ switchport access vlan 20
+!
+""",
+}
+
+
+def write_corpus(root: Path) -> None:
+    for rel, text in RUNBOOKS.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+class Retrieval:
+    def __init__(self, c: Clients) -> None:
+        self.stub = retrieval_pb2_grpc.RetrievalServiceStub(c.channel)  # type: ignore[no-untyped-call]
+
+    async def reindex(self, source: str = "") -> rpb.ReindexProgress:
+        msgs = [m async for m in self.stub.Reindex(rpb.ReindexRequest(source_id=source))]
+        assert msgs[-1].done
+        last: rpb.ReindexProgress = msgs[-1]
+        return last
+
+    async def search(self, query: str, top_k: int = 0,
+                     filters: rpb.SearchFilters | None = None) -> rpb.SearchResponse:
+        resp: rpb.SearchResponse = await self.stub.Search(
+            rpb.SearchRequest(query=query, top_k=top_k, filters=filters))
+        return resp
+
+
+@pytest.fixture
+async def daemon_with_corpus(tmp_path: Path, llama_server: str
+                             ) -> AsyncIterator[tuple[Daemon, Clients, Retrieval, Path]]:
+    corpus = tmp_path / "corpus"
+    write_corpus(corpus)
+    daemon = make_daemon(config_env("llama-server", LLAMAD_STATE_DIR=str(tmp_path / "state")))
+    c = Clients(await daemon.start())
+    r = Retrieval(c)
+    try:
+        await c.wait_serving("")
+        deadline = time.monotonic() + 20  # vectors need the embedding model's SHA-256
+        while not daemon.children["embedding"].model.sha256:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        await r.stub.AddSource(rpb.AddSourceRequest(id="docs", path=str(corpus),
+                                                    category="runbook", tags=["ops"]))
+        yield daemon, c, r, corpus
+    finally:
+        await c.close()
+        await daemon.shutdown()
+
+
+async def test_ingest_and_hybrid_search_cites_the_right_runbook(daemon_with_corpus) -> None:  # type: ignore[no-untyped-def]
+    """A directory is indexed; a question answered only in one runbook cites its chunk first."""
+    _, _, r, _ = daemon_with_corpus
+    done = await r.reindex("docs")
+    assert (done.seen, done.added, len(done.failed)) == (4, 4, 0)
+    result = await r.search("what to do when the disk is full on the web server", top_k=3)
+    assert result.mode == rpb.SEARCH_MODE_HYBRID
+    assert result.warnings == []
+    top = result.hits[0]
+    assert top.document_id == "docs/runbooks/web01.md"
+    assert top.chunk_id.startswith("docs/runbooks/web01.md#")
+    assert top.search_source == rpb.SEARCH_SOURCE_HYBRID
+    assert top.HasField("text_rank") and top.HasField("vector_rank")
+    assert 0 < top.vector_score <= 1.0
+    assert "logrotate" in top.text
+    assert top.title == "web01"
+    assert top.indexed_at.seconds > 0
+    exact = await r.search("CVE-2024-3094")
+    assert exact.hits[0].document_id == "docs/runbooks/vpn.md"
+    cfg = await r.search("GigabitEthernet0/2")
+    assert cfg.hits[0].document_id == "docs/configs/core-sw1.cfg"
+
+
+async def test_incremental_reindex_does_no_work_for_unchanged_files(daemon_with_corpus) -> None:  # type: ignore[no-untyped-def]
+    """Unchanged files cost nothing; a changed file is replaced; a deleted one is removed."""
+    _, _, r, corpus = daemon_with_corpus
+    await r.reindex("docs")
+    again = await r.reindex("docs")
+    assert (again.added, again.changed, again.unchanged, again.deleted) == (0, 0, 4, 0)
+    (corpus / "runbooks/db02.md").write_text(
+        "# db02\n\n## Failover\n\nPromote with pg_ctl promote.\n")
+    os.utime(corpus / "runbooks/db02.md", (time.time() + 5, time.time() + 5))
+    (corpus / "runbooks/vpn.md").unlink()
+    third = await r.reindex("docs")
+    assert (third.changed, third.deleted, third.unchanged) == (1, 1, 2)
+    result = await r.search("replication lag replay timestamp")
+    assert all(h.document_id != "docs/runbooks/vpn.md" for h in result.hits)
+    assert not any("pg_last_xact_replay_timestamp" in h.text for h in result.hits)
+    promote = await r.search("pg_ctl promote")
+    assert promote.hits[0].document_id == "docs/runbooks/db02.md"
+
+
+async def test_pushed_document_is_redacted_before_indexing(daemon_with_corpus) -> None:  # type: ignore[no-untyped-def]
+    """Credentials in a pushed document never reach the index; its state is visible."""
+    _, _, r, _ = daemon_with_corpus
+    await r.stub.AddSource(rpb.AddSourceRequest(id="notes"))
+    secret = "hunter2-" + "q9" * 8
+    resp = await r.stub.UpsertDocument(rpb.UpsertDocumentRequest(
+        source_id="notes", id="notes/backup-job", title="Backup job",
+        text=f"The backup job connects with password={secret} to the NAS nightly.",
+        tags=["backup"]))
+    assert resp.document.state == rpb.DOCUMENT_STATE_INDEXED
+    assert resp.document.redactions >= 1
+    hits = (await r.search("backup job NAS nightly")).hits
+    assert hits[0].document_id == "notes/backup-job"
+    assert secret not in hits[0].text
+    assert "[REDACTED:password]" in hits[0].text
+    assert (await r.search(secret)).hits == [] or all(
+        secret not in h.text for h in (await r.search(secret)).hits)
+    doc = await r.stub.GetDocument(rpb.GetDocumentRequest(id="notes/backup-job"))
+    assert doc.state == rpb.DOCUMENT_STATE_INDEXED
+
+
+async def test_filters_apply_inside_both_indexes(daemon_with_corpus) -> None:  # type: ignore[no-untyped-def]
+    """A selective filter still returns k hits when k exist."""
+    _, _, r, _ = daemon_with_corpus
+    await r.reindex("docs")
+    await r.stub.AddSource(rpb.AddSourceRequest(id="notes", tags=["misc"]))
+    for i in range(6):
+        await r.stub.UpsertDocument(rpb.UpsertDocumentRequest(
+            source_id="notes", id=f"notes/n{i}", title=f"note {i}",
+            text=f"web01 disk note number {i} about nginx logs", tags=["misc"]))
+    only_notes = await r.search("web01 disk full nginx", top_k=5,
+                                filters=rpb.SearchFilters(sources=["notes"]))
+    assert len(only_notes.hits) == 5
+    assert {h.source_id for h in only_notes.hits} == {"notes"}
+    only_docs = await r.search("web01 disk full nginx", top_k=3,
+                               filters=rpb.SearchFilters(tags=["ops"]))
+    assert only_docs.hits
+    assert {h.source_id for h in only_docs.hits} == {"docs"}
+
+
+async def test_search_degrades_to_bm25_without_embedding_child(daemon_with_corpus) -> None:  # type: ignore[no-untyped-def]
+    """With the embedding child down, search still answers, BM25-only, and says so."""
+    daemon, _, r, _ = daemon_with_corpus
+    await r.reindex("docs")
+    await daemon.children["embedding"].supervisor.stop()
+    result = await r.search("disk full web01")
+    assert result.mode == rpb.SEARCH_MODE_TEXT
+    assert any("BM25-only" in w for w in result.warnings)
+    assert result.hits[0].document_id == "docs/runbooks/web01.md"
+    assert result.hits[0].search_source == rpb.SEARCH_SOURCE_TEXT
+    assert not result.hits[0].HasField("vector_rank")
+
+
+async def test_bad_retrieval_requests(daemon_with_corpus) -> None:  # type: ignore[no-untyped-def]
+    """Bad ids, unknown sources, empty text and absurd top_k get clear errors."""
+    _, _, r, _ = daemon_with_corpus
+    await r.stub.AddSource(rpb.AddSourceRequest(id="notes"))
+    cases = [
+        (rpb.UpsertDocumentRequest(source_id="notes", id="notes/../etc/passwd", text="x"),
+         grpc.StatusCode.INVALID_ARGUMENT),
+        (rpb.UpsertDocumentRequest(source_id="notes", id="notes/a\x07b", text="x"),
+         grpc.StatusCode.INVALID_ARGUMENT),
+        (rpb.UpsertDocumentRequest(source_id="nope", text="x"), grpc.StatusCode.NOT_FOUND),
+        (rpb.UpsertDocumentRequest(source_id="notes", text="   "),
+         grpc.StatusCode.INVALID_ARGUMENT),
+    ]
+    for request, code in cases:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await r.stub.UpsertDocument(request)
+        assert err.value.code() == code, err.value.details()
+    for k in (21, 10**9):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await r.search("disk", top_k=k)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    weird = await r.search('AND OR NOT /.*/ title:foo "unbalanced ((( a-b * \\')
+    assert weird.mode in (rpb.SEARCH_MODE_HYBRID, rpb.SEARCH_MODE_TEXT)
+
+
+def test_acknowledged_writes_survive_kill9_at_random_points(tmp_path: Path,
+                                                            llama_server: str) -> None:
+    """kill -9 during ingest, three times: every acknowledged document is searchable after
+    restart, and the indexes open cleanly."""
+    env = {**os.environ, **config_env("llama-server", LLAMAD_GENERATION_ENABLED="false",
+                                      LLAMAD_STATE_DIR=str(tmp_path / "state"))}
+    rng = random.Random(4711)
+    acked: list[str] = []
+
+    def start() -> tuple[subprocess.Popen[bytes], str]:
+        import json
+
+        log = tmp_path / f"daemon-{len(acked)}-{time.monotonic_ns()}.log"
+        with open(log, "wb") as out:  # a file, not a pipe: nobody has to keep draining it
+            proc = subprocess.Popen([sys.executable, "-m", "daemon", "serve"], cwd=ROOT,
+                                    env=env, stdout=subprocess.DEVNULL, stderr=out)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for line in log.read_text().splitlines():
+                if '"listening"' in line:
+                    return proc, str(json.loads(line)["address"])
+            assert proc.poll() is None, log.read_text()[-2000:]
+            time.sleep(0.05)
+        raise AssertionError("daemon did not start")
+
+    for round_ in range(3):
+        proc, address = start()
+        try:
+            with grpc.insecure_channel(address) as ch:
+                stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+                stub.AddSource(rpb.AddSourceRequest(id="crash"))
+                for doc_id in acked:  # everything acknowledged before is still there
+                    token = doc_id.rsplit("/", 1)[1]
+                    hits = stub.Search(rpb.SearchRequest(query=token, top_k=1)).hits
+                    assert hits, f"lost acknowledged {doc_id} after kill -9"
+                    assert hits[0].document_id == doc_id
+                kill_after = rng.uniform(0.3, 1.5)
+                began = time.monotonic()
+                i = 0
+                while time.monotonic() - began < kill_after:
+                    token = f"tok{round_}x{i}"
+                    doc_id = f"crash/{token}"
+                    stub.UpsertDocument(rpb.UpsertDocumentRequest(
+                        source_id="crash", id=doc_id, title=token,
+                        text=f"{token} " + " ".join(f"word{j}" for j in range(200))))
+                    acked.append(doc_id)
+                    i += 1
+                # Fire the kill while more writes are in flight.
+                future = stub.UpsertDocument.future(rpb.UpsertDocumentRequest(
+                    source_id="crash", id=f"crash/unacked{round_}", title="x", text="x y z"))
+                proc.send_signal(signal.SIGKILL)
+                future.exception()
+        finally:
+            proc.kill()
+            proc.wait()
+    assert len(acked) > 10
+    proc, address = start()
+    try:
+        with grpc.insecure_channel(address) as ch:
+            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+            docs = {d.id for d in stub.ListDocuments(rpb.ListDocumentsRequest()).documents
+                    if d.state == rpb.DOCUMENT_STATE_INDEXED}
+            assert set(acked) <= docs
+            status = stub.Status(rpb.RetrievalStatusRequest())
+            assert status.chunks >= len(acked)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
