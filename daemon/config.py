@@ -151,6 +151,29 @@ OPTIONS: tuple[Option, ...] = (
     Option("retrieval.redact_hostnames", bool, False,
            "Also redact hostnames (FQDNs) at ingest."),
     Option("retrieval.redact_ips", bool, False, "Also redact IP addresses at ingest."),
+    Option("answer.max_question_chars", int, 4000, "Longest Ask question, characters.",
+           minimum=1),
+    Option("answer.max_attachment_chars", int, 100_000, "Longest Ask attachment, characters.",
+           minimum=0),
+    Option("answer.max_history_turns", int, 10, "Most conversation turns an Ask may carry.",
+           minimum=0),
+    Option("answer.default_max_tokens", int, 512, "Answer length when an Ask sets none.",
+           minimum=1),
+    Option("answer.default_k", int, 5, "Sources retrieved when an Ask sets none.", minimum=1),
+    Option("answer.min_vector_score", float, 0.30,
+           "Relevance floor: a source needs this cosine similarity (or a BM25 match).",
+           minimum=-1),
+    Option("answer.min_text_score", float, 3.0,
+           "Relevance floor for sources without a close vector match: this BM25 score.",
+           minimum=0),
+    Option("answer.cache_ttl", float, 300.0,
+           "Seconds an identical Ask is served from the response cache; 0: no cache.",
+           minimum=0),
+    Option("answer.cache_entries", int, 256, "Answers kept in the response cache.", minimum=0),
+    Option("answer.audit_log", str, "",
+           "Audit log file (JSON lines; default: <state_dir>/audit/answers.jsonl)."),
+    Option("answer.audit_max_mb", int, 10, "Audit log size before rotation, MiB.", minimum=1),
+    Option("answer.audit_backups", int, 5, "Rotated audit logs kept.", minimum=0),
     Option("drain_grace", float, 30.0,
            "On SIGTERM, seconds in-flight calls get to finish before they are cancelled.",
            minimum=0),
@@ -211,6 +234,7 @@ class Config:
     llama_bin: str
     state_dir: Path
     retrieval: Mapping[str, Any]
+    answer: Mapping[str, Any]
     generation: ChildConfig
     embedding: ChildConfig
     policy: RestartPolicy
@@ -389,6 +413,7 @@ def _build(
                        or "var"),
         retrieval={k.split(".", 1)[1]: v for k, v in values.items()
                    if k.startswith("retrieval.")},
+        answer={k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("answer.")},
         generation=generation,
         embedding=embedding,
         policy=RestartPolicy(

@@ -6,6 +6,7 @@ The daemon's own errors::
     ├── InvalidArgument        bad input: a clear message, nothing was done
     ├── Disabled               the role is switched off in configuration
     ├── Draining               the daemon is shutting down (retry on another instance)
+    ├── OutOfRange             even the question and templates exceed the token budget
     ├── Overloaded             the child's slots and wait queue are full
     └── DeadlineUnmeetable     the expected queue wait exceeds the call's deadline
 
@@ -17,6 +18,7 @@ error                         status                 retry hint
 InvalidArgument               INVALID_ARGUMENT       no
 Disabled                      FAILED_PRECONDITION    no
 Draining                      UNAVAILABLE            yes
+OutOfRange                    OUT_OF_RANGE           no
 Overloaded                    RESOURCE_EXHAUSTED     yes
 DeadlineUnmeetable            DEADLINE_EXCEEDED      no
 ChildNotReadyError            UNAVAILABLE            when known
@@ -65,6 +67,10 @@ class Disabled(RequestError):
 
 class Draining(RequestError):
     """The daemon is draining for shutdown and takes no new calls."""
+
+
+class OutOfRange(RequestError):
+    """The request cannot fit the model's context, even at its minimum."""
 
 
 class Overloaded(RequestError):
@@ -116,6 +122,8 @@ def map_error(exc: BaseException) -> Mapped:
         return Mapped(grpc.StatusCode.NOT_FOUND, str(exc))
     if isinstance(exc, Disabled):
         return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+    if isinstance(exc, OutOfRange):
+        return Mapped(grpc.StatusCode.OUT_OF_RANGE, str(exc))
     if isinstance(exc, Overloaded):
         return Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), exc.retry_after)
     if isinstance(exc, DeadlineUnmeetable):

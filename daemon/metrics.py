@@ -49,6 +49,8 @@ EXIT_KINDS: tuple[str, ...] = (
 )
 METHODS: tuple[str, ...] = (
     "Generate", "Chat", "Embed", "Tokenize", "Status", "TailLogs", "Swap", "Reset",
+    "UpsertDocument", "DeleteDocument", "GetDocument", "ListDocuments", "AddSource",
+    "RemoveSource", "ListSources", "Reindex", "Search", "Ask",
 )
 """gRPC method names counted under their own label; extend it (or pass ``methods=``)."""
 # grpc.StatusCode names, spelled out so this module stays grpc-free

@@ -17,6 +17,7 @@ import signal
 import time
 from collections.abc import Callable
 from importlib import metadata
+from pathlib import Path
 
 import grpc
 import structlog
@@ -24,6 +25,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from clients._pb import (
+    answer_pb2,
+    answer_pb2_grpc,
     control_pb2,
     control_pb2_grpc,
     inference_pb2,
@@ -35,6 +38,7 @@ from retrieval import Retriever
 from supervisor import Clock, State, StateChange, SystemClock
 
 from .admission import Admission
+from .answer import AnswerServicer, AnswerSettings, AuditLog, ResponseCache
 from .children import ManagedChild, build_child
 from .config import Config
 from .health import HealthReporter
@@ -54,6 +58,7 @@ SERVICE_NAMES = (
     inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name,
     control_pb2.DESCRIPTOR.services_by_name["ControlService"].full_name,
     retrieval_pb2.DESCRIPTOR.services_by_name["RetrievalService"].full_name,
+    answer_pb2.DESCRIPTOR.services_by_name["AnswerService"].full_name,
     health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
     reflection.SERVICE_NAME,
 )
@@ -132,6 +137,9 @@ class Daemon:
             await self.retriever.open()
             retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(  # type: ignore[no-untyped-call]
                 RetrievalServicer(self.retriever, self.metrics), server)
+        if "generation" in self.children:
+            answer_pb2_grpc.add_AnswerServiceServicer_to_server(  # type: ignore[no-untyped-call]
+                self._answer_servicer(), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
         listen = self.config.listen
@@ -175,6 +183,24 @@ class Daemon:
         self._notifier.status(self.status_line())
         self._notifier.ready()
         return self.address
+
+    def _answer_servicer(self) -> AnswerServicer:
+        a = self.config.answer
+        settings = AnswerSettings(
+            max_question_chars=a["max_question_chars"],
+            max_attachment_chars=a["max_attachment_chars"],
+            max_history_turns=a["max_history_turns"],
+            default_max_tokens=a["default_max_tokens"], default_k=a["default_k"],
+            min_vector_score=a["min_vector_score"], min_text_score=a["min_text_score"],
+        )
+        audit_path = Path(a["audit_log"]) if a["audit_log"] else (
+            self.config.state_dir / "audit" / "answers.jsonl")
+        return AnswerServicer(
+            self.router, self.retriever, self.config.limits, settings=settings,
+            cache=ResponseCache(a["cache_ttl"], a["cache_entries"]),
+            audit=AuditLog(audit_path, a["audit_max_mb"] * 1024 * 1024, a["audit_backups"]),
+            metrics=self.metrics,
+        )
 
     def status_line(self) -> str:
         """One line for systemd's STATUS=: each child's state, with its pid when alive."""

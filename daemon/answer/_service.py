@@ -1,0 +1,252 @@
+"""AnswerService/Ask: retrieve, assemble under the token budget, stream, cite, audit.
+
+Order of a call: fail fast if the generation child is down (UNAVAILABLE with a retry
+hint) → retrieve (BM25-only when the embedding child is down, and the sources message
+says so) → keep hits above the relevance floor → nothing relevant: answer that the
+knowledge base has nothing on it, without generating → assemble the prompt (redacted
+again) → response cache hit: replay it → else stream the generation → sources → summary
+→ audit record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+import structlog
+
+from clients._pb import answer_pb2 as apb
+from clients._pb import answer_pb2_grpc
+from clients._pb import inference_pb2 as ipb
+from clients._pb import retrieval_pb2 as rpb
+from retrieval import Filters, Hit, Retriever
+
+from .. import rpc, validation
+from ..config import Limits
+from ..errors import InvalidArgument, OutOfRange
+from ..metrics import Metrics
+from ..router import InferenceRouter
+from ._audit import AuditLog
+from ._cache import CachedAnswer, ResponseCache
+from ._prompt import PromptTooLarge, assemble
+
+_log = structlog.get_logger("llamad.answer")
+
+NO_CONTEXT_ANSWER = (
+    "The knowledge base has nothing on this. No indexed document matched the question "
+    "closely enough to answer from it."
+)
+_TASKS = {
+    apb.TASK_TYPE_UNSPECIFIED: "answer",
+    apb.TASK_TYPE_ANSWER: "answer",
+    apb.TASK_TYPE_EXPLAIN_OUTPUT: "explain_output",
+    apb.TASK_TYPE_DIAGNOSE: "diagnose",
+    apb.TASK_TYPE_SUMMARIZE: "summarize",
+}
+_ROLES = {ipb.CHAT_ROLE_USER: "user", ipb.CHAT_ROLE_ASSISTANT: "assistant"}
+_FINISH = {"stop": ipb.FINISH_REASON_STOP, "length": ipb.FINISH_REASON_LENGTH}
+
+
+@dataclass(frozen=True)
+class AnswerSettings:
+    max_question_chars: int = 4000
+    max_attachment_chars: int = 100_000
+    max_history_turns: int = 10
+    default_max_tokens: int = 512
+    default_k: int = 5
+    min_vector_score: float = 0.30
+    min_text_score: float = 3.0
+
+
+def relevant(hit: Hit, settings: AnswerSettings) -> bool:
+    """Above the relevance floor: a close enough vector match, or a strong BM25 match.
+
+    Cosine similarity is the better relevance signal (unrelated MiniLM sentences score
+    under about 0.2); BM25 scores are not comparable across queries, so a BM25-only hit
+    must clear a higher bar — it mostly catches exact identifiers (CVE ids, hostnames)
+    that embeddings miss. Both floors are configuration.
+    """
+    if hit.vector_score is not None and hit.vector_score >= settings.min_vector_score:
+        return True
+    return hit.text_score is not None and hit.text_score >= settings.min_text_score
+
+
+class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
+    def __init__(self, router: InferenceRouter, retriever: Retriever | None, limits: Limits,
+                 *, settings: AnswerSettings, cache: ResponseCache, audit: AuditLog,
+                 metrics: Metrics | None = None) -> None:
+        self._router = router
+        self._retriever = retriever
+        self._limits = limits
+        self._settings = settings
+        self._cache = cache
+        self._audit = audit
+        self.metrics = metrics
+
+    def _budget(self, max_tokens: int) -> int:
+        child = self._router.child("generation")
+        info = child.model.info
+        ctx = child.spec.ctx_size or (info.context_length if info else 2048)
+        return ctx - max_tokens
+
+    def _model_id(self) -> str:
+        model = self._router.child("generation").model
+        return f"{model.path.name}@{model.sha256[:16] or model.path.stat().st_size}"
+
+    def _check(self, request: apb.AskRequest) -> tuple[str, list[tuple[str, str]]]:
+        s = self._settings
+        question = request.question.strip()
+        if not question:
+            raise InvalidArgument("question is empty")
+        if len(question) > s.max_question_chars:
+            raise InvalidArgument(f"question has {len(question)} characters; the limit is "
+                                  f"{s.max_question_chars} (answer.max_question_chars)")
+        if len(request.attachment) > s.max_attachment_chars:
+            raise InvalidArgument(
+                f"attachment has {len(request.attachment)} characters; the limit is "
+                f"{s.max_attachment_chars} (answer.max_attachment_chars)")
+        if len(request.history) > s.max_history_turns:
+            raise InvalidArgument(f"{len(request.history)} history turns; the limit is "
+                                  f"{s.max_history_turns} (answer.max_history_turns)")
+        history = []
+        for i, turn in enumerate(request.history):
+            role = _ROLES.get(turn.role)
+            if role is None:
+                raise InvalidArgument(f"history[{i}].role must be user or assistant")
+            history.append((role, turn.content[: s.max_question_chars]))
+        if "\x00" in question or "\x00" in request.attachment:
+            raise InvalidArgument("question or attachment contains a NUL character")
+        return question, history
+
+    @rpc.stream("Ask")
+    async def Ask(
+        self, request: apb.AskRequest, context: grpc.aio.ServicerContext, call: rpc.Call,
+    ) -> AsyncIterator[apb.AskResponse]:
+        received = time.perf_counter()
+        question, history = self._check(request)
+        task = _TASKS.get(request.task)
+        if task is None:
+            raise InvalidArgument(f"unknown task {request.task}")
+        params = request.sampling
+        if not params.HasField("max_tokens"):
+            params = ipb.SamplingParams()
+            params.CopyFrom(request.sampling)
+            params.max_tokens = self._settings.default_max_tokens
+        sampling = validation.sampling(params, self._limits)
+        k = request.top_k or self._settings.default_k
+        self._router.client("generation")  # fail fast: UNAVAILABLE with a retry hint
+        call.note(task=task, question_chars=len(question), k=k)
+
+        hits: list[Hit] = []
+        mode, warnings = "text", ["retrieval is disabled: answering without sources"]
+        if self._retriever is not None:
+            f = request.filters
+            filters = Filters(
+                sources=tuple(f.sources), kinds=tuple(f.kinds),
+                categories=tuple(f.categories), tags=tuple(f.tags),
+                since=f.indexed_since.seconds if f.HasField("indexed_since") else None,
+                until=f.indexed_until.seconds if f.HasField("indexed_until") else None,
+            )
+            query = question
+            if request.attachment and task in ("explain_output", "diagnose"):
+                # The evidence says what to look for as much as the question does.
+                query = f"{question}\n{request.attachment[:600]}"
+            try:
+                result = await self._retriever.search(query[:2000], k=k, filters=filters)
+            except Exception as exc:
+                if isinstance(exc, InvalidArgument):
+                    raise
+                result = None
+                warnings = [f"retrieval failed ({type(exc).__name__}): answering without "
+                            "sources"]
+            if result is not None:
+                hits = [h for h in result.hits if relevant(h, self._settings)]
+                mode, warnings = result.mode, list(result.warnings)
+
+        if not hits and request.attachment and task != "answer":
+            warnings.append("no relevant sources: answering from the attachment alone")
+        elif not hits:
+            yield apb.AskResponse(text=NO_CONTEXT_ANSWER)
+            yield apb.AskResponse(sources=apb.AskSources(
+                retrieval_mode=_mode(mode), warnings=warnings))
+            yield apb.AskResponse(done=apb.AskDone(no_context=True,
+                                                   finish_reason=ipb.FINISH_REASON_STOP))
+            self._audit.record(task=task, question=question, no_context=True, hits=[],
+                               retrieval_mode=mode)
+            call.note(no_context=True)
+            return
+
+        client = self._router.client("generation")
+
+        async def count(text: str) -> int:
+            return len(await client.tokenize(text)) if text else 0
+
+        try:
+            assembled = await assemble(
+                question=question, task=task, hits=hits, history=history,
+                attachment=request.attachment,
+                budget=self._budget(sampling.max_tokens), count_tokens=count)
+        except PromptTooLarge as exc:
+            raise OutOfRange(str(exc)) from None
+        citations = [
+            apb.Citation(label=f"S{i}", chunk_id=h.chunk_id, document_id=h.doc_id,
+                         title=h.title, path=h.path, score=h.fused_score, snippet=h.snippet)
+            for i, h in enumerate(assembled.hits, start=1)
+        ]
+        sources = apb.AskResponse(sources=apb.AskSources(
+            citations=citations, retrieval_mode=_mode(mode), warnings=warnings))
+        model = self._model_id()
+        cached = None if request.no_cache else self._cache.get(model, assembled.sha256)
+        first: float | None = None
+        if cached is not None:
+            text, completion, prompt_tokens, finish = (cached.text, cached.completion_tokens,
+                                                       cached.prompt_tokens,
+                                                       cached.finish_reason)
+            first = time.perf_counter()
+            yield apb.AskResponse(text=text)
+        else:
+            pieces: list[str] = []
+            completion, prompt_tokens, finish = 0, assembled.prompt_tokens, "stop"
+            async with self._router.admit("generation", context.time_remaining()) as client:
+                async for chunk in client.stream_chat(assembled.messages, sampling):
+                    if chunk.finish_reason is None:
+                        if first is None:
+                            first = time.perf_counter()
+                        completion += chunk.tokens
+                        pieces.append(chunk.text)
+                        yield apb.AskResponse(text=chunk.text)
+                    else:
+                        finish = chunk.finish_reason
+                        completion = chunk.completion_tokens or completion
+                        prompt_tokens = chunk.prompt_tokens or prompt_tokens
+            text = "".join(pieces)
+            self._cache.put(model, assembled.sha256,
+                            CachedAnswer(text, completion, prompt_tokens, finish))
+        yield sources
+        end = time.perf_counter()
+        ttft = ((first or end) - received) * 1000
+        yield apb.AskResponse(done=apb.AskDone(
+            usage=ipb.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion,
+                            total_tokens=prompt_tokens + completion,
+                            time_to_first_token_ms=ttft),
+            prompt_sha256=assembled.sha256, cached=cached is not None,
+            finish_reason=_FINISH.get(finish, ipb.FINISH_REASON_STOP),
+            chunks_dropped=assembled.dropped, attachment_clipped=assembled.attachment_clipped,
+            template_version=assembled.template_version,
+        ))
+        await asyncio.to_thread(
+            self._audit.record, task=task, question=question, model=model,
+            prompt_sha256=assembled.sha256, cached=cached is not None,
+            retrieval_mode=mode, prompt_tokens=prompt_tokens, completion_tokens=completion,
+            hits=[{"label": c.label, "chunk_id": c.chunk_id, "score": round(c.score, 6)}
+                  for c in citations],
+            dropped=assembled.dropped, template=assembled.template_version)
+        call.note(tokens=completion, cached=cached is not None, sources=len(citations),
+                  prompt_sha256=assembled.sha256[:16])
+
+
+def _mode(mode: str) -> rpb.SearchMode:
+    return rpb.SEARCH_MODE_HYBRID if mode == "hybrid" else rpb.SEARCH_MODE_TEXT

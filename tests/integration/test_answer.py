@@ -1,0 +1,141 @@
+"""Ask end to end: real daemon, real generation and embedding children, a runbook corpus
+written for the test, real clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from clients._pb import answer_pb2 as apb
+from clients._pb import answer_pb2_grpc
+from clients._pb import inference_pb2 as ipb
+from clients._pb import retrieval_pb2 as rpb
+from clients._pb import retrieval_pb2_grpc
+from daemon import Daemon
+from tests.integration.daemon_helpers import Clients, config_env, make_daemon
+from tests.integration.test_retrieval import write_corpus
+
+pytestmark = pytest.mark.integration
+
+
+class Asked:
+    def __init__(self, events: list[apb.AskResponse]) -> None:
+        self.text = "".join(e.text for e in events if e.WhichOneof("event") == "text")
+        self.texts = [e for e in events if e.WhichOneof("event") == "text"]
+        self.sources = next(e.sources for e in events if e.WhichOneof("event") == "sources")
+        self.done = next(e.done for e in events if e.WhichOneof("event") == "done")
+        self.order = [e.WhichOneof("event") for e in events]
+
+
+@pytest.fixture
+async def ready(tmp_path: Path, llama_server: str
+                ) -> AsyncIterator[tuple[Daemon, Clients, answer_pb2_grpc.AnswerServiceStub]]:
+    corpus = tmp_path / "corpus"
+    write_corpus(corpus)
+    daemon = make_daemon(config_env("llama-server", LLAMAD_STATE_DIR=str(tmp_path / "state")))
+    c = Clients(await daemon.start())
+    try:
+        await c.wait_serving("")
+        deadline = time.monotonic() + 20
+        while not daemon.children["embedding"].model.sha256:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        r = retrieval_pb2_grpc.RetrievalServiceStub(c.channel)  # type: ignore[no-untyped-call]
+        await r.AddSource(rpb.AddSourceRequest(id="docs", path=str(corpus)))
+        _ = [m async for m in r.Reindex(rpb.ReindexRequest(source_id="docs"))]
+        yield daemon, c, answer_pb2_grpc.AnswerServiceStub(c.channel)  # type: ignore[no-untyped-call]
+    finally:
+        await c.close()
+        await daemon.shutdown()
+
+
+async def ask(stub: answer_pb2_grpc.AnswerServiceStub, question: str, **kw: object) -> Asked:
+    request = apb.AskRequest(question=question, sampling=ipb.SamplingParams(max_tokens=48),
+                             **kw)  # type: ignore[arg-type]
+    return Asked([e async for e in stub.Ask(request)])
+
+
+async def test_answer_streams_and_cites_the_runbook_first(ready) -> None:  # type: ignore[no-untyped-def]
+    """The answer streams; the sources cite the only runbook that has it, first; the audit
+    log records the prompt hash and hits; the re-ask is a cache hit."""
+    daemon, _, stub = ready
+    first = await ask(stub, "How do I fix a full disk on web01?")
+    assert len(first.texts) > 3  # streamed
+    assert first.order.index("sources") > first.order.index("text")
+    assert first.order[-1] == "done"
+    assert first.sources.citations[0].document_id == "docs/runbooks/web01.md"
+    assert first.sources.citations[0].label == "S1"
+    assert first.sources.retrieval_mode == rpb.SEARCH_MODE_HYBRID
+    assert first.done.usage.completion_tokens > 0
+    assert len(first.done.prompt_sha256) == 64
+    assert not first.done.cached
+    assert first.done.template_version.startswith("system/1+answer/1")
+    again = await ask(stub, "How do I fix a full disk on web01?")
+    assert again.done.cached
+    assert again.text == first.text
+    assert again.done.prompt_sha256 == first.done.prompt_sha256
+    audit = daemon.config.state_dir / "audit" / "answers.jsonl"
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert records[-2]["prompt_sha256"] == first.done.prompt_sha256
+    assert records[-2]["hits"][0]["chunk_id"].startswith("docs/runbooks/web01.md#")
+    assert records[-1]["cached"] is True
+
+
+async def test_nothing_relevant_says_so_without_generating(ready) -> None:  # type: ignore[no-untyped-def]
+    """A question the knowledge base cannot answer gets the 'nothing on it' answer, no
+    sources, and no generation."""
+    _, _, stub = ready
+    result = await ask(stub, "zxqv quantum banana tariff schedule for 1873")
+    assert result.done.no_context
+    assert list(result.sources.citations) == []
+    assert "nothing on this" in result.text
+    assert result.done.usage.completion_tokens == 0
+
+
+async def test_secrets_in_attachment_never_reach_the_prompt(ready) -> None:  # type: ignore[no-untyped-def]
+    """An attachment with a credential is redacted before prompt assembly (the prompt hash
+    equals the one for the already-redacted attachment)."""
+    _, _, stub = ready
+    secret = "s3cr3t-" + "Z" * 12
+    raw = await ask(stub, "Why is web01 disk full?", task=apb.TASK_TYPE_DIAGNOSE,
+                    attachment=f"df -h\n/dev/sda1 100% /var\nexport DB_PASSWORD={secret}\n",
+                    no_cache=True)
+    pre = await ask(stub, "Why is web01 disk full?", task=apb.TASK_TYPE_DIAGNOSE,
+                    attachment="df -h\n/dev/sda1 100% /var\n"
+                               "export DB_PASSWORD=[REDACTED:password]\n", no_cache=True)
+    assert raw.done.prompt_sha256 == pre.done.prompt_sha256
+    assert secret not in raw.text
+
+
+async def test_oversized_attachment_is_clipped_and_sources_dropped(ready) -> None:  # type: ignore[no-untyped-def]
+    """Over budget: sources go first, then the attachment is clipped head-and-tail."""
+    _, _, stub = ready
+    log = "\n".join(f"line {i}: kernel: EXT4-fs error (device sda1) block {i}"
+                    for i in range(1500))
+    result = await ask(stub, "What do these errors mean?", task=apb.TASK_TYPE_EXPLAIN_OUTPUT,
+                       attachment=log)
+    assert result.done.attachment_clipped
+    assert result.done.usage.prompt_tokens <= 2048
+
+
+async def test_ask_degrades_and_fails_clearly(ready) -> None:  # type: ignore[no-untyped-def]
+    """Embedding child down: BM25-only and said so. Generation down: UNAVAILABLE + hint."""
+    daemon, _, stub = ready
+    await daemon.children["embedding"].supervisor.stop()
+    result = await ask(stub, "How do I renew the TLS certificate on web01?", no_cache=True)
+    assert result.sources.retrieval_mode == rpb.SEARCH_MODE_TEXT
+    assert any("BM25-only" in w for w in result.sources.warnings)
+    assert result.sources.citations[0].document_id == "docs/runbooks/web01.md"
+    await daemon.children["generation"].supervisor.stop()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await ask(stub, "anything")
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await ask(stub, "")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
