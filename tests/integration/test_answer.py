@@ -13,10 +13,9 @@ import grpc
 import pytest
 
 from clients._pb import answer_pb2 as apb
-from clients._pb import answer_pb2_grpc
+from clients._pb import answer_pb2_grpc, retrieval_pb2_grpc
 from clients._pb import inference_pb2 as ipb
 from clients._pb import retrieval_pb2 as rpb
-from clients._pb import retrieval_pb2_grpc
 from daemon import Daemon
 from tests.integration.daemon_helpers import Clients, config_env, make_daemon
 from tests.integration.test_retrieval import write_corpus
