@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import grpc
+import structlog
 from google.protobuf import timestamp_pb2
-from retrieval._extract import ExtractLimits
 
 from clients._pb import retrieval_pb2 as rpb
 from clients._pb import retrieval_pb2_grpc
@@ -30,6 +30,7 @@ from retrieval import (
     SourceRow,
     scan_source,
 )
+from retrieval._extract import ExtractLimits
 from supervisor import State
 
 from . import rpc
@@ -108,6 +109,23 @@ def make_provider(router: InferenceRouter, children: dict[str, ManagedChild]):  
         return embedder
 
     return provider
+
+
+async def rescan_loop(retriever: Retriever, interval: float) -> None:
+    """Rescan every directory source each ``interval`` seconds (a source scanned more
+    recently, e.g. by an operator's Reindex, waits its turn). Runs until cancelled; a
+    failing source is logged and retried next round."""
+    while True:
+        await asyncio.sleep(min(interval, 60.0))
+        now = time.time()
+        for source in await retriever.sources():
+            if source.kind != "directory" or now - (source.last_scan or 0) < interval:
+                continue
+            try:
+                await scan_source(retriever, source.id)
+            except Exception as exc:
+                structlog.get_logger("llamad.retrieval").warning(
+                    "scheduled rescan failed", source=source.id, error=str(exc)[:200])
 
 
 def _ts(seconds: float | None) -> timestamp_pb2.Timestamp | None:

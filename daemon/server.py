@@ -46,7 +46,7 @@ from .metrics import Metrics
 from .metrics_http import MetricsServer, serve_metrics
 from .recycle import recycle_loop
 from .reload import ReloadReport, reload_config
-from .retrieval_service import RetrievalServicer, limits_from, make_provider
+from .retrieval_service import RetrievalServicer, limits_from, make_provider, rescan_loop
 from .router import InferenceRouter
 from .servicers import ControlServicer, InferenceServicer
 from .swaps import SwapManager
@@ -173,6 +173,10 @@ class Daemon:
                 max_rss_mb=cfg.recycle_max_rss_mb, interval=cfg.recycle_check_interval,
                 min_uptime=cfg.recycle_min_uptime), name="recycle")
             self._tasks.add(task)
+        interval = self.config.retrieval["rescan_interval"]
+        if self.retriever is not None and interval > 0:
+            self._tasks.add(asyncio.create_task(
+                rescan_loop(self.retriever, interval), name="rescan"))
         for child in self.children.values():
             child.supervisor.start()
             self._tasks.add(asyncio.create_task(child.hash_model(), name=f"hash-{child.role}"))
@@ -281,7 +285,7 @@ class Daemon:
         server, self._server = self._server, None
         _log.info("draining", grace_s=self.config.drain_grace)
         for task in list(self._tasks):
-            if task.get_name() == "recycle":
+            if task.get_name() in ("recycle", "rescan"):
                 task.cancel()
         self.router.draining = True
         self._notifier.stopping()

@@ -14,6 +14,7 @@ disabled, or a vector index built for another model), it is BM25-only and says s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -158,6 +159,7 @@ class Retriever:
         self._vectors: VectorIndex | None = None
         self._vector_model = ""
         self._vectors_dirty = False
+        self._rebuild: asyncio.Task[None] | None = None
         self.repaired: dict[str, int] = {}
 
     # -- life cycle --------------------------------------------------------------------
@@ -217,6 +219,10 @@ class Retriever:
         return len(pairs)
 
     async def close(self) -> None:
+        if self._rebuild is not None and not self._rebuild.done():
+            self._rebuild.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._rebuild
         async with self._write:
             await asyncio.to_thread(self._close_sync)
 
@@ -257,6 +263,11 @@ class Retriever:
     async def sources(self) -> list[SourceRow]:
         store, _ = self._require()
         return await asyncio.to_thread(store.sources)
+
+    async def mark_scanned(self, source_id: str, error: str = "") -> None:
+        """Record that a source was just scanned (and its error, if the scan failed)."""
+        store, _ = self._require()
+        await asyncio.to_thread(store.mark_scanned, source_id, error)
 
     async def remove_source(self, source_id: str) -> int:
         """Remove a source and everything indexed from it; return the chunks removed."""
@@ -366,37 +377,88 @@ class Retriever:
         try:
             for i in range(0, len(todo), self.limits.embed_batch):
                 part = todo[i:i + self.limits.embed_batch]
-                vectors = await embedder.embed([t for _, t in part])
+                got = await embedder.embed([t for _, t in part])
                 fresh.update({h: np.asarray(v, dtype=np.float32)
-                              for (h, _), v in zip(part, vectors, strict=True)})
+                              for (h, _), v in zip(part, got, strict=True)})
         except Exception as exc:
             _log.warning("embedding failed; indexing BM25-only", error=str(exc)[:200])
             return {}
         if fresh:
             await asyncio.to_thread(store.put_vectors, model, fresh)
-        if model != self._vector_model or self._vectors is None:
+        vectors: dict[str, np.ndarray] = {**cached, **fresh}
+        if vectors and self._vectors is None:
+            # The first vectors ever: an index for this model, built from what is cached.
             await asyncio.to_thread(self._use_vector_model, model,
-                                    len(next(iter({**cached, **fresh}.values()))))
-        return {**cached, **fresh}
+                                    len(next(iter(vectors.values()))))
+        elif model != self._vector_model:
+            self._start_rebuild()
+        # Vectors of another model than the index's never enter it; they stay cached
+        # for the rebuild.
+        return vectors if model == self._vector_model else {}
+
+    def _start_rebuild(self) -> None:
+        if self._rebuild is None or self._rebuild.done():
+            self._rebuild = asyncio.create_task(self._rebuild_vectors(), name="vector-rebuild")
+
+    async def _rebuild_vectors(self) -> None:
+        """The embedding model changed: embed every chunk with the new model (cached by
+        content hash, so unchanged text is embedded once per model), then switch to a
+        vector index of the new model in one step. Search is BM25-only meanwhile (the
+        old index cannot be queried without the old model) and says why."""
+        store, _ = self._require()
+        embedder = self._embedder()
+        if embedder is None:
+            return
+        model = embedder.model_id
+        _log.warning("embedding model changed; rebuilding the vector index in the background",
+                     old=self._vector_model, new=model)
+        began = time.monotonic()
+        dim = 0
+        try:
+            batches = await asyncio.to_thread(lambda: list(store.iter_chunks(batch=512)))
+            for chunks in batches:
+                hashes = {c.content_hash: c.text for c in chunks}
+                cached = await asyncio.to_thread(store.cached_vectors, model, hashes)
+                todo = [(h, t) for h, t in hashes.items() if h not in cached]
+                if cached and not dim:
+                    dim = len(next(iter(cached.values())))
+                for i in range(0, len(todo), self.limits.embed_batch):
+                    part = todo[i:i + self.limits.embed_batch]
+                    got = await embedder.embed([t for _, t in part])
+                    fresh = {h: np.asarray(v, dtype=np.float32)
+                             for (h, _), v in zip(part, got, strict=True)}
+                    dim = dim or len(got[0])
+                    await asyncio.to_thread(store.put_vectors, model, fresh)
+        except Exception as exc:
+            _log.warning("vector rebuild interrupted; BM25-only until it completes",
+                         error=str(exc)[:200])
+            return
+        if not dim:
+            return
+        async with self._write:
+            current = self._embedder()
+            if current is None or current.model_id != model:
+                return  # the model changed again; the next trigger starts over
+            await asyncio.to_thread(self._use_vector_model, model, dim)
+        _log.info("vector index rebuilt", model=model,
+                  vectors=self._vectors.count() if self._vectors else 0,
+                  seconds=round(time.monotonic() - began, 1))
 
     def _use_vector_model(self, model: str, dim: int) -> None:
-        """First vectors ever, or a different model: (re)build the vector index from the
-        cache for ``model`` (vectors of two models never share an index)."""
+        """Make the vector index ``model``'s: a fresh index built from the cached vectors
+        of every chunk (vectors of two models never share an index)."""
         store, _ = self._require()
         if self._vectors is not None and self._vector_model == model:
             return
         path = self.root / "vectors.hnsw"
-        if self._vectors is not None:
-            _log.warning("embedding model changed; rebuilding the vector index",
-                         old=self._vector_model, new=model)
         for stale in (path, path.with_suffix(".hnsw.json")):
             stale.unlink(missing_ok=True)
         self._vectors = VectorIndex(path, dim)
         self._vector_model = model
-        store.set_meta("vector_model", model)
-        store.set_meta("vector_dim", str(dim))
         self._add_cached_vectors(store.chunk_keys())
         self._vectors.save()
+        store.set_meta("vector_model", model)
+        store.set_meta("vector_dim", str(dim))
 
     def _apply(self, removed: list[int], added: list[StoredChunk],
                vectors: dict[str, np.ndarray]) -> None:
@@ -521,6 +583,7 @@ class Retriever:
             return None
         if self._vectors is None or self._vector_model != embedder.model_id:
             if self._vectors is not None:
+                self._start_rebuild()
                 warnings.append("the vector index belongs to another embedding model and is "
                                 "being rebuilt: results are BM25-only")
             else:

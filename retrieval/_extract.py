@@ -374,6 +374,7 @@ _OPTIONAL_END = frozenset({"p", "li", "dt", "dd", "option", "optgroup", "tr", "t
                            "rtc", "rp", "html", "head", "body"})
 _RAW_TEXT = frozenset({"script", "style", "xmp", "iframe", "noembed", "noframes", "textarea",
                        "title", "plaintext"})
+_RAW_END = {tag: re.compile(rf"</{tag}[\s/>]", re.IGNORECASE) for tag in _RAW_TEXT}
 _DROPPED = frozenset({"script", "style", "noscript", "template", "xmp", "iframe", "noembed",
                       "noframes"})
 _IN_HEAD = frozenset({"title", "meta", "link", "style", "script", "noscript", "base",
@@ -551,8 +552,7 @@ def _html_to_text(source: str, name: str, max_depth: int) -> tuple[str, str]:
                 continue
             self_closing = source[pos - 2] == "/" and name_ not in _RAW_TEXT
             if name_ in _RAW_TEXT and name_ != "plaintext":
-                closing = re.compile(rf"</{re.escape(name_)}[\s/>]", re.IGNORECASE)
-                found = closing.search(source, pos)
+                found = _RAW_END[name_].search(source, pos)
                 out.raw(name_, source[pos : found.start() if found else n])
                 if found is None:
                     break

@@ -264,7 +264,9 @@ def _cisco_type_accept(m: re.Match[str]) -> bool:
         return re.fullmatch(r"[0-9A-Fa-f]{4,}", value) is not None
     if digit in "589":
         return value.startswith("$")
-    return digit in "06"
+    if digit == "6":  # AES-encrypted: long, not a word ("password 6 characters")
+        return len(value) >= 16 and not value.isalpha()
+    return digit == "0"
 
 
 _CISCO_RULES = (
@@ -276,15 +278,18 @@ _CISCO_RULES = (
     _rule(r"^(?P<p>[ \t]*+username[ \t]++\S++(?:[ \t]++(?!(?:password|secret)\b)\S++)*?"
           r"[ \t]++(?:password|secret)(?:[ \t]++[0-9](?=[ \t]))?[ \t]++)(?P<v>\S++)",
           "password", ("username",), flags=re.MULTILINE),
-    # Juniper: encrypted-password "$6$..."; authentication-key "$9$..."; ascii-text "..."
+    # Juniper: encrypted-password "$6$..."; authentication-key "$9$..."; ascii-text "...".
+    # A bare secret/password keyword needs a hash-shaped value: 'the secret "sauce"' stays.
     _rule(r"(?<![\w-])(?P<k>encrypted-password|simple-password|password|authentication-key|"
           r"ascii-text|hexadecimal|secret)[ \t]++\"(?P<v>[^\"\n]++)\"",
           lambda m: "password" if "password" in m.group("k").lower() else "secret",
-          ("password", "authentication-key", "ascii-text", "hexadecimal", "secret")),
+          ("password", "authentication-key", "ascii-text", "hexadecimal", "secret"),
+          accept=lambda m: m.group("k") not in {"secret", "password"}
+          or m.group("v").startswith("$")),
     # "password 7 <hex>" / "secret 5 $1$..." anywhere on a line (neighbor, line, user).
     _rule(r"(?<![\w-])(?P<k>password|secret)[ \t]++(?P<t>[0-9])[ \t]++(?P<v>\S++)",
           lambda m: "password" if m.group("k").lower() == "password" else "secret",
-          ("password", "secret"), flags=_I, accept=_cisco_type_accept),
+          ("password", "secret"), accept=_cisco_type_accept),
     # neighbor 10.0.0.1 password <pw>
     _rule(r"(?<![\w-])neighbor[ \t]++\S++[ \t]++password[ \t]++(?:[0-9][ \t]++)?(?P<v>\S++)",
           "password", ("neighbor",)),
@@ -604,8 +609,9 @@ def _apply(rule: _Rule, text: str, counts: Counter[str]) -> str:
         return text
     has_value = "v" in rule.pattern.groupindex
     out: list[str] = []
-    pos = 0
-    while (m := rule.pattern.search(text, pos if not out else search)) is not None:
+    pos = 0     # text[:pos] is in out
+    search = 0  # where the next match may start
+    while (m := rule.pattern.search(text, search)) is not None:
         result = handle(m)
         if result is None:
             # Rejected: look again inside the value, so that a rejected match never hides
@@ -613,8 +619,6 @@ def _apply(rule: _Rule, text: str, counts: Counter[str]) -> str:
             # or are bounded, so this re-reads each character a bounded number of times.
             value_start = m.start("v") if has_value and m.start("v") > m.start() else m.end()
             search = max(value_start, m.start() + 1)
-            if not out:
-                out.append("")
             continue
         replacement, kind = result
         counts[kind] += 1

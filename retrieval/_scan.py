@@ -60,6 +60,7 @@ async def scan_source(retriever: Retriever, source_id: str,
     root = await asyncio.to_thread(Path(source.root).resolve)
     report = ScanReport(source_id)
     if not await asyncio.to_thread(root.is_dir):
+        await retriever.mark_scanned(source_id, f"{root} is not a directory")
         raise NotFound(f"source {source_id!r}: {root} is not a directory")
     limits = retriever.limits
     indexed = {d.id: d for d in await retriever.documents(source_id)}
@@ -121,6 +122,8 @@ async def scan_source(retriever: Retriever, source_id: str,
         gone = doc_id.startswith(f"{source_id}/") and indexed[doc_id].path
         if gone and await retriever.delete(doc_id):
             report.deleted += 1
+    await retriever.mark_scanned(
+        source_id, f"{len(report.failed)} files failed" if report.failed else "")
     _log.info("scanned source", source=source_id, seen=report.seen, added=report.added,
               changed=report.changed, unchanged=report.unchanged, deleted=report.deleted,
               failed=len(report.failed), skipped=len(report.skipped))

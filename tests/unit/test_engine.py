@@ -1,0 +1,116 @@
+"""The retriever's orchestration with a deterministic embedder: model changes rebuild the
+vector index in the background; reconciliation repairs derived indexes from SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from retrieval import Retriever
+
+
+class HashEmbedder:
+    """Deterministic vectors from word hashes: similar texts share words, hence direction."""
+
+    def __init__(self, model_id: str, dim: int = 32) -> None:
+        self._id = model_id
+        self._dim = dim
+        self.calls = 0
+
+    @property
+    def model_id(self) -> str:
+        return self._id
+
+    @property
+    def context(self) -> int:
+        return 512
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.calls += 1
+        out = []
+        for text in texts:
+            v = np.zeros(self._dim, dtype=np.float32)
+            for word in text.lower().split():
+                h = hashlib.sha256((self._id + word).encode()).digest()
+                v[h[0] % self._dim] += 1.0
+            v /= max(float(np.linalg.norm(v)), 1e-6)
+            out.append([float(x) for x in v])
+        return out
+
+    async def count_tokens(self, text: str) -> int:
+        return len(text.split()) + 2
+
+
+DOCS = {
+    "disk": "web01 disk full: rotate nginx logs and check df",
+    "db": "db02 replication lag: check replay timestamp",
+    "vpn": "vpn tunnel flapping: tune dead peer detection",
+}
+
+
+async def fill(r: Retriever) -> None:
+    await r.add_source("docs")
+    for key, text in DOCS.items():
+        await r.upsert("docs", key, text, doc_id=f"docs/{key}")
+
+
+async def test_embedding_model_change_rebuilds_vectors_in_background(tmp_path: Path) -> None:
+    """After a model change search is BM25-only (and says why) until the rebuild ends,
+    then hybrid again with every chunk, including ones written during the rebuild."""
+    current: list[HashEmbedder] = [HashEmbedder("model-a")]
+    r = Retriever(tmp_path, lambda: current[0])
+    await r.open()
+    await fill(r)
+    assert (await r.search("nginx logs disk")).mode == "hybrid"
+    current[0] = HashEmbedder("model-b")
+    during = await r.search("nginx logs disk")
+    assert during.mode == "text"
+    assert any("another embedding model" in w for w in during.warnings)
+    await r.upsert("docs", "new", "printer queue stuck on floor two", doc_id="docs/new")
+    assert r._rebuild is not None
+    await asyncio.wait_for(r._rebuild, 10)
+    after = await r.search("nginx logs disk")
+    assert after.mode == "hybrid"
+    assert after.hits[0].doc_id == "docs/disk"
+    assert (await r.status())["vectors"] == 4
+    assert (await r.status())["embedding_model"] == "model-b"
+    await r.close()
+
+
+async def test_unchanged_text_is_never_embedded_twice(tmp_path: Path) -> None:
+    """Re-upserting the same content is a no-op; moving text to a new id reuses the cache."""
+    embedder = HashEmbedder("model-a")
+    r = Retriever(tmp_path, lambda: embedder)
+    await r.open()
+    await fill(r)
+    calls = embedder.calls
+    await fill(r)
+    assert embedder.calls == calls
+    await r.upsert("docs", "disk copy", DOCS["disk"], doc_id="docs/disk-copy")
+    assert embedder.calls == calls  # same chunk text: served from the embedding cache
+    await r.close()
+
+
+async def test_reopen_repairs_derived_indexes_from_sqlite(tmp_path: Path) -> None:
+    """A lost BM25 index and a stale vector index are rebuilt from SQLite at open."""
+    embedder = HashEmbedder("model-a")
+    r = Retriever(tmp_path, lambda: embedder)
+    await r.open()
+    await fill(r)
+    await r.close()
+    shutil.rmtree(tmp_path / "bm25")
+    (tmp_path / "vectors.hnsw").unlink()
+    (tmp_path / "vectors.hnsw.json").unlink()
+    again = Retriever(tmp_path, lambda: embedder)
+    await again.open()
+    assert again.repaired["text_added"] == 3
+    assert again.repaired.get("vectors_added") == 3
+    result = await again.search("replication lag")
+    assert result.mode == "hybrid"
+    assert result.hits[0].doc_id == "docs/db"
+    await again.close()
