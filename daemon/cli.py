@@ -2,21 +2,8 @@
 
     llamad serve [options]      run the daemon (``llamad serve --help`` lists every option)
 
-``serve`` exit status: 0 after a clean shutdown; 2 for a configuration error; 1 for any
-other fatal start error. Fatal errors are one line on stderr, never a traceback.
-
-The other verbs are clients of a running daemon (their code is in :mod:`clients._cli`,
-which documents them in full)::
-
-    llamad status | generate PROMPT | chat | ask QUESTION | search QUERY
-    llamad ingest PATH --source ID | sources | reindex [--source ID]
-    llamad swap ROLE MODEL|--rollback | logs ROLE [-f] [-n N]
-    llamad models prepare|list|verify
-
-Client exit status: 0 ok; 1 other failure; 2 usage or configuration error; 3 daemon
-unreachable or unavailable (UNAVAILABLE); 4 not found; 5 invalid argument
-(INVALID_ARGUMENT, OUT_OF_RANGE); 6 busy (RESOURCE_EXHAUSTED); 130 interrupted; 141
-stdout closed early. ``models`` keeps ``python -m models``'s statuses.
+Exit status: 0 after a clean shutdown; 2 for a configuration error; 1 for any other fatal
+start error. Fatal errors are one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -46,8 +33,6 @@ def _check_packages() -> str | None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from clients._cli import add_commands  # noqa: PLC0415
-
     from .config import add_arguments  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(prog="llamad", description="llama.cpp inference daemon")
@@ -59,7 +44,6 @@ def _parser() -> argparse.ArgumentParser:
         "variable or in the TOML file given by --config; flag > env > file > default.",
     )
     add_arguments(serve)
-    add_commands(sub)
     return parser
 
 
@@ -96,17 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         print(f"llamad: {problem}", file=sys.stderr)
         return EXIT_FATAL
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["models"]:  # passed through whole: its own parser and --help
-        from clients._cli import run_models  # noqa: PLC0415
-
-        return run_models(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return asyncio.run(_serve(args))
-    from clients._cli import run  # noqa: PLC0415
-
-    return run(args)
+    return EXIT_CONFIG
 
 
 if __name__ == "__main__":
