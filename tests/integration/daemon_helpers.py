@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Mapping
 
@@ -16,6 +17,8 @@ from tests.conftest import EMBED_MODEL, SMALL_MODEL, model_path
 def config_env(runtime: str, **overrides: str) -> dict[str, str]:
     env = {
         "LLAMAD_LISTEN": "127.0.0.1:0",
+        # Never the repository's ./var: every test daemon gets its own state.
+        "LLAMAD_STATE_DIR": tempfile.mkdtemp(prefix="llamad-test-state-"),
         "LLAMAD_GENERATION_MODEL": str(model_path(SMALL_MODEL)),
         "LLAMAD_EMBEDDING_MODEL": str(model_path(EMBED_MODEL)),
         "LLAMAD_GENERATION_RUNTIME": runtime,
