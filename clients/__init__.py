@@ -1,2 +1,99 @@
-"""Clients of llamad: the generated gRPC stubs (``clients._pb``) and, later, a friendly
-Python client and the CLI verbs."""
+"""Python clients of llamad: :class:`Client` (blocking) and :class:`AsyncClient` (asyncio).
+
+Both cover every RPC of llamad's gRPC API and return frozen dataclasses (never protobuf
+messages); failures raise :class:`~clients.errors.LlamadError` subclasses (never
+``grpc.RpcError``). The generated stubs stay available in ``clients._pb``.
+
+Example:
+    >>> from clients import Client
+    >>> with Client() as llamad:                        # $LLAMAD_ADDRESS or 127.0.0.1:50051
+    ...     for chunk in llamad.generate("Hello", max_tokens=8):       # doctest: +SKIP
+    ...         print(chunk.text, end="")
+"""
+
+from . import errors
+from ._aio import AsyncClient
+from ._channel import DEFAULT, DEFAULT_ADDRESS
+from ._client import Client
+from ._stream import (
+    AskStream,
+    AsyncAskStream,
+    AsyncStream,
+    AsyncTextStream,
+    Stream,
+    TextStream,
+)
+from ._types import (
+    AskDone,
+    AskEvent,
+    AskResult,
+    AskSources,
+    AskText,
+    ChildStatus,
+    Citation,
+    DaemonStatus,
+    Document,
+    Embeddings,
+    ExitCause,
+    FileIssue,
+    GenerateChunk,
+    GenerateResult,
+    LogLine,
+    Message,
+    Mode,
+    ReindexProgress,
+    RetrievalStatus,
+    Role,
+    SearchHit,
+    SearchResult,
+    Source,
+    SwapInfo,
+    SwapProgress,
+    Task,
+    Tokens,
+    Usage,
+)
+from .errors import LlamadError
+
+__all__ = [
+    "DEFAULT",
+    "DEFAULT_ADDRESS",
+    "AskDone",
+    "AskEvent",
+    "AskResult",
+    "AskSources",
+    "AskStream",
+    "AskText",
+    "AsyncAskStream",
+    "AsyncClient",
+    "AsyncStream",
+    "AsyncTextStream",
+    "ChildStatus",
+    "Citation",
+    "Client",
+    "DaemonStatus",
+    "Document",
+    "Embeddings",
+    "ExitCause",
+    "FileIssue",
+    "GenerateChunk",
+    "GenerateResult",
+    "LlamadError",
+    "LogLine",
+    "Message",
+    "Mode",
+    "ReindexProgress",
+    "RetrievalStatus",
+    "Role",
+    "SearchHit",
+    "SearchResult",
+    "Source",
+    "Stream",
+    "SwapInfo",
+    "SwapProgress",
+    "Task",
+    "TextStream",
+    "Tokens",
+    "Usage",
+    "errors",
+]

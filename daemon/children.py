@@ -1,8 +1,11 @@
-"""Composition of one supervised child from configuration.
+"""Composition of one role (generation or embedding) from configuration.
 
-A :class:`ManagedChild` bundles what the daemon keeps per role: the supervisor, its log
-ring, the launch spec and runtime, and facts about the model file (GGUF metadata and
-SHA-256, computed once per file version, off the event loop).
+A :class:`ManagedChild` bundles what the daemon keeps per role: its inference mode (a
+supervised child, an external endpoint, or disabled), the supervisor (which runs the
+child — or watches the endpoint — through a launcher), its log ring, the launch spec and
+runtime of the embedded child, and facts about the model file (GGUF metadata and SHA-256,
+computed once per file version, off the event loop). Every role has one, whatever its
+mode, so a mode can be switched live (:mod:`daemon.modes`).
 """
 
 from __future__ import annotations
@@ -20,12 +23,21 @@ import structlog
 
 from supervisor import (
     Clock,
+    EndpointClient,
+    EndpointLauncher,
+    EndpointSpec,
+    ExitCause,
     GGUFInfo,
+    InferenceClient,
     InvalidModelError,
+    Launcher,
     LaunchSpec,
+    LiveChild,
     LogRing,
     ProcessLauncher,
     Runtime,
+    StageSink,
+    StartFailure,
     Supervisor,
     SwapRecord,
     SystemClock,
@@ -38,6 +50,7 @@ from supervisor import (
 
 from .admission import Admission
 from .config import ChildConfig, Config
+from .errors import FailedPrecondition
 from .logs import ChildLogForwarder
 
 _log = structlog.get_logger("llamad.children")
@@ -115,49 +128,121 @@ def make_setup(
     return Setup(spec, runtime, facts)
 
 
+@dataclass(frozen=True)
+class Mode:
+    """Where a role's inference runs: "embedded", "endpoint" (with its spec), "disabled"."""
+
+    kind: str
+    endpoint: EndpointSpec | None = None
+
+
+class NoLauncher:
+    """The launcher of a role with nothing to launch yet (disabled, no model configured)."""
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+
+    async def launch(self, on_stage: StageSink | None = None) -> LiveChild:
+        raise StartFailure(ExitCause("spawn_error", True,
+                                     f"the {self.role} role has no model or endpoint configured"))
+
+
 @dataclass
 class ManagedChild:
     """Everything the daemon keeps for one role."""
 
     role: str
     config: ChildConfig
-    current: Setup
+    current: Setup | None
+    """The embedded child's setup (None while no model was ever configured)."""
     ring: LogRing
     supervisor: Supervisor
     launcher_factory: Callable[[Setup], ProcessLauncher]
     """Makes the launcher for a setup; swaps get the swap readiness deadline."""
+    endpoint_factory: Callable[[EndpointSpec], EndpointLauncher]
+    """Makes the launcher of an endpoint, with the swap readiness deadline."""
     admission: Admission
+    mode: Mode = Mode("embedded")
     previous: Setup | None = None
     last_swap: SwapRecord | None = None
+    last_error: str = ""
+    """The latest failure: a child's exit, an endpoint's, or a failed swap or switch."""
+    switching: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held by a swap or a mode switch: they never interleave."""
+
+    @property
+    def setup(self) -> Setup:
+        """The embedded child's setup.
+
+        Raises:
+            FailedPrecondition: no model has been configured for this role.
+        """
+        if self.current is None:
+            raise FailedPrecondition(
+                f"no {self.role} model is configured: set {self.role}.model, or give "
+                "model_path")
+        return self.current
 
     @property
     def spec(self) -> LaunchSpec:
-        return self.current.spec
+        return self.setup.spec
 
     @property
     def runtime(self) -> Runtime:
-        return self.current.runtime
+        return self.setup.runtime
 
     @property
     def model(self) -> ModelFacts:
-        return self.current.model
+        return self.setup.model
+
+    def context_tokens(self, client: InferenceClient) -> int:
+        """Tokens one request to ``client`` may hold: an endpoint's reported context, or
+        the child's configured context, else its model's; 0 when unknown."""
+        if client.external:
+            return client.context_length
+        if self.current is None:
+            return 0
+        info, configured = self.current.model.info, self.current.spec.ctx_size
+        model_ctx = info.context_length if info else 0
+        sizes = [c for c in (model_ctx, configured) if c]
+        return min(sizes) if sizes else 0
+
+    def model_identity(self, client: InferenceClient) -> str:
+        """Names what produced an output (vectors, cached answers): the GGUF file and its
+        SHA-256 for a child, the model id and root URL for an endpoint; "" while a
+        child's SHA-256 is not known yet."""
+        if isinstance(client, EndpointClient):
+            return f"endpoint:{client.identity}"
+        if self.current is None or not self.current.model.sha256:
+            return ""
+        model = self.current.model
+        return f"{model.path.name}@{model.sha256[:16]}"
 
     async def hash_model(self) -> None:
         """Compute the model's SHA-256 in a thread (for Status); never raises."""
+        if self.current is None:
+            return
         with contextlib.suppress(OSError):
-            await asyncio.to_thread(self.model.hash_if_changed)
+            await asyncio.to_thread(self.current.model.hash_if_changed)
 
 
 def build_child(config: Config, role: str, *, clock: Clock | None = None) -> ManagedChild:
-    """Build (not start) the supervised child for ``role``.
+    """Build (not start) the role: its supervisor set up for the configured mode.
 
     Raises:
-        FileNotFoundError: runtime "llama-server" was asked for and none was found.
+        FileNotFoundError: embedded mode with runtime "llama-server", and none was found.
     """
     clock = clock or SystemClock()
     cc = config.child(role)
-    runtime = pick_runtime(cc.runtime, config.llama_bin or None)
-    setup = make_setup(role, cc.model, runtime, cc)
+    setup: Setup | None = None
+    if cc.model:
+        try:
+            runtime = pick_runtime(cc.runtime, config.llama_bin or None)
+        except FileNotFoundError:
+            if cc.mode == "embedded":
+                raise
+        else:
+            setup = make_setup(role, cc.model, runtime, cc)
     ring = LogRing(config.log_lines)
     sink = ChildLogForwarder(role)
 
@@ -167,13 +252,35 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None) -> Man
             sink=sink, read_timeout=config.request_timeout,
         )
 
+    def endpoint_for(spec: EndpointSpec, timeouts: Timeouts = config.timeouts) -> EndpointLauncher:
+        return EndpointLauncher(spec, embedding=role == "embedding", clock=clock,
+                                timeouts=timeouts, read_timeout=config.request_timeout,
+                                max_connections=max(8, cc.parallel * 2))
+
     swap_timeouts = dataclasses.replace(
         config.timeouts,
         start=min(config.timeouts.start, config.swap_ready_timeout),
         start_cap=config.swap_ready_timeout,
     )
-    sup = Supervisor(role, launcher_for(setup), validate=setup.model.validate,
-                     policy=config.policy, clock=clock)
-    admission = Admission(role, runtime.max_concurrency(setup.spec), config.limits.queue_size)
+    mode = Mode(cc.mode, cc.endpoint() if cc.mode == "endpoint" else None)
+    launcher: Launcher
+    validate = None
+    if mode.kind == "endpoint" and mode.endpoint is not None:
+        launcher = endpoint_for(mode.endpoint)
+    elif setup is not None:
+        launcher, validate = launcher_for(setup), setup.model.validate
+    else:
+        launcher = NoLauncher(role)
+    sup = Supervisor(role, launcher, validate=validate, policy=config.policy, clock=clock)
+    admission = Admission(role, slots_for(mode, setup, cc), config.limits.queue_size)
     return ManagedChild(role, cc, setup, ring, sup,
-                        functools.partial(launcher_for, timeouts=swap_timeouts), admission)
+                        functools.partial(launcher_for, timeouts=swap_timeouts),
+                        functools.partial(endpoint_for, timeouts=swap_timeouts),
+                        admission, mode=mode)
+
+
+def slots_for(mode: Mode, setup: Setup | None, cc: ChildConfig) -> int:
+    """Calls served at once: the child's slots, or ``parallel`` for an endpoint."""
+    if mode.kind == "embedded" and setup is not None:
+        return setup.runtime.max_concurrency(setup.spec)
+    return max(1, cc.parallel)

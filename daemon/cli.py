@@ -2,8 +2,21 @@
 
     llamad serve [options]      run the daemon (``llamad serve --help`` lists every option)
 
-Exit status: 0 after a clean shutdown; 2 for a configuration error; 1 for any other fatal
-start error. Fatal errors are one line on stderr, never a traceback.
+``serve`` exit status: 0 after a clean shutdown; 2 for a configuration error; 1 for any
+other fatal start error. Fatal errors are one line on stderr, never a traceback.
+
+The other verbs are clients of a running daemon (their code is in :mod:`clients._cli`,
+which documents them in full)::
+
+    llamad status | generate PROMPT | chat | ask QUESTION | search QUERY
+    llamad ingest PATH --source ID | sources | reindex [--source ID]
+    llamad swap ROLE MODEL|--rollback | logs ROLE [-f] [-n N]
+    llamad models prepare|list|verify
+
+Client exit status: 0 ok; 1 other failure; 2 usage or configuration error; 3 daemon
+unreachable or unavailable (UNAVAILABLE); 4 not found; 5 invalid argument
+(INVALID_ARGUMENT, OUT_OF_RANGE); 6 busy (RESOURCE_EXHAUSTED); 130 interrupted; 141
+stdout closed early. ``models`` keeps ``python -m models``'s statuses.
 """
 
 from __future__ import annotations
@@ -33,6 +46,8 @@ def _check_packages() -> str | None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from clients._cli import add_commands  # noqa: PLC0415
+
     from .config import add_arguments  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(prog="llamad", description="llama.cpp inference daemon")
@@ -44,11 +59,14 @@ def _parser() -> argparse.ArgumentParser:
         "variable or in the TOML file given by --config; flag > env > file > default.",
     )
     add_arguments(serve)
+    add_commands(sub)
     return parser
 
 
 async def _serve(args: argparse.Namespace) -> int:
     import structlog  # noqa: PLC0415
+
+    from retrieval import RetrievalError  # noqa: PLC0415
 
     from . import config as config_mod  # noqa: PLC0415
     from . import logs  # noqa: PLC0415
@@ -67,7 +85,8 @@ async def _serve(args: argparse.Namespace) -> int:
                         notifier=Notifier.from_env(unset=True))
         daemon.install_signal_handlers()
         await daemon.start()
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RetrievalError) as exc:
+        # e.g. the port is taken, or another daemon holds this state directory's index.
         log.error("fatal start error", error=str(exc))
         print(f"llamad: {exc}", file=sys.stderr)
         return EXIT_FATAL
@@ -80,10 +99,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         print(f"llamad: {problem}", file=sys.stderr)
         return EXIT_FATAL
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["models"]:  # passed through whole: its own parser and --help
+        from clients._cli import run_models  # noqa: PLC0415
+
+        return run_models(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return asyncio.run(_serve(args))
-    return EXIT_CONFIG
+    from clients._cli import run  # noqa: PLC0415
+
+    return run(args)
 
 
 if __name__ == "__main__":

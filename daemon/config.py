@@ -13,13 +13,21 @@ import argparse
 import ipaddress
 import math
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor import RestartPolicy, Timeouts
+from supervisor import (
+    EndpointError,
+    EndpointSpec,
+    RestartPolicy,
+    Timeouts,
+    normalise_url,
+    read_api_key,
+)
 
 
 class ConfigError(Exception):
@@ -50,10 +58,26 @@ class Option:
         return self.key.replace(".", "__")
 
 
+MODES = ("embedded", "endpoint", "disabled")
+
+
 def _child_options(role: str, enabled: bool, threads: int, parallel: int, ctx: int) -> list[Option]:
     return [
-        Option(f"{role}.enabled", bool, enabled, f"Run the {role} child."),
-        Option(f"{role}.model", str, "", f"Path of the {role} GGUF model."),
+        Option(f"{role}.enabled", bool, enabled,
+               f"Serve {role} (false is {role}.mode = disabled)."),
+        Option(f"{role}.mode", str, "embedded",
+               f"Where {role} runs: embedded (a supervised llama.cpp child), endpoint (an "
+               "external OpenAI-compatible server), or disabled.", choices=MODES),
+        Option(f"{role}.model", str, "", f"Path of the {role} GGUF model (embedded mode)."),
+        Option(f"{role}.endpoint_url", str, "",
+               "Endpoint mode: the server's base URL, with or without /v1 "
+               "(e.g. http://10.0.0.5:8080/v1)."),
+        Option(f"{role}.endpoint_model", str, "",
+               "Endpoint mode: the model id to use (default: the only one it offers)."),
+        Option(f"{role}.api_key_file", str, "",
+               "Endpoint mode: file holding the API key (must not be world-readable)."),
+        Option(f"{role}.api_key_env", str, "",
+               "Endpoint mode: name of the environment variable holding the API key."),
         Option(f"{role}.runtime", str, "auto",
                "Runtime: llama-server, bundled (python -m llama_cpp.server), or auto "
                "(llama-server when found).", choices=("auto", "llama-server", "bundled")),
@@ -61,8 +85,8 @@ def _child_options(role: str, enabled: bool, threads: int, parallel: int, ctx: i
                "Context tokens per slot (0: the model's training context).", minimum=0),
         Option(f"{role}.threads", int, threads, "CPU threads for the child.", minimum=1),
         Option(f"{role}.parallel", int, parallel,
-               "Concurrent request slots (llama-server; the bundled runtime serves one).",
-               minimum=1),
+               "Concurrent request slots (llama-server; the bundled runtime serves one; "
+               "calls llamad sends an endpoint at once).", minimum=1),
         Option(f"{role}.batch", int, 512, "Logical batch size in tokens.", minimum=1),
         Option(f"{role}.extra_args", str, "",
                "Extra runtime arguments, space separated, appended verbatim."),
@@ -206,6 +230,7 @@ _BY_KEY = {o.key: o for o in OPTIONS}
 class ChildConfig:
     role: str
     enabled: bool
+    """False exactly when ``mode`` is "disabled"."""
     model: str
     runtime: str
     ctx_size: int
@@ -213,6 +238,18 @@ class ChildConfig:
     parallel: int
     batch: int
     extra_args: tuple[str, ...]
+    mode: str = "embedded"
+    endpoint_url: str = ""
+    endpoint_model: str = ""
+    api_key_file: str = ""
+    api_key_env: str = ""
+
+    def endpoint(self) -> EndpointSpec | None:
+        """The configured endpoint (None when no URL is configured)."""
+        if not self.endpoint_url:
+            return None
+        return EndpointSpec(self.endpoint_url, self.endpoint_model, self.api_key_file,
+                            self.api_key_env)
 
 
 @dataclass(frozen=True)
@@ -366,10 +403,60 @@ def load(
     return _build(values, sources, env)
 
 
-def _child(values: Mapping[str, Any], role: str) -> ChildConfig:
+def _mode(values: Mapping[str, Any], sources: Mapping[str, str], role: str) -> str:
+    """The role's mode; ``enabled = false`` is the older spelling of "disabled"."""
+    mode = str(values[f"{role}.mode"])
+    if not values[f"{role}.enabled"]:
+        if sources[f"{role}.mode"] != "default" and mode != "disabled":
+            raise ConfigError(f"{role}.enabled = false conflicts with {role}.mode = {mode}: "
+                              f"set only {role}.mode")
+        return "disabled"
+    return mode
+
+
+def _check_endpoint(values: Mapping[str, Any], env: Mapping[str, str], role: str,
+                    mode: str) -> None:
+    url, key_file, key_env = (values[f"{role}.endpoint_url"], values[f"{role}.api_key_file"],
+                              values[f"{role}.api_key_env"])
+    if key_file and key_env:
+        raise ConfigError(f"{role}.api_key_file and {role}.api_key_env: set one, not both")
+    if key_env and not _ENV_NAME.fullmatch(key_env):
+        raise ConfigError(f"{role}.api_key_env: {key_env!r} is not an environment variable name "
+                          "(give the variable's name, never the key itself)")
+    if url:
+        try:
+            normalise_url(url)
+        except ValueError as exc:
+            raise ConfigError(f"{role}.endpoint_url: {exc}") from None
+    if mode != "endpoint":
+        return
+    if not url:
+        opt = _BY_KEY[f"{role}.endpoint_url"]
+        raise ConfigError(f"{role}.endpoint_url: endpoint mode needs a URL (set {opt.flag} or "
+                          f"{opt.env})")
+    if key_file or key_env:
+        try:
+            read_api_key(key_file, key_env, env)
+        except EndpointError as exc:
+            name = "api_key_file" if key_file else "api_key_env"
+            raise ConfigError(f"{role}.{name}: {exc}") from None
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _child(values: Mapping[str, Any], sources: Mapping[str, str], env: Mapping[str, str],
+           role: str) -> ChildConfig:
+    mode = _mode(values, sources, role)
+    _check_endpoint(values, env, role, mode)
     return ChildConfig(
         role=role,
-        enabled=values[f"{role}.enabled"],
+        enabled=mode != "disabled",
+        mode=mode,
+        endpoint_url=values[f"{role}.endpoint_url"],
+        endpoint_model=values[f"{role}.endpoint_model"],
+        api_key_file=values[f"{role}.api_key_file"],
+        api_key_env=values[f"{role}.api_key_env"],
         model=values[f"{role}.model"],
         runtime=values[f"{role}.runtime"],
         ctx_size=values[f"{role}.ctx_size"],
@@ -383,12 +470,14 @@ def _child(values: Mapping[str, Any], role: str) -> ChildConfig:
 def _build(
     values: Mapping[str, Any], sources: Mapping[str, str], env: Mapping[str, str]
 ) -> Config:
-    generation, embedding = _child(values, "generation"), _child(values, "embedding")
+    generation = _child(values, sources, env, "generation")
+    embedding = _child(values, sources, env, "embedding")
     for child in (generation, embedding):
-        if child.enabled and not child.model:
+        if child.mode == "embedded" and not child.model:
             opt = _BY_KEY[f"{child.role}.model"]
             raise ConfigError(
                 f"{child.role}.model: no model configured (set {opt.flag} or {opt.env}, "
+                f"use an endpoint with --{child.role}-mode endpoint, "
                 f"or disable the child with --no-{child.role}-enabled)"
             )
     if values["restart.backoff_cap"] < values["restart.backoff_base"]:

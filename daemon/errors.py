@@ -4,7 +4,8 @@ The daemon's own errors::
 
     RequestError               the call cannot be served as asked
     ├── InvalidArgument        bad input: a clear message, nothing was done
-    ├── Disabled               the role is switched off in configuration
+    ├── Disabled               the role is switched off (its mode is "disabled")
+    ├── FailedPrecondition     the daemon is not in a state to do it (e.g. no model set)
     ├── Draining               the daemon is shutting down (retry on another instance)
     ├── OutOfRange             even the question and templates exceed the token budget
     ├── Overloaded             the child's slots and wait queue are full
@@ -17,6 +18,10 @@ error                         status                 retry hint
 ============================  =====================  ==========
 InvalidArgument               INVALID_ARGUMENT       no
 Disabled                      FAILED_PRECONDITION    no
+FailedPrecondition            FAILED_PRECONDITION    no
+TokenizeUnavailableError      FAILED_PRECONDITION    no
+EndpointError, permanent      FAILED_PRECONDITION    no
+EndpointError, transient      UNAVAILABLE            yes
 Draining                      UNAVAILABLE            yes
 OutOfRange                    OUT_OF_RANGE           no
 Overloaded                    RESOURCE_EXHAUSTED     yes
@@ -47,7 +52,13 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from retrieval.errors import ExtractionError, InvalidDocument, NotFound
 from supervisor import SwapFailedError, SwapInProgressError, SwapRefusedError
-from supervisor.errors import ChildBadRequestError, ChildNotReadyError, ChildRequestError
+from supervisor.errors import (
+    ChildBadRequestError,
+    ChildNotReadyError,
+    ChildRequestError,
+    EndpointError,
+    TokenizeUnavailableError,
+)
 
 RETRY_AFTER_KEY = "retry-after-ms"
 DEFAULT_RETRY_AFTER = 1.0
@@ -63,6 +74,10 @@ class InvalidArgument(RequestError):
 
 class Disabled(RequestError):
     """The role needed by the call is disabled in configuration."""
+
+
+class FailedPrecondition(RequestError):
+    """The daemon is not in a state to serve the call (the message says what is missing)."""
 
 
 class Draining(RequestError):
@@ -120,7 +135,7 @@ def map_error(exc: BaseException) -> Mapped:
         return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
     if isinstance(exc, NotFound):
         return Mapped(grpc.StatusCode.NOT_FOUND, str(exc))
-    if isinstance(exc, Disabled):
+    if isinstance(exc, Disabled | FailedPrecondition | TokenizeUnavailableError):
         return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
     if isinstance(exc, OutOfRange):
         return Mapped(grpc.StatusCode.OUT_OF_RANGE, str(exc))
@@ -138,6 +153,14 @@ def map_error(exc: BaseException) -> Mapped:
         return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
     if isinstance(exc, SwapFailedError):
         return Mapped(grpc.StatusCode.ABORTED, f"{exc}; the old child keeps serving")
+    if isinstance(exc, EndpointError):
+        # A wrong key or a vanished model needs an operator; a refused connection or a
+        # 5xx may pass.
+        if exc.permanent:
+            return Mapped(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"inference endpoint failed ({exc.kind}): {exc}")
+        return Mapped(grpc.StatusCode.UNAVAILABLE, f"inference endpoint failed ({exc.kind}): "
+                      f"{exc}", DEFAULT_RETRY_AFTER)
     if isinstance(exc, ChildRequestError):
         return Mapped(grpc.StatusCode.UNAVAILABLE, f"inference child failed: {exc}",
                       DEFAULT_RETRY_AFTER)

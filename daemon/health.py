@@ -3,17 +3,19 @@
 =============================  ==============================================
 service name                   SERVING when
 =============================  ==============================================
-``generation``                 the generation child is running
-``embedding``                  the embedding child is running
-``llamad.v1.InferenceService`` the generation child is running
+``generation``                 generation is ready (its child runs, or its endpoint
+                               passed readiness and answers liveness probes)
+``embedding``                  embedding is ready (same)
+``llamad.v1.InferenceService`` generation is ready
 ``llamad.v1.ControlService``   the daemon is up (not draining)
 ``llamad.v1.RetrievalService`` the daemon is up and retrieval is enabled (BM25 works
-                               without the embedding child; vectors follow ``embedding``)
-``""`` (overall)               not draining and every enabled child is running
+                               without embedding; vectors follow ``embedding``)
+``""`` (overall)               not draining and every role not disabled is ready
 =============================  ==============================================
 
-A disabled child's entry is NOT_SERVING. Updates follow supervisor state changes, in
-order, through one queue, so Watch streams never see a stale status win a race.
+A disabled role's entry is NOT_SERVING. Updates follow supervisor state changes and mode
+switches, in order, through one queue, so Watch streams never see a stale status win a
+race.
 """
 
 from __future__ import annotations
@@ -49,16 +51,22 @@ class HealthReporter:
         ]
 
     def _on_change(self, _: StateChange) -> None:
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Re-evaluate every status soon (after a mode switch)."""
         self._queue.put_nowait(None)
 
     def statuses(self) -> dict[str, int]:
         """The status each service name should have now."""
         def running(role: str) -> bool:
             child = self._children.get(role)
-            return child is not None and child.supervisor.state is State.RUNNING
+            return (child is not None and child.mode.kind != "disabled"
+                    and child.supervisor.state is State.RUNNING)
 
         up = not self._draining
-        all_running = all(c.supervisor.state is State.RUNNING for c in self._children.values())
+        all_running = all(running(role) for role, c in self._children.items()
+                          if c.mode.kind != "disabled")
         flag = {True: SERVING, False: NOT_SERVING}
         return {
             "generation": flag[up and running("generation")],

@@ -13,6 +13,7 @@ label      allowed values (anything else becomes ``other``)
 =========  ===========================================================================
 role       :data:`ROLES` (``generation``, ``embedding``), or the ``roles`` argument
 state      :data:`CHILD_STATES`: idle starting running backoff failed stopped
+mode       :data:`MODES`: embedded endpoint disabled
 kind       :data:`EXIT_KINDS`: the :class:`supervisor.ExitCause` kinds
 method     :data:`METHODS` (the gRPC method names), or the ``methods`` argument
 code       :data:`CODES`: the ``grpc.StatusCode`` names (OK, CANCELLED, ...)
@@ -46,9 +47,13 @@ CHILD_STATES: tuple[str, ...] = ("idle", "starting", "running", "backoff", "fail
 EXIT_KINDS: tuple[str, ...] = (
     "crash", "signal", "oom", "port_in_use", "usage_error", "model_error", "invalid_model",
     "hung", "never_ready", "start_timeout", "spawn_error", "stranger", "stopped",
+    # An external endpoint's failures (supervisor.ENDPOINT_KINDS).
+    "refused", "unreachable", "timeout", "endpoint_error", "tls", "auth", "api_key",
+    "not_openai", "unknown_model", "not_chat", "no_embeddings",
 )
+MODES: tuple[str, ...] = ("embedded", "endpoint", "disabled")
 METHODS: tuple[str, ...] = (
-    "Generate", "Chat", "Embed", "Tokenize", "Status", "TailLogs", "Swap", "Reset",
+    "Generate", "Chat", "Embed", "Tokenize", "Status", "TailLogs", "Swap", "Reset", "SetMode",
     "UpsertDocument", "DeleteDocument", "GetDocument", "ListDocuments", "AddSource",
     "RemoveSource", "ListSources", "Reindex", "Search", "Ask",
 )
@@ -163,8 +168,13 @@ class Metrics:
             "llamad_breaker_opens",
             "Times the circuit breaker opened (the child entered the failed state).",
             ["role"], registry=r)
+        self._mode = Gauge(
+            "llamad_inference_mode",
+            "1 for the role's inference mode now (embedded, endpoint, disabled), 0 for the "
+            "others.", ["role", "mode"], registry=r)
         self._swaps = Counter(
-            "llamad_swaps", "Model swaps, by outcome: ok, failed (rolled back) or rejected.",
+            "llamad_swaps", "Model swaps and mode switches, by outcome: ok, failed (the old "
+            "one kept serving) or rejected.",
             ["role", "outcome"], registry=r)
         self._swap_seconds = Histogram(
             "llamad_swap_duration_seconds",
@@ -228,6 +238,12 @@ class Metrics:
         for name in names:
             self._child_state.labels(role=role, state=name).set(1 if name == state else 0)
 
+    def mode(self, role: str, mode: str) -> None:
+        """Make ``mode`` the role's inference mode: its series 1, the other modes 0."""
+        role = self._role(role)
+        for name in MODES:
+            self._mode.labels(role=role, mode=name).set(1 if name == mode else 0)
+
     def child_exit(self, role: str, kind: str) -> None:
         """Count a child exit or failed start classified as ``kind``."""
         self._child_exits.labels(role=self._role(role), kind=_fold(kind, self._kinds)).inc()
@@ -241,7 +257,8 @@ class Metrics:
         self._breaker_opens.labels(role=self._role(role)).inc()
 
     def swap(self, role: str, outcome: str, seconds: float) -> None:
-        """Count a finished swap (``ok``, ``failed`` or ``rejected``) and observe its duration."""
+        """Count a finished swap or mode switch (``ok``, ``failed`` or ``rejected``) and
+        observe its duration."""
         role = self._role(role)
         self._swaps.labels(role=role, outcome=_fold(outcome, self._outcomes)).inc()
         self._swap_seconds.labels(role=role).observe(max(0.0, seconds))

@@ -38,6 +38,8 @@ def recycle_reason(child: ManagedChild, after_requests: int, max_rss: int,
                    min_uptime: float) -> str | None:
     """Why ``child`` should be recycled now, or None."""
     sup = child.supervisor
+    if child.mode.kind != "embedded":  # an endpoint is not ours to recycle
+        return None
     if sup.state is not State.RUNNING or sup.uptime() < min_uptime:
         return None
     served = child.admission.served_by(sup.pid)
@@ -65,4 +67,4 @@ async def recycle_loop(children: dict[str, ManagedChild], swaps: SwapManager, *,
             _log.info("recycling child", role=role, pid=child.supervisor.pid, reason=reason)
             with contextlib.suppress(SupervisorError):
                 # A swap already running (or a failed launch) just means: try next time.
-                await swaps.swap_to(role, child.current, reason=reason)
+                await swaps.swap_to(role, child.setup, reason=reason)

@@ -4,9 +4,12 @@
   arguments) goes through the swap path: the new child is test-launched beside the old
   one and takes over only once ready. If it fails, the old child and its configuration
   stay, and the reason is logged.
+* A role whose mode or endpoint settings changed (``mode``, ``enabled``, ``endpoint_*``,
+  ``api_key_*``) switches mode through :mod:`daemon.modes` — the same make-before-break
+  path — and keeps the old mode if the new one does not become ready.
 * Request limits apply at once.
-* Everything else (listen addresses, logging, restart policy, timeouts, enabling or
-  disabling a child) needs a restart; the reload says so and keeps the running values.
+* Everything else (listen addresses, logging, restart policy, timeouts) needs a
+  restart; the reload says so and keeps the running values.
 * An invalid configuration is refused as a whole: nothing changes.
 """
 
@@ -20,8 +23,10 @@ import structlog
 
 from supervisor import SupervisorError, pick_runtime
 
-from .children import ManagedChild, make_setup
-from .config import Config, ConfigError
+from .children import ManagedChild, Setup, make_setup
+from .config import ChildConfig, Config, ConfigError
+from .errors import RequestError
+from .modes import ModeManager, ModeRequest
 from .swaps import SwapManager
 
 _log = structlog.get_logger("llamad.reload")
@@ -38,11 +43,42 @@ class ReloadReport:
     error: str = ""
 
 
+def _child_settings(cc: ChildConfig) -> tuple[object, ...]:
+    return (cc.model, cc.runtime, cc.ctx_size, cc.threads, cc.parallel, cc.batch,
+            cc.extra_args)
+
+
+async def _apply_role(child: ManagedChild, current: Config, new: Config,
+                      swaps: SwapManager, modes: ModeManager) -> None:
+    """Bring one role to its new configuration: a mode switch, a swap, or nothing live
+    (settings of a mode not in use apply at the next switch)."""
+    old_cc, new_cc = current.child(child.role), new.child(child.role)
+    target: Setup | None = None
+    if new_cc.model:
+        runtime = pick_runtime(new_cc.runtime, new.llama_bin or None)
+        target = make_setup(child.role, new_cc.model, runtime, new_cc)
+    live = child.mode.kind
+    if new_cc.mode == "embedded" and live == "embedded":
+        changed = (_child_settings(old_cc) != _child_settings(new_cc)
+                   or current.llama_bin != new.llama_bin)
+        if changed and target is not None:
+            await swaps.swap_to(child.role, target, reason="reload")
+    elif new_cc.mode != live or (live == "endpoint" and old_cc.endpoint() != new_cc.endpoint()):
+        await modes.set_mode(child.role, ModeRequest(
+            new_cc.mode, new_cc.endpoint() if new_cc.mode == "endpoint" else None,
+            setup=target if new_cc.mode == "embedded" else None, reason="reload"))
+        if new_cc.mode != "embedded" and target is not None:
+            child.current = target
+    elif target is not None and live != "embedded":
+        child.current = target
+
+
 async def reload_config(
     current: Config,
     load: Callable[[], Config],
     children: dict[str, ManagedChild],
     swaps: SwapManager,
+    modes: ModeManager,
 ) -> tuple[Config, ReloadReport]:
     """Apply a fresh configuration; return the configuration now in force and a report."""
     report = ReloadReport()
@@ -56,17 +92,12 @@ async def reload_config(
     applied = current
     for role in ("generation", "embedding"):
         old_cc, new_cc = current.child(role), new.child(role)
-        if old_cc.enabled != new_cc.enabled:
-            report.restart_needed.append(f"{role}.enabled")
-            continue
         child = children.get(role)
         if child is None or (old_cc == new_cc and current.llama_bin == new.llama_bin):
             continue
         try:
-            runtime = pick_runtime(new_cc.runtime, new.llama_bin or None)
-            target = make_setup(role, new_cc.model, runtime, new_cc)
-            await swaps.swap_to(role, target, reason="reload")
-        except (SupervisorError, FileNotFoundError) as exc:
+            await _apply_role(child, current, new, swaps, modes)
+        except (SupervisorError, FileNotFoundError, RequestError) as exc:
             report.kept[role] = str(exc)
             _log.warning("reload kept the running child", role=role, error=str(exc))
             continue

@@ -1,17 +1,18 @@
 """RetrievalService: the gRPC face of :mod:`retrieval`, and its link to the embedding child.
 
-:class:`ChildEmbedder` adapts the supervised embedding child to the retriever's
-``Embedder`` protocol. The retriever asks for it on every use, so it follows the child:
-when the child is down (or disabled) the provider returns None and search is BM25-only.
-Vectors are tagged with the embedding model's identity (file name and SHA-256), so a swap
-to another embedding model never mixes vector spaces.
+:class:`ChildEmbedder` adapts the embedding role — a supervised child or an external
+endpoint — to the retriever's ``Embedder`` protocol. The retriever asks for it on every
+use, so it follows the role: when the role is down, disabled, or its endpoint has no
+embeddings API, the provider returns None and search is BM25-only, saying why. Vectors
+are tagged with the embedding model's identity (file name and SHA-256 for a child, model
+id and URL for an endpoint), so a swap or a switch never mixes vector spaces.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import grpc
@@ -31,12 +32,18 @@ from retrieval import (
     scan_source,
 )
 from retrieval._extract import ExtractLimits
-from supervisor import State
+from supervisor import (
+    ChildRequestError,
+    InferenceClient,
+    State,
+    SupervisorError,
+    TokenizeUnavailableError,
+)
 
 from . import rpc
 from .children import ManagedChild
 from .config import Config
-from .errors import InvalidArgument
+from .errors import InvalidArgument, RequestError
 from .metrics import Metrics
 from .router import InferenceRouter
 
@@ -67,48 +74,85 @@ def limits_from(config: Config) -> RetrievalLimits:
 
 
 class ChildEmbedder:
-    """The embedding child as an ``retrieval.Embedder``."""
+    """The embedding role's current client (a child's or an endpoint's) as a
+    ``retrieval.Embedder``; made afresh by the provider for each use, so its identity and
+    context are those of what serves the role at that moment."""
 
-    def __init__(self, router: InferenceRouter, child: ManagedChild) -> None:
+    def __init__(self, router: InferenceRouter, client: InferenceClient, model_id: str,
+                 context: int) -> None:
         self._router = router
-        self._child = child
+        self._client = client
+        self._model_id = model_id
+        self._context = context
 
     @property
     def model_id(self) -> str:
-        model = self._child.model
-        return f"{model.path.name}@{model.sha256[:16]}"
+        return self._model_id
 
     @property
     def context(self) -> int:
-        info = self._child.model.info
-        configured = self._child.spec.ctx_size
-        model_ctx = info.context_length if info else 512
-        return min(c for c in (model_ctx, configured) if c) if (model_ctx or configured) else 512
+        return self._context
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
         async with self._router.admit("embedding", None) as client:
+            if client is not self._client:
+                # Swapped or switched since: these vectors would carry the wrong identity.
+                raise ChildRequestError("the embedding model changed; retry")
             result = await client.embed(list(texts))
         return result.vectors
 
     async def count_tokens(self, text: str) -> int:
-        client = self._router.client("embedding")
-        return len(await client.tokenize(text, add_special=True))
+        try:
+            return len(await self._client.tokenize(text, add_special=True))
+        except TokenizeUnavailableError:
+            # Only an endpoint lacks a tokenizer: a conservative estimate (an English
+            # BPE/WordPiece token averages about 4 characters) splits chunks a little
+            # more often than needed, never less.
+            return estimate_tokens(text)
+
+
+def estimate_tokens(text: str) -> int:
+    """A conservative token count for endpoints without a tokenizer (never for a child)."""
+    return len(text) // 3 + 1
 
 
 def make_provider(router: InferenceRouter, children: dict[str, ManagedChild]):  # type: ignore[no-untyped-def]
-    """The embedder provider the retriever calls: None unless the child is running and its
-    model's identity (SHA-256) is known."""
+    """The embedder provider the retriever calls: None unless the embedding role is ready
+    and what serves it has a known identity (a child's model SHA-256, an endpoint's model
+    id and URL)."""
     child = children.get("embedding")
-    embedder = ChildEmbedder(router, child) if child is not None else None
 
     def provider() -> ChildEmbedder | None:
-        if child is None or embedder is None or router.draining:
+        if child is None or router.draining or child.mode.kind == "disabled":
             return None
-        if child.supervisor.state is not State.RUNNING or not child.model.sha256:
+        if child.supervisor.state is not State.RUNNING:
             return None
-        return embedder
+        try:
+            client = router.client("embedding")
+        except (RequestError, SupervisorError):
+            return None
+        identity = child.model_identity(client)
+        if not identity:
+            return None
+        return ChildEmbedder(router, client, identity, child.context_tokens(client) or 512)
 
     return provider
+
+
+def unavailable_reason(children: dict[str, ManagedChild]) -> Callable[[], str]:
+    """Why the embedder provider has nothing (for search warnings)."""
+    def reason() -> str:
+        child = children.get("embedding")
+        if child is None or child.mode.kind == "disabled":
+            return "embedding is disabled"
+        where = ("the embedding endpoint" if child.mode.kind == "endpoint"
+                 else "the embedding child")
+        error = child.last_error or (child.supervisor.last_exit.message
+                                     if child.supervisor.last_exit else "")
+        state = child.supervisor.state.value
+        return f"{where} is unavailable ({state}{': ' + error[:200] if error else ''})"
+
+    return reason
 
 
 async def rescan_loop(retriever: Retriever, interval: float) -> None:

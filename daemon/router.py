@@ -1,8 +1,11 @@
 """The inference router: which client serves a role right now.
 
-Servicers never hold on to a child's client; they ask the router for each call, so when
-the supervisor replaces a child (a restart, or a swap) the next call goes to the new one
-and calls already running finish on the client they started with.
+Servicers never hold on to a client; they ask the router for each call, so when the
+supervisor replaces what serves a role — a restart, a model swap, or a switch between a
+supervised child and an external endpoint (:mod:`daemon.modes`) — the next call goes to
+the new one and calls already running finish on the client they started with. The client
+has one interface in every mode (:class:`supervisor.InferenceClient`; an endpoint's is a
+subclass); a disabled role has none, and its calls are refused with FAILED_PRECONDITION.
 """
 
 from __future__ import annotations
@@ -22,33 +25,36 @@ class InferenceRouter:
         self.draining = False
 
     def child(self, role: str) -> ManagedChild:
-        try:
-            return self._children[role]
-        except KeyError:
-            raise Disabled(
-                f"the {role} child is disabled in configuration ({role}.enabled = false)"
-            ) from None
+        return self._children[role]
 
     def client(self, role: str) -> InferenceClient:
-        """The client of the running child for ``role``.
+        """The client serving ``role`` now (a child's, or an endpoint's).
 
         Raises:
             Draining: the daemon is shutting down.
-            Disabled: the role is not configured.
-            supervisor.ChildNotReadyError: the child is not running (with a retry hint).
+            Disabled: the role's mode is "disabled".
+            supervisor.ChildNotReadyError: the child or endpoint is not ready (with a
+                retry hint).
         """
         if self.draining:
             raise Draining("llamad is shutting down; retry on another instance or later")
-        return self.child(role).supervisor.client
+        child = self.child(role)
+        if child.mode.kind == "disabled":
+            raise Disabled(
+                f"{role} is disabled ({role}.mode = disabled); ControlService/SetMode "
+                "switches it to a supervised child or an endpoint"
+            )
+        return child.supervisor.client
 
     @contextlib.asynccontextmanager
     async def admit(
         self, role: str, time_remaining: float | None
     ) -> AsyncIterator[InferenceClient]:
-        """Wait for a slot on ``role``'s child, then yield its current client.
+        """Wait for a slot on ``role``, then yield its current client.
 
-        Fails fast (before queueing) when the child is not running; the client is taken
-        after the wait, so a call queued across a swap goes to the new child.
+        Fails fast (before queueing) when the role is not ready; the client is taken
+        after the wait, so a call queued across a swap or a mode switch goes to the new
+        one (or is refused, if the role was disabled meanwhile).
 
         Raises:
             Draining, Disabled, supervisor.ChildNotReadyError: see :meth:`client`.
@@ -60,6 +66,3 @@ class InferenceRouter:
             pid = child.supervisor.pid
             yield self.client(role)
             child.admission.count_served(pid)
-
-    def model_name(self, role: str) -> str:
-        return self.child(role).spec.model.name

@@ -41,14 +41,22 @@ from .admission import Admission
 from .answer import AnswerServicer, AnswerSettings, AuditLog, ResponseCache
 from .children import ManagedChild, build_child
 from .config import Config
+from .control import ControlServicer
 from .health import HealthReporter
 from .metrics import Metrics
 from .metrics_http import MetricsServer, serve_metrics
+from .modes import ModeManager
 from .recycle import recycle_loop
 from .reload import ReloadReport, reload_config
-from .retrieval_service import RetrievalServicer, limits_from, make_provider, rescan_loop
+from .retrieval_service import (
+    RetrievalServicer,
+    limits_from,
+    make_provider,
+    rescan_loop,
+    unavailable_reason,
+)
 from .router import InferenceRouter
-from .servicers import ControlServicer, InferenceServicer
+from .servicers import InferenceServicer
 from .swaps import SwapManager
 from .systemd import Notifier, watchdog_loop
 
@@ -62,6 +70,15 @@ SERVICE_NAMES = (
     health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
     reflection.SERVICE_NAME,
 )
+
+
+def describe_mode(child: ManagedChild) -> str:
+    """A role's mode in a few words, for logs: never an endpoint's credentials."""
+    if child.mode.endpoint is not None:
+        return f"endpoint {child.mode.endpoint.display_url}"
+    if child.mode.kind == "embedded" and child.current is not None:
+        return f"embedded {child.spec.model} ({child.runtime.name})"
+    return child.mode.kind
 
 
 def version() -> str:
@@ -89,13 +106,15 @@ class Daemon:
         self._reload_source = reload
         self._reloading = asyncio.Lock()
         self._clock = clock or SystemClock()
-        self.children: dict[str, ManagedChild] = {}
-        for role in ("generation", "embedding"):
-            if config.child(role).enabled:
-                self.children[role] = build_child(config, role, clock=self._clock)
+        # Every role exists whatever its mode, so a mode can be switched live.
+        self.children: dict[str, ManagedChild] = {
+            role: build_child(config, role, clock=self._clock)
+            for role in ("generation", "embedding")
+        }
         self.metrics = Metrics(version=version())
         for child in self.children.values():
             self.metrics.child_state(child.role, child.supervisor.state.value)
+            self.metrics.mode(child.role, child.mode.kind)
             child.supervisor.subscribe(self._observe_child)
             child.admission.set_hooks(on_change=self._observe_admission,
                                       on_reject=self.metrics.rejected)
@@ -103,11 +122,14 @@ class Daemon:
         self.router = InferenceRouter(self.children)
         self.swaps = SwapManager(self.children, config.swap_drain_timeout,
                                  on_swapped=self._after_swap)
+        self.modes = ModeManager(self.children, lambda: self.config,
+                                 on_change=self._after_mode_change)
         self.retriever: Retriever | None = None
         if config.retrieval["enabled"]:
             self.retriever = Retriever(config.state_dir / "retrieval",
                                        make_provider(self.router, self.children),
-                                       limits_from(config))
+                                       limits_from(config),
+                                       unavailable_reason=unavailable_reason(self.children))
         self.health = HealthReporter(self.children, retrieval=self.retriever is not None)
         self._server: grpc.aio.Server | None = None
         self._stop = asyncio.Event()
@@ -131,15 +153,14 @@ class Daemon:
         control_pb2_grpc.add_ControlServiceServicer_to_server(  # type: ignore[no-untyped-call]
             ControlServicer(self.children, version(), self._started,
                             lambda: self.router.draining, swaps=self.swaps,
-                            metrics=self.metrics),
+                            modes=self.modes, metrics=self.metrics),
             server)
         if self.retriever is not None:
-            await self.retriever.open()
             retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(  # type: ignore[no-untyped-call]
                 RetrievalServicer(self.retriever, self.metrics), server)
-        if "generation" in self.children:
-            answer_pb2_grpc.add_AnswerServiceServicer_to_server(  # type: ignore[no-untyped-call]
-                self._answer_servicer(), server)
+        # Served in every mode: a disabled generation role answers FAILED_PRECONDITION.
+        answer_pb2_grpc.add_AnswerServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            self._answer_servicer(), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
         listen = self.config.listen
@@ -147,6 +168,10 @@ class Daemon:
             port = server.add_insecure_port(listen)
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {listen}: {exc}") from None
+        if self.retriever is not None:
+            # After binding: a second daemon on the same address fails on the address
+            # (one clear line), not on the index lock the first one holds.
+            await self.retriever.open()
         if self.config.metrics_listen:
             host, _, mport = self.config.metrics_listen.rpartition(":")
             try:
@@ -164,8 +189,7 @@ class Daemon:
         self._server = server
         _log.info("listening", address=self.address, version=version(),
                   metrics_port=self._metrics_server.port if self._metrics_server else None,
-                  children={r: str(c.spec.model) for r, c in self.children.items()},
-                  runtimes={r: c.runtime.name for r, c in self.children.items()})
+                  modes={r: describe_mode(c) for r, c in self.children.items()})
         cfg = self.config
         if cfg.recycle_after_requests or cfg.recycle_max_rss_mb:
             task = asyncio.create_task(recycle_loop(
@@ -178,6 +202,8 @@ class Daemon:
             self._tasks.add(asyncio.create_task(
                 rescan_loop(self.retriever, interval), name="rescan"))
         for child in self.children.values():
+            if child.mode.kind == "disabled":
+                continue
             child.supervisor.start()
             self._tasks.add(asyncio.create_task(child.hash_model(), name=f"hash-{child.role}"))
         interval = self._notifier.watchdog_interval()
@@ -207,12 +233,19 @@ class Daemon:
         )
 
     def status_line(self) -> str:
-        """One line for systemd's STATUS=: each child's state, with its pid when alive."""
+        """One line for systemd's STATUS=: each role's state (and pid, or endpoint)."""
         parts = ["draining"] if self.router.draining else []
         for role, child in self.children.items():
             sup = child.supervisor
-            parts.append(f"{role}: {sup.state.value}" + (f" (pid {sup.pid})" if sup.pid else ""))
-        return ", ".join(parts) or "no children enabled"
+            if child.mode.kind == "disabled":
+                parts.append(f"{role}: disabled")
+            elif child.mode.endpoint is not None:
+                parts.append(f"{role}: endpoint {child.mode.endpoint.display_url} "
+                             f"{sup.state.value}")
+            else:
+                parts.append(f"{role}: {sup.state.value}"
+                             + (f" (pid {sup.pid})" if sup.pid else ""))
+        return ", ".join(parts)
 
     def _observe_admission(self, admission: Admission) -> None:
         self.metrics.queue_depth(admission.role, admission.queued)
@@ -223,6 +256,7 @@ class Daemon:
         m.child_state(change.role, change.new.value)
         if change.cause is not None:  # set on the way into backoff or failed
             m.child_exit(change.role, change.cause.kind)
+            self.children[change.role].last_error = change.cause.message
         if change.new is State.STARTING and change.old in (State.BACKOFF, State.FAILED):
             m.child_restart(change.role)
         if change.new is State.FAILED:  # entered only when the breaker opens
@@ -231,6 +265,13 @@ class Daemon:
 
     def _after_swap(self, child: ManagedChild) -> None:
         self._tasks.add(asyncio.create_task(child.hash_model(), name=f"hash-{child.role}"))
+
+    def _after_mode_change(self, child: ManagedChild) -> None:
+        self.metrics.mode(child.role, child.mode.kind)
+        self.health.refresh()
+        self._notifier.status(self.status_line())
+        if child.mode.kind == "embedded":
+            self._after_swap(child)
 
     def request_stop(self) -> None:
         """Begin a graceful shutdown (what SIGTERM does)."""
@@ -264,7 +305,7 @@ class Daemon:
             self._notifier.status("reloading configuration")
             try:
                 self.config, report = await reload_config(
-                    self.config, self._reload_source, self.children, self.swaps)
+                    self.config, self._reload_source, self.children, self.swaps, self.modes)
                 self._inference.set_limits(self.config.limits)
                 for child in self.children.values():
                     child.admission.queue_size = self.config.limits.queue_size
@@ -297,8 +338,7 @@ class Daemon:
         if self.retriever is not None:
             await self.retriever.close()
         for role in ("generation", "embedding"):
-            if role in self.children:
-                await self.children[role].supervisor.stop()
+            await self.children[role].supervisor.stop()
         await self.health.close()
         if self._metrics_server is not None:
             await self._metrics_server.close()

@@ -1,4 +1,4 @@
-"""gRPC servicers: InferenceService and ControlService.
+"""gRPC servicer of InferenceService (ControlService is in :mod:`daemon.control`).
 
 Handlers validate, ask the router for the current client, call it, and translate. They
 hold no state of their own; errors are mapped in :mod:`daemon.errors` by the wrappers of
@@ -7,36 +7,21 @@ hold no state of their own; errors are mapped in :mod:`daemon.errors` by the wra
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator
 
 import grpc
 from google.protobuf import timestamp_pb2
 
-from clients._pb import common_pb2, control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc
-from supervisor import (
-    BreakerState,
-    ChildRequestError,
-    Chunk,
-    ExitCause,
-    InferenceClient,
-    LogLine,
-    State,
-    SwapInProgressError,
-    SwapProgress,
-    SwapRefusedError,
-)
+from clients._pb import common_pb2, inference_pb2, inference_pb2_grpc
+from supervisor import ChildRequestError, Chunk, InferenceClient, TokenizeUnavailableError
 
 from . import rpc, validation
-from .children import ManagedChild
 from .config import Limits
 from .errors import InvalidArgument
 from .metrics import Metrics
 from .router import InferenceRouter
-from .swaps import SwapManager, SwapPlan, check_plan_model
 
 ROLE_NAMES: dict[int, str] = {
     common_pb2.CHILD_ROLE_GENERATION: "generation",
@@ -50,15 +35,6 @@ _FINISH = {
     "stop": inference_pb2.FINISH_REASON_STOP,
     "length": inference_pb2.FINISH_REASON_LENGTH,
 }
-_STATES = {
-    State.IDLE: control_pb2.CHILD_STATE_IDLE,
-    State.STARTING: control_pb2.CHILD_STATE_STARTING,
-    State.RUNNING: control_pb2.CHILD_STATE_RUNNING,
-    State.BACKOFF: control_pb2.CHILD_STATE_BACKOFF,
-    State.FAILED: control_pb2.CHILD_STATE_FAILED,
-    State.STOPPED: control_pb2.CHILD_STATE_STOPPED,
-}
-
 
 def _role(value: int, default: str = "generation") -> str:
     if value == common_pb2.CHILD_ROLE_UNSPECIFIED:
@@ -148,9 +124,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         sampling = validation.sampling(request.sampling, self._limits)
         call.note(prompt_chars=len(prompt), max_tokens=sampling.max_tokens)
         async with self._router.admit("generation", context.time_remaining()) as client:
-            model = self._router.model_name("generation")
-            async for msg in self._stream(client.stream_completion(prompt, sampling), model,
-                                          call, received):
+            async for msg in self._stream(client.stream_completion(prompt, sampling),
+                                          client.model_name, call, received):
                 yield msg
 
     @rpc.stream("Chat")
@@ -165,9 +140,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         sampling = validation.sampling(request.sampling, self._limits)
         call.note(messages=len(messages), max_tokens=sampling.max_tokens)
         async with self._router.admit("generation", context.time_remaining()) as client:
-            model = self._router.model_name("generation")
-            async for msg in self._stream(client.stream_chat(messages, sampling), model, call,
-                                          received):
+            async for msg in self._stream(client.stream_chat(messages, sampling),
+                                          client.model_name, call, received):
                 yield msg
 
     @rpc.unary("Embed")
@@ -180,7 +154,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         texts = validation.embed_texts(request.texts, self._limits)
         call.note(texts=len(texts))
         async with self._router.admit("embedding", context.time_remaining()) as client:
-            await self._check_embed_context(client, texts)
+            ctx = self._router.child("embedding").context_tokens(client)
+            await self._check_embed_context(client, texts, ctx)
             try:
                 result = await client.embed(texts)
             except ChildRequestError as exc:
@@ -188,7 +163,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 if exc.status == 500 and "too large" in str(exc).lower():
                     raise InvalidArgument(
                         f"a text is longer than the embedding model's context "
-                        f"({self._embed_context() or '?'} tokens); split it"
+                        f"({ctx or '?'} tokens); split it"
                     ) from exc
                 raise
         normalize = request.normalize if request.HasField("normalize") else True
@@ -197,33 +172,29 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         call.note(dimension=dim, prompt_tokens=result.prompt_tokens)
         return inference_pb2.EmbedResponse(
             embeddings=[inference_pb2.Embedding(values=v) for v in vectors],
-            model=self._router.model_name("embedding"),
+            model=client.model_name,
             dimension=dim,
             prompt_tokens=result.prompt_tokens,
         )
 
-    def _embed_context(self) -> int:
-        """Tokens one embedding input may have: the model's context, or less if configured."""
-        child = self._router.child("embedding")
-        model_ctx = child.model.info.context_length if child.model.info else 0
-        configured = child.spec.ctx_size
-        return min(c for c in (model_ctx, configured) if c) if (model_ctx or configured) else 0
-
-    async def _check_embed_context(self, client: InferenceClient, texts: list[str]) -> None:
-        """Refuse a text longer than the embedding context, naming it.
+    async def _check_embed_context(self, client: InferenceClient, texts: list[str],
+                                   ctx: int) -> None:
+        """Refuse a text longer than the embedding context (``ctx`` tokens), naming it.
 
         The bundled runtime silently truncates such a text and llama-server fails the whole
         batch; both hide which input was at fault. A WordPiece/BPE token covers at least
         one character, so only texts longer than the context (in characters) need the
-        tokenizer's count.
+        tokenizer's count. An endpoint without a tokenizer is left to judge for itself.
         """
-        ctx = self._embed_context()
         if not ctx:
             return
         for i, text in enumerate(texts):
             if len(text) + 2 <= ctx:
                 continue
-            count = len(await client.tokenize(text, add_special=True))
+            try:
+                count = len(await client.tokenize(text, add_special=True))
+            except TokenizeUnavailableError:
+                return
             if count > ctx:
                 raise InvalidArgument(
                     f"texts[{i}] has {count} tokens; the embedding model's context is {ctx} "
@@ -247,208 +218,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         tokens = await client.tokenize(request.text, add_special=request.add_special)
         call.note(role=role, tokens=len(tokens))
         return inference_pb2.TokenizeResponse(
-            tokens=tokens, count=len(tokens), model=self._router.model_name(role)
+            tokens=tokens, count=len(tokens), model=client.model_name
         )
 
 
 def _l2(vector: list[float]) -> list[float]:
     norm = math.sqrt(math.fsum(x * x for x in vector))
     return [x / norm for x in vector] if norm > 0 else vector
-
-
-def _exit_cause(cause: ExitCause | None) -> control_pb2.ExitCause | None:
-    if cause is None:
-        return None
-    msg = control_pb2.ExitCause(
-        kind=cause.kind, signal=cause.signal, permanent=cause.permanent,
-        message=cause.message, at=_timestamp(cause.at),
-    )
-    if cause.exit_code is not None:
-        msg.exit_code = cause.exit_code
-    return msg
-
-
-def _log_line(role: str, line: LogLine) -> control_pb2.LogLine:
-    return control_pb2.LogLine(
-        role=ROLE_ENUMS[role], pid=line.pid, stream=line.stream, text=line.text,
-        time=_timestamp(line.time), seq=line.seq,
-    )
-
-
-_SWAP_STAGES = {
-    "validating": control_pb2.SWAP_STAGE_VALIDATING,
-    "launching": control_pb2.SWAP_STAGE_LAUNCHING,
-    "loading": control_pb2.SWAP_STAGE_LOADING,
-    "probing": control_pb2.SWAP_STAGE_PROBING,
-    "swapping": control_pb2.SWAP_STAGE_SWAPPING,
-    "draining": control_pb2.SWAP_STAGE_DRAINING,
-    "done": control_pb2.SWAP_STAGE_DONE,
-    "failed": control_pb2.SWAP_STAGE_FAILED,
-}
-
-
-class ControlServicer(control_pb2_grpc.ControlServiceServicer):
-    """Status, TailLogs, Swap and Reset."""
-
-    def __init__(
-        self,
-        children: Mapping[str, ManagedChild],
-        version: str,
-        started: float,
-        draining: Callable[[], bool],
-        *,
-        swaps: SwapManager,
-        metrics: Metrics | None = None,
-    ) -> None:
-        self._children = children
-        self._version = version
-        self._started = started
-        self._draining = draining
-        self._swaps = swaps
-        self.metrics = metrics
-
-    def child_status(self, role: str) -> control_pb2.ChildStatus:
-        child = self._children.get(role)
-        if child is None:
-            return control_pb2.ChildStatus(role=ROLE_ENUMS[role], enabled=False,
-                                           state=control_pb2.CHILD_STATE_STOPPED)
-        sup = child.supervisor
-        info = child.model.info
-        status = control_pb2.ChildStatus(
-            role=ROLE_ENUMS[role],
-            state=_STATES[sup.state],
-            pid=sup.pid,
-            model_path=str(child.spec.model),
-            model_sha256=child.model.sha256,
-            runtime=child.runtime.name,
-            port=sup.port,
-            uptime_seconds=sup.uptime(),
-            restarts=sup.restarts,
-            breaker=(control_pb2.BREAKER_STATE_OPEN if sup.breaker.state is BreakerState.OPEN
-                     else control_pb2.BREAKER_STATE_CLOSED),
-            consecutive_failures=sup.breaker.failures,
-            enabled=True,
-            model_architecture=info.architecture if info else "",
-            model_context_length=info.context_length if info else 0,
-            in_flight=child.admission.in_flight,
-            queued=child.admission.queued,
-            slots=child.admission.limit,
-        )
-        cause = _exit_cause(sup.last_exit)
-        if cause is not None:
-            status.last_exit.CopyFrom(cause)
-        if child.previous is not None:
-            status.previous_model_path = str(child.previous.spec.model)
-        if child.last_swap is not None:
-            swap = child.last_swap
-            status.last_swap.CopyFrom(control_pb2.SwapInfo(
-                from_model=swap.old, to_model=swap.new, at=_timestamp(swap.at),
-                reason=swap.reason, duration_seconds=swap.seconds,
-            ))
-        return status
-
-    @rpc.unary("Status")
-    async def Status(
-        self,
-        request: control_pb2.StatusRequest,
-        context: grpc.aio.ServicerContext,
-        call: rpc.Call,
-    ) -> control_pb2.StatusResponse:
-        return control_pb2.StatusResponse(
-            children=[self.child_status(r) for r in ("generation", "embedding")],
-            version=self._version,
-            daemon_uptime_seconds=time.monotonic() - self._started,
-            draining=self._draining(),
-        )
-
-    @rpc.stream("Swap")
-    async def Swap(
-        self,
-        request: control_pb2.SwapRequest,
-        context: grpc.aio.ServicerContext,
-        call: rpc.Call,
-    ) -> AsyncIterator[control_pb2.SwapProgress]:
-        role = _role(request.role)
-        if role not in self._children:
-            raise InvalidArgument(f"the {role} child is disabled; it cannot be swapped")
-        check_plan_model(request.model_path)
-        if request.HasField("ctx_size") and request.ctx_size > 1 << 20:
-            raise InvalidArgument("ctx_size must be at most 1048576")
-        plan = SwapPlan(
-            model=request.model_path,
-            extra_args=tuple(request.extra_args.split()) if request.HasField("extra_args")
-            else None,
-            ctx_size=request.ctx_size if request.HasField("ctx_size") else None,
-            rollback=request.rollback,
-            stop_old_first=request.stop_old_first,
-            reason=request.reason[:200],
-        )
-        call.note(role=role, rollback=plan.rollback)
-        began = time.monotonic()
-        queue: asyncio.Queue[SwapProgress | None] = asyncio.Queue()
-
-        async def run() -> None:
-            outcome = "failed"
-            try:
-                await self._swaps.swap(role, plan, queue.put_nowait)
-                outcome = "ok"
-            except (SwapInProgressError, SwapRefusedError, InvalidArgument):
-                outcome = "rejected"
-                raise
-            finally:
-                if self.metrics is not None:
-                    self.metrics.swap(role, outcome, time.monotonic() - began)
-                queue.put_nowait(None)
-
-        task = asyncio.create_task(run(), name=f"swap-{role}")
-        try:
-            while (event := await queue.get()) is not None:
-                msg = control_pb2.SwapProgress(
-                    stage=_SWAP_STAGES.get(event.stage, control_pb2.SWAP_STAGE_UNSPECIFIED),
-                    message=event.message,
-                    elapsed_seconds=time.monotonic() - began,
-                )
-                cause = _exit_cause(event.cause)
-                if cause is not None:
-                    msg.cause.CopyFrom(cause)
-                yield msg
-            await task  # raises the swap's error, mapped by the wrapper
-        finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-
-    @rpc.unary("Reset")
-    async def Reset(
-        self,
-        request: control_pb2.ResetRequest,
-        context: grpc.aio.ServicerContext,
-        call: rpc.Call,
-    ) -> control_pb2.ResetResponse:
-        role = _role(request.role)
-        child = self._children.get(role)
-        if child is None:
-            raise InvalidArgument(f"the {role} child is disabled")
-        child.supervisor.reset()
-        call.note(role=role)
-        return control_pb2.ResetResponse(state=_STATES[child.supervisor.state])
-
-    @rpc.stream("TailLogs")
-    async def TailLogs(
-        self,
-        request: control_pb2.TailLogsRequest,
-        context: grpc.aio.ServicerContext,
-        call: rpc.Call,
-    ) -> AsyncIterator[control_pb2.LogLine]:
-        role = _role(request.role)
-        child = self._children.get(role)
-        if child is None:
-            raise InvalidArgument(f"the {role} child is disabled; it has no logs")
-        call.note(role=role, follow=request.follow)
-        if request.follow:
-            async for line in child.ring.follow(request.lines):
-                yield _log_line(role, line)
-        else:
-            for line in child.ring.tail(request.lines):
-                yield _log_line(role, line)

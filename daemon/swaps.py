@@ -1,5 +1,7 @@
 """Model swaps, as the daemon offers them: what to swap to, whether it fits, rollback.
 
+Only a role in embedded mode has a model to swap; :mod:`daemon.modes` switches modes.
+
 The make-before-break mechanics live in :meth:`supervisor.Supervisor.swap`; this module
 decides the new :class:`~daemon.children.Setup` (a new model, other arguments, or the
 previous setup for a rollback), checks that the new child fits in memory beside the old
@@ -20,6 +22,7 @@ from supervisor import (
     InvalidModelError,
     State,
     SwapFailedError,
+    SwapInProgressError,
     SwapProgress,
     SwapRecord,
     SwapRefusedError,
@@ -92,6 +95,16 @@ class SwapManager:
         self._drain_timeout = drain_timeout
         self._on_swapped = on_swapped
 
+    @staticmethod
+    def _check(child: ManagedChild) -> None:
+        if child.mode.kind != "embedded":
+            raise SwapRefusedError(
+                f"the {child.role} role is in {child.mode.kind} mode: Swap replaces a "
+                "supervised child's model; ControlService/SetMode switches modes")
+        if child.switching.locked():
+            raise SwapInProgressError(f"a swap or mode switch of the {child.role} role is "
+                                      "already running")
+
     def _target(self, child: ManagedChild, plan: SwapPlan) -> Setup:
         if plan.rollback:
             if plan.model or plan.extra_args is not None or plan.ctx_size is not None:
@@ -106,7 +119,7 @@ class SwapManager:
                               extra_args=previous.spec.extra_args)
         if not plan.model and plan.extra_args is None and plan.ctx_size is None:
             raise InvalidArgument("nothing to swap: give model_path, extra_args or ctx_size")
-        current = child.current
+        current = child.setup
         return make_setup(
             child.role, plan.model or current.spec.model, current.runtime, child.config,
             ctx_size=current.spec.ctx_size if plan.ctx_size is None else plan.ctx_size,
@@ -123,6 +136,7 @@ class SwapManager:
             supervisor.SwapFailedError: see :meth:`supervisor.Supervisor.swap`.
         """
         child = self._children[role]
+        self._check(child)
         target = self._target(child, plan)
         reason = plan.reason or ("rollback" if plan.rollback else "")
         return await self.swap_to(role, target, reason=reason,
@@ -137,9 +151,28 @@ class SwapManager:
         stop_old_first: bool = False,
         progress: Callable[[SwapProgress], None] | None = None,
     ) -> SwapRecord:
-        """Swap ``role``'s child to ``target`` (a reload, a recycle, or a plan)."""
-        report = progress or (lambda _: None)
+        """Swap ``role``'s child to ``target`` (a reload, a recycle, or a plan).
+
+        Raises:
+            supervisor.SwapRefusedError: the role is not in embedded mode, or the new
+                child does not fit beside the old one (and ``stop_old_first`` is unset).
+            supervisor.SwapInProgressError, supervisor.SwapFailedError: see
+                :meth:`supervisor.Supervisor.swap`.
+        """
         child = self._children[role]
+        self._check(child)
+        async with child.switching:
+            try:
+                return await self._swap_to(child, target, reason, stop_old_first,
+                                           progress or (lambda _: None))
+            except SwapFailedError as exc:
+                child.last_error = exc.cause.message
+                raise
+
+    async def _swap_to(self, child: ManagedChild, target: Setup, reason: str,
+                       stop_old_first: bool,
+                       report: Callable[[SwapProgress], None]) -> SwapRecord:
+        role = child.role
         began = time.monotonic()
         need = memory_needed(target)
         available = memory_available()
@@ -151,7 +184,7 @@ class SwapManager:
                 "child; retry with stop_old_first to stop the old child first (the "
                 f"{role} service is then unavailable until the new child is ready)"
             )
-        old = child.current
+        old = child.setup
         if fits:
             await child.supervisor.swap(
                 child.launcher_factory(target), validate=target.model.validate,
@@ -181,7 +214,7 @@ class SwapManager:
             progress(SwapProgress("failed", str(exc), cause))
             raise SwapFailedError(cause) from exc
         progress(SwapProgress("draining", "stopping the old child first (asked for)"))
-        old_launcher, old_validate = sup.launcher, child.current.model.validate
+        old_launcher, old_validate = sup.launcher, child.setup.model.validate
         await sup.stop()
         progress(SwapProgress("launching"))
         sup.reconfigure(child.launcher_factory(target), target.model.validate)

@@ -149,10 +149,18 @@ class Retriever:
     """Hybrid retrieval over a directory of indexes (``root``)."""
 
     def __init__(self, root: Path, embedder: EmbedderProvider,
-                 limits: RetrievalLimits | None = None) -> None:
+                 limits: RetrievalLimits | None = None, *,
+                 unavailable_reason: Callable[[], str] | None = None) -> None:
+        """Args:
+            root: the directory of the indexes.
+            embedder: gives the embedder to use now, or None (search is then BM25-only).
+            limits: every limit, named.
+            unavailable_reason: says why ``embedder`` gave None, for search warnings.
+        """
         self.root = root
         self.limits = limits or RetrievalLimits()
         self._embedder = embedder
+        self._unavailable = unavailable_reason or (lambda: "embedding child unavailable")
         self._write = asyncio.Lock()
         self._store: Store | None = None
         self._text: TextIndex | None = None
@@ -579,7 +587,7 @@ class Retriever:
                              warnings: list[str]) -> list[tuple[int, float]] | None:
         embedder = self._embedder()
         if embedder is None:
-            warnings.append("embedding child unavailable: results are BM25-only")
+            warnings.append(f"{self._unavailable()}: results are BM25-only")
             return None
         if self._vectors is None or self._vector_model != embedder.model_id:
             if self._vectors is not None:

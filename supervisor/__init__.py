@@ -1,12 +1,32 @@
 """Supervision of llama.cpp children: state machine, backoff, breaker, process hygiene.
 
+The same machinery runs an external OpenAI-compatible endpoint in place of a child
+(:class:`EndpointLauncher`): readiness, liveness, backoff and make-before-break swaps.
+
 This package never imports gRPC; the daemon maps its errors to status codes.
 """
 
 from ._backoff import BreakerState, CircuitBreaker, RestartPolicy
-from ._child import Launcher, LiveChild, ProcessChild, ProcessLauncher, StartFailure, Timeouts
+from ._child import (
+    Launcher,
+    LiveChild,
+    ProcessChild,
+    ProcessLauncher,
+    StageSink,
+    StartFailure,
+    Timeouts,
+)
 from ._client import ApiShape, Chunk, EmbedResult, Health, InferenceClient, Sampling
 from ._clock import Clock, ManualClock, SystemClock
+from ._endpoint import (
+    ENDPOINT_KINDS,
+    EndpointClient,
+    display_url,
+    normalise_url,
+    read_api_key,
+    transport_error,
+)
+from ._endpoint_launch import EndpointLauncher, EndpointLink, EndpointSpec, pick_model
 from ._exits import ExitCause, classify_exit
 from ._gguf import GGUFInfo, read_gguf_info, sha256_file
 from ._logring import LogLine, LogRing
@@ -35,12 +55,15 @@ from .errors import (
     ChildBadRequestError,
     ChildNotReadyError,
     ChildRequestError,
+    EndpointError,
     IllegalTransitionError,
     InvalidModelError,
     SupervisorError,
+    TokenizeUnavailableError,
 )
 
 __all__ = [
+    "ENDPOINT_KINDS",
     "STAGES",
     "TRANSITIONS",
     "ApiShape",
@@ -54,6 +77,11 @@ __all__ = [
     "CircuitBreaker",
     "Clock",
     "EmbedResult",
+    "EndpointClient",
+    "EndpointError",
+    "EndpointLauncher",
+    "EndpointLink",
+    "EndpointSpec",
     "ExitCause",
     "GGUFInfo",
     "Health",
@@ -72,6 +100,7 @@ __all__ = [
     "RestartPolicy",
     "Runtime",
     "Sampling",
+    "StageSink",
     "StartFailure",
     "State",
     "StateChange",
@@ -85,13 +114,19 @@ __all__ = [
     "SwapRefusedError",
     "SystemClock",
     "Timeouts",
+    "TokenizeUnavailableError",
     "check_transition",
     "classify_exit",
+    "display_url",
     "fallback_chat_template",
     "find_llama_server",
+    "normalise_url",
+    "pick_model",
     "pick_runtime",
+    "read_api_key",
     "read_gguf_info",
     "sha256_file",
+    "transport_error",
 ]
 
 # Marker checked by the daemon at start: proves this `supervisor` is llamad's and not

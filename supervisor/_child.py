@@ -313,6 +313,7 @@ class ProcessLauncher:
         client = InferenceClient(
             f"http://127.0.0.1:{port}",
             model_id=alias,
+            model_name=self.spec.model.name,
             api=self.runtime.api,
             read_timeout=self._read_timeout,
         )

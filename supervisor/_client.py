@@ -8,10 +8,11 @@ Foreign exceptions (httpx's) are mapped here, at the boundary, into
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,24 +104,40 @@ class InferenceClient:
     llama.cpp server stop the generation it was running for that request.
     """
 
+    external = False
+    """True for a server llamad does not run (an endpoint): see :mod:`supervisor._endpoint`."""
+
     def __init__(
         self,
         base_url: str,
         *,
         model_id: str,
         api: ApiShape,
+        model_name: str = "",
+        headers: Mapping[str, str] | None = None,
         connect_timeout: float = 2.0,
         read_timeout: float = 300.0,
         max_connections: int = 64,
     ) -> None:
+        """Args:
+            base_url: the server's root (paths such as ``/v1/completions`` are appended).
+            model_id: the id the server knows the model by (a child's per-launch alias).
+            api: where the runtime keeps its non-standard endpoints.
+            model_name: what callers are told served them (default: ``model_id``).
+            headers: sent with every request (an endpoint's ``Authorization``).
+        """
         self.base_url = base_url
         self.model_id = model_id
+        self.model_name = model_name or model_id
+        self.context_length = 0
+        """Tokens one request may hold, when the server said so (0: unknown)."""
         self._api = api
         self._read_timeout = read_timeout
         # trust_env=False: an HTTP(S)_PROXY in the daemon's environment must never
         # capture loopback traffic to our own child.
         self._http = httpx.AsyncClient(
             base_url=base_url,
+            headers=dict(headers or {}),
             trust_env=False,
             timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
             limits=httpx.Limits(
@@ -162,10 +179,49 @@ class InferenceClient:
         data = await self._json("GET", "/v1/models", None, timeout=timeout)
         return [str(m.get("id", "")) for m in data.get("data", []) if isinstance(m, dict)]
 
+    # -- hooks for servers llamad does not run (supervisor._endpoint) -------------------
+
+    def _prepare(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The request body as sent (an endpoint adds its model id)."""
+        return body
+
+    def _retry_body(
+        self, body: dict[str, Any], error: ChildBadRequestError
+    ) -> dict[str, Any] | None:
+        """A smaller body to retry with after ``error`` (an HTTP 4xx), or None: do not
+        retry. Each retry must drop a field, so a request is retried at most once per
+        rejected field."""
+        return None
+
+    def _transport_error(self, method: str, path: str, exc: httpx.HTTPError) -> ChildRequestError:
+        """The error for a request that got no answer."""
+        return ChildRequestError(f"{method} {path}: {_describe(exc)}")
+
+    def _status_error(self, resp: httpx.Response, path: str) -> ChildRequestError:
+        """The error for an HTTP error answer (status >= 400)."""
+        message = _error_message(resp)
+        cls = ChildBadRequestError if 400 <= resp.status_code < 500 else ChildRequestError
+        return cls(f"{path}: HTTP {resp.status_code}: {message}", status=resp.status_code)
+
     # -- requests -------------------------------------------------------------------
 
     async def _json(
         self, method: str, path: str, body: dict[str, Any] | None, *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        if body is None:
+            return await self._json_once(method, path, None, timeout)
+        body = self._prepare(body)
+        while True:  # each retry drops a field: bounded by the body's size
+            try:
+                return await self._json_once(method, path, body, timeout)
+            except ChildBadRequestError as exc:
+                retry = self._retry_body(body, exc)
+                if retry is None or len(retry) >= len(body):
+                    raise
+                body = retry
+
+    async def _json_once(
+        self, method: str, path: str, body: dict[str, Any] | None, timeout: float | None
     ) -> dict[str, Any]:
         self._activity.in_flight += 1
         self._activity.last_progress = time.monotonic()
@@ -176,16 +232,19 @@ class InferenceClient:
             )
             self._activity.last_progress = time.monotonic()
         except httpx.HTTPError as exc:
-            raise ChildRequestError(f"{method} {path}: {_describe(exc)}") from exc
+            raise self._transport_error(method, path, exc) from exc
         finally:
             self._activity.in_flight -= 1
-        _raise_for_status(resp, path)
+        if resp.status_code >= 400:
+            raise self._status_error(resp, path)
         try:
             data = resp.json()
         except ValueError as exc:
-            raise ChildRequestError(f"{path}: answer is not JSON") from exc
+            raise ChildRequestError(f"{path}: answer is not JSON",
+                                    status=resp.status_code) from exc
         if not isinstance(data, dict):
-            raise ChildRequestError(f"{path}: answer is not a JSON object")
+            raise ChildRequestError(f"{path}: answer is not a JSON object",
+                                    status=resp.status_code)
         return data
 
     async def complete(self, prompt: str, sampling: Sampling) -> str:
@@ -196,6 +255,19 @@ class InferenceClient:
             return str(data["choices"][0]["text"])
         except (KeyError, IndexError, TypeError) as exc:
             raise ChildRequestError("/v1/completions: malformed answer") from exc
+
+    async def complete_chat(self, messages: Sequence[tuple[str, str]], sampling: Sampling) -> str:
+        """A whole (non-streamed) chat completion; used for readiness checks."""
+        body = {
+            "messages": [{"role": r, "content": c} for r, c in messages],
+            "stream": False,
+            **sampling.to_json(),
+        }
+        data = await self._json("POST", "/v1/chat/completions", body)
+        try:
+            return str(data["choices"][0]["message"].get("content") or "")
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise ChildRequestError("/v1/chat/completions: malformed answer") from exc
 
     def stream_completion(self, prompt: str, sampling: Sampling) -> AsyncIterator[Chunk]:
         """Stream a completion of ``prompt``."""
@@ -213,45 +285,61 @@ class InferenceClient:
         return self._stream("/v1/chat/completions", body, chat=True)
 
     async def _stream(self, path: str, body: dict[str, Any], *, chat: bool) -> AsyncIterator[Chunk]:
-        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        body = self._prepare({**body, "stream": True, "stream_options": {"include_usage": True}})
         activity = self._activity
         activity.in_flight += 1
         activity.last_progress = time.monotonic()
         try:
-            async with self._http.stream("POST", path, json=body) as resp:
-                if resp.status_code != 200:
+            while True:  # each retry drops a field: bounded by the body's size
+                async with self._http.stream("POST", path, json=body) as resp:
+                    if resp.status_code == 200:
+                        async with contextlib.aclosing(self._events(resp, path, chat=chat)) as it:
+                            async for chunk in it:
+                                yield chunk
+                        return
                     await resp.aread()
-                    _raise_for_status(resp, path)
-                finish: str | None = None
-                prompt_tokens: int | None = None
-                completion_tokens: int | None = None
-                async for line in resp.aiter_lines():
-                    activity.last_progress = time.monotonic()
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        break
-                    try:
-                        event = json.loads(payload)
-                    except ValueError as exc:
-                        raise ChildRequestError(f"{path}: malformed stream event") from exc
-                    if "error" in event:
-                        raise ChildRequestError(f"{path}: {event['error']}")
-                    usage = event.get("usage")
-                    if isinstance(usage, dict):
-                        prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
-                        completion_tokens = _int_or_none(usage.get("completion_tokens"))
-                    for choice in event.get("choices") or ():
-                        text = _choice_text(choice, chat)
-                        finish = choice.get("finish_reason") or finish
-                        if text:
-                            yield Chunk(text, 1)
-                yield Chunk("", 0, finish or "stop", prompt_tokens, completion_tokens)
+                error = self._status_error(resp, path)
+                retry = (self._retry_body(body, error)
+                         if isinstance(error, ChildBadRequestError) else None)
+                if retry is None or len(retry) >= len(body):
+                    raise error
+                body = retry
         except httpx.HTTPError as exc:
-            raise ChildRequestError(f"POST {path}: {_describe(exc)}") from exc
+            raise self._transport_error("POST", path, exc) from exc
         finally:
             activity.in_flight -= 1
+
+    async def _events(
+        self, resp: httpx.Response, path: str, *, chat: bool
+    ) -> AsyncGenerator[Chunk, None]:
+        """The chunks of one server-sent-events answer."""
+        activity = self._activity
+        finish: str | None = None
+        prompt_tokens: int | None = None
+        completion_tokens: int | None = None
+        async for line in resp.aiter_lines():
+            activity.last_progress = time.monotonic()
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                break
+            try:
+                event = json.loads(payload)
+            except ValueError as exc:
+                raise ChildRequestError(f"{path}: malformed stream event") from exc
+            if "error" in event:
+                raise ChildRequestError(f"{path}: {event['error']}")
+            usage = event.get("usage")
+            if isinstance(usage, dict):
+                prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
+                completion_tokens = _int_or_none(usage.get("completion_tokens"))
+            for choice in event.get("choices") or ():
+                text = _choice_text(choice, chat)
+                finish = choice.get("finish_reason") or finish
+                if text:
+                    yield Chunk(text, 1)
+        yield Chunk("", 0, finish or "stop", prompt_tokens, completion_tokens)
 
     async def embed(self, texts: Sequence[str]) -> EmbedResult:
         """Embed ``texts`` (one vector each, in order)."""
@@ -301,9 +389,8 @@ def _describe(exc: httpx.HTTPError) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _raise_for_status(resp: httpx.Response, path: str) -> None:
-    if resp.status_code < 400:
-        return
+def _error_message(resp: httpx.Response) -> str:
+    """The server's own words for an error answer (OpenAI's ``error.message``), clipped."""
     message = resp.text[:300]
     try:
         err = resp.json().get("error")
@@ -313,5 +400,4 @@ def _raise_for_status(resp: httpx.Response, path: str) -> None:
             message = err[:300]
     except (ValueError, AttributeError):
         pass
-    cls = ChildBadRequestError if 400 <= resp.status_code < 500 else ChildRequestError
-    raise cls(f"{path}: HTTP {resp.status_code}: {message}", status=resp.status_code)
+    return message

@@ -6,7 +6,12 @@ The tree::
     ├── InvalidModelError        the GGUF file is missing, unreadable or not a valid GGUF
     ├── ChildNotReadyError       no running child to serve a request (retry later)
     ├── ChildRequestError        the child answered a request with an error
-    │   └── ChildBadRequestError the child rejected the request itself (4xx): do not retry
+    │   ├── ChildBadRequestError the child rejected the request itself (4xx): do not retry
+    │   └── EndpointError        an external endpoint failed, with a named reason (``kind``):
+    │                            refused, unreachable, timeout, tls, auth, api_key,
+    │                            not_openai, unknown_model, not_chat, no_embeddings,
+    │                            endpoint_error
+    ├── TokenizeUnavailableError the inference endpoint offers no tokenizer
     └── IllegalTransitionError   a state change the state machine does not allow (a bug)
 
 None of these import or know about gRPC; ``daemon.errors`` maps them to status codes.
@@ -70,3 +75,24 @@ class ChildBadRequestError(ChildRequestError):
 
 class IllegalTransitionError(SupervisorError):
     """The state machine was asked for a transition its table does not allow."""
+
+
+class EndpointError(ChildRequestError):
+    """An external OpenAI-compatible endpoint cannot be used, and why.
+
+    Attributes:
+        kind: the reason, named (see :data:`supervisor._endpoint.ENDPOINT_KINDS`).
+        permanent: True when retrying the same endpoint settings cannot help (a wrong
+            key, a model it does not offer, a server that is not an OpenAI endpoint).
+        status: the HTTP status when one arrived.
+    """
+
+    def __init__(self, kind: str, message: str, *, permanent: bool,
+                 status: int | None = None) -> None:
+        self.kind = kind
+        self.permanent = permanent
+        super().__init__(message, status=status)
+
+
+class TokenizeUnavailableError(SupervisorError):
+    """The inference endpoint has no tokenizer API (only llama-server offers /tokenize)."""

@@ -12,6 +12,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class InferenceMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INFERENCE_MODE_UNSPECIFIED: _ClassVar[InferenceMode]
+    INFERENCE_MODE_EMBEDDED: _ClassVar[InferenceMode]
+    INFERENCE_MODE_ENDPOINT: _ClassVar[InferenceMode]
+    INFERENCE_MODE_DISABLED: _ClassVar[InferenceMode]
+
 class ChildState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CHILD_STATE_UNSPECIFIED: _ClassVar[ChildState]
@@ -39,6 +46,10 @@ class SwapStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SWAP_STAGE_DRAINING: _ClassVar[SwapStage]
     SWAP_STAGE_DONE: _ClassVar[SwapStage]
     SWAP_STAGE_FAILED: _ClassVar[SwapStage]
+INFERENCE_MODE_UNSPECIFIED: InferenceMode
+INFERENCE_MODE_EMBEDDED: InferenceMode
+INFERENCE_MODE_ENDPOINT: InferenceMode
+INFERENCE_MODE_DISABLED: InferenceMode
 CHILD_STATE_UNSPECIFIED: ChildState
 CHILD_STATE_IDLE: ChildState
 CHILD_STATE_STARTING: ChildState
@@ -59,6 +70,32 @@ SWAP_STAGE_DRAINING: SwapStage
 SWAP_STAGE_DONE: SwapStage
 SWAP_STAGE_FAILED: SwapStage
 
+class EndpointSettings(_message.Message):
+    __slots__ = ("url", "model", "api_key_file", "api_key_env")
+    URL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_FILE_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_ENV_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    model: str
+    api_key_file: str
+    api_key_env: str
+    def __init__(self, url: _Optional[str] = ..., model: _Optional[str] = ..., api_key_file: _Optional[str] = ..., api_key_env: _Optional[str] = ...) -> None: ...
+
+class SetModeRequest(_message.Message):
+    __slots__ = ("role", "mode", "endpoint", "model_path", "reason")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    role: _common_pb2.ChildRole
+    mode: InferenceMode
+    endpoint: EndpointSettings
+    model_path: str
+    reason: str
+    def __init__(self, role: _Optional[_Union[_common_pb2.ChildRole, str]] = ..., mode: _Optional[_Union[InferenceMode, str]] = ..., endpoint: _Optional[_Union[EndpointSettings, _Mapping]] = ..., model_path: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class ExitCause(_message.Message):
     __slots__ = ("kind", "exit_code", "signal", "permanent", "message", "at")
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -76,7 +113,7 @@ class ExitCause(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., exit_code: _Optional[int] = ..., signal: _Optional[str] = ..., permanent: _Optional[bool] = ..., message: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ChildStatus(_message.Message):
-    __slots__ = ("role", "state", "pid", "model_path", "model_sha256", "runtime", "port", "uptime_seconds", "restarts", "breaker", "consecutive_failures", "last_exit", "enabled", "model_architecture", "model_context_length", "previous_model_path", "last_swap", "in_flight", "queued", "slots")
+    __slots__ = ("role", "state", "pid", "model_path", "model_sha256", "runtime", "port", "uptime_seconds", "restarts", "breaker", "consecutive_failures", "last_exit", "enabled", "model_architecture", "model_context_length", "previous_model_path", "last_swap", "in_flight", "queued", "slots", "mode", "endpoint_url", "endpoint_model", "last_error")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +134,10 @@ class ChildStatus(_message.Message):
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_URL_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_MODEL_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     role: _common_pb2.ChildRole
     state: ChildState
     pid: int
@@ -117,7 +158,11 @@ class ChildStatus(_message.Message):
     in_flight: int
     queued: int
     slots: int
-    def __init__(self, role: _Optional[_Union[_common_pb2.ChildRole, str]] = ..., state: _Optional[_Union[ChildState, str]] = ..., pid: _Optional[int] = ..., model_path: _Optional[str] = ..., model_sha256: _Optional[str] = ..., runtime: _Optional[str] = ..., port: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., restarts: _Optional[int] = ..., breaker: _Optional[_Union[BreakerState, str]] = ..., consecutive_failures: _Optional[int] = ..., last_exit: _Optional[_Union[ExitCause, _Mapping]] = ..., enabled: _Optional[bool] = ..., model_architecture: _Optional[str] = ..., model_context_length: _Optional[int] = ..., previous_model_path: _Optional[str] = ..., last_swap: _Optional[_Union[SwapInfo, _Mapping]] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., slots: _Optional[int] = ...) -> None: ...
+    mode: InferenceMode
+    endpoint_url: str
+    endpoint_model: str
+    last_error: str
+    def __init__(self, role: _Optional[_Union[_common_pb2.ChildRole, str]] = ..., state: _Optional[_Union[ChildState, str]] = ..., pid: _Optional[int] = ..., model_path: _Optional[str] = ..., model_sha256: _Optional[str] = ..., runtime: _Optional[str] = ..., port: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., restarts: _Optional[int] = ..., breaker: _Optional[_Union[BreakerState, str]] = ..., consecutive_failures: _Optional[int] = ..., last_exit: _Optional[_Union[ExitCause, _Mapping]] = ..., enabled: _Optional[bool] = ..., model_architecture: _Optional[str] = ..., model_context_length: _Optional[int] = ..., previous_model_path: _Optional[str] = ..., last_swap: _Optional[_Union[SwapInfo, _Mapping]] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., slots: _Optional[int] = ..., mode: _Optional[_Union[InferenceMode, str]] = ..., endpoint_url: _Optional[str] = ..., endpoint_model: _Optional[str] = ..., last_error: _Optional[str] = ...) -> None: ...
 
 class SwapInfo(_message.Message):
     __slots__ = ("from_model", "to_model", "at", "reason", "duration_seconds")

@@ -55,6 +55,11 @@ class ControlServiceStub:
                 request_serializer=llamad_dot_v1_dot_control__pb2.ResetRequest.SerializeToString,
                 response_deserializer=llamad_dot_v1_dot_control__pb2.ResetResponse.FromString,
                 _registered_method=True)
+        self.SetMode = channel.unary_stream(
+                '/llamad.v1.ControlService/SetMode',
+                request_serializer=llamad_dot_v1_dot_control__pb2.SetModeRequest.SerializeToString,
+                response_deserializer=llamad_dot_v1_dot_control__pb2.SwapProgress.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -94,6 +99,22 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetMode(self, request, context):
+        """Switches a role between a supervised child (embedded), an external OpenAI-compatible
+        endpoint, and disabled, through the same make-before-break path as Swap: the new
+        child or endpoint must pass readiness (the endpoint lists the model and answers one
+        real request) before the role's client switches atomically; calls running on the old
+        one finish (bounded by swap.drain_timeout), then a child that is left is stopped.
+        Streams the stages. A failed switch ends with the FAILED stage (its cause names the
+        reason: refused, auth, tls, not_openai, unknown_model, ...) and status ABORTED, the
+        old mode still serving. Switching to disabled refuses new calls at once
+        (FAILED_PRECONDITION) and lets running ones finish. A switch racing a swap or another
+        switch of the same role fails with FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -116,6 +137,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.Reset,
                     request_deserializer=llamad_dot_v1_dot_control__pb2.ResetRequest.FromString,
                     response_serializer=llamad_dot_v1_dot_control__pb2.ResetResponse.SerializeToString,
+            ),
+            'SetMode': grpc.unary_stream_rpc_method_handler(
+                    servicer.SetMode,
+                    request_deserializer=llamad_dot_v1_dot_control__pb2.SetModeRequest.FromString,
+                    response_serializer=llamad_dot_v1_dot_control__pb2.SwapProgress.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -226,6 +252,33 @@ class ControlService:
             '/llamad.v1.ControlService/Reset',
             llamad_dot_v1_dot_control__pb2.ResetRequest.SerializeToString,
             llamad_dot_v1_dot_control__pb2.ResetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetMode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/llamad.v1.ControlService/SetMode',
+            llamad_dot_v1_dot_control__pb2.SetModeRequest.SerializeToString,
+            llamad_dot_v1_dot_control__pb2.SwapProgress.FromString,
             options,
             channel_credentials,
             insecure,

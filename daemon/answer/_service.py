@@ -23,11 +23,13 @@ from clients._pb import answer_pb2_grpc
 from clients._pb import inference_pb2 as ipb
 from clients._pb import retrieval_pb2 as rpb
 from retrieval import Filters, Hit, Retriever
+from supervisor import InferenceClient, TokenizeUnavailableError
 
 from .. import rpc, validation
 from ..config import Limits
 from ..errors import InvalidArgument, OutOfRange
 from ..metrics import Metrics
+from ..retrieval_service import estimate_tokens
 from ..router import InferenceRouter
 from ._audit import AuditLog
 from ._cache import CachedAnswer, ResponseCache
@@ -86,15 +88,25 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
         self._audit = audit
         self.metrics = metrics
 
-    def _budget(self, max_tokens: int) -> int:
+    def _budget(self, client: InferenceClient, max_tokens: int) -> int:
         child = self._router.child("generation")
-        info = child.model.info
-        ctx = child.spec.ctx_size or (info.context_length if info else 2048)
+        if client.external:
+            ctx = client.context_length or 2048
+        elif child.current is not None and child.spec.ctx_size:
+            ctx = child.spec.ctx_size
+        else:
+            info = child.current.model.info if child.current is not None else None
+            ctx = info.context_length if info else 2048
         return ctx - max_tokens
 
-    def _model_id(self) -> str:
-        model = self._router.child("generation").model
-        return f"{model.path.name}@{model.sha256[:16] or model.path.stat().st_size}"
+    def _model_id(self, client: InferenceClient) -> str:
+        """The cache key's model part: what will generate the answer."""
+        child = self._router.child("generation")
+        identity = child.model_identity(client)
+        if identity or child.current is None:
+            return identity or client.model_name
+        model = child.current.model
+        return f"{model.path.name}@{model.path.stat().st_size}"  # SHA-256 not known yet
 
     def _check(self, request: apb.AskRequest) -> tuple[str, list[tuple[str, str]]]:
         s = self._settings
@@ -182,13 +194,24 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
         client = self._router.client("generation")
 
         async def count(text: str) -> int:
-            return len(await client.tokenize(text)) if text else 0
+            if not text:
+                return 0
+            try:
+                return len(await client.tokenize(text))
+            except TokenizeUnavailableError:
+                # Only an endpoint has no tokenizer. A conservative estimate keeps the
+                # prompt under the budget (it drops a source sooner than needed, never
+                # overflows); said in the answer's warnings.
+                if "token counts are estimated" not in " ".join(warnings):
+                    warnings.append("token counts are estimated: the generation endpoint "
+                                    "offers no tokenizer")
+                return estimate_tokens(text)
 
         try:
             assembled = await assemble(
                 question=question, task=task, hits=hits, history=history,
                 attachment=request.attachment,
-                budget=self._budget(sampling.max_tokens), count_tokens=count)
+                budget=self._budget(client, sampling.max_tokens), count_tokens=count)
         except PromptTooLarge as exc:
             raise OutOfRange(str(exc)) from None
         citations = [
@@ -198,7 +221,7 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
         ]
         sources = apb.AskResponse(sources=apb.AskSources(
             citations=citations, retrieval_mode=_mode(mode), warnings=warnings))
-        model = self._model_id()
+        model = self._model_id(client)
         cached = None if request.no_cache else self._cache.get(model, assembled.sha256)
         first: float | None = None
         if cached is not None:

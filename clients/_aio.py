@@ -1,0 +1,323 @@
+"""The asyncio llamad client: the same calls as :class:`clients.Client`, awaitable.
+
+Unary calls are coroutines; streaming calls return async iterators at once (the RPC
+starts on the first read). Cancelling the awaiting task cancels the RPC, and the daemon
+stops the work; so does leaving ``async with`` / ``aclose()`` / dropping a stream.
+
+Example:
+    >>> import asyncio
+    >>> from clients import AsyncClient
+    >>> async def main() -> None:
+    ...     async with AsyncClient() as llamad:
+    ...         async for chunk in llamad.generate("Hello", max_tokens=8):
+    ...             print(chunk.text, end="")
+    ...         print((await llamad.status()).version)
+    >>> asyncio.run(main())                                       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from . import _convert as cv
+from . import _requests as rq
+from ._channel import DEFAULT, ChannelSettings, Timeout, _Default, settings
+from ._pb import (
+    answer_pb2_grpc,
+    control_pb2,
+    control_pb2_grpc,
+    inference_pb2_grpc,
+    retrieval_pb2,
+    retrieval_pb2_grpc,
+)
+from ._stream import AsyncAskStream, AsyncStream, AsyncTextStream
+from ._types import (
+    DaemonStatus,
+    Document,
+    Embeddings,
+    LogLine,
+    Mode,
+    ReindexProgress,
+    RetrievalStatus,
+    Role,
+    SearchResult,
+    Source,
+    SwapProgress,
+    Task,
+    Tokens,
+)
+from .errors import NotFound, Unavailable, from_rpc_error
+
+__all__ = ["AsyncClient"]
+
+
+class AsyncClient:
+    """An asyncio client for llamad over one ``grpc.aio`` channel.
+
+    Takes the same arguments as :class:`clients.Client`, with the same deadlines, retries
+    and errors. Create it inside the event loop that uses it (gRPC binds the channel to
+    that loop), and ``await close()`` it, or use ``async with``.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        timeout: float | None = 30.0,
+        stream_timeout: float | None = None,
+        tls: bool = False,
+        ca_file: str | os.PathLike[str] | None = None,
+        cert_file: str | os.PathLike[str] | None = None,
+        key_file: str | os.PathLike[str] | None = None,
+        token: str | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+        server_name: str | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        self._settings: ChannelSettings = settings(
+            address, tls=tls, ca_file=ca_file, cert_file=cert_file, key_file=key_file,
+            token=token, token_file=token_file, server_name=server_name, options=options)
+        self.timeout = timeout
+        self.stream_timeout = stream_timeout
+        s = self._settings
+        if s.secure:
+            self._channel = grpc.aio.secure_channel(s.target, s.credentials, options=s.options)
+        else:
+            self._channel = grpc.aio.insecure_channel(s.target, options=s.options)
+        # The generated *_grpc modules carry no type hints.
+        self._inference = inference_pb2_grpc.InferenceServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._control = control_pb2_grpc.ControlServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._retrieval = retrieval_pb2_grpc.RetrievalServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._answer = answer_pb2_grpc.AnswerServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    @property
+    def address(self) -> str:
+        """The gRPC target this client talks to."""
+        return self._settings.target
+
+    async def close(self) -> None:
+        """Close the channel; running calls are cancelled."""
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- plumbing -------------------------------------------------------------------------
+
+    def _deadline(self, timeout: Timeout, stream: bool) -> float | None:
+        if isinstance(timeout, _Default):
+            return self.stream_timeout if stream else self.timeout
+        return timeout
+
+    async def _unary(self, method: Any, request: Any, timeout: Timeout) -> Any:
+        try:
+            return await method(request, timeout=self._deadline(timeout, False),
+                                metadata=self._settings.metadata)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from exc
+
+    def _call(self, method: Any, request: Any, timeout: Timeout) -> Any:
+        return method(request, timeout=self._deadline(timeout, True),
+                      metadata=self._settings.metadata)
+
+    # --- InferenceService -----------------------------------------------------------------
+
+    def generate(self, prompt: str, *, max_tokens: int | None = None,
+                 temperature: float | None = None, top_p: float | None = None,
+                 top_k: int | None = None, seed: int | None = None, stop: Sequence[str] = (),
+                 timeout: Timeout = DEFAULT) -> AsyncTextStream:
+        """Stream the completion of a raw prompt (see :meth:`Client.generate`)."""
+        request = rq.generate(prompt, max_tokens=max_tokens, temperature=temperature,
+                              top_p=top_p, top_k=top_k, seed=seed, stop=stop)
+        return AsyncTextStream(self._call(self._inference.Generate, request, timeout),
+                               cv.generate_chunk)
+
+    def chat(self, messages: Iterable[cv.ChatInput], *, max_tokens: int | None = None,
+             temperature: float | None = None, top_p: float | None = None,
+             top_k: int | None = None, seed: int | None = None, stop: Sequence[str] = (),
+             timeout: Timeout = DEFAULT) -> AsyncTextStream:
+        """Stream a chat completion (see :meth:`Client.chat`)."""
+        request = rq.chat(messages, max_tokens=max_tokens, temperature=temperature,
+                          top_p=top_p, top_k=top_k, seed=seed, stop=stop)
+        return AsyncTextStream(self._call(self._inference.Chat, request, timeout),
+                               cv.generate_chunk)
+
+    async def embed(self, texts: str | Sequence[str], *, normalize: bool | None = None,
+                    timeout: Timeout = DEFAULT) -> Embeddings:
+        """Embed texts, one vector per text (see :meth:`Client.embed`)."""
+        resp = await self._unary(self._inference.Embed, rq.embed(texts, normalize), timeout)
+        return cv.embeddings(resp)
+
+    async def tokenize(self, text: str, *, role: Role = "generation",
+                       add_special: bool = False, timeout: Timeout = DEFAULT) -> Tokens:
+        """Tokenize with the ``role`` model's tokenizer (see :meth:`Client.tokenize`)."""
+        request = rq.tokenize(text, role, add_special)
+        return cv.tokens(await self._unary(self._inference.Tokenize, request, timeout))
+
+    # --- ControlService -------------------------------------------------------------------
+
+    async def status(self, *, timeout: Timeout = DEFAULT) -> DaemonStatus:
+        """A snapshot of every child and the daemon (see :meth:`Client.status`)."""
+        resp = await self._unary(self._control.Status, control_pb2.StatusRequest(), timeout)
+        return cv.daemon_status(resp)
+
+    def tail_logs(self, role: Role = "generation", *, lines: int = 0, follow: bool = False,
+                  timeout: Timeout = DEFAULT) -> AsyncStream[LogLine]:
+        """Stream a child's output lines (see :meth:`Client.tail_logs`)."""
+        request = rq.tail_logs(role, lines, follow)
+        return AsyncStream(self._call(self._control.TailLogs, request, timeout), cv.log_line)
+
+    def swap(self, role: Role = "generation", model_path: str | os.PathLike[str] = "", *,
+             extra_args: str | None = None, ctx_size: int | None = None,
+             rollback: bool = False, stop_old_first: bool = False, reason: str = "",
+             timeout: Timeout = DEFAULT) -> AsyncStream[SwapProgress]:
+        """Swap a child's model, streaming stages (see :meth:`Client.swap`)."""
+        request = rq.swap(role, model_path, extra_args=extra_args, ctx_size=ctx_size,
+                          rollback=rollback, stop_old_first=stop_old_first, reason=reason)
+        return AsyncStream(self._call(self._control.Swap, request, timeout),
+                           cv.swap_progress)
+
+    def set_mode(self, role: Role, mode: Mode, *, endpoint_url: str = "",
+                 endpoint_model: str = "", api_key_file: str = "", api_key_env: str = "",
+                 model_path: str | os.PathLike[str] = "", reason: str = "",
+                 timeout: Timeout = DEFAULT) -> AsyncStream[SwapProgress]:
+        """Switch a role's inference mode, streaming stages (see :meth:`Client.set_mode`)."""
+        request = rq.set_mode(role, mode, endpoint_url=endpoint_url,
+                              endpoint_model=endpoint_model, api_key_file=api_key_file,
+                              api_key_env=api_key_env, model_path=model_path, reason=reason)
+        return AsyncStream(self._call(self._control.SetMode, request, timeout),
+                           cv.swap_progress)
+
+    async def reset(self, role: Role = "generation", *, timeout: Timeout = DEFAULT) -> str:
+        """Close a child's breaker and retry its start; return its state."""
+        resp = await self._unary(self._control.Reset, rq.reset(role), timeout)
+        return cv.child_state(resp.state)
+
+    # --- RetrievalService -----------------------------------------------------------------
+
+    async def search(self, query: str, *, top_k: int = 0, sources: Sequence[str] = (),
+                     kinds: Sequence[str] = (), categories: Sequence[str] = (),
+                     tags: Sequence[str] = (), indexed_since: datetime | None = None,
+                     indexed_until: datetime | None = None,
+                     timeout: Timeout = DEFAULT) -> SearchResult:
+        """Hybrid search (see :meth:`Client.search`)."""
+        request = rq.search(query, top_k=top_k, sources=sources, kinds=kinds,
+                            categories=categories, tags=tags, indexed_since=indexed_since,
+                            indexed_until=indexed_until)
+        return cv.search_result(await self._unary(self._retrieval.Search, request, timeout))
+
+    async def upsert_document(self, source_id: str, text: str, *, document_id: str = "",
+                              title: str = "", kind: str = "text", category: str = "",
+                              tags: Sequence[str] = (),
+                              timeout: Timeout = DEFAULT) -> Document:
+        """Index a pushed document (see :meth:`Client.upsert_document`)."""
+        request = rq.upsert_document(source_id, text, document_id=document_id, title=title,
+                                     kind=kind, category=category, tags=tags)
+        resp = await self._unary(self._retrieval.UpsertDocument, request, timeout)
+        return cv.document(resp.document)
+
+    async def delete_document(self, document_id: str, *,
+                              timeout: Timeout = DEFAULT) -> bool:
+        """Delete a document; return whether it existed."""
+        request = retrieval_pb2.DeleteDocumentRequest(id=document_id)
+        resp = await self._unary(self._retrieval.DeleteDocument, request, timeout)
+        return bool(resp.deleted)
+
+    async def get_document(self, document_id: str, *, timeout: Timeout = DEFAULT) -> Document:
+        """A document's metadata and state; raises NotFound when there is none."""
+        request = retrieval_pb2.GetDocumentRequest(id=document_id)
+        return cv.document(await self._unary(self._retrieval.GetDocument, request, timeout))
+
+    async def list_documents(self, source_id: str = "", *,
+                             timeout: Timeout = DEFAULT) -> list[Document]:
+        """Every document of a source (or of every source)."""
+        request = retrieval_pb2.ListDocumentsRequest(source_id=source_id)
+        resp = await self._unary(self._retrieval.ListDocuments, request, timeout)
+        return [cv.document(d) for d in resp.documents]
+
+    async def add_source(self, source_id: str, path: str | os.PathLike[str] = "", *,
+                         category: str = "", tags: Sequence[str] = (),
+                         timeout: Timeout = DEFAULT) -> Source:
+        """Add (or update) a directory or push source (see :meth:`Client.add_source`)."""
+        request = rq.add_source(source_id, path, category=category, tags=tags)
+        return cv.source(await self._unary(self._retrieval.AddSource, request, timeout))
+
+    async def remove_source(self, source_id: str, *, timeout: Timeout = DEFAULT) -> int:
+        """Remove a source and its documents; return how many chunks were removed."""
+        request = retrieval_pb2.RemoveSourceRequest(id=source_id)
+        resp = await self._unary(self._retrieval.RemoveSource, request, timeout)
+        return int(resp.chunks_removed)
+
+    async def list_sources(self, *, timeout: Timeout = DEFAULT) -> list[Source]:
+        """Every source, with its document count and last scan."""
+        resp = await self._unary(self._retrieval.ListSources,
+                                 retrieval_pb2.ListSourcesRequest(), timeout)
+        return [cv.source(s) for s in resp.sources]
+
+    def reindex(self, source_id: str = "", *,
+                timeout: Timeout = DEFAULT) -> AsyncStream[ReindexProgress]:
+        """Rescan directory sources, streaming progress (see :meth:`Client.reindex`)."""
+        request = retrieval_pb2.ReindexRequest(source_id=source_id)
+        return AsyncStream(self._call(self._retrieval.Reindex, request, timeout),
+                           cv.reindex_progress)
+
+    async def retrieval_status(self, *, timeout: Timeout = DEFAULT) -> RetrievalStatus:
+        """Sizes of the retrieval index."""
+        resp = await self._unary(self._retrieval.Status,
+                                 retrieval_pb2.RetrievalStatusRequest(), timeout)
+        return cv.retrieval_status(resp)
+
+    # --- AnswerService --------------------------------------------------------------------
+
+    def ask(self, question: str, *, top_k: int = 0, sources: Sequence[str] = (),
+            kinds: Sequence[str] = (), categories: Sequence[str] = (),
+            tags: Sequence[str] = (), history: Iterable[cv.ChatInput] = (),
+            task: Task = "answer", attachment: str = "", max_tokens: int | None = None,
+            temperature: float | None = None, seed: int | None = None, no_cache: bool = False,
+            timeout: Timeout = DEFAULT) -> AsyncAskStream:
+        """A grounded answer, streamed, then its sources (see :meth:`Client.ask`)."""
+        request = rq.ask(question, top_k=top_k, sources=sources, kinds=kinds,
+                         categories=categories, tags=tags, history=history, task=task,
+                         attachment=attachment, max_tokens=max_tokens,
+                         temperature=temperature, seed=seed, no_cache=no_cache)
+        return AsyncAskStream(self._call(self._answer.Ask, request, timeout), cv.ask_event)
+
+    # --- health ---------------------------------------------------------------------------
+
+    async def health(self, service: str = "", *, timeout: Timeout = DEFAULT) -> str:
+        """``serving``, ``not_serving`` or ``service_unknown`` (see :meth:`Client.health`)."""
+        request = health_pb2.HealthCheckRequest(service=service)
+        try:
+            resp = await self._unary(self._health.Check, request, timeout)
+        except NotFound:
+            return "service_unknown"
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)).lower()
+
+    async def wait_serving(self, service: str = "", *, timeout: float = 120.0) -> None:
+        """Wait until ``service`` is SERVING, waiting for the daemon to come up too.
+
+        Raises:
+            DeadlineExceeded: not serving within ``timeout`` seconds.
+        """
+        request = health_pb2.HealthCheckRequest(service=service)
+        call = self._health.Watch(request, timeout=timeout, wait_for_ready=True,
+                                  metadata=self._settings.metadata)
+
+        def serving(msg: Any) -> bool | None:
+            return True if msg.status == health_pb2.HealthCheckResponse.SERVING else None
+
+        async with AsyncStream(call, serving) as updates:
+            async for _ in updates:
+                return
+        raise Unavailable("the health watch ended before the service was serving",
+                          code="UNAVAILABLE")

@@ -1,0 +1,198 @@
+"""How a client reaches llamad: address, channel options, retry policy, credentials.
+
+Retries are gRPC's own (``grpc.enable_retries`` plus a ``retryPolicy`` in the channel's
+service config), never a loop in this package:
+
+* Every llamad RPC and ``grpc.health.v1.Health/Check`` is retried on ``UNAVAILABLE`` only
+  (daemon not reachable yet, draining, child starting), up to :data:`MAX_ATTEMPTS`
+  attempts in all, with exponential backoff and jitter (gRPC's). Other codes are final.
+  Unary RPCs that change state (upsert, delete, add/remove source, reset) are safe to
+  retry: the daemon either refused them before doing anything, or they are idempotent.
+* A streaming RPC is retried the same way only until the daemon sends its first message:
+  gRPC commits the call when the response headers arrive (the daemon sends them with the
+  first message), so a stream that fails after its first message is never retried —
+  nothing is replayed or duplicated. The error is raised from the iterator.
+* ``retryThrottling`` stops retrying when most recent calls fail (a daemon that is down
+  for long), so a busy caller does not multiply its load.
+* A retry hint the daemon sends (``retry-after-ms``) is not what gRPC's backoff reads;
+  once the attempts are spent the error carries it as ``retry_after``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, TypeAlias
+
+import grpc
+
+from ._pb import answer_pb2, control_pb2, inference_pb2, retrieval_pb2
+
+
+class _Default(enum.Enum):
+    DEFAULT = "default"
+
+
+DEFAULT: Final = _Default.DEFAULT
+"""Per-call ``timeout`` default: use the client's (``timeout`` for unary calls,
+``stream_timeout`` for streams)."""
+
+Timeout: TypeAlias = float | _Default | None
+"""A per-call deadline in seconds; None for none; :data:`DEFAULT` for the client's."""
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+ADDRESS_ENV = "LLAMAD_ADDRESS"
+MAX_ATTEMPTS = 4
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+_SERVICES = (
+    inference_pb2.DESCRIPTOR.services_by_name["InferenceService"],
+    control_pb2.DESCRIPTOR.services_by_name["ControlService"],
+    retrieval_pb2.DESCRIPTOR.services_by_name["RetrievalService"],
+    answer_pb2.DESCRIPTOR.services_by_name["AnswerService"],
+)
+HEALTH_SERVICE = "grpc.health.v1.Health"
+
+_RETRY_POLICY = {
+    "maxAttempts": MAX_ATTEMPTS,
+    "initialBackoff": "0.1s",
+    "maxBackoff": "2s",
+    "backoffMultiplier": 2,
+    "retryableStatusCodes": ["UNAVAILABLE"],
+}
+
+
+def _names(streaming: bool) -> list[dict[str, str]]:
+    names = [
+        {"service": service.full_name, "method": method.name}
+        for service in _SERVICES
+        for method in service.methods
+        if method.server_streaming == streaming
+    ]
+    if not streaming:
+        names.append({"service": HEALTH_SERVICE, "method": "Check"})
+    return names
+
+
+def service_config() -> dict[str, Any]:
+    """The channel's service config: retry policies for unary and streaming methods."""
+    return {
+        "methodConfig": [
+            {"name": _names(streaming=False), "retryPolicy": dict(_RETRY_POLICY)},
+            {"name": _names(streaming=True), "retryPolicy": dict(_RETRY_POLICY)},
+        ],
+        # One failed attempt costs a token, a success earns 0.1; below 5 of 10, no retries.
+        "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1},
+    }
+
+
+SERVICE_CONFIG_JSON = json.dumps(service_config(), separators=(",", ":"))
+
+
+def resolve_address(address: str | None) -> str:
+    """The gRPC target for ``address``, ``$LLAMAD_ADDRESS`` or the default.
+
+    ``host:port`` and ``unix:/path`` pass through; a bare absolute path is taken as a
+    unix socket.
+
+    Raises:
+        ValueError: an empty address.
+
+    Example:
+        >>> resolve_address("/run/llamad/llamad.sock")
+        'unix:/run/llamad/llamad.sock'
+    """
+    value = (address if address is not None else os.environ.get(ADDRESS_ENV, "")).strip()
+    if address is None and not value:
+        value = DEFAULT_ADDRESS
+    if not value:
+        raise ValueError("the daemon address is empty")
+    if value.startswith("/"):
+        return f"unix:{value}"
+    return value
+
+
+def _read(path: str | os.PathLike[str], what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read the {what} {os.fspath(path)}: "
+                         f"{exc.strerror or exc}") from None
+
+
+@dataclass(frozen=True)
+class ChannelSettings:
+    """Everything needed to open a channel and make calls on it."""
+
+    target: str
+    credentials: Any  # grpc.ChannelCredentials, or None for a plaintext channel
+    metadata: tuple[tuple[str, str], ...]
+    options: tuple[tuple[str, Any], ...]
+
+    @property
+    def secure(self) -> bool:
+        return self.credentials is not None
+
+
+def settings(
+    address: str | None = None,
+    *,
+    tls: bool = False,
+    ca_file: str | os.PathLike[str] | None = None,
+    cert_file: str | os.PathLike[str] | None = None,
+    key_file: str | os.PathLike[str] | None = None,
+    token: str | None = None,
+    token_file: str | os.PathLike[str] | None = None,
+    server_name: str | None = None,
+    options: Sequence[tuple[str, Any]] = (),
+) -> ChannelSettings:
+    """Validate the connection options and build the channel settings.
+
+    TLS is on when ``tls`` is true or any certificate file is given. The bearer token goes
+    in call credentials on a TLS channel; on a plaintext channel (loopback or a unix
+    socket: the daemon listens on nothing else without TLS) it is sent as the
+    ``authorization`` metadata of every call.
+
+    Raises:
+        ValueError: unreadable files, a certificate without its key (or the reverse), both
+            ``token`` and ``token_file``, an empty token.
+    """
+    target = resolve_address(address)
+    if token is not None and token_file is not None:
+        raise ValueError("give token or token_file, not both")
+    if token_file is not None:
+        token = _read(token_file, "token file").decode().strip()
+        if not token:
+            raise ValueError(f"the token file {os.fspath(token_file)} is empty")
+    if token is not None and not token.strip():
+        raise ValueError("the token is empty")
+    if (cert_file is None) != (key_file is None):
+        raise ValueError("mutual TLS needs both cert_file and key_file")
+    tls = tls or any(f is not None for f in (ca_file, cert_file, key_file))
+    opts: list[tuple[str, Any]] = [
+        ("grpc.enable_retries", 1),
+        ("grpc.service_config", SERVICE_CONFIG_JSON),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ]
+    if server_name:
+        opts.append(("grpc.ssl_target_name_override", server_name))
+    opts.extend(options)
+    credentials = None
+    metadata: tuple[tuple[str, str], ...] = ()
+    if tls:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=_read(ca_file, "CA file") if ca_file is not None else None,
+            private_key=_read(key_file, "key file") if key_file is not None else None,
+            certificate_chain=_read(cert_file, "certificate file")
+            if cert_file is not None else None,
+        )
+        if token is not None:
+            credentials = grpc.composite_channel_credentials(
+                credentials, grpc.access_token_call_credentials(token.strip()))
+    elif token is not None:
+        metadata = (("authorization", f"Bearer {token.strip()}"),)
+    return ChannelSettings(target, credentials, metadata, tuple(opts))

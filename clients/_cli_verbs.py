@@ -1,0 +1,330 @@
+"""One function per ``llamad`` client verb: ``verb(client, args) -> exit status``.
+
+Results go to stdout; warnings and progress to stderr (progress only on a terminal).
+Failed calls raise :class:`~clients.errors.LlamadError`, which :func:`clients._cli.run`
+turns into the one-line message and the documented exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import _cli_format as fmt
+from . import errors
+from ._client import Client
+from ._stream import TextStream
+from ._types import AskDone, AskSources, AskText, ChildStatus, ReindexProgress, RetrievalStatus
+
+
+class UsageError(Exception):
+    """A bad combination of arguments (exit status 2)."""
+
+
+def _text_arg(value: str) -> str:
+    """The argument itself, or stdin for ``-``."""
+    return sys.stdin.read() if value == "-" else value
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    return {"max_tokens": args.max_tokens, "temperature": args.temperature,
+            "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed, "stop": args.stop}
+
+
+def _stream_text(stream: TextStream, as_json: bool) -> str:
+    """Print a Generate/Chat stream as it comes; return the whole text."""
+    out = sys.stdout
+    parts: list[str] = []
+    usage = None
+    finish = ""
+    with stream:
+        for chunk in stream:
+            if as_json:
+                fmt.json_line(out, chunk)
+            elif chunk.text:
+                out.write(chunk.text)
+                out.flush()
+            parts.append(chunk.text)
+            if chunk.usage is not None:
+                usage, finish = chunk.usage, chunk.finish_reason or ""
+    text = "".join(parts)
+    if not as_json and text and not text.endswith("\n"):
+        out.write("\n")
+        out.flush()
+    if usage is not None and not as_json and sys.stderr.isatty():
+        print(f"[{usage.completion_tokens} tokens, {usage.tokens_per_second:.1f} tokens/s, "
+              f"first after {usage.time_to_first_token_ms:.0f} ms, {finish}]", file=sys.stderr)
+    return text
+
+
+# --- status -----------------------------------------------------------------------------
+
+def _child_row(c: ChildStatus) -> list[str]:
+    if not c.enabled or c.mode == "disabled":
+        return [c.role, "disabled"] + ["-"] * 8 + [fmt.clip(c.last_error, 60) or "-"]
+    running = c.state == "running"
+    problem = fmt.clip(c.last_error, 60)
+    if not problem and c.last_exit is not None:
+        problem = c.last_exit.kind + (f": {fmt.clip(c.last_exit.message, 48)}"
+                                      if c.last_exit.message else "")
+    model = c.endpoint_model if c.mode == "endpoint" else fmt.basename(c.model_path)
+    return [
+        c.role, c.state, str(c.pid) if c.pid else "-", model or "-",
+        c.runtime or "-", fmt.duration(c.uptime_seconds) if running else "-", str(c.restarts),
+        c.breaker, f"{c.in_flight}/{c.slots}", str(c.queued), problem or "-",
+    ]
+
+
+def _retrieval_line(r: RetrievalStatus) -> str:
+    docs = sum(r.documents_by_state.values())
+    states = ", ".join(f"{n} {s}" for s, n in sorted(r.documents_by_state.items()) if n)
+    model = f", model {r.embedding_model}" if r.embedding_model else ""
+    return (f"retrieval: {r.sources} sources, {docs} documents"
+            + (f" ({states})" if states else "")
+            + f", {r.chunks} chunks ({r.embedded_chunks} embedded), {r.vectors} vectors"
+            + f"{model}, {fmt.size(r.disk_bytes)} on disk")
+
+
+def status(client: Client, args: argparse.Namespace) -> int:
+    st = client.status()
+    retrieval: RetrievalStatus | None = None
+    problem = ""
+    try:
+        retrieval = client.retrieval_status()
+    except errors.Unimplemented:
+        problem = "disabled"
+    except errors.LlamadError as exc:
+        problem = f"unavailable: {exc.details}"
+    if args.json:
+        print(fmt.to_json({
+            "address": client.address, "version": st.version,
+            "uptime_seconds": st.uptime_seconds, "draining": st.draining,
+            "children": st.children, "retrieval": retrieval,
+            "retrieval_problem": problem or None,
+        }, indent=2))
+        return 0
+    print(f"llamad {st.version} at {client.address}, up {fmt.duration(st.uptime_seconds)}"
+          + (", DRAINING (shutting down)" if st.draining else ""))
+    header = ("ROLE", "STATE", "PID", "MODEL", "RUNTIME", "UP", "RESTARTS", "BREAKER",
+              "BUSY/SLOTS", "QUEUED", "LAST ERROR")
+    print(fmt.table([_child_row(c) for c in st.children], header))
+    for c in st.children:
+        if c.mode == "endpoint":
+            print(f"{c.role}: endpoint {c.endpoint_url or '(configured)'}")
+        if c.last_swap is not None:
+            s = c.last_swap
+            print(f"{c.role}: swapped {fmt.basename(s.from_model)} -> "
+                  f"{fmt.basename(s.to_model)} at {fmt.when(s.at)}"
+                  + (f" ({s.reason})" if s.reason else ""))
+    print(_retrieval_line(retrieval) if retrieval is not None else f"retrieval: {problem}")
+    return 0
+
+
+# --- inference --------------------------------------------------------------------------
+
+def generate(client: Client, args: argparse.Namespace) -> int:
+    _stream_text(client.generate(_text_arg(args.prompt), **_sampling(args)), args.json)
+    return 0
+
+
+def chat(client: Client, args: argparse.Namespace) -> int:
+    messages: list[tuple[str, str]] = list(args.messages or [])
+    if any(role == "user" for role, _ in messages):
+        _stream_text(client.chat(messages, **_sampling(args)), args.json)
+        return 0
+    prompt = sys.stdin.isatty() and sys.stderr.isatty()
+    while True:
+        if prompt:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        if not line.strip():
+            continue
+        messages.append(("user", line.rstrip("\n")))
+        reply = _stream_text(client.chat(messages, **_sampling(args)), args.json)
+        messages.append(("assistant", reply))
+
+
+# --- answers and search -----------------------------------------------------------------
+
+def _filters(args: argparse.Namespace) -> dict[str, Any]:
+    return {"sources": args.sources, "kinds": args.kinds, "categories": args.categories,
+            "tags": args.tags}
+
+
+def ask(client: Client, args: argparse.Namespace) -> int:
+    attachment = ""
+    if args.attach:
+        try:
+            attachment = (sys.stdin.read() if args.attach == "-"
+                          else Path(args.attach).read_text(errors="replace"))
+        except OSError as exc:
+            raise UsageError(f"cannot read {args.attach}: {exc.strerror or exc}") from None
+    stream = client.ask(_text_arg(args.question), top_k=args.top_k, task=args.task,
+                        attachment=attachment, max_tokens=args.max_tokens,
+                        temperature=args.temperature, no_cache=args.no_cache, **_filters(args))
+    out = sys.stdout
+    sources: AskSources | None = None
+    done: AskDone | None = None
+    text = ""
+    with stream:
+        for event in stream:
+            if args.json:
+                kind = {AskText: "text", AskSources: "sources", AskDone: "done"}[type(event)]
+                fmt.json_line(out, {"event": kind, **dataclasses.asdict(event)})
+                continue
+            if isinstance(event, AskText):
+                out.write(event.text)
+                out.flush()
+                text += event.text
+            elif isinstance(event, AskSources):
+                sources = event
+            else:
+                done = event
+    if args.json:
+        return 0
+    if text and not text.endswith("\n"):
+        out.write("\n")
+    if sources is not None and sources.citations:
+        out.write("\nSources:\n")
+        for c in sources.citations:
+            where = f" — {c.path}" if c.path else ""
+            out.write(f"[{c.label}] {c.title or c.document_id}{where} ({c.score:.3f})\n")
+    out.flush()
+    for warning in sources.warnings if sources is not None else ():
+        print(f"llamad: ask: warning: {warning}", file=sys.stderr)
+    if done is not None and sys.stderr.isatty():
+        notes = [f"{done.usage.completion_tokens} tokens", f"retrieval {sources.retrieval_mode}"
+                 if sources is not None else "", "cached" if done.cached else "",
+                 f"{done.chunks_dropped} sources left out" if done.chunks_dropped else ""]
+        print("[" + ", ".join(n for n in notes if n) + "]", file=sys.stderr)
+    return 0
+
+
+def _rank(rank: int | None, score: float | None) -> str:
+    return "-" if rank is None else f"#{rank} {score or 0.0:.3f}"
+
+
+def search(client: Client, args: argparse.Namespace) -> int:
+    result = client.search(args.query, top_k=args.top_k, **_filters(args))
+    if args.json:
+        print(fmt.to_json({"mode": result.mode, "warnings": result.warnings,
+                           "hits": result.hits}, indent=2))
+        return 0
+    for warning in result.warnings:
+        print(f"llamad: search: warning: {warning}", file=sys.stderr)
+    if not result.hits:
+        print("llamad: search: no hits", file=sys.stderr)
+        return 0
+    rows = [[h.chunk_id, fmt.clip(h.title, 40), h.path or "-", h.search_source,
+             f"{h.fused_score:.4f}", _rank(h.text_rank, h.text_score),
+             _rank(h.vector_rank, h.vector_score)] for h in result.hits]
+    print(fmt.table(rows, ("CITATION", "TITLE", "PATH", "FOUND BY", "SCORE", "BM25",
+                           "VECTOR")))
+    return 0
+
+
+# --- documents --------------------------------------------------------------------------
+
+def _counts(p: ReindexProgress, seconds: float) -> str:
+    rate = p.seen / seconds if seconds > 0 else 0.0
+    return (f"{p.source_id}: {p.seen} files: {p.added} added, {p.changed} changed, "
+            f"{p.unchanged} unchanged, {p.deleted} deleted, {len(p.failed)} failed, "
+            f"{len(p.skipped)} skipped — {seconds:.1f}s, {rate:.1f} files/s")
+
+
+def _reindex(client: Client, source_id: str, as_json: bool, verb: str) -> int:
+    tty = sys.stderr.isatty()
+    began = time.monotonic()
+    finished = 0
+    with client.reindex(source_id) as stream:
+        for p in stream:
+            seconds = time.monotonic() - began
+            if not p.done:
+                if tty:
+                    sys.stderr.write("\r\x1b[K" + _counts(p, seconds))
+                    sys.stderr.flush()
+                continue
+            finished += 1
+            if tty:
+                sys.stderr.write("\r\x1b[K")
+            if as_json:
+                fmt.json_line(sys.stdout, {**dataclasses.asdict(p), "seconds": seconds})
+            else:
+                print(_counts(p, seconds), flush=True)
+            for issue in p.failed:
+                print(f"llamad: {verb}: {p.source_id}: {issue.path}: {issue.reason}",
+                      file=sys.stderr)
+            began = time.monotonic()
+    if not finished:
+        print(f"llamad: {verb}: no directory source to scan", file=sys.stderr)
+    return 0
+
+
+def ingest(client: Client, args: argparse.Namespace) -> int:
+    path = Path(args.path).expanduser().resolve()
+    if not path.is_dir():
+        raise UsageError(f"{args.path} is not a directory")
+    client.add_source(args.source, path, category=args.category, tags=args.tags)
+    return _reindex(client, args.source, args.json, "ingest")
+
+
+def reindex(client: Client, args: argparse.Namespace) -> int:
+    return _reindex(client, args.source, args.json, "reindex")
+
+
+def sources(client: Client, args: argparse.Namespace) -> int:
+    found = client.list_sources()
+    if args.json:
+        print(fmt.to_json(found, indent=2))
+        return 0
+    if not found:
+        print("llamad: sources: no sources", file=sys.stderr)
+        return 0
+    rows = [[s.id, s.kind, str(s.documents), s.category or "-", ",".join(s.tags) or "-",
+             fmt.when(s.last_scan), s.path or "-", fmt.clip(s.last_error, 60) or "-"]
+            for s in found]
+    print(fmt.table(rows, ("ID", "KIND", "DOCS", "CATEGORY", "TAGS", "LAST SCAN", "PATH",
+                           "LAST ERROR")))
+    return 0
+
+
+# --- control ----------------------------------------------------------------------------
+
+def swap(client: Client, args: argparse.Namespace) -> int:
+    changes = bool(args.model) or args.ctx_size is not None or args.extra_args is not None
+    if args.rollback and changes:
+        raise UsageError("--rollback takes no MODEL, --ctx-size or --extra-args")
+    if not (args.rollback or changes):
+        raise UsageError("give MODEL, --rollback, --ctx-size or --extra-args")
+    model = os.path.abspath(os.path.expanduser(args.model)) if args.model else ""
+    stream = client.swap(args.role, model, extra_args=args.extra_args, ctx_size=args.ctx_size,
+                         rollback=args.rollback, stop_old_first=args.stop_old_first,
+                         reason=args.reason)
+    with stream:
+        for p in stream:
+            if args.json:
+                fmt.json_line(sys.stdout, p)
+                continue
+            print(f"{p.elapsed_seconds:6.1f}s  {p.stage:<10}  {p.message}".rstrip(), flush=True)
+            if p.cause is not None:
+                print(f"{'':9}cause: {p.cause.kind}: {p.cause.message}".rstrip(), flush=True)
+    return 0
+
+
+def logs(client: Client, args: argparse.Namespace) -> int:
+    if args.lines < 0:
+        raise UsageError("-n must be 0 (all) or more")
+    with client.tail_logs(args.role, lines=args.lines, follow=args.follow) as stream:
+        for line in stream:
+            if args.json:
+                fmt.json_line(sys.stdout, line)
+            else:
+                print(f"{fmt.when(line.time)}  {line.text}", flush=args.follow)
+    return 0

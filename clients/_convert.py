@@ -1,0 +1,330 @@
+"""Protobuf messages to :mod:`clients._types` and keyword arguments to requests.
+
+Shared by the sync and the asyncio client, so both speak exactly the same dataclasses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from google.protobuf import timestamp_pb2
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
+
+from ._pb import answer_pb2, common_pb2, control_pb2, inference_pb2, retrieval_pb2
+from ._types import (
+    AskDone,
+    AskEvent,
+    AskSources,
+    AskText,
+    ChildStatus,
+    Citation,
+    DaemonStatus,
+    Document,
+    Embeddings,
+    ExitCause,
+    FileIssue,
+    GenerateChunk,
+    LogLine,
+    Message,
+    ReindexProgress,
+    RetrievalStatus,
+    SearchHit,
+    SearchResult,
+    Source,
+    SwapInfo,
+    SwapProgress,
+    Tokens,
+    Usage,
+)
+
+ChatInput = Message | tuple[str, str] | Mapping[str, str]
+"""A chat message as callers may give it: a Message, ``(role, content)`` or a dict."""
+
+_ROLES: dict[str, common_pb2.ChildRole] = {
+    "generation": common_pb2.CHILD_ROLE_GENERATION,
+    "embedding": common_pb2.CHILD_ROLE_EMBEDDING,
+}
+_CHAT_ROLES: dict[str, inference_pb2.ChatRole] = {
+    "system": inference_pb2.CHAT_ROLE_SYSTEM,
+    "user": inference_pb2.CHAT_ROLE_USER,
+    "assistant": inference_pb2.CHAT_ROLE_ASSISTANT,
+}
+_MODES: dict[str, control_pb2.InferenceMode] = {
+    "embedded": control_pb2.INFERENCE_MODE_EMBEDDED,
+    "endpoint": control_pb2.INFERENCE_MODE_ENDPOINT,
+    "disabled": control_pb2.INFERENCE_MODE_DISABLED,
+}
+_TASKS: dict[str, answer_pb2.TaskType] = {
+    "answer": answer_pb2.TASK_TYPE_ANSWER,
+    "explain_output": answer_pb2.TASK_TYPE_EXPLAIN_OUTPUT,
+    "diagnose": answer_pb2.TASK_TYPE_DIAGNOSE,
+    "summarize": answer_pb2.TASK_TYPE_SUMMARIZE,
+}
+
+
+def enum_name(wrapper: EnumTypeWrapper, value: int, prefix: str) -> str:
+    """``CHILD_STATE_RUNNING`` -> ``running``; unknown numbers -> ``unknown(N)``."""
+    try:
+        name = str(wrapper.Name(value))
+    except ValueError:
+        return f"unknown({value})"
+    return name.removeprefix(prefix).lower()
+
+
+def role_enum(role: str) -> common_pb2.ChildRole:
+    """The ChildRole number of ``"generation"`` or ``"embedding"``.
+
+    Raises:
+        ValueError: any other name.
+    """
+    try:
+        return _ROLES[role]
+    except KeyError:
+        raise ValueError(f"role must be 'generation' or 'embedding', not {role!r}") from None
+
+
+def mode_enum(mode: str) -> control_pb2.InferenceMode:
+    try:
+        return _MODES[mode]
+    except KeyError:
+        raise ValueError(f"mode must be embedded, endpoint or disabled, not {mode!r}") from None
+
+
+def task_enum(task: str) -> answer_pb2.TaskType:
+    try:
+        return _TASKS[task]
+    except KeyError:
+        raise ValueError(f"task must be one of {', '.join(_TASKS)}, not {task!r}") from None
+
+
+def _time(msg: Any, name: str) -> datetime | None:
+    if not msg.HasField(name):
+        return None
+    ts: timestamp_pb2.Timestamp = getattr(msg, name)
+    return ts.ToDatetime(tzinfo=UTC)
+
+
+def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
+    if value is None:
+        return None
+    ts = timestamp_pb2.Timestamp()
+    ts.FromDatetime(value if value.tzinfo else value.replace(tzinfo=UTC))
+    return ts
+
+
+# --- requests ---------------------------------------------------------------------------
+
+def sampling(*, max_tokens: int | None, temperature: float | None, top_p: float | None,
+             top_k: int | None, seed: int | None,
+             stop: Sequence[str]) -> inference_pb2.SamplingParams:
+    """SamplingParams with only the fields given (unset means the daemon's default)."""
+    params = inference_pb2.SamplingParams(stop=list(stop))
+    if max_tokens is not None:
+        params.max_tokens = max_tokens
+    if temperature is not None:
+        params.temperature = temperature
+    if top_p is not None:
+        params.top_p = top_p
+    if top_k is not None:
+        params.top_k = top_k
+    if seed is not None:
+        params.seed = seed
+    return params
+
+
+def message(item: ChatInput) -> Message:
+    """Normalise one chat message; the role must be system, user or assistant."""
+    if isinstance(item, Message):
+        msg = item
+    elif isinstance(item, tuple):
+        msg = Message(item[0], item[1])  # type: ignore[arg-type]
+    else:
+        msg = Message(item["role"], item["content"])  # type: ignore[arg-type]
+    if msg.role not in _CHAT_ROLES:
+        raise ValueError(f"chat role must be system, user or assistant, not {msg.role!r}")
+    return msg
+
+
+def chat_messages(items: Iterable[ChatInput]) -> list[inference_pb2.ChatMessage]:
+    return [inference_pb2.ChatMessage(role=_CHAT_ROLES[m.role], content=m.content)
+            for m in map(message, items)]
+
+
+def turns(items: Iterable[ChatInput]) -> list[answer_pb2.Turn]:
+    return [answer_pb2.Turn(role=_CHAT_ROLES[m.role], content=m.content)
+            for m in map(message, items)]
+
+
+def filters(*, sources: Sequence[str] = (), kinds: Sequence[str] = (),
+            categories: Sequence[str] = (), tags: Sequence[str] = (),
+            indexed_since: datetime | None = None,
+            indexed_until: datetime | None = None) -> retrieval_pb2.SearchFilters:
+    return retrieval_pb2.SearchFilters(
+        sources=list(sources), kinds=list(kinds), categories=list(categories), tags=list(tags),
+        indexed_since=timestamp(indexed_since), indexed_until=timestamp(indexed_until))
+
+
+# --- responses --------------------------------------------------------------------------
+
+def usage(msg: inference_pb2.Usage) -> Usage:
+    return Usage(prompt_tokens=msg.prompt_tokens, completion_tokens=msg.completion_tokens,
+                 total_tokens=msg.total_tokens,
+                 time_to_first_token_ms=msg.time_to_first_token_ms,
+                 tokens_per_second=msg.tokens_per_second)
+
+
+def finish_reason(value: int) -> str:
+    return enum_name(inference_pb2.FinishReason, value, "FINISH_REASON_")
+
+
+def generate_chunk(msg: inference_pb2.GenerateResponse) -> GenerateChunk:
+    last = msg.HasField("usage") or msg.finish_reason != inference_pb2.FINISH_REASON_UNSPECIFIED
+    return GenerateChunk(
+        text=msg.text, tokens=msg.tokens, model=msg.model,
+        finish_reason=finish_reason(msg.finish_reason) if last else None,
+        usage=usage(msg.usage) if msg.HasField("usage") else None,
+    )
+
+
+def embeddings(msg: inference_pb2.EmbedResponse) -> Embeddings:
+    return Embeddings(vectors=tuple(tuple(e.values) for e in msg.embeddings), model=msg.model,
+                      dimension=msg.dimension, prompt_tokens=msg.prompt_tokens)
+
+
+def tokens(msg: inference_pb2.TokenizeResponse) -> Tokens:
+    return Tokens(ids=tuple(msg.tokens), count=msg.count, model=msg.model)
+
+
+def role_name(value: int) -> str:
+    return enum_name(common_pb2.ChildRole, value, "CHILD_ROLE_")
+
+
+def exit_cause(msg: control_pb2.ExitCause) -> ExitCause:
+    return ExitCause(kind=msg.kind, message=msg.message,
+                     exit_code=msg.exit_code if msg.HasField("exit_code") else None,
+                     signal=msg.signal, permanent=msg.permanent, at=_time(msg, "at"))
+
+
+def child_status(msg: control_pb2.ChildStatus) -> ChildStatus:
+    swap = msg.last_swap
+    return ChildStatus(
+        role=role_name(msg.role),
+        state=enum_name(control_pb2.ChildState, msg.state, "CHILD_STATE_"),
+        enabled=msg.enabled, pid=msg.pid, model_path=msg.model_path,
+        model_sha256=msg.model_sha256, runtime=msg.runtime, port=msg.port,
+        uptime_seconds=msg.uptime_seconds, restarts=msg.restarts,
+        breaker=enum_name(control_pb2.BreakerState, msg.breaker, "BREAKER_STATE_"),
+        consecutive_failures=msg.consecutive_failures,
+        last_exit=exit_cause(msg.last_exit) if msg.HasField("last_exit") else None,
+        model_architecture=msg.model_architecture,
+        model_context_length=msg.model_context_length,
+        previous_model_path=msg.previous_model_path,
+        last_swap=SwapInfo(from_model=swap.from_model, to_model=swap.to_model,
+                           at=_time(swap, "at"), reason=swap.reason,
+                           duration_seconds=swap.duration_seconds)
+        if msg.HasField("last_swap") else None,
+        in_flight=msg.in_flight, queued=msg.queued, slots=msg.slots,
+        mode=enum_name(control_pb2.InferenceMode, msg.mode, "INFERENCE_MODE_"),
+        endpoint_url=msg.endpoint_url, endpoint_model=msg.endpoint_model,
+        last_error=msg.last_error,
+    )
+
+
+def daemon_status(msg: control_pb2.StatusResponse) -> DaemonStatus:
+    return DaemonStatus(children=tuple(child_status(c) for c in msg.children),
+                        version=msg.version, uptime_seconds=msg.daemon_uptime_seconds,
+                        draining=msg.draining)
+
+
+def log_line(msg: control_pb2.LogLine) -> LogLine:
+    return LogLine(role=role_name(msg.role), pid=msg.pid, stream=msg.stream, text=msg.text,
+                   time=_time(msg, "time"), seq=msg.seq)
+
+
+def swap_progress(msg: control_pb2.SwapProgress) -> SwapProgress:
+    return SwapProgress(stage=enum_name(control_pb2.SwapStage, msg.stage, "SWAP_STAGE_"),
+                        message=msg.message, elapsed_seconds=msg.elapsed_seconds,
+                        cause=exit_cause(msg.cause) if msg.HasField("cause") else None)
+
+
+def child_state(value: int) -> str:
+    return enum_name(control_pb2.ChildState, value, "CHILD_STATE_")
+
+
+def document(msg: retrieval_pb2.Document) -> Document:
+    return Document(
+        id=msg.id, source_id=msg.source_id, title=msg.title, kind=msg.kind,
+        category=msg.category, tags=tuple(msg.tags),
+        state=enum_name(retrieval_pb2.DocumentState, msg.state, "DOCUMENT_STATE_"),
+        error=msg.error, indexed_at=_time(msg, "indexed_at"), path=msg.path,
+        redactions=msg.redactions)
+
+
+def source(msg: retrieval_pb2.Source) -> Source:
+    return Source(id=msg.id, kind=msg.kind, path=msg.path, category=msg.category,
+                  tags=tuple(msg.tags), last_scan=_time(msg, "last_scan"),
+                  last_error=msg.last_error, documents=msg.documents)
+
+
+def reindex_progress(msg: retrieval_pb2.ReindexProgress) -> ReindexProgress:
+    return ReindexProgress(
+        source_id=msg.source_id, seen=msg.seen, added=msg.added, changed=msg.changed,
+        unchanged=msg.unchanged, deleted=msg.deleted,
+        failed=tuple(FileIssue(f.path, f.reason) for f in msg.failed),
+        skipped=tuple(FileIssue(f.path, f.reason) for f in msg.skipped), done=msg.done)
+
+
+def _opt(msg: Any, name: str) -> Any:
+    return getattr(msg, name) if msg.HasField(name) else None
+
+
+def search_mode(value: int) -> str:
+    return enum_name(retrieval_pb2.SearchMode, value, "SEARCH_MODE_")
+
+
+def search_result(msg: retrieval_pb2.SearchResponse) -> SearchResult:
+    hits = tuple(
+        SearchHit(
+            chunk_id=h.chunk_id, document_id=h.document_id, title=h.title,
+            source_id=h.source_id, path=h.path, heading=h.heading, text=h.text,
+            snippet=h.snippet,
+            search_source=enum_name(retrieval_pb2.SearchSource, h.search_source,
+                                    "SEARCH_SOURCE_"),
+            fused_score=h.fused_score, text_rank=_opt(h, "text_rank"),
+            text_score=_opt(h, "text_score"), vector_rank=_opt(h, "vector_rank"),
+            vector_score=_opt(h, "vector_score"), indexed_at=_time(h, "indexed_at"))
+        for h in msg.hits)
+    return SearchResult(hits=hits, mode=search_mode(msg.mode), warnings=tuple(msg.warnings))
+
+
+def retrieval_status(msg: retrieval_pb2.RetrievalStatusResponse) -> RetrievalStatus:
+    return RetrievalStatus(
+        sources=msg.sources, chunks=msg.chunks,
+        documents_by_state=dict(msg.documents_by_state),
+        embedded_chunks=msg.embedded_chunks, vectors=msg.vectors,
+        embedding_model=msg.embedding_model, disk_bytes=msg.disk_bytes,
+        repaired=dict(msg.repaired), source_list=tuple(source(s) for s in msg.source_list))
+
+
+def ask_event(msg: answer_pb2.AskResponse) -> AskEvent | None:
+    """The event in one Ask message; None for an empty (unknown) one, which is skipped."""
+    kind = msg.WhichOneof("event")
+    if kind == "text":
+        return AskText(msg.text)
+    if kind == "sources":
+        s = msg.sources
+        return AskSources(
+            citations=tuple(Citation(label=c.label, chunk_id=c.chunk_id,
+                                     document_id=c.document_id, title=c.title, path=c.path,
+                                     score=c.score, snippet=c.snippet) for c in s.citations),
+            retrieval_mode=search_mode(s.retrieval_mode), warnings=tuple(s.warnings))
+    if kind == "done":
+        d = msg.done
+        return AskDone(usage=usage(d.usage), prompt_sha256=d.prompt_sha256, cached=d.cached,
+                       no_context=d.no_context, finish_reason=finish_reason(d.finish_reason),
+                       chunks_dropped=d.chunks_dropped,
+                       attachment_clipped=d.attachment_clipped,
+                       template_version=d.template_version)
+    return None

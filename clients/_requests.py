@@ -1,0 +1,98 @@
+"""Request messages from the clients' keyword arguments (shared by sync and asyncio)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+
+from . import _convert as cv
+from ._pb import answer_pb2, control_pb2, inference_pb2, retrieval_pb2
+
+
+def generate(prompt: str, *, max_tokens: int | None, temperature: float | None,
+             top_p: float | None, top_k: int | None, seed: int | None,
+             stop: Sequence[str]) -> inference_pb2.GenerateRequest:
+    return inference_pb2.GenerateRequest(prompt=prompt, sampling=cv.sampling(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+        stop=stop))
+
+
+def chat(messages: Iterable[cv.ChatInput], *, max_tokens: int | None,
+         temperature: float | None, top_p: float | None, top_k: int | None,
+         seed: int | None, stop: Sequence[str]) -> inference_pb2.ChatRequest:
+    return inference_pb2.ChatRequest(messages=cv.chat_messages(messages), sampling=cv.sampling(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+        stop=stop))
+
+
+def embed(texts: str | Sequence[str], normalize: bool | None) -> inference_pb2.EmbedRequest:
+    batch = [texts] if isinstance(texts, str) else list(texts)
+    return inference_pb2.EmbedRequest(texts=batch, normalize=normalize)
+
+
+def tokenize(text: str, role: str, add_special: bool) -> inference_pb2.TokenizeRequest:
+    return inference_pb2.TokenizeRequest(text=text, role=cv.role_enum(role),
+                                         add_special=add_special)
+
+
+def tail_logs(role: str, lines: int, follow: bool) -> control_pb2.TailLogsRequest:
+    return control_pb2.TailLogsRequest(role=cv.role_enum(role), lines=lines,
+                                       follow=follow)
+
+
+def swap(role: str, model_path: str | os.PathLike[str], *, extra_args: str | None,
+         ctx_size: int | None, rollback: bool, stop_old_first: bool,
+         reason: str) -> control_pb2.SwapRequest:
+    return control_pb2.SwapRequest(
+        role=cv.role_enum(role), model_path=os.fspath(model_path),
+        extra_args=extra_args, ctx_size=ctx_size, rollback=rollback,
+        stop_old_first=stop_old_first, reason=reason)
+
+
+def set_mode(role: str, mode: str, *, endpoint_url: str, endpoint_model: str,
+             api_key_file: str, api_key_env: str, model_path: str | os.PathLike[str],
+             reason: str) -> control_pb2.SetModeRequest:
+    return control_pb2.SetModeRequest(
+        role=cv.role_enum(role), mode=cv.mode_enum(mode), model_path=os.fspath(model_path),
+        reason=reason, endpoint=control_pb2.EndpointSettings(
+            url=endpoint_url, model=endpoint_model, api_key_file=api_key_file,
+            api_key_env=api_key_env))
+
+
+def reset(role: str) -> control_pb2.ResetRequest:
+    return control_pb2.ResetRequest(role=cv.role_enum(role))
+
+
+def search(query: str, *, top_k: int, sources: Sequence[str], kinds: Sequence[str],
+           categories: Sequence[str], tags: Sequence[str], indexed_since: datetime | None,
+           indexed_until: datetime | None) -> retrieval_pb2.SearchRequest:
+    return retrieval_pb2.SearchRequest(query=query, top_k=top_k, filters=cv.filters(
+        sources=sources, kinds=kinds, categories=categories, tags=tags,
+        indexed_since=indexed_since, indexed_until=indexed_until))
+
+
+def upsert_document(source_id: str, text: str, *, document_id: str, title: str, kind: str,
+                    category: str,
+                    tags: Sequence[str]) -> retrieval_pb2.UpsertDocumentRequest:
+    return retrieval_pb2.UpsertDocumentRequest(
+        source_id=source_id, id=document_id, title=title, text=text, kind=kind,
+        category=category, tags=list(tags))
+
+
+def add_source(source_id: str, path: str | os.PathLike[str], *, category: str,
+               tags: Sequence[str]) -> retrieval_pb2.AddSourceRequest:
+    return retrieval_pb2.AddSourceRequest(id=source_id, path=os.fspath(path),
+                                          category=category, tags=list(tags))
+
+
+def ask(question: str, *, top_k: int, sources: Sequence[str], kinds: Sequence[str],
+        categories: Sequence[str], tags: Sequence[str], history: Iterable[cv.ChatInput],
+        task: str, attachment: str, max_tokens: int | None, temperature: float | None,
+        seed: int | None, no_cache: bool) -> answer_pb2.AskRequest:
+    return answer_pb2.AskRequest(
+        question=question, top_k=top_k, history=cv.turns(history),
+        task=cv.task_enum(task), attachment=attachment, no_cache=no_cache,
+        filters=cv.filters(sources=sources, kinds=kinds, categories=categories, tags=tags),
+        sampling=cv.sampling(max_tokens=max_tokens, temperature=temperature, top_p=None,
+                             top_k=None, seed=seed, stop=()))

@@ -1,0 +1,381 @@
+"""What the client returns: frozen dataclasses, not protobuf messages.
+
+Enumerations become short lower-case strings (``"running"``, ``"hybrid"``,
+``"generation"``); an enum value this client does not know becomes ``"unknown(N)"``
+rather than an error, so an older client keeps working against a newer daemon.
+Timestamps become timezone-aware :class:`datetime.datetime` objects, or None when unset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal, TypeAlias
+
+__all__ = [
+    "AskDone",
+    "AskEvent",
+    "AskResult",
+    "AskSources",
+    "AskText",
+    "ChildStatus",
+    "Citation",
+    "DaemonStatus",
+    "Document",
+    "Embeddings",
+    "ExitCause",
+    "FileIssue",
+    "GenerateChunk",
+    "GenerateResult",
+    "LogLine",
+    "Message",
+    "Mode",
+    "ReindexProgress",
+    "RetrievalStatus",
+    "Role",
+    "SearchHit",
+    "SearchResult",
+    "Source",
+    "SwapInfo",
+    "SwapProgress",
+    "Task",
+    "Tokens",
+    "Usage",
+]
+
+Role: TypeAlias = Literal["generation", "embedding"]
+"""A supervised child: the generation or the embedding model."""
+
+ChatRole: TypeAlias = Literal["system", "user", "assistant"]
+
+Mode: TypeAlias = Literal["embedded", "endpoint", "disabled"]
+"""Where a role's inference runs: a supervised llama.cpp child, an external
+OpenAI-compatible endpoint, or nowhere."""
+
+Task: TypeAlias = Literal["answer", "explain_output", "diagnose", "summarize"]
+"""What :meth:`Client.ask` should do with the question (and attachment)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One chat message (or one turn of Ask's history)."""
+
+    role: ChatRole
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts and speed of one generation, measured by the daemon."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    time_to_first_token_ms: float = 0.0
+    tokens_per_second: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateChunk:
+    """A piece of generated text, as the model produced it.
+
+    The last chunk of a stream has ``finish_reason`` (``"stop"`` or ``"length"``) and
+    ``usage``; earlier ones have None for both.
+    """
+
+    text: str
+    tokens: int
+    model: str
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateResult:
+    """A whole generation: the concatenated text, why it ended, and its usage."""
+
+    text: str
+    model: str
+    finish_reason: str
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
+class Embeddings:
+    """One vector per input text, in order."""
+
+    vectors: tuple[tuple[float, ...], ...]
+    model: str
+    dimension: int
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """Token ids of a text, from the chosen model's own tokenizer."""
+
+    ids: tuple[int, ...]
+    count: int
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExitCause:
+    """Why a child process ended (``kind`` is e.g. ``crash``, ``oom``, ``model_error``)."""
+
+    kind: str
+    message: str = ""
+    exit_code: int | None = None
+    signal: str = ""
+    permanent: bool = False
+    at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SwapInfo:
+    """The last model swap of a child."""
+
+    from_model: str
+    to_model: str
+    at: datetime | None
+    reason: str
+    duration_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChildStatus:
+    """A snapshot of one role's child (or endpoint).
+
+    ``state`` is one of ``idle``, ``starting``, ``running``, ``backoff``, ``failed``,
+    ``stopped``; ``breaker`` is ``closed`` or ``open``; ``mode`` is ``embedded``,
+    ``endpoint`` or ``disabled`` (in endpoint mode no process is described: pid, port and
+    the model fields are empty, ``runtime`` is ``endpoint``). ``last_error`` is the
+    role's latest failure in words (empty once it serves again after a switch).
+    """
+
+    role: str
+    state: str
+    enabled: bool
+    pid: int
+    model_path: str
+    model_sha256: str
+    runtime: str
+    port: int
+    uptime_seconds: float
+    restarts: int
+    breaker: str
+    consecutive_failures: int
+    last_exit: ExitCause | None
+    model_architecture: str
+    model_context_length: int
+    previous_model_path: str
+    last_swap: SwapInfo | None
+    in_flight: int
+    queued: int
+    slots: int
+    mode: str = "embedded"
+    endpoint_url: str = ""
+    endpoint_model: str = ""
+    last_error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonStatus:
+    """Every child's status, the daemon's version and uptime, and whether it drains."""
+
+    children: tuple[ChildStatus, ...]
+    version: str
+    uptime_seconds: float
+    draining: bool
+
+    def child(self, role: str) -> ChildStatus | None:
+        """The child with this role (``"generation"`` or ``"embedding"``), or None."""
+        return next((c for c in self.children if c.role == role), None)
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One output line of a child, from the daemon's ring buffer."""
+
+    role: str
+    pid: int
+    stream: str
+    text: str
+    time: datetime | None
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class SwapProgress:
+    """One stage of a swap: ``validating``, ``launching``, ``loading``, ``probing``,
+    ``swapping``, ``draining``, ``done`` or ``failed`` (then ``cause`` says why)."""
+
+    stage: str
+    message: str
+    elapsed_seconds: float
+    cause: ExitCause | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """A document in the retrieval index; ``state`` is ``pending``, ``processing``,
+    ``indexed`` or ``failed`` (then ``error`` says why)."""
+
+    id: str
+    source_id: str
+    title: str
+    kind: str
+    category: str
+    tags: tuple[str, ...]
+    state: str
+    error: str
+    indexed_at: datetime | None
+    path: str
+    redactions: int
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A source of documents: a ``directory`` to scan or ``push`` for pushed documents."""
+
+    id: str
+    kind: str
+    path: str
+    category: str
+    tags: tuple[str, ...]
+    last_scan: datetime | None
+    last_error: str
+    documents: int
+
+
+@dataclass(frozen=True, slots=True)
+class FileIssue:
+    """A file a reindex could not index (failed) or chose not to (skipped), and why."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReindexProgress:
+    """Counts of a directory source's rescan so far; ``done`` on its last message."""
+
+    source_id: str
+    seen: int
+    added: int
+    changed: int
+    unchanged: int
+    deleted: int
+    failed: tuple[FileIssue, ...]
+    skipped: tuple[FileIssue, ...]
+    done: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """One retrieved chunk. ``chunk_id`` (``"<document id>#<n>"``) is its citation key;
+    ``search_source`` says which index found it: ``text``, ``vector`` or ``hybrid``.
+    Ranks are 1-based; a rank and score are None when that index did not find it."""
+
+    chunk_id: str
+    document_id: str
+    title: str
+    source_id: str
+    path: str
+    heading: str
+    text: str
+    snippet: str
+    search_source: str
+    fused_score: float
+    text_rank: int | None
+    text_score: float | None
+    vector_rank: int | None
+    vector_score: float | None
+    indexed_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    """Hits, best first. ``mode`` is ``hybrid`` (BM25 and vectors) or ``text`` (BM25 only,
+    e.g. with the embedding child down; ``warnings`` then says so)."""
+
+    hits: tuple[SearchHit, ...]
+    mode: str
+    warnings: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RetrievalStatus:
+    """Size and health of the retrieval index."""
+
+    sources: int
+    chunks: int
+    documents_by_state: Mapping[str, int]
+    embedded_chunks: int
+    vectors: int
+    embedding_model: str
+    disk_bytes: int
+    repaired: Mapping[str, int]
+    source_list: tuple[Source, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Citation:
+    """A source an answer was given, labelled ``S1``, ``S2``, ... in rank order."""
+
+    label: str
+    chunk_id: str
+    document_id: str
+    title: str
+    path: str
+    score: float
+    snippet: str
+
+
+@dataclass(frozen=True, slots=True)
+class AskText:
+    """A piece of the answer, as generated."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class AskSources:
+    """The sources the answer was grounded on (sent after the text)."""
+
+    citations: tuple[Citation, ...]
+    retrieval_mode: str
+    warnings: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AskDone:
+    """The end of an answer: usage, the prompt's SHA-256, cache and budget facts."""
+
+    usage: Usage
+    prompt_sha256: str
+    cached: bool
+    no_context: bool
+    finish_reason: str
+    chunks_dropped: int
+    attachment_clipped: bool
+    template_version: str
+
+
+AskEvent: TypeAlias = AskText | AskSources | AskDone
+"""What an Ask stream yields: text events, then one AskSources, then one AskDone."""
+
+
+@dataclass(frozen=True, slots=True)
+class AskResult:
+    """A whole answer: its text, the sources it cites, and the summary."""
+
+    answer: str
+    sources: AskSources | None
+    done: AskDone | None
+
+    @property
+    def citations(self) -> tuple[Citation, ...]:
+        """The cited sources (empty when nothing relevant was retrieved)."""
+        return self.sources.citations if self.sources is not None else ()

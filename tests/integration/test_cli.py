@@ -1,0 +1,189 @@
+"""The ``llamad`` command as operators and scripts use it: the installed console script,
+run as a subprocess against a real daemon subprocess (real llama-server children)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from clients import Client
+from tests.conftest import ROOT
+from tests.integration.daemon_helpers import config_env
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = Path(sys.executable).with_name("llamad")
+COMMAND = [str(SCRIPT)] if SCRIPT.is_file() else [sys.executable, "-m", "daemon"]
+
+
+class Daemon:
+    """``python -m daemon serve`` with its log in a file (never a pipe: a full pipe would
+    block the daemon)."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with log.open("w") as fh:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "daemon", "serve"], cwd=ROOT,
+                env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=fh)
+
+    def address(self, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.log.read_text().splitlines():
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if record.get("event") == "listening":
+                    return str(record["address"])
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited: {self.log.read_text()[-2000:]}")
+            time.sleep(0.05)
+        raise AssertionError("the daemon never listened")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def address(llama_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A running daemon (both children) for the module; its address."""
+    tmp = tmp_path_factory.mktemp("daemon")
+    daemon = Daemon(config_env("llama-server", LLAMAD_STATE_DIR=str(tmp / "state")),
+                    tmp / "daemon.log")
+    try:
+        addr = daemon.address()
+        with Client(addr) as client:
+            client.wait_serving("", timeout=120)
+        yield addr
+    finally:
+        daemon.stop()
+
+
+def llamad(address: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the console script with LLAMAD_ADDRESS set; stdout and stderr captured."""
+    return subprocess.run(
+        [*COMMAND, *args], cwd=ROOT, env={**os.environ, "LLAMAD_ADDRESS": address},
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+        check=False)
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("llamad: ")
+    return lines[0]
+
+
+def test_console_script_is_installed() -> None:
+    """`llamad` is the console script of the venv running the tests."""
+    assert SCRIPT.is_file(), f"{SCRIPT} missing: pip install -e ."
+
+
+def test_status_table_and_json(address: str) -> None:
+    """status prints an aligned table of the children; --json is parseable."""
+    result = llamad(address, "status")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("llamad ") and address in lines[0]
+    rows = {line.split()[0]: line.split() for line in lines[2:4]}
+    assert rows["generation"][1] == "running"
+    assert rows["embedding"][1] == "running"
+    assert lines[1].index("STATE") == lines[2].index("running")
+    assert lines[-1].startswith("retrieval: ")
+    result = llamad(address, "status", "--json")
+    assert result.returncode == 0
+    doc = json.loads(result.stdout)
+    assert {c["role"]: c["state"] for c in doc["children"]} == {
+        "generation": "running", "embedding": "running"}
+    assert doc["children"][0]["pid"] > 0
+    assert doc["retrieval"]["sources"] >= 0
+
+
+def test_generate_streams_to_stdout(address: str) -> None:
+    """generate prints the generated text; --json prints one object per chunk."""
+    result = llamad(address, "generate", "The capital of France is", "--max-tokens", "8",
+                    "--temperature", "0")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert result.stderr == ""  # no progress or usage off a terminal
+    result = llamad(address, "generate", "Hello", "--max-tokens", "4", "--json")
+    chunks = [json.loads(line) for line in result.stdout.splitlines()]
+    assert chunks[-1]["usage"]["completion_tokens"] >= 1
+    assert chunks[-1]["finish_reason"] in ("stop", "length")
+
+
+def test_ingest_then_search(address: str, tmp_path: Path) -> None:
+    """ingest adds and indexes a directory (final counts on stdout); search finds it,
+    as a table and as JSON; sources lists it."""
+    corpus = tmp_path / "corpus"
+    (corpus / "runbooks").mkdir(parents=True)
+    (corpus / "runbooks" / "web01.md").write_text(
+        "# web01\n\n## Disk full\n\nWhen web01 reports No space left on device, rotate the "
+        "nginx logs with logrotate -f /etc/logrotate.d/nginx.\n")
+    (corpus / "vpn.md").write_text("# VPN\n\nThe tunnel flaps: set dpd 30 on the gateway.\n")
+    result = llamad(address, "ingest", str(corpus), "--source", "runbooks")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("runbooks: 2 files: 2 added,")
+    assert "files/s" in result.stdout
+    result = llamad(address, "search", "web01 no space left on device")
+    assert result.returncode == 0, result.stderr
+    header, first = result.stdout.splitlines()[:2]
+    assert header.split()[:3] == ["CITATION", "TITLE", "PATH"]
+    assert first.startswith("runbooks/runbooks/web01.md#")
+    result = llamad(address, "search", "nginx logrotate", "--json", "--top-k", "2")
+    doc = json.loads(result.stdout)
+    assert doc["hits"][0]["document_id"] == "runbooks/runbooks/web01.md"
+    assert doc["mode"] in ("hybrid", "text")
+    result = llamad(address, "sources", "--json")
+    assert any(s["id"] == "runbooks" and s["documents"] == 2 for s in json.loads(result.stdout))
+
+
+def test_logs_last_lines(address: str) -> None:
+    """logs -n 5 prints the child's latest five lines."""
+    result = llamad(address, "logs", "generation", "-n", "5")
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 5
+
+
+def test_unreachable_daemon_exits_3(address: str) -> None:
+    """A daemon that is not there: exit 3, one line naming the address."""
+    result = llamad("127.0.0.1:1", "status")
+    assert result.returncode == 3
+    assert one_line_error(result).startswith(
+        "llamad: status: cannot reach the daemon at 127.0.0.1:1")
+
+
+def test_bad_request_exits_5(address: str) -> None:
+    """The daemon's INVALID_ARGUMENT: exit 5 and its message."""
+    result = llamad(address, "search", "")
+    assert result.returncode == 5
+    assert one_line_error(result) == "llamad: search: invalid argument: query is empty"
+
+
+def test_swap_to_missing_model_fails_in_one_line(address: str) -> None:
+    """A swap to a missing model: non-zero, one error line; the old child keeps serving."""
+    result = llamad(address, "swap", "generation", "/nonexistent.gguf")
+    assert result.returncode != 0
+    line = one_line_error(result)
+    assert line.startswith("llamad: swap: ")
+    assert "/nonexistent.gguf" in line
+    status = json.loads(llamad(address, "status", "--json").stdout)
+    assert status["children"][0]["state"] == "running"

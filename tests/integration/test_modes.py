@@ -1,0 +1,550 @@
+"""Inference modes end to end: a real daemon whose roles are served by real llama-server
+processes it does not supervise (endpoint mode), by its own children (embedded), or by
+nothing (disabled), switched live with SetMode under streaming load; and each failure
+reason named against a real server that refuses it."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from grpc_health.v1 import health_pb2
+
+from clients._pb import (
+    answer_pb2,
+    answer_pb2_grpc,
+    common_pb2,
+    control_pb2,
+    retrieval_pb2,
+    retrieval_pb2_grpc,
+)
+from clients._pb import inference_pb2 as pb
+from daemon import Daemon, load
+from tests.conftest import EMBED_MODEL, SMALL_MODEL, model_path
+from tests.fake_openai import serve_fake_openai
+from tests.integration.daemon_helpers import Clients, config_env, make_daemon
+
+pytestmark = pytest.mark.integration
+
+GEN = common_pb2.CHILD_ROLE_GENERATION
+EMB = common_pb2.CHILD_ROLE_EMBEDDING
+ENDPOINT = control_pb2.INFERENCE_MODE_ENDPOINT
+EMBEDDED = control_pb2.INFERENCE_MODE_EMBEDDED
+DISABLED = control_pb2.INFERENCE_MODE_DISABLED
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+KEY = "sk-llamad-test-4711"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Server:
+    """A llama-server llamad does not supervise: the "shared server" an endpoint is."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    model: Path
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_server(binary: str, model: Path, log: Path, *extra: str,
+                 key: str | None = None) -> Server:
+    port = free_port()
+    argv = [binary, "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+            "--threads", "1", "--threads-batch", "1", "--no-webui", *extra]
+    headers = {}
+    if key is not None:
+        keys = log.with_suffix(".keys")
+        keys.write_text(f"# test keys\n{key}\n")
+        keys.chmod(0o600)
+        argv += ["--api-key-file", str(keys)]
+        headers = {"Authorization": f"Bearer {key}"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    server = Server(proc, port, model, log)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-2000:]
+        try:
+            if httpx.get(f"{server.url}/models", headers=headers, timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    server.stop()
+    raise AssertionError(f"llama-server on {model.name} never became ready")
+
+
+@pytest.fixture(scope="module")
+def servers(llama_server: str, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[dict[str, Server]]:
+    """Three real llama-servers: generation, embedding (--embedding), and generation behind
+    an API key (--api-key-file)."""
+    logs = tmp_path_factory.mktemp("endpoints")
+    started: dict[str, Server] = {}
+    try:
+        started["gen"] = start_server(llama_server, model_path(SMALL_MODEL), logs / "gen.log",
+                                      "--ctx-size", "4096", "--parallel", "2")
+        started["emb"] = start_server(llama_server, model_path(EMBED_MODEL), logs / "emb.log",
+                                      "--embedding", "--ctx-size", "1024", "--parallel", "2",
+                                      "--batch-size", "512", "--ubatch-size", "512")
+        started["keyed"] = start_server(llama_server, model_path(SMALL_MODEL),
+                                        logs / "keyed.log", "--ctx-size", "1024", key=KEY)
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+@pytest.fixture
+def not_openai(tmp_path: Path) -> Iterator[str]:
+    """A plain HTTP file server on port 0: speaks HTTP, is no OpenAI endpoint."""
+    (tmp_path / "index.html").write_text("<html><body>intranet</body></html>")
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def __init__(self, *args: object, **kw: object) -> None:
+            super().__init__(*args, directory=str(tmp_path), **kw)  # type: ignore[arg-type]
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+MakeDaemon = Callable[..., Awaitable[tuple[Daemon, Clients]]]
+
+
+@pytest.fixture
+async def daemon_for(tmp_path: Path) -> AsyncIterator[MakeDaemon]:
+    """Starts daemons with extra settings; stops them at the end."""
+    made: list[tuple[Daemon, Clients]] = []
+
+    async def make(**overrides: str) -> tuple[Daemon, Clients]:
+        env = config_env("llama-server", LLAMAD_STATE_DIR=str(tmp_path / f"state{len(made)}"),
+                         **overrides)
+        daemon = make_daemon(env)
+        c = Clients(await daemon.start())
+        made.append((daemon, c))
+        return daemon, c
+
+    try:
+        yield make
+    finally:
+        for daemon, c in made:
+            await c.close()
+            await daemon.shutdown()
+
+
+async def set_mode(c: Clients, role: common_pb2.ChildRole, mode: control_pb2.InferenceMode,
+                   *, url: str = "", model: str = "",
+                   key_file: str = "", key_env: str = "") -> list[control_pb2.SwapProgress]:
+    endpoint = control_pb2.EndpointSettings(url=url, model=model, api_key_file=key_file,
+                                            api_key_env=key_env)
+    request = control_pb2.SetModeRequest(role=role, mode=mode, endpoint=endpoint)
+    return [p async for p in c.control.SetMode(request)]
+
+
+async def generate(c: Clients, prompt: str = "The capital of France is",
+                   max_tokens: int = 8) -> list[pb.GenerateResponse]:
+    return [m async for m in c.inference.Generate(pb.GenerateRequest(
+        prompt=prompt, sampling=pb.SamplingParams(max_tokens=max_tokens)), timeout=60)]
+
+
+async def wait_state(c: Clients, role: common_pb2.ChildRole, state: int, timeout: float = 60
+                     ) -> control_pb2.ChildStatus:
+    deadline = time.monotonic() + timeout
+    while (now := await c.child(role)).state != state:
+        assert time.monotonic() < deadline, now
+        await asyncio.sleep(0.1)
+    return now
+
+
+async def index_note(c: Clients, doc_id: str, title: str, text: str
+                     ) -> retrieval_pb2_grpc.RetrievalServiceStub:
+    r = retrieval_pb2_grpc.RetrievalServiceStub(c.channel)  # type: ignore[no-untyped-call]
+    await r.AddSource(retrieval_pb2.AddSourceRequest(id="notes"))
+    await r.UpsertDocument(retrieval_pb2.UpsertDocumentRequest(
+        source_id="notes", id=doc_id, title=title, text=text))
+    return r
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+# --- endpoint mode -----------------------------------------------------------------------
+
+
+async def test_endpoint_mode_from_configuration(servers: dict[str, Server],
+                                                daemon_for: MakeDaemon) -> None:
+    """Both roles configured as endpoints (URLs with /v1, one with a trailing slash):
+    generation, chat, tokenize, embeddings and hybrid search go through them; Status and
+    health say so; no child process is started."""
+    gen, emb = servers["gen"], servers["emb"]
+    daemon, c = await daemon_for(
+        LLAMAD_GENERATION_MODE="endpoint", LLAMAD_GENERATION_ENDPOINT_URL=gen.url + "/",
+        LLAMAD_EMBEDDING_MODE="endpoint", LLAMAD_EMBEDDING_ENDPOINT_URL=emb.url,
+        LLAMAD_EMBEDDING_ENDPOINT_MODEL=EMBED_MODEL)
+    await c.wait_serving("", timeout=60)
+    out = await generate(c)
+    assert out[-1].finish_reason != pb.FINISH_REASON_UNSPECIFIED
+    assert out[-1].model == str(gen.model)  # llama-server names its model by path
+    assert out[-1].usage.completion_tokens == 8
+    chat = [m async for m in c.inference.Chat(pb.ChatRequest(
+        messages=[pb.ChatMessage(role=pb.CHAT_ROLE_USER, content="Say hi")],
+        sampling=pb.SamplingParams(max_tokens=4)))]
+    assert "".join(m.text for m in chat)
+    tokens = await c.inference.Tokenize(pb.TokenizeRequest(text="hello world"))
+    assert tokens.count == 2
+    vectors = await c.inference.Embed(pb.EmbedRequest(texts=["disk full", "no space left"]))
+    assert vectors.dimension == 384
+    assert vectors.model == str(emb.model)
+
+    status = await c.child(GEN)
+    assert status.mode == ENDPOINT
+    assert status.state == control_pb2.CHILD_STATE_RUNNING
+    assert status.endpoint_url == gen.url + "/"
+    assert status.endpoint_model == str(gen.model)
+    assert (status.pid, status.port, status.runtime) == (0, 0, "endpoint")
+    assert status.model_context_length > 0  # from /v1/models' metadata
+    assert await c.status("generation") == SERVING
+    assert await c.status("embedding") == SERVING
+
+    r = await index_note(c, "notes/disk", "Disk full",
+                         "When web01 reports no space left on device, rotate the nginx logs.")
+    found = await r.Search(retrieval_pb2.SearchRequest(query="disk is full on web01"))
+    assert found.mode == retrieval_pb2.SEARCH_MODE_HYBRID
+    assert found.hits[0].document_id == "notes/disk"
+    assert daemon.children["generation"].supervisor.pid == 0
+
+
+async def test_endpoint_without_embeddings_leaves_retrieval_bm25_only(
+    servers: dict[str, Server], daemon_for: MakeDaemon
+) -> None:
+    """An embedding endpoint without an embeddings API never becomes ready: Status says
+    why, and search answers BM25-only, saying so."""
+    _, c = await daemon_for(
+        LLAMAD_GENERATION_MODE="disabled",
+        LLAMAD_EMBEDDING_MODE="endpoint", LLAMAD_EMBEDDING_ENDPOINT_URL=servers["gen"].url)
+    status = await wait_state(c, EMB, control_pb2.CHILD_STATE_FAILED)
+    assert status.mode == ENDPOINT
+    assert status.last_exit.kind == "no_embeddings"
+    assert "no embeddings API" in status.last_error
+    assert await c.status("embedding") == NOT_SERVING
+    r = await index_note(c, "notes/vpn", "VPN", "The IPsec tunnel flaps.")
+    found = await r.Search(retrieval_pb2.SearchRequest(query="IPsec tunnel"))
+    assert found.mode == retrieval_pb2.SEARCH_MODE_TEXT
+    assert found.hits[0].document_id == "notes/vpn"
+    assert any("embedding endpoint is unavailable" in w and "no embeddings API" in w
+               and "BM25-only" in w for w in found.warnings), found.warnings
+
+
+async def test_disabled_mode(daemon_for: MakeDaemon) -> None:
+    """Disabled roles refuse calls with FAILED_PRECONDITION and say how to enable them;
+    health reports them NOT_SERVING; retrieval keeps working, BM25-only."""
+    _, c = await daemon_for(LLAMAD_GENERATION_MODE="disabled",
+                            LLAMAD_EMBEDDING_MODE="disabled")
+    for call in (generate(c), c.inference.Embed(pb.EmbedRequest(texts=["x"])),
+                 c.inference.Tokenize(pb.TokenizeRequest(text="x"))):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "disabled" in (err.value.details() or "")
+        assert "SetMode" in (err.value.details() or "")
+    assert await c.status("generation") == NOT_SERVING
+    assert await c.status("llamad.v1.InferenceService") == NOT_SERVING
+    assert await c.status("llamad.v1.RetrievalService") == SERVING
+    status = await c.child(GEN)
+    assert (status.mode, status.enabled) == (DISABLED, False)
+    r = await index_note(c, "notes/db", "db02", "Replication lag on db02.")
+    found = await r.Search(retrieval_pb2.SearchRequest(query="replication lag"))
+    assert found.mode == retrieval_pb2.SEARCH_MODE_TEXT
+    assert any("embedding is disabled" in w for w in found.warnings)
+
+
+async def test_endpoint_without_tokenizer(daemon_for: MakeDaemon, tmp_path: Path) -> None:
+    """A strict OpenAI-compatible server (no /tokenize; rejects stream_options and top_k)
+    behind a key: calls stream after one retry per rejected parameter; Tokenize is
+    FAILED_PRECONDITION, said plainly; Ask assembles its prompt with estimated token
+    counts and says so."""
+    key = tmp_path / "gateway.key"
+    key.write_text(f"{KEY}\n")
+    key.chmod(0o640)
+    with serve_fake_openai(key=KEY, prefix="/llm") as (url, seen):
+        _, c = await daemon_for(
+            LLAMAD_GENERATION_MODE="endpoint", LLAMAD_GENERATION_ENDPOINT_URL=url,
+            LLAMAD_GENERATION_API_KEY_FILE=str(key), LLAMAD_EMBEDDING_MODE="disabled")
+        await c.wait_serving("generation", timeout=30)
+        out = [m async for m in c.inference.Generate(pb.GenerateRequest(
+            prompt="Q:", sampling=pb.SamplingParams(max_tokens=3, top_k=5)))]
+        assert "".join(m.text for m in out) == "The answer is "
+        assert out[-1].model == "tiny-chat"
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.inference.Tokenize(pb.TokenizeRequest(text="hello"))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "tokenization not available from this endpoint" in (err.value.details() or "")
+        answer = [m async for m in answer_pb2_grpc.AnswerServiceStub(c.channel).Ask(  # type: ignore[no-untyped-call]
+            answer_pb2.AskRequest(question="What does this output mean?",
+                                  task=answer_pb2.TASK_TYPE_EXPLAIN_OUTPUT,
+                                  attachment="ERROR: disk quota exceeded on /var"))]
+        assert "".join(m.text for m in answer).startswith("The answer is 42.")
+        warnings = [w for m in answer if m.HasField("sources") for w in m.sources.warnings]
+        assert any("token counts are estimated" in w for w in warnings), warnings
+        assert all(auth == f"Bearer {KEY}" for _, _, auth in seen)
+        streamed = [body for path, body, _ in seen if body.get("stream")]
+        assert "stream_options" not in streamed[-1] and "top_k" not in streamed[-1]
+
+
+# --- failures, named ---------------------------------------------------------------------
+
+
+async def test_failures_are_named_and_leave_the_old_mode(
+    servers: dict[str, Server], daemon_for: MakeDaemon, not_openai: str,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Against real servers that refuse: a closed port, a missing or wrong key, a web
+    server that is no OpenAI endpoint, TLS to a plain-HTTP port, an unknown model, an
+    embedding model for chat, a chat model for embeddings. Each switch fails (ABORTED)
+    with the reason named; the role stays as it was; the right key then succeeds."""
+    closed = free_port()
+    daemon, c = await daemon_for(
+        LLAMAD_GENERATION_MODE="endpoint",
+        LLAMAD_GENERATION_ENDPOINT_URL=f"http://127.0.0.1:{closed}/v1",
+        LLAMAD_EMBEDDING_MODE="disabled")
+    # Configured at a closed port: retried with backoff until the breaker opens (no more
+    # retries for the cool-down), the reason in Status.
+    status = await wait_state(c, GEN, control_pb2.CHILD_STATE_FAILED, timeout=30)
+    assert status.last_exit.kind == "refused"
+    assert status.breaker == control_pb2.BREAKER_STATE_OPEN
+    assert "connection refused" in status.last_error
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await generate(c)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+    wrong = tmp_path / "wrong.key"
+    wrong.write_text("sk-not-this-one\n")
+    wrong.chmod(0o600)
+    right = tmp_path / "right.key"
+    right.write_text(f"{KEY}\n")
+    right.chmod(0o600)
+    keyed, gen, emb = servers["keyed"].url, servers["gen"].url, servers["emb"].url
+    cases = [
+        (GEN, dict(url=keyed), "auth", "needs an API key"),
+        (GEN, dict(url=keyed, key_file=str(wrong)), "auth", "refused the API key"),
+        (GEN, dict(url=f"http://{not_openai}/v1"), "not_openai",
+         "not an OpenAI-compatible endpoint: GET /v1/models answered HTTP 404 (text/html)"),
+        (GEN, dict(url=f"https://{not_openai}/v1"), "tls", "TLS"),
+        (GEN, dict(url=f"http://127.0.0.1:{closed}"), "refused", "connection refused"),
+        (GEN, dict(url=gen, model="gpt-4o"), "unknown_model", "does not offer the model"),
+        (GEN, dict(url=emb), "not_chat", "does not serve chat completions"),
+        (EMB, dict(url=gen), "no_embeddings", "no embeddings API"),
+    ]
+    for role, where, kind, needle in cases:
+        seen: list[control_pb2.SwapProgress] = []
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for p in c.control.SetMode(control_pb2.SetModeRequest(
+                    role=role, mode=ENDPOINT, endpoint=control_pb2.EndpointSettings(
+                        url=where["url"], model=where.get("model", ""),
+                        api_key_file=where.get("key_file", "")))):
+                seen.append(p)
+        assert err.value.code() == grpc.StatusCode.ABORTED, (kind, err.value.details())
+        assert seen[-1].stage == control_pb2.SWAP_STAGE_FAILED
+        assert seen[-1].cause.kind == kind, (kind, seen[-1].cause)
+        assert needle in seen[-1].cause.message, (kind, seen[-1].cause.message)
+        assert "sk-not-this-one" not in seen[-1].cause.message
+        assert needle in (await c.child(role)).last_error
+    assert (await c.child(EMB)).mode == DISABLED  # the failed switch changed nothing
+    assert (await c.child(GEN)).endpoint_url == f"http://127.0.0.1:{closed}/v1"
+
+    # Refused before anything starts: a world-readable key file, a bad URL.
+    loose = tmp_path / "loose.key"
+    loose.write_text(f"{KEY}\n")
+    loose.chmod(0o644)
+    for settings, needle in ((dict(url=keyed, key_file=str(loose)), "readable by everyone"),
+                             (dict(url="ftp://host/v1"), "http or https")):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await set_mode(c, GEN, ENDPOINT, **settings)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert needle in (err.value.details() or "")
+        assert KEY not in (err.value.details() or "")
+
+    # The right key, from an environment variable this time.
+    monkeypatch.setenv("LLAMAD_TEST_KEY", KEY)
+    progress = await set_mode(c, GEN, ENDPOINT, url=keyed, key_env="LLAMAD_TEST_KEY")
+    stages = [p.stage for p in progress]
+    assert control_pb2.SWAP_STAGE_PROBING in stages
+    assert stages[-1] == control_pb2.SWAP_STAGE_DONE
+    status = await c.child(GEN)
+    assert (status.mode, status.state) == (ENDPOINT, control_pb2.CHILD_STATE_RUNNING)
+    assert status.endpoint_url == keyed
+    assert status.last_error == ""
+    assert (await generate(c))[-1].model == str(servers["keyed"].model)
+    assert await c.status("generation") == SERVING
+    logged = capsys.readouterr()
+    assert "connecting to endpoint" in logged.out + logged.err  # the log was captured
+    assert KEY not in logged.out + logged.err  # and no line of it holds the key
+    assert daemon.children["generation"].supervisor.pid == 0
+
+
+async def test_reload_switches_the_mode(servers: dict[str, Server], tmp_path: Path) -> None:
+    """A reload whose file changes a role's mode switches it (make-before-break), and back;
+    a reload that points at a refusing endpoint keeps the running mode."""
+    file = tmp_path / "llamad.toml"
+    env = config_env("llama-server", LLAMAD_EMBEDDING_MODE="disabled",
+                     LLAMAD_STATE_DIR=str(tmp_path / "state"))
+    del env["LLAMAD_GENERATION_MODEL"]
+
+    def write(generation: str) -> None:
+        file.write_text(f"[generation]\n{generation}\n")
+
+    write('mode = "disabled"')
+    daemon = Daemon(load(None, env=env, file=file), reload=lambda: load(None, env=env, file=file))
+    c = Clients(await daemon.start())
+    try:
+        assert (await c.child(GEN)).mode == DISABLED
+        write(f'mode = "endpoint"\nendpoint_url = "{servers["gen"].url}"')
+        report = await daemon.reload()
+        assert report.swapped == ["generation"], report
+        assert (await c.child(GEN)).mode == ENDPOINT
+        assert (await generate(c))[-1].model == str(servers["gen"].model)
+        write(f'mode = "endpoint"\nendpoint_url = "http://127.0.0.1:{free_port()}"')
+        report = await daemon.reload()
+        assert "connection refused" in report.kept["generation"]
+        assert (await c.child(GEN)).endpoint_url == servers["gen"].url
+        write('mode = "disabled"')
+        report = await daemon.reload()
+        assert report.swapped == ["generation"]
+        assert (await c.child(GEN)).mode == DISABLED
+    finally:
+        await c.close()
+        await daemon.shutdown()
+
+
+# --- switching under load ----------------------------------------------------------------
+
+
+@dataclass
+class Load:
+    """Generate calls in a loop, recording what happened to each."""
+
+    ok: list[tuple[float, str]] = field(default_factory=list)
+    refused: list[float] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def run(self, c: Clients, worker: int) -> None:
+        while not self.stop.is_set():
+            try:
+                out = await generate(c, f"Count to ten, worker {worker}:", max_tokens=12)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    self.refused.append(time.monotonic())
+                else:
+                    self.failed.append(f"{exc.code().name}: {exc.details()}")
+                await asyncio.sleep(0.05)
+                continue
+            if out[-1].finish_reason == pb.FINISH_REASON_UNSPECIFIED:
+                self.failed.append("stream ended without a finish reason")
+            else:
+                self.ok.append((time.monotonic(), out[-1].model))
+
+    def served_since(self, t: float) -> set[str]:
+        return {model for at, model in self.ok if at > t}
+
+    async def wait_served(self, t: float, n: int = 3, timeout: float = 60) -> set[str]:
+        """The models that served the ``n`` calls completed after ``t``."""
+        deadline = time.monotonic() + timeout
+        while len([at for at, _ in self.ok if at > t]) < n:
+            assert time.monotonic() < deadline, (self.ok[-3:], self.failed[-3:])
+            await asyncio.sleep(0.1)
+        return self.served_since(t)
+
+
+async def test_switch_modes_under_streaming_load(servers: dict[str, Server],
+                                                 daemon_for: MakeDaemon) -> None:
+    """embedded → endpoint → disabled → embedded while three Generate loops stream: no
+    call fails, except those refused (FAILED_PRECONDITION) while disabled; the child
+    stops once drained after leaving embedded mode, and a new one serves after."""
+    gen = servers["gen"]
+    daemon, c = await daemon_for(LLAMAD_EMBEDDING_MODE="disabled")
+    await c.wait_serving("generation")
+    child = await c.child(GEN)
+    assert child.mode == EMBEDDED and child.pid > 0
+    load = Load()
+    workers = [asyncio.create_task(load.run(c, i)) for i in range(3)]
+    try:
+        assert await load.wait_served(0) == {SMALL_MODEL}
+
+        began = time.monotonic()
+        progress = await set_mode(c, GEN, ENDPOINT, url=gen.url)
+        assert progress[-1].stage == control_pb2.SWAP_STAGE_DONE
+        assert control_pb2.SWAP_STAGE_DRAINING in [p.stage for p in progress]
+        assert not alive(child.pid)  # stopped after the drain
+        status = await c.child(GEN)
+        assert (status.mode, status.pid) == (ENDPOINT, 0)
+        switched = time.monotonic()
+        assert str(gen.model) in await load.wait_served(began)
+        assert await load.wait_served(switched) == {str(gen.model)}
+
+        disabled_at = time.monotonic()
+        progress = await set_mode(c, GEN, DISABLED)
+        assert progress[-1].stage == control_pb2.SWAP_STAGE_DONE
+        assert await c.status("generation") == NOT_SERVING
+        await asyncio.sleep(1)
+        refused_before = len(load.refused)
+        assert refused_before > 0
+
+        progress = await set_mode(c, GEN, EMBEDDED)
+        enabled_at = time.monotonic()
+        assert progress[-1].stage == control_pb2.SWAP_STAGE_DONE
+        status = await c.child(GEN)
+        assert status.mode == EMBEDDED
+        assert status.pid > 0 and status.pid != child.pid and alive(status.pid)
+        await c.wait_serving("generation", timeout=10)
+        assert await load.wait_served(enabled_at) == {SMALL_MODEL}
+    finally:
+        load.stop.set()
+        await asyncio.gather(*workers)
+    assert load.failed == []
+    # Refusals only while disabled (a call refused at the moment of enabling may land
+    # a moment after enabled_at).
+    assert all(disabled_at <= t <= enabled_at + 0.5 for t in load.refused)
+    del daemon
