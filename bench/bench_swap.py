@@ -1,0 +1,1292 @@
+"""Swaps and crashes under load, and Embed through llamad against the child directly.
+
+    .venv/bin/python -m bench.bench_swap [--quick] [--clients 8] [--max-tokens 48]
+        [--swaps 20] [--steady 45] [--kills 5] [--cold-starts 3]
+        [--out bench/RESULTS.md] [--raw FILE]
+
+One run, three parts, each against a real in-process :class:`daemon.Daemon` on
+127.0.0.1:0 (llama-server runtime, 2 threads, RetrievalService off, production restart,
+probe, swap and admission settings unless said otherwise):
+
+1. **Swap under load.** Generation child on ``gemma-3-270m`` with 4 slots
+   (generation.parallel = 4), no embedding child. ``--clients`` grpc.aio clients stream
+   greedy ``Generate`` calls (``--max-tokens``, 8 prompts in rotation) back to back for
+   the whole part. After a warm-up, a steady window on gemma with no swap; swap 1 to
+   SmolLM2-135M; a steady window on SmolLM2; then the remaining swaps back and forth,
+   each started ``--gap`` seconds after the previous one ended (``ControlService/Swap``
+   with an explicit ``model_path``). A request is *steady* when it lies inside a steady
+   window, *during* when its span overlaps a swap (Swap RPC sent until its stream ended,
+   drain included), *between* otherwise. Which model served a request is read from
+   ``GenerateResponse.model`` and checked against its text: greedy output is
+   deterministic per model and prompt, so the text is matched (longest common prefix)
+   against the steady-window texts of both models; the text decides.
+2. **Crash under load.** Cold start of the daemon on gemma (``Daemon.start()`` until the
+   child is RUNNING and health ``generation`` is SERVING, no load, fresh daemon each
+   time). Then the same load with a 30 s deadline per call, and ``kill -9`` of the
+   generation child (pid from ``ControlService/Status``) ``--kills`` times, each once the
+   child has run ``--kill-spacing`` seconds. Clients retry UNAVAILABLE and
+   RESOURCE_EXHAUSTED after the ``retry-after-ms`` trailing metadata (1 s when absent),
+   like a real client. ``restart.breaker_reset`` is lowered to 10 s (production: 60 s)
+   so that every kill is an isolated crash after stable running, with the production
+   first-restart backoff (uniform in [0, 0.5 s]); five crashes within 60 s would open
+   the breaker (by design). Recovery: kill until a call sent after the kill streams its
+   first token (and until one completes).
+3. **Embed: llamad vs direct.** Embedding child only (all-MiniLM-L6-v2, 2 slots).
+   Sentences of 20-60 tokens (the child's own tokenizer) cut from the CISI corpus;
+   batches of 1, 16 and 64 through gRPC ``Embed`` (default request, as a user sends it)
+   and as ``POST /v1/embeddings`` (httpx, the body llamad sends, JSON parsed into
+   vectors) to the child's port from Status. Each pair sends the same batch both ways,
+   the order alternating pair by pair; a warm-up pair per size is discarded.
+
+Before each part the bench waits (up to ``--wait-others`` seconds) until no other
+benchmark runs (``pgrep -fa 'bench\\.'``), and records ``uptime`` and the CPU that other
+processes used during the part. Results are printed and written into ``--out``: the
+sections ``## Swap under load``, ``## Crash under load`` and ``## Embedding: llamad vs
+direct`` are created or replaced; other sections are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+from grpc_health.v1 import health_pb2
+
+from bench.bench_generation import (
+    DEFAULT_MODEL,
+    PROMPTS,
+    ROOT,
+    Running,
+    cpu_snap,
+    daemon_log,
+    environment,
+    foreign_cores,
+    model_file,
+    table,
+    write_sections,
+)
+from clients._pb import common_pb2, control_pb2, inference_pb2, inference_pb2_grpc
+from daemon import Daemon, load
+from supervisor import State, StateChange
+
+SMALL_MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBED_MODEL = "all-MiniLM-L6-v2-f16.gguf"
+CORPUS = Path("/work/shared/data/cisi/corpus.jsonl")
+CI_LOG = Path("/tmp/ci/run.log")  # noqa: S108 (only read: a CI run on this machine)
+THREADS = 2
+POLL = 0.02
+RETRY_KEY = "retry-after-ms"
+RETRYABLE = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
+GEN = common_pb2.CHILD_ROLE_GENERATION
+EMB = common_pb2.CHILD_ROLE_EMBEDDING
+
+SWAP_HEADING = "## Swap under load"
+CRASH_HEADING = "## Crash under load"
+EMBED_HEADING = "## Embedding: llamad vs direct"
+
+
+# -- the machine -------------------------------------------------------------------------
+
+
+def foreign_benchmarks() -> list[str]:
+    """Other benchmark processes (``pgrep -fa 'bench\\.'``), ours and our parent excluded."""
+    try:
+        out = subprocess.run(["pgrep", "-fa", r"bench\."], capture_output=True, text=True,
+                             check=False).stdout
+    except OSError:
+        return []
+    mine = {os.getpid(), os.getppid()}
+    return [line for line in out.splitlines()
+            if line.split(maxsplit=1) and int(line.split(maxsplit=1)[0]) not in mine]
+
+
+def tree_ticks(root: int) -> int:
+    """CPU ticks used so far by ``root`` and its descendants (reaped ones included)."""
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(entry)] = int(fields[1])
+        ticks[int(entry)] = sum(int(x) for x in fields[11:15])
+    total = 0
+    for pid, t in ticks.items():
+        p, hops = pid, 0
+        while p not in (root, 0, 1) and hops < 64:
+            p, hops = parent.get(p, 0), hops + 1
+        if p == root:
+            total += t
+    return total
+
+
+async def active_benchmarks(window: float = 3.0, idle: float = 0.05) -> list[str]:
+    """The other benchmarks that are measuring: those whose process tree used more than
+    ``idle`` cores over ``window`` seconds. One that only waits for a quiet machine (for
+    this one, maybe) is idle, and is not counted: two benchmarks waiting for each other
+    would otherwise both wait until they give up."""
+    others = foreign_benchmarks()
+    pids = [int(line.split(maxsplit=1)[0]) for line in others]
+    before = {pid: tree_ticks(pid) for pid in pids}
+    await asyncio.sleep(window)
+    tck = os.sysconf("SC_CLK_TCK")
+    return [line for line, pid in zip(others, pids, strict=True)
+            if (tree_ticks(pid) - before[pid]) / tck / window > idle]
+
+
+def ci_running(log: Path = CI_LOG) -> bool:
+    """Whether a CI run is going: its log exists and does not end with ``exit=...``."""
+    try:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return False
+    return bool(lines) and not lines[-1].startswith("exit=")
+
+
+def uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, check=False,
+                              timeout=5).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        load1, load5, load15 = os.getloadavg()
+        return f"load average: {load1:.2f}, {load5:.2f}, {load15:.2f}"
+
+
+def proc_table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, CPU ticks it used so far; its reaped children's not included,
+    so that a reap does not count a child's whole life again)."""
+    table_: dict[int, tuple[int, int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        table_[int(entry)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    return table_
+
+
+def command_of(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:90]
+    except OSError:
+        return "?"
+
+
+class CpuMonitor:
+    """Samples, every ``period`` seconds, the cores used by processes outside this one's
+    tree (perf_counter time), and which foreign process used the most in busy samples."""
+
+    def __init__(self, period: float = 1.0, busy: float = 0.25) -> None:
+        self.period = period
+        self.busy = busy
+        self.samples: list[tuple[float, float, float]] = []  # (from, to, foreign cores)
+        self.offenders: Counter[str] = Counter()  # command -> busy samples it led
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="cpu-monitor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        tck = os.sysconf("SC_CLK_TCK")
+        me = os.getpid()
+        before, t0 = proc_table(), time.perf_counter()
+        while True:
+            await asyncio.sleep(self.period)
+            after, t1 = proc_table(), time.perf_counter()
+            foreign: dict[int, int] = {}
+            for pid, (_, ticks) in after.items():
+                p, hops = pid, 0
+                while p not in (me, 0, 1) and hops < 64:
+                    p, hops = after.get(p, (0, 0))[0], hops + 1
+                if p != me:
+                    foreign[pid] = ticks - before[pid][1] if pid in before else ticks
+            cores = sum(foreign.values()) / tck / (t1 - t0)
+            self.samples.append((t0, t1, cores))
+            if cores > self.busy and foreign:
+                top = max(foreign, key=lambda k: foreign[k])
+                self.offenders[command_of(top)] += 1
+            before, t0 = after, t1
+
+    def foreign(self, start: float, end: float) -> float:
+        """Average foreign cores over [start, end] (perf_counter), from the samples."""
+        weight = total = 0.0
+        for a, b, cores in self.samples:
+            overlap = min(b, end) - max(a, start)
+            if overlap > 0:
+                weight += overlap
+                total += overlap * cores
+        return total / weight if weight else math.nan
+
+    def disturbed(self, start: float, end: float) -> bool:
+        value = self.foreign(start, end)
+        return not math.isnan(value) and value > self.busy
+
+
+MONITOR = CpuMonitor()
+
+
+@dataclass
+class PartNote:
+    """The machine around one timed part."""
+
+    part: str
+    uptime: str = ""
+    waited: float = 0.0  # seconds spent waiting for other benchmarks
+    others: list[str] = field(default_factory=list)  # other benchmarks seen during the part
+    foreign: float = 0.0  # cores used on average by processes that are not ours
+    busy_share: float = 0.0  # share of seconds in which they used more than MONITOR.busy
+    offenders: list[tuple[str, int]] = field(default_factory=list)  # (command, busy seconds)
+    seconds: float = 0.0
+    start: float = 0.0  # perf_counter
+    offended_before: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def line(self) -> str:
+        others = ("; other benchmarks seen: " + "; ".join(self.others)) if self.others else (
+            "; no other benchmark ran")
+        waited = f" (after waiting {self.waited:.0f} s for a quiet machine)" if (
+            self.waited >= 5) else ""
+        busy = ""
+        if self.offenders:
+            busy = ("; busiest foreign processes then: " + "; ".join(
+                f"`{c}` ({n} s)" for c, n in self.offenders[:3]))
+        return (f"- Machine during this part: `{self.uptime}` at its start{waited}; other "
+                f"processes used {self.foreign:.2f} cores on average over its "
+                f"{self.seconds:.0f} s, more than {MONITOR.busy} cores in "
+                f"{self.busy_share:.0%} of its seconds{busy}{others}.")
+
+
+async def begin_part(name: str, wait_limit: float, anyway: bool,
+                     max_foreign: float, *, wait_others: bool = True) -> PartNote:
+    """Wait until no other benchmark measures (see :func:`active_benchmarks`; refuse
+    after ``wait_limit`` unless ``anyway``) and, within the same limit, until no CI run
+    is going and other processes use at most ``max_foreign`` cores over 3 s (measure
+    regardless after it); note ``uptime``; start the CPU accounting."""
+    note = PartNote(name)
+    began = time.monotonic()
+    told = 0.0
+    still: list[str] = []
+    while wait_others and time.monotonic() - began < wait_limit:
+        still = await active_benchmarks()
+        if not still:
+            break
+        if time.monotonic() - told > 60:
+            told = time.monotonic()
+            print(f"  waiting for other benchmarks to finish: {still}", flush=True)
+        await asyncio.sleep(7)
+    if still and wait_others and not anyway:
+        raise SystemExit(f"other benchmarks still run after {wait_limit:.0f}s; not measuring "
+                         f"(--anyway to measure regardless): {still}")
+    while time.monotonic() - began < wait_limit:
+        before = cpu_snap()
+        await asyncio.sleep(3)
+        share = foreign_cores(before, cpu_snap())
+        ci = ci_running()
+        if share <= max_foreign and not ci:
+            break
+        if time.monotonic() - told > 60:
+            told = time.monotonic()
+            why = "a CI run is going" if ci else f"other processes use {share:.2f} cores"
+            print(f"  waiting for a quiet machine: {why}", flush=True)
+    note.waited = time.monotonic() - began
+    active = await active_benchmarks()
+    note.others = [line if line in active else f"{line} (idle: waiting)"
+                   for line in foreign_benchmarks()]
+    note.uptime = uptime()
+    print(f"\n== {name}: {note.uptime}", flush=True)
+    note.start = time.perf_counter()
+    note.offended_before = dict(MONITOR.offenders)
+    return note
+
+
+def end_part(note: PartNote) -> None:
+    end = time.perf_counter()
+    note.seconds = end - note.start
+    note.foreign = MONITOR.foreign(note.start, end)
+    inside = [c for a, b, c in MONITOR.samples if a >= note.start and b <= end]
+    note.busy_share = sum(c > MONITOR.busy for c in inside) / len(inside) if inside else 0.0
+    note.offenders = (MONITOR.offenders - Counter(note.offended_before)).most_common(3)
+    for line in foreign_benchmarks():
+        if line not in note.others:
+            note.others.append(line)
+
+
+# -- the daemon --------------------------------------------------------------------------
+
+
+def base_env(state_dir: Path) -> dict[str, str]:
+    return {
+        "LLAMAD_LISTEN": "127.0.0.1:0",
+        "LLAMAD_RETRIEVAL_ENABLED": "false",
+        "LLAMAD_STATE_DIR": str(state_dir),
+        "LLAMAD_CHILD_STOP_GRACE": "3",
+        "LLAMAD_DRAIN_GRACE": "5",
+        "LLAMAD_LOG_FORMAT": "json",
+    }
+
+
+def generation_env(state_dir: Path, model: Path, extra_args: str = "",
+                   **extra: str) -> dict[str, str]:
+    """gemma or SmolLM2 on llama-server, 2 threads, 4 slots; no embedding child."""
+    env = {**base_env(state_dir),
+           "LLAMAD_GENERATION_MODEL": str(model),
+           "LLAMAD_GENERATION_RUNTIME": "llama-server",
+           "LLAMAD_GENERATION_THREADS": str(THREADS),
+           "LLAMAD_GENERATION_PARALLEL": "4",
+           "LLAMAD_EMBEDDING_ENABLED": "false",
+           **extra}
+    if extra_args:
+        env["LLAMAD_GENERATION_EXTRA_ARGS"] = extra_args
+    return env
+
+
+def embedding_env(state_dir: Path, model: Path) -> dict[str, str]:
+    """The embedding child only, on llama-server, production defaults (2 slots)."""
+    return {**base_env(state_dir),
+            "LLAMAD_GENERATION_ENABLED": "false",
+            "LLAMAD_EMBEDDING_MODEL": str(model),
+            "LLAMAD_EMBEDDING_RUNTIME": "llama-server",
+            "LLAMAD_EMBEDDING_THREADS": str(THREADS)}
+
+
+@contextlib.asynccontextmanager
+async def started(env: dict[str, str], role: str = "generation"
+                  ) -> AsyncIterator[tuple[Running, float]]:
+    """Yield ``(running, seconds from Daemon.start() to RUNNING + health SERVING)``."""
+    daemon = Daemon(load(None, env=env))
+    events: list[tuple[State, float]] = []
+
+    def record(change: StateChange) -> None:
+        events.append((change.new, time.perf_counter()))
+
+    daemon.children[role].supervisor.subscribe(record)
+    began = time.perf_counter()
+    address = await daemon.start()
+    running = Running(daemon, address, events)
+    try:
+        request = health_pb2.HealthCheckRequest(service=role)
+        async for resp in running.health.Watch(request, timeout=300):
+            if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                break
+        ready = time.perf_counter() - began
+        state = (await child_status(running, role)).state
+        if state != control_pb2.CHILD_STATE_RUNNING:
+            raise RuntimeError(f"health SERVING but the {role} child is in state {state}")
+        yield running, ready
+    finally:
+        await running.close()
+
+
+async def child_status(running: Running, role: str) -> control_pb2.ChildStatus:
+    want = GEN if role == "generation" else EMB
+    resp = await running.control.Status(control_pb2.StatusRequest(), timeout=10)
+    for child in resp.children:
+        if child.role == want:
+            found: control_pb2.ChildStatus = child
+            return found
+    raise RuntimeError(f"Status lists no {role} child")
+
+
+# -- the load ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One Generate call, timed on the client (perf_counter)."""
+
+    client: int
+    request: int  # the client's request number; retries of a request share it
+    retry: int  # 0 for the first try
+    prompt: int
+    start: float
+    end: float
+    code: str  # "OK" or the status code's name
+    first: float  # first non-empty text, 0.0 if none
+    tokens: int  # messages that carried text
+    model: str  # GenerateResponse.model of the last message
+    text: str
+    retry_after_ms: int | None  # trailing metadata retry-after-ms, when sent
+    details: str
+
+    @property
+    def latency(self) -> float:
+        return self.end - self.start
+
+    @property
+    def ttft(self) -> float:
+        return self.first - self.start if self.first else math.nan
+
+
+class Load:
+    """``clients`` grpc.aio clients sending greedy Generate calls back to back.
+
+    A client retries a call refused with UNAVAILABLE or RESOURCE_EXHAUSTED after the
+    hinted delay (``retry-after-ms``; 1 s without one); any other failure is recorded and
+    the client moves on to its next call after 0.5 s.
+    """
+
+    def __init__(self, address: str, *, clients: int, max_tokens: int, deadline: float) -> None:
+        self.channel = grpc.aio.insecure_channel(address)
+        self.stub = inference_pb2_grpc.InferenceServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.clients = clients
+        self.max_tokens = max_tokens
+        self.deadline = deadline
+        self.attempts: list[Attempt] = []
+        self.first_tokens: list[tuple[float, float]] = []  # (call sent, first text), live
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._client(c), name=f"load-{c}")
+                       for c in range(self.clients)]
+
+    async def stop(self) -> None:
+        """No new calls; wait for the running ones (each bounded by its deadline)."""
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+        await self.channel.close()
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+
+    async def _client(self, cid: int) -> None:
+        n = 0
+        while not self._stop.is_set():
+            prompt = (cid + n) % len(PROMPTS)
+            retry = 0
+            while not self._stop.is_set():
+                a = await self._call(cid, n, retry, prompt)
+                self.attempts.append(a)
+                if a.code == "OK":
+                    break
+                if a.code not in RETRYABLE:
+                    await self._pause(0.5)
+                    break
+                await self._pause(a.retry_after_ms / 1000 if a.retry_after_ms is not None
+                                  else 1.0)
+                retry += 1
+            n += 1
+
+    async def _call(self, cid: int, n: int, retry: int, prompt: int) -> Attempt:
+        request = inference_pb2.GenerateRequest(
+            prompt=PROMPTS[prompt],
+            sampling=inference_pb2.SamplingParams(max_tokens=self.max_tokens, temperature=0.0))
+        parts: list[str] = []
+        first = 0.0
+        model = ""
+        code, hint, details = "OK", None, ""
+        start = time.perf_counter()
+        try:
+            async for msg in self.stub.Generate(request, timeout=self.deadline):
+                if msg.text:
+                    if not parts:
+                        first = time.perf_counter()
+                        self.first_tokens.append((start, first))
+                    parts.append(msg.text)
+                model = msg.model or model
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code().name
+            details = exc.details() or ""
+            for key, value in exc.trailing_metadata() or ():
+                if key == RETRY_KEY:
+                    hint = int(value)
+        return Attempt(cid, n, retry, prompt, start, time.perf_counter(), code, first,
+                       len(parts), model, "".join(parts), hint, details)
+
+
+# -- statistics ---------------------------------------------------------------------------
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (linear interpolation between closest ranks)."""
+    xs = sorted(v for v in values if not math.isnan(v))
+    if not xs:
+        return math.nan
+    k = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def med(values: Sequence[float]) -> float:
+    return pct(values, 50)
+
+
+def f2(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.2f}"
+
+
+def f3(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.3f}"
+
+
+def verdict(good: bool, value: float) -> str:
+    return "" if math.isnan(value) else ("ok" if good else "MISS")
+
+
+def short(model: str) -> str:
+    return "gemma-3-270m" if model.startswith("gemma") else (
+        "SmolLM2-135M" if model.startswith("SmolLM2") else model or "?")
+
+
+def common_prefix(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+# -- part 1: swap under load ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SwapRun:
+    index: int
+    target: str
+    start: float
+    end: float
+    stages: dict[str, float]  # stage -> perf_counter when the client received it
+    error: str
+
+    @property
+    def total(self) -> float:
+        return self.end - self.start
+
+    @property
+    def switch(self) -> float:
+        """Swap sent until the new child took over (the 'draining' stage arrived)."""
+        at = self.stages.get("draining", self.stages.get("done", math.nan))
+        return at - self.start
+
+    @property
+    def drain(self) -> float:
+        return self.end - self.stages.get("draining", math.nan)
+
+
+@dataclass
+class SwapResult:
+    clients: int
+    max_tokens: int
+    warm_end: float
+    steady_a: tuple[float, float]
+    steady_b: tuple[float, float]
+    swaps: list[SwapRun]
+    attempts: list[Attempt]
+    ready: float
+    extra_args: str = ""
+    served_by: list[str] = field(default_factory=list)  # per attempt: the model (text)
+    foreign: list[float] = field(default_factory=list)  # per attempt: other processes' cores
+    swap_foreign: list[float] = field(default_factory=list)  # per swap: the same
+    mislabelled: list[int] = field(default_factory=list)  # attempt indexes
+
+
+async def do_swap(running: Running, index: int, target: Path) -> SwapRun:
+    request = control_pb2.SwapRequest(role=GEN, model_path=str(target),
+                                      reason=f"bench swap {index}")
+    stages: dict[str, float] = {}
+    error = ""
+    began = time.perf_counter()
+    try:
+        async for p in running.control.Swap(request, timeout=300):
+            name = control_pb2.SwapStage.Name(p.stage).removeprefix("SWAP_STAGE_").lower()
+            stages.setdefault(name, time.perf_counter())
+    except grpc.aio.AioRpcError as exc:
+        error = f"{exc.code().name}: {exc.details()}"
+    return SwapRun(index, target.name, began, time.perf_counter(), stages, error)
+
+
+async def bench_swap(args: argparse.Namespace, state_dir: Path) -> SwapResult:
+    models = (model_file(DEFAULT_MODEL), model_file(SMALL_MODEL))
+    async with started(generation_env(state_dir, models[0], args.extra_args)) as (
+            running, ready):
+        print(f"  daemon ready in {ready:.2f}s on {models[0].name}", flush=True)
+        load_ = Load(running.daemon.address, clients=args.clients, max_tokens=args.max_tokens,
+                     deadline=args.swap_deadline)
+        load_.start()
+        await asyncio.sleep(args.warmup)
+        warm_end = time.perf_counter()
+        print(f"  steady window on {models[0].name}: {args.steady:.0f}s", flush=True)
+        await asyncio.sleep(args.steady)
+        swaps: list[SwapRun] = []
+        steady_b = (math.nan, math.nan)
+        for i in range(args.swaps):
+            target = models[(i + 1) % 2]
+            run = await do_swap(running, i + 1, target)
+            swaps.append(run)
+            print(f"  swap {i + 1}/{args.swaps} -> {target.name}: "
+                  f"{'ok' if not run.error else run.error} in {run.total:.2f}s "
+                  f"(switched after {run.switch:.2f}s, drain {run.drain:.2f}s)", flush=True)
+            if i == 0:
+                b_start = time.perf_counter() + args.settle
+                print(f"  steady window on {target.name}: {args.steady:.0f}s", flush=True)
+                await asyncio.sleep(args.settle + args.steady)
+                steady_b = (b_start, time.perf_counter())
+            else:
+                await asyncio.sleep(args.gap)
+        await load_.stop()
+        if len(swaps) == 1:
+            steady_b = (steady_b[0], min(steady_b[1], max(a.end for a in load_.attempts)))
+    result = SwapResult(args.clients, args.max_tokens, warm_end, (warm_end, swaps[0].start),
+                        steady_b, swaps, load_.attempts, ready, args.extra_args)
+    tag_models(result)
+    result.foreign = [MONITOR.foreign(a.start, a.end) for a in result.attempts]
+    result.swap_foreign = [MONITOR.foreign(s.start, s.end) for s in result.swaps]
+    return result
+
+
+def window_of(r: SwapResult, a: Attempt) -> str:
+    """'warmup', 'steady', 'during' (overlaps a swap) or 'between'."""
+    if a.start < r.warm_end:
+        return "warmup"
+    if any(a.start < s.end and a.end > s.start for s in r.swaps):
+        return "during"
+    for lo, hi in (r.steady_a, r.steady_b):
+        if a.start >= lo and a.end <= hi:
+            return "steady"
+    return "between"
+
+
+def swap_phase(r: SwapResult, a: Attempt) -> str:
+    """For a call during a swap: 'launch' if it overlaps only the launch of the new child
+    (Swap sent until the switch), 'drain' if only the drain (switch until the Swap ended),
+    'both' otherwise."""
+    launch = drain = False
+    for s in r.swaps:
+        switched = s.start + s.switch if not math.isnan(s.switch) else s.end
+        launch |= a.start < switched and a.end > s.start
+        drain |= a.start < s.end and a.end > switched
+    return "both" if launch and drain else ("launch" if launch else "drain")
+
+
+def tag_models(r: SwapResult) -> None:
+    """Which model served each call: its text against the steady texts of each model."""
+    refs: dict[tuple[str, int], list[str]] = {}
+    for a in r.attempts:
+        if a.code == "OK" and window_of(r, a) == "steady" and a.text:
+            refs.setdefault((a.model, a.prompt), []).append(a.text)
+    models = sorted({m for m, _ in refs})
+    r.served_by = []
+    r.mislabelled = []
+    for i, a in enumerate(r.attempts):
+        best = {m: max((common_prefix(a.text, t) for t in refs.get((m, a.prompt), ())),
+                       default=0) for m in models}
+        ranked = sorted(best.items(), key=lambda kv: kv[1], reverse=True)
+        served = a.model
+        if ranked and ranked[0][1] >= 12 and (len(ranked) == 1 or ranked[0][1] > ranked[1][1]):
+            served = ranked[0][0]
+        r.served_by.append(served)
+        if a.code == "OK" and served != a.model:
+            r.mislabelled.append(i)
+
+
+def swap_section(r: SwapResult, env: list[str], note: PartNote, command: str) -> list[str]:
+    measured = [(a, r.served_by[i], window_of(r, a)) for i, a in enumerate(r.attempts)
+                if window_of(r, a) != "warmup"]
+    ok = [(a, m, w) for a, m, w in measured if a.code == "OK"]
+    busy = {id(a) for a, f in zip(r.attempts, r.foreign, strict=True) if f > MONITOR.busy}
+    completed = sum(a.code == "OK" for a in r.attempts)  # the warm-up included
+    failed = [a for a in r.attempts if a.code != "OK"]
+    swaps_ok = [s for s in r.swaps if not s.error]
+    models = sorted({m for _, m, _ in ok})
+    steady_med = {m: med([a.latency for a, mm, w in ok if mm == m and w == "steady"])
+                  for m in models}
+    out = [SWAP_HEADING, "", *env, note.line(),
+           f"- Daemon: generation child on llama-server, {THREADS} threads, 4 slots "
+           "(generation.parallel = 4), embedding child disabled, production swap settings "
+           "(drain_timeout 30 s, ready_timeout 90 s)"
+           + (f"; generation.extra_args `{r.extra_args}`." if r.extra_args else "."),
+           f"- Load: {r.clients} grpc.aio clients (one channel), each sending greedy `Generate` "
+           f"calls back to back (8 prompts in rotation, max_tokens {r.max_tokens}, deadline "
+           "60 s) for the whole part; a call refused with UNAVAILABLE or RESOURCE_EXHAUSTED "
+           "is retried after its `retry-after-ms`.",
+           f"- Timeline: warm-up, steady window on gemma-3-270m "
+           f"({r.steady_a[1] - r.steady_a[0]:.0f} s), swap 1 to SmolLM2-135M, steady window "
+           f"on SmolLM2-135M ({r.steady_b[1] - r.steady_b[0]:.0f} s), then swaps 2..{len(r.swaps)}"
+           " back and forth, each sent a few seconds after the previous one ended "
+           "(`ControlService/Swap` with `model_path`). *steady*: the call lies in a steady "
+           "window; *during*: its span overlaps a swap (Swap sent until its stream ended, "
+           "drain included); *between*: neither (after swap 2 began).",
+           "- The serving model of each call is its text's: greedy output is deterministic "
+           "per model and prompt, so each text is matched against the steady-window texts "
+           "of both models (`GenerateResponse.model` is compared with it below).",
+           ""]
+    codes = Counter(a.code for a in failed)
+    hinted = Counter(a.code for a in failed if a.retry_after_ms is not None)
+    rows = [[str(completed), f"**{len(failed)}** {'ok' if not failed else 'MISS'}",
+             ", ".join(f"{c} x{n} ({hinted[c]} with retry-after-ms)" for c, n in codes.items())
+             or "none",
+             f"{len(swaps_ok)}/{len(r.swaps)}",
+             f"{len(r.mislabelled)}"]]
+    out += table(["calls completed (whole part)", "failed (target 0)", "failures by status",
+                  "swaps done", "OK calls whose `model` is not the model that served them"],
+                 rows)
+    out += [f"- swap {s.index} to {s.target} failed: {s.error[:200]}" for s in r.swaps
+            if s.error]
+    if failed:
+        out += ["", "Failures:", ""]
+        out += [f"- {a.code} at +{a.start - r.warm_end:.1f}s after {a.latency:.2f}s: "
+                f"{a.details[:160]}" for a in failed[:20]]
+    out += ["", "Latency of completed calls (client side: sent until the stream ended, "
+            "queueing for a slot included), s:", ""]
+    rows = []
+    for w in ("steady", "during", "between"):
+        for m in [*models, "all"]:
+            lat = [a.latency for a, mm, ww in ok if ww == w and (m in ("all", mm))]
+            ttft = [a.ttft for a, mm, ww in ok if ww == w and (m in ("all", mm))]
+            if not lat:
+                continue
+            disturbed = sum(id(a) in busy for a, mm, ww in ok if ww == w and m in ("all", mm))
+            rows.append([w, short(m) if m != "all" else "both", str(len(lat)), f2(med(lat)),
+                         f2(pct(lat, 90)), f2(pct(lat, 99)), f2(max(lat)), f2(med(ttft)),
+                         f2(pct(ttft, 99)), str(disturbed)])
+    out += table(["window", "model", "calls", "p50", "p90", "p99", "max", "TTFT p50",
+                  "TTFT p99", f"disturbed (others > {MONITOR.busy} cores)"], rows)
+
+    def p99(window: str, model: str | None = None, normalise: bool = False,
+            quiet: bool = False) -> float:
+        vals = [a.latency / (steady_med.get(m, math.nan) if normalise else 1.0)
+                for a, m, w in ok if w == window and (model is None or m == model)
+                and not (quiet and id(a) in busy)]
+        return pct(vals, 99)
+
+    out += ["", "p99(during) / p99(steady), target <= 1.2. *raw*: all calls pooled (the "
+            "models differ in speed, and the mix differs between the windows); *per model*: "
+            "each model's calls against its own steady window; *normalised*: every call's "
+            "latency divided by the steady median of the model that served it, then pooled.",
+            ""]
+    rows = []
+    for label, model, normalise in [("raw", None, False),
+                                    *[(f"per model: {short(m)}", m, False) for m in models],
+                                    ("normalised", None, True)]:
+        ratio = p99("during", model, normalise) / p99("steady", model, normalise)
+        quiet = (p99("during", model, normalise, quiet=True)
+                 / p99("steady", model, normalise, quiet=True))
+        rows.append([label, f"**{f3(ratio)}** {verdict(ratio <= 1.2, ratio)}",
+                     f"{f3(quiet)} {verdict(quiet <= 1.2, quiet)}"])
+    out += table(["ratio", "p99 during / p99 steady, all calls",
+                  "undisturbed calls only"], rows)
+    out += ["", "Calls during swaps by the phase they overlap: *launch* (the new child starts "
+            "beside the old one, which still serves), *drain* (the new child takes new calls "
+            "while the old one finishes its own), *both*. Normalised: latency / steady median "
+            "of the serving model.", ""]
+    rows = []
+    for phase in ("launch", "drain", "both"):
+        calls = [(a, m) for a, m, w in ok if w == "during" and swap_phase(r, a) == phase]
+        if not calls:
+            continue
+        lat = [a.latency for a, _ in calls]
+        norm = [a.latency / steady_med.get(m, math.nan) for a, m in calls]
+        rows.append([phase, str(len(calls)), f2(med(lat)), f2(pct(lat, 99)), f2(med(norm)),
+                     f2(pct(norm, 99))])
+    out += table(["phase", "calls", "p50 s", "p99 s", "normalised p50", "normalised p99"],
+                 rows)
+    out += ["", "Swap durations (client side), s: *total* is the Swap RPC (validate, launch "
+            "and load the new child beside the old one, readiness probe, switch, drain the "
+            "old child's calls, stop it); *to switch* ends when the new child takes new calls "
+            "(stage DRAINING); *drain* is the rest.", ""]
+    rows = []
+    quiet_swaps = [s for s, f in zip(r.swaps, r.swap_foreign, strict=True)
+                   if not f > MONITOR.busy]
+    for label, pick in (("all", r.swaps), ("to SmolLM2-135M", [s for s in r.swaps
+                                                             if s.target == SMALL_MODEL]),
+                        ("to gemma-3-270m", [s for s in r.swaps if s.target != SMALL_MODEL]),
+                        ("undisturbed", quiet_swaps)):
+        done = [s for s in pick if not s.error]
+        if not done:
+            continue
+        rows.append([label, str(len(done)), f2(med([s.total for s in done])),
+                     f2(pct([s.total for s in done], 90)), f2(med([s.switch for s in done])),
+                     f2(pct([s.switch for s in done], 90)), f2(med([s.drain for s in done])),
+                     f2(pct([s.drain for s in done], 90))])
+    out += table(["swaps", "n", "total median", "total p90", "to switch median",
+                  "to switch p90", "drain median", "drain p90"], rows)
+    out += ["", "Each swap: the calls overlapping it (completed), the slowest of them "
+            "normalised, and the other processes' CPU meanwhile.", ""]
+    rows = []
+    for sw, f in zip(r.swaps, r.swap_foreign, strict=True):
+        calls = [(a, m) for a, m, w in ok if a.start < sw.end and a.end > sw.start]
+        worst = max((a.latency / steady_med.get(m, math.nan) for a, m in calls),
+                    default=math.nan)
+        rows.append([str(sw.index), short(sw.target), f2(sw.total), f2(sw.switch),
+                     f2(sw.drain), str(len(calls)), f2(worst), f2(f)])
+    out += table(["swap", "to", "total s", "to switch s", "drain s", "calls",
+                  "slowest call, normalised", "others' cores"], rows)
+    out += ["", f"Reproduce: `{command}`"]
+    return out
+
+
+# -- part 2: crash under load --------------------------------------------------------------
+
+
+@dataclass
+class KillRun:
+    index: int
+    pid: int
+    at: float  # perf_counter of the kill
+    detect: float  # kill until BACKOFF, s
+    backoff: float  # BACKOFF until STARTING, s
+    restart: float  # STARTING until RUNNING, s
+    first_token: float  # kill until a call sent after it streamed a token, s
+    first_ok: float  # kill until a call sent after it completed, s
+    foreign: float = math.nan  # other processes' cores from the kill until service was back
+
+
+@dataclass
+class CrashResult:
+    clients: int
+    deadline: float
+    cold: list[float]  # Daemon.start() until RUNNING + SERVING, s
+    cold_child: list[float]  # the supervisor's STARTING -> RUNNING in those starts, s
+    kills: list[KillRun]
+    attempts: list[Attempt]
+    warm_end: float
+    restarts: int
+    extra_args: str = ""
+
+
+async def cold_start(env: dict[str, str]) -> tuple[float, float]:
+    async with started(env) as (running, ready):
+        began = running.first_after(State.STARTING, 0.0)
+        return ready, running.first_after(State.RUNNING, began) - began
+
+
+async def bench_crash(args: argparse.Namespace, state_dir: Path) -> CrashResult:
+    model = model_file(DEFAULT_MODEL)
+    env = generation_env(state_dir, model, args.extra_args, LLAMAD_RESTART_BREAKER_RESET="10")
+    cold: list[float] = []
+    cold_child: list[float] = []
+    for i in range(args.cold_starts):
+        ready, child = await cold_start(env)
+        cold.append(ready)
+        cold_child.append(child)
+        print(f"  cold start {i + 1}/{args.cold_starts}: {ready:.2f}s (child {child:.2f}s)",
+              flush=True)
+    kills: list[KillRun] = []
+    async with started(env) as (running, ready):
+        began = running.first_after(State.STARTING, 0.0)
+        cold_child.append(running.first_after(State.RUNNING, began) - began)
+        load_ = Load(running.daemon.address, clients=args.clients, max_tokens=args.max_tokens,
+                     deadline=args.crash_deadline)
+        load_.start()
+        await asyncio.sleep(args.warmup)
+        warm_end = time.perf_counter()
+        for k in range(args.kills):
+            while True:
+                status = await child_status(running, "generation")
+                if (status.state == control_pb2.CHILD_STATE_RUNNING
+                        and status.uptime_seconds >= args.kill_spacing):
+                    break
+                await asyncio.sleep(0.2)
+            killed = time.perf_counter()
+            os.kill(status.pid, signal.SIGKILL)
+            first_token = first_ok = math.nan
+            limit = killed + 120
+            while time.perf_counter() < limit and (math.isnan(first_token)
+                                                    or math.isnan(first_ok)):
+                if math.isnan(first_token):
+                    firsts = [f for s, f in load_.first_tokens if s > killed]
+                    if firsts:
+                        first_token = min(firsts) - killed
+                if math.isnan(first_ok):
+                    oks = [a.end for a in load_.attempts if a.start > killed and a.code == "OK"]
+                    if oks:
+                        first_ok = min(oks) - killed
+                await asyncio.sleep(POLL)
+            try:
+                backoff_at = running.first_after(State.BACKOFF, killed)
+                starting_at = running.first_after(State.STARTING, backoff_at)
+                running_at = running.first_after(State.RUNNING, starting_at)
+                times = (backoff_at - killed, starting_at - backoff_at, running_at - starting_at)
+            except RuntimeError:
+                times = (math.nan, math.nan, math.nan)
+            run = KillRun(k + 1, status.pid, killed, *times, first_token, first_ok)
+            kills.append(run)
+            print(f"  kill {k + 1}/{args.kills} (pid {status.pid}): first token after "
+                  f"{first_token:.2f}s, first completed call after {first_ok:.2f}s (detect "
+                  f"{run.detect * 1000:.0f}ms, backoff {run.backoff:.3f}s, restart "
+                  f"{run.restart:.2f}s)", flush=True)
+        await asyncio.sleep(2.0)
+        await load_.stop()
+        restarts = int((await child_status(running, "generation")).restarts)
+    for run in kills:
+        run.foreign = MONITOR.foreign(run.at, run.at + (
+            run.first_token if not math.isnan(run.first_token) else 120.0))
+    return CrashResult(args.clients, args.crash_deadline, [*cold, ready], cold_child, kills,
+                       load_.attempts, warm_end, restarts, args.extra_args)
+
+
+def crash_section(r: CrashResult, env: list[str], note: PartNote, command: str) -> list[str]:
+    measured = [a for a in r.attempts if a.start >= r.warm_end]
+    cold = med(r.cold)
+    out = [CRASH_HEADING, "", *env, note.line(),
+           f"- Daemon: gemma-3-270m on llama-server, {THREADS} threads, 4 slots, embedding "
+           "child disabled; production restart settings (backoff base 0.5 s, probe every "
+           "5 s) except restart.breaker_reset = 10 s (production 60 s), so that each kill is "
+           "an isolated crash after stable running: its restart is a *first* restart, whose "
+           "backoff is drawn uniformly from [0, 0.5 s]"
+           + (f"; generation.extra_args `{r.extra_args}`." if r.extra_args else "."),
+           f"- Load: {r.clients} grpc.aio clients, greedy `Generate` (max_tokens as in the "
+           f"swap part), deadline {r.deadline:.0f} s per call; UNAVAILABLE and "
+           "RESOURCE_EXHAUSTED are retried after `retry-after-ms` (1 s without one), other "
+           "failures are counted and the client moves on.",
+           "- Cold start: `Daemon.start()` until Status says RUNNING and health `generation` "
+           f"says SERVING, no load, a fresh daemon each ({len(r.cold)} runs, the last one is "
+           "the daemon then crashed). Recovery: `kill -9` of the child (pid from Status) "
+           "until a call sent after the kill streams its first token (*service back*), and "
+           "until such a call completes.",
+           ""]
+    rows = []
+    for k in r.kills:
+        rows.append([str(k.index), f"**{f2(k.first_token)}** "
+                     f"{'ok' if k.first_token <= cold + 1 else 'MISS'}",
+                     f2(k.first_ok), f"{k.detect * 1000:.0f}", f3(k.backoff), f2(k.restart),
+                     f2(k.first_token - k.detect - k.backoff - k.restart), f2(k.foreign)])
+    out += table(["kill", "kill -> service back s (<= cold start + 1 s)",
+                  "kill -> first completed call s", "detect ms", "backoff drawn s",
+                  "restart (STARTING->RUNNING) s", "clients' lag after RUNNING s",
+                  "others' cores"], rows)
+    tok = [k.first_token for k in r.kills]
+    out += ["", "Against the cold start of the same model in the same run:", ""]
+    out += table(["cold start median s", "runs s", "child STARTING->RUNNING median s",
+                  "kill -> service back median s", "max s", "target (cold + 1 s)"],
+                 [[f"**{f2(cold)}**", ", ".join(f2(x) for x in r.cold), f2(med(r.cold_child)),
+                   f"**{f2(med(tok))}**", f2(max(tok, default=math.nan)),
+                   f"{'ok' if med(tok) <= cold + 1 else 'MISS'} (median); "
+                   f"{sum(t <= cold + 1 for t in tok)}/{len(tok)} kills within"]])
+    ok = [a for a in measured if a.code == "OK"]
+    unavailable = [a for a in measured if a.code == "UNAVAILABLE"]
+    exhausted = [a for a in measured if a.code == "RESOURCE_EXHAUSTED"]
+    deadline = [a for a in measured if a.code == "DEADLINE_EXCEEDED"]
+    others = [a for a in measured if a.code not in ("OK", *RETRYABLE, "DEADLINE_EXCEEDED")]
+    hung = [a for a in measured if a.latency > r.deadline + 1]
+    mid = [a for a in unavailable if a.tokens]
+    hints = [a.retry_after_ms for a in unavailable if a.retry_after_ms is not None]
+    out += ["", f"Outcomes of every call attempt after the warm-up ({len(measured)} "
+            f"attempts, {r.restarts} restarts in Status):", ""]
+    out += table(
+        ["completed", "UNAVAILABLE with retry-after-ms", "UNAVAILABLE without",
+         "of which mid-stream", "RESOURCE_EXHAUSTED with / without hint",
+         "DEADLINE_EXCEEDED", "past deadline + 1 s (hung)", "other", "longest attempt s"],
+        [[str(len(ok)), f"{len(hints)} (hint median {med([float(h) for h in hints]):.0f} ms, "
+          f"range {min(hints, default=0)}-{max(hints, default=0)})",
+          str(len(unavailable) - len(hints)), str(len(mid)),
+          f"{sum(a.retry_after_ms is not None for a in exhausted)} / "
+          f"{sum(a.retry_after_ms is None for a in exhausted)}",
+          str(len(deadline)), f"**{len(hung)}** {'ok' if not hung else 'MISS'}",
+          ", ".join(f"{c} x{n}" for c, n in Counter(a.code for a in others).items()) or "0",
+          f2(max((a.latency for a in measured), default=math.nan))]])
+    reasons = Counter(re.sub(r"\d+(\.\d+)?", "N", a.details)[:110] for a in unavailable)
+    if reasons:
+        out += ["", "UNAVAILABLE messages (numbers replaced by N):", ""]
+        out += [f"- {n} x `{text}`" for text, n in reasons.most_common(6)]
+    out += ["", f"Reproduce: `{command}`"]
+    return out
+
+
+# -- part 3: embeddings --------------------------------------------------------------------
+
+
+@dataclass
+class EmbedPair:
+    size: int
+    rep: int
+    llamad: float  # seconds per call
+    direct: float
+    llamad_first: bool
+    start: float  # perf_counter
+    end: float
+    foreign: float = math.nan  # other processes' cores during the pair (filled in later)
+
+
+@dataclass
+class EmbedResult:
+    pairs: list[EmbedPair]
+    tokens: dict[int, float]  # batch size -> mean tokens per text
+    sentences: int
+    agreement: float  # smallest cosine between llamad's and the child's vectors
+
+
+def corpus_sentences(path: Path, limit: int) -> list[str]:
+    """Sentences of 60-400 characters from the corpus texts, in corpus order."""
+    out: list[str] = []
+    seen: set[str] = set()
+    with path.open() as fh:
+        for line in fh:
+            text = " ".join(str(json.loads(line).get("text") or "").split())
+            for s in re.split(r"(?<=[.!?])\s+(?=[A-Z])", text):
+                if 60 <= len(s) <= 400 and s not in seen:
+                    seen.add(s)
+                    out.append(s)
+                    if len(out) >= limit:
+                        return out
+    return out
+
+
+async def token_counts(http: httpx.AsyncClient, texts: Sequence[str]) -> list[int]:
+    counts = []
+    for text in texts:
+        resp = await http.post("/tokenize", json={"content": text, "add_special": True})
+        resp.raise_for_status()
+        counts.append(len(resp.json()["tokens"]))
+    return counts
+
+
+async def embed_llamad(stub: Any, batch: Sequence[str]) -> list[list[float]]:
+    resp = await stub.Embed(inference_pb2.EmbedRequest(texts=list(batch)), timeout=120)
+    return [list(e.values) for e in resp.embeddings]
+
+
+async def embed_direct(http: httpx.AsyncClient, batch: Sequence[str]) -> list[list[float]]:
+    resp = await http.post("/v1/embeddings", json={"input": list(batch)})
+    resp.raise_for_status()
+    data = resp.json()["data"]
+    return [list(d["embedding"]) for d in sorted(data, key=lambda d: int(d["index"]))]
+
+
+def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    dot = math.fsum(x * y for x, y in zip(a, b, strict=True))
+    na = math.sqrt(math.fsum(x * x for x in a))
+    nb = math.sqrt(math.fsum(y * y for y in b))
+    return dot / (na * nb) if na and nb else 0.0
+
+
+async def bench_embed(args: argparse.Namespace, state_dir: Path) -> EmbedResult:
+    pool = corpus_sentences(args.corpus, 1500)
+    reps = {1: args.embed_reps[0], 16: args.embed_reps[1], 64: args.embed_reps[2]}
+    async with started(embedding_env(state_dir, model_file(EMBED_MODEL)), "embedding") as (
+            running, ready):
+        port = (await child_status(running, "embedding")).port
+        print(f"  daemon ready in {ready:.2f}s; child on port {port}", flush=True)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False,
+                                     timeout=httpx.Timeout(120.0, connect=5.0)) as http:
+            counts = await token_counts(http, pool)
+            texts = [t for t, n in zip(pool, counts, strict=True) if 20 <= n <= 60]
+            ntok = dict(zip(pool, counts, strict=True))
+            print(f"  {len(texts)} sentences of 20-60 tokens (of {len(pool)} cut)", flush=True)
+            if len(texts) < 64:
+                raise SystemExit(f"bench: only {len(texts)} sentences of 20-60 tokens in "
+                                 f"{args.corpus}")
+            pairs: list[EmbedPair] = []
+            tokens: dict[int, float] = {}
+            agreement = 1.0
+            offset = 0
+            for size, n in reps.items():
+                used: list[int] = []
+                for rep in range(n + 1):  # rep 0 is the warm-up
+                    batch = [texts[(offset + j) % len(texts)] for j in range(size)]
+                    offset += size
+                    used += [ntok[t] for t in batch]
+                    llamad_first = rep % 2 == 0
+                    seconds: dict[str, float] = {}
+                    vectors: dict[str, list[list[float]]] = {}
+                    pair_start = time.perf_counter()
+                    for path in (("llamad", "direct") if llamad_first else ("direct", "llamad")):
+                        began = time.perf_counter()
+                        if path == "llamad":
+                            vectors[path] = await embed_llamad(running.inference, batch)
+                        else:
+                            vectors[path] = await embed_direct(http, batch)
+                        seconds[path] = time.perf_counter() - began
+                    if len(vectors["llamad"]) != size or len(vectors["direct"]) != size:
+                        raise RuntimeError("wrong number of vectors")
+                    if rep == 1 and size == 16:
+                        agreement = min(agreement, *(cosine(a, b) for a, b in zip(
+                            vectors["llamad"], vectors["direct"], strict=True)))
+                    if rep:
+                        pairs.append(EmbedPair(size, rep, seconds["llamad"], seconds["direct"],
+                                               llamad_first, pair_start, time.perf_counter()))
+                tokens[size] = statistics.fmean(used)
+                mine = [p for p in pairs if p.size == size]
+                print(f"  batch {size}: {len(mine)} pairs, llamad "
+                      f"{size / med([p.llamad for p in mine]):.1f} texts/s, direct "
+                      f"{size / med([p.direct for p in mine]):.1f} texts/s", flush=True)
+    await asyncio.sleep(MONITOR.period * 1.5)  # let the monitor cover the last pair
+    for p in pairs:
+        p.foreign = MONITOR.foreign(p.start, p.end)
+    return EmbedResult(pairs, tokens, len(texts), agreement)
+
+
+def embed_section(r: EmbedResult, env: list[str], note: PartNote, command: str) -> list[str]:
+    out = [EMBED_HEADING, "", *env, note.line(),
+           f"- Daemon: embedding child only (`{EMBED_MODEL}`, llama-server, {THREADS} threads, "
+           "2 slots, production defaults). llamad: gRPC `Embed` (grpc.aio, default request, "
+           "so llamad L2-normalises), vectors read into lists. direct: `POST /v1/embeddings` "
+           "(httpx) to the child's port from Status, with the body llamad sends, JSON parsed "
+           "into lists.",
+           f"- Texts: {r.sentences} distinct sentences of 20-60 tokens (the child's tokenizer) "
+           "cut from the CISI corpus; each pair sends the same batch both ways, the order "
+           "alternating pair by pair; successive pairs take the next sentences; one warm-up "
+           f"pair per size discarded. Smallest cosine between the two paths' vectors: "
+           f"{r.agreement:.6f}.",
+           ""]
+    rows = []
+    for size in sorted({p.size for p in r.pairs}):
+        every = [p for p in r.pairs if p.size == size]
+        mine = [p for p in every if not p.foreign > MONITOR.busy]
+        if len(mine) < len(every) / 2:
+            mine = every  # mostly disturbed: keep them all, and say so below
+        lm, dm = med([p.llamad for p in mine]), med([p.direct for p in mine])
+        ratio = dm / lm
+        paired = med([p.direct / p.llamad for p in mine])
+        rows.append([str(size), f"{r.tokens[size]:.0f}", f"{len(mine)}/{len(every)}",
+                     f"{size / lm:.1f}", f"{size / dm:.1f}", f"{lm * 1000:.2f}",
+                     f"{dm * 1000:.2f}", f"{(lm - dm) * 1000:+.2f}",
+                     f"**{ratio:.3f}** {'ok' if ratio >= 0.97 else 'MISS'}", f"{paired:.3f}"])
+    out += table(["batch", "tokens/text", f"pairs kept (others <= {MONITOR.busy} cores)",
+                  "llamad texts/s", "direct texts/s",
+                  "llamad ms/call", "direct ms/call", "added ms/call",
+                  "throughput llamad/direct (>= 0.97)", "median of per-pair ratios"], rows)
+    out += ["", f"Reproduce: `{command}`"]
+    return out
+
+
+# -- main -------------------------------------------------------------------------------
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.bench_swap",
+                                description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 4 swaps, short windows, 2 kills, fewer embed pairs")
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--swaps", type=int, default=None, help="swaps under load (default 20)")
+    p.add_argument("--steady", type=float, default=None,
+                   help="seconds of each steady window (default 45)")
+    p.add_argument("--kills", type=int, default=None, help="kill -9 under load (default 5)")
+    p.add_argument("--kill-spacing", type=float, default=12.0,
+                   help="seconds the child runs before each kill (default 12)")
+    p.add_argument("--cold-starts", type=int, default=None,
+                   help="fresh-daemon cold starts besides the crashed one (default 2)")
+    p.add_argument("--parts", default="swap,crash,embed",
+                   help="comma-separated subset of swap,crash,embed")
+    p.add_argument("--extra-args", default="", metavar="ARGS",
+                   help="generation.extra_args for the swap and crash parts (experiments, "
+                   "e.g. '--poll 0'); default none")
+    p.add_argument("--corpus", type=Path, default=CORPUS)
+    p.add_argument("--raw", type=Path, help="also write every measurement to this JSON file")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "RESULTS.md")
+    p.add_argument("--wait-others", type=float, default=900.0, metavar="SECONDS",
+                   help="wait this long for other benchmarks to finish before each part")
+    p.add_argument("--max-foreign", type=float, default=0.25, metavar="CORES",
+                   help="before each part, also wait (within --wait-others) until other "
+                   "processes use at most this many cores (default 0.25)")
+    p.add_argument("--anyway", action="store_true",
+                   help="measure even if other benchmarks still run after --wait-others")
+    args = p.parse_args(argv)
+    quick = args.quick
+    args.swaps = args.swaps if args.swaps is not None else (4 if quick else 20)
+    args.steady = args.steady if args.steady is not None else (12.0 if quick else 45.0)
+    args.kills = args.kills if args.kills is not None else (2 if quick else 5)
+    args.cold_starts = args.cold_starts if args.cold_starts is not None else (1 if quick else 2)
+    args.warmup = 5.0 if quick else 10.0
+    args.settle = 3.0
+    args.gap = 2.0 if quick else 3.0
+    args.swap_deadline = 60.0
+    args.crash_deadline = 30.0
+    args.embed_reps = (40, 8, 4) if quick else (300, 60, 30)
+    args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
+    if not set(args.parts) <= {"swap", "crash", "embed"} or not args.parts:
+        p.error("--parts takes swap, crash and/or embed")
+    if args.swaps < 1 or args.kills < 0 or args.clients < 1 or args.max_tokens < 2:
+        p.error("--swaps and --clients must be >= 1, --kills >= 0, --max-tokens >= 2")
+    return args
+
+
+async def run(args: argparse.Namespace, command: str) -> None:
+    """The parts in order. Only the first waits for other benchmarks to finish (they wait
+    for this one in turn, so waiting between parts could deadlock); the later ones wait
+    (briefly) for a quiet CPU and note any other benchmark seen. Each part's section and
+    raw data are written as soon as it ends."""
+    raw: dict[str, Any] = {"command": command}
+    began = time.perf_counter()
+    for name in (DEFAULT_MODEL, SMALL_MODEL, EMBED_MODEL):
+        model_file(name)
+    env = environment(command)
+    first = True
+
+    async def part(name: str) -> PartNote:
+        nonlocal first
+        note = await begin_part(name, args.wait_others if first else 120.0,
+                                args.anyway or not first, args.max_foreign,
+                                wait_others=first)
+        first = False
+        return note
+
+    def done(key: str, section: list[str], data: dict[str, Any], note: PartNote) -> None:
+        print("\n" + "\n".join(section), end="\n\n", flush=True)
+        write_sections(args.out, [section])
+        print(f"written to {args.out}", flush=True)
+        raw[key] = {**data, "note": asdict(note)}
+        if args.raw:
+            args.raw.write_text(json.dumps(raw, indent=1, default=str) + "\n")
+
+    MONITOR.start()
+    with tempfile.TemporaryDirectory(prefix="llamad-bench-swap-") as tmp:
+        state_dir = Path(tmp)
+        if "swap" in args.parts:
+            note = await part("swap under load")
+            swap = await bench_swap(args, state_dir)
+            end_part(note)
+            done("swap", swap_section(swap, env, note, command), asdict(swap), note)
+        if "crash" in args.parts:
+            note = await part("crash under load")
+            crash = await bench_crash(args, state_dir)
+            end_part(note)
+            done("crash", crash_section(crash, env, note, command), asdict(crash), note)
+        if "embed" in args.parts:
+            note = await part("embedding: llamad vs direct")
+            emb = await bench_embed(args, state_dir)
+            end_part(note)
+            done("embed", embed_section(emb, env, note, command), asdict(emb), note)
+    await MONITOR.stop()
+    print(f"total {time.perf_counter() - began:.0f}s", flush=True)
+    if args.raw:
+        print(f"raw measurements in {args.raw}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    shown = sys.argv[1:] if argv is None else list(argv)
+    command = " ".join([".venv/bin/python -m bench.bench_swap", *map(shlex.quote, shown)])
+    with daemon_log():
+        asyncio.run(run(args, command))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
