@@ -1,7 +1,8 @@
 """Generation benchmark: llamad's streaming path against talking to the child directly.
 
     .venv/bin/python -m bench.bench_generation [--runtime llama-server|bundled|both]
-        [--model FILE] [--prompts N] [--max-tokens N] [--rounds N] [--starts N]
+        [--model FILE] [--prompts N] [--max-tokens N] [--threads N] [--rounds N]
+        [--starts N] [--llama-bin FILE] [--max-foreign CORES] [--raw FILE]
         [--out bench/RESULTS.md]
 
 For each runtime, in one run:
@@ -22,6 +23,13 @@ For each runtime, in one run:
 3. **kill -9.** SIGKILL the child, then retry a one-token ``Generate`` every 20 ms until
    it succeeds. Each kill uses a fresh daemon, so each restart is a *first* restart,
    whose backoff is drawn uniformly from [0, restart.backoff_base = 0.5 s] (full jitter).
+
+The machine may be shared (2 cores here; the child's threads use both): before each part,
+and before redoing a measurement, the bench waits until processes outside its own process
+tree use at most ``--max-foreign`` cores (and the CI log, if any, says the CI run ended);
+a measurement during which they used more is redone (a disturbed streaming request after
+an unmeasured request of the previous prompt, to restore the child's cache state). The
+whole run takes about 8 minutes on a quiet machine.
 
 Results are printed and written into ``--out`` (sections ``## Generation streaming:
 llamad vs direct`` and ``## Start and recovery`` are created or replaced; other sections
@@ -681,7 +689,7 @@ def ms(seconds: float) -> str:
 
 
 def stream_section(results: Sequence[StreamResult], env: list[str], *, prompts: int,
-                   max_tokens: int, rounds: int, threads: int) -> list[str]:
+                   max_tokens: int, rounds: int, threads: int, max_foreign: float) -> list[str]:
     model = results[0].model if results else "?"
     out = [STREAM_HEADING, "", *env,
            f"- Model `{model}`, {threads} threads, one slot (generation.parallel = 1); "
@@ -693,6 +701,10 @@ def stream_section(results: Sequence[StreamResult], env: list[str], *, prompts: 
            "the body llamad sends.",
            "- TTFT: client side, request sent to first non-empty text. tokens/s: "
            "(tokens - 1) / (last text - first text), per request; medians over requests.",
+           "- Requests during which other processes used more than "
+           f"{max_foreign:g} cores are redone. Absolute tokens/s still drift between runs "
+           "on a shared VM (the host can take a vCPU away unseen; the child then runs at "
+           "about its one-thread speed): the ratios, from adjacent requests, are the result.",
            ""]
     rows = []
     for r in results:
@@ -883,7 +895,8 @@ async def run(args: argparse.Namespace, command: str) -> None:
           f"{guard.redone} measurements redone\n", flush=True)
     env = environment(command)
     sections = [stream_section(streams, env, prompts=len(prompts), max_tokens=args.max_tokens,
-                               rounds=args.rounds, threads=args.threads)]
+                               rounds=args.rounds, threads=args.threads,
+                               max_foreign=args.max_foreign)]
     if starts:
         sections.append(start_section(starts, env, args.starts, args.threads))
     for section in sections:
