@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import signal
 import time
 from collections.abc import Callable
@@ -282,6 +283,10 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+        # `kill -USR1` dumps every thread's Python stack to stderr (the journal): the
+        # first thing to look at when the daemon seems stuck. Runs in C, so it works
+        # even when the event loop is wedged.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     def _on_sighup(self) -> None:
         async def run() -> None:

@@ -251,14 +251,20 @@ def test_acknowledged_writes_survive_kill9_at_random_points(tmp_path: Path,
         with open(log, "wb") as out:  # a file, not a pipe: nobody has to keep draining it
             proc = subprocess.Popen([sys.executable, "-m", "daemon", "serve"], cwd=ROOT,
                                     env=env, stdout=subprocess.DEVNULL, stderr=out)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             for line in log.read_text().splitlines():
                 if '"listening"' in line:
                     return proc, str(json.loads(line)["address"])
-            assert proc.poll() is None, log.read_text()[-2000:]
+            if proc.poll() is not None:
+                raise AssertionError(f"daemon exited {proc.returncode}:\n"
+                                     f"{log.read_text()[-3000:]}")
             time.sleep(0.05)
-        raise AssertionError("daemon did not start")
+        proc.send_signal(signal.SIGUSR1)  # stacks of every thread, to say where it hangs
+        time.sleep(1)
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"daemon did not start in 120 s:\n{log.read_text()[-6000:]}")
 
     for round_ in range(3):
         proc, address = start()
@@ -293,6 +299,13 @@ def test_acknowledged_writes_survive_kill9_at_random_points(tmp_path: Path,
     assert len(acked) > 10
     proc, address = start()
     try:
+        # An operator's `kill -USR1` dumps the stacks and the daemon keeps serving.
+        proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        logs = sorted(tmp_path.glob("daemon-*.log"), key=lambda p: p.stat().st_mtime)
+        while "Thread 0x" not in logs[-1].read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "Thread 0x" in logs[-1].read_text()
         with grpc.insecure_channel(address) as ch:
             stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
             docs = {d.id for d in stub.ListDocuments(rpb.ListDocumentsRequest()).documents
