@@ -12,8 +12,9 @@ from typing import Any, TypeVar
 import grpc
 import structlog
 
-from .errors import map_error
+from .errors import InvalidArgument, map_error
 from .metrics import Metrics
+from .wire import RPC_MARKER, Malformed
 
 _log = structlog.get_logger("llamad.rpc")
 
@@ -82,6 +83,8 @@ def unary(
             call = _start(context)
             started = time.perf_counter()
             try:
+                if isinstance(request, Malformed):  # see daemon.wire
+                    raise InvalidArgument(request.message)
                 return await fn(self, request, context, call)
             except asyncio.CancelledError:
                 call.note(code=_code_on_cancel(call))
@@ -94,6 +97,7 @@ def unary(
             finally:
                 _summary(method, started, call, self)
 
+        setattr(handler, RPC_MARKER, True)
         return handler
 
     return wrap
@@ -118,6 +122,8 @@ def stream(
             started = time.perf_counter()
             gen = fn(self, request, context, call)
             try:
+                if isinstance(request, Malformed):  # see daemon.wire
+                    raise InvalidArgument(request.message)
                 async for item in gen:
                     yield item
             except asyncio.CancelledError:
@@ -131,6 +137,7 @@ def stream(
                 await gen.aclose()  # type: ignore[attr-defined]
                 _summary(method, started, call, self)
 
+        setattr(handler, RPC_MARKER, True)
         return handler
 
     return wrap

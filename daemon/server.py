@@ -60,6 +60,7 @@ from .router import InferenceRouter
 from .servicers import InferenceServicer
 from .swaps import SwapManager
 from .systemd import Notifier, watchdog_loop
+from .wire import DecodeGuard
 
 _log = structlog.get_logger("llamad.daemon")
 
@@ -141,7 +142,7 @@ class Daemon:
     async def start(self) -> str:
         """Listen and start the children; return the bound address (``host:port``)."""
         limit = self.config.limits.max_message_bytes
-        server = grpc.aio.server(options=[
+        server = grpc.aio.server(interceptors=[DecodeGuard(self.metrics)], options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
             # Never share a port with another process: a second daemon must fail to bind.
