@@ -21,8 +21,10 @@ service config), never a loop in this package:
 from __future__ import annotations
 
 import enum
+import ipaddress
 import json
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +126,51 @@ def _read(path: str | os.PathLike[str], what: str) -> bytes:
                          f"{exc.strerror or exc}") from None
 
 
+def read_token_file(path: str | os.PathLike[str]) -> str:
+    """The bearer token in ``path``: one line (``#`` comment lines and blank lines are
+    ignored), in a file nobody but its owner and group may read.
+
+    Raises:
+        ValueError: unreadable, readable by everyone, empty, or more than one token
+            (messages name the file, never the token).
+    """
+    name = os.fspath(path)
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError as exc:
+        raise ValueError(f"cannot read the token file {name}: {exc.strerror or exc}") from None
+    if mode & stat.S_IROTH:
+        raise ValueError(f"the token file {name} is readable by everyone (mode {mode:04o}); "
+                         "chmod o-rwx it")
+    try:
+        text = _read(path, "token file").decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"the token file {name} is not UTF-8 text") from None
+    lines = [ln.strip() for ln in text.splitlines()
+             if ln.strip() and not ln.lstrip().startswith("#")]
+    if not lines:
+        raise ValueError(f"the token file {name} is empty")
+    if len(lines) > 1 or len(lines[0].split()) > 1:
+        raise ValueError(f"the token file {name} must hold just one token on one line "
+                         "(not the daemon's '<role> <token>' file)")
+    return lines[0]
+
+
+def _loopback(target: str) -> bool:
+    """A unix socket, or a loopback host (name or IP literal): plaintext stays local."""
+    if target.startswith(("unix:", "unix-abstract:")):
+        return True
+    host = target.rpartition(":")[0] if ":" in target else target
+    host = host.removeprefix("dns:///").removeprefix("ipv4:").removeprefix("ipv6:")
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class ChannelSettings:
     """Everything needed to open a channel and make calls on it."""
@@ -153,21 +200,22 @@ def settings(
     """Validate the connection options and build the channel settings.
 
     TLS is on when ``tls`` is true or any certificate file is given. The bearer token goes
-    in call credentials on a TLS channel; on a plaintext channel (loopback or a unix
-    socket: the daemon listens on nothing else without TLS) it is sent as the
-    ``authorization`` metadata of every call.
+    in call credentials on a TLS channel; on a plaintext channel it is sent as the
+    ``authorization`` metadata of every call — only to loopback or a unix socket (the
+    daemon listens on nothing else without TLS): a token is never sent in the clear over
+    a network.
 
     Raises:
-        ValueError: unreadable files, a certificate without its key (or the reverse), both
-            ``token`` and ``token_file``, an empty token.
+        ValueError: unreadable files, a token file readable by everyone (see
+            :func:`read_token_file`), a certificate without its key (or the reverse), both
+            ``token`` and ``token_file``, an empty token, a token without TLS to an address
+            that is not loopback.
     """
     target = resolve_address(address)
     if token is not None and token_file is not None:
         raise ValueError("give token or token_file, not both")
     if token_file is not None:
-        token = _read(token_file, "token file").decode().strip()
-        if not token:
-            raise ValueError(f"the token file {os.fspath(token_file)} is empty")
+        token = read_token_file(token_file)
     if token is not None and not token.strip():
         raise ValueError("the token is empty")
     if (cert_file is None) != (key_file is None):
@@ -194,5 +242,8 @@ def settings(
             credentials = grpc.composite_channel_credentials(
                 credentials, grpc.access_token_call_credentials(token.strip()))
     elif token is not None:
+        if not _loopback(target):
+            raise ValueError(f"refusing to send a bearer token in the clear to {target}: "
+                             "connect with TLS (tls=True or ca_file)")
         metadata = (("authorization", f"Bearer {token.strip()}"),)
     return ChannelSettings(target, credentials, metadata, tuple(opts))

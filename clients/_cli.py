@@ -11,14 +11,20 @@ Every verb talks to a running daemon through :class:`clients.Client`::
     llamad sources                    list sources
     llamad reindex [--source ID]      rescan directory sources
     llamad swap ROLE MODEL|--rollback swap a child's model, streaming the stages
+    llamad mode ROLE MODE             embedded child, OpenAI-compatible endpoint, or disabled
     llamad logs ROLE [-f] [-n N]      a child's output
     llamad models prepare|list|verify the default models (``python -m models``)
 
 Common options: ``--address`` (default ``$LLAMAD_ADDRESS``, else ``127.0.0.1:50051``;
 ``host:port`` or ``unix:/path``), ``--timeout`` (seconds; default 30 for single calls,
-none for streams), ``--tls``, ``--ca``, ``--cert``/``--key``, ``--token-file``. Read verbs
+none for streams), ``--tls``, ``--ca``, ``--cert``/``--key``, ``--server-name``,
+``--token-file``; each has an environment variable for scripts and services
+(``LLAMAD_TLS=1``, ``LLAMAD_CA_FILE``, ``LLAMAD_CERT_FILE``, ``LLAMAD_KEY_FILE``,
+``LLAMAD_SERVER_NAME``, ``LLAMAD_TOKEN_FILE``); a flag wins over its variable. The token
+itself is never taken on the command line (it would show in ``ps``): only from a file,
+which must not be readable by everyone. Read verbs
 take ``--json``: one JSON document (status, search, sources, models list) or JSON lines
-(generate, chat, ask, logs, swap, ingest, reindex) for scripts.
+(generate, chat, ask, logs, swap, mode, ingest, reindex) for scripts.
 
 Output: results on stdout; errors on stderr as one line, ``llamad: <verb>: <what>:
 <message>``, never a traceback; progress lines on stderr only when it is a terminal.
@@ -64,7 +70,7 @@ EXIT_INTERRUPTED = 130
 EXIT_PIPE = 141
 
 VERBS = ("status", "generate", "chat", "ask", "search", "ingest", "sources", "reindex",
-         "swap", "logs")
+         "swap", "mode", "logs")
 
 _EXIT_CODES: dict[type[errors.LlamadError], int] = {
     errors.Unavailable: EXIT_UNAVAILABLE,
@@ -119,12 +125,25 @@ def _connection_options() -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=float, metavar="SECONDS",
                    help="deadline of each call (default: 30 for single calls, none for "
                         "streams)")
-    g.add_argument("--tls", action="store_true", help="connect with TLS")
-    g.add_argument("--ca", metavar="FILE", help="PEM roots to verify the daemon (implies TLS)")
-    g.add_argument("--cert", metavar="FILE", help="client certificate for mutual TLS")
-    g.add_argument("--key", metavar="FILE", help="private key of --cert")
-    g.add_argument("--token-file", metavar="FILE", help="file holding a bearer token")
+    g.add_argument("--tls", action="store_true",
+                   help="connect with TLS (default: $LLAMAD_TLS=1)")
+    g.add_argument("--ca", metavar="FILE",
+                   help="PEM roots to verify the daemon, implies TLS (default: $LLAMAD_CA_FILE)")
+    g.add_argument("--cert", metavar="FILE",
+                   help="client certificate for mutual TLS (default: $LLAMAD_CERT_FILE)")
+    g.add_argument("--key", metavar="FILE", help="private key of --cert (default: "
+                                                 "$LLAMAD_KEY_FILE)")
+    g.add_argument("--server-name", metavar="NAME",
+                   help="name the daemon's certificate is checked against, when it differs "
+                        "from the address (default: $LLAMAD_SERVER_NAME)")
+    g.add_argument("--token-file", metavar="FILE",
+                   help="file holding a bearer token, not readable by everyone "
+                        "(default: $LLAMAD_TOKEN_FILE)")
     return common
+
+
+def _env(name: str) -> str | None:
+    return os.environ.get(name) or None
 
 
 def _json_flag(p: argparse.ArgumentParser, what: str = "JSON") -> None:
@@ -243,6 +262,24 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--reason", default="", help="why (shown by status)")
     _json_flag(p, "JSON lines (one per stage)")
 
+    p = sub.add_parser("mode", parents=common,
+                       help="switch a role: embedded child, endpoint, or disabled",
+                       description="Switch make-before-break like swap: the new mode must "
+                                   "pass readiness before it serves; a failed switch leaves "
+                                   "the old mode serving. Streams the stages.")
+    p.add_argument("role", choices=("generation", "embedding"))
+    p.add_argument("mode", choices=("embedded", "endpoint", "disabled"))
+    p.add_argument("--url", default="", metavar="URL",
+                   help="endpoint base URL, with or without /v1 (default: the configured one)")
+    p.add_argument("--model", default="", metavar="ID",
+                   help="endpoint model id, or for embedded a GGUF path (default: current)")
+    p.add_argument("--api-key-file", default="", metavar="PATH",
+                   help="file on the daemon's machine holding the endpoint's API key")
+    p.add_argument("--api-key-env", default="", metavar="NAME",
+                   help="or the daemon's environment variable holding it")
+    p.add_argument("--reason", default="", help="why (logged)")
+    _json_flag(p, "JSON lines (one per stage)")
+
     p = sub.add_parser("logs", parents=common, help="a child's output lines")
     p.add_argument("role", choices=("generation", "embedding"))
     p.add_argument("-n", "--lines", type=int, default=20, metavar="N",
@@ -269,9 +306,14 @@ def run_models(argv: Sequence[str]) -> int:
 
 def _client(args: argparse.Namespace) -> Client:
     timeout = args.timeout
+    tls = args.tls or (_env("LLAMAD_TLS") or "").lower() in ("1", "true", "yes", "on")
     return Client(args.address, timeout=30.0 if timeout is None else timeout,
-                  stream_timeout=timeout, tls=args.tls, ca_file=args.ca, cert_file=args.cert,
-                  key_file=args.key, token_file=args.token_file)
+                  stream_timeout=timeout, tls=tls,
+                  ca_file=args.ca or _env("LLAMAD_CA_FILE"),
+                  cert_file=args.cert or _env("LLAMAD_CERT_FILE"),
+                  key_file=args.key or _env("LLAMAD_KEY_FILE"),
+                  server_name=args.server_name or _env("LLAMAD_SERVER_NAME"),
+                  token_file=args.token_file or _env("LLAMAD_TOKEN_FILE"))
 
 
 def run(args: argparse.Namespace) -> int:

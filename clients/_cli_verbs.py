@@ -18,8 +18,16 @@ from typing import Any
 from . import _cli_format as fmt
 from . import errors
 from ._client import Client
-from ._stream import TextStream
-from ._types import AskDone, AskSources, AskText, ChildStatus, ReindexProgress, RetrievalStatus
+from ._stream import Stream, TextStream
+from ._types import (
+    AskDone,
+    AskSources,
+    AskText,
+    ChildStatus,
+    ReindexProgress,
+    RetrievalStatus,
+    SwapProgress,
+)
 
 
 class UsageError(Exception):
@@ -307,14 +315,37 @@ def swap(client: Client, args: argparse.Namespace) -> int:
     stream = client.swap(args.role, model, extra_args=args.extra_args, ctx_size=args.ctx_size,
                          rollback=args.rollback, stop_old_first=args.stop_old_first,
                          reason=args.reason)
+    _print_progress(stream, args.json)
+    return 0
+
+
+def _print_progress(stream: Stream[SwapProgress], as_json: bool) -> None:
     with stream:
         for p in stream:
-            if args.json:
+            if as_json:
                 fmt.json_line(sys.stdout, p)
                 continue
             print(f"{p.elapsed_seconds:6.1f}s  {p.stage:<10}  {p.message}".rstrip(), flush=True)
             if p.cause is not None:
                 print(f"{'':9}cause: {p.cause.kind}: {p.cause.message}".rstrip(), flush=True)
+
+
+def mode(client: Client, args: argparse.Namespace) -> int:
+    if args.mode != "endpoint" and (args.url or args.api_key_file or args.api_key_env):
+        raise UsageError("--url, --api-key-file and --api-key-env are for the endpoint mode")
+    if args.mode == "disabled" and args.model:
+        raise UsageError("--model is for the embedded and endpoint modes")
+    model_path = ""
+    endpoint_model = ""
+    if args.mode == "embedded" and args.model:
+        model_path = os.path.abspath(os.path.expanduser(args.model))
+    elif args.mode == "endpoint":
+        endpoint_model = args.model
+    stream = client.set_mode(args.role, args.mode, endpoint_url=args.url,
+                             endpoint_model=endpoint_model, api_key_file=args.api_key_file,
+                             api_key_env=args.api_key_env, model_path=model_path,
+                             reason=args.reason)
+    _print_progress(stream, args.json)
     return 0
 
 

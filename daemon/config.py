@@ -29,6 +29,8 @@ from supervisor import (
     read_api_key,
 )
 
+from .access import AccessError, TlsMaterial, TokenTable, load_tls, load_tokens
+
 
 class ConfigError(Exception):
     """A configuration value is missing or invalid."""
@@ -105,6 +107,18 @@ OPTIONS: tuple[Option, ...] = (
            "Directory for the retrieval indexes (default: $STATE_DIRECTORY, else ./var)."),
     Option("llama_bin", str, "",
            "llama-server binary (default: beside the daemon's Python, then PATH)."),
+    Option("tls.cert_file", str, "",
+           "PEM certificate chain the daemon presents; with tls.key_file, gRPC is served "
+           "over TLS only. Re-read on SIGHUP."),
+    Option("tls.key_file", str, "",
+           "PEM private key of tls.cert_file (unencrypted; must not be readable by others)."),
+    Option("tls.client_ca_file", str, "",
+           "PEM CA certificates for mutual TLS: clients must present a certificate signed "
+           "by one of them."),
+    Option("auth.token_file", str, "",
+           "Bearer tokens, one '<role> <token>' per line (roles: read, admin); when set, "
+           "every RPC but health needs one. Must not be readable by others; re-read on "
+           "SIGHUP."),
     *_child_options("generation", True, _CPUS, 4, 4096),
     *_child_options("embedding", True, _CPUS, 2, 0),
     Option("restart.backoff_base", float, 0.5, "First restart backoff ceiling, s.", minimum=0.001),
@@ -148,6 +162,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("recycle.min_uptime", float, 60.0,
            "A child is recycled at most once per this many seconds of running.", minimum=0),
     Option("retrieval.enabled", bool, True, "Serve RetrievalService (ingest and search)."),
+    Option("retrieval.allowed_roots", list, (),
+           "Absolute directories that directory sources must lie under (symlinks and .. "
+           "resolved); several are separated by ':' in a flag or env. Empty: directory "
+           "sources are refused."),
     Option("retrieval.chunk_size", int, 1200, "Target chunk size, characters.", minimum=200),
     Option("retrieval.chunk_overlap", int, 200, "Overlap between chunks, characters.",
            minimum=0),
@@ -292,6 +310,10 @@ class Config:
     log_level: str
     limits: Limits
     sources: Mapping[str, str]
+    tls: TlsMaterial | None = None
+    """Certificate, key and client CA, read and checked at load (None: plaintext)."""
+    tokens: TokenTable | None = None
+    """The bearer tokens of ``auth.token_file`` (None: no token needed)."""
 
     def child(self, role: str) -> ChildConfig:
         return self.generation if role == "generation" else self.embedding
@@ -305,7 +327,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for opt in OPTIONS:
         section = opt.key.split(".")[0] if "." in opt.key else "daemon"
         group = groups.setdefault(section, parser.add_argument_group(section))
-        default = "" if opt.default == "" else f" Default: {opt.default}."
+        default = "" if opt.default in ("", ()) else f" Default: {opt.default}."
         text = f"{opt.help}{default} Env: {opt.env}."
         if opt.kind is bool:
             group.add_argument(opt.flag, dest=opt.dest, default=None,
@@ -332,6 +354,15 @@ def _coerce(opt: Option, raw: Any, source: str) -> Any:
             if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
                 raise ValueError(f"not an integer: {raw!r}")
             value = int(raw)
+        elif opt.kind is list:
+            # TOML: an array of strings; flag and env: separated by ':' (like PATH).
+            if isinstance(raw, str):
+                items = raw.split(os.pathsep)
+            elif isinstance(raw, list) and all(isinstance(i, str) for i in raw):
+                items = raw
+            else:
+                raise ValueError(f"not a list of strings: {raw!r}")
+            value = tuple(i.strip() for i in items if i.strip())
         elif opt.kind is float:
             if isinstance(raw, bool):
                 raise ValueError(f"not a number: {raw!r}")
@@ -486,8 +517,15 @@ def _build(
         raise ConfigError("child.start_cap must be >= child.start_timeout")
     if values["limits.default_max_tokens"] > values["limits.max_tokens"]:
         raise ConfigError("limits.default_max_tokens must be <= limits.max_tokens")
+    tls = _tls(values)
+    tokens = _tokens(values)
     listen = values["listen"]
-    check_listen(listen)
+    check_listen(listen, tls=tls is not None,
+                 authenticated=tokens is not None or (tls is not None
+                                                      and tls.require_client_cert))
+    for root in values["retrieval.allowed_roots"]:
+        if not os.path.isabs(root):
+            raise ConfigError(f"retrieval.allowed_roots: {root!r} is not an absolute path")
     metrics_listen = values["metrics_listen"]
     if metrics_listen:
         if metrics_listen.startswith("unix:"):
@@ -497,12 +535,19 @@ def _build(
         except ConfigError as exc:
             raise ConfigError(f"metrics_{exc}") from None
     cooldown = values["restart.breaker_cooldown"]
+    state_dir = Path(values["state_dir"] or env.get("STATE_DIRECTORY", "").split(":")[0]
+                     or "var")
+    socket = unix_socket_path(listen, state_dir)
+    if socket is not None and len(os.fsencode(socket.absolute())) > _MAX_SOCKET_PATH:
+        raise ConfigError(f"listen: the unix socket path {socket.absolute()} is longer than "
+                          f"{_MAX_SOCKET_PATH} bytes")
     return Config(
+        tls=tls,
+        tokens=tokens,
         listen=listen,
         metrics_listen=metrics_listen,
         llama_bin=values["llama_bin"],
-        state_dir=Path(values["state_dir"] or env.get("STATE_DIRECTORY", "").split(":")[0]
-                       or "var"),
+        state_dir=state_dir,
         retrieval={k.split(".", 1)[1]: v for k, v in values.items()
                    if k.startswith("retrieval.")},
         answer={k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("answer.")},
@@ -551,21 +596,82 @@ def _is_loopback_ip(host: str) -> bool:
         return False
 
 
-def check_listen(listen: str) -> None:
-    """Accept loopback ``host:port`` or ``unix:/path``; refuse anything else.
+def is_loopback(listen: str) -> bool:
+    """True for a unix socket or a loopback ``host:port``."""
+    if listen.startswith("unix:"):
+        return True
+    host = listen.rpartition(":")[0]
+    return host in _LOOPBACK_HOSTS or _is_loopback_ip(host)
 
-    Listening beyond loopback needs TLS and a token, which this version does not offer
-    yet, so it is refused rather than served in the clear.
+
+def check_listen(listen: str, *, tls: bool = False, authenticated: bool = False) -> None:
+    """Accept a unix socket or a loopback ``host:port``; beyond loopback, only with TLS and
+    client authentication (bearer tokens or mutual TLS).
+
+    Raises:
+        ConfigError: malformed, or non-loopback without TLS or without authentication.
     """
-    if listen.startswith(("unix:", "unix://")):
+    if listen.startswith("unix:"):
         if not listen.split(":", 1)[1].lstrip("/"):
             raise ConfigError("listen: unix socket path is empty")
         return
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
         raise ConfigError(f"listen: {listen!r} is not host:port or unix:/path")
-    if host not in _LOOPBACK_HOSTS and not _is_loopback_ip(host):
+    if is_loopback(listen):
+        return
+    if not tls:
         raise ConfigError(
-            f"listen: {host} is not a loopback address; remote listening requires TLS and a "
-            "token, which are not configured"
-        )
+            f"listen: {host or '(all interfaces)'} is not a loopback address; listening "
+            "beyond loopback requires TLS (set tls.cert_file and tls.key_file) and client "
+            "authentication (auth.token_file or tls.client_ca_file)")
+    if not authenticated:
+        raise ConfigError(
+            f"listen: {host or '(all interfaces)'} is not a loopback address; listening "
+            "beyond loopback requires client authentication too: set auth.token_file "
+            "(bearer tokens) or tls.client_ca_file (mutual TLS)")
+
+
+_MAX_SOCKET_PATH = 107  # sockaddr_un.sun_path holds 108 bytes, NUL included
+
+
+def unix_socket_path(listen: str, state_dir: Path) -> Path | None:
+    """The socket file of a ``unix:`` listen address (None for host:port).
+
+    ``unix:/abs/path`` and ``unix:///abs/path`` are absolute; ``unix:name.sock`` is
+    relative to the state directory.
+    """
+    if not listen.startswith("unix:"):
+        return None
+    rest = listen.removeprefix("unix:")
+    if rest.startswith("//"):
+        rest = rest[2:]
+    path = Path(rest)
+    return path if path.is_absolute() else state_dir / path
+
+
+def _tls(values: Mapping[str, Any]) -> TlsMaterial | None:
+    cert, key, ca = (values["tls.cert_file"], values["tls.key_file"],
+                     values["tls.client_ca_file"])
+    if not cert and not key:
+        if ca:
+            raise ConfigError("tls.client_ca_file: mutual TLS needs tls.cert_file and "
+                              "tls.key_file too")
+        return None
+    if not cert or not key:
+        missing = "tls.key_file" if cert else "tls.cert_file"
+        raise ConfigError(f"{missing}: TLS needs both tls.cert_file and tls.key_file")
+    try:
+        return load_tls(cert, key, ca)
+    except AccessError as exc:
+        raise ConfigError(f"tls: {exc}") from None
+
+
+def _tokens(values: Mapping[str, Any]) -> TokenTable | None:
+    path = values["auth.token_file"]
+    if not path:
+        return None
+    try:
+        return load_tokens(path)
+    except AccessError as exc:
+        raise ConfigError(f"auth.token_file: {exc}") from None

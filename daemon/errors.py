@@ -35,6 +35,8 @@ SwapFailedError               ABORTED                no
 retrieval InvalidDocument     INVALID_ARGUMENT       no
 retrieval ExtractionError     INVALID_ARGUMENT       no
 retrieval NotFound            NOT_FOUND              no
+retrieval SourceNotAllowed    PERMISSION_DENIED      no
+SourceNotAllowed, no roots    FAILED_PRECONDITION    no
 anything else                 INTERNAL               no (no traceback is sent)
 ============================  =====================  ==========
 
@@ -50,7 +52,7 @@ import grpc
 from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from retrieval.errors import ExtractionError, InvalidDocument, NotFound
+from retrieval.errors import ExtractionError, InvalidDocument, NotFound, SourceNotAllowed
 from supervisor import SwapFailedError, SwapInProgressError, SwapRefusedError
 from supervisor.errors import (
     ChildBadRequestError,
@@ -135,6 +137,10 @@ def map_error(exc: BaseException) -> Mapped:
         return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
     if isinstance(exc, NotFound):
         return Mapped(grpc.StatusCode.NOT_FOUND, str(exc))
+    if isinstance(exc, SourceNotAllowed):
+        if exc.configured:
+            return Mapped(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
     if isinstance(exc, Disabled | FailedPrecondition | TokenizeUnavailableError):
         return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
     if isinstance(exc, OutOfRange):

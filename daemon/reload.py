@@ -8,6 +8,12 @@
   ``api_key_*``) switches mode through :mod:`daemon.modes` — the same make-before-break
   path — and keeps the old mode if the new one does not become ready.
 * Request limits apply at once.
+* Access: the bearer tokens (``auth.token_file``, re-read), the TLS certificate, key and
+  client CA (re-read; new handshakes get them, open connections keep theirs) and
+  ``retrieval.allowed_roots`` apply at once. A token, certificate or key file that fails
+  its checks makes the whole configuration invalid (below), so the running ones stay and
+  the report's ``error`` says why. Turning TLS or mutual TLS on or off needs a restart; so
+  does dropping every token while the daemon listens beyond loopback without mutual TLS.
 * Everything else (listen addresses, logging, restart policy, timeouts) needs a
   restart; the reload says so and keeps the running values.
 * An invalid configuration is refused as a whole: nothing changes.
@@ -24,7 +30,7 @@ import structlog
 from supervisor import SupervisorError, pick_runtime
 
 from .children import ManagedChild, Setup, make_setup
-from .config import ChildConfig, Config, ConfigError
+from .config import ChildConfig, Config, ConfigError, is_loopback
 from .errors import RequestError
 from .modes import ModeManager, ModeRequest
 from .swaps import SwapManager
@@ -40,6 +46,8 @@ class ReloadReport:
     kept: dict[str, str] = field(default_factory=dict)
     restart_needed: list[str] = field(default_factory=list)
     limits_changed: bool = False
+    reloaded: list[str] = field(default_factory=list)
+    """Access settings now in force: ``auth.token_file``, ``tls``, ``retrieval.allowed_roots``."""
     error: str = ""
 
 
@@ -110,6 +118,7 @@ async def reload_config(
     if new.limits != current.limits:
         applied = dataclasses.replace(applied, limits=new.limits)
         report.limits_changed = True
+    applied = _apply_access(applied, current, new, report)
     for name in ("listen", "metrics_listen", "policy", "timeouts", "request_timeout",
                  "swap_ready_timeout", "swap_drain_timeout", "recycle_after_requests",
                  "recycle_max_rss_mb", "recycle_check_interval", "recycle_min_uptime",
@@ -121,5 +130,37 @@ async def reload_config(
         report.restart_needed.append("llama_bin")
     applied = dataclasses.replace(applied, sources=new.sources)
     _log.info("reloaded", swapped=report.swapped, kept=report.kept,
-              limits_changed=report.limits_changed, restart_needed=report.restart_needed)
+              limits_changed=report.limits_changed, reloaded=report.reloaded,
+              restart_needed=report.restart_needed)
     return applied, report
+
+
+def _apply_access(applied: Config, current: Config, new: Config,
+                  report: ReloadReport) -> Config:
+    """Tokens, TLS material and allowed roots: what can change live, in ``applied``."""
+    if new.tokens != current.tokens:
+        mutual = current.tls is not None and current.tls.require_client_cert
+        if new.tokens is None and not is_loopback(current.listen) and not mutual:
+            report.kept["auth.token_file"] = (
+                "the daemon listens beyond loopback without mutual TLS: it keeps requiring "
+                "tokens until it is restarted")
+            _log.warning("reload kept the tokens", why=report.kept["auth.token_file"])
+        else:
+            applied = dataclasses.replace(applied, tokens=new.tokens)
+            report.reloaded.append("auth.token_file")
+            _log.info("tokens reloaded",
+                      tokens=new.tokens.roles() if new.tokens is not None else None)
+    if new.tls != current.tls:
+        if current.tls is None or new.tls is None:
+            report.restart_needed.append("tls")
+        elif current.tls.require_client_cert != new.tls.require_client_cert:
+            report.restart_needed.append("tls.client_ca_file")
+        else:
+            applied = dataclasses.replace(applied, tls=new.tls)
+            report.reloaded.append("tls")
+    roots = new.retrieval["allowed_roots"]
+    if roots != current.retrieval["allowed_roots"]:
+        applied = dataclasses.replace(applied,
+                                      retrieval={**applied.retrieval, "allowed_roots": roots})
+        report.reloaded.append("retrieval.allowed_roots")
+    return applied

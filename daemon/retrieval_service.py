@@ -29,6 +29,7 @@ from retrieval import (
     Retriever,
     ScanReport,
     SourceRow,
+    check_root,
     scan_source,
 )
 from retrieval._extract import ExtractLimits
@@ -155,10 +156,16 @@ def unavailable_reason(children: dict[str, ManagedChild]) -> Callable[[], str]:
     return reason
 
 
-async def rescan_loop(retriever: Retriever, interval: float) -> None:
+def _no_roots() -> tuple[str, ...]:
+    return ()
+
+
+async def rescan_loop(retriever: Retriever, interval: float,
+                      allowed_roots: Callable[[], tuple[str, ...]] = _no_roots) -> None:
     """Rescan every directory source each ``interval`` seconds (a source scanned more
     recently, e.g. by an operator's Reindex, waits its turn). Runs until cancelled; a
-    failing source is logged and retried next round."""
+    failing source (one outside ``allowed_roots()`` too) is logged and retried next
+    round."""
     while True:
         await asyncio.sleep(min(interval, 60.0))
         now = time.time()
@@ -166,7 +173,7 @@ async def rescan_loop(retriever: Retriever, interval: float) -> None:
             if source.kind != "directory" or now - (source.last_scan or 0) < interval:
                 continue
             try:
-                await scan_source(retriever, source.id)
+                await scan_source(retriever, source.id, allowed_roots=allowed_roots())
             except Exception as exc:
                 structlog.get_logger("llamad.retrieval").warning(
                     "scheduled rescan failed", source=source.id, error=str(exc)[:200])
@@ -210,9 +217,15 @@ def _progress(r: ScanReport, done: bool) -> rpb.ReindexProgress:
 class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     """Documents, sources, reindex, search, status."""
 
-    def __init__(self, retriever: Retriever, metrics: Metrics | None = None) -> None:
+    def __init__(self, retriever: Retriever, metrics: Metrics | None = None,
+                 allowed_roots: Callable[[], tuple[str, ...]] = _no_roots) -> None:
+        """Args:
+            allowed_roots: where directory sources may live (retrieval.allowed_roots; read
+                at every AddSource and scan, so a reload applies at once).
+        """
         self._r = retriever
         self.metrics = metrics
+        self._allowed_roots = allowed_roots
 
     @rpc.unary("UpsertDocument")
     async def UpsertDocument(
@@ -262,6 +275,8 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
             root = Path(request.path)
             if not root.is_absolute():
                 raise InvalidArgument("path must be absolute")
+            # Confinement first: a caller learns nothing about paths outside the roots.
+            await asyncio.to_thread(check_root, root, self._allowed_roots())
             if not root.is_dir():
                 raise InvalidArgument(f"{root} is not a directory")
         row = await self._r.add_source(request.id, root=root, category=request.category,
@@ -310,7 +325,8 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
                     last = now
                     q.put_nowait(report)
 
-            task = asyncio.create_task(scan_source(self._r, source.id, progress))
+            task = asyncio.create_task(scan_source(self._r, source.id, progress,
+                                                   allowed_roots=self._allowed_roots()))
             while not task.done():
                 getter = asyncio.ensure_future(queue.get())
                 await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)

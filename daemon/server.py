@@ -40,10 +40,12 @@ from supervisor import Clock, State, StateChange, SystemClock
 
 from .admission import Admission
 from .answer import AnswerServicer, AnswerSettings, AuditLog, ResponseCache
+from .auth import AuthInterceptor, TlsCredentials
 from .children import ManagedChild, build_child
 from .config import Config
 from .control import ControlServicer
 from .health import HealthReporter
+from .listen import Bound, bind, unbind
 from .metrics import Metrics
 from .metrics_http import MetricsServer, serve_metrics
 from .modes import ModeManager
@@ -121,6 +123,9 @@ class Daemon:
             child.admission.set_hooks(on_change=self._observe_admission,
                                       on_reject=self.metrics.rejected)
         self._metrics_server: MetricsServer | None = None
+        self.auth = AuthInterceptor(config.tokens, self.metrics)
+        self._tls = TlsCredentials(config.tls) if config.tls is not None else None
+        self._bound: Bound | None = None
         self.router = InferenceRouter(self.children)
         self.swaps = SwapManager(self.children, config.swap_drain_timeout,
                                  on_swapped=self._after_swap)
@@ -142,7 +147,8 @@ class Daemon:
     async def start(self) -> str:
         """Listen and start the children; return the bound address (``host:port``)."""
         limit = self.config.limits.max_message_bytes
-        server = grpc.aio.server(interceptors=[DecodeGuard(self.metrics)], options=[
+        # Access first: a call without a valid token is refused before anything else.
+        server = grpc.aio.server(interceptors=[self.auth, DecodeGuard(self.metrics)], options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
             # Never share a port with another process: a second daemon must fail to bind.
@@ -159,17 +165,15 @@ class Daemon:
             server)
         if self.retriever is not None:
             retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(  # type: ignore[no-untyped-call]
-                RetrievalServicer(self.retriever, self.metrics), server)
+                RetrievalServicer(self.retriever, self.metrics, self._allowed_roots),
+                server)
         # Served in every mode: a disabled generation role answers FAILED_PRECONDITION.
         answer_pb2_grpc.add_AnswerServiceServicer_to_server(  # type: ignore[no-untyped-call]
             self._answer_servicer(), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
-        listen = self.config.listen
-        try:
-            port = server.add_insecure_port(listen)
-        except RuntimeError as exc:
-            raise OSError(f"cannot listen on {listen}: {exc}") from None
+        self._bound = bind(server, self.config,
+                           self._tls.server_credentials() if self._tls is not None else None)
         if self.retriever is not None:
             # After binding: a second daemon on the same address fails on the address
             # (one clear line), not on the index lock the first one holds.
@@ -181,15 +185,14 @@ class Daemon:
             except OSError as exc:
                 raise OSError(f"cannot serve metrics on {self.config.metrics_listen}: "
                               f"{exc.strerror or exc}") from None
-        if listen.startswith("unix:"):
-            self.address = listen
-        else:
-            host = listen.rpartition(":")[0]
-            self.address = f"{host}:{port}"
+        self.address = self._bound.address
         await self.health.start()
         await server.start()
         self._server = server
+        tls = self.config.tls
         _log.info("listening", address=self.address, version=version(),
+                  tls="mutual" if tls and tls.require_client_cert else bool(tls),
+                  tokens=self.config.tokens.roles() if self.config.tokens else None,
                   metrics_port=self._metrics_server.port if self._metrics_server else None,
                   modes={r: describe_mode(c) for r, c in self.children.items()})
         cfg = self.config
@@ -202,7 +205,7 @@ class Daemon:
         interval = self.config.retrieval["rescan_interval"]
         if self.retriever is not None and interval > 0:
             self._tasks.add(asyncio.create_task(
-                rescan_loop(self.retriever, interval), name="rescan"))
+                rescan_loop(self.retriever, interval, self._allowed_roots), name="rescan"))
         for child in self.children.values():
             if child.mode.kind == "disabled":
                 continue
@@ -233,6 +236,11 @@ class Daemon:
             audit=AuditLog(audit_path, a["audit_max_mb"] * 1024 * 1024, a["audit_backups"]),
             metrics=self.metrics,
         )
+
+    def _allowed_roots(self) -> tuple[str, ...]:
+        """Where directory sources may live (retrieval.allowed_roots, as reloaded)."""
+        roots: tuple[str, ...] = self.config.retrieval["allowed_roots"]
+        return roots
 
     def status_line(self) -> str:
         """One line for systemd's STATUS=: each role's state (and pid, or endpoint)."""
@@ -313,6 +321,9 @@ class Daemon:
                 self.config, report = await reload_config(
                     self.config, self._reload_source, self.children, self.swaps, self.modes)
                 self._inference.set_limits(self.config.limits)
+                self.auth.set_tokens(self.config.tokens)
+                if self._tls is not None and self.config.tls is not None:
+                    self._tls.update(self.config.tls)
                 for child in self.children.values():
                     child.admission.queue_size = self.config.limits.queue_size
                 return report
@@ -346,6 +357,7 @@ class Daemon:
         for role in ("generation", "embedding"):
             await self.children[role].supervisor.stop()
         await self.health.close()
+        unbind(self._bound)
         if self._metrics_server is not None:
             await self._metrics_server.close()
         if self._watchdog is not None:

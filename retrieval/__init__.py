@@ -6,7 +6,7 @@ See docs/retrieval.md for the design.
 
 from ._bm25 import Filters
 from ._engine import Embedder, Hit, RetrievalLimits, Retriever, SearchResult, snippet
-from ._scan import ScanReport, scan_source
+from ._scan import ScanReport, check_root, scan_source
 from ._store import DocumentRow, SourceRow
 from .errors import (
     ExtractionError,
@@ -14,6 +14,7 @@ from .errors import (
     InvalidDocument,
     NotFound,
     RetrievalError,
+    SourceNotAllowed,
     validate_document_id,
 )
 
@@ -31,7 +32,9 @@ __all__ = [
     "Retriever",
     "ScanReport",
     "SearchResult",
+    "SourceNotAllowed",
     "SourceRow",
+    "check_root",
     "scan_source",
     "snippet",
     "validate_document_id",

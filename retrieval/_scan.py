@@ -1,7 +1,10 @@
 """Directory sources: incremental scans with bounded work and a clear report.
 
-A scan walks the source root (never following a symlink out of it, skipping FIFOs,
-devices and sockets), compares each file's size and mtime with what was indexed (an
+A directory source must live under one of the allowed roots (:func:`check_root`, checked
+with symlinks and ``..`` resolved, when the source is added and again at every scan, so a
+root later replaced by a symlink to elsewhere is not followed). A scan walks the source
+root (never following a symlink out of it, skipping FIFOs, devices and sockets),
+compares each file's size and mtime with what was indexed (an
 unchanged file costs one ``stat``), re-ingests changed files (their chunks are replaced
 atomically), and removes documents whose files are gone. Caps on files and bytes per
 source make a huge folder degrade predictably: what was skipped, and why, is reported.
@@ -12,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +24,7 @@ import structlog
 from ._engine import Retriever
 from ._extract import kind_for
 from ._store import SourceRow
-from .errors import NotFound, RetrievalError
+from .errors import NotFound, RetrievalError, SourceNotAllowed
 
 _log = structlog.get_logger("llamad.retrieval")
 
@@ -46,18 +49,59 @@ def _inside(path: Path, root: Path) -> bool:
     return True
 
 
+def _real(path: str) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def check_root(path: str | os.PathLike[str], allowed_roots: Sequence[str]) -> Path:
+    """``path`` resolved (symlinks and ``..``), if it lies under one of ``allowed_roots``
+    (themselves resolved too): ``/srv/docs/../../etc``, or a symlink inside a root that
+    points out of it, is outside.
+
+    Raises:
+        SourceNotAllowed: no root is configured, or the path is outside every root; the
+            message names the option ``retrieval.allowed_roots``.
+    """
+    if not allowed_roots:
+        raise SourceNotAllowed(
+            "directory sources are disabled until retrieval.allowed_roots lists the "
+            "directories they may live under", configured=False)
+    resolved = Path(path).resolve()
+    for root in allowed_roots:
+        if _inside(resolved, Path(root).resolve()):
+            return resolved
+    shown = os.fspath(path)
+    if str(resolved) != shown:
+        shown += f" (resolved: {resolved})"
+    raise SourceNotAllowed(f"{shown} is outside retrieval.allowed_roots "
+                           f"({', '.join(allowed_roots)})", configured=True)
+
+
 async def scan_source(retriever: Retriever, source_id: str,
-                      progress: Callable[[ScanReport], None] | None = None) -> ScanReport:
+                      progress: Callable[[ScanReport], None] | None = None, *,
+                      allowed_roots: Sequence[str] | None = None) -> ScanReport:
     """Bring the index in line with the source's directory.
+
+    Args:
+        allowed_roots: when given (the daemon always gives it), the source's root must
+            resolve under one of these, or the scan is refused and recorded as failed.
 
     Raises:
         NotFound: no such source, or it is not a directory source.
+        SourceNotAllowed: the root is outside ``allowed_roots``.
     """
     sources = {s.id: s for s in await retriever.sources()}
     source: SourceRow | None = sources.get(source_id)
     if source is None or source.kind != "directory":
         raise NotFound(f"no directory source {source_id!r}")
-    root = await asyncio.to_thread(Path(source.root).resolve)
+    if allowed_roots is not None:
+        try:
+            root = await asyncio.to_thread(check_root, source.root, allowed_roots)
+        except SourceNotAllowed as exc:
+            await retriever.mark_scanned(source_id, str(exc))
+            raise
+    else:
+        root = await asyncio.to_thread(Path(source.root).resolve)
     report = ScanReport(source_id)
     if not await asyncio.to_thread(root.is_dir):
         await retriever.mark_scanned(source_id, f"{root} is not a directory")
@@ -68,6 +112,12 @@ async def scan_source(retriever: Retriever, source_id: str,
     total_bytes = 0
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        if dirpath != str(root) and not _inside(_real(dirpath), root):
+            # A directory swapped for a symlink while the walk was under way.
+            report.skipped.append((Path(dirpath).relative_to(root).as_posix(),
+                                   "directory resolves outside the source root"))
+            dirnames[:] = []
+            continue
         for name in sorted(filenames):
             if name.startswith("."):
                 continue

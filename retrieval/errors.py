@@ -9,12 +9,15 @@ The tree::
     │                        resource_limit, worker_failed, pdf_malformed, pdf_encrypted,
     │                        pdf_image_only, html_too_deep)
     ├── NotFound             unknown source or document
+    ├── SourceNotAllowed     a directory source outside the allowed roots (or none set)
     └── IndexCorrupt         a store could not be opened or repaired
 
 None of these import or know about gRPC; the daemon maps them to status codes
 (``InvalidDocument`` and ``ExtractionError`` to INVALID_ARGUMENT, ``NotFound`` to NOT_FOUND,
-``IndexCorrupt`` to INTERNAL or FAILED_PRECONDITION). Every message is one line that can be
-shown to the caller as is: it names the document and says what is wrong, never a traceback.
+``SourceNotAllowed`` to PERMISSION_DENIED, or FAILED_PRECONDITION when no root is
+configured; ``IndexCorrupt`` to INTERNAL or FAILED_PRECONDITION). Every message is one line
+that can be shown to the caller as is: it names the document and says what is wrong, never
+a traceback.
 """
 
 from __future__ import annotations
@@ -66,6 +69,19 @@ class ExtractionError(RetrievalError):
 
 class NotFound(RetrievalError):
     """An unknown source or document."""
+
+
+class SourceNotAllowed(RetrievalError):
+    """A directory source whose path (symlinks and ``..`` resolved) is not under one of
+    the allowed roots.
+
+    Attributes:
+        configured: False when no root is configured at all (directory sources are off).
+    """
+
+    def __init__(self, reason: str, *, configured: bool) -> None:
+        self.configured = configured
+        super().__init__(reason)
 
 
 class IndexCorrupt(RetrievalError):

@@ -37,7 +37,8 @@ async def ready(tmp_path: Path, llama_server: str
                 ) -> AsyncIterator[tuple[Daemon, Clients, answer_pb2_grpc.AnswerServiceStub]]:
     corpus = tmp_path / "corpus"
     write_corpus(corpus)
-    daemon = make_daemon(config_env("llama-server", LLAMAD_STATE_DIR=str(tmp_path / "state")))
+    daemon = make_daemon(config_env("llama-server", LLAMAD_STATE_DIR=str(tmp_path / "state"),
+                                    LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(tmp_path)))
     c = Clients(await daemon.start())
     try:
         await c.wait_serving("")

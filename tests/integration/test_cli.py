@@ -65,7 +65,10 @@ class Daemon:
 def address(llama_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A running daemon (both children) for the module; its address."""
     tmp = tmp_path_factory.mktemp("daemon")
-    daemon = Daemon(config_env("llama-server", LLAMAD_STATE_DIR=str(tmp / "state")),
+    # Directory sources (ingest) may live anywhere under pytest's temporary directory.
+    daemon = Daemon(config_env("llama-server", LLAMAD_STATE_DIR=str(tmp / "state"),
+                               LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(
+                                   tmp_path_factory.getbasetemp())),
                     tmp / "daemon.log")
     try:
         addr = daemon.address()
@@ -187,3 +190,22 @@ def test_swap_to_missing_model_fails_in_one_line(address: str) -> None:
     assert "/nonexistent.gguf" in line
     status = json.loads(llamad(address, "status", "--json").stdout)
     assert status["children"][0]["state"] == "running"
+
+
+def test_mode_disables_and_reenables_the_embedding_role(address: str) -> None:
+    """`llamad mode` switches a role make-before-break and streams the stages: disabled
+    refuses Embed with exit 1 and one line; embedded again serves it."""
+    result = llamad(address, "mode", "embedding", "disabled", "--reason", "cli test")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1].split()[1] == "done"
+    status = json.loads(llamad(address, "status", "--json").stdout)
+    assert {c["role"]: c["mode"] for c in status["children"]}["embedding"] == "disabled"
+    usage = llamad(address, "mode", "embedding", "disabled", "--url", "http://x")
+    assert usage.returncode == 2 and "endpoint mode" in usage.stderr
+    result = llamad(address, "mode", "embedding", "embedded", "--json", timeout=180)
+    assert result.returncode == 0, result.stderr
+    stages = [json.loads(line)["stage"] for line in result.stdout.splitlines()]
+    assert stages[0] == "validating" and "launching" in stages and stages[-1] == "done"
+    status = json.loads(llamad(address, "status", "--json").stdout)
+    embedding = {c["role"]: c for c in status["children"]}["embedding"]
+    assert (embedding["mode"], embedding["state"]) == ("embedded", "running")

@@ -98,7 +98,8 @@ async def daemon_with_corpus(tmp_path: Path, llama_server: str
                              ) -> AsyncIterator[tuple[Daemon, Clients, Retrieval, Path]]:
     corpus = tmp_path / "corpus"
     write_corpus(corpus)
-    daemon = make_daemon(config_env("llama-server", LLAMAD_STATE_DIR=str(tmp_path / "state")))
+    daemon = make_daemon(config_env("llama-server", LLAMAD_STATE_DIR=str(tmp_path / "state"),
+                                    LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(tmp_path)))
     c = Clients(await daemon.start())
     r = Retrieval(c)
     try:

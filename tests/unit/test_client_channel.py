@@ -91,21 +91,41 @@ def test_address_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_token_options_are_validated(tmp_path: Path) -> None:
-    """token and token_file exclude each other; files are read and stripped; empty or
-    unreadable ones are refused before any call."""
+    """token and token_file exclude each other; files are read and stripped (comment lines
+    skipped); empty, unreadable, world-readable or multi-token ones are refused before any
+    call; a token is never sent in the clear beyond loopback."""
     token_file = tmp_path / "token"
-    token_file.write_text("s3cret\n")
-    assert settings("x:1", token_file=token_file).metadata == (
+    token_file.write_text("# for the NOC dashboard\ns3cret\n")
+    token_file.chmod(0o600)
+    local = "127.0.0.1:1"
+    assert settings(local, token_file=token_file).metadata == (
         ("authorization", "Bearer s3cret"),)
-    assert settings("x:1", token="abc").metadata == (("authorization", "Bearer abc"),)
+    assert settings(local, token="abc").metadata == (("authorization", "Bearer abc"),)
+    assert settings("unix:/run/l.sock", token="abc").metadata
+    assert settings("localhost:1", token="abc").metadata
+    assert settings("[::1]:1", token="abc").metadata
     assert settings("x:1").metadata == ()
     with pytest.raises(ValueError, match="not both"):
-        settings("x:1", token="a", token_file=token_file)
-    (tmp_path / "empty").write_text("\n")
+        settings(local, token="a", token_file=token_file)
+    (tmp_path / "empty").write_text("\n# nothing\n")
+    (tmp_path / "empty").chmod(0o600)
     with pytest.raises(ValueError, match="is empty"):
-        settings("x:1", token_file=tmp_path / "empty")
+        settings(local, token_file=tmp_path / "empty")
     with pytest.raises(ValueError, match="cannot read the token file"):
-        settings("x:1", token_file=tmp_path / "missing")
+        settings(local, token_file=tmp_path / "missing")
+    token_file.chmod(0o644)
+    with pytest.raises(ValueError, match=r"readable by everyone \(mode 0644\)"):
+        settings(local, token_file=token_file)
+    daemon_file = tmp_path / "tokens"
+    daemon_file.write_text("read 0123456789abcdef0123\n")
+    daemon_file.chmod(0o600)
+    with pytest.raises(ValueError, match="just one token") as info:
+        settings(local, token_file=daemon_file)
+    assert "0123456789abcdef" not in str(info.value)
+    for remote in ("x:1", "10.0.0.5:50051", "dns:///example.com:443"):
+        with pytest.raises(ValueError, match="in the clear"):
+            settings(remote, token="abc")
+    assert settings("x:1", token="abc", tls=True).secure
 
 
 def test_tls_options_are_validated(tmp_path: Path) -> None:
