@@ -32,7 +32,8 @@ from retrieval import (
     check_root,
     scan_source,
 )
-from retrieval._extract import ExtractLimits
+from retrieval._extract import ExtractLimits, extract_bytes
+from retrieval.errors import validate_document_id
 from supervisor import (
     ChildRequestError,
     InferenceClient,
@@ -70,7 +71,11 @@ def limits_from(config: Config) -> RetrievalLimits:
         max_bytes_per_source=r["max_source_mb"] * 1024 * 1024,
         redact_hostnames=r["redact_hostnames"], redact_ips=r["redact_ips"],
         extract=ExtractLimits(max_bytes=r["max_file_mb"] * 1024 * 1024,
-                              pdf_timeout=r["pdf_timeout"]),
+                              pdf_timeout=r["pdf_timeout"],
+                              pdf_max_pages=r["pdf_max_pages"],
+                              html_max_depth=r["html_max_depth"],
+                              pdf_max_memory=r["pdf_max_memory_mb"] * 1024 * 1024,
+                              pdf_max_output=r["pdf_max_output_mb"] * 1024 * 1024),
     )
 
 
@@ -233,9 +238,20 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         call: rpc.Call,
     ) -> rpb.UpsertDocumentResponse:
         call.note(source=request.source_id, chars=len(request.text))
+        kind = request.kind or "text"
+        title, text = request.title, request.text
+        if kind == "html":
+            # Pushed markup is extracted like an .html file: its text, without tags,
+            # scripts and styles, its nesting bounded (retrieval.html_max_depth).
+            if request.id:
+                validate_document_id(request.id)  # before the work, not after
+            extracted = await asyncio.to_thread(
+                extract_bytes, text.encode("utf-8"), request.id or "document", "html",
+                self._r.limits.extract)
+            title, text = title or extracted.title, extracted.text
         doc = await self._r.upsert(
-            request.source_id, request.title, request.text, doc_id=request.id or None,
-            kind=request.kind or "text", category=request.category, tags=tuple(request.tags))
+            request.source_id, title, text, doc_id=request.id or None,
+            kind=kind, category=request.category, tags=tuple(request.tags))
         call.note(document=doc.id)
         return rpb.UpsertDocumentResponse(document=_document(doc))
 
@@ -244,6 +260,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         self, request: rpb.DeleteDocumentRequest, context: grpc.aio.ServicerContext,
         call: rpc.Call,
     ) -> rpb.DeleteDocumentResponse:
+        validate_document_id(request.id)  # an id no document can have says why
         return rpb.DeleteDocumentResponse(deleted=await self._r.delete(request.id))
 
     @rpc.unary("GetDocument")
@@ -253,6 +270,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     ) -> rpb.Document:
         from retrieval import NotFound  # noqa: PLC0415
 
+        validate_document_id(request.id)  # an id no document can have says why
         doc = await self._r.document(request.id)
         if doc is None:
             raise NotFound(f"no document {request.id!r}")
@@ -271,6 +289,8 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         self, request: rpb.AddSourceRequest, context: grpc.aio.ServicerContext, call: rpc.Call,
     ) -> rpb.Source:
         root = None
+        if "\x00" in request.path:
+            raise InvalidArgument("path contains a NUL character")
         if request.path:
             root = Path(request.path)
             if not root.is_absolute():
@@ -350,6 +370,10 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
             since=f.indexed_since.seconds if f.HasField("indexed_since") else None,
             until=f.indexed_until.seconds if f.HasField("indexed_until") else None,
         )
+        max_k = self._r.limits.max_k
+        if request.top_k > max_k:
+            raise InvalidArgument(f"top_k must be at most {max_k} (retrieval.max_k), "
+                                  f"got {request.top_k}")
         try:
             result = await self._r.search(request.query, k=request.top_k or None,
                                           filters=filters)

@@ -308,7 +308,8 @@ class Retriever:
             raise InvalidDocument("document text is empty")
         if len(text) > self.limits.max_document_chars:
             raise InvalidDocument(f"document has {len(text)} characters; the limit is "
-                                  f"{self.limits.max_document_chars}")
+                                  f"{self.limits.max_document_chars} "
+                                  "(retrieval.max_document_chars)")
         source = await asyncio.to_thread(store.source, source_id)
         if source is None:
             raise NotFound(f"no source {source_id!r}; add it first")
@@ -548,12 +549,13 @@ class Retriever:
         store, text = self._require()
         k = self.limits.default_k if k is None else k
         if not 1 <= k <= self.limits.max_k:
-            raise InvalidDocument(f"k must be in 1..{self.limits.max_k}, got {k}")
+            raise InvalidDocument(f"k must be in 1..{self.limits.max_k} (retrieval.max_k), "
+                                  f"got {k}")
         if not query.strip():
             raise InvalidDocument("query is empty")
         if len(query) > self.limits.max_query_chars:
             raise InvalidDocument(f"query has {len(query)} characters; the limit is "
-                                  f"{self.limits.max_query_chars}")
+                                  f"{self.limits.max_query_chars} (retrieval.max_query_chars)")
         filters = filters or Filters()
         n_text = max(self.limits.text_candidates, k)
         n_vec = max(self.limits.vector_candidates, k)

@@ -185,7 +185,8 @@ def _check_regular(st: os.stat_result, name: str) -> None:
 def _check_size(size: int, name: str, limits: ExtractLimits) -> None:
     if size > limits.max_bytes:
         raise ExtractionError(
-            f"{name}: {size} bytes is over the {limits.max_bytes}-byte limit", "too_large")
+            f"{name}: {size} bytes is over the {limits.max_bytes}-byte limit "
+            "(retrieval.max_file_mb)", "too_large")
 
 
 def _read_bounded(fd: int, name: str, limits: ExtractLimits) -> bytes:
@@ -248,10 +249,12 @@ def _decode(data: bytes, name: str, kind: str) -> str:
             try:
                 text = data.decode(codec)
             except UnicodeDecodeError as exc:
+                # utf-8-sig counts from after the BOM; utf-16 and utf-32 from the start.
+                at = exc.start + (len(bom) if codec == "utf-8-sig" else 0)
                 raise ExtractionError(
                     f"{name}: starts with a {codec.removesuffix('-sig').upper()} byte-order "
                     f"mark but is not valid {codec.removesuffix('-sig').upper()} "
-                    f"(at byte {exc.start})", "encoding") from exc
+                    f"(at byte {at})", "encoding") from exc
             _check_controls(text, name, kind)
             return text
     if b"\x00" in data[:_SNIFF_BYTES]:
@@ -475,7 +478,8 @@ class _HtmlText:
         self.stack.append(tag)
         if len(self.stack) > self.max_depth:
             raise ExtractionError(
-                f"{self.name}: HTML elements nested deeper than {self.max_depth} levels",
+                f"{self.name}: HTML elements nested deeper than {self.max_depth} levels "
+                "(retrieval.html_max_depth)",
                 "html_too_deep")
         if tag in _DROPPED:
             self.dropped += 1
@@ -647,11 +651,11 @@ def _extract_pdf(name: str, limits: ExtractLimits, *, data: bytes | None = None,
                 with contextlib.suppress(OSError):
                     stream.close()
     if failure == "timeout":
-        raise ExtractionError(f"{name}: PDF parsing took longer than {limits.pdf_timeout:g} s",
-                              "timeout")
+        raise ExtractionError(f"{name}: PDF parsing took longer than {limits.pdf_timeout:g} s "
+                              "(retrieval.pdf_timeout)", "timeout")
     if failure == "output":
         raise ExtractionError(f"{name}: PDF text exceeds the {limits.pdf_max_output}-byte "
-                              "output limit", "resource_limit")
+                              "output limit (retrieval.pdf_max_output_mb)", "resource_limit")
     return _pdf_result(name, proc.returncode, out, err)
 
 
@@ -723,6 +727,7 @@ def _pdf_result(name: str, returncode: int, out: bytes, err: bytes) -> Extracted
         if returncode in (-signal.SIGKILL, -signal.SIGXCPU) or "MemoryError" in last:
             raise ExtractionError(
                 f"{name}: the PDF worker hit its memory or CPU limit "
+                "(retrieval.pdf_max_memory_mb, retrieval.pdf_timeout) "
                 f"(exit {returncode}{': ' + last if last else ''})", "resource_limit")
         raise ExtractionError(
             f"{name}: the PDF worker failed (exit {returncode}{': ' + last if last else ''})",

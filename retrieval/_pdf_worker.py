@@ -80,7 +80,8 @@ def extract(data: bytes, *, max_pages: int, max_output: int) -> Result:
         pages = reader.pages
         count = len(pages)
         if count > max_pages:
-            return _error("too_large", f"{count} pages, the limit is {max_pages}")
+            return _error("too_large", f"{count} pages, the limit is {max_pages} "
+                                       "(retrieval.pdf_max_pages)")
         try:
             title = _clean_title(reader.metadata.title if reader.metadata else None)
         except Exception:  # metadata is optional; a broken info dict is not fatal
@@ -99,7 +100,8 @@ def extract(data: bytes, *, max_pages: int, max_output: int) -> Result:
             total += len(text)
             if total > max_output:
                 return _error("resource_limit",
-                              f"more than {max_output} characters of text")
+                              f"more than {max_output} characters of text "
+                              "(retrieval.pdf_max_output_mb)")
             texts.append(text)
     except LimitReachedError as exc:
         return _error("resource_limit", f"a stream exceeds pypdf's decompression limit "
@@ -123,7 +125,8 @@ def _emit(result: Result, max_output: int) -> None:
     payload = json.dumps(result, ensure_ascii=True).encode("ascii")
     if len(payload) > max_output:
         payload = json.dumps(_error(
-            "resource_limit", f"the extracted text exceeds the {max_output}-byte output limit"
+            "resource_limit", f"the extracted text exceeds the {max_output}-byte output limit "
+            "(retrieval.pdf_max_output_mb)"
         )).encode("ascii")
     sys.stdout.buffer.write(payload)
     sys.stdout.buffer.flush()

@@ -149,6 +149,10 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             params.max_tokens = self._settings.default_max_tokens
         sampling = validation.sampling(params, self._limits)
         k = request.top_k or self._settings.default_k
+        if self._retriever is not None and k > self._retriever.limits.max_k:
+            # Refused, not degraded: search would fail and the answer lose its sources.
+            raise InvalidArgument(f"top_k must be at most {self._retriever.limits.max_k} "
+                                  f"(retrieval.max_k), got {k}")
         self._router.client("generation")  # fail fast: UNAVAILABLE with a retry hint
         call.note(task=task, question_chars=len(question), k=k)
 
@@ -167,7 +171,8 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
                 # The evidence says what to look for as much as the question does.
                 query = f"{question}\n{request.attachment[:600]}"
             try:
-                result = await self._retriever.search(query[:2000], k=k, filters=filters)
+                result = await self._retriever.search(
+                    query[:self._retriever.limits.max_query_chars], k=k, filters=filters)
             except Exception as exc:
                 if isinstance(exc, InvalidArgument):
                     raise
