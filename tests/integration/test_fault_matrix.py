@@ -1,0 +1,603 @@
+"""The fault matrix (docs/faults.md): each fault, and what operators and clients see of it.
+
+Real daemons (in-process on port 0, or ``python -m daemon serve`` processes that get real
+signals), real gRPC clients, real llama-server children on real GGUF models. The fake child
+stands in only for faults a real child cannot be made to show on demand (crash at start,
+never healthy, ignoring SIGTERM, flooding stdout). Faults already proven elsewhere are
+listed in docs/faults.md with their tests; this file holds the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from grpc_health.v1 import health_pb2
+
+from clients._pb import common_pb2, control_pb2, control_pb2_grpc
+from clients._pb import inference_pb2 as pb
+from daemon import Daemon
+from supervisor.testing import fake_child_command
+from supervisor.testing.fake_runtime import FakeRuntime
+from tests.conftest import ROOT, SMALL_MODEL, model_path
+from tests.integration.daemon_helpers import Clients, config_env, make_daemon
+
+pytestmark = pytest.mark.integration
+
+GEN = common_pb2.CHILD_ROLE_GENERATION
+RUNNING = control_pb2.CHILD_STATE_RUNNING
+FAILED = control_pb2.CHILD_STATE_FAILED
+OPEN = control_pb2.BREAKER_STATE_OPEN
+CLOSED = control_pb2.BREAKER_STATE_CLOSED
+SERVING = health_pb2.HealthCheckResponse.SERVING
+# Greedy counting: SmolLM2 keeps going for hundreds of tokens.
+LONG = pb.GenerateRequest(prompt="1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
+                          sampling=pb.SamplingParams(max_tokens=1500, temperature=0.0))
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def gone(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
+    """Wait until none of ``pids`` is alive; return the ones still alive."""
+    deadline = time.monotonic() + timeout
+    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` in the process tree."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def fake_children() -> list[int]:
+    """This process's fake children (an in-process daemon's children are ours)."""
+    found = []
+    for pid in descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if b"fake_child.py" in fh.read():
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+async def wait_child(c: Clients, role: int, predicate: Callable[[control_pb2.ChildStatus], bool],
+                     timeout: float, what: str) -> control_pb2.ChildStatus:
+    deadline = time.monotonic() + timeout
+    while True:
+        child = await c.child(role)
+        if predicate(child):
+            return child
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never {what} within {timeout}s: {child}")
+        await asyncio.sleep(0.05)
+
+
+async def generate_error(c: Clients, **sampling: Any) -> grpc.aio.AioRpcError:
+    """Run a Generate that must fail; return its error."""
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _ in c.inference.Generate(pb.GenerateRequest(
+                prompt="Hi", sampling=pb.SamplingParams(**sampling)), timeout=30):
+            pass
+    return err.value
+
+
+def retry_after_ms(err: grpc.aio.AioRpcError) -> int | None:
+    trailers = dict(err.trailing_metadata() or ())
+    value = trailers.get("retry-after-ms")
+    return None if value is None else int(value)
+
+
+@pytest.fixture
+async def in_process() -> AsyncIterator[Callable[..., Daemon]]:
+    """Builds in-process daemons (not started); shuts every one down at the end."""
+    made: list[Daemon] = []
+
+    def make(env: dict[str, str]) -> Daemon:
+        made.append(make_daemon(env))
+        return made[-1]
+
+    yield make
+    for daemon in made:
+        await daemon.shutdown()
+
+
+class DaemonProcess:
+    """``python -m daemon serve`` as operators run it, logging JSON to a file."""
+
+    def __init__(self, tmp: Path, env: dict[str, str], prefix: Sequence[str] = ()) -> None:
+        self.log = tmp / f"daemon-{time.monotonic_ns()}.log"
+        with open(self.log, "wb") as out:  # a file: nobody has to keep draining a pipe
+            self.proc = subprocess.Popen(
+                [*prefix, sys.executable, "-m", "daemon", "serve"], cwd=ROOT,
+                env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=out)
+        self.pid = self.proc.pid
+        try:
+            self.address = str(self.wait_event("listening", timeout=120)["address"])
+        except BaseException:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def records(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+        return out
+
+    def wait_event(self, event: str, timeout: float = 60.0, **fields: object) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            for record in self.records():
+                if record.get("event") == event and all(
+                        record.get(k) == v for k, v in fields.items()):
+                    return record
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited {self.proc.returncode} before {event!r}:\n"
+                                     f"{self.tail()}")
+            if time.monotonic() > deadline:
+                self.proc.send_signal(signal.SIGUSR1)  # every thread's stack, in the log
+                time.sleep(1)
+                raise AssertionError(f"no {event!r} {fields} within {timeout}s:\n{self.tail()}")
+            time.sleep(0.05)
+
+    def tail(self, chars: int = 6000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def status(self, role: int = GEN) -> control_pb2.ChildStatus:
+        with grpc.insecure_channel(self.address) as ch:
+            stub = control_pb2_grpc.ControlServiceStub(ch)  # type: ignore[no-untyped-call]
+            resp = stub.Status(control_pb2.StatusRequest(), timeout=10)
+        found: control_pb2.ChildStatus = next(c for c in resp.children if c.role == role)
+        return found
+
+    def wait_running(self, role: int = GEN, timeout: float = 120.0) -> control_pb2.ChildStatus:
+        deadline = time.monotonic() + timeout
+        while (child := self.status(role)).state != RUNNING:
+            assert time.monotonic() < deadline, f"child never running: {child}\n{self.tail()}"
+            time.sleep(0.1)
+        return child
+
+    def terminate(self, timeout: float) -> tuple[int, float]:
+        """SIGTERM; return (exit status, seconds it took)."""
+        began = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(1)
+            raise AssertionError(f"no exit within {timeout}s of SIGTERM:\n{self.tail()}") from None
+        return code, time.monotonic() - began
+
+
+@pytest.fixture
+def processes() -> Iterator[Callable[..., DaemonProcess]]:
+    """Starts daemon processes; kills any still running at the end (never leaks one)."""
+    started: list[DaemonProcess] = []
+
+    def start(tmp: Path, env: dict[str, str], prefix: Sequence[str] = ()) -> DaemonProcess:
+        d = DaemonProcess(tmp, env, prefix)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.kill()
+
+
+def fake_llama_bin(tmp: Path, fault: str) -> str:
+    """A "llama-server" that is the fake child with ``fault``: for daemon processes, which
+    take their runtime from ``--llama-bin`` (the fake accepts llama-server's flags)."""
+    argv = fake_child_command(port=1, model="-", fault=fault)
+    python, script = argv[0], argv[1]
+    path = tmp / f"llama-server-{fault}"
+    path.write_text(f'#!/bin/sh\nexec "{python}" "{script}" --fault {fault} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+# -- a child crashes at start -------------------------------------------------------------
+
+
+async def test_crash_at_start_opens_breaker_with_cause_in_status(
+        in_process: Callable[..., Daemon], llama_server: str) -> None:
+    """A child that dies at every start backs off, opens the breaker after
+    restart.breaker_failures starts; Status, health, calls and TailLogs all say why; Reset
+    (after the cause is fixed) brings it back."""
+    runtime = FakeRuntime(faults_per_launch=("crash-at-start",) * 3)
+    daemon = in_process(config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false",
+                                   LLAMAD_RESTART_BREAKER_FAILURES="3"))
+    daemon.children["generation"].supervisor.launcher.runtime = runtime  # type: ignore[attr-defined]
+    began = time.monotonic()
+    c = Clients(await daemon.start())
+    try:
+        gen = await wait_child(c, GEN, lambda s: s.state == FAILED, 30, "failed")
+        assert time.monotonic() - began < 15  # backoff 0.1 s doubling to 0.5 s
+        assert (gen.breaker, gen.consecutive_failures, gen.restarts) == (OPEN, 3, 2)
+        assert runtime.launches == 3
+        assert gen.last_exit.kind == "crash"
+        assert not gen.last_exit.permanent
+        assert gen.last_exit.exit_code == 1
+        assert "crash-at-start" in gen.last_exit.message  # the child's own last line
+        assert gen.last_error == gen.last_exit.message
+        assert gen.pid == 0
+        t0 = time.monotonic()
+        err = await generate_error(c)
+        assert time.monotonic() - t0 < 2.0
+        assert err.code() == grpc.StatusCode.UNAVAILABLE
+        assert "failed" in (err.details() or "")
+        hint = retry_after_ms(err)  # the breaker's cool-down (300 s)
+        assert hint is not None and 250_000 < hint <= 301_000
+        assert await c.status("generation") == NOT_SERVING
+        lines = [ln.text async for ln in c.control.TailLogs(
+            control_pb2.TailLogsRequest(role=GEN, lines=50))]
+        assert sum("crash-at-start" in ln for ln in lines) == 3
+        await asyncio.sleep(1.0)
+        assert runtime.launches == 3  # no restart loop while the breaker is open
+        await c.control.Reset(control_pb2.ResetRequest(role=GEN))
+        await c.wait_serving("generation", timeout=30)
+        gen = await c.child(GEN)
+        assert (gen.state, gen.breaker) == (RUNNING, CLOSED)
+    finally:
+        await c.close()
+
+
+# -- a child crashes mid-stream -----------------------------------------------------------
+
+
+async def test_crash_mid_stream_ends_the_call_with_unavailable_and_restarts(
+        in_process: Callable[..., Daemon], llama_server: str) -> None:
+    """kill -9 of a real llama-server while it streams: the client has the tokens sent so
+    far, then UNAVAILABLE with a retry hint (never a silent end); the child comes back and
+    serves; Status counts the restart and names the signal."""
+    daemon = in_process(config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false"))
+    c = Clients(await daemon.start())
+    try:
+        await c.wait_serving("generation")
+        before = await c.child(GEN)
+        call = c.inference.Generate(LONG)
+        got = [await call.read() for _ in range(3)]
+        os.kill(before.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            while (msg := await call.read()) is not grpc.aio.EOF:
+                got.append(msg)
+        assert time.monotonic() - t0 < 10
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "inference child failed" in (err.value.details() or "")
+        assert retry_after_ms(err.value)
+        assert len(got) >= 3
+        assert not any(m.HasField("usage") for m in got)  # no fake "finished" ending
+        now = await wait_child(c, GEN, lambda s: s.state == RUNNING and s.pid != before.pid,
+                               60, "running again")
+        assert now.restarts == before.restarts + 1
+        assert (now.last_exit.kind, now.last_exit.signal) == ("signal", "SIGKILL")
+        assert not alive(before.pid)
+        out = [m async for m in c.inference.Generate(pb.GenerateRequest(
+            prompt="Hello", sampling=pb.SamplingParams(max_tokens=4)))]
+        assert out[-1].usage.completion_tokens >= 1
+    finally:
+        await c.close()
+
+
+# -- a child hangs ------------------------------------------------------------------------
+
+
+async def test_hung_child_is_killed_and_restarted_and_its_call_fails(
+        in_process: Callable[..., Daemon], llama_server: str) -> None:
+    """A real llama-server frozen with SIGSTOP mid-stream: once the stream has been silent
+    for child.busy_silence and probe_failures probes failed, the child is killed (SIGTERM,
+    grace, SIGKILL) and restarted; the stuck call ends with UNAVAILABLE; Status says
+    "hung"."""
+    daemon = in_process(config_env(
+        "llama-server", LLAMAD_EMBEDDING_ENABLED="false",
+        LLAMAD_CHILD_PROBE_INTERVAL="0.3", LLAMAD_CHILD_PROBE_TIMEOUT="0.5",
+        LLAMAD_CHILD_PROBE_FAILURES="2", LLAMAD_CHILD_BUSY_SILENCE="2",
+        LLAMAD_CHILD_STOP_GRACE="1"))
+    c = Clients(await daemon.start())
+    try:
+        await c.wait_serving("generation")
+        before = await c.child(GEN)
+        call = c.inference.Generate(LONG)
+        for _ in range(2):
+            await call.read()
+        os.kill(before.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            while await call.read() is not grpc.aio.EOF:
+                pass
+        took = time.monotonic() - t0
+        # busy_silence 2 s + 2 probes (0.3 s apart, 0.5 s each) + 1 s grace, on a busy box.
+        assert 2.0 <= took < 20, took
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert retry_after_ms(err.value)
+        assert gone([before.pid], 5) == []
+        now = await wait_child(c, GEN, lambda s: s.state == RUNNING and s.pid != before.pid,
+                               60, "running again")
+        assert now.last_exit.kind == "hung"
+        assert "liveness probes failed" in now.last_exit.message
+        assert now.restarts == before.restarts + 1
+        out = [m async for m in c.inference.Generate(pb.GenerateRequest(
+            prompt="Hello", sampling=pb.SamplingParams(max_tokens=4)))]
+        assert out[-1].usage.completion_tokens >= 1
+    finally:
+        with_pid = (await c.child(GEN)).pid
+        if with_pid and alive(with_pid):
+            os.kill(with_pid, signal.SIGCONT)
+        await c.close()
+
+
+# -- a child never becomes healthy --------------------------------------------------------
+
+
+async def test_never_healthy_child_times_out_then_opens_breaker(
+        in_process: Callable[..., Daemon], llama_server: str) -> None:
+    """A child answering 503 "loading" forever: calls get UNAVAILABLE "starting" with a
+    retry hint meanwhile; at child.start_cap it is killed (start_timeout, in Status), backs
+    off, and after restart.breaker_failures such starts the breaker opens."""
+    runtime = FakeRuntime(fault="health-503-forever")
+    daemon = in_process(config_env(
+        "llama-server", LLAMAD_EMBEDDING_ENABLED="false", LLAMAD_CHILD_START_TIMEOUT="1",
+        LLAMAD_CHILD_START_CAP="2", LLAMAD_RESTART_BREAKER_FAILURES="2"))
+    daemon.children["generation"].supervisor.launcher.runtime = runtime  # type: ignore[attr-defined]
+    c = Clients(await daemon.start())
+    try:
+        starting = await c.child(GEN)
+        assert starting.state == control_pb2.CHILD_STATE_STARTING
+        deadline = time.monotonic() + 10
+        while not (loading := fake_children()):
+            assert time.monotonic() < deadline, "the child was never spawned"
+            await asyncio.sleep(0.05)
+        err = await generate_error(c)
+        assert err.code() == grpc.StatusCode.UNAVAILABLE
+        assert "starting" in (err.details() or "")
+        assert retry_after_ms(err)
+        t0 = time.monotonic()
+        backoff = await wait_child(c, GEN, lambda s: s.last_exit.kind != "", 15, "timed out")
+        # The progress lines keep extending the 1 s soft deadline: the 2 s cap ends it.
+        assert time.monotonic() - t0 < 10
+        assert backoff.last_exit.kind == "start_timeout"
+        assert "hard cap 2s" in backoff.last_exit.message
+        assert gone(loading, 5) == []
+        failed = await wait_child(c, GEN, lambda s: s.state == FAILED, 20, "failed")
+        assert (failed.breaker, runtime.launches) == (OPEN, 2)
+        assert await c.status("generation") == NOT_SERVING
+    finally:
+        await c.close()
+
+
+# -- a child ignores SIGTERM --------------------------------------------------------------
+
+
+def test_child_ignoring_sigterm_does_not_hold_up_daemon_shutdown(
+        tmp_path: Path, processes: Callable[..., DaemonProcess], llama_server: str) -> None:
+    """SIGTERM to the daemon whose child ignores SIGTERM: the child gets SIGKILL after
+    child.stop_grace, and the daemon exits 0 within drain_grace + stop_grace."""
+    env = config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false",
+                     LLAMAD_LLAMA_BIN=fake_llama_bin(tmp_path, "ignore-sigterm"),
+                     LLAMAD_CHILD_STOP_GRACE="2", LLAMAD_DRAIN_GRACE="1",
+                     LLAMAD_STATE_DIR=str(tmp_path / "state"))
+    d = processes(tmp_path, env)
+    pid = d.wait_running().pid
+    code, took = d.terminate(timeout=30)
+    assert code == 0
+    assert 2.0 <= took < 12, took  # the 2 s grace was waited for, and not much more
+    assert gone([pid], 5) == []
+    assert not descendants(d.pid)
+    stopped = [r for r in d.records() if r.get("event") == "child state"
+               and r.get("new") == "stopped" and r.get("role") == "generation"]
+    assert stopped
+    assert d.records()[-1]["event"] == "stopped"
+
+
+# -- a child floods stdout ----------------------------------------------------------------
+
+
+def test_flooding_child_is_drained_and_rate_limited(
+        tmp_path: Path, processes: Callable[..., DaemonProcess], llama_server: str) -> None:
+    """A child writing to stdout as fast as it can: the daemon stays responsive and keeps
+    serving, TailLogs holds only the last child.log_lines lines, and the daemon's own log
+    gets at most ~100 child lines a second plus "child output suppressed" summaries."""
+    env = config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false",
+                     LLAMAD_LLAMA_BIN=fake_llama_bin(tmp_path, "flood-stdout"),
+                     LLAMAD_CHILD_LOG_LINES="100", LLAMAD_STATE_DIR=str(tmp_path / "state"))
+    d = processes(tmp_path, env)
+    d.wait_running()
+    d.wait_event("child output suppressed", timeout=30)
+    with grpc.insecure_channel(d.address) as ch:
+        from clients._pb import inference_pb2_grpc
+
+        control = control_pb2_grpc.ControlServiceStub(ch)  # type: ignore[no-untyped-call]
+        inference = inference_pb2_grpc.InferenceServiceStub(ch)  # type: ignore[no-untyped-call]
+        slowest = 0.0
+        for _ in range(10):
+            t0 = time.monotonic()
+            control.Status(control_pb2.StatusRequest(), timeout=10)
+            slowest = max(slowest, time.monotonic() - t0)
+            time.sleep(0.2)
+        assert slowest < 2.0, slowest
+        out = list(inference.Generate(pb.GenerateRequest(
+            prompt="a b c", sampling=pb.SamplingParams(max_tokens=5)), timeout=30))
+        assert out[-1].usage.completion_tokens == 5
+        tail = list(control.TailLogs(control_pb2.TailLogsRequest(role=GEN, lines=10_000),
+                                     timeout=10))
+        assert len(tail) == 100
+        assert tail[-1].seq > 1000  # far more lines went by than were kept
+        assert all(ln.text.startswith("flood line") for ln in tail)
+    records = d.records()
+    per_second: dict[str, int] = {}
+    for r in records:
+        if r.get("event") == "child output":
+            per_second[r["timestamp"][:19]] = per_second.get(r["timestamp"][:19], 0) + 1
+    # 100 lines per (unaligned) one-second window: at most 200 in any clock second.
+    assert max(per_second.values()) <= 200, per_second
+    suppressed = sum(r["lines"] for r in records if r.get("event") == "child output suppressed")
+    assert suppressed > 1000
+    code, _ = d.terminate(timeout=30)
+    assert code == 0
+
+
+# -- a stranger takes the child's port ----------------------------------------------------
+
+
+@pytest.fixture
+def stranger(llama_server: str) -> Iterator[int]:
+    """Someone else's llama-server (another alias) on a loopback port; yields the port."""
+    from supervisor._child import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [llama_server, "--model", str(model_path(SMALL_MODEL)), "--host", "127.0.0.1",
+         "--port", str(port), "--alias", "someone-else", "--threads", "1",
+         "--ctx-size", "512", "--metrics", "--no-webui"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False).is_success:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "no stranger"
+            time.sleep(0.1)
+        yield port
+        assert proc.poll() is None  # untouched: not ours to stop
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_port_taken_by_a_stranger_is_never_used(
+        in_process: Callable[..., Daemon], stranger: int) -> None:
+    """Another llama-server (someone else's, another model alias) holds the port the child
+    was given: that start fails (port_in_use, or stranger if the readiness probe reached
+    the other server first), the retry takes a new port, and no request ever reaches the
+    stranger."""
+    from supervisor._child import free_port
+
+    daemon = in_process(config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false"))
+    ports = iter([stranger])
+    launcher = daemon.children["generation"].supervisor.launcher
+    launcher._port_picker = lambda: next(ports, None) or free_port()  # type: ignore[attr-defined]
+    c = Clients(await daemon.start())
+    try:
+        await c.wait_serving("generation")
+        gen = await c.child(GEN)
+        assert gen.port != stranger
+        assert gen.last_exit.kind in ("port_in_use", "stranger"), gen.last_exit
+        assert not gen.last_exit.permanent
+        assert gen.restarts == 1
+        out = [m async for m in c.inference.Generate(pb.GenerateRequest(
+            prompt="Hello", sampling=pb.SamplingParams(max_tokens=4)))]
+        assert out[-1].model == SMALL_MODEL
+    finally:
+        await c.close()
+    async with httpx.AsyncClient(trust_env=False) as http:
+        metrics = (await http.get(f"http://127.0.0.1:{stranger}/metrics")).text
+    served = [ln for ln in metrics.splitlines()
+              if ln.startswith(("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total"))]
+    assert served and all(float(ln.split()[-1]) == 0 for ln in served), served
+
+
+# -- the model file is deleted while the child runs ---------------------------------------
+
+
+async def test_model_deleted_while_running(in_process: Callable[..., Daemon],
+                                           llama_server: str, tmp_path: Path) -> None:
+    """The running child keeps serving (it has the file mapped); the restart after a crash
+    fails the pre-launch check at once: breaker open, Status names the missing file, calls
+    get UNAVAILABLE fast, no restart loop. Restoring the file and Reset recover."""
+    model = tmp_path / "gen.gguf"
+    shutil.copy(model_path(SMALL_MODEL), model)
+    daemon = in_process(config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false",
+                                   LLAMAD_GENERATION_MODEL=str(model)))
+    c = Clients(await daemon.start())
+    try:
+        await c.wait_serving("generation")
+        before = await c.child(GEN)
+        model.unlink()
+        out = [m async for m in c.inference.Generate(pb.GenerateRequest(
+            prompt="Hello", sampling=pb.SamplingParams(max_tokens=4)))]
+        assert out[-1].usage.completion_tokens >= 1
+        still = await c.child(GEN)
+        assert (still.state, still.pid) == (RUNNING, before.pid)
+        assert await c.status("generation") == SERVING
+        os.kill(before.pid, signal.SIGKILL)
+        gen = await wait_child(c, GEN, lambda s: s.state == FAILED, 20, "failed")
+        assert gen.breaker == OPEN
+        assert gen.last_exit.kind == "invalid_model"
+        assert gen.last_exit.permanent
+        assert str(model) in gen.last_exit.message
+        assert "not found" in gen.last_exit.message.lower() or \
+            "no such file" in gen.last_exit.message.lower()
+        assert gen.last_error == gen.last_exit.message
+        assert gen.pid == 0
+        t0 = time.monotonic()
+        err = await generate_error(c)
+        assert time.monotonic() - t0 < 2.0
+        assert err.code() == grpc.StatusCode.UNAVAILABLE
+        assert retry_after_ms(err) is None  # permanent: it will not come back by itself
+        assert await c.status("generation") == NOT_SERVING
+        await asyncio.sleep(1.0)
+        again = await c.child(GEN)
+        assert (again.state, again.restarts) == (FAILED, gen.restarts)  # no restart loop
+        shutil.copy(model_path(SMALL_MODEL), model)
+        await c.control.Reset(control_pb2.ResetRequest(role=GEN))
+        await c.wait_serving("generation", timeout=60)
+        back = await c.child(GEN)
+        assert (back.state, back.breaker) == (RUNNING, CLOSED)
+    finally:
+        await c.close()
