@@ -32,8 +32,9 @@ from ._bm25 import Filters, IndexedChunk, TextIndex
 from ._chunk import chunk_text
 from ._extract import ExtractLimits, extract_bytes
 from ._fusion import rrf
+from ._group import GroupCommitter
 from ._redact import redact
-from ._store import ChunkRow, DocumentRow, SourceRow, Store, StoredChunk
+from ._store import ChunkRow, DocumentRow, Replacement, SourceRow, Store, StoredChunk
 from ._vectors import VectorIndex
 from .errors import InvalidDocument, NotFound, RetrievalError, validate_document_id
 
@@ -76,6 +77,9 @@ class RetrievalLimits:
     chunk_overlap: int = 200
     max_chunk_chars: int = 2000
     embed_batch: int = 32
+    embed_concurrency: int = 2      # embedding requests ingest keeps in flight
+    ingest_workers: int = 4         # files of a directory scan processed at once
+    max_commit_batch: int = 256     # documents per group commit
     text_candidates: int = 25
     vector_candidates: int = 25
     rrf_k: int = 60
@@ -117,6 +121,17 @@ class SearchResult:
     hits: list[Hit]
     mode: str                       # hybrid | text
     warnings: list[str]
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A document ready to commit: its chunks and their vectors."""
+
+    doc: DocumentRow
+    rows: list[ChunkRow]
+    model: str                          # the embedding model of the vectors ("" none)
+    cached: dict[str, np.ndarray]       # by content hash, from the embedding cache
+    fresh: dict[str, np.ndarray]        # embedded now; cached by this commit
 
 
 def _hash(text: str) -> str:
@@ -169,6 +184,12 @@ class Retriever:
         self._vectors_dirty = False
         self._rebuild: asyncio.Task[None] | None = None
         self.repaired: dict[str, int] = {}
+        # Documents being processed: their state is shown from here (SQLite keeps the
+        # last committed version, which a crash mid-processing must leave as it was).
+        self._inflight: dict[str, DocumentRow] = {}
+        self._embedding = asyncio.Semaphore(self.limits.embed_concurrency)
+        self._committer: GroupCommitter[_Pending, DocumentRow] = GroupCommitter(
+            self._commit_batch, self._write, max_batch=self.limits.max_commit_batch)
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -231,6 +252,7 @@ class Retriever:
             self._rebuild.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._rebuild
+        await self._committer.close()  # commits under way finish; none is cut short
         async with self._write:
             await asyncio.to_thread(self._close_sync)
 
@@ -328,23 +350,91 @@ class Retriever:
                 existing.content_hash == content_hash and existing.category == doc.category \
                 and existing.tags == doc.tags:
             return existing
-        async with self._write:
-            await asyncio.to_thread(store.set_state, doc, "processing")
-            try:
-                pieces = chunk_text(cleaned.text, kind, size=self.limits.chunk_size,
-                                    overlap=self.limits.chunk_overlap,
-                                    max_chars=self.limits.max_chunk_chars)
-                pieces = await self._fit_embedding_context(pieces, kind)
-                rows = [ChunkRow(f"{doc_id}#{i}", i, p.heading, p.text, _hash(p.text))
-                        for i, p in enumerate(pieces, start=1)]
-                vectors = await self._vectors_for(rows)
-                replacement = await asyncio.to_thread(store.replace_document, doc, rows)
-                await asyncio.to_thread(self._apply, replacement.removed, replacement.added,
-                                        vectors)
-            except Exception as exc:
+        self._inflight[doc_id] = doc
+        try:
+            pieces = chunk_text(cleaned.text, kind, size=self.limits.chunk_size,
+                                overlap=self.limits.chunk_overlap,
+                                max_chars=self.limits.max_chunk_chars)
+            pieces = await self._fit_embedding_context(pieces, kind)
+            rows = [ChunkRow(f"{doc_id}#{i}", i, p.heading, p.text, _hash(p.text))
+                    for i, p in enumerate(pieces, start=1)]
+            model, cached, fresh = await self._vectors_for(rows)
+            indexed = await self._committer.submit(_Pending(doc, rows, model, cached, fresh))
+        except Exception as exc:
+            with contextlib.suppress(Exception):
                 await asyncio.to_thread(store.set_state, doc, "failed", str(exc)[:500])
-                raise
-        return dataclasses.replace(doc, state="indexed")
+            raise
+        finally:
+            if self._inflight.get(doc_id) is doc:
+                del self._inflight[doc_id]
+        return indexed
+
+    async def _commit_batch(self, batch: list[_Pending]) -> list[DocumentRow]:
+        """Commit documents together (the writer lock is held): one SQLite transaction,
+        one tantivy commit, one round of hnswlib updates."""
+        models = {p.model for p in batch if p.model and (p.cached or p.fresh)}
+        for model in sorted(models):
+            if self._vectors is None and model == self._embedder_model():
+                # The first vectors ever: an index for this model (built from the cache,
+                # which this batch's transaction fills first).
+                continue
+            if model != self._vector_model:
+                self._start_rebuild()
+        now = int(time.time())
+        docs = [dataclasses.replace(p.doc, state="indexed", indexed_at=now) for p in batch]
+        replacements = await asyncio.to_thread(
+            self._store_batch, docs, batch)
+        await asyncio.to_thread(self._apply_batch, replacements, batch)
+        return docs
+
+    def _store_batch(self, docs: list[DocumentRow],
+                     batch: list[_Pending]) -> list[Replacement]:
+        store, _ = self._require()
+        fresh: dict[str, dict[str, np.ndarray]] = {}
+        for p in batch:
+            if p.fresh:
+                fresh.setdefault(p.model, {}).update(p.fresh)
+        replacements = store.replace_documents(
+            [(d, p.rows) for d, p in zip(docs, batch, strict=True)], sorted(fresh.items()))
+        if self._vectors is None:
+            first = next((p for p in batch if p.model and (p.cached or p.fresh)), None)
+            if first is not None:
+                dim = len(next(iter({**first.cached, **first.fresh}.values())))
+                self._use_vector_model(first.model, dim)
+        return replacements
+
+    def _apply_batch(self, replacements: list[Replacement], batch: list[_Pending]) -> None:
+        """The derived indexes follow SQLite: net of every replacement, in order (a
+        document upserted twice in one batch keeps only its second version)."""
+        _, text = self._require()
+        removed: set[int] = set()
+        added: dict[int, StoredChunk] = {}
+        vectors: dict[str, np.ndarray] = {}
+        for replacement, pending in zip(replacements, batch, strict=True):
+            for key in replacement.removed:
+                removed.add(key)
+                added.pop(key, None)
+            for chunk in replacement.added:
+                added[chunk.key] = chunk
+            if pending.model == self._vector_model:
+                vectors.update(pending.cached)
+                vectors.update(pending.fresh)
+        if removed:
+            text.delete_keys(sorted(removed))
+        text.add([self._indexed(c) for c in added.values()])
+        text.commit()
+        if self._vectors is not None:
+            if removed:
+                self._vectors.delete(sorted(removed))
+            pairs = [(c.key, vectors[c.content_hash]) for c in added.values()
+                     if c.content_hash in vectors]
+            if pairs:
+                self._vectors.add([k for k, _ in pairs], np.stack([v for _, v in pairs]))
+            self._vectors_dirty = True
+
+    def _embedder_model(self) -> str:
+        embedder = self._embedder()
+        return embedder.model_id if embedder is not None else ""
 
     async def _fit_embedding_context(self, pieces: list, kind: str) -> list:  # type: ignore[type-arg]
         """Split chunks the embedding model could not take in one piece."""
@@ -371,13 +461,17 @@ class Retriever:
             out.extend(type(piece)(0, s.text, piece.heading) for s in smaller)
         return out
 
-    async def _vectors_for(self, rows: Sequence[ChunkRow]) -> dict[str, np.ndarray]:
-        """Vectors for the rows' texts: cached, else embedded (batched). Empty when the
-        embedding child is unavailable; the document is then BM25-only until reindexed."""
+    async def _vectors_for(
+        self, rows: Sequence[ChunkRow]
+    ) -> tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """``(model, cached, fresh)`` vectors for the rows' texts: cached ones, and the
+        rest embedded now (batched; at most ``embed_concurrency`` requests in flight
+        across concurrent ingests). Empty when the embedding child is unavailable or
+        fails: the document is then BM25-only until reindexed."""
         embedder = self._embedder()
         store, _ = self._require()
         if embedder is None or not rows:
-            return {}
+            return "", {}, {}
         model = embedder.model_id
         hashes = {r.content_hash: r.text for r in rows}
         cached = await asyncio.to_thread(store.cached_vectors, model, hashes)
@@ -386,24 +480,14 @@ class Retriever:
         try:
             for i in range(0, len(todo), self.limits.embed_batch):
                 part = todo[i:i + self.limits.embed_batch]
-                got = await embedder.embed([t for _, t in part])
+                async with self._embedding:
+                    got = await embedder.embed([t for _, t in part])
                 fresh.update({h: np.asarray(v, dtype=np.float32)
                               for (h, _), v in zip(part, got, strict=True)})
         except Exception as exc:
             _log.warning("embedding failed; indexing BM25-only", error=str(exc)[:200])
-            return {}
-        if fresh:
-            await asyncio.to_thread(store.put_vectors, model, fresh)
-        vectors: dict[str, np.ndarray] = {**cached, **fresh}
-        if vectors and self._vectors is None:
-            # The first vectors ever: an index for this model, built from what is cached.
-            await asyncio.to_thread(self._use_vector_model, model,
-                                    len(next(iter(vectors.values()))))
-        elif model != self._vector_model:
-            self._start_rebuild()
-        # Vectors of another model than the index's never enter it; they stay cached
-        # for the rebuild.
-        return vectors if model == self._vector_model else {}
+            return "", {}, {}
+        return model, cached, fresh
 
     def _start_rebuild(self) -> None:
         if self._rebuild is None or self._rebuild.done():
@@ -469,21 +553,6 @@ class Retriever:
         store.set_meta("vector_model", model)
         store.set_meta("vector_dim", str(dim))
 
-    def _apply(self, removed: list[int], added: list[StoredChunk],
-               vectors: dict[str, np.ndarray]) -> None:
-        _, text = self._require()
-        if removed:
-            text.delete_keys(removed)
-        text.add([self._indexed(c) for c in added])
-        text.commit()
-        if self._vectors is not None:
-            if removed:
-                self._vectors.delete(removed)
-            pairs = [(c.key, vectors[c.content_hash]) for c in added if c.content_hash in vectors]
-            if pairs:
-                self._vectors.add([k for k, _ in pairs], np.stack([v for _, v in pairs]))
-            self._vectors_dirty = True
-
     def _drop_keys(self, keys: Sequence[int]) -> None:
         _, text = self._require()
         if not keys:
@@ -510,12 +579,21 @@ class Retriever:
         return True
 
     async def document(self, doc_id: str) -> DocumentRow | None:
+        """A document (state ``processing`` while an upsert of it runs)."""
         store, _ = self._require()
+        inflight = self._inflight.get(doc_id)
+        if inflight is not None:
+            return inflight
         return await asyncio.to_thread(store.document, doc_id)
 
     async def documents(self, source_id: str | None = None) -> list[DocumentRow]:
+        """Documents by id (of one source), those being processed included."""
         store, _ = self._require()
-        return await asyncio.to_thread(store.documents, source_id)
+        rows = {d.id: d for d in await asyncio.to_thread(store.documents, source_id)}
+        for doc_id, doc in list(self._inflight.items()):
+            if source_id is None or doc.source_id == source_id:
+                rows[doc_id] = doc
+        return [rows[k] for k in sorted(rows)]
 
     async def ingest_file(self, source: SourceRow, path: Path, rel: str) -> DocumentRow:
         """Extract, then :meth:`upsert`, one file of a directory source."""
@@ -632,6 +710,8 @@ class Retriever:
         embedder = self._embedder()
         model = embedder.model_id if embedder is not None else self._vector_model
         embedded = await asyncio.to_thread(store.embedded_chunks, model) if model else 0
+        if self._inflight:
+            counts["documents_processing"] = len(self._inflight)
         return {
             **counts,
             "embedding_model": self._vector_model,

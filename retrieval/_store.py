@@ -259,41 +259,56 @@ class Store:
 
     def replace_document(self, doc: DocumentRow, chunks: Sequence[ChunkRow]) -> Replacement:
         """Atomically make ``chunks`` the document's chunks and mark it indexed."""
-        result = Replacement()
+        return self.replace_documents([(doc, chunks)])[0]
+
+    def replace_documents(
+        self,
+        items: Sequence[tuple[DocumentRow, Sequence[ChunkRow]]],
+        vectors: Sequence[tuple[str, dict[str, np.ndarray]]] = (),
+    ) -> list[Replacement]:
+        """Replace several documents' chunks (in order) and cache ``(model, vectors)``, all
+        in one transaction: one fsync for the whole group (a group commit)."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                result.removed = [int(r[0]) for r in self._db.execute(
-                    "SELECT key FROM chunks WHERE doc_id = ?", (doc.id,))]
-                self._db.execute("DELETE FROM chunks WHERE doc_id = ?", (doc.id,))
-                self._db.execute(
-                    "INSERT INTO documents(id, source_id, path, title, kind, category, tags, "
-                    "content_hash, mtime_ns, size, state, error, indexed_at, redactions) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'indexed', '', ?, ?) "
-                    "ON CONFLICT(id) DO UPDATE SET source_id = excluded.source_id, "
-                    "path = excluded.path, title = excluded.title, kind = excluded.kind, "
-                    "category = excluded.category, tags = excluded.tags, "
-                    "content_hash = excluded.content_hash, mtime_ns = excluded.mtime_ns, "
-                    "size = excluded.size, state = 'indexed', error = '', "
-                    "indexed_at = excluded.indexed_at, redactions = excluded.redactions",
-                    (doc.id, doc.source_id, doc.path, doc.title, doc.kind, doc.category,
-                     json.dumps(list(doc.tags)), doc.content_hash, doc.mtime_ns, doc.size,
-                     doc.indexed_at, doc.redactions),
-                )
-                for c in chunks:
-                    cur = self._db.execute(
-                        "INSERT INTO chunks(chunk_id, doc_id, ordinal, heading, text, "
-                        "content_hash) VALUES (?, ?, ?, ?, ?, ?)",
-                        (c.chunk_id, doc.id, c.ordinal, c.heading, c.text, c.content_hash))
-                    key = int(cur.lastrowid or 0)
-                    result.added.append(StoredChunk(
-                        key, c.chunk_id, doc.id, c.ordinal, c.heading, c.text, c.content_hash,
-                        doc.title, doc.source_id, doc.path, doc.kind, doc.category, doc.tags,
-                        doc.indexed_at))
+                results = [self._replace(doc, chunks) for doc, chunks in items]
+                for model, by_hash in vectors:
+                    self._put_vectors(model, by_hash)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+        return results
+
+    def _replace(self, doc: DocumentRow, chunks: Sequence[ChunkRow]) -> Replacement:
+        result = Replacement()
+        result.removed = [int(r[0]) for r in self._db.execute(
+            "SELECT key FROM chunks WHERE doc_id = ?", (doc.id,))]
+        self._db.execute("DELETE FROM chunks WHERE doc_id = ?", (doc.id,))
+        self._db.execute(
+            "INSERT INTO documents(id, source_id, path, title, kind, category, tags, "
+            "content_hash, mtime_ns, size, state, error, indexed_at, redactions) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'indexed', '', ?, ?) "
+            "ON CONFLICT(id) DO UPDATE SET source_id = excluded.source_id, "
+            "path = excluded.path, title = excluded.title, kind = excluded.kind, "
+            "category = excluded.category, tags = excluded.tags, "
+            "content_hash = excluded.content_hash, mtime_ns = excluded.mtime_ns, "
+            "size = excluded.size, state = 'indexed', error = '', "
+            "indexed_at = excluded.indexed_at, redactions = excluded.redactions",
+            (doc.id, doc.source_id, doc.path, doc.title, doc.kind, doc.category,
+             json.dumps(list(doc.tags)), doc.content_hash, doc.mtime_ns, doc.size,
+             doc.indexed_at, doc.redactions),
+        )
+        for c in chunks:
+            cur = self._db.execute(
+                "INSERT INTO chunks(chunk_id, doc_id, ordinal, heading, text, "
+                "content_hash) VALUES (?, ?, ?, ?, ?, ?)",
+                (c.chunk_id, doc.id, c.ordinal, c.heading, c.text, c.content_hash))
+            key = int(cur.lastrowid or 0)
+            result.added.append(StoredChunk(
+                key, c.chunk_id, doc.id, c.ordinal, c.heading, c.text, c.content_hash,
+                doc.title, doc.source_id, doc.path, doc.kind, doc.category, doc.tags,
+                doc.indexed_at))
         return result
 
     def delete_document(self, doc_id: str) -> list[int] | None:
@@ -407,10 +422,13 @@ class Store:
 
     def put_vectors(self, model: str, vectors: dict[str, np.ndarray]) -> None:
         with self._lock:
-            self._db.executemany(
-                "INSERT OR REPLACE INTO embeddings(model, content_hash, vector) VALUES (?, ?, ?)",
-                [(model, h, np.asarray(v, dtype=np.float32).tobytes())
-                 for h, v in vectors.items()])
+            self._put_vectors(model, vectors)
+
+    def _put_vectors(self, model: str, vectors: dict[str, np.ndarray]) -> None:
+        self._db.executemany(
+            "INSERT OR REPLACE INTO embeddings(model, content_hash, vector) VALUES (?, ?, ?)",
+            [(model, h, np.asarray(v, dtype=np.float32).tobytes())
+             for h, v in vectors.items()])
 
     # -- stats -------------------------------------------------------------------------
 

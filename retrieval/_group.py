@@ -1,0 +1,83 @@
+"""Group commit: writers that arrive together share one commit.
+
+Each acknowledged write costs fsyncs (SQLite's WAL, tantivy's segment and meta files).
+One at a time, a burst of N small documents pays N commits; here, while one commit runs,
+the writes that arrive queue up and the next commit takes them all, so the burst pays
+about one commit per batch, and each writer still returns only once *its* write is
+durable.
+
+The commits run in a task of their own, not in a writer's: a writer whose RPC is
+cancelled stops waiting, but a commit that has begun is never abandoned halfway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+CommitFn = Callable[[list[T]], Awaitable[Sequence["R | BaseException"]]]
+
+
+class GroupCommitter(Generic[T, R]):
+    """Batches concurrent :meth:`submit` calls into calls of ``commit``.
+
+    ``commit(items)`` runs with ``lock`` held (the writer lock other mutations also
+    take), one batch at a time, and returns one result per item, in order: a value, or
+    an exception for that writer alone. If it raises, every writer of the batch gets the
+    exception.
+    """
+
+    def __init__(self, commit: CommitFn[T, R], lock: asyncio.Lock, *,
+                 max_batch: int = 256) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self._commit = commit
+        self._lock = lock
+        self._max_batch = max_batch
+        self._waiting: list[tuple[T, asyncio.Future[R]]] = []
+        self._runner: asyncio.Task[None] | None = None
+        self.commits = 0            # batches committed (for tests and benchmarks)
+
+    async def submit(self, item: T) -> R:
+        """Queue ``item`` and return its result once its batch is committed."""
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._waiting.append((item, future))
+        if self._runner is None or self._runner.done():
+            self._runner = asyncio.create_task(self._run(), name="group-commit")
+        return await future
+
+    async def close(self) -> None:
+        """Wait for the commits under way (and those queued) to finish."""
+        if self._runner is not None:
+            await asyncio.shield(self._runner)
+
+    async def _run(self) -> None:
+        while self._waiting:
+            async with self._lock:
+                batch = self._waiting[:self._max_batch]
+                del self._waiting[:self._max_batch]
+                try:
+                    results = await self._commit([item for item, _ in batch])
+                    if len(results) != len(batch):
+                        raise RuntimeError(f"commit returned {len(results)} results "
+                                           f"for {len(batch)} items")
+                except Exception as exc:  # every writer of the batch learns why
+                    results = [exc] * len(batch)
+                except BaseException as exc:  # cancelled (shutdown): nobody waits forever
+                    for _, future in batch + self._waiting:
+                        if not future.done():
+                            future.set_exception(RuntimeError(f"ingest stopped: {exc!r}"))
+                    self._waiting.clear()
+                    raise
+                self.commits += 1
+            for (_, future), result in zip(batch, results, strict=True):
+                if future.done():  # the writer stopped waiting (its RPC was cancelled)
+                    continue
+                if isinstance(result, BaseException):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)

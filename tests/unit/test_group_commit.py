@@ -1,0 +1,126 @@
+"""Group commit: concurrent writers share commits, each learns its own outcome, and the
+retriever's concurrent upserts are durable, searchable and never interleave versions."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from retrieval import Retriever
+from retrieval._group import GroupCommitter
+from tests.unit.test_engine import HashEmbedder
+
+
+async def test_concurrent_writers_share_commits_and_get_their_own_results() -> None:
+    batches: list[list[int]] = []
+
+    async def commit(items: list[int]) -> Sequence[int | BaseException]:
+        batches.append(items)
+        await asyncio.sleep(0.01)  # an fsync's worth of time: the others queue meanwhile
+        return [ValueError(f"odd {i}") if i % 7 == 3 else i * 10 for i in items]
+
+    group: GroupCommitter[int, int] = GroupCommitter(commit, asyncio.Lock(), max_batch=8)
+    results = await asyncio.gather(*(group.submit(i) for i in range(40)),
+                                   return_exceptions=True)
+    for i, result in enumerate(results):
+        if i % 7 == 3:
+            assert isinstance(result, ValueError) and str(result) == f"odd {i}"
+        else:
+            assert result == i * 10
+    assert sorted(i for b in batches for i in b) == list(range(40))  # each once
+    assert all(len(b) <= 8 for b in batches)
+    assert len(batches) <= 6  # 1 alone, then the rest in batches of 8
+
+
+async def test_a_failed_commit_fails_its_batch_only() -> None:
+    calls = 0
+
+    async def commit(items: list[str]) -> Sequence[str | BaseException]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise OSError(28, "No space left on device")
+        return items
+
+    group: GroupCommitter[str, str] = GroupCommitter(commit, asyncio.Lock())
+    with pytest.raises(OSError, match="No space left"):
+        await group.submit("a")
+    assert await group.submit("b") == "b"
+
+
+async def test_a_cancelled_writer_does_not_abandon_the_commit() -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+    committed: list[str] = []
+
+    async def commit(items: list[str]) -> Sequence[str | BaseException]:
+        started.set()
+        await release.wait()
+        committed.extend(items)
+        return items
+
+    group: GroupCommitter[str, str] = GroupCommitter(commit, asyncio.Lock())
+    writer = asyncio.create_task(group.submit("x"))
+    await started.wait()
+    writer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await writer
+    release.set()
+    await group.close()
+    assert committed == ["x"]
+
+
+async def test_concurrent_upserts_are_grouped_searchable_and_not_interleaved(
+        tmp_path: Path) -> None:
+    r = Retriever(tmp_path, lambda: HashEmbedder("m"))
+    await r.open()
+    await r.add_source("docs")
+    texts = {f"docs/d{i}": f"token{i} runbook about service number {i}" for i in range(60)}
+    await asyncio.gather(*(r.upsert("docs", k, t, doc_id=k) for k, t in texts.items()))
+    assert r._committer.commits < 60
+    # One document upserted twice at once: one version wins, whole, never both.
+    await asyncio.gather(r.upsert("docs", "v", "alpha " * 50, doc_id="docs/twice"),
+                         r.upsert("docs", "v", "beta " * 50, doc_id="docs/twice"))
+    for i in (0, 31, 59):
+        hits = (await r.search(f"token{i}", k=1)).hits
+        assert hits[0].doc_id == f"docs/d{i}"
+    alpha = [h for h in (await r.search("alpha", k=20)).hits if h.doc_id == "docs/twice"]
+    beta = [h for h in (await r.search("beta", k=20)).hits if h.doc_id == "docs/twice"]
+    assert bool(alpha) != bool(beta)
+    status = await r.status()
+    assert status["documents_indexed"] == 61
+    await r.close()
+    # Reopened: nothing to repair (the three stores agreed), and everything is there.
+    r2 = Retriever(tmp_path, lambda: HashEmbedder("m"))
+    await r2.open()
+    assert r2.repaired == {}
+    assert (await r2.status())["chunks"] == status["chunks"]
+    await r2.close()
+
+
+async def test_a_document_is_processing_while_embedded(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+
+    class SlowEmbedder(HashEmbedder):
+        async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+            await gate.wait()
+            return await super().embed(texts)
+
+    r = Retriever(tmp_path, lambda: SlowEmbedder("m"))
+    await r.open()
+    await r.add_source("docs")
+    task = asyncio.create_task(r.upsert("docs", "t", "slow text here", doc_id="docs/slow"))
+    for _ in range(100):
+        if await r.document("docs/slow") is not None:
+            break
+        await asyncio.sleep(0.01)
+    doc = await r.document("docs/slow")
+    assert doc is not None and doc.state == "processing"
+    assert [d.state for d in await r.documents("docs")] == ["processing"]
+    assert (await r.status())["documents_processing"] == 1
+    gate.set()
+    assert (await task).state == "indexed"
+    assert (await r.document("docs/slow")).state == "indexed"  # type: ignore[union-attr]
+    await r.close()
