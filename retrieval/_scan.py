@@ -23,7 +23,7 @@ import structlog
 
 from ._engine import Retriever
 from ._extract import kind_for
-from ._store import SourceRow
+from ._store import DocumentRow, SourceRow
 from .errors import NotFound, RetrievalError, SourceNotAllowed
 
 _log = structlog.get_logger("llamad.retrieval")
@@ -77,6 +77,18 @@ def check_root(path: str | os.PathLike[str], allowed_roots: Sequence[str]) -> Pa
                            f"({', '.join(allowed_roots)})", configured=True)
 
 
+async def _check(finished: set[asyncio.Task[None]], running: set[asyncio.Task[None]]) -> None:
+    """Re-raise the first unexpected failure (disk full, ...) once the other workers
+    have stopped: a scan never leaves ingest tasks running behind it."""
+    for task in finished:
+        exc = task.exception()
+        if exc is not None:
+            for other in running:
+                other.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            raise exc
+
+
 async def scan_source(retriever: Retriever, source_id: str,
                       progress: Callable[[ScanReport], None] | None = None, *,
                       allowed_roots: Sequence[str] | None = None) -> ScanReport:
@@ -110,64 +122,85 @@ async def scan_source(retriever: Retriever, source_id: str,
     indexed = {d.id: d for d in await retriever.documents(source_id)}
     present: set[str] = set()
     total_bytes = 0
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        if dirpath != str(root) and not _inside(_real(dirpath), root):
-            # A directory swapped for a symlink while the walk was under way.
-            report.skipped.append((Path(dirpath).relative_to(root).as_posix(),
-                                   "directory resolves outside the source root"))
-            dirnames[:] = []
-            continue
-        for name in sorted(filenames):
-            if name.startswith("."):
+    # Files are extracted, embedded and committed by a bounded pool of workers: the
+    # embedding child's slots stay busy and their commits are grouped.
+    running: set[asyncio.Task[None]] = set()
+
+    async def ingest(path: Path, rel: str, old: DocumentRow | None) -> None:
+        try:
+            new = await retriever.ingest_file(source, path, rel)
+        except RetrievalError as exc:
+            report.failed.append((rel, str(exc)))
+            return
+        if old is None:
+            report.added += 1
+        elif old.content_hash != new.content_hash:
+            report.changed += 1
+        else:
+            report.unchanged += 1
+        if progress is not None:
+            progress(report)
+
+    try:
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            if dirpath != str(root) and not _inside(_real(dirpath), root):
+                # A directory swapped for a symlink while the walk was under way.
+                report.skipped.append((Path(dirpath).relative_to(root).as_posix(),
+                                       "directory resolves outside the source root"))
+                dirnames[:] = []
                 continue
-            path = Path(dirpath) / name
-            rel = path.relative_to(root).as_posix()
-            if kind_for(path) is None:
-                continue
-            try:
-                st = path.lstat()
-                if stat.S_ISLNK(st.st_mode):
-                    target = path.resolve()
-                    if not _inside(target, root):
-                        report.skipped.append((rel, "symlink points outside the source root"))
-                        continue
-                    st = target.stat()
-            except OSError as exc:
-                report.skipped.append((rel, f"cannot stat: {exc.strerror}"))
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                report.skipped.append((rel, "not a regular file"))
-                continue
-            if report.seen >= limits.max_files_per_source:
-                report.skipped.append((rel, f"more than {limits.max_files_per_source} files "
-                                            "(max_files_per_source)"))
-                continue
-            if total_bytes + st.st_size > limits.max_bytes_per_source:
-                report.skipped.append((rel, "source byte limit reached (max_bytes_per_source)"))
-                continue
-            report.seen += 1
-            total_bytes += st.st_size
-            doc_id = f"{source_id}/{rel}"
-            present.add(doc_id)
-            old = indexed.get(doc_id)
-            if old is not None and old.state == "indexed" and old.mtime_ns == st.st_mtime_ns \
-                    and old.size == st.st_size:
-                report.unchanged += 1
-                continue
-            try:
-                new = await retriever.ingest_file(source, path, rel)
-            except RetrievalError as exc:
-                report.failed.append((rel, str(exc)))
-                continue
-            if old is None:
-                report.added += 1
-            elif old.content_hash != new.content_hash:
-                report.changed += 1
-            else:
-                report.unchanged += 1
-            if progress is not None:
-                progress(report)
+            for name in sorted(filenames):
+                if name.startswith("."):
+                    continue
+                path = Path(dirpath) / name
+                rel = path.relative_to(root).as_posix()
+                if kind_for(path) is None:
+                    continue
+                try:
+                    st = path.lstat()
+                    if stat.S_ISLNK(st.st_mode):
+                        target = path.resolve()
+                        if not _inside(target, root):
+                            report.skipped.append((rel, "symlink points outside the source root"))
+                            continue
+                        st = target.stat()
+                except OSError as exc:
+                    report.skipped.append((rel, f"cannot stat: {exc.strerror}"))
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    report.skipped.append((rel, "not a regular file"))
+                    continue
+                if report.seen >= limits.max_files_per_source:
+                    report.skipped.append((rel, f"more than {limits.max_files_per_source} files "
+                                                "(max_files_per_source)"))
+                    continue
+                if total_bytes + st.st_size > limits.max_bytes_per_source:
+                    report.skipped.append((rel, "source byte limit reached (max_bytes_per_source)"))
+                    continue
+                report.seen += 1
+                total_bytes += st.st_size
+                doc_id = f"{source_id}/{rel}"
+                present.add(doc_id)
+                old = indexed.get(doc_id)
+                if old is not None and old.state == "indexed" and old.mtime_ns == st.st_mtime_ns \
+                        and old.size == st.st_size:
+                    report.unchanged += 1
+                    continue
+                if len(running) >= max(1, limits.ingest_workers):
+                    finished, running = await asyncio.wait(
+                        running, return_when=asyncio.FIRST_COMPLETED)
+                    await _check(finished, running)
+                running.add(asyncio.create_task(ingest(path, rel, old)))
+        if running:
+            finished, _ = await asyncio.wait(running)
+            await _check(finished, set())
+    finally:  # the scan was cancelled or failed: no worker outlives it
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+    report.failed.sort()
     for doc_id in sorted(set(indexed) - present):
         gone = doc_id.startswith(f"{source_id}/") and indexed[doc_id].path
         if gone and await retriever.delete(doc_id):
