@@ -19,7 +19,8 @@ One process, one embedding child, in this order:
 3. **Ingest with live embeddings** (``--live-docs`` documents sampled across the
    collections): the same chunk texts sent straight to the child (``POST
    /v1/embeddings``, httpx, the body llamad sends) in batches of 32; ``Retriever.upsert``
-   one document at a time against the live child (fresh index, empty vector cache); the
+   with ``ingest_workers`` (4) documents in flight, as a directory scan runs them (their
+   commits grouped), against the live child (fresh index, empty vector cache); the
    texts straight to the child again in the per-document batches the Retriever sends.
 4. **Quality.** Per collection, a fresh Retriever (own directory: BM25 statistics are per
    collection); each corpus document is one ``upsert`` (kind ``text``, the corpus title),
@@ -539,13 +540,23 @@ class Ingest:
 
 async def upsert_all(r: Retriever, docs: Sequence[Doc],
                      progress: Callable[[int, int, float], None] | None = None) -> Ingest:
+    """Upsert every document through ``Retriever.upsert`` the way a directory scan does:
+    ``limits.ingest_workers`` documents in flight (their commits are grouped)."""
     chunks = 0
+    done = 0
     began = time.perf_counter()
-    for n, d in enumerate(docs, start=1):
-        await r.upsert(d.source, d.title, d.text, doc_id=d.doc_id, kind="text")
+    workers = asyncio.Semaphore(max(1, r.limits.ingest_workers))
+
+    async def one(d: Doc) -> None:
+        nonlocal chunks, done
+        async with workers:
+            await r.upsert(d.source, d.title, d.text, doc_id=d.doc_id, kind="text")
         chunks += len(d.chunks)
+        done += 1
         if progress is not None:
-            progress(n, chunks, time.perf_counter() - began)
+            progress(done, chunks, time.perf_counter() - began)
+
+    await asyncio.gather(*(one(d) for d in docs))
     return Ingest(len(docs), chunks, time.perf_counter() - began)
 
 
@@ -1220,8 +1231,10 @@ def ingest_section(live: LiveIngest | None, bm25: Ingest | None, build: BuildRes
         rows.append(["child alone: one request per document (the Retriever's batches)", "",
                      str(live.chunks), f"{live.direct_perdoc_s:.1f}",
                      f"{live.chunks / live.direct_perdoc_s:.1f}", "", ""])
-    out += ["All through `Retriever.upsert`, one document at a time (kind text), unless "
-            "marked \"child alone\":", ""]
+    out += [f"All through `Retriever.upsert` (kind text) with {limits.ingest_workers} "
+            "documents in flight, as a directory scan runs them (concurrent upserts share "
+            "one SQLite transaction and one tantivy commit), unless marked \"child alone\":",
+            ""]
     out += table(["path", "docs", "chunks", "seconds", "chunks/s", "ms/doc",
                   "of which TextIndex.commit, ms/doc"], rows)
     if live is not None:
