@@ -673,8 +673,8 @@ class Soak:
 
                 at = self.now()
                 code, _, err = await self.call("Swap", swap)
-                message = (err.details() or "") if err is not None else (
-                    messages[-1] if messages else "")
+                message = (err.details() or "") if err is not None else next(
+                    (m for m in reversed(messages) if m.strip()), "")
                 self.swaps.append(SwapRecord(at, now, target.name, self.now() - at, code,
                                              " ".join(message.split())[:120]))
                 print(f"  swap {len(self.swaps)} at {at:.0f}s: {short(now)} -> "
@@ -1225,8 +1225,9 @@ def section(o: Outcome, env: list[str], note: PartNote, args: argparse.Namespace
         probes = s.probes
         anomalies = "; ".join(f"{k} x {n}" for k, n in s.anomalies.items()) or "none"
         failed = "; ".join(f"{k} x {n}" for k, n in s.reindex_failures.items()) or "none"
-        out += ["",
-                f"- During the load, token searches for clean acknowledged documents found "
+        if out[-1]:
+            out.append("")
+        out += [f"- During the load, token searches for clean acknowledged documents found "
                 f"them {probes['found']} times, missed {probes['missed']} times (a delete or "
                 f"update may race the search). Files Reindex reported failed: {failed}. "
                 f"Other anomalies: {anomalies}.",
