@@ -11,6 +11,7 @@ id and URL for an endpoint), so a swap or a switch never mixes vector spaces.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -101,7 +102,10 @@ class ChildEmbedder:
         return self._context
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        async with self._router.admit("embedding", None) as client:
+        # in_flight: an ingest or search already running when a shutdown begins is let
+        # finish by the drain; refused embeddings would leave its documents without
+        # vectors for good (nothing embeds them later), its search BM25-only.
+        async with self._router.admit("embedding", None, in_flight=True) as client:
             if client is not self._client:
                 # Swapped or switched since: these vectors would carry the wrong identity.
                 raise ChildRequestError("the embedding model changed; retry")
@@ -130,12 +134,12 @@ def make_provider(router: InferenceRouter, children: dict[str, ManagedChild]):  
     child = children.get("embedding")
 
     def provider() -> ChildEmbedder | None:
-        if child is None or router.draining or child.mode.kind == "disabled":
+        if child is None or child.mode.kind == "disabled":
             return None
         if child.supervisor.state is not State.RUNNING:
             return None
         try:
-            client = router.client("embedding")
+            client = router.client("embedding", in_flight=True)
         except (RequestError, SupervisorError):
             return None
         identity = child.model_identity(client)
@@ -348,13 +352,23 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
 
             task = asyncio.create_task(scan_source(self._r, source.id, progress,
                                                    allowed_roots=self._allowed_roots()))
-            while not task.done():
-                getter = asyncio.ensure_future(queue.get())
-                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-                if getter.done():
-                    yield _progress(getter.result(), done=False)
-                else:
-                    getter.cancel()
+            try:
+                while not task.done():
+                    getter = asyncio.ensure_future(queue.get())
+                    try:
+                        await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        getter.cancel()
+                    if getter.done() and not getter.cancelled():
+                        yield _progress(getter.result(), done=False)
+            finally:
+                if not task.done():
+                    # The call ended first (its client cancelled, its deadline passed, or
+                    # the shutdown drain cut it): the scan stops with it, rather than run
+                    # on unobserved into an index the shutdown is closing.
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
             report = task.result()
             call.note(source=source.id, added=report.added, changed=report.changed,
                       deleted=report.deleted, failed=len(report.failed))

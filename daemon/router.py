@@ -27,16 +27,21 @@ class InferenceRouter:
     def child(self, role: str) -> ManagedChild:
         return self._children[role]
 
-    def client(self, role: str) -> InferenceClient:
+    def client(self, role: str, *, in_flight: bool = False) -> InferenceClient:
         """The client serving ``role`` now (a child's, or an endpoint's).
 
+        Args:
+            in_flight: the request serves a call that was already running when the drain
+                began (an ingest's or a search's embeddings), which the drain lets finish:
+                not refused while draining.
+
         Raises:
-            Draining: the daemon is shutting down.
+            Draining: the daemon is shutting down (and ``in_flight`` is False).
             Disabled: the role's mode is "disabled".
             supervisor.ChildNotReadyError: the child or endpoint is not ready (with a
                 retry hint).
         """
-        if self.draining:
+        if self.draining and not in_flight:
             raise Draining("llamad is shutting down; retry on another instance or later")
         child = self.child(role)
         if child.mode.kind == "disabled":
@@ -48,9 +53,10 @@ class InferenceRouter:
 
     @contextlib.asynccontextmanager
     async def admit(
-        self, role: str, time_remaining: float | None
+        self, role: str, time_remaining: float | None, *, in_flight: bool = False
     ) -> AsyncIterator[InferenceClient]:
-        """Wait for a slot on ``role``, then yield its current client.
+        """Wait for a slot on ``role``, then yield its current client (``in_flight``: see
+        :meth:`client`).
 
         Fails fast (before queueing) when the role is not ready; the client is taken
         after the wait, so a call queued across a swap or a mode switch goes to the new
@@ -60,9 +66,9 @@ class InferenceRouter:
             Draining, Disabled, supervisor.ChildNotReadyError: see :meth:`client`.
             Overloaded, DeadlineUnmeetable: see :class:`daemon.admission.Admission`.
         """
-        self.client(role)
+        self.client(role, in_flight=in_flight)
         child = self.child(role)
         async with child.admission.slot(time_remaining):
             pid = child.supervisor.pid
-            yield self.client(role)
+            yield self.client(role, in_flight=in_flight)
             child.admission.count_served(pid)

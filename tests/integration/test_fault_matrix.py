@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
@@ -26,12 +27,13 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2
 
-from clients._pb import common_pb2, control_pb2, control_pb2_grpc
+from clients._pb import common_pb2, control_pb2, control_pb2_grpc, retrieval_pb2_grpc
 from clients._pb import inference_pb2 as pb
+from clients._pb import retrieval_pb2 as rpb
 from daemon import Daemon
 from supervisor.testing import fake_child_command
 from supervisor.testing.fake_runtime import FakeRuntime
-from tests.conftest import ROOT, SMALL_MODEL, model_path
+from tests.conftest import DEFAULT_MODEL, ROOT, SMALL_MODEL, model_path
 from tests.integration.daemon_helpers import Clients, config_env, make_daemon
 
 pytestmark = pytest.mark.integration
@@ -601,3 +603,151 @@ async def test_model_deleted_while_running(in_process: Callable[..., Daemon],
         assert (back.state, back.breaker) == (RUNNING, CLOSED)
     finally:
         await c.close()
+
+
+# -- SIGTERM during a swap ----------------------------------------------------------------
+
+
+def test_sigterm_during_swap_exits_clean_without_orphans(
+        tmp_path: Path, processes: Callable[..., DaemonProcess], llama_server: str) -> None:
+    """SIGTERM while a swap's new child is loading beside the old one: the swap call ends
+    (never hangs), both children are stopped and reaped, the daemon exits 0 within
+    drain_grace + stop_grace."""
+    env = config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false",
+                     LLAMAD_DRAIN_GRACE="3", LLAMAD_CHILD_STOP_GRACE="3",
+                     LLAMAD_STATE_DIR=str(tmp_path / "state"))
+    d = processes(tmp_path, env)
+    old = d.wait_running().pid
+    stages: list[int] = []
+    ended: list[grpc.StatusCode | None] = []
+    loading = threading.Event()
+
+    def swap() -> None:
+        with grpc.insecure_channel(d.address) as ch:
+            stub = control_pb2_grpc.ControlServiceStub(ch)  # type: ignore[no-untyped-call]
+            try:
+                for p in stub.Swap(control_pb2.SwapRequest(
+                        role=GEN, model_path=str(model_path(DEFAULT_MODEL))), timeout=120):
+                    stages.append(p.stage)
+                    if p.stage == control_pb2.SWAP_STAGE_LOADING:
+                        loading.set()
+                ended.append(None)
+            except grpc.RpcError as exc:
+                ended.append(exc.code())
+            finally:
+                loading.set()
+
+    worker = threading.Thread(target=swap)
+    worker.start()
+    assert loading.wait(60)
+    assert control_pb2.SWAP_STAGE_DONE not in stages
+    deadline = time.monotonic() + 10
+    while len(children := descendants(d.pid)) < 2:  # the new child beside the old one
+        assert time.monotonic() < deadline, children
+        time.sleep(0.05)
+    assert old in children
+    code, took = d.terminate(timeout=60)
+    worker.join(30)
+    assert not worker.is_alive(), "the Swap call never ended"
+    assert code == 0
+    assert took < 3 + 3 + 5, took
+    assert gone(sorted(children), 5) == []
+    assert ended and ended[0] in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                                  grpc.StatusCode.ABORTED), ended
+    assert d.records()[-1]["event"] == "stopped"
+
+
+# -- SIGTERM during an ingest -------------------------------------------------------------
+
+
+def test_sigterm_during_ingest_keeps_acknowledged_documents(
+        tmp_path: Path, processes: Callable[..., DaemonProcess], llama_server: str) -> None:
+    """SIGTERM while documents are pushed and a directory is being reindexed: every call
+    either succeeded or got UNAVAILABLE/CANCELLED, the daemon exits 0 within drain_grace +
+    stop_grace, and after a restart every acknowledged document is indexed and found."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(100):
+        (corpus / f"note{i:03}.md").write_text(
+            f"# note {i}\n\nscanword{i} " + " ".join(f"filler{j}" for j in range(60)) + "\n")
+    env = config_env("llama-server", LLAMAD_GENERATION_ENABLED="false",
+                     LLAMAD_DRAIN_GRACE="2", LLAMAD_CHILD_STOP_GRACE="3",
+                     LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(tmp_path),
+                     LLAMAD_STATE_DIR=str(tmp_path / "state"))
+    d = processes(tmp_path, env)
+    d.wait_running(common_pb2.CHILD_ROLE_EMBEDDING)
+    acked: list[str] = []
+    outcomes: list[grpc.StatusCode] = []
+    stop = threading.Event()
+
+    def push() -> None:
+        with grpc.insecure_channel(d.address) as ch:
+            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+            i = 0
+            while not stop.is_set():
+                token = f"pushword{i}"
+                try:
+                    stub.UpsertDocument(rpb.UpsertDocumentRequest(
+                        source_id="notes", id=f"notes/{token}", title=token,
+                        text=f"{token} " + " ".join(f"word{j}" for j in range(100))), timeout=60)
+                except grpc.RpcError as exc:
+                    outcomes.append(exc.code())
+                    return
+                acked.append(f"notes/{token}")
+                i += 1
+
+    def reindex() -> None:
+        with grpc.insecure_channel(d.address) as ch:
+            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+            try:
+                for _ in stub.Reindex(rpb.ReindexRequest(source_id="docs"), timeout=120):
+                    pass
+                outcomes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as exc:
+                outcomes.append(exc.code())
+
+    with grpc.insecure_channel(d.address) as ch:
+        stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+        stub.AddSource(rpb.AddSourceRequest(id="notes"))
+        stub.AddSource(rpb.AddSourceRequest(id="docs", path=str(corpus)))
+    workers = [threading.Thread(target=push), threading.Thread(target=reindex)]
+    for w in workers:
+        w.start()
+    deadline = time.monotonic() + 60
+    while len(acked) < 5:
+        assert time.monotonic() < deadline and not outcomes, outcomes
+        time.sleep(0.05)
+    code, took = d.terminate(timeout=60)
+    stop.set()
+    for w in workers:
+        w.join(30)
+        assert not w.is_alive()
+    assert code == 0, d.tail()
+    assert took < 2 + 3 + 5, took
+    assert set(outcomes) <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                             grpc.StatusCode.OK}, outcomes
+    assert not [r for r in d.records() if r.get("level") == "error"], d.tail()
+
+    again = processes(tmp_path, env)
+    again.wait_running(common_pb2.CHILD_ROLE_EMBEDDING)
+    with grpc.insecure_channel(again.address) as ch:
+        stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+        docs = {doc.id: doc for doc in stub.ListDocuments(rpb.ListDocumentsRequest()).documents}
+        stuck = [doc for doc in docs.values() if doc.state == rpb.DOCUMENT_STATE_PROCESSING]
+        assert not stuck, stuck
+
+        def found(doc_id: str, word: str) -> bool:
+            hits = stub.Search(rpb.SearchRequest(query=word, top_k=5)).hits
+            return any(h.document_id == doc_id and h.text_rank == 1 for h in hits)
+
+        for doc_id in acked:
+            assert docs[doc_id].state == rpb.DOCUMENT_STATE_INDEXED, docs[doc_id]
+            assert found(doc_id, doc_id.split("/")[1]), doc_id
+        for doc in docs.values():  # everything that says "indexed" is searchable
+            if doc.id.startswith("docs/") and doc.state == rpb.DOCUMENT_STATE_INDEXED:
+                assert found(doc.id, "scanword" + str(int(doc.id[-6:-3]))), doc.id
+        status = stub.Status(rpb.RetrievalStatusRequest())
+        # Calls the drain let finish were embedded too (not left BM25-only for good).
+        assert status.embedded_chunks == status.chunks == status.vectors, status
+    code, _ = again.terminate(timeout=60)
+    assert code == 0
