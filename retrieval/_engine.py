@@ -437,13 +437,21 @@ class Retriever:
         return embedder.model_id if embedder is not None else ""
 
     async def _fit_embedding_context(self, pieces: list, kind: str) -> list:  # type: ignore[type-arg]
-        """Split chunks the embedding model could not take in one piece."""
+        """Split chunks the embedding model could not take in one piece, until each fits.
+
+        Token density varies within a text (a line of emoji costs a byte-level BPE model a
+        token per byte), so the smaller pieces are checked again; a piece whose tokens
+        cannot be counted is kept as it is.
+        """
         embedder = self._embedder()
         if embedder is None:
             return pieces
         out = []
-        for piece in pieces:
-            if len(piece.text) + 2 <= embedder.context:
+        todo = list(reversed(pieces))
+        while todo:
+            piece = todo.pop()
+            # No tokenizer makes more tokens than UTF-8 bytes, plus two special tokens.
+            if len(piece.text.encode("utf-8")) + 2 <= embedder.context:
                 out.append(piece)
                 continue
             try:
@@ -451,14 +459,16 @@ class Retriever:
             except Exception:
                 out.append(piece)
                 continue
-            if tokens <= embedder.context:
+            if tokens <= embedder.context or len(piece.text) < 2:
                 out.append(piece)
                 continue
-            # Re-chunk this piece smaller, in proportion to how far over it is.
-            size = max(200, int(len(piece.text) * embedder.context / tokens * 0.9))
+            # Re-chunk this piece smaller, in proportion to how far over it is (and always
+            # smaller than it was, so this ends).
+            size = max(1, min(len(piece.text) - 1,
+                              int(len(piece.text) * embedder.context / tokens * 0.9)))
             smaller = chunk_text(piece.text, "text", size=size, overlap=min(100, size // 4),
                                  max_chars=size)
-            out.extend(type(piece)(0, s.text, piece.heading) for s in smaller)
+            todo.extend(type(piece)(0, s.text, piece.heading) for s in reversed(smaller))
         return out
 
     async def _vectors_for(
