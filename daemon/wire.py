@@ -3,7 +3,7 @@
 gRPC decodes a request before any handler runs, and grpcio answers a request it cannot
 decode with UNKNOWN and a Python exception's repr ("Unexpected <class 'DecodeError'>...").
 That says neither that the caller is at fault nor what to fix. :class:`DecodeGuard`, a
-server interceptor, wraps every unary-request method's deserializer: bytes that do not
+server interceptor, wraps every method's request deserializer: bytes that do not
 decode become a :class:`Malformed` marker, and the method answers INVALID_ARGUMENT (mapped
 by :mod:`daemon.errors`) with one line from :func:`diagnose`: the message type, the field
 path and the byte offset of the first problem, e.g.::
@@ -12,8 +12,8 @@ path and the byte offset of the first problem, e.g.::
     valid UTF-8 (byte 0 of its 2-byte value); proto3 string fields must be UTF-8
 
 Handlers wrapped by :mod:`daemon.rpc` refuse the marker themselves (mapped, logged and
-counted like any other error); the others (health) are wrapped here. Streaming-request
-methods (only server reflection has one) keep grpcio's own handling.
+counted like any other error); the others (health, and server reflection, whose requests
+stream: the call is refused at the first undecodable message) are wrapped here.
 """
 
 from __future__ import annotations
@@ -195,24 +195,24 @@ class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or handler.request_streaming or handler.request_deserializer is None:
+        if handler is None or handler.request_deserializer is None:
             return handler
         deserializer = _guard_deserializer(handler.request_deserializer)
-        behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
+        slot = ("stream" if handler.request_streaming else "unary") + "_" + (
+            "stream" if handler.response_streaming else "unary")
+        behavior = getattr(handler, slot)
         if getattr(behavior, RPC_MARKER, False):
             # Wrapped by daemon.rpc, which refuses a Malformed request itself (mapped,
             # logged and counted like any other error): no extra layer per response.
             return handler._replace(request_deserializer=deserializer)
         method = str(details.method).rsplit("/", 1)[-1]
         if inspect.isasyncgenfunction(behavior):
-            wrapped = self._generator(method, behavior)
+            wrapped = self._generator(method, behavior, handler.request_streaming)
         elif inspect.iscoroutinefunction(behavior):
-            wrapped = self._coroutine(method, behavior)
+            wrapped = self._coroutine(method, behavior, handler.request_streaming)
         else:  # a synchronous handler: none here; left to grpcio
             return handler
-        if handler.response_streaming:
-            return handler._replace(request_deserializer=deserializer, unary_stream=wrapped)
-        return handler._replace(request_deserializer=deserializer, unary_unary=wrapped)
+        return handler._replace(request_deserializer=deserializer, **{slot: wrapped})
 
     async def _refuse(self, method: str, request: Malformed,
                       context: grpc.aio.ServicerContext) -> None:
@@ -222,21 +222,39 @@ class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             self._metrics.request(method, mapped.code.name, 0.0)
         await context.abort(mapped.code, mapped.message)
 
-    def _coroutine(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
-        """A unary handler, or a streaming one that writes with ``context.write``."""
-        async def coroutine(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def _checked(self, method: str, requests: AsyncIterator[Any],
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        """A request stream that refuses the call at its first undecodable message."""
+        async for request in requests:
             if isinstance(request, Malformed):
                 await self._refuse(method, request, context)
-            return await behavior(request, context)
+            yield request
+
+    async def _first(self, method: str, request: Any, streaming: bool,
+                     context: grpc.aio.ServicerContext) -> Any:
+        """The request (or request stream) to hand to the handler."""
+        if streaming:
+            return self._checked(method, request, context)
+        if isinstance(request, Malformed):
+            await self._refuse(method, request, context)
+        return request
+
+    def _coroutine(self, method: str, behavior: Callable[..., Any],
+                   streaming: bool) -> Callable[..., Any]:
+        """A unary-response handler, or a streaming one that writes with
+        ``context.write``."""
+        async def coroutine(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            return await behavior(await self._first(method, request, streaming, context),
+                                  context)
 
         return coroutine
 
-    def _generator(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
+    def _generator(self, method: str, behavior: Callable[..., Any],
+                   streaming: bool) -> Callable[..., Any]:
         """A streaming handler that yields its responses."""
         async def generator(request: Any, context: grpc.aio.ServicerContext
                             ) -> AsyncIterator[Any]:
-            if isinstance(request, Malformed):
-                await self._refuse(method, request, context)
+            request = await self._first(method, request, streaming, context)
             async for item in behavior(request, context):
                 yield item
 

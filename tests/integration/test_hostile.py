@@ -28,6 +28,7 @@ from typing import Any
 import grpc
 import pytest
 import pytest_asyncio
+from grpc_reflection.v1alpha import reflection_pb2
 
 from clients._pb import answer_pb2 as apb
 from clients._pb import answer_pb2_grpc, common_pb2, control_pb2, retrieval_pb2_grpc
@@ -318,6 +319,21 @@ async def test_malformed_protobuf_bytes(hostile: Hostile) -> None:
         for payload, reason in payloads:
             await refused(raw(h, method, payload, stream=stream), INVALID,
                           f"request is not a valid {type_name}: ", reason)
+    # Server reflection (grpcurl's way in) streams its requests: refused at the first bad one.
+    reflect = h.c.channel.stream_stream(
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        request_serializer=_identity, response_deserializer=_identity)
+
+    async def one(payload: bytes) -> AsyncIterator[bytes]:
+        yield payload
+
+    for payload, reason in payloads:
+        await refused(reflect(one(payload)), INVALID, "request is not a valid "
+                      "grpc.reflection.v1alpha.ServerReflectionRequest: ", reason)
+    listing = [m async for m in reflect(one(
+        reflection_pb2.ServerReflectionRequest(list_services="").SerializeToString()))]
+    assert b"llamad.v1.InferenceService" in listing[0]
+
     rng = random.Random(20240613)
     codes: dict[str, int] = {}
     for i in range(300):
