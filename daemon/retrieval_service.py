@@ -244,7 +244,8 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     ) -> rpb.UpsertDocumentResponse:
         call.note(source=request.source_id, chars=len(request.text))
         kind = request.kind or "text"
-        title, text = request.title, request.text
+        # NULs go, as they do from files: no store, index or prompt should carry them.
+        title, text = request.title.replace("\x00", ""), request.text.replace("\x00", "")
         if kind == "html":
             # Pushed markup is extracted like an .html file: its text, without tags,
             # scripts and styles, its nesting bounded (retrieval.html_max_depth).

@@ -622,6 +622,33 @@ async def test_invalid_utf8_in_file_bodies(hostile: Hostile, drop: Path) -> None
     await intact(h)
 
 
+async def test_nul_and_control_characters(hostile: Hostile) -> None:
+    """NUL characters (valid UTF-8, so they pass the wire) are refused in prompts, texts to
+    embed and questions; in a pushed document they are dropped, as from a file, so no
+    store, index or prompt carries them."""
+    h = hostile
+    inf = h.c.inference
+    await refused(inf.Generate(pb.GenerateRequest(prompt="a\x00b")), INVALID,
+                  "prompt contains a NUL character")
+    await refused(inf.Chat(pb.ChatRequest(messages=[pb.ChatMessage(
+        role=pb.CHAT_ROLE_USER, content="a\x00b")])), INVALID,
+        "messages[0].content contains a NUL character")
+    await refused(inf.Embed(pb.EmbedRequest(texts=["ok", "a\x00b"])), INVALID,
+                  "texts[1] contains a NUL character")
+    await refused(h.ask.Ask(apb.AskRequest(question="why\x00?")), INVALID,
+                  "question or attachment contains a NUL character")
+    doc = (await h.r.UpsertDocument(rpb.UpsertDocumentRequest(
+        source_id="seed", id="seed/nul", title="Night\x00 shift",
+        text="Page the\x00 on-call\x00 engineer \x01\x1b[1mnow\x1b[0m. Keyword ochreferret."))
+        ).document
+    assert (doc.state, doc.title) == (rpb.DOCUMENT_STATE_INDEXED, "Night shift")
+    hit = (await h.r.Search(rpb.SearchRequest(query="ochreferret", top_k=1))).hits[0]
+    assert hit.document_id == "seed/nul"
+    assert "Page the on-call engineer" in hit.text and "\x00" not in hit.text
+    assert (await h.r.DeleteDocument(rpb.DeleteDocumentRequest(id="seed/nul"))).deleted
+    await intact(h)
+
+
 # --- model paths ---------------------------------------------------------------------------
 
 
