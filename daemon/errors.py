@@ -37,6 +37,8 @@ retrieval ExtractionError     INVALID_ARGUMENT       no
 retrieval NotFound            NOT_FOUND              no
 retrieval SourceNotAllowed    PERMISSION_DENIED      no
 SourceNotAllowed, no roots    FAILED_PRECONDITION    no
+retrieval StorageFull         RESOURCE_EXHAUSTED     no (space must be freed first)
+any error of a full disk      RESOURCE_EXHAUSTED     no
 anything else                 INTERNAL               no (no traceback is sent)
 ============================  =====================  ==========
 
@@ -52,7 +54,14 @@ import grpc
 from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from retrieval.errors import ExtractionError, InvalidDocument, NotFound, SourceNotAllowed
+from retrieval.errors import (
+    ExtractionError,
+    InvalidDocument,
+    NotFound,
+    SourceNotAllowed,
+    StorageFull,
+    is_storage_full,
+)
 from supervisor import SwapFailedError, SwapInProgressError, SwapRefusedError
 from supervisor.errors import (
     ChildBadRequestError,
@@ -170,4 +179,10 @@ def map_error(exc: BaseException) -> Mapped:
     if isinstance(exc, ChildRequestError):
         return Mapped(grpc.StatusCode.UNAVAILABLE, f"inference child failed: {exc}",
                       DEFAULT_RETRY_AFTER)
+    if isinstance(exc, StorageFull):
+        return Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+    if is_storage_full(exc):  # a write outside ingest (add a source, delete, ...)
+        return Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                      "no space left on the disk holding llamad's state: free space, "
+                      "then retry")
     return Mapped(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})")

@@ -15,6 +15,8 @@ from .errors import (
     NotFound,
     RetrievalError,
     SourceNotAllowed,
+    StorageFull,
+    is_storage_full,
     validate_document_id,
 )
 
@@ -34,7 +36,9 @@ __all__ = [
     "SearchResult",
     "SourceNotAllowed",
     "SourceRow",
+    "StorageFull",
     "check_root",
+    "is_storage_full",
     "scan_source",
     "snippet",
     "validate_document_id",

@@ -41,15 +41,17 @@ scores; within one filter type the values are alternatives (any of).
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import tantivy
 
-from .errors import IndexCorrupt, RetrievalError
+from .errors import IndexCorrupt, RetrievalError, StorageFull, is_storage_full
 
 EXACT_TOKENIZER = "llamad_exact"
 """Name the technical-token analyzer is registered under (it is part of the schema)."""
@@ -69,6 +71,8 @@ MAX_QUERY_TOKENS = 32
 """Distinct technical tokens used from one query."""
 
 _DELETE_BATCH = 1024
+LOW_SPACE_BYTES = 8 * 1024 * 1024
+"""A tantivy write that fails with less free space than this is reported as a full disk."""
 _MIN_HEAP_PER_THREAD = 15_000_000  # tantivy refuses a smaller arena per indexing thread
 
 # Python's \w minus "_": letters and digits of any script. en_stem splits on anything that
@@ -200,28 +204,36 @@ class TextIndex:
 
         Raises:
             ValueError: a key is negative or does not fit in 64 bits.
-            RetrievalError: the index was closed.
+            RetrievalError: the index was closed, or tantivy failed (a full disk, say):
+                every change staged since the last commit is then dropped.
         """
         docs = [self._document(c) for c in chunks]
         if not docs:
             return
         with self._lock:
             writer = self._require_writer()
-            self._delete_locked(writer, [c.key for c in chunks])
-            for doc in docs:
-                writer.add_document(doc)
+            try:
+                self._delete_locked(writer, [c.key for c in chunks])
+                for doc in docs:
+                    writer.add_document(doc)
+            except (OSError, ValueError) as exc:
+                self._fail(writer, "staging chunks", exc)
 
     def delete_keys(self, keys: Iterable[int]) -> None:
         """Stage the deletion of chunks by key (unknown keys are ignored); see :meth:`commit`.
 
         Raises:
-            RetrievalError: the index was closed.
+            RetrievalError: the index was closed, or tantivy failed (as for :meth:`add`).
         """
         wanted = sorted({_check_key(k) for k in keys})
         if not wanted:
             return
         with self._lock:
-            self._delete_locked(self._require_writer(), wanted)
+            writer = self._require_writer()
+            try:
+                self._delete_locked(writer, wanted)
+            except (OSError, ValueError) as exc:
+                self._fail(writer, "staging deletes", exc)
 
     def _delete_locked(self, writer: tantivy.IndexWriter, keys: Sequence[int]) -> None:
         # Not delete_documents_by_term("key", k): tantivy-py turns a Python int into an i64
@@ -248,7 +260,7 @@ class TextIndex:
             try:
                 writer.commit()
             except (OSError, ValueError) as exc:
-                raise RetrievalError(f"text index {self.path}: commit failed: {exc}") from exc
+                self._fail(writer, "commit", exc)
             self._index.reload()
 
     def close(self) -> None:
@@ -261,6 +273,25 @@ class TextIndex:
             if writer is not None:
                 writer.rollback()
                 writer.wait_merging_threads()
+
+    def _fail(self, writer: tantivy.IndexWriter, what: str, exc: Exception) -> NoReturn:
+        """Raise for a failed write, leaving a writer that works.
+
+        A writer whose indexing thread hit an I/O error (a full disk, seen as ENOSPC) is
+        dead inside: later adds fail ("An index writer was killed"), or commits return
+        without indexing anything, until a restart. ``rollback()`` replaces it with a
+        fresh writer on the same lock, dropping what was staged since the last commit.
+        """
+        try:
+            writer.rollback()
+        except (OSError, ValueError) as again:
+            exc.add_note(f"and the rollback failed too: {again}")
+        message = f"text index {self.path}: {what} failed: {exc}"
+        # A killed writer no longer says why ("A worker thread encountered an error
+        # (io::Error most likely)"): a nearly full disk is the likely reason.
+        if is_storage_full(exc) or _low_on_space(self.path):
+            raise StorageFull(message) from exc
+        raise RetrievalError(message) from exc
 
     def _require_writer(self) -> tantivy.IndexWriter:
         if self._writer is None:
@@ -363,6 +394,15 @@ class TextIndex:
     def count(self) -> int:
         """Committed chunks."""
         return self._index.searcher().num_docs
+
+
+def _low_on_space(path: Path) -> bool:
+    """Whether the filesystem of ``path`` has less than :data:`LOW_SPACE_BYTES` free."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < LOW_SPACE_BYTES
 
 
 def _as_key(value: object) -> int:

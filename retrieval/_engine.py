@@ -36,7 +36,14 @@ from ._group import GroupCommitter
 from ._redact import redact
 from ._store import ChunkRow, DocumentRow, Replacement, SourceRow, Store, StoredChunk
 from ._vectors import VectorIndex
-from .errors import InvalidDocument, NotFound, RetrievalError, validate_document_id
+from .errors import (
+    InvalidDocument,
+    NotFound,
+    RetrievalError,
+    StorageFull,
+    is_storage_full,
+    validate_document_id,
+)
 
 _log = structlog.get_logger("llamad.retrieval")
 
@@ -190,6 +197,9 @@ class Retriever:
         self._embedding = asyncio.Semaphore(self.limits.embed_concurrency)
         self._committer: GroupCommitter[_Pending, DocumentRow] = GroupCommitter(
             self._commit_batch, self._write, max_batch=self.limits.max_commit_batch)
+        # SQLite holds a write that tantivy or hnswlib failed to take (a full disk, say):
+        # the next write first brings them in line (see _catch_up).
+        self._behind = False
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -257,13 +267,46 @@ class Retriever:
             await asyncio.to_thread(self._close_sync)
 
     def _close_sync(self) -> None:
+        # Each store is closed even if another fails (a full disk must not turn a clean
+        # shutdown into a crash). An unsaved vector index is no loss: the previous file
+        # is intact, and the next start re-adds what it lacks from SQLite's cache.
+        for what, close in (
+                ("vector index not saved; the next start re-adds its vectors from SQLite",
+                 self._save_vectors),
+                ("text index not closed cleanly", self._text_close),
+                ("metadata store not closed cleanly", self._store_close)):
+            try:
+                close()
+            except Exception as exc:
+                _log.warning(what, error=str(exc)[:300])
+        self._store = self._text = self._vectors = None
+
+    def _save_vectors(self) -> None:
         if self._vectors is not None and self._vectors_dirty:
             self._vectors.save()
+
+    def _text_close(self) -> None:
         if self._text is not None:
             self._text.close()
+
+    def _store_close(self) -> None:
         if self._store is not None:
             self._store.close()
-        self._store = self._text = self._vectors = None
+
+    def _catch_up(self) -> None:
+        """After a failed write left SQLite ahead: bring tantivy and hnswlib in line
+        (the start-up reconciliation, run again; Status keeps the start-up's counts)."""
+        at_start = self.repaired
+        try:
+            self._reconcile()
+        finally:
+            self.repaired = at_start
+        self._behind = False
+
+    def _storage_full(self) -> StorageFull:
+        return StorageFull(f"no space left on the disk holding the retrieval indexes "
+                           f"({self.root}): free space, then retry; documents indexed "
+                           "before are intact")
 
     def _require(self) -> tuple[Store, TextIndex]:
         if self._store is None or self._text is None:
@@ -346,6 +389,15 @@ class Retriever:
             doc_id, source_id, path, clean_title, kind, category or source.category,
             tuple(tags) or source.tags, content_hash, mtime_ns, size, "processing", "",
             int(time.time()), sum(cleaned.counts.values()))
+        if self._behind:
+            async with self._write:
+                try:
+                    if self._behind:
+                        await asyncio.to_thread(self._catch_up)
+                except Exception as exc:
+                    if is_storage_full(exc):
+                        raise self._storage_full() from exc
+                    raise
         if existing is not None and existing.state == "indexed" and \
                 existing.content_hash == content_hash and existing.category == doc.category \
                 and existing.tags == doc.tags:
@@ -363,6 +415,8 @@ class Retriever:
         except Exception as exc:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(store.set_state, doc, "failed", str(exc)[:500])
+            if is_storage_full(exc):
+                raise self._storage_full() from exc
             raise
         finally:
             if self._inflight.get(doc_id) is doc:
@@ -380,11 +434,19 @@ class Retriever:
                 continue
             if model != self._vector_model:
                 self._start_rebuild()
+        if self._behind:
+            await asyncio.to_thread(self._catch_up)
         now = int(time.time())
         docs = [dataclasses.replace(p.doc, state="indexed", indexed_at=now) for p in batch]
         replacements = await asyncio.to_thread(
             self._store_batch, docs, batch)
-        await asyncio.to_thread(self._apply_batch, replacements, batch)
+        try:
+            await asyncio.to_thread(self._apply_batch, replacements, batch)
+        except Exception:
+            # SQLite (the truth) has the batch and tantivy or hnswlib does not: searches
+            # may miss it until the next write has caught them up.
+            self._behind = True
+            raise
         return docs
 
     def _store_batch(self, docs: list[DocumentRow],

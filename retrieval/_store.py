@@ -161,6 +161,12 @@ class Store:
         with self._lock:
             self._db.close()
 
+    def _rollback(self) -> None:
+        # SQLite may have rolled the transaction back by itself (SQLITE_FULL, IOERR, ...):
+        # a second ROLLBACK would raise "no transaction is active" over the real error.
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
+
     # -- meta --------------------------------------------------------------------------
 
     def get_meta(self, key: str) -> str | None:
@@ -212,7 +218,7 @@ class Store:
                 self._db.execute("DELETE FROM sources WHERE id = ?", (source_id,))
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
         return keys
 
@@ -276,7 +282,7 @@ class Store:
                     self._put_vectors(model, by_hash)
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
         return results
 
@@ -325,7 +331,7 @@ class Store:
                 self._db.execute("DELETE FROM documents WHERE id = ?", (doc_id,))
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
         return keys
 

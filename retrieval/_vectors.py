@@ -21,7 +21,9 @@ resizing, or saving) while searching.
 
 from __future__ import annotations
 
+import errno
 import json
+import mmap
 import os
 import struct
 import threading
@@ -46,6 +48,7 @@ INITIAL_CAPACITY = 1024
 # (int), enterpoint_node (uint32), maxM, maxM0, M (size_t), mult (double), ef_construction
 # (size_t). A float32 space stores dim * 4 bytes of data per element.
 _HEADER = struct.Struct("<QQQQQQiIQQQdQ")
+_LINKS_SIZE = struct.Struct("<I")  # before each element's upper-level link lists
 EXACT_MAX = 512
 """A filter allowing at most this many keys is answered by exact search over them.
 
@@ -351,6 +354,11 @@ class VectorIndex:
             tmp, side_tmp = _tmp(self.path), _tmp(self._sidecar)
             try:
                 self._index.save_index(str(tmp))
+                if not _written_whole(tmp):
+                    # hnswlib writes with a std::ofstream and never checks it: on a full
+                    # disk it leaves a short file and returns normally.
+                    raise OSError(errno.ENOSPC, f"vector index {tmp} was not written whole "
+                                  "(no space left on device?)")
                 _fsync_file(tmp)
                 sidecar = {
                     "format": SIDECAR_FORMAT,
@@ -379,6 +387,24 @@ class VectorIndex:
 
 def _tmp(path: Path) -> Path:
     return path.with_name(path.name + ".tmp")
+
+
+def _written_whole(path: Path) -> bool:
+    """Whether ``path`` holds a whole hnswlib index: walked the way hnswlib's loadIndex
+    walks it (the header, every element's level-0 block, then each element's
+    size-prefixed upper-level links), the walk must end exactly at the end of the file."""
+    if path.stat().st_size < _HEADER.size:
+        return False
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        size = len(data)
+        fields = _HEADER.unpack_from(data, 0)
+        count, per_element = int(fields[2]), int(fields[3])
+        at = _HEADER.size + count * per_element
+        for _ in range(count):
+            if at + 4 > size:
+                return False
+            at += 4 + int(_LINKS_SIZE.unpack_from(data, at)[0])
+        return at == size
 
 
 def _identity(path: Path) -> list[int]:

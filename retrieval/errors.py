@@ -10,18 +10,23 @@ The tree::
     │                        pdf_image_only, html_too_deep)
     ├── NotFound             unknown source or document
     ├── SourceNotAllowed     a directory source outside the allowed roots (or none set)
+    ├── StorageFull          the disk (or quota) holding the indexes is full
     └── IndexCorrupt         a store could not be opened or repaired
 
 None of these import or know about gRPC; the daemon maps them to status codes
 (``InvalidDocument`` and ``ExtractionError`` to INVALID_ARGUMENT, ``NotFound`` to NOT_FOUND,
 ``SourceNotAllowed`` to PERMISSION_DENIED, or FAILED_PRECONDITION when no root is
-configured; ``IndexCorrupt`` to INTERNAL or FAILED_PRECONDITION). Every message is one line
-that can be shown to the caller as is: it names the document and says what is wrong, never
-a traceback.
+configured; ``StorageFull`` to RESOURCE_EXHAUSTED; ``IndexCorrupt`` to INTERNAL or
+FAILED_PRECONDITION). :func:`is_storage_full` recognises a full disk in any error
+(SQLite's, tantivy's, an ``OSError``), for the paths that do not raise ``StorageFull``.
+Every message is one line that can be shown to the caller as is: it names the document and
+says what is wrong, never a traceback.
 """
 
 from __future__ import annotations
 
+import errno
+import sqlite3
 import unicodedata
 
 MAX_DOCUMENT_ID_CHARS = 512
@@ -84,8 +89,41 @@ class SourceNotAllowed(RetrievalError):
         super().__init__(reason)
 
 
+class StorageFull(RetrievalError):
+    """No space left (or the quota reached) where the indexes live: the write was not made
+    (or, if SQLite already holds it, the derived indexes catch up on a later write).
+    Documents indexed before are intact and searchable; retry once space is freed."""
+
+
 class IndexCorrupt(RetrievalError):
     """A store (SQLite, tantivy or hnswlib) could not be opened or repaired."""
+
+
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+# How a full disk reads once SQLite or tantivy (Rust's io::Error, "os error 28") made a
+# message of it.
+_FULL_WORDS = ("no space left on device", "disk quota exceeded", "database or disk is full",
+               "(os error 28)", "(os error 122)")
+
+
+def is_storage_full(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it was raised from or while handling, is a full disk
+    or an exceeded quota."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, StorageFull):
+            return True
+        if isinstance(current, OSError) and current.errno in _FULL_ERRNOS:
+            return True
+        if isinstance(current, sqlite3.Error) and \
+                getattr(current, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            return True
+        if any(words in str(current).lower() for words in _FULL_WORDS):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def validate_document_id(doc_id: str) -> str:

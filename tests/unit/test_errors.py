@@ -3,6 +3,9 @@ retry hint in both forms, and no internal detail leaking through INTERNAL."""
 
 from __future__ import annotations
 
+import errno
+import sqlite3
+
 import grpc
 import pytest
 from google.rpc import code_pb2, error_details_pb2, status_pb2
@@ -17,6 +20,7 @@ from daemon.errors import (
     RequestError,
     map_error,
 )
+from retrieval import RetrievalError, StorageFull, is_storage_full
 from supervisor import (
     ChildBadRequestError,
     ChildNotReadyError,
@@ -154,3 +158,35 @@ def test_metadata_keys_are_valid_grpc_keys() -> None:
         else:
             assert isinstance(value, str)
             assert value.isascii()
+
+
+@pytest.mark.parametrize("exc", [
+    StorageFull("no space left on the disk holding the indexes"),
+    sqlite3.OperationalError("database or disk is full"),
+    OSError(errno.ENOSPC, "No space left on device"),
+    RetrievalError(
+        "text index /x: commit failed: An IO error occurred: 'No space left on device "
+        "(os error 28)'"),
+])
+def test_full_disk_is_resource_exhausted(exc: Exception) -> None:
+    """A full disk, however it is raised, is RESOURCE_EXHAUSTED with a message saying so
+    (not INTERNAL), and no retry hint: retrying before space is freed cannot help."""
+    mapped = map_error(exc)
+    assert mapped.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "no space left" in mapped.message
+    assert mapped.retry_after is None
+
+
+def test_full_disk_found_behind_another_error() -> None:
+    """A full disk hidden behind the error raised while handling it is still found."""
+    try:
+        try:
+            raise sqlite3.OperationalError("database or disk is full")
+        except sqlite3.Error:
+            raise RuntimeError("cleanup failed too") from None
+    except RuntimeError as exc:
+        hidden = exc
+    assert hidden.__context__ is not None
+    assert is_storage_full(hidden)
+    assert not is_storage_full(RuntimeError("disk is fine"))
+    assert not is_storage_full(OSError(errno.EACCES, "Permission denied"))
