@@ -226,6 +226,21 @@ class ManagedChild:
             await asyncio.to_thread(self.current.model.hash_if_changed)
 
 
+def child_environment(omp_wait_policy: str) -> dict[str, str] | None:
+    """The children's environment: the daemon's, with OpenMP's wait policy set.
+
+    llama.cpp runs its CPU threads as an OpenMP team that meets at a barrier after every
+    operation, hundreds of times per token. OpenMP's default spins there; when anything
+    else wants the same cores (the other child, a swap's incoming child, ingest, the
+    daemon itself), a spinning thread holds a core its partner needs, and a 2-core
+    machine measured 20-70x slower requests. Passive waiting sleeps instead (None: the
+    daemon's environment unchanged).
+    """
+    if omp_wait_policy == "inherit":
+        return None
+    return {**os.environ, "OMP_WAIT_POLICY": omp_wait_policy.upper()}
+
+
 def build_child(config: Config, role: str, *, clock: Clock | None = None) -> ManagedChild:
     """Build (not start) the role: its supervisor set up for the configured mode.
 
@@ -246,10 +261,12 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None) -> Man
     ring = LogRing(config.log_lines)
     sink = ChildLogForwarder(role)
 
+    env = child_environment(config.omp_wait_policy)
+
     def launcher_for(s: Setup, timeouts: Timeouts = config.timeouts) -> ProcessLauncher:
         return ProcessLauncher(
             s.spec, s.runtime, clock=clock, ring=ring, timeouts=timeouts,
-            sink=sink, read_timeout=config.request_timeout,
+            sink=sink, env=env, read_timeout=config.request_timeout,
         )
 
     def endpoint_for(spec: EndpointSpec, timeouts: Timeouts = config.timeouts) -> EndpointLauncher:
