@@ -7,8 +7,10 @@ Process hygiene, in one place:
   it directly.
 * The child gets a parent-death signal (``PR_SET_PDEATHSIG`` = SIGKILL) through
   ``setpriv --pdeathsig`` before it execs, so even a SIGKILL of the daemon takes the
-  child down. ``setpriv`` (util-linux) is used instead of a ``preexec_fn`` because
-  ``preexec_fn`` is unsafe in a process with threads (gRPC has many).
+  child down; a child whose daemon died in the instant before the signal was armed
+  notices (its parent is no longer the daemon) and exits. ``setpriv`` (util-linux) is
+  used instead of a ``preexec_fn`` because ``preexec_fn`` is unsafe in a process with
+  threads (gRPC has many).
 * stdout and stderr are read continuously by two tasks into a :class:`LogRing`, so a
   chatty child never blocks on a full pipe.
 * :meth:`ChildProcess.terminate` sends SIGTERM to the group, waits a grace period, then
@@ -33,9 +35,20 @@ LineSink = Callable[[int, str, str], None]
 """Called with (pid, stream name, line) for every line the child prints."""
 
 
+# Run by the child once setpriv has armed the parent-death signal, before the real
+# command: if the daemon ($0) died before that instant, the signal will never come (the
+# kernel sends it only for a death after the prctl), and the child would run on as an
+# orphan; so it exits instead. Any later death of the daemon kills it.
+_ORPHAN_CHECK = 'if [ "$PPID" != "$0" ]; then exit 125; fi; exec "$@"'
+
+
 def _pdeathsig_prefix() -> list[str]:
     setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
+    if not setpriv:
+        return []
+    prefix = [setpriv, "--pdeathsig", "KILL", "--"]
+    sh = shutil.which("sh")
+    return [*prefix, sh, "-c", _ORPHAN_CHECK, str(os.getpid())] if sh else prefix
 
 
 class ChildProcess:

@@ -979,3 +979,52 @@ def test_indexes_recover_from_a_full_disk(tmp_path: Path, small_disk: SmallDisk)
         [*small_disk.prefix(), sys.executable, str(script), str(small_disk.path)],
         cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
     assert out.returncode == 0 and "survived" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+
+
+# -- the daemon is killed while a child starts --------------------------------------------
+
+
+def _processes_with(needle: str) -> dict[int, bytes]:
+    """Live processes whose command line holds ``needle``, with their command lines."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and alive(int(entry)):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    cmdline = fh.read()
+            except OSError:
+                continue
+            if needle.encode() in cmdline:
+                found[int(entry)] = cmdline
+    return found
+
+
+def test_sigkill_while_a_child_starts_leaves_no_orphan(
+        tmp_path: Path, processes: Callable[..., DaemonProcess], llama_server: str) -> None:
+    """kill -9 of the daemon between spawning a child and the child arming its
+    parent-death signal (an instant, widened here to 2 s by a slow ``setpriv`` on PATH):
+    the child finds itself orphaned and exits instead of running on for good."""
+    real = shutil.which("setpriv")
+    if real is None:
+        pytest.skip("needs util-linux setpriv")
+    slow = tmp_path / "bin"
+    slow.mkdir()
+    (slow / "setpriv").write_text(f'#!/bin/sh\nsleep 2\nexec "{real}" "$@"\n')
+    (slow / "setpriv").chmod(0o755)
+    env = config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false",
+                     LLAMAD_STATE_DIR=str(tmp_path / "state"),
+                     PATH=f"{slow}{os.pathsep}{os.environ['PATH']}")
+    d = processes(tmp_path, env)
+    argv = str(d.wait_event("launching child")["argv"])
+    alias = argv.split("--alias ")[1].split(maxsplit=1)[0]
+    d.kill()
+    try:
+        deadline = time.monotonic() + 15
+        while (left := _processes_with(alias)) and time.monotonic() < deadline:
+            running = [c for c in left.values() if c.startswith(llama_server.encode())]
+            assert not running, f"the child outlived the daemon: {running}"
+            time.sleep(0.2)
+        assert not left, left
+    finally:
+        for pid in _processes_with(alias):
+            os.kill(pid, signal.SIGKILL)
