@@ -608,18 +608,22 @@ async def test_model_deleted_while_running(in_process: Callable[..., Daemon],
 # -- SIGTERM during a swap ----------------------------------------------------------------
 
 
+@pytest.mark.parametrize("drain", [0.0, 30.0], ids=["drain-cuts-the-swap", "swap-finishes"])
 def test_sigterm_during_swap_exits_clean_without_orphans(
-        tmp_path: Path, processes: Callable[..., DaemonProcess], llama_server: str) -> None:
-    """SIGTERM while a swap's new child is loading beside the old one: the swap call ends
-    (never hangs), both children are stopped and reaped, the daemon exits 0 within
+        tmp_path: Path, processes: Callable[..., DaemonProcess], llama_server: str,
+        drain: float) -> None:
+    """SIGTERM while a swap's new child is loading beside the old one. With a drain grace
+    the swap finishes within it (DONE), else the drain cuts it (the call ends with
+    CANCELLED or UNAVAILABLE, the new child is stopped half-loaded); either way the swap
+    call ends, both children are stopped and reaped, and the daemon exits 0 within
     drain_grace + stop_grace."""
     env = config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false",
-                     LLAMAD_DRAIN_GRACE="3", LLAMAD_CHILD_STOP_GRACE="3",
+                     LLAMAD_DRAIN_GRACE=str(drain), LLAMAD_CHILD_STOP_GRACE="3",
                      LLAMAD_STATE_DIR=str(tmp_path / "state"))
     d = processes(tmp_path, env)
     old = d.wait_running().pid
     stages: list[int] = []
-    ended: list[grpc.StatusCode | None] = []
+    ended: list[grpc.StatusCode] = []
     loading = threading.Event()
 
     def swap() -> None:
@@ -631,7 +635,7 @@ def test_sigterm_during_swap_exits_clean_without_orphans(
                     stages.append(p.stage)
                     if p.stage == control_pb2.SWAP_STAGE_LOADING:
                         loading.set()
-                ended.append(None)
+                ended.append(grpc.StatusCode.OK)
             except grpc.RpcError as exc:
                 ended.append(exc.code())
             finally:
@@ -646,14 +650,16 @@ def test_sigterm_during_swap_exits_clean_without_orphans(
         assert time.monotonic() < deadline, children
         time.sleep(0.05)
     assert old in children
-    code, took = d.terminate(timeout=60)
+    code, took = d.terminate(timeout=90)
     worker.join(30)
     assert not worker.is_alive(), "the Swap call never ended"
     assert code == 0
-    assert took < 3 + 3 + 5, took
+    assert took < drain + 3 + 5, took
     assert gone(sorted(children), 5) == []
-    assert ended and ended[0] in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
-                                  grpc.StatusCode.ABORTED), ended
+    if drain:
+        assert ended == [grpc.StatusCode.OK] and stages[-1] == control_pb2.SWAP_STAGE_DONE
+    else:
+        assert ended in ([grpc.StatusCode.CANCELLED], [grpc.StatusCode.UNAVAILABLE]), ended
     assert d.records()[-1]["event"] == "stopped"
 
 
