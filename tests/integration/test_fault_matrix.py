@@ -773,21 +773,30 @@ class SmallDisk:
         path.mkdir(parents=True, exist_ok=True)
         if not shutil.which("unshare") or not shutil.which("nsenter"):
             pytest.skip("needs util-linux unshare and nsenter for a size-limited tmpfs")
-        self.holder = subprocess.Popen(
-            ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
-             f'mount -t tmpfs -o size={size} llamad-test "{path}" && echo ok && '
-             "exec sleep infinity"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert self.holder.stdout is not None
-        if self.holder.stdout.readline().strip() != "ok":
+        # A user namespace lets anyone mount a tmpfs; root can do without one (where
+        # user namespaces are disabled).
+        ways = [["--user", "--map-root-user", "--mount"]]
+        if os.geteuid() == 0:
+            ways.append(["--mount"])
+        errors = []
+        for flags in ways:
+            self.holder = subprocess.Popen(
+                ["unshare", *flags, "sh", "-c",
+                 f'mount -t tmpfs -o size={size} llamad-test "{path}" && echo ok && '
+                 "exec sleep infinity"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            assert self.holder.stdout is not None
+            if self.holder.stdout.readline().strip() == "ok":
+                self._enter = ["-U", "--preserve-credentials"] if "--user" in flags else []
+                return
             self.holder.kill()
-            _, err = self.holder.communicate()
-            pytest.skip(f"cannot mount a tmpfs in a user namespace here: {err.strip()}")
+            errors.append(f"unshare {' '.join(flags)}: {self.holder.communicate()[1].strip()}")
+        pytest.skip(f"cannot mount a size-limited tmpfs here: {'; '.join(errors)}")
 
     def prefix(self) -> list[str]:
         """Prepended to a command, runs it in the namespace (same credentials, same pid:
         nsenter execs it)."""
-        return ["nsenter", "-t", str(self.holder.pid), "-U", "-m", "--preserve-credentials"]
+        return ["nsenter", "-t", str(self.holder.pid), "-m", *self._enter]
 
     def run(self, *argv: str) -> str:
         return subprocess.run([*self.prefix(), *argv], check=True, capture_output=True,
