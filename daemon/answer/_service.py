@@ -196,7 +196,8 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             call.note(no_context=True)
             return
 
-        client = self._router.client("generation")
+        # From here on the call is under way: a shutdown's drain lets it finish.
+        client = self._router.client("generation", in_flight=True)
 
         async def count(text: str) -> int:
             if not text:
@@ -238,7 +239,8 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
         else:
             pieces: list[str] = []
             completion, prompt_tokens, finish = 0, assembled.prompt_tokens, "stop"
-            async with self._router.admit("generation", context.time_remaining()) as client:
+            async with self._router.admit("generation", context.time_remaining(),
+                                          in_flight=True) as client:
                 async for chunk in client.stream_chat(assembled.messages, sampling):
                     if chunk.finish_reason is None:
                         if first is None:

@@ -139,3 +139,29 @@ async def test_ask_degrades_and_fails_clearly(ready) -> None:  # type: ignore[no
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await ask(stub, "")
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_an_ask_under_way_when_the_drain_begins_finishes(ready) -> None:  # type: ignore[no-untyped-def]
+    """A shutdown that begins while an Ask retrieves lets it generate and finish (the
+    drain's promise); a new Ask is refused with UNAVAILABLE."""
+    daemon, _, stub = ready
+    assert daemon.retriever is not None
+    search = daemon.retriever.search
+
+    async def search_then_drain(*args: object, **kw: object) -> object:
+        result = await search(*args, **kw)  # type: ignore[arg-type]
+        daemon.router.draining = True  # what Daemon.drain sets first
+        return result
+
+    daemon.retriever.search = search_then_drain  # type: ignore[method-assign]
+    try:
+        asked = await ask(stub, "Which command rotates the nginx logs on web01?")
+        assert asked.order[-1] == "done"
+        assert asked.done.usage.completion_tokens > 0 and not asked.done.cached
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await ask(stub, "What about the database?")
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "shutting down" in (err.value.details() or "")
+    finally:
+        daemon.retriever.search = search  # type: ignore[method-assign]
+        daemon.router.draining = False
