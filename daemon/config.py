@@ -145,11 +145,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("child.request_timeout", float, 600.0,
            "Longest silence from a child during a request, s.", minimum=1),
     Option("child.log_lines", int, 2000, "Output lines kept per child for TailLogs.", minimum=10),
-    Option("child.omp_wait_policy", str, "passive",
-           "OMP_WAIT_POLICY of the children (llama.cpp's CPU threads are OpenMP's): passive "
-           "threads sleep at barriers instead of spinning, so two children, a swap's "
-           "overlap, or any other load on the cores never makes them starve each other; "
-           "inherit keeps the daemon's environment.", choices=("passive", "active", "inherit")),
+    Option("child.spin_count", int, 300,
+           "GOMP_SPINCOUNT of the children: how long llama.cpp's OpenMP threads spin at a "
+           "barrier before they sleep. Short spins keep one child's speed and let two "
+           "children, a swap's overlap or other load share the cores; -1 keeps the "
+           "daemon's environment (OpenMP's default spins long).", minimum=-1),
     Option("swap.ready_timeout", float, 90.0,
            "Seconds a swapped-in child has to become ready before the swap fails.",
            minimum=1),
@@ -324,7 +324,7 @@ class Config:
     recycle_check_interval: float
     recycle_min_uptime: float
     log_lines: int
-    omp_wait_policy: str
+    spin_count: int
     drain_grace: float
     log_format: str
     log_level: str
@@ -597,7 +597,7 @@ def _build(
         recycle_check_interval=values["recycle.check_interval"],
         recycle_min_uptime=values["recycle.min_uptime"],
         log_lines=values["child.log_lines"],
-        omp_wait_policy=values["child.omp_wait_policy"],
+        spin_count=values["child.spin_count"],
         drain_grace=values["drain_grace"],
         log_format=values["log.format"],
         log_level=values["log.level"],

@@ -153,9 +153,9 @@ async def test_status_reports_children(running: tuple[Daemon, Clients], runtime:
     assert gen.runtime == ("llama-server" if runtime == "llama-server" else "llama-cpp-python")
     assert gen.breaker == control_pb2.BREAKER_STATE_CLOSED
     assert gen.model_architecture == "llama"
-    # OpenMP threads sleep at barriers (child.omp_wait_policy): no spinning starvation.
+    # OpenMP threads spin briefly at barriers (child.spin_count), then sleep.
     environ = Path(f"/proc/{gen.pid}/environ").read_bytes().split(b"\0")
-    assert b"OMP_WAIT_POLICY=PASSIVE" in environ
+    assert b"GOMP_SPINCOUNT=300" in environ
     deadline = time.monotonic() + 20
     while not (await c.child(GEN)).model_sha256:
         assert time.monotonic() < deadline
