@@ -124,6 +124,7 @@ def make_setup(
         batch=cc.batch,
         chat_template=template,
         extra_args=cc.extra_args if extra_args is None else extra_args,
+        spin_count=cc.spin_count,
     )
     return Setup(spec, runtime, facts)
 
@@ -226,23 +227,6 @@ class ManagedChild:
             await asyncio.to_thread(self.current.model.hash_if_changed)
 
 
-def child_environment(spin_count: int) -> dict[str, str] | None:
-    """The children's environment: the daemon's, with OpenMP's barrier spin bounded.
-
-    llama.cpp runs its CPU threads as an OpenMP team that meets at a barrier after every
-    operation, hundreds of times per token. libgomp's default spins there for a long
-    time; when anything else wants the same cores (the other child, a swap's incoming
-    child, ingest, the daemon itself), a spinning thread holds a core its partner needs.
-    Measured on 2 cores, two SmolLM2 children serving 2 requests each: 5.7-195 s per
-    round with the default, 2.1 s with GOMP_SPINCOUNT=300; one child alone: 0.96 s vs
-    1.00 s. Sleeping at once (OMP_WAIT_POLICY=PASSIVE) costs a lone child 2.7x.
-    None: the daemon's environment unchanged (``spin_count`` -1).
-    """
-    if spin_count < 0:
-        return None
-    return {**os.environ, "GOMP_SPINCOUNT": str(spin_count)}
-
-
 def build_child(config: Config, role: str, *, clock: Clock | None = None) -> ManagedChild:
     """Build (not start) the role: its supervisor set up for the configured mode.
 
@@ -263,12 +247,10 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None) -> Man
     ring = LogRing(config.log_lines)
     sink = ChildLogForwarder(role)
 
-    env = child_environment(config.spin_count)
-
     def launcher_for(s: Setup, timeouts: Timeouts = config.timeouts) -> ProcessLauncher:
         return ProcessLauncher(
             s.spec, s.runtime, clock=clock, ring=ring, timeouts=timeouts,
-            sink=sink, env=env, read_timeout=config.request_timeout,
+            sink=sink, read_timeout=config.request_timeout,
         )
 
     def endpoint_for(spec: EndpointSpec, timeouts: Timeouts = config.timeouts) -> EndpointLauncher:

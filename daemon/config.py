@@ -63,7 +63,8 @@ class Option:
 MODES = ("embedded", "endpoint", "disabled")
 
 
-def _child_options(role: str, enabled: bool, threads: int, parallel: int, ctx: int) -> list[Option]:
+def _child_options(role: str, *, enabled: bool, threads: int, parallel: int, ctx: int,
+                   spin: int) -> list[Option]:
     return [
         Option(f"{role}.enabled", bool, enabled,
                f"Serve {role} (false is {role}.mode = disabled)."),
@@ -90,6 +91,11 @@ def _child_options(role: str, enabled: bool, threads: int, parallel: int, ctx: i
                "Concurrent request slots (llama-server; the bundled runtime serves one; "
                "calls llamad sends an endpoint at once).", minimum=1),
         Option(f"{role}.batch", int, 512, "Logical batch size in tokens.", minimum=1),
+        Option(f"{role}.spin_count", int, spin,
+               "GOMP_SPINCOUNT of the child: how long llama.cpp's OpenMP threads spin at a "
+               "barrier before they sleep. Short spins let the two children, a swap's "
+               "overlap or other load share the cores instead of starving each other; -1 "
+               "keeps the daemon's environment (OpenMP's default spins long).", minimum=-1),
         Option(f"{role}.extra_args", str, "",
                "Extra runtime arguments, space separated, appended verbatim."),
     ]
@@ -119,8 +125,10 @@ OPTIONS: tuple[Option, ...] = (
            "Bearer tokens, one '<role> <token>' per line (roles: read, admin); when set, "
            "every RPC but health needs one. Must not be readable by others; re-read on "
            "SIGHUP."),
-    *_child_options("generation", True, _CPUS, 4, 4096),
-    *_child_options("embedding", True, _CPUS, 2, 0),
+    # Spin counts measured on 2 cores: see supervisor.LaunchSpec.spin_count.
+    *_child_options("generation", enabled=True, threads=_CPUS, parallel=4, ctx=4096,
+                    spin=300),
+    *_child_options("embedding", enabled=True, threads=_CPUS, parallel=2, ctx=0, spin=3000),
     Option("restart.backoff_base", float, 0.5, "First restart backoff ceiling, s.", minimum=0.001),
     Option("restart.backoff_cap", float, 30.0, "Largest restart backoff ceiling, s.",
            minimum=0.001),
@@ -145,11 +153,6 @@ OPTIONS: tuple[Option, ...] = (
     Option("child.request_timeout", float, 600.0,
            "Longest silence from a child during a request, s.", minimum=1),
     Option("child.log_lines", int, 2000, "Output lines kept per child for TailLogs.", minimum=10),
-    Option("child.spin_count", int, 300,
-           "GOMP_SPINCOUNT of the children: how long llama.cpp's OpenMP threads spin at a "
-           "barrier before they sleep. Short spins keep one child's speed and let two "
-           "children, a swap's overlap or other load share the cores; -1 keeps the "
-           "daemon's environment (OpenMP's default spins long).", minimum=-1),
     Option("swap.ready_timeout", float, 90.0,
            "Seconds a swapped-in child has to become ready before the swap fails.",
            minimum=1),
@@ -276,6 +279,7 @@ class ChildConfig:
     batch: int
     extra_args: tuple[str, ...]
     mode: str = "embedded"
+    spin_count: int = -1
     endpoint_url: str = ""
     endpoint_model: str = ""
     api_key_file: str = ""
@@ -324,7 +328,6 @@ class Config:
     recycle_check_interval: float
     recycle_min_uptime: float
     log_lines: int
-    spin_count: int
     drain_grace: float
     log_format: str
     log_level: str
@@ -515,6 +518,7 @@ def _child(values: Mapping[str, Any], sources: Mapping[str, str], env: Mapping[s
         parallel=values[f"{role}.parallel"],
         batch=values[f"{role}.batch"],
         extra_args=tuple(str(values[f"{role}.extra_args"]).split()),
+        spin_count=values[f"{role}.spin_count"],
     )
 
 
@@ -597,7 +601,6 @@ def _build(
         recycle_check_interval=values["recycle.check_interval"],
         recycle_min_uptime=values["recycle.min_uptime"],
         log_lines=values["child.log_lines"],
-        spin_count=values["child.spin_count"],
         drain_grace=values["drain_grace"],
         log_format=values["log.format"],
         log_level=values["log.level"],

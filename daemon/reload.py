@@ -122,7 +122,7 @@ async def reload_config(
     for name in ("listen", "metrics_listen", "policy", "timeouts", "request_timeout",
                  "swap_ready_timeout", "swap_drain_timeout", "recycle_after_requests",
                  "recycle_max_rss_mb", "recycle_check_interval", "recycle_min_uptime",
-                 "log_lines", "spin_count", "drain_grace",
+                 "log_lines", "drain_grace",
                  "log_format", "log_level"):
         if getattr(new, name) != getattr(current, name):
             report.restart_needed.append(name)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
 import socket
 import time
@@ -294,6 +295,12 @@ class ProcessLauncher:
     def api(self) -> ApiShape:
         return self.runtime.api
 
+    def _child_env(self) -> dict[str, str] | None:
+        if self.spec.spin_count < 0:
+            return self._env
+        base = os.environ if self._env is None else self._env
+        return {**base, "GOMP_SPINCOUNT": str(self.spec.spin_count)}
+
     async def launch(self, on_stage: StageSink | None = None) -> ProcessChild:
         port = self._port_picker()
         alias = f"llamad-{self.spec.role}-{secrets.token_hex(6)}"
@@ -302,7 +309,7 @@ class ProcessLauncher:
                   port=port, argv=" ".join(argv))
         try:
             process = await ChildProcess.spawn(
-                argv, ring=self._ring, env=self._env, sink=self._sink
+                argv, ring=self._ring, env=self._child_env(), sink=self._sink
             )
         except OSError as exc:
             release_port(port)

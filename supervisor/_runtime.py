@@ -40,6 +40,16 @@ class LaunchSpec:
         chat_template: a built-in chat template name to use because the GGUF carries
             none (see :func:`fallback_chat_template`); None uses the model's own.
         extra_args: appended verbatim to the runtime's command line.
+        spin_count: GOMP_SPINCOUNT for the child (-1: the environment's). llama.cpp's CPU
+            threads are an OpenMP team that meets at a barrier after every operation,
+            hundreds of times per token; libgomp's default spins there for long, so
+            when anything else wants the same cores (the other child, a swap's incoming
+            child, the daemon) a spinning thread holds a core its partner needs.
+            Measured on 2 cores: two SmolLM2 children serving 2 requests each took
+            5.7-195 s per round by default, 2.1 s at 300, 4.0 s at 3000; a lone
+            generation child 0.96 s by default, 1.00 s at 300; a lone all-MiniLM child
+            embedding 16 texts a call 106 texts/s by default, 84 at 300, 107 at 3000.
+            (Sleeping at once, OMP_WAIT_POLICY=PASSIVE, cost a lone child 2.7x.)
     """
 
     role: str
@@ -51,6 +61,7 @@ class LaunchSpec:
     batch: int = 512
     chat_template: str | None = None
     extra_args: tuple[str, ...] = ()
+    spin_count: int = -1
 
 
 class Runtime(Protocol):

@@ -153,7 +153,7 @@ async def test_status_reports_children(running: tuple[Daemon, Clients], runtime:
     assert gen.runtime == ("llama-server" if runtime == "llama-server" else "llama-cpp-python")
     assert gen.breaker == control_pb2.BREAKER_STATE_CLOSED
     assert gen.model_architecture == "llama"
-    # OpenMP threads spin briefly at barriers (child.spin_count), then sleep.
+    # OpenMP threads spin briefly at barriers ({role}.spin_count), then sleep.
     environ = Path(f"/proc/{gen.pid}/environ").read_bytes().split(b"\0")
     assert b"GOMP_SPINCOUNT=300" in environ
     deadline = time.monotonic() + 20
@@ -166,6 +166,8 @@ async def test_status_reports_children(running: tuple[Daemon, Clients], runtime:
     assert (await c.child(GEN)).model_sha256 == digest
     emb = await c.child(EMB)
     assert emb.model_context_length == 512
+    environ = Path(f"/proc/{emb.pid}/environ").read_bytes().split(b"\0")
+    assert b"GOMP_SPINCOUNT=3000" in environ
 
 
 async def test_cancel_stops_generation_in_the_child(running: tuple[Daemon, Clients],
