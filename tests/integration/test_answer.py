@@ -149,11 +149,11 @@ async def test_an_ask_under_way_when_the_drain_begins_finishes(ready) -> None:  
     search = daemon.retriever.search
 
     async def search_then_drain(*args: object, **kw: object) -> object:
-        result = await search(*args, **kw)  # type: ignore[arg-type]
+        result = await search(*args, **kw)
         daemon.router.draining = True  # what Daemon.drain sets first
         return result
 
-    daemon.retriever.search = search_then_drain  # type: ignore[method-assign]
+    daemon.retriever.search = search_then_drain
     try:
         asked = await ask(stub, "Which command rotates the nginx logs on web01?")
         assert asked.order[-1] == "done"
@@ -163,5 +163,5 @@ async def test_an_ask_under_way_when_the_drain_begins_finishes(ready) -> None:  
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "shutting down" in (err.value.details() or "")
     finally:
-        daemon.retriever.search = search  # type: ignore[method-assign]
+        daemon.retriever.search = search
         daemon.router.draining = False
