@@ -183,8 +183,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("retrieval.embed_concurrency", int, 2,
            "Embedding requests ingest keeps in flight (the embedding child's slots).",
            minimum=1),
-    Option("retrieval.ingest_workers", int, 4,
-           "Files of a directory scan extracted, embedded and committed at once.",
+    Option("retrieval.ingest_workers", int, 16,
+           "Files of a directory scan in flight at once (their chunks share embedding "
+           "requests of up to embed_batch texts, their writes share commits).",
            minimum=1),
     Option("retrieval.text_candidates", int, 25, "BM25 candidates fused per search.",
            minimum=1),

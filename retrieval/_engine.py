@@ -32,7 +32,7 @@ from ._bm25 import Filters, IndexedChunk, TextIndex
 from ._chunk import chunk_text
 from ._extract import ExtractLimits, extract_bytes
 from ._fusion import rrf
-from ._group import GroupCommitter
+from ._group import EmbedBatcher, GroupCommitter
 from ._redact import redact
 from ._store import ChunkRow, DocumentRow, Replacement, SourceRow, Store, StoredChunk
 from ._vectors import VectorIndex
@@ -85,7 +85,7 @@ class RetrievalLimits:
     max_chunk_chars: int = 2000
     embed_batch: int = 32
     embed_concurrency: int = 2      # embedding requests ingest keeps in flight
-    ingest_workers: int = 4         # files of a directory scan processed at once
+    ingest_workers: int = 16        # documents of a directory scan in flight at once
     max_commit_batch: int = 256     # documents per group commit
     text_candidates: int = 25
     vector_candidates: int = 25
@@ -194,7 +194,8 @@ class Retriever:
         # Documents being processed: their state is shown from here (SQLite keeps the
         # last committed version, which a crash mid-processing must leave as it was).
         self._inflight: dict[str, DocumentRow] = {}
-        self._embedding = asyncio.Semaphore(self.limits.embed_concurrency)
+        self._batcher: EmbedBatcher | None = None
+        self._batcher_model = ""
         self._committer: GroupCommitter[_Pending, DocumentRow] = GroupCommitter(
             self._commit_batch, self._write, max_batch=self.limits.max_commit_batch)
         # SQLite holds a write that tantivy or hnswlib failed to take (a full disk, say):
@@ -550,16 +551,31 @@ class Retriever:
         todo = [(h, t) for h, t in hashes.items() if h not in cached]
         fresh: dict[str, np.ndarray] = {}
         try:
-            for i in range(0, len(todo), self.limits.embed_batch):
-                part = todo[i:i + self.limits.embed_batch]
-                async with self._embedding:
-                    got = await embedder.embed([t for _, t in part])
-                fresh.update({h: np.asarray(v, dtype=np.float32)
-                              for (h, _), v in zip(part, got, strict=True)})
+            got = await self._batcher_for(embedder).embed([t for _, t in todo])
+            fresh.update({h: np.asarray(v, dtype=np.float32)
+                          for (h, _), v in zip(todo, got, strict=True)})
         except Exception as exc:
             _log.warning("embedding failed; indexing BM25-only", error=str(exc)[:200])
             return "", {}, {}
         return model, cached, fresh
+
+    def _batcher_for(self, embedder: Embedder) -> EmbedBatcher:
+        """The batcher of this embedder: concurrent ingests' texts share requests of up
+        to ``embed_batch`` texts, ``embed_concurrency`` in flight."""
+        model = embedder.model_id
+        if self._batcher is None or self._batcher_model != model:
+            async def send(texts: list[str]) -> list[list[float]]:
+                # The provider's embedder of the moment (a restarted child is a new
+                # client), as long as it is still this model.
+                current = self._embedder()
+                if current is None or current.model_id != model:
+                    raise RetrievalError("the embedding model changed while ingesting")
+                return await current.embed(texts)
+
+            self._batcher = EmbedBatcher(send, batch=self.limits.embed_batch,
+                                         concurrency=self.limits.embed_concurrency)
+            self._batcher_model = model
+        return self._batcher
 
     def _start_rebuild(self) -> None:
         if self._rebuild is None or self._rebuild.done():

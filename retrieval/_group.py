@@ -81,3 +81,89 @@ class GroupCommitter(Generic[T, R]):
                     future.set_exception(result)
                 else:
                     future.set_result(result)
+
+
+class EmbedBatcher:
+    """Embeds texts from concurrent ingests together: requests of up to ``batch`` texts,
+    at most ``concurrency`` in flight, each gathering whatever texts are waiting (several
+    documents' chunks in one request: the embedding child's best case).
+
+    Bound to one embedder: the retriever makes a new batcher when the embedder changes.
+    """
+
+    def __init__(self, embed: Callable[[list[str]], Awaitable[list[list[float]]]], *,
+                 batch: int, concurrency: int) -> None:
+        self._embed = embed
+        self._batch = max(1, batch)
+        self._slots = asyncio.Semaphore(max(1, concurrency))
+        self._waiting: list[tuple[str, asyncio.Future[list[float]]]] = []
+        self._runner: asyncio.Task[None] | None = None
+        self._sending: set[asyncio.Task[None]] = set()
+        self.requests = 0           # embedding requests sent (for tests and benchmarks)
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One vector per text, in order; raises what the embedder raised."""
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[list[float]]] = []
+        for text in texts:
+            future: asyncio.Future[list[float]] = loop.create_future()
+            self._waiting.append((text, future))
+            futures.append(future)
+        if self._runner is None or self._runner.done():
+            self._runner = asyncio.create_task(self._run(), name="embed-batcher")
+        try:
+            return list(await asyncio.gather(*futures))
+        except BaseException:
+            for future in futures:
+                future.cancel()  # still queued ones are dropped by the runner
+            raise
+
+    async def _run(self) -> None:
+        while self._waiting:
+            await self._slots.acquire()
+            batch: list[tuple[str, asyncio.Future[list[float]]]] = []
+            while self._waiting and len(batch) < self._batch:
+                text, future = self._waiting.pop(0)
+                if not future.done():
+                    batch.append((text, future))
+            if not batch:
+                self._slots.release()
+                continue
+            task = asyncio.create_task(self._send(batch))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _send(self, batch: list[tuple[str, asyncio.Future[list[float]]]]) -> None:
+        try:
+            self.requests += 1
+            vectors = await self._embed([text for text, _ in batch])
+            if len(vectors) != len(batch):
+                raise RuntimeError(f"{len(vectors)} vectors for {len(batch)} texts")
+        except Exception as exc:
+            if len(batch) > 1:
+                # One bad text must not fail the other documents' texts sent with it.
+                for text, future in batch:
+                    await self._send_alone(text, future)
+            else:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+        else:
+            for (_, future), vector in zip(batch, vectors, strict=True):
+                if not future.done():
+                    future.set_result(vector)
+        finally:
+            self._slots.release()
+
+    async def _send_alone(self, text: str, future: asyncio.Future[list[float]]) -> None:
+        if future.done():
+            return
+        try:
+            self.requests += 1
+            vectors = await self._embed([text])
+        except Exception as exc:
+            if not future.done():
+                future.set_exception(exc)
+        else:
+            if not future.done():
+                future.set_result(vectors[0])

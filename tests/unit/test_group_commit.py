@@ -124,3 +124,47 @@ async def test_a_document_is_processing_while_embedded(tmp_path: Path) -> None:
     assert (await task).state == "indexed"
     assert (await r.document("docs/slow")).state == "indexed"  # type: ignore[union-attr]
     await r.close()
+
+
+async def test_concurrent_ingests_share_embedding_requests(tmp_path: Path) -> None:
+    """Documents in flight together have their chunks embedded in shared requests of up
+    to embed_batch texts (not one request per document), and commits are shared too."""
+    from retrieval._engine import RetrievalLimits
+
+    class ChildLikeEmbedder(HashEmbedder):
+        async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+            await asyncio.sleep(0.02)  # a request takes time: texts queue meanwhile
+            return await super().embed(texts)
+
+    embedder = ChildLikeEmbedder("m")
+    r = Retriever(tmp_path, lambda: embedder, RetrievalLimits(embed_batch=8,
+                                                               embed_concurrency=2))
+    await r.open()
+    await r.add_source("docs")
+    await asyncio.gather(*(r.upsert("docs", f"t{i}", f"word{i} shared text", doc_id=f"docs/{i}")
+                           for i in range(40)))
+    assert embedder.calls <= 40 // 8 + 2
+    assert r._committer.commits < 40
+    assert (await r.status())["vectors"] == 40
+    hits = (await r.search("word17", k=1)).hits
+    assert hits[0].doc_id == "docs/17" and hits[0].vector_rank is not None
+    await r.close()
+
+
+async def test_one_bad_text_does_not_fail_the_others_in_its_request() -> None:
+    from retrieval._group import EmbedBatcher
+
+    sent: list[list[str]] = []
+
+    async def embed(texts: list[str]) -> list[list[float]]:
+        sent.append(texts)
+        if "bad" in texts:
+            raise ValueError("input is too large")
+        return [[float(len(t))] for t in texts]
+
+    batcher = EmbedBatcher(embed, batch=8, concurrency=1)
+    good, bad = await asyncio.gather(batcher.embed(["a", "bb"]), batcher.embed(["bad"]),
+                                     return_exceptions=True)
+    assert good == [[1.0], [2.0]]
+    assert isinstance(bad, ValueError)
+    assert sent[0] == ["a", "bb", "bad"]  # one shared request first
