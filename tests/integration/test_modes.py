@@ -513,7 +513,6 @@ async def test_switch_modes_under_streaming_load(servers: dict[str, Server],
     try:
         assert await load.wait_served(0) == {SMALL_MODEL}
 
-        began = time.monotonic()
         progress = await set_mode(c, GEN, ENDPOINT, url=gen.url)
         assert progress[-1].stage == control_pb2.SWAP_STAGE_DONE
         assert control_pb2.SWAP_STAGE_DRAINING in [p.stage for p in progress]
@@ -521,7 +520,9 @@ async def test_switch_modes_under_streaming_load(servers: dict[str, Server],
         status = await c.child(GEN)
         assert (status.mode, status.pid) == (ENDPOINT, 0)
         switched = time.monotonic()
-        assert str(gen.model) in await load.wait_served(began)
+        # The old child is gone (drained, stopped): every call completing from here on was
+        # served by the endpoint. (Calls completing during the switch may all be the old
+        # child's drained ones: asserting on them raced.)
         assert await load.wait_served(switched) == {str(gen.model)}
 
         disabled_at = time.monotonic()
