@@ -187,6 +187,12 @@ OPTIONS: tuple[Option, ...] = (
            "Files of a directory scan in flight at once (their chunks share embedding "
            "requests of up to embed_batch texts, their writes share commits).",
            minimum=1),
+    Option("retrieval.max_commit_batch", int, 256,
+           "Most documents one group commit writes (concurrent ingests share commits).",
+           minimum=1),
+    Option("retrieval.query_embed_timeout", float, 5.0,
+           "Seconds a search waits for its query's embedding before answering BM25-only.",
+           minimum=0.1),
     Option("retrieval.text_candidates", int, 25, "BM25 candidates fused per search.",
            minimum=1),
     Option("retrieval.vector_candidates", int, 25, "HNSW candidates fused per search.",

@@ -428,13 +428,11 @@ class Retriever:
         """Commit documents together (the writer lock is held): one SQLite transaction,
         one tantivy commit, one round of hnswlib updates."""
         models = {p.model for p in batch if p.model and (p.cached or p.fresh)}
-        for model in sorted(models):
-            if self._vectors is None and model == self._embedder_model():
-                # The first vectors ever: an index for this model (built from the cache,
-                # which this batch's transaction fills first).
-                continue
-            if model != self._vector_model:
-                self._start_rebuild()
+        if self._vectors is not None and models - {self._vector_model}:
+            # Vectors of another model than the index's: they stay cached (this commit
+            # stores them) for the background rebuild, and never enter this index. With
+            # no index yet, _store_batch makes the first one.
+            self._start_rebuild()
         if self._behind:
             await asyncio.to_thread(self._catch_up)
         now = int(time.time())
@@ -494,10 +492,6 @@ class Retriever:
             if pairs:
                 self._vectors.add([k for k, _ in pairs], np.stack([v for _, v in pairs]))
             self._vectors_dirty = True
-
-    def _embedder_model(self) -> str:
-        embedder = self._embedder()
-        return embedder.model_id if embedder is not None else ""
 
     async def _fit_embedding_context(self, pieces: list, kind: str) -> list:  # type: ignore[type-arg]
         """Split chunks the embedding model could not take in one piece, until each fits.
