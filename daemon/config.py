@@ -183,9 +183,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("retrieval.embed_concurrency", int, 2,
            "Embedding requests ingest keeps in flight (the embedding child's slots).",
            minimum=1),
-    Option("retrieval.ingest_workers", int, 16,
+    Option("retrieval.ingest_workers", int, 128,
            "Files of a directory scan in flight at once (their chunks share embedding "
-           "requests of up to embed_batch texts, their writes share commits).",
+           "requests of up to embed_batch texts, their writes share commits): enough "
+           "small files that embedding requests fill up.",
+           minimum=1),
+    Option("retrieval.ingest_inflight_mb", int, 64,
+           "File bytes a directory scan has in flight at once, MiB (bounds its memory "
+           "whatever ingest_workers is; one file larger than this goes alone).",
            minimum=1),
     Option("retrieval.max_commit_batch", int, 256,
            "Most documents one group commit writes (concurrent ingests share commits).",

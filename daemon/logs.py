@@ -7,6 +7,7 @@ every line of the daemon's output has one shape.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from typing import Any, TextIO
@@ -59,11 +60,35 @@ def _identity(_: Any, __: str, event: Any) -> Any:
     return event
 
 
+# llama.cpp's log prefix ("0.08.547.880 I slot ...": time, then a level letter) and
+# uvicorn's ("INFO:     127.0.0.1:40000 - \"POST /v1/embeddings ...\" 200 OK").
+_LLAMA_LEVEL = re.compile(r"^\d+\.\d+\.\d+\.\d+ ([DIWE]) ")
+_UVICORN_LEVEL = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s")
+_CHILD_LEVELS = {"D": logging.DEBUG, "I": logging.DEBUG, "W": logging.WARNING,
+                 "E": logging.ERROR, "DEBUG": logging.DEBUG, "INFO": logging.DEBUG,
+                 "WARNING": logging.WARNING, "ERROR": logging.ERROR,
+                 "CRITICAL": logging.ERROR}
+
+
+def child_line_level(line: str) -> int:
+    """The level a child's output line is logged at.
+
+    The runtimes' own info lines (several per request: slot selected, task launched,
+    released; uvicorn's access line) are routine, so they go to debug; their warnings and
+    errors keep their level; a line in no known format (a crash message, a fake child's
+    output) is logged at info. TailLogs keeps every line whatever its level.
+    """
+    match = _LLAMA_LEVEL.match(line) or _UVICORN_LEVEL.match(line)
+    return _CHILD_LEVELS[match.group(1)] if match else logging.INFO
+
+
 class ChildLogForwarder:
     """Forwards a child's output lines to the log, at most ``rate`` lines per second.
 
     A child flooding its output must not flood the daemon's log (or its CPU): past the
-    rate, lines are counted, kept in the ring buffer for TailLogs, and summarised.
+    rate, lines are counted, kept in the ring buffer for TailLogs, and summarised. Lines
+    below the log level (see :func:`child_line_level`) cost one regex match and count
+    against nothing.
     """
 
     def __init__(self, role: str, rate: int = 100) -> None:
@@ -75,6 +100,9 @@ class ChildLogForwarder:
         self._pid = 0
 
     def __call__(self, pid: int, stream: str, line: str) -> None:
+        level = child_line_level(line)
+        if not logging.getLogger("llamad.child").isEnabledFor(level):
+            return
         self._pid = pid
         now = time.monotonic()
         if now - self._window >= 1.0:
@@ -87,4 +115,4 @@ class ChildLogForwarder:
             self._suppressed += 1
             return
         if line:
-            self._log.info("child output", pid=pid, stream=stream, line=line)
+            self._log.log(level, "child output", pid=pid, stream=stream, line=line)

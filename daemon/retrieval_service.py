@@ -66,6 +66,7 @@ def limits_from(config: Config) -> RetrievalLimits:
         chunk_size=r["chunk_size"], chunk_overlap=r["chunk_overlap"],
         max_chunk_chars=r["max_chunk_chars"], embed_batch=r["embed_batch"],
         embed_concurrency=r["embed_concurrency"], ingest_workers=r["ingest_workers"],
+        ingest_inflight_bytes=r["ingest_inflight_mb"] * 1024 * 1024,
         max_commit_batch=r["max_commit_batch"], query_embed_timeout=r["query_embed_timeout"],
         text_candidates=r["text_candidates"], vector_candidates=r["vector_candidates"],
         rrf_k=r["rrf_k"], default_k=r["default_k"], max_k=r["max_k"],

@@ -85,7 +85,8 @@ class RetrievalLimits:
     max_chunk_chars: int = 2000
     embed_batch: int = 32
     embed_concurrency: int = 2      # embedding requests ingest keeps in flight
-    ingest_workers: int = 16        # documents of a directory scan in flight at once
+    ingest_workers: int = 128       # documents of a directory scan in flight at once
+    ingest_inflight_bytes: int = 64 * 1024**2  # ... and their file bytes, at most
     max_commit_batch: int = 256     # documents per group commit
     text_candidates: int = 25
     vector_candidates: int = 25

@@ -124,7 +124,9 @@ async def scan_source(retriever: Retriever, source_id: str,
     total_bytes = 0
     # Files are extracted, embedded and committed by a bounded pool of workers: the
     # embedding child's slots stay busy and their commits are grouped.
+    # Bounded twice: by count (ingest_workers) and by file bytes (ingest_inflight_bytes).
     running: set[asyncio.Task[None]] = set()
+    inflight: dict[asyncio.Task[None], int] = {}
 
     async def ingest(path: Path, rel: str, old: DocumentRow | None) -> None:
         try:
@@ -187,11 +189,17 @@ async def scan_source(retriever: Retriever, source_id: str,
                         and old.size == st.st_size:
                     report.unchanged += 1
                     continue
-                if len(running) >= max(1, limits.ingest_workers):
+                while running and (
+                        len(running) >= max(1, limits.ingest_workers)
+                        or sum(inflight.values()) + st.st_size > limits.ingest_inflight_bytes):
                     finished, running = await asyncio.wait(
                         running, return_when=asyncio.FIRST_COMPLETED)
+                    for task in finished:
+                        inflight.pop(task, None)
                     await _check(finished, running)
-                running.add(asyncio.create_task(ingest(path, rel, old)))
+                task = asyncio.create_task(ingest(path, rel, old))
+                running.add(task)
+                inflight[task] = st.st_size
         if running:
             finished, _ = await asyncio.wait(running)
             await _check(finished, set())

@@ -168,3 +168,43 @@ async def test_one_bad_text_does_not_fail_the_others_in_its_request() -> None:
     assert good == [[1.0], [2.0]]
     assert isinstance(bad, ValueError)
     assert sent[0] == ["a", "bb", "bad"]  # one shared request first
+
+
+async def test_a_scan_bounds_files_in_flight_by_count_and_bytes(tmp_path: Path) -> None:
+    """ingest_workers bounds the files a scan has in flight, ingest_inflight_bytes their
+    bytes; a file larger than the byte budget is ingested alone, not refused."""
+    from retrieval import scan_source
+    from retrieval._engine import RetrievalLimits
+
+    root = tmp_path / "docs"
+    root.mkdir()
+    sizes = {f"f{i:02d}.md": 3000 for i in range(20)} | {"huge.md": 50_000}
+    for name, size in sizes.items():
+        (root / name).write_text((f"{name} " + "lorem ipsum " * size)[:size])
+    r = Retriever(tmp_path / "index", lambda: HashEmbedder("m"),
+                  RetrievalLimits(ingest_workers=100, ingest_inflight_bytes=10_000))
+    await r.open()
+    source = await r.add_source("docs", root=root)
+    in_flight: dict[str, int] = {}
+    peaks: list[tuple[int, int]] = []  # (files, bytes) whenever one starts
+    alone: list[bool] = []
+    ingest_file = r.ingest_file
+
+    async def tracked(src: object, path: Path, rel: str) -> object:
+        in_flight[rel] = path.stat().st_size
+        peaks.append((len(in_flight), sum(in_flight.values())))
+        if rel == "huge.md":
+            alone.append(len(in_flight) == 1)
+        await asyncio.sleep(0.01)
+        try:
+            return await ingest_file(src, path, rel)  # type: ignore[arg-type]
+        finally:
+            del in_flight[rel]
+
+    r.ingest_file = tracked  # type: ignore[assignment,method-assign]
+    report = await scan_source(r, source.id)
+    assert report.added == 21 and not report.failed
+    assert max(b for f, b in peaks if f > 1) <= 10_000
+    assert max(f for f, _ in peaks) == 3  # 3 x 3000 bytes fit in 10,000: a pool, bounded
+    assert alone == [True]
+    await r.close()
