@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 
 import grpc
+import numpy as np
 from google.protobuf import timestamp_pb2
 
 from clients._pb import common_pb2, inference_pb2, inference_pb2_grpc
@@ -223,5 +224,6 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
 
 
 def _l2(vector: list[float]) -> list[float]:
-    norm = math.sqrt(math.fsum(x * x for x in vector))
-    return [x / norm for x in vector] if norm > 0 else vector
+    array = np.asarray(vector, dtype=np.float64)
+    norm = math.sqrt(float(array @ array))
+    return (array / norm).tolist() if norm > 0 else vector

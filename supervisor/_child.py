@@ -323,6 +323,7 @@ class ProcessLauncher:
             model_name=self.spec.model.name,
             api=self.runtime.api,
             read_timeout=self._read_timeout,
+            loopback=True,
         )
         child = ProcessChild(process, client, port, self._clock, self.timeouts)
         if on_stage is not None:

@@ -2,22 +2,28 @@
 
 Both runtimes speak the OpenAI-compatible API on loopback; what differs (where health and
 tokenization live) is described by :class:`ApiShape`, owned by the runtime adapter.
-Foreign exceptions (httpx's) are mapped here, at the boundary, into
-:mod:`supervisor.errors`.
+Foreign exceptions (httpx's, and :mod:`supervisor._http`'s for a launched child's unary
+requests) are mapped here, at the boundary, into :mod:`supervisor.errors`.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import enum
 import json
 import time
+import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import numpy as np
+import orjson
 
+from ._http import HTTPTransportError, LoopbackHTTP
 from .errors import ChildBadRequestError, ChildRequestError
 
 
@@ -31,12 +37,16 @@ class ApiShape:
         tokenize_path: the tokenizer endpoint.
         tokenize_field: the JSON field that carries the text.
         tokenize_special_field: the JSON field for "add special tokens", or None.
+        embed_base64: ``/v1/embeddings`` answers ``encoding_format: base64`` (raw
+            little-endian float32): no float printed as text by the child nor parsed
+            here, and the child's exact values.
     """
 
     health_path: str | None
     tokenize_path: str
     tokenize_field: str
     tokenize_special_field: str | None
+    embed_base64: bool = False
 
 
 class Health(enum.Enum):
@@ -118,6 +128,7 @@ class InferenceClient:
         connect_timeout: float = 2.0,
         read_timeout: float = 300.0,
         max_connections: int = 64,
+        loopback: bool = False,
     ) -> None:
         """Args:
             base_url: the server's root (paths such as ``/v1/completions`` are appended).
@@ -125,6 +136,9 @@ class InferenceClient:
             api: where the runtime keeps its non-standard endpoints.
             model_name: what callers are told served them (default: ``model_id``).
             headers: sent with every request (an endpoint's ``Authorization``).
+            loopback: a child llamad launched, at ``http://127.0.0.1:<port>``: its unary
+                JSON requests (embed, tokenize, readiness) go through the lean
+                :class:`supervisor._http.LoopbackHTTP` instead of httpx.
         """
         self.base_url = base_url
         self.model_id = model_id
@@ -145,6 +159,13 @@ class InferenceClient:
             ),
         )
         self._activity = _Activity()
+        self._fast: LoopbackHTTP | None = None
+        if loopback:
+            url = urllib.parse.urlsplit(base_url)
+            if url.scheme != "http" or not url.hostname or not url.port or headers:
+                raise ValueError(f"loopback needs http://host:port without headers: {base_url}")
+            self._fast = LoopbackHTTP(url.hostname, url.port, connect_timeout=connect_timeout,
+                                      max_connections=max_connections)
 
     @property
     def in_flight(self) -> int:
@@ -157,6 +178,8 @@ class InferenceClient:
         return self._activity.last_progress
 
     async def aclose(self) -> None:
+        if self._fast is not None:
+            await self._fast.aclose()
         await self._http.aclose()
 
     # -- health ---------------------------------------------------------------------
@@ -223,6 +246,8 @@ class InferenceClient:
     async def _json_once(
         self, method: str, path: str, body: dict[str, Any] | None, timeout: float | None
     ) -> dict[str, Any]:
+        if self._fast is not None:
+            return await self._json_fast(self._fast, method, path, body, timeout)
         self._activity.in_flight += 1
         self._activity.last_progress = time.monotonic()
         try:
@@ -245,6 +270,34 @@ class InferenceClient:
         if not isinstance(data, dict):
             raise ChildRequestError(f"{path}: answer is not a JSON object",
                                     status=resp.status_code)
+        return data
+
+    async def _json_fast(
+        self, fast: LoopbackHTTP, method: str, path: str, body: dict[str, Any] | None,
+        timeout: float | None,
+    ) -> dict[str, Any]:
+        # As httpx encodes a json= body (NaN is refused, not sent as invalid JSON).
+        payload = None if body is None else json.dumps(
+            body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        self._activity.in_flight += 1
+        self._activity.last_progress = time.monotonic()
+        try:
+            resp = await fast.request(
+                method, path, payload, self._read_timeout if timeout is None else timeout)
+            self._activity.last_progress = time.monotonic()
+        except HTTPTransportError as exc:
+            raise ChildRequestError(f"{method} {path}: {exc}") from exc
+        finally:
+            self._activity.in_flight -= 1
+        if resp.status >= 400:
+            raise self._status_error(
+                httpx.Response(resp.status, headers=resp.headers, content=resp.body), path)
+        try:
+            data = orjson.loads(resp.body)
+        except orjson.JSONDecodeError as exc:
+            raise ChildRequestError(f"{path}: answer is not JSON", status=resp.status) from exc
+        if not isinstance(data, dict):
+            raise ChildRequestError(f"{path}: answer is not a JSON object", status=resp.status)
         return data
 
     async def complete(self, prompt: str, sampling: Sampling) -> str:
@@ -353,11 +406,14 @@ class InferenceClient:
 
     async def embed(self, texts: Sequence[str]) -> EmbedResult:
         """Embed ``texts`` (one vector each, in order)."""
-        data = await self._json("POST", "/v1/embeddings", {"input": list(texts)})
+        body: dict[str, Any] = {"input": list(texts)}
+        if self._api.embed_base64:
+            body["encoding_format"] = "base64"
+        data = await self._json("POST", "/v1/embeddings", body)
         try:
             items = sorted(data["data"], key=lambda d: int(d.get("index", 0)))
-            vectors = [[float(x) for x in item["embedding"]] for item in items]
-        except (KeyError, TypeError, ValueError) as exc:
+            vectors = [_vector(item["embedding"]) for item in items]
+        except (KeyError, TypeError, ValueError, binascii.Error) as exc:
             raise ChildRequestError("/v1/embeddings: malformed answer") from exc
         if len(vectors) != len(texts):
             raise ChildRequestError(
@@ -383,6 +439,19 @@ def _choice_text(choice: dict[str, Any], chat: bool) -> str:
         delta = choice.get("delta") or {}
         return str(delta.get("content") or "")
     return str(choice.get("text") or "")
+
+
+def _vector(value: object) -> list[float]:
+    """An embedding as JSON numbers, or as base64 of little-endian float32."""
+    if isinstance(value, str):
+        raw = base64.b64decode(value, validate=True)
+        if len(raw) % 4:
+            raise ValueError("base64 embedding is not whole float32s")
+        vector: list[float] = np.frombuffer(raw, dtype="<f4").astype(np.float64).tolist()
+        return vector
+    if not isinstance(value, list):
+        raise TypeError(f"embedding is a {type(value).__name__}")
+    return [float(x) for x in value]
 
 
 def _int_or_none(value: object) -> int | None:

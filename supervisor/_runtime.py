@@ -91,6 +91,7 @@ LLAMA_SERVER_API = ApiShape(
     tokenize_path="/tokenize",
     tokenize_field="content",
     tokenize_special_field="add_special",
+    embed_base64=True,
 )
 BUNDLED_API = ApiShape(
     health_path=None,
