@@ -34,9 +34,10 @@ probe, swap and admission settings unless said otherwise):
 3. **Embed: llamad vs direct.** Embedding child only (all-MiniLM-L6-v2, 2 slots).
    Sentences of 20-60 tokens (the child's own tokenizer) cut from the CISI corpus;
    batches of 1, 16 and 64 through gRPC ``Embed`` (default request, as a user sends it)
-   and as ``POST /v1/embeddings`` (httpx, the body llamad sends, JSON parsed into
-   vectors) to the child's port from Status. Each pair sends the same batch both ways,
-   the order alternating pair by pair; a warm-up pair per size is discarded.
+   and as ``POST /v1/embeddings`` (httpx) to the child's port from Status, twice: JSON
+   numbers parsed into vectors (a client's default), and ``encoding_format: base64``
+   decoded with numpy (what llamad asks its child for). Each round sends the same batch
+   the three ways, the order rotating; a warm-up round per size is discarded.
 
 Before each part the bench waits (up to ``--wait-others`` seconds) until no other
 benchmark runs (``pgrep -fa 'bench\\.'``), and records ``uptime`` and the CPU that other
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import math
@@ -69,6 +71,7 @@ from typing import Any
 
 import grpc
 import httpx
+import numpy as np
 from grpc_health.v1 import health_pb2
 
 from bench.bench_generation import (
@@ -93,6 +96,10 @@ EMBED_MODEL = "all-MiniLM-L6-v2-f16.gguf"
 CORPUS = Path("/work/shared/data/cisi/corpus.jsonl")
 CI_LOG = Path("/tmp/ci/run.log")  # noqa: S108 (only read: a CI run on this machine)
 THREADS = 2
+# The order of the three embedding paths, rotating round by round (each first equally often).
+ORDERS = (("llamad", "direct", "direct64"), ("direct", "direct64", "llamad"),
+          ("direct64", "llamad", "direct"), ("llamad", "direct64", "direct"),
+          ("direct", "llamad", "direct64"), ("direct64", "direct", "llamad"))
 POLL = 0.02
 RETRY_KEY = "retry-after-ms"
 RETRYABLE = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
@@ -1022,11 +1029,12 @@ class EmbedPair:
     size: int
     rep: int
     llamad: float  # seconds per call
-    direct: float
+    direct: float  # JSON numbers, as a client gets by default
     llamad_first: bool
     start: float  # perf_counter
     end: float
     foreign: float = math.nan  # other processes' cores during the pair (filled in later)
+    direct64: float = math.nan  # encoding_format base64, as llamad asks the child
 
 
 @dataclass
@@ -1074,6 +1082,16 @@ async def embed_direct(http: httpx.AsyncClient, batch: Sequence[str]) -> list[li
     return [list(d["embedding"]) for d in sorted(data, key=lambda d: int(d["index"]))]
 
 
+async def embed_direct64(http: httpx.AsyncClient, batch: Sequence[str]) -> list[list[float]]:
+    """As :func:`embed_direct`, asking for base64 float32 (what llamad asks its child for)."""
+    resp = await http.post("/v1/embeddings",
+                           json={"input": list(batch), "encoding_format": "base64"})
+    resp.raise_for_status()
+    data = resp.json()["data"]
+    return [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4").tolist()
+            for d in sorted(data, key=lambda d: int(d["index"]))]
+
+
 def cosine(a: Sequence[float], b: Sequence[float]) -> float:
     dot = math.fsum(x * y for x, y in zip(a, b, strict=True))
     na = math.sqrt(math.fsum(x * x for x in a))
@@ -1107,25 +1125,30 @@ async def bench_embed(args: argparse.Namespace, state_dir: Path) -> EmbedResult:
                     batch = [texts[(offset + j) % len(texts)] for j in range(size)]
                     offset += size
                     used += [ntok[t] for t in batch]
-                    llamad_first = rep % 2 == 0
                     seconds: dict[str, float] = {}
                     vectors: dict[str, list[list[float]]] = {}
                     pair_start = time.perf_counter()
-                    for path in (("llamad", "direct") if llamad_first else ("direct", "llamad")):
+                    order = ORDERS[rep % len(ORDERS)]
+                    for path in order:
                         began = time.perf_counter()
                         if path == "llamad":
                             vectors[path] = await embed_llamad(running.inference, batch)
-                        else:
+                        elif path == "direct":
                             vectors[path] = await embed_direct(http, batch)
+                        else:
+                            vectors[path] = await embed_direct64(http, batch)
                         seconds[path] = time.perf_counter() - began
-                    if len(vectors["llamad"]) != size or len(vectors["direct"]) != size:
+                    llamad_first = order.index("llamad") < order.index("direct")
+                    if any(len(v) != size for v in vectors.values()):
                         raise RuntimeError("wrong number of vectors")
                     if rep == 1 and size == 16:
-                        agreement = min(agreement, *(cosine(a, b) for a, b in zip(
-                            vectors["llamad"], vectors["direct"], strict=True)))
+                        agreement = min(agreement, *(cosine(a, b) for other in (
+                            "direct", "direct64") for a, b in zip(
+                            vectors["llamad"], vectors[other], strict=True)))
                     if rep:
                         pairs.append(EmbedPair(size, rep, seconds["llamad"], seconds["direct"],
-                                               llamad_first, pair_start, time.perf_counter()))
+                                               llamad_first, pair_start, time.perf_counter(),
+                                               direct64=seconds["direct64"]))
                 tokens[size] = statistics.fmean(used)
                 mine = [p for p in pairs if p.size == size]
                 print(f"  batch {size}: {len(mine)} pairs, llamad "
@@ -1142,12 +1165,15 @@ def embed_section(r: EmbedResult, env: list[str], note: PartNote, command: str) 
            f"- Daemon: embedding child only (`{EMBED_MODEL}`, llama-server, {THREADS} threads, "
            "2 slots, production defaults). llamad: gRPC `Embed` (grpc.aio, default request, "
            "so llamad L2-normalises), vectors read into lists. direct: `POST /v1/embeddings` "
-           "(httpx) to the child's port from Status, with the body llamad sends, JSON parsed "
-           "into lists.",
+           "(httpx) to the child's port from Status, the texts as llamad sends them, JSON "
+           "numbers parsed into lists (a client's default). direct base64: the same with "
+           "`encoding_format: base64`, decoded with numpy: what llamad itself asks the child "
+           "for (with its lean keep-alive client, supervisor/_http.py).",
            f"- Texts: {r.sentences} distinct sentences of 20-60 tokens (the child's tokenizer) "
-           "cut from the CISI corpus; each pair sends the same batch both ways, the order "
-           "alternating pair by pair; successive pairs take the next sentences; one warm-up "
-           f"pair per size discarded. Smallest cosine between the two paths' vectors: "
+           "cut from the CISI corpus; each round sends the same batch the three ways, the "
+           "order rotating round by round; successive rounds take the next sentences; one "
+           "warm-up round per size discarded. Smallest cosine between llamad's vectors and "
+           "the direct ones: "
            f"{r.agreement:.6f}.",
            ""]
     rows = []
@@ -1157,16 +1183,19 @@ def embed_section(r: EmbedResult, env: list[str], note: PartNote, command: str) 
         if len(mine) < len(every) / 2:
             mine = every  # mostly disturbed: keep them all, and say so below
         lm, dm = med([p.llamad for p in mine]), med([p.direct for p in mine])
-        ratio = dm / lm
+        d64 = med([p.direct64 for p in mine])
+        ratio, ratio64 = dm / lm, d64 / lm
         paired = med([p.direct / p.llamad for p in mine])
         rows.append([str(size), f"{r.tokens[size]:.0f}", f"{len(mine)}/{len(every)}",
-                     f"{size / lm:.1f}", f"{size / dm:.1f}", f"{lm * 1000:.2f}",
-                     f"{dm * 1000:.2f}", f"{(lm - dm) * 1000:+.2f}",
-                     f"**{ratio:.3f}** {'ok' if ratio >= 0.97 else 'MISS'}", f"{paired:.3f}"])
-    out += table(["batch", "tokens/text", f"pairs kept (others <= {MONITOR.busy} cores)",
-                  "llamad texts/s", "direct texts/s",
+                     f"{size / lm:.1f}", f"{size / dm:.1f}", f"{size / d64:.1f}",
+                     f"{lm * 1000:.2f}", f"{dm * 1000:.2f}", f"{(lm - dm) * 1000:+.2f}",
+                     f"**{ratio:.3f}** {'ok' if ratio >= 0.97 else 'MISS'}", f"{paired:.3f}",
+                     f"**{ratio64:.3f}** {'ok' if ratio64 >= 0.97 else 'MISS'}"])
+    out += table(["batch", "tokens/text", f"rounds kept (others <= {MONITOR.busy} cores)",
+                  "llamad texts/s", "direct texts/s", "direct base64 texts/s",
                   "llamad ms/call", "direct ms/call", "added ms/call",
-                  "throughput llamad/direct (>= 0.97)", "median of per-pair ratios"], rows)
+                  "throughput llamad/direct (>= 0.97)", "median of per-round ratios",
+                  "llamad/direct base64 (>= 0.97)"], rows)
     out += ["", f"Reproduce: `{command}`"]
     return out
 
