@@ -41,6 +41,8 @@ class Admission:
         self.hold_seconds = 0.0  # EWMA of slot hold time; 0 until a call finished
         self._served: tuple[int, int] = (0, 0)  # (child pid, calls it completed)
         self.rejected = collections.Counter[str]()
+        self._held = False  # no slot is granted (see hand_over)
+        self._idle: asyncio.Event | None = None  # set when in_flight drops to 0 while held
 
     def set_hooks(self, on_change: Callable[[Admission], None] | None,
                   on_reject: Callable[[str, str], None] | None) -> None:
@@ -81,8 +83,37 @@ class Admission:
         if self._on_change is not None:
             self._on_change(self)
 
+    async def hand_over(self, limit_seconds: float) -> None:
+        """Grant no new slot until the calls running now have ended, or ``limit_seconds``.
+
+        Used when a swap switches to the new child: the old child's calls still hold
+        their slots, and a new call started beside them would put the two children on
+        the same cores at once. Both models then step at about half speed (each pass is
+        as costly for one sequence as for several), so the old calls end later and the
+        new ones gain nothing. Held back, new calls wait in the queue as they would for
+        any busy slot, then start together on the new child.
+        """
+        if self.in_flight == 0 or limit_seconds <= 0 or self._held:
+            return
+        self._held = True
+        self._idle = asyncio.Event()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(limit_seconds):
+                    await self._idle.wait()
+        finally:
+            self._held = False
+            self._idle = None
+            self._wake()
+
+    def _released(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0 and self._idle is not None:
+            self._idle.set()
+        self._wake()
+
     def _wake(self) -> None:
-        while self._waiters and self.in_flight < self.limit:
+        while self._waiters and self.in_flight < self.limit and not self._held:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 self.in_flight += 1
@@ -102,7 +133,7 @@ class Admission:
 
         Cancellation while waiting leaves the queue; a slot is always released.
         """
-        if self.in_flight < self.limit and not self._waiters:
+        if self.in_flight < self.limit and not self._waiters and not self._held:
             self.in_flight += 1
         else:
             position = len(self._waiters)
@@ -127,8 +158,7 @@ class Admission:
                 await waiter
             except BaseException:
                 if waiter.done() and not waiter.cancelled():
-                    self.in_flight -= 1  # granted just as we were cancelled: give it back
-                    self._wake()
+                    self._released()  # granted just as we were cancelled: give it back
                 else:
                     with contextlib.suppress(ValueError):
                         self._waiters.remove(waiter)
@@ -142,5 +172,4 @@ class Admission:
             held = self._clock() - began
             self.hold_seconds = (held if not self.hold_seconds
                                  else (1 - _EWMA_WEIGHT) * self.hold_seconds + _EWMA_WEIGHT * held)
-            self.in_flight -= 1
-            self._wake()
+            self._released()

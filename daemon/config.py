@@ -159,6 +159,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("swap.drain_timeout", float, 30.0,
            "Seconds calls on the old child get to finish after a swap before it stops.",
            minimum=0),
+    Option("swap.handover_hold", float, 5.0,
+           "Seconds new calls may wait, after a swap switched, for the old child's calls "
+           "to end before they start on the new child (two children computing at once on "
+           "the same cores both slow down); 0: start them at once.",
+           minimum=0),
     Option("recycle.after_requests", int, 0,
            "Replace a child (make-before-break) after it served this many calls; 0: never.",
            minimum=0),
@@ -335,6 +340,7 @@ class Config:
     request_timeout: float
     swap_ready_timeout: float
     swap_drain_timeout: float
+    swap_handover_hold: float
     recycle_after_requests: int
     recycle_max_rss_mb: int
     recycle_check_interval: float
@@ -608,6 +614,7 @@ def _build(
         request_timeout=values["child.request_timeout"],
         swap_ready_timeout=values["swap.ready_timeout"],
         swap_drain_timeout=values["swap.drain_timeout"],
+        swap_handover_hold=values["swap.handover_hold"],
         recycle_after_requests=values["recycle.after_requests"],
         recycle_max_rss_mb=values["recycle.max_rss_mb"],
         recycle_check_interval=values["recycle.check_interval"],

@@ -128,7 +128,8 @@ class Daemon:
         self._bound: Bound | None = None
         self.router = InferenceRouter(self.children)
         self.swaps = SwapManager(self.children, config.swap_drain_timeout,
-                                 on_swapped=self._after_swap)
+                                 on_swapped=self._after_swap,
+                                 handover_hold=config.swap_handover_hold)
         self.modes = ModeManager(self.children, lambda: self.config,
                                  on_change=self._after_mode_change)
         self.retriever: Retriever | None = None

@@ -10,6 +10,7 @@ one, takes the stop-old-first path when asked to, and records the swap for Statu
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable
@@ -90,9 +91,11 @@ class SwapManager:
     """Runs swaps for the daemon's children."""
 
     def __init__(self, children: dict[str, ManagedChild], drain_timeout: float,
-                 on_swapped: Callable[[ManagedChild], None] | None = None) -> None:
+                 on_swapped: Callable[[ManagedChild], None] | None = None, *,
+                 handover_hold: float = 0.0) -> None:
         self._children = children
         self._drain_timeout = drain_timeout
+        self._handover_hold = handover_hold
         self._on_swapped = on_swapped
 
     @staticmethod
@@ -186,10 +189,23 @@ class SwapManager:
             )
         old = child.setup
         if fits:
-            await child.supervisor.swap(
-                child.launcher_factory(target), validate=target.model.validate,
-                drain_timeout=self._drain_timeout, progress=report,
-            )
+            handover: asyncio.Task[None] | None = None
+
+            def progress(p: SwapProgress) -> None:
+                nonlocal handover
+                if p.stage == "draining" and handover is None:  # new calls: new child
+                    handover = asyncio.create_task(
+                        child.admission.hand_over(self._handover_hold))
+                report(p)
+
+            try:
+                await child.supervisor.swap(
+                    child.launcher_factory(target), validate=target.model.validate,
+                    drain_timeout=self._drain_timeout, progress=progress,
+                )
+            finally:
+                if handover is not None and not handover.done():
+                    handover.cancel()
         else:
             await self._stop_old_first(child, target, report)
         record = SwapRecord(role, str(old.spec.model), str(target.spec.model), time.time(),

@@ -179,3 +179,48 @@ async def test_swap_racing_a_crash_of_the_old_child(running: tuple[Daemon, Clien
     out = [m async for m in c.inference.Generate(pb.GenerateRequest(
         prompt="Hi", sampling=pb.SamplingParams(max_tokens=3)))]
     assert out[-1].model == DEFAULT_MODEL
+
+
+async def test_new_calls_wait_for_the_old_childs_calls_then_use_the_new_one(
+        llama_server: str) -> None:
+    """Once a swap switched, a new call waits in the queue until the old child's running
+    call ended (swap.handover_hold), rather than computing beside it on the same cores;
+    then it runs on the new model."""
+    daemon = make_daemon(config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false",
+                                    LLAMAD_SWAP_HANDOVER_HOLD="60"))
+    c = Clients(await daemon.start())
+    try:
+        await c.wait_serving("")
+        old = c.inference.Generate(pb.GenerateRequest(
+            prompt="1, 2, 3, 4, 5, 6, 7, 8,", sampling=pb.SamplingParams(max_tokens=400)))
+        assert (await old.read()).model == SMALL_MODEL
+
+        async def finish_old() -> float:
+            last = None
+            while (msg := await old.read()) is not grpc.aio.EOF:
+                last = msg
+            assert last is not None and last.model == SMALL_MODEL
+            return asyncio.get_running_loop().time()
+
+        old_done = asyncio.create_task(finish_old())
+
+        async def new_call() -> tuple[str, float]:
+            stream = c.inference.Generate(pb.GenerateRequest(
+                prompt="Hi", sampling=pb.SamplingParams(max_tokens=3)))
+            out = [m async for m in stream]
+            return out[-1].model, asyncio.get_running_loop().time()
+
+        new_task: asyncio.Task[tuple[str, float]] | None = None
+        request = control_pb2.SwapRequest(role=GEN, model_path=str(model_path(DEFAULT_MODEL)))
+        async for p in c.control.Swap(request):
+            if p.stage == control_pb2.SWAP_STAGE_DRAINING and new_task is None:
+                assert not old_done.done(), "the old call ended before the switch"
+                new_task = asyncio.create_task(new_call())
+        assert new_task is not None
+        model, new_done = await new_task
+        assert model == DEFAULT_MODEL
+        # Three tokens beside a 400-token call would end long before it: they waited.
+        assert new_done >= await old_done
+    finally:
+        await c.close()
+        await daemon.shutdown()

@@ -156,3 +156,66 @@ async def test_on_change_reports_depth() -> None:
     release.set()
     await asyncio.gather(*tasks)
     assert seen[-1] == (0, 0)
+
+
+async def test_hand_over_holds_new_calls_until_the_running_ones_end() -> None:
+    """After a swap switches, new calls wait (though slots are free) for the old child's
+    calls to end, then start together; hand_over returns as the last old call ends."""
+    adm = Admission("generation", limit=4, queue_size=8)
+    old = [asyncio.Event(), asyncio.Event()]
+    log: list[str] = []
+    olds = [asyncio.create_task(hold(adm, old[i], log, f"old{i}")) for i in range(2)]
+    await spin()
+    handover = asyncio.create_task(adm.hand_over(30))
+    await spin()
+    new_release = asyncio.Event()
+    news = [asyncio.create_task(hold(adm, new_release, log, f"new{i}")) for i in range(3)]
+    await spin()
+    assert log == ["old0", "old1"] and (adm.in_flight, adm.queued) == (2, 3)
+    old[0].set()
+    await spin()
+    assert log == ["old0", "old1"] and adm.in_flight == 1  # one old call still runs
+    old[1].set()
+    await spin()
+    assert handover.done()
+    assert log == ["old0", "old1", "new0", "new1", "new2"]
+    assert (adm.in_flight, adm.queued) == (3, 0)
+    new_release.set()
+    await asyncio.gather(*olds, *news)
+
+
+async def test_hand_over_is_bounded_and_a_no_op_when_idle() -> None:
+    adm = Admission("generation", limit=2, queue_size=8)
+    await asyncio.wait_for(adm.hand_over(30), 1)  # nothing runs: returns at once
+    stuck, log = asyncio.Event(), []
+    old = asyncio.create_task(hold(adm, stuck, log, "old"))
+    await spin()
+    handover = asyncio.create_task(adm.hand_over(0.2))
+    await spin()
+    new = asyncio.create_task(hold(adm, asyncio.Event(), log, "new"))
+    await spin()
+    assert log == ["old"]
+    await asyncio.wait_for(handover, 2)  # the old call never ends: the hold does
+    await spin()
+    assert log == ["old", "new"] and adm.in_flight == 2
+    for task in (old, new):
+        task.cancel()
+    await asyncio.gather(old, new, return_exceptions=True)
+    assert adm.in_flight == 0
+
+
+async def test_a_cancelled_hand_over_releases_the_hold() -> None:
+    adm = Admission("generation", limit=2, queue_size=8)
+    stuck, log = asyncio.Event(), []
+    old = asyncio.create_task(hold(adm, stuck, log, "old"))
+    await spin()
+    handover = asyncio.create_task(adm.hand_over(30))
+    await spin()
+    new = asyncio.create_task(hold(adm, asyncio.Event(), log, "new"))
+    await spin()
+    handover.cancel()  # the swap failed or ended
+    await spin()
+    assert log == ["old", "new"]
+    for task in (old, new):
+        task.cancel()
+    await asyncio.gather(old, new, return_exceptions=True)
