@@ -187,7 +187,8 @@ async def test_hand_over_holds_new_calls_until_the_running_ones_end() -> None:
 async def test_hand_over_is_bounded_and_a_no_op_when_idle() -> None:
     adm = Admission("generation", limit=2, queue_size=8)
     await asyncio.wait_for(adm.hand_over(30), 1)  # nothing runs: returns at once
-    stuck, log = asyncio.Event(), []
+    stuck = asyncio.Event()
+    log: list[str] = []
     old = asyncio.create_task(hold(adm, stuck, log, "old"))
     await spin()
     handover = asyncio.create_task(adm.hand_over(0.2))
@@ -206,7 +207,8 @@ async def test_hand_over_is_bounded_and_a_no_op_when_idle() -> None:
 
 async def test_a_cancelled_hand_over_releases_the_hold() -> None:
     adm = Admission("generation", limit=2, queue_size=8)
-    stuck, log = asyncio.Event(), []
+    stuck = asyncio.Event()
+    log: list[str] = []
     old = asyncio.create_task(hold(adm, stuck, log, "old"))
     await spin()
     handover = asyncio.create_task(adm.hand_over(30))
