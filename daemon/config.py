@@ -164,6 +164,11 @@ OPTIONS: tuple[Option, ...] = (
            "to end before they start on the new child (two children computing at once on "
            "the same cores both slow down); 0: start them at once.",
            minimum=0),
+    Option("swap.launch_nice", int, 10,
+           "Nice value added to a swap's incoming child while it loads beside the serving "
+           "one, taken back at the switch (needs LimitNICE=+0 or CAP_SYS_NICE; without, "
+           "unused); 0: none.",
+           minimum=0),
     Option("recycle.after_requests", int, 0,
            "Replace a child (make-before-break) after it served this many calls; 0: never.",
            minimum=0),
@@ -341,6 +346,7 @@ class Config:
     swap_ready_timeout: float
     swap_drain_timeout: float
     swap_handover_hold: float
+    swap_launch_nice: int
     recycle_after_requests: int
     recycle_max_rss_mb: int
     recycle_check_interval: float
@@ -615,6 +621,7 @@ def _build(
         swap_ready_timeout=values["swap.ready_timeout"],
         swap_drain_timeout=values["swap.drain_timeout"],
         swap_handover_hold=values["swap.handover_hold"],
+        swap_launch_nice=values["swap.launch_nice"],
         recycle_after_requests=values["recycle.after_requests"],
         recycle_max_rss_mb=values["recycle.max_rss_mb"],
         recycle_check_interval=values["recycle.check_interval"],

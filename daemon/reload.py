@@ -121,7 +121,7 @@ async def reload_config(
     applied = _apply_access(applied, current, new, report)
     for name in ("listen", "metrics_listen", "policy", "timeouts", "request_timeout",
                  "swap_ready_timeout", "swap_drain_timeout", "swap_handover_hold",
-                 "recycle_after_requests",
+                 "swap_launch_nice", "recycle_after_requests",
                  "recycle_max_rss_mb", "recycle_check_interval", "recycle_min_uptime",
                  "log_lines", "drain_grace",
                  "log_format", "log_level"):

@@ -129,7 +129,8 @@ class Daemon:
         self.router = InferenceRouter(self.children)
         self.swaps = SwapManager(self.children, config.swap_drain_timeout,
                                  on_swapped=self._after_swap,
-                                 handover_hold=config.swap_handover_hold)
+                                 handover_hold=config.swap_handover_hold,
+                                 launch_nice=config.swap_launch_nice)
         self.modes = ModeManager(self.children, lambda: self.config,
                                  on_change=self._after_mode_change)
         self.retriever: Retriever | None = None

@@ -27,6 +27,8 @@ from supervisor import (
     SwapProgress,
     SwapRecord,
     SwapRefusedError,
+    can_lower_niceness,
+    renice,
 )
 
 from .children import ManagedChild, Setup, make_setup
@@ -92,10 +94,21 @@ class SwapManager:
 
     def __init__(self, children: dict[str, ManagedChild], drain_timeout: float,
                  on_swapped: Callable[[ManagedChild], None] | None = None, *,
-                 handover_hold: float = 0.0) -> None:
+                 handover_hold: float = 0.0, launch_nice: int = 0) -> None:
         self._children = children
         self._drain_timeout = drain_timeout
         self._handover_hold = handover_hold
+        # The incoming child loads (vocabulary, weights: ~1 s of CPU for gemma-3-270m)
+        # beside the serving one on the same cores; niced, it takes what the serving child
+        # leaves. It gets the daemon's own nice value back at the switch, which needs the
+        # right to lower a nice value (root, CAP_SYS_NICE or RLIMIT_NICE: the unit's
+        # LimitNICE=); without it the incoming child is not niced at all.
+        self._base_nice = os.getpriority(os.PRIO_PROCESS, 0)
+        self._launch_nice = launch_nice if launch_nice and can_lower_niceness(
+            self._base_nice) else 0
+        if launch_nice and not self._launch_nice:
+            _log.info("swap.launch_nice unused: this process may not lower a nice value "
+                      "again (run with LimitNICE=+0 or CAP_SYS_NICE)", launch_nice=launch_nice)
         self._on_swapped = on_swapped
 
     @staticmethod
@@ -190,20 +203,25 @@ class SwapManager:
         old = child.setup
         if fits:
             handover: asyncio.Task[None] | None = None
+            launcher = child.launcher_factory(target)
+            launcher.launch_nice = self._launch_nice
 
             def progress(p: SwapProgress) -> None:
                 nonlocal handover
                 if p.stage == "draining" and handover is None:  # new calls: new child
+                    self._restore_priority(child)
                     handover = asyncio.create_task(
                         child.admission.hand_over(self._handover_hold))
                 report(p)
 
             try:
                 await child.supervisor.swap(
-                    child.launcher_factory(target), validate=target.model.validate,
+                    launcher, validate=target.model.validate,
                     drain_timeout=self._drain_timeout, progress=progress,
                 )
             finally:
+                launcher.launch_nice = 0  # its restarts start at the normal priority
+                self._restore_priority(child)  # threads started since the switch, too
                 if handover is not None and not handover.done():
                     handover.cancel()
         else:
@@ -217,6 +235,11 @@ class SwapManager:
         if self._on_swapped is not None:
             self._on_swapped(child)
         return record
+
+    def _restore_priority(self, child: ManagedChild) -> None:
+        pid = child.supervisor.pid
+        if self._launch_nice and pid and not renice(pid, self._base_nice):
+            _log.warning("could not restore the child's priority", role=child.role, pid=pid)
 
     async def _stop_old_first(self, child: ManagedChild, target: Setup,
                               progress: Callable[[SwapProgress], None]) -> None:

@@ -30,7 +30,7 @@ from ._endpoint_launch import EndpointLauncher, EndpointLink, EndpointSpec, pick
 from ._exits import ExitCause, classify_exit
 from ._gguf import GGUFInfo, read_gguf_info, sha256_file
 from ._logring import LogLine, LogRing
-from ._process import ChildProcess
+from ._process import ChildProcess, can_lower_niceness, renice
 from ._runtime import (
     BundledRuntime,
     LaunchSpec,
@@ -115,6 +115,7 @@ __all__ = [
     "SystemClock",
     "Timeouts",
     "TokenizeUnavailableError",
+    "can_lower_niceness",
     "check_transition",
     "classify_exit",
     "display_url",
@@ -125,6 +126,7 @@ __all__ = [
     "pick_runtime",
     "read_api_key",
     "read_gguf_info",
+    "renice",
     "sha256_file",
     "transport_error",
 ]

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -290,6 +291,8 @@ class ProcessLauncher:
         self._env = env
         self._port_picker = port_picker
         self._read_timeout = read_timeout
+        self.launch_nice = 0
+        """Added to the child's nice value at launch (a swap's incoming child), 0: none."""
 
     @property
     def api(self) -> ApiShape:
@@ -305,6 +308,9 @@ class ProcessLauncher:
         port = self._port_picker()
         alias = f"llamad-{self.spec.role}-{secrets.token_hex(6)}"
         argv = self.runtime.command(self.spec, port=port, alias=alias)
+        nice = shutil.which("nice") if self.launch_nice else None
+        if nice:
+            argv = [nice, "-n", str(self.launch_nice), *argv]
         _log.info("launching child", role=self.spec.role, runtime=self.runtime.name,
                   port=port, argv=" ".join(argv))
         try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import shutil
 import signal
 import time
@@ -49,6 +50,42 @@ def _pdeathsig_prefix() -> list[str]:
     prefix = [setpriv, "--pdeathsig", "KILL", "--"]
     sh = shutil.which("sh")
     return [*prefix, sh, "-c", _ORPHAN_CHECK, str(os.getpid())] if sh else prefix
+
+
+def can_lower_niceness(to: int) -> bool:
+    """Whether this process may set a nice value as low as ``to`` (root, CAP_SYS_NICE, or
+    an RLIMIT_NICE allowing it: systemd's ``LimitNICE=``)."""
+    if os.geteuid() == 0:
+        return True
+    soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
+    if soft == resource.RLIM_INFINITY or 20 - soft <= to:
+        return True
+    try:
+        with open("/proc/self/status") as fh:
+            caps = next((ln.split()[1] for ln in fh if ln.startswith("CapEff:")), "0")
+    except OSError:
+        return False
+    return bool(int(caps, 16) & (1 << 23))  # CAP_SYS_NICE
+
+
+def renice(pid: int, value: int) -> bool:
+    """Set the nice value of every thread of ``pid`` (niceness is per thread on Linux).
+
+    Returns False when the process is gone or a thread could not be changed.
+    """
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    done = True
+    for tid in tids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid), value)
+        except ProcessLookupError:
+            continue  # that thread ended
+        except PermissionError:
+            done = False
+    return done
 
 
 class ChildProcess:

@@ -224,3 +224,40 @@ async def test_new_calls_wait_for_the_old_childs_calls_then_use_the_new_one(
     finally:
         await c.close()
         await daemon.shutdown()
+
+
+def nice_values(pid: int) -> set[int]:
+    """The nice value of every thread of ``pid`` (field 19 of /proc/<pid>/task/<tid>/stat)."""
+    out = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+            out.add(int(fh.read().rsplit(")", 1)[1].split()[16]))
+    return out
+
+
+def child_pids(parent: int) -> set[int]:
+    with open(f"/proc/{parent}/task/{parent}/children") as fh:
+        return {int(p) for p in fh.read().split()}
+
+
+async def test_the_incoming_child_loads_niced_then_gets_the_normal_priority(
+        running: tuple[Daemon, Clients]) -> None:
+    """swap.launch_nice (10): while the new child loads beside the serving one it runs
+    niced; from the switch on it has the daemon's own priority, every thread of it."""
+    from supervisor import can_lower_niceness
+
+    _, c = running
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    if not can_lower_niceness(base):
+        pytest.skip("this process may not lower a nice value (launch_nice is then unused)")
+    old = (await c.child(GEN)).pid
+    assert nice_values(old) == {base}
+    while_loading: dict[int, set[int]] = {}
+    request = control_pb2.SwapRequest(role=GEN, model_path=str(model_path(DEFAULT_MODEL)))
+    async for p in c.control.Swap(request):
+        if p.stage == control_pb2.SWAP_STAGE_PROBING:
+            while_loading = {pid: nice_values(pid) for pid in child_pids(os.getpid()) - {old}}
+        assert p.stage != FAILED, p.message
+    new = (await c.child(GEN)).pid
+    assert while_loading == {new: {min(19, base + 10)}}
+    assert nice_values(new) == {base}
