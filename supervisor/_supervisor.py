@@ -96,6 +96,8 @@ class Supervisor:
         self.restarts = 0
         self.last_exit: ExitCause | None = None
         self.running_since: float | None = None
+        self._starting_since: float | None = None
+        self._start_seconds = 0.0  # how long the last successful start took (0: none yet)
         self.retry_at: float | None = None
         self._stopping = False
         self._swap_lock = asyncio.Lock()
@@ -138,12 +140,18 @@ class Supervisor:
         return self._clock.monotonic() - self.running_since
 
     def retry_after(self) -> float | None:
-        """Seconds until the child may be usable again; None when nobody knows."""
+        """Seconds until the child may be usable again; None when nobody knows.
+
+        A start is expected to take as long as the last successful one (1 s before any):
+        a client told to come back then finds the child running, not one second later.
+        """
         now = self._clock.monotonic()
+        start = self._start_seconds or 1.0
         if self._state is State.BACKOFF and self.retry_at is not None:
-            return max(0.0, self.retry_at - now) + 1.0
+            return max(0.0, self.retry_at - now) + start
         if self._state is State.STARTING:
-            return 1.0
+            began = self._starting_since if self._starting_since is not None else now
+            return max(0.1, began + start - now)
         if self._state is State.FAILED:
             half_open = self.breaker.half_open_at()
             return None if half_open is None else max(0.0, half_open - now) + 1.0
@@ -238,6 +246,7 @@ class Supervisor:
     async def _run(self) -> None:
         try:
             while True:
+                self._starting_since = self._clock.monotonic()
                 self._set(State.STARTING)
                 cause = await self._one_life()
                 self._child = None
@@ -298,6 +307,8 @@ class Supervisor:
             except StartFailure as exc:
                 return exc.cause
         self.running_since = self._clock.monotonic()
+        if self._starting_since is not None:
+            self._start_seconds = self.running_since - self._starting_since
         self._set(State.RUNNING)
         while True:
             watch = asyncio.ensure_future(self._child.watch())

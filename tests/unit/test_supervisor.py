@@ -394,3 +394,34 @@ async def test_listeners_see_every_change_with_cause() -> None:
     assert [c.new for c in seen] == [State.STARTING, State.RUNNING, State.BACKOFF]
     assert len(changes) == 5
     await sup.stop()
+
+
+async def test_retry_hint_expects_a_start_as_long_as_the_last_one() -> None:
+    """While starting, a caller is told to come back when the start should be over (the
+    last start's duration, 1 s before any); in backoff, after the wait plus a start."""
+    sup, launcher, clock, _ = make(["hang", "hang"])
+    sup.start()
+    await until(lambda: launcher.hanging is not None)
+    assert sup.retry_after() == pytest.approx(1.0)  # nothing known yet
+    await clock.advance(0.4)
+    assert sup.retry_after() == pytest.approx(0.6)
+    await clock.advance(2.6)  # this start took 3 s
+    assert launcher.hanging is not None
+    launcher.hanging.set_result(None)
+    await settle(sup, State.RUNNING)
+    launcher.hanging = None
+    launcher.children[0].dies.set_result(TRANSIENT)
+    await settle(sup, State.BACKOFF)
+    assert sup.retry_at is not None
+    assert sup.retry_after() == pytest.approx(sup.retry_at - clock.monotonic() + 3.0)
+    await clock.advance(sup.retry_at - clock.monotonic())
+    await until(lambda: launcher.hanging is not None)
+    await clock.advance(2.0)
+    assert sup.retry_after() == pytest.approx(1.0)  # 3 s expected, 2 s gone
+    await clock.advance(5.0)
+    assert sup.retry_after() == pytest.approx(0.1)  # late: a short hint, never 0
+    hanging = launcher.hanging
+    assert hanging is not None
+    hanging.set_result(None)
+    await settle(sup, State.RUNNING)
+    await sup.stop()
