@@ -41,8 +41,8 @@ class Admission:
         self.hold_seconds = 0.0  # EWMA of slot hold time; 0 until a call finished
         self._served: tuple[int, int] = (0, 0)  # (child pid, calls it completed)
         self.rejected = collections.Counter[str]()
-        self._held = False  # no slot is granted (see hand_over)
-        self._idle: asyncio.Event | None = None  # set when in_flight drops to 0 while held
+        # While a hand-over holds new calls back: set when in_flight drops to 0.
+        self._idle: asyncio.Event | None = None
 
     def set_hooks(self, on_change: Callable[[Admission], None] | None,
                   on_reject: Callable[[str, str], None] | None) -> None:
@@ -93,16 +93,14 @@ class Admission:
         new ones gain nothing. Held back, new calls wait in the queue as they would for
         any busy slot, then start together on the new child.
         """
-        if self.in_flight == 0 or limit_seconds <= 0 or self._held:
+        if self.in_flight == 0 or limit_seconds <= 0 or self._idle is not None:
             return
-        self._held = True
         self._idle = asyncio.Event()
         try:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(limit_seconds):
                     await self._idle.wait()
         finally:
-            self._held = False
             self._idle = None
             self._wake()
 
@@ -113,7 +111,7 @@ class Admission:
         self._wake()
 
     def _wake(self) -> None:
-        while self._waiters and self.in_flight < self.limit and not self._held:
+        while self._waiters and self.in_flight < self.limit and self._idle is None:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 self.in_flight += 1
@@ -133,7 +131,7 @@ class Admission:
 
         Cancellation while waiting leaves the queue; a slot is always released.
         """
-        if self.in_flight < self.limit and not self._waiters and not self._held:
+        if self.in_flight < self.limit and not self._waiters and self._idle is None:
             self.in_flight += 1
         else:
             position = len(self._waiters)

@@ -79,7 +79,6 @@ class ModelFacts:
     path: Path
     info: GGUFInfo | None = None
     sha256: str = ""
-    _hashed: tuple[int, int] | None = field(default=None, repr=False)
 
     def validate(self) -> None:
         """Read and check the GGUF header (raises InvalidModelError). Thread-safe enough:
@@ -92,12 +91,10 @@ class ModelFacts:
             st = os.stat(self.path)
         except OSError:
             return
-        key = (st.st_size, st.st_mtime_ns)
-        if key != self._hashed:
-            known = _HASHES.get((str(self.path), *key))
-            self.sha256 = known or sha256_file(self.path)
-            _HASHES[(str(self.path), *key)] = self.sha256
-            self._hashed = key
+        key = (str(self.path), st.st_size, st.st_mtime_ns)
+        if key not in _HASHES:
+            _HASHES[key] = sha256_file(self.path)
+        self.sha256 = _HASHES[key]
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,7 @@ class ChildLogForwarder:
 
     def __init__(self, role: str, rate: int = 100) -> None:
         self._log = structlog.get_logger("llamad.child").bind(role=role)
+        self._stdlib = logging.getLogger("llamad.child")  # its level decides
         self._rate = rate
         self._window = 0.0
         self._count = 0
@@ -101,7 +102,7 @@ class ChildLogForwarder:
 
     def __call__(self, pid: int, stream: str, line: str) -> None:
         level = child_line_level(line)
-        if not logging.getLogger("llamad.child").isEnabledFor(level):
+        if not self._stdlib.isEnabledFor(level):
             return
         self._pid = pid
         now = time.monotonic()

@@ -122,11 +122,10 @@ async def scan_source(retriever: Retriever, source_id: str,
     indexed = {d.id: d for d in await retriever.documents(source_id)}
     present: set[str] = set()
     total_bytes = 0
-    # Files are extracted, embedded and committed by a bounded pool of workers: the
-    # embedding child's slots stay busy and their commits are grouped.
-    # Bounded twice: by count (ingest_workers) and by file bytes (ingest_inflight_bytes).
-    running: set[asyncio.Task[None]] = set()
-    inflight: dict[asyncio.Task[None], int] = {}
+    # Files are extracted, embedded and committed by a pool of workers, bounded by count
+    # (ingest_workers) and by file bytes (ingest_inflight_bytes): their chunks share
+    # embedding requests and their writes share commits. Worker -> its file's size.
+    running: dict[asyncio.Task[None], int] = {}
 
     async def ingest(path: Path, rel: str, old: DocumentRow | None) -> None:
         try:
@@ -191,15 +190,13 @@ async def scan_source(retriever: Retriever, source_id: str,
                     continue
                 while running and (
                         len(running) >= max(1, limits.ingest_workers)
-                        or sum(inflight.values()) + st.st_size > limits.ingest_inflight_bytes):
-                    finished, running = await asyncio.wait(
+                        or sum(running.values()) + st.st_size > limits.ingest_inflight_bytes):
+                    finished, _ = await asyncio.wait(
                         running, return_when=asyncio.FIRST_COMPLETED)
                     for task in finished:
-                        inflight.pop(task, None)
-                    await _check(finished, running)
-                task = asyncio.create_task(ingest(path, rel, old))
-                running.add(task)
-                inflight[task] = st.st_size
+                        del running[task]
+                    await _check(finished, set(running))
+                running[asyncio.create_task(ingest(path, rel, old))] = st.st_size
         if running:
             finished, _ = await asyncio.wait(running)
             await _check(finished, set())

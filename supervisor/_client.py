@@ -246,59 +246,47 @@ class InferenceClient:
     async def _json_once(
         self, method: str, path: str, body: dict[str, Any] | None, timeout: float | None
     ) -> dict[str, Any]:
-        if self._fast is not None:
-            return await self._json_fast(self._fast, method, path, body, timeout)
-        self._activity.in_flight += 1
-        self._activity.last_progress = time.monotonic()
+        status, content, headers = await self._request(method, path, body, timeout)
+        if status >= 400:
+            raise self._status_error(httpx.Response(status, headers=headers, content=content),
+                                     path)
         try:
-            resp = await self._http.request(
-                method, path, json=body,
-                timeout=self._read_timeout if timeout is None else timeout,
-            )
-            self._activity.last_progress = time.monotonic()
-        except httpx.HTTPError as exc:
-            raise self._transport_error(method, path, exc) from exc
-        finally:
-            self._activity.in_flight -= 1
-        if resp.status_code >= 400:
-            raise self._status_error(resp, path)
-        try:
-            data = resp.json()
-        except ValueError as exc:
-            raise ChildRequestError(f"{path}: answer is not JSON",
-                                    status=resp.status_code) from exc
+            data = orjson.loads(content)
+        except orjson.JSONDecodeError as exc:
+            raise ChildRequestError(f"{path}: answer is not JSON", status=status) from exc
         if not isinstance(data, dict):
-            raise ChildRequestError(f"{path}: answer is not a JSON object",
-                                    status=resp.status_code)
+            raise ChildRequestError(f"{path}: answer is not a JSON object", status=status)
         return data
 
-    async def _json_fast(
-        self, fast: LoopbackHTTP, method: str, path: str, body: dict[str, Any] | None,
-        timeout: float | None,
-    ) -> dict[str, Any]:
-        # As httpx encodes a json= body (NaN is refused, not sent as invalid JSON).
-        payload = None if body is None else json.dumps(
-            body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    async def _request(
+        self, method: str, path: str, body: dict[str, Any] | None, timeout: float | None
+    ) -> tuple[int, bytes, Mapping[str, str]]:
+        """Status, body and headers of one whole request: through the loopback client for
+        a launched child, else httpx."""
+        timeout = self._read_timeout if timeout is None else timeout
+        result: tuple[int, bytes, Mapping[str, str]]
         self._activity.in_flight += 1
         self._activity.last_progress = time.monotonic()
         try:
-            resp = await fast.request(
-                method, path, payload, self._read_timeout if timeout is None else timeout)
+            if self._fast is not None:
+                # As httpx encodes a json= body (NaN is refused, not sent as invalid JSON).
+                payload = None if body is None else json.dumps(
+                    body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+                try:
+                    answer = await self._fast.request(method, path, payload, timeout)
+                except HTTPTransportError as exc:
+                    raise ChildRequestError(f"{method} {path}: {exc}") from exc
+                result = (answer.status, answer.body, answer.headers)
+            else:
+                try:
+                    resp = await self._http.request(method, path, json=body, timeout=timeout)
+                except httpx.HTTPError as exc:
+                    raise self._transport_error(method, path, exc) from exc
+                result = (resp.status_code, resp.content, resp.headers)
             self._activity.last_progress = time.monotonic()
-        except HTTPTransportError as exc:
-            raise ChildRequestError(f"{method} {path}: {exc}") from exc
+            return result
         finally:
             self._activity.in_flight -= 1
-        if resp.status >= 400:
-            raise self._status_error(
-                httpx.Response(resp.status, headers=resp.headers, content=resp.body), path)
-        try:
-            data = orjson.loads(resp.body)
-        except orjson.JSONDecodeError as exc:
-            raise ChildRequestError(f"{path}: answer is not JSON", status=resp.status) from exc
-        if not isinstance(data, dict):
-            raise ChildRequestError(f"{path}: answer is not a JSON object", status=resp.status)
-        return data
 
     async def complete(self, prompt: str, sampling: Sampling) -> str:
         """A whole (non-streamed) completion; used for readiness checks."""
