@@ -57,8 +57,23 @@ def _start(context: grpc.aio.ServicerContext) -> Call:
 
 
 def _summary(method: str, started: float, call: Call, servicer: object) -> None:
-    code = call.fields.pop("code", "OK")
+    """Count the call and log its summary line, just after its answer is on its way.
+
+    The duration is taken now; the line and the metrics are written on the event loop's
+    next turn, after grpc has been handed the response, so they add nothing to the
+    caller's latency (a line costs tens of microseconds, more with cold caches after a
+    child request). Anything that arrives later (a metrics scrape, the next call) is
+    handled after them: the loop runs its ready callbacks in order.
+    """
     seconds = time.perf_counter() - started
+    try:
+        asyncio.get_running_loop().call_soon(_write_summary, method, seconds, call, servicer)
+    except RuntimeError:  # no running loop (a handler driven by hand): write it now
+        _write_summary(method, seconds, call, servicer)
+
+
+def _write_summary(method: str, seconds: float, call: Call, servicer: object) -> None:
+    code = call.fields.pop("code", "OK")
     metrics: Metrics | None = getattr(servicer, "metrics", None)
     if metrics is not None:
         metrics.request(method, code, seconds)

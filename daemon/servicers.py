@@ -7,9 +7,9 @@ hold no state of their own; errors are mapped in :mod:`daemon.errors` by the wra
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import numpy as np
@@ -23,6 +23,8 @@ from .config import Limits
 from .errors import InvalidArgument
 from .metrics import Metrics
 from .router import InferenceRouter
+
+Float32Array = np.ndarray[Any, np.dtype[np.float32]]
 
 ROLE_NAMES: dict[int, str] = {
     common_pb2.CHILD_ROLE_GENERATION: "generation",
@@ -168,11 +170,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                     ) from exc
                 raise
         normalize = request.normalize if request.HasField("normalize") else True
-        vectors = [_l2(v) for v in result.vectors] if normalize else result.vectors
-        dim = len(vectors[0]) if vectors else 0
+        matrix = _l2_rows(result.matrix) if normalize else result.matrix
+        dim = int(matrix.shape[1]) if matrix.size else 0
         call.note(dimension=dim, prompt_tokens=result.prompt_tokens)
         return inference_pb2.EmbedResponse(
-            embeddings=[inference_pb2.Embedding(values=v) for v in vectors],
+            embeddings=[_embedding(row) for row in matrix],
             model=client.model_name,
             dimension=dim,
             prompt_tokens=result.prompt_tokens,
@@ -223,7 +225,29 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         )
 
 
-def _l2(vector: list[float]) -> list[float]:
-    array = np.asarray(vector, dtype=np.float64)
-    norm = math.sqrt(float(array @ array))
-    return (array / norm).tolist() if norm > 0 else vector
+def _l2_rows(matrix: Float32Array) -> Float32Array:
+    """Each row scaled to unit length (computed in float64); an all-zero row is kept."""
+    wide = matrix.astype(np.float64)
+    norms = np.sqrt(np.einsum("ij,ij->i", wide, wide))[:, None]
+    unit: Float32Array = np.divide(wide, norms, out=wide, where=norms > 0).astype(np.float32)
+    return unit
+
+
+def _embedding(row: Float32Array) -> inference_pb2.Embedding:
+    """An Embedding message straight from the float32 values.
+
+    ``values`` is a packed ``repeated float`` (field 1): on the wire, the tag byte 0x0A,
+    the byte length as a varint, then the little-endian float32s. Parsing those bytes
+    fills the field in C, without a Python float per value.
+    """
+    raw = row.astype("<f4", copy=False).tobytes()
+    return inference_pb2.Embedding.FromString(b"\x0a" + _varint(len(raw)) + raw)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)

@@ -188,6 +188,8 @@ class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def __init__(self, metrics: Metrics | None = None) -> None:
         self._metrics = metrics
+        # method -> (the service's handler, its guarded form): built once per method.
+        self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(
         self,
@@ -197,6 +199,15 @@ class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(details)
         if handler is None or handler.request_deserializer is None:
             return handler
+        cached = self._guarded.get(details.method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        guarded = self._guard(handler, details)
+        self._guarded[details.method] = (handler, guarded)
+        return guarded
+
+    def _guard(self, handler: grpc.RpcMethodHandler,
+               details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         deserializer = _guard_deserializer(handler.request_deserializer)
         slot = ("stream" if handler.request_streaming else "unary") + "_" + (
             "stream" if handler.response_streaming else "unary")

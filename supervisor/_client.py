@@ -97,8 +97,16 @@ class Chunk:
 
 @dataclass(frozen=True)
 class EmbedResult:
-    vectors: list[list[float]]
+    """Embeddings, one row of ``matrix`` (float32, ``texts x dimension``) per text."""
+
+    matrix: np.ndarray[Any, np.dtype[np.float32]]
     prompt_tokens: int
+
+    @property
+    def vectors(self) -> list[list[float]]:
+        """The rows as lists of Python floats."""
+        rows: list[list[float]] = self.matrix.astype(np.float64).tolist()
+        return rows
 
 
 @dataclass
@@ -400,15 +408,18 @@ class InferenceClient:
         data = await self._json("POST", "/v1/embeddings", body)
         try:
             items = sorted(data["data"], key=lambda d: int(d.get("index", 0)))
-            vectors = [_vector(item["embedding"]) for item in items]
+            rows = [_vector(item["embedding"]) for item in items]
         except (KeyError, TypeError, ValueError, binascii.Error) as exc:
             raise ChildRequestError("/v1/embeddings: malformed answer") from exc
-        if len(vectors) != len(texts):
+        if len(rows) != len(texts):
             raise ChildRequestError(
-                f"/v1/embeddings: asked for {len(texts)} vectors, got {len(vectors)}"
+                f"/v1/embeddings: asked for {len(texts)} vectors, got {len(rows)}"
             )
+        if len({len(row) for row in rows}) > 1:
+            raise ChildRequestError("/v1/embeddings: vectors of different dimensions")
+        matrix = np.stack(rows) if rows else np.zeros((0, 0), dtype=np.float32)
         usage = data.get("usage") or {}
-        return EmbedResult(vectors, _int_or_none(usage.get("prompt_tokens")) or 0)
+        return EmbedResult(matrix, _int_or_none(usage.get("prompt_tokens")) or 0)
 
     async def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
         """Token ids of ``text`` from the child's own tokenizer."""
@@ -429,17 +440,16 @@ def _choice_text(choice: dict[str, Any], chat: bool) -> str:
     return str(choice.get("text") or "")
 
 
-def _vector(value: object) -> list[float]:
+def _vector(value: object) -> np.ndarray[Any, np.dtype[np.float32]]:
     """An embedding as JSON numbers, or as base64 of little-endian float32."""
     if isinstance(value, str):
         raw = base64.b64decode(value, validate=True)
         if len(raw) % 4:
             raise ValueError("base64 embedding is not whole float32s")
-        vector: list[float] = np.frombuffer(raw, dtype="<f4").astype(np.float64).tolist()
-        return vector
+        return np.frombuffer(raw, dtype="<f4").astype(np.float32)
     if not isinstance(value, list):
         raise TypeError(f"embedding is a {type(value).__name__}")
-    return [float(x) for x in value]
+    return np.array([float(x) for x in value], dtype=np.float32)
 
 
 def _int_or_none(value: object) -> int | None:

@@ -223,7 +223,7 @@ class EndpointLauncher:
         try:
             if self.embedding:
                 result = await client.embed(["ready"])
-                if not result.vectors or not result.vectors[0]:
+                if result.matrix.size == 0:
                     raise EndpointError("no_embeddings", f"{where} answered an empty embedding",
                                         permanent=True)
             else:

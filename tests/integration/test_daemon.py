@@ -114,6 +114,11 @@ async def test_tokenize_and_embed_return_real_values(running: tuple[Daemon, Clie
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-4)
     sims = vectors @ vectors.T
     assert sims[0, 1] > sims[0, 2] + 0.2
+    raw = await c.inference.Embed(pb.EmbedRequest(texts=["a cat sat on the mat"],
+                                                   normalize=False))
+    plain = np.array(raw.embeddings[0].values)
+    # The same direction (batched with others, a text's vector may differ by ~1e-5).
+    assert float(plain @ vectors[0]) / float(np.linalg.norm(plain)) > 0.99999
     etok = await c.inference.Tokenize(pb.TokenizeRequest(text="hello", role=EMB))
     assert etok.count >= 1
 

@@ -284,8 +284,9 @@ def test_embeddings_as_json_numbers_or_base64_float32() -> None:
 
     values = [0.5, -1.25, 3.0e-8, 0.0]
     packed = base64.b64encode(np.asarray(values, dtype="<f4").tobytes()).decode()
-    assert _vector(packed) == [float(np.float32(v)) for v in values]
-    assert _vector([1, 2.5]) == [1.0, 2.5]
+    assert _vector(packed).dtype == np.float32
+    assert _vector(packed).tolist() == [float(np.float32(v)) for v in values]
+    assert _vector([1, 2.5]).tolist() == [1.0, 2.5]
     for bad in ("not base64!", base64.b64encode(b"abc").decode(), {"x": 1}, None):
         with pytest.raises((ValueError, TypeError)):
             _vector(bad)
