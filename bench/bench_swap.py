@@ -74,6 +74,7 @@ import httpx
 import numpy as np
 from grpc_health.v1 import health_pb2
 
+from bench._daemon import DaemonProcess, wait_ready
 from bench.bench_generation import (
     DEFAULT_MODEL,
     PROMPTS,
@@ -87,7 +88,13 @@ from bench.bench_generation import (
     table,
     write_sections,
 )
-from clients._pb import common_pb2, control_pb2, inference_pb2, inference_pb2_grpc
+from clients._pb import (
+    common_pb2,
+    control_pb2,
+    control_pb2_grpc,
+    inference_pb2,
+    inference_pb2_grpc,
+)
 from daemon import Daemon, load
 from supervisor import State, StateChange
 
@@ -1043,6 +1050,7 @@ class EmbedResult:
     tokens: dict[int, float]  # batch size -> mean tokens per text
     sentences: int
     agreement: float  # smallest cosine between llamad's and the child's vectors
+    daemon: str = "process"  # the daemon ran as its own process, or "in-process"
 
 
 def corpus_sentences(path: Path, limit: int) -> list[str]:
@@ -1099,13 +1107,47 @@ def cosine(a: Sequence[float], b: Sequence[float]) -> float:
     return dot / (na * nb) if na and nb else 0.0
 
 
+@contextlib.asynccontextmanager
+async def daemon_process(env: dict[str, str], state_dir: Path
+                         ) -> AsyncIterator[tuple[Any, Any, float]]:
+    """``python -m daemon serve`` as operators run it (its own process; log in
+    ``state_dir``); yield ``(inference stub, control stub, seconds until ready)``."""
+    began = time.perf_counter()
+    proc = DaemonProcess(env, state_dir / "daemon.log")
+    try:
+        address = await proc.address()
+        async with grpc.aio.insecure_channel(address) as channel:
+            await wait_ready(channel)
+            ready = time.perf_counter() - began
+            yield (inference_pb2_grpc.InferenceServiceStub(channel),  # type: ignore[no-untyped-call]
+                   control_pb2_grpc.ControlServiceStub(channel),  # type: ignore[no-untyped-call]
+                   ready)
+    finally:
+        await proc.stop()
+
+
+@contextlib.asynccontextmanager
+async def embedding_daemon(args: argparse.Namespace, state_dir: Path
+                           ) -> AsyncIterator[tuple[Any, int, float]]:
+    """The embedding-only daemon, in its own process (``--embed-daemon process``, as it
+    runs in production) or in this one; yield ``(inference stub, child port, ready s)``."""
+    env = embedding_env(state_dir, model_file(EMBED_MODEL))
+    if args.embed_daemon == "process":
+        async with daemon_process(env, state_dir) as (inference, control, ready):
+            status = await control.Status(control_pb2.StatusRequest(), timeout=10)
+            port = next(c.port for c in status.children if c.role == EMB)
+            yield inference, port, ready
+    else:
+        async with started(env, "embedding") as (running, ready):
+            yield running.inference, (await child_status(running, "embedding")).port, ready
+
+
 async def bench_embed(args: argparse.Namespace, state_dir: Path) -> EmbedResult:
     pool = corpus_sentences(args.corpus, 1500)
     reps = {1: args.embed_reps[0], 16: args.embed_reps[1], 64: args.embed_reps[2]}
-    async with started(embedding_env(state_dir, model_file(EMBED_MODEL)), "embedding") as (
-            running, ready):
-        port = (await child_status(running, "embedding")).port
-        print(f"  daemon ready in {ready:.2f}s; child on port {port}", flush=True)
+    async with embedding_daemon(args, state_dir) as (inference, port, ready):
+        print(f"  daemon ready in {ready:.2f}s ({args.embed_daemon}); child on port {port}",
+              flush=True)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False,
                                      timeout=httpx.Timeout(120.0, connect=5.0)) as http:
             counts = await token_counts(http, pool)
@@ -1132,7 +1174,7 @@ async def bench_embed(args: argparse.Namespace, state_dir: Path) -> EmbedResult:
                     for path in order:
                         began = time.perf_counter()
                         if path == "llamad":
-                            vectors[path] = await embed_llamad(running.inference, batch)
+                            vectors[path] = await embed_llamad(inference, batch)
                         elif path == "direct":
                             vectors[path] = await embed_direct(http, batch)
                         else:
@@ -1157,12 +1199,16 @@ async def bench_embed(args: argparse.Namespace, state_dir: Path) -> EmbedResult:
     await asyncio.sleep(MONITOR.period * 1.5)  # let the monitor cover the last pair
     for p in pairs:
         p.foreign = MONITOR.foreign(p.start, p.end)
-    return EmbedResult(pairs, tokens, len(texts), agreement)
+    return EmbedResult(pairs, tokens, len(texts), agreement, args.embed_daemon)
 
 
 def embed_section(r: EmbedResult, env: list[str], note: PartNote, command: str) -> list[str]:
     out = [EMBED_HEADING, "", *env, note.line(),
-           f"- Daemon: embedding child only (`{EMBED_MODEL}`, llama-server, {THREADS} threads, "
+           "- Daemon: " + ("`python -m daemon serve` in its own process, as operators run "
+                           "it; the clients below run in the benchmark's process"
+                           if r.daemon == "process" else "inside the benchmark's process "
+                           "(`--embed-daemon in-process`: the clients share its event loop)")
+           + f"; embedding child only (`{EMBED_MODEL}`, llama-server, {THREADS} threads, "
            "2 slots, production defaults). llamad: gRPC `Embed` (grpc.aio, default request, "
            "so llamad L2-normalises), vectors read into lists. direct: `POST /v1/embeddings` "
            "(httpx) to the child's port from Status, the texts as llamad sends them, JSON "
@@ -1223,6 +1269,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--extra-args", default="", metavar="ARGS",
                    help="generation.extra_args for the swap and crash parts (experiments, "
                    "e.g. '--poll 0'); default none")
+    p.add_argument("--embed-daemon", choices=("process", "in-process"), default="process",
+                   help="embed part: run the daemon as its own process (default, as in "
+                   "production) or inside this one")
     p.add_argument("--corpus", type=Path, default=CORPUS)
     p.add_argument("--raw", type=Path, help="also write every measurement to this JSON file")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "RESULTS.md")

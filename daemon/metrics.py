@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from importlib import metadata
+from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -145,6 +146,7 @@ class Metrics:
         self._states = frozenset(CHILD_STATES)
         # Roles whose state gauge has an "other" series (set only after a bad state value).
         self._other_state: set[str] = set()
+        self._series_cache: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
 
         self._build_info = Gauge(
@@ -226,6 +228,16 @@ class Metrics:
     def _role(self, role: str) -> str:
         return _fold(role, self._roles)
 
+    def _series(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, looked up once per label set: the hot paths (every
+        call, every streamed chunk) skip prometheus_client's validation and locking. The
+        label values are folded to fixed sets, so the cache stays small."""
+        key = (id(metric), values)
+        series = self._series_cache.get(key)
+        if series is None:
+            series = self._series_cache[key] = metric.labels(*values)
+        return series
+
     # -- children ------------------------------------------------------------------------
 
     def child_state(self, role: str, state: str) -> None:
@@ -268,30 +280,30 @@ class Metrics:
     def request(self, method: str, code: str, seconds: float) -> None:
         """Count a finished gRPC call and observe its duration."""
         method = _fold(method, self._methods)
-        self._requests.labels(method=method, code=_fold(code, self._codes)).inc()
-        self._request_seconds.labels(method=method).observe(max(0.0, seconds))
+        self._series(self._requests, method, _fold(code, self._codes)).inc()
+        self._series(self._request_seconds, method).observe(max(0.0, seconds))
 
     def time_to_first_token(self, role: str, seconds: float) -> None:
         """Observe the time from a call's arrival to its first token."""
-        self._ttft.labels(role=self._role(role)).observe(max(0.0, seconds))
+        self._series(self._ttft, self._role(role)).observe(max(0.0, seconds))
 
     def inter_token(self, role: str, seconds: float) -> None:
         """Observe the gap between two consecutive streamed chunks."""
-        self._inter_token.labels(role=self._role(role)).observe(max(0.0, seconds))
+        self._series(self._inter_token, self._role(role)).observe(max(0.0, seconds))
 
     def tokens(self, role: str, n: int) -> None:
         """Add ``n`` streamed tokens (a negative ``n`` is ignored)."""
-        self._tokens.labels(role=self._role(role)).inc(max(0, n))
+        self._series(self._tokens, self._role(role)).inc(max(0, n))
 
     # -- admission control ---------------------------------------------------------------
 
     def queue_depth(self, role: str, n: int) -> None:
         """Set how many calls wait for the role's child."""
-        self._queue_depth.labels(role=self._role(role)).set(max(0, n))
+        self._series(self._queue_depth, self._role(role)).set(max(0, n))
 
     def in_flight(self, role: str, n: int) -> None:
         """Set how many calls the role's child serves now."""
-        self._in_flight.labels(role=self._role(role)).set(max(0, n))
+        self._series(self._in_flight, self._role(role)).set(max(0, n))
 
     def rejected(self, role: str, reason: str) -> None:
         """Count a call refused by admission control (``queue_full`` or ``deadline``)."""

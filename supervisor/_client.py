@@ -13,6 +13,7 @@ import binascii
 import contextlib
 import enum
 import json
+import math
 import time
 import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
@@ -277,9 +278,7 @@ class InferenceClient:
         self._activity.last_progress = time.monotonic()
         try:
             if self._fast is not None:
-                # As httpx encodes a json= body (NaN is refused, not sent as invalid JSON).
-                payload = None if body is None else json.dumps(
-                    body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+                payload = None if body is None else _encode(body)
                 try:
                     answer = await self._fast.request(method, path, payload, timeout)
                 except HTTPTransportError as exc:
@@ -450,6 +449,28 @@ def _vector(value: object) -> np.ndarray[Any, np.dtype[np.float32]]:
     if not isinstance(value, list):
         raise TypeError(f"embedding is a {type(value).__name__}")
     return np.array([float(x) for x in value], dtype=np.float32)
+
+
+def _encode(body: dict[str, Any]) -> bytes:
+    """A request body as compact UTF-8 JSON, as httpx would send it: a NaN or an infinity
+    is refused (ValueError) rather than sent as invalid JSON (orjson would write null)."""
+    _refuse_non_finite(body)
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError as exc:  # e.g. an integer past 64 bits
+        raise ValueError(f"request body is not JSON: {exc}") from exc
+
+
+def _refuse_non_finite(value: object) -> None:
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value} is not a JSON number")
+    elif isinstance(value, dict):
+        for item in value.values():
+            _refuse_non_finite(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _refuse_non_finite(item)
 
 
 def _int_or_none(value: object) -> int | None:

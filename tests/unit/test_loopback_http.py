@@ -290,3 +290,16 @@ def test_embeddings_as_json_numbers_or_base64_float32() -> None:
     for bad in ("not base64!", base64.b64encode(b"abc").decode(), {"x": 1}, None):
         with pytest.raises((ValueError, TypeError)):
             _vector(bad)
+
+
+def test_request_bodies_are_compact_utf8_json_and_refuse_non_finite_numbers() -> None:
+    import json
+
+    from supervisor._client import _encode
+
+    body = {"input": ["héllo \u2028", "x"], "temperature": 0.5, "n": [1, 2]}
+    assert _encode(body) == json.dumps(body, ensure_ascii=False,
+                                       separators=(",", ":")).encode()
+    for bad in ({"t": float("nan")}, {"a": [1.0, float("-inf")]}, {"i": 1 << 70}):
+        with pytest.raises(ValueError, match=r"not a JSON number|not JSON"):
+            _encode(bad)
