@@ -825,6 +825,28 @@ def swap_section(r: SwapResult, env: list[str], note: PartNote, command: str) ->
                      f2(pct(norm, 99))])
     out += table(["phase", "calls", "p50 s", "p99 s", "normalised p50", "normalised p99"],
                  rows)
+    out += ["", "The same calls by the swap they overlap (its direction) and by when they were "
+            "sent: *before the switch* (the call ran on the old child while the new one "
+            "loaded, or waited behind the old child's calls and then ran on the new one) or "
+            "*after* (the new child only). A call served by the faster model that waited "
+            "behind the slower model's calls, or ran beside the slower model's load, counts "
+            "against the faster model's steady state.", ""]
+    rows = []
+    groups: dict[tuple[str, str, str], list[tuple[Attempt, str]]] = {}
+    for a, m, w in ok:
+        if w != "during":
+            continue
+        sw = next(s for s in r.swaps if a.start < s.end and a.end > s.start)
+        switched = sw.start + sw.switch if not math.isnan(sw.switch) else sw.end
+        when = "before the switch" if a.start < switched else "after the switch"
+        groups.setdefault((short(sw.target), short(m), when), []).append((a, m))
+    for (to, served, when), calls in sorted(groups.items()):
+        lat = [a.latency for a, _ in calls]
+        norm = [a.latency / steady_med.get(m, math.nan) for a, m in calls]
+        rows.append([f"to {to}", served, when, str(len(calls)), f2(med(lat)), f2(max(lat)),
+                     f2(med(norm)), f2(max(norm))])
+    out += table(["swap", "served by", "sent", "calls", "p50 s", "max s", "normalised p50",
+                  "normalised max"], rows)
     out += ["", "Swap durations (client side), s: *total* is the Swap RPC (validate, launch "
             "and load the new child beside the old one, readiness probe, switch, drain the "
             "old child's calls, stop it); *to switch* ends when the new child takes new calls "
