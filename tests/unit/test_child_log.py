@@ -71,3 +71,30 @@ def test_a_debug_log_shows_routine_lines() -> None:
     ChildLogForwarder("generation")(7, "stderr", "0.08.547.880 I slot release: id 0 | task 1")
     records = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [r["level"] for r in records if r["event"] == "child output"] == ["debug"]
+
+
+def test_structlog_and_stdlib_lines_share_one_json_stream() -> None:
+    """structlog's own events (rendered natively) and stdlib records (grpc, asyncio...)
+    come out as one stream of JSON lines of the same shape, filtered at the same level."""
+    out = io.StringIO()
+    logs.configure("json", "info", stream=out)
+    structlog.get_logger("llamad.test").info("native", n=1, ratio=0.5, path=logs)
+    structlog.get_logger("llamad.test").debug("hidden")
+    logging.getLogger("grpc._server").warning("foreign %s", "arg")
+    logging.getLogger("grpc._server").info("foreign info")
+    logging.getLogger("grpc._server").debug("foreign hidden")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        structlog.get_logger("llamad.test").exception("failed")
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(r["event"], r["level"], r["logger"]) for r in records] == [
+        ("native", "info", "llamad.test"),
+        ("foreign arg", "warning", "grpc._server"),
+        ("foreign info", "info", "grpc._server"),
+        ("failed", "error", "llamad.test"),
+    ]
+    assert records[0]["n"] == 1 and records[0]["ratio"] == 0.5
+    assert "daemon.logs" in records[0]["path"]  # not JSON-able: written as its repr
+    assert all(r["timestamp"].endswith("Z") for r in records)
+    assert "ValueError: boom" in records[3]["exception"]
