@@ -30,6 +30,7 @@ from retrieval import (
     Retriever,
     ScanReport,
     SourceRow,
+    Vector,
     check_root,
     scan_source,
 )
@@ -103,7 +104,7 @@ class ChildEmbedder:
     def context(self) -> int:
         return self._context
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str]) -> Sequence[Vector]:
         # in_flight: an ingest or search already running when a shutdown begins is let
         # finish by the drain; refused embeddings would leave its documents without
         # vectors for good (nothing embeds them later), its search BM25-only.
@@ -112,7 +113,7 @@ class ChildEmbedder:
                 # Swapped or switched since: these vectors would carry the wrong identity.
                 raise ChildRequestError("the embedding model changed; retry")
             result = await client.embed(list(texts))
-        return result.vectors
+        return list(result.matrix)  # float32 rows, as the index stores them
 
     async def count_tokens(self, text: str) -> int:
         try:

@@ -66,10 +66,7 @@ def _summary(method: str, started: float, call: Call, servicer: object) -> None:
     handled after them: the loop runs its ready callbacks in order.
     """
     seconds = time.perf_counter() - started
-    try:
-        asyncio.get_running_loop().call_soon(_write_summary, method, seconds, call, servicer)
-    except RuntimeError:  # no running loop (a handler driven by hand): write it now
-        _write_summary(method, seconds, call, servicer)
+    asyncio.get_running_loop().call_soon(_write_summary, method, seconds, call, servicer)
 
 
 def _write_summary(method: str, seconds: float, call: Call, servicer: object) -> None:

@@ -6,6 +6,7 @@ See docs/retrieval.md for the design.
 
 from ._bm25 import Filters
 from ._engine import Embedder, Hit, RetrievalLimits, Retriever, SearchResult, snippet
+from ._group import Vector
 from ._scan import ScanReport, check_root, scan_source
 from ._store import DocumentRow, SourceRow
 from .errors import (
@@ -37,6 +38,7 @@ __all__ = [
     "SourceNotAllowed",
     "SourceRow",
     "StorageFull",
+    "Vector",
     "check_root",
     "is_storage_full",
     "scan_source",

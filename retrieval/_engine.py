@@ -32,7 +32,7 @@ from ._bm25 import Filters, IndexedChunk, TextIndex
 from ._chunk import chunk_text
 from ._extract import ExtractLimits, extract_bytes
 from ._fusion import rrf
-from ._group import EmbedBatcher, GroupCommitter
+from ._group import EmbedBatcher, GroupCommitter, Vector
 from ._redact import redact
 from ._store import ChunkRow, DocumentRow, Replacement, SourceRow, Store, StoredChunk
 from ._vectors import VectorIndex
@@ -59,7 +59,7 @@ class Embedder(Protocol):
         """Identifies the vector space (vectors of different models never mix)."""
         ...
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str]) -> Sequence[Vector]:
         """One L2-normalised vector per text. Raises on any failure."""
         ...
 
@@ -559,7 +559,7 @@ class Retriever:
         to ``embed_batch`` texts, ``embed_concurrency`` in flight."""
         model = embedder.model_id
         if self._batcher is None or self._batcher_model != model:
-            async def send(texts: list[str]) -> list[list[float]]:
+            async def send(texts: list[str]) -> Sequence[Vector]:
                 # The provider's embedder of the moment (a restarted child is a new
                 # client), as long as it is still this model.
                 current = self._embedder()

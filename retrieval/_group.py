@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+import numpy as np
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 CommitFn = Callable[[list[T]], Awaitable[Sequence["R | BaseException"]]]
+
+Vector = Sequence[float] | np.ndarray[Any, np.dtype[np.float32]]
+"""One embedding: a row of float32s as the embedding child answered it, or numbers."""
 
 
 class GroupCommitter(Generic[T, R]):
@@ -91,22 +96,22 @@ class EmbedBatcher:
     Bound to one embedder: the retriever makes a new batcher when the embedder changes.
     """
 
-    def __init__(self, embed: Callable[[list[str]], Awaitable[list[list[float]]]], *,
+    def __init__(self, embed: Callable[[list[str]], Awaitable[Sequence[Vector]]], *,
                  batch: int, concurrency: int) -> None:
         self._embed = embed
         self._batch = max(1, batch)
         self._slots = asyncio.Semaphore(max(1, concurrency))
-        self._waiting: list[tuple[str, asyncio.Future[list[float]]]] = []
+        self._waiting: list[tuple[str, asyncio.Future[Vector]]] = []
         self._runner: asyncio.Task[None] | None = None
         self._sending: set[asyncio.Task[None]] = set()
         self.requests = 0           # embedding requests sent (for tests and benchmarks)
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str]) -> list[Vector]:
         """One vector per text, in order; raises what the embedder raised."""
         loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[list[float]]] = []
+        futures: list[asyncio.Future[Vector]] = []
         for text in texts:
-            future: asyncio.Future[list[float]] = loop.create_future()
+            future: asyncio.Future[Vector] = loop.create_future()
             self._waiting.append((text, future))
             futures.append(future)
         if self._runner is None or self._runner.done():
@@ -121,7 +126,7 @@ class EmbedBatcher:
     async def _run(self) -> None:
         while self._waiting:
             await self._slots.acquire()
-            batch: list[tuple[str, asyncio.Future[list[float]]]] = []
+            batch: list[tuple[str, asyncio.Future[Vector]]] = []
             while self._waiting and len(batch) < self._batch:
                 text, future = self._waiting.pop(0)
                 if not future.done():
@@ -133,7 +138,7 @@ class EmbedBatcher:
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
 
-    async def _send(self, batch: list[tuple[str, asyncio.Future[list[float]]]]) -> None:
+    async def _send(self, batch: list[tuple[str, asyncio.Future[Vector]]]) -> None:
         try:
             self.requests += 1
             vectors = await self._embed([text for text, _ in batch])
@@ -155,7 +160,7 @@ class EmbedBatcher:
         finally:
             self._slots.release()
 
-    async def _send_alone(self, text: str, future: asyncio.Future[list[float]]) -> None:
+    async def _send_alone(self, text: str, future: asyncio.Future[Vector]) -> None:
         if future.done():
             return
         try:

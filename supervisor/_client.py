@@ -103,12 +103,6 @@ class EmbedResult:
     matrix: np.ndarray[Any, np.dtype[np.float32]]
     prompt_tokens: int
 
-    @property
-    def vectors(self) -> list[list[float]]:
-        """The rows as lists of Python floats."""
-        rows: list[list[float]] = self.matrix.astype(np.float64).tolist()
-        return rows
-
 
 @dataclass
 class _Activity:

@@ -184,17 +184,24 @@ async def test_hand_over_holds_new_calls_until_the_running_ones_end() -> None:
     await asyncio.gather(*olds, *news)
 
 
-async def test_hand_over_is_bounded_and_a_no_op_when_idle() -> None:
-    adm = Admission("generation", limit=2, queue_size=8)
-    await asyncio.wait_for(adm.hand_over(30), 1)  # nothing runs: returns at once
-    stuck = asyncio.Event()
-    log: list[str] = []
-    old = asyncio.create_task(hold(adm, stuck, log, "old"))
+async def held_back(adm: Admission, hold_seconds: float, log: list[str]
+                    ) -> tuple[asyncio.Task[None], asyncio.Task[None], asyncio.Task[None]]:
+    """An old call that never ends, a hand-over of ``hold_seconds``, then a new call:
+    the tasks (old, hand-over, new)."""
+    old = asyncio.create_task(hold(adm, asyncio.Event(), log, "old"))
     await spin()
-    handover = asyncio.create_task(adm.hand_over(0.2))
+    handover = asyncio.create_task(adm.hand_over(hold_seconds))
     await spin()
     new = asyncio.create_task(hold(adm, asyncio.Event(), log, "new"))
     await spin()
+    return old, handover, new
+
+
+async def test_hand_over_is_bounded_and_a_no_op_when_idle() -> None:
+    adm = Admission("generation", limit=2, queue_size=8)
+    await asyncio.wait_for(adm.hand_over(30), 1)  # nothing runs: returns at once
+    log: list[str] = []
+    old, handover, new = await held_back(adm, 0.2, log)
     assert log == ["old"]
     await asyncio.wait_for(handover, 2)  # the old call never ends: the hold does
     await spin()
@@ -207,14 +214,9 @@ async def test_hand_over_is_bounded_and_a_no_op_when_idle() -> None:
 
 async def test_a_cancelled_hand_over_releases_the_hold() -> None:
     adm = Admission("generation", limit=2, queue_size=8)
-    stuck = asyncio.Event()
     log: list[str] = []
-    old = asyncio.create_task(hold(adm, stuck, log, "old"))
-    await spin()
-    handover = asyncio.create_task(adm.hand_over(30))
-    await spin()
-    new = asyncio.create_task(hold(adm, asyncio.Event(), log, "new"))
-    await spin()
+    old, handover, new = await held_back(adm, 30, log)
+    assert log == ["old"]
     handover.cancel()  # the swap failed or ended
     await spin()
     assert log == ["old", "new"]
