@@ -13,7 +13,8 @@ probe, swap and admission settings unless said otherwise):
    greedy ``Generate`` calls (``--max-tokens``, 8 prompts in rotation) back to back for
    the whole part. After a warm-up, a steady window on gemma with no swap; swap 1 to
    SmolLM2-135M; a steady window on SmolLM2; then the remaining swaps back and forth,
-   each started ``--gap`` seconds after the previous one ended (``ControlService/Swap``
+   each started once every call running at the end of the previous one has ended, and
+   ``--gap`` seconds after that, so that no call spans two swaps (``ControlService/Swap``
    with an explicit ``model_path``). A request is *steady* when it lies inside a steady
    window, *during* when its span overlaps a swap (Swap RPC sent until its stream ended,
    drain included), *between* otherwise. Which model served a request is read from
@@ -36,8 +37,12 @@ probe, swap and admission settings unless said otherwise):
    batches of 1, 16 and 64 through gRPC ``Embed`` (default request, as a user sends it)
    and as ``POST /v1/embeddings`` (httpx) to the child's port from Status, twice: JSON
    numbers parsed into vectors (a client's default), and ``encoding_format: base64``
-   decoded with numpy (what llamad asks its child for). Each round sends the same batch
-   the three ways, the order rotating; a warm-up round per size is discarded.
+   decoded with numpy (what llamad asks its child for). Each round sends the same
+   batches the three ways, each way as a block of back-to-back calls (20 at batch 1, 2 at
+   16, 1 at 64), the order rotating round by round; a warm-up round per size is
+   discarded. Throughput is a block's calls over its time; a block is what a client
+   embedding a corpus does, whereas alternating single calls mostly measures how long
+   each path takes to wake after the others ran (reported: the first call of a block).
 
 Before each part the bench waits (up to ``--wait-others`` seconds) until no other
 benchmark runs (``pgrep -fa 'bench\\.'``), and records ``uptime`` and the CPU that other
@@ -64,7 +69,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -476,6 +481,8 @@ class Load:
         self.deadline = deadline
         self.attempts: list[Attempt] = []
         self.first_tokens: list[tuple[float, float]] = []  # (call sent, first text), live
+        self._running: dict[int, float] = {}  # client -> when its current call was sent
+        self._ended = asyncio.Condition()  # notified whenever a call ends
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -488,6 +495,14 @@ class Load:
         self._stop.set()
         await asyncio.gather(*self._tasks)
         await self.channel.close()
+
+    async def settled(self, before: float) -> float:
+        """Wait until no call sent before ``before`` is still running; seconds waited."""
+        began = time.perf_counter()
+        async with self._ended:
+            await self._ended.wait_for(
+                lambda: all(sent >= before for sent in self._running.values()))
+        return time.perf_counter() - began
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -520,6 +535,7 @@ class Load:
         model = ""
         code, hint, details = "OK", None, ""
         start = time.perf_counter()
+        self._running[cid] = start
         try:
             async for msg in self.stub.Generate(request, timeout=self.deadline):
                 if msg.text:
@@ -534,6 +550,10 @@ class Load:
             for key, value in exc.trailing_metadata() or ():
                 if key == RETRY_KEY:
                     hint = int(value)
+        finally:
+            del self._running[cid]
+            async with self._ended:
+                self._ended.notify_all()
         return Attempt(cid, n, retry, prompt, start, time.perf_counter(), code, first,
                        len(parts), model, "".join(parts), hint, details)
 
@@ -667,6 +687,9 @@ async def bench_swap(args: argparse.Namespace, state_dir: Path) -> SwapResult:
                 await asyncio.sleep(args.settle + args.steady)
                 steady_b = (b_start, time.perf_counter())
             else:
+                # Each call sees at most one swap: the next starts once every call running
+                # at the end of this one has ended, and a gap after that.
+                await load_.settled(run.end)
                 await asyncio.sleep(args.gap)
         await load_.stop()
         if len(swaps) == 1:
@@ -747,7 +770,8 @@ def swap_section(r: SwapResult, env: list[str], note: PartNote, command: str) ->
            f"- Timeline: warm-up, steady window on gemma-3-270m "
            f"({r.steady_a[1] - r.steady_a[0]:.0f} s), swap 1 to SmolLM2-135M, steady window "
            f"on SmolLM2-135M ({r.steady_b[1] - r.steady_b[0]:.0f} s), then swaps 2..{len(r.swaps)}"
-           " back and forth, each sent a few seconds after the previous one ended "
+           " back and forth, each sent once every call running at the end of the previous "
+           "one has ended, and 3 s more, so that no call spans two swaps "
            "(`ControlService/Swap` with `model_path`). *steady*: the call lies in a steady "
            "window; *during*: its span overlaps a swap (Swap sent until its stream ended, "
            "drain included); *between*: neither (after swap 2 began).",
@@ -1054,21 +1078,26 @@ def crash_section(r: CrashResult, env: list[str], note: PartNote, command: str) 
 
 
 @dataclass
-class EmbedPair:
+class EmbedRound:
+    """One round: a block of ``calls`` back-to-back calls each way (seconds are per call,
+    the block's time over its calls; ``calls_s`` each call's own time)."""
+
     size: int
     rep: int
-    llamad: float  # seconds per call
+    calls: int
+    llamad: float
     direct: float  # JSON numbers, as a client gets by default
-    llamad_first: bool
+    direct64: float  # encoding_format base64, as llamad asks the child
+    calls_s: dict[str, list[float]]  # path -> seconds of each call of its block
+    order: tuple[str, ...]
     start: float  # perf_counter
     end: float
-    foreign: float = math.nan  # other processes' cores during the pair (filled in later)
-    direct64: float = math.nan  # encoding_format base64, as llamad asks the child
+    foreign: float = math.nan  # other processes' cores during the round (filled in later)
 
 
 @dataclass
 class EmbedResult:
-    pairs: list[EmbedPair]
+    rounds: list[EmbedRound]
     tokens: dict[int, float]  # batch size -> mean tokens per text
     sentences: int
     agreement: float  # smallest cosine between llamad's and the child's vectors
@@ -1164,6 +1193,12 @@ async def embedding_daemon(args: argparse.Namespace, state_dir: Path
             yield running.inference, (await child_status(running, "embedding")).port, ready
 
 
+# Calls per path per round: ~0.25 s of work at batch 1, ~0.3 s at 16, ~0.6 s at 64.
+EMBED_BLOCK = {1: 20, 16: 2, 64: 1}
+EMBED_PATHS: dict[str, Callable[[Any, Sequence[str]], Awaitable[list[list[float]]]]] = {
+    "llamad": embed_llamad, "direct": embed_direct, "direct64": embed_direct64}
+
+
 async def bench_embed(args: argparse.Namespace, state_dir: Path) -> EmbedResult:
     pool = corpus_sentences(args.corpus, 1500)
     reps = {1: args.embed_reps[0], 16: args.embed_reps[1], 64: args.embed_reps[2]}
@@ -1179,49 +1214,52 @@ async def bench_embed(args: argparse.Namespace, state_dir: Path) -> EmbedResult:
             if len(texts) < 64:
                 raise SystemExit(f"bench: only {len(texts)} sentences of 20-60 tokens in "
                                  f"{args.corpus}")
-            pairs: list[EmbedPair] = []
+            target = {"llamad": inference, "direct": http, "direct64": http}
+            rounds: list[EmbedRound] = []
             tokens: dict[int, float] = {}
             agreement = 1.0
             offset = 0
             for size, n in reps.items():
+                block = EMBED_BLOCK[size]
                 used: list[int] = []
-                for rep in range(n + 1):  # rep 0 is the warm-up
-                    batch = [texts[(offset + j) % len(texts)] for j in range(size)]
-                    offset += size
-                    used += [ntok[t] for t in batch]
+                for rep in range(max(1, n // block) + 1):  # rep 0 is the warm-up
+                    batches = [[texts[(offset + k * size + j) % len(texts)]
+                                for j in range(size)] for k in range(block)]
+                    offset += block * size
+                    used += [ntok[t] for b in batches for t in b]
                     seconds: dict[str, float] = {}
+                    each: dict[str, list[float]] = {}
                     vectors: dict[str, list[list[float]]] = {}
-                    pair_start = time.perf_counter()
+                    round_start = time.perf_counter()
                     order = ORDERS[rep % len(ORDERS)]
                     for path in order:
+                        call = EMBED_PATHS[path]
                         began = time.perf_counter()
-                        if path == "llamad":
-                            vectors[path] = await embed_llamad(inference, batch)
-                        elif path == "direct":
-                            vectors[path] = await embed_direct(http, batch)
-                        else:
-                            vectors[path] = await embed_direct64(http, batch)
-                        seconds[path] = time.perf_counter() - began
-                    llamad_first = order.index("llamad") < order.index("direct")
-                    if any(len(v) != size for v in vectors.values()):
-                        raise RuntimeError("wrong number of vectors")
+                        each[path] = []
+                        for batch in batches:
+                            t0 = time.perf_counter()
+                            vectors[path] = await call(target[path], batch)
+                            each[path].append(time.perf_counter() - t0)
+                            if len(vectors[path]) != size:
+                                raise RuntimeError(f"{path}: wrong number of vectors")
+                        seconds[path] = (time.perf_counter() - began) / block
                     if rep == 1 and size == 16:
                         agreement = min(agreement, *(cosine(a, b) for other in (
                             "direct", "direct64") for a, b in zip(
                             vectors["llamad"], vectors[other], strict=True)))
                     if rep:
-                        pairs.append(EmbedPair(size, rep, seconds["llamad"], seconds["direct"],
-                                               llamad_first, pair_start, time.perf_counter(),
-                                               direct64=seconds["direct64"]))
+                        rounds.append(EmbedRound(size, rep, block, seconds["llamad"],
+                                                 seconds["direct"], seconds["direct64"], each,
+                                                 order, round_start, time.perf_counter()))
                 tokens[size] = statistics.fmean(used)
-                mine = [p for p in pairs if p.size == size]
-                print(f"  batch {size}: {len(mine)} pairs, llamad "
-                      f"{size / med([p.llamad for p in mine]):.1f} texts/s, direct "
-                      f"{size / med([p.direct for p in mine]):.1f} texts/s", flush=True)
-    await asyncio.sleep(MONITOR.period * 1.5)  # let the monitor cover the last pair
-    for p in pairs:
-        p.foreign = MONITOR.foreign(p.start, p.end)
-    return EmbedResult(pairs, tokens, len(texts), agreement, args.embed_daemon)
+                mine = [r for r in rounds if r.size == size]
+                print(f"  batch {size}: {len(mine)} rounds of {block}, llamad "
+                      f"{size / med([r.llamad for r in mine]):.1f} texts/s, direct "
+                      f"{size / med([r.direct for r in mine]):.1f} texts/s", flush=True)
+    await asyncio.sleep(MONITOR.period * 1.5)  # let the monitor cover the last round
+    for r in rounds:
+        r.foreign = MONITOR.foreign(r.start, r.end)
+    return EmbedResult(rounds, tokens, len(texts), agreement, args.embed_daemon)
 
 
 def embed_section(r: EmbedResult, env: list[str], note: PartNote, command: str) -> list[str]:
@@ -1238,15 +1276,19 @@ def embed_section(r: EmbedResult, env: list[str], note: PartNote, command: str) 
            "`encoding_format: base64`, decoded with numpy: what llamad itself asks the child "
            "for (with its lean keep-alive client, supervisor/_http.py).",
            f"- Texts: {r.sentences} distinct sentences of 20-60 tokens (the child's tokenizer) "
-           "cut from the CISI corpus; each round sends the same batch the three ways, the "
-           "order rotating round by round; successive rounds take the next sentences; one "
-           "warm-up round per size discarded. Smallest cosine between llamad's vectors and "
-           "the direct ones: "
+           "cut from the CISI corpus; each round sends the same batches the three ways, each "
+           "way as a block of back-to-back calls ("
+           + ", ".join(f"{n} at batch {b}" for b, n in EMBED_BLOCK.items())
+           + "), the order rotating round by round; successive rounds take the next "
+           "sentences; one warm-up round per size discarded. ms/call is a block's time over "
+           "its calls (median over rounds): the rate a client embedding a corpus gets. "
+           "Smallest cosine between llamad's vectors and the direct ones: "
            f"{r.agreement:.6f}.",
            ""]
     rows = []
-    for size in sorted({p.size for p in r.pairs}):
-        every = [p for p in r.pairs if p.size == size]
+    firsts = []
+    for size in sorted({p.size for p in r.rounds}):
+        every = [p for p in r.rounds if p.size == size]
         mine = [p for p in every if not p.foreign > MONITOR.busy]
         if len(mine) < len(every) / 2:
             mine = every  # mostly disturbed: keep them all, and say so below
@@ -1259,12 +1301,21 @@ def embed_section(r: EmbedResult, env: list[str], note: PartNote, command: str) 
                      f"{lm * 1000:.2f}", f"{dm * 1000:.2f}", f"{(lm - dm) * 1000:+.2f}",
                      f"**{ratio:.3f}** {'ok' if ratio >= 0.97 else 'MISS'}", f"{paired:.3f}",
                      f"**{ratio64:.3f}** {'ok' if ratio64 >= 0.97 else 'MISS'}"])
+        if EMBED_BLOCK[size] > 1:
+            first = {k: med([p.calls_s[k][0] for p in mine]) for k in EMBED_PATHS}
+            rest = {k: med([t for p in mine for t in p.calls_s[k][1:]]) for k in EMBED_PATHS}
+            firsts.append(f"- Batch {size}, each call's own time, median ms, the first call of "
+                          "a block (after the other two ways' blocks) against the block's "
+                          "other calls: " + "; ".join(
+                              f"{k} {first[k] * 1000:.2f} vs {rest[k] * 1000:.2f} "
+                              f"({(first[k] - rest[k]) * 1000:+.2f})" for k in EMBED_PATHS)
+                          + ".")
     out += table(["batch", "tokens/text", f"rounds kept (others <= {MONITOR.busy} cores)",
                   "llamad texts/s", "direct texts/s", "direct base64 texts/s",
                   "llamad ms/call", "direct ms/call", "added ms/call",
                   "throughput llamad/direct (>= 0.97)", "median of per-round ratios",
                   "llamad/direct base64 (>= 0.97)"], rows)
-    out += ["", f"Reproduce: `{command}`"]
+    out += ["", *firsts, "", f"Reproduce: `{command}`"]
     return out
 
 
@@ -1275,7 +1326,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.bench_swap",
                                 description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--quick", action="store_true",
-                   help="smoke run: 4 swaps, short windows, 2 kills, fewer embed pairs")
+                   help="smoke run: 4 swaps, short windows, 2 kills, fewer embed rounds")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--swaps", type=int, default=None, help="swaps under load (default 20)")
@@ -1315,7 +1366,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args.gap = 2.0 if quick else 3.0
     args.swap_deadline = 60.0
     args.crash_deadline = 30.0
-    args.embed_reps = (40, 8, 4) if quick else (300, 60, 30)
+    args.embed_reps = (80, 8, 4) if quick else (600, 60, 30)
     args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     if not set(args.parts) <= {"swap", "crash", "embed"} or not args.parts:
         p.error("--parts takes swap, crash and/or embed")
