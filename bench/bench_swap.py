@@ -43,6 +43,7 @@ probe, swap and admission settings unless said otherwise):
    discarded. Throughput is a block's calls over its time; a block is what a client
    embedding a corpus does, whereas alternating single calls mostly measures how long
    each path takes to wake after the others ran (reported: the first call of a block).
+   Last, isolated batch-1 calls, each after 0.1 s without any call: one query now and then.
 
 Before each part the bench waits (up to ``--wait-others`` seconds) until no other
 benchmark runs (``pgrep -fa 'bench\\.'``), and records ``uptime`` and the CPU that other
@@ -1102,6 +1103,7 @@ class EmbedResult:
     sentences: int
     agreement: float  # smallest cosine between llamad's and the child's vectors
     daemon: str = "process"  # the daemon ran as its own process, or "in-process"
+    isolated: dict[str, list[float]] = field(default_factory=dict)  # path -> call seconds
 
 
 def corpus_sentences(path: Path, limit: int) -> list[str]:
@@ -1193,6 +1195,7 @@ async def embedding_daemon(args: argparse.Namespace, state_dir: Path
             yield running.inference, (await child_status(running, "embedding")).port, ready
 
 
+ISOLATED_IDLE = 0.1  # seconds without a call before each isolated call
 # Calls per path per round: ~0.25 s of work at batch 1, ~0.3 s at 16, ~0.6 s at 64.
 EMBED_BLOCK = {1: 20, 16: 2, 64: 1}
 EMBED_PATHS: dict[str, Callable[[Any, Sequence[str]], Awaitable[list[list[float]]]]] = {
@@ -1256,10 +1259,17 @@ async def bench_embed(args: argparse.Namespace, state_dir: Path) -> EmbedResult:
                 print(f"  batch {size}: {len(mine)} rounds of {block}, llamad "
                       f"{size / med([r.llamad for r in mine]):.1f} texts/s, direct "
                       f"{size / med([r.direct for r in mine]):.1f} texts/s", flush=True)
+            isolated: dict[str, list[float]] = {path: [] for path in EMBED_PATHS}
+            for rep in range(args.embed_isolated):
+                for path in ORDERS[rep % len(ORDERS)]:
+                    await asyncio.sleep(ISOLATED_IDLE)
+                    began = time.perf_counter()
+                    await EMBED_PATHS[path](target[path], [texts[(offset + rep) % len(texts)]])
+                    isolated[path].append(time.perf_counter() - began)
     await asyncio.sleep(MONITOR.period * 1.5)  # let the monitor cover the last round
     for r in rounds:
         r.foreign = MONITOR.foreign(r.start, r.end)
-    return EmbedResult(rounds, tokens, len(texts), agreement, args.embed_daemon)
+    return EmbedResult(rounds, tokens, len(texts), agreement, args.embed_daemon, isolated)
 
 
 def embed_section(r: EmbedResult, env: list[str], note: PartNote, command: str) -> list[str]:
@@ -1315,6 +1325,15 @@ def embed_section(r: EmbedResult, env: list[str], note: PartNote, command: str) 
                   "llamad ms/call", "direct ms/call", "added ms/call",
                   "throughput llamad/direct (>= 0.97)", "median of per-round ratios",
                   "llamad/direct base64 (>= 0.97)"], rows)
+    if r.isolated and all(r.isolated.values()):
+        iso = {k: med(v) for k, v in r.isolated.items()}
+        firsts.append(f"- Isolated calls (batch 1, {ISOLATED_IDLE * 1000:.0f} ms without any "
+                      f"call before each, the ways in rotation, {len(r.isolated['llamad'])} "
+                      "each), median ms: " + "; ".join(f"{k} {v * 1000:.2f}"
+                                                       for k, v in iso.items())
+                      + f"; direct/llamad {iso['direct'] / iso['llamad']:.3f}. The child "
+                      "itself answers slower after an idle spell; this is the latency of "
+                      "one query now and then.")
     out += ["", *firsts, "", f"Reproduce: `{command}`"]
     return out
 
@@ -1367,6 +1386,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args.swap_deadline = 60.0
     args.crash_deadline = 30.0
     args.embed_reps = (80, 8, 4) if quick else (600, 60, 30)
+    args.embed_isolated = 20 if quick else 100
     args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     if not set(args.parts) <= {"swap", "crash", "embed"} or not args.parts:
         p.error("--parts takes swap, crash and/or embed")
