@@ -1331,9 +1331,10 @@ def embed_section(r: EmbedResult, env: list[str], note: PartNote, command: str) 
                       f"call before each, the ways in rotation, {len(r.isolated['llamad'])} "
                       "each), median ms: " + "; ".join(f"{k} {v * 1000:.2f}"
                                                        for k, v in iso.items())
-                      + f"; direct/llamad {iso['direct'] / iso['llamad']:.3f}. The child "
-                      "itself answers slower after an idle spell; this is the latency of "
-                      "one query now and then.")
+                      + f"; direct/llamad {iso['direct'] / iso['llamad']:.3f}. Every way, the "
+                      "direct ones too, is slower after an idle spell than back to back (the "
+                      "child's threads and the machine waking): this is the latency of one "
+                      "query now and then.")
     out += ["", *firsts, "", f"Reproduce: `{command}`"]
     return out
 
