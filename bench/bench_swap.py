@@ -640,6 +640,7 @@ class SwapResult:
     attempts: list[Attempt]
     ready: float
     extra_args: str = ""
+    gap: float = 3.0  # seconds between a swap's last call ending and the next swap
     served_by: list[str] = field(default_factory=list)  # per attempt: the model (text)
     foreign: list[float] = field(default_factory=list)  # per attempt: other processes' cores
     swap_foreign: list[float] = field(default_factory=list)  # per swap: the same
@@ -696,7 +697,7 @@ async def bench_swap(args: argparse.Namespace, state_dir: Path) -> SwapResult:
         if len(swaps) == 1:
             steady_b = (steady_b[0], min(steady_b[1], max(a.end for a in load_.attempts)))
     result = SwapResult(args.clients, args.max_tokens, warm_end, (warm_end, swaps[0].start),
-                        steady_b, swaps, load_.attempts, ready, args.extra_args)
+                        steady_b, swaps, load_.attempts, ready, args.extra_args, args.gap)
     tag_models(result)
     result.foreign = [MONITOR.foreign(a.start, a.end) for a in result.attempts]
     result.swap_foreign = [MONITOR.foreign(s.start, s.end) for s in result.swaps]
@@ -772,7 +773,7 @@ def swap_section(r: SwapResult, env: list[str], note: PartNote, command: str) ->
            f"({r.steady_a[1] - r.steady_a[0]:.0f} s), swap 1 to SmolLM2-135M, steady window "
            f"on SmolLM2-135M ({r.steady_b[1] - r.steady_b[0]:.0f} s), then swaps 2..{len(r.swaps)}"
            " back and forth, each sent once every call running at the end of the previous "
-           "one has ended, and 3 s more, so that no call spans two swaps "
+           f"one has ended, and {r.gap:g} s more, so that no call spans two swaps "
            "(`ControlService/Swap` with `model_path`). *steady*: the call lies in a steady "
            "window; *during*: its span overlaps a swap (Swap sent until its stream ended, "
            "drain included); *between*: neither (after swap 2 began).",
@@ -1296,7 +1297,7 @@ def embed_section(r: EmbedResult, env: list[str], note: PartNote, command: str) 
            f"{r.agreement:.6f}.",
            ""]
     rows = []
-    firsts = []
+    notes = []
     for size in sorted({p.size for p in r.rounds}):
         every = [p for p in r.rounds if p.size == size]
         mine = [p for p in every if not p.foreign > MONITOR.busy]
@@ -1314,7 +1315,7 @@ def embed_section(r: EmbedResult, env: list[str], note: PartNote, command: str) 
         if EMBED_BLOCK[size] > 1:
             first = {k: med([p.calls_s[k][0] for p in mine]) for k in EMBED_PATHS}
             rest = {k: med([t for p in mine for t in p.calls_s[k][1:]]) for k in EMBED_PATHS}
-            firsts.append(f"- Batch {size}, each call's own time, median ms, the first call of "
+            notes.append(f"- Batch {size}, each call's own time, median ms, the first call of "
                           "a block (after the other two ways' blocks) against the block's "
                           "other calls: " + "; ".join(
                               f"{k} {first[k] * 1000:.2f} vs {rest[k] * 1000:.2f} "
@@ -1327,7 +1328,7 @@ def embed_section(r: EmbedResult, env: list[str], note: PartNote, command: str) 
                   "llamad/direct base64 (>= 0.97)"], rows)
     if r.isolated and all(r.isolated.values()):
         iso = {k: med(v) for k, v in r.isolated.items()}
-        firsts.append(f"- Isolated calls (batch 1, {ISOLATED_IDLE * 1000:.0f} ms without any "
+        notes.append(f"- Isolated calls (batch 1, {ISOLATED_IDLE * 1000:.0f} ms without any "
                       f"call before each, the ways in rotation, {len(r.isolated['llamad'])} "
                       "each), median ms: " + "; ".join(f"{k} {v * 1000:.2f}"
                                                        for k, v in iso.items())
@@ -1335,7 +1336,7 @@ def embed_section(r: EmbedResult, env: list[str], note: PartNote, command: str) 
                       "direct ones too, is slower after an idle spell than back to back (the "
                       "child's threads and the machine waking): this is the latency of one "
                       "query now and then.")
-    out += ["", *firsts, "", f"Reproduce: `{command}`"]
+    out += ["", *notes, "", f"Reproduce: `{command}`"]
     return out
 
 
