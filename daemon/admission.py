@@ -1,7 +1,8 @@
 """Admission control: how many calls a child serves at once, and how many may wait.
 
-Each role has a concurrency limit that fits its runtime (llama-server's slots; one for the
-bundled runtime, which serves one request at a time) and a bounded FIFO wait queue. A call
+Each role has a concurrency limit that fits its runtime (llama-server's slots, plus
+``ahead`` calls left to wait in the child's own queue; one for the bundled runtime, which
+serves one request at a time) and a bounded FIFO wait queue. A call
 past the queue is refused at once with RESOURCE_EXHAUSTED and a retry hint; a call whose
 deadline would pass while it waits is refused at once with DEADLINE_EXCEEDED instead of
 timing out in the queue. The expected wait comes from an exponentially weighted moving
@@ -25,13 +26,15 @@ class Admission:
     """Slots and a wait queue for one role."""
 
     def __init__(self, role: str, limit: int, queue_size: int, *,
+                 ahead: int = 0,
                  clock: Callable[[], float] = time.monotonic,
                  on_change: Callable[[Admission], None] | None = None,
                  on_reject: Callable[[str, str], None] | None = None) -> None:
-        if limit < 1 or queue_size < 0:
-            raise ValueError("limit must be >= 1 and queue_size >= 0")
+        if limit < 1 or queue_size < 0 or ahead < 0:
+            raise ValueError("limit must be >= 1, queue_size and ahead >= 0")
         self.role = role
-        self.limit = limit
+        self.limit = limit  # the child's slots
+        self.ahead = ahead  # calls let through beyond them, to wait inside the child
         self.queue_size = queue_size
         self.in_flight = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -64,14 +67,22 @@ class Admission:
     def queued(self) -> int:
         return len(self._waiters)
 
-    def resize(self, limit: int) -> None:
-        """Change the limit (after a swap to another runtime or slot count)."""
+    @property
+    def capacity(self) -> int:
+        """Calls let through at once: the slots and the calls sent ahead."""
+        return self.limit + self.ahead
+
+    def resize(self, limit: int, ahead: int | None = None) -> None:
+        """Change the limit (after a swap to another runtime or slot count) and, unless
+        None, the calls sent ahead."""
         self.limit = max(1, limit)
+        if ahead is not None:
+            self.ahead = max(0, ahead)
         self._wake()
 
     def expected_wait(self, position: int) -> float:
         """Seconds a call at queue ``position`` (0-based) should expect to wait."""
-        return (position // self.limit + 1) * self.hold_seconds
+        return (position // self.capacity + 1) * self.hold_seconds
 
     def _reject(self, reason: str) -> None:
         self.rejected[reason] += 1
@@ -111,7 +122,7 @@ class Admission:
         self._wake()
 
     def _wake(self) -> None:
-        while self._waiters and self.in_flight < self.limit and self._idle is None:
+        while self._waiters and self.in_flight < self.capacity and self._idle is None:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 self.in_flight += 1
@@ -131,7 +142,7 @@ class Admission:
 
         Cancellation while waiting leaves the queue; a slot is always released.
         """
-        if self.in_flight < self.limit and not self._waiters and self._idle is None:
+        if self.in_flight < self.capacity and not self._waiters and self._idle is None:
             self.in_flight += 1
         else:
             position = len(self._waiters)

@@ -35,6 +35,7 @@ from supervisor import (
     Launcher,
     LaunchSpec,
     LiveChild,
+    LlamaServerRuntime,
     LogRing,
     ProcessLauncher,
     Runtime,
@@ -289,7 +290,8 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None) -> Man
     else:
         launcher = NoLauncher(role)
     sup = Supervisor(role, launcher, validate=validate, policy=config.policy, clock=clock)
-    admission = Admission(role, slots_for(mode, setup, cc), config.limits.queue_size)
+    admission = Admission(role, slots_for(mode, setup, cc), config.limits.queue_size,
+                          ahead=ahead_for(mode, setup, cc))
     return ManagedChild(role, cc, setup, ring, sup,
                         functools.partial(launcher_for, timeouts=swap_timeouts),
                         functools.partial(endpoint_for, timeouts=swap_timeouts),
@@ -301,3 +303,13 @@ def slots_for(mode: Mode, setup: Setup | None, cc: ChildConfig) -> int:
     if mode.kind == "embedded" and setup is not None:
         return setup.runtime.max_concurrency(setup.spec)
     return max(1, cc.parallel)
+
+
+def ahead_for(mode: Mode, setup: Setup | None, cc: ChildConfig) -> int:
+    """Calls sent beyond the slots, to wait in the child's own queue: ``queue_ahead`` for
+    a launched llama-server; none for the bundled runtime (it serves one request at a
+    time) or an endpoint (``parallel`` is all llamad knows of it)."""
+    if (mode.kind == "embedded" and setup is not None
+            and isinstance(setup.runtime, LlamaServerRuntime)):
+        return cc.queue_ahead
+    return 0

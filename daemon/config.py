@@ -64,7 +64,7 @@ MODES = ("embedded", "endpoint", "disabled")
 
 
 def _child_options(role: str, *, enabled: bool, threads: int, parallel: int, ctx: int,
-                   spin: int) -> list[Option]:
+                   spin: int, ahead: int) -> list[Option]:
     return [
         Option(f"{role}.enabled", bool, enabled,
                f"Serve {role} (false is {role}.mode = disabled)."),
@@ -90,6 +90,11 @@ def _child_options(role: str, *, enabled: bool, threads: int, parallel: int, ctx
         Option(f"{role}.parallel", int, parallel,
                "Concurrent request slots (llama-server; the bundled runtime serves one; "
                "calls llamad sends an endpoint at once).", minimum=1),
+        Option(f"{role}.queue_ahead", int, ahead,
+               "Calls sent to a llama-server child beyond its slots, to wait in its own "
+               "queue: a slot that finishes starts the next one at once instead of idling "
+               "for the round trip to llamad and back (short calls such as embeddings); "
+               "0 sends exactly as many calls as there are slots.", minimum=0),
         Option(f"{role}.batch", int, 512, "Logical batch size in tokens.", minimum=1),
         Option(f"{role}.spin_count", int, spin,
                "GOMP_SPINCOUNT of the child: how long llama.cpp's OpenMP threads spin at a "
@@ -127,8 +132,9 @@ OPTIONS: tuple[Option, ...] = (
            "SIGHUP."),
     # Spin counts measured on 2 cores: see supervisor.LaunchSpec.spin_count.
     *_child_options("generation", enabled=True, threads=_CPUS, parallel=4, ctx=4096,
-                    spin=300),
-    *_child_options("embedding", enabled=True, threads=_CPUS, parallel=2, ctx=0, spin=3000),
+                    spin=300, ahead=0),
+    *_child_options("embedding", enabled=True, threads=_CPUS, parallel=2, ctx=0, spin=3000,
+                    ahead=2),
     Option("restart.backoff_base", float, 0.5, "First restart backoff ceiling, s.", minimum=0.001),
     Option("restart.backoff_cap", float, 30.0, "Largest restart backoff ceiling, s.",
            minimum=0.001),
@@ -302,6 +308,7 @@ class ChildConfig:
     extra_args: tuple[str, ...]
     mode: str = "embedded"
     spin_count: int = -1
+    queue_ahead: int = 0
     endpoint_url: str = ""
     endpoint_model: str = ""
     api_key_file: str = ""
@@ -543,6 +550,7 @@ def _child(values: Mapping[str, Any], sources: Mapping[str, str], env: Mapping[s
         batch=values[f"{role}.batch"],
         extra_args=tuple(str(values[f"{role}.extra_args"]).split()),
         spin_count=values[f"{role}.spin_count"],
+        queue_ahead=values[f"{role}.queue_ahead"],
     )
 
 

@@ -206,7 +206,8 @@ class Metrics:
             "llamad_queue_depth", "Calls waiting for a slot of the child.",
             ["role"], registry=r)
         self._in_flight = Gauge(
-            "llamad_requests_in_flight", "Calls being served by the child now.",
+            "llamad_requests_in_flight",
+            "Calls sent to the child now (running, or waiting in its queue: queue_ahead).",
             ["role"], registry=r)
         self._rejections = Counter(
             "llamad_rejections", "Calls refused by admission control, by reason.",

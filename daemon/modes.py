@@ -47,7 +47,7 @@ from supervisor import (
     pick_runtime,
 )
 
-from .children import ManagedChild, Mode, Setup, make_setup, slots_for
+from .children import ManagedChild, Mode, Setup, ahead_for, make_setup, slots_for
 from .config import Config
 from .errors import FailedPrecondition, InvalidArgument
 from .swaps import memory_available, memory_needed
@@ -163,7 +163,8 @@ class ModeManager:
             child.mode = new
             if setup is not None and setup is not child.current:
                 child.current = setup
-            child.admission.resize(slots_for(new, child.current, child.config))
+            child.admission.resize(slots_for(new, child.current, child.config),
+                                   ahead_for(new, child.current, child.config))
             child.last_error = ""
             self._on_change(child)
 

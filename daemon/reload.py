@@ -29,7 +29,7 @@ import structlog
 
 from supervisor import SupervisorError, pick_runtime
 
-from .children import ManagedChild, Setup, make_setup
+from .children import ManagedChild, Setup, ahead_for, make_setup
 from .config import ChildConfig, Config, ConfigError, is_loopback
 from .errors import RequestError
 from .modes import ModeManager, ModeRequest
@@ -110,6 +110,8 @@ async def reload_config(
             _log.warning("reload kept the running child", role=role, error=str(exc))
             continue
         child.config = new_cc
+        child.admission.resize(child.admission.limit,
+                               ahead_for(child.mode, child.current, new_cc))
         if role == "generation":
             applied = dataclasses.replace(applied, generation=new_cc)
         else:

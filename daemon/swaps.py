@@ -31,7 +31,7 @@ from supervisor import (
     renice,
 )
 
-from .children import ManagedChild, Setup, make_setup
+from .children import ManagedChild, Setup, ahead_for, make_setup
 from .errors import InvalidArgument
 
 _log = structlog.get_logger("llamad.swaps")
@@ -229,7 +229,8 @@ class SwapManager:
         record = SwapRecord(role, str(old.spec.model), str(target.spec.model), time.time(),
                             reason, time.monotonic() - began)
         child.previous, child.current, child.last_swap = old, target, record
-        child.admission.resize(target.runtime.max_concurrency(target.spec))
+        child.admission.resize(target.runtime.max_concurrency(target.spec),
+                               ahead_for(child.mode, target, child.config))
         _log.info("swapped", role=role, old=record.old, new=record.new, reason=record.reason,
                   seconds=round(record.seconds, 3))
         if self._on_swapped is not None:

@@ -136,10 +136,42 @@ async def test_embed_tokenize_status_and_health(running: tuple[Daemon, str]) -> 
         assert gen.model_path.endswith(SMALL_MODEL)
         assert gen.breaker == "closed"
         assert gen.slots == 2
+        assert embedding.slots == 2  # the child's slots; two more calls are sent ahead
         assert await client.health("generation") == "serving"
         assert await client.health("no-such-service") == "service_unknown"
         with pytest.raises(errors.InvalidArgument, match="prompt is empty"):
             await client.generate("").collect()
+
+
+async def test_concurrent_embeds_beyond_the_slots(running: tuple[Daemon, str]) -> None:
+    """The llama-server embedding child is sent embedding.queue_ahead (2) calls beyond its
+    2 slots: they wait in its own queue and come back right. Eight concurrent calls, each
+    against the same text embedded alone."""
+    daemon, address = running
+    adm = daemon.children["embedding"].admission
+    assert (adm.limit, adm.ahead) == (2, 2)
+    assert daemon.children["generation"].admission.ahead == 0
+    texts = [f"note {i}: the {w} service restarted after a disk filled up"
+             for i, w in enumerate(["backup", "mail", "dns", "web", "ldap", "ntp", "vpn",
+                                    "proxy"])]
+    async with AsyncClient(address) as client:
+        alone = [np.array((await client.embed([t])).vectors[0]) for t in texts]
+        peak = 0
+
+        async def watch() -> None:  # the daemon runs in this event loop
+            nonlocal peak
+            while True:
+                peak = max(peak, adm.in_flight)
+                await asyncio.sleep(0.0005)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            together = await asyncio.gather(*(client.embed([t]) for t in texts))
+        finally:
+            watcher.cancel()
+    assert peak == 4  # two running, two waiting inside the child; the rest in llamad
+    for one, many in zip(alone, together, strict=True):
+        assert float(one @ np.array(many.vectors[0])) > 0.9999
 
 
 async def test_search_after_upsert(running: tuple[Daemon, str]) -> None:

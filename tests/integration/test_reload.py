@@ -19,9 +19,10 @@ pytestmark = pytest.mark.integration
 GEN = common_pb2.CHILD_ROLE_GENERATION
 
 
-def write_config(path: Path, model: Path, *, max_tokens: int = 8192, threads: str = "2") -> None:
+def write_config(path: Path, model: Path, *, max_tokens: int = 8192, threads: str = "2",
+                 ahead: int = 0) -> None:
     path.write_text(
-        f'[generation]\nmodel = "{model}"\nthreads = {threads}\n'
+        f'[generation]\nmodel = "{model}"\nthreads = {threads}\nqueue_ahead = {ahead}\n'
         f"[limits]\nmax_tokens = {max_tokens}\n"
     )
 
@@ -55,6 +56,37 @@ async def test_sighup_swaps_to_the_new_model_and_applies_limits(
         assert now.pid != before.pid
         assert daemon.config.limits.max_tokens == 1000
         assert daemon.config.generation.model == str(model_path(DEFAULT_MODEL))
+    finally:
+        await c.close()
+        await daemon.shutdown()
+
+
+async def test_sighup_applies_queue_ahead_without_a_new_child(
+    tmp_path: Path, llama_server: str
+) -> None:
+    """queue_ahead changes how many calls llamad sends the child, not the child: SIGHUP
+    applies it to the running child's admission (same pid, no swap)."""
+    file = tmp_path / "llamad.toml"
+    write_config(file, model_path(SMALL_MODEL))
+    env = env_without_models()
+    daemon = Daemon(load(None, env=env, file=file), reload=lambda: load(None, env=env, file=file))
+    c = Clients(await daemon.start())
+    daemon.install_signal_handlers()
+    try:
+        await c.wait_serving("")
+        before = await c.child(GEN)
+        admission = daemon.children["generation"].admission
+        assert (admission.limit, admission.ahead) == (before.slots, 0)
+        write_config(file, model_path(SMALL_MODEL), ahead=3)
+        os.kill(os.getpid(), signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while admission.ahead != 3:
+            assert time.monotonic() < deadline, "queue_ahead not applied after SIGHUP"
+            await asyncio.sleep(0.05)
+        now = await c.child(GEN)
+        assert (now.pid, now.slots, now.last_swap.reason) == (before.pid, before.slots, "")
+        assert admission.capacity == before.slots + 3
+        assert daemon.config.generation.queue_ahead == 3
     finally:
         await c.close()
         await daemon.shutdown()

@@ -143,6 +143,44 @@ async def test_resize_admits_waiters() -> None:
     await asyncio.gather(*tasks)
 
 
+async def test_calls_ahead_go_through_beyond_the_slots() -> None:
+    """`ahead` more calls than slots are let through (to wait in the child's own queue);
+    the next one waits in llamad; the expected wait counts them as capacity."""
+    adm = Admission("embedding", limit=2, queue_size=10, ahead=2)
+    release = asyncio.Event()
+    log: list[str] = []
+    tasks = [asyncio.create_task(hold(adm, release, log, f"c{i}")) for i in range(5)]
+    await spin()
+    assert log == ["c0", "c1", "c2", "c3"]
+    assert (adm.limit, adm.capacity, adm.in_flight, adm.queued) == (2, 4, 4, 1)
+    adm.hold_seconds = 1.0
+    assert [adm.expected_wait(p) for p in (0, 3, 4)] == [1.0, 1.0, 2.0]
+    adm.resize(2, ahead=0)  # fewer ahead: running calls finish, no new one goes through
+    release.set()
+    await asyncio.gather(*tasks)
+    assert log == ["c0", "c1", "c2", "c3", "c4"]
+    assert (adm.capacity, adm.in_flight, adm.queued) == (2, 0, 0)
+    adm.resize(3)  # a swap to another slot count keeps the calls ahead
+    assert (adm.limit, adm.ahead) == (3, 0)
+    with pytest.raises(ValueError, match="ahead >= 0"):
+        Admission("embedding", limit=1, queue_size=1, ahead=-1)
+
+
+async def test_raising_ahead_admits_waiters() -> None:
+    """A reload that raises queue_ahead lets waiting calls through at once."""
+    adm = Admission("embedding", limit=1, queue_size=10)
+    release = asyncio.Event()
+    log: list[str] = []
+    tasks = [asyncio.create_task(hold(adm, release, log, f"c{i}")) for i in range(3)]
+    await spin()
+    assert log == ["c0"]
+    adm.resize(1, ahead=2)
+    await spin()
+    assert log == ["c0", "c1", "c2"]
+    release.set()
+    await asyncio.gather(*tasks)
+
+
 async def test_on_change_reports_depth() -> None:
     """The change hook sees queue depth and in-flight counts move."""
     seen: list[tuple[int, int]] = []
