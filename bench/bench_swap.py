@@ -43,7 +43,8 @@ probe, swap and admission settings unless said otherwise):
    discarded. Throughput is a block's calls over its time; a block is what a client
    embedding a corpus does, whereas alternating single calls mostly measures how long
    each path takes to wake after the others ran (reported: the first call of a block).
-   Last, isolated batch-1 calls, each after 0.1 s without any call: one query now and then.
+   Then 4 concurrent clients of batch-1 calls (10 each per way per round); last, isolated
+   batch-1 calls, each after 0.1 s without any call: one query now and then.
 
 Before each part the bench waits (up to ``--wait-others`` seconds) until no other
 benchmark runs (``pgrep -fa 'bench\\.'``), and records ``uptime`` and the CPU that other
@@ -1105,6 +1106,7 @@ class EmbedResult:
     agreement: float  # smallest cosine between llamad's and the child's vectors
     daemon: str = "process"  # the daemon ran as its own process, or "in-process"
     isolated: dict[str, list[float]] = field(default_factory=dict)  # path -> call seconds
+    concurrent: list[dict[str, float]] = field(default_factory=list)  # per round: path -> s
 
 
 def corpus_sentences(path: Path, limit: int) -> list[str]:
@@ -1197,6 +1199,7 @@ async def embedding_daemon(args: argparse.Namespace, state_dir: Path
 
 
 ISOLATED_IDLE = 0.1  # seconds without a call before each isolated call
+CONCURRENT = (4, 10)  # clients, batch-1 calls each, per way per round
 # Calls per path per round: ~0.25 s of work at batch 1, ~0.3 s at 16, ~0.6 s at 64.
 EMBED_BLOCK = {1: 20, 16: 2, 64: 1}
 EMBED_PATHS: dict[str, Callable[[Any, Sequence[str]], Awaitable[list[list[float]]]]] = {
@@ -1260,6 +1263,25 @@ async def bench_embed(args: argparse.Namespace, state_dir: Path) -> EmbedResult:
                 print(f"  batch {size}: {len(mine)} rounds of {block}, llamad "
                       f"{size / med([r.llamad for r in mine]):.1f} texts/s, direct "
                       f"{size / med([r.direct for r in mine]):.1f} texts/s", flush=True)
+            concurrent: list[dict[str, float]] = []
+            clients, each_calls = CONCURRENT
+            for rep in range(args.embed_concurrent + 1):  # rep 0 is the warm-up
+                spent: dict[str, float] = {}
+                for path in ORDERS[rep % len(ORDERS)]:
+                    base = offset
+                    offset += clients * each_calls
+
+                    async def client(c: int, path: str = path, base: int = base) -> None:
+                        for j in range(each_calls):
+                            text = texts[(base + c * each_calls + j) % len(texts)]
+                            if len(await EMBED_PATHS[path](target[path], [text])) != 1:
+                                raise RuntimeError(f"{path}: wrong number of vectors")
+
+                    began = time.perf_counter()
+                    await asyncio.gather(*(client(c) for c in range(clients)))
+                    spent[path] = time.perf_counter() - began
+                if rep:
+                    concurrent.append(spent)
             isolated: dict[str, list[float]] = {path: [] for path in EMBED_PATHS}
             for rep in range(args.embed_isolated):
                 for path in ORDERS[rep % len(ORDERS)]:
@@ -1270,7 +1292,8 @@ async def bench_embed(args: argparse.Namespace, state_dir: Path) -> EmbedResult:
     await asyncio.sleep(MONITOR.period * 1.5)  # let the monitor cover the last round
     for r in rounds:
         r.foreign = MONITOR.foreign(r.start, r.end)
-    return EmbedResult(rounds, tokens, len(texts), agreement, args.embed_daemon, isolated)
+    return EmbedResult(rounds, tokens, len(texts), agreement, args.embed_daemon, isolated,
+                       concurrent)
 
 
 def embed_section(r: EmbedResult, env: list[str], note: PartNote, command: str) -> list[str]:
@@ -1326,6 +1349,23 @@ def embed_section(r: EmbedResult, env: list[str], note: PartNote, command: str) 
                   "llamad ms/call", "direct ms/call", "added ms/call",
                   "throughput llamad/direct (>= 0.97)", "median of per-round ratios",
                   "llamad/direct base64 (>= 0.97)"], rows)
+    if r.concurrent:
+        clients, each_calls = CONCURRENT
+        rate = {k: clients * each_calls / med([c[k] for c in r.concurrent]) for k in EMBED_PATHS}
+        ratio = rate["llamad"] / rate["direct"]
+        ratio64 = rate["llamad"] / rate["direct64"]
+        paired = med([c["direct"] / c["llamad"] for c in r.concurrent])
+        out += ["", f"Concurrent clients: {clients} clients at once, each sending {each_calls} "
+                "batch-1 calls back to back, per way per round (the ways in rotation, "
+                f"{len(r.concurrent)} rounds after a warm-up); texts/s from the median round.",
+                ""]
+        out += table(["clients", "llamad texts/s", "direct texts/s", "direct base64 texts/s",
+                      "throughput llamad/direct (>= 0.97)", "median of per-round ratios",
+                      "llamad/direct base64"],
+                     [[str(clients), f"{rate['llamad']:.1f}", f"{rate['direct']:.1f}",
+                       f"{rate['direct64']:.1f}",
+                       f"**{ratio:.3f}** {'ok' if ratio >= 0.97 else 'MISS'}", f"{paired:.3f}",
+                       f"{ratio64:.3f}"]])
     if r.isolated and all(r.isolated.values()):
         iso = {k: med(v) for k, v in r.isolated.items()}
         notes.append(f"- Isolated calls (batch 1, {ISOLATED_IDLE * 1000:.0f} ms without any "
@@ -1389,6 +1429,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args.crash_deadline = 30.0
     args.embed_reps = (80, 8, 4) if quick else (600, 60, 30)
     args.embed_isolated = 20 if quick else 100
+    args.embed_concurrent = 3 if quick else 12
     args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     if not set(args.parts) <= {"swap", "crash", "embed"} or not args.parts:
         p.error("--parts takes swap, crash and/or embed")
