@@ -43,6 +43,9 @@ class ReloadReport:
     """What a reload did."""
 
     swapped: list[str] = field(default_factory=list)
+    """Roles brought to their new settings through a swap or a mode switch."""
+    updated: list[str] = field(default_factory=list)
+    """Roles whose new settings apply without a new child (``queue_ahead``)."""
     kept: dict[str, str] = field(default_factory=dict)
     restart_needed: list[str] = field(default_factory=list)
     limits_changed: bool = False
@@ -52,14 +55,16 @@ class ReloadReport:
 
 
 def _child_settings(cc: ChildConfig) -> tuple[object, ...]:
+    """The settings a launched child is started with: a change needs a new child."""
     return (cc.model, cc.runtime, cc.ctx_size, cc.threads, cc.parallel, cc.batch,
-            cc.extra_args)
+            cc.extra_args, cc.spin_count)
 
 
 async def _apply_role(child: ManagedChild, current: Config, new: Config,
-                      swaps: SwapManager, modes: ModeManager) -> None:
+                      swaps: SwapManager, modes: ModeManager) -> bool:
     """Bring one role to its new configuration: a mode switch, a swap, or nothing live
-    (settings of a mode not in use apply at the next switch)."""
+    (settings of a mode not in use apply at the next switch). True when a swap or a mode
+    switch ran."""
     old_cc, new_cc = current.child(child.role), new.child(child.role)
     target: Setup | None = None
     if new_cc.model:
@@ -71,14 +76,18 @@ async def _apply_role(child: ManagedChild, current: Config, new: Config,
                    or current.llama_bin != new.llama_bin)
         if changed and target is not None:
             await swaps.swap_to(child.role, target, reason="reload")
-    elif new_cc.mode != live or (live == "endpoint" and old_cc.endpoint() != new_cc.endpoint()):
+            return True
+        return False
+    if new_cc.mode != live or (live == "endpoint" and old_cc.endpoint() != new_cc.endpoint()):
         await modes.set_mode(child.role, ModeRequest(
             new_cc.mode, new_cc.endpoint() if new_cc.mode == "endpoint" else None,
             setup=target if new_cc.mode == "embedded" else None, reason="reload"))
         if new_cc.mode != "embedded" and target is not None:
             child.current = target
-    elif target is not None and live != "embedded":
+        return True
+    if target is not None and live != "embedded":
         child.current = target
+    return False
 
 
 async def reload_config(
@@ -104,7 +113,7 @@ async def reload_config(
         if child is None or (old_cc == new_cc and current.llama_bin == new.llama_bin):
             continue
         try:
-            await _apply_role(child, current, new, swaps, modes)
+            live = await _apply_role(child, current, new, swaps, modes)
         except (SupervisorError, FileNotFoundError, RequestError) as exc:
             report.kept[role] = str(exc)
             _log.warning("reload kept the running child", role=role, error=str(exc))
@@ -116,7 +125,7 @@ async def reload_config(
             applied = dataclasses.replace(applied, generation=new_cc)
         else:
             applied = dataclasses.replace(applied, embedding=new_cc)
-        report.swapped.append(role)
+        (report.swapped if live else report.updated).append(role)
     if new.limits != current.limits:
         applied = dataclasses.replace(applied, limits=new.limits)
         report.limits_changed = True
@@ -132,7 +141,7 @@ async def reload_config(
     if current.llama_bin != new.llama_bin and not report.swapped:
         report.restart_needed.append("llama_bin")
     applied = dataclasses.replace(applied, sources=new.sources)
-    _log.info("reloaded", swapped=report.swapped, kept=report.kept,
+    _log.info("reloaded", swapped=report.swapped, updated=report.updated, kept=report.kept,
               limits_changed=report.limits_changed, reloaded=report.reloaded,
               restart_needed=report.restart_needed)
     return applied, report

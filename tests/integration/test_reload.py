@@ -20,10 +20,10 @@ GEN = common_pb2.CHILD_ROLE_GENERATION
 
 
 def write_config(path: Path, model: Path, *, max_tokens: int = 8192, threads: str = "2",
-                 ahead: int = 0) -> None:
+                 ahead: int = 0, spin: int = 300) -> None:
     path.write_text(
         f'[generation]\nmodel = "{model}"\nthreads = {threads}\nqueue_ahead = {ahead}\n'
-        f"[limits]\nmax_tokens = {max_tokens}\n"
+        f"spin_count = {spin}\n[limits]\nmax_tokens = {max_tokens}\n"
     )
 
 
@@ -61,11 +61,12 @@ async def test_sighup_swaps_to_the_new_model_and_applies_limits(
         await daemon.shutdown()
 
 
-async def test_sighup_applies_queue_ahead_without_a_new_child(
+async def test_reload_applies_queue_ahead_without_a_new_child_and_spin_count_with_one(
     tmp_path: Path, llama_server: str
 ) -> None:
-    """queue_ahead changes how many calls llamad sends the child, not the child: SIGHUP
-    applies it to the running child's admission (same pid, no swap)."""
+    """queue_ahead changes how many calls llamad sends the child, not the child: a reload
+    applies it to the running child's admission (same pid, no swap, reported as updated).
+    spin_count is the child's environment: a reload swaps to a child started with it."""
     file = tmp_path / "llamad.toml"
     write_config(file, model_path(SMALL_MODEL))
     env = env_without_models()
@@ -78,15 +79,20 @@ async def test_sighup_applies_queue_ahead_without_a_new_child(
         admission = daemon.children["generation"].admission
         assert (admission.limit, admission.ahead) == (before.slots, 0)
         write_config(file, model_path(SMALL_MODEL), ahead=3)
-        os.kill(os.getpid(), signal.SIGHUP)
-        deadline = time.monotonic() + 30
-        while admission.ahead != 3:
-            assert time.monotonic() < deadline, "queue_ahead not applied after SIGHUP"
-            await asyncio.sleep(0.05)
+        report = await daemon.reload()
+        assert (report.swapped, report.updated, report.error) == ([], ["generation"], "")
         now = await c.child(GEN)
         assert (now.pid, now.slots, now.last_swap.reason) == (before.pid, before.slots, "")
-        assert admission.capacity == before.slots + 3
+        assert (admission.ahead, admission.capacity) == (3, before.slots + 3)
         assert daemon.config.generation.queue_ahead == 3
+        write_config(file, model_path(SMALL_MODEL), ahead=3, spin=200)
+        report = await daemon.reload()
+        assert (report.swapped, report.updated) == (["generation"], [])
+        now = await c.child(GEN)
+        assert now.pid != before.pid and now.last_swap.reason == "reload"
+        setup = daemon.children["generation"].current
+        assert setup is not None and setup.spec.spin_count == 200
+        assert admission.ahead == 3
     finally:
         await c.close()
         await daemon.shutdown()
