@@ -84,7 +84,8 @@ def _child_row(c: ChildStatus) -> list[str]:
     return [
         c.role, c.state, str(c.pid) if c.pid else "-", model or "-",
         c.runtime or "-", fmt.duration(c.uptime_seconds) if running else "-", str(c.restarts),
-        c.breaker, f"{c.in_flight}/{c.slots}", str(c.queued), problem or "-",
+        c.breaker, f"{c.in_flight}/{c.slots}" + (f"+{c.queue_ahead}" if c.queue_ahead else ""),
+        str(c.queued), problem or "-",
     ]
 
 

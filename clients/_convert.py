@@ -228,7 +228,7 @@ def child_status(msg: control_pb2.ChildStatus) -> ChildStatus:
         in_flight=msg.in_flight, queued=msg.queued, slots=msg.slots,
         mode=enum_name(control_pb2.InferenceMode, msg.mode, "INFERENCE_MODE_"),
         endpoint_url=msg.endpoint_url, endpoint_model=msg.endpoint_model,
-        last_error=msg.last_error,
+        last_error=msg.last_error, queue_ahead=msg.queue_ahead,
     )
 
 

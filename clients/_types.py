@@ -152,6 +152,8 @@ class ChildStatus:
     ``endpoint`` or ``disabled`` (in endpoint mode no process is described: pid, port and
     the model fields are empty, ``runtime`` is ``endpoint``). ``last_error`` is the
     role's latest failure in words (empty once it serves again after a switch).
+    ``in_flight`` counts calls sent to the child: up to ``slots`` running plus
+    ``queue_ahead`` waiting in the child's own queue; ``queued`` wait in llamad.
     """
 
     role: str
@@ -178,6 +180,7 @@ class ChildStatus:
     endpoint_url: str = ""
     endpoint_model: str = ""
     last_error: str = ""
+    queue_ahead: int = 0
 
 
 @dataclass(frozen=True, slots=True)

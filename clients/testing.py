@@ -301,6 +301,7 @@ def _child(role: common_pb2.ChildRole, model: str, port: int) -> control_pb2.Chi
         restarts=1, breaker=control_pb2.BREAKER_STATE_CLOSED, enabled=True,
         model_architecture="llama", model_context_length=2048, in_flight=1, queued=0,
         slots=2 if role == common_pb2.CHILD_ROLE_GENERATION else 1,
+        queue_ahead=0 if role == common_pb2.CHILD_ROLE_GENERATION else 2,
         last_exit=control_pb2.ExitCause(kind="crash", exit_code=1, message="boom"))
 
 

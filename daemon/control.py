@@ -101,6 +101,7 @@ def child_status(child: ManagedChild) -> control_pb2.ChildStatus:
         in_flight=child.admission.in_flight,
         queued=child.admission.queued,
         slots=child.admission.limit,
+        queue_ahead=child.admission.ahead,
         last_error=child.last_error,
     )
     if mode == "embedded" and child.current is not None:

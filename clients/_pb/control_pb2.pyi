@@ -113,7 +113,7 @@ class ExitCause(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., exit_code: _Optional[int] = ..., signal: _Optional[str] = ..., permanent: _Optional[bool] = ..., message: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ChildStatus(_message.Message):
-    __slots__ = ("role", "state", "pid", "model_path", "model_sha256", "runtime", "port", "uptime_seconds", "restarts", "breaker", "consecutive_failures", "last_exit", "enabled", "model_architecture", "model_context_length", "previous_model_path", "last_swap", "in_flight", "queued", "slots", "mode", "endpoint_url", "endpoint_model", "last_error")
+    __slots__ = ("role", "state", "pid", "model_path", "model_sha256", "runtime", "port", "uptime_seconds", "restarts", "breaker", "consecutive_failures", "last_exit", "enabled", "model_architecture", "model_context_length", "previous_model_path", "last_swap", "in_flight", "queued", "slots", "mode", "endpoint_url", "endpoint_model", "last_error", "queue_ahead")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +138,7 @@ class ChildStatus(_message.Message):
     ENDPOINT_URL_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_MODEL_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_AHEAD_FIELD_NUMBER: _ClassVar[int]
     role: _common_pb2.ChildRole
     state: ChildState
     pid: int
@@ -162,7 +163,8 @@ class ChildStatus(_message.Message):
     endpoint_url: str
     endpoint_model: str
     last_error: str
-    def __init__(self, role: _Optional[_Union[_common_pb2.ChildRole, str]] = ..., state: _Optional[_Union[ChildState, str]] = ..., pid: _Optional[int] = ..., model_path: _Optional[str] = ..., model_sha256: _Optional[str] = ..., runtime: _Optional[str] = ..., port: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., restarts: _Optional[int] = ..., breaker: _Optional[_Union[BreakerState, str]] = ..., consecutive_failures: _Optional[int] = ..., last_exit: _Optional[_Union[ExitCause, _Mapping]] = ..., enabled: _Optional[bool] = ..., model_architecture: _Optional[str] = ..., model_context_length: _Optional[int] = ..., previous_model_path: _Optional[str] = ..., last_swap: _Optional[_Union[SwapInfo, _Mapping]] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., slots: _Optional[int] = ..., mode: _Optional[_Union[InferenceMode, str]] = ..., endpoint_url: _Optional[str] = ..., endpoint_model: _Optional[str] = ..., last_error: _Optional[str] = ...) -> None: ...
+    queue_ahead: int
+    def __init__(self, role: _Optional[_Union[_common_pb2.ChildRole, str]] = ..., state: _Optional[_Union[ChildState, str]] = ..., pid: _Optional[int] = ..., model_path: _Optional[str] = ..., model_sha256: _Optional[str] = ..., runtime: _Optional[str] = ..., port: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., restarts: _Optional[int] = ..., breaker: _Optional[_Union[BreakerState, str]] = ..., consecutive_failures: _Optional[int] = ..., last_exit: _Optional[_Union[ExitCause, _Mapping]] = ..., enabled: _Optional[bool] = ..., model_architecture: _Optional[str] = ..., model_context_length: _Optional[int] = ..., previous_model_path: _Optional[str] = ..., last_swap: _Optional[_Union[SwapInfo, _Mapping]] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., slots: _Optional[int] = ..., mode: _Optional[_Union[InferenceMode, str]] = ..., endpoint_url: _Optional[str] = ..., endpoint_model: _Optional[str] = ..., last_error: _Optional[str] = ..., queue_ahead: _Optional[int] = ...) -> None: ...
 
 class SwapInfo(_message.Message):
     __slots__ = ("from_model", "to_model", "at", "reason", "duration_seconds")

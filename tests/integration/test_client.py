@@ -136,7 +136,8 @@ async def test_embed_tokenize_status_and_health(running: tuple[Daemon, str]) -> 
         assert gen.model_path.endswith(SMALL_MODEL)
         assert gen.breaker == "closed"
         assert gen.slots == 2
-        assert embedding.slots == 2  # the child's slots; two more calls are sent ahead
+        assert (embedding.slots, embedding.queue_ahead) == (2, 2)  # the child's slots
+        assert gen.queue_ahead == 0
         assert await client.health("generation") == "serving"
         assert await client.health("no-such-service") == "service_unknown"
         with pytest.raises(errors.InvalidArgument, match="prompt is empty"):

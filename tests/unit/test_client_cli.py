@@ -56,7 +56,8 @@ def test_status_table_and_json(llamad: Run) -> None:
     assert lines[1].split()[:4] == ["ROLE", "STATE", "PID", "MODEL"]
     assert lines[2].split()[:4] == ["generation", "running", "4243", "fake-model.gguf"]
     assert lines[1].index("STATE") == lines[2].index("running")  # aligned
-    assert "1/2" in lines[2]  # busy/slots
+    assert "1/2" in lines[2] and "1/2+" not in lines[2]  # busy/slots
+    assert "1/1+2" in lines[3]  # busy/slots + calls sent ahead to the child's queue
     assert lines[-1].startswith("retrieval: 0 sources")
     status, out, _ = llamad("status", "--json")
     doc = json.loads(out)
