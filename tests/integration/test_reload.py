@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -33,11 +35,10 @@ def env_without_models() -> dict[str, str]:
     return env
 
 
-async def test_sighup_swaps_to_the_new_model_and_applies_limits(
-    tmp_path: Path, llama_server: str
-) -> None:
-    """Changing the model and a limit in the file, then SIGHUP: swapped, limit applied."""
-    file = tmp_path / "llamad.toml"
+@contextlib.asynccontextmanager
+async def reloadable(file: Path) -> AsyncIterator[tuple[Daemon, Clients]]:
+    """A daemon on SmolLM2 whose configuration is ``file`` (re-read on reload and SIGHUP),
+    serving."""
     write_config(file, model_path(SMALL_MODEL))
     env = env_without_models()
     daemon = Daemon(load(None, env=env, file=file), reload=lambda: load(None, env=env, file=file))
@@ -45,6 +46,18 @@ async def test_sighup_swaps_to_the_new_model_and_applies_limits(
     daemon.install_signal_handlers()
     try:
         await c.wait_serving("")
+        yield daemon, c
+    finally:
+        await c.close()
+        await daemon.shutdown()
+
+
+async def test_sighup_swaps_to_the_new_model_and_applies_limits(
+    tmp_path: Path, llama_server: str
+) -> None:
+    """Changing the model and a limit in the file, then SIGHUP: swapped, limit applied."""
+    file = tmp_path / "llamad.toml"
+    async with reloadable(file) as (daemon, c):
         before = await c.child(GEN)
         write_config(file, model_path(DEFAULT_MODEL), max_tokens=1000)
         os.kill(os.getpid(), signal.SIGHUP)
@@ -56,9 +69,6 @@ async def test_sighup_swaps_to_the_new_model_and_applies_limits(
         assert now.pid != before.pid
         assert daemon.config.limits.max_tokens == 1000
         assert daemon.config.generation.model == str(model_path(DEFAULT_MODEL))
-    finally:
-        await c.close()
-        await daemon.shutdown()
 
 
 async def test_reload_applies_queue_ahead_without_a_new_child_and_spin_count_with_one(
@@ -68,13 +78,7 @@ async def test_reload_applies_queue_ahead_without_a_new_child_and_spin_count_wit
     applies it to the running child's admission (same pid, no swap, reported as updated).
     spin_count is the child's environment: a reload swaps to a child started with it."""
     file = tmp_path / "llamad.toml"
-    write_config(file, model_path(SMALL_MODEL))
-    env = env_without_models()
-    daemon = Daemon(load(None, env=env, file=file), reload=lambda: load(None, env=env, file=file))
-    c = Clients(await daemon.start())
-    daemon.install_signal_handlers()
-    try:
-        await c.wait_serving("")
+    async with reloadable(file) as (daemon, c):
         before = await c.child(GEN)
         admission = daemon.children["generation"].admission
         assert (admission.limit, admission.ahead) == (before.slots, 0)
@@ -93,9 +97,6 @@ async def test_reload_applies_queue_ahead_without_a_new_child_and_spin_count_wit
         setup = daemon.children["generation"].current
         assert setup is not None and setup.spec.spin_count == 200
         assert admission.ahead == 3
-    finally:
-        await c.close()
-        await daemon.shutdown()
 
 
 async def test_reload_with_bad_model_keeps_old_child(tmp_path: Path, llama_server: str) -> None:

@@ -128,15 +128,17 @@ async def test_slot_is_released_when_the_body_fails() -> None:
         assert adm.in_flight == 1
 
 
-async def test_resize_admits_waiters() -> None:
-    """Raising the limit (after a swap to more slots) lets waiting calls in."""
+@pytest.mark.parametrize(("limit", "ahead"), [(3, None), (1, 2)], ids=["slots", "ahead"])
+async def test_resize_admits_waiters(limit: int, ahead: int | None) -> None:
+    """Raising the limit (after a swap to more slots) or the calls sent ahead (a reload of
+    queue_ahead) lets waiting calls in."""
     adm = Admission("generation", limit=1, queue_size=10)
     release = asyncio.Event()
     log: list[str] = []
     tasks = [asyncio.create_task(hold(adm, release, log, f"c{i}")) for i in range(3)]
     await spin()
     assert log == ["c0"]
-    adm.resize(3)
+    adm.resize(limit, ahead)
     await spin()
     assert log == ["c0", "c1", "c2"]
     release.set()
@@ -164,21 +166,6 @@ async def test_calls_ahead_go_through_beyond_the_slots() -> None:
     assert (adm.limit, adm.ahead) == (3, 0)
     with pytest.raises(ValueError, match="ahead >= 0"):
         Admission("embedding", limit=1, queue_size=1, ahead=-1)
-
-
-async def test_raising_ahead_admits_waiters() -> None:
-    """A reload that raises queue_ahead lets waiting calls through at once."""
-    adm = Admission("embedding", limit=1, queue_size=10)
-    release = asyncio.Event()
-    log: list[str] = []
-    tasks = [asyncio.create_task(hold(adm, release, log, f"c{i}")) for i in range(3)]
-    await spin()
-    assert log == ["c0"]
-    adm.resize(1, ahead=2)
-    await spin()
-    assert log == ["c0", "c1", "c2"]
-    release.set()
-    await asyncio.gather(*tasks)
 
 
 async def test_on_change_reports_depth() -> None:
