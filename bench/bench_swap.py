@@ -498,13 +498,11 @@ class Load:
         await asyncio.gather(*self._tasks)
         await self.channel.close()
 
-    async def settled(self, before: float) -> float:
-        """Wait until no call sent before ``before`` is still running; seconds waited."""
-        began = time.perf_counter()
+    async def settled(self, before: float) -> None:
+        """Wait until no call sent before ``before`` is still running."""
         async with self._ended:
             await self._ended.wait_for(
                 lambda: all(sent >= before for sent in self._running.values()))
-        return time.perf_counter() - began
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -35,7 +35,6 @@ from supervisor import (
     Launcher,
     LaunchSpec,
     LiveChild,
-    LlamaServerRuntime,
     LogRing,
     ProcessLauncher,
     Runtime,
@@ -307,9 +306,9 @@ def slots_for(mode: Mode, setup: Setup | None, cc: ChildConfig) -> int:
 
 def ahead_for(mode: Mode, setup: Setup | None, cc: ChildConfig) -> int:
     """Calls sent beyond the slots, to wait in the child's own queue: ``queue_ahead`` for
-    a launched llama-server; none for the bundled runtime (it serves one request at a
-    time) or an endpoint (``parallel`` is all llamad knows of it)."""
-    if (mode.kind == "embedded" and setup is not None
-            and isinstance(setup.runtime, LlamaServerRuntime)):
+    a launched child whose runtime queues requests (llama-server); none otherwise (the
+    bundled runtime serves one request at a time; of an endpoint llamad knows only
+    ``parallel``)."""
+    if mode.kind == "embedded" and setup is not None and setup.runtime.queues_requests:
         return cc.queue_ahead
     return 0

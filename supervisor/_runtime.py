@@ -85,6 +85,12 @@ class Runtime(Protocol):
         """How many requests the child serves at once."""
         ...
 
+    @property
+    def queues_requests(self) -> bool:
+        """Whether requests beyond those it serves wait in the child's own queue, so
+        that a caller may send some ahead (llama-server's slots do)."""
+        ...
+
 
 LLAMA_SERVER_API = ApiShape(
     health_path="/health",
@@ -108,6 +114,7 @@ class LlamaServerRuntime:
     binary: str
     name: str = "llama-server"
     api: ApiShape = field(default=LLAMA_SERVER_API)
+    queues_requests: bool = True
 
     def command(self, spec: LaunchSpec, *, port: int, alias: str) -> list[str]:
         parallel = max(1, spec.parallel)
@@ -151,6 +158,7 @@ class BundledRuntime:
     python: str = sys.executable
     name: str = "llama-cpp-python"
     api: ApiShape = field(default=BUNDLED_API)
+    queues_requests: bool = False  # serves one request at a time; llamad sends no more
 
     def command(self, spec: LaunchSpec, *, port: int, alias: str) -> list[str]:
         ctx = spec.ctx_size or (spec.batch if spec.embedding else 0)

@@ -30,6 +30,7 @@ class FakeRuntime:
     faults_per_launch: tuple[str | None, ...] | None = None
     name: str = "fake-llama-server"
     api: ApiShape = field(default=LLAMA_SERVER_API)
+    queues_requests: bool = False  # the fake child has no request queue of its own
     _launches: list[int] = field(default_factory=lambda: [0], compare=False)
 
     def command(self, spec: LaunchSpec, *, port: int, alias: str) -> list[str]:

@@ -6,8 +6,11 @@ import asyncio
 
 import pytest
 
+from daemon import load
 from daemon.admission import Admission
+from daemon.children import Mode, ahead_for, make_setup
 from daemon.errors import DeadlineUnmeetable, Overloaded
+from supervisor import BundledRuntime, LlamaServerRuntime, Runtime
 
 
 class Clock:
@@ -248,3 +251,19 @@ async def test_a_cancelled_hand_over_releases_the_hold() -> None:
     for task in (old, new):
         task.cancel()
     await asyncio.gather(old, new, return_exceptions=True)
+
+
+@pytest.mark.parametrize(("runtime", "mode", "expected"), [
+    (LlamaServerRuntime("/usr/bin/llama-server"), Mode("embedded"), 3),
+    (BundledRuntime(), Mode("embedded"), 0),  # serves one request at a time
+    (LlamaServerRuntime("/usr/bin/llama-server"), Mode("endpoint"), 0),
+], ids=["llama-server", "bundled", "endpoint"])
+def test_calls_ahead_only_for_a_runtime_that_queues(runtime: Runtime, mode: Mode,
+                                                    expected: int) -> None:
+    """queue_ahead applies to a launched child whose runtime queues requests."""
+    cc = load(None, env={"LLAMAD_GENERATION_ENABLED": "false",
+                         "LLAMAD_EMBEDDING_MODEL": "/nonexistent.gguf",
+                         "LLAMAD_EMBEDDING_QUEUE_AHEAD": "3"}).embedding
+    setup = make_setup("embedding", "/nonexistent.gguf", runtime, cc)
+    assert cc.queue_ahead == 3
+    assert ahead_for(mode, setup, cc) == expected
