@@ -246,6 +246,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("retrieval.redact_hostnames", bool, False,
            "Also redact hostnames (FQDNs) at ingest."),
     Option("retrieval.redact_ips", bool, False, "Also redact IP addresses at ingest."),
+    Option("retrieval.refuse_hard_links", bool, False,
+           "Refuse files of directory sources that have more than one hard link (a hard "
+           "link inside a root may be a file from outside it)."),
     Option("answer.max_question_chars", int, 4000, "Longest Ask question, characters.",
            minimum=1),
     Option("answer.max_attachment_chars", int, 100_000, "Longest Ask attachment, characters.",

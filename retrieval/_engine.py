@@ -18,11 +18,12 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import os
 import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 import numpy as np
@@ -30,7 +31,8 @@ import structlog
 
 from ._bm25 import Filters, IndexedChunk, TextIndex
 from ._chunk import chunk_text
-from ._extract import ExtractLimits, extract_bytes
+from ._confine import SourceRoot, display_name
+from ._extract import Extracted, ExtractLimits, extract_bytes
 from ._fusion import rrf
 from ._group import EmbedBatcher, GroupCommitter, Vector
 from ._redact import redact
@@ -100,6 +102,7 @@ class RetrievalLimits:
     query_embed_timeout: float = 5.0
     redact_hostnames: bool = False
     redact_ips: bool = False
+    refuse_hard_links: bool = False  # files with more than one link (see _confine)
     extract: ExtractLimits = field(default_factory=ExtractLimits)
 
 
@@ -678,18 +681,38 @@ class Retriever:
                 rows[doc_id] = doc
         return [rows[k] for k in sorted(rows)]
 
-    async def ingest_file(self, source: SourceRow, path: Path, rel: str) -> DocumentRow:
-        """Extract, then :meth:`upsert`, one file of a directory source."""
-        from ._extract import extract_file, kind_for  # noqa: PLC0415 - keeps import light
+    async def ingest_file(self, source: SourceRow, root: SourceRoot, rel: str,
+                          target: str | None = None) -> DocumentRow:
+        """Extract, then :meth:`upsert`, one file of a directory source.
 
-        kind = kind_for(path)
+        The file is opened beneath ``root``'s descriptor without following any symlink
+        (:meth:`SourceRoot.open_file`) and only that descriptor is read; its size and
+        mtime come from the same descriptor.
+
+        Args:
+            rel: the file's path under the root: the document's id and path.
+            target: where a symlink at ``rel`` leads, relative to the root (the scan
+                resolved it and found it inside); None when ``rel`` is the file itself.
+        """
+        from ._extract import extract_fd, kind_for  # noqa: PLC0415 - keeps import light
+
+        kind = kind_for(PurePosixPath(rel))
         if kind is None:
-            raise InvalidDocument(f"{rel}: unsupported file type")
-        st = await asyncio.to_thread(path.stat)
-        extracted = await asyncio.to_thread(extract_file, path, self.limits.extract)
+            raise InvalidDocument(f"{display_name(rel)}: unsupported file type")
+        limits = self.limits.extract
+
+        def read() -> tuple[Extracted, os.stat_result]:
+            fd = root.open_file(target or rel)
+            try:
+                return extract_fd(fd, display_name(rel), kind, limits), os.fstat(fd)
+            finally:
+                os.close(fd)
+
+        extracted, st = await asyncio.to_thread(read)
         return await self.upsert(source.id, extracted.title, extracted.text,
                                  doc_id=f"{source.id}/{rel}", kind=extracted.kind,
-                                 path=str(path), mtime_ns=st.st_mtime_ns, size=st.st_size)
+                                 path=str(root.path / rel), mtime_ns=st.st_mtime_ns,
+                                 size=st.st_size)
 
     async def ingest_bytes(self, source_id: str, name: str, data: bytes, kind: str,
                            **fields: object) -> DocumentRow:

@@ -6,8 +6,9 @@ What a hostile or broken file can do here is bounded:
 * **Special files**: only regular files are opened. A path is ``stat``-ed first (a FIFO or
   a device is refused without opening it, so nothing blocks and no device side effect
   happens), then opened non-blocking and checked again with ``fstat`` on the descriptor.
-  Symlinks are followed: deciding which ones to hand over is the caller's job
-  (``_scan`` keeps them inside the source root).
+  :func:`extract_file` follows symlinks (its caller trusts the path); files of directory
+  sources are opened by :mod:`retrieval._confine` without following any and handed to
+  :func:`extract_fd` as a descriptor.
 * **Encodings**: UTF-8 (BOM stripped), UTF-16/UTF-32 with a BOM, or a legacy encoding that
   charset-normalizer detects with confidence; anything else is refused with a reason
   instead of being indexed as mojibake.
@@ -47,8 +48,8 @@ import structlog
 from . import _pdf_worker
 from .errors import ExtractionError, InvalidDocument
 
-__all__ = ["KINDS", "SUFFIXES", "ExtractLimits", "Extracted", "extract_bytes", "extract_file",
-           "kind_for"]
+__all__ = ["KINDS", "SUFFIXES", "ExtractLimits", "Extracted", "extract_bytes", "extract_fd",
+           "extract_file", "kind_for"]
 
 _log = structlog.get_logger("llamad.retrieval")
 
@@ -93,18 +94,19 @@ class Extracted:
     kind: str          # markdown | text | html | pdf | config
 
 
-def kind_for(path: Path) -> str | None:
+def kind_for(path: PurePosixPath | Path) -> str | None:
     """The kind of a file by its suffix (case-insensitive); None when unsupported."""
     return SUFFIXES.get(path.suffix.lower())
 
 
 def extract_file(path: Path, limits: ExtractLimits = ExtractLimits()) -> Extracted:
-    """Read and extract one regular file. Blocking: call it from a worker thread.
+    """Read and extract one regular file named by a path the caller trusts (a path
+    somebody else can write in is read with :meth:`retrieval.SourceRoot.open_file` and
+    :func:`extract_fd` instead). Blocking: call it from a worker thread.
 
     The file is ``stat``-ed before it is opened: FIFOs, sockets and devices are refused
     at once (never opened, so never blocked on), and so is a file over
-    ``limits.max_bytes``. A PDF is parsed by a worker process that reads the already
-    opened descriptor, so the file checked is the file parsed.
+    ``limits.max_bytes``.
 
     Raises:
         InvalidDocument: the suffix is not a supported kind.
@@ -113,10 +115,7 @@ def extract_file(path: Path, limits: ExtractLimits = ExtractLimits()) -> Extract
             extracted (see :func:`extract_bytes`).
     """
     name = str(path)
-    kind = kind_for(path)
-    if kind is None:
-        raise InvalidDocument(f"{name}: unsupported file type {path.suffix or '(no suffix)'!r}; "
-                              f"supported: {', '.join(sorted(SUFFIXES))}")
+    kind = _kind_or_refuse(path, name)
     try:
         st = os.stat(path)
     except OSError as exc:
@@ -129,16 +128,39 @@ def extract_file(path: Path, limits: ExtractLimits = ExtractLimits()) -> Extract
         raise ExtractionError(f"{name}: cannot be read: {exc.strerror}", "unreadable") from exc
     try:
         opened = os.fstat(fd)
-        _check_regular(opened, name)
         if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
             raise ExtractionError(f"{name}: replaced while being opened", "unreadable")
-        _check_size(opened.st_size, name, limits)
-        if kind == "pdf":
-            return _extract_pdf(name, limits, stdin_fd=fd)
-        data = _read_bounded(fd, name, limits)
+        return extract_fd(fd, name, kind, limits)
     finally:
         os.close(fd)
-    return _extract_data(data, name, kind, limits)
+
+
+def extract_fd(fd: int, name: str, kind: str,
+               limits: ExtractLimits = ExtractLimits()) -> Extracted:
+    """Extract the file open at ``fd`` (left open: the caller closes it), reading nothing
+    but that descriptor: a PDF goes to the worker process as its standard input, never
+    as a path it could re-open. Blocking: call it from a worker thread.
+
+    Raises:
+        InvalidDocument: ``kind`` is not one of :data:`KINDS`.
+        ExtractionError: as :func:`extract_file`.
+    """
+    if kind not in KINDS:
+        raise InvalidDocument(f"{name}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    opened = os.fstat(fd)
+    _check_regular(opened, name)
+    _check_size(opened.st_size, name, limits)
+    if kind == "pdf":
+        return _extract_pdf(name, limits, stdin_fd=fd)
+    return _extract_data(_read_bounded(fd, name, limits), name, kind, limits)
+
+
+def _kind_or_refuse(path: PurePosixPath | Path, name: str) -> str:
+    kind = kind_for(path)
+    if kind is None:
+        raise InvalidDocument(f"{name}: unsupported file type {path.suffix or '(no suffix)'!r}; "
+                              f"supported: {', '.join(sorted(SUFFIXES))}")
+    return kind
 
 
 def extract_bytes(

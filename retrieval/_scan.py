@@ -2,12 +2,15 @@
 
 A directory source must live under one of the allowed roots (:func:`check_root`, checked
 with symlinks and ``..`` resolved, when the source is added and again at every scan, so a
-root later replaced by a symlink to elsewhere is not followed). A scan walks the source
-root (never following a symlink out of it, skipping FIFOs, devices and sockets),
-compares each file's size and mtime with what was indexed (an
-unchanged file costs one ``stat``), re-ingests changed files (their chunks are replaced
-atomically), and removes documents whose files are gone. Caps on files and bytes per
-source make a huge folder degrade predictably: what was skipped, and why, is reported.
+root later replaced by a symlink to elsewhere is not followed). A scan opens the root
+once and walks beneath that descriptor (:class:`~retrieval._confine.SourceRoot`: no
+symlink is ever followed while opening, so a file or directory swapped for a link to
+elsewhere between the check and the read is refused, not read; FIFOs, devices and sockets
+are skipped), compares each file's size and mtime with what was indexed (an unchanged file
+costs one ``stat``), re-ingests changed files (their chunks are replaced atomically), and
+removes documents whose files are gone. Caps on files and bytes per source make a huge
+folder degrade predictably. A problem with one file (an unreadable one, a name that is not
+UTF-8, shown with ``\xff`` escapes) is reported for that file and the scan goes on.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ import os
 import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import structlog
 
+from ._confine import SourceRoot, display_name
 from ._engine import Retriever
 from ._extract import kind_for
 from ._store import DocumentRow, SourceRow
@@ -77,6 +81,27 @@ def check_root(path: str | os.PathLike[str], allowed_roots: Sequence[str]) -> Pa
                            f"({', '.join(allowed_roots)})", configured=True)
 
 
+def _look(root: Path, rel: str, name: str, dir_fd: int) -> tuple[os.stat_result, str | None] | str:
+    """``(stat, symlink target relative to the root or None)`` of a file found by the
+    walk, or why it is skipped. Only metadata, for the unchanged-file check: the file is
+    read later through :meth:`SourceRoot.open_file`, which follows no link whatever
+    happens here meanwhile."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        target = None
+        if stat.S_ISLNK(st.st_mode):
+            resolved = _real(os.path.join(root, rel))
+            if not _inside(resolved, root) or resolved == root:
+                return "symlink points outside the source root"
+            target = resolved.relative_to(root).as_posix()
+            st = os.stat(resolved, follow_symlinks=False)
+    except OSError as exc:
+        return f"cannot stat: {exc.strerror}"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    return st, target
+
+
 async def _check(finished: set[asyncio.Task[None]], running: set[asyncio.Task[None]]) -> None:
     """Re-raise the first unexpected failure (disk full, ...) once the other workers
     have stopped: a scan never leaves ingest tasks running behind it."""
@@ -127,11 +152,11 @@ async def scan_source(retriever: Retriever, source_id: str,
     # embedding requests and their writes share commits. Worker -> its file's size.
     running: dict[asyncio.Task[None], int] = {}
 
-    async def ingest(path: Path, rel: str, old: DocumentRow | None) -> None:
+    async def ingest(rel: str, target: str | None, old: DocumentRow | None) -> None:
         try:
-            new = await retriever.ingest_file(source, path, rel)
+            new = await retriever.ingest_file(source, opened, rel, target)
         except RetrievalError as exc:
-            report.failed.append((rel, str(exc)))
+            report.failed.append((display_name(rel), str(exc)))
             return
         if old is None:
             report.added += 1
@@ -142,42 +167,48 @@ async def scan_source(retriever: Retriever, source_id: str,
         if progress is not None:
             progress(report)
 
+    async def settle(limit_bytes: int) -> None:
+        """Wait for workers until fewer than ingest_workers run and ``limit_bytes`` more
+        would stay within ingest_inflight_bytes."""
+        while running and (
+                len(running) >= max(1, limits.ingest_workers)
+                or sum(running.values()) + limit_bytes > limits.ingest_inflight_bytes):
+            finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                del running[task]
+            await _check(finished, set(running))
+
     try:
-        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            if dirpath != str(root) and not _inside(_real(dirpath), root):
-                # A directory swapped for a symlink while the walk was under way.
-                report.skipped.append((Path(dirpath).relative_to(root).as_posix(),
-                                       "directory resolves outside the source root"))
-                dirnames[:] = []
-                continue
-            for name in sorted(filenames):
-                if name.startswith("."):
+        opened = await asyncio.to_thread(
+            SourceRoot, root, refuse_hard_links=limits.refuse_hard_links)
+    except SourceNotAllowed as exc:
+        await retriever.mark_scanned(source_id, str(exc))
+        raise
+    except OSError as exc:
+        await retriever.mark_scanned(source_id, f"{root} cannot be opened: {exc.strerror}")
+        raise NotFound(f"source {source_id!r}: {root} cannot be opened: {exc.strerror}") \
+            from exc
+    walk = opened.walk()
+    try:
+        for dir_rel, dir_fd, names, problems in walk:
+            report.skipped.extend(problems)
+            for name in names:
+                rel = f"{dir_rel}/{name}" if dir_rel else name
+                if kind_for(PurePosixPath(name)) is None:
                     continue
-                path = Path(dirpath) / name
-                rel = path.relative_to(root).as_posix()
-                if kind_for(path) is None:
+                found = _look(root, rel, name, dir_fd)
+                if isinstance(found, str):
+                    report.skipped.append((display_name(rel), found))
                     continue
-                try:
-                    st = path.lstat()
-                    if stat.S_ISLNK(st.st_mode):
-                        target = path.resolve()
-                        if not _inside(target, root):
-                            report.skipped.append((rel, "symlink points outside the source root"))
-                            continue
-                        st = target.stat()
-                except OSError as exc:
-                    report.skipped.append((rel, f"cannot stat: {exc.strerror}"))
-                    continue
-                if not stat.S_ISREG(st.st_mode):
-                    report.skipped.append((rel, "not a regular file"))
-                    continue
+                st, target = found
                 if report.seen >= limits.max_files_per_source:
-                    report.skipped.append((rel, f"more than {limits.max_files_per_source} files "
-                                                "(max_files_per_source)"))
+                    report.skipped.append((display_name(rel), f"more than "
+                                           f"{limits.max_files_per_source} files "
+                                           "(max_files_per_source)"))
                     continue
                 if total_bytes + st.st_size > limits.max_bytes_per_source:
-                    report.skipped.append((rel, "source byte limit reached (max_bytes_per_source)"))
+                    report.skipped.append((display_name(rel), "source byte limit reached "
+                                           "(max_bytes_per_source)"))
                     continue
                 report.seen += 1
                 total_bytes += st.st_size
@@ -188,23 +219,18 @@ async def scan_source(retriever: Retriever, source_id: str,
                         and old.size == st.st_size:
                     report.unchanged += 1
                     continue
-                while running and (
-                        len(running) >= max(1, limits.ingest_workers)
-                        or sum(running.values()) + st.st_size > limits.ingest_inflight_bytes):
-                    finished, _ = await asyncio.wait(
-                        running, return_when=asyncio.FIRST_COMPLETED)
-                    for task in finished:
-                        del running[task]
-                    await _check(finished, set(running))
-                running[asyncio.create_task(ingest(path, rel, old))] = st.st_size
+                await settle(st.st_size)
+                running[asyncio.create_task(ingest(rel, target, old))] = st.st_size
         if running:
             finished, _ = await asyncio.wait(running)
             await _check(finished, set())
     finally:  # the scan was cancelled or failed: no worker outlives it
+        walk.close()
         for task in running:
             task.cancel()
         if running:
             await asyncio.gather(*running, return_exceptions=True)
+        opened.close()
     report.failed.sort()
     for doc_id in sorted(set(indexed) - present):
         gone = doc_id.startswith(f"{source_id}/") and indexed[doc_id].path

@@ -7,7 +7,8 @@ The tree::
     ├── ExtractionError      a file could not be turned into text; attrs: reason, kind
     │                        (binary, encoding, too_large, not_regular, timeout,
     │                        resource_limit, worker_failed, pdf_malformed, pdf_encrypted,
-    │                        pdf_image_only, html_too_deep)
+    │                        pdf_image_only, html_too_deep, unreadable, hard_link,
+    │                        outside_root)
     ├── NotFound             unknown source or document
     ├── SourceNotAllowed     a directory source outside the allowed roots (or none set)
     ├── StorageFull          the disk (or quota) holding the indexes is full
@@ -61,7 +62,8 @@ class ExtractionError(RetrievalError):
         kind: a short machine-readable cause, for metrics and for the document's error
             column: ``binary``, ``encoding``, ``too_large``, ``not_regular``, ``timeout``,
             ``resource_limit``, ``worker_failed``, ``pdf_malformed``, ``pdf_encrypted``,
-            ``pdf_image_only``, ``html_too_deep``.
+            ``pdf_image_only``, ``html_too_deep``, ``unreadable``, ``hard_link``
+            (refused by ``retrieval.refuse_hard_links``), ``outside_root``.
     """
 
     def __init__(self, reason: str, kind: str) -> None:

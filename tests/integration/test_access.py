@@ -21,6 +21,7 @@ import ssl
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -476,3 +477,50 @@ async def test_directory_sources_only_under_allowed_roots(
             _ = [p async for p in client.reindex("docs")]
         hits = await client.search("secret")
         assert hits.hits == ()
+
+
+async def test_symlink_race_never_hands_a_read_token_outside_files(
+    started: list[Daemon], tmp_path: Path
+) -> None:
+    """An attacker with a read token and write access to one folder under the allowed
+    roots swaps a file there between a regular file and a symlink to the daemon's own
+    token file (and a directory between a directory and a symlink to an outside one)
+    while an admin reindexes, round after round for a bounded time: a Search with the
+    read token never returns a byte of the token file or of the outside directory."""
+    from tests.unit.test_confine import OUTSIDE_DIR_WORD, _swap_forever
+
+    tokens, read, admin = token_files(tmp_path)
+    root, outside = tmp_path / "shared", tmp_path / "outside"
+    src = root / "team"
+    (src / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "note.md").write_text(f"# Outside\n\n{OUTSIDE_DIR_WORD} outside only\n")
+    (src / "sub" / "note.md").write_text("# Inside\n\ninside note\n")
+    (src / "stable.md").write_text("# Stable\n\nalways here\n")
+    daemon = await start(started, quiet_env(LLAMAD_AUTH_TOKEN_FILE=str(tokens),
+                                            LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(root)))
+    stop = threading.Event()
+    racer = threading.Thread(target=_swap_forever, args=(src, tokens, outside, stop),
+                             daemon=True)
+    async with AsyncClient(daemon.address, token_file=admin, timeout=30) as operator, \
+            AsyncClient(daemon.address, token_file=read, timeout=30) as reader:
+        await operator.add_source("team", src)
+        racer.start()
+        rounds = 0
+        try:
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline:
+                _ = [p async for p in operator.reindex("team")]
+                rounds += 1
+                for query in (ADMIN_TOKEN, "admin", "fedcba9876543210", "read",
+                              OUTSIDE_DIR_WORD):
+                    hits = (await reader.search(query, top_k=50)).hits
+                    leaked = [h.chunk_id for h in hits
+                              if ADMIN_TOKEN in h.text or READ_TOKEN in h.text
+                              or "role token" in h.text or OUTSIDE_DIR_WORD in h.text]
+                    assert leaked == [], f"round {rounds}: {leaked}"
+        finally:
+            stop.set()
+            racer.join(10)
+        assert rounds >= 10
+        assert [h.document_id for h in (await reader.search("always")).hits] == ["team/stable.md"]
