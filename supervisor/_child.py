@@ -16,7 +16,6 @@ A :class:`LiveChild` is what the supervisor's state machine drives. Its contract
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import secrets
 import shutil
@@ -261,11 +260,23 @@ class ProcessChild:
                 )
 
     async def stop(self) -> None:
-        await self.process.terminate(self._timeouts.stop_grace)
-        with contextlib.suppress(BaseException):
-            await self._exit_task
-        await self.client.aclose()
-        release_port(self.port)
+        """Terminate and reap the child, close its client and release its port.
+
+        Cancelling the caller still kills and reaps the child (``terminate`` shields
+        that) and still releases the port; the caller's ``CancelledError`` propagates.
+        """
+        try:
+            await self.process.terminate(self._timeouts.stop_grace)
+            # The exit task ends with the reaped process; wait() neither raises its
+            # result's exception nor swallows our own cancellation.
+            await asyncio.wait({self._exit_task})
+            if not self._exit_task.cancelled():
+                self._exit_task.exception()  # retrieved: never "exception never retrieved"
+        finally:
+            try:
+                await self.client.aclose()
+            finally:
+                release_port(self.port)
 
 
 class ProcessLauncher:
