@@ -38,6 +38,7 @@ retrieval NotFound            NOT_FOUND              no
 retrieval SourceNotAllowed    PERMISSION_DENIED      no
 SourceNotAllowed, no roots    FAILED_PRECONDITION    no
 retrieval StorageFull         RESOURCE_EXHAUSTED     no (space must be freed first)
+retrieval IndexCorrupt        INTERNAL, its message  no (an operator must act)
 any error of a full disk      RESOURCE_EXHAUSTED     no
 anything else                 INTERNAL               no (no traceback is sent)
 ============================  =====================  ==========
@@ -56,6 +57,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from retrieval.errors import (
     ExtractionError,
+    IndexCorrupt,
     InvalidDocument,
     NotFound,
     SourceNotAllowed,
@@ -181,6 +183,10 @@ def map_error(exc: BaseException) -> Mapped:
                       DEFAULT_RETRY_AFTER)
     if isinstance(exc, StorageFull):
         return Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+    if isinstance(exc, IndexCorrupt):
+        # Internal, but not unexplained: the message names the index and what is wrong
+        # with it, which is what the operator needs to act on.
+        return Mapped(grpc.StatusCode.INTERNAL, f"retrieval index damaged: {exc}")
     if is_storage_full(exc):  # a write outside ingest (add a source, delete, ...)
         return Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED,
                       "no space left on the disk holding llamad's state: free space, "

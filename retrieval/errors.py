@@ -17,8 +17,8 @@ The tree::
 None of these import or know about gRPC; the daemon maps them to status codes
 (``InvalidDocument`` and ``ExtractionError`` to INVALID_ARGUMENT, ``NotFound`` to NOT_FOUND,
 ``SourceNotAllowed`` to PERMISSION_DENIED, or FAILED_PRECONDITION when no root is
-configured; ``StorageFull`` to RESOURCE_EXHAUSTED; ``IndexCorrupt`` to INTERNAL or
-FAILED_PRECONDITION). :func:`is_storage_full` recognises a full disk in any error
+configured; ``StorageFull`` to RESOURCE_EXHAUSTED; ``IndexCorrupt`` to INTERNAL with its
+message). :func:`is_storage_full` recognises a full disk in any error
 (SQLite's, tantivy's, an ``OSError``), for the paths that do not raise ``StorageFull``.
 Every message is one line that can be shown to the caller as is: it names the document and
 says what is wrong, never a traceback.

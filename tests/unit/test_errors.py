@@ -190,3 +190,16 @@ def test_full_disk_found_behind_another_error() -> None:
     assert is_storage_full(hidden)
     assert not is_storage_full(RuntimeError("disk is fine"))
     assert not is_storage_full(OSError(errno.EACCES, "Permission denied"))
+
+
+def test_index_corrupt_keeps_its_actionable_message() -> None:
+    """A damaged index is INTERNAL, but with the message naming the index and the damage,
+    not a bare "internal error"; no retry hint."""
+    from retrieval.errors import IndexCorrupt
+
+    mapped = map_error(IndexCorrupt("vector index /var/lib/llamad/vectors.hnsw is truncated "
+                                    "(12 bytes)"))
+    assert mapped.code is grpc.StatusCode.INTERNAL
+    assert mapped.message == ("retrieval index damaged: vector index "
+                              "/var/lib/llamad/vectors.hnsw is truncated (12 bytes)")
+    assert mapped.retry_after is None
