@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from retrieval import Retriever
+from retrieval._confine import SourceRoot
 from retrieval._group import GroupCommitter
 from tests.unit.test_engine import HashEmbedder
 
@@ -190,14 +191,15 @@ async def test_a_scan_bounds_files_in_flight_by_count_and_bytes(tmp_path: Path) 
     alone: list[bool] = []
     ingest_file = r.ingest_file
 
-    async def tracked(src: object, path: Path, rel: str) -> object:
-        in_flight[rel] = path.stat().st_size
+    async def tracked(src: object, root: SourceRoot, rel: str,
+                      target: str | None = None) -> object:
+        in_flight[rel] = (root.path / rel).stat().st_size
         peaks.append((len(in_flight), sum(in_flight.values())))
         if rel == "huge.md":
             alone.append(len(in_flight) == 1)
         await asyncio.sleep(0.01)
         try:
-            return await ingest_file(src, path, rel)  # type: ignore[arg-type]
+            return await ingest_file(src, root, rel, target)  # type: ignore[arg-type]
         finally:
             del in_flight[rel]
 
