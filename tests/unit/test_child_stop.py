@@ -1,11 +1,17 @@
-"""Stopping a child is cancellation-safe both ways: the child is still killed and reaped
-and its port released, and the caller's own cancellation is not swallowed."""
+"""Process hygiene at the edges: stopping a child is cancellation-safe both ways (the child
+is still killed and reaped and its port released, and the caller's own cancellation is not
+swallowed), and a child dies with its daemon whether or not setpriv is installed."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +20,7 @@ from supervisor._client import ApiShape, InferenceClient
 from supervisor._clock import SystemClock
 from supervisor._logring import LogRing
 from supervisor._process import ChildProcess
+from tests.conftest import ROOT
 
 # Ignores SIGTERM, so only the SIGKILL after the grace period stops it.
 STUBBORN = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " \
@@ -38,3 +45,56 @@ async def test_cancelling_stop_propagates_and_still_reaps_the_child() -> None:
     assert code != 0
     with pytest.raises(ProcessLookupError):
         os.kill(process.pid, 0)
+
+
+@pytest.mark.parametrize("setpriv", [True, False], ids=["setpriv", "prctl-prelude"])
+def test_a_child_dies_with_its_daemon_with_or_without_setpriv(
+        tmp_path: Path, setpriv: bool) -> None:
+    """A child spawned by a process that is then SIGKILLed dies too: through setpriv, and
+    through the prctl prelude on a machine without setpriv (PATH without it)."""
+    if setpriv and shutil.which("setpriv") is None:
+        pytest.skip("util-linux setpriv is not installed here")
+    pidfile = tmp_path / "child.pid"
+    parent = (
+        "import asyncio, sys\n"
+        "from supervisor._logring import LogRing\n"
+        "from supervisor._process import ChildProcess, pdeathsig_method\n"
+        "CHILD = 'import os, sys, time; open(sys.argv[1], \"w\").write(str(os.getpid())); "
+        "time.sleep(60)'\n"
+        "async def main():\n"
+        "    assert pdeathsig_method() == sys.argv[2], pdeathsig_method()\n"
+        "    await ChildProcess.spawn([sys.executable, '-c', CHILD, sys.argv[1]],\n"
+        "                             ring=LogRing())\n"
+        "    await asyncio.sleep(60)\n"
+        "asyncio.run(main())\n"
+    )
+    env = dict(os.environ)
+    if not setpriv:
+        bare = tmp_path / "bin"  # sh only: no setpriv anywhere on PATH
+        bare.mkdir()
+        (bare / "sh").symlink_to(shutil.which("sh") or "/bin/sh")
+        env["PATH"] = str(bare)
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", parent, str(pidfile), "setpriv" if setpriv else "prctl"],
+        env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 20
+        while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+            assert daemon.poll() is None, "the parent exited early"
+            time.sleep(0.05)
+        child = int(pidfile.read_text())
+        daemon.kill()
+        daemon.wait(10)
+        for _ in range(100):
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(child, signal.SIGKILL)
+            pytest.fail("the child outlived its parent")
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
