@@ -52,6 +52,7 @@ FAULTS: tuple[str, ...] = (
     "usage-error",
     "model-error",
     "exit-after-ready",
+    "probe-fails",
 )
 
 _FAKE_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_child.py")

@@ -102,6 +102,11 @@ Faults (``--fault NAME``) and what ``--fault-after N`` counts:
 ``exit-after-ready``
     Becomes ready, then N seconds later (default 1; 0 = at once) prints an error line and
     exits 1: a crash while idle.
+``probe-fails``
+    Loads and answers ``/health`` and ``/v1/models`` like a healthy server, but every
+    completion, chat completion and embedding request answers 500 ``{"error": {"code":
+    500, "message": "fake: inference failed", "type": "server_error"}}``: up, yet unusable
+    (a model that loads but cannot compute).
 """
 
 from __future__ import annotations
@@ -136,6 +141,7 @@ FAULTS = (
     "usage-error",
     "model-error",
     "exit-after-ready",
+    "probe-fails",
 )
 
 N_CTX = 2048
@@ -288,6 +294,10 @@ class _FakeServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", config.port), _Handler)
 
 
+_INFERENCE_PATHS = frozenset({"/v1/completions", "/completions", "/v1/chat/completions",
+                              "/chat/completions", "/v1/embeddings", "/embeddings"})
+
+
 class _BadRequest(Exception):
     """Raised by request parsing; answered with 400 invalid_request_error."""
 
@@ -344,6 +354,8 @@ class _Handler(BaseHTTPRequestHandler):
             route = _ROUTES.get((self.command, path))
             if path != "/fake/stats" and not state.ready:
                 self._error(*_UNAVAILABLE)
+            elif config.fault == "probe-fails" and path in _INFERENCE_PATHS:
+                self._error(500, "fake: inference failed", "server_error")
             elif route is None:
                 self._error(*_NOT_FOUND)
             else:

@@ -160,6 +160,22 @@ async def test_health_503_forever_times_out(harness_factory: Factory) -> None:
     assert "hard cap" in h.sup.last_exit.message  # progress kept extending the soft deadline
 
 
+async def test_health_ok_but_probe_request_failing_is_never_ready(
+    harness_factory: Factory
+) -> None:
+    """A child whose /health and /v1/models answer but whose one-token readiness request
+    fails is never "running": the start ends never_ready (naming the failed request), the
+    child is stopped, and the supervisor backs off to try again (not permanent)."""
+    h = harness_factory(FakeRuntime(fault="probe-fails"))
+    h.sup.start()
+    await h.until("starting,backoff")
+    assert h.sup.last_exit is not None
+    assert h.sup.last_exit.kind == "never_ready"
+    assert "readiness request failed" in h.sup.last_exit.message
+    assert not h.sup.last_exit.permanent
+    assert "running" not in h.states()
+
+
 async def test_slow_start_with_progress_extends_the_deadline(harness_factory: Factory) -> None:
     """A 2 s load succeeds under a 0.7 s no-progress deadline because it shows progress."""
     timeouts = Timeouts(start=0.7, start_cap=10.0, probe_interval=0.2, probe_timeout=0.3,

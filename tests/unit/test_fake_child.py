@@ -490,6 +490,21 @@ def test_hang_stops_answering_after_n_requests(spawn: Spawner) -> None:
     assert child.proc.poll() is None
 
 
+def test_probe_fails(spawn: Spawner) -> None:
+    """probe-fails is healthy and lists its model, but every inference request is a 500."""
+    child = spawn(fault="probe-fails")
+    child.wait_stderr("starting the main loop")
+    assert httpx.get(f"{child.url}/health").status_code == 200
+    assert httpx.get(f"{child.url}/v1/models").status_code == 200
+    for path, body in (("/v1/completions", {"prompt": "hi", "max_tokens": 1}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user",
+                                                               "content": "hi"}]}),
+                       ("/v1/embeddings", {"input": "hi"})):
+        answer = httpx.post(f"{child.url}{path}", json=body)
+        assert answer.status_code == 500
+        assert answer.json()["error"]["type"] == "server_error"
+
+
 def test_health_503_forever(spawn: Spawner) -> None:
     """health-503-forever never becomes ready and keeps printing load progress."""
     child = spawn(fault="health-503-forever")
