@@ -514,7 +514,7 @@ async def test_symlink_race_never_hands_a_read_token_outside_files(
                 rounds += 1
                 for query in (ADMIN_TOKEN, "admin", "fedcba9876543210", "read",
                               OUTSIDE_DIR_WORD):
-                    hits = (await reader.search(query, top_k=50)).hits
+                    hits = (await reader.search(query, top_k=20)).hits
                     leaked = [h.chunk_id for h in hits
                               if ADMIN_TOKEN in h.text or READ_TOKEN in h.text
                               or "role token" in h.text or OUTSIDE_DIR_WORD in h.text]
