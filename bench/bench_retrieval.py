@@ -89,8 +89,8 @@ from daemon import Daemon, load, logs
 from daemon.retrieval_service import ChildEmbedder, make_provider
 from retrieval import Embedder, Filters, RetrievalLimits, Retriever
 from retrieval._chunk import chunk_text
-from retrieval._engine import _hash as content_hash
 from retrieval._fusion import rrf
+from retrieval._ingest import content_hash
 from retrieval._redact import redact
 from retrieval._store import ChunkRow, DocumentRow, Store
 from retrieval._vectors import VectorIndex
@@ -571,7 +571,7 @@ async def open_retriever(root: Path, provider: Callable[[], Embedder | None],
 
 def chunk_docs(r: Retriever) -> tuple[dict[int, str], dict[int, str]]:
     """key -> corpus id, key -> chunk text, from SQLite."""
-    store = r._store
+    store = r._indexes.store
     assert store is not None
     doc_of: dict[int, str] = {}
     text_of: dict[int, str] = {}
@@ -607,7 +607,7 @@ async def quality(col: Collection, table: dict[str, Vec], child: Child, workdir:
                              [col.name])
     ingest = await upsert_all(r, col.docs)
     doc_of, _ = chunk_docs(r)
-    text_index, vectors = r._text, r._vectors
+    text_index, vectors = r._indexes.text, r._indexes.vectors
     assert text_index is not None
     assert vectors is not None
     deep = dataclasses.replace(limits, text_candidates=DEEP, vector_candidates=DEEP,
@@ -647,7 +647,7 @@ async def quality(col: Collection, table: dict[str, Vec], child: Child, workdir:
                 fused = rrf([text_keys[:depth], vec_keys[:depth]], k=rk)
                 sweep.setdefault(f"k={rk},d={depth}", []).append(
                     ndcg(doc_ranking([k for k, _ in fused], doc_of), rels))
-    store = r._store
+    store = r._indexes.store
     assert store is not None
     chunks = store.counts().get("chunks", 0)
     await r.close()
@@ -714,7 +714,7 @@ class BuildResult:
 
 def timing_commits(r: Retriever) -> list[float]:
     """Instrument this Retriever's TextIndex.commit (the instance only): seconds per call."""
-    text = r._text
+    text = r._indexes.text
     assert text is not None
     spent: list[float] = []
     commit = text.commit
@@ -798,7 +798,7 @@ async def build_latency_index(docs: Sequence[Doc], table: dict[str, Vec], child:
 
     ingest = await upsert_all(r, head, progress)
     upserted = proc_kb("VmRSS")
-    store = r._store
+    store = r._indexes.store
     assert store is not None
     began = time.perf_counter()
     await asyncio.to_thread(bulk_fill, store, tail, table, embedder.model_id, limits)
@@ -814,7 +814,7 @@ async def build_latency_index(docs: Sequence[Doc], table: dict[str, Vec], child:
     return r, embedder, BuildResult(
         ingest, sum(commits), len(tail), sum(len(d.chunks) for d in tail), fill_s,
         reconcile_s, dict(r.repaired), before, upserted, peak, proc_kb("VmRSS"),
-        r._disk_bytes(), segments(root), embedder.misses, embedder.token_calls, checkpoints)
+        r._indexes.disk_bytes(), segments(root), embedder.misses, embedder.token_calls, checkpoints)
 
 
 @dataclass
@@ -831,7 +831,7 @@ class Latency:
 
 def bm25_corpus(r: Retriever, keys: Sequence[int]) -> list[str]:
     """title + heading + text per chunk, as tantivy's ``body`` field holds it."""
-    store = r._store
+    store = r._indexes.store
     assert store is not None
     chunks = store.chunks_by_keys(keys)
     return ["\n".join(p for p in (chunks[k].title, chunks[k].heading, chunks[k].text) if p)
@@ -840,7 +840,7 @@ def bm25_corpus(r: Retriever, keys: Sequence[int]) -> list[str]:
 
 async def measure_latency(r: Retriever, embedder: TableEmbedder, queries: Sequence[Query],
                           qvecs: Mat, *, rounds: int, slow_queries: int) -> Latency:
-    text_index, vectors, store = r._text, r._vectors, r._store
+    text_index, vectors, store = r._indexes.text, r._indexes.vectors, r._indexes.store
     assert text_index is not None
     assert vectors is not None
     assert store is not None
@@ -1508,7 +1508,7 @@ async def run(args: argparse.Namespace, command: str, work: Path) -> dict[str, A
     lat = await measure_latency(r, embedder, vq, qvecs, rounds=args.rounds,
                                 slow_queries=args.slow_queries)
     raw["latency"] = dataclasses.asdict(lat)
-    store = r._store
+    store = r._indexes.store
     assert store is not None
     base_keys = sorted(store.chunk_keys())
     _, text_of = chunk_docs(r)

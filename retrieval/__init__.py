@@ -5,9 +5,12 @@ See docs/retrieval.md for the design.
 """
 
 from ._bm25 import Filters
-from ._engine import Embedder, Hit, RetrievalLimits, Retriever, SearchResult, snippet
+from ._embedder import Embedder
 from ._group import Vector
+from ._limits import RetrievalLimits
+from ._retriever import Retriever
 from ._scan import ScanReport, check_root, scan_source
+from ._search import Hit, SearchResult, snippet
 from ._store import DocumentRow, SourceRow
 from .errors import (
     ExtractionError,

@@ -25,8 +25,8 @@ from pathlib import Path, PurePosixPath
 import structlog
 
 from ._confine import SourceRoot, display_name
-from ._engine import Retriever
 from ._extract import kind_for
+from ._retriever import Retriever
 from ._store import DocumentRow, SourceRow
 from .errors import NotFound, RetrievalError, SourceNotAllowed
 

@@ -1,4 +1,4 @@
-"""Errors raised by the retrieval core, and the document id rules.
+"""Errors raised by the retrieval core, and the source and document id rules.
 
 The tree::
 
@@ -27,11 +27,14 @@ says what is wrong, never a traceback.
 from __future__ import annotations
 
 import errno
+import re
 import sqlite3
 import unicodedata
 
 MAX_DOCUMENT_ID_CHARS = 512
 """Longest valid document id, in characters (docs/retrieval.md, "Identifiers")."""
+
+_SOURCE_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 
 
 class RetrievalError(Exception):
@@ -126,6 +129,20 @@ def is_storage_full(exc: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
+
+
+def validate_source_id(source_id: str) -> str:
+    """Check a source id (``[a-z0-9][a-z0-9_-]{0,63}``) and return it unchanged.
+
+    Raises:
+        InvalidDocument: the id breaks the rule.
+    """
+    if not _SOURCE_ID.fullmatch(source_id):
+        raise InvalidDocument(
+            f"source id {source_id!r} must be 1-64 characters of a-z, 0-9, '_' and '-', "
+            "starting with a letter or digit"
+        )
+    return source_id
 
 
 def validate_document_id(doc_id: str) -> str:

@@ -944,7 +944,7 @@ async def scenario(root, before, leave):
         except StorageFull as exc:
             assert "no space left" in str(exc), exc
             failed.append(f"f{i}")
-            behind = behind or r._behind
+            behind = behind or r._indexes.behind
             if len(failed) == 3:
                 break
     assert failed, "never full"

@@ -47,10 +47,15 @@ from daemon.errors import InvalidArgument
 from daemon.servicers import _role
 from daemon.swaps import check_plan_model
 from daemon.wire import Malformed, _guard_deserializer
+from retrieval import Retriever
 from retrieval._chunk import Chunk, chunk_text
-from retrieval._engine import Retriever, validate_source_id
 from retrieval._redact import PLACEHOLDER_PREFIX, redact
-from retrieval.errors import MAX_DOCUMENT_ID_CHARS, InvalidDocument, validate_document_id
+from retrieval.errors import (
+    MAX_DOCUMENT_ID_CHARS,
+    InvalidDocument,
+    validate_document_id,
+    validate_source_id,
+)
 from tests.unit.test_chunk import assert_covered, assert_guarantees
 from tests.unit.test_validation import LIMITS, sampling_params
 
@@ -326,7 +331,7 @@ def check_token_bound(value: tuple[str, str, int, str]) -> None:
     embedder = _Embedder(context, counter)
     retriever = Retriever(Path("/nonexistent"), lambda: embedder)  # type: ignore[arg-type,return-value]
     pieces = chunk_text(text, kind, size=400, overlap=80, max_chars=700)
-    fitted: list[Chunk] = asyncio.run(retriever._fit_embedding_context(pieces, kind))
+    fitted: list[Chunk] = asyncio.run(retriever._ingest._fit_embedding_context(pieces))
     assert len(fitted) >= len(pieces)
     for piece in fitted:
         assert piece.text.strip()

@@ -80,7 +80,7 @@ async def test_concurrent_upserts_are_grouped_searchable_and_not_interleaved(
     await r.add_source("docs")
     texts = {f"docs/d{i}": f"token{i} runbook about service number {i}" for i in range(60)}
     await asyncio.gather(*(r.upsert("docs", k, t, doc_id=k) for k, t in texts.items()))
-    assert r._committer.commits < 60
+    assert r._ingest.committer.commits < 60
     # One document upserted twice at once: one version wins, whole, never both.
     await asyncio.gather(r.upsert("docs", "v", "alpha " * 50, doc_id="docs/twice"),
                          r.upsert("docs", "v", "beta " * 50, doc_id="docs/twice"))
@@ -130,7 +130,7 @@ async def test_a_document_is_processing_while_embedded(tmp_path: Path) -> None:
 async def test_concurrent_ingests_share_embedding_requests(tmp_path: Path) -> None:
     """Documents in flight together have their chunks embedded in shared requests of up
     to embed_batch texts (not one request per document), and commits are shared too."""
-    from retrieval._engine import RetrievalLimits
+    from retrieval import RetrievalLimits
 
     class ChildLikeEmbedder(HashEmbedder):
         async def embed(self, texts: Sequence[str]) -> list[list[float]]:
@@ -145,7 +145,7 @@ async def test_concurrent_ingests_share_embedding_requests(tmp_path: Path) -> No
     await asyncio.gather(*(r.upsert("docs", f"t{i}", f"word{i} shared text", doc_id=f"docs/{i}")
                            for i in range(40)))
     assert embedder.calls <= 40 // 8 + 2
-    assert r._committer.commits < 40
+    assert r._ingest.committer.commits < 40
     assert (await r.status())["vectors"] == 40
     hits = (await r.search("word17", k=1)).hits
     assert hits[0].doc_id == "docs/17" and hits[0].vector_rank is not None
@@ -174,8 +174,7 @@ async def test_one_bad_text_does_not_fail_the_others_in_its_request() -> None:
 async def test_a_scan_bounds_files_in_flight_by_count_and_bytes(tmp_path: Path) -> None:
     """ingest_workers bounds the files a scan has in flight, ingest_inflight_bytes their
     bytes; a file larger than the byte budget is ingested alone, not refused."""
-    from retrieval import scan_source
-    from retrieval._engine import RetrievalLimits
+    from retrieval import RetrievalLimits, scan_source
 
     root = tmp_path / "docs"
     root.mkdir()

@@ -1,0 +1,306 @@
+"""Ingest: a document's way in, from file or text to an acknowledged write.
+
+``extract`` (files and pushed bytes) → validate → redact (invariant 8) → chunk → fit each
+chunk to the embedding model's context → embed (outside any lock; vectors are cached by
+model and content hash, and concurrent ingests share embedding requests) → group commit
+(concurrent writers share one SQLite transaction and one tantivy commit; see
+:mod:`retrieval._group`), in the order :mod:`retrieval._indexes` keeps crash-consistent.
+
+An embedding failure never fails an ingest: the document is then BM25-only until
+reindexed. When the embedding model changes, every chunk is embedded again with the new
+model in the background (:meth:`Ingest.start_rebuild`) and the vector index is switched
+in one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import time
+from collections.abc import Sequence
+from pathlib import PurePosixPath
+
+import numpy as np
+import structlog
+
+from ._chunk import Chunk, chunk_text
+from ._confine import SourceRoot, display_name
+from ._embedder import Embedder, EmbedderProvider
+from ._extract import Extracted, extract_bytes
+from ._group import EmbedBatcher, GroupCommitter, Vector
+from ._indexes import Indexes, PendingWrite
+from ._limits import RetrievalLimits
+from ._redact import redact
+from ._store import ChunkRow, DocumentRow, SourceRow
+from .errors import InvalidDocument, NotFound, RetrievalError, is_storage_full, validate_document_id
+
+_log = structlog.get_logger("llamad.retrieval")
+
+KINDS = ("markdown", "text", "html", "pdf", "config")
+
+
+def content_hash(text: str) -> str:
+    """The SHA-256 of ``text`` (UTF-8), in hex: chunk identity for the embedding cache."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class Ingest:
+    """The ingest pipeline over :class:`~retrieval._indexes.Indexes`."""
+
+    def __init__(self, indexes: Indexes, embedder: EmbedderProvider,
+                 limits: RetrievalLimits) -> None:
+        self._indexes = indexes
+        self._embedder = embedder
+        self._limits = limits
+        self.rebuild: asyncio.Task[None] | None = None   # the vector rebuild, if any
+        # Documents being processed: their state is shown from here (SQLite keeps the
+        # last committed version, which a crash mid-processing must leave as it was).
+        self.inflight: dict[str, DocumentRow] = {}
+        self._batcher: EmbedBatcher | None = None
+        self._batcher_model = ""
+        self.committer: GroupCommitter[PendingWrite, DocumentRow] = GroupCommitter(
+            self._commit_batch, indexes.write, max_batch=limits.max_commit_batch)
+
+    async def close(self) -> None:
+        """Stop the background rebuild; wait for the commits under way (none is cut
+        short) and those queued."""
+        if self.rebuild is not None and not self.rebuild.done():
+            self.rebuild.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.rebuild
+        await self.committer.close()
+
+    # -- documents ---------------------------------------------------------------------
+
+    async def upsert(self, source_id: str, title: str, text: str, *, doc_id: str | None = None,
+                     kind: str = "text", category: str = "", tags: Sequence[str] = (),
+                     path: str = "", mtime_ns: int = 0, size: int = 0) -> DocumentRow:
+        """Index a document (replacing its previous version atomically); see
+        :meth:`retrieval.Retriever.upsert`."""
+        limits = self._limits
+        store, _ = self._indexes.require()
+        if kind not in KINDS:
+            raise InvalidDocument(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+        if not text.strip():
+            raise InvalidDocument("document text is empty")
+        if len(text) > limits.max_document_chars:
+            raise InvalidDocument(f"document has {len(text)} characters; the limit is "
+                                  f"{limits.max_document_chars} "
+                                  "(retrieval.max_document_chars)")
+        source = await asyncio.to_thread(store.source, source_id)
+        if source is None:
+            raise NotFound(f"no source {source_id!r}; add it first")
+        doc_id = validate_document_id(
+            doc_id or f"{source_id}/{content_hash(title + chr(0) + text)[:16]}")
+        cleaned = redact(text, hostnames=limits.redact_hostnames, ips=limits.redact_ips)
+        clean_title = redact(title).text[:500]
+        digest = content_hash(clean_title + "\x00" + cleaned.text + "\x00" + kind)
+        existing = await asyncio.to_thread(store.document, doc_id)
+        doc = DocumentRow(
+            doc_id, source_id, path, clean_title, kind, category or source.category,
+            tuple(tags) or source.tags, digest, mtime_ns, size, "processing", "",
+            int(time.time()), sum(cleaned.counts.values()))
+        await self._indexes.catch_up()
+        if existing is not None and existing.state == "indexed" and \
+                existing.content_hash == digest and existing.category == doc.category \
+                and existing.tags == doc.tags:
+            return existing
+        self.inflight[doc_id] = doc
+        try:
+            pieces = chunk_text(cleaned.text, kind, size=limits.chunk_size,
+                                overlap=limits.chunk_overlap, max_chars=limits.max_chunk_chars)
+            pieces = await self._fit_embedding_context(pieces)
+            rows = [ChunkRow(f"{doc_id}#{i}", i, p.heading, p.text, content_hash(p.text))
+                    for i, p in enumerate(pieces, start=1)]
+            model, cached, fresh = await self._vectors_for(rows)
+            indexed = await self.committer.submit(PendingWrite(doc, rows, model, cached, fresh))
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(store.set_state, doc, "failed", str(exc)[:500])
+            if is_storage_full(exc):
+                raise self._indexes.storage_full() from exc
+            raise
+        finally:
+            if self.inflight.get(doc_id) is doc:
+                del self.inflight[doc_id]
+        return indexed
+
+    async def ingest_file(self, source: SourceRow, root: SourceRoot, rel: str,
+                          target: str | None = None) -> DocumentRow:
+        """Extract one file of a directory source, then :meth:`upsert` it; see
+        :meth:`retrieval.Retriever.ingest_file`."""
+        from ._extract import extract_fd, kind_for  # noqa: PLC0415 - keeps import light
+
+        kind = kind_for(PurePosixPath(rel))
+        if kind is None:
+            raise InvalidDocument(f"{display_name(rel)}: unsupported file type")
+        limits = self._limits.extract
+
+        def read() -> tuple[Extracted, os.stat_result]:
+            fd = root.open_file(target or rel)
+            try:
+                return extract_fd(fd, display_name(rel), kind, limits), os.fstat(fd)
+            finally:
+                os.close(fd)
+
+        extracted, st = await asyncio.to_thread(read)
+        return await self.upsert(source.id, extracted.title, extracted.text,
+                                 doc_id=f"{source.id}/{rel}", kind=extracted.kind,
+                                 path=str(root.path / rel), mtime_ns=st.st_mtime_ns,
+                                 size=st.st_size)
+
+    async def ingest_bytes(self, source_id: str, name: str, data: bytes, kind: str,
+                           **fields: object) -> DocumentRow:
+        """Extract pushed bytes of ``kind``, then :meth:`upsert` them."""
+        extracted = await asyncio.to_thread(extract_bytes, data, name, kind,
+                                            self._limits.extract)
+        return await self.upsert(source_id, extracted.title, extracted.text,
+                                 kind=extracted.kind, **fields)  # type: ignore[arg-type]
+
+    # -- committing --------------------------------------------------------------------
+
+    async def _commit_batch(self, batch: list[PendingWrite]) -> list[DocumentRow]:
+        """The group committer's commit (the writer lock is held)."""
+        indexes = self._indexes
+        models = {p.model for p in batch if p.has_vectors}
+        if indexes.vectors is not None and models - {indexes.vector_model}:
+            # Vectors of another model than the index's: they stay cached (this commit
+            # stores them) for the background rebuild, and never enter this index. With
+            # no index yet, the commit makes the first one.
+            self.start_rebuild()
+        return await indexes.commit(batch)
+
+    # -- embedding ---------------------------------------------------------------------
+
+    async def _fit_embedding_context(self, pieces: list[Chunk]) -> list[Chunk]:
+        """Split chunks the embedding model could not take in one piece, until each fits.
+
+        Token density varies within a text (a line of emoji costs a byte-level BPE model a
+        token per byte), so the smaller pieces are checked again; a piece whose tokens
+        cannot be counted is kept as it is.
+        """
+        embedder = self._embedder()
+        if embedder is None:
+            return pieces
+        out = []
+        todo = list(reversed(pieces))
+        while todo:
+            piece = todo.pop()
+            # No tokenizer makes more tokens than UTF-8 bytes, plus two special tokens.
+            if len(piece.text.encode("utf-8")) + 2 <= embedder.context:
+                out.append(piece)
+                continue
+            try:
+                tokens = await embedder.count_tokens(piece.text)
+            except Exception:
+                out.append(piece)
+                continue
+            if tokens <= embedder.context or len(piece.text) < 2:
+                out.append(piece)
+                continue
+            # Re-chunk this piece smaller, in proportion to how far over it is (and always
+            # smaller than it was, so this ends).
+            size = max(1, min(len(piece.text) - 1,
+                              int(len(piece.text) * embedder.context / tokens * 0.9)))
+            smaller = chunk_text(piece.text, "text", size=size, overlap=min(100, size // 4),
+                                 max_chars=size)
+            todo.extend(type(piece)(0, s.text, piece.heading) for s in reversed(smaller))
+        return out
+
+    async def _vectors_for(
+        self, rows: Sequence[ChunkRow]
+    ) -> tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """``(model, cached, fresh)`` vectors for the rows' texts: cached ones, and the
+        rest embedded now (batched; at most ``embed_concurrency`` requests in flight
+        across concurrent ingests). Empty when the embedding child is unavailable or
+        fails: the document is then BM25-only until reindexed."""
+        embedder = self._embedder()
+        store, _ = self._indexes.require()
+        if embedder is None or not rows:
+            return "", {}, {}
+        model = embedder.model_id
+        hashes = {r.content_hash: r.text for r in rows}
+        cached = await asyncio.to_thread(store.cached_vectors, model, hashes)
+        todo = [(h, t) for h, t in hashes.items() if h not in cached]
+        fresh: dict[str, np.ndarray] = {}
+        try:
+            got = await self._batcher_for(embedder).embed([t for _, t in todo])
+            fresh.update({h: np.asarray(v, dtype=np.float32)
+                          for (h, _), v in zip(todo, got, strict=True)})
+        except Exception as exc:
+            _log.warning("embedding failed; indexing BM25-only", error=str(exc)[:200])
+            return "", {}, {}
+        return model, cached, fresh
+
+    def _batcher_for(self, embedder: Embedder) -> EmbedBatcher:
+        """The batcher of this embedder: concurrent ingests' texts share requests of up
+        to ``embed_batch`` texts, ``embed_concurrency`` in flight."""
+        model = embedder.model_id
+        if self._batcher is None or self._batcher_model != model:
+            async def send(texts: list[str]) -> Sequence[Vector]:
+                # The provider's embedder of the moment (a restarted child is a new
+                # client), as long as it is still this model.
+                current = self._embedder()
+                if current is None or current.model_id != model:
+                    raise RetrievalError("the embedding model changed while ingesting")
+                return await current.embed(texts)
+
+            self._batcher = EmbedBatcher(send, batch=self._limits.embed_batch,
+                                         concurrency=self._limits.embed_concurrency)
+            self._batcher_model = model
+        return self._batcher
+
+    # -- a new embedding model ---------------------------------------------------------
+
+    def start_rebuild(self) -> None:
+        """Start re-embedding every chunk for the embedder's model, unless under way."""
+        if self.rebuild is None or self.rebuild.done():
+            self.rebuild = asyncio.create_task(self._rebuild_vectors(), name="vector-rebuild")
+
+    async def _rebuild_vectors(self) -> None:
+        """The embedding model changed: embed every chunk with the new model (cached by
+        content hash, so unchanged text is embedded once per model), then switch to a
+        vector index of the new model in one step. Search is BM25-only meanwhile (the
+        old index cannot be queried without the old model) and says why."""
+        indexes = self._indexes
+        store, _ = indexes.require()
+        embedder = self._embedder()
+        if embedder is None:
+            return
+        model = embedder.model_id
+        _log.warning("embedding model changed; rebuilding the vector index in the background",
+                     old=indexes.vector_model, new=model)
+        began = time.monotonic()
+        dim = 0
+        batch = self._limits.embed_batch
+        try:
+            batches = await asyncio.to_thread(lambda: list(store.iter_chunks(batch=512)))
+            for chunks in batches:
+                hashes = {c.content_hash: c.text for c in chunks}
+                cached = await asyncio.to_thread(store.cached_vectors, model, hashes)
+                todo = [(h, t) for h, t in hashes.items() if h not in cached]
+                if cached and not dim:
+                    dim = len(next(iter(cached.values())))
+                for i in range(0, len(todo), batch):
+                    part = todo[i:i + batch]
+                    got = await embedder.embed([t for _, t in part])
+                    fresh = {h: np.asarray(v, dtype=np.float32)
+                             for (h, _), v in zip(part, got, strict=True)}
+                    dim = dim or len(got[0])
+                    await asyncio.to_thread(store.put_vectors, model, fresh)
+        except Exception as exc:
+            _log.warning("vector rebuild interrupted; BM25-only until it completes",
+                         error=str(exc)[:200])
+            return
+        if not dim:
+            return
+        async with indexes.write:
+            current = self._embedder()
+            if current is None or current.model_id != model:
+                return  # the model changed again; the next trigger starts over
+            await asyncio.to_thread(indexes.use_vector_model_sync, model, dim)
+        _log.info("vector index rebuilt", model=model,
+                  vectors=indexes.vectors.count() if indexes.vectors else 0,
+                  seconds=round(time.monotonic() - began, 1))

@@ -1,0 +1,38 @@
+"""Every limit of retrieval, named: what one document, query, scan or commit may cost.
+
+The daemon's config sets them (``retrieval.*`` options); error messages name the option.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ._extract import ExtractLimits
+
+
+@dataclass(frozen=True)
+class RetrievalLimits:
+    """Every limit of retrieval, named (the daemon's config sets them)."""
+
+    chunk_size: int = 1200
+    chunk_overlap: int = 200
+    max_chunk_chars: int = 2000
+    embed_batch: int = 32
+    embed_concurrency: int = 2      # embedding requests ingest keeps in flight
+    ingest_workers: int = 128       # documents of a directory scan in flight at once
+    ingest_inflight_bytes: int = 64 * 1024**2  # ... and their file bytes, at most
+    max_commit_batch: int = 256     # documents per group commit
+    text_candidates: int = 25
+    vector_candidates: int = 25
+    rrf_k: int = 60
+    default_k: int = 5
+    max_k: int = 20
+    max_query_chars: int = 2000
+    max_document_chars: int = 5_000_000
+    max_files_per_source: int = 20_000
+    max_bytes_per_source: int = 2 * 1024**3
+    query_embed_timeout: float = 5.0
+    redact_hostnames: bool = False
+    redact_ips: bool = False
+    refuse_hard_links: bool = False  # files with more than one link (see _confine)
+    extract: ExtractLimits = field(default_factory=ExtractLimits)

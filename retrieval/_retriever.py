@@ -1,0 +1,229 @@
+"""The retriever: one facade over the indexes, the ingest pipeline and search.
+
+* :mod:`retrieval._indexes`: SQLite, tantivy and hnswlib, their write order, reconciliation
+  at open and catch-up after a failed write (invariant 7: acknowledged writes survive a
+  crash; indexes on disk are never half-written);
+* :mod:`retrieval._ingest`: extract → redact → chunk → embed → group commit, and the
+  background vector rebuild after an embedding model change;
+* :mod:`retrieval._search`: BM25 ∥ HNSW fused by RRF, BM25-only (and saying so) whenever
+  the vector side cannot answer (invariant 6).
+
+Sources are rows of the metadata store: adding one touches SQLite only; removing one
+removes its documents from every index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ._bm25 import Filters
+from ._confine import SourceRoot
+from ._embedder import EmbedderProvider
+from ._indexes import Indexes
+from ._ingest import Ingest
+from ._limits import RetrievalLimits
+from ._search import Search, SearchResult
+from ._store import DocumentRow, SourceRow
+from .errors import validate_source_id
+
+
+class Retriever:
+    """Hybrid retrieval over a directory of indexes (``root``).
+
+    Writes are serialised by one writer lock; searches never wait for it. A coroutine
+    cancelled while its step runs in a worker thread stops waiting, and the step finishes
+    there: a write that reached SQLite is committed whole, never half.
+    """
+
+    def __init__(self, root: Path, embedder: EmbedderProvider,
+                 limits: RetrievalLimits | None = None, *,
+                 unavailable_reason: Callable[[], str] | None = None) -> None:
+        """Args:
+            root: the directory of the indexes.
+            embedder: gives the embedder to use now, or None (search is then BM25-only).
+            limits: every limit, named.
+            unavailable_reason: says why ``embedder`` gave None, for search warnings.
+        """
+        self.root = root
+        self.limits = limits or RetrievalLimits()
+        self._embedder = embedder
+        self._indexes = Indexes(root)
+        self._ingest = Ingest(self._indexes, embedder, self.limits)
+        self._search = Search(
+            self._indexes, embedder, self.limits,
+            unavailable_reason=unavailable_reason or (lambda: "embedding child unavailable"),
+            on_other_model=self._ingest.start_rebuild)
+
+    @property
+    def repaired(self) -> dict[str, int]:
+        """What :meth:`open` repaired in tantivy and hnswlib (counts by kind; empty when
+        the three stores agreed)."""
+        return self._indexes.repaired
+
+    # -- life cycle --------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Open (or create) the stores and reconcile them. Idempotent.
+
+        Blocks (in a worker thread) for as long as the reconciliation takes; a cancelled
+        caller stops waiting, not the opening.
+
+        Raises:
+            IndexCorrupt: a store cannot be opened.
+        """
+        if self._indexes.store is not None:
+            return
+        await asyncio.to_thread(self._indexes.open_sync)
+
+    async def close(self) -> None:
+        """Stop the background vector rebuild, let the commits under way and queued
+        finish, save the vector index and close the stores (each even if another fails)."""
+        await self._ingest.close()
+        async with self._indexes.write:
+            await asyncio.to_thread(self._indexes.close_sync)
+
+    async def flush(self) -> None:
+        """Persist the vector index now (it is also saved on close)."""
+        await self._indexes.flush()
+
+    # -- sources -----------------------------------------------------------------------
+
+    async def add_source(self, source_id: str, *, root: Path | None = None, category: str = "",
+                         tags: Sequence[str] = ()) -> SourceRow:
+        """Add (or update) a source: a directory to scan, or (root None) pushed documents.
+
+        Raises:
+            InvalidDocument: a bad source id.
+        """
+        validate_source_id(source_id)
+        row = SourceRow(source_id, "directory" if root is not None else "push",
+                        str(root) if root is not None else "", category, tuple(tags),
+                        int(time.time()))
+        store, _ = self._indexes.require()
+        await asyncio.to_thread(store.upsert_source, row)
+        return row
+
+    async def sources(self) -> list[SourceRow]:
+        """Every source, by id."""
+        store, _ = self._indexes.require()
+        return await asyncio.to_thread(store.sources)
+
+    async def mark_scanned(self, source_id: str, error: str = "") -> None:
+        """Record that a source was just scanned (and its error, if the scan failed)."""
+        store, _ = self._indexes.require()
+        await asyncio.to_thread(store.mark_scanned, source_id, error)
+
+    async def remove_source(self, source_id: str) -> int:
+        """Remove a source and everything indexed from it; return the chunks removed.
+
+        Raises:
+            NotFound: unknown source.
+        """
+        return len(await self._indexes.delete_source(source_id))
+
+    # -- documents ---------------------------------------------------------------------
+
+    async def upsert(self, source_id: str, title: str, text: str, *, doc_id: str | None = None,
+                     kind: str = "text", category: str = "", tags: Sequence[str] = (),
+                     path: str = "", mtime_ns: int = 0, size: int = 0) -> DocumentRow:
+        """Index a document (replacing its previous version atomically).
+
+        Returns once the document is durable in SQLite and searchable by BM25 (and by
+        vectors when the embedding child is up). Unchanged content is a no-op. A caller
+        cancelled once its commit has begun stops waiting; the commit is not abandoned.
+
+        Raises:
+            InvalidDocument: bad ids, kind, or empty or oversized text.
+            NotFound: unknown source.
+            StorageFull: the disk holding the indexes is full.
+        """
+        return await self._ingest.upsert(
+            source_id, title, text, doc_id=doc_id, kind=kind, category=category, tags=tags,
+            path=path, mtime_ns=mtime_ns, size=size)
+
+    async def ingest_file(self, source: SourceRow, root: SourceRoot, rel: str,
+                          target: str | None = None) -> DocumentRow:
+        """Extract, then :meth:`upsert`, one file of a directory source.
+
+        The file is opened beneath ``root``'s descriptor without following any symlink
+        (:meth:`SourceRoot.open_file`) and only that descriptor is read; its size and
+        mtime come from the same descriptor.
+
+        Args:
+            rel: the file's path under the root: the document's id and path.
+            target: where a symlink at ``rel`` leads, relative to the root (the scan
+                resolved it and found it inside); None when ``rel`` is the file itself.
+
+        Raises:
+            InvalidDocument: an unsupported file type, or as :meth:`upsert`.
+            ExtractionError: the file cannot be turned into text.
+        """
+        return await self._ingest.ingest_file(source, root, rel, target)
+
+    async def ingest_bytes(self, source_id: str, name: str, data: bytes, kind: str,
+                           **fields: object) -> DocumentRow:
+        """Extract pushed bytes of ``kind`` (named ``name`` in messages), then
+        :meth:`upsert` them with ``fields``.
+
+        Raises:
+            ExtractionError: the bytes cannot be turned into text.
+        """
+        return await self._ingest.ingest_bytes(source_id, name, data, kind, **fields)
+
+    async def delete(self, doc_id: str) -> bool:
+        """Remove a document; False if it did not exist."""
+        return await self._indexes.delete_document(doc_id)
+
+    async def document(self, doc_id: str) -> DocumentRow | None:
+        """A document (state ``processing`` while an upsert of it runs)."""
+        store, _ = self._indexes.require()
+        inflight = self._ingest.inflight.get(doc_id)
+        if inflight is not None:
+            return inflight
+        return await asyncio.to_thread(store.document, doc_id)
+
+    async def documents(self, source_id: str | None = None) -> list[DocumentRow]:
+        """Documents by id (of one source), those being processed included."""
+        store, _ = self._indexes.require()
+        rows = {d.id: d for d in await asyncio.to_thread(store.documents, source_id)}
+        for doc_id, doc in list(self._ingest.inflight.items()):
+            if source_id is None or doc.source_id == source_id:
+                rows[doc_id] = doc
+        return [rows[k] for k in sorted(rows)]
+
+    # -- search ------------------------------------------------------------------------
+
+    async def search(self, query: str, *, k: int | None = None,
+                     filters: Filters | None = None) -> SearchResult:
+        """BM25 top-N ∥ HNSW top-N, fused by RRF; top ``k`` hits.
+
+        BM25-only, with a warning saying why, whenever the vector side cannot answer; the
+        query embedding is bounded by ``retrieval.query_embed_timeout``.
+
+        Raises:
+            InvalidDocument: empty or oversized query, k out of range.
+        """
+        return await self._search.search(query, k=k, filters=filters)
+
+    # -- status ------------------------------------------------------------------------
+
+    async def status(self) -> dict[str, object]:
+        store, _ = self._indexes.require()
+        indexes = self._indexes
+        counts = await asyncio.to_thread(store.counts)
+        embedder = self._embedder()
+        model = embedder.model_id if embedder is not None else indexes.vector_model
+        embedded = await asyncio.to_thread(store.embedded_chunks, model) if model else 0
+        if self._ingest.inflight:
+            counts["documents_processing"] = len(self._ingest.inflight)
+        return {
+            **counts,
+            "embedding_model": indexes.vector_model,
+            "embedded_chunks": embedded,
+            "vectors": indexes.vectors.count() if indexes.vectors is not None else 0,
+            "disk_bytes": await asyncio.to_thread(indexes.disk_bytes),
+            "repaired": dict(indexes.repaired),
+        }
