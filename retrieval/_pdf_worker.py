@@ -1,4 +1,4 @@
-"""PDF text extraction, run as a separate process by :mod:`retrieval._extract`.
+"""PDF text extraction, run as a separate process by :mod:`retrieval._extract_pdf`.
 
 Usage::
 

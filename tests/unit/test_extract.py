@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from retrieval import _extract
+from retrieval import _extract_pdf
 from retrieval._extract import Extracted, ExtractLimits, extract_bytes, extract_file, kind_for
 from retrieval.errors import (
     ExtractionError,
@@ -601,7 +601,7 @@ def test_pdf_without_prlimit_still_works_and_warns_once(monkeypatch: pytest.Monk
     real_which = shutil.which
     monkeypatch.setattr(shutil, "which",
                         lambda cmd: None if cmd == "prlimit" else real_which(cmd))
-    monkeypatch.setattr(_extract, "_warned", _extract._Warned())
+    monkeypatch.setattr(_extract_pdf, "_warned", _extract_pdf._Warned())
     with structlog.testing.capture_logs() as logs:
         assert extract_bytes(text_pdf(b"ok"), "a.pdf", "pdf").text == "ok"
         assert extract_bytes(text_pdf(b"ok"), "b.pdf", "pdf").text == "ok"
@@ -615,7 +615,7 @@ def fake_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> N
     """Replace the worker script with ``body`` (Python) for this test."""
     script = tmp_path / "fake_worker.py"
     script.write_text("import os, sys, signal, time\nsys.stdin.buffer.read()\n" + body + "\n")
-    monkeypatch.setattr(_extract, "_WORKER", script)
+    monkeypatch.setattr(_extract_pdf, "_WORKER", script)
 
 
 @pytest.mark.parametrize(("body", "kind"), [
@@ -660,7 +660,7 @@ def test_worker_that_does_not_read_stdin(tmp_path: Path, monkeypatch: pytest.Mon
     """A worker exiting before reading its input does not break the caller (EPIPE)."""
     script = tmp_path / "fake_worker.py"
     script.write_text("print('{\"error_kind\": \"pdf_malformed\", \"reason\": \"early\"}')\n")
-    monkeypatch.setattr(_extract, "_WORKER", script)
+    monkeypatch.setattr(_extract_pdf, "_WORKER", script)
     error = fails("pdf_malformed",
                   lambda: extract_bytes(b"%PDF" + b"x" * 5_000_000, "e.pdf", "pdf"))
     assert str(error) == "e.pdf: early"
