@@ -7,6 +7,7 @@ See docs/retrieval.md for the design.
 from ._bm25 import Filters
 from ._embedder import Embedder
 from ._group import Vector
+from ._kinds import KINDS, kind_for
 from ._limits import RetrievalLimits
 from ._retriever import Retriever
 from ._scan import ScanReport, check_root, scan_source
@@ -25,6 +26,7 @@ from .errors import (
 )
 
 __all__ = [
+    "KINDS",
     "DocumentRow",
     "Embedder",
     "ExtractionError",
@@ -44,6 +46,7 @@ __all__ = [
     "Vector",
     "check_root",
     "is_storage_full",
+    "kind_for",
     "scan_source",
     "snippet",
     "validate_document_id",

@@ -82,10 +82,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ._kinds import KINDS
+
 __all__ = ["Chunk", "chunk_text"]
 
-_PROSE_KINDS = frozenset({"text", "html", "pdf"})
-_KINDS = _PROSE_KINDS | {"markdown", "config"}
+_PROSE_KINDS = frozenset({"text", "html", "pdf"})  # of KINDS; markdown and config have rules
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,8 @@ def chunk_text(text: str, kind: str, *, size: int = 1200, overlap: int = 200,
     Raises:
         ValueError: unknown kind, or ``size``/``overlap``/``max_chars`` out of range.
     """
-    if kind not in _KINDS:
-        raise ValueError(f"unknown kind {kind!r}: expected one of {sorted(_KINDS)}")
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}: expected one of {sorted(KINDS)}")
     if size <= 0:
         raise ValueError(f"size must be > 0, got {size}")
     if not 0 <= overlap < size:

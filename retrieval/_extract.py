@@ -34,23 +34,11 @@ from pathlib import Path, PurePosixPath
 from ._extract_html import html_to_text
 from ._extract_pdf import extract_pdf
 from ._extract_text import clean_title, decode, markdown_title, normalise, stem
+from ._kinds import KINDS, SUFFIXES, check_kind, kind_for
 from .errors import ExtractionError, InvalidDocument
 
 __all__ = ["KINDS", "SUFFIXES", "ExtractLimits", "Extracted", "extract_bytes", "extract_fd",
            "extract_file", "kind_for"]
-
-KINDS = ("markdown", "text", "html", "pdf", "config")
-
-SUFFIXES: dict[str, str] = {
-    ".md": "markdown", ".markdown": "markdown",
-    ".txt": "text", ".log": "text", ".rst": "text", ".text": "text",
-    ".html": "html", ".htm": "html",
-    ".cfg": "config", ".conf": "config", ".config": "config", ".ios": "config",
-    ".junos": "config",
-    ".pdf": "pdf",
-}
-"""File suffix (lower case) -> kind. Anything else is unsupported."""
-
 
 @dataclass(frozen=True)
 class ExtractLimits:
@@ -74,11 +62,6 @@ class Extracted:
     title: str         # first H1 / <title> / PDF metadata title / file stem
     text: str          # normalised to \n newlines, NUL-free
     kind: str          # markdown | text | html | pdf | config
-
-
-def kind_for(path: PurePosixPath | Path) -> str | None:
-    """The kind of a file by its suffix (case-insensitive); None when unsupported."""
-    return SUFFIXES.get(path.suffix.lower())
 
 
 def extract_file(path: Path, limits: ExtractLimits = ExtractLimits()) -> Extracted:
@@ -127,8 +110,7 @@ def extract_fd(fd: int, name: str, kind: str,
         InvalidDocument: ``kind`` is not one of :data:`KINDS`.
         ExtractionError: as :func:`extract_file`.
     """
-    if kind not in KINDS:
-        raise InvalidDocument(f"{name}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    check_kind(kind, name)
     opened = os.fstat(fd)
     _check_regular(opened, name)
     _check_size(opened.st_size, name, limits)
@@ -162,8 +144,7 @@ def extract_bytes(
             ``timeout``, ``resource_limit``, ``worker_failed``, ``pdf_malformed``,
             ``pdf_encrypted``, ``pdf_image_only``.
     """
-    if kind not in KINDS:
-        raise InvalidDocument(f"{name}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    check_kind(kind, name)
     _check_size(len(data), name, limits)
     if kind == "pdf":
         return _pdf(name, limits, data=data)

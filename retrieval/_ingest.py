@@ -28,18 +28,16 @@ import structlog
 from ._chunk import Chunk, chunk_text
 from ._confine import SourceRoot, display_name
 from ._embedder import Embedder, EmbedderProvider
-from ._extract import Extracted, extract_bytes
+from ._extract import Extracted, extract_bytes, extract_fd
 from ._group import EmbedBatcher, GroupCommitter, Vector
 from ._indexes import Indexes, PendingWrite
+from ._kinds import check_kind, kind_for
 from ._limits import RetrievalLimits
 from ._redact import redact
 from ._store import ChunkRow, DocumentRow, SourceRow
 from .errors import InvalidDocument, NotFound, RetrievalError, is_storage_full, validate_document_id
 
 _log = structlog.get_logger("llamad.retrieval")
-
-KINDS = ("markdown", "text", "html", "pdf", "config")
-
 
 def content_hash(text: str) -> str:
     """The SHA-256 of ``text`` (UTF-8), in hex: chunk identity for the embedding cache."""
@@ -81,8 +79,7 @@ class Ingest:
         :meth:`retrieval.Retriever.upsert`."""
         limits = self._limits
         store, _ = self._indexes.require()
-        if kind not in KINDS:
-            raise InvalidDocument(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+        check_kind(kind)
         if not text.strip():
             raise InvalidDocument("document text is empty")
         if len(text) > limits.max_document_chars:
@@ -131,8 +128,6 @@ class Ingest:
                           target: str | None = None) -> DocumentRow:
         """Extract one file of a directory source, then :meth:`upsert` it; see
         :meth:`retrieval.Retriever.ingest_file`."""
-        from ._extract import extract_fd, kind_for  # noqa: PLC0415 - keeps import light
-
         kind = kind_for(PurePosixPath(rel))
         if kind is None:
             raise InvalidDocument(f"{display_name(rel)}: unsupported file type")

@@ -25,7 +25,7 @@ from pathlib import Path, PurePosixPath
 import structlog
 
 from ._confine import SourceRoot, display_name
-from ._extract import kind_for
+from ._kinds import kind_for
 from ._retriever import Retriever
 from ._store import DocumentRow, SourceRow
 from .errors import NotFound, RetrievalError, SourceNotAllowed
