@@ -431,17 +431,14 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         call: rpc.Call,
     ) -> rpb.RetrievalStatusResponse:
         s = await self._r.status()
-        by_state = {k.removeprefix("documents_"): int(v) for k, v in s.items()
-                    if k.startswith("documents_") and isinstance(v, int)}
-        repaired = s.get("repaired")
         return rpb.RetrievalStatusResponse(
-            sources=int(s.get("sources", 0)),  # type: ignore[call-overload]
-            chunks=int(s.get("chunks", 0)),  # type: ignore[call-overload]
-            documents_by_state=by_state,
-            embedded_chunks=int(s.get("embedded_chunks", 0)),  # type: ignore[call-overload]
-            vectors=int(s.get("vectors", 0)),  # type: ignore[call-overload]
-            embedding_model=str(s.get("embedding_model", "")),
-            disk_bytes=int(s.get("disk_bytes", 0)),  # type: ignore[call-overload]
-            repaired=dict(repaired) if isinstance(repaired, dict) else {},
+            sources=s.sources,
+            chunks=s.chunks,
+            documents_by_state=s.documents_by_state,
+            embedded_chunks=s.embedded_chunks,
+            vectors=s.vectors,
+            embedding_model=s.embedding_model,
+            disk_bytes=s.disk_bytes,
+            repaired=s.repaired,
             source_list=await self._sources(),
         )

@@ -7,6 +7,7 @@ See docs/retrieval.md for the design.
 from ._bm25 import Filters
 from ._embedder import Embedder
 from ._group import Vector
+from ._indexes import RetrievalStatus
 from ._kinds import KINDS, kind_for
 from ._limits import RetrievalLimits
 from ._retriever import Retriever
@@ -37,6 +38,7 @@ __all__ = [
     "NotFound",
     "RetrievalError",
     "RetrievalLimits",
+    "RetrievalStatus",
     "Retriever",
     "ScanReport",
     "SearchResult",

@@ -56,6 +56,20 @@ class PendingWrite:
         return bool(self.model and (self.cached or self.fresh))
 
 
+@dataclass(frozen=True)
+class RetrievalStatus:
+    """What is indexed, and how the three stores stand."""
+
+    sources: int
+    chunks: int
+    documents_by_state: dict[str, int]  # pending | processing | indexed | failed -> count
+    embedding_model: str                # the model of the vector index ("" none yet)
+    embedded_chunks: int                # chunks with a cached vector of the current model
+    vectors: int                        # vectors in the vector index
+    disk_bytes: int                     # every file of the indexes' directory
+    repaired: dict[str, int]            # what the last open repaired, by kind
+
+
 def _indexed(c: StoredChunk) -> IndexedChunk:
     return IndexedChunk(c.key, c.doc_id, c.source_id, c.kind, c.category, c.tags,
                         c.indexed_at, c.title, c.heading, c.text)
@@ -339,6 +353,28 @@ class Indexes:
         return keys
 
     # -- status ------------------------------------------------------------------------
+
+    async def status(self, model: str, processing: int) -> RetrievalStatus:
+        """Counts from SQLite and the vector index (reads only; no writer lock).
+
+        Args:
+            model: the embedding model whose cached vectors ``embedded_chunks`` counts.
+            processing: documents being processed now (SQLite keeps their last committed
+                version): shown as state ``processing`` when there are any.
+        """
+        store, _ = self.require()
+        counts = await asyncio.to_thread(store.counts)
+        embedded = await asyncio.to_thread(store.embedded_chunks, model) if model else 0
+        by_state = {k.removeprefix("documents_"): v for k, v in counts.items()
+                    if k.startswith("documents_")}
+        if processing:
+            by_state["processing"] = processing
+        return RetrievalStatus(
+            sources=counts["sources"], chunks=counts["chunks"], documents_by_state=by_state,
+            embedding_model=self.vector_model, embedded_chunks=embedded,
+            vectors=self.vectors.count() if self.vectors is not None else 0,
+            disk_bytes=await asyncio.to_thread(self.disk_bytes),
+            repaired=dict(self.repaired))
 
     def disk_bytes(self) -> int:
         """Bytes of every file under ``root``. Blocking."""

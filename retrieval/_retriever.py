@@ -22,7 +22,7 @@ from pathlib import Path
 from ._bm25 import Filters
 from ._confine import SourceRoot
 from ._embedder import EmbedderProvider
-from ._indexes import Indexes
+from ._indexes import Indexes, RetrievalStatus
 from ._ingest import Ingest
 from ._limits import RetrievalLimits
 from ._search import Search, SearchResult
@@ -210,20 +210,15 @@ class Retriever:
 
     # -- status ------------------------------------------------------------------------
 
-    async def status(self) -> dict[str, object]:
-        store, _ = self._indexes.require()
-        indexes = self._indexes
-        counts = await asyncio.to_thread(store.counts)
+    async def status(self) -> RetrievalStatus:
+        """Sources, chunks, documents by state (those being processed included), the
+        vector index's model and size, chunks embedded for the current embedding model
+        (else the index's), disk use, and what the last open repaired.
+
+        Raises:
+            RetrievalError: retrieval is not open.
+        """
+        self._indexes.require()
         embedder = self._embedder()
-        model = embedder.model_id if embedder is not None else indexes.vector_model
-        embedded = await asyncio.to_thread(store.embedded_chunks, model) if model else 0
-        if self._ingest.inflight:
-            counts["documents_processing"] = len(self._ingest.inflight)
-        return {
-            **counts,
-            "embedding_model": indexes.vector_model,
-            "embedded_chunks": embedded,
-            "vectors": indexes.vectors.count() if indexes.vectors is not None else 0,
-            "disk_bytes": await asyncio.to_thread(indexes.disk_bytes),
-            "repaired": dict(indexes.repaired),
-        }
+        model = embedder.model_id if embedder is not None else self._indexes.vector_model
+        return await self._indexes.status(model, processing=len(self._ingest.inflight))

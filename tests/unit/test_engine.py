@@ -77,8 +77,8 @@ async def test_embedding_model_change_rebuilds_vectors_in_background(tmp_path: P
     after = await r.search("nginx logs disk")
     assert after.mode == "hybrid"
     assert after.hits[0].doc_id == "docs/disk"
-    assert (await r.status())["vectors"] == 4
-    assert (await r.status())["embedding_model"] == "model-b"
+    assert (await r.status()).vectors == 4
+    assert (await r.status()).embedding_model == "model-b"
     await r.close()
 
 

@@ -91,13 +91,13 @@ async def test_concurrent_upserts_are_grouped_searchable_and_not_interleaved(
     beta = [h for h in (await r.search("beta", k=20)).hits if h.doc_id == "docs/twice"]
     assert bool(alpha) != bool(beta)
     status = await r.status()
-    assert status["documents_indexed"] == 61
+    assert status.documents_by_state["indexed"] == 61
     await r.close()
     # Reopened: nothing to repair (the three stores agreed), and everything is there.
     r2 = Retriever(tmp_path, lambda: HashEmbedder("m"))
     await r2.open()
     assert r2.repaired == {}
-    assert (await r2.status())["chunks"] == status["chunks"]
+    assert (await r2.status()).chunks == status.chunks
     await r2.close()
 
 
@@ -120,7 +120,7 @@ async def test_a_document_is_processing_while_embedded(tmp_path: Path) -> None:
     doc = await r.document("docs/slow")
     assert doc is not None and doc.state == "processing"
     assert [d.state for d in await r.documents("docs")] == ["processing"]
-    assert (await r.status())["documents_processing"] == 1
+    assert (await r.status()).documents_by_state["processing"] == 1
     gate.set()
     assert (await task).state == "indexed"
     assert (await r.document("docs/slow")).state == "indexed"  # type: ignore[union-attr]
@@ -146,7 +146,7 @@ async def test_concurrent_ingests_share_embedding_requests(tmp_path: Path) -> No
                            for i in range(40)))
     assert embedder.calls <= 40 // 8 + 2
     assert r._ingest.committer.commits < 40
-    assert (await r.status())["vectors"] == 40
+    assert (await r.status()).vectors == 40
     hits = (await r.search("word17", k=1)).hits
     assert hits[0].doc_id == "docs/17" and hits[0].vector_rank is not None
     await r.close()

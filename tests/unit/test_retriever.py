@@ -5,6 +5,7 @@ derived indexes up after a write that SQLite took and tantivy or hnswlib did not
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
@@ -12,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from retrieval import Hit, InvalidDocument, NotFound, RetrievalError, RetrievalLimits, Retriever
+from retrieval import (
+    Hit,
+    InvalidDocument,
+    NotFound,
+    RetrievalError,
+    RetrievalLimits,
+    RetrievalStatus,
+    Retriever,
+)
 from retrieval._bm25 import TextIndex
 from retrieval._vectors import VectorIndex
 from tests.unit.test_engine import DOCS, HashEmbedder, fill
@@ -47,6 +56,18 @@ def doc_ids(hits: Sequence[Hit]) -> set[str]:
     return {h.doc_id for h in hits}
 
 
+# -- status --------------------------------------------------------------------------------
+
+
+async def test_status_counts_every_store(hashed: Retriever) -> None:
+    """status() is a RetrievalStatus counting sources, documents by state, chunks, vectors."""
+    status = await hashed.status()
+    assert status.disk_bytes > 0
+    assert dataclasses.replace(status, disk_bytes=0) == RetrievalStatus(
+        sources=1, chunks=3, documents_by_state={"indexed": 3}, embedding_model="m",
+        embedded_chunks=3, vectors=3, disk_bytes=0, repaired={})
+
+
 # -- degradation ---------------------------------------------------------------------------
 
 
@@ -64,7 +85,7 @@ async def test_without_an_embedder_upsert_indexes_and_search_is_bm25_only(
     assert result.hits[0].vector_rank is None
     assert result.warnings == ["embedding role disabled: results are BM25-only"]
     status = await r.status()
-    assert (status["vectors"], status["embedded_chunks"], status["chunks"]) == (0, 0, 3)
+    assert (status.vectors, status.embedded_chunks, status.chunks) == (0, 0, 3)
     await r.close()
 
 
@@ -85,7 +106,7 @@ async def test_an_embedder_that_fails_at_ingest_leaves_the_document_bm25_only(
     top = next(h for h in result.hits if h.doc_id == "docs/printer")
     assert top.search_source == "text"  # no vector of it: only BM25 found it
     status = await r.status()
-    assert (status["chunks"], status["vectors"], status["embedded_chunks"]) == (4, 3, 3)
+    assert (status.chunks, status.vectors, status.embedded_chunks) == (4, 3, 3)
     await r.close()
 
 
@@ -180,7 +201,7 @@ async def test_invalid_documents_are_refused_and_leave_nothing(
     with pytest.raises(InvalidDocument, match=reason):
         await r.upsert("docs", "title", args["text"], doc_id=args["doc_id"], kind=args["kind"])
     assert await r.documents() == []
-    assert (await r.status())["chunks"] == 0
+    assert (await r.status()).chunks == 0
     await r.close()
 
 
@@ -233,7 +254,7 @@ async def test_a_deleted_document_is_gone_from_every_index_and_listing(tmp_path:
     assert await r.document("docs/disk") is None
     assert [d.id for d in await r.documents()] == ["docs/db", "docs/vpn"]
     status = await r.status()
-    assert (status["chunks"], status["vectors"]) == (2, 2)
+    assert (status.chunks, status.vectors) == (2, 2)
     assert await r.delete("docs/disk") is False
     await r.close()
     again = Retriever(tmp_path, lambda: HashEmbedder("m"))
@@ -255,7 +276,7 @@ async def test_removing_a_source_removes_its_documents_only(tmp_path: Path) -> N
     assert doc_ids(result.hits) == {"other/x"}
     assert [s.id for s in await r.sources()] == ["other"]
     status = await r.status()
-    assert (status["chunks"], status["vectors"]) == (1, 1)
+    assert (status.chunks, status.vectors) == (1, 1)
     await r.close()
 
 
@@ -308,7 +329,7 @@ async def test_a_failed_text_commit_is_caught_up_by_the_next_write(
     assert (await r.search("badge reader")).hits[0].doc_id == "docs/badge"
     assert r.repaired == {}  # status keeps the start-up's counts
     status = await r.status()
-    assert (status["chunks"], status["vectors"]) == (5, 5)
+    assert (status.chunks, status.vectors) == (5, 5)
     # Re-sending the failed write acknowledges it.
     again = await r.upsert("docs", "printer", "printer queue stuck", doc_id="docs/printer")
     assert again.state == "indexed"
@@ -327,11 +348,11 @@ async def test_a_failed_vector_write_is_caught_up_by_the_next_write(
         await r.upsert("docs", "printer", "printer queue stuck", doc_id="docs/printer")
     assert failures == [1]
     status = await r.status()
-    assert (status["chunks"], status["vectors"]) == (4, 3)
+    assert (status.chunks, status.vectors) == (4, 3)
     calls = embedder.calls
     await r.upsert("docs", "badge", "badge reader offline in lobby", doc_id="docs/badge")
     status = await r.status()
-    assert (status["chunks"], status["vectors"]) == (5, 5)
+    assert (status.chunks, status.vectors) == (5, 5)
     assert embedder.calls == calls + 1  # the caught-up vector came from SQLite's cache
     printer = next(h for h in (await r.search("printer queue stuck")).hits
                    if h.doc_id == "docs/printer")
@@ -353,7 +374,7 @@ async def test_a_failed_text_commit_is_repaired_by_the_next_open(
     await again.open()
     # The failed batch reached neither derived index: both get it from SQLite.
     assert again.repaired == {"text_added": 1, "vectors_added": 1}
-    assert (await again.status())["repaired"] == {"text_added": 1, "vectors_added": 1}
+    assert (await again.status()).repaired == {"text_added": 1, "vectors_added": 1}
     assert (await again.search("printer queue")).hits[0].doc_id == "docs/printer"
     await again.close()
 
@@ -374,5 +395,5 @@ async def test_index_files_left_ahead_of_sqlite_are_trimmed_at_open(tmp_path: Pa
     assert again.repaired == {"text_removed": 1, "vectors_removed": 1}
     assert "docs/vpn" not in doc_ids((await again.search("vpn tunnel flapping")).hits)
     status = await again.status()
-    assert (status["chunks"], status["vectors"]) == (2, 2)
+    assert (status.chunks, status.vectors) == (2, 2)
     await again.close()
