@@ -2,8 +2,9 @@
 
     llamad serve [options]      run the daemon (``llamad serve --help`` lists every option)
 
-``serve`` exit status: 0 after a clean shutdown; 2 for a configuration error; 1 for any
-other fatal start error. Fatal errors are one line on stderr, never a traceback.
+``serve`` exit status: 0 after a clean shutdown; 2 for a configuration error (including a
+state directory another daemon holds); 1 for any other fatal start error. Fatal errors
+are one line on stderr, never a traceback.
 
 The other verbs are clients of a running daemon (their code is in :mod:`clients._cli`,
 which documents them in full)::
@@ -71,6 +72,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from . import config as config_mod  # noqa: PLC0415
     from . import logs  # noqa: PLC0415
     from .server import Daemon  # noqa: PLC0415
+    from .statelock import StateDirInUse  # noqa: PLC0415
     from .systemd import Notifier  # noqa: PLC0415
 
     try:
@@ -85,8 +87,13 @@ async def _serve(args: argparse.Namespace) -> int:
                         notifier=Notifier.from_env(unset=True))
         daemon.install_signal_handlers()
         await daemon.start()
+    except StateDirInUse as exc:
+        # Two daemons configured with one state_dir: a configuration error.
+        log.error("fatal start error", error=str(exc))
+        print(f"llamad: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     except (OSError, ValueError, RetrievalError) as exc:
-        # e.g. the port is taken, or another daemon holds this state directory's index.
+        # e.g. the port is taken, or the state directory cannot be created.
         log.error("fatal start error", error=str(exc))
         print(f"llamad: {exc}", file=sys.stderr)
         return EXIT_FATAL

@@ -1,7 +1,8 @@
 """The daemon: composition root. Builds the children, serves gRPC, drains on SIGTERM.
 
-Start-up order: the gRPC server listens first (health answers NOT_SERVING while the
-children load, so clients can Watch), then the supervisors start the children.
+Start-up order: the state directory is locked first (one daemon per state directory,
+:mod:`daemon.statelock`), then the gRPC server listens (health answers NOT_SERVING while
+the children load, so clients can Watch), then the supervisors start the children.
 
 Shutdown (SIGTERM or SIGINT): health turns NOT_SERVING everywhere, new calls are refused
 with UNAVAILABLE, in-flight calls get ``drain_grace`` seconds to finish, then the
@@ -60,6 +61,7 @@ from .retrieval_service import (
 )
 from .router import InferenceRouter
 from .servicers import InferenceServicer
+from .statelock import StateLock
 from .swaps import SwapManager
 from .systemd import Notifier, watchdog_loop
 from .wire import DecodeGuard
@@ -141,13 +143,30 @@ class Daemon:
                                        unavailable_reason=unavailable_reason(self.children))
         self.health = HealthReporter(self.children, retrieval=self.retriever is not None)
         self._server: grpc.aio.Server | None = None
+        self._state_lock = StateLock(config.state_dir)
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = time.monotonic()
         self.address = ""
 
     async def start(self) -> str:
-        """Listen and start the children; return the bound address (``host:port``)."""
+        """Lock the state directory, listen and start the children; return the bound
+        address (``host:port``).
+
+        Raises:
+            StateDirInUse: another daemon holds the state directory.
+            OSError: the address cannot be bound, or the state directory locked.
+        """
+        # Before anything in the state directory is opened (the socket, the indexes):
+        # a second daemon on it is refused here, naming the first one's pid.
+        self._state_lock.acquire()
+        try:
+            return await self._start()
+        except BaseException:
+            self._state_lock.release()
+            raise
+
+    async def _start(self) -> str:
         limit = self.config.limits.max_message_bytes
         # Access first: a call without a valid token is refused before anything else.
         server = grpc.aio.server(interceptors=[self.auth, DecodeGuard(self.metrics)], options=[
@@ -177,8 +196,6 @@ class Daemon:
         self._bound = bind(server, self.config,
                            self._tls.server_credentials() if self._tls is not None else None)
         if self.retriever is not None:
-            # After binding: a second daemon on the same address fails on the address
-            # (one clear line), not on the index lock the first one holds.
             await self.retriever.open()
         if self.config.metrics_listen:
             host, _, mport = self.config.metrics_listen.rpartition(":")
@@ -368,6 +385,7 @@ class Daemon:
                 await self._watchdog
             self._watchdog = None
         self._notifier.close()
+        self._state_lock.release()  # last: everything in the state directory is closed
         _log.info("stopped")
 
     async def __aenter__(self) -> Daemon:

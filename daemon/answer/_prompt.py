@@ -6,8 +6,14 @@ header names the template and its version. Over budget, assembly drops the lowes
 sources first, then clips the attachment head-and-tail; the question, the templates and
 the task are never truncated; if even they do not fit, :class:`PromptTooLarge` carries the
 numbers. Token counts come from the generation model's own tokenizer (a callable), never
-a word-count guess. Every source and the attachment are redacted again before they enter
-the prompt. The same inputs always give the same prompt, and so the same SHA-256.
+a word-count guess.
+
+Nothing reaches a message but the templates and one :class:`~._pieces.PromptPieces`, built
+at the top of :func:`assemble`: every source (title, heading, text), the question, each
+history turn and the attachment are redacted there, once, together. Each source is fenced
+(:mod:`._fence`): its text cannot fake a source label or close its fence, and the system
+template says fenced text is data. The same inputs always give the same prompt, and so the
+same SHA-256.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from dataclasses import dataclass
 from importlib import resources
 
 from retrieval import Hit
-from retrieval._redact import redact
+
+from ._fence import fence_source, neutralise
+from ._pieces import PromptPieces
 
 TASKS = ("answer", "explain_output", "diagnose", "summarize")
 # Per chat message, the template adds role markers and separators; measured on ChatML and
@@ -76,15 +84,12 @@ class Assembled:
     template_version: str
 
 
-def render_sources(hits: Sequence[Hit]) -> str:
-    if not hits:
+def render_sources(pieces: PromptPieces, count: int) -> str:
+    """The first ``count`` sources of ``pieces``, fenced and labelled ``S1``…"""
+    if count <= 0:
         return "(none)"
-    parts = []
-    for i, hit in enumerate(hits, start=1):
-        title = hit.title or hit.doc_id
-        where = f" ({hit.heading})" if hit.heading else ""
-        parts.append(f"[S{i}] {title}{where}\n{redact(hit.text).text}")
-    return "\n\n".join(parts)
+    return "\n\n".join(fence_source(f"S{i}", source.title, source.heading, source.text)
+                         for i, source in enumerate(pieces.sources[:count], start=1))
 
 
 def prompt_sha256(messages: Sequence[tuple[str, str]]) -> str:
@@ -118,23 +123,30 @@ async def assemble(
 ) -> Assembled:
     """Build the chat messages within ``budget`` prompt tokens.
 
+    Every argument's text is redacted before it can reach a message (see the module doc);
+    the caller passes them as received.
+
     Raises:
         PromptTooLarge: the question, templates and history alone do not fit.
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}")
+    # The one way in: below, messages are built from `pieces` and the templates only.
+    pieces = PromptPieces.of(question=question, hits=hits, history=history,
+                             attachment=attachment)
+    ranked = list(hits)  # for Assembled.hits (the citations), never for a message
+    del question, hits, history, attachment
     system = load_template("system")
     body = load_template(task)
     version = f"system/{system.version}+{task}/{body.version}"
-    attachment = redact(attachment).text if attachment else ""
-    question = redact(question).text
+    turns = [(turn.role, turn.content) for turn in pieces.history]
 
-    def build(included: Sequence[Hit], attach: str) -> list[tuple[str, str]]:
-        user = body.text.format(sources=render_sources(included), question=question,
-                                attachment=attach)
+    def build(count: int, attach: str) -> list[tuple[str, str]]:
+        user = body.text.format(sources=render_sources(pieces, count),
+                                question=pieces.question, attachment=attach)
         if attach and "{attachment}" not in body.text:
             user += f"\n\nAttached:\n{attach}"
-        return [("system", system.text), *history, ("user", user)]
+        return [("system", system.text), *turns, ("user", user)]
 
     async def size(messages: Sequence[tuple[str, str]]) -> int:
         total = 0
@@ -142,30 +154,31 @@ async def assemble(
             total += await count_tokens(content) + _PER_MESSAGE_TOKENS
         return total + _MARGIN_TOKENS
 
-    fixed = await size(build([], ""))
+    fixed = await size(build(0, ""))
     if fixed > budget:
         raise PromptTooLarge(fixed, budget)
-    included = list(hits)
+    included = len(pieces.sources)
+    attach = neutralise(pieces.attachment)
     clipped = False
-    messages = build(included, attachment)
+    messages = build(included, attach)
     tokens = await size(messages)
     # Drop the lowest-ranked sources first (but keep the attachment whole while possible).
     while tokens > budget and included:
-        included.pop()
-        messages = build(included, attachment)
+        included -= 1
+        messages = build(included, attach)
         tokens = await size(messages)
-    if tokens > budget and attachment:
+    if tokens > budget and attach:
         # Clip the attachment head-and-tail: binary search on its kept length.
-        lo, hi = 0, len(attachment)
+        lo, hi = 0, len(attach)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if await size(build(included, clip_head_tail(attachment, mid))) <= budget:
+            if await size(build(included, clip_head_tail(attach, mid))) <= budget:
                 lo = mid
             else:
                 hi = mid - 1
-        attachment = clip_head_tail(attachment, lo)
+        attach = clip_head_tail(attach, lo)
         clipped = True
-        messages = build(included, attachment)
+        messages = build(included, attach)
         tokens = await size(messages)
-    return Assembled(messages, prompt_sha256(messages), included, len(hits) - len(included),
-                     clipped, tokens, version)
+    return Assembled(messages, prompt_sha256(messages), list(ranked[:included]),
+                     len(ranked) - included, clipped, tokens, version)

@@ -23,6 +23,7 @@ from clients._pb import answer_pb2_grpc
 from clients._pb import inference_pb2 as ipb
 from clients._pb import retrieval_pb2 as rpb
 from retrieval import Filters, Hit, Retriever
+from retrieval._redact import redact
 from supervisor import InferenceClient, TokenizeUnavailableError
 
 from .. import rpc, validation
@@ -50,6 +51,7 @@ _TASKS = {
 }
 _ROLES = {ipb.CHAT_ROLE_USER: "user", ipb.CHAT_ROLE_ASSISTANT: "assistant"}
 _FINISH = {"stop": ipb.FINISH_REASON_STOP, "length": ipb.FINISH_REASON_LENGTH}
+_CUT_MARGIN = 8192
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,12 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             role = _ROLES.get(turn.role)
             if role is None:
                 raise InvalidArgument(f"history[{i}].role must be user or assistant")
-            history.append((role, turn.content[: s.max_question_chars]))
+            # Cut to the question's length, but redacted first: a cut through a secret
+            # would leave its head unrecognisable to the prompt's redaction. (A margin,
+            # not the whole turn: a turn may be megabytes; the longest usual secret, an
+            # RSA-4096 private key block, is about 3.3 KB.)
+            content = turn.content[: s.max_question_chars + _CUT_MARGIN]
+            history.append((role, redact(content).text[: s.max_question_chars]))
         if "\x00" in question or "\x00" in request.attachment:
             raise InvalidArgument("question or attachment contains a NUL character")
         return question, history
@@ -166,13 +173,16 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
                 since=f.indexed_since.seconds if f.HasField("indexed_since") else None,
                 until=f.indexed_until.seconds if f.HasField("indexed_until") else None,
             )
-            query = question
+            # The query leaves the process too (to the embedding child or endpoint), so
+            # it is redacted; the attachment whole, then cut, so that no secret's head
+            # survives the cut unredacted.
+            query = redact(question).text
             if request.attachment and task in ("explain_output", "diagnose"):
                 # The evidence says what to look for as much as the question does.
-                query = f"{question}\n{request.attachment[:600]}"
+                query = f"{query}\n{redact(request.attachment).text[:600]}"
+            query = query[:self._retriever.limits.max_query_chars]
             try:
-                result = await self._retriever.search(
-                    query[:self._retriever.limits.max_query_chars], k=k, filters=filters)
+                result = await self._retriever.search(query, k=k, filters=filters)
             except Exception as exc:
                 if isinstance(exc, InvalidArgument):
                     raise

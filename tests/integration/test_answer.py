@@ -75,7 +75,7 @@ async def test_answer_streams_and_cites_the_runbook_first(ready) -> None:  # typ
     assert first.done.usage.completion_tokens > 0
     assert len(first.done.prompt_sha256) == 64
     assert not first.done.cached
-    assert first.done.template_version.startswith("system/1+answer/1")
+    assert first.done.template_version.startswith("system/2+answer/1")
     again = await ask(stub, "How do I fix a full disk on web01?")
     assert again.done.cached
     assert again.text == first.text

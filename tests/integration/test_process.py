@@ -153,18 +153,53 @@ def test_sigkill_of_daemon_leaves_no_child(
 
 
 def test_second_daemon_on_same_port_fails_with_one_line(
-    daemon_env: dict[str, str], spawned: list[DaemonProcess]
+    daemon_env: dict[str, str], spawned: list[DaemonProcess], tmp_path: Path
 ) -> None:
     """A fatal start error exits non-zero with one clear line, and no traceback."""
     first = DaemonProcess(daemon_env)
     spawned.append(first)
     address = str(first.wait_event("listening")["address"])
-    second = DaemonProcess({**daemon_env, "LLAMAD_LISTEN": address})
+    # Its own state directory: the address is what clashes here.
+    second = DaemonProcess({**daemon_env, "LLAMAD_LISTEN": address,
+                            "LLAMAD_STATE_DIR": str(tmp_path / "state")})
     spawned.append(second)
     assert second.proc.wait(timeout=30) == 1
     err = "".join(second.rest_of_log())
     assert f"llamad: cannot listen on {address}" in err
     assert "Traceback" not in err
+
+
+def test_second_daemon_on_same_state_dir_is_refused_naming_the_first(
+    daemon_env: dict[str, str], spawned: list[DaemonProcess]
+) -> None:
+    """A second daemon on a state directory a live one holds exits 2 saying "state
+    directory <path> in use by pid <first's pid>" (one line, no traceback), the first
+    serving on; after kill -9 of the first, a new daemon starts on it."""
+    state = daemon_env["LLAMAD_STATE_DIR"]
+    first = DaemonProcess(daemon_env)
+    spawned.append(first)
+    address = str(first.wait_event("listening")["address"])
+    second = DaemonProcess(daemon_env)  # port 0: only the state directory clashes
+    spawned.append(second)
+    assert second.proc.wait(timeout=30) == 2
+    err = "".join(second.rest_of_log())
+    assert f"llamad: state directory {state} in use by pid {first.proc.pid}" in err
+    assert "Traceback" not in err
+    assert first.proc.poll() is None
+    with grpc.insecure_channel(address) as ch:
+        stub = control_pb2_grpc.ControlServiceStub(ch)  # type: ignore[no-untyped-call]
+        assert stub.Status(control_pb2.StatusRequest(), timeout=5).version
+
+    first.proc.kill()
+    first.proc.wait()
+    third = DaemonProcess(daemon_env)
+    spawned.append(third)
+    address = str(third.wait_event("listening")["address"])
+    with grpc.insecure_channel(address) as ch:
+        stub = control_pb2_grpc.ControlServiceStub(ch)  # type: ignore[no-untyped-call]
+        assert stub.Status(control_pb2.StatusRequest(), timeout=5).version
+    third.proc.send_signal(signal.SIGTERM)
+    assert third.proc.wait(timeout=60) == 0
 
 
 def test_config_error_exits_2(tmp_path: Path) -> None:
