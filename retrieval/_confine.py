@@ -162,7 +162,7 @@ class SourceRoot:
                 ``refuse_hard_links``), or ``outside_root`` (the opened file's real path is
                 not under the root: the walk cannot get there, checked anyway).
         """
-        shown = display_name(rel)
+        shown = display_name(str(self.path / rel))
         if not rel:
             raise ExtractionError("(empty path): not a plain relative path", "unreadable")
         try:

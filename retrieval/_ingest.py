@@ -136,7 +136,8 @@ class Ingest:
         def read() -> tuple[Extracted, os.stat_result]:
             fd = root.open_file(target or rel)
             try:
-                return extract_fd(fd, display_name(rel), kind, limits), os.fstat(fd)
+                return extract_fd(fd, display_name(str(root.path / rel)), kind, limits), \
+                    os.fstat(fd)
             finally:
                 os.close(fd)
 
