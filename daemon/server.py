@@ -36,7 +36,7 @@ from clients._pb import (
     retrieval_pb2,
     retrieval_pb2_grpc,
 )
-from retrieval import Retriever
+from retrieval import Retriever, protected_hardlinks
 from supervisor import Clock, State, StateChange, SystemClock
 
 from .admission import Admission
@@ -92,6 +92,19 @@ def version() -> str:
         return metadata.version("llamad")
     except metadata.PackageNotFoundError:
         return "0+unknown"
+
+
+def _warn_unprotected_hard_links(config: Config) -> None:
+    """Directory sources read hard links like any file (README, "What a source can
+    read"); with the kernel's fs.protected_hardlinks off, anyone who can write in a source
+    can link any file of the same filesystem into it."""
+    r = config.retrieval
+    if r["allowed_roots"] and not r["refuse_hard_links"] and protected_hardlinks() is False:
+        _log.warning("hard links unprotected",
+                     reason="fs.protected_hardlinks is 0: a user who can write in a "
+                            "directory source can hard-link any file of its filesystem "
+                            "into it, and it would be indexed; set the sysctl to 1 or "
+                            "retrieval.refuse_hard_links = true")
 
 
 class Daemon:
@@ -197,6 +210,7 @@ class Daemon:
                            self._tls.server_credentials() if self._tls is not None else None)
         if self.retriever is not None:
             await self.retriever.open()
+            _warn_unprotected_hard_links(self.config)
         if self.config.metrics_listen:
             host, _, mport = self.config.metrics_listen.rpartition(":")
             try:

@@ -1,15 +1,21 @@
 """Hybrid retrieval: tantivy BM25 + hnswlib HNSW fused by RRF, over a SQLite source of truth.
 
 This package never imports gRPC; the daemon maps :mod:`retrieval.errors` to status codes.
-See docs/retrieval.md for the design.
+Everything the daemon uses is here: the :class:`Retriever` facade and its limits, status
+and hits; directory scans; extraction of pushed files (:func:`extract_bytes`,
+:class:`ExtractLimits`); the redactor (:func:`redact`, also applied before prompt
+assembly); document kinds; errors and id rules. See docs/retrieval.md for the design.
 """
 
 from ._bm25 import Filters
+from ._confine import SourceRoot, protected_hardlinks
 from ._embedder import Embedder
+from ._extract import Extracted, ExtractLimits, extract_bytes, extract_file
 from ._group import Vector
 from ._indexes import RetrievalStatus
 from ._kinds import KINDS, kind_for
 from ._limits import RetrievalLimits
+from ._redact import PLACEHOLDER_PREFIX, Redacted, redact
 from ._retriever import Retriever
 from ._scan import ScanReport, check_root, scan_source
 from ._search import Hit, SearchResult, snippet
@@ -24,18 +30,23 @@ from .errors import (
     StorageFull,
     is_storage_full,
     validate_document_id,
+    validate_source_id,
 )
 
 __all__ = [
     "KINDS",
+    "PLACEHOLDER_PREFIX",
     "DocumentRow",
     "Embedder",
+    "ExtractLimits",
+    "Extracted",
     "ExtractionError",
     "Filters",
     "Hit",
     "IndexCorrupt",
     "InvalidDocument",
     "NotFound",
+    "Redacted",
     "RetrievalError",
     "RetrievalLimits",
     "RetrievalStatus",
@@ -43,13 +54,19 @@ __all__ = [
     "ScanReport",
     "SearchResult",
     "SourceNotAllowed",
+    "SourceRoot",
     "SourceRow",
     "StorageFull",
     "Vector",
     "check_root",
+    "extract_bytes",
+    "extract_file",
     "is_storage_full",
     "kind_for",
+    "protected_hardlinks",
+    "redact",
     "scan_source",
     "snippet",
     "validate_document_id",
+    "validate_source_id",
 ]

@@ -262,3 +262,35 @@ async def test_refuse_hard_links_fails_only_that_file(tmp_path: Path) -> None:
         assert await hits_for(r, "linked") == []
     finally:
         await r.close()
+
+
+@pytest.mark.parametrize(("protected", "refuse", "roots", "warned"), [
+    (False, False, "/srv/docs", True),
+    (True, False, "/srv/docs", False),
+    (None, False, "/srv/docs", False),   # unknown (no /proc/sys): nothing to say
+    (False, True, "/srv/docs", False),   # refuse_hard_links closes it anyway
+    (False, False, "", False),           # no directory sources at all
+])
+def test_start_warns_when_hard_links_are_unprotected(
+    monkeypatch: pytest.MonkeyPatch, protected: bool | None, refuse: bool, roots: str,
+    warned: bool
+) -> None:
+    """With directory sources allowed, fs.protected_hardlinks = 0 and hard links not
+    refused, the daemon logs a warning naming both fixes; otherwise it says nothing."""
+    from structlog.testing import capture_logs
+
+    from daemon import server
+    from daemon.config import load
+
+    config = load(None, env={"LLAMAD_GENERATION_ENABLED": "false",
+                             "LLAMAD_EMBEDDING_ENABLED": "false",
+                             "LLAMAD_RETRIEVAL_ALLOWED_ROOTS": roots,
+                             "LLAMAD_RETRIEVAL_REFUSE_HARD_LINKS": str(refuse).lower()})
+    monkeypatch.setattr(server, "protected_hardlinks", lambda: protected)
+    with capture_logs() as logs:
+        server._warn_unprotected_hard_links(config)
+    events = [e for e in logs if e["event"] == "hard links unprotected"]
+    assert len(events) == (1 if warned else 0)
+    if warned:
+        assert "retrieval.refuse_hard_links" in events[0]["reason"]
+        assert "fs.protected_hardlinks" in events[0]["reason"]
