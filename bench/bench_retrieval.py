@@ -87,11 +87,10 @@ import numpy.typing as npt
 
 from daemon import Daemon, load, logs
 from daemon.retrieval_service import ChildEmbedder, make_provider
-from retrieval import Embedder, Filters, RetrievalLimits, Retriever
+from retrieval import Embedder, Filters, RetrievalLimits, Retriever, redact
 from retrieval._chunk import chunk_text
 from retrieval._fusion import rrf
 from retrieval._ingest import content_hash
-from retrieval._redact import redact
 from retrieval._store import ChunkRow, DocumentRow, Store
 from retrieval._vectors import VectorIndex
 

@@ -24,6 +24,7 @@ from clients._pb import retrieval_pb2 as rpb
 from clients._pb import retrieval_pb2_grpc
 from retrieval import (
     DocumentRow,
+    ExtractLimits,
     Filters,
     InvalidDocument,
     RetrievalLimits,
@@ -32,10 +33,10 @@ from retrieval import (
     SourceRow,
     Vector,
     check_root,
+    extract_bytes,
     scan_source,
+    validate_document_id,
 )
-from retrieval._extract import ExtractLimits, extract_bytes
-from retrieval.errors import validate_document_id
 from supervisor import (
     ChildRequestError,
     InferenceClient,
