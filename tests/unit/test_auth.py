@@ -169,6 +169,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return Pki(tmp_path_factory.mktemp("pki"))
 
 
+@pytest.mark.process
 def test_tls_material_is_checked(pki: Pki, tmp_path: Path) -> None:
     """A good pair loads (with a client CA: mutual TLS); a mismatched key, garbage, an
     encrypted key, a world-readable key and a CA file without a certificate are refused,
@@ -201,6 +202,7 @@ def test_tls_material_is_checked(pki: Pki, tmp_path: Path) -> None:
         load_tls(str(pki.server1.cert), str(pki.server1.key), str(pki.server1.key))
 
 
+@pytest.mark.process
 def test_tls_credentials_switch_only_within_the_same_client_auth(pki: Pki) -> None:
     """The fetcher hands a reloaded certificate over once; turning mutual TLS on needs a
     restart."""

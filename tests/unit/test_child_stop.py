@@ -22,6 +22,8 @@ from supervisor._logring import LogRing
 from supervisor._process import ChildProcess
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.process  # real child processes
+
 # Ignores SIGTERM, so only the SIGKILL after the grace period stops it.
 STUBBORN = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " \
            "print('up', flush=True); time.sleep(60)"

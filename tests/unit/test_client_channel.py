@@ -171,6 +171,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+@pytest.mark.process
 def test_tls_with_token_uses_call_credentials(pki: Path) -> None:
     """Over TLS the token travels as access-token call credentials; the CA verifies the
     server."""
@@ -184,6 +185,7 @@ def test_tls_with_token_uses_call_credentials(pki: Path) -> None:
             plaintext.status()
 
 
+@pytest.mark.process
 def test_mutual_tls(pki: Path) -> None:
     """With require_client_auth the client's certificate and key are presented."""
     creds = grpc.ssl_server_credentials(

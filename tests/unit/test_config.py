@@ -132,6 +132,7 @@ def test_every_option_in_serve_help_with_its_env(
     assert "LLAMAD_CONFIG" in blocks["--config"]
 
 
+@pytest.mark.process
 def test_serve_help_subprocess_lists_every_env_variable() -> None:
     """The real entry point ``python -m daemon serve --help`` exits 0 naming every variable."""
     proc = subprocess.run(

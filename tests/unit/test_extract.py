@@ -490,6 +490,7 @@ def test_gigantic_html_within_max_bytes() -> None:
 # --- PDF ---------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_pdf_text_and_title_from_first_line(tmp_path: Path) -> None:
     """A text PDF extracts in the worker; without metadata its first line is the title."""
     data = text_pdf(b"Hello runbook", b"Restart nginx")
@@ -500,6 +501,7 @@ def test_pdf_text_and_title_from_first_line(tmp_path: Path) -> None:
     assert extract_bytes(data, "hello.pdf", "pdf") == got
 
 
+@pytest.mark.process
 def test_pdf_metadata_title_and_pages() -> None:
     """The metadata title wins; pages are separated by a blank line."""
     info = b"<< /Title (Core switch runbook) >>"
@@ -510,6 +512,7 @@ def test_pdf_metadata_title_and_pages() -> None:
     assert got.text == "Page one\n\nPage two"
 
 
+@pytest.mark.process
 def test_pdf_image_only_has_a_distinct_clear_error() -> None:
     """A PDF without a text layer says so, and that OCR is not supported."""
     error = fails("pdf_image_only", lambda: extract_bytes(image_only_pdf(), "scan.pdf", "pdf"))
@@ -517,6 +520,7 @@ def test_pdf_image_only_has_a_distinct_clear_error() -> None:
                           "OCR is not supported")
 
 
+@pytest.mark.process
 def test_pdf_encrypted() -> None:
     """A PDF that needs a password is refused as pdf_encrypted; one encrypted with an
     empty user password (owner password only) opens."""
@@ -531,12 +535,14 @@ def test_pdf_encrypted() -> None:
     b"",
     b"<html>not a pdf</html>",
 ], ids=["truncated", "garbage", "empty", "html"])
+@pytest.mark.process
 def test_pdf_malformed(data: bytes) -> None:
     """Truncated, garbage, empty or mislabelled files are pdf_malformed, with a reason."""
     error = fails("pdf_malformed", lambda: extract_bytes(data, "bad.pdf", "pdf"))
     assert str(error).startswith("bad.pdf: ")
 
 
+@pytest.mark.process
 def test_pdf_page_cap() -> None:
     """More pages than pdf_max_pages is refused as too_large before extracting any."""
     data = pdf_with_pages([b"BT /F1 12 Tf 72 720 Td (p) Tj ET"] * 3)
@@ -545,6 +551,7 @@ def test_pdf_page_cap() -> None:
     assert "3 pages" in str(error)
 
 
+@pytest.mark.process
 def test_pdf_decompression_bomb_fails_fast(bomb_300mb: bytes) -> None:
     """A 300 KB file inflating to 300 MB fails cleanly and fast with default limits."""
     assert len(bomb_300mb) < 1_000_000
@@ -554,6 +561,7 @@ def test_pdf_decompression_bomb_fails_fast(bomb_300mb: bytes) -> None:
     assert "bomb.pdf" in str(error)
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs prlimit (util-linux)")
 def test_pdf_bomb_under_a_small_memory_cap() -> None:
     """Streams that stay under pypdf's per-stream limit but add up are stopped by the
@@ -573,6 +581,7 @@ def test_pdf_bomb_under_a_small_memory_cap() -> None:
     assert "memory" in str(error)
 
 
+@pytest.mark.process
 def test_pdf_timeout_kills_the_worker() -> None:
     """Past pdf_timeout the worker is killed and the error is a timeout."""
     started = time.monotonic()
@@ -582,6 +591,7 @@ def test_pdf_timeout_kills_the_worker() -> None:
     assert "slow.pdf" in str(error)
 
 
+@pytest.mark.process
 def test_pdf_output_cap() -> None:
     """Text beyond pdf_max_output is refused as resource_limit by the worker itself."""
     data = text_pdf(*[b"line %d of a long page" % i for i in range(40)])
@@ -589,6 +599,7 @@ def test_pdf_output_cap() -> None:
           lambda: extract_bytes(data, "big.pdf", "pdf", ExtractLimits(pdf_max_output=200)))
 
 
+@pytest.mark.process
 def test_pdf_from_file_reads_the_checked_descriptor(tmp_path: Path) -> None:
     """extract_file hands the worker the descriptor it checked (its stdin), so replacing
     the path afterwards cannot change what is parsed."""
@@ -596,6 +607,7 @@ def test_pdf_from_file_reads_the_checked_descriptor(tmp_path: Path) -> None:
     assert extract_file(path).text == "Checked file"
 
 
+@pytest.mark.process
 def test_pdf_without_prlimit_still_works_and_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without prlimit on PATH the worker runs without the memory cap, and says so once."""
     real_which = shutil.which
@@ -628,6 +640,7 @@ def fake_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> N
     ("raise MemoryError", "resource_limit"),
     ("os.kill(os.getpid(), signal.SIGKILL)", "resource_limit"),
 ])
+@pytest.mark.process
 def test_worker_failures_become_extraction_errors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, kind: str
 ) -> None:
@@ -636,6 +649,7 @@ def test_worker_failures_become_extraction_errors(
     fails(kind, lambda: extract_bytes(b"%PDF-1.4", "w.pdf", "pdf"))
 
 
+@pytest.mark.process
 def test_hanging_worker_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker that never answers (and ignores SIGTERM) is killed at the deadline."""
     fake_worker(tmp_path, monkeypatch,
@@ -646,6 +660,7 @@ def test_hanging_worker_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert time.monotonic() - started < 5.0
 
 
+@pytest.mark.process
 def test_flooding_worker_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker printing without end is stopped at the output cap, not buffered."""
     fake_worker(tmp_path, monkeypatch,
@@ -656,6 +671,7 @@ def test_flooding_worker_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert time.monotonic() - started < 5.0
 
 
+@pytest.mark.process
 def test_worker_that_does_not_read_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker exiting before reading its input does not break the caller (EPIPE)."""
     script = tmp_path / "fake_worker.py"
@@ -666,6 +682,7 @@ def test_worker_that_does_not_read_stdin(tmp_path: Path, monkeypatch: pytest.Mon
     assert str(error) == "e.pdf: early"
 
 
+@pytest.mark.process
 def test_worker_runs_as_a_module(tmp_path: Path) -> None:
     """``python -m retrieval._pdf_worker PATH`` prints the JSON result (manual use)."""
     import subprocess

@@ -23,6 +23,8 @@ import pytest
 from supervisor.testing import FAULTS, fake_child_command
 from supervisor.testing import fake_child as fake
 
+pytestmark = pytest.mark.process  # every test runs the fake child
+
 PROMPT = "the quick brown fox"
 
 

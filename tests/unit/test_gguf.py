@@ -461,6 +461,7 @@ def _prepared_models() -> list[Path]:
     return sorted(directory.glob("*.gguf"))
 
 
+@pytest.mark.integration  # the prepared models: `make check` does not prepare them
 @pytest.mark.skipif(not _prepared_models(), reason="no prepared models (python -m models prepare)")
 @pytest.mark.parametrize("path", _prepared_models(), ids=lambda p: p.name)
 def test_prepared_models_read_fast(path: Path) -> None:

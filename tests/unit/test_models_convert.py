@@ -301,6 +301,7 @@ def test_refuses_missing_weights(checkpoint: Path, tmp_path: Path) -> None:
         convert_bert_to_gguf(checkpoint, tmp_path / "m.gguf")
 
 
+@pytest.mark.process
 def test_converter_imports_neither_torch_nor_transformers(checkpoint: Path, tmp_path: Path) -> None:
     """A conversion in a fresh interpreter never imports torch or transformers."""
     code = (

@@ -39,6 +39,8 @@ from supervisor._gguf import sha256_file
 from tests.unit.test_gguf import write_model
 from tests.unit.test_models_convert import write_tiny_bert
 
+pytestmark = pytest.mark.process  # the real pip, in a subprocess
+
 # --- fake wheels -----------------------------------------------------------------------
 
 

@@ -183,6 +183,7 @@ def _verify(path: Path) -> tuple[int, list[str]]:
     return proc.returncode, ours
 
 
+@pytest.mark.process
 def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
     """`systemd-analyze verify` exits 0 and says nothing about the unit.
 
@@ -200,6 +201,7 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
     "broken",
     ["KillMode=mixd\n", "NoSuchDirective=yes\n", "ExecStart=/nonexistent/llamad serve\n"],
 )
+@pytest.mark.process
 def test_verify_check_catches_mistakes(tmp_path: Path, broken: str) -> None:
     """The check above is not vacuous: a bad value, an unknown directive or a missing
     binary each produce a line about the unit (verify exits 0 for the first two)."""

@@ -52,6 +52,7 @@ def lower_bound(name: str) -> tuple[int, ...]:
 # --- (a) the generated code is current -------------------------------------------------
 
 
+@pytest.mark.process
 def test_generate_check_passes_on_committed_code() -> None:
     """``proto/generate.py --check`` finds the committed stubs identical to a regeneration."""
     proc = subprocess.run(
