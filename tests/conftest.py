@@ -1,4 +1,5 @@
-"""Shared fixtures: where the real models and the llama-server binary are."""
+"""Shared fixtures: where the real models and the llama-server binary are. The tiers
+(tests/tiers.py) are a plugin loaded here."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from supervisor import find_llama_server
+
+pytest_plugins = ["pytester", "tests.tiers"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"

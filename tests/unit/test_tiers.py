@@ -1,0 +1,62 @@
+"""The test tiers (tests/tiers.py), on inner pytest sessions run in this process: each test
+gets one tier and its timeout, and a unit test that starts a process fails."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.tiers import TIMEOUTS
+
+SPAWNS = "import subprocess\n@pytest.mark.unit\ndef test_it():\n    {body}\n"
+
+
+def run(pytester: pytest.Pytester, source: str) -> pytest.RunResult:
+    pytester.makepyfile(test_inner="import pytest\n" + source)
+    return pytester.runpytest("-p", "tests.tiers", "-p", "no:asyncio",
+                              "-p", "no:hypothesispytest")
+
+
+@pytest.mark.parametrize("body", [
+    "subprocess.run(['true'], check=True)",
+    "try:\n        subprocess.run(['true'], check=True)\n    except Exception:\n        pass",
+], ids=["raises", "swallowed"])
+def test_a_unit_test_that_starts_a_process_fails(pytester: pytest.Pytester, body: str) -> None:
+    """The refusal names the command and the fix, even when the code swallows it."""
+    result = run(pytester, SPAWNS.format(body=body))
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*a unit test started a process*['true']*"
+                                 "mark*@pytest.mark.process*"])
+
+
+def test_each_tier_has_its_timeout_unless_the_test_sets_one(pytester: pytest.Pytester) -> None:
+    """Outside tests/unit the default tier is process; a test's own timeout wins."""
+    result = run(pytester, f"""
+def timeout(request):
+    return request.node.get_closest_marker("timeout").args[0]
+
+def test_default(request):
+    assert request.node.get_closest_marker("process")
+    assert timeout(request) == {TIMEOUTS["process"]}
+
+@pytest.mark.unit
+def test_unit(request):
+    assert timeout(request) == {TIMEOUTS["unit"]}
+
+@pytest.mark.integration
+def test_integration(request):
+    assert not request.node.get_closest_marker("process")
+    assert timeout(request) == {TIMEOUTS["integration"]}
+
+@pytest.mark.timeout(45)
+@pytest.mark.unit
+def test_own(request):
+    assert timeout(request) == 45
+""")
+    result.assert_outcomes(passed=4)
+
+
+def test_two_tiers_are_refused(pytester: pytest.Pytester) -> None:
+    """A test marked with two tiers stops the session at collection."""
+    result = run(pytester, "@pytest.mark.unit\n@pytest.mark.process\ndef test_it():\n    pass\n")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*test_it is marked process and unit: one tier*"])
