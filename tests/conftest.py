@@ -1,5 +1,5 @@
 """Shared fixtures: where the real models and the llama-server binary are. The tiers
-(tests/tiers.py) are a plugin loaded here."""
+(tests/tiers.py) and the skip gate of CI (tests/skips.py) are plugins loaded here."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from supervisor import find_llama_server
 
-pytest_plugins = ["pytester", "tests.tiers"]
+pytest_plugins = ["pytester", "tests.tiers", "tests.skips"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
