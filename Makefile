@@ -48,9 +48,7 @@ models: $(STAMP)
 	$(BIN)/python -m models prepare --dest $(MODELS_DIR)
 
 serve: install llama-server models
-	$(BIN)/llamad serve --listen $(LISTEN) \
-	  --generation-model $(MODELS_DIR)/gemma-3-270m-q4_k_m.gguf \
-	  --embedding-model $(MODELS_DIR)/all-MiniLM-L6-v2-f16.gguf
+	$(BIN)/llamad serve --listen $(LISTEN) --models-dir $(abspath $(MODELS_DIR))
 
 lint: install
 	$(BIN)/ruff check .

@@ -10,6 +10,7 @@ clear line naming the option and where the value came from.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import math
 import os
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import models
+from models import MANIFEST_NAME, Manifest, ManifestError
 from supervisor import (
     EndpointError,
     EndpointSpec,
@@ -61,6 +64,9 @@ class Option:
 
 
 MODES = ("embedded", "endpoint", "disabled")
+
+INSTALLED_MODELS_DIR = "/var/lib/llamad/models"
+"""Where the README's installation prepares the models (the unit's StateDirectory)."""
 
 
 def _child_options(role: str, *, enabled: bool, threads: int, parallel: int, ctx: int,
@@ -118,6 +124,11 @@ OPTIONS: tuple[Option, ...] = (
            "Directory for the retrieval indexes (default: $STATE_DIRECTORY, else ./var)."),
     Option("llama_bin", str, "",
            "llama-server binary (default: beside the daemon's Python, then PATH)."),
+    Option("models_dir", str, "",
+           "Directory of the prepared models (its manifest.json, written by `python -m "
+           "models prepare`): an embedded role whose model is not set runs the manifest's "
+           "default model for it (default: models/gguf in a source checkout once prepared, "
+           f"else {INSTALLED_MODELS_DIR})."),
     Option("tls.cert_file", str, "",
            "PEM certificate chain the daemon presents; with tls.key_file, gRPC is served "
            "over TLS only. Re-read on SIGHUP."),
@@ -367,6 +378,9 @@ class Config:
     log_level: str
     limits: Limits
     sources: Mapping[str, str]
+    """Where each value came from: "flag", "env", "file" or "default"; a role's model
+    taken from the manifest of ``models_dir`` is "models_dir"."""
+    models_dir: Path = Path(INSTALLED_MODELS_DIR)
     tls: TlsMaterial | None = None
     """Certificate, key and client CA, read and checked at load (None: plaintext)."""
     tokens: TokenTable | None = None
@@ -560,16 +574,18 @@ def _child(values: Mapping[str, Any], sources: Mapping[str, str], env: Mapping[s
 def _build(
     values: Mapping[str, Any], sources: Mapping[str, str], env: Mapping[str, str]
 ) -> Config:
-    generation = _child(values, sources, env, "generation")
-    embedding = _child(values, sources, env, "embedding")
-    for child in (generation, embedding):
+    origins = dict(sources)
+    models_dir = Path(values["models_dir"]).expanduser().absolute() if values["models_dir"] \
+        else default_models_dir()
+    children = {role: _child(values, sources, env, role) for role in ("generation", "embedding")}
+    prepared: Manifest | None = None
+    for role, child in children.items():
         if child.mode == "embedded" and not child.model:
-            opt = _BY_KEY[f"{child.role}.model"]
-            raise ConfigError(
-                f"{child.role}.model: no model configured (set {opt.flag} or {opt.env}, "
-                f"use an endpoint with --{child.role}-mode endpoint, "
-                f"or disable the child with --no-{child.role}-enabled)"
-            )
+            if prepared is None:
+                prepared = _prepared(models_dir, role)
+            model = _default_model(prepared, models_dir, role)
+            children[role] = dataclasses.replace(child, model=str(model))
+            origins[f"{role}.model"] = "models_dir"
     if values["restart.backoff_cap"] < values["restart.backoff_base"]:
         raise ConfigError("restart.backoff_cap must be >= restart.backoff_base")
     if values["child.start_cap"] < values["child.start_timeout"]:
@@ -610,8 +626,8 @@ def _build(
         retrieval={k.split(".", 1)[1]: v for k, v in values.items()
                    if k.startswith("retrieval.")},
         answer={k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("answer.")},
-        generation=generation,
-        embedding=embedding,
+        generation=children["generation"],
+        embedding=children["embedding"],
         policy=RestartPolicy(
             base=values["restart.backoff_base"],
             cap=values["restart.backoff_cap"],
@@ -642,8 +658,52 @@ def _build(
         log_format=values["log.format"],
         log_level=values["log.level"],
         limits=Limits(**{k.split(".")[1]: v for k, v in values.items() if k.startswith("limits.")}),
-        sources=dict(sources),
+        sources=origins,
+        models_dir=models_dir,
     )
+
+
+def default_models_dir() -> Path:
+    """``models/gguf`` of a source checkout (beside the ``models`` package) once
+    ``python -m models prepare`` wrote its manifest there, else the installed location."""
+    checkout = Path(models.__file__).resolve().parent / "gguf"
+    if (checkout / MANIFEST_NAME).is_file():
+        return checkout
+    return Path(INSTALLED_MODELS_DIR)
+
+
+def _no_model(role: str, models_dir: Path, why: str) -> ConfigError:
+    opt, where = _BY_KEY[f"{role}.model"], _BY_KEY["models_dir"]
+    return ConfigError(
+        f"{role}.model: no model configured (set {opt.flag} or {opt.env}), and {why}: run "
+        f"`python -m models prepare --dest {models_dir}`, or point models_dir ({where.flag} "
+        f"or {where.env}) at prepared models; or use an endpoint with --{role}-mode "
+        f"endpoint, or disable the child with --no-{role}-enabled")
+
+
+def _prepared(models_dir: Path, role: str) -> Manifest:
+    """The manifest of ``models_dir``."""
+    if not (models_dir / MANIFEST_NAME).is_file():
+        raise _no_model(role, models_dir, f"models_dir {models_dir} has no prepared models "
+                                          f"(no {MANIFEST_NAME})")
+    try:
+        return Manifest.load(models_dir)
+    except ManifestError as exc:
+        raise _no_model(role, models_dir, f"the models_dir manifest is unusable: {exc}") \
+            from None
+
+
+def _default_model(manifest: Manifest, models_dir: Path, role: str) -> Path:
+    """The file the manifest marks as the default model of ``role``, which must exist."""
+    names = sorted(e.file for e in manifest.entries.values() if e.role == role and e.default)
+    if not names:
+        raise _no_model(role, models_dir,
+                        f"the manifest in {models_dir} names no default {role} model")
+    path = models_dir / names[0]
+    if not path.is_file():
+        raise _no_model(role, models_dir,
+                        f"{path}, the prepared default {role} model, is missing")
+    return path
 
 
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")

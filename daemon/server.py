@@ -107,6 +107,14 @@ def _warn_unprotected_hard_links(config: Config) -> None:
                             "retrieval.refuse_hard_links = true")
 
 
+def _log_default_models(config: Config) -> None:
+    """Say which role runs the prepared default model because none was configured."""
+    for role in ("generation", "embedding"):
+        if config.sources.get(f"{role}.model") == "models_dir":
+            _log.info(f"{role}.model not set: using the prepared default",
+                      model=config.child(role).model, models_dir=str(config.models_dir))
+
+
 class Daemon:
     """One llamad instance. ``await start()``, then ``await run_until_stopped()``."""
 
@@ -180,6 +188,7 @@ class Daemon:
             raise
 
     async def _start(self) -> str:
+        _log_default_models(self.config)
         limit = self.config.limits.max_message_bytes
         # Access first: a call without a valid token is refused before anything else.
         server = grpc.aio.server(interceptors=[self.auth, DecodeGuard(self.metrics)], options=[

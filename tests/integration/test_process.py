@@ -17,7 +17,7 @@ import pytest
 
 from clients._pb import control_pb2, control_pb2_grpc, inference_pb2_grpc
 from clients._pb import inference_pb2 as pb
-from tests.conftest import ROOT
+from tests.conftest import DEFAULT_MODEL, ROOT, model_path, models_dir
 from tests.integration.daemon_helpers import config_env
 
 pytestmark = pytest.mark.integration
@@ -213,6 +213,21 @@ def test_config_error_exits_2(tmp_path: Path) -> None:
     assert "listen" in result.stderr
     assert "not a loopback address" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_serve_without_a_model_runs_the_prepared_default(
+    daemon_env: dict[str, str], spawned: list[DaemonProcess]
+) -> None:
+    """`llamad serve` with no model set runs the default model of the prepared models
+    directory, and its start log says so."""
+    env = {k: v for k, v in daemon_env.items() if k != "LLAMAD_GENERATION_MODEL"}
+    d = DaemonProcess({**env, "LLAMAD_MODELS_DIR": str(models_dir())})
+    spawned.append(d)
+    record = d.wait_event("generation.model not set: using the prepared default")
+    assert record["model"] == str(model_path(DEFAULT_MODEL).absolute())
+    assert d.wait_event("listening")["modes"]
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(timeout=60) == 0
 
 
 def test_one_json_summary_line_per_rpc_without_the_prompt(
