@@ -32,6 +32,7 @@ def test_second_lock_is_refused_naming_the_holder_until_released(tmp_path: Path)
     second.release()
 
 
+@pytest.mark.process
 def test_a_dead_holder_leaves_no_lock(tmp_path: Path) -> None:
     """A process that took the lock and was killed (its pid still in the file) blocks
     no one."""
