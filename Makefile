@@ -50,7 +50,8 @@ models: $(STAMP)
 	$(BIN)/python -m models prepare --dest $(MODELS_DIR)
 
 serve: install llama-server models
-	$(BIN)/llamad serve --listen $(LISTEN) --models-dir $(abspath $(MODELS_DIR))
+	$(BIN)/llamad serve --listen $(LISTEN) --models-dir $(abspath $(MODELS_DIR)) \
+	  --retrieval-allowed-roots $(abspath docs)
 
 lint: install
 	$(BIN)/ruff check .

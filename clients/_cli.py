@@ -7,7 +7,7 @@ Every verb talks to a running daemon through :class:`clients.Client`::
     llamad chat [--system S] [--user U ...]   one exchange, or a conversation from stdin
     llamad ask QUESTION               stream a grounded answer, then its numbered sources
     llamad search QUERY               hits: citation, title, path, found by, scores
-    llamad ingest PATH --source ID    add a directory source and index it
+    llamad ingest PATH [--source ID]  add a directory source and index it
     llamad sources                    list sources
     llamad reindex [--source ID]      rescan directory sources
     llamad swap ROLE MODEL|--rollback swap a child's model, streaming the stages
@@ -233,9 +233,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     p = sub.add_parser("ingest", parents=common, help="add a directory source and index it",
                        description="Add (or update) a directory source, then index it, "
-                                   "showing progress.")
+                                   "showing progress. The daemon must allow the directory "
+                                   "(its retrieval.allowed_roots).")
     p.add_argument("path", metavar="PATH", help="directory on the daemon's machine")
-    p.add_argument("--source", required=True, metavar="ID", help="the source's id")
+    p.add_argument("--source", metavar="ID",
+                   help="the source's id (default: the directory's name, lower-cased, e.g. "
+                        "'my-docs' for 'My Docs'; refused if another directory's source "
+                        "has it)")
     p.add_argument("--category", default="", help="category of its documents")
     p.add_argument("--tag", dest="tags", action="append", default=[],
                    help="tag of its documents (repeatable)")

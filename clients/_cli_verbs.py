@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -276,12 +277,42 @@ def _reindex(client: Client, source_id: str, as_json: bool, verb: str) -> int:
     return 0
 
 
+# The daemon's rule for source ids (retrieval.errors.validate_source_id), checked here so
+# that an id made from a directory's name can be refused as a usage error.
+_SOURCE_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+
+
+def default_source_id(path: Path) -> str:
+    """The source id ``ingest`` gives a directory when ``--source`` is not given: its name,
+    lower-cased, each run of characters a source id may not hold made one ``-``
+    (``My Docs`` is ``my-docs``).
+
+    Raises:
+        UsageError: nothing of the name is left that makes an id (``/``, ``文書``).
+    """
+    source_id = re.sub(r"[^a-z0-9_-]+", "-", path.name.lower()).strip("-_")[:64]
+    if not _SOURCE_ID.fullmatch(source_id):
+        raise UsageError(f"the name {path.name or str(path)!r} makes no source id (1-64 "
+                         "characters of a-z, 0-9, '_' and '-'): give one with --source ID")
+    return source_id
+
+
 def ingest(client: Client, args: argparse.Namespace) -> int:
     path = Path(args.path).expanduser().resolve()
     if not path.is_dir():
         raise UsageError(f"{args.path} is not a directory")
-    client.add_source(args.source, path, category=args.category, tags=args.tags)
-    return _reindex(client, args.source, args.json, "ingest")
+    source_id = args.source
+    if source_id is None:
+        source_id = default_source_id(path)
+        # An id made from a name must not take over another directory's source: adding it
+        # again would re-point that source here, and the scan would drop its documents.
+        taken = next((s for s in client.list_sources() if s.id == source_id), None)
+        if taken is not None and taken.path != str(path):
+            raise UsageError(f"source {source_id!r} already exists for "
+                             f"{taken.path or 'pushed documents'}: give this directory its "
+                             "own id with --source ID")
+    client.add_source(source_id, path, category=args.category, tags=args.tags)
+    return _reindex(client, source_id, args.json, "ingest")
 
 
 def reindex(client: Client, args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ The other verbs are clients of a running daemon (their code is in :mod:`clients.
 which documents them in full)::
 
     llamad status | generate PROMPT | chat | ask QUESTION | search QUERY
-    llamad ingest PATH --source ID | sources | reindex [--source ID]
+    llamad ingest PATH [--source ID] | sources | reindex [--source ID]
     llamad swap ROLE MODEL|--rollback | logs ROLE [-f] [-n N]
     llamad models prepare|list|verify
 

@@ -308,6 +308,16 @@ OPTIONS: tuple[Option, ...] = (
 _BY_KEY = {o.key: o for o in OPTIONS}
 
 
+def option(key: str) -> Option:
+    """The declared option ``key`` (``section.name`` or ``name``), for messages that tell
+    an operator how to set it.
+
+    Raises:
+        KeyError: no such option.
+    """
+    return _BY_KEY[key]
+
+
 @dataclass(frozen=True)
 class ChildConfig:
     role: str

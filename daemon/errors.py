@@ -73,6 +73,8 @@ from supervisor.errors import (
     TokenizeUnavailableError,
 )
 
+from .config import option
+
 RETRY_AFTER_KEY = "retry-after-ms"
 DEFAULT_RETRY_AFTER = 1.0
 
@@ -140,6 +142,17 @@ _RPC_CODES = {
 }
 
 
+def _how_to_allow_roots() -> str:
+    """How an operator turns directory sources on. The retrieval core names only the
+    option; its flag and variable are the daemon's (one registry, :mod:`daemon.config`).
+    A reload re-reads the file: the flags and environment of a running daemon are fixed."""
+    opt = option("retrieval.allowed_roots")
+    section, _, name = opt.key.partition(".")
+    return (f"start the daemon with {opt.flag} DIR[:DIR...] (or {opt.env}=DIR), or set "
+            f'{name} = ["DIR"] under [{section}] in its config file and reload it (SIGHUP: '
+            "systemctl reload llamad)")
+
+
 def map_error(exc: BaseException) -> Mapped:
     """The status code, message and retry hint for ``exc``."""
     if isinstance(exc, InvalidArgument):
@@ -151,7 +164,7 @@ def map_error(exc: BaseException) -> Mapped:
     if isinstance(exc, SourceNotAllowed):
         if exc.configured:
             return Mapped(grpc.StatusCode.PERMISSION_DENIED, str(exc))
-        return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return Mapped(grpc.StatusCode.FAILED_PRECONDITION, f"{exc}: {_how_to_allow_roots()}")
     if isinstance(exc, Disabled | FailedPrecondition | TokenizeUnavailableError):
         return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
     if isinstance(exc, OutOfRange):

@@ -479,6 +479,32 @@ async def test_directory_sources_only_under_allowed_roots(
         assert hits.hits == ()
 
 
+async def test_allowed_roots_from_the_config_file_apply_on_reload(
+    started: list[Daemon], tmp_path: Path
+) -> None:
+    """The refusal without roots says how to set them; doing what it says for a running
+    daemon (allowed_roots in its config file, then a reload) opens directory sources
+    under the new root, without a restart."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "disk.md").write_text("# Disk full\n\nRotate the nginx logs.\n")
+    file = tmp_path / "llamad.toml"
+    file.write_text("drain_grace = 5\n")
+    daemon = await start(started, quiet_env(LLAMAD_CONFIG=str(file)), reload=True)
+    async with AsyncClient(daemon.address, timeout=10) as client:
+        with pytest.raises(errors.FailedPrecondition) as refused:
+            await client.add_source("docs", docs)
+        for words in ("--retrieval-allowed-roots", "LLAMAD_RETRIEVAL_ALLOWED_ROOTS",
+                      "under [retrieval] in its config file", "systemctl reload llamad"):
+            assert words in refused.value.details
+        file.write_text(f'drain_grace = 5\n[retrieval]\nallowed_roots = ["{docs}"]\n')
+        report = await daemon.reload()
+        assert report.reloaded == ["retrieval.allowed_roots"] and not report.error
+        await client.add_source("docs", docs)
+        final = [p async for p in client.reindex("docs")][-1]
+        assert (final.added, final.seen) == (1, 1)
+
+
 async def test_symlink_race_never_hands_a_read_token_outside_files(
     started: list[Daemon], tmp_path: Path
 ) -> None:

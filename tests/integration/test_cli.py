@@ -159,6 +159,37 @@ def test_ingest_then_search(address: str, tmp_path: Path) -> None:
     assert any(s["id"] == "runbooks" and s["documents"] == 2 for s in json.loads(result.stdout))
 
 
+def test_ingest_names_the_source_after_the_directory(address: str, tmp_path: Path) -> None:
+    """ingest without --source: the source is named after the directory."""
+    notes = tmp_path / "Team_Notes"
+    notes.mkdir()
+    (notes / "vpn.md").write_text("# VPN\n\nThe tunnel flaps: set dpd 30 on the gateway.\n")
+    result = llamad(address, "ingest", str(notes))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("team_notes: 1 files: 1 added,")
+
+
+def test_ingest_without_allowed_roots_says_how_to_allow_them(tmp_path: Path) -> None:
+    """A daemon that allows no directory source: ingest exits 1 with one line naming the
+    option's flag and variable, and how a running daemon takes it."""
+    daemon = Daemon(config_env("llama-server", LLAMAD_GENERATION_MODE="disabled",
+                               LLAMAD_EMBEDDING_MODE="disabled",
+                               LLAMAD_RETRIEVAL_ALLOWED_ROOTS="",
+                               LLAMAD_STATE_DIR=str(tmp_path / "state")),
+                    tmp_path / "daemon.log")
+    try:
+        result = llamad(daemon.address(), "ingest", str(ROOT / "docs"))
+    finally:
+        daemon.stop()
+    assert result.returncode == 1
+    line = one_line_error(result)
+    assert line.startswith("llamad: ingest: refused: directory sources are disabled until "
+                           "retrieval.allowed_roots lists")
+    for words in ("--retrieval-allowed-roots", "LLAMAD_RETRIEVAL_ALLOWED_ROOTS",
+                  "systemctl reload llamad"):
+        assert words in line
+
+
 def test_logs_last_lines(address: str) -> None:
     """logs -n 5 prints the child's latest five lines."""
     result = llamad(address, "logs", "generation", "-n", "5")

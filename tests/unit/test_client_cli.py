@@ -129,6 +129,32 @@ def test_ingest_then_search_and_sources(llamad: Run, tmp_path: Path) -> None:
     assert json.loads(out)["unchanged"] == 2
 
 
+def test_ingest_names_the_source_after_the_directory(llamad: Run, tmp_path: Path) -> None:
+    """Without --source, the source id is the directory's name made an id ('My Docs' is
+    my-docs); ingesting that directory again updates it; another directory of the same
+    name, or a name that makes no id, is a usage error that says to give --source."""
+    docs = corpus(tmp_path / "team" / "My Docs")
+    status, out, err = llamad("ingest", str(docs))
+    assert (status, err) == (0, "")
+    assert out.startswith("my-docs: 2 files: 2 added,")
+    status, out, _ = llamad("ingest", str(docs / "runbooks" / ".."))
+    assert status == 0 and out.startswith("my-docs: 2 files: 0 added, 0 changed, 2 unchanged")
+    other = corpus(tmp_path / "elsewhere" / "my docs")
+    status, out, err = llamad("ingest", str(other))
+    assert (status, out) == (2, "")
+    assert err == (f"llamad: ingest: source 'my-docs' already exists for {docs}: give this "
+                   "directory its own id with --source ID\n")
+    assert llamad("ingest", str(other), "--source", "other-docs")[0] == 0
+    unnamed = tmp_path / "\u6587\u66f8"
+    unnamed.mkdir()
+    status, out, err = llamad("ingest", str(unnamed))
+    assert (status, out) == (2, "")
+    assert err.startswith("llamad: ingest: the name '\u6587\u66f8' makes no source id")
+    assert err.endswith(": give one with --source ID\n")
+    status, out, _ = llamad("sources", "--json")
+    assert sorted(s["id"] for s in json.loads(out)) == ["my-docs", "other-docs"]
+
+
 def test_swap_streams_stages_and_fails_in_one_line(llamad: Run, tmp_path: Path) -> None:
     """swap prints one line per stage; a failed swap exits 1 with one error line."""
     model = tmp_path / "m.gguf"

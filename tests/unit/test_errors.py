@@ -203,3 +203,24 @@ def test_index_corrupt_keeps_its_actionable_message() -> None:
     assert mapped.message == ("retrieval index damaged: vector index "
                               "/var/lib/llamad/vectors.hnsw is truncated (12 bytes)")
     assert mapped.retry_after is None
+
+
+def test_no_allowed_roots_says_how_to_set_them() -> None:
+    """Directory sources refused for want of allowed roots: FAILED_PRECONDITION, the core's
+    message, then the option's flag, variable and TOML key and how a running daemon takes
+    a new value (its config file, on SIGHUP); outside the roots stays PERMISSION_DENIED with
+    the core's message alone."""
+    from retrieval import SourceNotAllowed, check_root
+
+    with pytest.raises(SourceNotAllowed) as refused:
+        check_root("/srv/docs", ())
+    mapped = map_error(refused.value)
+    assert mapped.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert mapped.message.startswith(f"{refused.value}: ")
+    for words in ("--retrieval-allowed-roots DIR", "LLAMAD_RETRIEVAL_ALLOWED_ROOTS",
+                  'allowed_roots = ["DIR"] under [retrieval]', "systemctl reload llamad",
+                  "SIGHUP"):
+        assert words in mapped.message
+    outside = SourceNotAllowed("/etc is outside retrieval.allowed_roots (/srv)",
+                               configured=True)
+    assert map_error(outside) == Mapped(grpc.StatusCode.PERMISSION_DENIED, str(outside))
