@@ -11,14 +11,16 @@ writer per index directory):
 3. hnswlib, in memory; saved on :meth:`Indexes.flush` and at close, written to a
    temporary file and renamed, so the file on disk is always a whole index.
 
-A crash between those steps leaves SQLite ahead of the derived indexes. :meth:`Indexes.open`
-reconciles them from SQLite (whatever is missing is re-added from stored text and cached
-vectors, whatever is extra is removed) and logs what it repaired. A write that SQLite took
-and tantivy or hnswlib failed to (a full disk, say) marks the indexes *behind*: the next
-write first runs the same reconciliation (:meth:`Indexes.catch_up`).
+A crash between those steps leaves SQLite ahead of the derived indexes: opening
+(:meth:`Indexes.open_sync`) reconciles them from SQLite (whatever is missing is re-added
+from stored text and cached vectors, whatever is extra is removed) and logs what it
+repaired. A write that SQLite took and tantivy or hnswlib failed to (a full disk, say)
+marks the indexes *behind*: the next write first runs the same reconciliation
+(:meth:`Indexes.catch_up`).
 
-Vectors of two embedding models never share an index: :meth:`Indexes.use_vector_model`
-builds a fresh index of one model from the cached vectors of every chunk.
+Vectors of two embedding models never share an index: switching models
+(:meth:`Indexes.use_vector_model_sync`) builds a fresh index of one model from the cached
+vectors of every chunk.
 """
 
 from __future__ import annotations
