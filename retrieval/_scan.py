@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -114,10 +115,21 @@ async def _check(finished: set[asyncio.Task[None]], running: set[asyncio.Task[No
             raise exc
 
 
+# One scan per source at a time (per retriever): a scheduled rescan that fires while an
+# operator's Reindex runs (a new source has no last scan, so the next round picks it up at
+# once) would otherwise read and ingest every new file twice, each replacing the other's
+# chunks, and count them twice.
+_SCAN_LOCKS: weakref.WeakKeyDictionary[Retriever, dict[str, asyncio.Lock]] = \
+    weakref.WeakKeyDictionary()
+
+
 async def scan_source(retriever: Retriever, source_id: str,
                       progress: Callable[[ScanReport], None] | None = None, *,
                       allowed_roots: Sequence[str] | None = None) -> ScanReport:
     """Bring the index in line with the source's directory.
+
+    Scans of one source are serialised: a scan that starts while another runs waits for
+    it, then finds what that one indexed unchanged. Cancelling a waiting scan is clean.
 
     Args:
         allowed_roots: when given (the daemon always gives it), the source's root must
@@ -127,6 +139,14 @@ async def scan_source(retriever: Retriever, source_id: str,
         NotFound: no such source, or it is not a directory source.
         SourceNotAllowed: the root is outside ``allowed_roots``.
     """
+    lock = _SCAN_LOCKS.setdefault(retriever, {}).setdefault(source_id, asyncio.Lock())
+    async with lock:
+        return await _scan(retriever, source_id, progress, allowed_roots)
+
+
+async def _scan(retriever: Retriever, source_id: str,
+                progress: Callable[[ScanReport], None] | None,
+                allowed_roots: Sequence[str] | None) -> ScanReport:
     sources = {s.id: s for s in await retriever.sources()}
     source: SourceRow | None = sources.get(source_id)
     if source is None or source.kind != "directory":

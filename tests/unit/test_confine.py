@@ -294,3 +294,31 @@ def test_start_warns_when_hard_links_are_unprotected(
     if warned:
         assert "retrieval.refuse_hard_links" in events[0]["reason"]
         assert "fs.protected_hardlinks" in events[0]["reason"]
+
+
+async def test_concurrent_scans_of_one_source_read_each_file_once(
+    retriever: Retriever, tmp_path: Path
+) -> None:
+    """A Reindex and a scheduled rescan of the same new source at once: the second scan
+    waits for the first and finds its files unchanged, so each file is read and indexed
+    once and each report counts what it did."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"doc{i}.md").write_text(f"# Doc {i}\n\nbody {i}\n")
+    await retriever.add_source("src", root=src)
+    reads: list[str] = []
+    ingest_file = retriever.ingest_file
+
+    async def counted(source: object, root: SourceRoot, rel: str,
+                      target: str | None = None) -> object:
+        reads.append(rel)
+        await asyncio.sleep(0.01)
+        return await ingest_file(source, root, rel, target)  # type: ignore[arg-type]
+
+    retriever.ingest_file = counted  # type: ignore[assignment,method-assign]
+    first, second = await asyncio.gather(scan_source(retriever, "src"),
+                                         scan_source(retriever, "src"))
+    assert sorted(reads) == [f"doc{i}.md" for i in range(6)]
+    assert sorted([(first.added, first.unchanged), (second.added, second.unchanged)]) == [
+        (0, 6), (6, 0)]
