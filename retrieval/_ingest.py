@@ -51,7 +51,7 @@ class Ingest:
                  limits: RetrievalLimits) -> None:
         self._indexes = indexes
         self._embedder = embedder
-        self._limits = limits
+        self.limits = limits
         self.rebuild: asyncio.Task[None] | None = None   # the vector rebuild, if any
         # Documents being processed: their state is shown from here (SQLite keeps the
         # last committed version, which a crash mid-processing must leave as it was).
@@ -77,7 +77,7 @@ class Ingest:
                      path: str = "", mtime_ns: int = 0, size: int = 0) -> DocumentRow:
         """Index a document (replacing its previous version atomically); see
         :meth:`retrieval.Retriever.upsert`."""
-        limits = self._limits
+        limits = self.limits
         store, _ = self._indexes.require()
         check_kind(kind)
         if not text.strip():
@@ -131,7 +131,7 @@ class Ingest:
         kind = kind_for(PurePosixPath(rel))
         if kind is None:
             raise InvalidDocument(f"{display_name(rel)}: unsupported file type")
-        limits = self._limits.extract
+        limits = self.limits.extract
 
         def read() -> tuple[Extracted, os.stat_result]:
             fd = root.open_file(target or rel)
@@ -151,7 +151,7 @@ class Ingest:
                            **fields: object) -> DocumentRow:
         """Extract pushed bytes of ``kind``, then :meth:`upsert` them."""
         extracted = await asyncio.to_thread(extract_bytes, data, name, kind,
-                                            self._limits.extract)
+                                            self.limits.extract)
         return await self.upsert(source_id, extracted.title, extracted.text,
                                  kind=extracted.kind, **fields)  # type: ignore[arg-type]
 
@@ -243,8 +243,8 @@ class Ingest:
                     raise RetrievalError("the embedding model changed while ingesting")
                 return await current.embed(texts)
 
-            self._batcher = EmbedBatcher(send, batch=self._limits.embed_batch,
-                                         concurrency=self._limits.embed_concurrency)
+            self._batcher = EmbedBatcher(send, batch=self.limits.embed_batch,
+                                         concurrency=self.limits.embed_concurrency)
             self._batcher_model = model
         return self._batcher
 
@@ -270,7 +270,7 @@ class Ingest:
                      old=indexes.vector_model, new=model)
         began = time.monotonic()
         dim = 0
-        batch = self._limits.embed_batch
+        batch = self.limits.embed_batch
         try:
             batches = await asyncio.to_thread(lambda: list(store.iter_chunks(batch=512)))
             for chunks in batches:

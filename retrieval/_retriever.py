@@ -48,14 +48,24 @@ class Retriever:
             unavailable_reason: says why ``embedder`` gave None, for search warnings.
         """
         self.root = root
-        self.limits = limits or RetrievalLimits()
+        limits = limits or RetrievalLimits()
         self._embedder = embedder
         self._indexes = Indexes(root)
-        self._ingest = Ingest(self._indexes, embedder, self.limits)
+        self._ingest = Ingest(self._indexes, embedder, limits)
         self._search = Search(
-            self._indexes, embedder, self.limits,
+            self._indexes, embedder, limits,
             unavailable_reason=unavailable_reason or (lambda: "embedding child unavailable"),
             on_other_model=self._ingest.start_rebuild)
+
+    @property
+    def limits(self) -> RetrievalLimits:
+        """Every limit, named. Assigning new limits applies them to the calls that start
+        afterwards (the group commit's batch size stays the one built with)."""
+        return self._search.limits
+
+    @limits.setter
+    def limits(self, limits: RetrievalLimits) -> None:
+        self._ingest.limits = self._search.limits = limits
 
     @property
     def repaired(self) -> dict[str, int]:

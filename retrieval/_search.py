@@ -82,7 +82,7 @@ class Search:
         """
         self._indexes = indexes
         self._embedder = embedder
-        self._limits = limits
+        self.limits = limits
         self._unavailable = unavailable_reason
         self._on_other_model = on_other_model
 
@@ -98,7 +98,7 @@ class Search:
             InvalidDocument: empty or oversized query, k out of range.
             RetrievalError: retrieval is not open.
         """
-        limits = self._limits
+        limits = self.limits
         store, text = self._indexes.require()
         k = limits.default_k if k is None else k
         if not 1 <= k <= limits.max_k:
@@ -155,7 +155,7 @@ class Search:
             return None
         try:
             vectors = await asyncio.wait_for(embedder.embed([query]),
-                                             self._limits.query_embed_timeout)
+                                             self.limits.query_embed_timeout)
         except Exception as exc:
             warnings.append(f"query embedding failed ({type(exc).__name__}): results are "
                             "BM25-only")

@@ -175,6 +175,17 @@ async def test_a_query_over_the_limit_is_refused_naming_the_option(hashed: Retri
     assert (await hashed.search("x" * 2000)).mode == "hybrid"  # the limit itself is allowed
 
 
+async def test_new_limits_apply_to_the_calls_after(hashed: Retriever) -> None:
+    """Limits assigned to a Retriever govern the searches and upserts that follow."""
+    hashed.limits = dataclasses.replace(hashed.limits, max_k=2, max_document_chars=10)
+    assert hashed.limits.max_k == 2
+    with pytest.raises(InvalidDocument, match=r"k must be in 1\.\.2 \(retrieval\.max_k\)"):
+        await hashed.search("disk", k=3)
+    assert len((await hashed.search("nginx replication vpn", k=2)).hits) == 2
+    with pytest.raises(InvalidDocument, match=r"retrieval\.max_document_chars"):
+        await hashed.upsert("docs", "t", "x" * 11, doc_id="docs/long")
+
+
 async def test_an_empty_query_is_refused(hashed: Retriever) -> None:
     """A blank query is InvalidDocument, not an empty result."""
     with pytest.raises(InvalidDocument, match="query is empty"):
