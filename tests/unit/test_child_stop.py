@@ -32,7 +32,13 @@ STUBBORN = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_I
 async def test_cancelling_stop_propagates_and_still_reaps_the_child() -> None:
     """A stop() cancelled while it waits out the grace period raises CancelledError in
     the caller; the child is killed and reaped anyway, and its port is released."""
-    process = await ChildProcess.spawn([sys.executable, "-c", STUBBORN], ring=LogRing())
+    ring = LogRing()
+    process = await ChildProcess.spawn([sys.executable, "-c", STUBBORN], ring=ring)
+    # Until it prints "up" it does not ignore SIGTERM yet, and stop() would end at once.
+    async with asyncio.timeout(10):
+        async for line in ring.follow():
+            if line.text == "up":
+                break
     port = free_port()
     client = InferenceClient(f"http://127.0.0.1:{port}", model_id="m",
                              api=ApiShape("/health", "/tokenize", "content", None))
