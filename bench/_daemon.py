@@ -18,7 +18,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.bench_generation import ROOT
-from clients._pb import control_pb2, control_pb2_grpc
+from llamad_protocol.v1 import control_pb2, control_pb2_grpc
 
 
 def clean_environ() -> dict[str, str]:

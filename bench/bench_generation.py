@@ -63,8 +63,14 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from clients._pb import common_pb2, control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc
 from daemon import Daemon, load, logs
+from llamad_protocol.v1 import (
+    common_pb2,
+    control_pb2,
+    control_pb2_grpc,
+    inference_pb2,
+    inference_pb2_grpc,
+)
 from supervisor import State, StateChange, find_llama_server
 
 ROOT = Path(__file__).resolve().parent.parent

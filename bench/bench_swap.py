@@ -95,14 +95,15 @@ from bench.bench_generation import (
     table,
     write_sections,
 )
-from clients._pb import (
+from daemon import Daemon, load
+from llamad_protocol.v1 import (
     common_pb2,
     control_pb2,
     control_pb2_grpc,
     inference_pb2,
     inference_pb2_grpc,
 )
-from daemon import Daemon, load
+from llamad_protocol.v1.wire import RETRY_AFTER_KEY
 from supervisor import State, StateChange
 
 SMALL_MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -115,7 +116,7 @@ ORDERS = (("llamad", "direct", "direct64"), ("direct", "direct64", "llamad"),
           ("direct64", "llamad", "direct"), ("llamad", "direct64", "direct"),
           ("direct", "llamad", "direct64"), ("direct64", "direct", "llamad"))
 POLL = 0.02
-RETRY_KEY = "retry-after-ms"
+RETRY_KEY = RETRY_AFTER_KEY
 RETRYABLE = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
 GEN = common_pb2.CHILD_ROLE_GENERATION
 EMB = common_pb2.CHILD_ROLE_EMBEDDING

@@ -89,7 +89,7 @@ from bench.bench_swap import (
     end_part,
     pct,
 )
-from clients._pb import (
+from llamad_protocol.v1 import (
     common_pb2,
     control_pb2,
     control_pb2_grpc,

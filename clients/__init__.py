@@ -2,7 +2,8 @@
 
 Both cover every RPC of llamad's gRPC API and return frozen dataclasses (never protobuf
 messages); failures raise :class:`~clients.errors.LlamadError` subclasses (never
-``grpc.RpcError``). The generated stubs stay available in ``clients._pb``.
+``grpc.RpcError``). The generated stubs and the wire constants are the public
+``llamad_protocol.v1`` package.
 
 Example:
     >>> from clients import Client

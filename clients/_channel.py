@@ -32,7 +32,8 @@ from typing import Any, Final, TypeAlias
 
 import grpc
 
-from ._pb import answer_pb2, control_pb2, inference_pb2, retrieval_pb2
+from llamad_protocol.v1 import answer_pb2, control_pb2, inference_pb2, retrieval_pb2
+from llamad_protocol.v1.wire import AUTHORIZATION_KEY, BEARER_SCHEME, HEALTH_SERVICE
 
 
 class _Default(enum.Enum):
@@ -57,7 +58,6 @@ _SERVICES = (
     retrieval_pb2.DESCRIPTOR.services_by_name["RetrievalService"],
     answer_pb2.DESCRIPTOR.services_by_name["AnswerService"],
 )
-HEALTH_SERVICE = "grpc.health.v1.Health"
 
 _RETRY_POLICY = {
     "maxAttempts": MAX_ATTEMPTS,
@@ -245,5 +245,5 @@ def settings(
         if not _loopback(target):
             raise ValueError(f"refusing to send a bearer token in the clear to {target}: "
                              "connect with TLS (tls=True or ca_file)")
-        metadata = (("authorization", f"Bearer {token.strip()}"),)
+        metadata = ((AUTHORIZATION_KEY, f"{BEARER_SCHEME} {token.strip()}"),)
     return ChannelSettings(target, credentials, metadata, tuple(opts))

@@ -18,10 +18,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from . import _convert as cv
-from . import _requests as rq
-from ._channel import DEFAULT, ChannelSettings, Timeout, _Default, settings
-from ._pb import (
+from llamad_protocol.v1 import (
     answer_pb2_grpc,
     control_pb2,
     control_pb2_grpc,
@@ -29,6 +26,10 @@ from ._pb import (
     retrieval_pb2,
     retrieval_pb2_grpc,
 )
+
+from . import _convert as cv
+from . import _requests as rq
+from ._channel import DEFAULT, ChannelSettings, Timeout, _Default, settings
 from ._stream import AskStream, Stream, TextStream
 from ._types import (
     DaemonStatus,

@@ -12,7 +12,8 @@ from typing import Any
 from google.protobuf import timestamp_pb2
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
-from ._pb import answer_pb2, common_pb2, control_pb2, inference_pb2, retrieval_pb2
+from llamad_protocol.v1 import answer_pb2, common_pb2, control_pb2, inference_pb2, retrieval_pb2
+
 from ._types import (
     AskDone,
     AskEvent,

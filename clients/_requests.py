@@ -6,8 +6,9 @@ import os
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
+from llamad_protocol.v1 import answer_pb2, control_pb2, inference_pb2, retrieval_pb2
+
 from . import _convert as cv
-from ._pb import answer_pb2, control_pb2, inference_pb2, retrieval_pb2
 
 
 def generate(prompt: str, *, max_tokens: int | None, temperature: float | None,

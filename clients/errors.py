@@ -28,6 +28,8 @@ from typing import Any
 
 import grpc
 
+from llamad_protocol.v1.wire import RETRY_AFTER_KEY, STATUS_DETAILS_KEY
+
 __all__ = [
     "Aborted",
     "Cancelled",
@@ -46,8 +48,6 @@ __all__ = [
     "from_rpc_error",
 ]
 
-RETRY_AFTER_KEY = "retry-after-ms"
-_DETAILS_KEY = "grpc-status-details-bin"
 
 
 class LlamadError(Exception):
@@ -157,7 +157,7 @@ def _retry_after(metadata: Any) -> float | None:
             if ms >= 0:
                 return ms / 1000.0
     for key, value in items:
-        if key == _DETAILS_KEY and isinstance(value, bytes):
+        if key == STATUS_DETAILS_KEY and isinstance(value, bytes):
             return _retry_info(value)
     return None
 

@@ -33,7 +33,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from ._pb import (
+from llamad_protocol.v1 import (
     answer_pb2,
     answer_pb2_grpc,
     common_pb2,
@@ -43,6 +43,12 @@ from ._pb import (
     inference_pb2_grpc,
     retrieval_pb2,
     retrieval_pb2_grpc,
+)
+from llamad_protocol.v1.wire import (
+    HEALTH_EMBEDDING,
+    HEALTH_GENERATION,
+    HEALTH_OVERALL,
+    RETRY_AFTER_KEY,
 )
 
 __all__ = ["FakeLlamad"]
@@ -140,7 +146,7 @@ class FakeLlamad:
         answer_pb2_grpc.add_AnswerServiceServicer_to_server(  # type: ignore[no-untyped-call]
             _Answer(self), server)
         checker = health.HealthServicer()
-        for name in ("", "generation", "embedding"):
+        for name in (HEALTH_OVERALL, HEALTH_GENERATION, HEALTH_EMBEDDING):
             checker.set(name, health_pb2.HealthCheckResponse.SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(checker, server)
         if self._credentials is not None:
@@ -240,7 +246,7 @@ class FakeLlamad:
 
 def abort(context: grpc.ServicerContext, failure: _Failure) -> None:
     if failure.retry_after_ms is not None:
-        context.set_trailing_metadata((("retry-after-ms", str(failure.retry_after_ms)),))
+        context.set_trailing_metadata(((RETRY_AFTER_KEY, str(failure.retry_after_ms)),))
     context.abort(failure.code, failure.message)
 
 

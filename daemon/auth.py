@@ -35,12 +35,14 @@ from typing import Any
 import grpc
 import structlog
 
+from llamad_protocol.v1.wire import AUTHORIZATION_KEY, BEARER_SCHEME, HEALTH_SERVICE
+
 from .access import ADMIN, READ, TlsMaterial, TokenTable, fingerprint
 from .metrics import Metrics
 
 _log = structlog.get_logger("llamad.auth")
 
-PUBLIC_SERVICES = ("grpc.health.v1.Health",)
+PUBLIC_SERVICES = (HEALTH_SERVICE,)
 """Services served without a token."""
 
 METHOD_ROLES: Mapping[str, str] = {
@@ -90,12 +92,12 @@ def _short(method: str) -> str:
 def bearer(metadata: Any) -> tuple[str | None, str]:
     """The bearer token in call metadata, and why there is none ("" when there is one)."""
     for key, value in metadata or ():
-        if key != "authorization":
+        if key != AUTHORIZATION_KEY:
             continue
         text = value.decode("latin-1") if isinstance(value, bytes) else str(value)
         scheme, _, token = text.strip().partition(" ")
         token = token.strip()
-        if scheme.lower() != "bearer" or not token:
+        if scheme.lower() != BEARER_SCHEME.lower() or not token:
             return None, "malformed authorization"
         return token, ""
     return None, "no token"

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import grpc
 
-from clients._pb import control_pb2, control_pb2_grpc
+from llamad_protocol.v1 import control_pb2, control_pb2_grpc
 from supervisor import (
     BreakerState,
     EndpointClient,

@@ -55,6 +55,7 @@ import grpc
 from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
+from llamad_protocol.v1.wire import RETRY_AFTER_KEY, STATUS_DETAILS_KEY
 from retrieval.errors import (
     ExtractionError,
     IndexCorrupt,
@@ -75,7 +76,6 @@ from supervisor.errors import (
 
 from .config import option
 
-RETRY_AFTER_KEY = "retry-after-ms"
 DEFAULT_RETRY_AFTER = 1.0
 
 
@@ -131,7 +131,7 @@ class Mapped:
         status = status_pb2.Status(code=_RPC_CODES[self.code], message=self.message)
         status.details.add().Pack(info)
         return (
-            ("grpc-status-details-bin", status.SerializeToString()),
+            (STATUS_DETAILS_KEY, status.SerializeToString()),
             (RETRY_AFTER_KEY, str(int(self.retry_after * 1000))),
         )
 

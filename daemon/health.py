@@ -26,6 +26,14 @@ from collections.abc import Mapping
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
+from llamad_protocol.v1.wire import (
+    CONTROL_SERVICE,
+    HEALTH_EMBEDDING,
+    HEALTH_GENERATION,
+    HEALTH_OVERALL,
+    INFERENCE_SERVICE,
+    RETRIEVAL_SERVICE,
+)
 from supervisor import State, StateChange
 
 from .children import ManagedChild
@@ -33,9 +41,6 @@ from .children import ManagedChild
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
-INFERENCE_SERVICE = "llamad.v1.InferenceService"
-RETRIEVAL_SERVICE = "llamad.v1.RetrievalService"
-CONTROL_SERVICE = "llamad.v1.ControlService"
 
 
 class HealthReporter:
@@ -69,12 +74,12 @@ class HealthReporter:
                           if c.mode.kind != "disabled")
         flag = {True: SERVING, False: NOT_SERVING}
         return {
-            "generation": flag[up and running("generation")],
-            "embedding": flag[up and running("embedding")],
+            HEALTH_GENERATION: flag[up and running("generation")],
+            HEALTH_EMBEDDING: flag[up and running("embedding")],
             INFERENCE_SERVICE: flag[up and running("generation")],
             CONTROL_SERVICE: flag[up],
             RETRIEVAL_SERVICE: flag[up and self._retrieval],
-            "": flag[up and all_running],
+            HEALTH_OVERALL: flag[up and all_running],
         }
 
     async def _apply(self) -> None:

@@ -20,8 +20,8 @@ import grpc
 import structlog
 from google.protobuf import timestamp_pb2
 
-from clients._pb import retrieval_pb2 as rpb
-from clients._pb import retrieval_pb2_grpc
+from llamad_protocol.v1 import retrieval_pb2 as rpb
+from llamad_protocol.v1 import retrieval_pb2_grpc
 from retrieval import (
     DocumentRow,
     ExtractLimits,

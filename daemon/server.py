@@ -26,7 +26,7 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from clients._pb import (
+from llamad_protocol.v1 import (
     answer_pb2,
     answer_pb2_grpc,
     control_pb2,

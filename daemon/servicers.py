@@ -15,7 +15,7 @@ import grpc
 import numpy as np
 from google.protobuf import timestamp_pb2
 
-from clients._pb import common_pb2, inference_pb2, inference_pb2_grpc
+from llamad_protocol.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from supervisor import ChildRequestError, Chunk, InferenceClient, TokenizeUnavailableError
 
 from . import rpc, validation

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from clients._pb import inference_pb2 as pb
+from llamad_protocol.v1 import inference_pb2 as pb
 from supervisor import Sampling
 
 from .config import Limits

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import grpc
 import structlog
 
-from clients._pb import answer_pb2 as apb
-from clients._pb import answer_pb2_grpc
-from clients._pb import inference_pb2 as ipb
-from clients._pb import retrieval_pb2 as rpb
+from llamad_protocol.v1 import answer_pb2 as apb
+from llamad_protocol.v1 import answer_pb2_grpc
+from llamad_protocol.v1 import inference_pb2 as ipb
+from llamad_protocol.v1 import retrieval_pb2 as rpb
 from retrieval import Filters, Hit, Retriever
 from retrieval._redact import redact
 from supervisor import InferenceClient, TokenizeUnavailableError

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from clients._pb import control_pb2, control_pb2_grpc, inference_pb2_grpc
 from daemon import Daemon, load
+from llamad_protocol.v1 import control_pb2, control_pb2_grpc, inference_pb2_grpc
 from tests.conftest import EMBED_MODEL, SMALL_MODEL, model_path
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from clients._pb import answer_pb2 as apb
-from clients._pb import answer_pb2_grpc, retrieval_pb2_grpc
-from clients._pb import inference_pb2 as ipb
-from clients._pb import retrieval_pb2 as rpb
 from daemon import Daemon
+from llamad_protocol.v1 import answer_pb2 as apb
+from llamad_protocol.v1 import answer_pb2_grpc, retrieval_pb2_grpc
+from llamad_protocol.v1 import inference_pb2 as ipb
+from llamad_protocol.v1 import retrieval_pb2 as rpb
 from tests.integration.daemon_helpers import Clients, config_env, make_daemon
 from tests.integration.test_retrieval import write_corpus
 

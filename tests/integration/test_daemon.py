@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2
 
-from clients._pb import common_pb2, control_pb2
-from clients._pb import inference_pb2 as pb
 from daemon import Daemon
+from llamad_protocol.v1 import common_pb2, control_pb2
+from llamad_protocol.v1 import inference_pb2 as pb
 from tests.conftest import RUNTIMES, SMALL_MODEL, model_path
 from tests.integration.daemon_helpers import Clients, config_env, make_daemon
 

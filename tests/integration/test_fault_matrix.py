@@ -27,10 +27,10 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2
 
-from clients._pb import common_pb2, control_pb2, control_pb2_grpc, retrieval_pb2_grpc
-from clients._pb import inference_pb2 as pb
-from clients._pb import retrieval_pb2 as rpb
 from daemon import Daemon
+from llamad_protocol.v1 import common_pb2, control_pb2, control_pb2_grpc, retrieval_pb2_grpc
+from llamad_protocol.v1 import inference_pb2 as pb
+from llamad_protocol.v1 import retrieval_pb2 as rpb
 from supervisor.testing import fake_child_command
 from supervisor.testing.fake_runtime import FakeRuntime
 from tests.conftest import DEFAULT_MODEL, ROOT, SMALL_MODEL, model_path
@@ -459,7 +459,7 @@ def test_flooding_child_is_drained_and_rate_limited(
     d.wait_running()
     d.wait_event("child output suppressed", timeout=30)
     with grpc.insecure_channel(d.address) as ch:
-        from clients._pb import inference_pb2_grpc
+        from llamad_protocol.v1 import inference_pb2_grpc
 
         control = control_pb2_grpc.ControlServiceStub(ch)  # type: ignore[no-untyped-call]
         inference = inference_pb2_grpc.InferenceServiceStub(ch)  # type: ignore[no-untyped-call]

@@ -30,11 +30,11 @@ import pytest
 import pytest_asyncio
 from grpc_reflection.v1alpha import reflection_pb2
 
-from clients._pb import answer_pb2 as apb
-from clients._pb import answer_pb2_grpc, common_pb2, control_pb2, retrieval_pb2_grpc
-from clients._pb import inference_pb2 as pb
-from clients._pb import retrieval_pb2 as rpb
 from daemon import Daemon
+from llamad_protocol.v1 import answer_pb2 as apb
+from llamad_protocol.v1 import answer_pb2_grpc, common_pb2, control_pb2, retrieval_pb2_grpc
+from llamad_protocol.v1 import inference_pb2 as pb
+from llamad_protocol.v1 import retrieval_pb2 as rpb
 from tests.conftest import SMALL_MODEL
 from tests.integration.daemon_helpers import Clients, config_env, make_daemon
 from tests.unit.test_extract import encrypted_pdf, image_only_pdf, pdf_with_pages, text_pdf

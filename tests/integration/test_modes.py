@@ -20,7 +20,8 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2
 
-from clients._pb import (
+from daemon import Daemon, load
+from llamad_protocol.v1 import (
     answer_pb2,
     answer_pb2_grpc,
     common_pb2,
@@ -28,8 +29,7 @@ from clients._pb import (
     retrieval_pb2,
     retrieval_pb2_grpc,
 )
-from clients._pb import inference_pb2 as pb
-from daemon import Daemon, load
+from llamad_protocol.v1 import inference_pb2 as pb
 from tests.conftest import EMBED_MODEL, SMALL_MODEL, model_path
 from tests.fake_openai import serve_fake_openai
 from tests.integration.daemon_helpers import Clients, config_env, make_daemon

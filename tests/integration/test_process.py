@@ -15,8 +15,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from clients._pb import control_pb2, control_pb2_grpc, inference_pb2_grpc
-from clients._pb import inference_pb2 as pb
+from llamad_protocol.v1 import control_pb2, control_pb2_grpc, inference_pb2_grpc
+from llamad_protocol.v1 import inference_pb2 as pb
 from tests.conftest import DEFAULT_MODEL, ROOT, model_path, models_dir
 from tests.integration.daemon_helpers import config_env
 

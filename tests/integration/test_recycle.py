@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from clients._pb import common_pb2
-from clients._pb import inference_pb2 as pb
+from llamad_protocol.v1 import common_pb2
+from llamad_protocol.v1 import inference_pb2 as pb
 from tests.integration.daemon_helpers import Clients, config_env, make_daemon
 
 pytestmark = pytest.mark.integration

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from clients._pb import common_pb2, control_pb2
 from daemon import Daemon, load
+from llamad_protocol.v1 import common_pb2, control_pb2
 from tests.conftest import DEFAULT_MODEL, SMALL_MODEL, model_path
 from tests.integration.daemon_helpers import Clients, config_env
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from clients._pb import retrieval_pb2 as rpb
-from clients._pb import retrieval_pb2_grpc
 from daemon import Daemon
+from llamad_protocol.v1 import retrieval_pb2 as rpb
+from llamad_protocol.v1 import retrieval_pb2_grpc
 from tests.conftest import ROOT
 from tests.integration.daemon_helpers import Clients, config_env, make_daemon
 

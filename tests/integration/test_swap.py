@@ -10,9 +10,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from clients._pb import common_pb2, control_pb2
-from clients._pb import inference_pb2 as pb
 from daemon import Daemon
+from llamad_protocol.v1 import common_pb2, control_pb2
+from llamad_protocol.v1 import inference_pb2 as pb
 from tests.conftest import DEFAULT_MODEL, SMALL_MODEL, model_path
 from tests.integration.daemon_helpers import Clients, config_env, make_daemon
 

@@ -14,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
-import clients._pb
+import llamad_protocol.v1
 from daemon import access, auth
 from daemon.access import AccessError, load_tls, load_tokens
 from retrieval import SourceNotAllowed, check_root
@@ -27,10 +27,10 @@ TOKEN_B = "b" * 8 + "fedcba9876543210"
 def _services() -> dict[str, list[str]]:
     """Every service in the generated llamad protos (all of proto/llamad/v1/*.proto)."""
     found: dict[str, list[str]] = {}
-    for module in pkgutil.iter_modules(clients._pb.__path__):
+    for module in pkgutil.iter_modules(llamad_protocol.v1.__path__):
         if not module.name.endswith("_pb2"):
             continue
-        pb2 = importlib.import_module(f"clients._pb.{module.name}")
+        pb2 = importlib.import_module(f"llamad_protocol.v1.{module.name}")
         for service in pb2.DESCRIPTOR.services_by_name.values():
             found[service.full_name] = [m.name for m in service.methods]
     return found

@@ -15,14 +15,14 @@ import pytest
 from clients import Client, errors
 from clients._channel import (
     DEFAULT_ADDRESS,
-    HEALTH_SERVICE,
     MAX_ATTEMPTS,
     SERVICE_CONFIG_JSON,
     resolve_address,
     settings,
 )
-from clients._pb import answer_pb2, control_pb2, inference_pb2, retrieval_pb2
 from clients.testing import FakeLlamad
+from llamad_protocol.v1 import answer_pb2, control_pb2, inference_pb2, retrieval_pb2
+from llamad_protocol.v1.wire import HEALTH_SERVICE
 
 SERVICES = [
     inference_pb2.DESCRIPTOR.services_by_name["InferenceService"],

@@ -18,8 +18,8 @@ import pytest
 
 from clients import AsyncClient, Client, errors
 from clients._channel import MAX_ATTEMPTS
-from clients._pb import common_pb2, control_pb2, control_pb2_grpc
 from clients.testing import FakeLlamad
+from llamad_protocol.v1 import common_pb2, control_pb2, control_pb2_grpc
 
 GENERATE = "InferenceService/Generate"
 STATUS = "ControlService/Status"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clients._pb import inference_pb2
 from daemon.servicers import _embedding, _l2_rows
+from llamad_protocol.v1 import inference_pb2
 
 
 @pytest.mark.parametrize("dim", [0, 1, 31, 32, 384, 4096, 40000])

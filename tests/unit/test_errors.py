@@ -12,7 +12,6 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from daemon.errors import (
     DEFAULT_RETRY_AFTER,
-    RETRY_AFTER_KEY,
     Disabled,
     Draining,
     InvalidArgument,
@@ -20,6 +19,7 @@ from daemon.errors import (
     RequestError,
     map_error,
 )
+from llamad_protocol.v1.wire import RETRY_AFTER_KEY
 from retrieval import RetrievalError, StorageFull, is_storage_full
 from supervisor import (
     ChildBadRequestError,

@@ -37,9 +37,6 @@ from google.protobuf.message import DecodeError, Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clients._pb import answer_pb2 as apb
-from clients._pb import control_pb2, retrieval_pb2
-from clients._pb import inference_pb2 as pb
 from daemon import validation
 from daemon.answer import AnswerSettings
 from daemon.answer._service import AnswerServicer
@@ -47,6 +44,9 @@ from daemon.errors import InvalidArgument
 from daemon.servicers import _role
 from daemon.swaps import check_plan_model
 from daemon.wire import Malformed, _guard_deserializer
+from llamad_protocol.v1 import answer_pb2 as apb
+from llamad_protocol.v1 import control_pb2, retrieval_pb2
+from llamad_protocol.v1 import inference_pb2 as pb
 from retrieval import Retriever
 from retrieval._chunk import Chunk, chunk_text
 from retrieval._redact import PLACEHOLDER_PREFIX, redact

@@ -16,11 +16,11 @@ import string
 
 import pytest
 
-from clients._pb import answer_pb2 as apb
-from clients._pb import inference_pb2 as ipb
 from daemon.answer import AnswerSettings, Assembled, assemble
 from daemon.answer._pieces import PromptPieces, SourcePiece, TurnPiece
 from daemon.answer._service import AnswerServicer
+from llamad_protocol.v1 import answer_pb2 as apb
+from llamad_protocol.v1 import inference_pb2 as ipb
 from retrieval import Hit
 
 _rng = random.Random(18)

@@ -14,14 +14,17 @@ import types
 from pathlib import Path
 
 import pytest
+from grpc_health.v1 import health_pb2
 
 import clients
 import daemon
 import supervisor
 from daemon import cli
+from daemon.health import HealthReporter
+from llamad_protocol.v1 import answer_pb2, control_pb2, inference_pb2, retrieval_pb2, wire
 
 ROOT = Path(__file__).resolve().parents[2]
-PB = ROOT / "clients" / "_pb"
+PB = ROOT / "llamad_protocol" / "v1"
 
 
 def load_generator() -> types.ModuleType:
@@ -87,7 +90,7 @@ def test_check_mode_fails_on_stale_code(
 ) -> None:
     """Negative control: ``--check`` returns 1 and names the file when one stub differs."""
     gen = load_generator()
-    out = tmp_path / "_pb"
+    out = tmp_path / "v1"
     shutil.copytree(PB, out, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(gen, "OUT", out)
     monkeypatch.setattr(sys, "argv", ["generate.py", "--check"])
@@ -183,3 +186,37 @@ def test_check_packages_reports_an_unimportable_supervisor(
     problem = cli._check_packages()
     assert problem is not None
     assert problem.startswith("cannot import llamad's supervisor package")
+
+
+# --- (f) the hand-written wire constants -----------------------------------------------
+
+
+def test_wire_service_names_match_the_protos() -> None:
+    """The service names in ``wire.py`` are the generated descriptors' full names, and the
+    health names llamad reports include every one but AnswerService (no health entry)."""
+    def full(module: types.ModuleType, name: str) -> str:
+        return str(module.DESCRIPTOR.services_by_name[name].full_name)
+
+    assert full(inference_pb2, "InferenceService") == wire.INFERENCE_SERVICE
+    assert full(control_pb2, "ControlService") == wire.CONTROL_SERVICE
+    assert full(retrieval_pb2, "RetrievalService") == wire.RETRIEVAL_SERVICE
+    assert full(answer_pb2, "AnswerService") == wire.ANSWER_SERVICE
+    assert full(health_pb2, "Health") == wire.HEALTH_SERVICE
+    assert len(set(wire.HEALTH_NAMES)) == len(wire.HEALTH_NAMES) == 6
+
+
+def test_daemon_reports_exactly_the_wire_health_names() -> None:
+    """``daemon/health.py`` reports every name of ``wire.HEALTH_NAMES`` and no other."""
+    assert set(HealthReporter({}).statuses()) == set(wire.HEALTH_NAMES)
+
+
+@pytest.mark.process
+def test_protocol_package_imports_neither_side() -> None:
+    """``llamad_protocol`` imports no llamad package: a client-only install can carry it."""
+    code = ("import sys, llamad_protocol.v1.wire; "
+            "from llamad_protocol.v1 import inference_pb2_grpc, answer_pb2_grpc; "
+            "bad = [m for m in ('daemon', 'clients', 'supervisor', 'retrieval', 'models') "
+            "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

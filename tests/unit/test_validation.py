@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clients._pb import inference_pb2 as pb
 from daemon import validation
 from daemon.config import Limits
 from daemon.errors import InvalidArgument
+from llamad_protocol.v1 import inference_pb2 as pb
 from supervisor import Sampling
 
 LIMITS = Limits(
