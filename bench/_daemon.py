@@ -90,7 +90,7 @@ class DaemonProcess:
 async def wait_ready(channel: grpc.aio.Channel, timeout: float = 300.0) -> None:
     """Until overall health is SERVING and Status says both children are RUNNING."""
     health = health_pb2_grpc.HealthStub(channel)
-    control = control_pb2_grpc.ControlServiceStub(channel)  # type: ignore[no-untyped-call]
+    control = control_pb2_grpc.ControlServiceStub(channel)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(grpc.aio.AioRpcError):

@@ -299,8 +299,8 @@ class Running:
         self.daemon = daemon
         self.events = events  # supervisor state changes (perf_counter), from before start()
         self.channel = grpc.aio.insecure_channel(address)
-        self.inference = inference_pb2_grpc.InferenceServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.control = control_pb2_grpc.ControlServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.inference = inference_pb2_grpc.InferenceServiceStub(self.channel)
+        self.control = control_pb2_grpc.ControlServiceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
 
     def first_after(self, state: State, since: float) -> float:

@@ -478,7 +478,7 @@ class Load:
 
     def __init__(self, address: str, *, clients: int, max_tokens: int, deadline: float) -> None:
         self.channel = grpc.aio.insecure_channel(address)
-        self.stub = inference_pb2_grpc.InferenceServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.stub = inference_pb2_grpc.InferenceServiceStub(self.channel)
         self.clients = clients
         self.max_tokens = max_tokens
         self.deadline = deadline
@@ -1174,8 +1174,8 @@ async def daemon_process(env: dict[str, str], state_dir: Path
         async with grpc.aio.insecure_channel(address) as channel:
             await wait_ready(channel)
             ready = time.perf_counter() - began
-            yield (inference_pb2_grpc.InferenceServiceStub(channel),  # type: ignore[no-untyped-call]
-                   control_pb2_grpc.ControlServiceStub(channel),  # type: ignore[no-untyped-call]
+            yield (inference_pb2_grpc.InferenceServiceStub(channel),
+                   control_pb2_grpc.ControlServiceStub(channel),
                    ready)
     finally:
         await proc.stop()

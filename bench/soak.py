@@ -387,7 +387,7 @@ class Soak:
     async def generate_client(self, cid: int) -> None:
         rng = random.Random(1000 + cid)
         async with self.channel() as ch:
-            stub = inference_pb2_grpc.InferenceServiceStub(ch)  # type: ignore[no-untyped-call]
+            stub = inference_pb2_grpc.InferenceServiceStub(ch)
             n = 0
             while not self.stop.is_set():
                 cancel_after = rng.randint(1, 4) if rng.random() < self.args.cancel_share \
@@ -419,7 +419,7 @@ class Soak:
     async def search_client(self, cid: int) -> None:
         rng = random.Random(2000 + cid)
         async with self.channel() as ch:
-            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
             while not self.stop.is_set():
                 clean = [d for d in self.docs.values() if d.clean]
                 probe = rng.choice(clean) if clean and rng.random() < 0.5 else None
@@ -441,7 +441,7 @@ class Soak:
     async def ingest_client(self) -> None:
         rng = random.Random(3000)
         async with self.channel() as ch:
-            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
             n = 0
             while not self.stop.is_set():
                 clean = [d for d in self.docs.values() if d.clean]
@@ -540,7 +540,7 @@ class Soak:
         rng = random.Random(4000)
         n = len(self.dir_files)
         async with self.channel() as ch:
-            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
             while not self.stop.is_set():
                 await self.pause(self.args.reindex_every)
                 if self.stop.is_set():
@@ -558,7 +558,7 @@ class Soak:
 
     async def swap_client(self) -> None:
         async with self.channel() as ch:
-            control = control_pb2_grpc.ControlServiceStub(ch)  # type: ignore[no-untyped-call]
+            control = control_pb2_grpc.ControlServiceStub(ch)
             while not self.stop.is_set():
                 await self.pause(self.args.swap_every)
                 if self.stop.is_set():
@@ -598,8 +598,8 @@ class Soak:
 
     async def status_client(self) -> None:
         async with self.channel() as ch:
-            control = control_pb2_grpc.ControlServiceStub(ch)  # type: ignore[no-untyped-call]
-            retrieval = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+            control = control_pb2_grpc.ControlServiceStub(ch)
+            retrieval = retrieval_pb2_grpc.RetrievalServiceStub(ch)
             tick = 0
             while not self.stop.is_set():
                 async def status(deadline: float) -> tuple[str, None]:
@@ -665,7 +665,7 @@ class Soak:
         for i in range(8):
             self.write_file(f"note-{i:04d}.md", rng)
         async with self.channel() as ch:
-            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
             for request in (retrieval_pb2.AddSourceRequest(id=PUSH_SOURCE, category="soak"),
                             retrieval_pb2.AddSourceRequest(id=DIR_SOURCE, path=str(self.corpus),
                                                            category="soak")):
@@ -701,7 +701,7 @@ class Soak:
         began = time.monotonic()
         in_flight = queued = -1
         async with self.channel() as ch:
-            control = control_pb2_grpc.ControlServiceStub(ch)  # type: ignore[no-untyped-call]
+            control = control_pb2_grpc.ControlServiceStub(ch)
             while time.monotonic() - began < timeout:
                 resp = await control.Status(control_pb2.StatusRequest(), timeout=5)
                 gen = next(c for c in resp.children if c.role == GEN)
@@ -715,7 +715,7 @@ class Soak:
         check = Check()
         check.in_flight, check.queued, check.settle_seconds = await self.settle()
         async with self.channel() as ch:
-            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
             code, _ = await self.reindex(stub, "Reindex (final)")
             check.dir_reindex = code
 

@@ -92,10 +92,10 @@ class AsyncClient:
         else:
             self._channel = grpc.aio.insecure_channel(s.target, options=s.options)
         # The generated *_grpc modules carry no type hints.
-        self._inference = inference_pb2_grpc.InferenceServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        self._control = control_pb2_grpc.ControlServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        self._retrieval = retrieval_pb2_grpc.RetrievalServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        self._answer = answer_pb2_grpc.AnswerServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._inference = inference_pb2_grpc.InferenceServiceStub(self._channel)
+        self._control = control_pb2_grpc.ControlServiceStub(self._channel)
+        self._retrieval = retrieval_pb2_grpc.RetrievalServiceStub(self._channel)
+        self._answer = answer_pb2_grpc.AnswerServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     @property

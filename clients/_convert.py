@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from google.protobuf import timestamp_pb2
-from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from llamad_protocol.v1 import answer_pb2, common_pb2, control_pb2, inference_pb2, retrieval_pb2
 
@@ -43,21 +42,21 @@ from ._types import (
 ChatInput = Message | tuple[str, str] | Mapping[str, str]
 """A chat message as callers may give it: a Message, ``(role, content)`` or a dict."""
 
-_ROLES: dict[str, common_pb2.ChildRole] = {
+_ROLES: dict[str, common_pb2.ChildRole.ValueType] = {
     "generation": common_pb2.CHILD_ROLE_GENERATION,
     "embedding": common_pb2.CHILD_ROLE_EMBEDDING,
 }
-_CHAT_ROLES: dict[str, inference_pb2.ChatRole] = {
+_CHAT_ROLES: dict[str, inference_pb2.ChatRole.ValueType] = {
     "system": inference_pb2.CHAT_ROLE_SYSTEM,
     "user": inference_pb2.CHAT_ROLE_USER,
     "assistant": inference_pb2.CHAT_ROLE_ASSISTANT,
 }
-_MODES: dict[str, control_pb2.InferenceMode] = {
+_MODES: dict[str, control_pb2.InferenceMode.ValueType] = {
     "embedded": control_pb2.INFERENCE_MODE_EMBEDDED,
     "endpoint": control_pb2.INFERENCE_MODE_ENDPOINT,
     "disabled": control_pb2.INFERENCE_MODE_DISABLED,
 }
-_TASKS: dict[str, answer_pb2.TaskType] = {
+_TASKS: dict[str, answer_pb2.TaskType.ValueType] = {
     "answer": answer_pb2.TASK_TYPE_ANSWER,
     "explain_output": answer_pb2.TASK_TYPE_EXPLAIN_OUTPUT,
     "diagnose": answer_pb2.TASK_TYPE_DIAGNOSE,
@@ -65,7 +64,13 @@ _TASKS: dict[str, answer_pb2.TaskType] = {
 }
 
 
-def enum_name(wrapper: EnumTypeWrapper, value: int, prefix: str) -> str:
+class _Enum(Protocol):
+    """A generated enum (its class, whose metaclass is protobuf's EnumTypeWrapper)."""
+
+    def Name(self, number: Any) -> str: ...  # number: the enum's ValueType
+
+
+def enum_name(wrapper: _Enum, value: int, prefix: str) -> str:
     """``CHILD_STATE_RUNNING`` -> ``running``; unknown numbers -> ``unknown(N)``."""
     try:
         name = str(wrapper.Name(value))
@@ -74,7 +79,7 @@ def enum_name(wrapper: EnumTypeWrapper, value: int, prefix: str) -> str:
     return name.removeprefix(prefix).lower()
 
 
-def role_enum(role: str) -> common_pb2.ChildRole:
+def role_enum(role: str) -> common_pb2.ChildRole.ValueType:
     """The ChildRole number of ``"generation"`` or ``"embedding"``.
 
     Raises:
@@ -86,14 +91,14 @@ def role_enum(role: str) -> common_pb2.ChildRole:
         raise ValueError(f"role must be 'generation' or 'embedding', not {role!r}") from None
 
 
-def mode_enum(mode: str) -> control_pb2.InferenceMode:
+def mode_enum(mode: str) -> control_pb2.InferenceMode.ValueType:
     try:
         return _MODES[mode]
     except KeyError:
         raise ValueError(f"mode must be embedded, endpoint or disabled, not {mode!r}") from None
 
 
-def task_enum(task: str) -> answer_pb2.TaskType:
+def task_enum(task: str) -> answer_pb2.TaskType.ValueType:
     try:
         return _TASKS[task]
     except KeyError:

@@ -137,13 +137,13 @@ class FakeLlamad:
     def start(self) -> str:
         """Listen and serve; return the address to give a client."""
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
-        inference_pb2_grpc.add_InferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        inference_pb2_grpc.add_InferenceServiceServicer_to_server(
             _Inference(self), server)
-        control_pb2_grpc.add_ControlServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        control_pb2_grpc.add_ControlServiceServicer_to_server(
             _Control(self), server)
-        retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(
             _Retrieval(self), server)
-        answer_pb2_grpc.add_AnswerServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        answer_pb2_grpc.add_AnswerServiceServicer_to_server(
             _Answer(self), server)
         checker = health.HealthServicer()
         for name in (HEALTH_OVERALL, HEALTH_GENERATION, HEALTH_EMBEDDING):
@@ -300,7 +300,7 @@ class _Inference(inference_pb2_grpc.InferenceServiceServicer):
         return inference_pb2.TokenizeResponse(tokens=ids, count=len(ids), model=self.MODEL)
 
 
-def _child(role: common_pb2.ChildRole, model: str, port: int) -> control_pb2.ChildStatus:
+def _child(role: common_pb2.ChildRole.ValueType, model: str, port: int) -> control_pb2.ChildStatus:
     return control_pb2.ChildStatus(
         role=role, state=control_pb2.CHILD_STATE_RUNNING, pid=4242 + role,
         model_path=f"/models/{model}", runtime="llama-server", port=port, uptime_seconds=75.0,

@@ -199,19 +199,19 @@ class Daemon:
         ])
         # The generated *_grpc modules carry no type hints (grpcio-tools makes no .pyi).
         self._inference = InferenceServicer(self.router, self.config.limits, self.metrics)
-        inference_pb2_grpc.add_InferenceServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        inference_pb2_grpc.add_InferenceServiceServicer_to_server(
             self._inference, server)
-        control_pb2_grpc.add_ControlServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        control_pb2_grpc.add_ControlServiceServicer_to_server(
             ControlServicer(self.children, version(), self._started,
                             lambda: self.router.draining, swaps=self.swaps,
                             modes=self.modes, metrics=self.metrics),
             server)
         if self.retriever is not None:
-            retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(
                 RetrievalServicer(self.retriever, self.metrics, self._allowed_roots),
                 server)
         # Served in every mode: a disabled generation role answers FAILED_PRECONDITION.
-        answer_pb2_grpc.add_AnswerServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        answer_pb2_grpc.add_AnswerServiceServicer_to_server(
             self._answer_servicer(), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)

@@ -30,7 +30,7 @@ ROLE_NAMES: dict[int, str] = {
     common_pb2.CHILD_ROLE_GENERATION: "generation",
     common_pb2.CHILD_ROLE_EMBEDDING: "embedding",
 }
-ROLE_ENUMS: dict[str, common_pb2.ChildRole] = {
+ROLE_ENUMS: dict[str, common_pb2.ChildRole.ValueType] = {
     "generation": common_pb2.CHILD_ROLE_GENERATION,
     "embedding": common_pb2.CHILD_ROLE_EMBEDDING,
 }

@@ -288,5 +288,5 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
                   prompt_sha256=assembled.sha256[:16])
 
 
-def _mode(mode: str) -> rpb.SearchMode:
+def _mode(mode: str) -> rpb.SearchMode.ValueType:
     return rpb.SEARCH_MODE_HYBRID if mode == "hybrid" else rpb.SEARCH_MODE_TEXT

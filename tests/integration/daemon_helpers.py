@@ -47,8 +47,8 @@ class Clients:
 
     def __init__(self, address: str) -> None:
         self.channel = grpc.aio.insecure_channel(address)
-        self.inference = inference_pb2_grpc.InferenceServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.control = control_pb2_grpc.ControlServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.inference = inference_pb2_grpc.InferenceServiceStub(self.channel)
+        self.control = control_pb2_grpc.ControlServiceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
 
     async def status(self, service: str = "") -> int:

@@ -46,10 +46,10 @@ async def ready(tmp_path: Path, llama_server: str
         while not daemon.children["embedding"].model.sha256:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
-        r = retrieval_pb2_grpc.RetrievalServiceStub(c.channel)  # type: ignore[no-untyped-call]
+        r = retrieval_pb2_grpc.RetrievalServiceStub(c.channel)
         await r.AddSource(rpb.AddSourceRequest(id="docs", path=str(corpus)))
         _ = [m async for m in r.Reindex(rpb.ReindexRequest(source_id="docs"))]
-        yield daemon, c, answer_pb2_grpc.AnswerServiceStub(c.channel)  # type: ignore[no-untyped-call]
+        yield daemon, c, answer_pb2_grpc.AnswerServiceStub(c.channel)
     finally:
         await c.close()
         await daemon.shutdown()

@@ -199,7 +199,7 @@ class DaemonProcess:
 
     def status(self, role: int = GEN) -> control_pb2.ChildStatus:
         with grpc.insecure_channel(self.address) as ch:
-            stub = control_pb2_grpc.ControlServiceStub(ch)  # type: ignore[no-untyped-call]
+            stub = control_pb2_grpc.ControlServiceStub(ch)
             resp = stub.Status(control_pb2.StatusRequest(), timeout=10)
         found: control_pb2.ChildStatus = next(c for c in resp.children if c.role == role)
         return found
@@ -461,8 +461,8 @@ def test_flooding_child_is_drained_and_rate_limited(
     with grpc.insecure_channel(d.address) as ch:
         from llamad_protocol.v1 import inference_pb2_grpc
 
-        control = control_pb2_grpc.ControlServiceStub(ch)  # type: ignore[no-untyped-call]
-        inference = inference_pb2_grpc.InferenceServiceStub(ch)  # type: ignore[no-untyped-call]
+        control = control_pb2_grpc.ControlServiceStub(ch)
+        inference = inference_pb2_grpc.InferenceServiceStub(ch)
         slowest = 0.0
         for _ in range(10):
             t0 = time.monotonic()
@@ -628,7 +628,7 @@ def test_sigterm_during_swap_exits_clean_without_orphans(
 
     def swap() -> None:
         with grpc.insecure_channel(d.address) as ch:
-            stub = control_pb2_grpc.ControlServiceStub(ch)  # type: ignore[no-untyped-call]
+            stub = control_pb2_grpc.ControlServiceStub(ch)
             try:
                 for p in stub.Swap(control_pb2.SwapRequest(
                         role=GEN, model_path=str(model_path(DEFAULT_MODEL))), timeout=120):
@@ -688,7 +688,7 @@ def test_sigterm_during_ingest_keeps_acknowledged_documents(
 
     def push() -> None:
         with grpc.insecure_channel(d.address) as ch:
-            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
             i = 0
             while not stop.is_set():
                 token = f"pushword{i}"
@@ -704,7 +704,7 @@ def test_sigterm_during_ingest_keeps_acknowledged_documents(
 
     def reindex() -> None:
         with grpc.insecure_channel(d.address) as ch:
-            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
             try:
                 for _ in stub.Reindex(rpb.ReindexRequest(source_id="docs"), timeout=120):
                     pass
@@ -713,7 +713,7 @@ def test_sigterm_during_ingest_keeps_acknowledged_documents(
                 outcomes.append(exc.code())
 
     with grpc.insecure_channel(d.address) as ch:
-        stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+        stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
         stub.AddSource(rpb.AddSourceRequest(id="notes"))
         stub.AddSource(rpb.AddSourceRequest(id="docs", path=str(corpus)))
     workers = [threading.Thread(target=push), threading.Thread(target=reindex)]
@@ -738,7 +738,7 @@ def test_sigterm_during_ingest_keeps_acknowledged_documents(
     again = processes(tmp_path, env)
     again.wait_running(common_pb2.CHILD_ROLE_EMBEDDING)
     with grpc.insecure_channel(again.address) as ch:
-        stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+        stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
         docs = {doc.id: doc for doc in stub.ListDocuments(rpb.ListDocumentsRequest()).documents}
         stuck = [doc for doc in docs.values() if doc.state == rpb.DOCUMENT_STATE_PROCESSING]
         assert not stuck, stuck
@@ -851,7 +851,7 @@ def test_disk_full_while_indexing(tmp_path: Path, small_disk: SmallDisk,
     d = processes(tmp_path, env, small_disk.prefix())
     d.wait_running(common_pb2.CHILD_ROLE_EMBEDDING)
     with grpc.insecure_channel(d.address) as ch:
-        stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+        stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
         stub.AddSource(rpb.AddSourceRequest(id="notes"))
         before = [f"early{i}" for i in range(3)]
         assert all(upsert(stub, name) == grpc.StatusCode.OK for name in before)
@@ -896,7 +896,7 @@ def test_disk_full_while_indexing(tmp_path: Path, small_disk: SmallDisk,
     again = processes(tmp_path, env, small_disk.prefix())
     again.wait_running(common_pb2.CHILD_ROLE_EMBEDDING)
     with grpc.insecure_channel(again.address) as ch:
-        stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+        stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
         for name in [*before, *acked, "after0", failed[0]]:
             assert found(stub, name), name
         status = stub.Status(rpb.RetrievalStatusRequest())

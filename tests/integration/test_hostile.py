@@ -98,7 +98,7 @@ async def hostile(llama_server: str, tmp_path_factory: pytest.TempPathFactory
         while not daemon.children["embedding"].model.sha256:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
-        r = retrieval_pb2_grpc.RetrievalServiceStub(c.channel)  # type: ignore[no-untyped-call]
+        r = retrieval_pb2_grpc.RetrievalServiceStub(c.channel)
         await r.AddSource(rpb.AddSourceRequest(id="seed"))
         await r.AddSource(rpb.AddSourceRequest(id="files", path=str(files)))
         await r.AddSource(rpb.AddSourceRequest(id="hostile", path=str(drop)))
@@ -107,7 +107,7 @@ async def hostile(llama_server: str, tmp_path_factory: pytest.TempPathFactory
                                                              title=title, text=text))
         done = [m async for m in r.Reindex(rpb.ReindexRequest(source_id="files"))][-1]
         assert (done.added, len(done.failed)) == (2, 0)
-        h = Hostile(daemon, c, r, answer_pb2_grpc.AnswerServiceStub(c.channel),  # type: ignore[no-untyped-call]
+        h = Hostile(daemon, c, r, answer_pb2_grpc.AnswerServiceStub(c.channel),
                     drop, models, await r.Status(rpb.RetrievalStatusRequest()), {})
         h.listed = await listed(h)
         assert set(h.listed) == set(KEYS.values())
@@ -829,12 +829,12 @@ async def test_secrets_in_ask_history_never_reach_the_generation_endpoint(
 
             daemon.retriever.search = recorded  # type: ignore[method-assign]
             await c.wait_serving("generation", timeout=30)
-            r = retrieval_pb2_grpc.RetrievalServiceStub(c.channel)  # type: ignore[no-untyped-call]
+            r = retrieval_pb2_grpc.RetrievalServiceStub(c.channel)
             await r.AddSource(rpb.AddSourceRequest(id="notes"))
             await r.UpsertDocument(rpb.UpsertDocumentRequest(
                 source_id="notes", id="notes/web01", title="web01 disk full",
                 text="When web01 reports no space left on device, rotate the nginx logs."))
-            stub = answer_pb2_grpc.AnswerServiceStub(c.channel)  # type: ignore[no-untyped-call]
+            stub = answer_pb2_grpc.AnswerServiceStub(c.channel)
             events = [e async for e in stub.Ask(apb.AskRequest(
                 question=f"Why is the web01 disk full? (my key is {question_key})",
                 task=apb.TASK_TYPE_DIAGNOSE, history=history,

@@ -169,8 +169,8 @@ async def daemon_for(tmp_path: Path) -> AsyncIterator[MakeDaemon]:
             await daemon.shutdown()
 
 
-async def set_mode(c: Clients, role: common_pb2.ChildRole, mode: control_pb2.InferenceMode,
-                   *, url: str = "", model: str = "",
+async def set_mode(c: Clients, role: common_pb2.ChildRole.ValueType,
+                   mode: control_pb2.InferenceMode.ValueType, *, url: str = "", model: str = "",
                    key_file: str = "", key_env: str = "") -> list[control_pb2.SwapProgress]:
     endpoint = control_pb2.EndpointSettings(url=url, model=model, api_key_file=key_file,
                                             api_key_env=key_env)
@@ -184,8 +184,8 @@ async def generate(c: Clients, prompt: str = "The capital of France is",
         prompt=prompt, sampling=pb.SamplingParams(max_tokens=max_tokens)), timeout=60)]
 
 
-async def wait_state(c: Clients, role: common_pb2.ChildRole, state: int, timeout: float = 60
-                     ) -> control_pb2.ChildStatus:
+async def wait_state(c: Clients, role: common_pb2.ChildRole.ValueType, state: int,
+                     timeout: float = 60) -> control_pb2.ChildStatus:
     deadline = time.monotonic() + timeout
     while (now := await c.child(role)).state != state:
         assert time.monotonic() < deadline, now
@@ -195,7 +195,7 @@ async def wait_state(c: Clients, role: common_pb2.ChildRole, state: int, timeout
 
 async def index_note(c: Clients, doc_id: str, title: str, text: str
                      ) -> retrieval_pb2_grpc.RetrievalServiceStub:
-    r = retrieval_pb2_grpc.RetrievalServiceStub(c.channel)  # type: ignore[no-untyped-call]
+    r = retrieval_pb2_grpc.RetrievalServiceStub(c.channel)
     await r.AddSource(retrieval_pb2.AddSourceRequest(id="notes"))
     await r.UpsertDocument(retrieval_pb2.UpsertDocumentRequest(
         source_id="notes", id=doc_id, title=title, text=text))
@@ -321,7 +321,7 @@ async def test_endpoint_without_tokenizer(daemon_for: MakeDaemon, tmp_path: Path
             await c.inference.Tokenize(pb.TokenizeRequest(text="hello"))
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "tokenization not available from this endpoint" in (err.value.details() or "")
-        answer = [m async for m in answer_pb2_grpc.AnswerServiceStub(c.channel).Ask(  # type: ignore[no-untyped-call]
+        answer = [m async for m in answer_pb2_grpc.AnswerServiceStub(c.channel).Ask(
             answer_pb2.AskRequest(question="What does this output mean?",
                                   task=answer_pb2.TASK_TYPE_EXPLAIN_OUTPUT,
                                   attachment="ERROR: disk quota exceeded on /var"))]

@@ -78,7 +78,7 @@ def spawned() -> Iterator[list[DaemonProcess]]:
 
 def child_pids(address: str) -> list[int]:
     with grpc.insecure_channel(address) as ch:
-        stub = control_pb2_grpc.ControlServiceStub(ch)  # type: ignore[no-untyped-call]
+        stub = control_pb2_grpc.ControlServiceStub(ch)
         status = stub.Status(control_pb2.StatusRequest(), timeout=5)
         return [int(c.pid) for c in status.children if c.pid]
 
@@ -110,7 +110,7 @@ def test_sigterm_drains_in_flight_stream_and_exits_zero(
 
     async def scenario() -> tuple[list[pb.GenerateResponse], grpc.StatusCode | None]:
         async with grpc.aio.insecure_channel(address) as ch:
-            stub = inference_pb2_grpc.InferenceServiceStub(ch)  # type: ignore[no-untyped-call]
+            stub = inference_pb2_grpc.InferenceServiceStub(ch)
             call = stub.Generate(pb.GenerateRequest(
                 prompt="List the planets of the solar system, one per line, with facts:",
                 sampling=pb.SamplingParams(max_tokens=100)))
@@ -187,7 +187,7 @@ def test_second_daemon_on_same_state_dir_is_refused_naming_the_first(
     assert "Traceback" not in err
     assert first.proc.poll() is None
     with grpc.insecure_channel(address) as ch:
-        stub = control_pb2_grpc.ControlServiceStub(ch)  # type: ignore[no-untyped-call]
+        stub = control_pb2_grpc.ControlServiceStub(ch)
         assert stub.Status(control_pb2.StatusRequest(), timeout=5).version
 
     first.proc.kill()
@@ -196,7 +196,7 @@ def test_second_daemon_on_same_state_dir_is_refused_naming_the_first(
     spawned.append(third)
     address = str(third.wait_event("listening")["address"])
     with grpc.insecure_channel(address) as ch:
-        stub = control_pb2_grpc.ControlServiceStub(ch)  # type: ignore[no-untyped-call]
+        stub = control_pb2_grpc.ControlServiceStub(ch)
         assert stub.Status(control_pb2.StatusRequest(), timeout=5).version
     third.proc.send_signal(signal.SIGTERM)
     assert third.proc.wait(timeout=60) == 0
@@ -241,7 +241,7 @@ def test_one_json_summary_line_per_rpc_without_the_prompt(
     d.wait_running(1)
     secret = "zebra-prompt-do-not-log-4711"
     with grpc.insecure_channel(address) as ch:
-        stub = inference_pb2_grpc.InferenceServiceStub(ch)  # type: ignore[no-untyped-call]
+        stub = inference_pb2_grpc.InferenceServiceStub(ch)
         list(stub.Generate(pb.GenerateRequest(prompt=secret,
                                               sampling=pb.SamplingParams(max_tokens=4))))
         with pytest.raises(grpc.RpcError):

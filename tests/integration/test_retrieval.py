@@ -78,7 +78,7 @@ def write_corpus(root: Path) -> None:
 
 class Retrieval:
     def __init__(self, c: Clients) -> None:
-        self.stub = retrieval_pb2_grpc.RetrievalServiceStub(c.channel)  # type: ignore[no-untyped-call]
+        self.stub = retrieval_pb2_grpc.RetrievalServiceStub(c.channel)
 
     async def reindex(self, source: str = "") -> rpb.ReindexProgress:
         msgs = [m async for m in self.stub.Reindex(rpb.ReindexRequest(source_id=source))]
@@ -271,7 +271,7 @@ def test_acknowledged_writes_survive_kill9_at_random_points(tmp_path: Path,
         proc, address = start()
         try:
             with grpc.insecure_channel(address) as ch:
-                stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+                stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
                 stub.AddSource(rpb.AddSourceRequest(id="crash"))
                 for doc_id in acked:  # everything acknowledged before is still there
                     token = doc_id.rsplit("/", 1)[1]
@@ -308,7 +308,7 @@ def test_acknowledged_writes_survive_kill9_at_random_points(tmp_path: Path,
             time.sleep(0.05)
         assert "Thread 0x" in logs[-1].read_text()
         with grpc.insecure_channel(address) as ch:
-            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)  # type: ignore[no-untyped-call]
+            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
             docs = {d.id for d in stub.ListDocuments(rpb.ListDocumentsRequest()).documents
                     if d.state == rpb.DOCUMENT_STATE_INDEXED}
             assert set(acked) <= docs
