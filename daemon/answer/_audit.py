@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from retrieval._redact import redact
+from retrieval import redact
 
 
 class AuditLog:

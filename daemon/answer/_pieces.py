@@ -19,8 +19,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from retrieval import Hit
-from retrieval._redact import redact
+from retrieval import Hit, redact
 
 __all__ = ["PromptPieces", "SourcePiece", "TurnPiece"]
 

@@ -22,8 +22,7 @@ from llamad_protocol.v1 import answer_pb2 as apb
 from llamad_protocol.v1 import answer_pb2_grpc
 from llamad_protocol.v1 import inference_pb2 as ipb
 from llamad_protocol.v1 import retrieval_pb2 as rpb
-from retrieval import Filters, Hit, Retriever
-from retrieval._redact import redact
+from retrieval import Filters, Hit, Retriever, redact
 from supervisor import InferenceClient, TokenizeUnavailableError
 
 from .. import rpc, validation

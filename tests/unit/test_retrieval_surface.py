@@ -11,9 +11,8 @@ import retrieval
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# daemon/answer/* still imports the redactor's module directly (it is being reworked in
-# the same issue); any other private import is a gap in retrieval's public surface.
-_ALLOWED = {("daemon/answer", "retrieval._redact")}
+# Any private import is a gap in retrieval's public surface: none is allowed.
+_ALLOWED: set[tuple[str, str]] = set()
 
 
 def imports(path: Path) -> Iterator[str]:
