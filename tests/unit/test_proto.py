@@ -65,6 +65,8 @@ def test_generate_check_passes_on_committed_code() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+# protoc starts mypy-protobuf's plugins as child processes.
+@pytest.mark.process
 def test_generator_output_changes_with_the_proto(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -85,6 +87,8 @@ def test_generator_output_changes_with_the_proto(
     assert renamed["common_pb2.py"] == (PB / "common_pb2.py").read_text()
 
 
+# protoc starts mypy-protobuf's plugins as child processes.
+@pytest.mark.process
 def test_check_mode_fails_on_stale_code(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
