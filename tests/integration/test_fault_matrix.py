@@ -211,6 +211,16 @@ class DaemonProcess:
             time.sleep(0.1)
         return child
 
+    def wait_embeddable(self, timeout: float = 120.0) -> control_pb2.ChildStatus:
+        """Wait until the embedding child runs and its model's SHA-256 is known: only then
+        are vectors written (documents ingested before stay BM25-only, issue 16)."""
+        deadline = time.monotonic() + timeout
+        while not (child := self.wait_running(common_pb2.CHILD_ROLE_EMBEDDING,
+                                               timeout)).model_sha256:
+            assert time.monotonic() < deadline, f"model never hashed: {child}\n{self.tail()}"
+            time.sleep(0.1)
+        return child
+
     def terminate(self, timeout: float) -> tuple[int, float]:
         """SIGTERM; return (exit status, seconds it took)."""
         began = time.monotonic()
@@ -681,7 +691,7 @@ def test_sigterm_during_ingest_keeps_acknowledged_documents(
                      LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(tmp_path),
                      LLAMAD_STATE_DIR=str(tmp_path / "state"))
     d = processes(tmp_path, env)
-    d.wait_running(common_pb2.CHILD_ROLE_EMBEDDING)
+    d.wait_embeddable()
     acked: list[str] = []
     outcomes: list[grpc.StatusCode] = []
     stop = threading.Event()
@@ -736,7 +746,7 @@ def test_sigterm_during_ingest_keeps_acknowledged_documents(
     assert not [r for r in d.records() if r.get("level") == "error"], d.tail()
 
     again = processes(tmp_path, env)
-    again.wait_running(common_pb2.CHILD_ROLE_EMBEDDING)
+    again.wait_embeddable()
     with grpc.insecure_channel(again.address) as ch:
         stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
         docs = {doc.id: doc for doc in stub.ListDocuments(rpb.ListDocumentsRequest()).documents}
@@ -849,7 +859,7 @@ def test_disk_full_while_indexing(tmp_path: Path, small_disk: SmallDisk,
 
     codes: dict[str, tuple[grpc.StatusCode, str]] = {}
     d = processes(tmp_path, env, small_disk.prefix())
-    d.wait_running(common_pb2.CHILD_ROLE_EMBEDDING)
+    d.wait_embeddable()
     with grpc.insecure_channel(d.address) as ch:
         stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
         stub.AddSource(rpb.AddSourceRequest(id="notes"))
@@ -894,7 +904,7 @@ def test_disk_full_while_indexing(tmp_path: Path, small_disk: SmallDisk,
 
     small_disk.free()
     again = processes(tmp_path, env, small_disk.prefix())
-    again.wait_running(common_pb2.CHILD_ROLE_EMBEDDING)
+    again.wait_embeddable()
     with grpc.insecure_channel(again.address) as ch:
         stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
         for name in [*before, *acked, "after0", failed[0]]:
