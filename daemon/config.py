@@ -19,7 +19,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import models
 from models import MANIFEST_NAME, Manifest, ManifestError
@@ -39,6 +39,12 @@ class ConfigError(Exception):
     """A configuration value is missing or invalid."""
 
 
+Reload = Literal["apply", "new_child", "restart"]
+"""What a reload (SIGHUP) does with a changed option: ``apply`` it to the running daemon,
+bring its child to it through a swap or a mode switch (``new_child``), or report that it
+needs a ``restart`` and keep the running value (see :mod:`daemon.reload`)."""
+
+
 @dataclass(frozen=True)
 class Option:
     """One setting. ``key`` is ``section.name`` or ``name`` (top level)."""
@@ -49,6 +55,9 @@ class Option:
     help: str
     choices: tuple[str, ...] = ()
     minimum: float | None = None
+    reload: Reload = "restart"
+    """What a reload does with a change; an option nobody taught reload to apply needs a
+    restart, and the reload says so."""
 
     @property
     def flag(self) -> str:
@@ -71,7 +80,7 @@ INSTALLED_MODELS_DIR = "/var/lib/llamad/models"
 
 def _child_options(role: str, *, enabled: bool, threads: int, parallel: int, ctx: int,
                    spin: int, ahead: int) -> list[Option]:
-    return [
+    options = [
         Option(f"{role}.enabled", bool, enabled,
                f"Serve {role} (false is {role}.mode = disabled)."),
         Option(f"{role}.mode", str, "embedded",
@@ -100,7 +109,8 @@ def _child_options(role: str, *, enabled: bool, threads: int, parallel: int, ctx
                "Calls sent to a llama-server child beyond its slots, to wait in its own "
                "queue: a slot that finishes starts the next one at once instead of idling "
                "for the round trip to llamad and back (short calls such as embeddings); "
-               "0 sends exactly as many calls as there are slots.", minimum=0),
+               "0 sends exactly as many calls as there are slots.", minimum=0,
+               reload="apply"),
         Option(f"{role}.batch", int, 512, "Logical batch size in tokens.", minimum=1),
         Option(f"{role}.spin_count", int, spin,
                "GOMP_SPINCOUNT of the child: how long llama.cpp's OpenMP threads spin at a "
@@ -110,6 +120,9 @@ def _child_options(role: str, *, enabled: bool, threads: int, parallel: int, ctx
         Option(f"{role}.extra_args", str, "",
                "Extra runtime arguments, space separated, appended verbatim."),
     ]
+    # A role's settings go through the swap or mode-switch path, but for its queue ahead.
+    return [o if o.reload == "apply" else dataclasses.replace(o, reload="new_child")
+            for o in options]
 
 
 _CPUS = os.cpu_count() or 2
@@ -123,24 +136,26 @@ OPTIONS: tuple[Option, ...] = (
     Option("state_dir", str, "",
            "Directory for the retrieval indexes (default: $STATE_DIRECTORY, else ./var)."),
     Option("llama_bin", str, "",
-           "llama-server binary (default: beside the daemon's Python, then PATH)."),
+           "llama-server binary (default: beside the daemon's Python, then PATH).",
+           reload="new_child"),
     Option("models_dir", str, "",
            "Directory of the prepared models (its manifest.json, written by `python -m "
            "models prepare`): an embedded role whose model is not set runs the manifest's "
            "default model for it (default: models/gguf in a source checkout once prepared, "
-           f"else {INSTALLED_MODELS_DIR})."),
+           f"else {INSTALLED_MODELS_DIR}).", reload="new_child"),
     Option("tls.cert_file", str, "",
            "PEM certificate chain the daemon presents; with tls.key_file, gRPC is served "
-           "over TLS only. Re-read on SIGHUP."),
+           "over TLS only. Re-read on SIGHUP.", reload="apply"),
     Option("tls.key_file", str, "",
-           "PEM private key of tls.cert_file (unencrypted; must not be readable by others)."),
+           "PEM private key of tls.cert_file (unencrypted; must not be readable by others).",
+           reload="apply"),
     Option("tls.client_ca_file", str, "",
            "PEM CA certificates for mutual TLS: clients must present a certificate signed "
-           "by one of them."),
+           "by one of them.", reload="apply"),
     Option("auth.token_file", str, "",
            "Bearer tokens, one '<role> <token>' per line (roles: read, admin); when set, "
            "every RPC but health needs one. Must not be readable by others; re-read on "
-           "SIGHUP."),
+           "SIGHUP.", reload="apply"),
     # Spin counts measured on 2 cores: see supervisor.LaunchSpec.spin_count.
     *_child_options("generation", enabled=True, threads=_CPUS, parallel=4, ctx=4096,
                     spin=300, ahead=0),
@@ -200,7 +215,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("retrieval.allowed_roots", list, (),
            "Absolute directories that directory sources must lie under (symlinks and .. "
            "resolved); several are separated by ':' in a flag or env. Empty: directory "
-           "sources are refused."),
+           "sources are refused.", reload="apply"),
     Option("retrieval.chunk_size", int, 1200, "Target chunk size, characters.", minimum=200),
     Option("retrieval.chunk_overlap", int, 200, "Overlap between chunks, characters.",
            minimum=0),
@@ -291,16 +306,22 @@ OPTIONS: tuple[Option, ...] = (
     Option("log.level", str, "info", "Log level.",
            choices=("debug", "info", "warning", "error")),
     Option("limits.max_prompt_chars", int, 262144, "Longest prompt or chat text, characters.",
-           minimum=1),
-    Option("limits.max_messages", int, 256, "Most chat messages per call.", minimum=1),
-    Option("limits.default_max_tokens", int, 256, "max_tokens when a call sets none.", minimum=1),
-    Option("limits.max_tokens", int, 8192, "Largest max_tokens a call may ask.", minimum=1),
-    Option("limits.max_stop", int, 8, "Most stop strings per call.", minimum=0),
-    Option("limits.max_embed_batch", int, 256, "Most texts per Embed call.", minimum=1),
-    Option("limits.max_embed_chars", int, 32768, "Longest text to embed, characters.", minimum=1),
+           minimum=1, reload="apply"),
+    Option("limits.max_messages", int, 256, "Most chat messages per call.", minimum=1,
+           reload="apply"),
+    Option("limits.default_max_tokens", int, 256, "max_tokens when a call sets none.", minimum=1,
+           reload="apply"),
+    Option("limits.max_tokens", int, 8192, "Largest max_tokens a call may ask.", minimum=1,
+           reload="apply"),
+    Option("limits.max_stop", int, 8, "Most stop strings per call.", minimum=0, reload="apply"),
+    Option("limits.max_embed_batch", int, 256, "Most texts per Embed call.", minimum=1,
+           reload="apply"),
+    Option("limits.max_embed_chars", int, 32768, "Longest text to embed, characters.", minimum=1,
+           reload="apply"),
     Option("limits.queue_size", int, 32,
            "Calls that may wait for a busy child's slot; past it: RESOURCE_EXHAUSTED.",
-           minimum=0),
+           minimum=0, reload="apply"),
+    # A restart: the gRPC server's message limits are fixed when it starts.
     Option("limits.max_message_bytes", int, 16 * 1024 * 1024,
            "Largest gRPC message received or sent, bytes.", minimum=1024),
 )
@@ -395,6 +416,8 @@ class Config:
     """Certificate, key and client CA, read and checked at load (None: plaintext)."""
     tokens: TokenTable | None = None
     """The bearer tokens of ``auth.token_file`` (None: no token needed)."""
+    values: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Each option's value by key, as read (a reload compares them, option by option)."""
 
     def child(self, role: str) -> ChildConfig:
         return self.generation if role == "generation" else self.embedding
@@ -670,6 +693,7 @@ def _build(
         limits=Limits(**{k.split(".")[1]: v for k, v in values.items() if k.startswith("limits.")}),
         sources=origins,
         models_dir=models_dir,
+        values=dict(values),
     )
 
 

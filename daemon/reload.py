@@ -14,9 +14,15 @@
   its checks makes the whole configuration invalid (below), so the running ones stay and
   the report's ``error`` says why. Turning TLS or mutual TLS on or off needs a restart; so
   does dropping every token while the daemon listens beyond loopback without mutual TLS.
-* Everything else (listen addresses, logging, restart policy, timeouts) needs a
-  restart; the reload says so and keeps the running values.
+* Everything else (listen addresses, logging, restart policy, timeouts, the state
+  directory, ``retrieval.*`` but its allowed roots, ``answer.*``, the gRPC message limit)
+  needs a restart; the reload says so and keeps the running values.
 * An invalid configuration is refused as a whole: nothing changes.
+
+Which of these a changed option gets is declared once, on the option
+(:attr:`daemon.config.Option.reload`); :func:`reload_plan` reads it and
+:attr:`ReloadReport.changes` names the outcome of every changed option, so none is
+silently ignored.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import structlog
 from supervisor import SupervisorError, pick_runtime
 
 from .children import ManagedChild, Setup, ahead_for, make_setup
-from .config import ChildConfig, Config, ConfigError, is_loopback
+from .config import OPTIONS, ChildConfig, Config, ConfigError, Reload, is_loopback
 from .errors import RequestError
 from .modes import ModeManager, ModeRequest
 from .swaps import SwapManager
@@ -48,10 +54,48 @@ class ReloadReport:
     """Roles whose new settings apply without a new child (``queue_ahead``)."""
     kept: dict[str, str] = field(default_factory=dict)
     restart_needed: list[str] = field(default_factory=list)
+    """Option keys whose change waits for a restart (the running value is kept)."""
     limits_changed: bool = False
     reloaded: list[str] = field(default_factory=list)
     """Access settings now in force: ``auth.token_file``, ``tls``, ``retrieval.allowed_roots``."""
+    changes: dict[str, str] = field(default_factory=dict)
+    """Every changed option by key: "applied", "new child" (a swap or a mode switch),
+    "kept" (refused: see :attr:`kept`) or "restart needed"."""
     error: str = ""
+
+
+_ROLES = ("generation", "embedding")
+
+
+def reload_plan(current: Config, new: Config) -> dict[str, Reload]:
+    """Every option whose value differs between ``current`` and ``new``, with what a
+    reload does with it (its declared :attr:`~daemon.config.Option.reload`)."""
+    return {o.key: o.reload for o in OPTIONS
+            if current.values.get(o.key, o.default) != new.values.get(o.key, o.default)}
+
+
+def settle(plan: dict[str, Reload], report: ReloadReport) -> None:
+    """Name the outcome of every planned option in ``report.changes`` (and the options that
+    wait for a restart in ``report.restart_needed``), from what the reload did with the
+    roles (``swapped``, ``updated``, ``kept``) and access (``reloaded``, ``kept``)."""
+    for key, kind in plan.items():
+        section = key.split(".", 1)[0]
+        if kind == "restart":
+            outcome = "restart needed"
+        elif section in _ROLES:
+            outcome = ("new child" if section in report.swapped and kind == "new_child"
+                       else "applied" if section in report.swapped + report.updated
+                       else "kept" if section in report.kept
+                       else "restart needed")  # no such child running
+        elif kind == "new_child":  # llama_bin, models_dir: through the swaps, if any
+            outcome = "new child" if report.swapped else "restart needed"
+        elif section == "tls":
+            outcome = "restart needed" if "tls" in report.kept else "applied"
+        else:
+            outcome = "kept" if key in report.kept else "applied"
+        report.changes[key] = outcome
+        if outcome == "restart needed":
+            report.restart_needed.append(key)
 
 
 def _child_settings(cc: ChildConfig) -> tuple[object, ...]:
@@ -106,8 +150,9 @@ async def reload_config(
         _log.warning("reload refused: invalid configuration; nothing changed", error=str(exc))
         return current, report
 
+    plan = reload_plan(current, new)
     applied = current
-    for role in ("generation", "embedding"):
+    for role in _ROLES:
         old_cc, new_cc = current.child(role), new.child(role)
         child = children.get(role)
         if child is None or (old_cc == new_cc and current.llama_bin == new.llama_bin):
@@ -126,24 +171,28 @@ async def reload_config(
         else:
             applied = dataclasses.replace(applied, embedding=new_cc)
         (report.swapped if live else report.updated).append(role)
-    if new.limits != current.limits:
-        applied = dataclasses.replace(applied, limits=new.limits)
+    # The gRPC server's message limit stays until a restart.
+    limits = dataclasses.replace(new.limits,
+                                 max_message_bytes=current.limits.max_message_bytes)
+    if limits != current.limits:
+        applied = dataclasses.replace(applied, limits=limits)
         report.limits_changed = True
     applied = _apply_access(applied, current, new, report)
-    for name in ("listen", "metrics_listen", "policy", "timeouts", "request_timeout",
-                 "swap_ready_timeout", "swap_drain_timeout", "swap_handover_hold",
-                 "swap_launch_nice", "recycle_after_requests",
-                 "recycle_max_rss_mb", "recycle_check_interval", "recycle_min_uptime",
-                 "log_lines", "drain_grace",
-                 "log_format", "log_level"):
-        if getattr(new, name) != getattr(current, name):
-            report.restart_needed.append(name)
-    if current.llama_bin != new.llama_bin and not report.swapped:
-        report.restart_needed.append("llama_bin")
-    applied = dataclasses.replace(applied, sources=new.sources)
+    settle(plan, report)
+    # What is in force now: an option kept or waiting for a restart keeps its running
+    # value (so the next reload sees it as changed still).
+    done = [key for key, outcome in report.changes.items()
+            if outcome in ("applied", "new child")]
+    applied = dataclasses.replace(
+        applied, sources=new.sources,
+        values={**current.values, **{key: new.values.get(key) for key in done}})
+    if "llama_bin" in done:
+        applied = dataclasses.replace(applied, llama_bin=new.llama_bin)
+    if "models_dir" in done:
+        applied = dataclasses.replace(applied, models_dir=new.models_dir)
     _log.info("reloaded", swapped=report.swapped, updated=report.updated, kept=report.kept,
               limits_changed=report.limits_changed, reloaded=report.reloaded,
-              restart_needed=report.restart_needed)
+              restart_needed=report.restart_needed, changes=report.changes)
     return applied, report
 
 
@@ -164,12 +213,14 @@ def _apply_access(applied: Config, current: Config, new: Config,
                       tokens=new.tokens.roles() if new.tokens is not None else None)
     if new.tls != current.tls:
         if current.tls is None or new.tls is None:
-            report.restart_needed.append("tls")
+            report.kept["tls"] = "turning TLS on or off needs a restart"
         elif current.tls.require_client_cert != new.tls.require_client_cert:
-            report.restart_needed.append("tls.client_ca_file")
+            report.kept["tls"] = "turning mutual TLS on or off needs a restart"
         else:
             applied = dataclasses.replace(applied, tls=new.tls)
             report.reloaded.append("tls")
+    if "tls" in report.kept:
+        _log.warning("reload kept the TLS material", why=report.kept["tls"])
     roots = new.retrieval["allowed_roots"]
     if roots != current.retrieval["allowed_roots"]:
         applied = dataclasses.replace(applied,

@@ -141,7 +141,8 @@ async def test_invalid_config_reload_changes_nothing(tmp_path: Path, llama_serve
         file.write_text(file.read_text() + "[child]\nlog_lines = 500\n")
         report = await daemon.reload()
         assert report.error == ""
-        assert report.restart_needed == ["log_lines"]
+        assert report.restart_needed == ["child.log_lines"]
+        assert report.changes == {"child.log_lines": "restart needed"}
         assert daemon.config.log_lines == 2000  # the running value is kept
     finally:
         await c.close()

@@ -1,0 +1,124 @@
+"""The reload decision, option by option: a change of any option is applied, brought to a
+new child, or reported as needing a restart, as the option declares (issue 16, defect 3:
+none is silently ignored)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon import config
+from daemon.config import OPTIONS, Config, ConfigError, Option
+from daemon.reload import ReloadReport, reload_plan, settle
+from tests.support.pki import make_ca
+
+MODELS = {"generation.model": "/m/gen.gguf", "embedding.model": "/m/emb.gguf"}
+
+# The TLS options need real certificates (made by openssl: the process tier).
+TLS = ("tls.cert_file", "tls.key_file", "tls.client_ca_file")
+
+STRINGS = {
+    "listen": "127.0.0.1:50052",
+    "metrics_listen": "127.0.0.1:9100",
+    "llama_bin": "/usr/local/bin/llama-server",
+    "endpoint_url": "http://10.0.0.5:8080/v1",
+    "endpoint_model": "other",
+    "api_key_file": "/etc/llamad/key",
+    "api_key_env": "OTHER_KEY",
+    "extra_args": "--mlock",
+    "model": "/m/other.gguf",
+    "log.format": "json",
+}
+
+
+def _build(values: dict[str, Any]) -> Config:
+    return config._build(values, {key: "default" for key in values}, {})
+
+
+def _candidates(opt: Option, tmp_path: Path) -> list[Any]:
+    """Values other than the default to try, in order."""
+    if opt.kind is bool:
+        return [not opt.default]
+    if opt.choices:
+        return [c for c in opt.choices if c != opt.default]
+    if opt.kind is list:
+        return [(str(tmp_path),)]
+    if opt.kind in (int, float):
+        bumped = [opt.minimum + 1] if opt.minimum is not None else []
+        return [opt.kind(v) for v in [*bumped, opt.default + 1] if v != opt.default]
+    if opt.key == "auth.token_file":
+        tokens = tmp_path / "tokens"
+        tokens.write_text("admin 0123456789abcdef0123\n")
+        tokens.chmod(0o600)
+        return [str(tokens)]
+    if opt.key in STRINGS:
+        return [STRINGS[opt.key]]
+    name = opt.key.rsplit(".", 1)[-1]
+    return [STRINGS.get(name, str(tmp_path / name))]
+
+
+def _changed(opt: Option, base: dict[str, Any], tmp_path: Path) -> Config:
+    for value in _candidates(opt, tmp_path):
+        try:
+            return _build({**base, opt.key: value})
+        except ConfigError:
+            continue
+    raise AssertionError(f"{opt.key}: no valid value other than the default to try")
+
+
+def _tls(base: dict[str, Any], key: str, tmp_path: Path) -> tuple[Config, Config]:
+    """TLS on with a certificate and key; then the same material at another path (the
+    certificate or the key), or a client CA added (mutual TLS)."""
+    server = make_ca(tmp_path / "pki", "server")
+    on = base | {"tls.cert_file": str(server.cert), "tls.key_file": str(server.key)}
+    if key == "tls.client_ca_file":
+        return _build(on), _build(on | {key: str(server.cert)})
+    moved = tmp_path / f"moved-{Path(on[key]).name}"
+    moved.write_bytes(Path(on[key]).read_bytes())
+    moved.chmod(0o600)
+    return _build(on), _build(on | {key: str(moved)})
+
+
+@pytest.mark.parametrize("opt", [
+    pytest.param(o, id=o.key, marks=[pytest.mark.process] if o.key in TLS else [])
+    for o in OPTIONS])
+def test_every_option_change_is_planned_and_reported(opt: Option, tmp_path: Path) -> None:
+    """A change of this option alone is planned under its declared kind, and a reload
+    reports an outcome for it whatever the children did."""
+    base = {o.key: o.default for o in OPTIONS} | MODELS
+    if opt.key in TLS:
+        current, new = _tls(base, opt.key, tmp_path)
+    else:
+        current, new = _build(base), _changed(opt, base, tmp_path)
+    plan = reload_plan(current, new)
+    assert plan == {opt.key: opt.reload}
+    role = opt.key.split(".", 1)[0]
+    went_through = ReloadReport(swapped=[role] if opt.reload == "new_child" else [],
+                                updated=[role] if opt.reload == "apply" else [])
+    settle(plan, went_through)
+    expected = {"apply": "applied", "new_child": "new child",
+                "restart": "restart needed"}[opt.reload]
+    assert went_through.changes == {opt.key: expected}
+    assert went_through.restart_needed == ([opt.key] if opt.reload == "restart" else [])
+    nothing_ran = ReloadReport()
+    settle(plan, nothing_ran)
+    assert opt.key in nothing_ran.changes
+
+
+def test_retrieval_and_answer_changes_need_a_restart() -> None:
+    """retrieval.* (but its allowed roots), answer.* and state_dir are not ignored any
+    more: a reload reports them as needing a restart."""
+    base = {o.key: o.default for o in OPTIONS} | MODELS
+    changed = {"retrieval.rrf_k": 61, "answer.cache_ttl": 10.0, "state_dir": "/srv/state"}
+    report = ReloadReport()
+    settle(reload_plan(_build(base), _build(base | changed)), report)
+    assert report.restart_needed == ["state_dir", "retrieval.rrf_k", "answer.cache_ttl"]
+
+
+def test_the_grpc_message_limit_needs_a_restart_the_other_limits_apply() -> None:
+    """The request limits apply at once but for the gRPC server's message size."""
+    kinds = {o.key: o.reload for o in OPTIONS if o.key.startswith("limits.")}
+    assert kinds.pop("limits.max_message_bytes") == "restart"
+    assert set(kinds.values()) == {"apply"}
