@@ -34,7 +34,8 @@ from llamad_protocol.v1 import retrieval_pb2 as rpb
 from supervisor.testing import fake_child_command
 from supervisor.testing.fake_runtime import FakeRuntime
 from tests.conftest import DEFAULT_MODEL, ROOT, SMALL_MODEL, model_path
-from tests.integration.daemon_helpers import Clients, config_env, make_daemon
+from tests.support.daemon import Clients, config_env, make_daemon
+from tests.support.procs import alive, descendants, gone
 
 pytestmark = pytest.mark.integration
 
@@ -51,46 +52,6 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 # -- helpers ----------------------------------------------------------------------------
-
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
-def gone(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
-    """Wait until none of ``pids`` is alive; return the ones still alive."""
-    deadline = time.monotonic() + timeout
-    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return left
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` in the process tree."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 def fake_children() -> list[int]:
@@ -919,7 +880,7 @@ def test_disk_full_while_indexing(tmp_path: Path, small_disk: SmallDisk,
 # themselves, on a full disk, with SQLite's WAL small (SQLite fails first) and grown (SQLite
 # reuses its WAL and succeeds, then tantivy fails: SQLite is ahead of the index).
 _FULL_DISK_SCRIPT = '''
-import asyncio, os, sys
+import asyncio, os, shutil, sys
 from pathlib import Path
 import numpy as np
 from retrieval import Retriever, StorageFull
@@ -968,8 +929,17 @@ async def scenario(root, before, leave):
     await r.close()
     return behind
 
+def grown(leave):
+    try:
+        return asyncio.run(scenario(disk / "grown", 200, leave))
+    finally:
+        shutil.rmtree(disk / "grown", ignore_errors=True)
+
 asyncio.run(scenario(disk / "fresh", 2, 0))
-assert asyncio.run(scenario(disk / "grown", 200, 20000)), "tantivy never failed after SQLite"
+# Whether SQLite still takes a write that tantivy then cannot make depends on the room the
+# text index's background merges happen to leave: a few margins, until one shows it.
+assert any(grown(leave) for leave in (20000, 50000, 100000)), \
+    "tantivy never failed after SQLite"
 
 # hnswlib writes a short file on a full disk without a word: save() must notice, keep the
 # previous file, and leave no temporary behind.
