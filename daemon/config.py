@@ -16,10 +16,10 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import models
 from models import MANIFEST_NAME, Manifest, ManifestError
@@ -381,6 +381,71 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class RetrievalSettings:
+    """The ``[retrieval]`` options, one field each (see :data:`OPTIONS` for their help)."""
+
+    enabled: bool
+    allowed_roots: tuple[str, ...]
+    chunk_size: int
+    chunk_overlap: int
+    max_chunk_chars: int
+    embed_batch: int
+    embed_concurrency: int
+    ingest_workers: int
+    ingest_inflight_mb: int
+    max_commit_batch: int
+    query_embed_timeout: float
+    text_candidates: int
+    vector_candidates: int
+    rrf_k: int
+    default_k: int
+    max_k: int
+    max_query_chars: int
+    max_document_chars: int
+    max_file_mb: int
+    max_files_per_source: int
+    max_source_mb: int
+    pdf_timeout: float
+    pdf_max_pages: int
+    pdf_max_memory_mb: int
+    pdf_max_output_mb: int
+    html_max_depth: int
+    rescan_interval: float
+    redact_hostnames: bool
+    redact_ips: bool
+    refuse_hard_links: bool
+
+
+@dataclass(frozen=True)
+class AnswerConfig:
+    """The ``[answer]`` options, one field each (see :data:`OPTIONS` for their help)."""
+
+    max_question_chars: int
+    max_attachment_chars: int
+    max_history_turns: int
+    default_max_tokens: int
+    default_k: int
+    min_vector_score: float
+    min_text_score: float
+    cache_ttl: float
+    cache_entries: int
+    audit_log: str
+    audit_max_mb: int
+    audit_backups: int
+
+
+_S = TypeVar("_S")
+
+
+def _section(cls: Callable[..., _S], values: Mapping[str, Any], name: str) -> _S:
+    """The options of section ``name`` as ``cls``, whose fields are named as the options
+    (a field missing or left over fails at every load, hence in the unit tests)."""
+    prefix = name + "."
+    return cls(**{k.removeprefix(prefix): v for k, v in values.items()
+                  if k.startswith(prefix)})
+
+
+@dataclass(frozen=True)
 class Config:
     """The validated configuration of one daemon run."""
 
@@ -388,8 +453,8 @@ class Config:
     metrics_listen: str
     llama_bin: str
     state_dir: Path
-    retrieval: Mapping[str, Any]
-    answer: Mapping[str, Any]
+    retrieval: RetrievalSettings
+    answer: AnswerConfig
     generation: ChildConfig
     embedding: ChildConfig
     policy: RestartPolicy
@@ -656,9 +721,8 @@ def _build(
         metrics_listen=metrics_listen,
         llama_bin=values["llama_bin"],
         state_dir=state_dir,
-        retrieval={k.split(".", 1)[1]: v for k, v in values.items()
-                   if k.startswith("retrieval.")},
-        answer={k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("answer.")},
+        retrieval=_section(RetrievalSettings, values, "retrieval"),
+        answer=_section(AnswerConfig, values, "answer"),
         generation=children["generation"],
         embedding=children["embedding"],
         policy=RestartPolicy(
@@ -690,7 +754,7 @@ def _build(
         drain_grace=values["drain_grace"],
         log_format=values["log.format"],
         log_level=values["log.level"],
-        limits=Limits(**{k.split(".")[1]: v for k, v in values.items() if k.startswith("limits.")}),
+        limits=_section(Limits, values, "limits"),
         sources=origins,
         models_dir=models_dir,
         values=dict(values),

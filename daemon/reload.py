@@ -221,9 +221,9 @@ def _apply_access(applied: Config, current: Config, new: Config,
             report.reloaded.append("tls")
     if "tls" in report.kept:
         _log.warning("reload kept the TLS material", why=report.kept["tls"])
-    roots = new.retrieval["allowed_roots"]
-    if roots != current.retrieval["allowed_roots"]:
-        applied = dataclasses.replace(applied,
-                                      retrieval={**applied.retrieval, "allowed_roots": roots})
+    roots = new.retrieval.allowed_roots
+    if roots != current.retrieval.allowed_roots:
+        applied = dataclasses.replace(applied, retrieval=dataclasses.replace(
+            applied.retrieval, allowed_roots=roots))
         report.reloaded.append("retrieval.allowed_roots")
     return applied

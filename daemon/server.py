@@ -99,7 +99,7 @@ def _warn_unprotected_hard_links(config: Config) -> None:
     read"); with the kernel's fs.protected_hardlinks off, anyone who can write in a source
     can link any file of the same filesystem into it."""
     r = config.retrieval
-    if r["allowed_roots"] and not r["refuse_hard_links"] and protected_hardlinks() is False:
+    if r.allowed_roots and not r.refuse_hard_links and protected_hardlinks() is False:
         _log.warning("hard links unprotected",
                      reason="fs.protected_hardlinks is 0: a user who can write in a "
                             "directory source can hard-link any file of its filesystem "
@@ -157,7 +157,7 @@ class Daemon:
         self.modes = ModeManager(self.children, lambda: self.config,
                                  on_change=self._after_mode_change)
         self.retriever: Retriever | None = None
-        if config.retrieval["enabled"]:
+        if config.retrieval.enabled:
             self.retriever = Retriever(config.state_dir / "retrieval",
                                        make_provider(self.router, self.children),
                                        limits_from(config),
@@ -244,10 +244,10 @@ class Daemon:
                 max_rss_mb=cfg.recycle_max_rss_mb, interval=cfg.recycle_check_interval,
                 min_uptime=cfg.recycle_min_uptime), name="recycle")
             self._tasks.add(task)
-        interval = self.config.retrieval["rescan_interval"]
-        if self.retriever is not None and interval > 0:
+        rescan = self.config.retrieval.rescan_interval
+        if self.retriever is not None and rescan > 0:
             self._tasks.add(asyncio.create_task(
-                rescan_loop(self.retriever, interval, self._allowed_roots), name="rescan"))
+                rescan_loop(self.retriever, rescan, self._allowed_roots), name="rescan"))
         for child in self.children.values():
             if child.mode.kind == "disabled":
                 continue
@@ -264,25 +264,24 @@ class Daemon:
     def _answer_servicer(self) -> AnswerServicer:
         a = self.config.answer
         settings = AnswerSettings(
-            max_question_chars=a["max_question_chars"],
-            max_attachment_chars=a["max_attachment_chars"],
-            max_history_turns=a["max_history_turns"],
-            default_max_tokens=a["default_max_tokens"], default_k=a["default_k"],
-            min_vector_score=a["min_vector_score"], min_text_score=a["min_text_score"],
+            max_question_chars=a.max_question_chars,
+            max_attachment_chars=a.max_attachment_chars,
+            max_history_turns=a.max_history_turns,
+            default_max_tokens=a.default_max_tokens, default_k=a.default_k,
+            min_vector_score=a.min_vector_score, min_text_score=a.min_text_score,
         )
-        audit_path = Path(a["audit_log"]) if a["audit_log"] else (
+        audit_path = Path(a.audit_log) if a.audit_log else (
             self.config.state_dir / "audit" / "answers.jsonl")
         return AnswerServicer(
             self.router, self.retriever, self.config.limits, settings=settings,
-            cache=ResponseCache(a["cache_ttl"], a["cache_entries"]),
-            audit=AuditLog(audit_path, a["audit_max_mb"] * 1024 * 1024, a["audit_backups"]),
+            cache=ResponseCache(a.cache_ttl, a.cache_entries),
+            audit=AuditLog(audit_path, a.audit_max_mb * 1024 * 1024, a.audit_backups),
             metrics=self.metrics,
         )
 
     def _allowed_roots(self) -> tuple[str, ...]:
         """Where directory sources may live (retrieval.allowed_roots, as reloaded)."""
-        roots: tuple[str, ...] = self.config.retrieval["allowed_roots"]
-        return roots
+        return self.config.retrieval.allowed_roots
 
     def status_line(self) -> str:
         """One line for systemd's STATUS=: each role's state (and pid, or endpoint)."""

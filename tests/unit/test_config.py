@@ -4,10 +4,12 @@ each bad value refused with one line naming the option and where the value came 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -488,12 +490,12 @@ def test_tls_and_token_options_are_checked_at_load(tmp_path: Path) -> None:
 
 def test_allowed_roots(tmp_path: Path) -> None:
     """Empty by default; a TOML list, or ':'-separated in env and flags; absolute only."""
-    assert load().retrieval["allowed_roots"] == ()
+    assert load().retrieval.allowed_roots == ()
     assert load(env={"LLAMAD_RETRIEVAL_ALLOWED_ROOTS": "/srv/docs:/srv/kb:"}
-                ).retrieval["allowed_roots"] == ("/srv/docs", "/srv/kb")
-    assert load("--retrieval-allowed-roots", "/a").retrieval["allowed_roots"] == ("/a",)
+                ).retrieval.allowed_roots == ("/srv/docs", "/srv/kb")
+    assert load("--retrieval-allowed-roots", "/a").retrieval.allowed_roots == ("/a",)
     file = write_toml(tmp_path, '[retrieval]\nallowed_roots = ["/srv/docs", "/srv/kb"]\n')
-    assert load(file=file).retrieval["allowed_roots"] == ("/srv/docs", "/srv/kb")
+    assert load(file=file).retrieval.allowed_roots == ("/srv/docs", "/srv/kb")
     with pytest.raises(ConfigError, match=r"retrieval.allowed_roots: 'docs' is not an absolute"):
         load(env={"LLAMAD_RETRIEVAL_ALLOWED_ROOTS": "docs"})
     file = write_toml(tmp_path, "[retrieval]\nallowed_roots = [1]\n")
@@ -621,3 +623,22 @@ def test_default_policy_and_timeouts_match_supervisor_defaults() -> None:
     cfg = load()
     assert cfg.policy == RestartPolicy()
     assert cfg.timeouts == Timeouts()
+
+
+@pytest.mark.parametrize(("section", "cls"), [("retrieval", config.RetrievalSettings),
+                                              ("answer", config.AnswerConfig),
+                                              ("limits", config.Limits)])
+def test_typed_sections_have_a_field_per_option(section: str, cls: type) -> None:
+    """Each field of a typed section is one option of the section, typed as the option
+    (a list option is a tuple of strings), and every option of the section is a field."""
+    hints = typing.get_type_hints(cls)
+    kinds = {o.key.removeprefix(section + "."): o.kind for o in OPTIONS
+             if o.key.startswith(section + ".")}
+    assert [f.name for f in dataclasses.fields(cls)] == list(kinds)
+    for name, kind in kinds.items():
+        assert hints[name] == (tuple[str, ...] if kind is list else kind), name
+    loaded = getattr(load(), section)
+    assert isinstance(loaded, cls)
+    assert {name: getattr(loaded, name) for name in kinds} == {
+        name: o.default for o in OPTIONS for name in [o.key.removeprefix(section + ".")]
+        if o.key.startswith(section + ".")}
