@@ -35,8 +35,8 @@ from clients import AsyncClient, errors
 from daemon import Daemon, load
 from daemon.config import ConfigError
 from tests.conftest import ROOT
-from tests.integration.daemon_helpers import config_env
-from tests.pki import Issued, Pki
+from tests.support.daemon import config_env
+from tests.support.pki import Issued, Pki
 
 pytestmark = pytest.mark.integration
 

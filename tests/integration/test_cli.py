@@ -16,7 +16,7 @@ import pytest
 
 from clients import Client
 from tests.conftest import ROOT
-from tests.integration.daemon_helpers import config_env
+from tests.support.daemon import config_env
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ import pytest_asyncio
 from clients import AskSources, AsyncClient, Client, TextStream, errors
 from daemon import Daemon
 from tests.conftest import SMALL_MODEL, model_path
-from tests.integration.daemon_helpers import config_env, make_daemon
+from tests.support.daemon import config_env, make_daemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 

@@ -21,7 +21,8 @@ from daemon import Daemon
 from llamad_protocol.v1 import common_pb2, control_pb2
 from llamad_protocol.v1 import inference_pb2 as pb
 from tests.conftest import RUNTIMES, SMALL_MODEL, model_path
-from tests.integration.daemon_helpers import Clients, config_env, make_daemon
+from tests.support.daemon import Clients, config_env, make_daemon
+from tests.support.procs import alive
 
 pytestmark = pytest.mark.integration
 
@@ -47,14 +48,6 @@ async def running(runtime: str) -> AsyncIterator[tuple[Daemon, Clients]]:
     finally:
         await clients.close()
         await daemon.shutdown()
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 async def test_generate_streams_tokens_then_usage(running: tuple[Daemon, Clients]) -> None:

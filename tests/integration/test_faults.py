@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import http.server
-import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -27,6 +26,7 @@ from supervisor import (
     Timeouts,
 )
 from supervisor.testing.fake_runtime import FakeRuntime
+from tests.support.procs import alive
 
 FAST = Timeouts(start=2.0, start_cap=4.0, probe_interval=0.2, probe_timeout=0.3,
                 probe_failures=2, stop_grace=1.0)
@@ -81,19 +81,6 @@ async def harness_factory(model: Path) -> AsyncIterator[Callable[..., Harness]]:
     yield make
     for h in made:
         await h.sup.stop()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); look at its state.
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 async def test_healthy_child_streams(harness_factory: Factory) -> None:

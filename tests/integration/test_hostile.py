@@ -36,7 +36,7 @@ from llamad_protocol.v1 import answer_pb2_grpc, common_pb2, control_pb2, retriev
 from llamad_protocol.v1 import inference_pb2 as pb
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from tests.conftest import SMALL_MODEL
-from tests.integration.daemon_helpers import Clients, config_env, make_daemon
+from tests.support.daemon import Clients, config_env, make_daemon
 from tests.unit.test_extract import encrypted_pdf, image_only_pdf, pdf_with_pages, text_pdf
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -789,7 +789,7 @@ async def test_secrets_in_ask_history_never_reach_the_generation_endpoint(
     import json
     import string
 
-    from tests.fake_openai import serve_fake_openai
+    from tests.support.fake_openai import serve_fake_openai
 
     rng = random.Random(1805)
 

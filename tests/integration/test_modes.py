@@ -6,7 +6,6 @@ reason named against a real server that refuses it."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import threading
 import time
@@ -31,8 +30,9 @@ from llamad_protocol.v1 import (
 )
 from llamad_protocol.v1 import inference_pb2 as pb
 from tests.conftest import EMBED_MODEL, SMALL_MODEL, model_path
-from tests.fake_openai import serve_fake_openai
-from tests.integration.daemon_helpers import Clients, config_env, make_daemon
+from tests.support.daemon import Clients, config_env, make_daemon
+from tests.support.fake_openai import serve_fake_openai
+from tests.support.procs import alive, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -44,12 +44,6 @@ DISABLED = control_pb2.INFERENCE_MODE_DISABLED
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 KEY = "sk-llamad-test-4711"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -200,14 +194,6 @@ async def index_note(c: Clients, doc_id: str, title: str, text: str
     await r.UpsertDocument(retrieval_pb2.UpsertDocumentRequest(
         source_id="notes", id=doc_id, title=title, text=text))
     return r
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 # --- endpoint mode -----------------------------------------------------------------------

@@ -18,7 +18,8 @@ import pytest
 from llamad_protocol.v1 import control_pb2, control_pb2_grpc, inference_pb2_grpc
 from llamad_protocol.v1 import inference_pb2 as pb
 from tests.conftest import DEFAULT_MODEL, ROOT, model_path, models_dir
-from tests.integration.daemon_helpers import config_env
+from tests.support.daemon import config_env
+from tests.support.procs import gone
 
 pytestmark = pytest.mark.integration
 
@@ -83,19 +84,6 @@ def child_pids(address: str) -> list[int]:
         return [int(c.pid) for c in status.children if c.pid]
 
 
-def gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                if fh.read().split(")")[-1].split()[0] == "Z":
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_sigterm_drains_in_flight_stream_and_exits_zero(
     daemon_env: dict[str, str], spawned: list[DaemonProcess]
 ) -> None:
@@ -132,7 +120,7 @@ def test_sigterm_drains_in_flight_stream_and_exits_zero(
     assert msgs[-1].finish_reason != pb.FINISH_REASON_UNSPECIFIED  # finished, not cut off
     assert refused == grpc.StatusCode.UNAVAILABLE
     assert d.proc.wait(timeout=30) == 0
-    assert all(gone(pid, 5) for pid in pids)
+    assert not gone(pids, 5)
     log = "".join(d.rest_of_log())
     assert '"draining"' in log or "draining" in log
 
@@ -149,7 +137,7 @@ def test_sigkill_of_daemon_leaves_no_child(
     assert len(pids) == 2
     d.proc.kill()
     d.proc.wait()
-    assert all(gone(pid, 5) for pid in pids), "a child outlived the daemon"
+    assert not gone(pids, 5), "a child outlived the daemon"
 
 
 def test_second_daemon_on_same_port_fails_with_one_line(

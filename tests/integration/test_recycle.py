@@ -9,7 +9,7 @@ import pytest
 
 from llamad_protocol.v1 import common_pb2
 from llamad_protocol.v1 import inference_pb2 as pb
-from tests.integration.daemon_helpers import Clients, config_env, make_daemon
+from tests.support.daemon import Clients, config_env, make_daemon
 
 pytestmark = pytest.mark.integration
 GEN = common_pb2.CHILD_ROLE_GENERATION

@@ -20,7 +20,7 @@ from daemon import Daemon
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from llamad_protocol.v1 import retrieval_pb2_grpc
 from tests.conftest import ROOT
-from tests.integration.daemon_helpers import Clients, config_env, make_daemon
+from tests.support.daemon import Clients, config_env, make_daemon
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,8 @@ from daemon import Daemon
 from llamad_protocol.v1 import common_pb2, control_pb2
 from llamad_protocol.v1 import inference_pb2 as pb
 from tests.conftest import DEFAULT_MODEL, SMALL_MODEL, model_path
-from tests.integration.daemon_helpers import Clients, config_env, make_daemon
+from tests.support.daemon import Clients, config_env, make_daemon
+from tests.support.procs import alive
 
 pytestmark = pytest.mark.integration
 
@@ -40,14 +41,6 @@ async def swap(c: Clients, model_path: str = "", *, rollback: bool = False,
     request = control_pb2.SwapRequest(role=GEN, model_path=model_path, rollback=rollback,
                                       stop_old_first=stop_old_first, reason=reason)
     return [p async for p in c.control.Swap(request)]
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 async def test_swap_under_a_running_stream(running: tuple[Daemon, Clients]) -> None:

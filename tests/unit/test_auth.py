@@ -18,7 +18,7 @@ import llamad_protocol.v1
 from daemon import access, auth
 from daemon.access import AccessError, load_tls, load_tokens
 from retrieval import SourceNotAllowed, check_root
-from tests.pki import Pki
+from tests.support.pki import Pki
 
 TOKEN_A = "a" * 8 + "0123456789abcdef"
 TOKEN_B = "b" * 8 + "fedcba9876543210"

@@ -29,7 +29,7 @@ from supervisor import (
     transport_error,
 )
 from supervisor._endpoint_launch import unusable
-from tests.fake_openai import serve_fake_openai
+from tests.support.fake_openai import serve_fake_openai
 
 KEY = "sk-test-0123456789"
 

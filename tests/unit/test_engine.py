@@ -4,59 +4,11 @@ vector index in the background; reconciliation repairs derived indexes from SQLi
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import shutil
-from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 from retrieval import Retriever
-
-
-class HashEmbedder:
-    """Deterministic vectors from word hashes: similar texts share words, hence direction."""
-
-    def __init__(self, model_id: str, dim: int = 32) -> None:
-        self._id = model_id
-        self._dim = dim
-        self.calls = 0
-
-    @property
-    def model_id(self) -> str:
-        return self._id
-
-    @property
-    def context(self) -> int:
-        return 512
-
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        self.calls += 1
-        out = []
-        for text in texts:
-            v = np.zeros(self._dim, dtype=np.float32)
-            for word in text.lower().split():
-                h = hashlib.sha256((self._id + word).encode()).digest()
-                v[h[0] % self._dim] += 1.0
-            v /= max(float(np.linalg.norm(v)), 1e-6)
-            out.append([float(x) for x in v])
-        return out
-
-    async def count_tokens(self, text: str) -> int:
-        return len(text.split()) + 2
-
-
-DOCS = {
-    "disk": "web01 disk full: rotate nginx logs and check df",
-    "db": "db02 replication lag: check replay timestamp",
-    "vpn": "vpn tunnel flapping: tune dead peer detection",
-}
-
-
-async def fill(r: Retriever) -> None:
-    await r.add_source("docs")
-    for key, text in DOCS.items():
-        await r.upsert("docs", key, text, doc_id=f"docs/{key}")
+from tests.support.embedder import DOCS, HashEmbedder, fill
 
 
 async def test_embedding_model_change_rebuilds_vectors_in_background(tmp_path: Path) -> None:

@@ -22,18 +22,11 @@ import pytest
 
 from supervisor.testing import FAULTS, fake_child_command
 from supervisor.testing import fake_child as fake
+from tests.support.procs import free_port
 
 pytestmark = pytest.mark.process  # every test runs the fake child
 
 PROMPT = "the quick brown fox"
-
-
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Child:

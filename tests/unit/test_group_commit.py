@@ -12,7 +12,7 @@ import pytest
 from retrieval import Retriever
 from retrieval._confine import SourceRoot
 from retrieval._group import GroupCommitter
-from tests.unit.test_engine import HashEmbedder
+from tests.support.embedder import HashEmbedder
 
 
 async def test_concurrent_writers_share_commits_and_get_their_own_results() -> None:

@@ -24,7 +24,7 @@ from retrieval import (
 )
 from retrieval._bm25 import TextIndex
 from retrieval._vectors import VectorIndex
-from tests.unit.test_engine import DOCS, HashEmbedder, fill
+from tests.support.embedder import DOCS, HashEmbedder, fill
 
 
 class FlakyEmbedder(HashEmbedder):

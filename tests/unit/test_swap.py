@@ -17,7 +17,7 @@ from supervisor import (
     SwapProgress,
     SwapRefusedError,
 )
-from tests.unit.test_supervisor import TRANSIENT, ScriptedLauncher, make, settle, until
+from tests.support.scripted import TRANSIENT, ScriptedLauncher, make, settle, until
 
 
 def stages(events: list[SwapProgress]) -> list[str]:

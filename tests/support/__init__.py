@@ -1,0 +1,9 @@
+"""What tests share instead of copying: one module per kind of helper.
+
+* :mod:`tests.support.daemon`: a real daemon in-process on port 0 and real gRPC stubs to it.
+* :mod:`tests.support.procs`: processes seen from /proc (alive, gone, descendants), a free port.
+* :mod:`tests.support.scripted`: the supervisor's scripted launcher and children (no processes).
+* :mod:`tests.support.embedder`: a deterministic hash embedder and a small corpus.
+* :mod:`tests.support.pki`: a throwaway CA and certificates.
+* :mod:`tests.support.fake_openai`: a fake OpenAI-compatible endpoint.
+"""
