@@ -17,7 +17,7 @@ from typing import TextIO
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.bench_generation import ROOT
+from bench._support import ROOT
 from llamad_protocol.v1 import control_pb2, control_pb2_grpc
 
 

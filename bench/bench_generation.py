@@ -55,7 +55,6 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -63,6 +62,16 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench._support import (
+    DEFAULT_MODEL,
+    ROOT,
+    cpu_model,
+    model_file,
+    table,
+    tree_ticks,
+    version_of,
+    write_sections,
+)
 from daemon import Daemon, load, logs
 from llamad_protocol.v1 import (
     common_pb2,
@@ -73,9 +82,6 @@ from llamad_protocol.v1 import (
 )
 from supervisor import State, StateChange, find_llama_server
 
-ROOT = Path(__file__).resolve().parent.parent
-MODELS_DIR = Path(os.environ.get("LLAMAD_MODELS_DIR") or ROOT / "models" / "gguf")
-DEFAULT_MODEL = "gemma-3-270m-q4_k_m.gguf"
 START_MODELS = ("gemma-3-270m-q4_k_m.gguf", "SmolLM2-135M-Instruct.Q4_1.gguf")
 RUNTIMES = ("llama-server", "bundled")
 DEFAULT_THREADS = 2
@@ -182,34 +188,8 @@ def _busy_ticks() -> int:
     return user + nice + system + irq + softirq + steal
 
 
-def _own_ticks() -> int:
-    parent: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid = int(entry)
-        parent[pid] = int(fields[1])
-        # utime, stime, and the same for reaped children (cutime, cstime)
-        ticks[pid] = sum(int(x) for x in fields[11:15])
-    me = os.getpid()
-    total = 0
-    for pid, t in ticks.items():
-        p, hops = pid, 0
-        while p not in (me, 0, 1) and hops < 64:
-            p, hops = parent.get(p, 0), hops + 1
-        if p == me:
-            total += t
-    return total
-
-
 def cpu_snap() -> CpuSnap:
-    return CpuSnap(time.monotonic(), _busy_ticks(), _own_ticks())
+    return CpuSnap(time.monotonic(), _busy_ticks(), tree_ticks(os.getpid()))
 
 
 def foreign_cores(before: CpuSnap, after: CpuSnap) -> float:
@@ -617,23 +597,6 @@ def p90(values: Sequence[float]) -> float:
     return statistics.quantiles(values, n=10, method="inclusive")[-1]
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def version_of(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def llama_server_version() -> str:
     binary = find_llama_server()
     if binary is None:
@@ -682,12 +645,6 @@ def environment(command: str) -> list[str]:
         f"httpx {version_of('httpx')}",
         f"- Command: `{command}`",
     ]
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
 
 
 def ms(seconds: float) -> str:
@@ -798,41 +755,7 @@ def start_section(results: Sequence[StartResult], env: list[str], starts: int,
     return out
 
 
-def write_sections(path: Path, sections: Sequence[list[str]]) -> None:
-    """Create or replace each section (by its ``## `` heading); keep the others."""
-    text = path.read_text() if path.exists() else (
-        "# Benchmarks\n\nWritten by the scripts in `bench/`; each section says how to "
-        "reproduce it.\n")
-    blocks: list[list[str]] = [[]]
-    for line in text.rstrip("\n").splitlines():
-        if line.startswith("## "):
-            blocks.append([])
-        blocks[-1].append(line)
-    for section in sections:
-        for block in blocks:
-            if block and block[0] == section[0]:
-                block[:] = [*section, ""]
-                break
-        else:
-            if blocks[-1] and blocks[-1][-1] != "":
-                blocks[-1].append("")
-            blocks.append([*section, ""])
-    lines = [line for block in blocks for line in block]
-    while lines and lines[-1] == "":
-        lines.pop()
-    path.write_text("\n".join(lines) + "\n")
-
-
 # -- main -------------------------------------------------------------------------------
-
-
-def model_file(name: str) -> Path:
-    path = Path(name)
-    if not path.is_file():
-        path = MODELS_DIR / name
-    if not path.is_file():
-        raise SystemExit(f"bench: model {name} not found (looked in {MODELS_DIR})")
-    return path.resolve()
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:

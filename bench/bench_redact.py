@@ -56,7 +56,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bench.bench_generation import write_sections
+from bench._support import ROOT, write_sections
 from retrieval._redact import redact
 
 try:
@@ -66,7 +66,6 @@ except ImportError:  # pragma: no cover - the message says what to do
     sys.exit("bench_redact: detect-secrets is not installed: .venv/bin/pip install "
              "detect-secrets (or make install, which installs the dev extras)")
 
-ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "data" / "redaction"
 HEADING = "## Redaction (issue 18)"
 MB = 1_000_000

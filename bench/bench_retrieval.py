@@ -77,7 +77,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -85,6 +84,17 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
+from bench._support import (
+    EMBED_MODEL,
+    MODELS_DIR,
+    ROOT,
+    cpu_model,
+    f3,
+    foreign_benchmarks,
+    table,
+    version_of,
+    write_sections,
+)
 from daemon import Daemon, load, logs
 from daemon.retrieval_service import ChildEmbedder, make_provider
 from retrieval import Embedder, Filters, RetrievalLimits, Retriever, redact
@@ -97,9 +107,6 @@ from retrieval._vectors import VectorIndex
 Vec = npt.NDArray[np.float32]
 Mat = npt.NDArray[np.float32]
 
-ROOT = Path(__file__).resolve().parent.parent
-MODELS_DIR = Path(os.environ.get("LLAMAD_MODELS_DIR") or ROOT / "models" / "gguf")
-EMBED_MODEL = "all-MiniLM-L6-v2-f16.gguf"
 DATA_DIR = Path("/work/shared/data")
 COLLECTIONS = ("cisi", "cranfield", "medline", "vaswani")
 DIM = 384
@@ -377,33 +384,6 @@ class TableEmbedder:
 
 
 # -- machine state ----------------------------------------------------------------------
-
-
-def ancestors() -> set[int]:
-    """This process and its ancestors (a shell that started us names the script too)."""
-    out = set()
-    pid = os.getpid()
-    while pid > 1 and pid not in out:
-        out.add(pid)
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            break
-        pid = int(stat.rsplit(")", 1)[1].split()[1])
-    return out
-
-
-def foreign_benchmarks() -> list[str]:
-    """Other benchmark processes (``pgrep -fa 'bench\\.'``), ours and our ancestors
-    excluded."""
-    try:
-        out = subprocess.run(["pgrep", "-fa", r"bench\."], capture_output=True, text=True,
-                             check=False).stdout
-    except OSError:
-        return []
-    mine = ancestors()
-    return [line for line in out.splitlines()
-            if line.split(maxsplit=1) and int(line.split(maxsplit=1)[0]) not in mine]
 
 
 @dataclass
@@ -1011,13 +991,6 @@ def hnsw_at_scale(base: Mat, pool: Mat, qvecs: Mat, *, target: int, budget: floa
 # -- report -----------------------------------------------------------------------------
 
 
-def version_of(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "?"
-
-
 def source() -> str:
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
@@ -1032,24 +1005,6 @@ def source() -> str:
     mine = [line[3:] for line in dirty if line[3:].startswith("retrieval/")]
     return (f"{rev} + uncommitted changes ({', '.join(mine) or 'none'} in retrieval/; "
             f"{len(dirty) - len(mine)} files in daemon/ and supervisor/)")
-
-
-def cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "?"
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
-
-
-def f3(x: float) -> str:
-    return f"{x:.3f}"
 
 
 def ms(x: float) -> str:
@@ -1276,31 +1231,6 @@ def ingest_section(live: LiveIngest | None, bm25: Ingest | None, build: BuildRes
                 f"tantivy segments. /tokenize calls during the upserts {build.token_calls}; "
                 f"vectors not in the table {build.misses}.{trend}"]
     return out
-
-
-def write_sections(path: Path, sections: Sequence[list[str]]) -> None:
-    """Create or replace each section (by its ``## `` heading); keep the others."""
-    text = path.read_text() if path.exists() else (
-        "# Benchmarks\n\nWritten by the scripts in `bench/`; each section says how to "
-        "reproduce it.\n")
-    blocks: list[list[str]] = [[]]
-    for line in text.rstrip("\n").splitlines():
-        if line.startswith("## "):
-            blocks.append([])
-        blocks[-1].append(line)
-    for section in sections:
-        for block in blocks:
-            if block and block[0] == section[0]:
-                block[:] = [*section, ""]
-                break
-        else:
-            if blocks[-1] and blocks[-1][-1] != "":
-                blocks[-1].append("")
-            blocks.append([*section, ""])
-    lines = [line for block in blocks for line in block]
-    while lines and lines[-1] == "":
-        lines.pop()
-    path.write_text("\n".join(lines) + "\n")
 
 
 # -- main -------------------------------------------------------------------------------

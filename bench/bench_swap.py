@@ -82,18 +82,26 @@ import numpy as np
 from grpc_health.v1 import health_pb2
 
 from bench._daemon import DaemonProcess, wait_ready
-from bench.bench_generation import (
+from bench._support import (
     DEFAULT_MODEL,
-    PROMPTS,
+    EMBED_MODEL,
     ROOT,
+    SMALL_MODEL,
+    f3,
+    foreign_benchmarks,
+    model_file,
+    short,
+    table,
+    tree_ticks,
+    write_sections,
+)
+from bench.bench_generation import (
+    PROMPTS,
     Running,
     cpu_snap,
     daemon_log,
     environment,
     foreign_cores,
-    model_file,
-    table,
-    write_sections,
 )
 from daemon import Daemon, load
 from llamad_protocol.v1 import (
@@ -106,8 +114,6 @@ from llamad_protocol.v1 import (
 from llamad_protocol.v1.wire import RETRY_AFTER_KEY
 from supervisor import State, StateChange
 
-SMALL_MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
-EMBED_MODEL = "all-MiniLM-L6-v2-f16.gguf"
 CORPUS = Path("/work/shared/data/cisi/corpus.jsonl")
 CI_LOG = Path("/tmp/ci/run.log")  # noqa: S108 (only read: a CI run on this machine)
 THREADS = 2
@@ -127,42 +133,6 @@ EMBED_HEADING = "## Embedding: llamad vs direct"
 
 
 # -- the machine -------------------------------------------------------------------------
-
-
-def foreign_benchmarks() -> list[str]:
-    """Other benchmark processes (``pgrep -fa 'bench\\.'``), ours and our parent excluded."""
-    try:
-        out = subprocess.run(["pgrep", "-fa", r"bench\."], capture_output=True, text=True,
-                             check=False).stdout
-    except OSError:
-        return []
-    mine = {os.getpid(), os.getppid()}
-    return [line for line in out.splitlines()
-            if line.split(maxsplit=1) and int(line.split(maxsplit=1)[0]) not in mine]
-
-
-def tree_ticks(root: int) -> int:
-    """CPU ticks used so far by ``root`` and its descendants (reaped ones included)."""
-    parent: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parent[int(entry)] = int(fields[1])
-        ticks[int(entry)] = sum(int(x) for x in fields[11:15])
-    total = 0
-    for pid, t in ticks.items():
-        p, hops = pid, 0
-        while p not in (root, 0, 1) and hops < 64:
-            p, hops = parent.get(p, 0), hops + 1
-        if p == root:
-            total += t
-    return total
 
 
 async def active_benchmarks(window: float = 3.0, idle: float = 0.05) -> list[str]:
@@ -580,17 +550,8 @@ def f2(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{x:.2f}"
 
 
-def f3(x: float) -> str:
-    return "n/a" if math.isnan(x) else f"{x:.3f}"
-
-
 def verdict(good: bool, value: float) -> str:
     return "" if math.isnan(value) else ("ok" if good else "MISS")
-
-
-def short(model: str) -> str:
-    return "gemma-3-270m" if model.startswith("gemma") else (
-        "SmolLM2-135M" if model.startswith("SmolLM2") else model or "?")
 
 
 def common_prefix(a: str, b: str) -> int:

@@ -33,10 +33,8 @@ from typing import Any
 import hypothesis
 from hypothesis import HealthCheck, settings
 
-from bench.bench_generation import write_sections
+from bench._support import ROOT, write_sections
 from tests.unit.test_fuzz import PROPERTIES, Property, run
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass

@@ -69,21 +69,21 @@ from typing import Any, TypeVar
 import grpc
 
 from bench._daemon import DaemonProcess, wait_ready
-from bench.bench_generation import (
+from bench._support import (
     DEFAULT_MODEL,
-    PROMPTS,
+    EMBED_MODEL,
     ROOT,
-    environment,
+    SMALL_MODEL,
     model_file,
+    short,
     table,
     write_sections,
 )
+from bench.bench_generation import PROMPTS, environment
 from bench.bench_swap import (
-    EMBED_MODEL,
     MONITOR,
     RETRY_KEY,
     RETRYABLE,
-    SMALL_MODEL,
     PartNote,
     begin_part,
     end_part,
@@ -804,11 +804,6 @@ class Soak:
 
 
 # -- analysis --------------------------------------------------------------------------------
-
-
-def short(model: str) -> str:
-    return "gemma-3-270m" if model.startswith("gemma") else (
-        "SmolLM2-135M" if model.startswith("SmolLM2") else model or "?")
 
 
 @dataclass
