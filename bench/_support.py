@@ -80,28 +80,35 @@ def foreign_benchmarks() -> list[str]:
             if line.split(maxsplit=1) and int(line.split(maxsplit=1)[0]) not in mine]
 
 
-def tree_ticks(root: int) -> int:
-    """CPU ticks used so far by ``root`` and its descendants (reaped ones included)."""
-    parent: dict[int, int] = {}
-    ticks: dict[int, int] = {}
+def proc_stats() -> dict[int, list[str]]:
+    """pid -> the fields of /proc/pid/stat after the command name (state, ppid, ...; utime
+    is [11], stime [12], the reaped children's cutime and cstime [13] and [14])."""
+    stats: dict[int, list[str]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
+                stats[int(entry)] = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
             continue
-        parent[int(entry)] = int(fields[1])
-        ticks[int(entry)] = sum(int(x) for x in fields[11:15])
-    total = 0
-    for pid, t in ticks.items():
-        p, hops = pid, 0
-        while p not in (root, 0, 1) and hops < 64:
-            p, hops = parent.get(p, 0), hops + 1
-        if p == root:
-            total += t
-    return total
+    return stats
+
+
+def under(pid: int, root: int, parent: dict[int, int]) -> bool:
+    """Whether ``pid`` is ``root`` or below it in the process tree ``parent``."""
+    p, hops = pid, 0
+    while p not in (root, 0, 1) and hops < 64:
+        p, hops = parent.get(p, 0), hops + 1
+    return p == root
+
+
+def tree_ticks(root: int) -> int:
+    """CPU ticks used so far by ``root`` and its descendants (reaped ones included)."""
+    stats = proc_stats()
+    parent = {pid: int(fields[1]) for pid, fields in stats.items()}
+    return sum(sum(int(x) for x in fields[11:15]) for pid, fields in stats.items()
+               if under(pid, root, parent))
 
 
 # -- markdown --------------------------------------------------------------------------------

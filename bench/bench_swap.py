@@ -90,6 +90,7 @@ from bench._support import (
     f3,
     foreign_benchmarks,
     model_file,
+    proc_stats,
     short,
     table,
     tree_ticks,
@@ -170,17 +171,7 @@ def uptime() -> str:
 def proc_table() -> dict[int, tuple[int, int]]:
     """pid -> (parent pid, CPU ticks it used so far; its reaped children's not included,
     so that a reap does not count a child's whole life again)."""
-    table_: dict[int, tuple[int, int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        table_[int(entry)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
-    return table_
+    return {pid: (int(f[1]), int(f[11]) + int(f[12])) for pid, f in proc_stats().items()}
 
 
 def command_of(pid: int) -> str:

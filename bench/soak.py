@@ -75,8 +75,10 @@ from bench._support import (
     ROOT,
     SMALL_MODEL,
     model_file,
+    proc_stats,
     short,
     table,
+    under,
     write_sections,
 )
 from bench.bench_generation import PROMPTS, environment
@@ -174,23 +176,8 @@ def proc_stat(pid: int) -> ProcStat | None:
 
 def descendants(root: int) -> list[int]:
     """Every live process under ``root`` (children, grandchildren, ...)."""
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                parent[int(entry)] = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    out = []
-    for pid, ppid in parent.items():
-        p, hops = ppid, 0
-        while p not in (root, 0, 1) and hops < 64:
-            p, hops = parent.get(p, 0), hops + 1
-        if p == root:
-            out.append(pid)
-    return sorted(out)
+    parent = {pid: int(fields[1]) for pid, fields in proc_stats().items()}
+    return sorted(pid for pid, ppid in parent.items() if under(ppid, root, parent))
 
 
 def daemon_env(state_dir: Path, corpus: Path, model: Path, embed: Path) -> dict[str, str]:
