@@ -11,36 +11,13 @@ import time
 from pathlib import Path
 
 import gguf
-import numpy as np
 import pytest
 
 from supervisor import InvalidModelError
 from supervisor._gguf import GGUFInfo, read_gguf_info, sha256_file
+from tests.support.models import write_model
 
 # --- building files --------------------------------------------------------------------
-
-
-def write_model(path: Path, *, vocab: int = 300) -> Path:
-    """Write a small valid GGUF: metadata, a string-array vocabulary and three tensors."""
-    writer = gguf.GGUFWriter(path, "llama")
-    writer.add_name("tiny test model")
-    writer.add_context_length(256)
-    writer.add_embedding_length(8)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-    writer.add_token_list([f"tok{i}" for i in range(vocab)])
-    writer.add_token_scores([0.0] * vocab)
-    writer.add_tensor("token_embd.weight", np.arange(32, dtype=np.float32).reshape(4, 8))
-    # Quantized tensors given as raw blocks: 2 rows of one Q8_0 block (34 bytes each),
-    # 1 row of one Q4_K super-block (144 bytes).
-    q8 = np.zeros((2, 34), dtype=np.uint8)
-    writer.add_tensor("blk.0.attn_q.weight", q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-    q4k = np.zeros((1, 144), dtype=np.uint8)
-    writer.add_tensor("blk.0.ffn_up.weight", q4k, raw_dtype=gguf.GGMLQuantizationType.Q4_K)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def data_end(path: Path) -> int:

@@ -36,8 +36,7 @@ from models import (
 )
 from models._cli import main
 from supervisor._gguf import sha256_file
-from tests.unit.test_gguf import write_model
-from tests.unit.test_models_convert import write_tiny_bert
+from tests.support.models import write_model, write_tiny_bert
 
 pytestmark = pytest.mark.process  # the real pip, in a subprocess
 
