@@ -56,8 +56,8 @@ from retrieval.errors import (
     validate_document_id,
     validate_source_id,
 )
-from tests.unit.test_chunk import assert_covered, assert_guarantees
-from tests.unit.test_validation import LIMITS, sampling_params
+from tests.support.chunks import assert_covered, assert_guarantees
+from tests.support.requests import LIMITS, sampling_params
 
 # --- hostile text ----------------------------------------------------------------------------
 
