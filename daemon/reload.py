@@ -7,7 +7,9 @@
 * A role whose mode or endpoint settings changed (``mode``, ``enabled``, ``endpoint_*``,
   ``api_key_*``) switches mode through :mod:`daemon.modes` — the same make-before-break
   path — and keeps the old mode if the new one does not become ready.
-* Request limits apply at once.
+* Request limits apply at once (but the gRPC message limit), and so do retrieval's limits
+  (to the ingests, scans and searches that start after the reload; but the embedding
+  batch, its concurrency and the group commit's size).
 * Access: the bearer tokens (``auth.token_file``, re-read), the TLS certificate, key and
   client CA (re-read; new handshakes get them, open connections keep theirs) and
   ``retrieval.allowed_roots`` apply at once. A token, certificate or key file that fails
@@ -15,7 +17,7 @@
   the report's ``error`` says why. Turning TLS or mutual TLS on or off needs a restart; so
   does dropping every token while the daemon listens beyond loopback without mutual TLS.
 * Everything else (listen addresses, logging, restart policy, timeouts, the state
-  directory, ``retrieval.*`` but its allowed roots, ``answer.*``, the gRPC message limit)
+  directory, ``retrieval.enabled`` and ``rescan_interval``, ``answer.*``)
   needs a restart; the reload says so and keeps the running values.
 * An invalid configuration is refused as a whole: nothing changes.
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import structlog
 
@@ -171,9 +174,7 @@ async def reload_config(
         else:
             applied = dataclasses.replace(applied, embedding=new_cc)
         (report.swapped if live else report.updated).append(role)
-    # The gRPC server's message limit stays until a restart.
-    limits = dataclasses.replace(new.limits,
-                                 max_message_bytes=current.limits.max_message_bytes)
+    limits = _live(new.limits, current.limits, "limits")  # the gRPC message limit stays
     if limits != current.limits:
         applied = dataclasses.replace(applied, limits=limits)
         report.limits_changed = True
@@ -221,9 +222,19 @@ def _apply_access(applied: Config, current: Config, new: Config,
             report.reloaded.append("tls")
     if "tls" in report.kept:
         _log.warning("reload kept the TLS material", why=report.kept["tls"])
-    roots = new.retrieval.allowed_roots
-    if roots != current.retrieval.allowed_roots:
-        applied = dataclasses.replace(applied, retrieval=dataclasses.replace(
-            applied.retrieval, allowed_roots=roots))
+    if new.retrieval.allowed_roots != current.retrieval.allowed_roots:
         report.reloaded.append("retrieval.allowed_roots")
-    return applied
+    return dataclasses.replace(applied, retrieval=_live(new.retrieval, current.retrieval,
+                                                        "retrieval"))
+
+
+_T = TypeVar("_T")
+
+
+def _live(new: _T, current: _T, section: str) -> _T:
+    """``new``, but for the fields of options of ``section`` that need a restart: those
+    keep their ``current`` (running) value."""
+    prefix = section + "."
+    return dataclasses.replace(new, **{  # type: ignore[type-var]
+        o.key.removeprefix(prefix): getattr(current, o.key.removeprefix(prefix))
+        for o in OPTIONS if o.key.startswith(prefix) and o.reload == "restart"})

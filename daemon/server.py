@@ -362,6 +362,8 @@ class Daemon:
                 self.config, report = await reload_config(
                     self.config, self._reload_source, self.children, self.swaps, self.modes)
                 self._inference.set_limits(self.config.limits)
+                if self.retriever is not None:
+                    self.retriever.limits = limits_from(self.config)
                 self.auth.set_tokens(self.config.tokens)
                 if self._tls is not None and self.config.tls is not None:
                     self._tls.update(self.config.tls)

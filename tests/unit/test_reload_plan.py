@@ -5,13 +5,13 @@ none is silently ignored)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from daemon import config
 from daemon.config import OPTIONS, Config, ConfigError, Option
-from daemon.reload import ReloadReport, reload_plan, settle
+from daemon.reload import ReloadReport, reload_config, reload_plan, settle
 from tests.support.pki import make_ca
 
 MODELS = {"generation.model": "/m/gen.gguf", "embedding.model": "/m/emb.gguf"}
@@ -107,14 +107,27 @@ def test_every_option_change_is_planned_and_reported(opt: Option, tmp_path: Path
     assert opt.key in nothing_ran.changes
 
 
-def test_retrieval_and_answer_changes_need_a_restart() -> None:
-    """retrieval.* (but its allowed roots), answer.* and state_dir are not ignored any
-    more: a reload reports them as needing a restart."""
+async def test_a_reload_applies_retrieval_limits_and_reports_the_rest() -> None:
+    """retrieval.*, answer.* and state_dir are not ignored any more: retrieval's limits
+    apply, the others are reported as needing a restart and keep their running value."""
     base = {o.key: o.default for o in OPTIONS} | MODELS
-    changed = {"retrieval.rrf_k": 61, "answer.cache_ttl": 10.0, "state_dir": "/srv/state"}
-    report = ReloadReport()
-    settle(reload_plan(_build(base), _build(base | changed)), report)
-    assert report.restart_needed == ["state_dir", "retrieval.rrf_k", "answer.cache_ttl"]
+    changed = {"retrieval.rrf_k": 61, "retrieval.embed_batch": 64, "answer.cache_ttl": 10.0,
+               "state_dir": "/srv/state", "limits.max_message_bytes": 2048,
+               "limits.max_stop": 3}
+    current = _build(base)
+    applied, report = await reload_config(current, lambda: _build(base | changed), {},
+                                          cast(Any, None), cast(Any, None))
+    assert report.changes == {
+        "state_dir": "restart needed", "retrieval.embed_batch": "restart needed",
+        "retrieval.rrf_k": "applied", "answer.cache_ttl": "restart needed",
+        "limits.max_stop": "applied", "limits.max_message_bytes": "restart needed"}
+    assert report.restart_needed == ["state_dir", "retrieval.embed_batch", "answer.cache_ttl",
+                                     "limits.max_message_bytes"]
+    assert (applied.retrieval.rrf_k, applied.retrieval.embed_batch) == (61, 32)
+    assert (applied.limits.max_stop, applied.limits.max_message_bytes) == (3, 16 * 1024**2)
+    assert applied.answer == current.answer and applied.state_dir == current.state_dir
+    assert reload_plan(applied, _build(base | changed)) == {
+        key: "restart" for key in report.restart_needed}
 
 
 def test_the_grpc_message_limit_needs_a_restart_the_other_limits_apply() -> None:
