@@ -37,7 +37,7 @@ from llamad_protocol.v1 import inference_pb2 as pb
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from tests.conftest import SMALL_MODEL
 from tests.support.daemon import Clients, config_env, make_daemon
-from tests.unit.test_extract import encrypted_pdf, image_only_pdf, pdf_with_pages, text_pdf
+from tests.support.pdf import encrypted_pdf, image_only_pdf, pdf_with_pages, text_pdf
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
