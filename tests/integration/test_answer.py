@@ -17,7 +17,7 @@ from llamad_protocol.v1 import answer_pb2 as apb
 from llamad_protocol.v1 import answer_pb2_grpc, retrieval_pb2_grpc
 from llamad_protocol.v1 import inference_pb2 as ipb
 from llamad_protocol.v1 import retrieval_pb2 as rpb
-from tests.integration.test_retrieval import write_corpus
+from tests.support.corpus import write_corpus
 from tests.support.daemon import Clients, config_env, make_daemon
 
 pytestmark = pytest.mark.integration

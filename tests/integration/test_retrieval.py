@@ -20,61 +20,10 @@ from daemon import Daemon
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from llamad_protocol.v1 import retrieval_pb2_grpc
 from tests.conftest import ROOT
+from tests.support.corpus import write_corpus
 from tests.support.daemon import Clients, config_env, make_daemon
 
 pytestmark = pytest.mark.integration
-
-RUNBOOKS = {
-    "runbooks/web01.md": """# web01
-
-## Disk full on web01
-
-When web01 reports `No space left on device`, the nginx access logs under
-/var/log/nginx have usually grown past 40 GB. Rotate them with
-`logrotate -f /etc/logrotate.d/nginx`, then check `df -h /var`.
-
-## TLS certificate renewal
-
-web01 uses certbot; run `certbot renew --dry-run` first.
-""",
-    "runbooks/db02.md": """# db02
-
-## Replication lag
-
-If db02 falls behind the primary, check `SELECT now() - pg_last_xact_replay_timestamp();`
-and look for long-running queries on the replica.
-
-## Vacuum
-
-Autovacuum thresholds are tuned in postgresql.conf.
-""",
-    "runbooks/vpn.md": """# VPN gateway
-
-## Tunnel flapping
-
-The IPsec tunnel to 10.20.0.1 flaps when dead peer detection is too aggressive.
-Set `dpd 30` and check CVE-2024-3094 was patched on the gateway image v2.4.1.
-""",
-    "configs/core-sw1.cfg": """hostname core-sw1
-!
-interface GigabitEthernet0/1
- description uplink to web01
- switchport mode trunk
-!
-interface GigabitEthernet0/2
- description db02 replication link
- switchport access vlan 20
-!
-""",
-}
-
-
-def write_corpus(root: Path) -> None:
-    for rel, text in RUNBOOKS.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-
 
 class Retrieval:
     def __init__(self, c: Clients) -> None:

@@ -1,5 +1,6 @@
 """What tests share instead of copying: one module per kind of helper.
 
+* :mod:`tests.support.corpus`: a small corpus of runbooks on disk.
 * :mod:`tests.support.daemon`: a real daemon in-process on port 0 and real gRPC stubs to it.
 * :mod:`tests.support.procs`: processes seen from /proc (alive, gone, descendants), a free port.
 * :mod:`tests.support.scripted`: the supervisor's scripted launcher and children (no processes).
