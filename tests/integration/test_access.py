@@ -37,6 +37,7 @@ from daemon.config import ConfigError
 from tests.conftest import ROOT
 from tests.support.daemon import config_env
 from tests.support.pki import Issued, Pki
+from tests.support.races import OUTSIDE_DIR_WORD, swap_forever
 
 pytestmark = pytest.mark.integration
 
@@ -513,8 +514,6 @@ async def test_symlink_race_never_hands_a_read_token_outside_files(
     token file (and a directory between a directory and a symlink to an outside one)
     while an admin reindexes, round after round for a bounded time: a Search with the
     read token never returns a byte of the token file or of the outside directory."""
-    from tests.unit.test_confine import OUTSIDE_DIR_WORD, _swap_forever
-
     tokens, read, admin = token_files(tmp_path)
     root, outside = tmp_path / "shared", tmp_path / "outside"
     src = root / "team"
@@ -526,7 +525,7 @@ async def test_symlink_race_never_hands_a_read_token_outside_files(
     daemon = await start(started, quiet_env(LLAMAD_AUTH_TOKEN_FILE=str(tokens),
                                             LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(root)))
     stop = threading.Event()
-    racer = threading.Thread(target=_swap_forever, args=(src, tokens, outside, stop),
+    racer = threading.Thread(target=swap_forever, args=(src, tokens, outside, stop),
                              daemon=True)
     async with AsyncClient(daemon.address, token_file=admin, timeout=30) as operator, \
             AsyncClient(daemon.address, token_file=read, timeout=30) as reader:

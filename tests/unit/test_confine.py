@@ -18,11 +18,9 @@ from daemon.retrieval_service import rescan_loop
 from retrieval import RetrievalLimits, Retriever, scan_source
 from retrieval._confine import SourceRoot, display_name
 from retrieval.errors import ExtractionError, SourceNotAllowed
+from tests.support.races import OUTSIDE_DIR_WORD, swap_forever
 
 OUTSIDE_FILE_WORD = "zanzibarquokka"
-OUTSIDE_DIR_WORD = "xylophonewombat"
-
-
 @pytest.fixture
 async def retriever(tmp_path: Path) -> AsyncIterator[Retriever]:
     """A BM25-only retriever (no embedder): the scan and the text index are what count."""
@@ -139,25 +137,6 @@ def test_display_name_escapes_bytes_that_are_not_utf8() -> None:
 # --- scans -------------------------------------------------------------------------------
 
 
-def _swap_forever(src: Path, outside_file: Path, outside_dir: Path,
-                  stop: threading.Event) -> None:
-    """Swap src/doc.txt between a regular file and a symlink to a file outside, and
-    src/sub between a directory and a symlink to a directory outside, as fast as it can
-    (atomically, with os.replace / rename, as an attacker would)."""
-    tmp_file, tmp_link = src / ".doc.tmp", src / ".link.tmp"
-    real_sub, sub = src / ".sub.real", src / "sub"
-    while not stop.is_set():
-        tmp_file.write_text("inside words only\n")
-        os.replace(tmp_file, src / "doc.txt")
-        tmp_link.symlink_to(outside_file)
-        os.replace(tmp_link, src / "doc.txt")
-        os.rename(sub, real_sub)
-        tmp_link.symlink_to(outside_dir)
-        os.replace(tmp_link, sub)
-        os.unlink(sub)
-        os.rename(real_sub, sub)
-
-
 async def test_a_file_swapped_for_a_symlink_during_scans_never_leaks_outside_bytes(
     retriever: Retriever, tmp_path: Path
 ) -> None:
@@ -173,7 +152,7 @@ async def test_a_file_swapped_for_a_symlink_during_scans_never_leaks_outside_byt
     (src / "stable.md").write_text("# Stable\n\nalways here\n")
     await retriever.add_source("src", root=src)
     stop = threading.Event()
-    racer = threading.Thread(target=_swap_forever,
+    racer = threading.Thread(target=swap_forever,
                              args=(src, outside / "secret.txt", outside, stop), daemon=True)
     racer.start()
     rounds = 0
