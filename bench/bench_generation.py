@@ -65,10 +65,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bench._support import (
     DEFAULT_MODEL,
     ROOT,
+    CpuSnap,
     cpu_model,
+    cpu_snap,
+    foreign_cores,
     model_file,
     table,
-    tree_ticks,
     version_of,
     write_sections,
 )
@@ -86,8 +88,6 @@ START_MODELS = ("gemma-3-270m-q4_k_m.gguf", "SmolLM2-135M-Instruct.Q4_1.gguf")
 RUNTIMES = ("llama-server", "bundled")
 DEFAULT_THREADS = 2
 POLL = 0.02  # seconds between retries and readiness polls of the bench itself
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
 STREAM_HEADING = "## Generation streaming: llamad vs direct"
 START_HEADING = "## Start and recovery"
 
@@ -172,30 +172,6 @@ class StartResult:
 
 
 # -- a shared machine: measure only while nothing else runs -------------------------------
-
-
-@dataclass(frozen=True)
-class CpuSnap:
-    at: float  # time.monotonic()
-    busy: int  # system-wide busy ticks, steal included (/proc/stat)
-    own: int  # ticks of this process and its descendants, reaped ones included
-
-
-def _busy_ticks() -> int:
-    with open("/proc/stat") as fh:
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (
-            int(x) for x in fh.readline().split()[1:9])
-    return user + nice + system + irq + softirq + steal
-
-
-def cpu_snap() -> CpuSnap:
-    return CpuSnap(time.monotonic(), _busy_ticks(), tree_ticks(os.getpid()))
-
-
-def foreign_cores(before: CpuSnap, after: CpuSnap) -> float:
-    """Cores used on average, between two snapshots, by processes that are not ours."""
-    seconds = max(after.at - before.at, 1e-3)
-    return max(0, (after.busy - before.busy) - (after.own - before.own)) / CLK_TCK / seconds
 
 
 @dataclass

@@ -66,7 +66,6 @@ import re
 import shlex
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -85,24 +84,23 @@ from bench._daemon import DaemonProcess, wait_ready
 from bench._support import (
     DEFAULT_MODEL,
     EMBED_MODEL,
+    MONITOR,
     ROOT,
     SMALL_MODEL,
+    PartNote,
+    begin_part,
+    end_part,
     f3,
-    foreign_benchmarks,
     model_file,
-    proc_stats,
     short,
     table,
-    tree_ticks,
     write_sections,
 )
 from bench.bench_generation import (
     PROMPTS,
     Running,
-    cpu_snap,
     daemon_log,
     environment,
-    foreign_cores,
 )
 from daemon import Daemon, load
 from llamad_protocol.v1 import (
@@ -116,7 +114,6 @@ from llamad_protocol.v1.wire import RETRY_AFTER_KEY
 from supervisor import State, StateChange
 
 CORPUS = Path("/work/shared/data/cisi/corpus.jsonl")
-CI_LOG = Path("/tmp/ci/run.log")  # noqa: S108 (only read: a CI run on this machine)
 THREADS = 2
 # The order of the three embedding paths, rotating round by round (each first equally often).
 ORDERS = (("llamad", "direct", "direct64"), ("direct", "direct64", "llamad"),
@@ -134,193 +131,6 @@ EMBED_HEADING = "## Embedding: llamad vs direct"
 
 
 # -- the machine -------------------------------------------------------------------------
-
-
-async def active_benchmarks(window: float = 3.0, idle: float = 0.05) -> list[str]:
-    """The other benchmarks that are measuring: those whose process tree used more than
-    ``idle`` cores over ``window`` seconds. One that only waits for a quiet machine (for
-    this one, maybe) is idle, and is not counted: two benchmarks waiting for each other
-    would otherwise both wait until they give up."""
-    others = foreign_benchmarks()
-    pids = [int(line.split(maxsplit=1)[0]) for line in others]
-    before = {pid: tree_ticks(pid) for pid in pids}
-    await asyncio.sleep(window)
-    tck = os.sysconf("SC_CLK_TCK")
-    return [line for line, pid in zip(others, pids, strict=True)
-            if (tree_ticks(pid) - before[pid]) / tck / window > idle]
-
-
-def ci_running(log: Path = CI_LOG) -> bool:
-    """Whether a CI run is going: its log exists and does not end with ``exit=...``."""
-    try:
-        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return False
-    return bool(lines) and not lines[-1].startswith("exit=")
-
-
-def uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, check=False,
-                              timeout=5).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        load1, load5, load15 = os.getloadavg()
-        return f"load average: {load1:.2f}, {load5:.2f}, {load15:.2f}"
-
-
-def proc_table() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, CPU ticks it used so far; its reaped children's not included,
-    so that a reap does not count a child's whole life again)."""
-    return {pid: (int(f[1]), int(f[11]) + int(f[12])) for pid, f in proc_stats().items()}
-
-
-def command_of(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:90]
-    except OSError:
-        return "?"
-
-
-class CpuMonitor:
-    """Samples, every ``period`` seconds, the cores used by processes outside this one's
-    tree (perf_counter time), and which foreign process used the most in busy samples."""
-
-    def __init__(self, period: float = 1.0, busy: float = 0.25) -> None:
-        self.period = period
-        self.busy = busy
-        self.samples: list[tuple[float, float, float]] = []  # (from, to, foreign cores)
-        self.offenders: Counter[str] = Counter()  # command -> busy samples it led
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="cpu-monitor")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _run(self) -> None:
-        tck = os.sysconf("SC_CLK_TCK")
-        me = os.getpid()
-        before, t0 = proc_table(), time.perf_counter()
-        while True:
-            await asyncio.sleep(self.period)
-            after, t1 = proc_table(), time.perf_counter()
-            foreign: dict[int, int] = {}
-            for pid, (_, ticks) in after.items():
-                p, hops = pid, 0
-                while p not in (me, 0, 1) and hops < 64:
-                    p, hops = after.get(p, (0, 0))[0], hops + 1
-                if p != me:
-                    foreign[pid] = ticks - before[pid][1] if pid in before else ticks
-            cores = sum(foreign.values()) / tck / (t1 - t0)
-            self.samples.append((t0, t1, cores))
-            if cores > self.busy and foreign:
-                top = max(foreign, key=lambda k: foreign[k])
-                self.offenders[command_of(top)] += 1
-            before, t0 = after, t1
-
-    def foreign(self, start: float, end: float) -> float:
-        """Average foreign cores over [start, end] (perf_counter), from the samples."""
-        weight = total = 0.0
-        for a, b, cores in self.samples:
-            overlap = min(b, end) - max(a, start)
-            if overlap > 0:
-                weight += overlap
-                total += overlap * cores
-        return total / weight if weight else math.nan
-
-    def disturbed(self, start: float, end: float) -> bool:
-        value = self.foreign(start, end)
-        return not math.isnan(value) and value > self.busy
-
-
-MONITOR = CpuMonitor()
-
-
-@dataclass
-class PartNote:
-    """The machine around one timed part."""
-
-    part: str
-    uptime: str = ""
-    waited: float = 0.0  # seconds spent waiting for other benchmarks
-    others: list[str] = field(default_factory=list)  # other benchmarks seen during the part
-    foreign: float = 0.0  # cores used on average by processes that are not ours
-    busy_share: float = 0.0  # share of seconds in which they used more than MONITOR.busy
-    offenders: list[tuple[str, int]] = field(default_factory=list)  # (command, busy seconds)
-    seconds: float = 0.0
-    start: float = 0.0  # perf_counter
-    offended_before: dict[str, int] = field(default_factory=dict, repr=False)
-
-    def line(self) -> str:
-        others = ("; other benchmarks seen: " + "; ".join(self.others)) if self.others else (
-            "; no other benchmark ran")
-        waited = f" (after waiting {self.waited:.0f} s for a quiet machine)" if (
-            self.waited >= 5) else ""
-        busy = ""
-        if self.offenders:
-            busy = ("; busiest foreign processes then: " + "; ".join(
-                f"`{c}` ({n} s)" for c, n in self.offenders[:3]))
-        return (f"- Machine during this part: `{self.uptime}` at its start{waited}; other "
-                f"processes used {self.foreign:.2f} cores on average over its "
-                f"{self.seconds:.0f} s, more than {MONITOR.busy} cores in "
-                f"{self.busy_share:.0%} of its seconds{busy}{others}.")
-
-
-async def begin_part(name: str, wait_limit: float, anyway: bool,
-                     max_foreign: float, *, wait_others: bool = True) -> PartNote:
-    """Wait until no other benchmark measures (see :func:`active_benchmarks`; only when
-    ``wait_others``), no CI run is going and other processes use at most ``max_foreign``
-    cores over 3 s. After ``wait_limit`` seconds: refuse if another benchmark still
-    measures (unless ``anyway``), else measure regardless (the section says how busy the
-    machine was). Note ``uptime``; start the CPU accounting."""
-    note = PartNote(name)
-    began = time.monotonic()
-    told = 0.0
-    while True:
-        before = cpu_snap()
-        active = await active_benchmarks() if wait_others else []
-        if not wait_others:
-            await asyncio.sleep(3)
-        share = foreign_cores(before, cpu_snap())
-        ci = ci_running()
-        if not active and share <= max_foreign and not ci:
-            break
-        if time.monotonic() - began >= wait_limit:
-            if active and not anyway:
-                raise SystemExit(f"other benchmarks still run after {wait_limit:.0f}s; not "
-                                 f"measuring (--anyway to measure regardless): {active}")
-            break  # measure regardless; the section says how busy the machine was
-        if time.monotonic() - told > 60:
-            told = time.monotonic()
-            why = (f"other benchmarks run: {active}" if active else
-                   "a CI run is going" if ci else f"other processes use {share:.2f} cores")
-            print(f"  waiting for a quiet machine: {why}", flush=True)
-    note.waited = time.monotonic() - began
-    active = await active_benchmarks()
-    note.others = [line if line in active else f"{line} (idle: waiting)"
-                   for line in foreign_benchmarks()]
-    note.uptime = uptime()
-    print(f"\n== {name}: {note.uptime}", flush=True)
-    note.start = time.perf_counter()
-    note.offended_before = dict(MONITOR.offenders)
-    return note
-
-
-def end_part(note: PartNote) -> None:
-    end = time.perf_counter()
-    note.seconds = end - note.start
-    note.foreign = MONITOR.foreign(note.start, end)
-    inside = [c for a, b, c in MONITOR.samples if a >= note.start and b <= end]
-    note.busy_share = sum(c > MONITOR.busy for c in inside) / len(inside) if inside else 0.0
-    note.offenders = (MONITOR.offenders - Counter(note.offended_before)).most_common(3)
-    for line in foreign_benchmarks():
-        if line not in note.others:
-            note.others.append(line)
 
 
 # -- the daemon --------------------------------------------------------------------------

@@ -72,8 +72,12 @@ from bench._daemon import DaemonProcess, wait_ready
 from bench._support import (
     DEFAULT_MODEL,
     EMBED_MODEL,
+    MONITOR,
     ROOT,
     SMALL_MODEL,
+    PartNote,
+    begin_part,
+    end_part,
     model_file,
     proc_stats,
     short,
@@ -82,15 +86,7 @@ from bench._support import (
     write_sections,
 )
 from bench.bench_generation import PROMPTS, environment
-from bench.bench_swap import (
-    MONITOR,
-    RETRY_KEY,
-    RETRYABLE,
-    PartNote,
-    begin_part,
-    end_part,
-    pct,
-)
+from bench.bench_swap import RETRY_KEY, RETRYABLE, pct
 from llamad_protocol.v1 import (
     common_pb2,
     control_pb2,
