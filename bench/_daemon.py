@@ -1,5 +1,6 @@
-"""The daemon as operators run it, for the benchmarks: ``python -m daemon serve`` in its
-own process, its log in a file, the address read from its ``listening`` line."""
+"""The daemon for the benchmarks: as operators run it (``python -m daemon serve`` in its
+own process, its log in a file, the address read from its ``listening`` line), or in this
+process with real gRPC stubs to it (:class:`Running`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -18,7 +21,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench._support import ROOT
-from llamad_protocol.v1 import control_pb2, control_pb2_grpc
+from daemon import Daemon, logs
+from llamad_protocol.v1 import common_pb2, control_pb2, control_pb2_grpc, inference_pb2_grpc
+from supervisor import State
 
 
 def clean_environ() -> dict[str, str]:
@@ -102,3 +107,53 @@ async def wait_ready(channel: grpc.aio.Channel, timeout: float = 300.0) -> None:
                     return
         await asyncio.sleep(0.5)
     raise SystemExit(f"bench: the daemon was not ready within {timeout:.0f}s")
+
+
+# -- the daemon in this process ---------------------------------------------------------------
+
+
+class Running:
+    """A started daemon and real gRPC stubs on one channel to it."""
+
+    def __init__(self, daemon: Daemon, address: str, events: list[tuple[State, float]]) -> None:
+        self.daemon = daemon
+        self.events = events  # supervisor state changes (perf_counter), from before start()
+        self.channel = grpc.aio.insecure_channel(address)
+        self.inference = inference_pb2_grpc.InferenceServiceStub(self.channel)
+        self.control = control_pb2_grpc.ControlServiceStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+
+    def first_after(self, state: State, since: float) -> float:
+        for new, at in self.events:
+            if new is state and at >= since:
+                return at
+        raise RuntimeError(f"the generation child never entered {state.value}")
+
+    async def wait_serving(self, timeout: float = 300.0) -> None:
+        request = health_pb2.HealthCheckRequest(service="generation")
+        async for resp in self.health.Watch(request, timeout=timeout):
+            if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                return
+        raise RuntimeError("health never became SERVING")
+
+    async def generation(self) -> control_pb2.ChildStatus:
+        resp = await self.control.Status(control_pb2.StatusRequest(), timeout=10)
+        for child in resp.children:
+            if child.role == common_pb2.CHILD_ROLE_GENERATION:
+                found: control_pb2.ChildStatus = child
+                return found
+        raise RuntimeError("Status lists no generation child")
+
+    async def close(self) -> None:
+        await self.channel.close()
+        await self.daemon.shutdown()
+
+
+@contextlib.contextmanager
+def daemon_log() -> Iterator[TextIO]:
+    """The in-process daemons log (JSON, as in production) to a temporary file."""
+    fd, name = tempfile.mkstemp(prefix="llamad-bench-", suffix=".log")
+    with os.fdopen(fd, "w") as fh:
+        logs.configure("json", "info", stream=fh)
+        print(f"daemon log: {name}", flush=True)
+        yield fh

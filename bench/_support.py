@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import math
 import os
 import platform
@@ -16,6 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+
+from llamad_protocol.v1.wire import RETRY_AFTER_KEY
+from supervisor import find_llama_server
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS_DIR = Path(os.environ.get("LLAMAD_MODELS_DIR") or ROOT / "models" / "gguf")
@@ -372,3 +376,85 @@ def end_part(note: PartNote) -> None:
     for line in foreign_benchmarks():
         if line not in note.others:
             note.others.append(line)
+
+
+# -- what was measured, and how ------------------------------------------------------------
+
+
+PROMPTS: tuple[str, ...] = (
+    "The history of the printing press began",
+    "Here is a short story about a lighthouse keeper who",
+    "Photosynthesis is the process by which",
+    "A beginner's guide to cooking rice: first,",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Ten tips for writing clear documentation:\n1.",
+    "Once upon a time, in a small village near the mountains,",
+    "My favourite differences between TCP and UDP are",
+)
+
+
+def llama_server_version() -> str:
+    binary = find_llama_server()
+    if binary is None:
+        return "not found"
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10,
+                             check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    for line in (out.stdout + out.stderr).splitlines():
+        if line.startswith("version:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def source() -> str:
+    """The llamad commit measured, and which top-level directories differ from it."""
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                             timeout=10, check=False)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    try:
+        rev = git("log", "-1", "--format=%h %s")
+        changed = sorted({name.split("/")[0] for name in git("diff", "--name-only", "HEAD")
+                          .splitlines() if name})
+    except (OSError, subprocess.TimeoutExpired):
+        rev, changed = "", []
+    if not rev:
+        return "not a git checkout"
+    subject = rev.split(" ", 1)
+    head = f"commit {subject[0]} ({subject[1][:60]}{'...' if len(subject[1]) > 60 else ''})"
+    return head + (f", with uncommitted changes in {', '.join(changed)}" if changed else "")
+
+
+def environment(command: str, llama_bin: str | None = None) -> list[str]:
+    """The section's opening lines: date, commit, machine, versions, command (and the
+    llama-server binary, when one was given)."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    binary = [f"- llama-server binary: `{llama_bin}`"] if llama_bin else []
+    return [*binary,
+        f"- Date: {now}; llamad {source()}",
+        f"- Machine: {os.cpu_count()} CPUs ({cpu_model()}), Linux {platform.release()}, "
+        f"Python {platform.python_version()}",
+        f"- llama-cpp-python {version_of('llama_cpp_python')} (bundled runtime; its sources "
+        f"built llama-server {llama_server_version()}), grpcio {version_of('grpcio')}, "
+        f"httpx {version_of('httpx')}",
+        f"- Command: `{command}`",
+    ]
+
+
+RETRY_KEY = RETRY_AFTER_KEY
+
+
+RETRYABLE = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (linear interpolation between closest ranks)."""
+    xs = sorted(v for v in values if not math.isnan(v))
+    if not xs:
+        return math.nan
+    k = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)

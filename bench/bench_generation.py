@@ -41,10 +41,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import json
 import os
-import platform
 import shlex
 import signal
 import socket
@@ -53,36 +51,33 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import grpc
 import httpx
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench._daemon import Running, daemon_log
 from bench._support import (
     DEFAULT_MODEL,
+    PROMPTS,
     ROOT,
     CpuSnap,
-    cpu_model,
     cpu_snap,
+    environment,
     foreign_cores,
     model_file,
     table,
-    version_of,
     write_sections,
 )
-from daemon import Daemon, load, logs
+from daemon import Daemon, load
 from llamad_protocol.v1 import (
-    common_pb2,
     control_pb2,
-    control_pb2_grpc,
     inference_pb2,
-    inference_pb2_grpc,
 )
-from supervisor import State, StateChange, find_llama_server
+from supervisor import State, StateChange
 
 START_MODELS = ("gemma-3-270m-q4_k_m.gguf", "SmolLM2-135M-Instruct.Q4_1.gguf")
 RUNTIMES = ("llama-server", "bundled")
@@ -93,18 +88,6 @@ START_HEADING = "## Start and recovery"
 
 # Completion prompts with different first words (so consecutive requests share no
 # prefix) that invite long answers.
-PROMPTS: tuple[str, ...] = (
-    "The history of the printing press began",
-    "Here is a short story about a lighthouse keeper who",
-    "Photosynthesis is the process by which",
-    "A beginner's guide to cooking rice: first,",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-    "Ten tips for writing clear documentation:\n1.",
-    "Once upon a time, in a small village near the mountains,",
-    "My favourite differences between TCP and UDP are",
-)
-
-
 # -- measurements ----------------------------------------------------------------------
 
 
@@ -246,43 +229,6 @@ def daemon_env(runtime: str, model: Path, threads: int) -> dict[str, str]:
         "LLAMAD_DRAIN_GRACE": "5",
         "LLAMAD_LOG_FORMAT": "json",
     }
-
-
-class Running:
-    """A started daemon and real gRPC stubs on one channel to it."""
-
-    def __init__(self, daemon: Daemon, address: str, events: list[tuple[State, float]]) -> None:
-        self.daemon = daemon
-        self.events = events  # supervisor state changes (perf_counter), from before start()
-        self.channel = grpc.aio.insecure_channel(address)
-        self.inference = inference_pb2_grpc.InferenceServiceStub(self.channel)
-        self.control = control_pb2_grpc.ControlServiceStub(self.channel)
-        self.health = health_pb2_grpc.HealthStub(self.channel)
-
-    def first_after(self, state: State, since: float) -> float:
-        for new, at in self.events:
-            if new is state and at >= since:
-                return at
-        raise RuntimeError(f"the generation child never entered {state.value}")
-
-    async def wait_serving(self, timeout: float = 300.0) -> None:
-        request = health_pb2.HealthCheckRequest(service="generation")
-        async for resp in self.health.Watch(request, timeout=timeout):
-            if resp.status == health_pb2.HealthCheckResponse.SERVING:
-                return
-        raise RuntimeError("health never became SERVING")
-
-    async def generation(self) -> control_pb2.ChildStatus:
-        resp = await self.control.Status(control_pb2.StatusRequest(), timeout=10)
-        for child in resp.children:
-            if child.role == common_pb2.CHILD_ROLE_GENERATION:
-                found: control_pb2.ChildStatus = child
-                return found
-        raise RuntimeError("Status lists no generation child")
-
-    async def close(self) -> None:
-        await self.channel.close()
-        await self.daemon.shutdown()
 
 
 @contextlib.asynccontextmanager
@@ -573,56 +519,6 @@ def p90(values: Sequence[float]) -> float:
     return statistics.quantiles(values, n=10, method="inclusive")[-1]
 
 
-def llama_server_version() -> str:
-    binary = find_llama_server()
-    if binary is None:
-        return "not found"
-    try:
-        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10,
-                             check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    for line in (out.stdout + out.stderr).splitlines():
-        if line.startswith("version:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
-def source() -> str:
-    """The llamad commit measured, and which top-level directories differ from it."""
-    def git(*args: str) -> str:
-        out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
-                             timeout=10, check=False)
-        return out.stdout.strip() if out.returncode == 0 else ""
-
-    try:
-        rev = git("log", "-1", "--format=%h %s")
-        changed = sorted({name.split("/")[0] for name in git("diff", "--name-only", "HEAD")
-                          .splitlines() if name})
-    except (OSError, subprocess.TimeoutExpired):
-        rev, changed = "", []
-    if not rev:
-        return "not a git checkout"
-    subject = rev.split(" ", 1)
-    head = f"commit {subject[0]} ({subject[1][:60]}{'...' if len(subject[1]) > 60 else ''})"
-    return head + (f", with uncommitted changes in {', '.join(changed)}" if changed else "")
-
-
-def environment(command: str) -> list[str]:
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    bin_ = EXTRA_ENV.get("LLAMAD_LLAMA_BIN")
-    binary = [f"- llama-server binary: `{bin_}`"] if bin_ else []
-    return [*binary,
-        f"- Date: {now}; llamad {source()}",
-        f"- Machine: {os.cpu_count()} CPUs ({cpu_model()}), Linux {platform.release()}, "
-        f"Python {platform.python_version()}",
-        f"- llama-cpp-python {version_of('llama_cpp_python')} (bundled runtime; its sources "
-        f"built llama-server {llama_server_version()}), grpcio {version_of('grpcio')}, "
-        f"httpx {version_of('httpx')}",
-        f"- Command: `{command}`",
-    ]
-
-
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f}"
 
@@ -766,16 +662,6 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-@contextlib.contextmanager
-def daemon_log() -> Iterator[TextIO]:
-    """The in-process daemons log (JSON, as in production) to a temporary file."""
-    fd, name = tempfile.mkstemp(prefix="llamad-bench-", suffix=".log")
-    with os.fdopen(fd, "w") as fh:
-        logs.configure("json", "info", stream=fh)
-        print(f"daemon log: {name}", flush=True)
-        yield fh
-
-
 async def run(args: argparse.Namespace, command: str) -> None:
     runtimes = RUNTIMES if args.runtime == "both" else (args.runtime,)
     model = model_file(args.model)
@@ -798,7 +684,7 @@ async def run(args: argparse.Namespace, command: str) -> None:
     total = time.perf_counter() - began
     print(f"total {total:.0f}s, of which {guard.waited:.0f}s waiting for a quiet machine; "
           f"{guard.redone} measurements redone\n", flush=True)
-    env = environment(command)
+    env = environment(command, EXTRA_ENV.get("LLAMAD_LLAMA_BIN"))
     sections = [stream_section(streams, env, prompts=len(prompts), max_tokens=args.max_tokens,
                                rounds=args.rounds, threads=args.threads,
                                max_foreign=args.max_foreign)]

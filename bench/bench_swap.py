@@ -80,27 +80,26 @@ import httpx
 import numpy as np
 from grpc_health.v1 import health_pb2
 
-from bench._daemon import DaemonProcess, wait_ready
+from bench._daemon import DaemonProcess, Running, daemon_log, wait_ready
 from bench._support import (
     DEFAULT_MODEL,
     EMBED_MODEL,
     MONITOR,
+    PROMPTS,
+    RETRY_KEY,
+    RETRYABLE,
     ROOT,
     SMALL_MODEL,
     PartNote,
     begin_part,
     end_part,
+    environment,
     f3,
     model_file,
+    pct,
     short,
     table,
     write_sections,
-)
-from bench.bench_generation import (
-    PROMPTS,
-    Running,
-    daemon_log,
-    environment,
 )
 from daemon import Daemon, load
 from llamad_protocol.v1 import (
@@ -110,7 +109,6 @@ from llamad_protocol.v1 import (
     inference_pb2,
     inference_pb2_grpc,
 )
-from llamad_protocol.v1.wire import RETRY_AFTER_KEY
 from supervisor import State, StateChange
 
 CORPUS = Path("/work/shared/data/cisi/corpus.jsonl")
@@ -120,8 +118,6 @@ ORDERS = (("llamad", "direct", "direct64"), ("direct", "direct64", "llamad"),
           ("direct64", "llamad", "direct"), ("llamad", "direct64", "direct"),
           ("direct", "llamad", "direct64"), ("direct64", "direct", "llamad"))
 POLL = 0.02
-RETRY_KEY = RETRY_AFTER_KEY
-RETRYABLE = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
 GEN = common_pb2.CHILD_ROLE_GENERATION
 EMB = common_pb2.CHILD_ROLE_EMBEDDING
 
@@ -331,16 +327,6 @@ class Load:
 
 
 # -- statistics ---------------------------------------------------------------------------
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (linear interpolation between closest ranks)."""
-    xs = sorted(v for v in values if not math.isnan(v))
-    if not xs:
-        return math.nan
-    k = (len(xs) - 1) * q / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 def med(values: Sequence[float]) -> float:

@@ -73,20 +73,23 @@ from bench._support import (
     DEFAULT_MODEL,
     EMBED_MODEL,
     MONITOR,
+    PROMPTS,
+    RETRY_KEY,
+    RETRYABLE,
     ROOT,
     SMALL_MODEL,
     PartNote,
     begin_part,
     end_part,
+    environment,
     model_file,
+    pct,
     proc_stats,
     short,
     table,
     under,
     write_sections,
 )
-from bench.bench_generation import PROMPTS, environment
-from bench.bench_swap import RETRY_KEY, RETRYABLE, pct
 from llamad_protocol.v1 import (
     common_pb2,
     control_pb2,
