@@ -9,7 +9,8 @@
   path — and keeps the old mode if the new one does not become ready.
 * Request limits apply at once (but the gRPC message limit), and so do retrieval's limits
   (to the ingests, scans and searches that start after the reload; but the embedding
-  batch, its concurrency and the group commit's size).
+  batch, its concurrency and the group commit's size), and the Ask settings (to the Asks
+  that start after it; but the response cache and the audit log).
 * Access: the bearer tokens (``auth.token_file``, re-read), the TLS certificate, key and
   client CA (re-read; new handshakes get them, open connections keep theirs) and
   ``retrieval.allowed_roots`` apply at once. A token, certificate or key file that fails
@@ -17,7 +18,7 @@
   the report's ``error`` says why. Turning TLS or mutual TLS on or off needs a restart; so
   does dropping every token while the daemon listens beyond loopback without mutual TLS.
 * Everything else (listen addresses, logging, restart policy, timeouts, the state
-  directory, ``retrieval.enabled`` and ``rescan_interval``, ``answer.*``)
+  directory, ``retrieval.enabled`` and ``rescan_interval``, ``answer.cache_*`` and ``audit_*``)
   needs a restart; the reload says so and keeps the running values.
 * An invalid configuration is refused as a whole: nothing changes.
 
@@ -225,7 +226,8 @@ def _apply_access(applied: Config, current: Config, new: Config,
     if new.retrieval.allowed_roots != current.retrieval.allowed_roots:
         report.reloaded.append("retrieval.allowed_roots")
     return dataclasses.replace(applied, retrieval=_live(new.retrieval, current.retrieval,
-                                                        "retrieval"))
+                                                        "retrieval"),
+                               answer=_live(new.answer, current.answer, "answer"))
 
 
 _T = TypeVar("_T")

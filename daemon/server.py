@@ -107,6 +107,15 @@ def _warn_unprotected_hard_links(config: Config) -> None:
                             "retrieval.refuse_hard_links = true")
 
 
+def _answer_settings(config: Config) -> AnswerSettings:
+    a = config.answer
+    return AnswerSettings(
+        max_question_chars=a.max_question_chars, max_attachment_chars=a.max_attachment_chars,
+        max_history_turns=a.max_history_turns, default_max_tokens=a.default_max_tokens,
+        default_k=a.default_k, min_vector_score=a.min_vector_score,
+        min_text_score=a.min_text_score)
+
+
 def _log_default_models(config: Config) -> None:
     """Say which role runs the prepared default model because none was configured."""
     for role in ("generation", "embedding"):
@@ -157,6 +166,7 @@ class Daemon:
         self.modes = ModeManager(self.children, lambda: self.config,
                                  on_change=self._after_mode_change)
         self.retriever: Retriever | None = None
+        self._answer: AnswerServicer | None = None
         if config.retrieval.enabled:
             self.retriever = Retriever(config.state_dir / "retrieval",
                                        make_provider(self.router, self.children),
@@ -211,8 +221,8 @@ class Daemon:
                 RetrievalServicer(self.retriever, self.metrics, self._allowed_roots),
                 server)
         # Served in every mode: a disabled generation role answers FAILED_PRECONDITION.
-        answer_pb2_grpc.add_AnswerServiceServicer_to_server(
-            self._answer_servicer(), server)
+        self._answer = self._answer_servicer()
+        answer_pb2_grpc.add_AnswerServiceServicer_to_server(self._answer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
         self._bound = bind(server, self.config,
@@ -263,17 +273,11 @@ class Daemon:
 
     def _answer_servicer(self) -> AnswerServicer:
         a = self.config.answer
-        settings = AnswerSettings(
-            max_question_chars=a.max_question_chars,
-            max_attachment_chars=a.max_attachment_chars,
-            max_history_turns=a.max_history_turns,
-            default_max_tokens=a.default_max_tokens, default_k=a.default_k,
-            min_vector_score=a.min_vector_score, min_text_score=a.min_text_score,
-        )
         audit_path = Path(a.audit_log) if a.audit_log else (
             self.config.state_dir / "audit" / "answers.jsonl")
         return AnswerServicer(
-            self.router, self.retriever, self.config.limits, settings=settings,
+            self.router, self.retriever, self.config.limits,
+            settings=_answer_settings(self.config),
             cache=ResponseCache(a.cache_ttl, a.cache_entries),
             audit=AuditLog(audit_path, a.audit_max_mb * 1024 * 1024, a.audit_backups),
             metrics=self.metrics,
@@ -364,6 +368,8 @@ class Daemon:
                 self._inference.set_limits(self.config.limits)
                 if self.retriever is not None:
                     self.retriever.limits = limits_from(self.config)
+                if self._answer is not None:
+                    self._answer.configure(self.config.limits, _answer_settings(self.config))
                 self.auth.set_tokens(self.config.tokens)
                 if self._tls is not None and self.config.tls is not None:
                     self._tls.update(self.config.tls)

@@ -89,6 +89,11 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
         self._audit = audit
         self.metrics = metrics
 
+    def configure(self, limits: Limits, settings: AnswerSettings) -> None:
+        """New request limits and settings (a reload): the Asks that start after this
+        call use them; those running keep theirs."""
+        self._limits, self._settings = limits, settings
+
     def _budget(self, client: InferenceClient, max_tokens: int) -> int:
         child = self._router.child("generation")
         if client.external:

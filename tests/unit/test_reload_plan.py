@@ -108,24 +108,27 @@ def test_every_option_change_is_planned_and_reported(opt: Option, tmp_path: Path
 
 
 async def test_a_reload_applies_retrieval_limits_and_reports_the_rest() -> None:
-    """retrieval.*, answer.* and state_dir are not ignored any more: retrieval's limits
-    apply, the others are reported as needing a restart and keep their running value."""
+    """retrieval.*, answer.* and state_dir are not ignored any more: retrieval's limits and
+    the Ask settings apply, the others are reported as needing a restart and keep their
+    running value."""
     base = {o.key: o.default for o in OPTIONS} | MODELS
     changed = {"retrieval.rrf_k": 61, "retrieval.embed_batch": 64, "answer.cache_ttl": 10.0,
-               "state_dir": "/srv/state", "limits.max_message_bytes": 2048,
+               "answer.default_k": 7, "state_dir": "/srv/state", "limits.max_message_bytes": 2048,
                "limits.max_stop": 3}
     current = _build(base)
     applied, report = await reload_config(current, lambda: _build(base | changed), {},
                                           cast(Any, None), cast(Any, None))
     assert report.changes == {
         "state_dir": "restart needed", "retrieval.embed_batch": "restart needed",
-        "retrieval.rrf_k": "applied", "answer.cache_ttl": "restart needed",
+        "retrieval.rrf_k": "applied", "answer.default_k": "applied",
+        "answer.cache_ttl": "restart needed",
         "limits.max_stop": "applied", "limits.max_message_bytes": "restart needed"}
     assert report.restart_needed == ["state_dir", "retrieval.embed_batch", "answer.cache_ttl",
                                      "limits.max_message_bytes"]
     assert (applied.retrieval.rrf_k, applied.retrieval.embed_batch) == (61, 32)
     assert (applied.limits.max_stop, applied.limits.max_message_bytes) == (3, 16 * 1024**2)
-    assert applied.answer == current.answer and applied.state_dir == current.state_dir
+    assert (applied.answer.default_k, applied.answer.cache_ttl) == (7, 300.0)
+    assert applied.state_dir == current.state_dir
     assert reload_plan(applied, _build(base | changed)) == {
         key: "restart" for key in report.restart_needed}
 
