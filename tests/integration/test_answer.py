@@ -18,7 +18,7 @@ from llamad_protocol.v1 import answer_pb2_grpc, retrieval_pb2_grpc
 from llamad_protocol.v1 import inference_pb2 as ipb
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from tests.support.corpus import write_corpus
-from tests.support.daemon import Clients, config_env, make_daemon
+from tests.support.daemon import Clients, config_env, serving
 
 pytestmark = pytest.mark.integration
 
@@ -37,11 +37,8 @@ async def ready(tmp_path: Path, llama_server: str
                 ) -> AsyncIterator[tuple[Daemon, Clients, answer_pb2_grpc.AnswerServiceStub]]:
     corpus = tmp_path / "corpus"
     write_corpus(corpus)
-    daemon = make_daemon(config_env("llama-server", LLAMAD_STATE_DIR=str(tmp_path / "state"),
-                                    LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(tmp_path)))
-    c = Clients(await daemon.start())
-    try:
-        await c.wait_serving("")
+    async with serving(config_env("llama-server", LLAMAD_STATE_DIR=str(tmp_path / "state"),
+                                  LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(tmp_path))) as (daemon, c):
         deadline = time.monotonic() + 20
         while not daemon.children["embedding"].model.sha256:
             assert time.monotonic() < deadline
@@ -50,9 +47,6 @@ async def ready(tmp_path: Path, llama_server: str
         await r.AddSource(rpb.AddSourceRequest(id="docs", path=str(corpus)))
         _ = [m async for m in r.Reindex(rpb.ReindexRequest(source_id="docs"))]
         yield daemon, c, answer_pb2_grpc.AnswerServiceStub(c.channel)
-    finally:
-        await c.close()
-        await daemon.shutdown()
 
 
 async def ask(stub: answer_pb2_grpc.AnswerServiceStub, question: str, **kw: object) -> Asked:

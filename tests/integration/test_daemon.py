@@ -21,7 +21,7 @@ from daemon import Daemon
 from llamad_protocol.v1 import common_pb2, control_pb2
 from llamad_protocol.v1 import inference_pb2 as pb
 from tests.conftest import RUNTIMES, SMALL_MODEL, model_path
-from tests.support.daemon import Clients, config_env, make_daemon
+from tests.support.daemon import Clients, config_env, make_daemon, serving
 from tests.support.procs import alive
 
 pytestmark = pytest.mark.integration
@@ -315,11 +315,8 @@ async def test_unavailable_with_retry_hint_while_starting(tmp_path: Path,
 
 async def test_busy_child_refuses_past_queue_with_retry_hint(llama_server: str) -> None:
     """The bundled runtime serves one call; with no queue the next gets RESOURCE_EXHAUSTED."""
-    daemon = make_daemon(config_env("bundled", LLAMAD_EMBEDDING_ENABLED="false",
-                                    LLAMAD_LIMITS_QUEUE_SIZE="0"))
-    c = Clients(await daemon.start())
-    try:
-        await c.wait_serving("")
+    async with serving(config_env("bundled", LLAMAD_EMBEDDING_ENABLED="false",
+                                  LLAMAD_LIMITS_QUEUE_SIZE="0")) as (_, c):
         long = c.inference.Generate(pb.GenerateRequest(
             prompt="Tell a long story.", sampling=pb.SamplingParams(max_tokens=200)))
         await long.read()
@@ -331,20 +328,14 @@ async def test_busy_child_refuses_past_queue_with_retry_hint(llama_server: str) 
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert int(dict(err.value.trailing_metadata() or ())["retry-after-ms"]) > 0
         long.cancel()
-    finally:
-        await c.close()
-        await daemon.shutdown()
 
 
 async def test_metrics_endpoint_counts_what_happened(llama_server: str) -> None:
     """Prometheus metrics on the loopback port reflect calls, tokens, restarts and exits."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    daemon = make_daemon(config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false",
-                                    LLAMAD_METRICS_LISTEN="127.0.0.1:0"))
-    c = Clients(await daemon.start())
-    try:
-        await c.wait_serving("")
+    async with serving(config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false",
+                                  LLAMAD_METRICS_LISTEN="127.0.0.1:0")) as (daemon, c):
         msgs = [m async for m in c.inference.Generate(pb.GenerateRequest(
             prompt="Hello there", sampling=pb.SamplingParams(max_tokens=6)))]
         gen = await c.child(GEN)
@@ -375,17 +366,11 @@ async def test_metrics_endpoint_counts_what_happened(llama_server: str) -> None:
         assert v("llamad_child_exits_total", role="generation", kind="signal") == 1
         assert v("llamad_child_state", role="generation", state="running") == 1
         assert v("llamad_child_state", role="generation", state="backoff") == 0
-    finally:
-        await c.close()
-        await daemon.shutdown()
 
 
 async def test_roles_fail_independently(llama_server: str) -> None:
     """With the embedding child down, Embed fails fast while generation serves; and back."""
-    daemon = make_daemon(config_env("llama-server"))
-    c = Clients(await daemon.start())
-    try:
-        await c.wait_serving("")
+    async with serving(config_env("llama-server")) as (daemon, c):
         await daemon.children["embedding"].supervisor.stop()
         began = time.monotonic()
         with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -408,6 +393,3 @@ async def test_roles_fail_independently(llama_server: str) -> None:
         emb = await c.inference.Embed(pb.EmbedRequest(texts=["still embedding"]))
         assert emb.dimension == 384
         assert await c.status("llamad.v1.InferenceService") == NOT_SERVING
-    finally:
-        await c.close()
-        await daemon.shutdown()

@@ -36,7 +36,7 @@ from llamad_protocol.v1 import answer_pb2_grpc, common_pb2, control_pb2, retriev
 from llamad_protocol.v1 import inference_pb2 as pb
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from tests.conftest import SMALL_MODEL
-from tests.support.daemon import Clients, config_env, make_daemon
+from tests.support.daemon import Clients, config_env, make_daemon, serving
 from tests.support.pdf import encrypted_pdf, image_only_pdf, pdf_with_pages, text_pdf
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -89,11 +89,8 @@ async def hostile(llama_server: str, tmp_path_factory: pytest.TempPathFactory
         (files / rel).write_text(text)
     drop.mkdir()
     models.mkdir()
-    daemon = make_daemon(config_env("llama-server", LLAMAD_STATE_DIR=str(root / "state"),
-                                    LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(root)))
-    c = Clients(await daemon.start())
-    try:
-        await c.wait_serving("")
+    async with serving(config_env("llama-server", LLAMAD_STATE_DIR=str(root / "state"),
+                                  LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(root))) as (daemon, c):
         deadline = time.monotonic() + 30  # vectors need the embedding model's SHA-256
         while not daemon.children["embedding"].model.sha256:
             assert time.monotonic() < deadline
@@ -115,9 +112,6 @@ async def hostile(llama_server: str, tmp_path_factory: pytest.TempPathFactory
         assert h.status.chunks >= 5 and h.status.vectors == h.status.chunks
         await intact(h)
         yield h
-    finally:
-        await c.close()
-        await daemon.shutdown()
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from daemon import Daemon
 from llamad_protocol.v1 import common_pb2, control_pb2
 from llamad_protocol.v1 import inference_pb2 as pb
 from tests.conftest import DEFAULT_MODEL, SMALL_MODEL, model_path
-from tests.support.daemon import Clients, config_env, make_daemon
+from tests.support.daemon import Clients, config_env, serving
 from tests.support.procs import alive
 
 pytestmark = pytest.mark.integration
@@ -26,14 +26,8 @@ FAILED = control_pb2.SWAP_STAGE_FAILED
 
 @pytest.fixture
 async def running(llama_server: str) -> AsyncIterator[tuple[Daemon, Clients]]:
-    daemon = make_daemon(config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false"))
-    clients = Clients(await daemon.start())
-    try:
-        await clients.wait_serving("")
-        yield daemon, clients
-    finally:
-        await clients.close()
-        await daemon.shutdown()
+    async with serving(config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false")) as pair:
+        yield pair
 
 
 async def swap(c: Clients, model_path: str = "", *, rollback: bool = False,
@@ -179,11 +173,8 @@ async def test_new_calls_wait_for_the_old_childs_calls_then_use_the_new_one(
     """Once a swap switched, a new call waits in the queue until the old child's running
     call ended (swap.handover_hold), rather than computing beside it on the same cores;
     then it runs on the new model."""
-    daemon = make_daemon(config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false",
-                                    LLAMAD_SWAP_HANDOVER_HOLD="60"))
-    c = Clients(await daemon.start())
-    try:
-        await c.wait_serving("")
+    async with serving(config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false",
+                                  LLAMAD_SWAP_HANDOVER_HOLD="60")) as (_, c):
         old = c.inference.Generate(pb.GenerateRequest(
             prompt="1, 2, 3, 4, 5, 6, 7, 8,", sampling=pb.SamplingParams(max_tokens=400)))
         assert (await old.read()).model == SMALL_MODEL
@@ -214,9 +205,6 @@ async def test_new_calls_wait_for_the_old_childs_calls_then_use_the_new_one(
         assert model == DEFAULT_MODEL
         # Three tokens beside a 400-token call would end long before it: they waited.
         assert new_done >= await old_done
-    finally:
-        await c.close()
-        await daemon.shutdown()
 
 
 def nice_values(pid: int) -> set[int]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -40,6 +41,21 @@ def config_env(runtime: str, **overrides: str) -> dict[str, str]:
 
 def make_daemon(env: Mapping[str, str]) -> Daemon:
     return Daemon(load(None, env=env))
+
+
+@contextlib.asynccontextmanager
+async def serving(env: Mapping[str, str], service: str = ""
+                  ) -> AsyncIterator[tuple[Daemon, Clients]]:
+    """A daemon started from ``env`` and stubs to it, yielded once ``service`` (by default
+    the whole server) is SERVING; the stubs closed and the daemon shut down on the way out."""
+    daemon = make_daemon(env)
+    clients = Clients(await daemon.start())
+    try:
+        await clients.wait_serving(service)
+        yield daemon, clients
+    finally:
+        await clients.close()
+        await daemon.shutdown()
 
 
 class Clients:
