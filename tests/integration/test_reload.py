@@ -15,7 +15,7 @@ import pytest
 from daemon import Daemon, load
 from llamad_protocol.v1 import common_pb2, control_pb2
 from tests.conftest import DEFAULT_MODEL, SMALL_MODEL, model_path
-from tests.integration.daemon_helpers import Clients, config_env
+from tests.support.daemon import Clients, config_env
 
 pytestmark = pytest.mark.integration
 GEN = common_pb2.CHILD_ROLE_GENERATION
