@@ -134,12 +134,7 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             role = _ROLES.get(turn.role)
             if role is None:
                 raise InvalidArgument(f"history[{i}].role must be user or assistant")
-            # Cut to the question's length, but redacted first: a cut through a secret
-            # would leave its head unrecognisable to the prompt's redaction. (A margin,
-            # not the whole turn: a turn may be megabytes; the longest usual secret, an
-            # RSA-4096 private key block, is about 3.3 KB.)
-            content = turn.content[: s.max_question_chars + _CUT_MARGIN]
-            history.append((role, redact(content).text[: s.max_question_chars]))
+            history.append((role, redacted_head(turn.content, s.max_question_chars)))
         if "\x00" in question or "\x00" in request.attachment:
             raise InvalidArgument("question or attachment contains a NUL character")
         return question, history
@@ -178,12 +173,11 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
                 until=f.indexed_until.seconds if f.HasField("indexed_until") else None,
             )
             # The query leaves the process too (to the embedding child or endpoint), so
-            # it is redacted; the attachment whole, then cut, so that no secret's head
-            # survives the cut unredacted.
+            # it is redacted.
             query = redact(question).text
             if request.attachment and task in ("explain_output", "diagnose"):
                 # The evidence says what to look for as much as the question does.
-                query = f"{query}\n{redact(request.attachment).text[:600]}"
+                query = f"{query}\n{redacted_head(request.attachment, 600)}"
             query = query[:self._retriever.limits.max_query_chars]
             try:
                 result = await self._retriever.search(query, k=k, filters=filters)
@@ -290,6 +284,24 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             dropped=assembled.dropped, template=assembled.template_version)
         call.note(tokens=completion, cached=cached is not None, sources=len(citations),
                   prompt_sha256=assembled.sha256[:16])
+
+
+def redacted_head(text: str, n: int) -> str:
+    """The first ``n`` characters of ``text``, redacted before the cut: cut first, a secret
+    crossing the cut would leave its head unrecognisable to redaction.
+
+    Only ``n`` plus a margin is redacted (a history turn or an attachment may be
+    megabytes). That is enough while the redacted prefix still reaches past ``n`` by the
+    longest secret shape (a margin of twice it, an RSA-4096 private key block being about
+    3.3 KB): whatever the margin's own cut left unrecognised then lies beyond ``n``. When
+    placeholders shortened the prefix more than that, the whole text is redacted.
+    """
+    if len(text) <= n + _CUT_MARGIN:
+        return redact(text).text[:n]
+    head = redact(text[: n + _CUT_MARGIN]).text
+    if len(head) < n + _CUT_MARGIN // 2:
+        head = redact(text).text
+    return head[:n]
 
 
 def _mode(mode: str) -> rpb.SearchMode.ValueType:

@@ -127,6 +127,28 @@ def test_a_history_turn_is_cut_after_redaction_not_through_a_secret() -> None:
     assert key[:9] not in turns[0][1]
 
 
+def test_a_prefix_shortened_by_placeholders_falls_back_to_the_whole_text(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redacted_head redacts only n plus a margin, unless placeholders shortened that
+    prefix so much that the margin's own cut (through a key here) would land before n:
+    then the whole text is redacted, and no head of that key survives."""
+    from daemon.answer import _service
+
+    monkeypatch.setattr(_service, "_CUT_MARGIN", 200)
+    key = SECRETS["source title"]                     # an access key id: 20 characters
+    password = "password=" + "Q7w" * 80 + "\n"        # 250 characters, redacted to ~30
+    before_key = "x" * 40 + "\n" + password
+    text = before_key + key + " tail" * 50
+    cut = 100 + 200                                   # n + margin: falls inside the key
+    assert len(before_key) < cut < len(before_key) + len(key)
+    head = _service.redacted_head(text, 100)
+    assert key[:6] not in head
+    assert "[REDACTED:" in head and head.startswith("x" * 40)
+    long_enough = "x" * 40 + " tail" * 200 + key
+    assert _service.redacted_head(long_enough, 100) == long_enough[:100]
+
+
 def test_every_piece_is_redacted_by_construction() -> None:
     """PromptPieces redacts every string it is built with, however it is built, and
     refuses a field type it cannot vouch for; its fields are exactly the pieces the test
