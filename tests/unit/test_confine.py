@@ -87,12 +87,15 @@ def test_hard_links_are_read_unless_refused(tmp_path: Path) -> None:
 
 
 def test_a_root_that_is_a_symlink_is_not_opened(tmp_path: Path) -> None:
-    """The root path must be the resolved one: if it now leads elsewhere (swapped after
-    the check), the open is refused rather than scanning what it leads to."""
-    (tmp_path / "elsewhere").mkdir()
+    """The root path must be the resolved one: if it or a directory above it now leads
+    elsewhere (swapped after the check), the open is refused rather than scanning what it
+    leads to."""
+    (tmp_path / "elsewhere" / "sub").mkdir(parents=True)
     (tmp_path / "root").symlink_to(tmp_path / "elsewhere")
-    with pytest.raises((SourceNotAllowed, OSError)):
-        SourceRoot(tmp_path / "root")
+    with pytest.raises(OSError, match="Not a directory"):
+        SourceRoot(tmp_path / "root")          # the last component: O_NOFOLLOW refuses it
+    with pytest.raises(SourceNotAllowed, match="changed while being opened"):
+        SourceRoot(tmp_path / "root" / "sub")  # one above it: the real path gives it away
 
 
 def test_walk_lists_files_skips_hidden_and_never_enters_links(tmp_path: Path) -> None:
