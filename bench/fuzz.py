@@ -1,10 +1,10 @@
-"""Long fuzz run: the properties of tests/unit/test_fuzz.py, fresh seeds, many examples.
+"""Long fuzz run: the properties of tests/support/fuzz.py, fresh seeds, many examples.
 
     .venv/bin/python -m bench.fuzz [--minutes 10] [--only NAME ...] [--batch 2000]
         [--out bench/RESULTS.md] [--raw FILE]
 
 The test suite runs each property on a fixed, derandomized set of examples (so CI is
-reproducible and fast); this runs the same :data:`tests.unit.test_fuzz.PROPERTIES` with a
+reproducible and fast); this runs the same :data:`tests.support.fuzz.PROPERTIES` with a
 new random seed per batch, round-robin, until the time is up: each property gets an equal
 share of ``--minutes``. A property that fails is shrunk by Hypothesis, recorded (the seed,
 the error, the falsifying example and the ``@reproduce_failure`` blob) and not run again.
@@ -34,7 +34,7 @@ import hypothesis
 from hypothesis import HealthCheck, settings
 
 from bench._support import ROOT, write_sections
-from tests.unit.test_fuzz import PROPERTIES, Property, run
+from tests.support.fuzz import PROPERTIES, Property, run
 
 
 @dataclass
@@ -118,8 +118,8 @@ def section(tallies: Sequence[Tally], minutes: float, command: str, started: dat
         f"Python {platform.python_version()}, Hypothesis {hypothesis.__version__}",
         f"- Command: `{command}` ({minutes:g} minutes shared equally by the properties, "
         "a fresh random seed per batch)",
-        "- The properties are those of tests/unit/test_fuzz.py (which runs each on a fixed, "
-        "derandomized sample inside `make test`).",
+        "- The properties are those of tests/support/fuzz.py (tests/unit/test_fuzz.py runs "
+        "each on a fixed, derandomized sample inside `make test`).",
         "",
         "| property | examples | batches | seconds | result |",
         "|---|---|---|---|---|",

@@ -12,4 +12,5 @@
 * :mod:`tests.support.pdf`: small PDFs built byte by byte.
 * :mod:`tests.support.pki`: a throwaway CA and certificates.
 * :mod:`tests.support.fake_openai`: a fake OpenAI-compatible endpoint.
+* :mod:`tests.support.fuzz`: the fuzzing properties (run by test_fuzz and bench/fuzz.py).
 """
