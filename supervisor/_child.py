@@ -20,7 +20,6 @@ import os
 import secrets
 import shutil
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -30,6 +29,7 @@ import structlog
 from ._client import ApiShape, Health, InferenceClient, Sampling
 from ._clock import Clock
 from ._exits import ExitCause, cgroup_oom_kills, classify_exit
+from ._liveness import ProbeFailure, ProbePolicy, watch_liveness
 from ._logring import LogRing
 from ._process import ChildProcess, LineSink
 from ._runtime import LaunchSpec, Runtime
@@ -62,6 +62,11 @@ class Timeouts:
     probe_failures: int = 3
     stop_grace: float = 10.0
     busy_silence: float = 120.0
+
+    @property
+    def probes(self) -> ProbePolicy:
+        """What the liveness loop (:func:`supervisor._liveness.watch_liveness`) needs."""
+        return ProbePolicy(self.probe_interval, self.probe_failures, self.busy_silence)
 
 
 class StartFailure(SupervisorError):
@@ -230,34 +235,23 @@ class ProcessChild:
             sleeper.cancel()
 
     async def watch(self) -> ExitCause:
-        t = self._timeouts
-        failures = 0
-        while True:
-            await self._sleep_or_exit(t.probe_interval)
-            if self._exit_task.done():
-                return self._cause(self._exit_task.result())
-            # A busy child (the bundled runtime serves one request at a time) may not
-            # answer a probe while it works on a long prompt or streams; a request in
-            # flight that heard from the child recently counts as alive.
-            busy = self.client.in_flight > 0
-            silent = time.monotonic() - self.client.last_progress
-            if busy and silent < t.busy_silence:
-                failures = 0
-                continue
-            health = await self.client.health(timeout=t.probe_timeout)
-            if self._exit_task.done():
-                return self._cause(self._exit_task.result())
-            if health is Health.READY:
-                failures = 0
-                continue
-            failures += 1
-            if failures >= t.probe_failures:
-                await self.stop()
-                return ExitCause(
-                    "hung", False,
-                    f"{failures} liveness probes failed in a row ({health.value})",
-                    at=self._clock.wall(),
-                )
+        """Return why the child stopped serving: it exited, or it hangs (then it is
+        stopped first)."""
+
+        async def probe() -> ProbeFailure | None:
+            health = await self.client.health(timeout=self._timeouts.probe_timeout)
+            return None if health is Health.READY else ProbeFailure("hung", False, health.value)
+
+        def exited() -> ExitCause | None:
+            done = self._exit_task.done()
+            return self._cause(self._exit_task.result()) if done else None
+
+        cause = await watch_liveness(probe, activity=self.client.activity, clock=self._clock,
+                                     policy=self._timeouts.probes, exited=exited,
+                                     pause=self._sleep_or_exit)
+        if cause.kind == "hung":
+            await self.stop()
+        return cause
 
     async def stop(self) -> None:
         """Terminate and reap the child, close its client and release its port.
@@ -343,6 +337,7 @@ class ProcessLauncher:
             api=self.runtime.api,
             read_timeout=self._read_timeout,
             loopback=True,
+            now=self._clock.monotonic,
         )
         child = ProcessChild(process, client, port, self._clock, self.timeouts)
         if on_stage is not None:

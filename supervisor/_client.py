@@ -16,15 +16,15 @@ import json
 import math
 import time
 import urllib.parse
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import httpx
 import numpy as np
 import orjson
 
-from ._http import HTTPTransportError, LoopbackHTTP
+from ._http import HTTPTransportError, LoopbackHTTP, Response
 from .errors import ChildBadRequestError, ChildRequestError
 
 
@@ -105,9 +105,79 @@ class EmbedResult:
 
 
 @dataclass
-class _Activity:
+class Activity:
+    """Calls running on a client, and when it last heard from the server: what the
+    liveness loop (:mod:`supervisor._liveness`) reads to leave a busy server alone."""
+
+    now: Callable[[], float] = time.monotonic
     in_flight: int = 0
-    last_progress: float = field(default_factory=time.monotonic)
+    last_progress: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.last_progress = self.now()
+
+    def heard(self) -> None:
+        """Something came from the server (or a request went to it) just now."""
+        self.last_progress = self.now()
+
+
+class UnaryTransport(Protocol):
+    """Carries one whole JSON request and its whole answer: the client's one seam."""
+
+    async def request(self, method: str, path: str, body: dict[str, Any] | None,
+                      timeout: float) -> Response:
+        """The answer, whatever its status.
+
+        Raises:
+            ChildRequestError: no (complete) answer came.
+        """
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class HttpxTransport:
+    """Unary requests through the client's httpx pool (an endpoint: TLS, proxies' absence,
+    authorization headers); transport failures are named by ``describe``."""
+
+    def __init__(self, http: httpx.AsyncClient,
+                 describe: Callable[[str, str, httpx.HTTPError], ChildRequestError]) -> None:
+        self._http = http
+        self._describe = describe
+
+    async def request(self, method: str, path: str, body: dict[str, Any] | None,
+                      timeout: float) -> Response:
+        try:
+            resp = await self._http.request(method, path, json=body, timeout=timeout)
+        except httpx.HTTPError as exc:
+            raise self._describe(method, path, exc) from exc
+        return Response(resp.status_code, dict(resp.headers), resp.content)
+
+    async def aclose(self) -> None:
+        pass  # the pool is the client's: it closes it
+
+
+class LoopbackTransport:
+    """Unary requests to a child llamad launched on loopback, through the lean
+    :class:`supervisor._http.LoopbackHTTP` (a third of httpx's CPU per call)."""
+
+    def __init__(self, base_url: str, *, connect_timeout: float, max_connections: int) -> None:
+        url = urllib.parse.urlsplit(base_url)
+        if url.scheme != "http" or not url.hostname or not url.port:
+            raise ValueError(f"loopback needs http://host:port: {base_url}")
+        self._http = LoopbackHTTP(url.hostname, url.port, connect_timeout=connect_timeout,
+                                  max_connections=max_connections)
+
+    async def request(self, method: str, path: str, body: dict[str, Any] | None,
+                      timeout: float) -> Response:
+        payload = None if body is None else _encode(body)
+        try:
+            return await self._http.request(method, path, payload, timeout)
+        except HTTPTransportError as exc:
+            raise ChildRequestError(f"{method} {path}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
 
 
 class InferenceClient:
@@ -132,6 +202,7 @@ class InferenceClient:
         read_timeout: float = 300.0,
         max_connections: int = 64,
         loopback: bool = False,
+        now: Callable[[], float] = time.monotonic,
     ) -> None:
         """Args:
             base_url: the server's root (paths such as ``/v1/completions`` are appended).
@@ -141,7 +212,8 @@ class InferenceClient:
             headers: sent with every request (an endpoint's ``Authorization``).
             loopback: a child llamad launched, at ``http://127.0.0.1:<port>``: its unary
                 JSON requests (embed, tokenize, readiness) go through the lean
-                :class:`supervisor._http.LoopbackHTTP` instead of httpx.
+                :class:`LoopbackTransport` instead of httpx.
+            now: the monotonic clock activity is recorded on (the supervisor's).
         """
         self.base_url = base_url
         self.model_id = model_id
@@ -161,28 +233,28 @@ class InferenceClient:
                 max_connections=max_connections, max_keepalive_connections=max_connections
             ),
         )
-        self._activity = _Activity()
-        self._fast: LoopbackHTTP | None = None
+        self.activity = Activity(now)
+        self._unary: UnaryTransport
         if loopback:
-            url = urllib.parse.urlsplit(base_url)
-            if url.scheme != "http" or not url.hostname or not url.port or headers:
-                raise ValueError(f"loopback needs http://host:port without headers: {base_url}")
-            self._fast = LoopbackHTTP(url.hostname, url.port, connect_timeout=connect_timeout,
-                                      max_connections=max_connections)
+            if headers:
+                raise ValueError("a loopback child takes no headers")
+            self._unary = LoopbackTransport(base_url, connect_timeout=connect_timeout,
+                                            max_connections=max_connections)
+        else:
+            self._unary = HttpxTransport(self._http, self._transport_error)
 
     @property
     def in_flight(self) -> int:
         """Requests running now."""
-        return self._activity.in_flight
+        return self.activity.in_flight
 
     @property
     def last_progress(self) -> float:
-        """``time.monotonic()`` of the last byte received from the child."""
-        return self._activity.last_progress
+        """When (on the client's clock) the last byte came from the server."""
+        return self.activity.last_progress
 
     async def aclose(self) -> None:
-        if self._fast is not None:
-            await self._fast.aclose()
+        await self._unary.aclose()
         await self._http.aclose()
 
     # -- health ---------------------------------------------------------------------
@@ -223,11 +295,11 @@ class InferenceClient:
         """The error for a request that got no answer."""
         return ChildRequestError(f"{method} {path}: {_describe(exc)}")
 
-    def _status_error(self, resp: httpx.Response, path: str) -> ChildRequestError:
-        """The error for an HTTP error answer (status >= 400)."""
-        message = _error_message(resp)
-        cls = ChildBadRequestError if 400 <= resp.status_code < 500 else ChildRequestError
-        return cls(f"{path}: HTTP {resp.status_code}: {message}", status=resp.status_code)
+    def _status_error(self, status: int, content: bytes, path: str) -> ChildRequestError:
+        """The error for an HTTP error answer (status >= 400) with body ``content``."""
+        message = error_message(content)
+        cls = ChildBadRequestError if 400 <= status < 500 else ChildRequestError
+        return cls(f"{path}: HTTP {status}: {message}", status=status)
 
     # -- requests -------------------------------------------------------------------
 
@@ -249,10 +321,10 @@ class InferenceClient:
     async def _json_once(
         self, method: str, path: str, body: dict[str, Any] | None, timeout: float | None
     ) -> dict[str, Any]:
-        status, content, headers = await self._request(method, path, body, timeout)
+        answer = await self._request(method, path, body, timeout)
+        status, content = answer.status, answer.body
         if status >= 400:
-            raise self._status_error(httpx.Response(status, headers=headers, content=content),
-                                     path)
+            raise self._status_error(status, content, path)
         try:
             data = orjson.loads(content)
         except orjson.JSONDecodeError as exc:
@@ -263,31 +335,18 @@ class InferenceClient:
 
     async def _request(
         self, method: str, path: str, body: dict[str, Any] | None, timeout: float | None
-    ) -> tuple[int, bytes, Mapping[str, str]]:
-        """Status, body and headers of one whole request: through the loopback client for
-        a launched child, else httpx."""
-        timeout = self._read_timeout if timeout is None else timeout
-        result: tuple[int, bytes, Mapping[str, str]]
-        self._activity.in_flight += 1
-        self._activity.last_progress = time.monotonic()
+    ) -> Response:
+        """One whole request, counted as activity."""
+        activity = self.activity
+        activity.in_flight += 1
+        activity.heard()
         try:
-            if self._fast is not None:
-                payload = None if body is None else _encode(body)
-                try:
-                    answer = await self._fast.request(method, path, payload, timeout)
-                except HTTPTransportError as exc:
-                    raise ChildRequestError(f"{method} {path}: {exc}") from exc
-                result = (answer.status, answer.body, answer.headers)
-            else:
-                try:
-                    resp = await self._http.request(method, path, json=body, timeout=timeout)
-                except httpx.HTTPError as exc:
-                    raise self._transport_error(method, path, exc) from exc
-                result = (resp.status_code, resp.content, resp.headers)
-            self._activity.last_progress = time.monotonic()
-            return result
+            answer = await self._unary.request(
+                method, path, body, self._read_timeout if timeout is None else timeout)
+            activity.heard()
+            return answer
         finally:
-            self._activity.in_flight -= 1
+            activity.in_flight -= 1
 
     async def complete(self, prompt: str, sampling: Sampling) -> str:
         """A whole (non-streamed) completion; used for readiness checks."""
@@ -328,9 +387,9 @@ class InferenceClient:
 
     async def _stream(self, path: str, body: dict[str, Any], *, chat: bool) -> AsyncIterator[Chunk]:
         body = self._prepare({**body, "stream": True, "stream_options": {"include_usage": True}})
-        activity = self._activity
+        activity = self.activity
         activity.in_flight += 1
-        activity.last_progress = time.monotonic()
+        activity.heard()
         try:
             while True:  # each retry drops a field: bounded by the body's size
                 async with self._http.stream("POST", path, json=body) as resp:
@@ -340,7 +399,7 @@ class InferenceClient:
                                 yield chunk
                         return
                     await resp.aread()
-                error = self._status_error(resp, path)
+                error = self._status_error(resp.status_code, resp.content, path)
                 retry = (self._retry_body(body, error)
                          if isinstance(error, ChildBadRequestError) else None)
                 if retry is None or len(retry) >= len(body):
@@ -355,7 +414,7 @@ class InferenceClient:
         self, resp: httpx.Response, path: str, *, chat: bool
     ) -> AsyncGenerator[Chunk, None]:
         """The chunks of one server-sent-events answer."""
-        activity = self._activity
+        activity = self.activity
         finish: str | None = None
         prompt_tokens: int | None = None
         completion_tokens: int | None = None
@@ -365,7 +424,7 @@ class InferenceClient:
         # JSON parse itself (SSE is UTF-8, and json.loads takes bytes). Measured in
         # bench/bench_generation.py: part of the added time to first token.
         async for data in resp.aiter_bytes():
-            activity.last_progress = time.monotonic()
+            activity.heard()
             *lines, pending = (pending + data).split(b"\n")
             for line in lines:
                 if not line.startswith(b"data:"):
@@ -481,11 +540,11 @@ def _describe(exc: httpx.HTTPError) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _error_message(resp: httpx.Response) -> str:
+def error_message(content: bytes) -> str:
     """The server's own words for an error answer (OpenAI's ``error.message``), clipped."""
-    message = resp.text[:300]
+    message = content.decode("utf-8", "replace")[:300]
     try:
-        err = resp.json().get("error")
+        err = json.loads(content).get("error")
         if isinstance(err, dict) and err.get("message"):
             message = str(err["message"])[:300]
         elif isinstance(err, str):

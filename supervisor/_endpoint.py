@@ -28,15 +28,16 @@ import os
 import socket
 import ssl
 import stat
+import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 import structlog
 
-from ._client import ApiShape, InferenceClient, _error_message
+from ._client import ApiShape, InferenceClient, error_message
 from .errors import (
     ChildBadRequestError,
     ChildRequestError,
@@ -246,12 +247,12 @@ class EndpointClient(InferenceClient):
 
     def __init__(self, url: str, *, api_key: str | None, model_id: str = "",
                  connect_timeout: float = 5.0, read_timeout: float = 300.0,
-                 max_connections: int = 64) -> None:
+                 max_connections: int = 64, now: Callable[[], float] = time.monotonic) -> None:
         base = normalise_url(url)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         super().__init__(base, model_id=model_id, api=ENDPOINT_API, headers=headers,
                          connect_timeout=connect_timeout, read_timeout=read_timeout,
-                         max_connections=max_connections)
+                         max_connections=max_connections, now=now)
         self.display_url = display_url(base)
         self.has_key = api_key is not None
         self.model_meta: dict[str, Any] = {}
@@ -298,10 +299,10 @@ class EndpointClient(InferenceClient):
     def _transport_error(self, method: str, path: str, exc: httpx.HTTPError) -> ChildRequestError:
         return transport_error(exc, f"{method} {self.display_url}{path}")
 
-    def _status_error(self, resp: httpx.Response, path: str) -> ChildRequestError:
-        if resp.status_code in (401, 403):
-            return auth_error(resp.status_code, _error_message(resp), has_key=self.has_key)
-        return super()._status_error(resp, path)
+    def _status_error(self, status: int, content: bytes, path: str) -> ChildRequestError:
+        if status in (401, 403):
+            return auth_error(status, error_message(content), has_key=self.has_key)
+        return super()._status_error(status, content, path)
 
     # -- requests -------------------------------------------------------------------------
 
@@ -321,10 +322,11 @@ class EndpointClient(InferenceClient):
                                       "it really an https endpoint?", permanent=True)
             raise error from exc
         if resp.status_code in (401, 403):
-            raise self._status_error(resp, "/v1/models")
+            raise self._status_error(resp.status_code, resp.content, "/v1/models")
         if resp.status_code >= 500:
             raise EndpointError(
-                "endpoint_error", f"{where}: HTTP {resp.status_code}: {_error_message(resp)}",
+                "endpoint_error",
+                f"{where}: HTTP {resp.status_code}: {error_message(resp.content)}",
                 permanent=False, status=resp.status_code)
         kind = resp.headers.get("content-type", "?").split(";")[0]
         not_openai = (f"{self.display_url} is not an OpenAI-compatible endpoint: GET /v1/models "

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ from ._client import InferenceClient, Sampling
 from ._clock import Clock
 from ._endpoint import EndpointClient, display_url, read_api_key
 from ._exits import ExitCause
+from ._liveness import ProbeFailure, watch_liveness
 from .errors import ChildRequestError, EndpointError
 
 _log = structlog.get_logger("llamad.endpoint")
@@ -130,27 +130,19 @@ class EndpointLink:
 
     async def watch(self) -> ExitCause:
         """Probe ``GET /v1/models`` every probe interval; return the cause once
-        ``probe_failures`` probes in a row failed (or the model is no longer offered).
-        A probe is skipped while calls run and the endpoint sent a byte recently."""
-        t = self._timeouts
+        ``probe_failures`` probes in a row failed (or the model is no longer offered)."""
         client = self.endpoint
-        failures = 0
-        while True:
-            await self._clock.sleep(t.probe_interval)
-            if client.in_flight > 0 and time.monotonic() - client.last_progress < t.busy_silence:
-                failures = 0
-                continue
+
+        async def probe() -> ProbeFailure | None:
             try:
-                models = await client.discover(timeout=t.probe_timeout)
+                models = await client.discover(timeout=self._timeouts.probe_timeout)
                 pick_model(models, client.model_id, f"endpoint {client.display_url}")
             except EndpointError as exc:
-                failures += 1
-                if failures >= t.probe_failures:
-                    return ExitCause(exc.kind, exc.permanent,
-                                     f"{failures} liveness probes failed in a row: {exc}",
-                                     at=self._clock.wall())
-                continue
-            failures = 0
+                return ProbeFailure(exc.kind, exc.permanent, str(exc))
+            return None
+
+        return await watch_liveness(probe, activity=client.activity, clock=self._clock,
+                                    policy=self._timeouts.probes)
 
     async def stop(self) -> None:
         """Close the connections (calls still running on them fail). Idempotent."""
@@ -188,7 +180,8 @@ class EndpointLauncher:
             key = read_api_key(spec.api_key_file, spec.api_key_env,
                                os.environ if spec.environ is None else spec.environ)
             client = EndpointClient(spec.url, api_key=key, read_timeout=self._read_timeout,
-                                    max_connections=self._max_connections)
+                                    max_connections=self._max_connections,
+                                    now=self._clock.monotonic)
         except EndpointError as exc:
             raise StartFailure(_cause(exc, self._clock.wall())) from None
         except ValueError as exc:

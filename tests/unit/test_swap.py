@@ -106,13 +106,13 @@ async def test_drain_waits_for_in_flight_calls_on_old_child() -> None:
     """The old child is stopped only when its running calls end (or the drain times out)."""
     sup, old_launcher, clock = await running()
     old = old_launcher.children[0]
-    old.client._activity.in_flight = 1  # a call still streaming on the old child
+    old.client.activity.in_flight = 1  # a call still streaming on the old child
     swap = asyncio.create_task(sup.swap(ScriptedLauncher(["ok"]), drain_timeout=30))
     await until(lambda: clock.sleepers > 0)
     assert sup.client is not old.client  # new calls already go to the new child
     await clock.advance(1.0)
     assert not old.stopped
-    old.client._activity.in_flight = 0
+    old.client.activity.in_flight = 0
     await clock.advance(0.1)
     await swap
     assert old.stopped
@@ -123,7 +123,7 @@ async def test_drain_is_bounded() -> None:
     """A call that never ends on the old child does not hold the swap past the bound."""
     sup, old_launcher, clock = await running()
     old = old_launcher.children[0]
-    old.client._activity.in_flight = 1
+    old.client.activity.in_flight = 1
     swap = asyncio.create_task(sup.swap(ScriptedLauncher(["ok"]), drain_timeout=5))
     await until(lambda: clock.sleepers > 0)
     for _ in range(120):
