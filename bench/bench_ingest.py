@@ -2,7 +2,7 @@
 embedding child vs the same chunk texts sent straight to it.
 
 Same 600-document sample across the collections and same measurement as the full run's
-"Ingest throughput" (see :func:`bench.bench_retrieval.live_ingest`), without the 30 minutes
+"Ingest throughput" (see :func:`bench._retrieval.live_ingest`), without the 30 minutes
 of the other steps. Prints the fraction of the child's own throughput (target >= 0.9).
 
     .venv/bin/python -m bench.bench_ingest [--docs 600]
@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.bench_retrieval import COLLECTIONS, DATA_DIR, live_ingest, load_collection, start_child
+from bench._retrieval import COLLECTIONS, DATA_DIR, live_ingest, load_collection, start_child
 from retrieval import RetrievalLimits
 
 

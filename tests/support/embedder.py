@@ -1,4 +1,5 @@
-"""A deterministic embedder and a small corpus, for the retriever's unit tests."""
+"""A deterministic embedder and a small corpus, for the retriever's unit tests; the
+fixed model id and context every test or bench embedder has (:class:`FixedEmbedder`)."""
 
 from __future__ import annotations
 
@@ -10,21 +11,30 @@ import numpy as np
 from retrieval import Retriever
 
 
-class HashEmbedder:
-    """Deterministic vectors from word hashes: similar texts share words, hence direction."""
+class FixedEmbedder:
+    """The ``model_id`` and ``context`` of a ``retrieval.Embedder``, fixed when it is made
+    (read-only, as the protocol has them); subclasses add ``embed`` and ``count_tokens``."""
 
-    def __init__(self, model_id: str, dim: int = 32) -> None:
-        self._id = model_id
-        self._dim = dim
-        self.calls = 0
+    def __init__(self, model_id: str, context: int) -> None:
+        self._model_id = model_id
+        self._context = context
 
     @property
     def model_id(self) -> str:
-        return self._id
+        return self._model_id
 
     @property
     def context(self) -> int:
-        return 512
+        return self._context
+
+
+class HashEmbedder(FixedEmbedder):
+    """Deterministic vectors from word hashes: similar texts share words, hence direction."""
+
+    def __init__(self, model_id: str, dim: int = 32) -> None:
+        super().__init__(model_id, 512)
+        self._dim = dim
+        self.calls = 0
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
         self.calls += 1
@@ -32,7 +42,7 @@ class HashEmbedder:
         for text in texts:
             v = np.zeros(self._dim, dtype=np.float32)
             for word in text.lower().split():
-                h = hashlib.sha256((self._id + word).encode()).digest()
+                h = hashlib.sha256((self._model_id + word).encode()).digest()
                 v[h[0] % self._dim] += 1.0
             v /= max(float(np.linalg.norm(v)), 1e-6)
             out.append([float(x) for x in v])
