@@ -20,6 +20,7 @@ from pathlib import Path
 
 from llamad_protocol.v1.wire import RETRY_AFTER_KEY
 from supervisor import find_llama_server
+from tests.support.procs import proc_stats
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS_DIR = Path(os.environ.get("LLAMAD_MODELS_DIR") or ROOT / "models" / "gguf")
@@ -87,21 +88,6 @@ def foreign_benchmarks() -> list[str]:
     mine = ancestors()
     return [line for line in out.splitlines()
             if line.split(maxsplit=1) and int(line.split(maxsplit=1)[0]) not in mine]
-
-
-def proc_stats() -> dict[int, list[str]]:
-    """pid -> the fields of /proc/pid/stat after the command name (state, ppid, ...; utime
-    is [11], stime [12], the reaped children's cutime and cstime [13] and [14])."""
-    stats: dict[int, list[str]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stats[int(entry)] = fh.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-    return stats
 
 
 def under(pid: int, root: int, parent: dict[int, int]) -> bool:
@@ -406,6 +392,15 @@ def llama_server_version() -> str:
         if line.startswith("version:"):
             return line.split(":", 1)[1].strip()
     return "unknown"
+
+
+def git_head(form: str = "%h") -> str:
+    """HEAD as ``git log --format=form`` shows it, or "unknown" outside a git checkout."""
+    try:
+        return subprocess.run(["git", "log", "-1", f"--format={form}"], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def source() -> str:

@@ -56,7 +56,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bench._support import ROOT, write_sections
+from bench._support import ROOT, git_head, write_sections
 from retrieval._redact import redact
 
 try:
@@ -276,14 +276,6 @@ def per_kind(scores: dict[str, Score]) -> list[str]:
     return lines
 
 
-def _head() -> str:
-    try:
-        return subprocess.run(["git", "log", "-1", "--format=%h"], cwd=ROOT,
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def section(scores: dict[str, Score], speeds: dict[str, float], doc: dict[str, Any], *,
             command: str, started: datetime.datetime, ds_version: str,
             ds_misses: list[str]) -> list[str]:
@@ -293,7 +285,7 @@ def section(scores: dict[str, Score], speeds: dict[str, float], doc: dict[str, A
     lines = [
         HEADING,
         "",
-        f"- Date: {started:%Y-%m-%d %H:%M} UTC; uncommitted working tree (on {_head()})",
+        f"- Date: {started:%Y-%m-%d %H:%M} UTC; uncommitted working tree (on {git_head()})",
         f"- Machine: {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
         f"Python {platform.python_version()}, detect-secrets {ds_version}",
         f"- Command: `{command}`",

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -33,7 +32,7 @@ from typing import Any
 import hypothesis
 from hypothesis import HealthCheck, settings
 
-from bench._support import ROOT, write_sections
+from bench._support import ROOT, git_head, write_sections
 from tests.support.fuzz import PROPERTIES, Property, run
 
 
@@ -100,20 +99,12 @@ def fuzz(props: Sequence[Property], minutes: float, batch: int) -> list[Tally]:
     return list(tallies.values())
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "log", "-1", "--format=%h (%s)"], cwd=ROOT,
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def section(tallies: Sequence[Tally], minutes: float, command: str, started: datetime
             ) -> list[str]:
     lines = [
         "## Fuzz",
         "",
-        f"- Date: {started:%Y-%m-%d %H:%M} UTC; llamad commit {_commit()}",
+        f"- Date: {started:%Y-%m-%d %H:%M} UTC; llamad commit {git_head('%h (%s)')}",
         f"- Machine: {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
         f"Python {platform.python_version()}, Hypothesis {hypothesis.__version__}",
         f"- Command: `{command}` ({minutes:g} minutes shared equally by the properties, "
@@ -163,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.raw is not None:
         args.raw.write_text(json.dumps({
             "started": started.isoformat(), "minutes": args.minutes, "command": command,
-            "commit": _commit(), "hypothesis": hypothesis.__version__,
+            "commit": git_head("%h (%s)"), "hypothesis": hypothesis.__version__,
             "properties": [t.__dict__ for t in tallies],
         }, indent=1) + "\n")
     total = sum(t.examples for t in tallies)

@@ -84,7 +84,6 @@ from bench._support import (
     environment,
     model_file,
     pct,
-    proc_stats,
     short,
     table,
     under,
@@ -99,6 +98,7 @@ from llamad_protocol.v1 import (
     retrieval_pb2,
     retrieval_pb2_grpc,
 )
+from tests.support.procs import proc_stats
 
 T = TypeVar("T")
 

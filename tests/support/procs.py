@@ -1,5 +1,5 @@
-"""Processes seen from /proc: is one alive, wait for some to go, what runs below one; and a
-free TCP port."""
+"""Processes seen from /proc: is one alive, wait for some to go, every process's stat
+fields (shared with the benches), what runs below one; and a free TCP port."""
 
 from __future__ import annotations
 
@@ -26,19 +26,27 @@ def gone(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
     return left
 
 
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` in the process tree."""
-    children: dict[int, list[int]] = {}
+def proc_stats() -> dict[int, list[str]]:
+    """pid -> the fields of /proc/pid/stat after the command name (state, ppid, ...; utime
+    is [11], stime [12], the reaped children's cutime and cstime [13] and [14])."""
+    stats: dict[int, list[str]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
+                stats[int(entry)] = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
             continue
+    return stats
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` in the process tree."""
+    children: dict[int, list[int]] = {}
+    for child, fields in proc_stats().items():
         if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
+            children.setdefault(int(fields[1]), []).append(child)
     found: set[int] = set()
     todo = [pid]
     while todo:
