@@ -20,23 +20,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
-from llamad_protocol.v1 import (
-    answer_pb2_grpc,
-    control_pb2,
-    control_pb2_grpc,
-    inference_pb2_grpc,
-    retrieval_pb2,
-    retrieval_pb2_grpc,
-)
+from llamad_protocol.v1 import control_pb2, retrieval_pb2
 
 from . import _convert as cv
 from . import _requests as rq
-from ._channel import DEFAULT, ChannelSettings, Timeout, _Default, settings
+from ._base import AsyncBase, serving, status_name, watch_ended
+from ._channel import DEFAULT, Timeout
 from ._stream import AsyncAskStream, AsyncStream, AsyncTextStream
 from ._types import (
     DaemonStatus,
@@ -53,83 +45,18 @@ from ._types import (
     Task,
     Tokens,
 )
-from .errors import NotFound, Unavailable, from_rpc_error
+from .errors import NotFound
 
 __all__ = ["AsyncClient"]
 
 
-class AsyncClient:
+class AsyncClient(AsyncBase):
     """An asyncio client for llamad over one ``grpc.aio`` channel.
 
     Takes the same arguments as :class:`clients.Client`, with the same deadlines, retries
     and errors. Create it inside the event loop that uses it (gRPC binds the channel to
     that loop), and ``await close()`` it, or use ``async with``.
     """
-
-    def __init__(
-        self,
-        address: str | None = None,
-        *,
-        timeout: float | None = 30.0,
-        stream_timeout: float | None = None,
-        tls: bool = False,
-        ca_file: str | os.PathLike[str] | None = None,
-        cert_file: str | os.PathLike[str] | None = None,
-        key_file: str | os.PathLike[str] | None = None,
-        token: str | None = None,
-        token_file: str | os.PathLike[str] | None = None,
-        server_name: str | None = None,
-        options: Sequence[tuple[str, Any]] = (),
-    ) -> None:
-        self._settings: ChannelSettings = settings(
-            address, tls=tls, ca_file=ca_file, cert_file=cert_file, key_file=key_file,
-            token=token, token_file=token_file, server_name=server_name, options=options)
-        self.timeout = timeout
-        self.stream_timeout = stream_timeout
-        s = self._settings
-        if s.secure:
-            self._channel = grpc.aio.secure_channel(s.target, s.credentials, options=s.options)
-        else:
-            self._channel = grpc.aio.insecure_channel(s.target, options=s.options)
-        # The generated *_grpc modules carry no type hints.
-        self._inference = inference_pb2_grpc.InferenceServiceStub(self._channel)
-        self._control = control_pb2_grpc.ControlServiceStub(self._channel)
-        self._retrieval = retrieval_pb2_grpc.RetrievalServiceStub(self._channel)
-        self._answer = answer_pb2_grpc.AnswerServiceStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
-
-    @property
-    def address(self) -> str:
-        """The gRPC target this client talks to."""
-        return self._settings.target
-
-    async def close(self) -> None:
-        """Close the channel; running calls are cancelled."""
-        await self._channel.close()
-
-    async def __aenter__(self) -> AsyncClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    # --- plumbing -------------------------------------------------------------------------
-
-    def _deadline(self, timeout: Timeout, stream: bool) -> float | None:
-        if isinstance(timeout, _Default):
-            return self.stream_timeout if stream else self.timeout
-        return timeout
-
-    async def _unary(self, method: Any, request: Any, timeout: Timeout) -> Any:
-        try:
-            return await method(request, timeout=self._deadline(timeout, False),
-                                metadata=self._settings.metadata)
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from exc
-
-    def _call(self, method: Any, request: Any, timeout: Timeout) -> Any:
-        return method(request, timeout=self._deadline(timeout, True),
-                      metadata=self._settings.metadata)
 
     # --- InferenceService -----------------------------------------------------------------
 
@@ -294,7 +221,6 @@ class AsyncClient:
         return AsyncAskStream(self._call(self._answer.Ask, request, timeout), cv.ask_event)
 
     # --- health ---------------------------------------------------------------------------
-
     async def health(self, service: str = "", *, timeout: Timeout = DEFAULT) -> str:
         """``serving``, ``not_serving`` or ``service_unknown`` (see :meth:`Client.health`)."""
         request = health_pb2.HealthCheckRequest(service=service)
@@ -302,7 +228,7 @@ class AsyncClient:
             resp = await self._unary(self._health.Check, request, timeout)
         except NotFound:
             return "service_unknown"
-        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)).lower()
+        return status_name(resp)
 
     async def wait_serving(self, service: str = "", *, timeout: float = 120.0) -> None:
         """Wait until ``service`` is SERVING, waiting for the daemon to come up too.
@@ -310,15 +236,7 @@ class AsyncClient:
         Raises:
             DeadlineExceeded: not serving within ``timeout`` seconds.
         """
-        request = health_pb2.HealthCheckRequest(service=service)
-        call = self._health.Watch(request, timeout=timeout, wait_for_ready=True,
-                                  metadata=self._settings.metadata)
-
-        def serving(msg: Any) -> bool | None:
-            return True if msg.status == health_pb2.HealthCheckResponse.SERVING else None
-
-        async with AsyncStream(call, serving) as updates:
+        async with AsyncStream(self._watch_health(service, timeout), serving) as updates:
             async for _ in updates:
                 return
-        raise Unavailable("the health watch ended before the service was serving",
-                          code="UNAVAILABLE")
+        raise watch_ended()

@@ -12,46 +12,24 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from datetime import datetime
-from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
-from llamad_protocol.v1 import (
-    answer_pb2_grpc,
-    control_pb2,
-    control_pb2_grpc,
-    inference_pb2_grpc,
-    retrieval_pb2,
-    retrieval_pb2_grpc,
-)
+from llamad_protocol.v1 import control_pb2
 
 from . import _convert as cv
 from . import _requests as rq
-from ._channel import DEFAULT, ChannelSettings, Timeout, _Default, settings
-from ._stream import AskStream, Stream, TextStream
-from ._types import (
-    DaemonStatus,
-    Document,
-    Embeddings,
-    LogLine,
-    Mode,
-    ReindexProgress,
-    RetrievalStatus,
-    Role,
-    SearchResult,
-    Source,
-    SwapProgress,
-    Task,
-    Tokens,
-)
-from .errors import NotFound, Unavailable, from_rpc_error
+from ._base import serving, status_name, watch_ended
+from ._channel import DEFAULT, Timeout
+from ._client_documents import DocumentCalls
+from ._stream import Stream, TextStream
+from ._types import DaemonStatus, Embeddings, LogLine, Mode, Role, SwapProgress, Tokens
+from .errors import NotFound
 
 __all__ = ["DEFAULT", "Client"]
 
 
-class Client:
+class Client(DocumentCalls):
     """A blocking client for llamad's gRPC API over one channel. Thread-safe.
 
     Every call has a deadline: ``timeout`` seconds for unary calls (default 30) and
@@ -86,71 +64,6 @@ class Client:
         'running'
         >>> llamad.close()                                    # doctest: +SKIP
     """
-
-    def __init__(
-        self,
-        address: str | None = None,
-        *,
-        timeout: float | None = 30.0,
-        stream_timeout: float | None = None,
-        tls: bool = False,
-        ca_file: str | os.PathLike[str] | None = None,
-        cert_file: str | os.PathLike[str] | None = None,
-        key_file: str | os.PathLike[str] | None = None,
-        token: str | None = None,
-        token_file: str | os.PathLike[str] | None = None,
-        server_name: str | None = None,
-        options: Sequence[tuple[str, Any]] = (),
-    ) -> None:
-        self._settings: ChannelSettings = settings(
-            address, tls=tls, ca_file=ca_file, cert_file=cert_file, key_file=key_file,
-            token=token, token_file=token_file, server_name=server_name, options=options)
-        self.timeout = timeout
-        self.stream_timeout = stream_timeout
-        s = self._settings
-        if s.secure:
-            self._channel = grpc.secure_channel(s.target, s.credentials, options=s.options)
-        else:
-            self._channel = grpc.insecure_channel(s.target, options=s.options)
-        # The generated *_grpc modules carry no type hints.
-        self._inference = inference_pb2_grpc.InferenceServiceStub(self._channel)
-        self._control = control_pb2_grpc.ControlServiceStub(self._channel)
-        self._retrieval = retrieval_pb2_grpc.RetrievalServiceStub(self._channel)
-        self._answer = answer_pb2_grpc.AnswerServiceStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
-
-    @property
-    def address(self) -> str:
-        """The gRPC target this client talks to."""
-        return self._settings.target
-
-    def close(self) -> None:
-        """Close the channel; running calls are cancelled."""
-        self._channel.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # --- plumbing -------------------------------------------------------------------------
-
-    def _deadline(self, timeout: Timeout, stream: bool) -> float | None:
-        if isinstance(timeout, _Default):
-            return self.stream_timeout if stream else self.timeout
-        return timeout
-
-    def _unary(self, method: Any, request: Any, timeout: Timeout) -> Any:
-        try:
-            return method(request, timeout=self._deadline(timeout, False),
-                          metadata=self._settings.metadata)
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from exc
-
-    def _call(self, method: Any, request: Any, timeout: Timeout) -> Any:
-        return method(request, timeout=self._deadline(timeout, True),
-                      metadata=self._settings.metadata)
 
     # --- InferenceService -----------------------------------------------------------------
 
@@ -353,189 +266,6 @@ class Client:
         request = rq.reset(role)
         return cv.child_state(self._unary(self._control.Reset, request, timeout).state)
 
-    # --- RetrievalService -----------------------------------------------------------------
-
-    def search(
-        self,
-        query: str,
-        *,
-        top_k: int = 0,
-        sources: Sequence[str] = (),
-        kinds: Sequence[str] = (),
-        categories: Sequence[str] = (),
-        tags: Sequence[str] = (),
-        indexed_since: datetime | None = None,
-        indexed_until: datetime | None = None,
-        timeout: Timeout = DEFAULT,
-    ) -> SearchResult:
-        """Hybrid search (BM25 and vectors fused by RRF; BM25 only without embeddings).
-
-        Args:
-            top_k: hits to return (0: the daemon's default, 5).
-            sources, kinds, categories, tags: keep only hits matching any of each
-                (tags: any of them).
-            indexed_since, indexed_until: keep hits indexed within this window.
-
-        Raises:
-            InvalidArgument: an empty or oversized query, ``top_k`` above the limit.
-
-        Example:
-            >>> for hit in Client().search("disk full web01").hits:          # doctest: +SKIP
-            ...     print(hit.chunk_id, hit.title, round(hit.fused_score, 3))
-        """
-        request = rq.search(query, top_k=top_k, sources=sources, kinds=kinds,
-                            categories=categories, tags=tags, indexed_since=indexed_since,
-                            indexed_until=indexed_until)
-        return cv.search_result(self._unary(self._retrieval.Search, request, timeout))
-
-    def upsert_document(
-        self,
-        source_id: str,
-        text: str,
-        *,
-        document_id: str = "",
-        title: str = "",
-        kind: str = "text",
-        category: str = "",
-        tags: Sequence[str] = (),
-        timeout: Timeout = DEFAULT,
-    ) -> Document:
-        """Index a document of a push source, replacing its previous version atomically;
-        returns once it is durable and searchable. Idempotent.
-
-        Args:
-            source_id: a push source (see :meth:`add_source` without a path).
-            document_id: your id for it; empty derives one from the content.
-            kind: ``markdown``, ``text``, ``html`` or ``config``.
-
-        Example:
-            >>> llamad = Client()                                             # doctest: +SKIP
-            >>> llamad.add_source("notes")                                    # doctest: +SKIP
-            >>> doc = llamad.upsert_document("notes", "web01 disk is full",   # doctest: +SKIP
-            ...                              title="web01")
-        """
-        request = rq.upsert_document(source_id, text, document_id=document_id, title=title,
-                                     kind=kind, category=category, tags=tags)
-        resp = self._unary(self._retrieval.UpsertDocument, request, timeout)
-        return cv.document(resp.document)
-
-    def delete_document(self, document_id: str, *, timeout: Timeout = DEFAULT) -> bool:
-        """Delete a document; return whether it existed."""
-        request = retrieval_pb2.DeleteDocumentRequest(id=document_id)
-        return bool(self._unary(self._retrieval.DeleteDocument, request, timeout).deleted)
-
-    def get_document(self, document_id: str, *, timeout: Timeout = DEFAULT) -> Document:
-        """A document's metadata and pipeline state.
-
-        Raises:
-            NotFound: no document with this id.
-        """
-        request = retrieval_pb2.GetDocumentRequest(id=document_id)
-        return cv.document(self._unary(self._retrieval.GetDocument, request, timeout))
-
-    def list_documents(self, source_id: str = "", *,
-                       timeout: Timeout = DEFAULT) -> list[Document]:
-        """Every document of a source (or of every source)."""
-        request = retrieval_pb2.ListDocumentsRequest(source_id=source_id)
-        resp = self._unary(self._retrieval.ListDocuments, request, timeout)
-        return [cv.document(d) for d in resp.documents]
-
-    def add_source(self, source_id: str, path: str | os.PathLike[str] = "", *,
-                   category: str = "", tags: Sequence[str] = (),
-                   timeout: Timeout = DEFAULT) -> Source:
-        """Add (or update) a source: a directory to scan, or without ``path`` a source of
-        pushed documents. Call :meth:`reindex` to scan a directory.
-
-        Args:
-            path: absolute path of a directory on the daemon's machine.
-
-        Example:
-            >>> llamad = Client()
-            >>> llamad.add_source("runbooks", "/srv/runbooks")        # doctest: +SKIP
-            >>> progress = list(llamad.reindex("runbooks"))          # doctest: +SKIP
-        """
-        request = rq.add_source(source_id, path, category=category, tags=tags)
-        return cv.source(self._unary(self._retrieval.AddSource, request, timeout))
-
-    def remove_source(self, source_id: str, *, timeout: Timeout = DEFAULT) -> int:
-        """Remove a source and its documents; return how many chunks were removed."""
-        request = retrieval_pb2.RemoveSourceRequest(id=source_id)
-        resp = self._unary(self._retrieval.RemoveSource, request, timeout)
-        return int(resp.chunks_removed)
-
-    def list_sources(self, *, timeout: Timeout = DEFAULT) -> list[Source]:
-        """Every source, with its document count and last scan."""
-        resp = self._unary(self._retrieval.ListSources, retrieval_pb2.ListSourcesRequest(),
-                           timeout)
-        return [cv.source(s) for s in resp.sources]
-
-    def reindex(self, source_id: str = "", *,
-                timeout: Timeout = DEFAULT) -> Stream[ReindexProgress]:
-        """Rescan directory sources (all, or one) incrementally, streaming progress: at
-        most two messages a second per source, then one with ``done`` set.
-
-        Raises:
-            InvalidArgument: ``source_id`` is not a directory source.
-        """
-        request = retrieval_pb2.ReindexRequest(source_id=source_id)
-        return Stream(self._call(self._retrieval.Reindex, request, timeout),
-                      cv.reindex_progress)
-
-    def retrieval_status(self, *, timeout: Timeout = DEFAULT) -> RetrievalStatus:
-        """Sizes of the retrieval index: sources, documents by state, chunks, vectors."""
-        resp = self._unary(self._retrieval.Status, retrieval_pb2.RetrievalStatusRequest(),
-                           timeout)
-        return cv.retrieval_status(resp)
-
-    # --- AnswerService --------------------------------------------------------------------
-
-    def ask(
-        self,
-        question: str,
-        *,
-        top_k: int = 0,
-        sources: Sequence[str] = (),
-        kinds: Sequence[str] = (),
-        categories: Sequence[str] = (),
-        tags: Sequence[str] = (),
-        history: Iterable[cv.ChatInput] = (),
-        task: Task = "answer",
-        attachment: str = "",
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        seed: int | None = None,
-        no_cache: bool = False,
-        timeout: Timeout = DEFAULT,
-    ) -> AskStream:
-        """A grounded answer about your documents, streamed, with its sources.
-
-        The stream yields :class:`~clients.AskText` events as the answer is generated,
-        then one :class:`~clients.AskSources` (citations ``S1``..``Sn`` in rank order),
-        then one :class:`~clients.AskDone` (usage, prompt SHA-256, cache, mode).
-
-        Args:
-            top_k: sources to retrieve (0: the daemon's default, 5).
-            history: recent conversation turns, oldest first.
-            task: ``answer``, ``explain_output``, ``diagnose`` or ``summarize``.
-            attachment: text the question is about (e.g. a command's output).
-            no_cache: skip the daemon's response cache.
-
-        Raises:
-            OutOfRange: the question, template and task cannot fit the context.
-
-        Example:
-            >>> llamad = Client()
-            >>> result = llamad.ask("Fix disk full on web01?").collect()  # doctest: +SKIP
-            >>> print(result.answer)                                      # doctest: +SKIP
-            >>> for c in result.citations:                                # doctest: +SKIP
-            ...     print(f"[{c.label}] {c.title} — {c.path}")
-        """
-        request = rq.ask(question, top_k=top_k, sources=sources, kinds=kinds,
-                         categories=categories, tags=tags, history=history, task=task,
-                         attachment=attachment, max_tokens=max_tokens,
-                         temperature=temperature, seed=seed, no_cache=no_cache)
-        return AskStream(self._call(self._answer.Ask, request, timeout), cv.ask_event)
-
     # --- health ---------------------------------------------------------------------------
 
     def health(self, service: str = "", *, timeout: Timeout = DEFAULT) -> str:
@@ -552,7 +282,7 @@ class Client:
             resp = self._unary(self._health.Check, request, timeout)
         except NotFound:
             return "service_unknown"
-        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)).lower()
+        return status_name(resp)
 
     def wait_serving(self, service: str = "", *, timeout: float = 120.0) -> None:
         """Block until ``service`` is SERVING, waiting for the daemon to come up too.
@@ -560,15 +290,7 @@ class Client:
         Raises:
             DeadlineExceeded: not serving within ``timeout`` seconds.
         """
-        request = health_pb2.HealthCheckRequest(service=service)
-        call = self._health.Watch(request, timeout=timeout, wait_for_ready=True,
-                                  metadata=self._settings.metadata)
-
-        def serving(msg: Any) -> bool | None:
-            return True if msg.status == health_pb2.HealthCheckResponse.SERVING else None
-
-        with Stream(call, serving) as updates:
+        with Stream(self._watch_health(service, timeout), serving) as updates:
             for _ in updates:
                 return
-        raise Unavailable("the health watch ended before the service was serving",
-                          code="UNAVAILABLE")
+        raise watch_ended()
