@@ -9,6 +9,7 @@ power cut, not just a crash of the process).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
@@ -161,11 +162,21 @@ class Store:
         with self._lock:
             self._db.close()
 
-    def _rollback(self) -> None:
-        # SQLite may have rolled the transaction back by itself (SQLITE_FULL, IOERR, ...):
-        # a second ROLLBACK would raise "no transaction is active" over the real error.
-        if self._db.in_transaction:
-            self._db.execute("ROLLBACK")
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """Hold the lock for one write transaction: ``BEGIN IMMEDIATE``, ``COMMIT`` when the
+        block exits normally (a ``return`` too), rolled back when it or the commit raises."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                self._db.execute("COMMIT")
+            except BaseException:
+                # SQLite may have rolled back by itself (SQLITE_FULL, IOERR, ...): a second
+                # ROLLBACK would raise "no transaction is active" over the real error.
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
 
     # -- meta --------------------------------------------------------------------------
 
@@ -209,17 +220,11 @@ class Store:
 
     def delete_source(self, source_id: str) -> list[int]:
         """Delete a source and its documents; return the removed chunk keys."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                keys = [int(r[0]) for r in self._db.execute(
-                    "SELECT c.key FROM chunks c JOIN documents d ON d.id = c.doc_id "
-                    "WHERE d.source_id = ?", (source_id,))]
-                self._db.execute("DELETE FROM sources WHERE id = ?", (source_id,))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._rollback()
-                raise
+        with self._transaction():
+            keys = [int(r[0]) for r in self._db.execute(
+                "SELECT c.key FROM chunks c JOIN documents d ON d.id = c.doc_id "
+                "WHERE d.source_id = ?", (source_id,))]
+            self._db.execute("DELETE FROM sources WHERE id = ?", (source_id,))
         return keys
 
     @staticmethod
@@ -274,16 +279,10 @@ class Store:
     ) -> list[Replacement]:
         """Replace several documents' chunks (in order) and cache ``(model, vectors)``, all
         in one transaction: one fsync for the whole group (a group commit)."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                results = [self._replace(doc, chunks) for doc, chunks in items]
-                for model, by_hash in vectors:
-                    self._put_vectors(model, by_hash)
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._rollback()
-                raise
+        with self._transaction():
+            results = [self._replace(doc, chunks) for doc, chunks in items]
+            for model, by_hash in vectors:
+                self._put_vectors(model, by_hash)
         return results
 
     def _replace(self, doc: DocumentRow, chunks: Sequence[ChunkRow]) -> Replacement:
@@ -319,20 +318,13 @@ class Store:
 
     def delete_document(self, doc_id: str) -> list[int] | None:
         """Delete a document; return its chunk keys, or None if it did not exist."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                if self._db.execute("SELECT 1 FROM documents WHERE id = ?",
-                                    (doc_id,)).fetchone() is None:
-                    self._db.execute("ROLLBACK")
-                    return None
-                keys = [int(r[0]) for r in self._db.execute(
-                    "SELECT key FROM chunks WHERE doc_id = ?", (doc_id,))]
-                self._db.execute("DELETE FROM documents WHERE id = ?", (doc_id,))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._rollback()
-                raise
+        with self._transaction():
+            if self._db.execute("SELECT 1 FROM documents WHERE id = ?",
+                                (doc_id,)).fetchone() is None:
+                return None  # commits an empty transaction: nothing was written
+            keys = [int(r[0]) for r in self._db.execute(
+                "SELECT key FROM chunks WHERE doc_id = ?", (doc_id,))]
+            self._db.execute("DELETE FROM documents WHERE id = ?", (doc_id,))
         return keys
 
     # -- chunks ------------------------------------------------------------------------
