@@ -12,7 +12,7 @@ Example:
     ...         print(chunk.text, end="")
 """
 
-from . import errors
+from . import _types, errors
 from ._aio import AsyncClient
 from ._channel import DEFAULT, DEFAULT_ADDRESS
 from ._client import Client
@@ -24,77 +24,21 @@ from ._stream import (
     Stream,
     TextStream,
 )
-from ._types import (
-    AskDone,
-    AskEvent,
-    AskResult,
-    AskSources,
-    AskText,
-    ChildStatus,
-    Citation,
-    DaemonStatus,
-    Document,
-    Embeddings,
-    ExitCause,
-    FileIssue,
-    GenerateChunk,
-    GenerateResult,
-    LogLine,
-    Message,
-    Mode,
-    ReindexProgress,
-    RetrievalStatus,
-    Role,
-    SearchHit,
-    SearchResult,
-    Source,
-    SwapInfo,
-    SwapProgress,
-    Task,
-    Tokens,
-    Usage,
-)
+from ._types import *  # noqa: F403 (what calls return; listed once, in _types.__all__)
 from .errors import LlamadError
 
 __all__ = [
     "DEFAULT",
     "DEFAULT_ADDRESS",
-    "AskDone",
-    "AskEvent",
-    "AskResult",
-    "AskSources",
     "AskStream",
-    "AskText",
     "AsyncAskStream",
     "AsyncClient",
     "AsyncStream",
     "AsyncTextStream",
-    "ChildStatus",
-    "Citation",
     "Client",
-    "DaemonStatus",
-    "Document",
-    "Embeddings",
-    "ExitCause",
-    "FileIssue",
-    "GenerateChunk",
-    "GenerateResult",
     "LlamadError",
-    "LogLine",
-    "Message",
-    "Mode",
-    "ReindexProgress",
-    "RetrievalStatus",
-    "Role",
-    "SearchHit",
-    "SearchResult",
-    "Source",
     "Stream",
-    "SwapInfo",
-    "SwapProgress",
-    "Task",
     "TextStream",
-    "Tokens",
-    "Usage",
     "errors",
 ]
+__all__ += _types.__all__
