@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from retrieval import Retriever
+from retrieval import Embedder, RetrievalLimits, Retriever
 
 
 class FixedEmbedder:
@@ -63,3 +65,13 @@ async def fill(r: Retriever) -> None:
     await r.add_source("docs")
     for key, text in DOCS.items():
         await r.upsert("docs", key, text, doc_id=f"docs/{key}")
+
+
+async def filled(root: Path, embedder: Embedder | None, limits: RetrievalLimits | None = None,
+                 **kwargs: Any) -> Retriever:
+    """A Retriever at ``root``, opened, with ``embedder`` (or none) and the :data:`DOCS`
+    filled in; ``kwargs`` go to the Retriever."""
+    r = Retriever(root, lambda: embedder, limits, **kwargs)
+    await r.open()
+    await fill(r)
+    return r

@@ -8,14 +8,14 @@ import shutil
 from pathlib import Path
 
 from retrieval import Retriever
-from tests.support.embedder import DOCS, HashEmbedder, fill
+from tests.support.embedder import DOCS, HashEmbedder, fill, filled
 
 
 async def test_embedding_model_change_rebuilds_vectors_in_background(tmp_path: Path) -> None:
     """After a model change search is BM25-only (and says why) until the rebuild ends,
     then hybrid again with every chunk, including ones written during the rebuild."""
     current: list[HashEmbedder] = [HashEmbedder("model-a")]
-    r = Retriever(tmp_path, lambda: current[0])
+    r = Retriever(tmp_path, lambda: current[0])  # the model changes below
     await r.open()
     await fill(r)
     assert (await r.search("nginx logs disk")).mode == "hybrid"
@@ -37,9 +37,7 @@ async def test_embedding_model_change_rebuilds_vectors_in_background(tmp_path: P
 async def test_unchanged_text_is_never_embedded_twice(tmp_path: Path) -> None:
     """Re-upserting the same content is a no-op; moving text to a new id reuses the cache."""
     embedder = HashEmbedder("model-a")
-    r = Retriever(tmp_path, lambda: embedder)
-    await r.open()
-    await fill(r)
+    r = await filled(tmp_path, embedder)
     calls = embedder.calls
     await fill(r)
     assert embedder.calls == calls
@@ -51,9 +49,7 @@ async def test_unchanged_text_is_never_embedded_twice(tmp_path: Path) -> None:
 async def test_reopen_repairs_derived_indexes_from_sqlite(tmp_path: Path) -> None:
     """A lost BM25 index and a stale vector index are rebuilt from SQLite at open."""
     embedder = HashEmbedder("model-a")
-    r = Retriever(tmp_path, lambda: embedder)
-    await r.open()
-    await fill(r)
+    r = await filled(tmp_path, embedder)
     await r.close()
     shutil.rmtree(tmp_path / "bm25")
     (tmp_path / "vectors.hnsw").unlink()

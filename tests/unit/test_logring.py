@@ -26,6 +26,15 @@ async def pending_next(agen: AsyncIterator[LogLine]) -> asyncio.Future[LogLine]:
     return fut
 
 
+async def assert_waiting(agen: AsyncIterator[LogLine]) -> None:
+    """The follower has nothing more to give: its next read blocks (and is then cancelled)."""
+    fut = await pending_next(agen)
+    assert not fut.done()
+    fut.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await fut
+
+
 def follow(ring: LogRing, n: int = 0) -> AsyncGenerator[LogLine, None]:
     """``ring.follow(n)``, typed as the async generator it is (so tests can close it)."""
     return cast(AsyncGenerator[LogLine, None], ring.follow(n))
@@ -124,11 +133,7 @@ async def test_follow_zero_sends_all_buffered_lines() -> None:
     try:
         got = [await anext(agen) for _ in range(3)]
         assert texts(got) == ["a", "b", "c"]
-        fut = await pending_next(agen)
-        assert not fut.done()
-        fut.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await fut
+        await assert_waiting(agen)
     finally:
         await agen.aclose()
 
@@ -155,11 +160,7 @@ async def test_follow_gets_every_line_appended_between_reads() -> None:
         fill(ring, "a", "b", "c")
         got = [await fut, await anext(agen), await anext(agen)]
         assert texts(got) == ["a", "b", "c"]
-        fut = await pending_next(agen)
-        assert not fut.done()
-        fut.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await fut
+        await assert_waiting(agen)
     finally:
         await agen.aclose()
 

@@ -24,7 +24,7 @@ from retrieval import (
 )
 from retrieval._bm25 import TextIndex
 from retrieval._vectors import VectorIndex
-from tests.support.embedder import DOCS, HashEmbedder, fill
+from tests.support.embedder import DOCS, HashEmbedder, filled
 
 
 class FlakyEmbedder(HashEmbedder):
@@ -45,9 +45,7 @@ class FlakyEmbedder(HashEmbedder):
 
 @pytest.fixture
 async def hashed(tmp_path: Path) -> AsyncIterator[Retriever]:
-    r = Retriever(tmp_path, lambda: HashEmbedder("m"))
-    await r.open()
-    await fill(r)
+    r = await filled(tmp_path, HashEmbedder("m"))
     yield r
     await r.close()
 
@@ -74,9 +72,7 @@ async def test_status_counts_every_store(hashed: Retriever) -> None:
 async def test_without_an_embedder_upsert_indexes_and_search_is_bm25_only(
         tmp_path: Path) -> None:
     """With no embedder, upserts are indexed (BM25 only) and search says why it is text-only."""
-    r = Retriever(tmp_path, lambda: None, unavailable_reason=lambda: "embedding role disabled")
-    await r.open()
-    await fill(r)
+    r = await filled(tmp_path, None, unavailable_reason=lambda: "embedding role disabled")
     assert [d.state for d in await r.documents()] == ["indexed"] * 3
     result = await r.search("replication lag")
     assert result.mode == "text"
@@ -93,9 +89,7 @@ async def test_an_embedder_that_fails_at_ingest_leaves_the_document_bm25_only(
         tmp_path: Path) -> None:
     """An embedding failure during upsert indexes the document for BM25 and acknowledges it."""
     embedder = FlakyEmbedder("m")
-    r = Retriever(tmp_path, lambda: embedder)
-    await r.open()
-    await fill(r)
+    r = await filled(tmp_path, embedder)
     embedder.failing = True
     doc = await r.upsert("docs", "printer", "printer queue stuck on floor two",
                          doc_id="docs/printer")
@@ -114,9 +108,7 @@ async def test_an_embedder_failing_from_the_start_never_fails_search(tmp_path: P
     """With every embedding failing, upserts still index and search says no vectors exist."""
     embedder = FlakyEmbedder("m")
     embedder.failing = True
-    r = Retriever(tmp_path, lambda: embedder)
-    await r.open()
-    await fill(r)
+    r = await filled(tmp_path, embedder)
     result = await r.search("dead peer detection")
     assert result.mode == "text"
     assert result.hits[0].doc_id == "docs/vpn"
@@ -127,9 +119,7 @@ async def test_an_embedder_failing_from_the_start_never_fails_search(tmp_path: P
 async def test_a_failing_query_embedding_falls_back_to_bm25_and_says_so(tmp_path: Path) -> None:
     """A query the embedder cannot embed is answered by BM25, with the error's type named."""
     embedder = FlakyEmbedder("m")
-    r = Retriever(tmp_path, lambda: embedder)
-    await r.open()
-    await fill(r)
+    r = await filled(tmp_path, embedder)
     embedder.failing = True
     result = await r.search("nginx logs")
     assert result.mode == "text"
@@ -142,9 +132,7 @@ async def test_a_failing_query_embedding_falls_back_to_bm25_and_says_so(tmp_path
 async def test_a_hanging_query_embedding_is_cut_at_its_deadline(tmp_path: Path) -> None:
     """A query embedding that never answers is abandoned after query_embed_timeout."""
     embedder = FlakyEmbedder("m")
-    r = Retriever(tmp_path, lambda: embedder, RetrievalLimits(query_embed_timeout=0.2))
-    await r.open()
-    await fill(r)
+    r = await filled(tmp_path, embedder, RetrievalLimits(query_embed_timeout=0.2))
     embedder.hanging = True
     loop = asyncio.get_running_loop()
     began = loop.time()
@@ -251,9 +239,7 @@ async def test_a_closed_retriever_refuses_work(tmp_path: Path) -> None:
 
 async def test_a_deleted_document_is_gone_from_every_index_and_listing(tmp_path: Path) -> None:
     """delete() removes the document from BM25, vectors, documents() and status, for good."""
-    r = Retriever(tmp_path, lambda: HashEmbedder("m"))
-    await r.open()
-    await fill(r)
+    r = await filled(tmp_path, HashEmbedder("m"))
     before = await r.search("nginx logs disk full", k=3)
     assert "docs/disk" in {h.doc_id for h in before.hits if h.search_source == "hybrid"}
     assert await r.delete("docs/disk") is True
@@ -277,9 +263,7 @@ async def test_a_deleted_document_is_gone_from_every_index_and_listing(tmp_path:
 
 async def test_removing_a_source_removes_its_documents_only(tmp_path: Path) -> None:
     """remove_source() drops that source's documents from every index, others stay."""
-    r = Retriever(tmp_path, lambda: HashEmbedder("m"))
-    await r.open()
-    await fill(r)
+    r = await filled(tmp_path, HashEmbedder("m"))
     await r.add_source("other")
     await r.upsert("other", "t", "nginx logs on the other side", doc_id="other/x")
     assert await r.remove_source("docs") == len(DOCS)
@@ -321,9 +305,7 @@ def hnswlib_add_fails(index: VectorIndex) -> None:
 async def test_a_failed_text_commit_is_caught_up_by_the_next_write(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """SQLite took a write tantivy failed: the writer is told, and the next write indexes it."""
-    r = Retriever(tmp_path, lambda: HashEmbedder("m"))
-    await r.open()
-    await fill(r)
+    r = await filled(tmp_path, HashEmbedder("m"))
     failures = fail_once(monkeypatch, TextIndex, "commit", tantivy_commit_fails)
     with pytest.raises(RetrievalError, match="injected I/O error"):
         await r.upsert("docs", "printer", "printer queue stuck", doc_id="docs/printer")
@@ -351,9 +333,7 @@ async def test_a_failed_vector_write_is_caught_up_by_the_next_write(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """SQLite took a write hnswlib failed: the next write adds its cached vectors."""
     embedder = HashEmbedder("m")
-    r = Retriever(tmp_path, lambda: embedder)
-    await r.open()
-    await fill(r)
+    r = await filled(tmp_path, embedder)
     failures = fail_once(monkeypatch, VectorIndex, "add", hnswlib_add_fails)
     with pytest.raises(ValueError, match="injected hnswlib failure"):
         await r.upsert("docs", "printer", "printer queue stuck", doc_id="docs/printer")
@@ -374,9 +354,7 @@ async def test_a_failed_vector_write_is_caught_up_by_the_next_write(
 async def test_a_failed_text_commit_is_repaired_by_the_next_open(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With no later write, reopening reconciles tantivy from SQLite and reports the repair."""
-    r = Retriever(tmp_path, lambda: HashEmbedder("m"))
-    await r.open()
-    await fill(r)
+    r = await filled(tmp_path, HashEmbedder("m"))
     fail_once(monkeypatch, TextIndex, "commit", tantivy_commit_fails)
     with pytest.raises(RetrievalError, match="injected I/O error"):
         await r.upsert("docs", "printer", "printer queue stuck", doc_id="docs/printer")
@@ -392,9 +370,7 @@ async def test_a_failed_text_commit_is_repaired_by_the_next_open(
 
 async def test_index_files_left_ahead_of_sqlite_are_trimmed_at_open(tmp_path: Path) -> None:
     """Chunks in tantivy and hnswlib that SQLite does not have are removed at open."""
-    r = Retriever(tmp_path, lambda: HashEmbedder("m"))
-    await r.open()
-    await fill(r)
+    r = await filled(tmp_path, HashEmbedder("m"))
     await r.close()
     # A delete SQLite committed whose tantivy and hnswlib halves a crash lost.
     with sqlite3.connect(tmp_path / "meta.sqlite3") as db:
