@@ -35,9 +35,9 @@ def atomic_path(dest: Path, *, mode: int = 0o644) -> Iterator[Path]:
     try:
         yield tmp
         os.chmod(tmp, mode)
-        _fsync_path(tmp)
+        _fsync(tmp)
         os.replace(tmp, dest)
-        _fsync_dir(dest.parent)
+        _fsync(dest.parent, os.O_DIRECTORY)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -58,16 +58,9 @@ def remove_stale_temps(directory: Path) -> list[Path]:
     return removed
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def _fsync(path: Path, flags: int = 0) -> None:
+    """Flush ``path`` to disk; ``flags`` adds ``os.O_DIRECTORY`` for a directory."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
     try:
         os.fsync(fd)
     finally:

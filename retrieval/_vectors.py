@@ -359,7 +359,7 @@ class VectorIndex:
                     # disk it leaves a short file and returns normally.
                     raise OSError(errno.ENOSPC, f"vector index {tmp} was not written whole "
                                   "(no space left on device?)")
-                _fsync_file(tmp)
+                _fsync(tmp)
                 sidecar = {
                     "format": SIDECAR_FORMAT,
                     "space": "cosine",
@@ -378,7 +378,7 @@ class VectorIndex:
                     os.fsync(f.fileno())
                 os.replace(tmp, self.path)
                 os.replace(side_tmp, self._sidecar)
-                _fsync_dir(self.path.parent)
+                _fsync(self.path.parent, os.O_DIRECTORY)
             finally:
                 for leftover in (tmp, side_tmp):
                     leftover.unlink(missing_ok=True)
@@ -422,16 +422,9 @@ def _check_key(key: int) -> int:
     return int(key)
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def _fsync(path: Path, flags: int = 0) -> None:
+    """Flush ``path`` to disk; ``flags`` adds ``os.O_DIRECTORY`` for a directory."""
+    fd = os.open(path, os.O_RDONLY | flags)
     try:
         os.fsync(fd)
     finally:
