@@ -1,0 +1,93 @@
+"""The fake ControlService of :class:`clients.testing.FakeLlamad`: two running children,
+canned logs, swaps that check only that the model file exists."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from llamad_protocol.v1 import common_pb2, control_pb2, control_pb2_grpc
+
+from ._fake_faults import Abort
+
+if TYPE_CHECKING:
+    from .testing import FakeLlamad
+
+
+def _child(role: common_pb2.ChildRole.ValueType, model: str, port: int) -> control_pb2.ChildStatus:
+    return control_pb2.ChildStatus(
+        role=role, state=control_pb2.CHILD_STATE_RUNNING, pid=4242 + role,
+        model_path=f"/models/{model}", runtime="llama-server", port=port, uptime_seconds=75.0,
+        restarts=1, breaker=control_pb2.BREAKER_STATE_CLOSED, enabled=True,
+        model_architecture="llama", model_context_length=2048, in_flight=1, queued=0,
+        slots=2 if role == common_pb2.CHILD_ROLE_GENERATION else 1,
+        queue_ahead=0 if role == common_pb2.CHILD_ROLE_GENERATION else 2,
+        last_exit=control_pb2.ExitCause(kind="crash", exit_code=1, message="boom"))
+
+
+class FakeControl(control_pb2_grpc.ControlServiceServicer):
+    def __init__(self, fake: FakeLlamad) -> None:
+        self.fake = fake
+
+    def Status(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.enter("ControlService/Status", context)
+        return control_pb2.StatusResponse(
+            children=[_child(common_pb2.CHILD_ROLE_GENERATION, "fake-model.gguf", 40001),
+                      _child(common_pb2.CHILD_ROLE_EMBEDDING, "fake-embed.gguf", 40002)],
+            version="0.0.0-fake", daemon_uptime_seconds=3725.0)
+
+    def TailLogs(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        lines = self.fake.log_lines[-request.lines:] if request.lines else self.fake.log_lines
+        role = request.role or common_pb2.CHILD_ROLE_GENERATION
+
+        def items() -> Iterator[Any]:
+            for seq, text in enumerate(lines, 1):
+                yield control_pb2.LogLine(role=role, pid=4243, stream="stderr", text=text,
+                                          seq=seq)
+            if request.follow:
+                # Nothing more to send: wait (in this worker) until the client cancels.
+                while context.is_active():
+                    time.sleep(0.01)
+
+        return self.fake.stream("ControlService/TailLogs", context, items())
+
+    def Swap(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        path = request.model_path
+        if path and not path.startswith("/"):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "model_path must be absolute")
+
+        def items() -> Iterator[Any]:
+            yield control_pb2.SwapProgress(stage=control_pb2.SWAP_STAGE_VALIDATING,
+                                           message="checking the model")
+            if path and not Path(path).is_file():
+                cause = control_pb2.ExitCause(kind="invalid_model", permanent=True,
+                                              message=f"{path}: no such file")
+                yield control_pb2.SwapProgress(stage=control_pb2.SWAP_STAGE_FAILED,
+                                               message=cause.message, cause=cause,
+                                               elapsed_seconds=0.01)
+                yield Abort(grpc.StatusCode.ABORTED,
+                            f"swap failed: {path}: no such file; the old child keeps serving")
+                return
+            for stage in (control_pb2.SWAP_STAGE_LAUNCHING, control_pb2.SWAP_STAGE_PROBING,
+                          control_pb2.SWAP_STAGE_SWAPPING, control_pb2.SWAP_STAGE_DONE):
+                yield control_pb2.SwapProgress(stage=stage, elapsed_seconds=0.1 * stage)
+
+        return self.fake.stream("ControlService/Swap", context, items())
+
+    def SetMode(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        self.fake.last_set_mode = request
+
+        def items() -> Iterator[Any]:
+            for stage in (control_pb2.SWAP_STAGE_VALIDATING, control_pb2.SWAP_STAGE_PROBING,
+                          control_pb2.SWAP_STAGE_SWAPPING, control_pb2.SWAP_STAGE_DONE):
+                yield control_pb2.SwapProgress(stage=stage, elapsed_seconds=0.1 * stage)
+
+        return self.fake.stream("ControlService/SetMode", context, items())
+
+    def Reset(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.enter("ControlService/Reset", context)
+        return control_pb2.ResetResponse(state=control_pb2.CHILD_STATE_STARTING)

@@ -1,0 +1,153 @@
+"""The fake RetrievalService of :class:`clients.testing.FakeLlamad`: documents pushed or
+read from directory sources, kept whole (one chunk each), found by shared words."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from llamad_protocol.v1 import retrieval_pb2, retrieval_pb2_grpc
+
+if TYPE_CHECKING:
+    from .testing import FakeLlamad
+
+
+@dataclass
+class Doc:
+    """A document the fake holds (its whole text is its one chunk)."""
+
+    id: str
+    source_id: str
+    title: str
+    text: str
+    path: str = ""
+    kind: str = "text"
+
+
+class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
+    def __init__(self, fake: FakeLlamad) -> None:
+        self.fake = fake
+
+    def _doc(self, d: Doc) -> retrieval_pb2.Document:
+        return retrieval_pb2.Document(id=d.id, source_id=d.source_id, title=d.title,
+                                      kind=d.kind, path=d.path,
+                                      state=retrieval_pb2.DOCUMENT_STATE_INDEXED)
+
+    def UpsertDocument(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.enter("RetrievalService/UpsertDocument", context)
+        if not request.text.strip():
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "text is empty")
+        doc_id = request.id or hashlib.sha256(request.text.encode()).hexdigest()[:16]
+        doc = Doc(doc_id, request.source_id, request.title or doc_id, request.text,
+                  kind=request.kind or "text")
+        self.fake.docs[doc_id] = doc
+        return retrieval_pb2.UpsertDocumentResponse(document=self._doc(doc))
+
+    def DeleteDocument(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.enter("RetrievalService/DeleteDocument", context)
+        return retrieval_pb2.DeleteDocumentResponse(
+            deleted=self.fake.docs.pop(request.id, None) is not None)
+
+    def GetDocument(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.enter("RetrievalService/GetDocument", context)
+        doc = self.fake.docs.get(request.id)
+        if doc is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no document {request.id!r}")
+        return self._doc(doc)  # type: ignore[arg-type]
+
+    def ListDocuments(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.enter("RetrievalService/ListDocuments", context)
+        docs = [self._doc(d) for d in self.fake.docs.values()
+                if not request.source_id or d.source_id == request.source_id]
+        return retrieval_pb2.ListDocumentsResponse(documents=docs)
+
+    def AddSource(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.enter("RetrievalService/AddSource", context)
+        if request.path and not Path(request.path).is_dir():
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{request.path} is not a directory")
+        source = retrieval_pb2.Source(id=request.id,
+                                      kind="directory" if request.path else "push",
+                                      path=request.path, category=request.category,
+                                      tags=request.tags)
+        self.fake.sources[request.id] = source
+        return source
+
+    def RemoveSource(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.enter("RetrievalService/RemoveSource", context)
+        self.fake.sources.pop(request.id, None)
+        gone = [k for k, d in self.fake.docs.items() if d.source_id == request.id]
+        for key in gone:
+            del self.fake.docs[key]
+        return retrieval_pb2.RemoveSourceResponse(chunks_removed=len(gone))
+
+    def ListSources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.enter("RetrievalService/ListSources", context)
+        return retrieval_pb2.ListSourcesResponse(sources=self._sources())
+
+    def _sources(self) -> list[retrieval_pb2.Source]:
+        out = []
+        for s in self.fake.sources.values():
+            copy = retrieval_pb2.Source()
+            copy.CopyFrom(s)
+            copy.documents = sum(d.source_id == s.id for d in self.fake.docs.values())
+            out.append(copy)
+        return out
+
+    def Reindex(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        sources = [s for s in self.fake.sources.values() if s.kind == "directory"
+                   and (not request.source_id or s.id == request.source_id)]
+        if request.source_id and not sources:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"no directory source {request.source_id!r}")
+
+        def items() -> Iterator[Any]:
+            for source in sources:
+                files = sorted(p for p in Path(source.path).rglob("*") if p.is_file())
+                added = 0
+                for n, path in enumerate(files, 1):
+                    rel = str(path.relative_to(source.path))
+                    doc_id = f"{source.id}:{rel}"
+                    added += doc_id not in self.fake.docs
+                    self.fake.docs[doc_id] = Doc(doc_id, source.id, path.stem,
+                                                 path.read_text(errors="replace"), rel)
+                    yield retrieval_pb2.ReindexProgress(source_id=source.id, seen=n,
+                                                        added=added)
+                yield retrieval_pb2.ReindexProgress(
+                    source_id=source.id, seen=len(files), added=added,
+                    unchanged=len(files) - added, done=True)
+
+        return self.fake.stream("RetrievalService/Reindex", context, items())
+
+    def hits(self, query: str, top_k: int) -> list[retrieval_pb2.SearchHit]:
+        words = {w.lower() for w in query.split()}
+        scored = sorted(((sum(w in d.text.lower() for w in words), d)
+                         for d in self.fake.docs.values()), key=lambda x: -x[0])
+        hits = []
+        for rank, (score, d) in enumerate([s for s in scored if s[0]][: top_k or 5], 1):
+            hits.append(retrieval_pb2.SearchHit(
+                chunk_id=f"{d.id}#0", document_id=d.id, title=d.title, source_id=d.source_id,
+                path=d.path, text=d.text, snippet=d.text[:80],
+                search_source=retrieval_pb2.SEARCH_SOURCE_HYBRID, fused_score=1 / (60 + rank),
+                text_rank=rank, text_score=float(score), vector_rank=rank,
+                vector_score=0.5))
+        return hits
+
+    def Search(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.enter("RetrievalService/Search", context)
+        if not request.query.strip():
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "query is empty")
+        return retrieval_pb2.SearchResponse(hits=self.hits(request.query, request.top_k),
+                                            mode=retrieval_pb2.SEARCH_MODE_HYBRID)
+
+    def Status(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.enter("RetrievalService/Status", context)
+        n = len(self.fake.docs)
+        return retrieval_pb2.RetrievalStatusResponse(
+            sources=len(self.fake.sources), chunks=n, documents_by_state={"indexed": n},
+            embedded_chunks=n, vectors=n, embedding_model="fake-embed.gguf@0123",
+            disk_bytes=4096, source_list=self._sources())
