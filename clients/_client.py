@@ -1,4 +1,6 @@
-"""The synchronous llamad client.
+"""The synchronous llamad client: the model calls (InferenceService, ControlService,
+health) here; the document calls it inherits from :mod:`clients._client_documents`, the
+constructor and plumbing from :mod:`clients._base`.
 
 Example:
     >>> from clients import Client

@@ -1,5 +1,5 @@
 """The blocking client's calls about your documents: RetrievalService (sources, documents,
-search) and AnswerService (grounded answers), mixed into :class:`clients.Client`."""
+search) and AnswerService (grounded answers); :class:`clients.Client` inherits them."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ._types import Document, ReindexProgress, RetrievalStatus, SearchResult, So
 
 
 class DocumentCalls(SyncBase):
-    """:class:`clients.Client`'s RetrievalService and AnswerService calls."""
+    """:class:`clients.Client`'s RetrievalService and AnswerService calls (its base)."""
 
     # --- RetrievalService -----------------------------------------------------------------
 
@@ -117,6 +117,7 @@ class DocumentCalls(SyncBase):
             path: absolute path of a directory on the daemon's machine.
 
         Example:
+            >>> from clients import Client
             >>> llamad = Client()
             >>> llamad.add_source("runbooks", "/srv/runbooks")        # doctest: +SKIP
             >>> progress = list(llamad.reindex("runbooks"))          # doctest: +SKIP
@@ -191,6 +192,7 @@ class DocumentCalls(SyncBase):
             OutOfRange: the question, template and task cannot fit the context.
 
         Example:
+            >>> from clients import Client
             >>> llamad = Client()
             >>> result = llamad.ask("Fix disk full on web01?").collect()  # doctest: +SKIP
             >>> print(result.answer)                                      # doctest: +SKIP
