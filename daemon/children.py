@@ -30,7 +30,6 @@ from supervisor import (
     EndpointSpec,
     ExitCause,
     GGUFInfo,
-    InferenceClient,
     InvalidModelError,
     Launcher,
     LaunchSpec,
@@ -51,6 +50,7 @@ from supervisor import (
 )
 
 from .admission import Admission
+from .backend import ChildBackend, DisabledBackend, EndpointBackend, InferenceBackend
 from .config import ChildConfig, Config
 from .errors import FailedPrecondition
 from .logs import ChildLogForwarder
@@ -211,28 +211,23 @@ class ManagedChild:
     def model(self) -> ModelFacts:
         return self.setup.model
 
-    def context_tokens(self, client: InferenceClient) -> int:
-        """Tokens one request to ``client`` may hold: an endpoint's reported context, or
-        the child's configured context, else its model's; 0 when unknown."""
-        if client.external:
-            return client.context_length
-        if self.current is None:
-            return 0
-        info, configured = self.current.model.info, self.current.spec.ctx_size
-        model_ctx = info.context_length if info else 0
-        sizes = [c for c in (model_ctx, configured) if c]
-        return min(sizes) if sizes else 0
+    @property
+    def serving_pid(self) -> int:
+        """The child process serving now (0: none, or an endpoint)."""
+        return self.supervisor.pid
 
-    def model_identity(self, client: InferenceClient) -> str:
-        """Names what produced an output (vectors, cached answers): the GGUF file and its
-        SHA-256 for a child, the model id and root URL for an endpoint; "" while a
-        child's SHA-256 is not known yet."""
+    def backend(self) -> InferenceBackend:
+        """What serves the role now: the one place a mode becomes an implementation.
+
+        Raises:
+            supervisor.ChildNotReadyError: the child or endpoint is not ready.
+        """
+        if self.mode.kind == "disabled":
+            return DisabledBackend(self.role)
+        client = self.supervisor.client
         if isinstance(client, EndpointClient):
-            return f"endpoint:{client.identity}"
-        if self.current is None or not self.current.model.sha256:
-            return ""
-        model = self.current.model
-        return f"{model.path.name}@{model.sha256[:16]}"
+            return EndpointBackend(client)
+        return ChildBackend(client, self.current)
 
     async def hash_model(self) -> None:
         """Compute the model's SHA-256 in a thread (for Status); never raises."""

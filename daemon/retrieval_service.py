@@ -39,13 +39,13 @@ from retrieval import (
 )
 from supervisor import (
     ChildRequestError,
-    InferenceClient,
     State,
     SupervisorError,
     TokenizeUnavailableError,
 )
 
 from . import rpc
+from .backend import InferenceBackend
 from .children import ManagedChild
 from .config import Config
 from .errors import InvalidArgument, RequestError
@@ -87,16 +87,15 @@ def limits_from(config: Config) -> RetrievalLimits:
 
 
 class ChildEmbedder:
-    """The embedding role's current client (a child's or an endpoint's) as a
+    """The embedding role's current backend (a child or an endpoint) as a
     ``retrieval.Embedder``; made afresh by the provider for each use, so its identity and
     context are those of what serves the role at that moment."""
 
-    def __init__(self, router: InferenceRouter, client: InferenceClient, model_id: str,
-                 context: int) -> None:
+    def __init__(self, router: InferenceRouter, backend: InferenceBackend) -> None:
         self._router = router
-        self._client = client
-        self._model_id = model_id
-        self._context = context
+        self._backend = backend
+        self._model_id = backend.identity
+        self._context = backend.context_tokens or 512
 
     @property
     def model_id(self) -> str:
@@ -110,16 +109,16 @@ class ChildEmbedder:
         # in_flight: an ingest or search already running when a shutdown begins is let
         # finish by the drain; refused embeddings would leave its documents without
         # vectors for good (nothing embeds them later), its search BM25-only.
-        async with self._router.admit("embedding", None, in_flight=True) as client:
-            if client is not self._client:
+        async with self._router.admit("embedding", None, in_flight=True) as backend:
+            if backend.identity != self._model_id:
                 # Swapped or switched since: these vectors would carry the wrong identity.
                 raise ChildRequestError("the embedding model changed; retry")
-            result = await client.embed(list(texts))
+            result = await backend.embed(list(texts))
         return list(result.matrix)  # float32 rows, as the index stores them
 
     async def count_tokens(self, text: str) -> int:
         try:
-            return len(await self._client.tokenize(text, add_special=True))
+            return len(await self._backend.tokenize(text, add_special=True))
         except TokenizeUnavailableError:
             # Only an endpoint lacks a tokenizer: a conservative estimate (an English
             # BPE/WordPiece token averages about 4 characters) splits chunks a little
@@ -132,25 +131,21 @@ def estimate_tokens(text: str) -> int:
     return len(text) // 3 + 1
 
 
-def make_provider(router: InferenceRouter, children: dict[str, ManagedChild]):  # type: ignore[no-untyped-def]
+def make_provider(router: InferenceRouter, children: dict[str, ManagedChild]
+                  ) -> Callable[[], ChildEmbedder | None]:
     """The embedder provider the retriever calls: None unless the embedding role is ready
     and what serves it has a known identity (a child's model SHA-256, an endpoint's model
     id and URL)."""
     child = children.get("embedding")
 
     def provider() -> ChildEmbedder | None:
-        if child is None or child.mode.kind == "disabled":
-            return None
-        if child.supervisor.state is not State.RUNNING:
+        if child is None or child.supervisor.state is not State.RUNNING:
             return None
         try:
-            client = router.client("embedding", in_flight=True)
+            backend = router.backend("embedding", in_flight=True)
         except (RequestError, SupervisorError):
             return None
-        identity = child.model_identity(client)
-        if not identity:
-            return None
-        return ChildEmbedder(router, client, identity, child.context_tokens(client) or 512)
+        return ChildEmbedder(router, backend) if backend.identity else None
 
     return provider
 

@@ -1,6 +1,7 @@
 """gRPC servicer of InferenceService (ControlService is in :mod:`daemon.control`).
 
-Handlers validate, ask the router for the current client, call it, and translate. They
+Handlers validate, ask the router for the role's current backend
+(:class:`daemon.backend.InferenceBackend`), call it, and translate. They
 hold no state of their own; errors are mapped in :mod:`daemon.errors` by the wrappers of
 :mod:`daemon.rpc`, which also write the one summary line per call.
 """
@@ -8,7 +9,7 @@ hold no state of their own; errors are mapped in :mod:`daemon.errors` by the wra
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -16,9 +17,10 @@ import numpy as np
 from google.protobuf import timestamp_pb2
 
 from llamad_protocol.v1 import common_pb2, inference_pb2, inference_pb2_grpc
-from supervisor import ChildRequestError, Chunk, InferenceClient, TokenizeUnavailableError
+from supervisor import ChildRequestError, Chunk, TokenizeUnavailableError
 
 from . import rpc, validation
+from .backend import InferenceBackend
 from .config import Limits
 from .errors import InvalidArgument
 from .metrics import Metrics
@@ -115,6 +117,18 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 ),
             )
 
+    async def _generate(
+        self,
+        start: Callable[[InferenceBackend], AsyncIterator[Chunk]],
+        context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+        received: float,
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        """Admit the call on the generation role, start its stream there, relay it."""
+        async with self._router.admit("generation", context.time_remaining()) as backend:
+            async for msg in self._stream(start(backend), backend.model_name, call, received):
+                yield msg
+
     @rpc.stream("Generate")
     async def Generate(
         self,
@@ -126,10 +140,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         prompt = validation.prompt(request, self._limits)
         sampling = validation.sampling(request.sampling, self._limits)
         call.note(prompt_chars=len(prompt), max_tokens=sampling.max_tokens)
-        async with self._router.admit("generation", context.time_remaining()) as client:
-            async for msg in self._stream(client.stream_completion(prompt, sampling),
-                                          client.model_name, call, received):
-                yield msg
+        async for msg in self._generate(
+                lambda backend: backend.stream_completion(prompt, sampling),
+                context, call, received):
+            yield msg
 
     @rpc.stream("Chat")
     async def Chat(
@@ -142,10 +156,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         messages = validation.chat_messages(request, self._limits)
         sampling = validation.sampling(request.sampling, self._limits)
         call.note(messages=len(messages), max_tokens=sampling.max_tokens)
-        async with self._router.admit("generation", context.time_remaining()) as client:
-            async for msg in self._stream(client.stream_chat(messages, sampling),
-                                          client.model_name, call, received):
-                yield msg
+        async for msg in self._generate(lambda backend: backend.stream_chat(messages, sampling),
+                                        context, call, received):
+            yield msg
 
     @rpc.unary("Embed")
     async def Embed(
@@ -156,11 +169,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     ) -> inference_pb2.EmbedResponse:
         texts = validation.embed_texts(request.texts, self._limits)
         call.note(texts=len(texts))
-        async with self._router.admit("embedding", context.time_remaining()) as client:
-            ctx = self._router.child("embedding").context_tokens(client)
-            await self._check_embed_context(client, texts, ctx)
+        async with self._router.admit("embedding", context.time_remaining()) as backend:
+            ctx = backend.context_tokens
+            await self._check_embed_context(backend, texts, ctx)
             try:
-                result = await client.embed(texts)
+                result = await backend.embed(texts)
             except ChildRequestError as exc:
                 # llama.cpp answers 500 when an input exceeds the context / micro-batch.
                 if exc.status == 500 and "too large" in str(exc).lower():
@@ -175,12 +188,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         call.note(dimension=dim, prompt_tokens=result.prompt_tokens)
         return inference_pb2.EmbedResponse(
             embeddings=[_embedding(row) for row in matrix],
-            model=client.model_name,
+            model=backend.model_name,
             dimension=dim,
             prompt_tokens=result.prompt_tokens,
         )
 
-    async def _check_embed_context(self, client: InferenceClient, texts: list[str],
+    async def _check_embed_context(self, backend: InferenceBackend, texts: list[str],
                                    ctx: int) -> None:
         """Refuse a text longer than the embedding context (``ctx`` tokens), naming it.
 
@@ -195,7 +208,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             if len(text) + 2 <= ctx:
                 continue
             try:
-                count = len(await client.tokenize(text, add_special=True))
+                count = len(await backend.tokenize(text, add_special=True))
             except TokenizeUnavailableError:
                 return
             if count > ctx:
@@ -217,11 +230,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 f"text has {len(request.text)} characters; the limit is "
                 f"{self._limits.max_prompt_chars} (limits.max_prompt_chars)"
             )
-        client = self._router.client(role)
-        tokens = await client.tokenize(request.text, add_special=request.add_special)
+        backend = self._router.backend(role)
+        tokens = await backend.tokenize(request.text, add_special=request.add_special)
         call.note(role=role, tokens=len(tokens))
         return inference_pb2.TokenizeResponse(
-            tokens=tokens, count=len(tokens), model=client.model_name
+            tokens=tokens, count=len(tokens), model=backend.model_name
         )
 
 

@@ -187,9 +187,6 @@ class InferenceClient:
     llama.cpp server stop the generation it was running for that request.
     """
 
-    external = False
-    """True for a server llamad does not run (an endpoint): see :mod:`supervisor._endpoint`."""
-
     def __init__(
         self,
         base_url: str,

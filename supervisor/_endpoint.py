@@ -243,8 +243,6 @@ class EndpointClient(InferenceClient):
     launcher in :mod:`supervisor._endpoint_launch` does both as its readiness check).
     """
 
-    external = True
-
     def __init__(self, url: str, *, api_key: str | None, model_id: str = "",
                  connect_timeout: float = 5.0, read_timeout: float = 300.0,
                  max_connections: int = 64, now: Callable[[], float] = time.monotonic) -> None:

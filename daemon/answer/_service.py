@@ -23,7 +23,7 @@ from llamad_protocol.v1 import answer_pb2_grpc
 from llamad_protocol.v1 import inference_pb2 as ipb
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from retrieval import Filters, Hit, Retriever, redact
-from supervisor import InferenceClient, TokenizeUnavailableError
+from supervisor import TokenizeUnavailableError
 
 from .. import rpc, validation
 from ..config import Limits
@@ -94,26 +94,6 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
         call use them; those running keep theirs."""
         self._limits, self._settings = limits, settings
 
-    def _budget(self, client: InferenceClient, max_tokens: int) -> int:
-        child = self._router.child("generation")
-        if client.external:
-            ctx = client.context_length or 2048
-        elif child.current is not None and child.spec.ctx_size:
-            ctx = child.spec.ctx_size
-        else:
-            info = child.current.model.info if child.current is not None else None
-            ctx = info.context_length if info else 2048
-        return ctx - max_tokens
-
-    def _model_id(self, client: InferenceClient) -> str:
-        """The cache key's model part: what will generate the answer."""
-        child = self._router.child("generation")
-        identity = child.model_identity(client)
-        if identity or child.current is None:
-            return identity or client.model_name
-        model = child.current.model
-        return f"{model.path.name}@{model.path.stat().st_size}"  # SHA-256 not known yet
-
     def _check(self, request: apb.AskRequest) -> tuple[str, list[tuple[str, str]]]:
         s = self._settings
         question = request.question.strip()
@@ -159,7 +139,7 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             # Refused, not degraded: search would fail and the answer lose its sources.
             raise InvalidArgument(f"top_k must be at most {self._retriever.limits.max_k} "
                                   f"(retrieval.max_k), got {k}")
-        self._router.client("generation")  # fail fast: UNAVAILABLE with a retry hint
+        self._router.backend("generation")  # fail fast: UNAVAILABLE with a retry hint
         call.note(task=task, question_chars=len(question), k=k)
 
         hits: list[Hit] = []
@@ -205,13 +185,13 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             return
 
         # From here on the call is under way: a shutdown's drain lets it finish.
-        client = self._router.client("generation", in_flight=True)
+        backend = self._router.backend("generation", in_flight=True)
 
         async def count(text: str) -> int:
             if not text:
                 return 0
             try:
-                return len(await client.tokenize(text))
+                return len(await backend.tokenize(text))
             except TokenizeUnavailableError:
                 # Only an endpoint has no tokenizer. A conservative estimate keeps the
                 # prompt under the budget (it drops a source sooner than needed, never
@@ -225,7 +205,8 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             assembled = await assemble(
                 question=question, task=task, hits=hits, history=history,
                 attachment=request.attachment,
-                budget=self._budget(client, sampling.max_tokens), count_tokens=count)
+                budget=(backend.context_tokens or 2048) - sampling.max_tokens,
+                count_tokens=count)
         except PromptTooLarge as exc:
             raise OutOfRange(str(exc)) from None
         citations = [
@@ -235,7 +216,7 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
         ]
         sources = apb.AskResponse(sources=apb.AskSources(
             citations=citations, retrieval_mode=_mode(mode), warnings=warnings))
-        model = self._model_id(client)
+        model = backend.provisional_identity  # the cache key's model part
         cached = None if request.no_cache else self._cache.get(model, assembled.sha256)
         first: float | None = None
         if cached is not None:
@@ -248,8 +229,8 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             pieces: list[str] = []
             completion, prompt_tokens, finish = 0, assembled.prompt_tokens, "stop"
             async with self._router.admit("generation", context.time_remaining(),
-                                          in_flight=True) as client:
-                async for chunk in client.stream_chat(assembled.messages, sampling):
+                                          in_flight=True) as backend:
+                async for chunk in backend.stream_chat(assembled.messages, sampling):
                     if chunk.finish_reason is None:
                         if first is None:
                             first = time.perf_counter()
