@@ -33,13 +33,21 @@ async def spin() -> None:
         await asyncio.sleep(0)
 
 
+async def holding(adm: Admission, n: int
+                  ) -> tuple[asyncio.Event, list[str], list[asyncio.Task[None]]]:
+    """Start calls c0..c<n-1> that hold their slot until the event is set, and let them
+    take slots or queue; the log names the calls that got a slot, in order."""
+    release = asyncio.Event()
+    log: list[str] = []
+    tasks = [asyncio.create_task(hold(adm, release, log, f"c{i}")) for i in range(n)]
+    await spin()
+    return release, log, tasks
+
+
 async def test_calls_within_the_limit_run_at_once() -> None:
     """Up to `limit` calls hold slots together; the next one waits."""
     adm = Admission("generation", limit=2, queue_size=4)
-    release = asyncio.Event()
-    log: list[str] = []
-    tasks = [asyncio.create_task(hold(adm, release, log, f"c{i}")) for i in range(3)]
-    await spin()
+    release, log, tasks = await holding(adm, 3)
     assert log == ["c0", "c1"]
     assert (adm.in_flight, adm.queued) == (2, 1)
     release.set()
@@ -65,10 +73,7 @@ async def test_waiters_are_served_in_order() -> None:
 async def test_full_queue_is_refused_with_retry_hint() -> None:
     """Past the queue, a call fails at once with Overloaded and a retry hint."""
     adm = Admission("generation", limit=1, queue_size=1)
-    release = asyncio.Event()
-    log: list[str] = []
-    tasks = [asyncio.create_task(hold(adm, release, log, f"c{i}")) for i in range(2)]
-    await spin()
+    release, _, tasks = await holding(adm, 2)
     with pytest.raises(Overloaded) as err:
         async with adm.slot():
             pass
@@ -136,10 +141,7 @@ async def test_resize_admits_waiters(limit: int, ahead: int | None) -> None:
     """Raising the limit (after a swap to more slots) or the calls sent ahead (a reload of
     queue_ahead) lets waiting calls in."""
     adm = Admission("generation", limit=1, queue_size=10)
-    release = asyncio.Event()
-    log: list[str] = []
-    tasks = [asyncio.create_task(hold(adm, release, log, f"c{i}")) for i in range(3)]
-    await spin()
+    release, log, tasks = await holding(adm, 3)
     assert log == ["c0"]
     adm.resize(limit, ahead)
     await spin()
@@ -152,10 +154,7 @@ async def test_calls_ahead_go_through_beyond_the_slots() -> None:
     """`ahead` more calls than slots are let through (to wait in the child's own queue);
     the next one waits in llamad; the expected wait counts them as capacity."""
     adm = Admission("embedding", limit=2, queue_size=10, ahead=2)
-    release = asyncio.Event()
-    log: list[str] = []
-    tasks = [asyncio.create_task(hold(adm, release, log, f"c{i}")) for i in range(5)]
-    await spin()
+    release, log, tasks = await holding(adm, 5)
     assert log == ["c0", "c1", "c2", "c3"]
     assert (adm.limit, adm.capacity, adm.in_flight, adm.queued) == (2, 4, 4, 1)
     adm.hold_seconds = 1.0
@@ -176,10 +175,7 @@ async def test_on_change_reports_depth() -> None:
     seen: list[tuple[int, int]] = []
     adm = Admission("generation", limit=1, queue_size=5,
                     on_change=lambda a: seen.append((a.in_flight, a.queued)))
-    release = asyncio.Event()
-    log: list[str] = []
-    tasks = [asyncio.create_task(hold(adm, release, log, f"c{i}")) for i in range(2)]
-    await spin()
+    release, _, tasks = await holding(adm, 2)
     assert (1, 1) in seen
     release.set()
     await asyncio.gather(*tasks)

@@ -240,9 +240,8 @@ def test_time_to_first_token_buckets() -> None:
     """7 ms falls in le=0.01 (not 0.005), 20 s in le=30, 45 s only in +Inf."""
     m = Metrics()
     name = "llamad_time_to_first_token_seconds"
-    m.time_to_first_token("generation", 0.007)
-    m.time_to_first_token("generation", 20.0)
-    m.time_to_first_token("generation", 45.0)
+    for seconds in (0.007, 20.0, 45.0):
+        m.time_to_first_token("generation", seconds)
     assert bucket(m, name, "0.005", role="generation") == 0
     assert bucket(m, name, "0.01", role="generation") == 1
     assert bucket(m, name, "10.0", role="generation") == 1
@@ -255,9 +254,8 @@ def test_inter_token_buckets() -> None:
     """The inter-token buckets run from 1 ms to 2 s, and a value on a bound is in it."""
     m = Metrics()
     name = "llamad_inter_token_latency_seconds"
-    m.inter_token("generation", 0.001)
-    m.inter_token("generation", 0.0015)
-    m.inter_token("generation", 2.5)
+    for seconds in (0.001, 0.0015, 2.5):
+        m.inter_token("generation", seconds)
     bounds = sorted(
         float(dict(k)["le"]) for k in series(m, f"{name}_bucket") if dict(k)["role"] == "generation"
     )

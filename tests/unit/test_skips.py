@@ -31,11 +31,16 @@ def run(pytester: pytest.Pytester, source: str) -> pytest.RunResult:
                               "-p", "no:hypothesispytest")
 
 
-@pytest.mark.parametrize("style", STYLES)
-def test_an_unlisted_skip_fails_the_session_on_ci(
-        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, style: str) -> None:
-    """Under CI=true the session fails, naming the test and its reason."""
+@pytest.fixture
+def on_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inner sessions run under CI=true."""
     monkeypatch.setenv("CI", "true")
+
+
+@pytest.mark.usefixtures("on_ci")
+@pytest.mark.parametrize("style", STYLES)
+def test_an_unlisted_skip_fails_the_session_on_ci(pytester: pytest.Pytester, style: str) -> None:
+    """Under CI=true the session fails, naming the test and its reason."""
     result = run(pytester, STYLES[style].format(reason=UNLISTED))
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines([
@@ -45,11 +50,10 @@ def test_an_unlisted_skip_fails_the_session_on_ci(
     ])
 
 
+@pytest.mark.usefixtures("on_ci")
 @pytest.mark.parametrize("style", STYLES)
-def test_a_listed_skip_passes_on_ci(
-        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, style: str) -> None:
+def test_a_listed_skip_passes_on_ci(pytester: pytest.Pytester, style: str) -> None:
     """A reason on the allow-list is accepted on CI."""
-    monkeypatch.setenv("CI", "true")
     result = run(pytester, STYLES[style].format(reason=LISTED))
     assert result.ret == pytest.ExitCode.OK
     assert "skips not allowed on CI" not in result.stdout.str()
@@ -68,20 +72,18 @@ def test_off_ci_an_unlisted_skip_is_only_reported(
     result.assert_outcomes(passed=1, skipped=1)
 
 
-def test_an_xfail_is_not_a_skip(pytester: pytest.Pytester,
-                                monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("on_ci")
+def test_an_xfail_is_not_a_skip(pytester: pytest.Pytester) -> None:
     """An expected failure is reported as xfailed and does not trip the gate."""
-    monkeypatch.setenv("CI", "true")
     result = run(pytester, "import pytest\n@pytest.mark.xfail(reason='known', strict=True)\n"
                            "def test_it():\n    assert False\n")
     assert result.ret == pytest.ExitCode.OK
     result.assert_outcomes(passed=1, xfailed=1)
 
 
-def test_a_failing_session_keeps_its_own_status(
-        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("on_ci")
+def test_a_failing_session_keeps_its_own_status(pytester: pytest.Pytester) -> None:
     """A session that already failed stays failed, the unlisted skip listed as well."""
-    monkeypatch.setenv("CI", "true")
     result = run(pytester, STYLES["call"].format(reason=UNLISTED)
                  + "def test_broken():\n    assert False\n")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
