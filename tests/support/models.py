@@ -59,21 +59,24 @@ def bert_tensors(*, prefix: str = "", old_norm_names: bool = False) -> dict[str,
         "pooler.dense.weight": rand(HIDDEN, HIDDEN),
         "pooler.dense.bias": rand(HIDDEN),
     }
+
+    def linear(name: str, out: int, into: int) -> None:
+        t[f"{name}.weight"] = rand(out, into)
+        t[f"{name}.bias"] = rand(out)
+
+    def layer_norm(name: str) -> None:
+        t[f"{name}.{norm_w}"] = rand(HIDDEN)
+        t[f"{name}.{norm_b}"] = rand(HIDDEN)
+
     for i in range(LAYERS):
         layer = f"encoder.layer.{i}"
         for proj in ("query", "key", "value"):
-            t[f"{layer}.attention.self.{proj}.weight"] = rand(HIDDEN, HIDDEN)
-            t[f"{layer}.attention.self.{proj}.bias"] = rand(HIDDEN)
-        t[f"{layer}.attention.output.dense.weight"] = rand(HIDDEN, HIDDEN)
-        t[f"{layer}.attention.output.dense.bias"] = rand(HIDDEN)
-        t[f"{layer}.attention.output.LayerNorm.{norm_w}"] = rand(HIDDEN)
-        t[f"{layer}.attention.output.LayerNorm.{norm_b}"] = rand(HIDDEN)
-        t[f"{layer}.intermediate.dense.weight"] = rand(FFN, HIDDEN)
-        t[f"{layer}.intermediate.dense.bias"] = rand(FFN)
-        t[f"{layer}.output.dense.weight"] = rand(HIDDEN, FFN)
-        t[f"{layer}.output.dense.bias"] = rand(HIDDEN)
-        t[f"{layer}.output.LayerNorm.{norm_w}"] = rand(HIDDEN)
-        t[f"{layer}.output.LayerNorm.{norm_b}"] = rand(HIDDEN)
+            linear(f"{layer}.attention.self.{proj}", HIDDEN, HIDDEN)
+        linear(f"{layer}.attention.output.dense", HIDDEN, HIDDEN)
+        layer_norm(f"{layer}.attention.output.LayerNorm")
+        linear(f"{layer}.intermediate.dense", FFN, HIDDEN)
+        linear(f"{layer}.output.dense", HIDDEN, FFN)
+        layer_norm(f"{layer}.output.LayerNorm")
     return {prefix + name: value for name, value in t.items()}
 
 
