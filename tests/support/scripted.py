@@ -92,6 +92,20 @@ async def settle(sup: Supervisor, *states: State) -> None:
     await sup.wait_for(*states, timeout=2)
 
 
+async def started(
+    outcomes: list[str | ExitCause],
+    state: State,
+    *,
+    policy: RestartPolicy | None = None,
+    validate: Callable[[], None] | None = None,
+) -> tuple[Supervisor, ScriptedLauncher, ManualClock, list[StateChange]]:
+    """What :func:`make` makes, started and settled in ``state``."""
+    made = make(outcomes, policy=policy, validate=validate)
+    made[0].start()
+    await settle(made[0], state)
+    return made
+
+
 async def until(condition: Callable[[], bool]) -> None:
     for _ in range(1000):
         if condition():

@@ -27,6 +27,7 @@ from tests.support.scripted import (
     ScriptedLauncher,
     make,
     settle,
+    started,
     until,
 )
 
@@ -58,9 +59,7 @@ def test_every_state_has_a_way_out_and_in() -> None:
 
 async def test_start_to_running() -> None:
     """idle -> starting -> running, and the client is then available."""
-    sup, launcher, _, changes = make(["ok"])
-    sup.start()
-    await settle(sup, State.RUNNING)
+    sup, launcher, _, changes = await started(["ok"], State.RUNNING)
     assert path(changes) == ["starting", "running"]
     assert sup.pid == launcher.children[0].pid
     assert sup.client is launcher.children[0].client
@@ -71,9 +70,7 @@ async def test_start_to_running() -> None:
 
 async def test_crash_backs_off_then_restarts() -> None:
     """running -> backoff on a crash, and backoff -> starting -> running after the delay."""
-    sup, launcher, clock, changes = make(["ok", "ok"])
-    sup.start()
-    await settle(sup, State.RUNNING)
+    sup, launcher, clock, changes = await started(["ok", "ok"], State.RUNNING)
     launcher.children[0].dies.set_result(TRANSIENT)
     await settle(sup, State.BACKOFF)
     assert sup.last_exit == TRANSIENT
@@ -91,9 +88,7 @@ async def test_crash_backs_off_then_restarts() -> None:
 
 async def test_transient_start_failure_backs_off() -> None:
     """starting -> backoff when a start fails transiently."""
-    sup, _, clock, changes = make([TRANSIENT, "ok"])
-    sup.start()
-    await settle(sup, State.BACKOFF)
+    sup, _, clock, changes = await started([TRANSIENT, "ok"], State.BACKOFF)
     await clock.advance(0.5)
     await settle(sup, State.RUNNING)
     assert path(changes) == ["starting", "backoff", "starting", "running"]
@@ -102,9 +97,7 @@ async def test_transient_start_failure_backs_off() -> None:
 
 async def test_permanent_failure_opens_breaker_at_once() -> None:
     """starting -> failed on a permanent cause: no retry loop, breaker open."""
-    sup, launcher, clock, changes = make([PERMANENT])
-    sup.start()
-    await settle(sup, State.FAILED)
+    sup, launcher, clock, changes = await started([PERMANENT], State.FAILED)
     assert sup.breaker.state is BreakerState.OPEN
     assert sup.retry_after() is None
     await clock.advance(3600)  # permanent failures never cool down
@@ -120,9 +113,7 @@ async def test_invalid_model_fails_before_launch() -> None:
     def bad() -> None:
         raise InvalidModelError("/m.gguf", "not a GGUF file")
 
-    sup, launcher, _, _ = make(["ok"], validate=bad)
-    sup.start()
-    await settle(sup, State.FAILED)
+    sup, launcher, _, _ = await started(["ok"], State.FAILED, validate=bad)
     assert launcher.launches == 0
     assert sup.last_exit is not None
     assert sup.last_exit.kind == "invalid_model"
@@ -166,9 +157,7 @@ def test_backoff_ceilings_and_full_jitter() -> None:
 async def test_crash_that_trips_breaker_goes_running_to_failed() -> None:
     """running -> failed when the crash is the failure that opens the breaker."""
     policy = RestartPolicy(max_failures=1)
-    sup, launcher, _, changes = make(["ok"], policy=policy)
-    sup.start()
-    await settle(sup, State.RUNNING)
+    sup, launcher, _, changes = await started(["ok"], State.RUNNING, policy=policy)
     launcher.children[0].dies.set_result(TRANSIENT)
     await settle(sup, State.FAILED)
     assert path(changes) == ["starting", "running", "failed"]
@@ -178,9 +167,8 @@ async def test_crash_that_trips_breaker_goes_running_to_failed() -> None:
 async def test_cooldown_half_opens_and_one_failure_reopens() -> None:
     """failed -> starting after the cool-down; the next failure reopens at once."""
     policy = RestartPolicy(max_failures=2, cooldown=100.0)
-    sup, launcher, clock, changes = make([TRANSIENT, TRANSIENT, TRANSIENT], policy=policy)
-    sup.start()
-    await settle(sup, State.BACKOFF)
+    sup, launcher, clock, changes = await started([TRANSIENT] * 3, State.BACKOFF,
+                                                    policy=policy)
     await clock.advance(1.0)
     await settle(sup, State.FAILED)
     retry = sup.retry_after()
@@ -194,9 +182,7 @@ async def test_cooldown_half_opens_and_one_failure_reopens() -> None:
 
 async def test_reset_while_failed_restarts_now() -> None:
     """failed -> starting on reset, with the breaker closed and failures forgotten."""
-    sup, _, _, changes = make([PERMANENT, "ok"])
-    sup.start()
-    await settle(sup, State.FAILED)
+    sup, _, _, changes = await started([PERMANENT, "ok"], State.FAILED)
     sup.reset()
     await settle(sup, State.RUNNING)
     assert sup.breaker.state is BreakerState.CLOSED
@@ -208,9 +194,7 @@ async def test_reset_while_failed_restarts_now() -> None:
 async def test_reset_while_retry_pending_cuts_the_backoff_short() -> None:
     """backoff -> starting at once on reset, without waiting out the delay."""
     policy = RestartPolicy(base=30.0, cap=30.0)
-    sup, _, clock, _ = make([TRANSIENT, "ok"], policy=policy)
-    sup.start()
-    await settle(sup, State.BACKOFF)
+    sup, _, clock, _ = await started([TRANSIENT, "ok"], State.BACKOFF, policy=policy)
     before = clock.monotonic()
     sup.reset()
     await settle(sup, State.RUNNING)
@@ -240,9 +224,7 @@ async def test_stable_running_forgets_past_failures() -> None:
 async def test_unstable_crash_keeps_counting() -> None:
     """A crash before stable_after adds to the failures in a row."""
     policy = RestartPolicy(max_failures=3, stable_after=60.0)
-    sup, launcher, clock, _ = make([TRANSIENT, "ok"], policy=policy)
-    sup.start()
-    await settle(sup, State.BACKOFF)
+    sup, launcher, clock, _ = await started([TRANSIENT, "ok"], State.BACKOFF, policy=policy)
     await clock.advance(5.0)
     await settle(sup, State.RUNNING)
     await clock.advance(10.0)
@@ -272,9 +254,7 @@ async def test_stop_from_every_state(where: str) -> None:
 
 async def test_stopped_can_start_again() -> None:
     """stopped -> starting when started again."""
-    sup, _, _, changes = make(["ok", "ok"])
-    sup.start()
-    await settle(sup, State.RUNNING)
+    sup, _, _, changes = await started(["ok", "ok"], State.RUNNING)
     await sup.stop()
     sup.start()
     await settle(sup, State.RUNNING)
@@ -284,9 +264,7 @@ async def test_stopped_can_start_again() -> None:
 
 async def test_stop_is_idempotent_and_survives_caller_cancel() -> None:
     """Cancelling a stop() still stops the child; a second stop() is a no-op."""
-    sup, launcher, _, _ = make(["ok"])
-    sup.start()
-    await settle(sup, State.RUNNING)
+    sup, launcher, _, _ = await started(["ok"], State.RUNNING)
     gate = launcher.children[0].stop_gate = asyncio.Event()
     task = asyncio.create_task(sup.stop())
     await until(lambda: sup._stopping)
