@@ -39,15 +39,8 @@ def runtime(request: pytest.FixtureRequest, llama_server: str) -> str:
 
 @pytest.fixture
 async def running(runtime: str) -> AsyncIterator[tuple[Daemon, Clients]]:
-    daemon = make_daemon(config_env(runtime))
-    address = await daemon.start()
-    clients = Clients(address)
-    try:
-        await clients.wait_serving("")
-        yield daemon, clients
-    finally:
-        await clients.close()
-        await daemon.shutdown()
+    async with serving(config_env(runtime)) as pair:
+        yield pair
 
 
 async def test_generate_streams_tokens_then_usage(running: tuple[Daemon, Clients]) -> None:

@@ -15,7 +15,7 @@ import pytest
 from daemon import Daemon, load
 from llamad_protocol.v1 import common_pb2, control_pb2
 from tests.conftest import DEFAULT_MODEL, SMALL_MODEL, model_path
-from tests.support.daemon import Clients, config_env
+from tests.support.daemon import Clients, config_env, served
 
 pytestmark = pytest.mark.integration
 GEN = common_pb2.CHILD_ROLE_GENERATION
@@ -42,14 +42,9 @@ async def reloadable(file: Path) -> AsyncIterator[tuple[Daemon, Clients]]:
     write_config(file, model_path(SMALL_MODEL))
     env = env_without_models()
     daemon = Daemon(load(None, env=env, file=file), reload=lambda: load(None, env=env, file=file))
-    c = Clients(await daemon.start())
-    daemon.install_signal_handlers()
-    try:
-        await c.wait_serving("")
+    async with served(daemon) as c:
+        daemon.install_signal_handlers()
         yield daemon, c
-    finally:
-        await c.close()
-        await daemon.shutdown()
 
 
 async def test_sighup_swaps_to_the_new_model_and_applies_limits(
@@ -102,12 +97,7 @@ async def test_reload_applies_queue_ahead_without_a_new_child_and_spin_count_wit
 async def test_reload_with_bad_model_keeps_old_child(tmp_path: Path, llama_server: str) -> None:
     """A reload whose new child cannot start keeps the old child and configuration."""
     file = tmp_path / "llamad.toml"
-    write_config(file, model_path(SMALL_MODEL))
-    env = env_without_models()
-    daemon = Daemon(load(None, env=env, file=file), reload=lambda: load(None, env=env, file=file))
-    c = Clients(await daemon.start())
-    try:
-        await c.wait_serving("")
+    async with reloadable(file) as (daemon, c):
         before = await c.child(GEN)
         bad = tmp_path / "bad.gguf"
         bad.write_bytes(b"not a model")
@@ -119,20 +109,12 @@ async def test_reload_with_bad_model_keeps_old_child(tmp_path: Path, llama_serve
         assert (after.pid, after.model_path) == (before.pid, before.model_path)
         assert after.state == control_pb2.CHILD_STATE_RUNNING
         assert daemon.config.generation.model == str(model_path(SMALL_MODEL))
-    finally:
-        await c.close()
-        await daemon.shutdown()
 
 
 async def test_invalid_config_reload_changes_nothing(tmp_path: Path, llama_server: str) -> None:
     """A file that no longer validates is refused whole; settings needing a restart are named."""
     file = tmp_path / "llamad.toml"
-    write_config(file, model_path(SMALL_MODEL))
-    env = env_without_models()
-    daemon = Daemon(load(None, env=env, file=file), reload=lambda: load(None, env=env, file=file))
-    c = Clients(await daemon.start())
-    try:
-        await c.wait_serving("")
+    async with reloadable(file) as (daemon, _):
         write_config(file, model_path(SMALL_MODEL), threads="-3")
         report = await daemon.reload()
         assert "generation.threads" in report.error
@@ -144,6 +126,3 @@ async def test_invalid_config_reload_changes_nothing(tmp_path: Path, llama_serve
         assert report.restart_needed == ["child.log_lines"]
         assert report.changes == {"child.log_lines": "restart needed"}
         assert daemon.config.log_lines == 2000  # the running value is kept
-    finally:
-        await c.close()
-        await daemon.shutdown()

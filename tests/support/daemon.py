@@ -44,18 +44,25 @@ def make_daemon(env: Mapping[str, str]) -> Daemon:
 
 
 @contextlib.asynccontextmanager
-async def serving(env: Mapping[str, str], service: str = ""
-                  ) -> AsyncIterator[tuple[Daemon, Clients]]:
-    """A daemon started from ``env`` and stubs to it, yielded once ``service`` (by default
-    the whole server) is SERVING; the stubs closed and the daemon shut down on the way out."""
-    daemon = make_daemon(env)
+async def served(daemon: Daemon, service: str = "") -> AsyncIterator[Clients]:
+    """``daemon`` started and stubs to it, yielded once ``service`` (by default the whole
+    server) is SERVING; the stubs closed and the daemon shut down on the way out."""
     clients = Clients(await daemon.start())
     try:
         await clients.wait_serving(service)
-        yield daemon, clients
+        yield clients
     finally:
         await clients.close()
         await daemon.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def serving(env: Mapping[str, str], service: str = ""
+                  ) -> AsyncIterator[tuple[Daemon, Clients]]:
+    """A daemon made from ``env``, :func:`served`."""
+    daemon = make_daemon(env)
+    async with served(daemon, service) as clients:
+        yield daemon, clients
 
 
 class Clients:
