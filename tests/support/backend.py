@@ -1,0 +1,98 @@
+"""A scripted inference backend and a role around it, for unit tests of the servicers
+(Inference, Answer) through the real router and admission, with no child process.
+
+:class:`FakeBackend` implements :class:`daemon.backend.InferenceBackend`; it records what
+it was asked and answers from its script. :class:`FakeRole` is what the router needs of a
+role: a real :class:`daemon.admission.Admission` and the backend (or the error a role that
+is not ready raises).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from daemon.admission import Admission
+from daemon.backend import InferenceBackend
+from daemon.errors import RequestError
+from supervisor import ChildRequestError, Chunk, EmbedResult, Sampling, SupervisorError
+
+
+@dataclass
+class FakeBackend:
+    """Streams ``pieces`` (one token each) then a final chunk; embeds each text as
+    ``[len(text), 0, ..., 1]``; tokenizes into words. ``gate``, when set, holds every
+    stream before its first piece until the test sets it."""
+
+    model_name: str = "fake-model"
+    identity: str = "fake.gguf@0123456789abcdef"
+    context_tokens: int = 2048
+    pieces: list[str] = field(default_factory=lambda: ["Hello", ",", " world"])
+    finish: str = "length"
+    prompt_tokens: int = 7
+    dimension: int = 4
+    fail_embed: ChildRequestError | None = None
+    fail_stream_after: int | None = None
+    gate: asyncio.Event | None = None
+    prompts: list[str] = field(default_factory=list)
+    chats: list[list[tuple[str, str]]] = field(default_factory=list)
+    samplings: list[Sampling] = field(default_factory=list)
+    embedded: list[list[str]] = field(default_factory=list)
+    tokenized: list[tuple[str, bool]] = field(default_factory=list)
+    refusal: RequestError | None = None
+
+    @property
+    def provisional_identity(self) -> str:
+        return self.identity or self.model_name
+
+    def stream_completion(self, prompt: str, sampling: Sampling) -> AsyncIterator[Chunk]:
+        self.prompts.append(prompt)
+        self.samplings.append(sampling)
+        return self._stream()
+
+    def stream_chat(self, messages: Sequence[tuple[str, str]],
+                    sampling: Sampling) -> AsyncIterator[Chunk]:
+        self.chats.append(list(messages))
+        self.samplings.append(sampling)
+        return self._stream()
+
+    async def _stream(self) -> AsyncIterator[Chunk]:
+        if self.gate is not None:
+            await self.gate.wait()
+        for i, piece in enumerate(self.pieces):
+            if self.fail_stream_after is not None and i == self.fail_stream_after:
+                raise ChildRequestError("connection dropped by the child")
+            yield Chunk(piece, 1)
+        yield Chunk("", 0, self.finish, self.prompt_tokens, len(self.pieces))
+
+    async def embed(self, texts: Sequence[str]) -> EmbedResult:
+        self.embedded.append(list(texts))
+        if self.fail_embed is not None:
+            raise self.fail_embed
+        matrix = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        for i, text in enumerate(texts):
+            matrix[i, 0], matrix[i, -1] = len(text), 1.0
+        return EmbedResult(matrix, sum(len(t.split()) for t in texts))
+
+    async def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
+        self.tokenized.append((text, add_special))
+        words = [len(w) for w in text.split()]
+        return [1, *words, 2] if add_special else words
+
+
+@dataclass
+class FakeRole:
+    """A role served by ``served`` (a backend), or not ready: ``unready`` is raised."""
+
+    served: InferenceBackend
+    admission: Admission = field(default_factory=lambda: Admission("generation", 1, 4))
+    unready: SupervisorError | None = None
+    serving_pid: int = 4242
+
+    def backend(self) -> InferenceBackend:
+        if self.unready is not None:
+            raise self.unready
+        return self.served
