@@ -15,21 +15,25 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-from grpc_health.v1 import health_pb2
 
 from daemon import Daemon
-from llamad_protocol.v1 import common_pb2, control_pb2
+from llamad_protocol.v1 import control_pb2
 from llamad_protocol.v1 import inference_pb2 as pb
 from tests.conftest import RUNTIMES, SMALL_MODEL, model_path
-from tests.support.daemon import Clients, config_env, make_daemon, serving
+from tests.support.daemon import (
+    EMB,
+    GEN,
+    NOT_SERVING,
+    SERVING,
+    Clients,
+    config_env,
+    make_daemon,
+    serving,
+)
 from tests.support.procs import alive
 
 pytestmark = pytest.mark.integration
 
-GEN = common_pb2.CHILD_ROLE_GENERATION
-EMB = common_pb2.CHILD_ROLE_EMBEDDING
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 @pytest.fixture(params=RUNTIMES)

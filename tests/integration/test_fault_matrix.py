@@ -10,6 +10,7 @@ listed in docs/faults.md with their tests; this file holds the rest.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -20,12 +21,11 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import httpx
 import pytest
-from grpc_health.v1 import health_pb2
 
 from daemon import Daemon
 from llamad_protocol.v1 import common_pb2, control_pb2, control_pb2_grpc, retrieval_pb2_grpc
@@ -34,21 +34,20 @@ from llamad_protocol.v1 import retrieval_pb2 as rpb
 from supervisor.testing import fake_child_command
 from supervisor.testing.fake_runtime import FakeRuntime
 from tests.conftest import DEFAULT_MODEL, ROOT, SMALL_MODEL, model_path
-from tests.support.daemon import Clients, config_env, make_daemon
+from tests.support.daemon import GEN, NOT_SERVING, SERVING, Clients, config_env, make_daemon
 from tests.support.procs import alive, descendants, gone
 
 pytestmark = pytest.mark.integration
 
-GEN = common_pb2.CHILD_ROLE_GENERATION
+S = TypeVar("S")
+
 RUNNING = control_pb2.CHILD_STATE_RUNNING
 FAILED = control_pb2.CHILD_STATE_FAILED
 OPEN = control_pb2.BREAKER_STATE_OPEN
 CLOSED = control_pb2.BREAKER_STATE_CLOSED
-SERVING = health_pb2.HealthCheckResponse.SERVING
 # Greedy counting: SmolLM2 keeps going for hundreds of tokens.
 LONG = pb.GenerateRequest(prompt="1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
                           sampling=pb.SamplingParams(max_tokens=1500, temperature=0.0))
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -86,6 +85,26 @@ async def generate_error(c: Clients, **sampling: Any) -> grpc.aio.AioRpcError:
                 prompt="Hi", sampling=pb.SamplingParams(**sampling)), timeout=30):
             pass
     return err.value
+
+
+async def refused_at_once(c: Clients, gen: control_pb2.ChildStatus) -> grpc.aio.AioRpcError:
+    """A failed child ``gen`` has no pid and its last error is its last exit's message;
+    a Generate then fails UNAVAILABLE at once (within 2 s): return its error."""
+    assert gen.last_error == gen.last_exit.message
+    assert gen.pid == 0
+    t0 = time.monotonic()
+    err = await generate_error(c)
+    assert time.monotonic() - t0 < 2.0
+    assert err.code() == grpc.StatusCode.UNAVAILABLE
+    return err
+
+
+async def reset_serves_again(c: Clients, timeout: float) -> None:
+    """After Reset the generation child serves again, running with its breaker closed."""
+    await c.control.Reset(control_pb2.ResetRequest(role=GEN))
+    await c.wait_serving("generation", timeout=timeout)
+    gen = await c.child(GEN)
+    assert (gen.state, gen.breaker) == (RUNNING, CLOSED)
 
 
 def retry_after_ms(err: grpc.aio.AioRpcError) -> int | None:
@@ -158,9 +177,15 @@ class DaemonProcess:
     def tail(self, chars: int = 6000) -> str:
         return self.log.read_text(errors="replace")[-chars:]
 
-    def status(self, role: int = GEN) -> control_pb2.ChildStatus:
+    @contextlib.contextmanager
+    def stub(self, stub_class: Callable[[grpc.Channel], S]) -> Iterator[S]:
+        """A blocking ``stub_class`` stub on a channel of its own to the daemon (so each
+        thread of a test can have one), closed on the way out."""
         with grpc.insecure_channel(self.address) as ch:
-            stub = control_pb2_grpc.ControlServiceStub(ch)
+            yield stub_class(ch)
+
+    def status(self, role: int = GEN) -> control_pb2.ChildStatus:
+        with self.stub(control_pb2_grpc.ControlServiceStub) as stub:
             resp = stub.Status(control_pb2.StatusRequest(), timeout=10)
         found: control_pb2.ChildStatus = next(c for c in resp.children if c.role == role)
         return found
@@ -244,12 +269,7 @@ async def test_crash_at_start_opens_breaker_with_cause_in_status(
         assert not gen.last_exit.permanent
         assert gen.last_exit.exit_code == 1
         assert "crash-at-start" in gen.last_exit.message  # the child's own last line
-        assert gen.last_error == gen.last_exit.message
-        assert gen.pid == 0
-        t0 = time.monotonic()
-        err = await generate_error(c)
-        assert time.monotonic() - t0 < 2.0
-        assert err.code() == grpc.StatusCode.UNAVAILABLE
+        err = await refused_at_once(c, gen)
         assert "failed" in (err.details() or "")
         hint = retry_after_ms(err)  # the breaker's cool-down (300 s)
         assert hint is not None and 250_000 < hint <= 301_000
@@ -259,10 +279,7 @@ async def test_crash_at_start_opens_breaker_with_cause_in_status(
         assert sum("crash-at-start" in ln for ln in lines) == 3
         await asyncio.sleep(1.0)
         assert runtime.launches == 3  # no restart loop while the breaker is open
-        await c.control.Reset(control_pb2.ResetRequest(role=GEN))
-        await c.wait_serving("generation", timeout=30)
-        gen = await c.child(GEN)
-        assert (gen.state, gen.breaker) == (RUNNING, CLOSED)
+        await reset_serves_again(c, timeout=30)
     finally:
         await c.close()
 
@@ -556,22 +573,14 @@ async def test_model_deleted_while_running(in_process: Callable[..., Daemon],
         assert str(model) in gen.last_exit.message
         assert "not found" in gen.last_exit.message.lower() or \
             "no such file" in gen.last_exit.message.lower()
-        assert gen.last_error == gen.last_exit.message
-        assert gen.pid == 0
-        t0 = time.monotonic()
-        err = await generate_error(c)
-        assert time.monotonic() - t0 < 2.0
-        assert err.code() == grpc.StatusCode.UNAVAILABLE
+        err = await refused_at_once(c, gen)
         assert retry_after_ms(err) is None  # permanent: it will not come back by itself
         assert await c.status("generation") == NOT_SERVING
         await asyncio.sleep(1.0)
         again = await c.child(GEN)
         assert (again.state, again.restarts) == (FAILED, gen.restarts)  # no restart loop
         shutil.copy(model_path(SMALL_MODEL), model)
-        await c.control.Reset(control_pb2.ResetRequest(role=GEN))
-        await c.wait_serving("generation", timeout=60)
-        back = await c.child(GEN)
-        assert (back.state, back.breaker) == (RUNNING, CLOSED)
+        await reset_serves_again(c, timeout=60)
     finally:
         await c.close()
 
@@ -598,8 +607,7 @@ def test_sigterm_during_swap_exits_clean_without_orphans(
     loading = threading.Event()
 
     def swap() -> None:
-        with grpc.insecure_channel(d.address) as ch:
-            stub = control_pb2_grpc.ControlServiceStub(ch)
+        with d.stub(control_pb2_grpc.ControlServiceStub) as stub:
             try:
                 for p in stub.Swap(control_pb2.SwapRequest(
                         role=GEN, model_path=str(model_path(DEFAULT_MODEL))), timeout=120):
@@ -658,8 +666,7 @@ def test_sigterm_during_ingest_keeps_acknowledged_documents(
     stop = threading.Event()
 
     def push() -> None:
-        with grpc.insecure_channel(d.address) as ch:
-            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
+        with d.stub(retrieval_pb2_grpc.RetrievalServiceStub) as stub:
             i = 0
             while not stop.is_set():
                 token = f"pushword{i}"
@@ -674,8 +681,7 @@ def test_sigterm_during_ingest_keeps_acknowledged_documents(
                 i += 1
 
     def reindex() -> None:
-        with grpc.insecure_channel(d.address) as ch:
-            stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
+        with d.stub(retrieval_pb2_grpc.RetrievalServiceStub) as stub:
             try:
                 for _ in stub.Reindex(rpb.ReindexRequest(source_id="docs"), timeout=120):
                     pass
@@ -683,8 +689,7 @@ def test_sigterm_during_ingest_keeps_acknowledged_documents(
             except grpc.RpcError as exc:
                 outcomes.append(exc.code())
 
-    with grpc.insecure_channel(d.address) as ch:
-        stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
+    with d.stub(retrieval_pb2_grpc.RetrievalServiceStub) as stub:
         stub.AddSource(rpb.AddSourceRequest(id="notes"))
         stub.AddSource(rpb.AddSourceRequest(id="docs", path=str(corpus)))
     workers = [threading.Thread(target=push), threading.Thread(target=reindex)]
@@ -708,8 +713,7 @@ def test_sigterm_during_ingest_keeps_acknowledged_documents(
 
     again = processes(tmp_path, env)
     again.wait_embeddable()
-    with grpc.insecure_channel(again.address) as ch:
-        stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
+    with again.stub(retrieval_pb2_grpc.RetrievalServiceStub) as stub:
         docs = {doc.id: doc for doc in stub.ListDocuments(rpb.ListDocumentsRequest()).documents}
         stuck = [doc for doc in docs.values() if doc.state == rpb.DOCUMENT_STATE_PROCESSING]
         assert not stuck, stuck
@@ -821,8 +825,7 @@ def test_disk_full_while_indexing(tmp_path: Path, small_disk: SmallDisk,
     codes: dict[str, tuple[grpc.StatusCode, str]] = {}
     d = processes(tmp_path, env, small_disk.prefix())
     d.wait_embeddable()
-    with grpc.insecure_channel(d.address) as ch:
-        stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
+    with d.stub(retrieval_pb2_grpc.RetrievalServiceStub) as stub:
         stub.AddSource(rpb.AddSourceRequest(id="notes"))
         before = [f"early{i}" for i in range(3)]
         assert all(upsert(stub, name) == grpc.StatusCode.OK for name in before)
@@ -866,8 +869,7 @@ def test_disk_full_while_indexing(tmp_path: Path, small_disk: SmallDisk,
     small_disk.free()
     again = processes(tmp_path, env, small_disk.prefix())
     again.wait_embeddable()
-    with grpc.insecure_channel(again.address) as ch:
-        stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
+    with again.stub(retrieval_pb2_grpc.RetrievalServiceStub) as stub:
         for name in [*before, *acked, "after0", failed[0]]:
             assert found(stub, name), name
         status = stub.Status(rpb.RetrievalStatusRequest())

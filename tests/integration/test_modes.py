@@ -17,7 +17,6 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from grpc_health.v1 import health_pb2
 
 from daemon import Daemon, load
 from llamad_protocol.v1 import (
@@ -30,19 +29,15 @@ from llamad_protocol.v1 import (
 )
 from llamad_protocol.v1 import inference_pb2 as pb
 from tests.conftest import EMBED_MODEL, SMALL_MODEL, model_path
-from tests.support.daemon import Clients, config_env, make_daemon
+from tests.support.daemon import EMB, GEN, NOT_SERVING, SERVING, Clients, config_env, make_daemon
 from tests.support.fake_openai import serve_fake_openai
 from tests.support.procs import alive, free_port
 
 pytestmark = pytest.mark.integration
 
-GEN = common_pb2.CHILD_ROLE_GENERATION
-EMB = common_pb2.CHILD_ROLE_EMBEDDING
 ENDPOINT = control_pb2.INFERENCE_MODE_ENDPOINT
 EMBEDDED = control_pb2.INFERENCE_MODE_EMBEDDED
 DISABLED = control_pb2.INFERENCE_MODE_DISABLED
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 KEY = "sk-llamad-test-4711"
 
 

@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 
 from daemon import Daemon, load
-from llamad_protocol.v1 import common_pb2, control_pb2
+from llamad_protocol.v1 import control_pb2
 from tests.conftest import DEFAULT_MODEL, SMALL_MODEL, model_path
-from tests.support.daemon import Clients, config_env, served
+from tests.support.daemon import GEN, Clients, config_env, served
 
 pytestmark = pytest.mark.integration
-GEN = common_pb2.CHILD_ROLE_GENERATION
 
 
 def write_config(path: Path, model: Path, *, max_tokens: int = 8192, threads: str = "2",

@@ -11,8 +11,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from daemon import Daemon, load
-from llamad_protocol.v1 import control_pb2, control_pb2_grpc, inference_pb2_grpc
+from llamad_protocol.v1 import common_pb2, control_pb2, control_pb2_grpc, inference_pb2_grpc
 from tests.conftest import EMBED_MODEL, SMALL_MODEL, model_path
+
+GEN = common_pb2.CHILD_ROLE_GENERATION
+EMB = common_pb2.CHILD_ROLE_EMBEDDING
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def config_env(runtime: str, **overrides: str) -> dict[str, str]:
