@@ -4,6 +4,7 @@ quiet), and the markdown they write into ``bench/RESULTS.md``."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import datetime
@@ -392,6 +393,19 @@ def llama_server_version() -> str:
         if line.startswith("version:"):
             return line.split(":", 1)[1].strip()
     return "unknown"
+
+
+def add_quiet_options(p: argparse.ArgumentParser, when: str) -> None:
+    """``--wait-others``, ``--max-foreign`` and ``--anyway``: how long to wait ``when``
+    (say, "before each part") for other benchmarks to end and the other processes to use
+    few cores, and whether to go on when they do not."""
+    p.add_argument("--wait-others", type=float, default=900.0, metavar="SECONDS",
+                   help=f"wait this long for other benchmarks to finish {when}")
+    p.add_argument("--max-foreign", type=float, default=0.25, metavar="CORES",
+                   help=f"{when}, also wait (within --wait-others) until other processes "
+                   "use at most this many cores (default 0.25)")
+    p.add_argument("--anyway", action="store_true",
+                   help="measure even if other benchmarks still run after --wait-others")
 
 
 def git_head(form: str = "%h") -> str:

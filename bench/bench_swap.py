@@ -91,6 +91,7 @@ from bench._support import (
     ROOT,
     SMALL_MODEL,
     PartNote,
+    add_quiet_options,
     begin_part,
     end_part,
     environment,
@@ -1156,13 +1157,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--corpus", type=Path, default=CORPUS)
     p.add_argument("--raw", type=Path, help="also write every measurement to this JSON file")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "RESULTS.md")
-    p.add_argument("--wait-others", type=float, default=900.0, metavar="SECONDS",
-                   help="wait this long for other benchmarks to finish before each part")
-    p.add_argument("--max-foreign", type=float, default=0.25, metavar="CORES",
-                   help="before each part, also wait (within --wait-others) until other "
-                   "processes use at most this many cores (default 0.25)")
-    p.add_argument("--anyway", action="store_true",
-                   help="measure even if other benchmarks still run after --wait-others")
+    add_quiet_options(p, "before each part")
     args = p.parse_args(argv)
     quick = args.quick
     args.swaps = args.swaps if args.swaps is not None else (4 if quick else 20)

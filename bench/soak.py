@@ -61,7 +61,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -79,6 +79,7 @@ from bench._support import (
     ROOT,
     SMALL_MODEL,
     PartNote,
+    add_quiet_options,
     begin_part,
     end_part,
     environment,
@@ -226,7 +227,16 @@ class DocRecord:
     pending: list[str] = field(default_factory=list)  # unacknowledged writes since then
     deleted: bool = False  # an acknowledged delete (deleted=true)
     delete_pending: bool = False  # a delete that got no answer
-    busy: bool = False
+    busy: bool = False  # a write to it is running
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Busy (so not clean, and left alone by other clients) while a write runs."""
+        self.busy = True
+        try:
+            yield
+        finally:
+            self.busy = False
 
     @property
     def clean(self) -> bool:
@@ -329,6 +339,14 @@ class Soak:
     async def pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stop.wait(), seconds)
+
+    async def every(self, seconds: float) -> AsyncIterator[None]:
+        """Yield each ``seconds`` until the run stops (never once it has stopped)."""
+        while not self.stop.is_set():
+            await self.pause(seconds)
+            if self.stop.is_set():
+                return
+            yield
 
     async def call(self, rpc: str, fn: Callable[[float], Awaitable[tuple[str, T]]]
                    ) -> tuple[str, T | None, grpc.aio.AioRpcError | None]:
@@ -455,11 +473,8 @@ class Soak:
             resp = await stub.UpsertDocument(request, timeout=deadline)
             return "OK", int(resp.document.state)
 
-        doc.busy = True
-        try:
+        with doc.writing():
             code, state, err = await self.call("UpsertDocument", fn)
-        finally:
-            doc.busy = False
         if code == "OK":
             if state != retrieval_pb2.DOCUMENT_STATE_INDEXED:
                 self.anomalies[f"UpsertDocument OK with state {state}"] += 1
@@ -477,11 +492,8 @@ class Soak:
                                              timeout=deadline)
             return "OK", bool(resp.deleted)
 
-        doc.busy = True
-        try:
+        with doc.writing():
             code, deleted, err = await self.call("DeleteDocument", fn)
-        finally:
-            doc.busy = False
         if code == "OK":
             doc.deleted = True
             if not deleted:
@@ -527,10 +539,7 @@ class Soak:
         n = len(self.dir_files)
         async with self.channel() as ch:
             stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
-            while not self.stop.is_set():
-                await self.pause(self.args.reindex_every)
-                if self.stop.is_set():
-                    break
+            async for _ in self.every(self.args.reindex_every):
                 names = sorted(self.dir_files)
                 for name in rng.sample(names, min(2, len(names))):
                     self.write_file(name, rng)
@@ -545,11 +554,7 @@ class Soak:
     async def swap_client(self) -> None:
         async with self.channel() as ch:
             control = control_pb2_grpc.ControlServiceStub(ch)
-            while not self.stop.is_set():
-                await self.pause(self.args.swap_every)
-                if self.stop.is_set():
-                    break
-
+            async for _ in self.every(self.args.swap_every):
                 async def status(deadline: float) -> tuple[str, str]:
                     resp = await control.Status(control_pb2.StatusRequest(), timeout=deadline)
                     return "OK", next((c.model_path for c in resp.children if c.role == GEN),
@@ -1182,13 +1187,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--table-every", type=float, default=30.0)
     p.add_argument("--warmup", type=float, default=0.2,
                    help="share of the run not judged (default 0.2)")
-    p.add_argument("--wait-others", type=float, default=900.0, metavar="SECONDS",
-                   help="wait this long for other benchmarks to finish first")
-    p.add_argument("--max-foreign", type=float, default=0.25, metavar="CORES",
-                   help="also wait (within --wait-others) until other processes use at most "
-                   "this many cores")
-    p.add_argument("--anyway", action="store_true",
-                   help="run even if other benchmarks still run after --wait-others")
+    add_quiet_options(p, "before starting")
     args = p.parse_args(argv)
     if args.minutes <= 0 or args.generate_clients < 0 or args.search_clients < 0:
         p.error("--minutes must be > 0, client counts >= 0")
