@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -79,6 +80,29 @@ def _write_summary(method: str, seconds: float, call: Call, servicer: object) ->
     getattr(_log, level)("rpc", method=method, code=code, duration_ms=duration_ms, **call.fields)
 
 
+@contextlib.asynccontextmanager
+async def _handled(method: str, servicer: object, request: object,
+                   context: grpc.aio.ServicerContext) -> AsyncIterator[Call]:
+    """One call's frame: refuse a malformed request, map an error to its status (the
+    abort raises), note a cancellation's code, and write the summary line at the end."""
+    call = _start(context)
+    started = time.perf_counter()
+    try:
+        if isinstance(request, Malformed):  # see daemon.wire
+            raise InvalidArgument(request.message)
+        yield call
+    except asyncio.CancelledError:
+        call.note(code=_code_on_cancel(call))
+        raise
+    except Exception as exc:
+        if isinstance(exc, grpc.aio.AbortError):
+            raise
+        await _abort(context, exc, call)
+        raise AssertionError("unreachable: abort raises") from exc
+    finally:
+        _summary(method, started, call, servicer)
+
+
 def unary(
     method: str,
 ) -> Callable[
@@ -92,22 +116,9 @@ def unary(
     ) -> Callable[[Self, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:
         @functools.wraps(fn)
         async def handler(self: Self, request: Req, context: grpc.aio.ServicerContext) -> Resp:
-            call = _start(context)
-            started = time.perf_counter()
-            try:
-                if isinstance(request, Malformed):  # see daemon.wire
-                    raise InvalidArgument(request.message)
+            async with _handled(method, self, request, context) as call:
                 return await fn(self, request, context, call)
-            except asyncio.CancelledError:
-                call.note(code=_code_on_cancel(call))
-                raise
-            except Exception as exc:
-                if isinstance(exc, grpc.aio.AbortError):
-                    raise
-                await _abort(context, exc, call)
-                raise AssertionError("unreachable: abort raises") from exc
-            finally:
-                _summary(method, started, call, self)
+            raise AssertionError("unreachable: an error aborts the call")
 
         setattr(handler, RPC_MARKER, True)
         return handler
@@ -130,24 +141,13 @@ def stream(
         async def handler(
             self: Self, request: Req, context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Resp]:
-            call = _start(context)
-            started = time.perf_counter()
-            gen = fn(self, request, context, call)
-            try:
-                if isinstance(request, Malformed):  # see daemon.wire
-                    raise InvalidArgument(request.message)
-                async for item in gen:
-                    yield item
-            except asyncio.CancelledError:
-                call.note(code=_code_on_cancel(call))
-                raise
-            except Exception as exc:
-                if isinstance(exc, grpc.aio.AbortError):
-                    raise
-                await _abort(context, exc, call)
-            finally:
-                await gen.aclose()  # type: ignore[attr-defined]
-                _summary(method, started, call, self)
+            async with _handled(method, self, request, context) as call:
+                gen = fn(self, request, context, call)
+                try:
+                    async for item in gen:
+                        yield item
+                finally:
+                    await gen.aclose()  # type: ignore[attr-defined]
 
         setattr(handler, RPC_MARKER, True)
         return handler
