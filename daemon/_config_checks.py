@@ -7,20 +7,20 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import models
 from models import MANIFEST_NAME, Manifest, ManifestError
 from supervisor import EndpointError, normalise_url, read_api_key
 
-from ._config_options import _BY_KEY, INSTALLED_MODELS_DIR, ConfigError
+from ._config_options import INSTALLED_MODELS_DIR, ConfigError
+from ._config_sections import _BY_KEY, AuthSettings, RoleSettings, TlsSettings
 from .access import AccessError, TlsMaterial, TokenTable, load_tls, load_tokens
 
 
-def _mode(values: Mapping[str, Any], sources: Mapping[str, str], role: str) -> str:
+def _mode(settings: RoleSettings, sources: Mapping[str, str], role: str) -> str:
     """The role's mode; ``enabled = false`` is the older spelling of "disabled"."""
-    mode = str(values[f"{role}.mode"])
-    if not values[f"{role}.enabled"]:
+    mode = settings.mode
+    if not settings.enabled:
         if sources[f"{role}.mode"] != "default" and mode != "disabled":
             raise ConfigError(f"{role}.enabled = false conflicts with {role}.mode = {mode}: "
                               f"set only {role}.mode")
@@ -28,10 +28,9 @@ def _mode(values: Mapping[str, Any], sources: Mapping[str, str], role: str) -> s
     return mode
 
 
-def _check_endpoint(values: Mapping[str, Any], env: Mapping[str, str], role: str,
+def _check_endpoint(settings: RoleSettings, env: Mapping[str, str], role: str,
                     mode: str) -> None:
-    url, key_file, key_env = (values[f"{role}.endpoint_url"], values[f"{role}.api_key_file"],
-                              values[f"{role}.api_key_env"])
+    url, key_file, key_env = settings.endpoint_url, settings.api_key_file, settings.api_key_env
     if key_file and key_env:
         raise ConfigError(f"{role}.api_key_file and {role}.api_key_env: set one, not both")
     if key_env and not _ENV_NAME.fullmatch(key_env):
@@ -167,9 +166,8 @@ def unix_socket_path(listen: str, state_dir: Path) -> Path | None:
     return path if path.is_absolute() else state_dir / path
 
 
-def _tls(values: Mapping[str, Any]) -> TlsMaterial | None:
-    cert, key, ca = (values["tls.cert_file"], values["tls.key_file"],
-                     values["tls.client_ca_file"])
+def _tls(settings: TlsSettings) -> TlsMaterial | None:
+    cert, key, ca = settings.cert_file, settings.key_file, settings.client_ca_file
     if not cert and not key:
         if ca:
             raise ConfigError("tls.client_ca_file: mutual TLS needs tls.cert_file and "
@@ -184,8 +182,8 @@ def _tls(values: Mapping[str, Any]) -> TlsMaterial | None:
         raise ConfigError(f"tls: {exc}") from None
 
 
-def _tokens(values: Mapping[str, Any]) -> TokenTable | None:
-    path = values["auth.token_file"]
+def _tokens(settings: AuthSettings) -> TokenTable | None:
+    path = settings.token_file
     if not path:
         return None
     try:

@@ -1,163 +1,354 @@
-"""The typed configuration: :class:`Config` and its sections."""
+"""Every option, declared once: a field of a frozen section dataclass (``[retrieval]`` is
+:class:`RetrievalSettings`), with its default and its metadata (:func:`setting`). The root,
+:class:`Settings`, holds the top-level options and the sections in the order ``--help``
+lists them; :data:`OPTIONS` is read off it.
+
+A section's ``RELOAD`` is what a reload does with a change of its options but for those
+that say otherwise (see :mod:`daemon.reload`).
+"""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+import os
+from dataclasses import dataclass, field
+from functools import partial
+from typing import ClassVar
 
-from supervisor import EndpointSpec, RestartPolicy, Timeouts
+from ._config_options import (
+    INSTALLED_MODELS_DIR,
+    MODES,
+    PER_SECTION,
+    Option,
+    Reload,
+    options_of,
+    setting,
+)
 
-from ._config_options import INSTALLED_MODELS_DIR
-from .access import TlsMaterial, TokenTable
+
+@dataclass(frozen=True, kw_only=True)
+class RoleSettings:
+    """``[generation]`` and ``[embedding]``: the child serving a role, or its endpoint."""
+
+    # A role's settings go through the swap or mode-switch path, but for its queue ahead.
+    RELOAD: ClassVar[Reload] = "new_child"
+
+    enabled: bool = setting(True, "Serve {section} (false is {section}.mode = disabled).")
+    mode: str = setting(
+        "embedded", "Where {section} runs: embedded (a supervised llama.cpp child), endpoint "
+        "(an external OpenAI-compatible server), or disabled.", choices=MODES)
+    model: str = setting("", "Path of the {section} GGUF model (embedded mode).")
+    endpoint_url: str = setting(
+        "", "Endpoint mode: the server's base URL, with or without /v1 "
+        "(e.g. http://10.0.0.5:8080/v1).")
+    endpoint_model: str = setting(
+        "", "Endpoint mode: the model id to use (default: the only one it offers).")
+    api_key_file: str = setting(
+        "", "Endpoint mode: file holding the API key (must not be world-readable).")
+    api_key_env: str = setting(
+        "", "Endpoint mode: name of the environment variable holding the API key.")
+    runtime: str = setting(
+        "auto", "Runtime: llama-server, bundled (python -m llama_cpp.server), or auto "
+        "(llama-server when found).", choices=("auto", "llama-server", "bundled"))
+    ctx_size: int = setting(
+        PER_SECTION, "Context tokens per slot (0: the model's training context).", minimum=0)
+    threads: int = setting(os.cpu_count() or 2, "CPU threads for the child.", minimum=1)
+    parallel: int = setting(
+        PER_SECTION, "Concurrent request slots (llama-server; the bundled runtime serves "
+        "one; calls llamad sends an endpoint at once).", minimum=1)
+    queue_ahead: int = setting(
+        PER_SECTION, "Calls sent to a llama-server child beyond its slots, to wait in its "
+        "own queue: a slot that finishes starts the next one at once instead of idling for "
+        "the round trip to llamad and back (short calls such as embeddings); 0 sends "
+        "exactly as many calls as there are slots.", minimum=0, reload="apply")
+    batch: int = setting(512, "Logical batch size in tokens.", minimum=1)
+    spin_count: int = setting(
+        PER_SECTION, "GOMP_SPINCOUNT of the child: how long llama.cpp's OpenMP threads spin "
+        "at a barrier before they sleep. Short spins let the two children, a swap's overlap "
+        "or other load share the cores instead of starving each other; -1 keeps the "
+        "daemon's environment (OpenMP's default spins long).", minimum=-1)
+    extra_args: str = setting(
+        "", "Extra runtime arguments, space separated, appended verbatim.")
 
 
 @dataclass(frozen=True)
-class ChildConfig:
-    role: str
-    enabled: bool
-    """False exactly when ``mode`` is "disabled"."""
-    model: str
-    runtime: str
-    ctx_size: int
-    threads: int
-    parallel: int
-    batch: int
-    extra_args: tuple[str, ...]
-    mode: str = "embedded"
-    spin_count: int = -1
-    queue_ahead: int = 0
-    endpoint_url: str = ""
-    endpoint_model: str = ""
-    api_key_file: str = ""
-    api_key_env: str = ""
+class TlsSettings:
+    """``[tls]``: the files are re-read on a reload (see :mod:`daemon.reload`)."""
 
-    def endpoint(self) -> EndpointSpec | None:
-        """The configured endpoint (None when no URL is configured)."""
-        if not self.endpoint_url:
-            return None
-        return EndpointSpec(self.endpoint_url, self.endpoint_model, self.api_key_file,
-                            self.api_key_env)
+    RELOAD: ClassVar[Reload] = "apply"
+
+    cert_file: str = setting(
+        "", "PEM certificate chain the daemon presents; with tls.key_file, gRPC is served "
+        "over TLS only. Re-read on SIGHUP.")
+    key_file: str = setting(
+        "", "PEM private key of tls.cert_file (unencrypted; must not be readable by "
+        "others).")
+    client_ca_file: str = setting(
+        "", "PEM CA certificates for mutual TLS: clients must present a certificate signed "
+        "by one of them.")
 
 
 @dataclass(frozen=True)
-class Limits:
-    max_prompt_chars: int
-    max_messages: int
-    default_max_tokens: int
-    max_tokens: int
-    max_stop: int
-    max_embed_batch: int
-    max_embed_chars: int
-    queue_size: int
-    max_message_bytes: int
+class AuthSettings:
+    """``[auth]``."""
+
+    token_file: str = setting(
+        "", "Bearer tokens, one '<role> <token>' per line (roles: read, admin); when set, "
+        "every RPC but health needs one. Must not be readable by others; re-read on "
+        "SIGHUP.", reload="apply")
+
+
+@dataclass(frozen=True)
+class RestartSettings:
+    """``[restart]``: the supervisor's :class:`~supervisor.RestartPolicy`."""
+
+    backoff_base: float = setting(0.5, "First restart backoff ceiling, s.", minimum=0.001)
+    backoff_cap: float = setting(30.0, "Largest restart backoff ceiling, s.", minimum=0.001)
+    breaker_failures: int = setting(
+        5, "Consecutive failed starts that open the circuit breaker.", minimum=1)
+    breaker_reset: float = setting(
+        60.0, "Seconds of stable running that reset the failure count.", minimum=0)
+    breaker_cooldown: float = setting(
+        300.0, "Seconds before an open breaker (transient causes) tries once more; 0 never.",
+        minimum=0)
+
+
+@dataclass(frozen=True)
+class ChildSettings:
+    """``[child]``: the supervisor's :class:`~supervisor.Timeouts`, and more of a child."""
+
+    start_timeout: float = setting(
+        60.0, "Seconds a child start may go without progress (output or 'loading').",
+        minimum=0.1)
+    start_cap: float = setting(300.0, "Hard limit of a child start, s.", minimum=0.1)
+    probe_interval: float = setting(5.0, "Seconds between liveness probes.", minimum=0.05)
+    probe_timeout: float = setting(3.0, "Seconds a liveness probe may take.", minimum=0.05)
+    probe_failures: int = setting(3, "Failed probes in a row that mean hung.", minimum=1)
+    stop_grace: float = setting(10.0, "Seconds between SIGTERM and SIGKILL.", minimum=0)
+    busy_silence: float = setting(
+        120.0, "While calls run, seconds without a byte from the child before probes count "
+        "again (a busy child may not answer them).", minimum=1)
+    request_timeout: float = setting(
+        600.0, "Longest silence from a child during a request, s.", minimum=1)
+    log_lines: int = setting(2000, "Output lines kept per child for TailLogs.", minimum=10)
+
+
+@dataclass(frozen=True)
+class SwapSettings:
+    """``[swap]``: make-before-break model swaps."""
+
+    ready_timeout: float = setting(
+        90.0, "Seconds a swapped-in child has to become ready before the swap fails.",
+        minimum=1)
+    drain_timeout: float = setting(
+        30.0, "Seconds calls on the old child get to finish after a swap before it stops.",
+        minimum=0)
+    handover_hold: float = setting(
+        5.0, "Seconds new calls may wait, after a swap switched, for the old child's calls "
+        "to end before they start on the new child (two children computing at once on the "
+        "same cores both slow down); 0: start them at once.", minimum=0)
+    launch_nice: int = setting(
+        10, "Nice value added to a swap's incoming child while it loads beside the serving "
+        "one, taken back at the switch (needs LimitNICE=+0 or CAP_SYS_NICE; without, "
+        "unused); 0: none.", minimum=0)
+
+
+@dataclass(frozen=True)
+class RecycleSettings:
+    """``[recycle]``: replacing a long-running child."""
+
+    after_requests: int = setting(
+        0, "Replace a child (make-before-break) after it served this many calls; 0: never.",
+        minimum=0)
+    max_rss_mb: int = setting(
+        0, "Replace a child whose resident memory exceeds this many MiB; 0: never.",
+        minimum=0)
+    check_interval: float = setting(10.0, "Seconds between recycling checks.", minimum=0.1)
+    min_uptime: float = setting(
+        60.0, "A child is recycled at most once per this many seconds of running.",
+        minimum=0)
 
 
 @dataclass(frozen=True)
 class RetrievalSettings:
-    """The ``[retrieval]`` options, one field each (see :data:`OPTIONS` for their help)."""
+    """``[retrieval]``: its limits apply to the ingests, scans and searches that start
+    after a reload; the embedding batcher, the group commit and the rescan schedule keep
+    theirs until a restart."""
 
-    enabled: bool
-    allowed_roots: tuple[str, ...]
-    chunk_size: int
-    chunk_overlap: int
-    max_chunk_chars: int
-    embed_batch: int
-    embed_concurrency: int
-    ingest_workers: int
-    ingest_inflight_mb: int
-    max_commit_batch: int
-    query_embed_timeout: float
-    text_candidates: int
-    vector_candidates: int
-    rrf_k: int
-    default_k: int
-    max_k: int
-    max_query_chars: int
-    max_document_chars: int
-    max_file_mb: int
-    max_files_per_source: int
-    max_source_mb: int
-    pdf_timeout: float
-    pdf_max_pages: int
-    pdf_max_memory_mb: int
-    pdf_max_output_mb: int
-    html_max_depth: int
-    rescan_interval: float
-    redact_hostnames: bool
-    redact_ips: bool
-    refuse_hard_links: bool
+    RELOAD: ClassVar[Reload] = "apply"
+
+    enabled: bool = setting(True, "Serve RetrievalService (ingest and search).",
+                            reload="restart")
+    allowed_roots: tuple[str, ...] = setting(
+        (), "Absolute directories that directory sources must lie under (symlinks and .. "
+        "resolved); several are separated by ':' in a flag or env. Empty: directory "
+        "sources are refused.")
+    chunk_size: int = setting(1200, "Target chunk size, characters.", minimum=200)
+    chunk_overlap: int = setting(200, "Overlap between chunks, characters.", minimum=0)
+    max_chunk_chars: int = setting(2000, "Hard cap of a chunk, characters.", minimum=200)
+    embed_batch: int = setting(32, "Texts per embedding request.", minimum=1,
+                               reload="restart")
+    embed_concurrency: int = setting(
+        2, "Embedding requests ingest keeps in flight (the embedding child's slots).",
+        minimum=1, reload="restart")
+    ingest_workers: int = setting(
+        128, "Files of a directory scan in flight at once (their chunks share embedding "
+        "requests of up to embed_batch texts, their writes share commits): enough small "
+        "files that embedding requests fill up.", minimum=1)
+    ingest_inflight_mb: int = setting(
+        64, "File bytes a directory scan has in flight at once, MiB (bounds its memory "
+        "whatever ingest_workers is; one file larger than this goes alone).", minimum=1)
+    max_commit_batch: int = setting(
+        256, "Most documents one group commit writes (concurrent ingests share commits).",
+        minimum=1, reload="restart")
+    query_embed_timeout: float = setting(
+        5.0, "Seconds a search waits for its query's embedding before answering BM25-only.",
+        minimum=0.1)
+    text_candidates: int = setting(25, "BM25 candidates fused per search.", minimum=1)
+    vector_candidates: int = setting(25, "HNSW candidates fused per search.", minimum=1)
+    rrf_k: int = setting(60, "Reciprocal Rank Fusion constant k.", minimum=1)
+    default_k: int = setting(5, "Hits returned when a search asks for none.", minimum=1)
+    max_k: int = setting(20, "Most hits a search may ask for.", minimum=1)
+    max_query_chars: int = setting(2000, "Longest search query, characters.", minimum=1)
+    max_document_chars: int = setting(
+        5_000_000, "Longest document text (after extraction), characters.", minimum=1)
+    max_file_mb: int = setting(20, "Largest file a scan reads, MiB.", minimum=1)
+    max_files_per_source: int = setting(20000, "Files a scan indexes per source.", minimum=1)
+    max_source_mb: int = setting(2048, "Bytes a scan indexes per source, MiB.", minimum=1)
+    pdf_timeout: float = setting(30.0, "Seconds to extract one PDF.", minimum=1)
+    pdf_max_pages: int = setting(2000, "Most pages a PDF may have.", minimum=1)
+    pdf_max_memory_mb: int = setting(
+        1024, "Address space of the process that parses a PDF, MiB (bounds decompression "
+        "bombs).", minimum=64)
+    pdf_max_output_mb: int = setting(64, "Most text one PDF may yield, MiB.", minimum=1)
+    html_max_depth: int = setting(
+        500, "Deepest nesting of HTML elements a page may have.", minimum=1)
+    rescan_interval: float = setting(
+        3600.0, "Seconds between scheduled rescans of directory sources; 0: on demand only.",
+        minimum=0, reload="restart")
+    redact_hostnames: bool = setting(False, "Also redact hostnames (FQDNs) at ingest.")
+    redact_ips: bool = setting(False, "Also redact IP addresses at ingest.")
+    refuse_hard_links: bool = setting(
+        False, "Refuse files of directory sources that have more than one hard link (a hard "
+        "link inside a root may be a file from outside it).")
 
 
 @dataclass(frozen=True)
 class AnswerConfig:
-    """The ``[answer]`` options, one field each (see :data:`OPTIONS` for their help)."""
+    """``[answer]``: the Ask settings apply to the Asks that start after a reload; the
+    response cache and the audit log keep theirs until a restart."""
 
-    max_question_chars: int
-    max_attachment_chars: int
-    max_history_turns: int
-    default_max_tokens: int
-    default_k: int
-    min_vector_score: float
-    min_text_score: float
-    cache_ttl: float
-    cache_entries: int
-    audit_log: str
-    audit_max_mb: int
-    audit_backups: int
+    RELOAD: ClassVar[Reload] = "apply"
 
-
-_S = TypeVar("_S")
-
-
-def _section(cls: Callable[..., _S], values: Mapping[str, Any], name: str) -> _S:
-    """The options of section ``name`` as ``cls``, whose fields are named as the options
-    (a field missing or left over fails at every load, hence in the unit tests)."""
-    prefix = name + "."
-    return cls(**{k.removeprefix(prefix): v for k, v in values.items()
-                  if k.startswith(prefix)})
+    max_question_chars: int = setting(4000, "Longest Ask question, characters.", minimum=1)
+    max_attachment_chars: int = setting(
+        100_000, "Longest Ask attachment, characters.", minimum=0)
+    max_history_turns: int = setting(
+        10, "Most conversation turns an Ask may carry.", minimum=0)
+    default_max_tokens: int = setting(512, "Answer length when an Ask sets none.", minimum=1)
+    default_k: int = setting(5, "Sources retrieved when an Ask sets none.", minimum=1)
+    min_vector_score: float = setting(
+        0.30, "Relevance floor: a source needs this cosine similarity (or a BM25 match).",
+        minimum=-1)
+    min_text_score: float = setting(
+        3.0, "Relevance floor for sources without a close vector match: this BM25 score.",
+        minimum=0)
+    cache_ttl: float = setting(
+        300.0, "Seconds an identical Ask is served from the response cache; 0: no cache.",
+        minimum=0, reload="restart")
+    cache_entries: int = setting(256, "Answers kept in the response cache.", minimum=0,
+                                 reload="restart")
+    audit_log: str = setting(
+        "", "Audit log file (JSON lines; default: <state_dir>/audit/answers.jsonl).",
+        reload="restart")
+    audit_max_mb: int = setting(10, "Audit log size before rotation, MiB.", minimum=1,
+                                reload="restart")
+    audit_backups: int = setting(5, "Rotated audit logs kept.", minimum=0, reload="restart")
 
 
 @dataclass(frozen=True)
-class Config:
-    """The validated configuration of one daemon run."""
+class LogSettings:
+    """``[log]``."""
 
-    listen: str
-    metrics_listen: str
-    llama_bin: str
-    state_dir: Path
-    retrieval: RetrievalSettings
-    answer: AnswerConfig
-    generation: ChildConfig
-    embedding: ChildConfig
-    policy: RestartPolicy
-    timeouts: Timeouts
-    request_timeout: float
-    swap_ready_timeout: float
-    swap_drain_timeout: float
-    swap_handover_hold: float
-    swap_launch_nice: int
-    recycle_after_requests: int
-    recycle_max_rss_mb: int
-    recycle_check_interval: float
-    recycle_min_uptime: float
-    log_lines: int
-    drain_grace: float
-    log_format: str
-    log_level: str
-    limits: Limits
-    sources: Mapping[str, str]
-    """Where each value came from: "flag", "env", "file" or "default"; a role's model
-    taken from the manifest of ``models_dir`` is "models_dir"."""
-    models_dir: Path = Path(INSTALLED_MODELS_DIR)
-    tls: TlsMaterial | None = None
-    """Certificate, key and client CA, read and checked at load (None: plaintext)."""
-    tokens: TokenTable | None = None
-    """The bearer tokens of ``auth.token_file`` (None: no token needed)."""
-    values: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    """Each option's value by key, as read (a reload compares them, option by option)."""
+    format: str = setting("auto", "Log format: auto (JSON unless a terminal), json, console.",
+                          choices=("auto", "json", "console"))
+    level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
 
-    def child(self, role: str) -> ChildConfig:
-        return self.generation if role == "generation" else self.embedding
+
+@dataclass(frozen=True)
+class Limits:
+    """``[limits]``: the request limits, in force for the calls after a reload but for the
+    gRPC server's message limits, fixed when it starts."""
+
+    RELOAD: ClassVar[Reload] = "apply"
+
+    max_prompt_chars: int = setting(
+        262144, "Longest prompt or chat text, characters.", minimum=1)
+    max_messages: int = setting(256, "Most chat messages per call.", minimum=1)
+    default_max_tokens: int = setting(256, "max_tokens when a call sets none.", minimum=1)
+    max_tokens: int = setting(8192, "Largest max_tokens a call may ask.", minimum=1)
+    max_stop: int = setting(8, "Most stop strings per call.", minimum=0)
+    max_embed_batch: int = setting(256, "Most texts per Embed call.", minimum=1)
+    max_embed_chars: int = setting(32768, "Longest text to embed, characters.", minimum=1)
+    queue_size: int = setting(
+        32, "Calls that may wait for a busy child's slot; past it: RESOURCE_EXHAUSTED.",
+        minimum=0)
+    max_message_bytes: int = setting(
+        16 * 1024 * 1024, "Largest gRPC message received or sent, bytes.", minimum=1024,
+        reload="restart")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every option as read (flag > environment > file > default): the top-level ones and
+    a field per section, in ``--help`` order."""
+
+    listen: str = setting(
+        "127.0.0.1:50051", "gRPC address: host:port (loopback by default; port 0 picks a "
+        "free one) or unix:/path/to.sock.")
+    metrics_listen: str = setting(
+        "", "Serve Prometheus metrics over HTTP on this loopback host:port (off when "
+        "empty).")
+    state_dir: str = setting(
+        "", "Directory for the retrieval indexes (default: $STATE_DIRECTORY, else ./var).")
+    llama_bin: str = setting(
+        "", "llama-server binary (default: beside the daemon's Python, then PATH).",
+        reload="new_child")
+    models_dir: str = setting(
+        "", "Directory of the prepared models (its manifest.json, written by `python -m "
+        "models prepare`): an embedded role whose model is not set runs the manifest's "
+        "default model for it (default: models/gguf in a source checkout once prepared, "
+        f"else {INSTALLED_MODELS_DIR}).", reload="new_child")
+    tls: TlsSettings = field(default_factory=TlsSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    # Spin counts measured on 2 cores: see supervisor.LaunchSpec.spin_count.
+    generation: RoleSettings = field(default_factory=partial(
+        RoleSettings, ctx_size=4096, parallel=4, queue_ahead=0, spin_count=300))
+    embedding: RoleSettings = field(default_factory=partial(
+        RoleSettings, ctx_size=0, parallel=2, queue_ahead=2, spin_count=3000))
+    restart: RestartSettings = field(default_factory=RestartSettings)
+    child: ChildSettings = field(default_factory=ChildSettings)
+    swap: SwapSettings = field(default_factory=SwapSettings)
+    recycle: RecycleSettings = field(default_factory=RecycleSettings)
+    retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
+    answer: AnswerConfig = field(default_factory=AnswerConfig)
+    drain_grace: float = setting(
+        30.0, "On SIGTERM, seconds in-flight calls get to finish before they are cancelled.",
+        minimum=0)
+    log: LogSettings = field(default_factory=LogSettings)
+    limits: Limits = field(default_factory=Limits)
+
+
+OPTIONS: tuple[Option, ...] = tuple(options_of(Settings()))
+"""Every option, in declaration order: its flag, variable, TOML key and help come from it."""
+
+_BY_KEY = {o.key: o for o in OPTIONS}
+
+
+def option(key: str) -> Option:
+    """The declared option ``key`` (``section.name`` or ``name``), for messages that tell
+    an operator how to set it.
+
+    Raises:
+        KeyError: no such option.
+    """
+    return _BY_KEY[key]

@@ -1,35 +1,45 @@
 """Configuration: one registry of options, read from flags, environment, a TOML file.
 
-Precedence: flag > environment > file > default. Every option is declared once in
-:data:`OPTIONS`; from there it gets its flag (``--generation-model``), its environment
-variable (``LLAMAD_GENERATION_MODEL``), its TOML key (``[generation] model``), its
-``--help`` text, and its validation. Invalid values stop the daemon at start with one
-clear line naming the option and where the value came from.
+Precedence: flag > environment > file > default. Every option is declared once, as a
+field of its section's frozen dataclass (:mod:`daemon._config_sections`: its type, default,
+help, bounds, choices and what a reload does with a change); from there it gets its flag
+(``--generation-model``), its environment variable (``LLAMAD_GENERATION_MODEL``), its TOML
+key (``[generation] model``), its ``--help`` text, its validation and its reload decision
+(:data:`OPTIONS` lists them). Invalid values stop the daemon at start with one clear line
+naming the option and where the value came from.
 """
 
-# The implementation is split by concept: the option registry (_config_options), the typed
-# sections (_config_sections), loading (_config_load) and validation (_config_checks).
+# The implementation is split by concept: the registry's machinery (_config_options), the
+# options' declarations (_config_sections), the validated configuration (_config_resolved),
+# loading (_config_load) and validation (_config_checks).
 from . import _config_load, _config_options
-from ._config_checks import (
-    check_listen,
-    default_models_dir,
-    is_loopback,
-    unix_socket_path,
-)
-from ._config_load import (
-    add_arguments,
-    load,
-)
+from ._config_checks import check_listen, default_models_dir, is_loopback, unix_socket_path
+from ._config_load import add_arguments, load
 from ._config_options import (
     INSTALLED_MODELS_DIR,
     MODES,
-    OPTIONS,
     ConfigError,
     Option,
     Reload,
+    value_of,
+)
+from ._config_resolved import ChildConfig, Config
+from ._config_sections import (
+    OPTIONS,
+    AnswerConfig,
+    AuthSettings,
+    ChildSettings,
+    Limits,
+    LogSettings,
+    RecycleSettings,
+    RestartSettings,
+    RetrievalSettings,
+    RoleSettings,
+    Settings,
+    SwapSettings,
+    TlsSettings,
     option,
 )
-from ._config_sections import AnswerConfig, ChildConfig, Config, Limits, RetrievalSettings
 
 # Private, for the unit tests: they build a Config from raw values and coerce the example
 # configuration's values.
@@ -41,13 +51,22 @@ __all__ = [
     "MODES",
     "OPTIONS",
     "AnswerConfig",
+    "AuthSettings",
     "ChildConfig",
+    "ChildSettings",
     "Config",
     "ConfigError",
     "Limits",
+    "LogSettings",
     "Option",
+    "RecycleSettings",
     "Reload",
+    "RestartSettings",
     "RetrievalSettings",
+    "RoleSettings",
+    "Settings",
+    "SwapSettings",
+    "TlsSettings",
     "add_arguments",
     "check_listen",
     "default_models_dir",
@@ -55,4 +74,5 @@ __all__ = [
     "load",
     "option",
     "unix_socket_path",
+    "value_of",
 ]

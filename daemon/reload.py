@@ -22,10 +22,13 @@
   needs a restart; the reload says so and keeps the running values.
 * An invalid configuration is refused as a whole: nothing changes.
 
-Which of these a changed option gets is declared once, on the option
-(:attr:`daemon.config.Option.reload`); :func:`reload_plan` reads it and
+Which of these a changed option gets is declared once, on the option's field in its
+section (its ``reload``, else the section's ``RELOAD``: :mod:`daemon._config_sections`,
+read as :attr:`daemon.config.Option.reload`); :func:`reload_plan` reads it and
 :attr:`ReloadReport.changes` names the outcome of every changed option, so none is
-silently ignored.
+silently ignored. What is in force after a reload is the running configuration with the
+options that were applied or brought to a new child taken from the new one
+(:meth:`daemon.config.Config.with_options`).
 """
 
 from __future__ import annotations
@@ -33,14 +36,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import structlog
 
 from supervisor import SupervisorError, pick_runtime
 
 from .children import ManagedChild, Setup, ahead_for, make_setup
-from .config import OPTIONS, ChildConfig, Config, ConfigError, Reload, is_loopback
+from .config import OPTIONS, ChildConfig, Config, ConfigError, Reload, is_loopback, value_of
 from .errors import RequestError
 from .modes import ModeManager, ModeRequest
 from .swaps import SwapManager
@@ -75,7 +77,7 @@ def reload_plan(current: Config, new: Config) -> dict[str, Reload]:
     """Every option whose value differs between ``current`` and ``new``, with what a
     reload does with it (its declared :attr:`~daemon.config.Option.reload`)."""
     return {o.key: o.reload for o in OPTIONS
-            if current.values.get(o.key, o.default) != new.values.get(o.key, o.default)}
+            if value_of(current.settings, o.key) != value_of(new.settings, o.key)}
 
 
 def settle(plan: dict[str, Reload], report: ReloadReport) -> None:
@@ -175,23 +177,15 @@ async def reload_config(
         else:
             applied = dataclasses.replace(applied, embedding=new_cc)
         (report.swapped if live else report.updated).append(role)
-    limits = _live(new.limits, current.limits, "limits")  # the gRPC message limit stays
-    if limits != current.limits:
-        applied = dataclasses.replace(applied, limits=limits)
-        report.limits_changed = True
     applied = _apply_access(applied, current, new, report)
     settle(plan, report)
     # What is in force now: an option kept or waiting for a restart keeps its running
-    # value (so the next reload sees it as changed still).
+    # value (so the next reload sees it as changed still); the limits, retrieval's and the
+    # Ask settings read theirs.
     done = [key for key, outcome in report.changes.items()
             if outcome in ("applied", "new child")]
-    applied = dataclasses.replace(
-        applied, sources=new.sources,
-        values={**current.values, **{key: new.values.get(key) for key in done}})
-    if "llama_bin" in done:
-        applied = dataclasses.replace(applied, llama_bin=new.llama_bin)
-    if "models_dir" in done:
-        applied = dataclasses.replace(applied, models_dir=new.models_dir)
+    applied = dataclasses.replace(applied.with_options(new, done), sources=new.sources)
+    report.limits_changed = applied.limits != current.limits
     _log.info("reloaded", swapped=report.swapped, updated=report.updated, kept=report.kept,
               limits_changed=report.limits_changed, reloaded=report.reloaded,
               restart_needed=report.restart_needed, changes=report.changes)
@@ -225,18 +219,5 @@ def _apply_access(applied: Config, current: Config, new: Config,
         _log.warning("reload kept the TLS material", why=report.kept["tls"])
     if new.retrieval.allowed_roots != current.retrieval.allowed_roots:
         report.reloaded.append("retrieval.allowed_roots")
-    return dataclasses.replace(applied, retrieval=_live(new.retrieval, current.retrieval,
-                                                        "retrieval"),
-                               answer=_live(new.answer, current.answer, "answer"))
+    return applied
 
-
-_T = TypeVar("_T")
-
-
-def _live(new: _T, current: _T, section: str) -> _T:
-    """``new``, but for the fields of options of ``section`` that need a restart: those
-    keep their ``current`` (running) value."""
-    prefix = section + "."
-    return dataclasses.replace(new, **{  # type: ignore[type-var]
-        o.key.removeprefix(prefix): getattr(current, o.key.removeprefix(prefix))
-        for o in OPTIONS if o.key.startswith(prefix) and o.reload == "restart"})
