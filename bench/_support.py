@@ -395,6 +395,13 @@ def llama_server_version() -> str:
     return "unknown"
 
 
+def bench_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
+    """The parser of ``python -m {module}``, described by the first paragraph of ``doc``
+    (the script's docstring)."""
+    return argparse.ArgumentParser(prog=f"python -m {module}",
+                                   description=doc.split("\n\n")[0] if doc else None)
+
+
 def add_quiet_options(p: argparse.ArgumentParser, when: str) -> None:
     """``--wait-others``, ``--max-foreign`` and ``--anyway``: how long to wait ``when``
     (say, "before each part") for other benchmarks to end and the other processes to use

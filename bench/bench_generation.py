@@ -65,6 +65,7 @@ from bench._support import (
     PROMPTS,
     ROOT,
     CpuSnap,
+    bench_parser,
     cpu_snap,
     environment,
     foreign_cores,
@@ -631,8 +632,7 @@ def start_section(results: Sequence[StartResult], env: list[str], starts: int,
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.bench_generation",
-                                description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = bench_parser("bench.bench_generation", __doc__)
     p.add_argument("--runtime", choices=(*RUNTIMES, "both"), default="both")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"GGUF for the streaming and kill runs (default {DEFAULT_MODEL})")

@@ -56,7 +56,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bench._support import ROOT, git_head, write_sections
+from bench._support import ROOT, bench_parser, git_head, write_sections
 from retrieval._redact import redact
 
 try:
@@ -324,8 +324,7 @@ def section(scores: dict[str, Score], speeds: dict[str, float], doc: dict[str, A
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.bench_redact",
-                                description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = bench_parser("bench.bench_redact", __doc__)
     p.add_argument("--baseline", metavar="REV",
                    help="also measure the redactor of this git revision (before the split)")
     p.add_argument("--doc-mb", type=float, default=10.0,

@@ -102,6 +102,7 @@ from bench._retrieval import (
 )
 from bench._support import (
     ROOT,
+    bench_parser,
     cpu_model,
     f3,
     foreign_benchmarks,
@@ -1026,8 +1027,7 @@ SMOKE = {"collections": "medline,cisi", "latency_chunks": 6000, "hnsw_vectors": 
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.bench_retrieval",
-                                description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = bench_parser("bench.bench_retrieval", __doc__)
     p.add_argument("--smoke", action="store_true",
                    help="small sizes for a quick check: " + ", ".join(
                        f"--{k.replace('_', '-')} {v}" for k, v in SMOKE.items()))

@@ -93,6 +93,7 @@ from bench._support import (
     PartNote,
     add_quiet_options,
     begin_part,
+    bench_parser,
     end_part,
     environment,
     f3,
@@ -1132,8 +1133,7 @@ def embed_section(r: EmbedResult, env: list[str], note: PartNote, command: str) 
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.bench_swap",
-                                description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = bench_parser("bench.bench_swap", __doc__)
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 4 swaps, short windows, 2 kills, fewer embed rounds")
     p.add_argument("--clients", type=int, default=8)

@@ -32,7 +32,7 @@ from typing import Any
 import hypothesis
 from hypothesis import HealthCheck, settings
 
-from bench._support import ROOT, git_head, write_sections
+from bench._support import ROOT, bench_parser, git_head, write_sections
 from tests.support.fuzz import PROPERTIES, Property, run
 
 
@@ -127,8 +127,7 @@ def section(tallies: Sequence[Tally], minutes: float, command: str, started: dat
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.fuzz",
-                                description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = bench_parser("bench.fuzz", __doc__)
     p.add_argument("--minutes", type=float, default=10.0,
                    help="total time, shared equally by the properties (default 10)")
     p.add_argument("--only", nargs="+", metavar="NAME",

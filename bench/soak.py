@@ -81,6 +81,7 @@ from bench._support import (
     PartNote,
     add_quiet_options,
     begin_part,
+    bench_parser,
     end_part,
     environment,
     model_file,
@@ -1163,8 +1164,7 @@ def relative_link(target: Path, page: Path) -> str:
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.soak",
-                                description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = bench_parser("bench.soak", __doc__)
     p.add_argument("--minutes", type=float, default=10.0, help="load duration (default 10)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "RESULTS.md",
                    help="markdown file whose '## Soak' section is created or replaced")
