@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,35 +79,13 @@ class Spawner:
         self.model.write_bytes(b"GGUF")
         self.children: list[Child] = []
 
-    def __call__(
-        self,
-        *,
-        port: int | None = None,
-        model: str | None = None,
-        alias: str | None = None,
-        fault: str | None = None,
-        fault_after: int | None = None,
-        load_seconds: float | None = None,
-        embedding: bool = False,
-        n_embd: int = 8,
-        token_delay: float | None = None,
-        extra: Sequence[str] = (),
-        stdout: int = subprocess.DEVNULL,
-    ) -> Child:
-        """Start one fake child with ``fake_child_command`` and these arguments."""
+    def __call__(self, *, port: int | None = None, model: str | None = None,
+                 stdout: int = subprocess.DEVNULL, **options: Any) -> Child:
+        """Start one fake child with ``fake_child_command`` (``options`` are its other
+        keywords: fault, load_seconds, embedding, ...) on a free port, with the tiny model."""
         port = free_port() if port is None else port
         cmd = fake_child_command(
-            port=port,
-            model=str(self.model) if model is None else model,
-            alias=alias,
-            fault=fault,
-            fault_after=fault_after,
-            load_seconds=load_seconds,
-            embedding=embedding,
-            n_embd=n_embd,
-            token_delay=token_delay,
-            extra=extra,
-        )
+            port=port, model=str(self.model) if model is None else model, **options)
         stderr_path = self.tmp_path / f"stderr-{len(self.children)}.txt"
         with stderr_path.open("wb") as stderr:
             proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr)
