@@ -17,7 +17,7 @@ from supervisor import (
     SwapProgress,
     SwapRefusedError,
 )
-from tests.support.scripted import TRANSIENT, ScriptedLauncher, make, settle, until
+from tests.support.scripted import TRANSIENT, ScriptedLauncher, make, settle, started, until
 
 
 def stages(events: list[SwapProgress]) -> list[str]:
@@ -27,10 +27,17 @@ def stages(events: list[SwapProgress]) -> list[str]:
 async def running(outcomes: list[str | ExitCause] | None = None) -> tuple[
     Supervisor, ScriptedLauncher, ManualClock
 ]:
-    sup, launcher, clock, _ = make(outcomes or ["ok"])
-    sup.start()
-    await settle(sup, State.RUNNING)
+    sup, launcher, clock, _ = await started(outcomes or ["ok"], State.RUNNING)
     return sup, launcher, clock
+
+
+async def swapping_to_a_hung_child(sup: Supervisor) -> tuple[ScriptedLauncher, asyncio.Task[None]]:
+    """Start a swap whose new child hangs while loading; return once it hangs (its
+    launcher's ``hanging`` ends the load) with the swap's task."""
+    slow = ScriptedLauncher(["hang"])
+    swap = asyncio.create_task(sup.swap(slow))
+    await until(lambda: slow.hanging is not None)
+    return slow, swap
 
 
 async def test_swap_installs_new_child_then_stops_old() -> None:
@@ -90,9 +97,7 @@ async def test_invalid_new_model_fails_before_launch() -> None:
 async def test_concurrent_swaps_are_rejected() -> None:
     """A second swap while one is running fails at once; the first completes."""
     sup, _, _ = await running()
-    slow = ScriptedLauncher(["hang"])
-    first = asyncio.create_task(sup.swap(slow))
-    await until(lambda: slow.hanging is not None)
+    slow, first = await swapping_to_a_hung_child(sup)
     with pytest.raises(SwapInProgressError):
         await sup.swap(ScriptedLauncher(["ok"]))
     assert slow.hanging is not None
@@ -154,9 +159,7 @@ async def test_swap_after_old_child_crashed_adopts_new_child() -> None:
 async def test_swap_racing_a_crash_ends_swapped() -> None:
     """The old child crashes while the new one loads: the swap still completes."""
     sup, old_launcher, _ = await running(["ok", "ok"])
-    slow = ScriptedLauncher(["hang"])
-    swap = asyncio.create_task(sup.swap(slow))
-    await until(lambda: slow.hanging is not None)
+    slow, swap = await swapping_to_a_hung_child(sup)
     old_launcher.children[0].dies.set_result(TRANSIENT)  # crash mid-swap
     await settle(sup, State.BACKOFF, State.STARTING, State.RUNNING)
     assert slow.hanging is not None
@@ -171,9 +174,7 @@ async def test_swap_racing_a_crash_ends_swapped() -> None:
 async def test_cancelled_swap_stops_new_child_and_keeps_old() -> None:
     """Cancelling a swap before take-over leaves the old child serving."""
     sup, old_launcher, _ = await running()
-    slow = ScriptedLauncher(["hang"])
-    swap = asyncio.create_task(sup.swap(slow))
-    await until(lambda: slow.hanging is not None)
+    slow, swap = await swapping_to_a_hung_child(sup)
     swap.cancel()
     with pytest.raises(asyncio.CancelledError):
         await swap
@@ -194,9 +195,7 @@ async def test_swap_of_stopped_child_is_refused() -> None:
 async def test_swap_resets_breaker_and_counts_no_restart() -> None:
     """A new configuration starts with a clean breaker and is not counted as a restart."""
     policy = RestartPolicy(max_failures=5)
-    sup, launcher, clock, _ = make([TRANSIENT, "ok"], policy=policy)
-    sup.start()
-    await settle(sup, State.BACKOFF)
+    sup, launcher, clock, _ = await started([TRANSIENT, "ok"], State.BACKOFF, policy=policy)
     await clock.advance(1.0)
     await settle(sup, State.RUNNING)
     assert sup.breaker.failures == 1
