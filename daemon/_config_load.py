@@ -30,25 +30,6 @@ from ._config_resolved import ChildConfig, Config
 from ._config_sections import _BY_KEY, OPTIONS, RoleSettings, Settings
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add every option as a flag (with its env variable and default in the help)."""
-    parser.add_argument("--config", metavar="FILE",
-                        help="TOML configuration file (env LLAMAD_CONFIG).")
-    groups: dict[str, argparse._ArgumentGroup] = {}
-    for opt in OPTIONS:
-        section = opt.key.split(".")[0] if "." in opt.key else "daemon"
-        group = groups.setdefault(section, parser.add_argument_group(section))
-        default = "" if opt.default in ("", ()) else f" Default: {opt.default}."
-        text = f"{opt.help}{default} Env: {opt.env}."
-        if opt.kind is bool:
-            group.add_argument(opt.flag, dest=opt.dest, default=None,
-                               action=argparse.BooleanOptionalAction, help=text)
-        else:
-            group.add_argument(opt.flag, dest=opt.dest, default=None, help=text,
-                               metavar=opt.key.split(".")[-1].upper(),
-                               choices=opt.choices or None)
-
-
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in data.items():

@@ -11,10 +11,12 @@ naming the option and where the value came from.
 
 # The implementation is split by concept: the registry's machinery (_config_options), the
 # options' declarations (_config_sections), the validated configuration (_config_resolved),
-# loading (_config_load) and validation (_config_checks).
+# loading (_config_load), validation (_config_checks), and the flags, --help and example
+# configuration rendered from the declarations (_config_help).
 from . import _config_load, _config_options
 from ._config_checks import check_listen, default_models_dir, is_loopback, unix_socket_path
-from ._config_load import add_arguments, load
+from ._config_help import add_arguments, example_config
+from ._config_load import load
 from ._config_options import (
     INSTALLED_MODELS_DIR,
     MODES,
@@ -70,6 +72,7 @@ __all__ = [
     "add_arguments",
     "check_listen",
     "default_models_dir",
+    "example_config",
     "is_loopback",
     "load",
     "option",
