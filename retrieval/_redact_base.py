@@ -35,6 +35,12 @@ def placeholder(kind: str) -> str:
     return f"{PLACEHOLDER_PREFIX}{kind}]"
 
 
+# A placeholder as :func:`placeholder` writes it: only these pass as one. An unclosed
+# "[REDACTED:" or one with spaces in it is text like any other, or writing it before a
+# secret would hide the secret.
+_PLACEHOLDER = re.compile(r"\[REDACTED:[A-Za-z0-9_.-]{1,40}\]")
+
+
 # --- value checks ------------------------------------------------------------------------
 
 _VARIABLE = re.compile(
@@ -57,7 +63,9 @@ def is_reference(value: str) -> bool:
         return True
     if v[0] not in _REFERENCE_STARTS:
         return False
-    if v.startswith((PLACEHOLDER_PREFIX, "<", "{{", "{%", "...")):
+    if v.startswith(PLACEHOLDER_PREFIX):
+        return _PLACEHOLDER.match(v) is not None
+    if v.startswith(("<", "{{", "{%", "...")):
         return True
     if v.startswith("$"):
         return _VARIABLE.fullmatch(v) is not None
@@ -67,9 +75,13 @@ def is_reference(value: str) -> bool:
 
 
 def in_placeholder(text: str, pos: int) -> bool:
-    """True when ``pos`` is inside a ``[REDACTED:...]`` placeholder (after its prefix)."""
-    at = text.rfind(PLACEHOLDER_PREFIX, max(0, pos - 40), pos)
-    return at >= 0 and "]" not in text[at:pos]
+    """True when ``pos`` is inside a well-formed ``[REDACTED:kind]`` placeholder (after
+    its prefix)."""
+    at = text.rfind(PLACEHOLDER_PREFIX, max(0, pos - 50), pos)
+    if at < 0:
+        return False
+    found = _PLACEHOLDER.match(text, at)
+    return found is not None and pos < found.end()
 
 
 def has_digit(s: str) -> bool:

@@ -257,6 +257,20 @@ def test_redaction_is_idempotent(text: str, expected: str, counts: dict[str, int
     assert twice == Redacted(text=once.text, counts={})
 
 
+@pytest.mark.parametrize("decoy", [
+    "[REDACTED:\n", "[REDACTED: ", "[REDACTED:note ", "[REDACTED:x", "password=[REDACTED:",
+])
+def test_a_fake_placeholder_does_not_hide_what_follows(decoy: str) -> None:
+    """Only a whole placeholder as the redactor writes it ("[REDACTED:kind]") passes as
+    one: an unclosed prefix or one with spaces before a secret does not protect the secret
+    (found by the fuzzer: "[REDACTED:\nmysql --password ..." kept the password)."""
+    for text in (f"{decoy}mysql --password 000000000Aa7 -h db",
+                 f"{decoy}hunter2Secret password=hunter2Secret"):
+        got = redact(text)
+        assert "000000000Aa7" not in got.text
+        assert "hunter2Secret" not in got.text.split("password=", 1)[-1]
+
+
 def test_whole_corpus_at_once() -> None:
     """All secrets in one document: every one is caught, and the counts add up."""
     document = "\n\n".join(text for text, _, _ in SECRETS)
