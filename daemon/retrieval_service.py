@@ -15,6 +15,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
+from typing import Final
 
 import grpc
 import structlog
@@ -94,23 +95,15 @@ class ChildEmbedder:
     def __init__(self, router: InferenceRouter, backend: InferenceBackend) -> None:
         self._router = router
         self._backend = backend
-        self._model_id = backend.identity
-        self._context = backend.context_tokens or 512
-
-    @property
-    def model_id(self) -> str:
-        return self._model_id
-
-    @property
-    def context(self) -> int:
-        return self._context
+        self.model_id: Final = backend.identity
+        self.context: Final = backend.context_tokens or 512
 
     async def embed(self, texts: Sequence[str]) -> Sequence[Vector]:
         # in_flight: an ingest or search already running when a shutdown begins is let
         # finish by the drain; refused embeddings would leave its documents without
         # vectors for good (nothing embeds them later), its search BM25-only.
         async with self._router.admit("embedding", None, in_flight=True) as backend:
-            if backend.identity != self._model_id:
+            if backend.identity != self.model_id:
                 # Swapped or switched since: these vectors would carry the wrong identity.
                 raise ChildRequestError("the embedding model changed; retry")
             result = await backend.embed(list(texts))

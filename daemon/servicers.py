@@ -17,7 +17,7 @@ import numpy as np
 from google.protobuf import timestamp_pb2
 
 from llamad_protocol.v1 import common_pb2, inference_pb2, inference_pb2_grpc
-from supervisor import ChildRequestError, Chunk, TokenizeUnavailableError
+from supervisor import ChildRequestError, Chunk, Sampling, TokenizeUnavailableError
 
 from . import rpc, validation
 from .backend import InferenceBackend
@@ -119,14 +119,19 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
 
     async def _generate(
         self,
-        start: Callable[[InferenceBackend], AsyncIterator[Chunk]],
+        params: inference_pb2.SamplingParams,
         context: grpc.aio.ServicerContext,
         call: rpc.Call,
-        received: float,
+        start: Callable[[InferenceBackend, Sampling], AsyncIterator[Chunk]],
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        """Admit the call on the generation role, start its stream there, relay it."""
+        """Validate the sampling, admit the call on the generation role, start its stream
+        there and relay it (time to first token counts from here)."""
+        received = time.perf_counter()
+        sampling = validation.sampling(params, self._limits)
+        call.note(max_tokens=sampling.max_tokens)
         async with self._router.admit("generation", context.time_remaining()) as backend:
-            async for msg in self._stream(start(backend), backend.model_name, call, received):
+            async for msg in self._stream(start(backend, sampling), backend.model_name, call,
+                                          received):
                 yield msg
 
     @rpc.stream("Generate")
@@ -136,13 +141,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         context: grpc.aio.ServicerContext,
         call: rpc.Call,
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        received = time.perf_counter()
         prompt = validation.prompt(request, self._limits)
-        sampling = validation.sampling(request.sampling, self._limits)
-        call.note(prompt_chars=len(prompt), max_tokens=sampling.max_tokens)
+        call.note(prompt_chars=len(prompt))
         async for msg in self._generate(
-                lambda backend: backend.stream_completion(prompt, sampling),
-                context, call, received):
+                request.sampling, context, call,
+                lambda backend, sampling: backend.stream_completion(prompt, sampling)):
             yield msg
 
     @rpc.stream("Chat")
@@ -152,12 +155,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         context: grpc.aio.ServicerContext,
         call: rpc.Call,
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        received = time.perf_counter()
         messages = validation.chat_messages(request, self._limits)
-        sampling = validation.sampling(request.sampling, self._limits)
-        call.note(messages=len(messages), max_tokens=sampling.max_tokens)
-        async for msg in self._generate(lambda backend: backend.stream_chat(messages, sampling),
-                                        context, call, received):
+        call.note(messages=len(messages))
+        async for msg in self._generate(
+                request.sampling, context, call,
+                lambda backend, sampling: backend.stream_chat(messages, sampling)):
             yield msg
 
     @rpc.unary("Embed")

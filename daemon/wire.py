@@ -70,6 +70,17 @@ def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
     raise _Bad(f"a varint cut off by the end of the data at byte {start}")
 
 
+def _skip_scalar(wire: int, data: bytes, pos: int, end: int) -> int | None:
+    """The position after a varint or fixed-size value; None for the other wire types."""
+    if wire == _VARINT:
+        return _varint(data, pos, end)[1]
+    if wire == _FIXED64:
+        return pos + 8
+    if wire == _FIXED32:
+        return pos + 4
+    return None
+
+
 def _walk(data: bytes, pos: int, end: int, desc: Descriptor | None, *, path: str,
           depth: int) -> None:
     """Raise :class:`_Bad` at the first problem in ``data[pos:end]``, read as ``desc``."""
@@ -89,12 +100,8 @@ def _walk(data: bytes, pos: int, end: int, desc: Descriptor | None, *, path: str
         if field is not None and field.is_repeated:
             name += f"[{index}]"
         where = f"{path}.{name}" if path else name
-        if wire == _VARINT:
-            _, pos = _varint(data, pos, end)
-        elif wire == _FIXED64:
-            pos += 8
-        elif wire == _FIXED32:
-            pos += 4
+        if (after := _skip_scalar(wire, data, pos, end)) is not None:
+            pos = after
         elif wire == _LENGTH:
             length, pos = _varint(data, pos, end)
             if length > end - pos:
@@ -131,12 +138,8 @@ def _skip_group(data: bytes, pos: int, end: int, number: int, *, where: str,
             if inner != number:
                 raise _Bad(f"field {where}: group end tag {inner} at byte {at} does not match")
             return pos
-        if wire == _VARINT:
-            _, pos = _varint(data, pos, end)
-        elif wire == _FIXED64:
-            pos += 8
-        elif wire == _FIXED32:
-            pos += 4
+        if (after := _skip_scalar(wire, data, pos, end)) is not None:
+            pos = after
         elif wire == _LENGTH:
             length, pos = _varint(data, pos, end)
             pos += length
