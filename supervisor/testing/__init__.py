@@ -38,22 +38,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["FAULTS", "FakeRuntime", "fake_child_command"]
+from .fake_child import FAULTS
 
-#: Every value ``--fault`` accepts. See :mod:`supervisor.testing.fake_child` for each one.
-FAULTS: tuple[str, ...] = (
-    "crash-at-start",
-    "crash-mid-stream",
-    "hang",
-    "health-503-forever",
-    "slow-start",
-    "ignore-sigterm",
-    "flood-stdout",
-    "usage-error",
-    "model-error",
-    "exit-after-ready",
-    "probe-fails",
-)
+__all__ = ["FAULTS", "FakeRuntime", "fake_child_command"]
 
 _FAKE_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_child.py")
 

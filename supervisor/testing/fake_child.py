@@ -127,10 +127,9 @@ from typing import Any, NoReturn
 
 __all__ = ["FAULTS", "embed_text", "generate_tokens", "main", "render_chat"]
 
-# Repeated from supervisor.testing (a test keeps the two equal) so that this file also runs
-# as a plain script: ``python -m`` would first import the ``supervisor`` package, whose
-# eager imports cost more than the whole start-up budget.
-FAULTS = (
+#: Every value ``--fault`` accepts (``supervisor.testing.FAULTS``). Defined here, so the
+#: script run by path needs nothing but the standard library.
+FAULTS: tuple[str, ...] = (
     "crash-at-start",
     "crash-mid-stream",
     "hang",
