@@ -40,7 +40,7 @@ from retrieval import Retriever, protected_hardlinks
 from supervisor import Clock, State, StateChange, SystemClock
 
 from .admission import Admission
-from .answer import AnswerServicer, AnswerSettings, AuditLog, ResponseCache
+from .answer import AnswerServicer, AuditLog, ResponseCache
 from .auth import AuthInterceptor, TlsCredentials
 from .children import ManagedChild, build_child
 from .config import Config
@@ -105,15 +105,6 @@ def _warn_unprotected_hard_links(config: Config) -> None:
                             "directory source can hard-link any file of its filesystem "
                             "into it, and it would be indexed; set the sysctl to 1 or "
                             "retrieval.refuse_hard_links = true")
-
-
-def _answer_settings(config: Config) -> AnswerSettings:
-    a = config.answer
-    return AnswerSettings(
-        max_question_chars=a.max_question_chars, max_attachment_chars=a.max_attachment_chars,
-        max_history_turns=a.max_history_turns, default_max_tokens=a.default_max_tokens,
-        default_k=a.default_k, min_vector_score=a.min_vector_score,
-        min_text_score=a.min_text_score)
 
 
 def _log_default_models(config: Config) -> None:
@@ -277,7 +268,7 @@ class Daemon:
             self.config.state_dir / "audit" / "answers.jsonl")
         return AnswerServicer(
             self.router, self.retriever, self.config.limits,
-            settings=_answer_settings(self.config),
+            settings=self.config.answer,
             cache=ResponseCache(a.cache_ttl, a.cache_entries),
             audit=AuditLog(audit_path, a.audit_max_mb * 1024 * 1024, a.audit_backups),
             metrics=self.metrics,
@@ -369,7 +360,7 @@ class Daemon:
                 if self.retriever is not None:
                     self.retriever.limits = limits_from(self.config)
                 if self._answer is not None:
-                    self._answer.configure(self.config.limits, _answer_settings(self.config))
+                    self._answer.configure(self.config.limits, self.config.answer)
                 self.auth.set_tokens(self.config.tokens)
                 if self._tls is not None and self.config.tls is not None:
                     self._tls.update(self.config.tls)

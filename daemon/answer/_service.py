@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import grpc
 import structlog
@@ -26,7 +25,7 @@ from retrieval import Filters, Hit, Retriever, redact
 from supervisor import TokenizeUnavailableError
 
 from .. import rpc, validation
-from ..config import Limits
+from ..config import AnswerConfig, Limits
 from ..errors import InvalidArgument, OutOfRange
 from ..metrics import Metrics
 from ..retrieval_service import estimate_tokens
@@ -53,15 +52,9 @@ _FINISH = {"stop": ipb.FINISH_REASON_STOP, "length": ipb.FINISH_REASON_LENGTH}
 _CUT_MARGIN = 8192
 
 
-@dataclass(frozen=True)
-class AnswerSettings:
-    max_question_chars: int = 4000
-    max_attachment_chars: int = 100_000
-    max_history_turns: int = 10
-    default_max_tokens: int = 512
-    default_k: int = 5
-    min_vector_score: float = 0.30
-    min_text_score: float = 3.0
+AnswerSettings = AnswerConfig
+"""The ``[answer]`` section is the Ask servicer's settings: declared once, in
+:mod:`daemon.config` (the response cache and audit log fields are read at start only)."""
 
 
 def relevant(hit: Hit, settings: AnswerSettings) -> bool:
