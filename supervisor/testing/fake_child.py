@@ -123,7 +123,7 @@ import threading
 import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 __all__ = ["FAULTS", "embed_text", "generate_tokens", "main", "render_chat"]
 
@@ -295,6 +295,17 @@ class _FakeServer(ThreadingHTTPServer):
 
 _INFERENCE_PATHS = frozenset({"/v1/completions", "/completions", "/v1/chat/completions",
                               "/chat/completions", "/v1/embeddings", "/embeddings"})
+
+
+class _Reply(NamedTuple):
+    """A completion to send: the common fields, its object kind, the pieces, why it
+    ended and the token usage."""
+
+    head: dict[str, Any]
+    kind: str
+    pieces: list[str]
+    finish: str
+    usage: dict[str, int]
 
 
 class _BadRequest(Exception):
@@ -515,10 +526,11 @@ class _Handler(BaseHTTPRequestHandler):
         }
         task_id = self.server.state.new_task()
         try:
+            reply = _Reply(head, kind, pieces, finish, usage)
             if request.get("stream"):
-                self._stream(head, kind, pieces=pieces, finish=finish, usage=usage)
+                self._stream(reply)
             else:
-                self._answer(head, kind, pieces=pieces, finish=finish, usage=usage)
+                self._answer(reply)
         except (_ClientGone, BrokenPipeError, ConnectionResetError):
             self.close_connection = True
             state = self.server.state
@@ -529,16 +541,9 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.state.lock:
             self.server.state.completions += 1
 
-    def _answer(
-        self,
-        head: dict[str, Any],
-        kind: str,
-        *,
-        pieces: list[str],
-        finish: str,
-        usage: dict[str, int],
-    ) -> None:
+    def _answer(self, reply: _Reply) -> None:
         """Generate without streaming; raise _ClientGone if the client leaves meanwhile."""
+        head, kind, pieces, finish, usage = reply
         for _ in pieces:
             self._tick()
         text = "".join(pieces)
@@ -549,16 +554,9 @@ class _Handler(BaseHTTPRequestHandler):
             choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
         self._send_json(200, {**head, "object": kind, "choices": [choice], "usage": usage})
 
-    def _stream(
-        self,
-        head: dict[str, Any],
-        kind: str,
-        *,
-        pieces: list[str],
-        finish: str,
-        usage: dict[str, int],
-    ) -> None:
+    def _stream(self, reply: _Reply) -> None:
         """Stream one event per piece, then the final event and ``[DONE]``."""
+        head, kind, pieces, finish, usage = reply
         config, state = self.server.config, self.server.state
         chat = kind == "chat.completion"
         crash_at = -1
