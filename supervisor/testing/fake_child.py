@@ -614,18 +614,19 @@ class _Handler(BaseHTTPRequestHandler):
             raise _ClientGone
 
 
+# llama-server answers its OpenAI routes with and without the "/v1" prefix.
 _ROUTES = {
-    ("GET", "/health"): _Handler._health,
-    ("GET", "/v1/health"): _Handler._health,
-    ("GET", "/v1/models"): _Handler._models,
-    ("GET", "/models"): _Handler._models,
+    (method, prefix + path): handler
+    for method, path, handler in (
+        ("GET", "/health", _Handler._health),
+        ("GET", "/models", _Handler._models),
+        ("POST", "/completions", _Handler._completion),
+        ("POST", "/chat/completions", _Handler._chat),
+        ("POST", "/embeddings", _Handler._embeddings),
+    )
+    for prefix in ("", "/v1")
+} | {
     ("GET", "/fake/stats"): _Handler._stats,
-    ("POST", "/v1/completions"): _Handler._completion,
-    ("POST", "/completions"): _Handler._completion,
-    ("POST", "/v1/chat/completions"): _Handler._chat,
-    ("POST", "/chat/completions"): _Handler._chat,
-    ("POST", "/v1/embeddings"): _Handler._embeddings,
-    ("POST", "/embeddings"): _Handler._embeddings,
     ("POST", "/tokenize"): _Handler._tokenize,
     ("POST", "/detokenize"): _Handler._detokenize,
 }
