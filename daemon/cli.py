@@ -60,6 +60,11 @@ def _parser() -> argparse.ArgumentParser:
         "variable or in the TOML file given by --config; flag > env > file > default.",
     )
     add_arguments(serve)
+    sub.add_parser(
+        "config",
+        help="print a configuration file of every option at its default",
+        description="Print a TOML configuration listing every option `llamad serve` "
+        "takes, commented out at its default, with its help and environment variable.")
     add_commands(sub)
     return parser
 
@@ -114,6 +119,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return asyncio.run(_serve(args))
+    if args.command == "config":
+        from .config import example_config  # noqa: PLC0415
+
+        sys.stdout.write(example_config())
+        return 0
     from clients._cli import run  # noqa: PLC0415
 
     return run(args)

@@ -111,3 +111,11 @@ def test_the_example_config_lists_every_option_at_its_default(tmp_path: Path) ->
     assert {k for k, v in cfg.sources.items() if v == "env"} == {
         "generation.model", "embedding.model"}
     assert cfg.settings == _load().settings
+
+
+def test_llamad_config_prints_the_example(capsys: pytest.CaptureFixture[str]) -> None:
+    """`llamad config` prints the reference configuration, exit status 0."""
+    from daemon import cli
+
+    assert cli.main(["config"]) == 0
+    assert capsys.readouterr().out == example_config()
