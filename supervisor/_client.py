@@ -13,18 +13,17 @@ import binascii
 import contextlib
 import enum
 import json
-import math
 import time
-import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 import numpy as np
 import orjson
 
-from ._http import HTTPTransportError, LoopbackHTTP, Response
+from ._http import Response
+from ._transport import Activity, HttpxTransport, LoopbackTransport, UnaryTransport
 from .errors import ChildBadRequestError, ChildRequestError
 
 
@@ -102,82 +101,6 @@ class EmbedResult:
 
     matrix: np.ndarray[Any, np.dtype[np.float32]]
     prompt_tokens: int
-
-
-@dataclass
-class Activity:
-    """Calls running on a client, and when it last heard from the server: what the
-    liveness loop (:mod:`supervisor._liveness`) reads to leave a busy server alone."""
-
-    now: Callable[[], float] = time.monotonic
-    in_flight: int = 0
-    last_progress: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.last_progress = self.now()
-
-    def heard(self) -> None:
-        """Something came from the server (or a request went to it) just now."""
-        self.last_progress = self.now()
-
-
-class UnaryTransport(Protocol):
-    """Carries one whole JSON request and its whole answer: the client's one seam."""
-
-    async def request(self, method: str, path: str, body: dict[str, Any] | None,
-                      timeout: float) -> Response:
-        """The answer, whatever its status.
-
-        Raises:
-            ChildRequestError: no (complete) answer came.
-        """
-        ...
-
-    async def aclose(self) -> None: ...
-
-
-class HttpxTransport:
-    """Unary requests through the client's httpx pool (an endpoint: TLS, proxies' absence,
-    authorization headers); transport failures are named by ``describe``."""
-
-    def __init__(self, http: httpx.AsyncClient,
-                 describe: Callable[[str, str, httpx.HTTPError], ChildRequestError]) -> None:
-        self._http = http
-        self._describe = describe
-
-    async def request(self, method: str, path: str, body: dict[str, Any] | None,
-                      timeout: float) -> Response:
-        try:
-            resp = await self._http.request(method, path, json=body, timeout=timeout)
-        except httpx.HTTPError as exc:
-            raise self._describe(method, path, exc) from exc
-        return Response(resp.status_code, dict(resp.headers), resp.content)
-
-    async def aclose(self) -> None:
-        pass  # the pool is the client's: it closes it
-
-
-class LoopbackTransport:
-    """Unary requests to a child llamad launched on loopback, through the lean
-    :class:`supervisor._http.LoopbackHTTP` (a third of httpx's CPU per call)."""
-
-    def __init__(self, base_url: str, *, connect_timeout: float, max_connections: int) -> None:
-        url = urllib.parse.urlsplit(base_url)
-        if url.scheme != "http" or not url.hostname or not url.port:
-            raise ValueError(f"loopback needs http://host:port: {base_url}")
-        self._http = LoopbackHTTP(url.hostname, url.port, connect_timeout=connect_timeout,
-                                  max_connections=max_connections)
-
-    async def request(self, method: str, path: str, body: dict[str, Any] | None,
-                      timeout: float) -> Response:
-        payload = None if body is None else _encode(body)
-        try:
-            return await self._http.request(method, path, payload, timeout)
-        except HTTPTransportError as exc:
-            raise ChildRequestError(f"{method} {path}: {exc}") from exc
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
 
 
 class InferenceClient:
@@ -499,28 +422,6 @@ def _vector(value: object) -> np.ndarray[Any, np.dtype[np.float32]]:
     if not isinstance(value, list):
         raise TypeError(f"embedding is a {type(value).__name__}")
     return np.array([float(x) for x in value], dtype=np.float32)
-
-
-def _encode(body: dict[str, Any]) -> bytes:
-    """A request body as compact UTF-8 JSON, as httpx would send it: a NaN or an infinity
-    is refused (ValueError) rather than sent as invalid JSON (orjson would write null)."""
-    _refuse_non_finite(body)
-    try:
-        return orjson.dumps(body)
-    except orjson.JSONEncodeError as exc:  # e.g. an integer past 64 bits
-        raise ValueError(f"request body is not JSON: {exc}") from exc
-
-
-def _refuse_non_finite(value: object) -> None:
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{value} is not a JSON number")
-    elif isinstance(value, dict):
-        for item in value.values():
-            _refuse_non_finite(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            _refuse_non_finite(item)
 
 
 def _int_or_none(value: object) -> int | None:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from ._client import Activity
 from ._clock import Clock
 from ._exits import ExitCause
+from ._transport import Activity
 
 
 @dataclass(frozen=True)

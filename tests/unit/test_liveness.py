@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 
 from supervisor import ManualClock
-from supervisor._client import Activity
 from supervisor._exits import ExitCause
 from supervisor._liveness import ProbeFailure, ProbePolicy, watch_liveness
+from supervisor._transport import Activity
 
 POLICY = ProbePolicy(interval=5.0, failures=3, busy_silence=120.0)
 DOWN = ProbeFailure("hung", False, "down")

@@ -295,7 +295,7 @@ def test_embeddings_as_json_numbers_or_base64_float32() -> None:
 def test_request_bodies_are_compact_utf8_json_and_refuse_non_finite_numbers() -> None:
     import json
 
-    from supervisor._client import _encode
+    from supervisor._transport import _encode
 
     body = {"input": ["héllo \u2028", "x"], "temperature": 0.5, "n": [1, 2]}
     assert _encode(body) == json.dumps(body, ensure_ascii=False,
