@@ -1,0 +1,1 @@
+"""The parts of ``bench.soak`` (the entry point), one module each."""
