@@ -1,0 +1,1 @@
+"""The parts of ``bench.bench_retrieval`` (the entry point), one module each."""
