@@ -1,13 +1,21 @@
-"""Fixtures shared by integration modules (the global ones are in tests/conftest.py)."""
+"""Fixtures shared by integration modules (the global ones are in tests/conftest.py): daemon
+processes (the fault matrix) and the daemon of the hostile-input modules, one per module."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
+from llamad_protocol.v1 import answer_pb2_grpc, retrieval_pb2_grpc
+from llamad_protocol.v1 import retrieval_pb2 as rpb
+from tests.support.daemon import config_env, serving
 from tests.support.daemon_process import DaemonProcess
+from tests.support.hostile import FILES, KEYS, PUSHED, Hostile, intact, listed
 
 
 @pytest.fixture
@@ -23,3 +31,40 @@ def processes() -> Iterator[Callable[..., DaemonProcess]]:
     yield start
     for d in started:
         d.kill()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def hostile(llama_server: str, tmp_path_factory: pytest.TempPathFactory
+                  ) -> AsyncIterator[Hostile]:
+    """A daemon for the hostile-input cases of one module, with a few documents indexed
+    (three pushed, two from a directory source) and checked ``intact`` before the first."""
+    root = tmp_path_factory.mktemp("hostile")
+    files, drop, models = root / "files", root / "drop", root / "models"
+    for rel, text in FILES.items():
+        (files / rel).parent.mkdir(parents=True, exist_ok=True)
+        (files / rel).write_text(text)
+    drop.mkdir()
+    models.mkdir()
+    async with serving(config_env("llama-server", LLAMAD_STATE_DIR=str(root / "state"),
+                                  LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(root))) as (daemon, c):
+        deadline = time.monotonic() + 30  # vectors need the embedding model's SHA-256
+        while not daemon.children["embedding"].model.sha256:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        r = retrieval_pb2_grpc.RetrievalServiceStub(c.channel)
+        await r.AddSource(rpb.AddSourceRequest(id="seed"))
+        await r.AddSource(rpb.AddSourceRequest(id="files", path=str(files)))
+        await r.AddSource(rpb.AddSourceRequest(id="hostile", path=str(drop)))
+        for doc_id, (title, text) in PUSHED.items():
+            await r.UpsertDocument(rpb.UpsertDocumentRequest(source_id="seed", id=doc_id,
+                                                             title=title, text=text))
+        done = [m async for m in r.Reindex(rpb.ReindexRequest(source_id="files"))][-1]
+        assert (done.added, len(done.failed)) == (2, 0)
+        h = Hostile(daemon, c, r, answer_pb2_grpc.AnswerServiceStub(c.channel),
+                    drop, models, await r.Status(rpb.RetrievalStatusRequest()), {})
+        h.listed = await listed(h)
+        assert set(h.listed) == set(KEYS.values())
+        assert h.status.documents_by_state == {"indexed": 5}
+        assert h.status.chunks >= 5 and h.status.vectors == h.status.chunks
+        await intact(h)
+        yield h

@@ -9,6 +9,7 @@
 * :mod:`tests.support.chunks`: what every chunking guarantees, as assertions.
 * :mod:`tests.support.requests`: small request limits and a sampling-parameters strategy.
 * :mod:`tests.support.models`: tiny model files (a valid GGUF, a BERT checkpoint to convert).
+* :mod:`tests.support.hostile`: the hostile-input tests' seed documents and checks (``intact``).
 * :mod:`tests.support.races`: the symlink-swapping attacker of the confinement tests.
 * :mod:`tests.support.pdf`: small PDFs built byte by byte.
 * :mod:`tests.support.pki`: a throwaway CA and certificates.
