@@ -1,0 +1,1 @@
+"""The parts of ``bench.bench_generation`` (the entry point), one module each."""
