@@ -1,5 +1,6 @@
 """Fixtures shared by integration modules (the global ones are in tests/conftest.py): daemon
-processes (the fault matrix) and the daemon of the hostile-input modules, one per module."""
+processes (the fault matrix), the daemon of the hostile-input modules (one per module), and
+the CA and in-process daemons of the access modules."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from daemon import Daemon
 from llamad_protocol.v1 import answer_pb2_grpc, retrieval_pb2_grpc
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from tests.support.daemon import config_env, serving
 from tests.support.daemon_process import DaemonProcess
 from tests.support.hostile import FILES, KEYS, PUSHED, Hostile, intact, listed
+from tests.support.pki import Pki
 
 
 @pytest.fixture
@@ -68,3 +71,18 @@ async def hostile(llama_server: str, tmp_path_factory: pytest.TempPathFactory
         assert h.status.chunks >= 5 and h.status.vectors == h.status.chunks
         await intact(h)
         yield h
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A throwaway CA (made with openssl), one per module."""
+    return Pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture
+async def started() -> AsyncIterator[list[Daemon]]:
+    """Daemons a test starts; all shut down at the end."""
+    daemons: list[Daemon] = []
+    yield daemons
+    for d in daemons:
+        await d.shutdown()
