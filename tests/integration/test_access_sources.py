@@ -14,13 +14,7 @@ import pytest
 
 from clients import AsyncClient, errors
 from daemon import Daemon
-from tests.support.access import (
-    ADMIN_TOKEN,
-    READ_TOKEN,
-    quiet_env,
-    start,
-    token_files,
-)
+from tests.support.access import ADMIN_TOKEN, READ_TOKEN, quiet_env, start, token_files
 from tests.support.races import OUTSIDE_DIR_WORD, swap_forever
 
 pytestmark = pytest.mark.integration

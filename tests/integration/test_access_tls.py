@@ -23,13 +23,7 @@ import pytest
 from clients import AsyncClient, errors
 from daemon import Daemon, load
 from daemon.config import ConfigError
-from tests.support.access import (
-    port_of,
-    quiet_env,
-    start,
-    tls_env,
-    token_files,
-)
+from tests.support.access import port_of, quiet_env, start, tls_env, token_files
 from tests.support.daemon import config_env
 from tests.support.pki import Pki
 
