@@ -1,6 +1,7 @@
 """Fixtures shared by integration modules (the global ones are in tests/conftest.py): daemon
-processes (the fault matrix), the daemon of the hostile-input modules (one per module), and
-the CA and in-process daemons of the access modules."""
+processes (the fault matrix), the daemon of the hostile-input modules (one per module), the
+CA and in-process daemons of the access modules, and the unsupervised llama-servers and
+daemons of the inference-mode modules."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ import pytest_asyncio
 from daemon import Daemon
 from llamad_protocol.v1 import answer_pb2_grpc, retrieval_pb2_grpc
 from llamad_protocol.v1 import retrieval_pb2 as rpb
-from tests.support.daemon import config_env, serving
+from tests.conftest import EMBED_MODEL, SMALL_MODEL, model_path
+from tests.support.daemon import Clients, config_env, make_daemon, serving
 from tests.support.daemon_process import DaemonProcess
 from tests.support.hostile import FILES, KEYS, PUSHED, Hostile, intact, listed
+from tests.support.modes import KEY, MakeDaemon, Server, start_server
 from tests.support.pki import Pki
 
 
@@ -86,3 +89,45 @@ async def started() -> AsyncIterator[list[Daemon]]:
     yield daemons
     for d in daemons:
         await d.shutdown()
+
+
+@pytest.fixture(scope="module")
+def servers(llama_server: str, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[dict[str, Server]]:
+    """Three real llama-servers: generation, embedding (--embedding), and generation behind
+    an API key (--api-key-file)."""
+    logs = tmp_path_factory.mktemp("endpoints")
+    started: dict[str, Server] = {}
+    try:
+        started["gen"] = start_server(llama_server, model_path(SMALL_MODEL), logs / "gen.log",
+                                      "--ctx-size", "4096", "--parallel", "2")
+        started["emb"] = start_server(llama_server, model_path(EMBED_MODEL), logs / "emb.log",
+                                      "--embedding", "--ctx-size", "1024", "--parallel", "2",
+                                      "--batch-size", "512", "--ubatch-size", "512")
+        started["keyed"] = start_server(llama_server, model_path(SMALL_MODEL),
+                                        logs / "keyed.log", "--ctx-size", "1024", key=KEY)
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+@pytest.fixture
+async def daemon_for(tmp_path: Path) -> AsyncIterator[MakeDaemon]:
+    """Starts daemons with extra settings; stops them at the end."""
+    made: list[tuple[Daemon, Clients]] = []
+
+    async def make(**overrides: str) -> tuple[Daemon, Clients]:
+        env = config_env("llama-server", LLAMAD_STATE_DIR=str(tmp_path / f"state{len(made)}"),
+                         **overrides)
+        daemon = make_daemon(env)
+        c = Clients(await daemon.start())
+        made.append((daemon, c))
+        return daemon, c
+
+    try:
+        yield make
+    finally:
+        for daemon, c in made:
+            await c.close()
+            await daemon.shutdown()

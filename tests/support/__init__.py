@@ -4,6 +4,7 @@
 * :mod:`tests.support.corpus`: a small corpus of runbooks on disk.
 * :mod:`tests.support.daemon`: a real daemon in-process on port 0 and real gRPC stubs to it.
 * :mod:`tests.support.daemon_process`: the daemon as a real process (``python -m daemon serve``).
+* :mod:`tests.support.modes`: unsupervised llama-servers (endpoints) for the mode tests.
 * :mod:`tests.support.procs`: processes seen from /proc (alive, gone, descendants), a free port.
 * :mod:`tests.support.scripted`: the supervisor's scripted launcher and children (no processes).
 * :mod:`tests.support.embedder`: a deterministic hash embedder and a small corpus.

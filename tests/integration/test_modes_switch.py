@@ -1,115 +1,40 @@
-"""Inference modes end to end: a real daemon whose roles are served by real llama-server
-processes it does not supervise (endpoint mode), by its own children (embedded), or by
-nothing (disabled), switched live with SetMode under streaming load; and each failure
-reason named against a real server that refuses it."""
+"""Inference modes end to end, switched live: a real daemon's roles moved between endpoint
+(real llama-server processes it does not supervise), embedded (its own children) and
+disabled, with SetMode and by reload, under streaming load; and each failure reason named
+against a real server that refuses it, leaving the old mode serving.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
-import httpx
 import pytest
 
 from daemon import Daemon, load
-from llamad_protocol.v1 import (
-    answer_pb2,
-    answer_pb2_grpc,
-    common_pb2,
-    control_pb2,
-    retrieval_pb2,
-    retrieval_pb2_grpc,
-)
+from llamad_protocol.v1 import common_pb2, control_pb2
 from llamad_protocol.v1 import inference_pb2 as pb
-from tests.conftest import EMBED_MODEL, SMALL_MODEL, model_path
-from tests.support.daemon import EMB, GEN, NOT_SERVING, SERVING, Clients, config_env, make_daemon
-from tests.support.fake_openai import serve_fake_openai
+from tests.conftest import SMALL_MODEL
+from tests.support.daemon import EMB, GEN, NOT_SERVING, SERVING, Clients, config_env
+from tests.support.modes import (
+    DISABLED,
+    EMBEDDED,
+    ENDPOINT,
+    KEY,
+    MakeDaemon,
+    Server,
+    generate,
+    wait_state,
+)
 from tests.support.procs import alive, free_port
 
 pytestmark = pytest.mark.integration
-
-ENDPOINT = control_pb2.INFERENCE_MODE_ENDPOINT
-EMBEDDED = control_pb2.INFERENCE_MODE_EMBEDDED
-DISABLED = control_pb2.INFERENCE_MODE_DISABLED
-KEY = "sk-llamad-test-4711"
-
-
-@dataclass
-class Server:
-    """A llama-server llamad does not supervise: the "shared server" an endpoint is."""
-
-    proc: subprocess.Popen[bytes]
-    port: int
-    model: Path
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def start_server(binary: str, model: Path, log: Path, *extra: str,
-                 key: str | None = None) -> Server:
-    port = free_port()
-    argv = [binary, "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-            "--threads", "1", "--threads-batch", "1", "--no-webui", *extra]
-    headers = {}
-    if key is not None:
-        keys = log.with_suffix(".keys")
-        keys.write_text(f"# test keys\n{key}\n")
-        keys.chmod(0o600)
-        argv += ["--api-key-file", str(keys)]
-        headers = {"Authorization": f"Bearer {key}"}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    server = Server(proc, port, model, log)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()[-2000:]
-        try:
-            if httpx.get(f"{server.url}/models", headers=headers, timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    server.stop()
-    raise AssertionError(f"llama-server on {model.name} never became ready")
-
-
-@pytest.fixture(scope="module")
-def servers(llama_server: str, tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[dict[str, Server]]:
-    """Three real llama-servers: generation, embedding (--embedding), and generation behind
-    an API key (--api-key-file)."""
-    logs = tmp_path_factory.mktemp("endpoints")
-    started: dict[str, Server] = {}
-    try:
-        started["gen"] = start_server(llama_server, model_path(SMALL_MODEL), logs / "gen.log",
-                                      "--ctx-size", "4096", "--parallel", "2")
-        started["emb"] = start_server(llama_server, model_path(EMBED_MODEL), logs / "emb.log",
-                                      "--embedding", "--ctx-size", "1024", "--parallel", "2",
-                                      "--batch-size", "512", "--ubatch-size", "512")
-        started["keyed"] = start_server(llama_server, model_path(SMALL_MODEL),
-                                        logs / "keyed.log", "--ctx-size", "1024", key=KEY)
-        yield started
-    finally:
-        for server in started.values():
-            server.stop()
 
 
 @pytest.fixture
@@ -134,30 +59,6 @@ def not_openai(tmp_path: Path) -> Iterator[str]:
         httpd.server_close()
 
 
-MakeDaemon = Callable[..., Awaitable[tuple[Daemon, Clients]]]
-
-
-@pytest.fixture
-async def daemon_for(tmp_path: Path) -> AsyncIterator[MakeDaemon]:
-    """Starts daemons with extra settings; stops them at the end."""
-    made: list[tuple[Daemon, Clients]] = []
-
-    async def make(**overrides: str) -> tuple[Daemon, Clients]:
-        env = config_env("llama-server", LLAMAD_STATE_DIR=str(tmp_path / f"state{len(made)}"),
-                         **overrides)
-        daemon = make_daemon(env)
-        c = Clients(await daemon.start())
-        made.append((daemon, c))
-        return daemon, c
-
-    try:
-        yield make
-    finally:
-        for daemon, c in made:
-            await c.close()
-            await daemon.shutdown()
-
-
 async def set_mode(c: Clients, role: common_pb2.ChildRole.ValueType,
                    mode: control_pb2.InferenceMode.ValueType, *, url: str = "", model: str = "",
                    key_file: str = "", key_env: str = "") -> list[control_pb2.SwapProgress]:
@@ -165,153 +66,6 @@ async def set_mode(c: Clients, role: common_pb2.ChildRole.ValueType,
                                             api_key_env=key_env)
     request = control_pb2.SetModeRequest(role=role, mode=mode, endpoint=endpoint)
     return [p async for p in c.control.SetMode(request)]
-
-
-async def generate(c: Clients, prompt: str = "The capital of France is",
-                   max_tokens: int = 8) -> list[pb.GenerateResponse]:
-    return [m async for m in c.inference.Generate(pb.GenerateRequest(
-        prompt=prompt, sampling=pb.SamplingParams(max_tokens=max_tokens)), timeout=60)]
-
-
-async def wait_state(c: Clients, role: common_pb2.ChildRole.ValueType, state: int,
-                     timeout: float = 60) -> control_pb2.ChildStatus:
-    deadline = time.monotonic() + timeout
-    while (now := await c.child(role)).state != state:
-        assert time.monotonic() < deadline, now
-        await asyncio.sleep(0.1)
-    return now
-
-
-async def index_note(c: Clients, doc_id: str, title: str, text: str
-                     ) -> retrieval_pb2_grpc.RetrievalServiceStub:
-    r = retrieval_pb2_grpc.RetrievalServiceStub(c.channel)
-    await r.AddSource(retrieval_pb2.AddSourceRequest(id="notes"))
-    await r.UpsertDocument(retrieval_pb2.UpsertDocumentRequest(
-        source_id="notes", id=doc_id, title=title, text=text))
-    return r
-
-
-# --- endpoint mode -----------------------------------------------------------------------
-
-
-async def test_endpoint_mode_from_configuration(servers: dict[str, Server],
-                                                daemon_for: MakeDaemon) -> None:
-    """Both roles configured as endpoints (URLs with /v1, one with a trailing slash):
-    generation, chat, tokenize, embeddings and hybrid search go through them; Status and
-    health say so; no child process is started."""
-    gen, emb = servers["gen"], servers["emb"]
-    daemon, c = await daemon_for(
-        LLAMAD_GENERATION_MODE="endpoint", LLAMAD_GENERATION_ENDPOINT_URL=gen.url + "/",
-        LLAMAD_EMBEDDING_MODE="endpoint", LLAMAD_EMBEDDING_ENDPOINT_URL=emb.url,
-        LLAMAD_EMBEDDING_ENDPOINT_MODEL=EMBED_MODEL)
-    await c.wait_serving("", timeout=60)
-    out = await generate(c)
-    assert out[-1].finish_reason != pb.FINISH_REASON_UNSPECIFIED
-    assert out[-1].model == str(gen.model)  # llama-server names its model by path
-    assert out[-1].usage.completion_tokens == 8
-    chat = [m async for m in c.inference.Chat(pb.ChatRequest(
-        messages=[pb.ChatMessage(role=pb.CHAT_ROLE_USER, content="Say hi")],
-        sampling=pb.SamplingParams(max_tokens=4)))]
-    assert "".join(m.text for m in chat)
-    tokens = await c.inference.Tokenize(pb.TokenizeRequest(text="hello world"))
-    assert tokens.count == 2
-    vectors = await c.inference.Embed(pb.EmbedRequest(texts=["disk full", "no space left"]))
-    assert vectors.dimension == 384
-    assert vectors.model == str(emb.model)
-
-    status = await c.child(GEN)
-    assert status.mode == ENDPOINT
-    assert status.state == control_pb2.CHILD_STATE_RUNNING
-    assert status.endpoint_url == gen.url + "/"
-    assert status.endpoint_model == str(gen.model)
-    assert (status.pid, status.port, status.runtime) == (0, 0, "endpoint")
-    assert status.model_context_length > 0  # from /v1/models' metadata
-    assert await c.status("generation") == SERVING
-    assert await c.status("embedding") == SERVING
-
-    r = await index_note(c, "notes/disk", "Disk full",
-                         "When web01 reports no space left on device, rotate the nginx logs.")
-    found = await r.Search(retrieval_pb2.SearchRequest(query="disk is full on web01"))
-    assert found.mode == retrieval_pb2.SEARCH_MODE_HYBRID
-    assert found.hits[0].document_id == "notes/disk"
-    assert daemon.children["generation"].supervisor.pid == 0
-
-
-async def test_endpoint_without_embeddings_leaves_retrieval_bm25_only(
-    servers: dict[str, Server], daemon_for: MakeDaemon
-) -> None:
-    """An embedding endpoint without an embeddings API never becomes ready: Status says
-    why, and search answers BM25-only, saying so."""
-    _, c = await daemon_for(
-        LLAMAD_GENERATION_MODE="disabled",
-        LLAMAD_EMBEDDING_MODE="endpoint", LLAMAD_EMBEDDING_ENDPOINT_URL=servers["gen"].url)
-    status = await wait_state(c, EMB, control_pb2.CHILD_STATE_FAILED)
-    assert status.mode == ENDPOINT
-    assert status.last_exit.kind == "no_embeddings"
-    assert "no embeddings API" in status.last_error
-    assert await c.status("embedding") == NOT_SERVING
-    r = await index_note(c, "notes/vpn", "VPN", "The IPsec tunnel flaps.")
-    found = await r.Search(retrieval_pb2.SearchRequest(query="IPsec tunnel"))
-    assert found.mode == retrieval_pb2.SEARCH_MODE_TEXT
-    assert found.hits[0].document_id == "notes/vpn"
-    assert any("embedding endpoint is unavailable" in w and "no embeddings API" in w
-               and "BM25-only" in w for w in found.warnings), found.warnings
-
-
-async def test_disabled_mode(daemon_for: MakeDaemon) -> None:
-    """Disabled roles refuse calls with FAILED_PRECONDITION and say how to enable them;
-    health reports them NOT_SERVING; retrieval keeps working, BM25-only."""
-    _, c = await daemon_for(LLAMAD_GENERATION_MODE="disabled",
-                            LLAMAD_EMBEDDING_MODE="disabled")
-    for call in (generate(c), c.inference.Embed(pb.EmbedRequest(texts=["x"])),
-                 c.inference.Tokenize(pb.TokenizeRequest(text="x"))):
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await call
-        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "disabled" in (err.value.details() or "")
-        assert "SetMode" in (err.value.details() or "")
-    assert await c.status("generation") == NOT_SERVING
-    assert await c.status("llamad.v1.InferenceService") == NOT_SERVING
-    assert await c.status("llamad.v1.RetrievalService") == SERVING
-    status = await c.child(GEN)
-    assert (status.mode, status.enabled) == (DISABLED, False)
-    r = await index_note(c, "notes/db", "db02", "Replication lag on db02.")
-    found = await r.Search(retrieval_pb2.SearchRequest(query="replication lag"))
-    assert found.mode == retrieval_pb2.SEARCH_MODE_TEXT
-    assert any("embedding is disabled" in w for w in found.warnings)
-
-
-async def test_endpoint_without_tokenizer(daemon_for: MakeDaemon, tmp_path: Path) -> None:
-    """A strict OpenAI-compatible server (no /tokenize; rejects stream_options and top_k)
-    behind a key: calls stream after one retry per rejected parameter; Tokenize is
-    FAILED_PRECONDITION, said plainly; Ask assembles its prompt with estimated token
-    counts and says so."""
-    key = tmp_path / "gateway.key"
-    key.write_text(f"{KEY}\n")
-    key.chmod(0o640)
-    with serve_fake_openai(key=KEY, prefix="/llm") as (url, seen):
-        _, c = await daemon_for(
-            LLAMAD_GENERATION_MODE="endpoint", LLAMAD_GENERATION_ENDPOINT_URL=url,
-            LLAMAD_GENERATION_API_KEY_FILE=str(key), LLAMAD_EMBEDDING_MODE="disabled")
-        await c.wait_serving("generation", timeout=30)
-        out = [m async for m in c.inference.Generate(pb.GenerateRequest(
-            prompt="Q:", sampling=pb.SamplingParams(max_tokens=3, top_k=5)))]
-        assert "".join(m.text for m in out) == "The answer is "
-        assert out[-1].model == "tiny-chat"
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await c.inference.Tokenize(pb.TokenizeRequest(text="hello"))
-        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "tokenization not available from this endpoint" in (err.value.details() or "")
-        answer = [m async for m in answer_pb2_grpc.AnswerServiceStub(c.channel).Ask(
-            answer_pb2.AskRequest(question="What does this output mean?",
-                                  task=answer_pb2.TASK_TYPE_EXPLAIN_OUTPUT,
-                                  attachment="ERROR: disk quota exceeded on /var"))]
-        assert "".join(m.text for m in answer).startswith("The answer is 42.")
-        warnings = [w for m in answer if m.HasField("sources") for w in m.sources.warnings]
-        assert any("token counts are estimated" in w for w in warnings), warnings
-        assert all(auth == f"Bearer {KEY}" for _, _, auth in seen)
-        streamed = [body for path, body, _ in seen if body.get("stream")]
-        assert "stream_options" not in streamed[-1] and "top_k" not in streamed[-1]
 
 
 # --- failures, named ---------------------------------------------------------------------
