@@ -8,6 +8,7 @@
 * :mod:`tests.support.procs`: processes seen from /proc (alive, gone, descendants), a free port.
 * :mod:`tests.support.scripted`: the supervisor's scripted launcher and children (no processes).
 * :mod:`tests.support.embedder`: a deterministic hash embedder and a small corpus.
+* :mod:`tests.support.chunk_samples`: texts the chunking tests cut (runbook, configs, prose).
 * :mod:`tests.support.chunks`: what every chunking guarantees, as assertions.
 * :mod:`tests.support.requests`: small request limits and a sampling-parameters strategy.
 * :mod:`tests.support.models`: tiny model files (a valid GGUF, a BERT checkpoint to convert).

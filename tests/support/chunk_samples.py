@@ -1,0 +1,174 @@
+"""Texts the chunking tests cut (tests/unit/test_chunk_*.py): a markdown runbook with
+fences, Cisco and Juniper configurations, plain words without punctuation, numbered
+sentences, and runbooks of any size; plus picking the chunks under one heading.
+"""
+
+from __future__ import annotations
+
+from retrieval._chunk import Chunk
+
+# --- fixtures ----------------------------------------------------------------------------
+
+NGINX_LINES = [f"    server 10.0.{n // 16}.{n % 16}:8080 max_fails=3 fail_timeout=30s;"
+               for n in range(120)]
+NESTED_LINES = ["Paste this into the ticket:", "", "```bash", "# not a heading either",
+                "systemctl status nginx", "```", "", "Then attach the output."] * 40
+
+RUNBOOK = "\n".join([
+    "# Runbooks",
+    "",
+    "Operational runbooks for the web tier. Each host lists symptoms, checks and fixes.",
+    "",
+    "## web01",
+    "",
+    "### Disk full",
+    "",
+    "Symptoms: nginx answers 500 and `df -h` shows /var at 100%. The access log stops",
+    "growing and the load balancer marks the host down after three failed checks. Alerts",
+    "fire in this order: disk above 90%, then 5xx rate, then the host-down page.",
+    "",
+    "First confirm which filesystem is full. On web01 /var is a separate LVM volume, so",
+    "the root filesystem can look healthy while /var is not. Do not delete files under",
+    "/var/lib/docker by hand! Use the prune commands, or the overlay metadata breaks.",
+    "",
+    "```bash",
+    "# find what grew",
+    "du -xh /var | sort -h | tail -20",
+    "```",
+    "",
+    "Usually the culprit is a debug log left on after an incident. Turn the level back",
+    "to warn in /etc/app/logging.yaml and reload the service. If the volume is still",
+    "above 85% after that, rotate and compress the old logs with logrotate -f, then",
+    "check that the cron entry for logrotate is present. If nothing obvious grew, look",
+    "for deleted files still held open: lsof +L1 lists them, and restarting the holder",
+    "releases the space. As a last resort extend the volume: there are 20 GB free in",
+    "the volume group. Record what you did in the incident ticket before closing it.",
+    "",
+    "Afterwards, check that the alert cleared and that the host is back in the pool. The",
+    "load balancer needs two passing checks, which takes about twenty seconds. Then look",
+    "at the disk growth graph for the last week to see whether this will happen again.",
+    "",
+    "### Memory pressure",
+    "",
+    "Check `free -m` and the OOM killer in `dmesg`. The usual suspect is the JVM heap.",
+    "Compare the heap limit in /etc/default/app with the container limit; the heap must",
+    "stay at least 512 MB below it. Restart the service only after taking a heap dump.",
+    "",
+    "web02",
+    "-----",
+    "",
+    "Restart procedure for the load balancer. Drain first, then reload the config below.",
+    "",
+    '```nginx title="upstream.conf"',
+    "upstream app {",
+    *NGINX_LINES,
+    "}",
+    "```",
+    "",
+    "## Ticket template",
+    "",
+    "````markdown",
+    *NESTED_LINES,
+    "````",
+    "",
+    "## Appendix",
+    "",
+    "~~~text",
+    "captured console output, never closed",
+    "# not a heading",
+    "## also not a heading",
+    "",
+])
+
+
+def cisco_config() -> str:
+    """A Cisco IOS export: globals, 48 access ports, a giant ACL, OSPF and vty lines."""
+    out = ["!", "! Last configuration change at 10:42:01 UTC Mon Mar 4 2024 by netops", "!",
+           "version 15.2", "service timestamps log datetime msec", "hostname core-sw01", "!"]
+    for n in range(1, 49):
+        out += [f"interface GigabitEthernet1/0/{n}",
+                f" description rack{n // 12 + 1} server{n:02d} eth0",
+                " switchport access vlan 120",
+                " switchport mode access",
+                " spanning-tree portfast",
+                "!"]
+    out.append("ip access-list extended EDGE-IN")
+    for n in range(1, 301):
+        out.append(f" {n * 10} permit tcp any host 10.1.{n // 250}.{n % 250} eq 443")
+    out += [" 9999 deny ip any any log", "!",
+            "router ospf 1", " router-id 10.255.0.1", " passive-interface default",
+            " network 10.0.0.0 0.255.255.255 area 0", "!",
+            "line vty 0 4", " transport input ssh", " login local", "!", "end"]
+    return "\n".join(out) + "\n"
+
+
+def juniper_config() -> str:
+    """A Juniper brace-style export whose interfaces block is far larger than max_chars."""
+    out = ["## Last commit: 2024-03-04 10:42:01 UTC by netops", "version 20.4R3.8;",
+           "system {", "    host-name edge-r1;", "    services {", "        ssh;",
+           "        netconf {", "            ssh;", "        }", "    }", "}",
+           "interfaces {"]
+    for n in range(40):
+        out += [f"    ge-0/0/{n} {{", f'        description "uplink {n} {{core}}";',
+                "        unit 0 {", "            family inet {",
+                f"                address 10.{n}.0.1/30;", "            }", "        }", "    }"]
+    out += ["}", "protocols {", "    ospf {", "        area 0.0.0.0 {",
+            "            interface ge-0/0/0.0;", "        }", "    }", "}"]
+    return "\n".join(out) + "\n"
+
+
+CISCO = cisco_config()
+JUNIPER = juniper_config()
+
+WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
+PLAIN = "\n\n".join(
+    " ".join(f"{WORDS[(p + n) % len(WORDS)]}{n}" for n in range(p * 500, p * 500 + 450))
+    for p in range(3))
+
+SENTENCES = "\n\n".join(
+    " ".join(f"Step {p}.{n} restarts the {WORDS[n % len(WORDS)]} service and checks it."
+             for n in range(40))
+    for p in range(3))
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+def chunks_with_heading(chunks: list[Chunk], heading: str) -> list[Chunk]:
+    return [c for c in chunks if c.heading == heading]
+
+
+# --- performance -------------------------------------------------------------------------
+
+SECTION = """## Host web{n:05d}
+
+### Disk full
+
+When /var fills up, nginx stops writing access logs and the health check fails. Check
+usage first. Then find what grew. Rotate the logs if they are the culprit!
+
+```bash
+# find big files
+du -xh /var | sort -h | tail -20
+journalctl --vacuum-size=500M
+```
+
+1. Stop the writer.
+2. Truncate the file: `: > /var/log/big.log`.
+3. Start the writer again and watch `df -h`.
+
+### Memory
+
+Look at `free -m` and the OOM killer in `dmesg`. The usual suspect is the JVM heap.
+
+"""
+
+
+def runbooks(size: int) -> str:
+    """Markdown runbooks of about ``size`` characters."""
+    parts = ["# Runbooks\n\n"]
+    total, n = 0, 0
+    while total < size:
+        parts.append(SECTION.format(n=n))
+        total += len(parts[-1])
+        n += 1
+    return "".join(parts)
