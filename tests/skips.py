@@ -20,7 +20,7 @@ ALLOWED_ON_CI: dict[str, str] = {
     "root reads files regardless of mode":
         "CI runs as root, and root reads a file whatever its mode: there is no refusal to "
         "observe. The unreadable-file path itself is tested with missing files and dangling "
-        "links (test_extract.py::test_missing_and_dangling_paths_are_unreadable).",
+        "links (test_extract_files.py::test_missing_and_dangling_paths_are_unreadable).",
 }
 
 _OFF = {"", "0", "false", "no"}

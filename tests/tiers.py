@@ -28,7 +28,7 @@ import pytest
 UNIT, PROCESS, INTEGRATION = "unit", "process", "integration"
 TIERS = (UNIT, PROCESS, INTEGRATION)
 # Seconds, with headroom for a busy 2-core machine, where the slowest unit test takes ~7 s
-# (test_extract.py::test_gigantic_html_within_max_bytes) and the slowest process test ~2 s
+# (test_extract_html.py::test_gigantic_html_within_max_bytes) and the slowest process test ~2 s
 # (the fake child's slow start); integration keeps pyproject's 300 s (a model's load).
 TIMEOUTS = {UNIT: 20, PROCESS: 60, INTEGRATION: 300}
 

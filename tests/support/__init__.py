@@ -16,6 +16,7 @@
 * :mod:`tests.support.races`: the symlink-swapping attacker of the confinement tests.
 * :mod:`tests.support.pdf`: small PDFs built byte by byte.
 * :mod:`tests.support.pki`: a throwaway CA and certificates.
+* :mod:`tests.support.extraction`: writing a file to extract; expecting an ExtractionError.
 * :mod:`tests.support.fake_openai`: a fake OpenAI-compatible endpoint.
 * :mod:`tests.support.fuzz`: the fuzzing properties (run by test_fuzz and bench/fuzz.py).
 """
