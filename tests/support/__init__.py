@@ -1,6 +1,7 @@
 """What tests share instead of copying: one module per kind of helper.
 
 * :mod:`tests.support.access`: role tokens, token files and quiet daemons for the access tests.
+* :mod:`tests.support.config_load`: loading configuration hermetically (parser, env, TOML).
 * :mod:`tests.support.corpus`: a small corpus of runbooks on disk.
 * :mod:`tests.support.daemon`: a real daemon in-process on port 0 and real gRPC stubs to it.
 * :mod:`tests.support.daemon_process`: the daemon as a real process (``python -m daemon serve``).
