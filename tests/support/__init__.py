@@ -19,5 +19,6 @@
 * :mod:`tests.support.pki`: a throwaway CA and certificates.
 * :mod:`tests.support.extraction`: writing a file to extract; expecting an ExtractionError.
 * :mod:`tests.support.fake_openai`: a fake OpenAI-compatible endpoint.
+* :mod:`tests.support.fake_children`: fake llama-server children started for their own tests.
 * :mod:`tests.support.fuzz`: the fuzzing properties (run by test_fuzz and bench/fuzz.py).
 """
