@@ -11,6 +11,7 @@
 * :mod:`tests.support.embedder`: a deterministic hash embedder and a small corpus.
 * :mod:`tests.support.chunk_samples`: texts the chunking tests cut (runbook, configs, prose).
 * :mod:`tests.support.chunks`: what every chunking guarantees, as assertions.
+* :mod:`tests.support.redaction`: fake secrets built at run time and the exact-output check.
 * :mod:`tests.support.requests`: small request limits and a sampling-parameters strategy.
 * :mod:`tests.support.models`: tiny model files (a valid GGUF, a BERT checkpoint to convert).
 * :mod:`tests.support.hostile`: the hostile-input tests' seed documents and checks (``intact``).
