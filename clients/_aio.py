@@ -37,6 +37,7 @@ from ._types import (
     LogLine,
     Mode,
     ReindexProgress,
+    Reprocessed,
     RetrievalStatus,
     Role,
     SearchResult,
@@ -204,6 +205,13 @@ class AsyncClient(AsyncBase):
         resp = await self._unary(self._retrieval.Status,
                                  retrieval_pb2.RetrievalStatusRequest(), timeout)
         return cv.retrieval_status(resp)
+
+    async def reprocess(self, *, document_id: str = "", source_id: str = "",
+                        timeout: Timeout = DEFAULT) -> Reprocessed:
+        """Embed the chunks without vectors in the background (see
+        :meth:`Client.reprocess`)."""
+        request = retrieval_pb2.ReprocessRequest(document_id=document_id, source_id=source_id)
+        return cv.reprocessed(await self._unary(self._retrieval.Reprocess, request, timeout))
 
     # --- AnswerService --------------------------------------------------------------------
 

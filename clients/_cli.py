@@ -10,6 +10,7 @@ Every verb talks to a running daemon through :class:`clients.Client`::
     llamad ingest PATH [--source ID]  add a directory source and index it
     llamad sources                    list sources
     llamad reindex [--source ID]      rescan directory sources
+    llamad reprocess [--source ID|--document ID]   embed chunks indexed without vectors
     llamad swap ROLE MODEL|--rollback swap a child's model, streaming the stages
     llamad mode ROLE MODE             embedded child, OpenAI-compatible endpoint, or disabled
     llamad logs ROLE [-f] [-n N]      a child's output
@@ -70,7 +71,7 @@ EXIT_INTERRUPTED = 130
 EXIT_PIPE = 141
 
 VERBS = ("status", "generate", "chat", "ask", "search", "ingest", "sources", "reindex",
-         "swap", "mode", "logs")
+         "reprocess", "swap", "mode", "logs")
 
 _EXIT_CODES: dict[type[errors.LlamadError], int] = {
     errors.Unavailable: EXIT_UNAVAILABLE,
@@ -251,6 +252,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser("reindex", parents=common, help="rescan directory sources")
     p.add_argument("--source", default="", metavar="ID", help="only this source")
     _json_flag(p, "JSON lines (the final counts)")
+
+    p = sub.add_parser(
+        "reprocess", parents=common, help="embed chunks indexed without vectors",
+        description="Embed, in the background, the chunks without a vector of the current "
+                    "embedding model (indexed while it was unavailable, or refused before): "
+                    "all, one source's or one document's. `llamad status` shows progress.")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--source", default="", metavar="ID", help="only this source")
+    scope.add_argument("--document", default="", metavar="ID", help="only this document")
+    _json_flag(p)
 
     p = sub.add_parser("swap", parents=common, help="swap a child's model (make-before-break)",
                        description="Start the new model beside the old one and switch once "

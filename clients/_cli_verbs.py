@@ -28,6 +28,7 @@ from ._types import (
     ReindexProgress,
     RetrievalStatus,
     SwapProgress,
+    VectorBackfill,
 )
 
 
@@ -97,7 +98,16 @@ def _retrieval_line(r: RetrievalStatus) -> str:
     return (f"retrieval: {r.sources} sources, {docs} documents"
             + (f" ({states})" if states else "")
             + f", {r.chunks} chunks ({r.embedded_chunks} embedded), {r.vectors} vectors"
-            + f"{model}, {fmt.size(r.disk_bytes)} on disk")
+            + f"{model}, {fmt.size(r.disk_bytes)} on disk" + _backfill_note(r.backfill))
+
+
+def _backfill_note(b: VectorBackfill) -> str:
+    if b.running:
+        return f"; embedding {b.pending} chunks without vectors ({b.done} done)"
+    notes = [f"{b.failed} chunks refused by the model (BM25-only)"] if b.failed else []
+    if b.last_error:
+        notes.append(f"last backfill stopped: {b.last_error}")
+    return "".join(f"; {n}" for n in notes)
 
 
 def status(client: Client, args: argparse.Namespace) -> int:
@@ -317,6 +327,18 @@ def ingest(client: Client, args: argparse.Namespace) -> int:
 
 def reindex(client: Client, args: argparse.Namespace) -> int:
     return _reindex(client, args.source, args.json, "reindex")
+
+
+def reprocess(client: Client, args: argparse.Namespace) -> int:
+    done = client.reprocess(document_id=args.document, source_id=args.source)
+    if args.json:
+        print(fmt.to_json(done))
+    elif done.chunks:
+        print(f"embedding {done.chunks} chunks in the background (llamad status shows "
+              "progress)")
+    else:
+        print(f"nothing to embed: {done.reason}")
+    return 0
 
 
 def sources(client: Client, args: argparse.Namespace) -> int:

@@ -14,7 +14,15 @@ from . import _requests as rq
 from ._base import SyncBase
 from ._channel import DEFAULT, Timeout
 from ._stream import AskStream, Stream
-from ._types import Document, ReindexProgress, RetrievalStatus, SearchResult, Source, Task
+from ._types import (
+    Document,
+    ReindexProgress,
+    Reprocessed,
+    RetrievalStatus,
+    SearchResult,
+    Source,
+    Task,
+)
 
 
 class DocumentCalls(SyncBase):
@@ -150,10 +158,24 @@ class DocumentCalls(SyncBase):
                       cv.reindex_progress)
 
     def retrieval_status(self, *, timeout: Timeout = DEFAULT) -> RetrievalStatus:
-        """Sizes of the retrieval index: sources, documents by state, chunks, vectors."""
+        """Sizes of the retrieval index: sources, documents by state, chunks, vectors,
+        and the background embedding of chunks without vectors."""
         resp = self._unary(self._retrieval.Status, retrieval_pb2.RetrievalStatusRequest(),
                            timeout)
         return cv.retrieval_status(resp)
+
+    def reprocess(self, *, document_id: str = "", source_id: str = "",
+                  timeout: Timeout = DEFAULT) -> Reprocessed:
+        """Embed, in the background, the chunks without a vector of the current embedding
+        model: one document's, one source's, or all (neither given); the texts the model
+        refused before are tried again. Progress is in :meth:`retrieval_status`.
+
+        Raises:
+            NotFound: an unknown document or source.
+            InvalidArgument: both ids given, or a malformed one.
+        """
+        request = retrieval_pb2.ReprocessRequest(document_id=document_id, source_id=source_id)
+        return cv.reprocessed(self._unary(self._retrieval.Reprocess, request, timeout))
 
     # --- AnswerService --------------------------------------------------------------------
 

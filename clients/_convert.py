@@ -29,6 +29,7 @@ from ._types import (
     LogLine,
     Message,
     ReindexProgress,
+    Reprocessed,
     RetrievalStatus,
     SearchHit,
     SearchResult,
@@ -37,6 +38,7 @@ from ._types import (
     SwapProgress,
     Tokens,
     Usage,
+    VectorBackfill,
 )
 
 ChatInput = Message | tuple[str, str] | Mapping[str, str]
@@ -311,7 +313,15 @@ def retrieval_status(msg: retrieval_pb2.RetrievalStatusResponse) -> RetrievalSta
         documents_by_state=dict(msg.documents_by_state),
         embedded_chunks=msg.embedded_chunks, vectors=msg.vectors,
         embedding_model=msg.embedding_model, disk_bytes=msg.disk_bytes,
-        repaired=dict(msg.repaired), source_list=tuple(source(s) for s in msg.source_list))
+        repaired=dict(msg.repaired), source_list=tuple(source(s) for s in msg.source_list),
+        backfill=VectorBackfill(
+            running=msg.backfill.running, model=msg.backfill.model,
+            pending=msg.backfill.pending, done=msg.backfill.done,
+            failed=msg.backfill.failed, last_error=msg.backfill.last_error))
+
+
+def reprocessed(msg: retrieval_pb2.ReprocessResponse) -> Reprocessed:
+    return Reprocessed(chunks=msg.chunks, reason=msg.reason)
 
 
 def ask_event(msg: answer_pb2.AskResponse) -> AskEvent | None:

@@ -151,3 +151,17 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
             sources=len(self.fake.sources), chunks=n, documents_by_state={"indexed": n},
             embedded_chunks=n, vectors=n, embedding_model="fake-embed.gguf@0123",
             disk_bytes=4096, source_list=self._sources())
+
+    def Reprocess(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """Every fake chunk has its vector: nothing to embed (an unknown id is
+        NOT_FOUND, both ids INVALID_ARGUMENT, as the daemon answers)."""
+        self.fake.enter("RetrievalService/Reprocess", context)
+        if request.document_id and request.source_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "give document_id or source_id, not both")
+        if request.document_id and request.document_id not in self.fake.docs:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no document {request.document_id!r}")
+        if request.source_id and request.source_id not in self.fake.sources:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no source {request.source_id!r}")
+        return retrieval_pb2.ReprocessResponse(
+            chunks=0, reason="every chunk has a vector of the current embedding model")

@@ -32,6 +32,7 @@ __all__ = [
     "Message",
     "Mode",
     "ReindexProgress",
+    "Reprocessed",
     "RetrievalStatus",
     "Role",
     "SearchHit",
@@ -42,6 +43,7 @@ __all__ = [
     "Task",
     "Tokens",
     "Usage",
+    "VectorBackfill",
 ]
 
 Role: TypeAlias = Literal["generation", "embedding"]
@@ -309,6 +311,29 @@ class SearchResult:
 
 
 @dataclass(frozen=True, slots=True)
+class VectorBackfill:
+    """The background embedding of chunks without a vector of the current embedding
+    model: whether it runs, for which model, chunks pending and done in the current (or
+    last) run, chunks the model refused, and why the last run stopped early."""
+
+    running: bool
+    model: str
+    pending: int
+    done: int
+    failed: int
+    last_error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reprocessed:
+    """What a Reprocess started: the chunks its run embeds (0: none started, ``reason``
+    says why)."""
+
+    chunks: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class RetrievalStatus:
     """Size and health of the retrieval index."""
 
@@ -321,6 +346,7 @@ class RetrievalStatus:
     disk_bytes: int
     repaired: Mapping[str, int]
     source_list: tuple[Source, ...]
+    backfill: VectorBackfill
 
 
 @dataclass(frozen=True, slots=True)

@@ -171,8 +171,8 @@ class RecycleSettings:
 @dataclass(frozen=True)
 class RetrievalSettings:
     """``[retrieval]``: its limits apply to the ingests, scans and searches that start
-    after a reload; the embedding batcher, the group commit and the rescan schedule keep
-    theirs until a restart."""
+    after a reload; the embedding batcher, the group commit and the rescan and backfill
+    schedules keep theirs until a restart."""
 
     RELOAD: ClassVar[Reload] = "apply"
 
@@ -225,6 +225,11 @@ class RetrievalSettings:
     rescan_interval: float = setting(
         3600.0, "Seconds between scheduled rescans of directory sources; 0: on demand only.",
         minimum=0, reload="restart")
+    backfill_interval: float = setting(
+        30.0, "Seconds between checks for chunks without a vector of the current embedding "
+        "model (indexed while it was unavailable), which are then embedded in the "
+        "background; 0: on demand only (RetrievalService/Reprocess).", minimum=0,
+        reload="restart")
     redact_hostnames: bool = setting(False, "Also redact hostnames (FQDNs) at ingest.")
     redact_ips: bool = setting(False, "Also redact IP addresses at ingest.")
     refuse_hard_links: bool = setting(

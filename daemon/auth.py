@@ -8,7 +8,8 @@ missing, so a new RPC cannot slip through unguarded):
 * ``read``: generation, chat, embeddings, tokenize, search, ask, status and the read-only
   listings (documents, sources, retrieval status), and server reflection.
 * ``admin``: everything that changes state or shows a child's raw output — Swap, Reset,
-  SetMode, TailLogs, document upsert and delete, source add and remove, Reindex.
+  SetMode, TailLogs, document upsert and delete, source add and remove, Reindex,
+  Reprocess.
   ``admin`` implies ``read``.
 * ``grpc.health.v1.Health`` needs no token (probes and load balancers).
 
@@ -68,6 +69,7 @@ METHOD_ROLES: Mapping[str, str] = {
     "/llamad.v1.RetrievalService/Reindex": ADMIN,
     "/llamad.v1.RetrievalService/Search": READ,
     "/llamad.v1.RetrievalService/Status": READ,
+    "/llamad.v1.RetrievalService/Reprocess": ADMIN,
     # llamad.v1.AnswerService
     "/llamad.v1.AnswerService/Ask": READ,
     # Server reflection: the API's shape, for grpcurl.

@@ -182,6 +182,19 @@ async def rescan_loop(retriever: Retriever, interval: float,
                     "scheduled rescan failed", source=source.id, error=str(exc)[:200])
 
 
+async def backfill_loop(retriever: Retriever, interval: float) -> None:
+    """Every ``interval`` seconds, start the background embedding of chunks without a
+    vector of the current embedding model, if there are any and an embedder is available
+    (:meth:`retrieval.Retriever.backfill`). Runs until cancelled."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            retriever.backfill()
+        except Exception as exc:
+            structlog.get_logger("llamad.retrieval").warning(
+                "backfill check failed", error=str(exc)[:200])
+
+
 def _ts(seconds: float | None) -> timestamp_pb2.Timestamp | None:
     if not seconds:
         return None
@@ -430,4 +443,21 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
             disk_bytes=s.disk_bytes,
             repaired=s.repaired,
             source_list=await self._sources(),
+            backfill=rpb.VectorBackfill(
+                running=s.backfill.running, model=s.backfill.model,
+                pending=s.backfill.pending, done=s.backfill.done,
+                failed=s.backfill.failed, last_error=s.backfill.last_error),
         )
+
+    @rpc.unary("Reprocess")
+    async def Reprocess(
+        self, request: rpb.ReprocessRequest, context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> rpb.ReprocessResponse:
+        if request.document_id and request.source_id:
+            raise InvalidArgument("give document_id or source_id, not both")
+        chunks, reason = await self._r.reprocess(document_id=request.document_id,
+                                                 source_id=request.source_id)
+        call.note(document=request.document_id or None, source=request.source_id or None,
+                  chunks=chunks)
+        return rpb.ReprocessResponse(chunks=chunks, reason=reason)

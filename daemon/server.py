@@ -54,6 +54,7 @@ from .recycle import recycle_loop
 from .reload import ReloadReport, reload_config
 from .retrieval_service import (
     RetrievalServicer,
+    backfill_loop,
     limits_from,
     make_provider,
     rescan_loop,
@@ -249,6 +250,10 @@ class Daemon:
         if self.retriever is not None and rescan > 0:
             self._tasks.add(asyncio.create_task(
                 rescan_loop(self.retriever, rescan, self._allowed_roots), name="rescan"))
+        backfill = self.config.retrieval.backfill_interval
+        if self.retriever is not None and backfill > 0:
+            self._tasks.add(asyncio.create_task(
+                backfill_loop(self.retriever, backfill), name="backfill"))
         for child in self.children.values():
             if child.mode.kind == "disabled":
                 continue
@@ -383,7 +388,7 @@ class Daemon:
         server, self._server = self._server, None
         _log.info("draining", grace_s=self.config.drain_grace)
         for task in list(self._tasks):
-            if task.get_name() in ("recycle", "rescan"):
+            if task.get_name() in ("recycle", "rescan", "backfill"):
                 task.cancel()
         self.router.draining = True
         self._notifier.stopping()

@@ -12,7 +12,7 @@ from ._confine import SourceRoot, protected_hardlinks
 from ._embedder import Embedder
 from ._extract import Extracted, ExtractLimits, extract_bytes, extract_file
 from ._group import Vector
-from ._indexes import RetrievalStatus
+from ._indexes import BackfillStatus, RetrievalStatus
 from ._kinds import KINDS, kind_for
 from ._limits import RetrievalLimits
 from ._redact import PLACEHOLDER_PREFIX, Redacted, redact
@@ -36,6 +36,7 @@ from .errors import (
 __all__ = [
     "KINDS",
     "PLACEHOLDER_PREFIX",
+    "BackfillStatus",
     "DocumentRow",
     "Embedder",
     "ExtractLimits",

@@ -59,6 +59,21 @@ class PendingWrite:
 
 
 @dataclass(frozen=True)
+class BackfillStatus:
+    """Where the backfill stands."""
+
+    running: bool
+    model: str               # the embedding model it embeds for ("" when idle)
+    pending: int             # chunks it still has to embed or index in this run
+    done: int                # chunks embedded or indexed so far in this run
+    failed: int              # chunks the model refused (left BM25-only)
+    last_error: str          # why the last run stopped early ("" when it did not)
+
+
+IDLE = BackfillStatus(running=False, model="", pending=0, done=0, failed=0, last_error="")
+
+
+@dataclass(frozen=True)
 class RetrievalStatus:
     """What is indexed, and how the three stores stand."""
 
@@ -70,6 +85,7 @@ class RetrievalStatus:
     vectors: int                        # vectors in the vector index
     disk_bytes: int                     # every file of the indexes' directory
     repaired: dict[str, int]            # what the last open repaired, by kind
+    backfill: BackfillStatus = IDLE     # the background embedding of chunks without vectors
 
 
 def _indexed(c: StoredChunk) -> IndexedChunk:
@@ -129,7 +145,7 @@ class Indexes:
             if v_extra:
                 self.vectors.delete(v_extra)
             v_missing = truth - in_vec
-            added = self._add_cached_vectors(v_missing) if v_missing else 0
+            added = self.add_cached_vectors(v_missing) if v_missing else 0
             if v_extra or added:
                 self.vectors.save()
             repaired |= {"vectors_removed": len(v_extra), "vectors_added": added}
@@ -138,7 +154,10 @@ class Indexes:
             _log.warning("indexes repaired from SQLite", **repaired)
         return repaired
 
-    def _add_cached_vectors(self, keys: set[int]) -> int:
+    def add_cached_vectors(self, keys: set[int]) -> int:
+        """Add to the vector index the cached vectors (of its model) of the chunks of
+        ``keys``; return how many it added. Blocking; the caller holds the writer lock
+        (or is the start-up)."""
         store, _ = self.require()
         if self.vectors is None or not self.vector_model:
             return 0
@@ -313,7 +332,7 @@ class Indexes:
             stale.unlink(missing_ok=True)
         self.vectors = VectorIndex(path, dim)
         self.vector_model = model
-        self._add_cached_vectors(store.chunk_keys())
+        self.add_cached_vectors(store.chunk_keys())
         self.vectors.save()
         store.set_meta("vector_model", model)
         store.set_meta("vector_dim", str(dim))

@@ -7,9 +7,8 @@ model and content hash, and concurrent ingests share embedding requests) → gro
 :mod:`retrieval._group`), in the order :mod:`retrieval._indexes` keeps crash-consistent.
 
 An embedding failure never fails an ingest: the document is then BM25-only until
-reindexed. When the embedding model changes, every chunk is embedded again with the new
-model in the background (:meth:`Ingest.start_rebuild`) and the vector index is switched
-in one step.
+reindexed: the background backfill (:mod:`retrieval._backfill`) embeds what has no
+vector, and re-embeds everything when the embedding model changes.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import contextlib
 import hashlib
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import PurePosixPath
 
 import numpy as np
@@ -48,11 +47,15 @@ class Ingest:
     """The ingest pipeline over :class:`~retrieval._indexes.Indexes`."""
 
     def __init__(self, indexes: Indexes, embedder: EmbedderProvider,
-                 limits: RetrievalLimits) -> None:
+                 limits: RetrievalLimits, *, on_other_model: Callable[[], object]) -> None:
+        """Args:
+            on_other_model: called when a commit brings vectors of another model than
+                the index's (it starts the background re-embedding).
+        """
         self._indexes = indexes
         self._embedder = embedder
         self.limits = limits
-        self.rebuild: asyncio.Task[None] | None = None   # the vector rebuild, if any
+        self._on_other_model = on_other_model
         # Documents being processed: their state is shown from here (SQLite keeps the
         # last committed version, which a crash mid-processing must leave as it was).
         self.inflight: dict[str, DocumentRow] = {}
@@ -62,12 +65,7 @@ class Ingest:
             self._commit_batch, indexes.write, max_batch=limits.max_commit_batch)
 
     async def close(self) -> None:
-        """Stop the background rebuild; wait for the commits under way (none is cut
-        short) and those queued."""
-        if self.rebuild is not None and not self.rebuild.done():
-            self.rebuild.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.rebuild
+        """Wait for the commits under way (none is cut short) and those queued."""
         await self.committer.close()
 
     # -- documents ---------------------------------------------------------------------
@@ -163,9 +161,9 @@ class Ingest:
         models = {p.model for p in batch if p.has_vectors}
         if indexes.vectors is not None and models - {indexes.vector_model}:
             # Vectors of another model than the index's: they stay cached (this commit
-            # stores them) for the background rebuild, and never enter this index. With
-            # no index yet, the commit makes the first one.
-            self.start_rebuild()
+            # stores them) for the background re-embedding, and never enter this index.
+            # With no index yet, the commit makes the first one.
+            self._on_other_model()
         return await indexes.commit(batch)
 
     # -- embedding ---------------------------------------------------------------------
@@ -247,56 +245,3 @@ class Ingest:
                                          concurrency=self.limits.embed_concurrency)
             self._batcher_model = model
         return self._batcher
-
-    # -- a new embedding model ---------------------------------------------------------
-
-    def start_rebuild(self) -> None:
-        """Start re-embedding every chunk for the embedder's model, unless under way."""
-        if self.rebuild is None or self.rebuild.done():
-            self.rebuild = asyncio.create_task(self._rebuild_vectors(), name="vector-rebuild")
-
-    async def _rebuild_vectors(self) -> None:
-        """The embedding model changed: embed every chunk with the new model (cached by
-        content hash, so unchanged text is embedded once per model), then switch to a
-        vector index of the new model in one step. Search is BM25-only meanwhile (the
-        old index cannot be queried without the old model) and says why."""
-        indexes = self._indexes
-        store, _ = indexes.require()
-        embedder = self._embedder()
-        if embedder is None:
-            return
-        model = embedder.model_id
-        _log.warning("embedding model changed; rebuilding the vector index in the background",
-                     old=indexes.vector_model, new=model)
-        began = time.monotonic()
-        dim = 0
-        batch = self.limits.embed_batch
-        try:
-            batches = await asyncio.to_thread(lambda: list(store.iter_chunks(batch=512)))
-            for chunks in batches:
-                hashes = {c.content_hash: c.text for c in chunks}
-                cached = await asyncio.to_thread(store.cached_vectors, model, hashes)
-                todo = [(h, t) for h, t in hashes.items() if h not in cached]
-                if cached and not dim:
-                    dim = len(next(iter(cached.values())))
-                for i in range(0, len(todo), batch):
-                    part = todo[i:i + batch]
-                    got = await embedder.embed([t for _, t in part])
-                    fresh = {h: np.asarray(v, dtype=np.float32)
-                             for (h, _), v in zip(part, got, strict=True)}
-                    dim = dim or len(got[0])
-                    await asyncio.to_thread(store.put_vectors, model, fresh)
-        except Exception as exc:
-            _log.warning("vector rebuild interrupted; BM25-only until it completes",
-                         error=str(exc)[:200])
-            return
-        if not dim:
-            return
-        async with indexes.write:
-            current = self._embedder()
-            if current is None or current.model_id != model:
-                return  # the model changed again; the next trigger starts over
-            await asyncio.to_thread(indexes.use_vector_model_sync, model, dim)
-        _log.info("vector index rebuilt", model=model,
-                  vectors=indexes.vectors.count() if indexes.vectors else 0,
-                  seconds=round(time.monotonic() - began, 1))

@@ -3,8 +3,9 @@
 * :mod:`retrieval._indexes`: SQLite, tantivy and hnswlib, their write order, reconciliation
   at open and catch-up after a failed write (invariant 7: acknowledged writes survive a
   crash; indexes on disk are never half-written);
-* :mod:`retrieval._ingest`: extract → redact → chunk → embed → group commit, and the
-  background vector rebuild after an embedding model change;
+* :mod:`retrieval._ingest`: extract → redact → chunk → embed → group commit;
+* :mod:`retrieval._backfill`: embeds in the background every chunk without a vector for
+  the current embedding model (ingested while it was unavailable, or a new model);
 * :mod:`retrieval._search`: BM25 ∥ HNSW fused by RRF, BM25-only (and saying so) whenever
   the vector side cannot answer (invariant 6).
 
@@ -15,10 +16,12 @@ removes its documents from every index.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ._backfill import Backfill
 from ._bm25 import Filters
 from ._confine import SourceRoot
 from ._embedder import EmbedderProvider
@@ -27,7 +30,7 @@ from ._ingest import Ingest
 from ._limits import RetrievalLimits
 from ._search import Search, SearchResult
 from ._store import DocumentRow, SourceRow
-from .errors import validate_source_id
+from .errors import NotFound, validate_document_id, validate_source_id
 
 
 class Retriever:
@@ -51,11 +54,13 @@ class Retriever:
         limits = limits or RetrievalLimits()
         self._embedder = embedder
         self._indexes = Indexes(root)
-        self._ingest = Ingest(self._indexes, embedder, limits)
+        self._backfill = Backfill(self._indexes, embedder, limits)
+        self._ingest = Ingest(self._indexes, embedder, limits,
+                              on_other_model=self._backfill.start)
         self._search = Search(
             self._indexes, embedder, limits,
             unavailable_reason=unavailable_reason or (lambda: "embedding child unavailable"),
-            on_other_model=self._ingest.start_rebuild)
+            on_other_model=self._backfill.start)
 
     @property
     def limits(self) -> RetrievalLimits:
@@ -65,7 +70,7 @@ class Retriever:
 
     @limits.setter
     def limits(self, limits: RetrievalLimits) -> None:
-        self._ingest.limits = self._search.limits = limits
+        self._ingest.limits = self._search.limits = self._backfill.limits = limits
 
     @property
     def repaired(self) -> dict[str, int]:
@@ -89,8 +94,9 @@ class Retriever:
         await asyncio.to_thread(self._indexes.open_sync)
 
     async def close(self) -> None:
-        """Stop the background vector rebuild, let the commits under way and queued
-        finish, save the vector index and close the stores (each even if another fails)."""
+        """Stop the background backfill, let the commits under way and queued finish,
+        save the vector index and close the stores (each even if another fails)."""
+        await self._backfill.close()
         await self._ingest.close()
         async with self._indexes.write:
             await asyncio.to_thread(self._indexes.close_sync)
@@ -218,6 +224,59 @@ class Retriever:
         """
         return await self._search.search(query, k=k, filters=filters)
 
+    # -- vectors for every chunk -------------------------------------------------------
+
+    def backfill(self, *, retry_failed: bool = False) -> bool:
+        """Start embedding, in the background, every chunk without a vector for the
+        current embedding model (unless a run is under way, nothing is missing or no
+        embedder is available); True if a run started. See :mod:`retrieval._backfill`.
+
+        Args:
+            retry_failed: embed again the texts the model refused before.
+        """
+        self._indexes.require()
+        return self._backfill.start(retry_failed=retry_failed)
+
+    async def reprocess(self, *, document_id: str = "", source_id: str = "") -> tuple[int, str]:
+        """Embed now, in the background, the chunks without a vector of the current
+        embedding model: one document's, one source's, or (neither given) all; the texts
+        the model refused before are tried again. Returns how many chunks the run will
+        embed (0 when none is started) and, when none is, why.
+
+        Raises:
+            NotFound: an unknown document or source.
+            InvalidDocument: a malformed id.
+        """
+        store, _ = self._indexes.require()
+        if document_id:
+            validate_document_id(document_id)
+            if await asyncio.to_thread(store.document, document_id) is None:
+                raise NotFound(f"no document {document_id!r}")
+            scope: set[int] | None = await asyncio.to_thread(
+                store.document_chunk_keys, document_id)
+        elif source_id:
+            validate_source_id(source_id)
+            if source_id not in {s.id for s in await asyncio.to_thread(store.sources)}:
+                raise NotFound(f"no source {source_id!r}")
+            scope = await asyncio.to_thread(store.keys_matching, sources=[source_id])
+        else:
+            scope = None
+        if self._embedder() is None:
+            return 0, "no embedding model is available now; the backfill runs once it is"
+        if self._backfill.running:
+            return 0, "a backfill is under way; it embeds these chunks too"
+        wanted = await asyncio.to_thread(
+            self._backfill.missing, scope if scope is not None else store.chunk_keys())
+        if not wanted:
+            return 0, "every chunk has a vector of the current embedding model"
+        self._backfill.start(retry_failed=True, only=wanted)
+        return len(wanted), ""
+
+    @property
+    def backfill_task(self) -> asyncio.Task[None] | None:
+        """The backfill run, if one was started (for waiting on it)."""
+        return self._backfill.task
+
     # -- status ------------------------------------------------------------------------
 
     async def status(self) -> RetrievalStatus:
@@ -231,4 +290,5 @@ class Retriever:
         self._indexes.require()
         embedder = self._embedder()
         model = embedder.model_id if embedder is not None else self._indexes.vector_model
-        return await self._indexes.status(model, processing=len(self._ingest.inflight))
+        status = await self._indexes.status(model, processing=len(self._ingest.inflight))
+        return dataclasses.replace(status, backfill=self._backfill.status)

@@ -71,14 +71,14 @@ class Search:
 
     def __init__(self, indexes: Indexes, embedder: EmbedderProvider,
                  limits: RetrievalLimits, *, unavailable_reason: Callable[[], str],
-                 on_other_model: Callable[[], None]) -> None:
+                 on_other_model: Callable[[], object]) -> None:
         """Args:
             indexes: the stores searched.
             embedder: gives the embedder to use now, or None (search is then BM25-only).
             limits: candidates, k, query length, RRF k, query embedding timeout.
             unavailable_reason: says why ``embedder`` gave None, for warnings.
-            on_other_model: called when the vector index belongs to another model than
-                the embedder's (it starts the background rebuild).
+            on_other_model: called when there is no vector index, or it belongs to
+                another model than the embedder's (it starts the background backfill).
         """
         self._indexes = indexes
         self._embedder = embedder
@@ -146,12 +146,13 @@ class Search:
             return None
         indexes = self._indexes
         if indexes.vectors is None or indexes.vector_model != embedder.model_id:
+            self._on_other_model()
             if indexes.vectors is not None:
-                self._on_other_model()
                 warnings.append("the vector index belongs to another embedding model and is "
                                 "being rebuilt: results are BM25-only")
             else:
-                warnings.append("no vectors indexed yet: results are BM25-only")
+                warnings.append("no vectors indexed yet (the backfill embeds what is "
+                                "indexed): results are BM25-only")
             return None
         try:
             vectors = await asyncio.wait_for(embedder.embed([query]),

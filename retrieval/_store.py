@@ -352,6 +352,12 @@ class Store:
                     out[int(r[0])] = self._chunk(r)
         return out
 
+    def document_chunk_keys(self, doc_id: str) -> set[int]:
+        """The chunk keys of one document."""
+        with self._lock:
+            return {int(r[0]) for r in self._db.execute(
+                "SELECT key FROM chunks WHERE doc_id = ?", (doc_id,))}
+
     def chunk_keys(self) -> set[int]:
         with self._lock:
             return {int(r[0]) for r in self._db.execute("SELECT key FROM chunks")}

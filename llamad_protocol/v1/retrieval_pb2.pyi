@@ -726,6 +726,94 @@ class RetrievalStatusRequest(_message.Message):
 Global___RetrievalStatusRequest: _TypeAlias = RetrievalStatusRequest  # noqa: Y015
 
 @_typing.final
+class VectorBackfill(_message.Message):
+    """The background embedding of chunks without a vector of the current embedding model."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNNING_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    running: _builtins.bool
+    model: _builtins.str
+    """The embedding model it embeds for (empty when idle)."""
+    pending: _builtins.int
+    """Chunks of the current (or last) run still to embed, and those done."""
+    done: _builtins.int
+    failed: _builtins.int
+    """Chunks the model refused even alone (longer than its context, say): BM25-only until
+    a Reprocess.
+    """
+    last_error: _builtins.str
+    """Why the last run stopped early (empty when it did not)."""
+    def __init__(
+        self,
+        *,
+        running: _builtins.bool = ...,
+        model: _builtins.str = ...,
+        pending: _builtins.int = ...,
+        done: _builtins.int = ...,
+        failed: _builtins.int = ...,
+        last_error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "failed", b"failed", "last_error", b"last_error", "model", b"model", "pending", b"pending", "running", b"running"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VectorBackfill: _TypeAlias = VectorBackfill  # noqa: Y015
+
+@_typing.final
+class ReprocessRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENT_ID_FIELD_NUMBER: _builtins.int
+    SOURCE_ID_FIELD_NUMBER: _builtins.int
+    document_id: _builtins.str
+    """At most one of the two; neither: every chunk."""
+    source_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        document_id: _builtins.str = ...,
+        source_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["document_id", b"document_id", "source_id", b"source_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReprocessRequest: _TypeAlias = ReprocessRequest  # noqa: Y015
+
+@_typing.final
+class ReprocessResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHUNKS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    chunks: _builtins.int
+    """Chunks the started run embeds (0: no run started; reason says why)."""
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        chunks: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunks", b"chunks", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReprocessResponse: _TypeAlias = ReprocessResponse  # noqa: Y015
+
+@_typing.final
 class RetrievalStatusResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -778,6 +866,7 @@ class RetrievalStatusResponse(_message.Message):
     DISK_BYTES_FIELD_NUMBER: _builtins.int
     REPAIRED_FIELD_NUMBER: _builtins.int
     SOURCE_LIST_FIELD_NUMBER: _builtins.int
+    BACKFILL_FIELD_NUMBER: _builtins.int
     sources: _builtins.int
     chunks: _builtins.int
     embedded_chunks: _builtins.int
@@ -792,6 +881,8 @@ class RetrievalStatusResponse(_message.Message):
 
     @_builtins.property
     def source_list(self) -> _containers.RepeatedCompositeFieldContainer[Global___Source]: ...
+    @_builtins.property
+    def backfill(self) -> Global___VectorBackfill: ...
     def __init__(
         self,
         *,
@@ -804,10 +895,11 @@ class RetrievalStatusResponse(_message.Message):
         disk_bytes: _builtins.int = ...,
         repaired: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         source_list: _abc.Iterable[Global___Source] | None = ...,
+        backfill: Global___VectorBackfill | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["backfill", b"backfill"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunks", b"chunks", "disk_bytes", b"disk_bytes", "documents_by_state", b"documents_by_state", "embedded_chunks", b"embedded_chunks", "embedding_model", b"embedding_model", "repaired", b"repaired", "source_list", b"source_list", "sources", b"sources", "vectors", b"vectors"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backfill", b"backfill", "chunks", b"chunks", "disk_bytes", b"disk_bytes", "documents_by_state", b"documents_by_state", "embedded_chunks", b"embedded_chunks", "embedding_model", b"embedding_model", "repaired", b"repaired", "source_list", b"source_list", "sources", b"sources", "vectors", b"vectors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -85,6 +85,11 @@ class RetrievalServiceStub:
                 request_serializer=llamad_dot_v1_dot_retrieval__pb2.RetrievalStatusRequest.SerializeToString,
                 response_deserializer=llamad_dot_v1_dot_retrieval__pb2.RetrievalStatusResponse.FromString,
                 _registered_method=True)
+        self.Reprocess = channel.unary_unary(
+                '/llamad.v1.RetrievalService/Reprocess',
+                request_serializer=llamad_dot_v1_dot_retrieval__pb2.ReprocessRequest.SerializeToString,
+                response_deserializer=llamad_dot_v1_dot_retrieval__pb2.ReprocessResponse.FromString,
+                _registered_method=True)
 
 
 class RetrievalServiceServicer:
@@ -155,6 +160,15 @@ class RetrievalServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reprocess(self, request, context):
+        """Embeds, in the background, the chunks without a vector of the current embedding
+        model (indexed while it was unavailable, or refused before): one document's, one
+        source's, or all (neither set). Status shows the run's progress.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RetrievalServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -207,6 +221,11 @@ def add_RetrievalServiceServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=llamad_dot_v1_dot_retrieval__pb2.RetrievalStatusRequest.FromString,
                     response_serializer=llamad_dot_v1_dot_retrieval__pb2.RetrievalStatusResponse.SerializeToString,
+            ),
+            'Reprocess': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reprocess,
+                    request_deserializer=llamad_dot_v1_dot_retrieval__pb2.ReprocessRequest.FromString,
+                    response_serializer=llamad_dot_v1_dot_retrieval__pb2.ReprocessResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -479,6 +498,33 @@ class RetrievalService:
             '/llamad.v1.RetrievalService/Status',
             llamad_dot_v1_dot_retrieval__pb2.RetrievalStatusRequest.SerializeToString,
             llamad_dot_v1_dot_retrieval__pb2.RetrievalStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reprocess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llamad.v1.RetrievalService/Reprocess',
+            llamad_dot_v1_dot_retrieval__pb2.ReprocessRequest.SerializeToString,
+            llamad_dot_v1_dot_retrieval__pb2.ReprocessResponse.FromString,
             options,
             channel_credentials,
             insecure,

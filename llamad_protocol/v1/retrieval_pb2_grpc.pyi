@@ -53,6 +53,11 @@ class RetrievalServiceStub:
     """Rescans directory sources (all, or one) incrementally, streaming progress."""
     Search: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.SearchRequest, _retrieval_pb2.SearchResponse]
     Status: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.RetrievalStatusRequest, _retrieval_pb2.RetrievalStatusResponse]
+    Reprocess: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.ReprocessRequest, _retrieval_pb2.ReprocessResponse]
+    """Embeds, in the background, the chunks without a vector of the current embedding
+    model (indexed while it was unavailable, or refused before): one document's, one
+    source's, or all (neither set). Status shows the run's progress.
+    """
 
 @_typing.type_check_only
 class RetrievalServiceAsyncStub(RetrievalServiceStub):
@@ -73,6 +78,11 @@ class RetrievalServiceAsyncStub(RetrievalServiceStub):
     """Rescans directory sources (all, or one) incrementally, streaming progress."""
     Search: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.SearchRequest, _retrieval_pb2.SearchResponse]  # type: ignore[assignment]
     Status: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.RetrievalStatusRequest, _retrieval_pb2.RetrievalStatusResponse]  # type: ignore[assignment]
+    Reprocess: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.ReprocessRequest, _retrieval_pb2.ReprocessResponse]  # type: ignore[assignment]
+    """Embeds, in the background, the chunks without a vector of the current embedding
+    model (indexed while it was unavailable, or refused before): one document's, one
+    source's, or all (neither set). Status shows the run's progress.
+    """
 
 class RetrievalServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -150,5 +160,16 @@ class RetrievalServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _retrieval_pb2.RetrievalStatusRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_retrieval_pb2.RetrievalStatusResponse, _abc.Awaitable[_retrieval_pb2.RetrievalStatusResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Reprocess(
+        self,
+        request: _retrieval_pb2.ReprocessRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_retrieval_pb2.ReprocessResponse, _abc.Awaitable[_retrieval_pb2.ReprocessResponse]]:
+        """Embeds, in the background, the chunks without a vector of the current embedding
+        model (indexed while it was unavailable, or refused before): one document's, one
+        source's, or all (neither set). Status shows the run's progress.
+        """
 
 def add_RetrievalServiceServicer_to_server(servicer: RetrievalServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

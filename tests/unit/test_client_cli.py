@@ -155,6 +155,19 @@ def test_ingest_names_the_source_after_the_directory(llamad: Run, tmp_path: Path
     assert sorted(s["id"] for s in json.loads(out)) == ["my-docs", "other-docs"]
 
 
+def test_reprocess_says_what_it_started_or_why_not(llamad: Run, tmp_path: Path) -> None:
+    """reprocess: the daemon's reason when nothing needs embedding; an unknown document
+    is one line and the not-found exit status; both scopes at once are refused."""
+    status, out, _ = llamad("reprocess")
+    assert (status, out) == (0, "nothing to embed: every chunk has a vector of the current "
+                             "embedding model\n")
+    status, _, err = llamad("reprocess", "--document", "nope")
+    assert status == 4
+    assert err.startswith("llamad: reprocess: ") and "nope" in err
+    with pytest.raises(SystemExit):
+        llamad("reprocess", "--document", "a", "--source", "b")
+
+
 def test_swap_streams_stages_and_fails_in_one_line(llamad: Run, tmp_path: Path) -> None:
     """swap prints one line per stage; a failed swap exits 1 with one error line."""
     model = tmp_path / "m.gguf"

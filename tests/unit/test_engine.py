@@ -24,8 +24,8 @@ async def test_embedding_model_change_rebuilds_vectors_in_background(tmp_path: P
     assert during.mode == "text"
     assert any("another embedding model" in w for w in during.warnings)
     await r.upsert("docs", "new", "printer queue stuck on floor two", doc_id="docs/new")
-    assert r._ingest.rebuild is not None
-    await asyncio.wait_for(r._ingest.rebuild, 10)
+    assert r.backfill_task is not None
+    await asyncio.wait_for(r.backfill_task, 10)
     after = await r.search("nginx logs disk")
     assert after.mode == "hybrid"
     assert after.hits[0].doc_id == "docs/disk"

@@ -454,13 +454,20 @@ def _prepared_models() -> list[Path]:
 @pytest.mark.integration  # the prepared models: `make check` does not prepare them
 @pytest.mark.skipif(not _prepared_models(), reason="no prepared models (python -m models prepare)")
 @pytest.mark.parametrize("path", _prepared_models(), ids=lambda p: p.name)
-def test_prepared_models_read_fast(path: Path) -> None:
-    """Each prepared real model reads back valid, in a small part of the time hashing its
-    bytes takes (the header only, never the weights)."""
+def test_prepared_models_read_fast(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each prepared real model reads back valid from its header alone: the bytes read
+    are a small part of the file (never the weights)."""
+    real_pread = os.pread
+    read: list[int] = []
+
+    def counting(fd: int, n: int, offset: int) -> bytes:
+        data = real_pread(fd, n, offset)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr("supervisor._gguf_cursor.os.pread", counting)
     info = read_gguf_info(path)
     assert info.architecture
     assert info.tensor_count > 0
-    header = cpu_seconds(lambda: read_gguf_info(path), 3)
-    whole = cpu_seconds(lambda: sha256_file(path), 1)
-    assert header < whole / 10, f"{path.name}: header {header * 1000:.1f} ms, " \
-        f"hashing {whole * 1000:.1f} ms"
+    size = path.stat().st_size
+    assert 0 < sum(read) < size / 10, f"{path.name}: read {sum(read)} of {size} bytes"

@@ -112,7 +112,8 @@ async def test_an_embedder_failing_from_the_start_never_fails_search(tmp_path: P
     result = await r.search("dead peer detection")
     assert result.mode == "text"
     assert result.hits[0].doc_id == "docs/vpn"
-    assert result.warnings == ["no vectors indexed yet: results are BM25-only"]
+    assert result.warnings == ["no vectors indexed yet (the backfill embeds what is indexed): "
+                               "results are BM25-only"]
     await r.close()
 
 

@@ -1,0 +1,233 @@
+"""Vectors for every chunk: the background backfill.
+
+A chunk can be indexed without a vector: it was ingested while the embedding model was
+unavailable (or the embedding failed), or the model changed since. Rescans skip it (its
+content did not change), so without this module it would stay BM25-only for good. The
+backfill embeds, in the background, every chunk that has no vector in the index for the
+current embedding model:
+
+- the vector index is the current model's: the missing chunks are embedded (cached by
+  content hash: a text is embedded once per model) and added, batch by batch, under the
+  writer lock; search uses each batch as soon as it is added;
+- there is no vector index yet, or it is another model's: every chunk is embedded into the
+  cache first, then the index is rebuilt for the new model in one step (search is
+  BM25-only meanwhile, and says why: the old index cannot be queried without the old
+  model).
+
+It is bounded (pages of ``embed_batch`` chunks, one embedding request at a time: the
+embedding child keeps room for queries and ingest), resumable (each page is cached in
+SQLite, then indexed; an interrupted run, a restart or a crash loses at most the page in
+flight) and visible (:class:`BackfillStatus`). A text the model refuses even alone (longer
+than its context, say) is left BM25-only and counted, not retried until the next start or
+an explicit :meth:`Backfill.start` with ``retry_failed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import structlog
+
+from ._embedder import Embedder, EmbedderProvider
+from ._indexes import BackfillStatus, Indexes
+from ._limits import RetrievalLimits
+
+_log = structlog.get_logger("llamad.retrieval")
+
+class Backfill:
+    """Embeds the chunks without a vector for the current model, in the background."""
+
+    def __init__(self, indexes: Indexes, embedder: EmbedderProvider,
+                 limits: RetrievalLimits) -> None:
+        self._indexes = indexes
+        self._embedder = embedder
+        self.limits = limits
+        self.task: asyncio.Task[None] | None = None
+        self._model = ""
+        self._pending = 0
+        self._done = 0
+        self._failed: set[str] = set()   # content hashes the current model refused
+        self._failed_model = ""
+        self._last_error = ""
+
+    @property
+    def status(self) -> BackfillStatus:
+        running = self.running
+        return BackfillStatus(running, self._model if running else "", self._pending,
+                              self._done, len(self._failed), self._last_error)
+
+    def needed(self) -> bool:
+        """Whether some chunk lacks a vector for the current embedding model (a cheap
+        check: counts only). False while no embedder is available."""
+        embedder = self._embedder()
+        indexes = self._indexes
+        if embedder is None or indexes.store is None:
+            return False
+        if indexes.vectors is None or indexes.vector_model != embedder.model_id:
+            return indexes.store.counts()["chunks"] > 0
+        missing = indexes.store.counts()["chunks"] - indexes.vectors.count()
+        return missing > len(self._failed) if self._failed_model == embedder.model_id \
+            else missing > 0
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def start(self, *, retry_failed: bool = False, only: set[int] | None = None) -> bool:
+        """Start a run unless one is under way or nothing is missing; True if started.
+
+        Args:
+            retry_failed: embed again the texts the model refused before.
+            only: the chunk keys to consider (a document's, a source's); None: all.
+        """
+        if self.running:
+            return False
+        if retry_failed:
+            self._failed.clear()
+        if only is None and not self.needed():
+            return False
+        self.task = asyncio.create_task(self._run(only), name="vector-backfill")
+        return True
+
+    def missing(self, keys: set[int]) -> set[int]:
+        """Those of ``keys`` without a vector of the current embedding model in the
+        index (all of them when the index is another model's, or there is none).
+        Blocking."""
+        embedder = self._embedder()
+        vectors = self._indexes.vectors
+        if embedder is None or vectors is None or self._indexes.vector_model != \
+                embedder.model_id:
+            return set(keys)
+        return keys - vectors.keys()
+
+    async def close(self) -> None:
+        """Stop a run (what it embedded stays cached; the next start resumes)."""
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+
+    async def _run(self, only: set[int] | None = None) -> None:
+        embedder = self._embedder()
+        if embedder is None:
+            return
+        indexes = self._indexes
+        store, _ = indexes.require()
+        model = embedder.model_id
+        if self._failed_model != model:
+            self._failed, self._failed_model = set(), model
+        # Another model's index is replaced only once every chunk has a vector of the
+        # new one; with no index at all, the first vectors make one at once.
+        switching = indexes.vectors is not None and indexes.vector_model != model
+        keys = await asyncio.to_thread(store.chunk_keys)
+        if only is not None:
+            keys &= only
+        if indexes.vectors is not None and not switching:
+            keys -= indexes.vectors.keys()
+        todo = sorted(keys)
+        self._model, self._pending, self._done, self._last_error = model, len(todo), 0, ""
+        began, dim = time.monotonic(), 0
+        _log.info("vector backfill started", model=model, chunks=len(todo),
+                  rebuild=switching, previous=indexes.vector_model or None)
+        step = max(1, self.limits.embed_batch)  # one embedding request per page at most
+        try:
+            for i in range(0, len(todo), step):
+                page = todo[i:i + step]
+                dim = await self._embed_page(page, model) or dim
+                if not switching and dim:
+                    async with indexes.write:
+                        if not await self._index_page(page, model, dim):
+                            return  # another model's index appeared meanwhile
+                self._done += len(page)
+                self._pending -= len(page)
+        except Exception as exc:
+            self._last_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+            _log.warning("vector backfill interrupted; the next run resumes",
+                         model=model, done=self._done, error=self._last_error)
+            return
+        if switching and dim:
+            async with indexes.write:
+                current = self._embedder()
+                if current is None or current.model_id != model:
+                    return  # the model changed again; the next run starts over
+                await asyncio.to_thread(indexes.use_vector_model_sync, model, dim)
+        _log.info("vector backfill done", model=model, chunks=self._done,
+                  refused=len(self._failed), vectors=indexes.vectors.count()
+                  if indexes.vectors else 0, seconds=round(time.monotonic() - began, 1))
+
+    async def _embed_page(self, keys: Sequence[int], model: str) -> int:
+        """Cache a vector of ``model`` for each chunk of ``keys`` that has none; return
+        the vectors' dimension (0 when nothing was embedded or cached)."""
+        store, _ = self._indexes.require()
+        chunks = await asyncio.to_thread(store.chunks_by_keys, keys)
+        texts = {c.content_hash: c.text for c in chunks.values()}
+        cached = await asyncio.to_thread(store.cached_vectors, model, texts)
+        todo = [(h, t) for h, t in texts.items() if h not in cached and h not in self._failed]
+        dim = len(next(iter(cached.values()))) if cached else 0
+        if todo:
+            fresh = await self._embed(todo, model)
+            if fresh:
+                dim = dim or len(next(iter(fresh.values())))
+                await asyncio.to_thread(store.put_vectors, model, fresh)
+        return dim
+
+    async def _embed(self, part: list[tuple[str, str]], model: str) -> dict[str, np.ndarray]:
+        """Vectors for ``part`` from the current embedder (still ``model``). A batch the
+        model refuses is embedded text by text: the texts refused alone are recorded as
+        failed. Raises when the embedder is gone or another model."""
+        embedder = self._current(model)
+        try:
+            got = await embedder.embed([t for _, t in part])
+            return {h: np.asarray(v, dtype=np.float32)
+                    for (h, _), v in zip(part, got, strict=True)}
+        except Exception:
+            self._current(model)  # gone or changed: the run stops here
+        fresh: dict[str, np.ndarray] = {}
+        refused: dict[str, str] = {}
+        for h, t in part:
+            embedder = self._current(model)
+            try:
+                fresh[h] = np.asarray((await embedder.embed([t]))[0], dtype=np.float32)
+            except Exception as exc:
+                self._current(model)  # gone or changed: stop the run, not this text
+                refused[h] = str(exc)[:200]
+        if refused and not fresh:
+            # Nothing went through: an outage more likely than texts the model refuses.
+            # The run stops; the next one tries these again.
+            raise RuntimeError(f"the embedding model refused every text of a batch "
+                               f"({next(iter(refused.values()))})")
+        for h, error in refused.items():
+            self._failed.add(h)
+            _log.warning("a chunk could not be embedded; it stays BM25-only",
+                         model=model, error=error)
+        return fresh
+
+    def _current(self, model: str) -> Embedder:
+        embedder = self._embedder()
+        if embedder is None:
+            raise RuntimeError("the embedding model became unavailable")
+        if embedder.model_id != model:
+            raise RuntimeError("the embedding model changed")
+        return embedder
+
+    async def _index_page(self, keys: Sequence[int], model: str, dim: int) -> bool:
+        """Add the cached vectors of the chunks of ``keys`` the index lacks (a chunk
+        deleted or replaced meanwhile is skipped), making the index first if there is
+        none. False when the index is another model's. The caller holds the writer lock."""
+        indexes = self._indexes
+        if indexes.vectors is None:
+            await asyncio.to_thread(indexes.use_vector_model_sync, model, dim)
+            return True  # made from every cached vector of the model, this page's too
+        if indexes.vector_model != model:
+            return False
+        vectors = indexes.vectors
+
+        def add() -> None:
+            missing = set(keys) - vectors.keys()
+            if missing and indexes.add_cached_vectors(missing):
+                indexes.vectors_dirty = True
+
+        await asyncio.to_thread(add)
+        return True
