@@ -20,7 +20,7 @@ import numpy.typing as npt
 from bench._support import EMBED_MODEL, MODELS_DIR
 from daemon import Daemon, load
 from daemon.retrieval_service import ChildEmbedder, make_provider
-from retrieval import Embedder, RetrievalLimits, Retriever, redact
+from retrieval import Embedder, RetrievalLimits, Retriever, Vector, redact
 from retrieval._chunk import chunk_text
 from tests.support.embedder import FixedEmbedder
 
@@ -171,7 +171,7 @@ class CountingEmbedder(FixedEmbedder):
         self.inner = inner
         self.token_calls = 0
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str]) -> Sequence[Vector]:
         return await self.inner.embed(texts)
 
     async def count_tokens(self, text: str) -> int:
