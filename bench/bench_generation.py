@@ -50,6 +50,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from bench import _support as support
 from bench._daemon import daemon_log
 from bench._generation.common import (
     DEFAULT_THREADS,
@@ -63,26 +64,17 @@ from bench._generation.common import (
 from bench._generation.report import start_section, stream_section
 from bench._generation.start import bench_start
 from bench._generation.stream import bench_stream
-from bench._support import (
-    DEFAULT_MODEL,
-    PROMPTS,
-    ROOT,
-    bench_parser,
-    environment,
-    model_file,
-    write_sections,
-)
 
 # -- main -------------------------------------------------------------------------------
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = bench_parser("bench.bench_generation", __doc__)
+    p = support.bench_parser("bench.bench_generation", __doc__)
     p.add_argument("--runtime", choices=(*RUNTIMES, "both"), default="both")
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"GGUF for the streaming and kill runs (default {DEFAULT_MODEL})")
-    p.add_argument("--prompts", type=int, default=len(PROMPTS),
-                   help=f"prompts per round, at most {len(PROMPTS)}")
+    p.add_argument("--model", default=support.DEFAULT_MODEL,
+                   help=f"GGUF for the streaming and kill runs (default {support.DEFAULT_MODEL})")
+    p.add_argument("--prompts", type=int, default=len(support.PROMPTS),
+                   help=f"prompts per round, at most {len(support.PROMPTS)}")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
                    help=f"generation.threads of the child (default {DEFAULT_THREADS})")
@@ -92,7 +84,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--raw", type=Path, help="also write every measurement to this JSON file")
     p.add_argument("--llama-bin", default=os.environ.get("LLAMAD_LLAMA_BIN", ""),
                    help="llama-server binary (default: LLAMAD_LLAMA_BIN, else llamad's choice)")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "RESULTS.md")
+    p.add_argument("--out", type=Path, default=support.ROOT / "bench" / "RESULTS.md")
     p.add_argument("--max-foreign", type=float, default=0.05, metavar="CORES",
                    help="redo a measurement during which other processes used more CPU "
                    "(default 0.05 cores)")
@@ -100,8 +92,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="wait while this log's last line is not 'exit=...' (a CI run is "
                    "going); ignored if missing")
     args = p.parse_args(argv)
-    if not 1 <= args.prompts <= len(PROMPTS):
-        p.error(f"--prompts must be in 1..{len(PROMPTS)}")
+    if not 1 <= args.prompts <= len(support.PROMPTS):
+        p.error(f"--prompts must be in 1..{len(support.PROMPTS)}")
     if args.rounds < 1 or args.starts < 0 or args.threads < 1 or args.max_tokens < 2:
         p.error("--rounds and --threads must be >= 1, --starts >= 0, --max-tokens >= 2")
     return args
@@ -109,8 +101,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 async def run(args: argparse.Namespace, command: str) -> None:
     runtimes = RUNTIMES if args.runtime == "both" else (args.runtime,)
-    model = model_file(args.model)
-    prompts = PROMPTS[: args.prompts]
+    model = support.model_file(args.model)
+    prompts = support.PROMPTS[: args.prompts]
     streams: list[StreamResult] = []
     starts: list[StartResult] = []
     guard = Guard(max_foreign=args.max_foreign, ci_log=args.ci_log)
@@ -123,13 +115,13 @@ async def run(args: argparse.Namespace, command: str) -> None:
         for name in dict.fromkeys((model.name, *START_MODELS)):
             print(f"{runtime}: cold start{' and kill -9' if name == model.name else ''}, "
                   f"{name}", flush=True)
-            starts.append(await bench_start(runtime, model_file(name), args.starts,
+            starts.append(await bench_start(runtime, support.model_file(name), args.starts,
                                             kill=name == model.name, threads=args.threads,
                                             guard=guard))
     total = time.perf_counter() - began
     print(f"total {total:.0f}s, of which {guard.waited:.0f}s waiting for a quiet machine; "
           f"{guard.redone} measurements redone\n", flush=True)
-    env = environment(command, EXTRA_ENV.get("LLAMAD_LLAMA_BIN"))
+    env = support.environment(command, EXTRA_ENV.get("LLAMAD_LLAMA_BIN"))
     sections = [stream_section(streams, env, prompts=len(prompts), max_tokens=args.max_tokens,
                                rounds=args.rounds, threads=args.threads,
                                max_foreign=args.max_foreign)]
@@ -137,7 +129,7 @@ async def run(args: argparse.Namespace, command: str) -> None:
         sections.append(start_section(starts, env, args.starts, args.threads))
     for section in sections:
         print("\n".join(section), end="\n\n")
-    write_sections(args.out, sections)
+    support.write_sections(args.out, sections)
     print(f"written to {args.out}")
     if args.raw:
         raw = {"command": command, "streams": [asdict(r) for r in streams],

@@ -60,36 +60,23 @@ from pathlib import Path
 
 import grpc
 
+from bench import _support as support
 from bench._daemon import DaemonProcess, wait_ready
 from bench._soak.analysis import growth
 from bench._soak.clients import Soak
 from bench._soak.common import Check, daemon_env, descendants, proc_stat
 from bench._soak.plot import svg_plot
 from bench._soak.report import Outcome, relative_link, section
-from bench._support import (
-    DEFAULT_MODEL,
-    EMBED_MODEL,
-    MONITOR,
-    ROOT,
-    SMALL_MODEL,
-    add_quiet_options,
-    begin_part,
-    bench_parser,
-    end_part,
-    environment,
-    model_file,
-    write_sections,
-)
 
 # -- main ------------------------------------------------------------------------------------
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = bench_parser("bench.soak", __doc__)
+    p = support.bench_parser("bench.soak", __doc__)
     p.add_argument("--minutes", type=float, default=10.0, help="load duration (default 10)")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "RESULTS.md",
+    p.add_argument("--out", type=Path, default=support.ROOT / "bench" / "RESULTS.md",
                    help="markdown file whose '## Soak' section is created or replaced")
-    p.add_argument("--svg", type=Path, default=ROOT / "bench" / "results" / "soak.svg")
+    p.add_argument("--svg", type=Path, default=support.ROOT / "bench" / "results" / "soak.svg")
     p.add_argument("--raw", type=Path, help="also write every sample and count to this JSON")
     p.add_argument("--generate-clients", type=int, default=2)
     p.add_argument("--search-clients", type=int, default=2)
@@ -108,7 +95,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--table-every", type=float, default=30.0)
     p.add_argument("--warmup", type=float, default=0.2,
                    help="share of the run not judged (default 0.2)")
-    add_quiet_options(p, "before starting")
+    support.add_quiet_options(p, "before starting")
     args = p.parse_args(argv)
     if args.minutes <= 0 or args.generate_clients < 0 or args.search_clients < 0:
         p.error("--minutes must be > 0, client counts >= 0")
@@ -118,16 +105,16 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace, command: str, log_path: Path) -> int:
-    models = (model_file(SMALL_MODEL), model_file(DEFAULT_MODEL))
-    embed = model_file(EMBED_MODEL)
-    env_lines = environment(command)
+    models = (support.model_file(support.SMALL_MODEL), support.model_file(support.DEFAULT_MODEL))
+    embed = support.model_file(support.EMBED_MODEL)
+    env_lines = support.environment(command)
     duration = args.minutes * 60
-    MONITOR.start()
+    support.MONITOR.start()
     with tempfile.TemporaryDirectory(prefix="llamad-soak-") as tmp:
         state, corpus = Path(tmp) / "state", Path(tmp) / "corpus"
         state.mkdir()
         corpus.mkdir()
-        note = await begin_part("soak", args.wait_others, args.anyway, args.max_foreign)
+        note = await support.begin_part("soak", args.wait_others, args.anyway, args.max_foreign)
         daemon = DaemonProcess(daemon_env(state, corpus, models[0], embed), log_path)
         outcome: Outcome | None = None
         try:
@@ -141,7 +128,7 @@ async def run(args: argparse.Namespace, command: str, log_path: Path) -> int:
             idle = soak.sample("idle")
             print(f"  ready; load for {duration:.0f}s", flush=True)
             await soak.run(duration)
-            end_part(note)
+            support.end_part(note)
             check: Check | None = None
             if not soak.died:
                 print("  load stopped; checking the writes", flush=True)
@@ -158,7 +145,7 @@ async def run(args: argparse.Namespace, command: str, log_path: Path) -> int:
         finally:
             if outcome is None:
                 daemon.kill()
-    await MONITOR.stop()
+    await support.MONITOR.stop()
     o = outcome
     args.svg.parent.mkdir(parents=True, exist_ok=True)
     fails = o.failures
@@ -169,7 +156,7 @@ async def run(args: argparse.Namespace, command: str, log_path: Path) -> int:
     lines = section(o, env_lines, note, args, command=command,
                     svg_link=relative_link(args.svg, args.out))
     print("\n" + "\n".join(lines) + "\n", flush=True)
-    write_sections(args.out, [lines])
+    support.write_sections(args.out, [lines])
     print(f"written to {args.out} and {args.svg}; daemon log {log_path}", flush=True)
     if args.raw:
         raw = {"command": command, "duration": duration,
