@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
@@ -40,6 +40,7 @@ from llamad_protocol.v1.wire import AUTHORIZATION_KEY, BEARER_SCHEME, HEALTH_SER
 
 from .access import ADMIN, READ, TlsMaterial, TokenTable, fingerprint
 from .metrics import Metrics
+from .wire import HandlerInterceptor
 
 _log = structlog.get_logger("llamad.auth")
 
@@ -127,7 +128,7 @@ class _DenialLog:
         _log.warning("access denied", **fields)
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class AuthInterceptor(HandlerInterceptor):
     """Checks every call's bearer token against :data:`METHOD_ROLES` (module docstring).
 
     With no tokens configured, every call passes untouched.
@@ -146,15 +147,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         """Use these tokens from the next call on (a reload)."""
         self._tokens = tokens
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
+    def handler_for(self, handler: grpc.RpcMethodHandler,
+                    details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         tokens = self._tokens
         method: str = details.method
-        if tokens is None or handler is None or method.startswith(_PUBLIC_PREFIXES):
+        if tokens is None or method.startswith(_PUBLIC_PREFIXES):
             return handler
         token, why = bearer(details.invocation_metadata)
         if token is None:

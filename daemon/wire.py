@@ -186,13 +186,9 @@ def _guard_deserializer(deserialize: Callable[[bytes], Any]) -> Callable[[bytes]
     return guarded
 
 
-class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Answer undecodable requests with INVALID_ARGUMENT and a precise reason."""
-
-    def __init__(self, metrics: Metrics | None = None) -> None:
-        self._metrics = metrics
-        # method -> (the service's handler, its guarded form): built once per method.
-        self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+class HandlerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """A server interceptor that may put another handler in place of a method's own (the
+    same shape: unary or streaming on each side)."""
 
     async def intercept_service(
         self,
@@ -200,7 +196,25 @@ class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or handler.request_deserializer is None:
+        return None if handler is None else self.handler_for(handler, details)
+
+    def handler_for(self, handler: grpc.RpcMethodHandler,
+                    details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        """The handler to serve the call with (``handler`` itself to let it through)."""
+        raise NotImplementedError
+
+
+class DecodeGuard(HandlerInterceptor):
+    """Answer undecodable requests with INVALID_ARGUMENT and a precise reason."""
+
+    def __init__(self, metrics: Metrics | None = None) -> None:
+        self._metrics = metrics
+        # method -> (the service's handler, its guarded form): built once per method.
+        self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def handler_for(self, handler: grpc.RpcMethodHandler,
+                    details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        if handler.request_deserializer is None:
             return handler
         cached = self._guarded.get(details.method)
         if cached is not None and cached[0] is handler:
