@@ -127,6 +127,15 @@ class Retriever:
         store, _ = self._indexes.require()
         return await asyncio.to_thread(store.sources)
 
+    async def mark_failed(self, doc_id: str, error: str) -> None:
+        """Record that a new version of a document failed (extraction, say): the last
+        indexed version stays searchable, and the document shows state ``failed`` with
+        ``error`` until a later version is indexed (see :meth:`upsert`)."""
+        store, _ = self._indexes.require()
+        doc = await asyncio.to_thread(store.document, doc_id)
+        if doc is not None:
+            await asyncio.to_thread(store.set_state, doc, "failed", error[:500])
+
     async def mark_scanned(self, source_id: str, error: str = "") -> None:
         """Record that a source was just scanned (and its error, if the scan failed)."""
         store, _ = self._indexes.require()
@@ -150,6 +159,12 @@ class Retriever:
         Returns once the document is durable in SQLite and searchable by BM25 (and by
         vectors when the embedding child is up). Unchanged content is a no-op. A caller
         cancelled once its commit has begun stops waiting; the commit is not abandoned.
+
+        A new version that fails (here, or its file's extraction in a scan) does not
+        withdraw the old one: the last indexed version stays searchable, and the document
+        shows state ``failed`` with the reason, its hash, size and mtime still the indexed
+        version's, so the next scan or upsert tries again. A refused one (``InvalidDocument``)
+        changes nothing at all.
 
         Raises:
             InvalidDocument: bad ids, kind, or empty or oversized text.

@@ -177,6 +177,8 @@ async def _scan(retriever: Retriever, source_id: str,
             new = await retriever.ingest_file(source, opened, rel, target)
         except RetrievalError as exc:
             report.failed.append((display_name(rel), str(exc)))
+            if old is not None:  # the last indexed version stays searchable, marked failed
+                await retriever.mark_failed(old.id, str(exc))
             return
         if old is None:
             report.added += 1

@@ -385,3 +385,36 @@ async def test_index_files_left_ahead_of_sqlite_are_trimmed_at_open(tmp_path: Pa
     status = await again.status()
     assert (status.chunks, status.vectors) == (2, 2)
     await again.close()
+
+
+async def test_a_failed_new_version_leaves_the_old_one_searchable_marked_failed(
+        tmp_path: Path) -> None:
+    """A file whose new version fails extraction in a rescan: the scan reports it, the
+    document shows failed with the reason, and the last indexed version is still what
+    search finds; once the file is fixed, the next rescan indexes it again."""
+    from retrieval import ExtractLimits, RetrievalLimits, scan_source
+
+    root = tmp_path / "docs"
+    root.mkdir()
+    note = root / "note.txt"
+    note.write_text("web01 disk full: rotate the nginx logs\n")
+    r = Retriever(tmp_path / "index", lambda: HashEmbedder("m"),
+                  RetrievalLimits(extract=ExtractLimits(max_bytes=1000)))
+    await r.open()
+    source = await r.add_source("docs", root=root)
+    assert (await scan_source(r, source.id)).added == 1
+    note.write_text("db02 replication lag " * 100)  # over max_bytes: extraction fails
+    report = await scan_source(r, source.id)
+    assert [name for name, _ in report.failed] == ["note.txt"]
+    doc = await r.document("docs/note.txt")
+    assert doc is not None
+    assert doc.state == "failed"
+    assert "over the 1000-byte limit (retrieval.max_file_mb)" in doc.error
+    hits = (await r.search("nginx logs")).hits
+    assert [h.doc_id for h in hits] == ["docs/note.txt"]
+    note.write_text("db02 replication lag: check the replay timestamp\n")
+    assert (await scan_source(r, source.id)).changed == 1
+    doc = await r.document("docs/note.txt")
+    assert doc is not None and doc.state == "indexed" and doc.error == ""
+    assert (await r.search("replication lag")).hits[0].doc_id == "docs/note.txt"
+    await r.close()
