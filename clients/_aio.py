@@ -40,6 +40,7 @@ from ._types import (
     Reprocessed,
     RetrievalStatus,
     Role,
+    SearchMode,
     SearchResult,
     Source,
     SwapProgress,
@@ -137,12 +138,17 @@ class AsyncClient(AsyncBase):
     async def search(self, query: str, *, top_k: int = 0, sources: Sequence[str] = (),
                      kinds: Sequence[str] = (), categories: Sequence[str] = (),
                      tags: Sequence[str] = (), indexed_since: datetime | None = None,
-                     indexed_until: datetime | None = None,
+                     indexed_until: datetime | None = None, mode: SearchMode = "hybrid",
+                     min_score: float | None = None, candidates: int = 0,
+                     text_weight: float | None = None, vector_weight: float | None = None,
+                     group_by_document: bool = False,
                      timeout: Timeout = DEFAULT) -> SearchResult:
         """Hybrid search (see :meth:`Client.search`)."""
         request = rq.search(query, top_k=top_k, sources=sources, kinds=kinds,
                             categories=categories, tags=tags, indexed_since=indexed_since,
-                            indexed_until=indexed_until)
+                            indexed_until=indexed_until, mode=mode, min_score=min_score,
+                            candidates=candidates, text_weight=text_weight,
+                            vector_weight=vector_weight, group_by_document=group_by_document)
         return cv.search_result(await self._unary(self._retrieval.Search, request, timeout))
 
     async def upsert_document(self, source_id: str, text: str, *, document_id: str = "",
@@ -220,12 +226,12 @@ class AsyncClient(AsyncBase):
             tags: Sequence[str] = (), history: Iterable[cv.ChatInput] = (),
             task: Task = "answer", attachment: str = "", max_tokens: int | None = None,
             temperature: float | None = None, seed: int | None = None, no_cache: bool = False,
-            timeout: Timeout = DEFAULT) -> AsyncAskStream:
+            mode: SearchMode = "hybrid", timeout: Timeout = DEFAULT) -> AsyncAskStream:
         """A grounded answer, streamed, then its sources (see :meth:`Client.ask`)."""
         request = rq.ask(question, top_k=top_k, sources=sources, kinds=kinds,
                          categories=categories, tags=tags, history=history, task=task,
                          attachment=attachment, max_tokens=max_tokens,
-                         temperature=temperature, seed=seed, no_cache=no_cache)
+                         temperature=temperature, seed=seed, no_cache=no_cache, mode=mode)
         return AsyncAskStream(self._call(self._answer.Ask, request, timeout), cv.ask_event)
 
     # --- health ---------------------------------------------------------------------------

@@ -229,6 +229,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                        description="Search the indexed documents (BM25 and vectors).")
     p.add_argument("query", metavar="QUERY")
     p.add_argument("--top-k", type=int, default=0, metavar="K", help="hits (default 5)")
+    p.add_argument("--mode", choices=("hybrid", "text", "vector"), default="hybrid",
+                   help="which indexes answer (default hybrid)")
+    p.add_argument("--min-score", type=float, default=None, metavar="S",
+                   help="drop hits scoring below S (0..1; cosine in vector mode)")
+    p.add_argument("--by-document", action="store_true",
+                   help="one hit per document (its best chunk)")
     _filters(p)
     _json_flag(p)
 

@@ -232,7 +232,9 @@ def _rank(rank: int | None, score: float | None) -> str:
 
 
 def search(client: Client, args: argparse.Namespace) -> int:
-    result = client.search(args.query, top_k=args.top_k, **_filters(args))
+    result = client.search(args.query, top_k=args.top_k, mode=args.mode,
+                           min_score=args.min_score, group_by_document=args.by_document,
+                           **_filters(args))
     if args.json:
         print(fmt.to_json({"mode": result.mode, "warnings": result.warnings,
                            "hits": result.hits}, indent=2))
@@ -243,7 +245,7 @@ def search(client: Client, args: argparse.Namespace) -> int:
         print("llamad: search: no hits", file=sys.stderr)
         return 0
     rows = [[h.chunk_id, fmt.clip(h.title, 40), h.path or "-", h.search_source,
-             f"{h.fused_score:.4f}", _rank(h.text_rank, h.text_score),
+             f"{h.score:.3f}", _rank(h.text_rank, h.text_score),
              _rank(h.vector_rank, h.vector_score)] for h in result.hits]
     print(fmt.table(rows, ("CITATION", "TITLE", "PATH", "FOUND BY", "SCORE", "BM25",
                            "VECTOR")))

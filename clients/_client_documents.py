@@ -19,6 +19,7 @@ from ._types import (
     ReindexProgress,
     Reprocessed,
     RetrievalStatus,
+    SearchMode,
     SearchResult,
     Source,
     Task,
@@ -41,18 +42,34 @@ class DocumentCalls(SyncBase):
         tags: Sequence[str] = (),
         indexed_since: datetime | None = None,
         indexed_until: datetime | None = None,
+        mode: SearchMode = "hybrid",
+        min_score: float | None = None,
+        candidates: int = 0,
+        text_weight: float | None = None,
+        vector_weight: float | None = None,
+        group_by_document: bool = False,
         timeout: Timeout = DEFAULT,
     ) -> SearchResult:
         """Hybrid search (BM25 and vectors fused by RRF; BM25 only without embeddings).
 
         Args:
-            top_k: hits to return (0: the daemon's default, 5).
+            top_k: hits to return (0: the daemon's default, 5; above its maximum,
+                clamped, with a warning).
             sources, kinds, categories, tags: keep only hits matching any of each
                 (tags: any of them).
             indexed_since, indexed_until: keep hits indexed within this window.
+            mode: ``hybrid``, ``text`` (BM25 only) or ``vector`` (vectors only; refused
+                when they cannot answer, never degraded).
+            min_score: drop hits whose ``score`` (the fused score normalised to [0, 1];
+                the cosine similarity in vector mode) is below it.
+            candidates: candidates each index contributes (0: the daemon's default).
+            text_weight, vector_weight: the rankings' weights in the fusion.
+            group_by_document: one hit per document (its other matching chunks in
+                ``other_chunk_ids``).
 
         Raises:
-            InvalidArgument: an empty or oversized query, ``top_k`` above the limit.
+            InvalidArgument: an empty or oversized query, bad options.
+            FailedPrecondition: a vector search that cannot run now.
 
         Example:
             >>> for hit in Client().search("disk full web01").hits:          # doctest: +SKIP
@@ -60,7 +77,9 @@ class DocumentCalls(SyncBase):
         """
         request = rq.search(query, top_k=top_k, sources=sources, kinds=kinds,
                             categories=categories, tags=tags, indexed_since=indexed_since,
-                            indexed_until=indexed_until)
+                            indexed_until=indexed_until, mode=mode, min_score=min_score,
+                            candidates=candidates, text_weight=text_weight,
+                            vector_weight=vector_weight, group_by_document=group_by_document)
         return cv.search_result(self._unary(self._retrieval.Search, request, timeout))
 
     def upsert_document(
@@ -195,6 +214,7 @@ class DocumentCalls(SyncBase):
         temperature: float | None = None,
         seed: int | None = None,
         no_cache: bool = False,
+        mode: SearchMode = "hybrid",
         timeout: Timeout = DEFAULT,
     ) -> AskStream:
         """A grounded answer about your documents, streamed, with its sources.
@@ -209,6 +229,7 @@ class DocumentCalls(SyncBase):
             task: ``answer``, ``explain_output``, ``diagnose`` or ``summarize``.
             attachment: text the question is about (e.g. a command's output).
             no_cache: skip the daemon's response cache.
+            mode: how the sources are searched (see :meth:`search`).
 
         Raises:
             OutOfRange: the question, template and task cannot fit the context.
@@ -224,5 +245,5 @@ class DocumentCalls(SyncBase):
         request = rq.ask(question, top_k=top_k, sources=sources, kinds=kinds,
                          categories=categories, tags=tags, history=history, task=task,
                          attachment=attachment, max_tokens=max_tokens,
-                         temperature=temperature, seed=seed, no_cache=no_cache)
+                         temperature=temperature, seed=seed, no_cache=no_cache, mode=mode)
         return AskStream(self._call(self._answer.Ask, request, timeout), cv.ask_event)

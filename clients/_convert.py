@@ -292,6 +292,13 @@ def search_mode(value: int) -> str:
     return enum_name(retrieval_pb2.SearchMode, value, "SEARCH_MODE_")
 
 
+def search_mode_enum(mode: str) -> retrieval_pb2.SearchMode.ValueType:
+    try:
+        return retrieval_pb2.SearchMode.Value(f"SEARCH_MODE_{mode.upper()}")
+    except ValueError:
+        raise ValueError(f"mode must be hybrid, text or vector, not {mode!r}") from None
+
+
 def search_result(msg: retrieval_pb2.SearchResponse) -> SearchResult:
     hits = tuple(
         SearchHit(
@@ -302,7 +309,10 @@ def search_result(msg: retrieval_pb2.SearchResponse) -> SearchResult:
                                     "SEARCH_SOURCE_"),
             fused_score=h.fused_score, text_rank=_opt(h, "text_rank"),
             text_score=_opt(h, "text_score"), vector_rank=_opt(h, "vector_rank"),
-            vector_score=_opt(h, "vector_score"), indexed_at=_time(h, "indexed_at"))
+            vector_score=_opt(h, "vector_score"), indexed_at=_time(h, "indexed_at"),
+            score=h.score, kind=h.kind, category=h.category, tags=tuple(h.tags),
+            ordinal=h.ordinal, modified_at=_time(h, "modified_at"),
+            other_chunk_ids=tuple(h.other_chunk_ids))
         for h in msg.hits)
     return SearchResult(hits=hits, mode=search_mode(msg.mode), warnings=tuple(msg.warnings))
 
@@ -334,7 +344,12 @@ def ask_event(msg: answer_pb2.AskResponse) -> AskEvent | None:
         return AskSources(
             citations=tuple(Citation(label=c.label, chunk_id=c.chunk_id,
                                      document_id=c.document_id, title=c.title, path=c.path,
-                                     score=c.score, snippet=c.snippet) for c in s.citations),
+                                     score=c.score, snippet=c.snippet,
+                                     search_source=enum_name(
+                                         retrieval_pb2.SearchSource, c.search_source,
+                                         "SEARCH_SOURCE_"),
+                                     indexed_at=_time(c, "indexed_at"))
+                            for c in s.citations),
             retrieval_mode=search_mode(s.retrieval_mode), warnings=tuple(s.warnings))
     if kind == "done":
         d = msg.done

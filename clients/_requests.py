@@ -67,10 +67,22 @@ def reset(role: str) -> control_pb2.ResetRequest:
 
 def search(query: str, *, top_k: int, sources: Sequence[str], kinds: Sequence[str],
            categories: Sequence[str], tags: Sequence[str], indexed_since: datetime | None,
-           indexed_until: datetime | None) -> retrieval_pb2.SearchRequest:
-    return retrieval_pb2.SearchRequest(query=query, top_k=top_k, filters=cv.filters(
-        sources=sources, kinds=kinds, categories=categories, tags=tags,
-        indexed_since=indexed_since, indexed_until=indexed_until))
+           indexed_until: datetime | None, mode: str, min_score: float | None,
+           candidates: int, text_weight: float | None, vector_weight: float | None,
+           group_by_document: bool) -> retrieval_pb2.SearchRequest:
+    request = retrieval_pb2.SearchRequest(
+        query=query, top_k=top_k, filters=cv.filters(
+            sources=sources, kinds=kinds, categories=categories, tags=tags,
+            indexed_since=indexed_since, indexed_until=indexed_until),
+        mode=cv.search_mode_enum(mode), candidates=candidates,
+        group_by_document=group_by_document)
+    if min_score is not None:
+        request.min_score = min_score
+    if text_weight is not None:
+        request.text_weight = text_weight
+    if vector_weight is not None:
+        request.vector_weight = vector_weight
+    return request
 
 
 def upsert_document(source_id: str, text: str, *, document_id: str, title: str, kind: str,
@@ -90,10 +102,11 @@ def add_source(source_id: str, path: str | os.PathLike[str], *, category: str,
 def ask(question: str, *, top_k: int, sources: Sequence[str], kinds: Sequence[str],
         categories: Sequence[str], tags: Sequence[str], history: Iterable[cv.ChatInput],
         task: str, attachment: str, max_tokens: int | None, temperature: float | None,
-        seed: int | None, no_cache: bool) -> answer_pb2.AskRequest:
+        seed: int | None, no_cache: bool, mode: str = "hybrid") -> answer_pb2.AskRequest:
     return answer_pb2.AskRequest(
         question=question, top_k=top_k, history=cv.turns(history),
         task=cv.task_enum(task), attachment=attachment, no_cache=no_cache,
+        mode=cv.search_mode_enum(mode),
         filters=cv.filters(sources=sources, kinds=kinds, categories=categories, tags=tags),
         sampling=cv.sampling(max_tokens=max_tokens, temperature=temperature, top_p=None,
                              top_k=None, seed=seed, stop=()))

@@ -36,6 +36,7 @@ __all__ = [
     "RetrievalStatus",
     "Role",
     "SearchHit",
+    "SearchMode",
     "SearchResult",
     "Source",
     "SwapInfo",
@@ -56,6 +57,7 @@ Mode: TypeAlias = Literal["embedded", "endpoint", "disabled"]
 OpenAI-compatible endpoint, or nowhere."""
 
 Task: TypeAlias = Literal["answer", "explain_output", "diagnose", "summarize"]
+SearchMode: TypeAlias = Literal["hybrid", "text", "vector"]
 """What :meth:`Client.ask` should do with the question (and attachment)."""
 
 
@@ -298,12 +300,24 @@ class SearchHit:
     vector_rank: int | None
     vector_score: float | None
     indexed_at: datetime | None
+    score: float = 0.0
+    """``fused_score`` normalised to [0, 1] (the cosine similarity in vector mode)."""
+    kind: str = ""
+    category: str = ""
+    tags: tuple[str, ...] = ()
+    ordinal: int = 0
+    """The chunk's place in its document, from 1."""
+    modified_at: datetime | None = None
+    """The file's modification time (None for a pushed document)."""
+    other_chunk_ids: tuple[str, ...] = ()
+    """With ``group_by_document``: the document's other matching chunks."""
 
 
 @dataclass(frozen=True, slots=True)
 class SearchResult:
-    """Hits, best first. ``mode`` is ``hybrid`` (BM25 and vectors) or ``text`` (BM25 only,
-    e.g. with the embedding child down; ``warnings`` then says so)."""
+    """Hits, best first. ``mode`` is ``hybrid`` (BM25 and vectors), ``text`` (BM25 only:
+    asked for, or e.g. with the embedding child down; ``warnings`` then says so) or
+    ``vector`` (asked for)."""
 
     hits: tuple[SearchHit, ...]
     mode: str
@@ -360,6 +374,9 @@ class Citation:
     path: str
     score: float
     snippet: str
+    search_source: str = ""
+    """Which index found it: ``text``, ``vector`` or ``hybrid``."""
+    indexed_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -205,9 +205,18 @@ class RetrievalSettings:
         minimum=0.1)
     text_candidates: int = setting(25, "BM25 candidates fused per search.", minimum=1)
     vector_candidates: int = setting(25, "HNSW candidates fused per search.", minimum=1)
+    max_candidates: int = setting(
+        200, "Most candidates a search may ask each index for (SearchRequest.candidates).",
+        minimum=1)
     rrf_k: int = setting(60, "Reciprocal Rank Fusion constant k.", minimum=1)
+    text_weight: float = setting(
+        1.0, "Weight of the BM25 ranking in the fusion (weighted RRF; 1 and 1: plain RRF).",
+        minimum=0)
+    vector_weight: float = setting(
+        1.0, "Weight of the vector ranking in the fusion (weighted RRF).", minimum=0)
     default_k: int = setting(5, "Hits returned when a search asks for none.", minimum=1)
-    max_k: int = setting(20, "Most hits a search may ask for.", minimum=1)
+    max_k: int = setting(20, "Most hits a search returns (a larger top_k is clamped to it, "
+                         "with a warning).", minimum=1)
     max_query_chars: int = setting(2000, "Longest search query, characters.", minimum=1)
     max_document_chars: int = setting(
         5_000_000, "Longest document text (after extraction), characters.", minimum=1)

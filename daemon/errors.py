@@ -35,6 +35,7 @@ SwapFailedError               ABORTED                no
 retrieval InvalidDocument     INVALID_ARGUMENT       no
 retrieval ExtractionError     INVALID_ARGUMENT       no
 retrieval NotFound            NOT_FOUND              no
+retrieval VectorUnavailable   FAILED_PRECONDITION    no (says why)
 retrieval SourceNotAllowed    PERMISSION_DENIED      no
 SourceNotAllowed, no roots    FAILED_PRECONDITION    no
 retrieval StorageFull         RESOURCE_EXHAUSTED     no (space must be freed first)
@@ -63,6 +64,7 @@ from retrieval.errors import (
     NotFound,
     SourceNotAllowed,
     StorageFull,
+    VectorUnavailable,
     is_storage_full,
 )
 from supervisor import SwapFailedError, SwapInProgressError, SwapRefusedError
@@ -161,6 +163,8 @@ def map_error(exc: BaseException) -> Mapped:
         return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
     if isinstance(exc, NotFound):
         return Mapped(grpc.StatusCode.NOT_FOUND, str(exc))
+    if isinstance(exc, VectorUnavailable):
+        return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
     if isinstance(exc, SourceNotAllowed):
         if exc.configured:
             return Mapped(grpc.StatusCode.PERMISSION_DENIED, str(exc))

@@ -27,7 +27,9 @@ from retrieval import (
     DocumentRow,
     ExtractLimits,
     Filters,
+    Hit,
     InvalidDocument,
+    Query,
     RetrievalLimits,
     Retriever,
     ScanReport,
@@ -59,7 +61,7 @@ _STATES = {
     "indexed": rpb.DOCUMENT_STATE_INDEXED,
     "failed": rpb.DOCUMENT_STATE_FAILED,
 }
-_SOURCES = {"text": rpb.SEARCH_SOURCE_TEXT, "vector": rpb.SEARCH_SOURCE_VECTOR,
+SOURCES = {"text": rpb.SEARCH_SOURCE_TEXT, "vector": rpb.SEARCH_SOURCE_VECTOR,
             "hybrid": rpb.SEARCH_SOURCE_HYBRID}
 
 
@@ -74,6 +76,8 @@ def limits_from(config: Config) -> RetrievalLimits:
         text_candidates=r.text_candidates, vector_candidates=r.vector_candidates,
         rrf_k=r.rrf_k, default_k=r.default_k, max_k=r.max_k,
         max_query_chars=r.max_query_chars, max_document_chars=r.max_document_chars,
+        max_candidates=r.max_candidates, text_weight=r.text_weight,
+        vector_weight=r.vector_weight,
         max_files_per_source=r.max_files_per_source,
         max_bytes_per_source=r.max_source_mb * 1024 * 1024,
         redact_hostnames=r.redact_hostnames, redact_ips=r.redact_ips,
@@ -193,6 +197,62 @@ async def backfill_loop(retriever: Retriever, interval: float) -> None:
         except Exception as exc:
             structlog.get_logger("llamad.retrieval").warning(
                 "backfill check failed", error=str(exc)[:200])
+
+
+MODES: dict[str, rpb.SearchMode.ValueType] = {
+    "hybrid": rpb.SEARCH_MODE_HYBRID, "text": rpb.SEARCH_MODE_TEXT,
+    "vector": rpb.SEARCH_MODE_VECTOR}
+_MODE_NAMES = {v: k for k, v in MODES.items()}
+
+
+def filters_from(f: rpb.SearchFilters) -> Filters:
+    """A request's search filters."""
+    return Filters(
+        sources=tuple(f.sources), kinds=tuple(f.kinds), categories=tuple(f.categories),
+        tags=tuple(f.tags),
+        since=f.indexed_since.seconds if f.HasField("indexed_since") else None,
+        until=f.indexed_until.seconds if f.HasField("indexed_until") else None,
+    )
+
+
+def query_from(request: rpb.SearchRequest) -> Query:
+    """What a Search request chooses (unset: the configured defaults).
+
+    Raises:
+        InvalidArgument: an unknown mode.
+    """
+    mode = request.mode or rpb.SEARCH_MODE_HYBRID
+    if mode not in _MODE_NAMES:
+        raise InvalidArgument(f"unknown search mode {mode}")
+    return Query(
+        mode=_MODE_NAMES[mode],
+        min_score=request.min_score if request.HasField("min_score") else None,
+        candidates=request.candidates or None,
+        text_weight=request.text_weight if request.HasField("text_weight") else None,
+        vector_weight=request.vector_weight if request.HasField("vector_weight") else None,
+        group_by_document=request.group_by_document)
+
+
+def search_hit(h: Hit) -> rpb.SearchHit:
+    hit = rpb.SearchHit(
+        chunk_id=h.chunk_id, document_id=h.doc_id, title=h.title,
+        source_id=h.source_id, path=h.path, heading=h.heading, text=h.text,
+        snippet=h.snippet, search_source=SOURCES[h.search_source],
+        fused_score=h.fused_score, score=h.score, kind=h.kind, category=h.category,
+        tags=h.tags, ordinal=h.ordinal, other_chunk_ids=h.other_chunk_ids)
+    if h.text_rank is not None:
+        hit.text_rank = h.text_rank
+    if h.text_score is not None:
+        hit.text_score = h.text_score
+    if h.vector_rank is not None:
+        hit.vector_rank = h.vector_rank
+    if h.vector_score is not None:
+        hit.vector_score = h.vector_score
+    if (ts := _ts(h.indexed_at)) is not None:
+        hit.indexed_at.CopyFrom(ts)
+    if h.mtime_ns:
+        hit.modified_at.FromNanoseconds(h.mtime_ns)
+    return hit
 
 
 def _ts(seconds: float | None) -> timestamp_pb2.Timestamp | None:
@@ -385,47 +445,15 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     async def Search(
         self, request: rpb.SearchRequest, context: grpc.aio.ServicerContext, call: rpc.Call,
     ) -> rpb.SearchResponse:
-        f = request.filters
-        filters = Filters(
-            sources=tuple(f.sources), kinds=tuple(f.kinds), categories=tuple(f.categories),
-            tags=tuple(f.tags),
-            since=f.indexed_since.seconds if f.HasField("indexed_since") else None,
-            until=f.indexed_until.seconds if f.HasField("indexed_until") else None,
-        )
-        max_k = self._r.limits.max_k
-        if request.top_k > max_k:
-            raise InvalidArgument(f"top_k must be at most {max_k} (retrieval.max_k), "
-                                  f"got {request.top_k}")
         try:
             result = await self._r.search(request.query, k=request.top_k or None,
-                                          filters=filters)
+                                          filters=filters_from(request.filters),
+                                          options=query_from(request))
         except InvalidDocument as exc:
             raise InvalidArgument(str(exc)) from None
         call.note(query_chars=len(request.query), hits=len(result.hits), mode=result.mode)
-        hits = []
-        for h in result.hits:
-            hit = rpb.SearchHit(
-                chunk_id=h.chunk_id, document_id=h.doc_id, title=h.title,
-                source_id=h.source_id, path=h.path, heading=h.heading, text=h.text,
-                snippet=h.snippet, search_source=_SOURCES[h.search_source],
-                fused_score=h.fused_score,
-            )
-            if h.text_rank is not None:
-                hit.text_rank = h.text_rank
-            if h.text_score is not None:
-                hit.text_score = h.text_score
-            if h.vector_rank is not None:
-                hit.vector_rank = h.vector_rank
-            if h.vector_score is not None:
-                hit.vector_score = h.vector_score
-            if (ts := _ts(h.indexed_at)) is not None:
-                hit.indexed_at.CopyFrom(ts)
-            hits.append(hit)
-        return rpb.SearchResponse(
-            hits=hits,
-            mode=rpb.SEARCH_MODE_HYBRID if result.mode == "hybrid" else rpb.SEARCH_MODE_TEXT,
-            warnings=result.warnings,
-        )
+        return rpb.SearchResponse(hits=[search_hit(h) for h in result.hits],
+                                  mode=MODES[result.mode], warnings=result.warnings)
 
     @rpc.unary("Status")
     async def Status(

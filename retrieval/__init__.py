@@ -18,7 +18,7 @@ from ._limits import RetrievalLimits
 from ._redact import PLACEHOLDER_PREFIX, Redacted, redact
 from ._retriever import Retriever
 from ._scan import ScanReport, check_root, scan_source
-from ._search import Hit, SearchResult, snippet
+from ._search import MODES, Hit, Query, SearchResult, snippet
 from ._store import DocumentRow, SourceRow
 from .errors import (
     ExtractionError,
@@ -28,6 +28,7 @@ from .errors import (
     RetrievalError,
     SourceNotAllowed,
     StorageFull,
+    VectorUnavailable,
     is_storage_full,
     validate_document_id,
     validate_source_id,
@@ -35,6 +36,7 @@ from .errors import (
 
 __all__ = [
     "KINDS",
+    "MODES",
     "PLACEHOLDER_PREFIX",
     "BackfillStatus",
     "DocumentRow",
@@ -47,6 +49,7 @@ __all__ = [
     "IndexCorrupt",
     "InvalidDocument",
     "NotFound",
+    "Query",
     "Redacted",
     "RetrievalError",
     "RetrievalLimits",
@@ -59,6 +62,7 @@ __all__ = [
     "SourceRow",
     "StorageFull",
     "Vector",
+    "VectorUnavailable",
     "check_root",
     "extract_bytes",
     "extract_file",

@@ -39,21 +39,27 @@ class FusedHit:
         return min(r for r in self.ranks if r is not None)
 
 
-def fuse(rankings: Sequence[Sequence[int]], k: int = 60) -> list[FusedHit]:
-    """Fuse best-first rankings of keys by RRF, keeping each key's ranks.
+def fuse(rankings: Sequence[Sequence[int]], k: int = 60,
+         weights: Sequence[float] | None = None) -> list[FusedHit]:
+    """Fuse best-first rankings of keys by (weighted) RRF, keeping each key's ranks.
 
     A key repeated within one ranking counts once, at its first (best) place. Empty
-    rankings are allowed and contribute nothing.
+    rankings are allowed and contribute nothing. With ``weights`` (one per ranking, none
+    negative), a rank contributes ``weight / (k + rank)``; without, every weight is 1.
 
     The order is total and deterministic: fused score descending, then best single rank
     ascending, then key ascending. Scores are summed with :func:`math.fsum`, so keys with
     the same multiset of ranks get bit-identical scores whatever the order of the lists.
 
     Raises:
-        ValueError: ``k`` is negative.
+        ValueError: ``k`` is negative, or the weights are negative or not one per ranking.
     """
     if k < 0:
         raise ValueError(f"rrf k must be >= 0, got {k}")
+    if weights is None:
+        weights = [1.0] * len(rankings)
+    if len(weights) != len(rankings) or any(w < 0 for w in weights):
+        raise ValueError(f"one weight >= 0 per ranking, got {list(weights)}")
     ranks: dict[int, list[int | None]] = {}
     for i, ranking in enumerate(rankings):
         for rank, key in enumerate(ranking, start=1):
@@ -61,16 +67,24 @@ def fuse(rankings: Sequence[Sequence[int]], k: int = 60) -> list[FusedHit]:
             if slots[i] is None:
                 slots[i] = rank
     hits = [
-        FusedHit(key, math.fsum(1.0 / (k + r) for r in slots if r is not None), tuple(slots))
+        FusedHit(key, math.fsum(w / (k + r) for w, r in zip(weights, slots, strict=True)
+                                if r is not None), tuple(slots))
         for key, slots in ranks.items()
     ]
     hits.sort(key=lambda h: (-h.score, h.best_rank, h.key))
     return hits
 
 
-def rrf(rankings: Sequence[Sequence[int]], k: int = 60) -> list[tuple[int, float]]:
+def rrf(rankings: Sequence[Sequence[int]], k: int = 60,
+        weights: Sequence[float] | None = None) -> list[tuple[int, float]]:
     """Fuse best-first rankings of keys by RRF: ``(key, score)``, best first.
 
-    See :func:`fuse` for the order, duplicate keys and errors.
+    See :func:`fuse` for the weights, the order, duplicate keys and errors.
     """
-    return [(h.key, h.score) for h in fuse(rankings, k)]
+    return [(h.key, h.score) for h in fuse(rankings, k, weights)]
+
+
+def best_score(weights: Sequence[float], k: int = 60) -> float:
+    """The fused score of a key ranked first by every ranking: what normalises fused
+    scores to [0, 1] (1 for a key every ranking puts first)."""
+    return math.fsum(w / (k + 1) for w in weights)

@@ -24,7 +24,10 @@ class RetrievalLimits:
     max_commit_batch: int = 256     # documents per group commit
     text_candidates: int = 25
     vector_candidates: int = 25
+    max_candidates: int = 200       # most candidates a search may ask each index for
     rrf_k: int = 60
+    text_weight: float = 1.0        # the rankings' weights in the fusion (1 and 1: RRF)
+    vector_weight: float = 1.0
     default_k: int = 5
     max_k: int = 20
     max_query_chars: int = 2000

@@ -28,7 +28,7 @@ from ._embedder import EmbedderProvider
 from ._indexes import Indexes, RetrievalStatus
 from ._ingest import Ingest
 from ._limits import RetrievalLimits
-from ._search import Search, SearchResult
+from ._search import Query, Search, SearchResult
 from ._store import DocumentRow, SourceRow
 from .errors import NotFound, validate_document_id, validate_source_id
 
@@ -228,16 +228,22 @@ class Retriever:
     # -- search ------------------------------------------------------------------------
 
     async def search(self, query: str, *, k: int | None = None,
-                     filters: Filters | None = None) -> SearchResult:
-        """BM25 top-N ∥ HNSW top-N, fused by RRF; top ``k`` hits.
+                     filters: Filters | None = None, options: Query | None = None
+                     ) -> SearchResult:
+        """BM25 top-N ∥ HNSW top-N, fused by (weighted) RRF; top ``k`` hits (above
+        ``retrieval.max_k``: clamped, with a warning). ``options`` chooses the mode, a
+        score floor, the candidates, the weights and grouping by document (see
+        :class:`retrieval.Query`).
 
-        BM25-only, with a warning saying why, whenever the vector side cannot answer; the
-        query embedding is bounded by ``retrieval.query_embed_timeout``.
+        A hybrid search is BM25-only, with a warning saying why, whenever the vector side
+        cannot answer; the query embedding is bounded by
+        ``retrieval.query_embed_timeout``.
 
         Raises:
-            InvalidDocument: empty or oversized query, k out of range.
+            InvalidDocument: empty or oversized query, k below 1, bad options.
+            VectorUnavailable: a vector-mode search that cannot run now.
         """
-        return await self._search.search(query, k=k, filters=filters)
+        return await self._search.search(query, k=k, filters=filters, options=options)
 
     # -- vectors for every chunk -------------------------------------------------------
 

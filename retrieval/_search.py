@@ -10,7 +10,9 @@ and ranks of both sides, and when it was indexed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,10 +21,10 @@ import numpy as np
 
 from ._bm25 import Filters
 from ._embedder import EmbedderProvider
-from ._fusion import rrf
+from ._fusion import best_score, rrf
 from ._indexes import Indexes
 from ._limits import RetrievalLimits
-from .errors import InvalidDocument
+from .errors import InvalidDocument, VectorUnavailable
 
 
 @dataclass(frozen=True)
@@ -44,13 +46,51 @@ class Hit:
     vector_rank: int | None
     vector_score: float | None      # cosine similarity
     indexed_at: int
+    score: float = 0.0              # normalised to [0, 1] (see :class:`Query`)
+    kind: str = ""
+    category: str = ""
+    tags: tuple[str, ...] = ()
+    ordinal: int = 0                # the chunk's place in its document, from 1
+    mtime_ns: int = 0               # the file's modification time (0: pushed)
+    other_chunk_ids: tuple[str, ...] = ()  # with group_by_document: its other matches
 
 
 @dataclass(frozen=True)
 class SearchResult:
     hits: list[Hit]
-    mode: str                       # hybrid | text
+    mode: str                       # hybrid | text | vector
     warnings: list[str]
+
+
+MODES = ("hybrid", "text", "vector")
+
+
+@dataclass(frozen=True)
+class Query:
+    """What a caller may choose about one search; None takes the configured default.
+
+    Attributes:
+        mode: ``hybrid`` (both indexes, fused), ``text`` (BM25 only) or ``vector`` (HNSW
+            only: refused with :class:`VectorUnavailable` when it cannot run, never
+            degraded).
+        min_score: drop hits below it: the cosine similarity in vector mode; otherwise
+            the fused score normalised to [0, 1] by the score of a chunk every answering
+            index ranks first (so 1.0 is "first everywhere"; a BM25-only hybrid search
+            is normalised by the text index alone).
+        candidates: candidates each index contributes (at most
+            ``retrieval.max_candidates``).
+        text_weight, vector_weight: the rankings' weights in the fusion (RRF with weights
+            1 and 1 is plain RRF).
+        group_by_document: one hit per document (its best chunk; its other matching
+            chunks in ``other_chunk_ids``), ``k`` documents.
+    """
+
+    mode: str = "hybrid"
+    min_score: float | None = None
+    candidates: int | None = None
+    text_weight: float | None = None
+    vector_weight: float | None = None
+    group_by_document: bool = False
 
 
 def snippet(text: str, query: str, width: int = 240) -> str:
@@ -87,47 +127,65 @@ class Search:
         self._on_other_model = on_other_model
 
     async def search(self, query: str, *, k: int | None = None,
-                     filters: Filters | None = None) -> SearchResult:
-        """BM25 top-N ∥ HNSW top-N, fused by RRF; top ``k`` hits.
+                     filters: Filters | None = None, options: Query | None = None
+                     ) -> SearchResult:
+        """BM25 top-N ∥ HNSW top-N, fused by (weighted) RRF; top ``k`` hits (``options``:
+        mode, score floor, candidates, weights, grouping by document). A ``k`` above
+        ``retrieval.max_k`` is clamped to it, with a warning.
 
-        The query embedding is bounded by ``query_embed_timeout`` (past it, BM25-only).
-        Cancellation stops waiting; an index read already running in its thread
-        finishes and is discarded.
+        The query embedding is bounded by ``query_embed_timeout`` (past it, a hybrid
+        search is BM25-only, and says so). Cancellation stops waiting; an index read
+        already running in its thread finishes and is discarded.
 
         Raises:
-            InvalidDocument: empty or oversized query, k out of range.
+            InvalidDocument: empty or oversized query, k below 1, bad options.
+            VectorUnavailable: a vector-mode search that cannot run now (says why).
             RetrievalError: retrieval is not open.
         """
         limits = self.limits
         store, text = self._indexes.require()
-        k = limits.default_k if k is None else k
-        if not 1 <= k <= limits.max_k:
-            raise InvalidDocument(f"k must be in 1..{limits.max_k} (retrieval.max_k), "
-                                  f"got {k}")
-        if not query.strip():
-            raise InvalidDocument("query is empty")
-        if len(query) > limits.max_query_chars:
-            raise InvalidDocument(f"query has {len(query)} characters; the limit is "
-                                  f"{limits.max_query_chars} (retrieval.max_query_chars)")
-        filters = filters or Filters()
-        n_text = max(limits.text_candidates, k)
-        n_vec = max(limits.vector_candidates, k)
+        q = options or Query()
         warnings: list[str] = []
-        vector_task = asyncio.create_task(self._vector_search(query, n_vec, filters, warnings))
-        text_hits = await asyncio.to_thread(text.search, query, filters=filters, limit=n_text)
-        vec_hits = await vector_task
-        mode = "hybrid" if vec_hits is not None else "text"
-        fused = rrf([[key for key, _ in text_hits], [key for key, _ in (vec_hits or [])]],
-                    k=limits.rrf_k)[:k]
+        k = self._check(query, limits.default_k if k is None else k, q, warnings)
+        filters = filters or Filters()
+        weights = (limits.text_weight if q.text_weight is None else q.text_weight,
+                   limits.vector_weight if q.vector_weight is None else q.vector_weight)
+        # The caller's depth as given; the configured one at least k deep.
+        n_text = q.candidates or max(limits.text_candidates, k)
+        n_vec = q.candidates or max(limits.vector_candidates, k)
+        vector_task = None
+        if q.mode != "text":
+            vector_task = asyncio.create_task(self._vector_search(
+                query, n_vec, filters, warnings, required=q.mode == "vector"))
+        text_hits: list[tuple[int, float]] = []
+        if q.mode != "vector":
+            text_hits = await asyncio.to_thread(text.search, query, filters=filters,
+                                                limit=n_text)
+        vec_hits = await vector_task if vector_task is not None else None
+        mode = q.mode if q.mode != "hybrid" else ("hybrid" if vec_hits is not None else "text")
+        used = [(weights[0], [key for key, _ in text_hits])] if q.mode != "vector" else []
+        if vec_hits is not None:
+            used.append((weights[1], [key for key, _ in vec_hits]))
+        fused = rrf([ranking for _, ranking in used], k=limits.rrf_k,
+                    weights=[w for w, _ in used])
+        top = best_score([w for w, _ in used], limits.rrf_k) or 1.0
         text_rank = {key: i for i, (key, _) in enumerate(text_hits, start=1)}
         text_score = dict(text_hits)
         vec_rank = {key: i for i, (key, _) in enumerate(vec_hits or [], start=1)}
         vec_sim = {key: 1.0 - dist for key, dist in (vec_hits or [])}
-        chunks = await asyncio.to_thread(store.chunks_by_keys, [key for key, _ in fused])
+
+        def normalised(key: int, score: float) -> float:
+            return vec_sim[key] if mode == "vector" else score / top
+
+        kept = [(key, score) for key, score in fused
+                if q.min_score is None or normalised(key, score) >= q.min_score]
+        chunks = await asyncio.to_thread(
+            store.chunks_by_keys, [key for key, _ in (kept if q.group_by_document
+                                                      else kept[:k])])
         hits = []
-        for key, score in fused:
+        for key, score in kept:
             c = chunks.get(key)
-            if c is None:  # deleted between the index read and now
+            if c is None:  # deleted between the index read and now (or not fetched)
                 continue
             in_text, in_vec = key in text_rank, key in vec_rank
             hits.append(Hit(
@@ -135,31 +193,67 @@ class Search:
                 snippet(c.text, query),
                 "hybrid" if in_text and in_vec else ("text" if in_text else "vector"),
                 score, text_rank.get(key), text_score.get(key), vec_rank.get(key),
-                vec_sim.get(key), c.indexed_at))
-        return SearchResult(hits, mode, warnings)
+                vec_sim.get(key), c.indexed_at, normalised(key, score), c.kind, c.category,
+                c.tags, c.ordinal, c.mtime_ns))
+        hits = _by_document(hits) if q.group_by_document else hits
+        return SearchResult(hits[:k], mode, warnings)
 
-    async def _vector_search(self, query: str, n: int, filters: Filters,
-                             warnings: list[str]) -> list[tuple[int, float]] | None:
+    def _check(self, query: str, k: int, q: Query, warnings: list[str]) -> int:
+        """Refuse what cannot be searched; return ``k``, clamped to ``max_k`` (warned)."""
+        limits = self.limits
+        if k < 1:
+            raise InvalidDocument(f"k must be at least 1, got {k}")
+        if k > limits.max_k:
+            warnings.append(f"top_k {k} is above the maximum, retrieval.max_k = "
+                            f"{limits.max_k}: {limits.max_k} hits at most")
+            k = limits.max_k
+        if not query.strip():
+            raise InvalidDocument("query is empty")
+        if len(query) > limits.max_query_chars:
+            raise InvalidDocument(f"query has {len(query)} characters; the limit is "
+                                  f"{limits.max_query_chars} (retrieval.max_query_chars)")
+        if q.mode not in MODES:
+            raise InvalidDocument(f"mode must be one of {', '.join(MODES)}, got {q.mode!r}")
+        if q.candidates is not None and not 1 <= q.candidates <= limits.max_candidates:
+            raise InvalidDocument(f"candidates must be in 1..{limits.max_candidates} "
+                                  f"(retrieval.max_candidates), got {q.candidates}")
+        for name, w in (("text_weight", q.text_weight), ("vector_weight", q.vector_weight)):
+            if w is not None and not (math.isfinite(w) and 0 <= w <= 100):
+                raise InvalidDocument(f"{name} must be in 0..100, got {w}")
+        if q.text_weight == 0 and q.vector_weight == 0:
+            raise InvalidDocument("text_weight and vector_weight cannot both be 0")
+        if q.min_score is not None and not (math.isfinite(q.min_score)
+                                            and -1 <= q.min_score <= 1):
+            raise InvalidDocument(f"min_score must be in -1..1, got {q.min_score}")
+        return k
+
+    async def _vector_search(self, query: str, n: int, filters: Filters, warnings: list[str],
+                             *, required: bool = False) -> list[tuple[int, float]] | None:
+        """The vector side: ``(key, distance)`` best first, or None (and a warning) when
+        it cannot answer; ``required`` (vector mode) raises instead."""
+        def without(why: str) -> None:
+            if required:
+                raise VectorUnavailable(f"a vector search cannot run: {why}")
+            warnings.append(f"{why}: results are BM25-only")
+
         embedder = self._embedder()
         if embedder is None:
-            warnings.append(f"{self._unavailable()}: results are BM25-only")
+            without(self._unavailable())
             return None
         indexes = self._indexes
         if indexes.vectors is None or indexes.vector_model != embedder.model_id:
             self._on_other_model()
             if indexes.vectors is not None:
-                warnings.append("the vector index belongs to another embedding model and is "
-                                "being rebuilt: results are BM25-only")
+                without("the vector index belongs to another embedding model and is being "
+                        "rebuilt")
             else:
-                warnings.append("no vectors indexed yet (the backfill embeds what is "
-                                "indexed): results are BM25-only")
+                without("no vectors indexed yet (the backfill embeds what is indexed)")
             return None
         try:
             vectors = await asyncio.wait_for(embedder.embed([query]),
                                              self.limits.query_embed_timeout)
         except Exception as exc:
-            warnings.append(f"query embedding failed ({type(exc).__name__}): results are "
-                            "BM25-only")
+            without(f"query embedding failed ({type(exc).__name__})")
             return None
         allowed = await self._allowed_keys(filters)
         vector = np.asarray(vectors[0], dtype=np.float32)
@@ -175,3 +269,16 @@ class Search:
             store.keys_matching, sources=filters.sources, kinds=filters.kinds,
             categories=filters.categories, tags=filters.tags, since=filters.since,
             until=filters.until))
+
+
+def _by_document(hits: list[Hit]) -> list[Hit]:
+    """One hit per document, in the order of each document's best chunk; the others'
+    chunk ids listed on it, best first."""
+    best: dict[str, Hit] = {}
+    others: dict[str, list[str]] = {}
+    for hit in hits:
+        if hit.doc_id in best:
+            others[hit.doc_id].append(hit.chunk_id)
+        else:
+            best[hit.doc_id], others[hit.doc_id] = hit, []
+    return [dataclasses.replace(h, other_chunk_ids=tuple(others[d])) for d, h in best.items()]

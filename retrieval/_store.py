@@ -127,6 +127,7 @@ class StoredChunk:
     category: str
     tags: tuple[str, ...]
     indexed_at: int
+    mtime_ns: int = 0               # the file's modification time (0: a pushed document)
 
 
 @dataclass
@@ -331,14 +332,14 @@ class Store:
 
     _CHUNK_SELECT = (
         "SELECT c.key, c.chunk_id, c.doc_id, c.ordinal, c.heading, c.text, c.content_hash, "
-        "d.title, d.source_id, d.path, d.kind, d.category, d.tags, d.indexed_at "
+        "d.title, d.source_id, d.path, d.kind, d.category, d.tags, d.indexed_at, d.mtime_ns "
         "FROM chunks c JOIN documents d ON d.id = c.doc_id"
     )
 
     @staticmethod
     def _chunk(r: sqlite3.Row) -> StoredChunk:
         return StoredChunk(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10],
-                           r[11], _tags(r[12]), r[13])
+                           r[11], _tags(r[12]), r[13], int(r[14] or 0))
 
     def chunks_by_keys(self, keys: Iterable[int]) -> dict[int, StoredChunk]:
         wanted = list(keys)

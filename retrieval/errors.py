@@ -81,6 +81,12 @@ class NotFound(RetrievalError):
     """An unknown source or document."""
 
 
+class VectorUnavailable(RetrievalError):
+    """A vector search that cannot run now: no embedding model, a vector index of another
+    model (being rebuilt), none yet, or the query could not be embedded. The message
+    says which; a hybrid or text search still works."""
+
+
 class SourceNotAllowed(RetrievalError):
     """A directory source whose path (symlinks and ``..`` resolved) is not under one of
     the allowed roots.

@@ -16,19 +16,20 @@ from collections.abc import AsyncIterator
 
 import grpc
 import structlog
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from llamad_protocol.v1 import answer_pb2 as apb
 from llamad_protocol.v1 import answer_pb2_grpc
 from llamad_protocol.v1 import inference_pb2 as ipb
 from llamad_protocol.v1 import retrieval_pb2 as rpb
-from retrieval import Filters, Hit, Retriever, redact
+from retrieval import Hit, Query, Retriever, VectorUnavailable, redact
 from supervisor import TokenizeUnavailableError
 
 from .. import rpc, validation
 from ..config import AnswerConfig, Limits
 from ..errors import InvalidArgument, OutOfRange
 from ..metrics import Metrics
-from ..retrieval_service import estimate_tokens
+from ..retrieval_service import MODES, SOURCES, estimate_tokens, filters_from
 from ..router import InferenceRouter
 from ._audit import AuditLog
 from ._cache import CachedAnswer, ResponseCache
@@ -128,23 +129,14 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             params.max_tokens = self._settings.default_max_tokens
         sampling = validation.sampling(params, self._limits)
         k = request.top_k or self._settings.default_k
-        if self._retriever is not None and k > self._retriever.limits.max_k:
-            # Refused, not degraded: search would fail and the answer lose its sources.
-            raise InvalidArgument(f"top_k must be at most {self._retriever.limits.max_k} "
-                                  f"(retrieval.max_k), got {k}")
+        options = Query(mode=_search_mode(request.mode))
         self._router.backend("generation")  # fail fast: UNAVAILABLE with a retry hint
         call.note(task=task, question_chars=len(question), k=k)
 
         hits: list[Hit] = []
         mode, warnings = "text", ["retrieval is disabled: answering without sources"]
         if self._retriever is not None:
-            f = request.filters
-            filters = Filters(
-                sources=tuple(f.sources), kinds=tuple(f.kinds),
-                categories=tuple(f.categories), tags=tuple(f.tags),
-                since=f.indexed_since.seconds if f.HasField("indexed_since") else None,
-                until=f.indexed_until.seconds if f.HasField("indexed_until") else None,
-            )
+            filters = filters_from(request.filters)
             # The query leaves the process too (to the embedding child or endpoint), so
             # it is redacted.
             query = redact(question).text
@@ -153,10 +145,11 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
                 query = f"{query}\n{redacted_head(request.attachment, 600)}"
             query = query[:self._retriever.limits.max_query_chars]
             try:
-                result = await self._retriever.search(query, k=k, filters=filters)
+                result = await self._retriever.search(query, k=k, filters=filters,
+                                                      options=options)
             except Exception as exc:
-                if isinstance(exc, InvalidArgument):
-                    raise
+                if isinstance(exc, InvalidArgument | VectorUnavailable):
+                    raise  # the caller asked for what cannot be: said, not degraded
                 result = None
                 warnings = [f"retrieval failed ({type(exc).__name__}): answering without "
                             "sources"]
@@ -204,7 +197,9 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             raise OutOfRange(str(exc)) from None
         citations = [
             apb.Citation(label=f"S{i}", chunk_id=h.chunk_id, document_id=h.doc_id,
-                         title=h.title, path=h.path, score=h.fused_score, snippet=h.snippet)
+                         title=h.title, path=h.path, score=h.fused_score, snippet=h.snippet,
+                         search_source=SOURCES[h.search_source],
+                         indexed_at=Timestamp(seconds=h.indexed_at))
             for i, h in enumerate(assembled.hits, start=1)
         ]
         sources = apb.AskResponse(sources=apb.AskSources(
@@ -279,4 +274,16 @@ def redacted_head(text: str, n: int) -> str:
 
 
 def _mode(mode: str) -> rpb.SearchMode.ValueType:
-    return rpb.SEARCH_MODE_HYBRID if mode == "hybrid" else rpb.SEARCH_MODE_TEXT
+    return MODES[mode]
+
+
+def _search_mode(value: rpb.SearchMode.ValueType) -> str:
+    """The search mode an Ask asks for (unset: hybrid).
+
+    Raises:
+        InvalidArgument: an unknown mode.
+    """
+    for name, enum in MODES.items():
+        if enum == (value or rpb.SEARCH_MODE_HYBRID):
+            return name
+    raise InvalidArgument(f"unknown search mode {value}")

@@ -7,6 +7,7 @@ llamad answer API: grounded answers about the operator's own documents, with cit
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from . import inference_pb2 as _inference_pb2
@@ -83,9 +84,10 @@ class AskRequest(_message.Message):
     ATTACHMENT_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
     NO_CACHE_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
     question: _builtins.str
     top_k: _builtins.int
-    """Sources to retrieve (default 5)."""
+    """Sources to retrieve (default 5; above retrieval.max_k clamped, with a warning)."""
     task: Global___TaskType.ValueType
     attachment: _builtins.str
     """A snippet the question is about, e.g. a terminal output (clipped head-and-tail when
@@ -93,6 +95,8 @@ class AskRequest(_message.Message):
     """
     no_cache: _builtins.bool
     """Skip the response cache for this call."""
+    mode: _retrieval_pb2.SearchMode.ValueType
+    """How the sources are searched (see SearchRequest.mode): hybrid by default."""
     @_builtins.property
     def filters(self) -> _retrieval_pb2.SearchFilters: ...
     @_builtins.property
@@ -112,10 +116,11 @@ class AskRequest(_message.Message):
         attachment: _builtins.str = ...,
         sampling: _inference_pb2.SamplingParams | None = ...,
         no_cache: _builtins.bool = ...,
+        mode: _retrieval_pb2.SearchMode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["filters", b"filters", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment", b"attachment", "filters", b"filters", "history", b"history", "no_cache", b"no_cache", "question", b"question", "sampling", b"sampling", "task", b"task", "top_k", b"top_k"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment", b"attachment", "filters", b"filters", "history", b"history", "mode", b"mode", "no_cache", b"no_cache", "question", b"question", "sampling", b"sampling", "task", b"task", "top_k", b"top_k"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -132,6 +137,8 @@ class Citation(_message.Message):
     PATH_FIELD_NUMBER: _builtins.int
     SCORE_FIELD_NUMBER: _builtins.int
     SNIPPET_FIELD_NUMBER: _builtins.int
+    SEARCH_SOURCE_FIELD_NUMBER: _builtins.int
+    INDEXED_AT_FIELD_NUMBER: _builtins.int
     label: _builtins.str
     """"S1", "S2", ... in rank order; the answer cites these."""
     chunk_id: _builtins.str
@@ -140,6 +147,10 @@ class Citation(_message.Message):
     path: _builtins.str
     score: _builtins.float
     snippet: _builtins.str
+    search_source: _retrieval_pb2.SearchSource.ValueType
+    """Which index found it, and when its document was indexed."""
+    @_builtins.property
+    def indexed_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
@@ -150,10 +161,12 @@ class Citation(_message.Message):
         path: _builtins.str = ...,
         score: _builtins.float = ...,
         snippet: _builtins.str = ...,
+        search_source: _retrieval_pb2.SearchSource.ValueType = ...,
+        indexed_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["indexed_at", b"indexed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_id", b"chunk_id", "document_id", b"document_id", "label", b"label", "path", b"path", "score", b"score", "snippet", b"snippet", "title", b"title"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_id", b"chunk_id", "document_id", b"document_id", "indexed_at", b"indexed_at", "label", b"label", "path", b"path", "score", b"score", "search_source", b"search_source", "snippet", b"snippet", "title", b"title"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

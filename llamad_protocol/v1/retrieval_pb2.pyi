@@ -76,7 +76,9 @@ class _SearchModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SearchMode
     SEARCH_MODE_HYBRID: _SearchMode.ValueType  # 1
     """BM25 and vectors, fused by RRF."""
     SEARCH_MODE_TEXT: _SearchMode.ValueType  # 2
-    """BM25 only (no embedding child, or no vectors for its model yet)."""
+    """BM25 only (asked for, or no embedding child, or no vectors for its model yet)."""
+    SEARCH_MODE_VECTOR: _SearchMode.ValueType  # 3
+    """Vectors only (asked for)."""
 
 class SearchMode(_SearchMode, metaclass=_SearchModeEnumTypeWrapper): ...
 
@@ -84,7 +86,9 @@ SEARCH_MODE_UNSPECIFIED: SearchMode.ValueType  # 0
 SEARCH_MODE_HYBRID: SearchMode.ValueType  # 1
 """BM25 and vectors, fused by RRF."""
 SEARCH_MODE_TEXT: SearchMode.ValueType  # 2
-"""BM25 only (no embedding child, or no vectors for its model yet)."""
+"""BM25 only (asked for, or no embedding child, or no vectors for its model yet)."""
+SEARCH_MODE_VECTOR: SearchMode.ValueType  # 3
+"""Vectors only (asked for)."""
 Global___SearchMode: _TypeAlias = SearchMode  # noqa: Y015
 
 @_typing.final
@@ -583,9 +587,38 @@ class SearchRequest(_message.Message):
     QUERY_FIELD_NUMBER: _builtins.int
     TOP_K_FIELD_NUMBER: _builtins.int
     FILTERS_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    MIN_SCORE_FIELD_NUMBER: _builtins.int
+    CANDIDATES_FIELD_NUMBER: _builtins.int
+    TEXT_WEIGHT_FIELD_NUMBER: _builtins.int
+    VECTOR_WEIGHT_FIELD_NUMBER: _builtins.int
+    GROUP_BY_DOCUMENT_FIELD_NUMBER: _builtins.int
     query: _builtins.str
     top_k: _builtins.int
-    """Hits to return (default 5, at most the configured max, 20 by default)."""
+    """Hits to return (default 5). Above the configured maximum (retrieval.max_k, 20 by
+    default) it is clamped to it, and a warning says so.
+    """
+    mode: Global___SearchMode.ValueType
+    """Which indexes answer: hybrid (the default), text (BM25 only) or vector (HNSW only;
+    FAILED_PRECONDITION naming why when no vector search can run, never a fallback).
+    """
+    min_score: _builtins.float
+    """Drop hits scoring below this: the cosine similarity in vector mode; otherwise the
+    fused score normalised to [0, 1] (1: ranked first by every index that answered).
+    """
+    candidates: _builtins.int
+    """Candidates each index contributes before fusion (default retrieval.text_candidates
+    and retrieval.vector_candidates; at most retrieval.max_candidates).
+    """
+    text_weight: _builtins.float
+    """The rankings' weights in the fusion (defaults retrieval.text_weight and
+    retrieval.vector_weight; 1 and 1 is plain RRF).
+    """
+    vector_weight: _builtins.float
+    group_by_document: _builtins.bool
+    """One hit per document: its best chunk, its other matching chunks in other_chunk_ids;
+    top_k counts documents.
+    """
     @_builtins.property
     def filters(self) -> Global___SearchFilters: ...
     def __init__(
@@ -594,12 +627,29 @@ class SearchRequest(_message.Message):
         query: _builtins.str = ...,
         top_k: _builtins.int = ...,
         filters: Global___SearchFilters | None = ...,
+        mode: Global___SearchMode.ValueType = ...,
+        min_score: _builtins.float | None = ...,
+        candidates: _builtins.int = ...,
+        text_weight: _builtins.float | None = ...,
+        vector_weight: _builtins.float | None = ...,
+        group_by_document: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["filters", b"filters"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_min_score", b"_min_score", "_text_weight", b"_text_weight", "_vector_weight", b"_vector_weight", "filters", b"filters", "min_score", b"min_score", "text_weight", b"text_weight", "vector_weight", b"vector_weight"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["filters", b"filters", "query", b"query", "top_k", b"top_k"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_min_score", b"_min_score", "_text_weight", b"_text_weight", "_vector_weight", b"_vector_weight", "candidates", b"candidates", "filters", b"filters", "group_by_document", b"group_by_document", "min_score", b"min_score", "mode", b"mode", "query", b"query", "text_weight", b"text_weight", "top_k", b"top_k", "vector_weight", b"vector_weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__min_score: _TypeAlias = _typing.Literal["min_score"]  # noqa: Y015
+    _WhichOneofArgType__min_score: _TypeAlias = _typing.Literal["_min_score", b"_min_score"]  # noqa: Y015
+    _WhichOneofReturnType__text_weight: _TypeAlias = _typing.Literal["text_weight"]  # noqa: Y015
+    _WhichOneofArgType__text_weight: _TypeAlias = _typing.Literal["_text_weight", b"_text_weight"]  # noqa: Y015
+    _WhichOneofReturnType__vector_weight: _TypeAlias = _typing.Literal["vector_weight"]  # noqa: Y015
+    _WhichOneofArgType__vector_weight: _TypeAlias = _typing.Literal["_vector_weight", b"_vector_weight"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__min_score) -> _WhichOneofReturnType__min_score | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__text_weight) -> _WhichOneofReturnType__text_weight | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__vector_weight) -> _WhichOneofReturnType__vector_weight | None: ...
 
 Global___SearchRequest: _TypeAlias = SearchRequest  # noqa: Y015
 
@@ -622,6 +672,13 @@ class SearchHit(_message.Message):
     VECTOR_RANK_FIELD_NUMBER: _builtins.int
     VECTOR_SCORE_FIELD_NUMBER: _builtins.int
     INDEXED_AT_FIELD_NUMBER: _builtins.int
+    SCORE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    CATEGORY_FIELD_NUMBER: _builtins.int
+    TAGS_FIELD_NUMBER: _builtins.int
+    ORDINAL_FIELD_NUMBER: _builtins.int
+    MODIFIED_AT_FIELD_NUMBER: _builtins.int
+    OTHER_CHUNK_IDS_FIELD_NUMBER: _builtins.int
     chunk_id: _builtins.str
     """Citation key: "<document id>#<n>"."""
     document_id: _builtins.str
@@ -639,8 +696,26 @@ class SearchHit(_message.Message):
     vector_rank: _builtins.int
     vector_score: _builtins.float
     """Cosine similarity."""
+    score: _builtins.float
+    """fused_score normalised to [0, 1] (the cosine similarity in vector mode): what
+    min_score compares.
+    """
+    kind: _builtins.str
+    category: _builtins.str
+    ordinal: _builtins.int
+    """The chunk's place in its document, from 1."""
     @_builtins.property
     def indexed_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def modified_at(self) -> _timestamp_pb2.Timestamp:
+        """The file's modification time (unset for a pushed document)."""
+
+    @_builtins.property
+    def other_chunk_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """With group_by_document: the document's other matching chunks, best first."""
+
     def __init__(
         self,
         *,
@@ -659,10 +734,17 @@ class SearchHit(_message.Message):
         vector_rank: _builtins.int | None = ...,
         vector_score: _builtins.float | None = ...,
         indexed_at: _timestamp_pb2.Timestamp | None = ...,
+        score: _builtins.float = ...,
+        kind: _builtins.str = ...,
+        category: _builtins.str = ...,
+        tags: _abc.Iterable[_builtins.str] | None = ...,
+        ordinal: _builtins.int = ...,
+        modified_at: _timestamp_pb2.Timestamp | None = ...,
+        other_chunk_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_text_rank", b"_text_rank", "_text_score", b"_text_score", "_vector_rank", b"_vector_rank", "_vector_score", b"_vector_score", "indexed_at", b"indexed_at", "text_rank", b"text_rank", "text_score", b"text_score", "vector_rank", b"vector_rank", "vector_score", b"vector_score"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_text_rank", b"_text_rank", "_text_score", b"_text_score", "_vector_rank", b"_vector_rank", "_vector_score", b"_vector_score", "indexed_at", b"indexed_at", "modified_at", b"modified_at", "text_rank", b"text_rank", "text_score", b"text_score", "vector_rank", b"vector_rank", "vector_score", b"vector_score"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_text_rank", b"_text_rank", "_text_score", b"_text_score", "_vector_rank", b"_vector_rank", "_vector_score", b"_vector_score", "chunk_id", b"chunk_id", "document_id", b"document_id", "fused_score", b"fused_score", "heading", b"heading", "indexed_at", b"indexed_at", "path", b"path", "search_source", b"search_source", "snippet", b"snippet", "source_id", b"source_id", "text", b"text", "text_rank", b"text_rank", "text_score", b"text_score", "title", b"title", "vector_rank", b"vector_rank", "vector_score", b"vector_score"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_text_rank", b"_text_rank", "_text_score", b"_text_score", "_vector_rank", b"_vector_rank", "_vector_score", b"_vector_score", "category", b"category", "chunk_id", b"chunk_id", "document_id", b"document_id", "fused_score", b"fused_score", "heading", b"heading", "indexed_at", b"indexed_at", "kind", b"kind", "modified_at", b"modified_at", "ordinal", b"ordinal", "other_chunk_ids", b"other_chunk_ids", "path", b"path", "score", b"score", "search_source", b"search_source", "snippet", b"snippet", "source_id", b"source_id", "tags", b"tags", "text", b"text", "text_rank", b"text_rank", "text_score", b"text_score", "title", b"title", "vector_rank", b"vector_rank", "vector_score", b"vector_score"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__text_rank: _TypeAlias = _typing.Literal["text_rank"]  # noqa: Y015
     _WhichOneofArgType__text_rank: _TypeAlias = _typing.Literal["_text_rank", b"_text_rank"]  # noqa: Y015

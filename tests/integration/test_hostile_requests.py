@@ -250,10 +250,11 @@ async def test_absurd_numbers(hostile: Hostile) -> None:
         await refused(raw(h, "/llamad.v1.InferenceService/Generate",
                           _negative_varint_sampling(field), stream=True),
                       INVALID, f"sampling.{name}", "got 4294967295")
-    await refused(h.r.Search(rpb.SearchRequest(query="disk", top_k=10**9)), INVALID,
-                  "top_k must be at most 20 (retrieval.max_k), got 1000000000")
-    await refused(h.ask.Ask(apb.AskRequest(question="disk full?", top_k=10**9)), INVALID,
-                  "top_k must be at most 20 (retrieval.max_k), got 1000000000")
+    unknown_mode: Any = 99
+    await refused(h.r.Search(rpb.SearchRequest(query="disk", mode=unknown_mode)), INVALID,
+                  "unknown search mode 99")
+    await refused(h.ask.Ask(apb.AskRequest(question="disk full?", mode=unknown_mode)),
+                  INVALID, "unknown search mode 99")
     await refused(h.ask.Ask(apb.AskRequest(question="disk full?", sampling=pb.SamplingParams(
         temperature=float("nan")))), INVALID, "sampling.temperature must be in 0..5, got nan")
     unknown: Any = 99  # enum values the schema does not define

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -161,7 +162,9 @@ async def test_search_degrades_to_bm25_without_embedding_child(daemon_with_corpu
 
 
 async def test_bad_retrieval_requests(daemon_with_corpus) -> None:  # type: ignore[no-untyped-def]
-    """Bad ids, unknown sources, empty text and absurd top_k get clear errors."""
+    """Bad ids, unknown sources and empty text get clear errors; an absurd top_k is
+    clamped to retrieval.max_k with a warning; a vector search the index cannot answer
+    yet, or an unknown mode, is refused saying why."""
     _, _, r, _ = daemon_with_corpus
     await r.stub.AddSource(rpb.AddSourceRequest(id="notes"))
     cases = [
@@ -178,9 +181,15 @@ async def test_bad_retrieval_requests(daemon_with_corpus) -> None:  # type: igno
             await r.stub.UpsertDocument(request)
         assert err.value.code() == code, err.value.details()
     for k in (21, 10**9):
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await r.search("disk", top_k=k)
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        clamped = await r.stub.Search(rpb.SearchRequest(query="disk", top_k=k))
+        assert len(clamped.hits) <= 20
+        assert f"top_k {k} is above the maximum, retrieval.max_k = 20: 20 hits at most" \
+            in clamped.warnings
+    unknown: Any = 99
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await r.stub.Search(rpb.SearchRequest(query="disk", mode=unknown))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "unknown search mode 99" in (err.value.details() or "")
     weird = await r.search('AND OR NOT /.*/ title:foo "unbalanced ((( a-b * \\')
     assert weird.mode in (rpb.SEARCH_MODE_HYBRID, rpb.SEARCH_MODE_TEXT)
 

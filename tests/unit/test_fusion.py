@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from retrieval._fusion import FusedHit, fuse, rrf
+from retrieval._fusion import FusedHit, best_score, fuse, rrf
 
 
 def test_scores_are_the_sum_of_reciprocal_ranks() -> None:
@@ -101,3 +101,24 @@ def test_negative_k_is_refused() -> None:
     """k below zero would make scores blow up or change sign: ValueError."""
     with pytest.raises(ValueError, match="k must be >= 0"):
         rrf([[1]], k=-1)
+
+
+def test_weights_scale_each_rankings_contribution() -> None:
+    """Weighted RRF: a rank adds weight / (k + rank); weight 0 removes a ranking from the
+    order, and weights 1 and 1 are plain RRF. best_score is a key first everywhere."""
+    text, vector = [1, 2, 3], [3, 2, 1]
+    assert rrf([text, vector], k=60, weights=[1, 1]) == rrf([text, vector], k=60)
+    assert [key for key, _ in rrf([text, vector], k=60, weights=[1, 0])] == text
+    assert [key for key, _ in rrf([text, vector], k=60, weights=[0, 1])] == vector
+    scores = dict(rrf([text, vector], k=60, weights=[0.3, 0.7]))
+    assert scores[3] == pytest.approx(0.3 / 63 + 0.7 / 61)
+    assert best_score([0.3, 0.7], k=60) == pytest.approx(1 / 61)
+    assert rrf([[5], [5]], k=60, weights=[0.3, 0.7])[0][1] == pytest.approx(
+        best_score([0.3, 0.7], k=60))
+
+
+@pytest.mark.parametrize("weights", [[1.0], [1.0, -0.5]])
+def test_bad_weights_are_refused(weights: list[float]) -> None:
+    """Weights must be one per ranking and none negative."""
+    with pytest.raises(ValueError, match="one weight >= 0 per ranking"):
+        rrf([[1], [2]], weights=weights)

@@ -22,6 +22,7 @@ from daemon.servicers import InferenceServicer
 from llamad_protocol.v1 import answer_pb2 as apb
 from llamad_protocol.v1 import answer_pb2_grpc, common_pb2, inference_pb2_grpc
 from llamad_protocol.v1 import inference_pb2 as ipb
+from llamad_protocol.v1 import retrieval_pb2 as rpb
 from llamad_protocol.v1.wire import RETRY_AFTER_KEY
 from supervisor import ChildNotReadyError, ChildRequestError
 from tests.support.backend import FakeBackend, FakeRole
@@ -252,8 +253,11 @@ class Answer:
         self.backend = backend
 
     async def ask(self, question: str, *, no_cache: bool = False,
-                  sampling: ipb.SamplingParams | None = None) -> list[apb.AskResponse]:
-        request = apb.AskRequest(question=question, no_cache=no_cache, sampling=sampling)
+                  sampling: ipb.SamplingParams | None = None, top_k: int = 0,
+                  mode: rpb.SearchMode.ValueType = rpb.SEARCH_MODE_UNSPECIFIED,
+                  ) -> list[apb.AskResponse]:
+        request = apb.AskRequest(question=question, no_cache=no_cache, sampling=sampling,
+                                 top_k=top_k, mode=mode)
         return [m async for m in self.stub.Ask(request)]
 
 
@@ -328,3 +332,16 @@ async def test_a_prompt_that_cannot_fit_the_context_is_out_of_range(answer: Answ
                                              sampling=ipb.SamplingParams(max_tokens=32)))
     assert error.code() == grpc.StatusCode.OUT_OF_RANGE
     assert answer.backend.chats == []
+
+
+async def test_ask_searches_as_asked_and_says_where_each_source_came_from(
+        answer: Answer) -> None:
+    """mode=text: the sources come from BM25 alone and each citation says so, with when
+    its document was indexed; a top_k above retrieval.max_k is clamped, with a warning."""
+    messages = await answer.ask("web01 disk full?", top_k=500, mode=rpb.SEARCH_MODE_TEXT)
+    sources = next(m.sources for m in messages if m.HasField("sources"))
+    assert sources.retrieval_mode == rpb.SEARCH_MODE_TEXT
+    assert sources.citations
+    assert all(c.search_source == rpb.SEARCH_SOURCE_TEXT for c in sources.citations)
+    assert all(c.indexed_at.seconds > 0 for c in sources.citations)
+    assert any("retrieval.max_k = 20" in w for w in sources.warnings)
