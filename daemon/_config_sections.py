@@ -234,6 +234,10 @@ class RetrievalSettings:
     rescan_interval: float = setting(
         3600.0, "Seconds between scheduled rescans of directory sources; 0: on demand only.",
         minimum=0, reload="restart")
+    search_audit_log: str = setting(
+        "", "Audit log of Search calls (JSON lines: the redacted query, filters, mode, the "
+        "whole fused candidate list with both ranks, latency; rotated like answer.audit_log"
+        "); empty: off.", reload="restart")
     backfill_interval: float = setting(
         30.0, "Seconds between checks for chunks without a vector of the current embedding "
         "model (indexed while it was unavailable), which are then embedded in the "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -33,6 +34,7 @@ from retrieval import (
     RetrievalLimits,
     Retriever,
     ScanReport,
+    SearchResult,
     SourceRow,
     Vector,
     check_root,
@@ -48,6 +50,7 @@ from supervisor import (
 )
 
 from . import rpc
+from .audit import AuditLog
 from .backend import InferenceBackend
 from .children import ManagedChild
 from .config import Config
@@ -294,14 +297,17 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     """Documents, sources, reindex, search, status."""
 
     def __init__(self, retriever: Retriever, metrics: Metrics | None = None,
-                 allowed_roots: Callable[[], tuple[str, ...]] = _no_roots) -> None:
+                 allowed_roots: Callable[[], tuple[str, ...]] = _no_roots,
+                 audit: AuditLog | None = None) -> None:
         """Args:
             allowed_roots: where directory sources may live (retrieval.allowed_roots; read
                 at every AddSource and scan, so a reload applies at once).
+            audit: where Search calls are recorded (retrieval.search_audit_log), or None.
         """
         self._r = retriever
         self.metrics = metrics
         self._allowed_roots = allowed_roots
+        self._audit = audit
 
     @rpc.unary("UpsertDocument")
     async def UpsertDocument(
@@ -445,15 +451,35 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     async def Search(
         self, request: rpb.SearchRequest, context: grpc.aio.ServicerContext, call: rpc.Call,
     ) -> rpb.SearchResponse:
+        began = time.perf_counter()
+        filters, options = filters_from(request.filters), query_from(request)
         try:
             result = await self._r.search(request.query, k=request.top_k or None,
-                                          filters=filters_from(request.filters),
-                                          options=query_from(request))
+                                          filters=filters, options=options)
         except InvalidDocument as exc:
             raise InvalidArgument(str(exc)) from None
         call.note(query_chars=len(request.query), hits=len(result.hits), mode=result.mode)
-        return rpb.SearchResponse(hits=[search_hit(h) for h in result.hits],
-                                  mode=MODES[result.mode], warnings=result.warnings)
+        response = rpb.SearchResponse(hits=[search_hit(h) for h in result.hits],
+                                      mode=MODES[result.mode], warnings=result.warnings)
+        if self._audit is not None:
+            await self._record(self._audit, request, result, filters=filters,
+                               options=options, seconds=time.perf_counter() - began)
+        return response
+
+    async def _record(self, audit: AuditLog, request: rpb.SearchRequest, result: SearchResult,
+                      *, filters: Filters, options: Query, seconds: float) -> None:
+        """One audit record: the query (redacted by the log), filters, options, mode, the
+        whole fused list with both ranks, what was returned, and the latency."""
+        ids = await self._r.chunk_ids([key for key, *_ in result.fused])
+        audit.record(
+            call="Search", query=request.query, top_k=request.top_k,
+            filters=dataclasses.asdict(filters), options=dataclasses.asdict(options),
+            mode=result.mode, warnings=result.warnings,
+            fused=[{"chunk_id": ids.get(key, f"#{key}"), "text_rank": tr,
+                    "vector_rank": vr, "score": round(score, 6)}
+                   for key, tr, vr, score in result.fused],
+            returned=[h.chunk_id for h in result.hits],
+            latency_ms=round(seconds * 1000, 2))
 
     @rpc.unary("Status")
     async def Status(

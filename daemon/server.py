@@ -210,7 +210,8 @@ class Daemon:
             server)
         if self.retriever is not None:
             retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(
-                RetrievalServicer(self.retriever, self.metrics, self._allowed_roots),
+                RetrievalServicer(self.retriever, self.metrics, self._allowed_roots,
+                                  audit=self._search_audit()),
                 server)
         # Served in every mode: a disabled generation role answers FAILED_PRECONDITION.
         self._answer = self._answer_servicer()
@@ -266,6 +267,13 @@ class Daemon:
         self._notifier.status(self.status_line())
         self._notifier.ready()
         return self.address
+
+    def _search_audit(self) -> AuditLog | None:
+        """The Search audit log (retrieval.search_audit_log), rotated like Ask's; None:
+        off (the default)."""
+        path, a = self.config.retrieval.search_audit_log, self.config.answer
+        return AuditLog(Path(path), a.audit_max_mb * 1024 * 1024, a.audit_backups) \
+            if path else None
 
     def _answer_servicer(self) -> AnswerServicer:
         a = self.config.answer

@@ -245,6 +245,11 @@ class Retriever:
         """
         return await self._search.search(query, k=k, filters=filters, options=options)
 
+    async def chunk_ids(self, keys: Sequence[int]) -> dict[int, str]:
+        """Chunk key -> chunk id, for the keys of a :attr:`SearchResult.fused` list."""
+        store, _ = self._indexes.require()
+        return await asyncio.to_thread(store.chunk_ids, keys)
+
     # -- vectors for every chunk -------------------------------------------------------
 
     def backfill(self, *, retry_failed: bool = False) -> bool:

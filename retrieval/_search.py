@@ -60,6 +60,9 @@ class SearchResult:
     hits: list[Hit]
     mode: str                       # hybrid | text | vector
     warnings: list[str]
+    # Every fused candidate, best first: (chunk key, text rank, vector rank, fused score),
+    # before the score floor and k (for an audit of the search).
+    fused: tuple[tuple[int, int | None, int | None, float], ...] = ()
 
 
 MODES = ("hybrid", "text", "vector")
@@ -196,7 +199,9 @@ class Search:
                 vec_sim.get(key), c.indexed_at, normalised(key, score), c.kind, c.category,
                 c.tags, c.ordinal, c.mtime_ns))
         hits = _by_document(hits) if q.group_by_document else hits
-        return SearchResult(hits[:k], mode, warnings)
+        candidates = tuple((key, text_rank.get(key), vec_rank.get(key), score)
+                           for key, score in fused)
+        return SearchResult(hits[:k], mode, warnings, candidates)
 
     def _check(self, query: str, k: int, q: Query, warnings: list[str]) -> int:
         """Refuse what cannot be searched; return ``k``, clamped to ``max_k`` (warned)."""

@@ -353,6 +353,18 @@ class Store:
                     out[int(r[0])] = self._chunk(r)
         return out
 
+    def chunk_ids(self, keys: Iterable[int]) -> dict[int, str]:
+        """Chunk key -> chunk id (the citation key), for the keys that exist."""
+        wanted = list(keys)
+        out: dict[int, str] = {}
+        with self._lock:
+            for i in range(0, len(wanted), 500):
+                part = wanted[i:i + 500]
+                marks = ",".join("?" * len(part))
+                out.update((int(k), str(c)) for k, c in self._db.execute(
+                    f"SELECT key, chunk_id FROM chunks WHERE key IN ({marks})", part))  # noqa: S608 - placeholders only
+        return out
+
     def document_chunk_keys(self, doc_id: str) -> set[int]:
         """The chunk keys of one document."""
         with self._lock:

@@ -22,4 +22,7 @@
 * :mod:`tests.support.fake_openai`: a fake OpenAI-compatible endpoint.
 * :mod:`tests.support.fake_children`: fake llama-server children started for their own tests.
 * :mod:`tests.support.fuzz`: the fuzzing properties (run by test_fuzz and bench/fuzz.py).
+* :mod:`tests.support.backend`: a scripted inference backend and role (servicer unit tests).
+* :mod:`tests.support.inprocess`: a real gRPC server in-process on port 0, for servicers.
+* :mod:`tests.support.scaling`: linear time asserted as growth, not as seconds.
 """

@@ -5,7 +5,6 @@ the backend, what it relays back, and how refusals reach the caller."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -27,22 +26,7 @@ from llamad_protocol.v1.wire import RETRY_AFTER_KEY
 from supervisor import ChildNotReadyError, ChildRequestError
 from tests.support.backend import FakeBackend, FakeRole
 from tests.support.embedder import HashEmbedder, filled
-
-Register = Callable[[grpc.aio.Server], None]
-
-
-@contextlib.asynccontextmanager
-async def serving(register: Register) -> AsyncIterator[grpc.aio.Channel]:
-    """A real gRPC server on a loopback port 0 with the servicers ``register`` adds."""
-    server = grpc.aio.server()
-    register(server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            yield channel
-    finally:
-        await server.stop(0)
+from tests.support.inprocess import serving
 
 
 class Inference:
