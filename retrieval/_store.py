@@ -353,6 +353,18 @@ class Store:
                     out[int(r[0])] = self._chunk(r)
         return out
 
+    def chunk_hashes(self, keys: Iterable[int]) -> dict[int, str]:
+        """Chunk key -> content hash, for the keys that exist (no text loaded)."""
+        wanted = list(keys)
+        out: dict[int, str] = {}
+        with self._lock:
+            for i in range(0, len(wanted), 500):
+                part = wanted[i:i + 500]
+                marks = ",".join("?" * len(part))
+                out.update((int(k), str(h)) for k, h in self._db.execute(
+                    f"SELECT key, content_hash FROM chunks WHERE key IN ({marks})", part))  # noqa: S608 - placeholders only
+        return out
+
     def chunk_ids(self, keys: Iterable[int]) -> dict[int, str]:
         """Chunk key -> chunk id (the citation key), for the keys that exist."""
         wanted = list(keys)
