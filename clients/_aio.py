@@ -199,6 +199,13 @@ class AsyncClient(AsyncBase):
                                  retrieval_pb2.ListSourcesRequest(), timeout)
         return [cv.source(s) for s in resp.sources]
 
+    async def set_source_disabled(self, source_id: str, disabled: bool = True, *,
+                                  timeout: Timeout = DEFAULT) -> Source:
+        """Disable (or enable) a source (see :meth:`Client.set_source_disabled`)."""
+        request = retrieval_pb2.SetSourceDisabledRequest(id=source_id, disabled=disabled)
+        return cv.source(await self._unary(self._retrieval.SetSourceDisabled, request,
+                                           timeout))
+
     def reindex(self, source_id: str = "", *,
                 timeout: Timeout = DEFAULT) -> AsyncStream[ReindexProgress]:
         """Rescan directory sources, streaming progress (see :meth:`Client.reindex`)."""

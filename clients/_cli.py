@@ -8,7 +8,7 @@ Every verb talks to a running daemon through :class:`clients.Client`::
     llamad ask QUESTION               stream a grounded answer, then its numbered sources
     llamad search QUERY               hits: citation, title, path, found by, scores
     llamad ingest PATH [--source ID]  add a directory source and index it
-    llamad sources                    list sources
+    llamad sources [--disable|--enable ID]   list sources; disable or enable one
     llamad reindex [--source ID]      rescan directory sources
     llamad reprocess [--source ID|--document ID]   embed chunks indexed without vectors
     llamad swap ROLE MODEL|--rollback swap a child's model, streaming the stages
@@ -252,7 +252,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="tag of its documents (repeatable)")
     _json_flag(p, "JSON lines (the final counts)")
 
-    p = sub.add_parser("sources", parents=common, help="list the document sources")
+    p = sub.add_parser("sources", parents=common, help="list the document sources",
+                       description="List the sources; --disable keeps a source's documents "
+                                   "but leaves them out of searches and rescans.")
+    toggle = p.add_mutually_exclusive_group()
+    toggle.add_argument("--disable", metavar="ID", default="", help="disable this source")
+    toggle.add_argument("--enable", metavar="ID", default="", help="enable it again")
     _json_flag(p)
 
     p = sub.add_parser("reindex", parents=common, help="rescan directory sources")

@@ -344,6 +344,13 @@ def reprocess(client: Client, args: argparse.Namespace) -> int:
 
 
 def sources(client: Client, args: argparse.Namespace) -> int:
+    if args.disable or args.enable:
+        changed = client.set_source_disabled(args.disable or args.enable,
+                                             disabled=bool(args.disable))
+        if not args.json:
+            print(f"{changed.id}: {'disabled' if changed.disabled else 'enabled'} "
+                  f"({changed.documents} documents)")
+            return 0
     found = client.list_sources()
     if args.json:
         print(fmt.to_json(found, indent=2))
@@ -351,8 +358,9 @@ def sources(client: Client, args: argparse.Namespace) -> int:
     if not found:
         print("llamad: sources: no sources", file=sys.stderr)
         return 0
-    rows = [[s.id, s.kind, str(s.documents), s.category or "-", ",".join(s.tags) or "-",
-             fmt.when(s.last_scan), s.path or "-", fmt.clip(s.last_error, 60) or "-"]
+    rows = [[s.id + (" (disabled)" if s.disabled else ""), s.kind, str(s.documents),
+             s.category or "-", ",".join(s.tags) or "-", fmt.when(s.last_scan), s.path or "-",
+             fmt.clip(s.last_error, 60) or "-"]
             for s in found]
     print(fmt.table(rows, ("ID", "KIND", "DOCS", "CATEGORY", "TAGS", "LAST SCAN", "PATH",
                            "LAST ERROR")))

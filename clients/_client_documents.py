@@ -164,6 +164,17 @@ class DocumentCalls(SyncBase):
                            timeout)
         return [cv.source(s) for s in resp.sources]
 
+    def set_source_disabled(self, source_id: str, disabled: bool = True, *,
+                            timeout: Timeout = DEFAULT) -> Source:
+        """Disable a source (its documents are kept, but neither searched nor rescanned),
+        or with ``disabled=False`` enable it again.
+
+        Raises:
+            NotFound: unknown source.
+        """
+        request = retrieval_pb2.SetSourceDisabledRequest(id=source_id, disabled=disabled)
+        return cv.source(self._unary(self._retrieval.SetSourceDisabled, request, timeout))
+
     def reindex(self, source_id: str = "", *,
                 timeout: Timeout = DEFAULT) -> Stream[ReindexProgress]:
         """Rescan directory sources (all, or one) incrementally, streaming progress: at

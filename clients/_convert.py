@@ -273,7 +273,7 @@ def document(msg: retrieval_pb2.Document) -> Document:
 def source(msg: retrieval_pb2.Source) -> Source:
     return Source(id=msg.id, kind=msg.kind, path=msg.path, category=msg.category,
                   tags=tuple(msg.tags), last_scan=_time(msg, "last_scan"),
-                  last_error=msg.last_error, documents=msg.documents)
+                  last_error=msg.last_error, documents=msg.documents, disabled=msg.disabled)
 
 
 def reindex_progress(msg: retrieval_pb2.ReindexProgress) -> ReindexProgress:

@@ -89,6 +89,15 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
         self.fake.enter("RetrievalService/ListSources", context)
         return retrieval_pb2.ListSourcesResponse(sources=self._sources())
 
+    def SetSourceDisabled(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.enter("RetrievalService/SetSourceDisabled", context)
+        source = self.fake.sources.get(request.id)
+        if source is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no source {request.id!r}")
+            raise AssertionError("unreachable: abort raises")
+        source.disabled = request.disabled
+        return next(s for s in self._sources() if s.id == request.id)
+
     def _sources(self) -> list[retrieval_pb2.Source]:
         out = []
         for s in self.fake.sources.values():

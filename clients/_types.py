@@ -254,6 +254,8 @@ class Source:
     last_scan: datetime | None
     last_error: str
     documents: int
+    disabled: bool = False
+    """Kept, but neither searched nor rescanned."""
 
 
 @dataclass(frozen=True, slots=True)

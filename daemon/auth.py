@@ -8,8 +8,8 @@ missing, so a new RPC cannot slip through unguarded):
 * ``read``: generation, chat, embeddings, tokenize, search, ask, status and the read-only
   listings (documents, sources, retrieval status), and server reflection.
 * ``admin``: everything that changes state or shows a child's raw output — Swap, Reset,
-  SetMode, TailLogs, document upsert and delete, source add and remove, Reindex,
-  Reprocess.
+  SetMode, TailLogs, document upsert and delete, source add, remove and disable,
+  Reindex, Reprocess.
   ``admin`` implies ``read``.
 * ``grpc.health.v1.Health`` needs no token (probes and load balancers).
 
@@ -67,6 +67,7 @@ METHOD_ROLES: Mapping[str, str] = {
     "/llamad.v1.RetrievalService/AddSource": ADMIN,
     "/llamad.v1.RetrievalService/RemoveSource": ADMIN,
     "/llamad.v1.RetrievalService/ListSources": READ,
+    "/llamad.v1.RetrievalService/SetSourceDisabled": ADMIN,
     "/llamad.v1.RetrievalService/Reindex": ADMIN,
     "/llamad.v1.RetrievalService/Search": READ,
     "/llamad.v1.RetrievalService/Status": READ,

@@ -36,6 +36,7 @@ retrieval InvalidDocument     INVALID_ARGUMENT       no
 retrieval ExtractionError     INVALID_ARGUMENT       no
 retrieval NotFound            NOT_FOUND              no
 retrieval VectorUnavailable   FAILED_PRECONDITION    no (says why)
+retrieval SourceDisabled      FAILED_PRECONDITION    no
 retrieval SourceNotAllowed    PERMISSION_DENIED      no
 SourceNotAllowed, no roots    FAILED_PRECONDITION    no
 retrieval StorageFull         RESOURCE_EXHAUSTED     no (space must be freed first)
@@ -62,6 +63,7 @@ from retrieval.errors import (
     IndexCorrupt,
     InvalidDocument,
     NotFound,
+    SourceDisabled,
     SourceNotAllowed,
     StorageFull,
     VectorUnavailable,
@@ -163,7 +165,7 @@ def map_error(exc: BaseException) -> Mapped:
         return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
     if isinstance(exc, NotFound):
         return Mapped(grpc.StatusCode.NOT_FOUND, str(exc))
-    if isinstance(exc, VectorUnavailable):
+    if isinstance(exc, VectorUnavailable | SourceDisabled):
         return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
     if isinstance(exc, SourceNotAllowed):
         if exc.configured:

@@ -180,7 +180,8 @@ async def rescan_loop(retriever: Retriever, interval: float,
         await asyncio.sleep(min(interval, 60.0))
         now = time.time()
         for source in await retriever.sources():
-            if source.kind != "directory" or now - (source.last_scan or 0) < interval:
+            if source.kind != "directory" or source.disabled \
+                    or now - (source.last_scan or 0) < interval:
                 continue
             try:
                 await scan_source(retriever, source.id, allowed_roots=allowed_roots())
@@ -278,7 +279,7 @@ def _document(d: DocumentRow) -> rpb.Document:
 
 def _source(s: SourceRow, documents: int = 0) -> rpb.Source:
     msg = rpb.Source(id=s.id, kind=s.kind, path=s.root, category=s.category, tags=list(s.tags),
-                     last_error=s.last_error, documents=documents)
+                     last_error=s.last_error, documents=documents, disabled=s.disabled)
     if (ts := _ts(s.last_scan)) is not None:
         msg.last_scan.CopyFrom(ts)
     return msg
@@ -389,6 +390,16 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     ) -> rpb.RemoveSourceResponse:
         return rpb.RemoveSourceResponse(chunks_removed=await self._r.remove_source(request.id))
 
+    @rpc.unary("SetSourceDisabled")
+    async def SetSourceDisabled(
+        self, request: rpb.SetSourceDisabledRequest, context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> rpb.Source:
+        call.note(source=request.id, disabled=request.disabled)
+        row = await self._r.set_source_disabled(request.id, request.disabled)
+        documents = len(await self._r.documents(request.id))
+        return _source(row, documents)
+
     @rpc.unary("ListSources")
     async def ListSources(
         self, request: rpb.ListSourcesRequest, context: grpc.aio.ServicerContext,
@@ -412,6 +423,8 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
             sources = [s for s in sources if s.id == request.source_id]
             if not sources:
                 raise InvalidArgument(f"no directory source {request.source_id!r}")
+        else:  # all: the disabled ones are not rescanned (one named is refused, saying so)
+            sources = [s for s in sources if not s.disabled]
         for source in sources:
             queue: asyncio.Queue[ScanReport] = asyncio.Queue()
             last = 0.0

@@ -112,6 +112,7 @@ class Indexes:
         self.text: TextIndex | None = None
         self.vectors: VectorIndex | None = None
         self.vector_model = ""          # the embedding model of ``vectors``
+        self.disabled_sources: frozenset[str] = frozenset()  # kept, not searched
         self.vectors_dirty = False      # ``vectors`` has changes not saved yet
         self.repaired: dict[str, int] = {}   # what open() repaired (for Status)
         # SQLite holds a write that tantivy or hnswlib failed to take (a full disk, say):
@@ -126,6 +127,7 @@ class Indexes:
         store = Store(self.root / "meta.sqlite3")
         text = TextIndex(self.root / "bm25")
         self.vector_model = store.get_meta("vector_model") or ""
+        self.disabled_sources = frozenset(s.id for s in store.sources() if s.disabled)
         dim = int(store.get_meta("vector_dim") or 0)
         vectors = VectorIndex(self.root / "vectors.hnsw", dim) if dim else None
         self.store, self.text, self.vectors = store, text, vectors
@@ -380,6 +382,7 @@ class Indexes:
             if await asyncio.to_thread(store.source, source_id) is None:
                 raise NotFound(f"no source {source_id!r}")
             keys = await asyncio.to_thread(store.delete_source, source_id)
+            self.disabled_sources -= {source_id}
             await asyncio.to_thread(self._drop_keys, keys)
         return keys
 

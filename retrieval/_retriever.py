@@ -127,6 +127,23 @@ class Retriever:
         store, _ = self._indexes.require()
         return await asyncio.to_thread(store.sources)
 
+    async def set_source_disabled(self, source_id: str, disabled: bool) -> SourceRow:
+        """Disable a source (its documents are kept, but neither searched nor rescanned)
+        or enable it again; returns the source.
+
+        Raises:
+            NotFound: unknown source.
+        """
+        store, _ = self._indexes.require()
+        if not await asyncio.to_thread(store.set_source_disabled, source_id, disabled):
+            raise NotFound(f"no source {source_id!r}")
+        ids = self._indexes.disabled_sources
+        self._indexes.disabled_sources = ids | {source_id} if disabled else ids - {source_id}
+        row = await asyncio.to_thread(store.source, source_id)
+        if row is None:  # removed meanwhile
+            raise NotFound(f"no source {source_id!r}")
+        return row
+
     async def mark_failed(self, doc_id: str, error: str) -> None:
         """Record that a new version of a document failed (extraction, say): the last
         indexed version stays searchable, and the document shows state ``failed`` with

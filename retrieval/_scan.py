@@ -29,7 +29,7 @@ from ._confine import SourceRoot, display_name
 from ._kinds import kind_for
 from ._retriever import Retriever
 from ._store import DocumentRow, SourceRow
-from .errors import NotFound, RetrievalError, SourceNotAllowed
+from .errors import NotFound, RetrievalError, SourceDisabled, SourceNotAllowed
 
 _log = structlog.get_logger("llamad.retrieval")
 
@@ -137,6 +137,7 @@ async def scan_source(retriever: Retriever, source_id: str,
 
     Raises:
         NotFound: no such source, or it is not a directory source.
+        SourceDisabled: the source is disabled.
         SourceNotAllowed: the root is outside ``allowed_roots``.
     """
     lock = _SCAN_LOCKS.setdefault(retriever, {}).setdefault(source_id, asyncio.Lock())
@@ -151,6 +152,9 @@ async def _scan(retriever: Retriever, source_id: str,
     source: SourceRow | None = sources.get(source_id)
     if source is None or source.kind != "directory":
         raise NotFound(f"no directory source {source_id!r}")
+    if source.disabled:
+        raise SourceDisabled(f"source {source_id!r} is disabled: enable it to scan it "
+                             "(its documents are kept)")
     if allowed_roots is not None:
         try:
             root = await asyncio.to_thread(check_root, source.root, allowed_roots)

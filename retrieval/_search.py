@@ -150,7 +150,9 @@ class Search:
         q = options or Query()
         warnings: list[str] = []
         k = self._check(query, limits.default_k if k is None else k, q, warnings)
-        filters = filters or Filters()
+        filters = await self._enabled_only(filters or Filters(), warnings)
+        if filters is None:
+            return SearchResult([], q.mode if q.mode != "hybrid" else "text", warnings)
         weights = (limits.text_weight if q.text_weight is None else q.text_weight,
                    limits.vector_weight if q.vector_weight is None else q.vector_weight)
         # The caller's depth as given; the configured one at least k deep.
@@ -202,6 +204,22 @@ class Search:
         candidates = tuple((key, text_rank.get(key), vec_rank.get(key), score)
                            for key, score in fused)
         return SearchResult(hits[:k], mode, warnings, candidates)
+
+    async def _enabled_only(self, filters: Filters, warnings: list[str]) -> Filters | None:
+        """``filters`` narrowed to the enabled sources (a disabled one is kept but not
+        searched); None when only disabled sources were asked for (a warning says so)."""
+        disabled = self._indexes.disabled_sources
+        if not disabled:
+            return filters
+        asked = filters.sources
+        if not asked:
+            store, _ = self._indexes.require()
+            asked = tuple(s.id for s in await asyncio.to_thread(store.sources))
+        named = sorted(set(filters.sources) & disabled)
+        if named:
+            warnings.append(f"source {', '.join(named)} is disabled: not searched")
+        enabled = tuple(s for s in asked if s not in disabled)
+        return dataclasses.replace(filters, sources=enabled) if enabled else None
 
     def _check(self, query: str, k: int, q: Query, warnings: list[str]) -> int:
         """Refuse what cannot be searched; return ``k``, clamped to ``max_k`` (warned)."""

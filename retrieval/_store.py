@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS sources (
     tags TEXT NOT NULL DEFAULT '[]',
     created_at INTEGER NOT NULL,
     last_scan INTEGER,
-    last_error TEXT NOT NULL DEFAULT ''
+    last_error TEXT NOT NULL DEFAULT '',
+    disabled INTEGER NOT NULL DEFAULT 0   -- 1: kept, but neither searched nor rescanned
 );
 CREATE TABLE IF NOT EXISTS documents (
     id TEXT PRIMARY KEY,
@@ -78,6 +79,7 @@ class SourceRow:
     created_at: int = 0
     last_scan: int | None = None
     last_error: str = ""
+    disabled: bool = False          # kept, but neither searched nor rescanned
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,15 @@ class Store:
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.execute("PRAGMA busy_timeout=5000")
             self._db.executescript(_SCHEMA)
+            self._migrate()
+
+    def _migrate(self) -> None:
+        """Bring a store made by an older llamad up to this schema (columns added since
+        get their defaults)."""
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(sources)")}
+        if "disabled" not in columns:
+            self._db.execute(
+                "ALTER TABLE sources ADD COLUMN disabled INTEGER NOT NULL DEFAULT 0")
 
     def close(self) -> None:
         with self._lock:
@@ -214,6 +225,13 @@ class Store:
             rows = self._db.execute("SELECT * FROM sources ORDER BY id").fetchall()
         return [self._source(r) for r in rows]
 
+    def set_source_disabled(self, source_id: str, disabled: bool) -> bool:
+        """Disable or enable a source; False when there is no such source."""
+        with self._lock:
+            cursor = self._db.execute("UPDATE sources SET disabled = ? WHERE id = ?",
+                                      (int(disabled), source_id))
+        return cursor.rowcount > 0
+
     def mark_scanned(self, source_id: str, error: str = "") -> None:
         with self._lock:
             self._db.execute("UPDATE sources SET last_scan = ?, last_error = ? WHERE id = ?",
@@ -232,7 +250,7 @@ class Store:
     def _source(row: sqlite3.Row) -> SourceRow:
         return SourceRow(row["id"], row["kind"], row["root"], row["category"],
                          _tags(row["tags"]), row["created_at"], row["last_scan"],
-                         row["last_error"])
+                         row["last_error"], bool(row["disabled"]))
 
     # -- documents ---------------------------------------------------------------------
 

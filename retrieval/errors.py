@@ -87,6 +87,10 @@ class VectorUnavailable(RetrievalError):
     says which; a hybrid or text search still works."""
 
 
+class SourceDisabled(RetrievalError):
+    """A scan of a disabled source (enable it first; its documents are kept)."""
+
+
 class SourceNotAllowed(RetrievalError):
     """A directory source whose path (symlinks and ``..`` resolved) is not under one of
     the allowed roots.

@@ -346,6 +346,7 @@ class Source(_message.Message):
     LAST_SCAN_FIELD_NUMBER: _builtins.int
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     DOCUMENTS_FIELD_NUMBER: _builtins.int
+    DISABLED_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     kind: _builtins.str
     """"directory" or "push"."""
@@ -353,6 +354,8 @@ class Source(_message.Message):
     category: _builtins.str
     last_error: _builtins.str
     documents: _builtins.int
+    disabled: _builtins.bool
+    """Kept, but neither searched nor rescanned (SetSourceDisabled)."""
     @_builtins.property
     def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -368,14 +371,40 @@ class Source(_message.Message):
         last_scan: _timestamp_pb2.Timestamp | None = ...,
         last_error: _builtins.str = ...,
         documents: _builtins.int = ...,
+        disabled: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_scan", b"last_scan"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "documents", b"documents", "id", b"id", "kind", b"kind", "last_error", b"last_error", "last_scan", b"last_scan", "path", b"path", "tags", b"tags"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "disabled", b"disabled", "documents", b"documents", "id", b"id", "kind", b"kind", "last_error", b"last_error", "last_scan", b"last_scan", "path", b"path", "tags", b"tags"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Source: _TypeAlias = Source  # noqa: Y015
+
+@_typing.final
+class SetSourceDisabledRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    DISABLED_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    disabled: _builtins.bool
+    """True: keep the source's documents but leave them out of searches and rescans;
+    false: search and rescan it again.
+    """
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        disabled: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disabled", b"disabled", "id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetSourceDisabledRequest: _TypeAlias = SetSourceDisabledRequest  # noqa: Y015
 
 @_typing.final
 class RemoveSourceRequest(_message.Message):

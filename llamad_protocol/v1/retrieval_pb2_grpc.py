@@ -70,6 +70,11 @@ class RetrievalServiceStub:
                 request_serializer=llamad_dot_v1_dot_retrieval__pb2.ListSourcesRequest.SerializeToString,
                 response_deserializer=llamad_dot_v1_dot_retrieval__pb2.ListSourcesResponse.FromString,
                 _registered_method=True)
+        self.SetSourceDisabled = channel.unary_unary(
+                '/llamad.v1.RetrievalService/SetSourceDisabled',
+                request_serializer=llamad_dot_v1_dot_retrieval__pb2.SetSourceDisabledRequest.SerializeToString,
+                response_deserializer=llamad_dot_v1_dot_retrieval__pb2.Source.FromString,
+                _registered_method=True)
         self.Reindex = channel.unary_stream(
                 '/llamad.v1.RetrievalService/Reindex',
                 request_serializer=llamad_dot_v1_dot_retrieval__pb2.ReindexRequest.SerializeToString,
@@ -141,6 +146,13 @@ class RetrievalServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetSourceDisabled(self, request, context):
+        """Disables a source without deleting its documents, or enables it again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Reindex(self, request, context):
         """Rescans directory sources (all, or one) incrementally, streaming progress.
         """
@@ -206,6 +218,11 @@ def add_RetrievalServiceServicer_to_server(servicer, server):
                     servicer.ListSources,
                     request_deserializer=llamad_dot_v1_dot_retrieval__pb2.ListSourcesRequest.FromString,
                     response_serializer=llamad_dot_v1_dot_retrieval__pb2.ListSourcesResponse.SerializeToString,
+            ),
+            'SetSourceDisabled': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetSourceDisabled,
+                    request_deserializer=llamad_dot_v1_dot_retrieval__pb2.SetSourceDisabledRequest.FromString,
+                    response_serializer=llamad_dot_v1_dot_retrieval__pb2.Source.SerializeToString,
             ),
             'Reindex': grpc.unary_stream_rpc_method_handler(
                     servicer.Reindex,
@@ -417,6 +434,33 @@ class RetrievalService:
             '/llamad.v1.RetrievalService/ListSources',
             llamad_dot_v1_dot_retrieval__pb2.ListSourcesRequest.SerializeToString,
             llamad_dot_v1_dot_retrieval__pb2.ListSourcesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetSourceDisabled(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llamad.v1.RetrievalService/SetSourceDisabled',
+            llamad_dot_v1_dot_retrieval__pb2.SetSourceDisabledRequest.SerializeToString,
+            llamad_dot_v1_dot_retrieval__pb2.Source.FromString,
             options,
             channel_credentials,
             insecure,

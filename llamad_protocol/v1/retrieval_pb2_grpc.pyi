@@ -49,6 +49,8 @@ class RetrievalServiceStub:
     """Adds (or updates) a source: a directory to scan, or (no path) pushed documents."""
     RemoveSource: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.RemoveSourceRequest, _retrieval_pb2.RemoveSourceResponse]
     ListSources: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.ListSourcesRequest, _retrieval_pb2.ListSourcesResponse]
+    SetSourceDisabled: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.SetSourceDisabledRequest, _retrieval_pb2.Source]
+    """Disables a source without deleting its documents, or enables it again."""
     Reindex: _grpc.UnaryStreamMultiCallable[_retrieval_pb2.ReindexRequest, _retrieval_pb2.ReindexProgress]
     """Rescans directory sources (all, or one) incrementally, streaming progress."""
     Search: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.SearchRequest, _retrieval_pb2.SearchResponse]
@@ -74,6 +76,8 @@ class RetrievalServiceAsyncStub(RetrievalServiceStub):
     """Adds (or updates) a source: a directory to scan, or (no path) pushed documents."""
     RemoveSource: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.RemoveSourceRequest, _retrieval_pb2.RemoveSourceResponse]  # type: ignore[assignment]
     ListSources: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.ListSourcesRequest, _retrieval_pb2.ListSourcesResponse]  # type: ignore[assignment]
+    SetSourceDisabled: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.SetSourceDisabledRequest, _retrieval_pb2.Source]  # type: ignore[assignment]
+    """Disables a source without deleting its documents, or enables it again."""
     Reindex: _aio.UnaryStreamMultiCallable[_retrieval_pb2.ReindexRequest, _retrieval_pb2.ReindexProgress]  # type: ignore[assignment]
     """Rescans directory sources (all, or one) incrementally, streaming progress."""
     Search: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.SearchRequest, _retrieval_pb2.SearchResponse]  # type: ignore[assignment]
@@ -138,6 +142,14 @@ class RetrievalServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _retrieval_pb2.ListSourcesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_retrieval_pb2.ListSourcesResponse, _abc.Awaitable[_retrieval_pb2.ListSourcesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SetSourceDisabled(
+        self,
+        request: _retrieval_pb2.SetSourceDisabledRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_retrieval_pb2.Source, _abc.Awaitable[_retrieval_pb2.Source]]:
+        """Disables a source without deleting its documents, or enables it again."""
 
     @_abc_1.abstractmethod
     def Reindex(

@@ -155,6 +155,19 @@ def test_ingest_names_the_source_after_the_directory(llamad: Run, tmp_path: Path
     assert sorted(s["id"] for s in json.loads(out)) == ["my-docs", "other-docs"]
 
 
+def test_sources_disable_and_enable(llamad: Run, tmp_path: Path) -> None:
+    """sources --disable ID says so and the listing marks it; --enable undoes it; an
+    unknown id is the not-found exit status."""
+    assert llamad("ingest", str(corpus(tmp_path)), "--source", "kb")[0] == 0
+    status, out, _ = llamad("sources", "--disable", "kb")
+    assert status == 0
+    assert out.startswith("kb: disabled (")
+    assert "kb (disabled)" in llamad("sources")[1]
+    assert llamad("sources", "--enable", "kb")[1].startswith("kb: enabled (")
+    assert "(disabled)" not in llamad("sources")[1]
+    assert llamad("sources", "--disable", "nope")[0] == 4
+
+
 def test_reprocess_says_what_it_started_or_why_not(llamad: Run, tmp_path: Path) -> None:
     """reprocess: the daemon's reason when nothing needs embedding; an unknown document
     is one line and the not-found exit status; both scopes at once are refused."""

@@ -426,3 +426,38 @@ async def test_a_failed_new_version_leaves_the_old_one_searchable_marked_failed(
     assert doc is not None and doc.state == "indexed" and doc.error == ""
     assert (await r.search("replication lag")).hits[0].doc_id == "docs/note.txt"
     await r.close()
+
+
+async def test_a_disabled_source_is_kept_but_neither_searched_nor_rescanned(
+        tmp_path: Path) -> None:
+    """Disabling a source keeps its documents (listed, counted) but leaves them out of
+    every search — asked for by name it says so — and refuses its scan; enabling it
+    brings them back; the flag survives a reopen."""
+    from retrieval import Filters, SourceDisabled, scan_source
+
+    root = tmp_path / "wiki"
+    root.mkdir()
+    (root / "page.txt").write_text("printer queue stuck on floor two\n")
+    r = await filled(tmp_path / "index", HashEmbedder("m"))
+    wiki = await r.add_source("wiki", root=root)
+    await scan_source(r, wiki.id)
+    assert doc_ids((await r.search("printer queue")).hits) >= {"wiki/page.txt"}
+    row = await r.set_source_disabled("wiki", True)
+    assert row.disabled
+    assert "wiki/page.txt" not in doc_ids((await r.search("printer queue", k=10)).hits)
+    named = await r.search("printer queue", filters=Filters(sources=("wiki",)))
+    assert named.hits == []
+    assert named.warnings == ["source wiki is disabled: not searched"]
+    assert await r.document("wiki/page.txt") is not None
+    with pytest.raises(SourceDisabled, match="enable it to scan it"):
+        await scan_source(r, "wiki")
+    assert doc_ids((await r.search("nginx logs")).hits) >= {"docs/disk"}  # others still
+    await r.close()
+    again = Retriever(tmp_path / "index", lambda: HashEmbedder("m"))
+    await again.open()
+    assert [s.disabled for s in await again.sources() if s.id == "wiki"] == [True]
+    await again.set_source_disabled("wiki", False)
+    assert "wiki/page.txt" in doc_ids((await again.search("printer queue")).hits)
+    with pytest.raises(NotFound):
+        await again.set_source_disabled("nope", True)
+    await again.close()
