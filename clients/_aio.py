@@ -206,10 +206,11 @@ class AsyncClient(AsyncBase):
         return cv.source(await self._unary(self._retrieval.SetSourceDisabled, request,
                                            timeout))
 
-    def reindex(self, source_id: str = "", *,
+    def reindex(self, source_id: str = "", *, since: datetime | None = None,
                 timeout: Timeout = DEFAULT) -> AsyncStream[ReindexProgress]:
         """Rescan directory sources, streaming progress (see :meth:`Client.reindex`)."""
-        request = retrieval_pb2.ReindexRequest(source_id=source_id)
+        request = retrieval_pb2.ReindexRequest(source_id=source_id,
+                                               since=cv.timestamp(since))
         return AsyncStream(self._call(self._retrieval.Reindex, request, timeout),
                            cv.reindex_progress)
 

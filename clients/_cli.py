@@ -9,7 +9,7 @@ Every verb talks to a running daemon through :class:`clients.Client`::
     llamad search QUERY               hits: citation, title, path, found by, scores
     llamad ingest PATH [--source ID]  add a directory source and index it
     llamad sources [--disable|--enable ID]   list sources; disable or enable one
-    llamad reindex [--source ID]      rescan directory sources
+    llamad reindex [--source ID] [--since TIME]   rescan directory sources
     llamad reprocess [--source ID|--document ID]   embed chunks indexed without vectors
     llamad swap ROLE MODEL|--rollback swap a child's model, streaming the stages
     llamad mode ROLE MODE             embedded child, OpenAI-compatible endpoint, or disabled
@@ -55,6 +55,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 from . import errors
@@ -174,6 +175,16 @@ def _filters(p: argparse.ArgumentParser) -> None:
                    help="only documents with any of these tags (repeatable)")
 
 
+def _moment(text: str) -> datetime:
+    """An ISO 8601 date or time (local time when it names no zone)."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO 8601 time: {text!r} (e.g. 2026-11-30 or 2026-11-30T08:00)") from None
+    return moment if moment.tzinfo else moment.astimezone()
+
+
 class _Message(argparse.Action):
     """``--system``/``--user``/``--assistant``: append (role, text) in command-line order."""
 
@@ -262,6 +273,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     p = sub.add_parser("reindex", parents=common, help="rescan directory sources")
     p.add_argument("--source", default="", metavar="ID", help="only this source")
+    p.add_argument("--since", type=_moment, default=None, metavar="TIME",
+                   help="only files modified since TIME (ISO 8601, e.g. 2026-11-30 or "
+                        "2026-11-30T08:00), read again even if they look unchanged")
     _json_flag(p, "JSON lines (the final counts)")
 
     p = sub.add_parser(

@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -261,11 +262,12 @@ def _counts(p: ReindexProgress, seconds: float) -> str:
             f"{len(p.skipped)} skipped — {seconds:.1f}s, {rate:.1f} files/s")
 
 
-def _reindex(client: Client, source_id: str, as_json: bool, verb: str) -> int:
+def _reindex(client: Client, source_id: str, as_json: bool, verb: str,
+             since: datetime | None = None) -> int:
     tty = sys.stderr.isatty()
     began = time.monotonic()
     finished = 0
-    with client.reindex(source_id) as stream:
+    with client.reindex(source_id, since=since) as stream:
         for p in stream:
             seconds = time.monotonic() - began
             if not p.done:
@@ -328,7 +330,7 @@ def ingest(client: Client, args: argparse.Namespace) -> int:
 
 
 def reindex(client: Client, args: argparse.Namespace) -> int:
-    return _reindex(client, args.source, args.json, "reindex")
+    return _reindex(client, args.source, args.json, "reindex", args.since)
 
 
 def reprocess(client: Client, args: argparse.Namespace) -> int:

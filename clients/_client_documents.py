@@ -175,15 +175,18 @@ class DocumentCalls(SyncBase):
         request = retrieval_pb2.SetSourceDisabledRequest(id=source_id, disabled=disabled)
         return cv.source(self._unary(self._retrieval.SetSourceDisabled, request, timeout))
 
-    def reindex(self, source_id: str = "", *,
+    def reindex(self, source_id: str = "", *, since: datetime | None = None,
                 timeout: Timeout = DEFAULT) -> Stream[ReindexProgress]:
         """Rescan directory sources (all, or one) incrementally, streaming progress: at
-        most two messages a second per source, then one with ``done`` set.
+        most two messages a second per source, then one with ``done`` set. With
+        ``since``, only the files modified since then are read again (even when their
+        size and mtime match the index); older ones are left as they are.
 
         Raises:
             InvalidArgument: ``source_id`` is not a directory source.
         """
-        request = retrieval_pb2.ReindexRequest(source_id=source_id)
+        request = retrieval_pb2.ReindexRequest(source_id=source_id,
+                                               since=cv.timestamp(since))
         return Stream(self._call(self._retrieval.Reindex, request, timeout),
                       cv.reindex_progress)
 

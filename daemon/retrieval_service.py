@@ -436,8 +436,10 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
                     last = now
                     q.put_nowait(report)
 
+            since = request.since.ToNanoseconds() if request.HasField("since") else None
             task = asyncio.create_task(scan_source(self._r, source.id, progress,
-                                                   allowed_roots=self._allowed_roots()))
+                                                   allowed_roots=self._allowed_roots(),
+                                                   since_ns=since))
             try:
                 while not task.done():
                     getter = asyncio.ensure_future(queue.get())

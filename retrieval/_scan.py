@@ -125,7 +125,8 @@ _SCAN_LOCKS: weakref.WeakKeyDictionary[Retriever, dict[str, asyncio.Lock]] = \
 
 async def scan_source(retriever: Retriever, source_id: str,
                       progress: Callable[[ScanReport], None] | None = None, *,
-                      allowed_roots: Sequence[str] | None = None) -> ScanReport:
+                      allowed_roots: Sequence[str] | None = None,
+                      since_ns: int | None = None) -> ScanReport:
     """Bring the index in line with the source's directory.
 
     Scans of one source are serialised: a scan that starts while another runs waits for
@@ -134,6 +135,10 @@ async def scan_source(retriever: Retriever, source_id: str,
     Args:
         allowed_roots: when given (the daemon always gives it), the source's root must
             resolve under one of these, or the scan is refused and recorded as failed.
+        since_ns: only the files modified at or after this time (ns since the epoch)
+            are read again, whatever their size and mtime say (their content hash still
+            spares an unchanged text its re-embedding); older indexed files are left as
+            they are, without a comparison. New and deleted files count as usual.
 
     Raises:
         NotFound: no such source, or it is not a directory source.
@@ -142,12 +147,12 @@ async def scan_source(retriever: Retriever, source_id: str,
     """
     lock = _SCAN_LOCKS.setdefault(retriever, {}).setdefault(source_id, asyncio.Lock())
     async with lock:
-        return await _scan(retriever, source_id, progress, allowed_roots)
+        return await _scan(retriever, source_id, progress, allowed_roots, since_ns)
 
 
 async def _scan(retriever: Retriever, source_id: str,
                 progress: Callable[[ScanReport], None] | None,
-                allowed_roots: Sequence[str] | None) -> ScanReport:
+                allowed_roots: Sequence[str] | None, since_ns: int | None) -> ScanReport:
     sources = {s.id: s for s in await retriever.sources()}
     source: SourceRow | None = sources.get(source_id)
     if source is None or source.kind != "directory":
@@ -241,8 +246,12 @@ async def _scan(retriever: Retriever, source_id: str,
                 doc_id = f"{source_id}/{rel}"
                 present.add(doc_id)
                 old = indexed.get(doc_id)
-                if old is not None and old.state == "indexed" and old.mtime_ns == st.st_mtime_ns \
-                        and old.size == st.st_size:
+                if since_ns is not None and old is not None:
+                    stale = st.st_mtime_ns >= since_ns
+                else:
+                    stale = old is None or old.state != "indexed" \
+                        or old.mtime_ns != st.st_mtime_ns or old.size != st.st_size
+                if not stale:
                     report.unchanged += 1
                     continue
                 await settle(st.st_size)

@@ -484,16 +484,25 @@ class ReindexRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SOURCE_ID_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
     source_id: _builtins.str
     """Empty rescans every directory source."""
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp:
+        """Only files modified at or after this time are read again (even if their size and
+        mtime match what is indexed); older indexed files are left as they are. New and
+        deleted files count as usual.
+        """
+
     def __init__(
         self,
         *,
         source_id: _builtins.str = ...,
+        since: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["source_id", b"source_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["since", b"since", "source_id", b"source_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
