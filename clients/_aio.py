@@ -151,13 +151,15 @@ class AsyncClient(AsyncBase):
                             vector_weight=vector_weight, group_by_document=group_by_document)
         return cv.search_result(await self._unary(self._retrieval.Search, request, timeout))
 
-    async def upsert_document(self, source_id: str, text: str, *, document_id: str = "",
+    async def upsert_document(self, source_id: str, text: str = "", *, document_id: str = "",
                               title: str = "", kind: str = "text", category: str = "",
-                              tags: Sequence[str] = (),
+                              tags: Sequence[str] = (), content: bytes = b"",
+                              content_type: str = "",
                               timeout: Timeout = DEFAULT) -> Document:
         """Index a pushed document (see :meth:`Client.upsert_document`)."""
         request = rq.upsert_document(source_id, text, document_id=document_id, title=title,
-                                     kind=kind, category=category, tags=tags)
+                                     kind=kind, category=category, tags=tags,
+                                     content=content, content_type=content_type)
         resp = await self._unary(self._retrieval.UpsertDocument, request, timeout)
         return cv.document(resp.document)
 

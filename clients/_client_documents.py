@@ -85,13 +85,15 @@ class DocumentCalls(SyncBase):
     def upsert_document(
         self,
         source_id: str,
-        text: str,
+        text: str = "",
         *,
         document_id: str = "",
         title: str = "",
         kind: str = "text",
         category: str = "",
         tags: Sequence[str] = (),
+        content: bytes = b"",
+        content_type: str = "",
         timeout: Timeout = DEFAULT,
     ) -> Document:
         """Index a document of a push source, replacing its previous version atomically;
@@ -101,6 +103,9 @@ class DocumentCalls(SyncBase):
             source_id: a push source (see :meth:`add_source` without a path).
             document_id: your id for it; empty derives one from the content.
             kind: ``markdown``, ``text``, ``html`` or ``config``.
+            content, content_type: the document as a file's bytes instead of ``text`` (a
+                PDF: ``application/pdf``; ``text/html``, ``text/markdown``,
+                ``text/plain``), extracted as such a file would be.
 
         Example:
             >>> llamad = Client()                                             # doctest: +SKIP
@@ -109,7 +114,8 @@ class DocumentCalls(SyncBase):
             ...                              title="web01")
         """
         request = rq.upsert_document(source_id, text, document_id=document_id, title=title,
-                                     kind=kind, category=category, tags=tags)
+                                     kind=kind, category=category, tags=tags,
+                                     content=content, content_type=content_type)
         resp = self._unary(self._retrieval.UpsertDocument, request, timeout)
         return cv.document(resp.document)
 

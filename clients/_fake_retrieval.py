@@ -40,10 +40,14 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
 
     def UpsertDocument(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.enter("RetrievalService/UpsertDocument", context)
-        if not request.text.strip():
+        if request.text and request.content:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "give text or content, not both")
+        # Pushed bytes: the fake reads them as UTF-8 text (the daemon extracts them).
+        text = request.text or bytes(request.content).decode("utf-8", "replace")
+        if not text.strip():
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "text is empty")
-        doc_id = request.id or hashlib.sha256(request.text.encode()).hexdigest()[:16]
-        doc = Doc(doc_id, request.source_id, request.title or doc_id, request.text,
+        doc_id = request.id or hashlib.sha256(text.encode()).hexdigest()[:16]
+        doc = Doc(doc_id, request.source_id, request.title or doc_id, text,
                   kind=request.kind or "text")
         self.fake.docs[doc_id] = doc
         return retrieval_pb2.UpsertDocumentResponse(document=self._doc(doc))

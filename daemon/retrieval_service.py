@@ -203,6 +203,11 @@ async def backfill_loop(retriever: Retriever, interval: float) -> None:
                 "backfill check failed", error=str(exc)[:200])
 
 
+CONTENT_TYPES = {
+    "application/pdf": "pdf", "text/html": "html", "application/xhtml+xml": "html",
+    "text/markdown": "markdown", "text/plain": "text"}
+"""The media types a pushed document's bytes may have, and the kind each is read as."""
+
 MODES: dict[str, rpb.SearchMode.ValueType] = {
     "hybrid": rpb.SEARCH_MODE_HYBRID, "text": rpb.SEARCH_MODE_TEXT,
     "vector": rpb.SEARCH_MODE_VECTOR}
@@ -316,6 +321,10 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         call: rpc.Call,
     ) -> rpb.UpsertDocumentResponse:
         call.note(source=request.source_id, chars=len(request.text))
+        if request.content:
+            doc = await self._upsert_content(request)
+            call.note(document=doc.id, content_bytes=len(request.content))
+            return rpb.UpsertDocumentResponse(document=_document(doc))
         kind = request.kind or "text"
         # NULs go, as they do from files: no store, index or prompt should carry them.
         title, text = request.title.replace("\x00", ""), request.text.replace("\x00", "")
@@ -333,6 +342,23 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
             kind=kind, category=request.category, tags=tuple(request.tags))
         call.note(document=doc.id)
         return rpb.UpsertDocumentResponse(document=_document(doc))
+
+    async def _upsert_content(self, request: rpb.UpsertDocumentRequest) -> DocumentRow:
+        """A document pushed as a file's bytes: extracted by its type, then upserted."""
+        if request.text:
+            raise InvalidArgument("give text or content, not both")
+        media = request.content_type.split(";")[0].strip().lower()
+        if media and media not in CONTENT_TYPES:
+            raise InvalidArgument(
+                f"content_type {request.content_type!r} is not one of "
+                f"{', '.join(sorted(CONTENT_TYPES))}")
+        kind = CONTENT_TYPES[media] if media else (request.kind or "text")
+        if request.id:
+            validate_document_id(request.id)  # before the work, not after
+        return await self._r.ingest_bytes(
+            request.source_id, request.id or request.title or "document",
+            bytes(request.content), kind, title=request.title, doc_id=request.id or None,
+            category=request.category, tags=tuple(request.tags))
 
     @rpc.unary("DeleteDocument")
     async def DeleteDocument(

@@ -145,13 +145,16 @@ class Ingest:
                                  path=str(root.path / rel), mtime_ns=st.st_mtime_ns,
                                  size=st.st_size)
 
-    async def ingest_bytes(self, source_id: str, name: str, data: bytes, kind: str,
-                           **fields: object) -> DocumentRow:
-        """Extract pushed bytes of ``kind``, then :meth:`upsert` them."""
+    async def ingest_bytes(self, source_id: str, name: str, data: bytes, kind: str, *,
+                           title: str = "", doc_id: str | None = None, category: str = "",
+                           tags: Sequence[str] = ()) -> DocumentRow:
+        """Extract pushed bytes of ``kind``, then :meth:`upsert` them (titled ``title``,
+        else as extraction found)."""
         extracted = await asyncio.to_thread(extract_bytes, data, name, kind,
                                             self.limits.extract)
-        return await self.upsert(source_id, extracted.title, extracted.text,
-                                 kind=extracted.kind, **fields)  # type: ignore[arg-type]
+        return await self.upsert(source_id, title or extracted.title, extracted.text,
+                                 kind=extracted.kind, doc_id=doc_id, category=category,
+                                 tags=tags)
 
     # -- committing --------------------------------------------------------------------
 

@@ -211,15 +211,18 @@ class Retriever:
         """
         return await self._ingest.ingest_file(source, root, rel, target)
 
-    async def ingest_bytes(self, source_id: str, name: str, data: bytes, kind: str,
-                           **fields: object) -> DocumentRow:
+    async def ingest_bytes(self, source_id: str, name: str, data: bytes, kind: str, *,
+                           title: str = "", doc_id: str | None = None, category: str = "",
+                           tags: Sequence[str] = ()) -> DocumentRow:
         """Extract pushed bytes of ``kind`` (named ``name`` in messages), then
-        :meth:`upsert` them with ``fields``.
+        :meth:`upsert` them (titled ``title``, else as extraction found).
 
         Raises:
             ExtractionError: the bytes cannot be turned into text.
+            InvalidDocument, NotFound: as :meth:`upsert`.
         """
-        return await self._ingest.ingest_bytes(source_id, name, data, kind, **fields)
+        return await self._ingest.ingest_bytes(source_id, name, data, kind, title=title,
+                                               doc_id=doc_id, category=category, tags=tags)
 
     async def delete(self, doc_id: str) -> bool:
         """Remove a document; False if it did not exist."""

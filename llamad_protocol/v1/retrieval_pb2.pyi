@@ -157,6 +157,8 @@ class UpsertDocumentRequest(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     CATEGORY_FIELD_NUMBER: _builtins.int
     TAGS_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    CONTENT_TYPE_FIELD_NUMBER: _builtins.int
     source_id: _builtins.str
     """A push source (AddSource without a path)."""
     id: _builtins.str
@@ -166,6 +168,12 @@ class UpsertDocumentRequest(_message.Message):
     kind: _builtins.str
     """markdown, text, html or config (default text)."""
     category: _builtins.str
+    content: _builtins.bytes
+    """A document as a file's bytes instead of text (a PDF, an HTML page...), extracted
+    as a file of that type would be; its type from content_type (application/pdf,
+    text/html, text/markdown, text/plain) or else from kind. Not with text.
+    """
+    content_type: _builtins.str
     @_builtins.property
     def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -178,10 +186,12 @@ class UpsertDocumentRequest(_message.Message):
         kind: _builtins.str = ...,
         category: _builtins.str = ...,
         tags: _abc.Iterable[_builtins.str] | None = ...,
+        content: _builtins.bytes = ...,
+        content_type: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "id", b"id", "kind", b"kind", "source_id", b"source_id", "tags", b"tags", "text", b"text", "title", b"title"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "content", b"content", "content_type", b"content_type", "id", b"id", "kind", b"kind", "source_id", b"source_id", "tags", b"tags", "text", b"text", "title", b"title"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
