@@ -318,7 +318,7 @@ def section(rows: Sequence[Scores], v: Verdict, env: list[str], notes: list[str]
                     *(m(cell_name(c)) for c in shown), m("bm25", "recall"),
                     m("vectors", "recall"), *(m(cell_name(c), "recall") for c in shown)])
     out += ["Per collection: BM25 alone and vectors alone at 100 candidates, plain RRF "
-            "(weights 1/1, 25/25 candidates, the defaults), the best cell of the sweep ("
+            "(weights 1/1, 25/25 candidates), the best cell of the sweep ("
             f"{best}) and the chosen defaults ({cell_name(v.chosen)}):", ""]
     out += support.table(["collection", "docs / chunks", "queries", "BM25 nDCG@10",
                           "vectors nDCG@10", *(f"{labels[c]} nDCG@10" for c in shown),
@@ -461,8 +461,12 @@ async def run(args: argparse.Namespace, command: str, work: Path) -> dict[str, A
     v = verdict(rows)
     total = time.perf_counter() - began
     argv_child = " ".join(child.argv)
+    shipped = RetrievalLimits()
     notes = [
         f"- Embedding child (llamad's production defaults): `{argv_child}`",
+        f"- Defaults when measured (`RetrievalLimits()`): text_weight {shipped.text_weight:g}, "
+        f"vector_weight {shipped.vector_weight:g}, {shipped.text_candidates}/"
+        f"{shipped.vector_candidates} candidates, RRF k={shipped.rrf_k}.",
         note.line(),
         f"- Whole run {total / 60:.1f} minutes; {embedded}.",
         "- Each corpus document is one `Retriever.upsert` (kind text, corpus title) into a "
