@@ -26,8 +26,8 @@ One process, one embedding child, in this order:
    collection); each corpus document is one ``upsert`` (kind ``text``, the corpus title),
    its vectors served from step 2 by text (a miss would go to the live child, and is
    counted); token counts from the live child. BM25 alone = ``TextIndex.search``,
-   vectors alone = ``VectorIndex.search``, hybrid = ``Retriever.search`` (default limits:
-   25/25 candidates, RRF k=60; and 100/100 for recall@100). Chunk hits map to corpus ids,
+   vectors alone = ``VectorIndex.search``, hybrid = ``Retriever.search`` (``candidates``
+   25/25, RRF k=60; and 100/100 for recall@100). Chunk hits map to corpus ids,
    a document keeping its best rank. nDCG@10 (linear graded gains, log2 discount),
    recall@100. An RRF k x depth sweep is computed offline from the depth-100 candidate
    lists with ``retrieval._fusion.rrf`` (checked equal to ``Retriever.search`` at 25/25).
@@ -351,7 +351,7 @@ async def run(args: argparse.Namespace, command: str, work: Path) -> dict[str, A
                         f"title) into a per-collection index; vectors by the real model, "
                         f"batched 32 ({embed_rate}). BM25 = TextIndex.search, vectors = "
                         f"VectorIndex.search (ef 100), hybrid = Retriever.search "
-                        f"(RRF k={limits.rrf_k}) with 25/25 candidates (default, k=20 hits) "
+                        f"(RRF k={limits.rrf_k}) with 25/25 candidates (k=20 hits) "
                         f"or 100/100 (k=200 hits). nDCG@10 with linear graded gains "
                         f"(cranfield 1-4), recall@100 at depth 100 per side; chunk hits "
                         f"become corpus documents at their best rank."),

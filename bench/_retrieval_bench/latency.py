@@ -29,6 +29,7 @@ from bench._retrieval_bench.common import (
 from bench._retrieval_bench.metrics import brute_force, exact_top, summary, timed
 from bench._retrieval_bench.quality import chunk_docs
 from retrieval import Filters, Retriever
+from retrieval import Query as Options
 from retrieval._vectors import VectorIndex
 
 
@@ -76,14 +77,15 @@ async def measure_latency(r: Retriever, embedder: TableEmbedder, queries: Sequen
     stage(f"latency: hybrid (Retriever.search, k {HYBRID_K}, {SEARCH_N}+{SEARCH_N} "
           "candidates, RRF, SQLite hydration)")
     embedder.live = None   # query vectors come from the table: no embedding time
+    depth = Options(candidates=SEARCH_N)  # as labelled (the default is 100/100 now)
     for q in qtexts:
-        await r.search(q, k=HYBRID_K)
+        await r.search(q, k=HYBRID_K, options=depth)
     hybrid: list[float] = []
     modes: set[str] = set()
     for _ in range(rounds):
         for q in qtexts:
             began = time.perf_counter()
-            res = await r.search(q, k=HYBRID_K)
+            res = await r.search(q, k=HYBRID_K, options=depth)
             hybrid.append(time.perf_counter() - began)
             modes.add(res.mode)
     results["hybrid"] = summary(hybrid)

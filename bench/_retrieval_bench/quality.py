@@ -18,6 +18,7 @@ from bench._retrieval import (
 from bench._retrieval_bench.common import DEEP, SEARCH_N, SWEEP_DEPTH, SWEEP_K, TableEmbedder
 from bench._retrieval_bench.metrics import doc_ranking, ndcg, recall
 from retrieval import Filters, RetrievalLimits, Retriever
+from retrieval import Query as Options
 from retrieval._fusion import rrf
 
 # -- stages -----------------------------------------------------------------------------
@@ -82,9 +83,11 @@ async def quality(col: Collection, table: dict[str, Vec], child: Child, workdir:
         vec_keys = [k for k, _ in vectors.search(qv, DEEP)] if qv is not None else []
         no_vector += qv is None
         r.limits = limits
-        res25 = await r.search(q.text, k=limits.max_k)
+        # Depths explicit: the configured ones are at least k deep, and the default
+        # moved to 100/100 (## Fusion weights and depth).
+        res25 = await r.search(q.text, k=limits.max_k, options=Options(candidates=SEARCH_N))
         r.limits = deep
-        res100 = await r.search(q.text, k=2 * DEEP)
+        res100 = await r.search(q.text, k=2 * DEEP, options=Options(candidates=DEEP))
         r.limits = limits
         bm25 = doc_ranking(text_keys, doc_of)
         vec = doc_ranking(vec_keys, doc_of)

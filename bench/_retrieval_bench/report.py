@@ -105,7 +105,7 @@ def quality_section(rows: Sequence[QualityRow], env: list[str], limits: Retrieva
         return out
     best_single = max(mean["bm25"], mean["vectors"])
     verdict = ("beats" if mean["hybrid25"] > best_single else "does **not** beat")
-    out += ["", f"Hybrid (default 25/25, RRF k={limits.rrf_k}) {verdict} the better single "
+    out += ["", f"Hybrid (25/25, RRF k={limits.rrf_k}) {verdict} the better single "
             f"method on the mean over collections: {f3(mean['hybrid25'])} against "
             f"{f3(best_single)} ({'BM25' if mean['bm25'] >= mean['vectors'] else 'vectors'}); "
             "per collection: " + ", ".join(
@@ -122,7 +122,7 @@ def quality_section(rows: Sequence[QualityRow], env: list[str], limits: Retrieva
     best = []
     for r in rows:
         cell = max(r.sweep, key=r.sweep.__getitem__)
-        best.append(f"{r.name} {cell} {f3(r.sweep[cell])} (default k=60,d=25: "
+        best.append(f"{r.name} {cell} {f3(r.sweep[cell])} (k=60,d=25: "
                     f"{f3(r.sweep['k=60,d=25'])})")
     out += ["", "Per collection, best cell of the sweep: " + "; ".join(best) + "."]
     notes = []
