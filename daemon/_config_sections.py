@@ -239,6 +239,10 @@ class RetrievalSettings:
         "", "Audit log of Search calls (JSON lines: the redacted query, filters, mode, the "
         "whole fused candidate list with both ranks, latency; rotated like answer.audit_log"
         "); empty: off.", reload="restart")
+    refresh_min_interval: float = setting(
+        600.0, "A Search rescans, in the background, each directory source it covers "
+        "whose last scan is older than this many seconds (at most once per interval); 0: "
+        "no refresh on search.", minimum=0)
     backfill_interval: float = setting(
         30.0, "Seconds between checks for chunks without a vector of the current embedding "
         "model (indexed while it was unavailable), which are then embedded in the "

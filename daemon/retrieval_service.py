@@ -303,17 +303,25 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     """Documents, sources, reindex, search, status."""
 
     def __init__(self, retriever: Retriever, metrics: Metrics | None = None,
-                 allowed_roots: Callable[[], tuple[str, ...]] = _no_roots,
-                 audit: AuditLog | None = None) -> None:
+                 allowed_roots: Callable[[], tuple[str, ...]] = _no_roots, *,
+                 audit: AuditLog | None = None,
+                 refresh_interval: Callable[[], float] = lambda: 0.0,
+                 wall: Callable[[], float] = time.time) -> None:
         """Args:
             allowed_roots: where directory sources may live (retrieval.allowed_roots; read
                 at every AddSource and scan, so a reload applies at once).
             audit: where Search calls are recorded (retrieval.search_audit_log), or None.
+            refresh_interval: retrieval.refresh_min_interval (0: no refresh on search).
+            wall: the clock last scans are compared with (injected in tests).
         """
         self._r = retriever
         self.metrics = metrics
         self._allowed_roots = allowed_roots
         self._audit = audit
+        self._refresh_interval = refresh_interval
+        self._wall = wall
+        self._refreshes: dict[str, asyncio.Task[None]] = {}
+        self._refreshed_at: dict[str, float] = {}
 
     @rpc.unary("UpsertDocument")
     async def UpsertDocument(
@@ -494,6 +502,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     ) -> rpb.SearchResponse:
         began = time.perf_counter()
         filters, options = filters_from(request.filters), query_from(request)
+        await self._refresh(filters.sources)
         try:
             result = await self._r.search(request.query, k=request.top_k or None,
                                           filters=filters, options=options)
@@ -506,6 +515,42 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
             await self._record(self._audit, request, result, filters=filters,
                                options=options, seconds=time.perf_counter() - began)
         return response
+
+    async def _refresh(self, named: Sequence[str]) -> None:
+        """Lazy refresh: rescan, in the background, each enabled directory source the
+        search covers (those named, else all) whose last scan is older than
+        retrieval.refresh_min_interval; at most once per interval per source, never two
+        at once. The search itself does not wait: this one sees the index as it is. An
+        incremental rescan costs a stat per unchanged file, so it is the change check."""
+        interval = self._refresh_interval()
+        if interval <= 0:
+            return
+        now = self._wall()
+        for source in await self._r.sources():
+            if source.kind != "directory" or source.disabled \
+                    or (named and source.id not in named):
+                continue
+            last = max(source.last_scan or 0, self._refreshed_at.get(source.id, 0.0))
+            running = self._refreshes.get(source.id)
+            if now - last < interval or (running is not None and not running.done()):
+                continue
+            self._refreshed_at[source.id] = now
+            self._refreshes[source.id] = asyncio.create_task(
+                self._rescan(source.id), name=f"refresh-{source.id}")
+
+    async def _rescan(self, source_id: str) -> None:
+        try:
+            await scan_source(self._r, source_id, allowed_roots=self._allowed_roots())
+        except Exception as exc:  # recorded on the source by the scan; logged here
+            structlog.get_logger("llamad.retrieval").warning(
+                "refresh on search failed", source=source_id, error=str(exc)[:200])
+
+    async def close(self) -> None:
+        """Cancel the refreshes under way (a rescan cut short resumes at the next one)."""
+        tasks = [t for t in self._refreshes.values() if not t.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _record(self, audit: AuditLog, request: rpb.SearchRequest, result: SearchResult,
                       *, filters: Filters, options: Query, seconds: float) -> None:

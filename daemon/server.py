@@ -159,6 +159,7 @@ class Daemon:
                                  on_change=self._after_mode_change)
         self.retriever: Retriever | None = None
         self._answer: AnswerServicer | None = None
+        self._retrieval: RetrievalServicer | None = None
         if config.retrieval.enabled:
             self.retriever = Retriever(config.state_dir / "retrieval",
                                        make_provider(self.router, self.children),
@@ -210,9 +211,7 @@ class Daemon:
             server)
         if self.retriever is not None:
             retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(
-                RetrievalServicer(self.retriever, self.metrics, self._allowed_roots,
-                                  audit=self._search_audit()),
-                server)
+                self._retrieval_servicer(self.retriever), server)
         # Served in every mode: a disabled generation role answers FAILED_PRECONDITION.
         self._answer = self._answer_servicer()
         answer_pb2_grpc.add_AnswerServiceServicer_to_server(self._answer, server)
@@ -267,6 +266,12 @@ class Daemon:
         self._notifier.status(self.status_line())
         self._notifier.ready()
         return self.address
+
+    def _retrieval_servicer(self, retriever: Retriever) -> RetrievalServicer:
+        self._retrieval = RetrievalServicer(
+            retriever, self.metrics, self._allowed_roots, audit=self._search_audit(),
+            refresh_interval=lambda: self.config.retrieval.refresh_min_interval)
+        return self._retrieval
 
     def _search_audit(self) -> AuditLog | None:
         """The Search audit log (retrieval.search_audit_log), rotated like Ask's; None:
@@ -405,6 +410,8 @@ class Daemon:
         await server.stop(self.config.drain_grace)
         for child in self.children.values():
             child.ring.close()
+        if self._retrieval is not None:
+            await self._retrieval.close()  # refreshes first: they write to the retriever
         if self.retriever is not None:
             await self.retriever.close()
         for role in ("generation", "embedding"):
