@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from bench._support import EMBED_MODEL, MODELS_DIR
 from daemon import Daemon, load
-from daemon.retrieval_service import ChildEmbedder, make_provider
+from daemon.retrieval_bridge import ChildEmbedder, make_provider
 from retrieval import Embedder, RetrievalLimits, Retriever, Vector, redact
 from retrieval._chunk import chunk_text
 from tests.support.embedder import FixedEmbedder

@@ -1,12 +1,6 @@
-"""RetrievalService: the gRPC face of :mod:`retrieval`, and its link to the embedding child.
-
-:class:`ChildEmbedder` adapts the embedding role — a supervised child or an external
-endpoint — to the retriever's ``Embedder`` protocol. The retriever asks for it on every
-use, so it follows the role: when the role is down, disabled, or its endpoint has no
-embeddings API, the provider returns None and search is BM25-only, saying why. Vectors
-are tagged with the embedding model's identity (file name and SHA-256 for a child, model
-id and URL for an endpoint), so a swap or a switch never mixes vector spaces.
-"""
+"""RetrievalService: the gRPC face of :mod:`retrieval` (its messages in
+:mod:`daemon.retrieval_wire`, its links to the embedding role and its schedules in
+:mod:`daemon.retrieval_bridge`)."""
 
 from __future__ import annotations
 
@@ -16,287 +10,41 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Final
 
 import grpc
 import structlog
-from google.protobuf import timestamp_pb2
 
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from llamad_protocol.v1 import retrieval_pb2_grpc
 from retrieval import (
     DocumentRow,
-    ExtractLimits,
     Filters,
-    Hit,
     InvalidDocument,
     Query,
-    RetrievalLimits,
     Retriever,
     ScanReport,
     SearchResult,
-    SourceRow,
-    Vector,
     check_root,
     extract_bytes,
     scan_source,
     validate_document_id,
 )
-from supervisor import (
-    ChildRequestError,
-    State,
-    SupervisorError,
-    TokenizeUnavailableError,
-)
 
 from . import rpc
 from .audit import AuditLog
-from .backend import InferenceBackend
-from .children import ManagedChild
-from .config import Config
-from .errors import InvalidArgument, RequestError
+from .errors import InvalidArgument
 from .metrics import Metrics
-from .router import InferenceRouter
-
-_STATES = {
-    "pending": rpb.DOCUMENT_STATE_PENDING,
-    "processing": rpb.DOCUMENT_STATE_PROCESSING,
-    "indexed": rpb.DOCUMENT_STATE_INDEXED,
-    "failed": rpb.DOCUMENT_STATE_FAILED,
-}
-SOURCES = {"text": rpb.SEARCH_SOURCE_TEXT, "vector": rpb.SEARCH_SOURCE_VECTOR,
-            "hybrid": rpb.SEARCH_SOURCE_HYBRID}
-
-
-def limits_from(config: Config) -> RetrievalLimits:
-    r = config.retrieval
-    return RetrievalLimits(
-        chunk_size=r.chunk_size, chunk_overlap=r.chunk_overlap,
-        max_chunk_chars=r.max_chunk_chars, embed_batch=r.embed_batch,
-        embed_concurrency=r.embed_concurrency, ingest_workers=r.ingest_workers,
-        ingest_inflight_bytes=r.ingest_inflight_mb * 1024 * 1024,
-        max_commit_batch=r.max_commit_batch, query_embed_timeout=r.query_embed_timeout,
-        text_candidates=r.text_candidates, vector_candidates=r.vector_candidates,
-        rrf_k=r.rrf_k, default_k=r.default_k, max_k=r.max_k,
-        max_query_chars=r.max_query_chars, max_document_chars=r.max_document_chars,
-        max_candidates=r.max_candidates, text_weight=r.text_weight,
-        vector_weight=r.vector_weight,
-        max_files_per_source=r.max_files_per_source,
-        max_bytes_per_source=r.max_source_mb * 1024 * 1024,
-        redact_hostnames=r.redact_hostnames, redact_ips=r.redact_ips,
-        refuse_hard_links=r.refuse_hard_links,
-        extract=ExtractLimits(max_bytes=r.max_file_mb * 1024 * 1024,
-                              pdf_timeout=r.pdf_timeout,
-                              pdf_max_pages=r.pdf_max_pages,
-                              html_max_depth=r.html_max_depth,
-                              pdf_max_memory=r.pdf_max_memory_mb * 1024 * 1024,
-                              pdf_max_output=r.pdf_max_output_mb * 1024 * 1024),
-    )
-
-
-class ChildEmbedder:
-    """The embedding role's current backend (a child or an endpoint) as a
-    ``retrieval.Embedder``; made afresh by the provider for each use, so its identity and
-    context are those of what serves the role at that moment."""
-
-    def __init__(self, router: InferenceRouter, backend: InferenceBackend) -> None:
-        self._router = router
-        self._backend = backend
-        self.model_id: Final = backend.identity
-        self.context: Final = backend.context_tokens or 512
-
-    async def embed(self, texts: Sequence[str]) -> Sequence[Vector]:
-        # in_flight: an ingest or search already running when a shutdown begins is let
-        # finish by the drain; refused embeddings would leave its documents without
-        # vectors for good (nothing embeds them later), its search BM25-only.
-        async with self._router.admit("embedding", None, in_flight=True) as backend:
-            if backend.identity != self.model_id:
-                # Swapped or switched since: these vectors would carry the wrong identity.
-                raise ChildRequestError("the embedding model changed; retry")
-            result = await backend.embed(list(texts))
-        return list(result.matrix)  # float32 rows, as the index stores them
-
-    async def count_tokens(self, text: str) -> int:
-        try:
-            return len(await self._backend.tokenize(text, add_special=True))
-        except TokenizeUnavailableError:
-            # Only an endpoint lacks a tokenizer: a conservative estimate (an English
-            # BPE/WordPiece token averages about 4 characters) splits chunks a little
-            # more often than needed, never less.
-            return estimate_tokens(text)
-
-
-def estimate_tokens(text: str) -> int:
-    """A conservative token count for endpoints without a tokenizer (never for a child)."""
-    return len(text) // 3 + 1
-
-
-def make_provider(router: InferenceRouter, children: dict[str, ManagedChild]
-                  ) -> Callable[[], ChildEmbedder | None]:
-    """The embedder provider the retriever calls: None unless the embedding role is ready
-    and what serves it has a known identity (a child's model SHA-256, an endpoint's model
-    id and URL)."""
-    child = children.get("embedding")
-
-    def provider() -> ChildEmbedder | None:
-        if child is None or child.supervisor.state is not State.RUNNING:
-            return None
-        try:
-            backend = router.backend("embedding", in_flight=True)
-        except (RequestError, SupervisorError):
-            return None
-        return ChildEmbedder(router, backend) if backend.identity else None
-
-    return provider
-
-
-def unavailable_reason(children: dict[str, ManagedChild]) -> Callable[[], str]:
-    """Why the embedder provider has nothing (for search warnings)."""
-    def reason() -> str:
-        child = children.get("embedding")
-        if child is None or child.mode.kind == "disabled":
-            return "embedding is disabled"
-        where = ("the embedding endpoint" if child.mode.kind == "endpoint"
-                 else "the embedding child")
-        error = child.last_error or (child.supervisor.last_exit.message
-                                     if child.supervisor.last_exit else "")
-        state = child.supervisor.state.value
-        return f"{where} is unavailable ({state}{': ' + error[:200] if error else ''})"
-
-    return reason
-
-
-def _no_roots() -> tuple[str, ...]:
-    return ()
-
-
-async def rescan_loop(retriever: Retriever, interval: float,
-                      allowed_roots: Callable[[], tuple[str, ...]] = _no_roots) -> None:
-    """Rescan every directory source each ``interval`` seconds (a source scanned more
-    recently, e.g. by an operator's Reindex, waits its turn). Runs until cancelled; a
-    failing source (one outside ``allowed_roots()`` too) is logged and retried next
-    round."""
-    while True:
-        await asyncio.sleep(min(interval, 60.0))
-        now = time.time()
-        for source in await retriever.sources():
-            if source.kind != "directory" or source.disabled \
-                    or now - (source.last_scan or 0) < interval:
-                continue
-            try:
-                await scan_source(retriever, source.id, allowed_roots=allowed_roots())
-            except Exception as exc:
-                structlog.get_logger("llamad.retrieval").warning(
-                    "scheduled rescan failed", source=source.id, error=str(exc)[:200])
-
-
-async def backfill_loop(retriever: Retriever, interval: float) -> None:
-    """Every ``interval`` seconds, start the background embedding of chunks without a
-    vector of the current embedding model, if there are any and an embedder is available
-    (:meth:`retrieval.Retriever.backfill`). Runs until cancelled."""
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            retriever.backfill()
-        except Exception as exc:
-            structlog.get_logger("llamad.retrieval").warning(
-                "backfill check failed", error=str(exc)[:200])
-
-
-CONTENT_TYPES = {
-    "application/pdf": "pdf", "text/html": "html", "application/xhtml+xml": "html",
-    "text/markdown": "markdown", "text/plain": "text"}
-"""The media types a pushed document's bytes may have, and the kind each is read as."""
-
-MODES: dict[str, rpb.SearchMode.ValueType] = {
-    "hybrid": rpb.SEARCH_MODE_HYBRID, "text": rpb.SEARCH_MODE_TEXT,
-    "vector": rpb.SEARCH_MODE_VECTOR}
-_MODE_NAMES = {v: k for k, v in MODES.items()}
-
-
-def filters_from(f: rpb.SearchFilters) -> Filters:
-    """A request's search filters."""
-    return Filters(
-        sources=tuple(f.sources), kinds=tuple(f.kinds), categories=tuple(f.categories),
-        tags=tuple(f.tags),
-        since=f.indexed_since.seconds if f.HasField("indexed_since") else None,
-        until=f.indexed_until.seconds if f.HasField("indexed_until") else None,
-    )
-
-
-def query_from(request: rpb.SearchRequest) -> Query:
-    """What a Search request chooses (unset: the configured defaults).
-
-    Raises:
-        InvalidArgument: an unknown mode.
-    """
-    mode = request.mode or rpb.SEARCH_MODE_HYBRID
-    if mode not in _MODE_NAMES:
-        raise InvalidArgument(f"unknown search mode {mode}")
-    return Query(
-        mode=_MODE_NAMES[mode],
-        min_score=request.min_score if request.HasField("min_score") else None,
-        candidates=request.candidates or None,
-        text_weight=request.text_weight if request.HasField("text_weight") else None,
-        vector_weight=request.vector_weight if request.HasField("vector_weight") else None,
-        group_by_document=request.group_by_document)
-
-
-def search_hit(h: Hit) -> rpb.SearchHit:
-    hit = rpb.SearchHit(
-        chunk_id=h.chunk_id, document_id=h.doc_id, title=h.title,
-        source_id=h.source_id, path=h.path, heading=h.heading, text=h.text,
-        snippet=h.snippet, search_source=SOURCES[h.search_source],
-        fused_score=h.fused_score, score=h.score, kind=h.kind, category=h.category,
-        tags=h.tags, ordinal=h.ordinal, other_chunk_ids=h.other_chunk_ids)
-    if h.text_rank is not None:
-        hit.text_rank = h.text_rank
-    if h.text_score is not None:
-        hit.text_score = h.text_score
-    if h.vector_rank is not None:
-        hit.vector_rank = h.vector_rank
-    if h.vector_score is not None:
-        hit.vector_score = h.vector_score
-    if (ts := _ts(h.indexed_at)) is not None:
-        hit.indexed_at.CopyFrom(ts)
-    if h.mtime_ns:
-        hit.modified_at.FromNanoseconds(h.mtime_ns)
-    return hit
-
-
-def _ts(seconds: float | None) -> timestamp_pb2.Timestamp | None:
-    if not seconds:
-        return None
-    ts = timestamp_pb2.Timestamp()
-    ts.FromSeconds(int(seconds))
-    return ts
-
-
-def _document(d: DocumentRow) -> rpb.Document:
-    msg = rpb.Document(id=d.id, source_id=d.source_id, title=d.title, kind=d.kind,
-                       category=d.category, tags=list(d.tags),
-                       state=_STATES.get(d.state, rpb.DOCUMENT_STATE_UNSPECIFIED),
-                       error=d.error, path=d.path, redactions=d.redactions)
-    if (ts := _ts(d.indexed_at)) is not None:
-        msg.indexed_at.CopyFrom(ts)
-    return msg
-
-
-def _source(s: SourceRow, documents: int = 0) -> rpb.Source:
-    msg = rpb.Source(id=s.id, kind=s.kind, path=s.root, category=s.category, tags=list(s.tags),
-                     last_error=s.last_error, documents=documents, disabled=s.disabled)
-    if (ts := _ts(s.last_scan)) is not None:
-        msg.last_scan.CopyFrom(ts)
-    return msg
-
-
-def _progress(r: ScanReport, done: bool) -> rpb.ReindexProgress:
-    return rpb.ReindexProgress(
-        source_id=r.source_id, seen=r.seen, added=r.added, changed=r.changed,
-        unchanged=r.unchanged, deleted=r.deleted, done=done,
-        failed=[rpb.FileIssue(path=p, reason=why) for p, why in r.failed],
-        skipped=[rpb.FileIssue(path=p, reason=why) for p, why in r.skipped],
-    )
+from .retrieval_bridge import _no_roots
+from .retrieval_wire import (
+    CONTENT_TYPES,
+    MODES,
+    _document,
+    _progress,
+    _source,
+    filters_from,
+    query_from,
+    search_hit,
+)
 
 
 class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):

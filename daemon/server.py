@@ -52,14 +52,14 @@ from .metrics_http import MetricsServer, serve_metrics
 from .modes import ModeManager
 from .recycle import recycle_loop
 from .reload import ReloadReport, reload_config
-from .retrieval_service import (
-    RetrievalServicer,
+from .retrieval_bridge import (
     backfill_loop,
     limits_from,
     make_provider,
     rescan_loop,
     unavailable_reason,
 )
+from .retrieval_service import RetrievalServicer
 from .router import InferenceRouter
 from .servicers import InferenceServicer
 from .statelock import StateLock

@@ -373,26 +373,21 @@ class Store:
 
     def chunk_hashes(self, keys: Iterable[int]) -> dict[int, str]:
         """Chunk key -> content hash, for the keys that exist (no text loaded)."""
-        wanted = list(keys)
-        out: dict[int, str] = {}
-        with self._lock:
-            for i in range(0, len(wanted), 500):
-                part = wanted[i:i + 500]
-                marks = ",".join("?" * len(part))
-                out.update((int(k), str(h)) for k, h in self._db.execute(
-                    f"SELECT key, content_hash FROM chunks WHERE key IN ({marks})", part))  # noqa: S608 - placeholders only
-        return out
+        return self._chunk_column("content_hash", keys)
 
     def chunk_ids(self, keys: Iterable[int]) -> dict[int, str]:
         """Chunk key -> chunk id (the citation key), for the keys that exist."""
+        return self._chunk_column("chunk_id", keys)
+
+    def _chunk_column(self, column: str, keys: Iterable[int]) -> dict[int, str]:
         wanted = list(keys)
         out: dict[int, str] = {}
         with self._lock:
             for i in range(0, len(wanted), 500):
                 part = wanted[i:i + 500]
                 marks = ",".join("?" * len(part))
-                out.update((int(k), str(c)) for k, c in self._db.execute(
-                    f"SELECT key, chunk_id FROM chunks WHERE key IN ({marks})", part))  # noqa: S608 - placeholders only
+                out.update((int(k), str(v)) for k, v in self._db.execute(
+                    f"SELECT key, {column} FROM chunks WHERE key IN ({marks})", part))  # noqa: S608 - a fixed column, placeholders
         return out
 
     def document_chunk_keys(self, doc_id: str) -> set[int]:

@@ -124,7 +124,7 @@ async def measure_latency(r: Retriever, embedder: TableEmbedder, queries: Sequen
 def bm25s_baseline(corpus: Sequence[str], queries: Sequence[str],
                    rounds: int) -> tuple[dict[str, float], float]:
     """bm25s as its README shows it (English stopwords, no stemmer): latency, build s."""
-    import bm25s  # type: ignore[import-untyped]
+    import bm25s
 
     began = time.perf_counter()
     index = bm25s.BM25()
@@ -146,7 +146,7 @@ def rank_bm25_baseline(corpus: Sequence[str],
                        queries: Sequence[str]) -> tuple[dict[str, float], float]:
     """rank_bm25's BM25Okapi over lower-cased words, top 25 by argpartition: latency
     (one pass after a warm-up pass), build s."""
-    from rank_bm25 import BM25Okapi  # type: ignore[import-untyped]
+    from rank_bm25 import BM25Okapi
 
     began = time.perf_counter()
     okapi = BM25Okapi([WORD.findall(t.lower()) for t in corpus])

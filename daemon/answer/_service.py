@@ -29,7 +29,8 @@ from .. import rpc, validation
 from ..config import AnswerConfig, Limits
 from ..errors import InvalidArgument, OutOfRange
 from ..metrics import Metrics
-from ..retrieval_service import MODES, SOURCES, estimate_tokens, filters_from
+from ..retrieval_bridge import estimate_tokens
+from ..retrieval_wire import MODES, SOURCES, filters_from
 from ..router import InferenceRouter
 from ._audit import AuditLog
 from ._cache import CachedAnswer, ResponseCache

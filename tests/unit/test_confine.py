@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.retrieval_service import rescan_loop
+from daemon.retrieval_bridge import rescan_loop
 from retrieval import RetrievalLimits, Retriever, scan_source
 from retrieval._confine import SourceRoot, display_name
 from retrieval.errors import ExtractionError, SourceNotAllowed
