@@ -154,12 +154,12 @@ class AsyncClient(AsyncBase):
     async def upsert_document(self, source_id: str, text: str = "", *, document_id: str = "",
                               title: str = "", kind: str = "text", category: str = "",
                               tags: Sequence[str] = (), content: bytes = b"",
-                              content_type: str = "",
+                              content_type: str = "", wait: bool = True,
                               timeout: Timeout = DEFAULT) -> Document:
         """Index a pushed document (see :meth:`Client.upsert_document`)."""
         request = rq.upsert_document(source_id, text, document_id=document_id, title=title,
                                      kind=kind, category=category, tags=tags,
-                                     content=content, content_type=content_type)
+                                     content=content, content_type=content_type, wait=wait)
         resp = await self._unary(self._retrieval.UpsertDocument, request, timeout)
         return cv.document(resp.document)
 

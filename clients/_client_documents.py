@@ -94,6 +94,7 @@ class DocumentCalls(SyncBase):
         tags: Sequence[str] = (),
         content: bytes = b"",
         content_type: str = "",
+        wait: bool = True,
         timeout: Timeout = DEFAULT,
     ) -> Document:
         """Index a document of a push source, replacing its previous version atomically;
@@ -106,6 +107,8 @@ class DocumentCalls(SyncBase):
             content, content_type: the document as a file's bytes instead of ``text`` (a
                 PDF: ``application/pdf``; ``text/html``, ``text/markdown``,
                 ``text/plain``), extracted as such a file would be.
+            wait: False returns at once with the document ``pending`` (checked, not yet
+                indexed); :meth:`get_document` then shows its state.
 
         Example:
             >>> llamad = Client()                                             # doctest: +SKIP
@@ -115,7 +118,7 @@ class DocumentCalls(SyncBase):
         """
         request = rq.upsert_document(source_id, text, document_id=document_id, title=title,
                                      kind=kind, category=category, tags=tags,
-                                     content=content, content_type=content_type)
+                                     content=content, content_type=content_type, wait=wait)
         resp = self._unary(self._retrieval.UpsertDocument, request, timeout)
         return cv.document(resp.document)
 

@@ -197,6 +197,9 @@ class RetrievalSettings:
     ingest_inflight_mb: int = setting(
         64, "File bytes a directory scan has in flight at once, MiB (bounds its memory "
         "whatever ingest_workers is; one file larger than this goes alone).", minimum=1)
+    max_pending_upserts: int = setting(
+        1000, "Documents pushed with wait=false that may wait to be indexed at once; "
+        "beyond, UpsertDocument is RESOURCE_EXHAUSTED.", minimum=1)
     max_commit_batch: int = setting(
         256, "Most documents one group commit writes (concurrent ingests share commits).",
         minimum=1, reload="restart")

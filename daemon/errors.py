@@ -40,6 +40,7 @@ retrieval SourceDisabled      FAILED_PRECONDITION    no
 retrieval SourceNotAllowed    PERMISSION_DENIED      no
 SourceNotAllowed, no roots    FAILED_PRECONDITION    no
 retrieval StorageFull         RESOURCE_EXHAUSTED     no (space must be freed first)
+retrieval Busy                RESOURCE_EXHAUSTED     yes
 retrieval IndexCorrupt        INTERNAL, its message  no (an operator must act)
 any error of a full disk      RESOURCE_EXHAUSTED     no
 anything else                 INTERNAL               no (no traceback is sent)
@@ -59,6 +60,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from llamad_protocol.v1.wire import RETRY_AFTER_KEY, STATUS_DETAILS_KEY
 from retrieval.errors import (
+    Busy,
     ExtractionError,
     IndexCorrupt,
     InvalidDocument,
@@ -202,6 +204,8 @@ def map_error(exc: BaseException) -> Mapped:
                       DEFAULT_RETRY_AFTER)
     if isinstance(exc, StorageFull):
         return Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+    if isinstance(exc, Busy):
+        return Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), DEFAULT_RETRY_AFTER)
     if isinstance(exc, IndexCorrupt):
         # Internal, but not unexplained: the message names the index and what is wrong
         # with it, which is what the operator needs to act on.

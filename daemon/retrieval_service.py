@@ -17,7 +17,6 @@ import structlog
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from llamad_protocol.v1 import retrieval_pb2_grpc
 from retrieval import (
-    DocumentRow,
     Filters,
     InvalidDocument,
     Query,
@@ -76,45 +75,44 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         self, request: rpb.UpsertDocumentRequest, context: grpc.aio.ServicerContext,
         call: rpc.Call,
     ) -> rpb.UpsertDocumentResponse:
-        call.note(source=request.source_id, chars=len(request.text))
-        if request.content:
-            doc = await self._upsert_content(request)
-            call.note(document=doc.id, content_bytes=len(request.content))
-            return rpb.UpsertDocumentResponse(document=_document(doc))
-        kind = request.kind or "text"
-        # NULs go, as they do from files: no store, index or prompt should carry them.
-        title, text = request.title.replace("\x00", ""), request.text.replace("\x00", "")
-        if kind == "html":
-            # Pushed markup is extracted like an .html file: its text, without tags,
-            # scripts and styles, its nesting bounded (retrieval.html_max_depth).
-            if request.id:
-                validate_document_id(request.id)  # before the work, not after
-            extracted = await asyncio.to_thread(
-                extract_bytes, text.encode("utf-8"), request.id or "document", "html",
-                self._r.limits.extract)
-            title, text = title or extracted.title, extracted.text
-        doc = await self._r.upsert(
-            request.source_id, title, text, doc_id=request.id or None,
-            kind=kind, category=request.category, tags=tuple(request.tags))
-        call.note(document=doc.id)
-        return rpb.UpsertDocumentResponse(document=_document(doc))
-
-    async def _upsert_content(self, request: rpb.UpsertDocumentRequest) -> DocumentRow:
-        """A document pushed as a file's bytes: extracted by its type, then upserted."""
-        if request.text:
-            raise InvalidArgument("give text or content, not both")
-        media = request.content_type.split(";")[0].strip().lower()
-        if media and media not in CONTENT_TYPES:
-            raise InvalidArgument(
-                f"content_type {request.content_type!r} is not one of "
-                f"{', '.join(sorted(CONTENT_TYPES))}")
-        kind = CONTENT_TYPES[media] if media else (request.kind or "text")
+        call.note(source=request.source_id, chars=len(request.text),
+                  content_bytes=len(request.content) or None)
         if request.id:
             validate_document_id(request.id)  # before the work, not after
-        return await self._r.ingest_bytes(
-            request.source_id, request.id or request.title or "document",
-            bytes(request.content), kind, title=request.title, doc_id=request.id or None,
-            category=request.category, tags=tuple(request.tags))
+        title, text, kind = await self._document_text(request)
+        wait = request.wait if request.HasField("wait") else True
+        upsert = self._r.upsert if wait else self._r.upsert_later
+        doc = await upsert(request.source_id, title, text, doc_id=request.id or None,
+                           kind=kind, category=request.category, tags=tuple(request.tags))
+        call.note(document=doc.id, state=doc.state)
+        return rpb.UpsertDocumentResponse(document=_document(doc))
+
+    async def _document_text(self, request: rpb.UpsertDocumentRequest
+                             ) -> tuple[str, str, str]:
+        """The title, text and kind to index: pushed text as it is (NULs dropped, as from
+        files); HTML and a file's bytes extracted as such a file would be."""
+        if request.content:
+            if request.text:
+                raise InvalidArgument("give text or content, not both")
+            media = request.content_type.split(";")[0].strip().lower()
+            if media and media not in CONTENT_TYPES:
+                raise InvalidArgument(
+                    f"content_type {request.content_type!r} is not one of "
+                    f"{', '.join(sorted(CONTENT_TYPES))}")
+            kind, data = CONTENT_TYPES[media] if media else (request.kind or "text"), \
+                bytes(request.content)
+        else:
+            kind, data = request.kind or "text", b""
+        # NULs go, as they do from files: no store, index or prompt should carry them.
+        title, text = request.title.replace("\x00", ""), request.text.replace("\x00", "")
+        if request.content or kind == "html":
+            # Pushed markup and files are extracted like files of their kind: HTML
+            # without tags, scripts and styles, its nesting bounded; PDF by the worker.
+            extracted = await asyncio.to_thread(
+                extract_bytes, data or text.encode("utf-8"),
+                request.id or title or "document", kind, self._r.limits.extract)
+            title, text, kind = title or extracted.title, extracted.text, extracted.kind
+        return title, text, kind
 
     @rpc.unary("DeleteDocument")
     async def DeleteDocument(

@@ -21,6 +21,7 @@ from ._scan import ScanReport, check_root, scan_source
 from ._search import MODES, Hit, Query, SearchResult, snippet
 from ._store import DocumentRow, SourceRow
 from .errors import (
+    Busy,
     ExtractionError,
     IndexCorrupt,
     InvalidDocument,
@@ -40,6 +41,7 @@ __all__ = [
     "MODES",
     "PLACEHOLDER_PREFIX",
     "BackfillStatus",
+    "Busy",
     "DocumentRow",
     "Embedder",
     "ExtractLimits",

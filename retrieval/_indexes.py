@@ -388,13 +388,14 @@ class Indexes:
 
     # -- status ------------------------------------------------------------------------
 
-    async def status(self, model: str, processing: int) -> RetrievalStatus:
+    async def status(self, model: str, processing: int, pending: int = 0) -> RetrievalStatus:
         """Counts from SQLite and the vector index (reads only; no writer lock).
 
         Args:
             model: the embedding model whose cached vectors ``embedded_chunks`` counts.
             processing: documents being processed now (SQLite keeps their last committed
                 version): shown as state ``processing`` when there are any.
+            pending: documents accepted to index in the background, not started yet.
         """
         store, _ = self.require()
         counts = await asyncio.to_thread(store.counts)
@@ -403,6 +404,8 @@ class Indexes:
                     if k.startswith("documents_")}
         if processing:
             by_state["processing"] = processing
+        if pending:
+            by_state["pending"] = by_state.get("pending", 0) + pending
         return RetrievalStatus(
             sources=counts["sources"], chunks=counts["chunks"], documents_by_state=by_state,
             embedding_model=self.vector_model, embedded_chunks=embedded,

@@ -22,6 +22,7 @@ class RetrievalLimits:
     ingest_workers: int = 128       # documents of a directory scan in flight at once
     ingest_inflight_bytes: int = 64 * 1024**2  # ... and their file bytes, at most
     max_commit_batch: int = 256     # documents per group commit
+    max_pending: int = 1000         # upserts accepted to index in the background, waiting
     # 100/100: +0.011 mean nDCG@10 over 25/25 on 4 of 4 BEIR collections; weights other
     # than 1 and 1 add no more than noise (bench/RESULTS.md, Fusion weights and depth)
     text_candidates: int = 100

@@ -26,7 +26,8 @@ from ._bm25 import Filters
 from ._confine import SourceRoot
 from ._embedder import EmbedderProvider
 from ._indexes import Indexes, RetrievalStatus
-from ._ingest import Ingest
+from ._ingest import Ingest, content_hash
+from ._later import Later
 from ._limits import RetrievalLimits
 from ._search import Query, Search, SearchResult
 from ._store import DocumentRow, SourceRow
@@ -57,6 +58,7 @@ class Retriever:
         self._backfill = Backfill(self._indexes, embedder, limits)
         self._ingest = Ingest(self._indexes, embedder, limits,
                               on_other_model=self._backfill.start)
+        self._later = Later(self.upsert, lambda: self.limits.max_pending)
         self._search = Search(
             self._indexes, embedder, limits,
             unavailable_reason=unavailable_reason or (lambda: "embedding child unavailable"),
@@ -96,6 +98,7 @@ class Retriever:
     async def close(self) -> None:
         """Stop the background backfill, let the commits under way and queued finish,
         save the vector index and close the stores (each even if another fails)."""
+        await self._later.close()
         await self._backfill.close()
         await self._ingest.close()
         async with self._indexes.write:
@@ -192,6 +195,25 @@ class Retriever:
             source_id, title, text, doc_id=doc_id, kind=kind, category=category, tags=tags,
             path=path, mtime_ns=mtime_ns, size=size)
 
+    async def upsert_later(self, source_id: str, title: str, text: str, *,
+                           doc_id: str | None = None, kind: str = "text", category: str = "",
+                           tags: Sequence[str] = ()) -> DocumentRow:
+        """Accept a document now and index it in the background (see
+        :mod:`retrieval._later`): it is returned in state ``pending``; :meth:`document`
+        then shows ``processing``, then ``indexed`` or ``failed`` with the reason.
+
+        Raises:
+            InvalidDocument: bad id or kind, empty or oversized text (checked now).
+            NotFound: unknown source.
+            Busy: ``max_pending`` documents already wait.
+        """
+        store, _ = self._indexes.require()
+        return await self._later.accept(
+            store, source_id, title, text,
+            doc_id=doc_id or f"{source_id}/{content_hash(title + chr(0) + text)[:16]}",
+            kind=kind, category=category, tags=tags,
+            max_chars=self.limits.max_document_chars)
+
     async def ingest_file(self, source: SourceRow, root: SourceRoot, rel: str,
                           target: str | None = None) -> DocumentRow:
         """Extract, then :meth:`upsert`, one file of a directory source.
@@ -231,16 +253,16 @@ class Retriever:
     async def document(self, doc_id: str) -> DocumentRow | None:
         """A document (state ``processing`` while an upsert of it runs)."""
         store, _ = self._indexes.require()
-        inflight = self._ingest.inflight.get(doc_id)
-        if inflight is not None:
-            return inflight
+        current = self._ingest.inflight.get(doc_id) or self._later.pending.get(doc_id)
+        if current is not None:
+            return current
         return await asyncio.to_thread(store.document, doc_id)
 
     async def documents(self, source_id: str | None = None) -> list[DocumentRow]:
         """Documents by id (of one source), those being processed included."""
         store, _ = self._indexes.require()
         rows = {d.id: d for d in await asyncio.to_thread(store.documents, source_id)}
-        for doc_id, doc in list(self._ingest.inflight.items()):
+        for doc_id, doc in [*self._later.pending.items(), *self._ingest.inflight.items()]:
             if source_id is None or doc.source_id == source_id:
                 rows[doc_id] = doc
         return [rows[k] for k in sorted(rows)]
@@ -336,5 +358,7 @@ class Retriever:
         self._indexes.require()
         embedder = self._embedder()
         model = embedder.model_id if embedder is not None else self._indexes.vector_model
-        status = await self._indexes.status(model, processing=len(self._ingest.inflight))
+        status = await self._indexes.status(model, processing=len(self._ingest.inflight),
+                                            pending=len(self._later.pending.keys()
+                                                        - self._ingest.inflight.keys()))
         return dataclasses.replace(status, backfill=self._backfill.status)

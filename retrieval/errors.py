@@ -81,6 +81,10 @@ class NotFound(RetrievalError):
     """An unknown source or document."""
 
 
+class Busy(RetrievalError):
+    """Too many documents already wait to be indexed in the background: retry shortly."""
+
+
 class VectorUnavailable(RetrievalError):
     """A vector search that cannot run now: no embedding model, a vector index of another
     model (being rebuilt), none yet, or the query could not be embedded. The message

@@ -159,6 +159,7 @@ class UpsertDocumentRequest(_message.Message):
     TAGS_FIELD_NUMBER: _builtins.int
     CONTENT_FIELD_NUMBER: _builtins.int
     CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    WAIT_FIELD_NUMBER: _builtins.int
     source_id: _builtins.str
     """A push source (AddSource without a path)."""
     id: _builtins.str
@@ -174,6 +175,13 @@ class UpsertDocumentRequest(_message.Message):
     text/html, text/markdown, text/plain) or else from kind. Not with text.
     """
     content_type: _builtins.str
+    wait: _builtins.bool
+    """false: return at once with the document in state pending, checked (source, id,
+    kind, size) but not yet indexed; it is indexed in the background (GetDocument shows
+    processing, then indexed or failed with the reason). Unset or true: return once it
+    is durable and searchable. At most retrieval.max_pending_upserts wait at once
+    (then RESOURCE_EXHAUSTED, with a retry hint).
+    """
     @_builtins.property
     def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -188,12 +196,15 @@ class UpsertDocumentRequest(_message.Message):
         tags: _abc.Iterable[_builtins.str] | None = ...,
         content: _builtins.bytes = ...,
         content_type: _builtins.str = ...,
+        wait: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_wait", b"_wait", "wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "content", b"content", "content_type", b"content_type", "id", b"id", "kind", b"kind", "source_id", b"source_id", "tags", b"tags", "text", b"text", "title", b"title"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_wait", b"_wait", "category", b"category", "content", b"content", "content_type", b"content_type", "id", b"id", "kind", b"kind", "source_id", b"source_id", "tags", b"tags", "text", b"text", "title", b"title", "wait", b"wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__wait: _TypeAlias = _typing.Literal["wait"]  # noqa: Y015
+    _WhichOneofArgType__wait: _TypeAlias = _typing.Literal["_wait", b"_wait"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__wait) -> _WhichOneofReturnType__wait | None: ...
 
 Global___UpsertDocumentRequest: _TypeAlias = UpsertDocumentRequest  # noqa: Y015
 

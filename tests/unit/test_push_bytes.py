@@ -4,6 +4,7 @@ type is unknown or text comes too."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -75,3 +76,18 @@ async def test_pdf_bytes_are_extracted_by_the_worker(
     assert done.document.kind == "pdf"
     hits = (await stub.Search(rpb.SearchRequest(query="BGP flap"))).hits
     assert hits[0].document_id == "inbox/bgp"
+
+
+async def test_wait_false_returns_pending_then_the_document_is_indexed(
+        stub: retrieval_pb2_grpc.RetrievalServiceStub) -> None:
+    """UpsertDocument with wait=false answers at once with state PENDING; GetDocument
+    then shows it indexed once the background upsert is done."""
+    done = await stub.UpsertDocument(rpb.UpsertDocumentRequest(
+        source_id="inbox", id="inbox/later", text="printer queue stuck", wait=False))
+    assert done.document.state == rpb.DOCUMENT_STATE_PENDING
+    for _ in range(200):
+        doc = await stub.GetDocument(rpb.GetDocumentRequest(id="inbox/later"))
+        if doc.state == rpb.DOCUMENT_STATE_INDEXED:
+            break
+        await asyncio.sleep(0.01)
+    assert doc.state == rpb.DOCUMENT_STATE_INDEXED
