@@ -45,6 +45,10 @@ from .retrieval_wire import (
     search_hit,
 )
 
+REFRESH_CHECK = 10.0
+"""Seconds between two looks at the sources' last scans by searches (lazy refresh): a
+stale source is noticed within this long of a search, and searches pay no read for it."""
+
 
 class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     """Documents, sources, reindex, search, status."""
@@ -69,6 +73,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         self._wall = wall
         self._refreshes: dict[str, asyncio.Task[None]] = {}
         self._refreshed_at: dict[str, float] = {}
+        self._checked_at = float("-inf")  # when a search last looked at the sources
 
     @rpc.unary("UpsertDocument")
     async def UpsertDocument(
@@ -269,9 +274,11 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         at once. The search itself does not wait: this one sees the index as it is. An
         incremental rescan costs a stat per unchanged file, so it is the change check."""
         interval = self._refresh_interval()
-        if interval <= 0:
-            return
         now = self._wall()
+        # The sources are read at most every REFRESH_CHECK seconds: not once per search.
+        if interval <= 0 or now - self._checked_at < min(REFRESH_CHECK, interval):
+            return
+        self._checked_at = now
         for source in await self._r.sources():
             if source.kind != "directory" or source.disabled \
                     or (named and source.id not in named):

@@ -41,17 +41,26 @@ def filters_from(f: rpb.SearchFilters) -> Filters:
     )
 
 
+def mode_name(value: rpb.SearchMode.ValueType) -> str:
+    """The search mode a request asks for (unset: hybrid).
+
+    Raises:
+        InvalidArgument: an unknown mode.
+    """
+    mode = value or rpb.SEARCH_MODE_HYBRID
+    if mode not in _MODE_NAMES:
+        raise InvalidArgument(f"unknown search mode {mode}")
+    return _MODE_NAMES[mode]
+
+
 def query_from(request: rpb.SearchRequest) -> Query:
     """What a Search request chooses (unset: the configured defaults).
 
     Raises:
         InvalidArgument: an unknown mode.
     """
-    mode = request.mode or rpb.SEARCH_MODE_HYBRID
-    if mode not in _MODE_NAMES:
-        raise InvalidArgument(f"unknown search mode {mode}")
     return Query(
-        mode=_MODE_NAMES[mode],
+        mode=mode_name(request.mode),
         min_score=request.min_score if request.HasField("min_score") else None,
         candidates=request.candidates or None,
         text_weight=request.text_weight if request.HasField("text_weight") else None,

@@ -18,6 +18,7 @@ stream: the call is refused at the first undecodable message) are wrapped here.
 
 from __future__ import annotations
 
+import abc
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -198,10 +199,10 @@ class HandlerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(details)
         return None if handler is None else self.handler_for(handler, details)
 
+    @abc.abstractmethod
     def handler_for(self, handler: grpc.RpcMethodHandler,
                     details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         """The handler to serve the call with (``handler`` itself to let it through)."""
-        raise NotImplementedError
 
 
 class DecodeGuard(HandlerInterceptor):

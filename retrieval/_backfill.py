@@ -67,8 +67,8 @@ class Backfill:
         if embedder is None or indexes.store is None:
             return False
         if indexes.vectors is None or indexes.vector_model != embedder.model_id:
-            return indexes.store.counts()["chunks"] > 0
-        missing = indexes.store.counts()["chunks"] - indexes.vectors.count()
+            return indexes.store.chunk_count() > 0
+        missing = indexes.store.chunk_count() - indexes.vectors.count()
         return missing > len(self._failed) if self._failed_model == embedder.model_id \
             else missing > 0
 
@@ -101,7 +101,7 @@ class Backfill:
         if embedder is None or vectors is None or self._indexes.vector_model != \
                 embedder.model_id:
             return set(keys)
-        return keys - vectors.keys()
+        return vectors.missing(keys)
 
     async def close(self) -> None:
         """Stop a run (what it embedded stays cached; the next start resumes)."""
@@ -125,7 +125,7 @@ class Backfill:
         if only is not None:
             keys &= only
         if indexes.vectors is not None and not switching:
-            keys -= indexes.vectors.keys()
+            keys = indexes.vectors.missing(keys)
         todo = sorted(keys)
         self._model, self._pending, self._done, self._last_error = model, len(todo), 0, ""
         began, dim = time.monotonic(), 0
@@ -225,7 +225,7 @@ class Backfill:
         vectors = indexes.vectors
 
         def add() -> None:
-            missing = set(keys) - vectors.keys()
+            missing = vectors.missing(keys)
             if missing and indexes.add_cached_vectors(missing):
                 indexes.vectors_dirty = True
 

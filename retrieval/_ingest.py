@@ -77,16 +77,7 @@ class Ingest:
         :meth:`retrieval.Retriever.upsert`."""
         limits = self.limits
         store, _ = self._indexes.require()
-        check_kind(kind)
-        if not text.strip():
-            raise InvalidDocument("document text is empty")
-        if len(text) > limits.max_document_chars:
-            raise InvalidDocument(f"document has {len(text)} characters; the limit is "
-                                  f"{limits.max_document_chars} "
-                                  "(retrieval.max_document_chars)")
-        source = await asyncio.to_thread(store.source, source_id)
-        if source is None:
-            raise NotFound(f"no source {source_id!r}; add it first")
+        source = await self.check(source_id, text, kind)
         doc_id = validate_document_id(
             doc_id or f"{source_id}/{content_hash(title + chr(0) + text)[:16]}")
         cleaned = redact(text, hostnames=limits.redact_hostnames, ips=limits.redact_ips)
@@ -121,6 +112,26 @@ class Ingest:
             if self.inflight.get(doc_id) is doc:
                 del self.inflight[doc_id]
         return indexed
+
+    async def check(self, source_id: str, text: str, kind: str) -> SourceRow:
+        """What refuses a document before any work: its kind, empty or oversized text, an
+        unknown source; returns the source.
+
+        Raises:
+            InvalidDocument, NotFound: the refusal, saying why.
+        """
+        store, _ = self._indexes.require()
+        check_kind(kind)
+        if not text.strip():
+            raise InvalidDocument("document text is empty")
+        if len(text) > self.limits.max_document_chars:
+            raise InvalidDocument(f"document has {len(text)} characters; the limit is "
+                                  f"{self.limits.max_document_chars} "
+                                  "(retrieval.max_document_chars)")
+        source = await asyncio.to_thread(store.source, source_id)
+        if source is None:
+            raise NotFound(f"no source {source_id!r}; add it first")
+        return source
 
     async def ingest_file(self, source: SourceRow, root: SourceRoot, rel: str,
                           target: str | None = None) -> DocumentRow:

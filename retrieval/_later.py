@@ -19,44 +19,39 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
-from ._kinds import check_kind
-from ._store import DocumentRow, Store
-from .errors import Busy, InvalidDocument, NotFound, validate_document_id
+from ._store import DocumentRow
+from .errors import Busy, validate_document_id
 
 _log = structlog.get_logger("llamad.retrieval")
 
 Upsert = Callable[..., Awaitable[DocumentRow]]
+Check = Callable[[str, str, str], Awaitable[object]]
+"""What refuses a document (source id, text, kind), raising: the upsert's own check."""
 
 
 class Later:
     """The background upserts of one retriever."""
 
-    def __init__(self, upsert: Upsert, max_pending: Callable[[], int]) -> None:
+    def __init__(self, upsert: Upsert, check: Check, max_pending: Callable[[], int]) -> None:
         self._upsert = upsert
+        self._check = check
         self._max_pending = max_pending
         self.pending: dict[str, DocumentRow] = {}   # accepted, not started
         self._tasks: dict[str, asyncio.Task[None]] = {}  # the latest per document
         self._running: set[asyncio.Task[None]] = set()   # all of them
 
-    async def accept(self, store: Store, source_id: str, title: str, text: str, *,
-                     doc_id: str, kind: str, category: str, tags: Sequence[str],
-                     max_chars: int) -> DocumentRow:
-        """Check the document, then queue its upsert; return it in state ``pending``.
+    async def accept(self, source_id: str, title: str, text: str, *, doc_id: str, kind: str,
+                     category: str, tags: Sequence[str]) -> DocumentRow:
+        """Check the document as its upsert would, then queue the upsert; return the
+        document in state ``pending``.
 
         Raises:
-            InvalidDocument: an empty or oversized text (the id is checked by the caller).
+            InvalidDocument: a bad id or kind, an empty or oversized text.
             NotFound: an unknown source.
             Busy: ``max_pending`` documents already wait.
         """
-        check_kind(kind)
-        if not text.strip():
-            raise InvalidDocument("document text is empty")
-        if len(text) > max_chars:
-            raise InvalidDocument(f"document has {len(text)} characters; the limit is "
-                                  f"{max_chars} (retrieval.max_document_chars)")
         validate_document_id(doc_id)
-        if await asyncio.to_thread(store.source, source_id) is None:
-            raise NotFound(f"no source {source_id!r}; add it first")
+        await self._check(source_id, text, kind)
         waiting = len(self._running)
         if waiting >= self._max_pending():
             raise Busy(f"{waiting} documents already wait to be indexed "

@@ -58,7 +58,7 @@ class Retriever:
         self._backfill = Backfill(self._indexes, embedder, limits)
         self._ingest = Ingest(self._indexes, embedder, limits,
                               on_other_model=self._backfill.start)
-        self._later = Later(self.upsert, lambda: self.limits.max_pending)
+        self._later = Later(self.upsert, self._ingest.check, lambda: self.limits.max_pending)
         self._search = Search(
             self._indexes, embedder, limits,
             unavailable_reason=unavailable_reason or (lambda: "embedding child unavailable"),
@@ -207,12 +207,11 @@ class Retriever:
             NotFound: unknown source.
             Busy: ``max_pending`` documents already wait.
         """
-        store, _ = self._indexes.require()
+        self._indexes.require()
         return await self._later.accept(
-            store, source_id, title, text,
+            source_id, title, text,
             doc_id=doc_id or f"{source_id}/{content_hash(title + chr(0) + text)[:16]}",
-            kind=kind, category=category, tags=tags,
-            max_chars=self.limits.max_document_chars)
+            kind=kind, category=category, tags=tags)
 
     async def ingest_file(self, source: SourceRow, root: SourceRoot, rel: str,
                           target: str | None = None) -> DocumentRow:

@@ -371,6 +371,10 @@ class Store:
                     out[int(r[0])] = self._chunk(r)
         return out
 
+    def chunk_count(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0])
+
     def chunk_hashes(self, keys: Iterable[int]) -> dict[int, str]:
         """Chunk key -> content hash, for the keys that exist (no text loaded)."""
         return self._chunk_column("content_hash", keys)

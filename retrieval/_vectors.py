@@ -202,6 +202,12 @@ class VectorIndex:
         with self._lock:
             return set(self._live)
 
+    def missing(self, keys: Iterable[int]) -> set[int]:
+        """Those of ``keys`` without a live vector (costs ``len(keys)``, not the index's
+        size)."""
+        with self._lock:
+            return {k for k in keys if k not in self._live}
+
     # -- writing -----------------------------------------------------------------------
 
     def add(self, keys: Sequence[int], vectors: np.ndarray) -> None:

@@ -21,18 +21,17 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from llamad_protocol.v1 import answer_pb2 as apb
 from llamad_protocol.v1 import answer_pb2_grpc
 from llamad_protocol.v1 import inference_pb2 as ipb
-from llamad_protocol.v1 import retrieval_pb2 as rpb
 from retrieval import Hit, Query, Retriever, VectorUnavailable, redact
 from supervisor import TokenizeUnavailableError
 
 from .. import rpc, validation
+from ..audit import AuditLog
 from ..config import AnswerConfig, Limits
 from ..errors import InvalidArgument, OutOfRange
 from ..metrics import Metrics
 from ..retrieval_bridge import estimate_tokens
-from ..retrieval_wire import MODES, SOURCES, filters_from
+from ..retrieval_wire import MODES, SOURCES, filters_from, mode_name
 from ..router import InferenceRouter
-from ._audit import AuditLog
 from ._cache import CachedAnswer, ResponseCache
 from ._prompt import PromptTooLarge, assemble
 
@@ -130,7 +129,7 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             params.max_tokens = self._settings.default_max_tokens
         sampling = validation.sampling(params, self._limits)
         k = request.top_k or self._settings.default_k
-        options = Query(mode=_search_mode(request.mode))
+        options = Query(mode=mode_name(request.mode))
         self._router.backend("generation")  # fail fast: UNAVAILABLE with a retry hint
         call.note(task=task, question_chars=len(question), k=k)
 
@@ -163,7 +162,7 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
         elif not hits:
             yield apb.AskResponse(text=NO_CONTEXT_ANSWER)
             yield apb.AskResponse(sources=apb.AskSources(
-                retrieval_mode=_mode(mode), warnings=warnings))
+                retrieval_mode=MODES[mode], warnings=warnings))
             yield apb.AskResponse(done=apb.AskDone(no_context=True,
                                                    finish_reason=ipb.FINISH_REASON_STOP))
             self._audit.record(task=task, question=question, no_context=True, hits=[],
@@ -204,7 +203,7 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             for i, h in enumerate(assembled.hits, start=1)
         ]
         sources = apb.AskResponse(sources=apb.AskSources(
-            citations=citations, retrieval_mode=_mode(mode), warnings=warnings))
+            citations=citations, retrieval_mode=MODES[mode], warnings=warnings))
         model = backend.provisional_identity  # the cache key's model part
         cached = None if request.no_cache else self._cache.get(model, assembled.sha256)
         first: float | None = None
@@ -272,19 +271,3 @@ def redacted_head(text: str, n: int) -> str:
     if len(head) < n + _CUT_MARGIN // 2:
         head = redact(text).text
     return head[:n]
-
-
-def _mode(mode: str) -> rpb.SearchMode.ValueType:
-    return MODES[mode]
-
-
-def _search_mode(value: rpb.SearchMode.ValueType) -> str:
-    """The search mode an Ask asks for (unset: hybrid).
-
-    Raises:
-        InvalidArgument: an unknown mode.
-    """
-    for name, enum in MODES.items():
-        if enum == (value or rpb.SEARCH_MODE_HYBRID):
-            return name
-    raise InvalidArgument(f"unknown search mode {value}")

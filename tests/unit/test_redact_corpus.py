@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.answer._audit import AuditLog
+from daemon.audit import AuditLog
 from retrieval import _redact
 from retrieval._redact import PLACEHOLDER_PREFIX, Redacted, redact
 from retrieval._redact_normalize import fold, normalize

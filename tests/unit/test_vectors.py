@@ -425,3 +425,12 @@ def test_concurrent_adds_deletes_saves_and_searches(path: Path) -> None:
         t.join()
     assert errors == []
     assert index.keys() == {k for k in range(6000) if k % 5}
+
+
+def test_missing_names_the_keys_without_a_live_vector(tmp_path: Path) -> None:
+    """missing(): the asked keys that have no vector, a deleted one included."""
+    index = VectorIndex(tmp_path / "v.hnsw", 4)
+    index.add([1, 2, 3], np.eye(3, 4, dtype=np.float32))
+    index.delete([2])
+    assert index.missing([1, 2, 3, 4]) == {2, 4}
+    assert index.missing([]) == set()
