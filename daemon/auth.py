@@ -9,7 +9,7 @@ missing, so a new RPC cannot slip through unguarded):
   listings (documents, sources, retrieval status), and server reflection.
 * ``admin``: everything that changes state or shows a child's raw output — Swap, Reset,
   SetMode, TailLogs, document upsert and delete, source add, remove and disable,
-  Reindex, Reprocess.
+  Reindex, Reprocess, ApproveDocument and RejectDocument.
   ``admin`` implies ``read``.
 * ``grpc.health.v1.Health`` needs no token (probes and load balancers).
 
@@ -72,6 +72,8 @@ METHOD_ROLES: Mapping[str, str] = {
     "/llamad.v1.RetrievalService/Search": READ,
     "/llamad.v1.RetrievalService/Status": READ,
     "/llamad.v1.RetrievalService/Reprocess": ADMIN,
+    "/llamad.v1.RetrievalService/ApproveDocument": ADMIN,
+    "/llamad.v1.RetrievalService/RejectDocument": ADMIN,
     # llamad.v1.AnswerService
     "/llamad.v1.AnswerService/Ask": READ,
     # Server reflection: the API's shape, for grpcurl.

@@ -139,6 +139,9 @@ class Citation(_message.Message):
     SNIPPET_FIELD_NUMBER: _builtins.int
     SEARCH_SOURCE_FIELD_NUMBER: _builtins.int
     INDEXED_AT_FIELD_NUMBER: _builtins.int
+    DOCUMENT_DATE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    SOURCE_ID_FIELD_NUMBER: _builtins.int
     label: _builtins.str
     """"S1", "S2", ... in rank order; the answer cites these."""
     chunk_id: _builtins.str
@@ -149,8 +152,14 @@ class Citation(_message.Message):
     snippet: _builtins.str
     search_source: _retrieval_pb2.SearchSource.ValueType
     """Which index found it, and when its document was indexed."""
+    kind: _builtins.str
+    source_id: _builtins.str
     @_builtins.property
     def indexed_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def document_date(self) -> _timestamp_pb2.Timestamp:
+        """The document's own date (unset when it has none)."""
+
     def __init__(
         self,
         *,
@@ -163,10 +172,13 @@ class Citation(_message.Message):
         snippet: _builtins.str = ...,
         search_source: _retrieval_pb2.SearchSource.ValueType = ...,
         indexed_at: _timestamp_pb2.Timestamp | None = ...,
+        document_date: _timestamp_pb2.Timestamp | None = ...,
+        kind: _builtins.str = ...,
+        source_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["indexed_at", b"indexed_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["document_date", b"document_date", "indexed_at", b"indexed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_id", b"chunk_id", "document_id", b"document_id", "indexed_at", b"indexed_at", "label", b"label", "path", b"path", "score", b"score", "search_source", b"search_source", "snippet", b"snippet", "title", b"title"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_id", b"chunk_id", "document_date", b"document_date", "document_id", b"document_id", "indexed_at", b"indexed_at", "kind", b"kind", "label", b"label", "path", b"path", "score", b"score", "search_source", b"search_source", "snippet", b"snippet", "source_id", b"source_id", "title", b"title"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

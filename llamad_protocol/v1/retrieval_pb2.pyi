@@ -37,6 +37,10 @@ class _DocumentStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Documen
     DOCUMENT_STATE_PROCESSING: _DocumentState.ValueType  # 2
     DOCUMENT_STATE_INDEXED: _DocumentState.ValueType  # 3
     DOCUMENT_STATE_FAILED: _DocumentState.ValueType  # 4
+    DOCUMENT_STATE_REVIEW_REQUIRED: _DocumentState.ValueType  # 5
+    """Stored, awaiting ApproveDocument or RejectDocument; not embedded, not searchable."""
+    DOCUMENT_STATE_REJECTED: _DocumentState.ValueType  # 6
+    """Rejected in review; not searchable. A new version goes back to review."""
 
 class DocumentState(_DocumentState, metaclass=_DocumentStateEnumTypeWrapper): ...
 
@@ -45,6 +49,10 @@ DOCUMENT_STATE_PENDING: DocumentState.ValueType  # 1
 DOCUMENT_STATE_PROCESSING: DocumentState.ValueType  # 2
 DOCUMENT_STATE_INDEXED: DocumentState.ValueType  # 3
 DOCUMENT_STATE_FAILED: DocumentState.ValueType  # 4
+DOCUMENT_STATE_REVIEW_REQUIRED: DocumentState.ValueType  # 5
+"""Stored, awaiting ApproveDocument or RejectDocument; not embedded, not searchable."""
+DOCUMENT_STATE_REJECTED: DocumentState.ValueType  # 6
+"""Rejected in review; not searchable. A new version goes back to review."""
 Global___DocumentState: _TypeAlias = DocumentState  # noqa: Y015
 
 class _SearchSource:
@@ -106,6 +114,8 @@ class Document(_message.Message):
     INDEXED_AT_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
     REDACTIONS_FIELD_NUMBER: _builtins.int
+    DOCUMENT_DATE_FIELD_NUMBER: _builtins.int
+    REVIEW_NOTE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     source_id: _builtins.str
     title: _builtins.str
@@ -119,10 +129,18 @@ class Document(_message.Message):
     """File path for directory sources."""
     redactions: _builtins.int
     """Credentials replaced by placeholders before indexing."""
+    review_note: _builtins.str
+    """The reviewer's note (ApproveDocument / RejectDocument)."""
     @_builtins.property
     def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def indexed_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def document_date(self) -> _timestamp_pb2.Timestamp:
+        """The document's own date, when it has one: a history record's time, the caller's
+        document_date, a front-matter or metadata date (unset otherwise).
+        """
+
     def __init__(
         self,
         *,
@@ -137,10 +155,12 @@ class Document(_message.Message):
         indexed_at: _timestamp_pb2.Timestamp | None = ...,
         path: _builtins.str = ...,
         redactions: _builtins.int = ...,
+        document_date: _timestamp_pb2.Timestamp | None = ...,
+        review_note: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["indexed_at", b"indexed_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["document_date", b"document_date", "indexed_at", b"indexed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "error", b"error", "id", b"id", "indexed_at", b"indexed_at", "kind", b"kind", "path", b"path", "redactions", b"redactions", "source_id", b"source_id", "state", b"state", "tags", b"tags", "title", b"title"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "document_date", b"document_date", "error", b"error", "id", b"id", "indexed_at", b"indexed_at", "kind", b"kind", "path", b"path", "redactions", b"redactions", "review_note", b"review_note", "source_id", b"source_id", "state", b"state", "tags", b"tags", "title", b"title"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -160,6 +180,8 @@ class UpsertDocumentRequest(_message.Message):
     CONTENT_FIELD_NUMBER: _builtins.int
     CONTENT_TYPE_FIELD_NUMBER: _builtins.int
     WAIT_FIELD_NUMBER: _builtins.int
+    REVIEW_FIELD_NUMBER: _builtins.int
+    DOCUMENT_DATE_FIELD_NUMBER: _builtins.int
     source_id: _builtins.str
     """A push source (AddSource without a path)."""
     id: _builtins.str
@@ -167,7 +189,9 @@ class UpsertDocumentRequest(_message.Message):
     title: _builtins.str
     text: _builtins.str
     kind: _builtins.str
-    """markdown, text, html or config (default text)."""
+    """One of the document kinds (markdown, text, html, pdf, config, yaml, json, toml,
+    shell, python, session; default text).
+    """
     category: _builtins.str
     content: _builtins.bytes
     """A document as a file's bytes instead of text (a PDF, an HTML page...), extracted
@@ -182,8 +206,18 @@ class UpsertDocumentRequest(_message.Message):
     is durable and searchable. At most retrieval.max_pending_upserts wait at once
     (then RESOURCE_EXHAUSTED, with a retry hint).
     """
+    review: _builtins.bool
+    """True: hold the document for review (state REVIEW_REQUIRED) even if its source does
+    not require it. A source with review_required holds every document regardless.
+    """
     @_builtins.property
     def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def document_date(self) -> _timestamp_pb2.Timestamp:
+        """The document's own date (a history record's time: required by none, defaults to the
+        time it is received for a history source).
+        """
+
     def __init__(
         self,
         *,
@@ -197,10 +231,12 @@ class UpsertDocumentRequest(_message.Message):
         content: _builtins.bytes = ...,
         content_type: _builtins.str = ...,
         wait: _builtins.bool | None = ...,
+        review: _builtins.bool = ...,
+        document_date: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_wait", b"_wait", "wait", b"wait"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_wait", b"_wait", "document_date", b"document_date", "wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_wait", b"_wait", "category", b"category", "content", b"content", "content_type", b"content_type", "id", b"id", "kind", b"kind", "source_id", b"source_id", "tags", b"tags", "text", b"text", "title", b"title", "wait", b"wait"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_wait", b"_wait", "category", b"category", "content", b"content", "content_type", b"content_type", "document_date", b"document_date", "id", b"id", "kind", b"kind", "review", b"review", "source_id", b"source_id", "tags", b"tags", "text", b"text", "title", b"title", "wait", b"wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__wait: _TypeAlias = _typing.Literal["wait"]  # noqa: Y015
     _WhichOneofArgType__wait: _TypeAlias = _typing.Literal["_wait", b"_wait"]  # noqa: Y015
@@ -290,20 +326,49 @@ class ListDocumentsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SOURCE_ID_FIELD_NUMBER: _builtins.int
+    STATES_FIELD_NUMBER: _builtins.int
     source_id: _builtins.str
     """Empty lists every source's documents."""
+    @_builtins.property
+    def states(self) -> _containers.RepeatedScalarFieldContainer[Global___DocumentState.ValueType]:
+        """Only documents in these states (empty: every state)."""
+
     def __init__(
         self,
         *,
         source_id: _builtins.str = ...,
+        states: _abc.Iterable[Global___DocumentState.ValueType] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["source_id", b"source_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["source_id", b"source_id", "states", b"states"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListDocumentsRequest: _TypeAlias = ListDocumentsRequest  # noqa: Y015
+
+@_typing.final
+class ReviewDocumentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    note: _builtins.str
+    """Why (kept on the document, shown by GetDocument and ListDocuments)."""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "note", b"note"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReviewDocumentRequest: _TypeAlias = ReviewDocumentRequest  # noqa: Y015
 
 @_typing.final
 class ListDocumentsResponse(_message.Message):
@@ -333,10 +398,26 @@ class AddSourceRequest(_message.Message):
     PATH_FIELD_NUMBER: _builtins.int
     CATEGORY_FIELD_NUMBER: _builtins.int
     TAGS_FIELD_NUMBER: _builtins.int
+    REVIEW_REQUIRED_FIELD_NUMBER: _builtins.int
+    HISTORY_FIELD_NUMBER: _builtins.int
+    MAX_AGE_DAYS_FIELD_NUMBER: _builtins.int
+    MAX_ITEMS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     path: _builtins.str
     """A directory to scan; empty for a source of pushed documents."""
     category: _builtins.str
+    review_required: _builtins.bool
+    """Every document (new or changed) waits in REVIEW_REQUIRED until approved."""
+    history: _builtins.bool
+    """A history source: time-ordered records pushed by other tools (shell sessions,
+    incidents, change logs), each with its document_date, pruned oldest first by the
+    retention below. Not with path.
+    """
+    max_age_days: _builtins.int
+    """Retention of a history source (0: unlimited): records older than max_age_days, and
+    the oldest beyond max_items, are deleted in the background.
+    """
+    max_items: _builtins.int
     @_builtins.property
     def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -346,10 +427,14 @@ class AddSourceRequest(_message.Message):
         path: _builtins.str = ...,
         category: _builtins.str = ...,
         tags: _abc.Iterable[_builtins.str] | None = ...,
+        review_required: _builtins.bool = ...,
+        history: _builtins.bool = ...,
+        max_age_days: _builtins.int = ...,
+        max_items: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "id", b"id", "path", b"path", "tags", b"tags"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "history", b"history", "id", b"id", "max_age_days", b"max_age_days", "max_items", b"max_items", "path", b"path", "review_required", b"review_required", "tags", b"tags"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -368,15 +453,24 @@ class Source(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     DOCUMENTS_FIELD_NUMBER: _builtins.int
     DISABLED_FIELD_NUMBER: _builtins.int
+    REVIEW_REQUIRED_FIELD_NUMBER: _builtins.int
+    MAX_AGE_DAYS_FIELD_NUMBER: _builtins.int
+    MAX_ITEMS_FIELD_NUMBER: _builtins.int
+    PRUNED_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     kind: _builtins.str
-    """"directory" or "push"."""
+    """"directory", "push" or "history"."""
     path: _builtins.str
     category: _builtins.str
     last_error: _builtins.str
     documents: _builtins.int
     disabled: _builtins.bool
     """Kept, but neither searched nor rescanned (SetSourceDisabled)."""
+    review_required: _builtins.bool
+    max_age_days: _builtins.int
+    """A history source's retention (0: unlimited) and the records it has pruned."""
+    max_items: _builtins.int
+    pruned: _builtins.int
     @_builtins.property
     def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -393,10 +487,14 @@ class Source(_message.Message):
         last_error: _builtins.str = ...,
         documents: _builtins.int = ...,
         disabled: _builtins.bool = ...,
+        review_required: _builtins.bool = ...,
+        max_age_days: _builtins.int = ...,
+        max_items: _builtins.int = ...,
+        pruned: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_scan", b"last_scan"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "disabled", b"disabled", "documents", b"documents", "id", b"id", "kind", b"kind", "last_error", b"last_error", "last_scan", b"last_scan", "path", b"path", "tags", b"tags"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "disabled", b"disabled", "documents", b"documents", "id", b"id", "kind", b"kind", "last_error", b"last_error", "last_scan", b"last_scan", "max_age_days", b"max_age_days", "max_items", b"max_items", "path", b"path", "pruned", b"pruned", "review_required", b"review_required", "tags", b"tags"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -607,6 +705,8 @@ class SearchFilters(_message.Message):
     TAGS_FIELD_NUMBER: _builtins.int
     INDEXED_SINCE_FIELD_NUMBER: _builtins.int
     INDEXED_UNTIL_FIELD_NUMBER: _builtins.int
+    DATED_SINCE_FIELD_NUMBER: _builtins.int
+    DATED_UNTIL_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def sources(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -621,6 +721,12 @@ class SearchFilters(_message.Message):
     def indexed_since(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def indexed_until(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def dated_since(self) -> _timestamp_pb2.Timestamp:
+        """By the document's own date (documents without one are left out when either is set)."""
+
+    @_builtins.property
+    def dated_until(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
@@ -630,10 +736,12 @@ class SearchFilters(_message.Message):
         tags: _abc.Iterable[_builtins.str] | None = ...,
         indexed_since: _timestamp_pb2.Timestamp | None = ...,
         indexed_until: _timestamp_pb2.Timestamp | None = ...,
+        dated_since: _timestamp_pb2.Timestamp | None = ...,
+        dated_until: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["indexed_since", b"indexed_since", "indexed_until", b"indexed_until"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["dated_since", b"dated_since", "dated_until", b"dated_until", "indexed_since", b"indexed_since", "indexed_until", b"indexed_until"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["categories", b"categories", "indexed_since", b"indexed_since", "indexed_until", b"indexed_until", "kinds", b"kinds", "sources", b"sources", "tags", b"tags"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["categories", b"categories", "dated_since", b"dated_since", "dated_until", b"dated_until", "indexed_since", b"indexed_since", "indexed_until", b"indexed_until", "kinds", b"kinds", "sources", b"sources", "tags", b"tags"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -738,6 +846,7 @@ class SearchHit(_message.Message):
     ORDINAL_FIELD_NUMBER: _builtins.int
     MODIFIED_AT_FIELD_NUMBER: _builtins.int
     OTHER_CHUNK_IDS_FIELD_NUMBER: _builtins.int
+    DOCUMENT_DATE_FIELD_NUMBER: _builtins.int
     chunk_id: _builtins.str
     """Citation key: "<document id>#<n>"."""
     document_id: _builtins.str
@@ -775,6 +884,10 @@ class SearchHit(_message.Message):
     def other_chunk_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """With group_by_document: the document's other matching chunks, best first."""
 
+    @_builtins.property
+    def document_date(self) -> _timestamp_pb2.Timestamp:
+        """The document's own date (unset when it has none)."""
+
     def __init__(
         self,
         *,
@@ -800,10 +913,11 @@ class SearchHit(_message.Message):
         ordinal: _builtins.int = ...,
         modified_at: _timestamp_pb2.Timestamp | None = ...,
         other_chunk_ids: _abc.Iterable[_builtins.str] | None = ...,
+        document_date: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_text_rank", b"_text_rank", "_text_score", b"_text_score", "_vector_rank", b"_vector_rank", "_vector_score", b"_vector_score", "indexed_at", b"indexed_at", "modified_at", b"modified_at", "text_rank", b"text_rank", "text_score", b"text_score", "vector_rank", b"vector_rank", "vector_score", b"vector_score"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_text_rank", b"_text_rank", "_text_score", b"_text_score", "_vector_rank", b"_vector_rank", "_vector_score", b"_vector_score", "document_date", b"document_date", "indexed_at", b"indexed_at", "modified_at", b"modified_at", "text_rank", b"text_rank", "text_score", b"text_score", "vector_rank", b"vector_rank", "vector_score", b"vector_score"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_text_rank", b"_text_rank", "_text_score", b"_text_score", "_vector_rank", b"_vector_rank", "_vector_score", b"_vector_score", "category", b"category", "chunk_id", b"chunk_id", "document_id", b"document_id", "fused_score", b"fused_score", "heading", b"heading", "indexed_at", b"indexed_at", "kind", b"kind", "modified_at", b"modified_at", "ordinal", b"ordinal", "other_chunk_ids", b"other_chunk_ids", "path", b"path", "score", b"score", "search_source", b"search_source", "snippet", b"snippet", "source_id", b"source_id", "tags", b"tags", "text", b"text", "text_rank", b"text_rank", "text_score", b"text_score", "title", b"title", "vector_rank", b"vector_rank", "vector_score", b"vector_score"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_text_rank", b"_text_rank", "_text_score", b"_text_score", "_vector_rank", b"_vector_rank", "_vector_score", b"_vector_score", "category", b"category", "chunk_id", b"chunk_id", "document_date", b"document_date", "document_id", b"document_id", "fused_score", b"fused_score", "heading", b"heading", "indexed_at", b"indexed_at", "kind", b"kind", "modified_at", b"modified_at", "ordinal", b"ordinal", "other_chunk_ids", b"other_chunk_ids", "path", b"path", "score", b"score", "search_source", b"search_source", "snippet", b"snippet", "source_id", b"source_id", "tags", b"tags", "text", b"text", "text_rank", b"text_rank", "text_score", b"text_score", "title", b"title", "vector_rank", b"vector_rank", "vector_score", b"vector_score"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__text_rank: _TypeAlias = _typing.Literal["text_rank"]  # noqa: Y015
     _WhichOneofArgType__text_rank: _TypeAlias = _typing.Literal["_text_rank", b"_text_rank"]  # noqa: Y015
@@ -831,7 +945,12 @@ class SearchResponse(_message.Message):
     HITS_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
+    VECTOR_MODEL_FIELD_NUMBER: _builtins.int
     mode: Global___SearchMode.ValueType
+    vector_model: _builtins.str
+    """The embedding model whose vectors answered (empty when no vector search ran): the
+    previous model's while a rebuild for a new one is under way and it still serves.
+    """
     @_builtins.property
     def hits(self) -> _containers.RepeatedCompositeFieldContainer[Global___SearchHit]: ...
     @_builtins.property
@@ -842,10 +961,11 @@ class SearchResponse(_message.Message):
         hits: _abc.Iterable[Global___SearchHit] | None = ...,
         mode: Global___SearchMode.ValueType = ...,
         warnings: _abc.Iterable[_builtins.str] | None = ...,
+        vector_model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "mode", b"mode", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "mode", b"mode", "vector_model", b"vector_model", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1008,12 +1128,16 @@ class RetrievalStatusResponse(_message.Message):
     REPAIRED_FIELD_NUMBER: _builtins.int
     SOURCE_LIST_FIELD_NUMBER: _builtins.int
     BACKFILL_FIELD_NUMBER: _builtins.int
+    PRUNED_FIELD_NUMBER: _builtins.int
+    REBUILD_FIELD_NUMBER: _builtins.int
     sources: _builtins.int
     chunks: _builtins.int
     embedded_chunks: _builtins.int
     vectors: _builtins.int
     embedding_model: _builtins.str
     disk_bytes: _builtins.int
+    pruned: _builtins.int
+    """History records deleted by retention since start-up, over all history sources."""
     @_builtins.property
     def documents_by_state(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     @_builtins.property
@@ -1024,6 +1148,12 @@ class RetrievalStatusResponse(_message.Message):
     def source_list(self) -> _containers.RepeatedCompositeFieldContainer[Global___Source]: ...
     @_builtins.property
     def backfill(self) -> Global___VectorBackfill: ...
+    @_builtins.property
+    def rebuild(self) -> Global___VectorRebuild:
+        """The vector rebuild after an embedding-model change (empty model when none runs):
+        until it finishes, searches use the previous model's vectors while it serves.
+        """
+
     def __init__(
         self,
         *,
@@ -1037,11 +1167,45 @@ class RetrievalStatusResponse(_message.Message):
         repaired: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         source_list: _abc.Iterable[Global___Source] | None = ...,
         backfill: Global___VectorBackfill | None = ...,
+        pruned: _builtins.int = ...,
+        rebuild: Global___VectorRebuild | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["backfill", b"backfill"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["backfill", b"backfill", "rebuild", b"rebuild"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backfill", b"backfill", "chunks", b"chunks", "disk_bytes", b"disk_bytes", "documents_by_state", b"documents_by_state", "embedded_chunks", b"embedded_chunks", "embedding_model", b"embedding_model", "repaired", b"repaired", "source_list", b"source_list", "sources", b"sources", "vectors", b"vectors"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backfill", b"backfill", "chunks", b"chunks", "disk_bytes", b"disk_bytes", "documents_by_state", b"documents_by_state", "embedded_chunks", b"embedded_chunks", "embedding_model", b"embedding_model", "pruned", b"pruned", "rebuild", b"rebuild", "repaired", b"repaired", "source_list", b"source_list", "sources", b"sources", "vectors", b"vectors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RetrievalStatusResponse: _TypeAlias = RetrievalStatusResponse  # noqa: Y015
+
+@_typing.final
+class VectorRebuild(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNNING_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    SERVING_MODEL_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    running: _builtins.bool
+    model: _builtins.str
+    """The model being rebuilt for, and the one still answering (empty: BM25-only)."""
+    serving_model: _builtins.str
+    pending: _builtins.int
+    done: _builtins.int
+    def __init__(
+        self,
+        *,
+        running: _builtins.bool = ...,
+        model: _builtins.str = ...,
+        serving_model: _builtins.str = ...,
+        pending: _builtins.int = ...,
+        done: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "model", b"model", "pending", b"pending", "running", b"running", "serving_model", b"serving_model"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VectorRebuild: _TypeAlias = VectorRebuild  # noqa: Y015

@@ -95,6 +95,16 @@ class RetrievalServiceStub:
                 request_serializer=llamad_dot_v1_dot_retrieval__pb2.ReprocessRequest.SerializeToString,
                 response_deserializer=llamad_dot_v1_dot_retrieval__pb2.ReprocessResponse.FromString,
                 _registered_method=True)
+        self.ApproveDocument = channel.unary_unary(
+                '/llamad.v1.RetrievalService/ApproveDocument',
+                request_serializer=llamad_dot_v1_dot_retrieval__pb2.ReviewDocumentRequest.SerializeToString,
+                response_deserializer=llamad_dot_v1_dot_retrieval__pb2.Document.FromString,
+                _registered_method=True)
+        self.RejectDocument = channel.unary_unary(
+                '/llamad.v1.RetrievalService/RejectDocument',
+                request_serializer=llamad_dot_v1_dot_retrieval__pb2.ReviewDocumentRequest.SerializeToString,
+                response_deserializer=llamad_dot_v1_dot_retrieval__pb2.Document.FromString,
+                _registered_method=True)
 
 
 class RetrievalServiceServicer:
@@ -181,6 +191,21 @@ class RetrievalServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ApproveDocument(self, request, context):
+        """Review (admin): a document in state REVIEW_REQUIRED is stored but neither embedded nor
+        searchable until approved (then indexed) or rejected (then kept, unsearchable, in
+        state REJECTED with the note, until its content changes).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RejectDocument(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RetrievalServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -243,6 +268,16 @@ def add_RetrievalServiceServicer_to_server(servicer, server):
                     servicer.Reprocess,
                     request_deserializer=llamad_dot_v1_dot_retrieval__pb2.ReprocessRequest.FromString,
                     response_serializer=llamad_dot_v1_dot_retrieval__pb2.ReprocessResponse.SerializeToString,
+            ),
+            'ApproveDocument': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApproveDocument,
+                    request_deserializer=llamad_dot_v1_dot_retrieval__pb2.ReviewDocumentRequest.FromString,
+                    response_serializer=llamad_dot_v1_dot_retrieval__pb2.Document.SerializeToString,
+            ),
+            'RejectDocument': grpc.unary_unary_rpc_method_handler(
+                    servicer.RejectDocument,
+                    request_deserializer=llamad_dot_v1_dot_retrieval__pb2.ReviewDocumentRequest.FromString,
+                    response_serializer=llamad_dot_v1_dot_retrieval__pb2.Document.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -569,6 +604,60 @@ class RetrievalService:
             '/llamad.v1.RetrievalService/Reprocess',
             llamad_dot_v1_dot_retrieval__pb2.ReprocessRequest.SerializeToString,
             llamad_dot_v1_dot_retrieval__pb2.ReprocessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApproveDocument(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llamad.v1.RetrievalService/ApproveDocument',
+            llamad_dot_v1_dot_retrieval__pb2.ReviewDocumentRequest.SerializeToString,
+            llamad_dot_v1_dot_retrieval__pb2.Document.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RejectDocument(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llamad.v1.RetrievalService/RejectDocument',
+            llamad_dot_v1_dot_retrieval__pb2.ReviewDocumentRequest.SerializeToString,
+            llamad_dot_v1_dot_retrieval__pb2.Document.FromString,
             options,
             channel_credentials,
             insecure,

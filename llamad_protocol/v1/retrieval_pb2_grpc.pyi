@@ -60,6 +60,12 @@ class RetrievalServiceStub:
     model (indexed while it was unavailable, or refused before): one document's, one
     source's, or all (neither set). Status shows the run's progress.
     """
+    ApproveDocument: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.ReviewDocumentRequest, _retrieval_pb2.Document]
+    """Review (admin): a document in state REVIEW_REQUIRED is stored but neither embedded nor
+    searchable until approved (then indexed) or rejected (then kept, unsearchable, in
+    state REJECTED with the note, until its content changes).
+    """
+    RejectDocument: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.ReviewDocumentRequest, _retrieval_pb2.Document]
 
 @_typing.type_check_only
 class RetrievalServiceAsyncStub(RetrievalServiceStub):
@@ -87,6 +93,12 @@ class RetrievalServiceAsyncStub(RetrievalServiceStub):
     model (indexed while it was unavailable, or refused before): one document's, one
     source's, or all (neither set). Status shows the run's progress.
     """
+    ApproveDocument: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.ReviewDocumentRequest, _retrieval_pb2.Document]  # type: ignore[assignment]
+    """Review (admin): a document in state REVIEW_REQUIRED is stored but neither embedded nor
+    searchable until approved (then indexed) or rejected (then kept, unsearchable, in
+    state REJECTED with the note, until its content changes).
+    """
+    RejectDocument: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.ReviewDocumentRequest, _retrieval_pb2.Document]  # type: ignore[assignment]
 
 class RetrievalServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -183,5 +195,23 @@ class RetrievalServiceServicer(metaclass=_abc_1.ABCMeta):
         model (indexed while it was unavailable, or refused before): one document's, one
         source's, or all (neither set). Status shows the run's progress.
         """
+
+    @_abc_1.abstractmethod
+    def ApproveDocument(
+        self,
+        request: _retrieval_pb2.ReviewDocumentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_retrieval_pb2.Document, _abc.Awaitable[_retrieval_pb2.Document]]:
+        """Review (admin): a document in state REVIEW_REQUIRED is stored but neither embedded nor
+        searchable until approved (then indexed) or rejected (then kept, unsearchable, in
+        state REJECTED with the note, until its content changes).
+        """
+
+    @_abc_1.abstractmethod
+    def RejectDocument(
+        self,
+        request: _retrieval_pb2.ReviewDocumentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_retrieval_pb2.Document, _abc.Awaitable[_retrieval_pb2.Document]]: ...
 
 def add_RetrievalServiceServicer_to_server(servicer: RetrievalServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
