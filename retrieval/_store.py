@@ -24,14 +24,18 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS sources (
     id TEXT PRIMARY KEY,
-    kind TEXT NOT NULL,             -- directory | push
+    kind TEXT NOT NULL,             -- directory | push | history
     root TEXT NOT NULL DEFAULT '',
     category TEXT NOT NULL DEFAULT '',
     tags TEXT NOT NULL DEFAULT '[]',
     created_at INTEGER NOT NULL,
     last_scan INTEGER,
     last_error TEXT NOT NULL DEFAULT '',
-    disabled INTEGER NOT NULL DEFAULT 0   -- 1: kept, but neither searched nor rescanned
+    disabled INTEGER NOT NULL DEFAULT 0,  -- 1: kept, but neither searched nor rescanned
+    review_required INTEGER NOT NULL DEFAULT 0,  -- 1: every new version waits for review
+    max_age_days INTEGER NOT NULL DEFAULT 0,     -- history retention (0: unlimited)
+    max_items INTEGER NOT NULL DEFAULT 0,
+    pruned INTEGER NOT NULL DEFAULT 0            -- records deleted by retention, ever
 );
 CREATE TABLE IF NOT EXISTS documents (
     id TEXT PRIMARY KEY,
@@ -44,10 +48,13 @@ CREATE TABLE IF NOT EXISTS documents (
     content_hash TEXT NOT NULL DEFAULT '',
     mtime_ns INTEGER NOT NULL DEFAULT 0,
     size INTEGER NOT NULL DEFAULT 0,
-    state TEXT NOT NULL DEFAULT 'pending',   -- pending | processing | indexed | failed
+    -- pending | processing | indexed | failed | review_required | rejected
+    state TEXT NOT NULL DEFAULT 'pending',
     error TEXT NOT NULL DEFAULT '',
     indexed_at INTEGER NOT NULL DEFAULT 0,
-    redactions INTEGER NOT NULL DEFAULT 0
+    redactions INTEGER NOT NULL DEFAULT 0,
+    document_date INTEGER,          -- the document's own date, unix seconds (NULL: none)
+    review_note TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS documents_source ON documents(source_id);
 CREATE TABLE IF NOT EXISTS chunks (
@@ -68,6 +75,17 @@ CREATE TABLE IF NOT EXISTS embeddings (
 );
 """
 
+_ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("sources", "disabled", "INTEGER NOT NULL DEFAULT 0"),
+    ("sources", "review_required", "INTEGER NOT NULL DEFAULT 0"),
+    ("sources", "max_age_days", "INTEGER NOT NULL DEFAULT 0"),
+    ("sources", "max_items", "INTEGER NOT NULL DEFAULT 0"),
+    ("sources", "pruned", "INTEGER NOT NULL DEFAULT 0"),
+    ("documents", "document_date", "INTEGER"),
+    ("documents", "review_note", "TEXT NOT NULL DEFAULT ''"),
+)
+"""Columns added since the first schema, in order: (table, column, declaration)."""
+
 
 @dataclass(frozen=True)
 class SourceRow:
@@ -80,6 +98,10 @@ class SourceRow:
     last_scan: int | None = None
     last_error: str = ""
     disabled: bool = False          # kept, but neither searched nor rescanned
+    review_required: bool = False   # every new version waits in review_required
+    max_age_days: int = 0           # history retention (0: unlimited)
+    max_items: int = 0
+    pruned: int = 0                 # records deleted by retention, ever
 
 
 @dataclass(frozen=True)
@@ -98,6 +120,8 @@ class DocumentRow:
     error: str = ""
     indexed_at: int = 0
     redactions: int = 0
+    document_date: int | None = None  # the document's own date, unix seconds
+    review_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -130,6 +154,7 @@ class StoredChunk:
     tags: tuple[str, ...]
     indexed_at: int
     mtime_ns: int = 0               # the file's modification time (0: a pushed document)
+    document_date: int | None = None  # the document's own date, unix seconds
 
 
 @dataclass
@@ -165,10 +190,10 @@ class Store:
     def _migrate(self) -> None:
         """Bring a store made by an older llamad up to this schema (columns added since
         get their defaults)."""
-        columns = {r[1] for r in self._db.execute("PRAGMA table_info(sources)")}
-        if "disabled" not in columns:
-            self._db.execute(
-                "ALTER TABLE sources ADD COLUMN disabled INTEGER NOT NULL DEFAULT 0")
+        for table, column, declaration in _ADDED_COLUMNS:
+            columns = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in columns:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
 
     def close(self) -> None:
         with self._lock:
@@ -208,11 +233,15 @@ class Store:
     def upsert_source(self, source: SourceRow) -> None:
         with self._lock:
             self._db.execute(
-                "INSERT INTO sources(id, kind, root, category, tags, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET kind = excluded.kind,"
-                " root = excluded.root, category = excluded.category, tags = excluded.tags",
+                "INSERT INTO sources(id, kind, root, category, tags, created_at, "
+                "review_required, max_age_days, max_items) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(id) DO UPDATE SET kind = excluded.kind,"
+                " root = excluded.root, category = excluded.category, tags = excluded.tags,"
+                " review_required = excluded.review_required,"
+                " max_age_days = excluded.max_age_days, max_items = excluded.max_items",
                 (source.id, source.kind, source.root, source.category,
-                 json.dumps(list(source.tags)), source.created_at or int(time.time())),
+                 json.dumps(list(source.tags)), source.created_at or int(time.time()),
+                 int(source.review_required), source.max_age_days, source.max_items),
             )
 
     def source(self, source_id: str) -> SourceRow | None:
@@ -250,7 +279,9 @@ class Store:
     def _source(row: sqlite3.Row) -> SourceRow:
         return SourceRow(row["id"], row["kind"], row["root"], row["category"],
                          _tags(row["tags"]), row["created_at"], row["last_scan"],
-                         row["last_error"], bool(row["disabled"]))
+                         row["last_error"], bool(row["disabled"]),
+                         bool(row["review_required"]), int(row["max_age_days"]),
+                         int(row["max_items"]), int(row["pruned"]))
 
     # -- documents ---------------------------------------------------------------------
 
@@ -259,7 +290,8 @@ class Store:
         return DocumentRow(row["id"], row["source_id"], row["path"], row["title"], row["kind"],
                            row["category"], _tags(row["tags"]), row["content_hash"],
                            row["mtime_ns"], row["size"], row["state"], row["error"],
-                           row["indexed_at"], row["redactions"])
+                           row["indexed_at"], row["redactions"], row["document_date"],
+                           row["review_note"])
 
     def document(self, doc_id: str) -> DocumentRow | None:
         with self._lock:
@@ -311,17 +343,19 @@ class Store:
         self._db.execute("DELETE FROM chunks WHERE doc_id = ?", (doc.id,))
         self._db.execute(
             "INSERT INTO documents(id, source_id, path, title, kind, category, tags, "
-            "content_hash, mtime_ns, size, state, error, indexed_at, redactions) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'indexed', '', ?, ?) "
+            "content_hash, mtime_ns, size, state, error, indexed_at, redactions, "
+            "document_date, review_note) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'indexed', '', ?, ?, ?, ?) "
             "ON CONFLICT(id) DO UPDATE SET source_id = excluded.source_id, "
             "path = excluded.path, title = excluded.title, kind = excluded.kind, "
             "category = excluded.category, tags = excluded.tags, "
             "content_hash = excluded.content_hash, mtime_ns = excluded.mtime_ns, "
             "size = excluded.size, state = 'indexed', error = '', "
-            "indexed_at = excluded.indexed_at, redactions = excluded.redactions",
+            "indexed_at = excluded.indexed_at, redactions = excluded.redactions, "
+            "document_date = excluded.document_date, review_note = excluded.review_note",
             (doc.id, doc.source_id, doc.path, doc.title, doc.kind, doc.category,
              json.dumps(list(doc.tags)), doc.content_hash, doc.mtime_ns, doc.size,
-             doc.indexed_at, doc.redactions),
+             doc.indexed_at, doc.redactions, doc.document_date, doc.review_note),
         )
         for c in chunks:
             cur = self._db.execute(
@@ -332,7 +366,7 @@ class Store:
             result.added.append(StoredChunk(
                 key, c.chunk_id, doc.id, c.ordinal, c.heading, c.text, c.content_hash,
                 doc.title, doc.source_id, doc.path, doc.kind, doc.category, doc.tags,
-                doc.indexed_at))
+                doc.indexed_at, doc.mtime_ns, doc.document_date))
         return result
 
     def delete_document(self, doc_id: str) -> list[int] | None:
@@ -350,14 +384,16 @@ class Store:
 
     _CHUNK_SELECT = (
         "SELECT c.key, c.chunk_id, c.doc_id, c.ordinal, c.heading, c.text, c.content_hash, "
-        "d.title, d.source_id, d.path, d.kind, d.category, d.tags, d.indexed_at, d.mtime_ns "
+        "d.title, d.source_id, d.path, d.kind, d.category, d.tags, d.indexed_at, d.mtime_ns, "
+        "d.document_date "
         "FROM chunks c JOIN documents d ON d.id = c.doc_id"
     )
 
     @staticmethod
     def _chunk(r: sqlite3.Row) -> StoredChunk:
         return StoredChunk(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10],
-                           r[11], _tags(r[12]), r[13], int(r[14] or 0))
+                           r[11], _tags(r[12]), r[13], int(r[14] or 0),
+                           None if r[15] is None else int(r[15]))
 
     def chunks_by_keys(self, keys: Iterable[int]) -> dict[int, StoredChunk]:
         wanted = list(keys)
