@@ -32,6 +32,31 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _ResponseFormatType:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ResponseFormatTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ResponseFormatType.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RESPONSE_FORMAT_TYPE_UNSPECIFIED: _ResponseFormatType.ValueType  # 0
+    """Free text (as TEXT)."""
+    RESPONSE_FORMAT_TYPE_TEXT: _ResponseFormatType.ValueType  # 1
+    RESPONSE_FORMAT_TYPE_JSON_OBJECT: _ResponseFormatType.ValueType  # 2
+    """Any JSON object."""
+    RESPONSE_FORMAT_TYPE_JSON_SCHEMA: _ResponseFormatType.ValueType  # 3
+    """JSON matching json_schema."""
+
+class ResponseFormatType(_ResponseFormatType, metaclass=_ResponseFormatTypeEnumTypeWrapper): ...
+
+RESPONSE_FORMAT_TYPE_UNSPECIFIED: ResponseFormatType.ValueType  # 0
+"""Free text (as TEXT)."""
+RESPONSE_FORMAT_TYPE_TEXT: ResponseFormatType.ValueType  # 1
+RESPONSE_FORMAT_TYPE_JSON_OBJECT: ResponseFormatType.ValueType  # 2
+"""Any JSON object."""
+RESPONSE_FORMAT_TYPE_JSON_SCHEMA: ResponseFormatType.ValueType  # 3
+"""JSON matching json_schema."""
+Global___ResponseFormatType: _TypeAlias = ResponseFormatType  # noqa: Y015
+
 class _ChatRole:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -74,6 +99,13 @@ Global___FinishReason: _TypeAlias = FinishReason  # noqa: Y015
 
 @_typing.final
 class SamplingParams(_message.Message):
+    """Generation controls. Unset fields leave the runtime's default. The names and ranges
+    are OpenAI's where OpenAI has the parameter (so the HTTP API maps onto them directly),
+    llama.cpp's otherwise. A parameter the serving runtime cannot honour (an external
+    endpoint that is not llama.cpp, the bundled llama-cpp-python runtime) is refused with
+    INVALID_ARGUMENT naming the parameter and the runtime, never silently ignored.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
@@ -82,6 +114,20 @@ class SamplingParams(_message.Message):
     TOP_K_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     STOP_FIELD_NUMBER: _builtins.int
+    MIN_P_FIELD_NUMBER: _builtins.int
+    REPEAT_PENALTY_FIELD_NUMBER: _builtins.int
+    REPEAT_LAST_N_FIELD_NUMBER: _builtins.int
+    PRESENCE_PENALTY_FIELD_NUMBER: _builtins.int
+    FREQUENCY_PENALTY_FIELD_NUMBER: _builtins.int
+    LOGIT_BIAS_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
+    RESPONSE_FORMAT_FIELD_NUMBER: _builtins.int
+    GRAMMAR_FIELD_NUMBER: _builtins.int
+    DRY_MULTIPLIER_FIELD_NUMBER: _builtins.int
+    DRY_BASE_FIELD_NUMBER: _builtins.int
+    DRY_ALLOWED_LENGTH_FIELD_NUMBER: _builtins.int
+    DRY_PENALTY_LAST_N_FIELD_NUMBER: _builtins.int
     max_tokens: _builtins.int
     """Tokens to generate at most; unset means the configured default."""
     temperature: _builtins.float
@@ -89,8 +135,50 @@ class SamplingParams(_message.Message):
     top_p: _builtins.float
     top_k: _builtins.int
     seed: _builtins.int
+    """The sampler's seed (below 2^32): with the same request on the same model, the same
+    seed gives the same text.
+    """
+    min_p: _builtins.float
+    """Drop tokens less likely than min_p times the most likely one; 0..1 (0 disables)."""
+    repeat_penalty: _builtins.float
+    """Divide the logit of tokens seen in the last repeat_last_n tokens; > 0, 1 disables."""
+    repeat_last_n: _builtins.int
+    """How many recent tokens repeat_penalty, presence_penalty and frequency_penalty look
+    at (0 disables them; unset: the runtime's 64).
+    """
+    presence_penalty: _builtins.float
+    """OpenAI's: subtracted once from the logit of every token already present; -2..2."""
+    frequency_penalty: _builtins.float
+    """OpenAI's: subtracted per occurrence from the logit of tokens already present; -2..2."""
+    logprobs: _builtins.bool
+    """Return the log-probability of each generated token (GenerateResponse.logprobs)."""
+    top_logprobs: _builtins.int
+    """With logprobs: the most likely alternatives to report per token (0..limits.max_top_logprobs)."""
+    grammar: _builtins.str
+    """Constrain the output to a GBNF grammar (llama.cpp's format). Not with response_format."""
+    dry_multiplier: _builtins.float
+    """DRY ("don't repeat yourself") repetition penalty, llama.cpp's: a token that would
+    extend a sequence already seen, longer than dry_allowed_length, is penalised by
+    dry_multiplier * dry_base ^ (length - dry_allowed_length). 0 disables (default).
+    """
+    dry_base: _builtins.float
+    """>= 1 (unset: the runtime's 1.75)."""
+    dry_allowed_length: _builtins.int
+    """Repeats up to this many tokens long are free (unset: the runtime's 2)."""
+    dry_penalty_last_n: _builtins.int
+    """How many recent tokens DRY scans (0 disables; unset: the runtime's whole context)."""
     @_builtins.property
-    def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Generation stops before any of these strings (not included in the text)."""
+
+    @_builtins.property
+    def logit_bias(self) -> _containers.RepeatedCompositeFieldContainer[Global___LogitBias]:
+        """Added to the logits of given tokens (OpenAI's logit_bias, plus biases by text)."""
+
+    @_builtins.property
+    def response_format(self) -> Global___ResponseFormat:
+        """Constrain the output to JSON (an object, or one matching a JSON schema)."""
+
     def __init__(
         self,
         *,
@@ -100,23 +188,75 @@ class SamplingParams(_message.Message):
         top_k: _builtins.int | None = ...,
         seed: _builtins.int | None = ...,
         stop: _abc.Iterable[_builtins.str] | None = ...,
+        min_p: _builtins.float | None = ...,
+        repeat_penalty: _builtins.float | None = ...,
+        repeat_last_n: _builtins.int | None = ...,
+        presence_penalty: _builtins.float | None = ...,
+        frequency_penalty: _builtins.float | None = ...,
+        logit_bias: _abc.Iterable[Global___LogitBias] | None = ...,
+        logprobs: _builtins.bool = ...,
+        top_logprobs: _builtins.int | None = ...,
+        response_format: Global___ResponseFormat | None = ...,
+        grammar: _builtins.str = ...,
+        dry_multiplier: _builtins.float | None = ...,
+        dry_base: _builtins.float | None = ...,
+        dry_allowed_length: _builtins.int | None = ...,
+        dry_penalty_last_n: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "max_tokens", b"max_tokens", "seed", b"seed", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_dry_allowed_length", b"_dry_allowed_length", "_dry_base", b"_dry_base", "_dry_multiplier", b"_dry_multiplier", "_dry_penalty_last_n", b"_dry_penalty_last_n", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_min_p", b"_min_p", "_presence_penalty", b"_presence_penalty", "_repeat_last_n", b"_repeat_last_n", "_repeat_penalty", b"_repeat_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_logprobs", b"_top_logprobs", "_top_p", b"_top_p", "dry_allowed_length", b"dry_allowed_length", "dry_base", b"dry_base", "dry_multiplier", b"dry_multiplier", "dry_penalty_last_n", b"dry_penalty_last_n", "frequency_penalty", b"frequency_penalty", "max_tokens", b"max_tokens", "min_p", b"min_p", "presence_penalty", b"presence_penalty", "repeat_last_n", b"repeat_last_n", "repeat_penalty", b"repeat_penalty", "response_format", b"response_format", "seed", b"seed", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "max_tokens", b"max_tokens", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_dry_allowed_length", b"_dry_allowed_length", "_dry_base", b"_dry_base", "_dry_multiplier", b"_dry_multiplier", "_dry_penalty_last_n", b"_dry_penalty_last_n", "_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_min_p", b"_min_p", "_presence_penalty", b"_presence_penalty", "_repeat_last_n", b"_repeat_last_n", "_repeat_penalty", b"_repeat_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_logprobs", b"_top_logprobs", "_top_p", b"_top_p", "dry_allowed_length", b"dry_allowed_length", "dry_base", b"dry_base", "dry_multiplier", b"dry_multiplier", "dry_penalty_last_n", b"dry_penalty_last_n", "frequency_penalty", b"frequency_penalty", "grammar", b"grammar", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_p", b"min_p", "presence_penalty", b"presence_penalty", "repeat_last_n", b"repeat_last_n", "repeat_penalty", b"repeat_penalty", "response_format", b"response_format", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__dry_allowed_length: _TypeAlias = _typing.Literal["dry_allowed_length"]  # noqa: Y015
+    _WhichOneofArgType__dry_allowed_length: _TypeAlias = _typing.Literal["_dry_allowed_length", b"_dry_allowed_length"]  # noqa: Y015
+    _WhichOneofReturnType__dry_base: _TypeAlias = _typing.Literal["dry_base"]  # noqa: Y015
+    _WhichOneofArgType__dry_base: _TypeAlias = _typing.Literal["_dry_base", b"_dry_base"]  # noqa: Y015
+    _WhichOneofReturnType__dry_multiplier: _TypeAlias = _typing.Literal["dry_multiplier"]  # noqa: Y015
+    _WhichOneofArgType__dry_multiplier: _TypeAlias = _typing.Literal["_dry_multiplier", b"_dry_multiplier"]  # noqa: Y015
+    _WhichOneofReturnType__dry_penalty_last_n: _TypeAlias = _typing.Literal["dry_penalty_last_n"]  # noqa: Y015
+    _WhichOneofArgType__dry_penalty_last_n: _TypeAlias = _typing.Literal["_dry_penalty_last_n", b"_dry_penalty_last_n"]  # noqa: Y015
+    _WhichOneofReturnType__frequency_penalty: _TypeAlias = _typing.Literal["frequency_penalty"]  # noqa: Y015
+    _WhichOneofArgType__frequency_penalty: _TypeAlias = _typing.Literal["_frequency_penalty", b"_frequency_penalty"]  # noqa: Y015
     _WhichOneofReturnType__max_tokens: _TypeAlias = _typing.Literal["max_tokens"]  # noqa: Y015
     _WhichOneofArgType__max_tokens: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__min_p: _TypeAlias = _typing.Literal["min_p"]  # noqa: Y015
+    _WhichOneofArgType__min_p: _TypeAlias = _typing.Literal["_min_p", b"_min_p"]  # noqa: Y015
+    _WhichOneofReturnType__presence_penalty: _TypeAlias = _typing.Literal["presence_penalty"]  # noqa: Y015
+    _WhichOneofArgType__presence_penalty: _TypeAlias = _typing.Literal["_presence_penalty", b"_presence_penalty"]  # noqa: Y015
+    _WhichOneofReturnType__repeat_last_n: _TypeAlias = _typing.Literal["repeat_last_n"]  # noqa: Y015
+    _WhichOneofArgType__repeat_last_n: _TypeAlias = _typing.Literal["_repeat_last_n", b"_repeat_last_n"]  # noqa: Y015
+    _WhichOneofReturnType__repeat_penalty: _TypeAlias = _typing.Literal["repeat_penalty"]  # noqa: Y015
+    _WhichOneofArgType__repeat_penalty: _TypeAlias = _typing.Literal["_repeat_penalty", b"_repeat_penalty"]  # noqa: Y015
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
     _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
     _WhichOneofArgType__temperature: _TypeAlias = _typing.Literal["_temperature", b"_temperature"]  # noqa: Y015
     _WhichOneofReturnType__top_k: _TypeAlias = _typing.Literal["top_k"]  # noqa: Y015
     _WhichOneofArgType__top_k: _TypeAlias = _typing.Literal["_top_k", b"_top_k"]  # noqa: Y015
+    _WhichOneofReturnType__top_logprobs: _TypeAlias = _typing.Literal["top_logprobs"]  # noqa: Y015
+    _WhichOneofArgType__top_logprobs: _TypeAlias = _typing.Literal["_top_logprobs", b"_top_logprobs"]  # noqa: Y015
     _WhichOneofReturnType__top_p: _TypeAlias = _typing.Literal["top_p"]  # noqa: Y015
     _WhichOneofArgType__top_p: _TypeAlias = _typing.Literal["_top_p", b"_top_p"]  # noqa: Y015
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__dry_allowed_length) -> _WhichOneofReturnType__dry_allowed_length | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__dry_base) -> _WhichOneofReturnType__dry_base | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__dry_multiplier) -> _WhichOneofReturnType__dry_multiplier | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__dry_penalty_last_n) -> _WhichOneofReturnType__dry_penalty_last_n | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__frequency_penalty) -> _WhichOneofReturnType__frequency_penalty | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_tokens) -> _WhichOneofReturnType__max_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__min_p) -> _WhichOneofReturnType__min_p | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__presence_penalty) -> _WhichOneofReturnType__presence_penalty | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__repeat_last_n) -> _WhichOneofReturnType__repeat_last_n | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__repeat_penalty) -> _WhichOneofReturnType__repeat_penalty | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__seed) -> _WhichOneofReturnType__seed | None: ...
     @_typing.overload
@@ -124,9 +264,72 @@ class SamplingParams(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__top_k) -> _WhichOneofReturnType__top_k | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__top_logprobs) -> _WhichOneofReturnType__top_logprobs | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__top_p) -> _WhichOneofReturnType__top_p | None: ...
 
 Global___SamplingParams: _TypeAlias = SamplingParams  # noqa: Y015
+
+@_typing.final
+class LogitBias(_message.Message):
+    """A bias on one token, or on every token of a text."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    BIAS_FIELD_NUMBER: _builtins.int
+    token: _builtins.int
+    """A token id of the model's vocabulary."""
+    text: _builtins.str
+    """A text: each of its tokens is biased (llama.cpp runtimes only)."""
+    bias: _builtins.float
+    """Added to the logit: -100..100; -100 in effect bans the token, 100 all but forces it."""
+    def __init__(
+        self,
+        *,
+        token: _builtins.int = ...,
+        text: _builtins.str = ...,
+        bias: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["target", b"target", "text", b"text", "token", b"token"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bias", b"bias", "target", b"target", "text", b"text", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_target: _TypeAlias = _typing.Literal["token", "text"]  # noqa: Y015
+    _WhichOneofArgType_target: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_target) -> _WhichOneofReturnType_target | None: ...
+
+Global___LogitBias: _TypeAlias = LogitBias  # noqa: Y015
+
+@_typing.final
+class ResponseFormat(_message.Message):
+    """OpenAI's response_format."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TYPE_FIELD_NUMBER: _builtins.int
+    JSON_SCHEMA_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    type: Global___ResponseFormatType.ValueType
+    json_schema: _builtins.str
+    """For JSON_SCHEMA: the schema, as JSON text (a JSON object)."""
+    name: _builtins.str
+    """For JSON_SCHEMA: the schema's name (OpenAI's json_schema.name), optional."""
+    def __init__(
+        self,
+        *,
+        type: Global___ResponseFormatType.ValueType = ...,
+        json_schema: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["json_schema", b"json_schema", "name", b"name", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResponseFormat: _TypeAlias = ResponseFormat  # noqa: Y015
 
 @_typing.final
 class GenerateRequest(_message.Message):
@@ -239,6 +442,7 @@ class GenerateResponse(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     """Text produced since the previous message; may be empty in the last message."""
     tokens: _builtins.int
@@ -251,6 +455,10 @@ class GenerateResponse(_message.Message):
     def usage(self) -> Global___Usage:
         """Set in the last message only."""
 
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenLogprobs]:
+        """With SamplingParams.logprobs: one entry per token this message carries, in order."""
+
     def __init__(
         self,
         *,
@@ -259,14 +467,78 @@ class GenerateResponse(_message.Message):
         finish_reason: Global___FinishReason.ValueType = ...,
         usage: Global___Usage | None = ...,
         model: _builtins.str = ...,
+        logprobs: _abc.Iterable[Global___TokenLogprobs] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "model", b"model", "text", b"text", "tokens", b"tokens", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "model", b"model", "text", b"text", "tokens", b"tokens", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GenerateResponse: _TypeAlias = GenerateResponse  # noqa: Y015
+
+@_typing.final
+class TokenLogprob(_message.Message):
+    """One token and its log-probability (natural log)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    LOGPROB_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    """The token's text (a token that ends inside a UTF-8 character shows what is whole)."""
+    logprob: _builtins.float
+    bytes: _builtins.bytes
+    """The token's exact bytes."""
+    id: _builtins.int
+    """The token id, when the runtime reports it (llama.cpp does)."""
+    def __init__(
+        self,
+        *,
+        token: _builtins.str = ...,
+        logprob: _builtins.float = ...,
+        bytes: _builtins.bytes = ...,
+        id: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_id", b"_id", "id", b"id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_id", b"_id", "bytes", b"bytes", "id", b"id", "logprob", b"logprob", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__id: _TypeAlias = _typing.Literal["id"]  # noqa: Y015
+    _WhichOneofArgType__id: _TypeAlias = _typing.Literal["_id", b"_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__id) -> _WhichOneofReturnType__id | None: ...
+
+Global___TokenLogprob: _TypeAlias = TokenLogprob  # noqa: Y015
+
+@_typing.final
+class TokenLogprobs(_message.Message):
+    """A generated token with its log-probability and the most likely alternatives."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHOSEN_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def chosen(self) -> Global___TokenLogprob: ...
+    @_builtins.property
+    def top_logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenLogprob]:
+        """At most top_logprobs of them, most likely first."""
+
+    def __init__(
+        self,
+        *,
+        chosen: Global___TokenLogprob | None = ...,
+        top_logprobs: _abc.Iterable[Global___TokenLogprob] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chosen", b"chosen"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chosen", b"chosen", "top_logprobs", b"top_logprobs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenLogprobs: _TypeAlias = TokenLogprobs  # noqa: Y015
 
 @_typing.final
 class EmbedRequest(_message.Message):
