@@ -15,21 +15,22 @@ from supervisor import EndpointError, normalise_url, read_api_key
 from ._config_options import INSTALLED_MODELS_DIR, ConfigError
 from ._config_sections import _BY_KEY, AuthSettings, RoleSettings, TlsSettings
 from .access import AccessError, TlsMaterial, TokenTable, load_tls, load_tokens
+from .inference_mode import InferenceMode
 
 
-def _mode(settings: RoleSettings, sources: Mapping[str, str], role: str) -> str:
+def _mode(settings: RoleSettings, sources: Mapping[str, str], role: str) -> InferenceMode:
     """The role's mode; ``enabled = false`` is the older spelling of "disabled"."""
-    mode = settings.mode
+    mode = InferenceMode(settings.mode)  # one of MODES: the option's choices checked it
     if not settings.enabled:
-        if sources[f"{role}.mode"] != "default" and mode != "disabled":
+        if sources[f"{role}.mode"] != "default" and mode is not InferenceMode.DISABLED:
             raise ConfigError(f"{role}.enabled = false conflicts with {role}.mode = {mode}: "
                               f"set only {role}.mode")
-        return "disabled"
+        return InferenceMode.DISABLED
     return mode
 
 
 def _check_endpoint(settings: RoleSettings, env: Mapping[str, str], role: str,
-                    mode: str) -> None:
+                    mode: InferenceMode) -> None:
     url, key_file, key_env = settings.endpoint_url, settings.api_key_file, settings.api_key_env
     if key_file and key_env:
         raise ConfigError(f"{role}.api_key_file and {role}.api_key_env: set one, not both")
@@ -41,7 +42,7 @@ def _check_endpoint(settings: RoleSettings, env: Mapping[str, str], role: str,
             normalise_url(url)
         except ValueError as exc:
             raise ConfigError(f"{role}.endpoint_url: {exc}") from None
-    if mode != "endpoint":
+    if mode is not InferenceMode.ENDPOINT:
         return
     if not url:
         opt = _BY_KEY[f"{role}.endpoint_url"]

@@ -28,6 +28,7 @@ from ._config_checks import (
 from ._config_options import ConfigError, _coerce, with_values
 from ._config_resolved import ChildConfig, Config
 from ._config_sections import _BY_KEY, OPTIONS, RoleSettings, Settings
+from .inference_mode import InferenceMode
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -89,7 +90,7 @@ def _child(settings: RoleSettings, sources: Mapping[str, str], env: Mapping[str,
     # A ChildConfig has a field per option of the role, as resolved: the mode (for
     # ``enabled``), the extra arguments split into words.
     return ChildConfig(**{**dataclasses.asdict(settings), "role": role, "mode": mode,
-                          "enabled": mode != "disabled",
+                          "enabled": mode is not InferenceMode.DISABLED,
                           "extra_args": tuple(settings.extra_args.split())})
 
 
@@ -106,7 +107,7 @@ def _build(
                 for role in ("generation", "embedding")}
     prepared: Manifest | None = None
     for role, child in children.items():
-        if child.mode == "embedded" and not child.model:
+        if child.mode is InferenceMode.EMBEDDED and not child.model:
             if prepared is None:
                 prepared = _prepared(models_dir, role)
             model = _default_model(prepared, models_dir, role)

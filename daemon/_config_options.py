@@ -18,6 +18,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from .inference_mode import InferenceMode
+
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
@@ -59,7 +61,8 @@ class Option:
         return self.key.replace(".", "__")
 
 
-MODES = ("embedded", "endpoint", "disabled")
+MODES = tuple(m.value for m in InferenceMode)
+"""The strings ``{role}.mode`` takes: :class:`~daemon.inference_mode.InferenceMode`'s values."""
 
 INSTALLED_MODELS_DIR = "/var/lib/llamad/models"
 """Where the README's installation prepares the models (the unit's StateDirectory)."""

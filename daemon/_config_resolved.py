@@ -16,6 +16,7 @@ from supervisor import EndpointSpec, RestartPolicy, Timeouts
 from ._config_options import INSTALLED_MODELS_DIR, value_of, with_values
 from ._config_sections import AnswerConfig, Limits, RetrievalSettings, Settings
 from .access import TlsMaterial, TokenTable
+from .inference_mode import InferenceMode
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class ChildConfig:
     parallel: int
     batch: int
     extra_args: tuple[str, ...]
-    mode: str = "embedded"
+    mode: InferenceMode = InferenceMode.EMBEDDED
     spin_count: int = -1
     queue_ahead: int = 0
     endpoint_url: str = ""

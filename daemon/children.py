@@ -53,6 +53,7 @@ from .admission import Admission
 from .backend import ChildBackend, DisabledBackend, EndpointBackend, InferenceBackend
 from .config import ChildConfig, Config
 from .errors import FailedPrecondition
+from .inference_mode import InferenceMode, Mode
 from .logs import ChildLogForwarder
 
 _log = structlog.get_logger("llamad.children")
@@ -144,14 +145,6 @@ def make_setup(
     return Setup(spec, runtime, facts)
 
 
-@dataclass(frozen=True)
-class Mode:
-    """Where a role's inference runs: "embedded", "endpoint" (with its spec), "disabled"."""
-
-    kind: str
-    endpoint: EndpointSpec | None = None
-
-
 class NoLauncher:
     """The launcher of a role with nothing to launch yet (disabled, no model configured)."""
 
@@ -178,7 +171,7 @@ class ManagedChild:
     endpoint_factory: Callable[[EndpointSpec], EndpointLauncher]
     """Makes the launcher of an endpoint, with the swap readiness deadline."""
     admission: Admission
-    mode: Mode = Mode("embedded")
+    mode: Mode = field(default_factory=lambda: Mode(InferenceMode.EMBEDDED))
     previous: Setup | None = None
     last_swap: SwapRecord | None = None
     last_error: str = ""
@@ -222,7 +215,7 @@ class ManagedChild:
         Raises:
             supervisor.ChildNotReadyError: the child or endpoint is not ready.
         """
-        if self.mode.kind == "disabled":
+        if self.mode.kind is InferenceMode.DISABLED:
             return DisabledBackend(self.role)
         client = self.supervisor.client
         if isinstance(client, EndpointClient):
@@ -251,7 +244,7 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None) -> Man
         try:
             runtime = pick_runtime(cc.runtime, config.llama_bin or None)
         except FileNotFoundError:
-            if cc.mode == "embedded":
+            if cc.mode is InferenceMode.EMBEDDED:
                 raise
         else:
             setup = make_setup(role, cc.model, runtime, cc)
@@ -274,10 +267,10 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None) -> Man
         start=min(config.timeouts.start, config.swap_ready_timeout),
         start_cap=config.swap_ready_timeout,
     )
-    mode = Mode(cc.mode, cc.endpoint() if cc.mode == "endpoint" else None)
+    mode = Mode(cc.mode, cc.endpoint() if cc.mode is InferenceMode.ENDPOINT else None)
     launcher: Launcher
     validate = None
-    if mode.kind == "endpoint" and mode.endpoint is not None:
+    if mode.kind is InferenceMode.ENDPOINT and mode.endpoint is not None:
         launcher = endpoint_for(mode.endpoint)
     elif setup is not None:
         launcher, validate = launcher_for(setup), setup.model.validate
@@ -294,7 +287,7 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None) -> Man
 
 def slots_for(mode: Mode, setup: Setup | None, cc: ChildConfig) -> int:
     """Calls served at once: the child's slots, or ``parallel`` for an endpoint."""
-    if mode.kind == "embedded" and setup is not None:
+    if mode.kind is InferenceMode.EMBEDDED and setup is not None:
         return setup.runtime.max_concurrency(setup.spec)
     return max(1, cc.parallel)
 
@@ -304,6 +297,6 @@ def ahead_for(mode: Mode, setup: Setup | None, cc: ChildConfig) -> int:
     a launched child whose runtime queues requests (llama-server); none otherwise (the
     bundled runtime serves one request at a time; of an endpoint llamad knows only
     ``parallel``)."""
-    if mode.kind == "embedded" and setup is not None and setup.runtime.queues_requests:
+    if mode.kind is InferenceMode.EMBEDDED and setup is not None and setup.runtime.queues_requests:
         return cc.queue_ahead
     return 0

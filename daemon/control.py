@@ -33,6 +33,7 @@ from supervisor import (
 from . import rpc
 from .children import ManagedChild
 from .errors import Disabled, FailedPrecondition, InvalidArgument
+from .inference_mode import InferenceMode
 from .metrics import Metrics
 from .modes import ModeManager, ModeRequest
 from .servicers import ROLE_ENUMS, _role, _timestamp
@@ -57,9 +58,9 @@ _SWAP_STAGES = {
     "failed": control_pb2.SWAP_STAGE_FAILED,
 }
 MODES = {
-    "embedded": control_pb2.INFERENCE_MODE_EMBEDDED,
-    "endpoint": control_pb2.INFERENCE_MODE_ENDPOINT,
-    "disabled": control_pb2.INFERENCE_MODE_DISABLED,
+    InferenceMode.EMBEDDED: control_pb2.INFERENCE_MODE_EMBEDDED,
+    InferenceMode.ENDPOINT: control_pb2.INFERENCE_MODE_ENDPOINT,
+    InferenceMode.DISABLED: control_pb2.INFERENCE_MODE_DISABLED,
 }
 _MODE_NAMES = {v: k for k, v in MODES.items()}
 
@@ -89,8 +90,9 @@ def child_status(child: ManagedChild) -> control_pb2.ChildStatus:
     status = control_pb2.ChildStatus(
         role=ROLE_ENUMS[child.role],
         mode=MODES[mode],
-        enabled=mode != "disabled",
-        state=_STATES[sup.state] if mode != "disabled" else control_pb2.CHILD_STATE_STOPPED,
+        enabled=mode is not InferenceMode.DISABLED,
+        state=(_STATES[sup.state] if mode is not InferenceMode.DISABLED
+               else control_pb2.CHILD_STATE_STOPPED),
         pid=sup.pid,
         port=sup.port,
         uptime_seconds=sup.uptime(),
@@ -104,14 +106,14 @@ def child_status(child: ManagedChild) -> control_pb2.ChildStatus:
         queue_ahead=child.admission.ahead,
         last_error=child.last_error,
     )
-    if mode == "embedded" and child.current is not None:
+    if mode is InferenceMode.EMBEDDED and child.current is not None:
         info = child.model.info
         status.model_path = str(child.spec.model)
         status.model_sha256 = child.model.sha256
         status.runtime = child.runtime.name
         status.model_architecture = info.architecture if info else ""
         status.model_context_length = info.context_length if info else 0
-    elif mode == "endpoint" and child.mode.endpoint is not None:
+    elif mode is InferenceMode.ENDPOINT and child.mode.endpoint is not None:
         status.runtime = "endpoint"
         status.endpoint_url = child.mode.endpoint.display_url
         status.endpoint_model = child.mode.endpoint.model
@@ -142,13 +144,13 @@ def mode_request(child: ManagedChild, request: control_pb2.SetModeRequest) -> Mo
                               "or INFERENCE_MODE_DISABLED")
     e = request.endpoint
     given = any((e.url, e.model, e.api_key_file, e.api_key_env))
-    if kind != "endpoint" and given:
+    if kind is not InferenceMode.ENDPOINT and given:
         raise InvalidArgument("endpoint settings are for INFERENCE_MODE_ENDPOINT only")
-    if kind != "embedded" and request.model_path:
+    if kind is not InferenceMode.EMBEDDED and request.model_path:
         raise InvalidArgument("model_path is for INFERENCE_MODE_EMBEDDED only")
     check_plan_model(request.model_path)
     endpoint: EndpointSpec | None = None
-    if kind == "endpoint":
+    if kind is InferenceMode.ENDPOINT:
         if given and not e.url:
             raise InvalidArgument("endpoint.url is required when other endpoint fields are set")
         endpoint = (EndpointSpec(e.url, e.model, e.api_key_file, e.api_key_env) if e.url
@@ -292,7 +294,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
     ) -> control_pb2.ResetResponse:
         role = _role(request.role)
         child = self._children[role]
-        if child.mode.kind == "disabled":
+        if child.mode.kind is InferenceMode.DISABLED:
             raise Disabled(f"{role} is disabled; ControlService/SetMode enables it")
         child.supervisor.reset()
         call.note(role=role)

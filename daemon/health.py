@@ -37,6 +37,7 @@ from llamad_protocol.v1.wire import (
 from supervisor import State, StateChange
 
 from .children import ManagedChild
+from .inference_mode import InferenceMode
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -66,12 +67,12 @@ class HealthReporter:
         """The status each service name should have now."""
         def running(role: str) -> bool:
             child = self._children.get(role)
-            return (child is not None and child.mode.kind != "disabled"
+            return (child is not None and child.mode.kind is not InferenceMode.DISABLED
                     and child.supervisor.state is State.RUNNING)
 
         up = not self._draining
         all_running = all(running(role) for role, c in self._children.items()
-                          if c.mode.kind != "disabled")
+                          if c.mode.kind is not InferenceMode.DISABLED)
         flag = {True: SERVING, False: NOT_SERVING}
         return {
             HEALTH_GENERATION: flag[up and running("generation")],

@@ -47,9 +47,10 @@ from supervisor import (
     pick_runtime,
 )
 
-from .children import ManagedChild, Mode, Setup, ahead_for, make_setup, slots_for
+from .children import ManagedChild, Setup, ahead_for, make_setup, slots_for
 from .config import Config
 from .errors import FailedPrecondition, InvalidArgument
+from .inference_mode import InferenceMode, Mode
 from .swaps import memory_available, memory_needed
 
 _log = structlog.get_logger("llamad.modes")
@@ -63,14 +64,14 @@ class ModeRequest:
     """A switch, as asked for.
 
     Attributes:
-        kind: "embedded", "endpoint" or "disabled".
+        kind: where inference is to run.
         endpoint: where, for endpoint mode.
         model: for embedded mode, a GGUF path to run instead of the configured one.
         setup: for embedded mode, the whole setup to run (a reload builds it).
         reason: why, in words (logged).
     """
 
-    kind: str
+    kind: InferenceMode
     endpoint: EndpointSpec | None = None
     model: str = ""
     setup: Setup | None = None
@@ -132,13 +133,13 @@ class ModeManager:
     async def _switch(self, child: ManagedChild, request: ModeRequest,
                       report: ProgressSink) -> None:
         old = child.mode
-        if request.kind == "disabled":
-            if old.kind == "disabled":
+        if request.kind is InferenceMode.DISABLED:
+            if old.kind is InferenceMode.DISABLED:
                 report(SwapProgress("done", f"the {child.role} role is already disabled"))
                 return
             await self._disable(child, report)
             return
-        if request.kind == "embedded" and old.kind == "embedded":
+        if request.kind is InferenceMode.EMBEDDED and old.kind is InferenceMode.EMBEDDED:
             if request.model:
                 raise InvalidArgument(f"the {child.role} role is already embedded; Swap "
                                       "changes its model")
@@ -147,15 +148,16 @@ class ModeManager:
         setup: Setup | None = None
         launcher: Launcher
         validate: Validator | None = None
-        if request.kind == "embedded":
+        if request.kind is InferenceMode.EMBEDDED:
             setup = request.setup or self._setup(child, request.model)
             self._check_fits(setup)
             launcher, validate = child.launcher_factory(setup), setup.model.validate
-        elif request.kind == "endpoint" and request.endpoint is not None:
+        elif request.kind is InferenceMode.ENDPOINT and request.endpoint is not None:
             launcher = child.endpoint_factory(request.endpoint)
         else:
             raise InvalidArgument(f"unknown mode {request.kind!r}")
-        new = Mode(request.kind, request.endpoint if request.kind == "endpoint" else None)
+        new = Mode(request.kind,
+                   request.endpoint if request.kind is InferenceMode.ENDPOINT else None)
 
         def switched() -> None:
             if child.mode is new:
@@ -168,7 +170,7 @@ class ModeManager:
             child.last_error = ""
             self._on_change(child)
 
-        if old.kind == "disabled":
+        if old.kind is InferenceMode.DISABLED:
             await self._enable(child, launcher, validate, report)
             switched()
             report(SwapProgress("done"))
@@ -235,7 +237,7 @@ class ModeManager:
 
     async def _disable(self, child: ManagedChild, report: ProgressSink) -> None:
         """A mode → disabled: refuse new calls now, let running ones finish, then stop."""
-        child.mode = Mode("disabled")
+        child.mode = Mode(InferenceMode.DISABLED)
         child.last_error = ""
         self._on_change(child)
         report(SwapProgress("swapping", "new calls are refused from now on"))
@@ -271,5 +273,5 @@ def busy(child: ManagedChild) -> int:
 def request_from_config(child: ManagedChild) -> ModeRequest:
     """The mode the role's configuration asks for."""
     cc = child.config
-    return ModeRequest(cc.mode, cc.endpoint() if cc.mode == "endpoint" else None,
+    return ModeRequest(cc.mode, cc.endpoint() if cc.mode is InferenceMode.ENDPOINT else None,
                        reason="configuration")

@@ -17,6 +17,7 @@ import structlog
 from supervisor import State, SupervisorError
 
 from .children import ManagedChild
+from .inference_mode import InferenceMode
 from .swaps import SwapManager
 
 _log = structlog.get_logger("llamad.recycle")
@@ -38,7 +39,7 @@ def recycle_reason(child: ManagedChild, after_requests: int, max_rss: int,
                    min_uptime: float) -> str | None:
     """Why ``child`` should be recycled now, or None."""
     sup = child.supervisor
-    if child.mode.kind != "embedded":  # an endpoint is not ours to recycle
+    if child.mode.kind is not InferenceMode.EMBEDDED:  # an endpoint is not ours to recycle
         return None
     if sup.state is not State.RUNNING or sup.uptime() < min_uptime:
         return None

@@ -44,6 +44,7 @@ from supervisor import SupervisorError, pick_runtime
 from .children import ManagedChild, Setup, ahead_for, make_setup
 from .config import OPTIONS, ChildConfig, Config, ConfigError, Reload, is_loopback, value_of
 from .errors import RequestError
+from .inference_mode import InferenceMode
 from .modes import ModeManager, ModeRequest
 from .swaps import SwapManager
 
@@ -121,21 +122,22 @@ async def _apply_role(child: ManagedChild, current: Config, new: Config,
         runtime = pick_runtime(new_cc.runtime, new.llama_bin or None)
         target = make_setup(child.role, new_cc.model, runtime, new_cc)
     live = child.mode.kind
-    if new_cc.mode == "embedded" and live == "embedded":
+    if new_cc.mode is InferenceMode.EMBEDDED and live is InferenceMode.EMBEDDED:
         changed = (_child_settings(old_cc) != _child_settings(new_cc)
                    or current.llama_bin != new.llama_bin)
         if changed and target is not None:
             await swaps.swap_to(child.role, target, reason="reload")
             return True
         return False
-    if new_cc.mode != live or (live == "endpoint" and old_cc.endpoint() != new_cc.endpoint()):
+    if new_cc.mode is not live or (live is InferenceMode.ENDPOINT
+                                   and old_cc.endpoint() != new_cc.endpoint()):
         await modes.set_mode(child.role, ModeRequest(
-            new_cc.mode, new_cc.endpoint() if new_cc.mode == "endpoint" else None,
-            setup=target if new_cc.mode == "embedded" else None, reason="reload"))
-        if new_cc.mode != "embedded" and target is not None:
+            new_cc.mode, new_cc.endpoint() if new_cc.mode is InferenceMode.ENDPOINT else None,
+            setup=target if new_cc.mode is InferenceMode.EMBEDDED else None, reason="reload"))
+        if new_cc.mode is not InferenceMode.EMBEDDED and target is not None:
             child.current = target
         return True
-    if target is not None and live != "embedded":
+    if target is not None and live is not InferenceMode.EMBEDDED:
         child.current = target
     return False
 

@@ -46,6 +46,7 @@ from .children import ManagedChild, build_child
 from .config import Config
 from .control import ControlServicer
 from .health import HealthReporter
+from .inference_mode import InferenceMode
 from .listen import Bound, bind, unbind
 from .metrics import Metrics
 from .metrics_http import MetricsServer, serve_metrics
@@ -83,7 +84,7 @@ def describe_mode(child: ManagedChild) -> str:
     """A role's mode in a few words, for logs: never an endpoint's credentials."""
     if child.mode.endpoint is not None:
         return f"endpoint {child.mode.endpoint.display_url}"
-    if child.mode.kind == "embedded" and child.current is not None:
+    if child.mode.kind is InferenceMode.EMBEDDED and child.current is not None:
         return f"embedded {child.spec.model} ({child.runtime.name})"
     return child.mode.kind
 
@@ -255,7 +256,7 @@ class Daemon:
             self._tasks.add(asyncio.create_task(
                 backfill_loop(self.retriever, backfill), name="backfill"))
         for child in self.children.values():
-            if child.mode.kind == "disabled":
+            if child.mode.kind is InferenceMode.DISABLED:
                 continue
             child.supervisor.start()
             self._tasks.add(asyncio.create_task(child.hash_model(), name=f"hash-{child.role}"))
@@ -301,7 +302,7 @@ class Daemon:
         parts = ["draining"] if self.router.draining else []
         for role, child in self.children.items():
             sup = child.supervisor
-            if child.mode.kind == "disabled":
+            if child.mode.kind is InferenceMode.DISABLED:
                 parts.append(f"{role}: disabled")
             elif child.mode.endpoint is not None:
                 parts.append(f"{role}: endpoint {child.mode.endpoint.display_url} "
@@ -334,7 +335,7 @@ class Daemon:
         self.metrics.mode(child.role, child.mode.kind)
         self.health.refresh()
         self._notifier.status(self.status_line())
-        if child.mode.kind == "embedded":
+        if child.mode.kind is InferenceMode.EMBEDDED:
             self._after_swap(child)
 
     def request_stop(self) -> None:

@@ -33,6 +33,7 @@ from supervisor import (
 
 from .children import ManagedChild, Setup, ahead_for, make_setup
 from .errors import InvalidArgument
+from .inference_mode import InferenceMode
 
 _log = structlog.get_logger("llamad.swaps")
 
@@ -113,7 +114,7 @@ class SwapManager:
 
     @staticmethod
     def _check(child: ManagedChild) -> None:
-        if child.mode.kind != "embedded":
+        if child.mode.kind is not InferenceMode.EMBEDDED:
             raise SwapRefusedError(
                 f"the {child.role} role is in {child.mode.kind} mode: Swap replaces a "
                 "supervised child's model; ControlService/SetMode switches modes")

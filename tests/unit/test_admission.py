@@ -8,8 +8,9 @@ import pytest
 
 from daemon import load
 from daemon.admission import Admission
-from daemon.children import Mode, ahead_for, make_setup
+from daemon.children import ahead_for, make_setup
 from daemon.errors import DeadlineUnmeetable, Overloaded
+from daemon.inference_mode import InferenceMode, Mode
 from supervisor import BundledRuntime, LlamaServerRuntime, Runtime
 
 
@@ -250,9 +251,9 @@ async def test_a_cancelled_hand_over_releases_the_hold() -> None:
 
 
 @pytest.mark.parametrize(("runtime", "mode", "expected"), [
-    (LlamaServerRuntime("/usr/bin/llama-server"), Mode("embedded"), 3),
-    (BundledRuntime(), Mode("embedded"), 0),  # serves one request at a time
-    (LlamaServerRuntime("/usr/bin/llama-server"), Mode("endpoint"), 0),
+    (LlamaServerRuntime("/usr/bin/llama-server"), Mode(InferenceMode.EMBEDDED), 3),
+    (BundledRuntime(), Mode(InferenceMode.EMBEDDED), 0),  # serves one request at a time
+    (LlamaServerRuntime("/usr/bin/llama-server"), Mode(InferenceMode.ENDPOINT), 0),
 ], ids=["llama-server", "bundled", "endpoint"])
 def test_calls_ahead_only_for_a_runtime_that_queues(runtime: Runtime, mode: Mode,
                                                     expected: int) -> None:
