@@ -4,20 +4,23 @@
 ordinals 1..n. The exact rules:
 
 Arguments and guarantees
-    ``size > 0``, ``0 <= overlap < size``, ``max_chars >= size`` and a kind among markdown,
-    config, text, html, pdf, else ``ValueError``. ``\\r\\n`` and ``\\r`` become ``\\n``;
+    ``size > 0``, ``0 <= overlap < size``, ``max_chars >= size`` and a kind of
+    :data:`~retrieval._kinds.KINDS`, else ``ValueError``. ``\\r\\n`` and ``\\r`` become ``\\n``;
     empty or whitespace-only text gives ``[]``. Every chunk is at most ``max_chars`` long,
     never whitespace-only, and the output is a pure function of the arguments. A chunk's
     text is a slice of the input (runs of blank lines collapsed to one, whitespace at the
-    end of a paragraph or config line dropped) plus at most three kinds of added lines: the
-    markdown heading path, the fence lines around a piece of a cut code fence, and the
-    header line atop a piece of a cut config block. So every non-whitespace character of
-    the input is in some chunk.
+    end of a paragraph or line dropped) plus at most four kinds of added lines: the
+    markdown heading path, the fence lines around a piece of a cut code fence, the header
+    line atop a piece of a cut config block, and the context lines atop a chunk of a
+    session, shell or python document (the command or signature line the chunk's first
+    piece belongs to). So every non-whitespace character of the input is in some chunk.
 
 The rules of each kind are in its module's docstring: :mod:`retrieval._chunk_pack` (prose:
 text, html, pdf, and the paragraphs of markdown; the packing every kind shares),
-:mod:`retrieval._chunk_markdown` (headings, sections, code fences) and
-:mod:`retrieval._chunk_config` (Cisco IOS, Arista, Juniper exports).
+:mod:`retrieval._chunk_markdown` (headings, sections, code fences),
+:mod:`retrieval._chunk_config` (Cisco IOS, Arista, Juniper exports),
+:mod:`retrieval._chunk_session` (shell transcripts: commands with their output) and
+:mod:`retrieval._chunk_blocks` (the packing sessions and code share).
 """
 
 from __future__ import annotations
@@ -27,11 +30,10 @@ from dataclasses import dataclass
 from ._chunk_config import config_chunks
 from ._chunk_markdown import markdown_chunks
 from ._chunk_pack import pack, prose_units
+from ._chunk_session import session_chunks
 from ._kinds import KINDS
 
 __all__ = ["Chunk", "chunk_text"]
-
-_PROSE_KINDS = frozenset({"text", "html", "pdf"})  # of KINDS; markdown and config have rules
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,8 @@ class Chunk:
     Attributes:
         ordinal: 1-based position in the document (the ``n`` of the chunk id ``<doc>#<n>``).
         text: what is indexed and embedded; for markdown it begins with the heading path.
-        heading: the heading path (markdown) or block header line (config); ``""`` if none.
+        heading: the heading path (markdown), block header line (config), command
+            (session); ``""`` if none.
     """
 
     ordinal: int
@@ -56,7 +59,7 @@ def chunk_text(text: str, kind: str, *, size: int = 1200, overlap: int = 200,
 
     Args:
         text: extracted text (any newline convention).
-        kind: ``markdown``, ``config``, ``text``, ``html`` or ``pdf``.
+        kind: one of :data:`~retrieval._kinds.KINDS`.
         size: target chunk length in characters.
         overlap: characters of overlap between consecutive prose chunks of one section.
         max_chars: hard upper bound on every chunk's length.
@@ -82,6 +85,8 @@ def chunk_text(text: str, kind: str, *, size: int = 1200, overlap: int = 200,
         pieces = markdown_chunks(text, size, overlap, max_chars)
     elif kind == "config":
         pieces = config_chunks(text, size, max_chars)
+    elif kind == "session":
+        pieces = session_chunks(text, size, max_chars)
     else:
         pieces = (("", body) for body in pack(prose_units(text, size), size, overlap, size))
     return [Chunk(n, body, heading) for n, (heading, body) in enumerate(pieces, 1)]

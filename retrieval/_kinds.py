@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 
 from .errors import InvalidDocument
 
-KINDS: tuple[str, ...] = ("markdown", "text", "html", "pdf", "config")
+KINDS: tuple[str, ...] = ("markdown", "text", "html", "pdf", "config", "session")
 """Every document kind, in the order messages list them."""
 
 SUFFIXES: dict[str, str] = {

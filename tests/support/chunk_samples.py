@@ -1,6 +1,7 @@
 """Texts the chunking tests cut (tests/unit/test_chunk_*.py): a markdown runbook with
 fences, Cisco and Juniper configurations, plain words without punctuation, numbered
-sentences, and runbooks of any size; plus picking the chunks under one heading.
+sentences, a shell session, and runbooks and sessions of any size; plus picking the
+chunks under one heading.
 """
 
 from __future__ import annotations
@@ -120,6 +121,34 @@ def juniper_config() -> str:
 CISCO = cisco_config()
 JUNIPER = juniper_config()
 
+NGINX_STATUS = [
+    "\u25cf nginx.service - A high performance web server and a reverse proxy server",
+    "     Loaded: loaded (/lib/systemd/system/nginx.service; enabled; preset: enabled)",
+    "     Active: active (running) since Mon 2024-03-04 10:42:01 UTC; 3 days ago",
+    "",
+    *(f"Mar 04 10:42:{n % 60:02d} web01 nginx[{1000 + n}]: worker process {n} started, "
+      f"pid {4000 + n}" for n in range(40)),
+]
+
+
+def session() -> str:
+    """A transcript: a note, small commands, a long `systemctl status`, a command whose
+    output has a blank line, a loop typed over three lines, PowerShell and a venv."""
+    return "\n".join([
+        "Session on web01, ticket OPS-1234", "",
+        "ops@web01:~$ uptime", " 10:42:01 up 3 days,  2:01,  1 user,  load average: 0.10",
+        "ops@web01:~$ df -h /var", "Filesystem      Size  Used Avail Use% Mounted on",
+        "/dev/sda3        20G   20G     0 100% /var", "",
+        "$ systemctl status nginx", *NGINX_STATUS,
+        "[root@web01 nginx]# nginx -t", "nginx: the configuration file syntax is ok",
+        "", "nginx: configuration file /etc/nginx/nginx.conf test is successful",
+        "root@web01:/var/log# for f in *.gz; do", "> rm -- \"$f\"", "> done",
+        "PS C:\\Users\\ops> Get-Service nginx", "Status   Name", "Running  nginx",
+        "(venv) $ pip list | wc -l", "42", ""])
+
+
+SESSION = session()
+
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
 PLAIN = "\n\n".join(
     " ".join(f"{WORDS[(p + n) % len(WORDS)]}{n}" for n in range(p * 500, p * 500 + 450))
@@ -161,6 +190,20 @@ journalctl --vacuum-size=500M
 Look at `free -m` and the OOM killer in `dmesg`. The usual suspect is the JVM heap.
 
 """
+
+
+def sessions(size: int) -> str:
+    """Transcripts of about ``size`` characters: many short commands, long outputs."""
+    parts: list[str] = []
+    total, n = 0, 0
+    while total < size:
+        lines = [f"ops@web{n:05d}:~$ journalctl -u app --since today | tail -{n % 50}"]
+        lines += [f"Mar 04 10:{k % 60:02d} web app[{k}]: request {k} served in {k % 9} ms"
+                  for k in range(n % 50)]
+        parts.append("\n".join(lines) + "\n")
+        total += len(parts[-1])
+        n += 1
+    return "".join(parts)
 
 
 def runbooks(size: int) -> str:

@@ -9,9 +9,18 @@ from retrieval._chunk import Chunk, chunk_text
 
 FENCE_LINE = re.compile(r"[ \t]*(`{3,}|~{3,})")
 
+PROSE_KINDS = ("text", "html", "pdf")
+"""Kinds whose chunks have no heading."""
+PATH_KINDS = ("markdown",)
+"""Kinds whose chunks begin with their heading path (see :func:`prefix_of`)."""
+CONTEXT_LINES = {"config": 1, "session": 1}
+"""Kinds whose chunks may begin with up to this many repeated lines (a config block's
+header, a session's command)."""
+
 
 def prefix_of(chunk: Chunk, size: int) -> str:
-    """The heading-path line chunk_text adds to a markdown chunk ("" when none)."""
+    """The heading-path line chunk_text adds to a markdown (or other path kind's) chunk
+    ("" when none)."""
     if not chunk.heading or size < 8:
         return ""
     cap = size // 2
@@ -22,7 +31,7 @@ def prefix_of(chunk: Chunk, size: int) -> str:
 
 def body(chunk: Chunk, kind: str, size: int) -> str:
     """The chunk's text without the added heading-path line."""
-    prefix = prefix_of(chunk, size) if kind == "markdown" else ""
+    prefix = prefix_of(chunk, size) if kind in PATH_KINDS else ""
     assert chunk.text.startswith(prefix)
     return chunk.text[len(prefix):]
 
@@ -45,8 +54,10 @@ def assert_covered(source: str, chunks: list[Chunk], kind: str, size: int) -> No
         text = body(chunk, kind, size)
         if kind == "markdown":
             candidates = [without_fence_lines(text)]
-        elif kind == "config":  # a repeated block header may open the chunk
-            candidates = [text, text.partition("\n")[2]]
+        elif kind in CONTEXT_LINES:  # repeated header or context lines may open the chunk
+            candidates = [text]
+            for _ in range(CONTEXT_LINES[kind]):
+                candidates.append(candidates[-1].partition("\n")[2])
         else:
             candidates = [text]
         ends = []
@@ -82,8 +93,8 @@ def assert_guarantees(text: str, kind: str, size: int, overlap: int, max_chars: 
     for c in chunks:
         assert 0 < len(c.text) <= max_chars
         assert c.text.strip()
-        if kind == "markdown":
+        if kind in PATH_KINDS:
             assert c.text.startswith(prefix_of(c, size))
-        elif kind != "config":
+        elif kind in PROSE_KINDS:
             assert c.heading == ""
     assert chunk_text(text, kind, size=size, overlap=overlap, max_chars=max_chars) == chunks

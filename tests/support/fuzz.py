@@ -44,7 +44,7 @@ from daemon.wire import Malformed, _guard_deserializer
 from llamad_protocol.v1 import answer_pb2 as apb
 from llamad_protocol.v1 import control_pb2, retrieval_pb2
 from llamad_protocol.v1 import inference_pb2 as pb
-from retrieval import Retriever
+from retrieval import KINDS, Retriever
 from retrieval._chunk import Chunk, chunk_text
 from retrieval._redact import PLACEHOLDER_PREFIX, redact
 from retrieval.errors import (
@@ -264,8 +264,6 @@ def check_wire(value: tuple[type[Message], bytes]) -> None:
 
 
 # --- chunking --------------------------------------------------------------------------------
-
-KINDS = ("markdown", "config", "text", "html", "pdf")
 
 
 @st.composite

@@ -13,12 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from retrieval._chunk import chunk_text
-from tests.support.chunk_samples import CISCO, JUNIPER, PLAIN, RUNBOOK, SENTENCES, runbooks
+from retrieval._kinds import KINDS
+from tests.support.chunk_samples import (
+    CISCO,
+    JUNIPER,
+    PLAIN,
+    RUNBOOK,
+    SENTENCES,
+    SESSION,
+    runbooks,
+)
 from tests.support.chunks import assert_covered, assert_guarantees, body, open_fence_at_end
 from tests.support.scaling import assert_linear
-
-KINDS = ("markdown", "config", "text", "html", "pdf")
-
 
 # --- arguments and edge cases -----------------------------------------------------------
 
@@ -32,7 +38,7 @@ def test_invalid_arguments_raise_value_error(size: int, overlap: int, max_chars:
 
 
 def test_unknown_kind_raises_value_error() -> None:
-    """Kinds outside markdown/config/text/html/pdf are refused."""
+    """Kinds outside KINDS are refused."""
     with pytest.raises(ValueError, match="unknown kind"):
         chunk_text("text", "docx")
 
@@ -53,7 +59,7 @@ def test_crlf_is_normalised() -> None:
 
 @pytest.mark.parametrize(("text", "kind"), [
     (RUNBOOK, "markdown"), (CISCO, "config"), (JUNIPER, "config"), (PLAIN, "text"),
-    (SENTENCES, "pdf")])
+    (SENTENCES, "pdf"), (SESSION, "session")])
 @pytest.mark.parametrize(("size", "overlap", "max_chars"), [
     (1200, 200, 2000), (300, 50, 300), (64, 0, 64), (10, 9, 10), (1, 0, 1)])
 def test_fixtures_keep_the_guarantees(text: str, kind: str, size: int, overlap: int,
@@ -100,7 +106,8 @@ def test_pathological_shapes_chunk_in_linear_time(name: str) -> None:
 LINES = ["# Title", "## Sub", "### Deep", "Setext", "===", "---", "```", "```py", "~~~",
          "````md", "    indented", "- item", "1. step", "", "", "Sentence one. Two!",
          "interface Gi0/1", " ip address 10.0.0.1 255.255.255.0", "!", "system {", "}",
-         '    description "a { b";', "## Last commit", "/* note */", "end"]
+         '    description "a { b";', "## Last commit", "/* note */", "end",
+         "$ df -h", "ops@web01:~$ uptime", "> done", "PS C:\\> dir", "# reboot"]
 ALPHABET = st.one_of(st.sampled_from(list("ab .!?\n\t#=-`~{}!\"')x")),
                      st.characters(exclude_categories=["Cs"]))
 ANY_TEXT = st.one_of(
