@@ -313,6 +313,13 @@ class Limits:
     default_max_tokens: int = setting(256, "max_tokens when a call sets none.", minimum=1)
     max_tokens: int = setting(8192, "Largest max_tokens a call may ask.", minimum=1)
     max_stop: int = setting(8, "Most stop strings per call.", minimum=0)
+    max_grammar_chars: int = setting(
+        65536, "Longest GBNF grammar or JSON schema a call may constrain its output with, "
+        "characters.", minimum=1)
+    max_logit_bias: int = setting(1024, "Most logit_bias entries per call.", minimum=0)
+    max_top_logprobs: int = setting(
+        20, "Most alternatives per token a call may ask logprobs for (OpenAI's limit is "
+        "20).", minimum=0)
     max_embed_batch: int = setting(256, "Most texts per Embed call.", minimum=1)
     max_embed_chars: int = setting(32768, "Longest text to embed, characters.", minimum=1)
     queue_size: int = setting(

@@ -11,7 +11,7 @@ The servicers (Inference, Answer) and the retrieval bridge call a role through
 - :class:`DisabledBackend`: nothing serves the role; every call is refused with
   FAILED_PRECONDITION, before it queues.
 
-A role's backend is made per call by :meth:`daemon.children.ManagedChild.backend` (the
+A role's backend is made per call by :meth:`daemon.model.Model.backend` (the
 one place that maps a mode to an implementation), so a call started before a swap or a
 mode switch finishes on what it started with, and the next call gets the new one.
 """
@@ -21,7 +21,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from supervisor import Chunk, EmbedResult, EndpointClient, InferenceClient, Sampling
+from supervisor import (
+    LLAMA_CPP,
+    Chunk,
+    Dialect,
+    EmbedResult,
+    EndpointClient,
+    InferenceClient,
+    Sampling,
+)
 
 from .errors import Disabled, RequestError
 
@@ -63,6 +71,12 @@ class InferenceBackend(Protocol):
         None when calls go through."""
         ...
 
+    @property
+    def dialect(self) -> Dialect:
+        """Which generation parameters the runtime takes (the servicers refuse the others
+        by name before starting a stream)."""
+        ...
+
     def stream_completion(self, prompt: str, sampling: Sampling) -> AsyncIterator[Chunk]: ...
 
     def stream_chat(self, messages: Messages, sampling: Sampling) -> AsyncIterator[Chunk]: ...
@@ -89,6 +103,10 @@ class _ClientBackend:
     @property
     def model_name(self) -> str:
         return self.client.model_name
+
+    @property
+    def dialect(self) -> Dialect:
+        return self.client.dialect
 
     def stream_completion(self, prompt: str, sampling: Sampling) -> AsyncIterator[Chunk]:
         return self.client.stream_completion(prompt, sampling)
@@ -168,6 +186,7 @@ class DisabledBackend:
     identity = ""
     provisional_identity = ""
     context_tokens = 0
+    dialect = LLAMA_CPP  # never asked: every call is refused first
 
     def __init__(self, role: str) -> None:
         self.role = role

@@ -17,6 +17,7 @@ Mapping (everything else in :mod:`supervisor.errors` included):
 error                         status                 retry hint
 ============================  =====================  ==========
 InvalidArgument               INVALID_ARGUMENT       no
+UnsupportedParameterError     INVALID_ARGUMENT       no (names parameter, runtime)
 Disabled                      FAILED_PRECONDITION    no
 FailedPrecondition            FAILED_PRECONDITION    no
 TokenizeUnavailableError      FAILED_PRECONDITION    no
@@ -78,6 +79,7 @@ from supervisor.errors import (
     ChildRequestError,
     EndpointError,
     TokenizeUnavailableError,
+    UnsupportedParameterError,
 )
 
 from .config import option
@@ -161,7 +163,7 @@ def _how_to_allow_roots() -> str:
 
 def map_error(exc: BaseException) -> Mapped:
     """The status code, message and retry hint for ``exc``."""
-    if isinstance(exc, InvalidArgument):
+    if isinstance(exc, InvalidArgument | UnsupportedParameterError):
         return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
     if isinstance(exc, InvalidDocument | ExtractionError):
         return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

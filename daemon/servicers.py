@@ -17,7 +17,14 @@ import numpy as np
 from google.protobuf import timestamp_pb2
 
 from llamad_protocol.v1 import common_pb2, inference_pb2, inference_pb2_grpc
-from supervisor import ChildRequestError, Chunk, Sampling, TokenizeUnavailableError
+from supervisor import (
+    ChildRequestError,
+    Chunk,
+    Sampling,
+    TokenizeUnavailableError,
+    TokenLogprob,
+    TokenLogprobs,
+)
 
 from . import rpc, validation
 from .backend import InferenceBackend
@@ -93,8 +100,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 if first is None:
                     first = now
                 tokens += item.tokens
-                yield inference_pb2.GenerateResponse(text=item.text, tokens=item.tokens,
+                msg = inference_pb2.GenerateResponse(text=item.text, tokens=item.tokens,
                                                      model=model)
+                if item.logprobs:
+                    msg.logprobs.extend(_logprobs(entry) for entry in item.logprobs)
+                yield msg
                 continue
             end = time.perf_counter()
             completion = item.completion_tokens if item.completion_tokens is not None else tokens
@@ -123,13 +133,21 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         context: grpc.aio.ServicerContext,
         call: rpc.Call,
         start: Callable[[InferenceBackend, Sampling], AsyncIterator[Chunk]],
+        *,
+        chat: bool,
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        """Validate the sampling, admit the call on the generation role, start its stream
-        there and relay it (time to first token counts from here)."""
+        """Validate the sampling, admit the call on the generation role, refuse by name
+        the parameters its runtime cannot take, start its stream there and relay it (time
+        to first token counts from here)."""
         received = time.perf_counter()
         sampling = validation.sampling(params, self._limits)
         call.note(max_tokens=sampling.max_tokens)
+        requested = sampling.requested()
+        if requested:
+            call.note(controls=",".join(requested))
         async with self._router.admit("generation", context.time_remaining()) as backend:
+            if requested:
+                sampling.check(backend.dialect, chat=chat)
             async for msg in self._stream(start(backend, sampling), backend.model_name, call,
                                           received):
                 yield msg
@@ -145,7 +163,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         call.note(prompt_chars=len(prompt))
         async for msg in self._generate(
                 request.sampling, context, call,
-                lambda backend, sampling: backend.stream_completion(prompt, sampling)):
+                lambda backend, sampling: backend.stream_completion(prompt, sampling),
+                chat=False):
             yield msg
 
     @rpc.stream("Chat")
@@ -159,7 +178,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         call.note(messages=len(messages))
         async for msg in self._generate(
                 request.sampling, context, call,
-                lambda backend, sampling: backend.stream_chat(messages, sampling)):
+                lambda backend, sampling: backend.stream_chat(messages, sampling),
+                chat=True):
             yield msg
 
     @rpc.unary("Embed")
@@ -238,6 +258,19 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         return inference_pb2.TokenizeResponse(
             tokens=tokens, count=len(tokens), model=backend.model_name
         )
+
+
+def _token(token: TokenLogprob) -> inference_pb2.TokenLogprob:
+    msg = inference_pb2.TokenLogprob(token=token.token, logprob=token.logprob,
+                                     bytes=token.bytes)
+    if token.id is not None:
+        msg.id = token.id
+    return msg
+
+
+def _logprobs(entry: TokenLogprobs) -> inference_pb2.TokenLogprobs:
+    return inference_pb2.TokenLogprobs(chosen=_token(entry.chosen),
+                                       top_logprobs=[_token(t) for t in entry.top])
 
 
 def _l2_rows(matrix: Float32Array) -> Float32Array:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import orjson
+
 from llamad_protocol.v1 import inference_pb2 as pb
-from supervisor import Sampling
+from supervisor import LogitBias, Sampling
 
 from .config import Limits
 from .errors import InvalidArgument
@@ -32,8 +34,12 @@ def _check_text(name: str, text: str, limit: int, *, allow_empty: bool = False) 
         raise InvalidArgument(f"{name} contains a NUL character")
 
 
-def sampling(params: pb.SamplingParams, limits: Limits) -> Sampling:
-    """Validate sampling parameters and fill defaults."""
+def sampling(params: pb.SamplingParams, limits: Limits, *, call: str = "") -> Sampling:
+    """Validate sampling parameters and fill defaults.
+
+    ``call`` "Ask" refuses the controls that would break a cited answer (logprobs, which
+    AskResponse does not carry, and structured output).
+    """
     max_tokens = params.max_tokens if params.HasField("max_tokens") else limits.default_max_tokens
     if max_tokens < 1 or max_tokens > limits.max_tokens:
         raise InvalidArgument(
@@ -62,7 +68,157 @@ def sampling(params: pb.SamplingParams, limits: Limits) -> Sampling:
     for s in params.stop:
         if not s or len(s) > 256:
             raise InvalidArgument("sampling.stop strings must be 1..256 characters")
-    return Sampling(max_tokens, temperature, top_p, top_k, seed, tuple(params.stop))
+    if call == "Ask":
+        _refuse_on_ask(params)
+    response_format, schema, name = _response_format(params, limits)
+    return Sampling(
+        max_tokens, temperature, top_p, top_k, seed, tuple(params.stop),
+        min_p=_ranged(params, "min_p", 0.0, 1.0),
+        repeat_penalty=_ranged(params, "repeat_penalty", 0.0, 10.0, low_open=True),
+        repeat_last_n=_count(params, "repeat_last_n"),
+        presence_penalty=_ranged(params, "presence_penalty", -2.0, 2.0),
+        frequency_penalty=_ranged(params, "frequency_penalty", -2.0, 2.0),
+        logit_bias=_logit_bias(params, limits),
+        logprobs=params.logprobs,
+        top_logprobs=_top_logprobs(params, limits),
+        response_format=response_format, json_schema=schema, schema_name=name,
+        grammar=_grammar(params, limits, response_format),
+        dry_multiplier=_ranged(params, "dry_multiplier", 0.0, 10.0),
+        dry_base=_ranged(params, "dry_base", 1.0, 10.0),
+        dry_allowed_length=_count(params, "dry_allowed_length"),
+        dry_penalty_last_n=_count(params, "dry_penalty_last_n"),
+    )
+
+
+_MAX_WINDOW = 2**31 - 1  # llama.cpp reads token counts as int32
+
+
+def _ranged(params: pb.SamplingParams, name: str, low: float, high: float, *,
+            low_open: bool = False) -> float | None:
+    """An optional float field, refused outside ``low..high`` (``(low, high]`` when
+    ``low_open``)."""
+    if not params.HasField(name):  # type: ignore[arg-type]
+        return None
+    value = float(getattr(params, name))
+    inside = (low < value if low_open else low <= value) and value <= high
+    if not math.isfinite(value) or not inside:
+        interval = f"({low:g}, {high:g}]" if low_open else f"{low:g}..{high:g}"
+        raise InvalidArgument(f"sampling.{name} must be in {interval}, got {value:g}")
+    return value
+
+
+def _count(params: pb.SamplingParams, name: str) -> int | None:
+    if not params.HasField(name):  # type: ignore[arg-type]
+        return None
+    value = int(getattr(params, name))
+    if value > _MAX_WINDOW:
+        raise InvalidArgument(f"sampling.{name} must be at most {_MAX_WINDOW}, got {value}")
+    return value
+
+
+def _refuse_on_ask(params: pb.SamplingParams) -> None:
+    for name, given in (("logprobs", params.logprobs),
+                        ("top_logprobs", params.HasField("top_logprobs")),
+                        ("response_format", params.HasField("response_format")),
+                        ("grammar", bool(params.grammar))):
+        if given:
+            raise InvalidArgument(
+                f"sampling.{name} is not available on Ask: its answer is prose with inline "
+                "citations (use Chat or Generate)")
+
+
+def _logit_bias(params: pb.SamplingParams, limits: Limits) -> tuple[LogitBias, ...]:
+    if len(params.logit_bias) > limits.max_logit_bias:
+        raise InvalidArgument(
+            f"sampling.logit_bias has {len(params.logit_bias)} entries; the limit is "
+            f"{limits.max_logit_bias} (limits.max_logit_bias)")
+    out: list[LogitBias] = []
+    for i, entry in enumerate(params.logit_bias):
+        where = f"sampling.logit_bias[{i}]"
+        if not math.isfinite(entry.bias) or not -100.0 <= entry.bias <= 100.0:
+            raise InvalidArgument(f"{where}.bias must be in -100..100, got {entry.bias:g}")
+        target = entry.WhichOneof("target")
+        if target == "token":
+            if entry.token > _MAX_WINDOW:
+                raise InvalidArgument(f"{where}.token {entry.token} is not a token id")
+            out.append(LogitBias(entry.token, entry.bias))
+        elif target == "text":
+            if not entry.text or len(entry.text) > 256 or "\x00" in entry.text:
+                raise InvalidArgument(f"{where}.text must be 1..256 characters, without NUL")
+            out.append(LogitBias(entry.text, entry.bias))
+        else:
+            raise InvalidArgument(f"{where} names no token: set token (an id) or text")
+    return tuple(out)
+
+
+def _top_logprobs(params: pb.SamplingParams, limits: Limits) -> int:
+    if not params.HasField("top_logprobs"):
+        return 0
+    if not params.logprobs:
+        raise InvalidArgument("sampling.top_logprobs needs sampling.logprobs set")
+    top = params.top_logprobs
+    if top > limits.max_top_logprobs:
+        raise InvalidArgument(f"sampling.top_logprobs must be at most {limits.max_top_logprobs} "
+                              f"(limits.max_top_logprobs), got {top}")
+    return top
+
+
+def _response_format(params: pb.SamplingParams,
+                     limits: Limits) -> tuple[str | None, str | None, str]:
+    """(None, None, "") for free text; ("json_object", None, ""); or ("json_schema", the
+    schema as compact JSON text, its name)."""
+    fmt = params.response_format
+    kind = fmt.type
+    if kind in (pb.RESPONSE_FORMAT_TYPE_UNSPECIFIED, pb.RESPONSE_FORMAT_TYPE_TEXT):
+        if fmt.json_schema or fmt.name:
+            raise InvalidArgument("sampling.response_format.json_schema needs type JSON_SCHEMA")
+        return None, None, ""
+    if kind == pb.RESPONSE_FORMAT_TYPE_JSON_OBJECT:
+        if fmt.json_schema:
+            raise InvalidArgument("sampling.response_format.json_schema needs type "
+                                  "JSON_SCHEMA, not JSON_OBJECT")
+        return "json_object", None, ""
+    if kind != pb.RESPONSE_FORMAT_TYPE_JSON_SCHEMA:
+        raise InvalidArgument(f"sampling.response_format.type {kind} is unknown")
+    text = fmt.json_schema
+    if not text.strip():
+        raise InvalidArgument("sampling.response_format.json_schema is empty (type "
+                              "JSON_SCHEMA needs a schema; JSON_OBJECT takes any object)")
+    if len(text) > limits.max_grammar_chars:
+        raise InvalidArgument(
+            f"sampling.response_format.json_schema has {len(text)} characters; the limit is "
+            f"{limits.max_grammar_chars} (limits.max_grammar_chars)")
+    try:
+        schema = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(
+            f"sampling.response_format.json_schema is not valid JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise InvalidArgument("sampling.response_format.json_schema must be a JSON object "
+                              f"(a schema), not a {type(schema).__name__}")
+    if len(fmt.name) > 64 or not all(c.isalnum() or c in "_-" for c in fmt.name):
+        raise InvalidArgument("sampling.response_format.name must be at most 64 letters, "
+                              "digits, _ or - (OpenAI's rule)")
+    return "json_schema", orjson.dumps(schema).decode(), fmt.name
+
+
+def _grammar(params: pb.SamplingParams, limits: Limits,
+             response_format: str | None) -> str | None:
+    text = params.grammar
+    if not text:
+        return None
+    if response_format is not None:
+        raise InvalidArgument("sampling.grammar and sampling.response_format both constrain "
+                              "the output: set one")
+    if len(text) > limits.max_grammar_chars:
+        raise InvalidArgument(f"sampling.grammar has {len(text)} characters; the limit is "
+                              f"{limits.max_grammar_chars} (limits.max_grammar_chars)")
+    if "\x00" in text:
+        raise InvalidArgument("sampling.grammar contains a NUL character")
+    if "root" not in text or "::=" not in text:
+        raise InvalidArgument("sampling.grammar is not a GBNF grammar: it needs a 'root ::= "
+                              "...' rule")
+    return text
 
 
 def prompt(request: pb.GenerateRequest, limits: Limits) -> str:

@@ -16,7 +16,7 @@ from ._child import (
     StartFailure,
     Timeouts,
 )
-from ._client import ApiShape, Chunk, EmbedResult, Health, InferenceClient, Sampling
+from ._client import ApiShape, Chunk, EmbedResult, Health, InferenceClient
 from ._clock import Clock, ManualClock, SystemClock
 from ._endpoint import (
     ENDPOINT_KINDS,
@@ -40,6 +40,16 @@ from ._runtime import (
     find_llama_server,
     pick_runtime,
 )
+from ._sampling import (
+    BUNDLED,
+    LLAMA_CPP,
+    OPENAI,
+    Dialect,
+    LogitBias,
+    Sampling,
+    TokenLogprob,
+    TokenLogprobs,
+)
 from ._states import TRANSITIONS, State, check_transition
 from ._supervisor import StateChange, Supervisor
 from ._swap import (
@@ -60,10 +70,14 @@ from .errors import (
     InvalidModelError,
     SupervisorError,
     TokenizeUnavailableError,
+    UnsupportedParameterError,
 )
 
 __all__ = [
+    "BUNDLED",
     "ENDPOINT_KINDS",
+    "LLAMA_CPP",
+    "OPENAI",
     "STAGES",
     "TRANSITIONS",
     "ApiShape",
@@ -76,6 +90,7 @@ __all__ = [
     "Chunk",
     "CircuitBreaker",
     "Clock",
+    "Dialect",
     "EmbedResult",
     "EndpointClient",
     "EndpointError",
@@ -94,6 +109,7 @@ __all__ = [
     "LlamaServerRuntime",
     "LogLine",
     "LogRing",
+    "LogitBias",
     "ManualClock",
     "ProcessChild",
     "ProcessLauncher",
@@ -114,7 +130,10 @@ __all__ = [
     "SwapRefusedError",
     "SystemClock",
     "Timeouts",
+    "TokenLogprob",
+    "TokenLogprobs",
     "TokenizeUnavailableError",
+    "UnsupportedParameterError",
     "can_lower_niceness",
     "check_transition",
     "classify_exit",

@@ -26,13 +26,14 @@ from typing import Protocol
 
 import structlog
 
-from ._client import ApiShape, Health, InferenceClient, Sampling
+from ._client import ApiShape, Health, InferenceClient
 from ._clock import Clock
 from ._exits import ExitCause, cgroup_oom_kills, classify_exit
 from ._liveness import ProbeFailure, ProbePolicy, watch_liveness
 from ._logring import LogRing
 from ._process import ChildProcess, LineSink
 from ._runtime import LaunchSpec, Runtime
+from ._sampling import Sampling
 from .errors import SupervisorError
 
 _log = structlog.get_logger("llamad.supervisor")

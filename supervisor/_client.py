@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 
 from ._http import Response
+from ._sampling import LLAMA_CPP, Dialect, Sampling, TokenLogprobs, parse_logprobs
 from ._transport import Activity, HttpxTransport, LoopbackTransport, UnaryTransport
 from .errors import ChildBadRequestError, ChildRequestError
 
@@ -40,6 +41,7 @@ class ApiShape:
         embed_base64: ``/v1/embeddings`` answers ``encoding_format: base64`` (raw
             little-endian float32): no float printed as text by the child nor parsed
             here, and the child's exact values.
+        dialect: which generation parameters it takes, and in which form.
     """
 
     health_path: str | None
@@ -47,6 +49,7 @@ class ApiShape:
     tokenize_field: str
     tokenize_special_field: str | None
     embed_base64: bool = False
+    dialect: Dialect = LLAMA_CPP
 
 
 class Health(enum.Enum):
@@ -56,36 +59,13 @@ class Health(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Sampling:
-    """Generation parameters, already validated and defaulted."""
-
-    max_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": self.temperature}
-        if self.top_p is not None:
-            body["top_p"] = self.top_p
-        if self.top_k is not None:
-            body["top_k"] = self.top_k
-        if self.seed is not None:
-            body["seed"] = self.seed
-        if self.stop:
-            body["stop"] = list(self.stop)
-        return body
-
-
-@dataclass(frozen=True)
 class Chunk:
     """A piece of a streamed completion.
 
     ``tokens`` is the number of tokens this chunk carries (runtimes send one event per
     token; a held-back multi-byte character can make it more). The last chunk has a
-    ``finish_reason`` and, when the runtime reports it, the usage counts.
+    ``finish_reason`` and, when the runtime reports it, the usage counts. ``logprobs``
+    has the chunk's tokens when the request asked for them.
     """
 
     text: str
@@ -93,6 +73,7 @@ class Chunk:
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,6 +122,8 @@ class InferenceClient:
         self.context_length = 0
         """Tokens one request may hold, when the server said so (0: unknown)."""
         self._api = api
+        self.dialect = api.dialect
+        """Which generation parameters the server takes (an endpoint may learn more)."""
         self._read_timeout = read_timeout
         # trust_env=False: an HTTP(S)_PROXY in the daemon's environment must never
         # capture loopback traffic to our own child.
@@ -270,7 +253,7 @@ class InferenceClient:
 
     async def complete(self, prompt: str, sampling: Sampling) -> str:
         """A whole (non-streamed) completion; used for readiness checks."""
-        body = {"prompt": prompt, "stream": False, **sampling.to_json()}
+        body = {"prompt": prompt, "stream": False, **sampling.to_json(self.dialect)}
         data = await self._json("POST", "/v1/completions", body)
         try:
             return str(data["choices"][0]["text"])
@@ -282,7 +265,7 @@ class InferenceClient:
         body = {
             "messages": [{"role": r, "content": c} for r, c in messages],
             "stream": False,
-            **sampling.to_json(),
+            **sampling.to_json(self.dialect, chat=True),
         }
         data = await self._json("POST", "/v1/chat/completions", body)
         try:
@@ -291,21 +274,30 @@ class InferenceClient:
             raise ChildRequestError("/v1/chat/completions: malformed answer") from exc
 
     def stream_completion(self, prompt: str, sampling: Sampling) -> AsyncIterator[Chunk]:
-        """Stream a completion of ``prompt``."""
-        body = {"prompt": prompt, **sampling.to_json()}
-        return self._stream("/v1/completions", body, chat=False)
+        """Stream a completion of ``prompt``.
+
+        Raises:
+            UnsupportedParameterError: at once, for a parameter the server cannot take.
+        """
+        body = {"prompt": prompt, **sampling.to_json(self.dialect)}
+        return self._stream("/v1/completions", body, chat=False, sampling=sampling)
 
     def stream_chat(
         self, messages: Sequence[tuple[str, str]], sampling: Sampling
     ) -> AsyncIterator[Chunk]:
-        """Stream a chat completion of ``(role, content)`` messages."""
+        """Stream a chat completion of ``(role, content)`` messages.
+
+        Raises:
+            UnsupportedParameterError: at once, for a parameter the server cannot take.
+        """
         body = {
             "messages": [{"role": r, "content": c} for r, c in messages],
-            **sampling.to_json(),
+            **sampling.to_json(self.dialect, chat=True),
         }
-        return self._stream("/v1/chat/completions", body, chat=True)
+        return self._stream("/v1/chat/completions", body, chat=True, sampling=sampling)
 
-    async def _stream(self, path: str, body: dict[str, Any], *, chat: bool) -> AsyncIterator[Chunk]:
+    async def _stream(self, path: str, body: dict[str, Any], *, chat: bool,
+                      sampling: Sampling) -> AsyncIterator[Chunk]:
         body = self._prepare({**body, "stream": True, "stream_options": {"include_usage": True}})
         activity = self.activity
         activity.in_flight += 1
@@ -314,7 +306,9 @@ class InferenceClient:
             while True:  # each retry drops a field: bounded by the body's size
                 async with self._http.stream("POST", path, json=body) as resp:
                     if resp.status_code == 200:
-                        async with contextlib.aclosing(self._events(resp, path, chat=chat)) as it:
+                        top = sampling.top_logprobs if sampling.logprobs else None
+                        events = self._events(resp, path, chat=chat, top=top)
+                        async with contextlib.aclosing(events) as it:
                             async for chunk in it:
                                 yield chunk
                         return
@@ -331,9 +325,10 @@ class InferenceClient:
             activity.in_flight -= 1
 
     async def _events(
-        self, resp: httpx.Response, path: str, *, chat: bool
+        self, resp: httpx.Response, path: str, *, chat: bool, top: int | None
     ) -> AsyncGenerator[Chunk, None]:
-        """The chunks of one server-sent-events answer."""
+        """The chunks of one server-sent-events answer (with their tokens' logprobs and
+        ``top`` alternatives each, unless ``top`` is None)."""
         activity = self.activity
         finish: str | None = None
         prompt_tokens: int | None = None
@@ -366,7 +361,11 @@ class InferenceClient:
                 for choice in event.get("choices") or ():
                     text = _choice_text(choice, chat)
                     finish = choice.get("finish_reason") or finish
-                    if text:
+                    if top is not None:
+                        probs = parse_logprobs(choice.get("logprobs"), top)
+                        if text or probs:
+                            yield Chunk(text, max(1, len(probs)), logprobs=probs)
+                    elif text:
                         yield Chunk(text, 1)
             if done:
                 break

@@ -13,6 +13,10 @@ Studio). :class:`EndpointClient` is an :class:`~supervisor.InferenceClient` with
 * one retry without an optional parameter when the server rejects it (an HTTP 400 whose
   message names it, e.g. ``stream_options`` on older servers), remembered afterwards (a
   server that names one rejected parameter at a time gets one retry per parameter);
+  never a parameter the caller asked for and would silently lose (seed,
+  response_format): the server's refusal reaches the caller;
+* the generation parameters it takes (:class:`~supervisor.Dialect`): OpenAI's own, or
+  all of llama.cpp's when ``/v1/models`` says the model is ``owned_by: llamacpp``;
 * failures named — :class:`~supervisor.errors.EndpointError` with a ``kind`` from
   :data:`ENDPOINT_KINDS` — instead of a generic "request failed".
 
@@ -38,6 +42,7 @@ import httpx
 import structlog
 
 from ._client import ApiShape, InferenceClient, error_message
+from ._sampling import LLAMA_CPP, OPENAI
 from .errors import (
     ChildBadRequestError,
     ChildRequestError,
@@ -69,9 +74,10 @@ ENDPOINT_API = ApiShape(
     tokenize_path="/tokenize",
     tokenize_field="content",
     tokenize_special_field="add_special",
+    dialect=OPENAI,
 )
 
-OPTIONAL_PARAMS = ("stream_options", "response_format", "seed", "top_k")
+OPTIONAL_PARAMS = ("stream_options", "top_k")
 """Request fields a server may reject; dropped (once asked, then always) when it does."""
 
 _API_SUFFIXES = ("/chat/completions", "/completions", "/embeddings", "/models")
@@ -252,6 +258,7 @@ class EndpointClient(InferenceClient):
                          connect_timeout=connect_timeout, read_timeout=read_timeout,
                          max_connections=max_connections, now=now)
         self.display_url = display_url(base)
+        self.dialect = OPENAI.named(f"the endpoint {self.display_url} (not llama.cpp)")
         self.has_key = api_key is not None
         self.model_meta: dict[str, Any] = {}
         self._rejected: set[str] = set()
@@ -271,6 +278,10 @@ class EndpointClient(InferenceClient):
         self.model_id = self.model_name = model_id
         self.model_meta = dict(meta)
         self.context_length = _context_length(meta)
+        # llama-server's own /v1/models entries say owned_by "llamacpp".
+        self.dialect = (LLAMA_CPP.named(f"the llama.cpp endpoint {self.display_url}")
+                        if meta.get("owned_by") == "llamacpp" else
+                        OPENAI.named(f"the endpoint {self.display_url} (not llama.cpp)"))
 
     # -- hooks ----------------------------------------------------------------------------
 

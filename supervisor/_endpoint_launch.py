@@ -24,11 +24,12 @@ from typing import Any
 import structlog
 
 from ._child import StageSink, StartFailure, Timeouts
-from ._client import InferenceClient, Sampling
+from ._client import InferenceClient
 from ._clock import Clock
 from ._endpoint import EndpointClient, display_url, read_api_key
 from ._exits import ExitCause
 from ._liveness import ProbeFailure, watch_liveness
+from ._sampling import Sampling
 from .errors import ChildRequestError, EndpointError
 
 _log = structlog.get_logger("llamad.endpoint")

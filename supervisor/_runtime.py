@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ._client import ApiShape
+from ._sampling import BUNDLED, LLAMA_CPP
 
 
 @dataclass(frozen=True)
@@ -98,12 +99,14 @@ LLAMA_SERVER_API = ApiShape(
     tokenize_field="content",
     tokenize_special_field="add_special",
     embed_base64=True,
+    dialect=LLAMA_CPP,
 )
 BUNDLED_API = ApiShape(
     health_path=None,
     tokenize_path="/extras/tokenize",
     tokenize_field="input",
     tokenize_special_field=None,
+    dialect=BUNDLED,
 )
 
 

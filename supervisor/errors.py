@@ -12,6 +12,7 @@ The tree::
     │                            not_openai, unknown_model, not_chat, no_embeddings,
     │                            endpoint_error
     ├── TokenizeUnavailableError the inference endpoint offers no tokenizer
+    ├── UnsupportedParameterError a generation parameter the runtime cannot honour
     └── IllegalTransitionError   a state change the state machine does not allow (a bug)
 
 None of these import or know about gRPC; ``daemon.errors`` maps them to status codes.
@@ -96,3 +97,21 @@ class EndpointError(ChildRequestError):
 
 class TokenizeUnavailableError(SupervisorError):
     """The inference endpoint has no tokenizer API (only llama-server offers /tokenize)."""
+
+
+class UnsupportedParameterError(SupervisorError):
+    """The request sets generation parameters the serving runtime cannot honour; nothing
+    was sent (refused rather than silently ignored).
+
+    Attributes:
+        params: the parameters, by their SamplingParams names.
+        runtime: names the runtime that cannot take them.
+    """
+
+    def __init__(self, params: list[str], runtime: str) -> None:
+        self.params = list(params)
+        self.runtime = runtime
+        shown = ", ".join(f"sampling.{p}" if p != "logit_bias_text" else
+                          "sampling.logit_bias by text" for p in self.params)
+        verb = "is" if len(self.params) == 1 else "are"
+        super().__init__(f"{shown} {verb} not supported by {runtime}")

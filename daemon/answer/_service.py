@@ -127,7 +127,7 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             params = ipb.SamplingParams()
             params.CopyFrom(request.sampling)
             params.max_tokens = self._settings.default_max_tokens
-        sampling = validation.sampling(params, self._limits)
+        sampling = validation.sampling(params, self._limits, call="Ask")
         k = request.top_k or self._settings.default_k
         options = Query(mode=mode_name(request.mode))
         self._router.backend("generation")  # fail fast: UNAVAILABLE with a retry hint

@@ -18,14 +18,24 @@ import numpy as np
 from daemon.admission import Admission
 from daemon.backend import InferenceBackend
 from daemon.errors import RequestError
-from supervisor import ChildRequestError, Chunk, EmbedResult, Sampling, SupervisorError
+from supervisor import (
+    LLAMA_CPP,
+    ChildRequestError,
+    Chunk,
+    Dialect,
+    EmbedResult,
+    Sampling,
+    SupervisorError,
+    TokenLogprobs,
+)
 
 
 @dataclass
 class FakeBackend:
     """Streams ``pieces`` (one token each) then a final chunk; embeds each text as
     ``[len(text), 0, ..., 1]``; tokenizes into words. ``gate``, when set, holds every
-    stream before its first piece until the test sets it."""
+    stream before its first piece until the test sets it. ``logprobs``, when set, gives
+    each piece's tokens; ``dialect`` is the runtime's."""
 
     model_name: str = "fake-model"
     identity: str = "fake.gguf@0123456789abcdef"
@@ -43,6 +53,8 @@ class FakeBackend:
     embedded: list[list[str]] = field(default_factory=list)
     tokenized: list[tuple[str, bool]] = field(default_factory=list)
     refusal: RequestError | None = None
+    dialect: Dialect = LLAMA_CPP
+    logprobs: list[tuple[TokenLogprobs, ...]] | None = None
 
     @property
     def provisional_identity(self) -> str:
@@ -65,7 +77,8 @@ class FakeBackend:
         for i, piece in enumerate(self.pieces):
             if self.fail_stream_after is not None and i == self.fail_stream_after:
                 raise ChildRequestError("connection dropped by the child")
-            yield Chunk(piece, 1)
+            probs = self.logprobs[i] if self.logprobs is not None else ()
+            yield Chunk(piece, 1, logprobs=probs)
         yield Chunk("", 0, self.finish, self.prompt_tokens, len(self.pieces))
 
     async def embed(self, texts: Sequence[str]) -> EmbedResult:

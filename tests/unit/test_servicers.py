@@ -329,3 +329,23 @@ async def test_ask_searches_as_asked_and_says_where_each_source_came_from(
     assert all(c.search_source == rpb.SEARCH_SOURCE_TEXT for c in sources.citations)
     assert all(c.indexed_at.seconds > 0 for c in sources.citations)
     assert any("retrieval.max_k = 20" in w for w in sources.warnings)
+
+
+async def test_ask_refuses_controls_that_would_break_a_cited_answer(answer: Answer) -> None:
+    """Ask takes the penalties (they reach the backend) but refuses a grammar,
+    response_format and logprobs by name: its answer is prose with citations."""
+    await answer.ask("web01 disk full?", sampling=ipb.SamplingParams(
+        max_tokens=8, repeat_penalty=1.2, dry_multiplier=0.8))
+    sent = answer.backend.samplings[0]
+    assert (sent.repeat_penalty, sent.dry_multiplier) == (ipb.SamplingParams(
+        repeat_penalty=1.2).repeat_penalty, ipb.SamplingParams(dry_multiplier=0.8).dry_multiplier)
+    for sampling in (ipb.SamplingParams(grammar='root ::= "a"'),
+                     ipb.SamplingParams(logprobs=True),
+                     ipb.SamplingParams(response_format=ipb.ResponseFormat(
+                         type=ipb.RESPONSE_FORMAT_TYPE_JSON_OBJECT))):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await answer.ask("web01 disk full?", sampling=sampling)
+        error = info.value
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not available on Ask" in (error.details() or "")
+    assert len(answer.backend.chats) == 1
