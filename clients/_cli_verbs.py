@@ -30,6 +30,7 @@ from ._types import (
     RetrievalStatus,
     SwapProgress,
     VectorBackfill,
+    VectorRebuild,
 )
 
 
@@ -99,8 +100,18 @@ def _retrieval_line(r: RetrievalStatus) -> str:
     return (f"retrieval: {r.sources} sources, {docs} documents"
             + (f" ({states})" if states else "")
             + f", {r.chunks} chunks ({r.embedded_chunks} embedded), {r.vectors} vectors"
-            + f"{model}, {fmt.size(r.disk_bytes)} on disk" + _backfill_note(r.backfill))
+            + f"{model}, {fmt.size(r.disk_bytes)} on disk" + _rebuild_note(r.rebuild)
+            + _backfill_note(r.backfill))
 
+
+def _rebuild_note(b: VectorRebuild) -> str:
+    if not b.model:
+        return ""
+    serving = (f"model {b.serving_model} serves until then" if b.serving_model
+               else "searches are BM25-only until then")
+    state = "rebuilding" if b.running else "to rebuild"
+    return (f"; {state} vectors for model {b.model} ({b.done} of {b.done + b.pending} "
+            f"chunks embedded): {serving}")
 
 def _backfill_note(b: VectorBackfill) -> str:
     if b.running:
@@ -237,8 +248,8 @@ def search(client: Client, args: argparse.Namespace) -> int:
                            min_score=args.min_score, group_by_document=args.by_document,
                            **_filters(args))
     if args.json:
-        print(fmt.to_json({"mode": result.mode, "warnings": result.warnings,
-                           "hits": result.hits}, indent=2))
+        print(fmt.to_json({"mode": result.mode, "vector_model": result.vector_model,
+                           "warnings": result.warnings, "hits": result.hits}, indent=2))
         return 0
     for warning in result.warnings:
         print(f"llamad: search: warning: {warning}", file=sys.stderr)

@@ -39,6 +39,7 @@ from ._types import (
     Tokens,
     Usage,
     VectorBackfill,
+    VectorRebuild,
 )
 
 ChatInput = Message | tuple[str, str] | Mapping[str, str]
@@ -314,7 +315,8 @@ def search_result(msg: retrieval_pb2.SearchResponse) -> SearchResult:
             ordinal=h.ordinal, modified_at=_time(h, "modified_at"),
             other_chunk_ids=tuple(h.other_chunk_ids))
         for h in msg.hits)
-    return SearchResult(hits=hits, mode=search_mode(msg.mode), warnings=tuple(msg.warnings))
+    return SearchResult(hits=hits, mode=search_mode(msg.mode), warnings=tuple(msg.warnings),
+                        vector_model=msg.vector_model)
 
 
 def retrieval_status(msg: retrieval_pb2.RetrievalStatusResponse) -> RetrievalStatus:
@@ -327,7 +329,11 @@ def retrieval_status(msg: retrieval_pb2.RetrievalStatusResponse) -> RetrievalSta
         backfill=VectorBackfill(
             running=msg.backfill.running, model=msg.backfill.model,
             pending=msg.backfill.pending, done=msg.backfill.done,
-            failed=msg.backfill.failed, last_error=msg.backfill.last_error))
+            failed=msg.backfill.failed, last_error=msg.backfill.last_error),
+        rebuild=VectorRebuild(
+            running=msg.rebuild.running, model=msg.rebuild.model,
+            serving_model=msg.rebuild.serving_model, pending=msg.rebuild.pending,
+            done=msg.rebuild.done))
 
 
 def reprocessed(msg: retrieval_pb2.ReprocessResponse) -> Reprocessed:

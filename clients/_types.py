@@ -45,6 +45,7 @@ __all__ = [
     "Tokens",
     "Usage",
     "VectorBackfill",
+    "VectorRebuild",
 ]
 
 Role: TypeAlias = Literal["generation", "embedding"]
@@ -324,6 +325,9 @@ class SearchResult:
     hits: tuple[SearchHit, ...]
     mode: str
     warnings: tuple[str, ...]
+    vector_model: str = ""
+    """The embedding model whose vectors answered ("" when no vector search ran): the
+    previous model's while a rebuild for a new one runs and it is still available."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +342,20 @@ class VectorBackfill:
     done: int
     failed: int
     last_error: str
+
+
+@dataclass(frozen=True, slots=True)
+class VectorRebuild:
+    """The vector index rebuilt after an embedding-model change (``model`` "" when none
+    is due): whether a run rebuilds it now, the model it is rebuilt for, the previous
+    model still answering searches meanwhile ("" : they are BM25-only), and chunks pending
+    and done."""
+
+    running: bool = False
+    model: str = ""
+    serving_model: str = ""
+    pending: int = 0
+    done: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,6 +381,7 @@ class RetrievalStatus:
     repaired: Mapping[str, int]
     source_list: tuple[Source, ...]
     backfill: VectorBackfill
+    rebuild: VectorRebuild = VectorRebuild()
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,6 +112,20 @@ def make_provider(router: InferenceRouter, children: dict[str, ManagedChild]
     return provider
 
 
+def make_lookup(provider: Callable[[], ChildEmbedder | None]
+                ) -> Callable[[str], ChildEmbedder | None]:
+    """The retriever's embedder of a given model (``retrieval.EmbedderLookup``): while the
+    vector index is rebuilt for a new embedding model, queries are embedded by the
+    previous one through it if it is still available. One embedding model is resident at
+    a time today, so it answers only for the embedding role's current model; a pool of
+    resident embedding models answers here for any of them."""
+    def embedder_for(model_id: str) -> ChildEmbedder | None:
+        embedder = provider()
+        return embedder if embedder is not None and embedder.model_id == model_id else None
+
+    return embedder_for
+
+
 def unavailable_reason(children: dict[str, ManagedChild]) -> Callable[[], str]:
     """Why the embedder provider has nothing (for search warnings)."""
     def reason() -> str:

@@ -43,6 +43,7 @@ from .retrieval_wire import (
     filters_from,
     query_from,
     search_hit,
+    vector_rebuild,
 )
 
 REFRESH_CHECK = 10.0
@@ -261,7 +262,8 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
             raise InvalidArgument(str(exc)) from None
         call.note(query_chars=len(request.query), hits=len(result.hits), mode=result.mode)
         response = rpb.SearchResponse(hits=[search_hit(h) for h in result.hits],
-                                      mode=MODES[result.mode], warnings=result.warnings)
+                                      mode=MODES[result.mode], warnings=result.warnings,
+                                      vector_model=result.vector_model)
         if self._audit is not None:
             await self._record(self._audit, request, result, filters=filters,
                                options=options, seconds=time.perf_counter() - began)
@@ -313,7 +315,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         audit.record(
             call="Search", query=request.query, top_k=request.top_k,
             filters=dataclasses.asdict(filters), options=dataclasses.asdict(options),
-            mode=result.mode, warnings=result.warnings,
+            mode=result.mode, vector_model=result.vector_model, warnings=result.warnings,
             fused=[{"chunk_id": ids.get(key, f"#{key}"), "text_rank": tr,
                     "vector_rank": vr, "score": round(score, 6)}
                    for key, tr, vr, score in result.fused],
@@ -340,6 +342,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
                 running=s.backfill.running, model=s.backfill.model,
                 pending=s.backfill.pending, done=s.backfill.done,
                 failed=s.backfill.failed, last_error=s.backfill.last_error),
+            rebuild=vector_rebuild(s.rebuild),
         )
 
     @rpc.unary("Reprocess")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from google.protobuf import timestamp_pb2
 
 from llamad_protocol.v1 import retrieval_pb2 as rpb
-from retrieval import DocumentRow, Filters, Hit, Query, ScanReport, SourceRow
+from retrieval import DocumentRow, Filters, Hit, Query, ScanReport, SourceRow, VectorRebuild
 
 from .errors import InvalidArgument
 
@@ -88,6 +88,12 @@ def search_hit(h: Hit) -> rpb.SearchHit:
     if h.mtime_ns:
         hit.modified_at.FromNanoseconds(h.mtime_ns)
     return hit
+
+
+def vector_rebuild(r: VectorRebuild) -> rpb.VectorRebuild:
+    """The rebuild for a new embedding model (all empty when none is due)."""
+    return rpb.VectorRebuild(running=r.running, model=r.model,
+                             serving_model=r.serving_model, pending=r.pending, done=r.done)
 
 
 def _ts(seconds: float | None) -> timestamp_pb2.Timestamp | None:

@@ -56,6 +56,7 @@ from .reload import ReloadReport, reload_config
 from .retrieval_bridge import (
     backfill_loop,
     limits_from,
+    make_lookup,
     make_provider,
     rescan_loop,
     unavailable_reason,
@@ -162,10 +163,11 @@ class Daemon:
         self._answer: AnswerServicer | None = None
         self._retrieval: RetrievalServicer | None = None
         if config.retrieval.enabled:
-            self.retriever = Retriever(config.state_dir / "retrieval",
-                                       make_provider(self.router, self.children),
+            provider = make_provider(self.router, self.children)
+            self.retriever = Retriever(config.state_dir / "retrieval", provider,
                                        limits_from(config),
-                                       unavailable_reason=unavailable_reason(self.children))
+                                       unavailable_reason=unavailable_reason(self.children),
+                                       embedder_for=make_lookup(provider))
         self.health = HealthReporter(self.children, retrieval=self.retriever is not None)
         self._server: grpc.aio.Server | None = None
         self._state_lock = StateLock(config.state_dir)

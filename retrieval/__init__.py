@@ -9,10 +9,10 @@ assembly); document kinds; errors and id rules. See docs/retrieval.md for the de
 
 from ._bm25 import Filters
 from ._confine import SourceRoot, protected_hardlinks
-from ._embedder import Embedder
+from ._embedder import Embedder, EmbedderLookup, current_only
 from ._extract import Extracted, ExtractLimits, extract_bytes, extract_file
 from ._group import Vector
-from ._indexes import BackfillStatus, RetrievalStatus
+from ._indexes import BackfillStatus, RetrievalStatus, VectorRebuild
 from ._kinds import KINDS, kind_for
 from ._limits import RetrievalLimits
 from ._redact import PLACEHOLDER_PREFIX, Redacted, redact
@@ -44,6 +44,7 @@ __all__ = [
     "Busy",
     "DocumentRow",
     "Embedder",
+    "EmbedderLookup",
     "ExtractLimits",
     "Extracted",
     "ExtractionError",
@@ -66,8 +67,10 @@ __all__ = [
     "SourceRow",
     "StorageFull",
     "Vector",
+    "VectorRebuild",
     "VectorUnavailable",
     "check_root",
+    "current_only",
     "extract_bytes",
     "extract_file",
     "is_storage_full",

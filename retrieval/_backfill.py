@@ -10,9 +10,10 @@ current embedding model:
   content hash: a text is embedded once per model) and added, batch by batch, under the
   writer lock; search uses each batch as soon as it is added;
 - there is no vector index yet, or it is another model's: every chunk is embedded into the
-  cache first, then the index is rebuilt for the new model in one step (search is
-  BM25-only meanwhile, and says why: the old index cannot be queried without the old
-  model).
+  cache first, then the index is rebuilt for the new model in one step. Meanwhile the
+  previous model's index keeps serving the searches whose query its model can embed (it
+  is still available: :data:`~retrieval._embedder.EmbedderLookup`); when it is not, search
+  is BM25-only and says why, with the rebuild's progress (:meth:`Backfill.rebuild`).
 
 It is bounded (pages of ``embed_batch`` chunks, one embedding request at a time: the
 embedding child keeps room for queries and ingest), resumable (each page is cached in
@@ -31,8 +32,8 @@ from collections.abc import Sequence
 import numpy as np
 import structlog
 
-from ._embedder import Embedder, EmbedderProvider
-from ._indexes import BackfillStatus, Indexes
+from ._embedder import Embedder, EmbedderLookup, EmbedderProvider, current_only
+from ._indexes import NO_REBUILD, BackfillStatus, Indexes, VectorRebuild
 from ._limits import RetrievalLimits
 
 _log = structlog.get_logger("llamad.retrieval")
@@ -41,12 +42,22 @@ class Backfill:
     """Embeds the chunks without a vector for the current model, in the background."""
 
     def __init__(self, indexes: Indexes, embedder: EmbedderProvider,
-                 limits: RetrievalLimits) -> None:
+                 limits: RetrievalLimits, embedder_for: EmbedderLookup | None = None) -> None:
+        """Args:
+            indexes: the stores.
+            embedder: gives the current embedder (the model vectors are made for), or None.
+            limits: ``embed_batch`` (chunks per page).
+            embedder_for: gives an embedder of a named model if available (it says in
+                :meth:`rebuild` whether the previous model still serves); default: the
+                current embedder, for its own model only.
+        """
         self._indexes = indexes
         self._embedder = embedder
+        self._embedder_for = embedder_for or current_only(embedder)
         self.limits = limits
         self.task: asyncio.Task[None] | None = None
         self._model = ""
+        self._switching = False  # the run under way rebuilds the index for a new model
         self._pending = 0
         self._done = 0
         self._failed: set[str] = set()   # content hashes the current model refused
@@ -76,6 +87,29 @@ class Backfill:
     def running(self) -> bool:
         return self.task is not None and not self.task.done()
 
+    def rebuild(self, chunks: int, embedded: int) -> VectorRebuild:
+        """Where the rebuild for a new embedding model stands: :data:`NO_REBUILD` unless
+        the vector index belongs to another model than the current embedder's (or a run
+        rebuilding it is under way). ``serving_model`` is the index's model when an
+        embedder of it is available now (search uses its vectors), else "".
+
+        Args:
+            chunks: chunks in the store; embedded: those with a cached vector of the
+                current model (the progress reported while no run is under way).
+        """
+        indexes = self._indexes
+        previous = indexes.vector_model if indexes.vectors is not None else ""
+        current = self._embedder()
+        running = self.running and self._switching
+        if running:
+            model, pending, done = self._model, self._pending, self._done
+        elif current is not None and previous and current.model_id != previous:
+            model, pending, done = current.model_id, max(0, chunks - embedded), embedded
+        else:
+            return NO_REBUILD
+        serving = previous if previous and self._embedder_for(previous) is not None else ""
+        return VectorRebuild(running, model, serving, pending, done)
+
     def start(self, *, retry_failed: bool = False, only: set[int] | None = None) -> bool:
         """Start a run unless one is under way or nothing is missing; True if started.
 
@@ -89,6 +123,11 @@ class Backfill:
             self._failed.clear()
         if only is None and not self.needed():
             return False
+        embedder = self._embedder()
+        if embedder is not None:  # what the run will do, known before its first step
+            self._model, self._pending, self._done = embedder.model_id, 0, 0
+            self._switching = self._indexes.vectors is not None and \
+                self._indexes.vector_model != embedder.model_id
         self.task = asyncio.create_task(self._run(only), name="vector-backfill")
         return True
 
@@ -121,6 +160,7 @@ class Backfill:
         # Another model's index is replaced only once every chunk has a vector of the
         # new one; with no index at all, the first vectors make one at once.
         switching = indexes.vectors is not None and indexes.vector_model != model
+        self._model, self._switching = model, switching
         keys = await asyncio.to_thread(store.chunk_keys)
         if only is not None:
             keys &= only

@@ -74,6 +74,21 @@ IDLE = BackfillStatus(running=False, model="", pending=0, done=0, failed=0, last
 
 
 @dataclass(frozen=True)
+class VectorRebuild:
+    """The vector index rebuilt for a new embedding model: until every chunk has a vector
+    of it, the previous model's index serves the searches its model can embed."""
+
+    running: bool            # a backfill run is rebuilding now
+    model: str               # the model rebuilt for ("" when no rebuild is due)
+    serving_model: str       # the previous model, answering meanwhile ("" : BM25-only)
+    pending: int             # chunks still to embed
+    done: int                # chunks embedded
+
+
+NO_REBUILD = VectorRebuild(running=False, model="", serving_model="", pending=0, done=0)
+
+
+@dataclass(frozen=True)
 class RetrievalStatus:
     """What is indexed, and how the three stores stand."""
 
@@ -86,6 +101,7 @@ class RetrievalStatus:
     disk_bytes: int                     # every file of the indexes' directory
     repaired: dict[str, int]            # what the last open repaired, by kind
     backfill: BackfillStatus = IDLE     # the background embedding of chunks without vectors
+    rebuild: VectorRebuild = NO_REBUILD  # after an embedding-model change
 
 
 PAGE = 4096

@@ -24,7 +24,7 @@ from pathlib import Path
 from ._backfill import Backfill
 from ._bm25 import Filters
 from ._confine import SourceRoot
-from ._embedder import EmbedderProvider
+from ._embedder import EmbedderLookup, EmbedderProvider
 from ._indexes import Indexes, RetrievalStatus
 from ._ingest import Ingest, content_hash
 from ._later import Later
@@ -44,25 +44,30 @@ class Retriever:
 
     def __init__(self, root: Path, embedder: EmbedderProvider,
                  limits: RetrievalLimits | None = None, *,
-                 unavailable_reason: Callable[[], str] | None = None) -> None:
+                 unavailable_reason: Callable[[], str] | None = None,
+                 embedder_for: EmbedderLookup | None = None) -> None:
         """Args:
             root: the directory of the indexes.
             embedder: gives the embedder to use now, or None (search is then BM25-only).
             limits: every limit, named.
             unavailable_reason: says why ``embedder`` gave None, for search warnings.
+            embedder_for: gives an embedder of a named model when it is available: while
+                the vector index is rebuilt for a new model, queries are embedded by the
+                previous one through it (default: only the current embedder answers).
         """
         self.root = root
         limits = limits or RetrievalLimits()
         self._embedder = embedder
         self._indexes = Indexes(root)
-        self._backfill = Backfill(self._indexes, embedder, limits)
+        self._backfill = Backfill(self._indexes, embedder, limits, embedder_for)
         self._ingest = Ingest(self._indexes, embedder, limits,
                               on_other_model=self._backfill.start)
         self._later = Later(self.upsert, self._ingest.check, lambda: self.limits.max_pending)
         self._search = Search(
             self._indexes, embedder, limits,
             unavailable_reason=unavailable_reason or (lambda: "embedding child unavailable"),
-            on_other_model=self._backfill.start)
+            on_other_model=self._backfill.start, embedder_for=embedder_for,
+            backfill=lambda: self._backfill.status)
 
     @property
     def limits(self) -> RetrievalLimits:
@@ -349,7 +354,8 @@ class Retriever:
     async def status(self) -> RetrievalStatus:
         """Sources, chunks, documents by state (those being processed included), the
         vector index's model and size, chunks embedded for the current embedding model
-        (else the index's), disk use, and what the last open repaired.
+        (else the index's), disk use, what the last open repaired, the backfill and the
+        rebuild for a new embedding model (with the model still serving meanwhile).
 
         Raises:
             RetrievalError: retrieval is not open.
@@ -360,4 +366,6 @@ class Retriever:
         status = await self._indexes.status(model, processing=len(self._ingest.inflight),
                                             pending=len(self._later.pending.keys()
                                                         - self._ingest.inflight.keys()))
-        return dataclasses.replace(status, backfill=self._backfill.status)
+        return dataclasses.replace(status, backfill=self._backfill.status,
+                                   rebuild=self._backfill.rebuild(status.chunks,
+                                                                  status.embedded_chunks))

@@ -1,10 +1,13 @@
 """Hybrid search: BM25 top-N ∥ HNSW top-N (filters applied inside both), fused by RRF.
 
 Search never fails because of the vector side (invariant 6): without an embedding child
-(down, disabled, or a vector index built for another model), or when the query cannot be
-embedded within ``query_embed_timeout``, it is BM25-only and its warnings say why. Every
-hit carries its chunk id (the citation key), its source, which index found it, the scores
-and ranks of both sides, and when it was indexed.
+(down, disabled), or when the query cannot be embedded within ``query_embed_timeout``, it
+is BM25-only and its warnings say why. The query is embedded by the model of the vector
+index: while the index is rebuilt for a new model, that is the previous one, if it is
+still available (:data:`~retrieval._embedder.EmbedderLookup`); if not, the search is
+BM25-only and its warnings name the rebuild and its progress. ``vector_model`` says whose
+vectors answered. Every hit carries its chunk id (the citation key), its source, which
+index found it, the scores and ranks of both sides, and when it was indexed.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._bm25 import Filters
-from ._embedder import EmbedderProvider
+from ._embedder import Embedder, EmbedderLookup, EmbedderProvider, current_only
 from ._fusion import best_score, rrf
-from ._indexes import Indexes
+from ._indexes import IDLE, BackfillStatus, Indexes
 from ._limits import RetrievalLimits
 from .errors import InvalidDocument, VectorUnavailable
 
@@ -63,6 +66,7 @@ class SearchResult:
     # Every fused candidate, best first: (chunk key, text rank, vector rank, fused score),
     # before the score floor and k (for an audit of the search).
     fused: tuple[tuple[int, int | None, int | None, float], ...] = ()
+    vector_model: str = ""          # whose vectors answered ("" : no vector search ran)
 
 
 MODES = ("hybrid", "text", "vector")
@@ -114,17 +118,24 @@ class Search:
 
     def __init__(self, indexes: Indexes, embedder: EmbedderProvider,
                  limits: RetrievalLimits, *, unavailable_reason: Callable[[], str],
-                 on_other_model: Callable[[], object]) -> None:
+                 on_other_model: Callable[[], object],
+                 embedder_for: EmbedderLookup | None = None,
+                 backfill: Callable[[], BackfillStatus] = lambda: IDLE) -> None:
         """Args:
             indexes: the stores searched.
-            embedder: gives the embedder to use now, or None (search is then BM25-only).
+            embedder: gives the current embedder, or None (search is then BM25-only).
             limits: candidates, k, query length, RRF k, query embedding timeout.
             unavailable_reason: says why ``embedder`` gave None, for warnings.
             on_other_model: called when there is no vector index, or it belongs to
                 another model than the embedder's (it starts the background backfill).
+            embedder_for: gives an embedder of the vector index's model when it is not
+                the current one (a rebuild is under way); default: none but the current.
+            backfill: where the backfill stands (the rebuild's progress, for warnings).
         """
         self._indexes = indexes
         self._embedder = embedder
+        self._embedder_for = embedder_for or current_only(embedder)
+        self._backfill = backfill
         self.limits = limits
         self._unavailable = unavailable_reason
         self._on_other_model = on_other_model
@@ -166,7 +177,8 @@ class Search:
         if q.mode != "vector":
             text_hits = await asyncio.to_thread(text.search, query, filters=filters,
                                                 limit=n_text)
-        vec_hits = await vector_task if vector_task is not None else None
+        vector = await vector_task if vector_task is not None else None
+        vec_hits, vector_model = vector if vector is not None else (None, "")
         mode = q.mode if q.mode != "hybrid" else ("hybrid" if vec_hits is not None else "text")
         used = [(weights[0], [key for key, _ in text_hits])] if q.mode != "vector" else []
         if vec_hits is not None:
@@ -203,7 +215,7 @@ class Search:
         hits = _by_document(hits) if q.group_by_document else hits
         candidates = tuple((key, text_rank.get(key), vec_rank.get(key), score)
                            for key, score in fused)
-        return SearchResult(hits[:k], mode, warnings, candidates)
+        return SearchResult(hits[:k], mode, warnings, candidates, vector_model)
 
     async def _enabled_only(self, filters: Filters, warnings: list[str]) -> Filters | None:
         """``filters`` narrowed to the enabled sources (a disabled one is kept but not
@@ -251,26 +263,31 @@ class Search:
         return k
 
     async def _vector_search(self, query: str, n: int, filters: Filters, warnings: list[str],
-                             *, required: bool = False) -> list[tuple[int, float]] | None:
-        """The vector side: ``(key, distance)`` best first, or None (and a warning) when
-        it cannot answer; ``required`` (vector mode) raises instead."""
+                             *, required: bool = False
+                             ) -> tuple[list[tuple[int, float]], str] | None:
+        """The vector side: ``(key, distance)`` best first and the model whose vectors
+        answered, or None (and a warning) when it cannot answer; ``required`` (vector
+        mode) raises instead."""
         def without(why: str) -> None:
             if required:
                 raise VectorUnavailable(f"a vector search cannot run: {why}")
             warnings.append(f"{why}: results are BM25-only")
 
-        embedder = self._embedder()
-        if embedder is None:
-            without(self._unavailable())
-            return None
         indexes = self._indexes
-        if indexes.vectors is None or indexes.vector_model != embedder.model_id:
-            self._on_other_model()
-            if indexes.vectors is not None:
-                without("the vector index belongs to another embedding model and is being "
-                        "rebuilt")
-            else:
-                without("no vectors indexed yet (the backfill embeds what is indexed)")
+        current = self._embedder()
+        serving = indexes.vector_model if indexes.vectors is not None else ""
+        if current is not None and current.model_id != serving:
+            self._on_other_model()  # no index yet, or another model's: (re)built
+        if not serving:
+            without(self._unavailable() if current is None else
+                    "no vectors indexed yet (the backfill embeds what is indexed)")
+            return None
+        embedder: Embedder | None = current
+        if current is None or current.model_id != serving:
+            embedder = self._embedder_for(serving)  # the index's model, if still resident
+        if embedder is None:
+            without(self._unavailable() if current is None
+                    else self._rebuilding(serving, current.model_id))
             return None
         try:
             vectors = await asyncio.wait_for(embedder.embed([query]),
@@ -281,8 +298,22 @@ class Search:
         allowed = await self._allowed_keys(filters)
         vector = np.asarray(vectors[0], dtype=np.float32)
         index = indexes.vectors
-        return await asyncio.to_thread(
+        if index is None or indexes.vector_model != serving:
+            without("the vector index was replaced during the search")
+            return None
+        hits = await asyncio.to_thread(
             index.search, vector, n, None if allowed is None else allowed.__contains__)
+        return hits, serving
+
+    def _rebuilding(self, previous: str, model: str) -> str:
+        """Why a search during a rebuild is BM25-only: the rebuild and its progress."""
+        status = self._backfill()
+        progress = "starting"
+        if status.running and status.model == model and status.pending + status.done:
+            progress = f"{status.done} of {status.pending + status.done} chunks embedded"
+        return (f"the vector index is being rebuilt for embedding model {model} "
+                f"({progress}); its vectors until then are of model {previous}, which is "
+                "not available to embed the query")
 
     async def _allowed_keys(self, filters: Filters) -> set[int] | None:
         if filters == Filters():

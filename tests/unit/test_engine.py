@@ -22,7 +22,7 @@ async def test_embedding_model_change_rebuilds_vectors_in_background(tmp_path: P
     current[0] = HashEmbedder("model-b")
     during = await r.search("nginx logs disk")
     assert during.mode == "text"
-    assert any("another embedding model" in w for w in during.warnings)
+    assert any("being rebuilt for embedding model model-b" in w for w in during.warnings)
     await r.upsert("docs", "new", "printer queue stuck on floor two", doc_id="docs/new")
     assert r.backfill_task is not None
     await asyncio.wait_for(r.backfill_task, 10)
