@@ -19,8 +19,10 @@ The rules of each kind are in its module's docstring: :mod:`retrieval._chunk_pac
 text, html, pdf, and the paragraphs of markdown; the packing every kind shares),
 :mod:`retrieval._chunk_markdown` (headings, sections, code fences),
 :mod:`retrieval._chunk_config` (Cisco IOS, Arista, Juniper exports),
-:mod:`retrieval._chunk_session` (shell transcripts: commands with their output) and
-:mod:`retrieval._chunk_blocks` (the packing sessions and code share).
+:mod:`retrieval._chunk_session` (shell transcripts: commands with their output),
+:mod:`retrieval._chunk_shell` (shell scripts: functions), :mod:`retrieval._chunk_python`
+(Python: functions, classes, methods) and :mod:`retrieval._chunk_blocks` (the packing
+sessions and code share).
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from dataclasses import dataclass
 from ._chunk_config import config_chunks
 from ._chunk_markdown import markdown_chunks
 from ._chunk_pack import pack, prose_units
+from ._chunk_python import python_chunks
 from ._chunk_session import session_chunks
+from ._chunk_shell import shell_chunks
 from ._kinds import KINDS
 
 __all__ = ["Chunk", "chunk_text"]
@@ -44,7 +48,8 @@ class Chunk:
         ordinal: 1-based position in the document (the ``n`` of the chunk id ``<doc>#<n>``).
         text: what is indexed and embedded; for markdown it begins with the heading path.
         heading: the heading path (markdown), block header line (config), command
-            (session); ``""`` if none.
+            (session), function or class signature (shell, python; ``Class.method``
+            for a piece of a class cut between methods); ``""`` if none.
     """
 
     ordinal: int
@@ -87,6 +92,10 @@ def chunk_text(text: str, kind: str, *, size: int = 1200, overlap: int = 200,
         pieces = config_chunks(text, size, max_chars)
     elif kind == "session":
         pieces = session_chunks(text, size, max_chars)
+    elif kind == "shell":
+        pieces = shell_chunks(text, size, max_chars)
+    elif kind == "python":
+        pieces = python_chunks(text, size, max_chars)
     else:
         pieces = (("", body) for body in pack(prose_units(text, size), size, overlap, size))
     return [Chunk(n, body, heading) for n, (heading, body) in enumerate(pieces, 1)]

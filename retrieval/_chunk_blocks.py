@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from ._chunk_pack import CODE, STRETCH, WORDS, Unit, pack, split
 
-__all__ = ["Block", "block_chunks", "tidy"]
+__all__ = ["Block", "Line", "block_chunks", "block_of", "tidy"]
 
 
 class Block(NamedTuple):
@@ -41,7 +41,11 @@ class Block(NamedTuple):
     parts: tuple[Block, ...] = ()   # what it is cut into first (together: its lines)
 
 
-def tidy(lines: Iterable[str]) -> Iterator[tuple[bool, str]]:
+Line = tuple[bool, str]
+"""(a blank line before it, the line without trailing whitespace): see :func:`tidy`."""
+
+
+def tidy(lines: Iterable[str]) -> Iterator[Line]:
     """(blank line before it, line) for each non-blank line, trailing whitespace dropped."""
     blank = False
     for raw in lines:
@@ -51,6 +55,17 @@ def tidy(lines: Iterable[str]) -> Iterator[tuple[bool, str]]:
             blank = False
         else:
             blank = True
+
+
+def block_of(lines: list[Line], start: int, end: int, *, heading: str = "",
+             header: str = "", parts: tuple[Block, ...] = ()) -> Block:
+    """The block of ``lines[start:end]`` (not empty), a blank line before it in ``sep``."""
+    out = [lines[start][1]]
+    for blank, line in lines[start + 1:end]:
+        if blank:
+            out.append("")
+        out.append(line)
+    return Block(heading, out, "\n\n" if lines[start][0] else "\n", header, (), parts)
 
 
 def _context(lines: tuple[str, ...], size: int) -> str:

@@ -12,7 +12,8 @@ from pathlib import Path, PurePosixPath
 
 from .errors import InvalidDocument
 
-KINDS: tuple[str, ...] = ("markdown", "text", "html", "pdf", "config", "session")
+KINDS: tuple[str, ...] = ("markdown", "text", "html", "pdf", "config", "shell",
+                            "python", "session")
 """Every document kind, in the order messages list them."""
 
 SUFFIXES: dict[str, str] = {
@@ -22,8 +23,11 @@ SUFFIXES: dict[str, str] = {
     ".cfg": "config", ".conf": "config", ".config": "config", ".ios": "config",
     ".junos": "config",
     ".pdf": "pdf",
+    ".sh": "shell", ".bash": "shell", ".zsh": "shell", ".ksh": "shell",
+    ".py": "python",
 }
-"""File suffix (lower case) -> kind. Anything else is unsupported."""
+"""File suffix (lower case) -> kind. Anything else is unsupported (``session`` has no
+suffix: transcripts are pushed, by history sources or callers)."""
 
 
 def kind_for(path: PurePosixPath | Path) -> str | None:

@@ -149,6 +149,114 @@ def session() -> str:
 
 SESSION = session()
 
+PYTHON = '\n'.join([
+    '#!/usr/bin/env python3',
+    '"""Restart helpers for the web tier.',
+    '',
+    'def not_a_function(): this docstring line starts at column 0.',
+    '"""',
+    'import subprocess',
+    'import sys',
+    '',
+    'TIMEOUT = 30',
+    '',
+    '',
+    '# Restart nginx on one host, retrying.',
+    '@retry(times=3)',
+    '@log_calls',
+    'def restart(host: str,',
+    '            timeout: int = TIMEOUT) -> None:',
+    '    script = """',
+    'systemctl restart nginx',
+    'def fake():',
+    '"""',
+    '    subprocess.run(["ssh", host, script], timeout=timeout, check=True)',
+    '',
+    '',
+    '# Drain a host from the pool.',
+    'async def drain(pool, host: str) -> None:',
+    '    await pool.remove(host)',
+    '    await pool.wait_idle(host)',
+    '',
+    '',
+    'def status(host: str) -> str:',
+    '    # ask systemd',
+    '    return subprocess.run(["ssh", host, "systemctl", "is-active", "nginx"],',
+    '                          capture_output=True, text=True).stdout',
+    '',
+    '',
+    'class Pool(Base):',
+    '    """The hosts behind the load balancer."""',
+    '',
+    '    size = 3',
+    '',
+    *[line for n in range(12) for line in (
+        f'    # check {n}',
+        '    @property',
+        f'    def check_{n}(self) -> bool:',
+        f'        """Whether check {n} passes on every host of the pool."""',
+        f'        return all(host.check({n}) for host in self.hosts)',
+        '')],
+    'if __name__ == "__main__":',
+    '    restart(sys.argv[1])',
+    ''])
+
+SHELL = '\n'.join([
+    '#!/bin/bash',
+    '# Deploy helpers.',
+    'set -euo pipefail',
+    '',
+    '# Restart nginx and wait for it.',
+    'restart_nginx() {',
+    '    local host="$1"',
+    '    ssh "$host" \'systemctl restart nginx; echo "}"\'',
+    '    cat <<EOF',
+    'a } stray brace in a here-document',
+    'EOF',
+    '    if [ -n "${host}" ]; then { echo ok; }; fi',
+    '}',
+    '',
+    'function deploy {',
+    '  echo "deploying $1"  # a } in a comment',
+    '}',
+    '',
+    'oneliner() { echo hi; }',
+    '',
+    'next_line_brace()',
+    '{',
+    '  echo "the brace on its own line"',
+    '}',
+    '',
+    'main "$@"',
+    ''])
+
+
+def python_files(size: int) -> str:
+    """Python modules of about ``size`` characters: functions, classes, statements."""
+    parts: list[str] = []
+    total, n = 0, 0
+    while total < size:
+        parts.append(f"# helper {n}\n@cache\ndef helper_{n}(x: int) -> int:\n"
+                     f'    """Double {n}."""\n    return x * 2 + {n}\n\n\n'
+                     f"VALUE_{n} = helper_{n}({n})\n\n\nclass Thing{n}:\n"
+                     f"    def a(self):\n        return {n}\n\n"
+                     f"    def b(self):\n        return [\n{n},\n]\n\n\n")
+        total += len(parts[-1])
+        n += 1
+    return "".join(parts)
+
+
+def shell_scripts(size: int) -> str:
+    """Shell scripts of about ``size`` characters: functions and top-level commands."""
+    parts: list[str] = ["#!/bin/sh\nset -e\n"]
+    total, n = 0, 0
+    while total < size:
+        parts.append(f"# step {n}\nstep_{n}() {{\n    echo \"step {n} ${{HOST}}\"\n"
+                     f"    cat <<EOF\n{n} }}\nEOF\n}}\n\nstep_{n}\n\n")
+        total += len(parts[-1])
+        n += 1
+    return "".join(parts)
+
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
 PLAIN = "\n\n".join(
     " ".join(f"{WORDS[(p + n) % len(WORDS)]}{n}" for n in range(p * 500, p * 500 + 450))

@@ -13,9 +13,9 @@ PROSE_KINDS = ("text", "html", "pdf")
 """Kinds whose chunks have no heading."""
 PATH_KINDS = ("markdown",)
 """Kinds whose chunks begin with their heading path (see :func:`prefix_of`)."""
-CONTEXT_LINES = {"config": 1, "session": 1}
+CONTEXT_LINES = {"config": 1, "session": 1, "shell": 1, "python": 2}
 """Kinds whose chunks may begin with up to this many repeated lines (a config block's
-header, a session's command)."""
+header, a session's command, a function's definition line, a class line)."""
 
 
 def prefix_of(chunk: Chunk, size: int) -> str:

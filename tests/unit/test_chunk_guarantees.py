@@ -18,9 +18,11 @@ from tests.support.chunk_samples import (
     CISCO,
     JUNIPER,
     PLAIN,
+    PYTHON,
     RUNBOOK,
     SENTENCES,
     SESSION,
+    SHELL,
     runbooks,
 )
 from tests.support.chunks import assert_covered, assert_guarantees, body, open_fence_at_end
@@ -59,7 +61,7 @@ def test_crlf_is_normalised() -> None:
 
 @pytest.mark.parametrize(("text", "kind"), [
     (RUNBOOK, "markdown"), (CISCO, "config"), (JUNIPER, "config"), (PLAIN, "text"),
-    (SENTENCES, "pdf"), (SESSION, "session")])
+    (SENTENCES, "pdf"), (SESSION, "session"), (PYTHON, "python"), (SHELL, "shell")])
 @pytest.mark.parametrize(("size", "overlap", "max_chars"), [
     (1200, 200, 2000), (300, 50, 300), (64, 0, 64), (10, 9, 10), (1, 0, 1)])
 def test_fixtures_keep_the_guarantees(text: str, kind: str, size: int, overlap: int,
@@ -107,7 +109,9 @@ LINES = ["# Title", "## Sub", "### Deep", "Setext", "===", "---", "```", "```py"
          "````md", "    indented", "- item", "1. step", "", "", "Sentence one. Two!",
          "interface Gi0/1", " ip address 10.0.0.1 255.255.255.0", "!", "system {", "}",
          '    description "a { b";', "## Last commit", "/* note */", "end",
-         "$ df -h", "ops@web01:~$ uptime", "> done", "PS C:\\> dir", "# reboot"]
+         "$ df -h", "ops@web01:~$ uptime", "> done", "PS C:\\> dir", "# reboot",
+         "def f(x):", "    return x", "class A(B):", "    @property", "@cache", '"""',
+         "    '''doc", "f() {", "function g {", "  echo '}'", "cat <<EOF", "EOF", "(", ")"]
 ALPHABET = st.one_of(st.sampled_from(list("ab .!?\n\t#=-`~{}!\"')x")),
                      st.characters(exclude_categories=["Cs"]))
 ANY_TEXT = st.one_of(

@@ -193,7 +193,8 @@ async def test_an_empty_query_is_refused(hashed: Retriever) -> None:
     ({"text": ""}, "document text is empty"),
     ({"text": " \n "}, "document text is empty"),
     ({"text": "x" * 101}, r"101 characters.*retrieval\.max_document_chars"),
-    ({"kind": "word"}, "kind must be one of markdown, text, html, pdf, config, session, "
+    ({"kind": "word"}, "kind must be one of markdown, text, html, pdf, config, shell, python, "
+                       "session, "
                        "not 'word'"),
     ({"doc_id": "docs/../etc/passwd"}, r"'\.\.' segment"),
     ({"doc_id": "/abs"}, "starts with '/'"),
