@@ -18,17 +18,20 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from grpc_health.v1 import health_pb2
 
 from llamad_protocol.v1 import control_pb2, retrieval_pb2
 
 from . import _convert as cv
+from . import _generation as gen
 from . import _requests as rq
 from ._base import AsyncBase, serving, status_name, watch_ended
 from ._channel import DEFAULT, Timeout
+from ._generation import ResponseFormat
 from ._stream import AsyncAskStream, AsyncStream, AsyncTextStream
 from ._types import (
     DaemonStatus,
@@ -65,20 +68,55 @@ class AsyncClient(AsyncBase):
     def generate(self, prompt: str, *, max_tokens: int | None = None,
                  temperature: float | None = None, top_p: float | None = None,
                  top_k: int | None = None, seed: int | None = None, stop: Sequence[str] = (),
+                 min_p: float | None = None, repeat_penalty: float | None = None,
+                 repeat_last_n: int | None = None, presence_penalty: float | None = None,
+                 frequency_penalty: float | None = None,
+                 logit_bias: Mapping[int | str, float] | None = None, logprobs: bool = False,
+                 top_logprobs: int | None = None,
+                 response_format: ResponseFormat | None = None,
+                 json_schema: str | Mapping[str, Any] | None = None,
+                 grammar: str | None = None, dry_multiplier: float | None = None,
+                 dry_base: float | None = None, dry_allowed_length: int | None = None,
+                 dry_penalty_last_n: int | None = None,
                  timeout: Timeout = DEFAULT) -> AsyncTextStream:
-        """Stream the completion of a raw prompt (see :meth:`Client.generate`)."""
-        request = rq.generate(prompt, max_tokens=max_tokens, temperature=temperature,
-                              top_p=top_p, top_k=top_k, seed=seed, stop=stop)
+        """Stream the completion of a raw prompt, with the generation controls of
+        :meth:`Client.generate`."""
+        request = rq.generate(prompt, gen.sampling(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+            seed=seed, stop=stop, min_p=min_p, repeat_penalty=repeat_penalty,
+            repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty, logit_bias=logit_bias, logprobs=logprobs,
+            top_logprobs=top_logprobs, response_format=response_format,
+            json_schema=json_schema, grammar=grammar, dry_multiplier=dry_multiplier,
+            dry_base=dry_base, dry_allowed_length=dry_allowed_length,
+            dry_penalty_last_n=dry_penalty_last_n))
         return AsyncTextStream(self._call(self._inference.Generate, request, timeout),
                                cv.generate_chunk)
 
     def chat(self, messages: Iterable[cv.ChatInput], *, max_tokens: int | None = None,
              temperature: float | None = None, top_p: float | None = None,
              top_k: int | None = None, seed: int | None = None, stop: Sequence[str] = (),
+             min_p: float | None = None, repeat_penalty: float | None = None,
+             repeat_last_n: int | None = None, presence_penalty: float | None = None,
+             frequency_penalty: float | None = None,
+             logit_bias: Mapping[int | str, float] | None = None, logprobs: bool = False,
+             top_logprobs: int | None = None,
+             response_format: ResponseFormat | None = None,
+             json_schema: str | Mapping[str, Any] | None = None,
+             grammar: str | None = None, dry_multiplier: float | None = None,
+             dry_base: float | None = None, dry_allowed_length: int | None = None,
+             dry_penalty_last_n: int | None = None,
              timeout: Timeout = DEFAULT) -> AsyncTextStream:
         """Stream a chat completion (see :meth:`Client.chat`)."""
-        request = rq.chat(messages, max_tokens=max_tokens, temperature=temperature,
-                          top_p=top_p, top_k=top_k, seed=seed, stop=stop)
+        request = rq.chat(messages, gen.sampling(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+            seed=seed, stop=stop, min_p=min_p, repeat_penalty=repeat_penalty,
+            repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty, logit_bias=logit_bias, logprobs=logprobs,
+            top_logprobs=top_logprobs, response_format=response_format,
+            json_schema=json_schema, grammar=grammar, dry_multiplier=dry_multiplier,
+            dry_base=dry_base, dry_allowed_length=dry_allowed_length,
+            dry_penalty_last_n=dry_penalty_last_n))
         return AsyncTextStream(self._call(self._inference.Chat, request, timeout),
                                cv.generate_chunk)
 

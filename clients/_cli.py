@@ -59,6 +59,7 @@ from datetime import datetime
 from typing import Any
 
 from . import errors
+from ._cli_generation import add_controls
 from ._client import Client
 
 EXIT_OK = 0
@@ -161,6 +162,7 @@ def _sampling(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int)
     g.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop string (repeatable)")
+    add_controls(g)
 
 
 def _filters(p: argparse.ArgumentParser) -> None:

@@ -16,6 +16,8 @@ def _default(obj: Any) -> Any:
         return obj.isoformat()
     if isinstance(obj, Mapping):
         return dict(obj)
+    if isinstance(obj, bytes):  # a token's bytes: integers, as OpenAI writes them
+        return list(obj)
     raise TypeError(f"cannot encode {type(obj).__name__} as JSON")
 
 

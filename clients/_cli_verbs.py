@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _cli_format as fmt
+from . import _cli_generation as gen
 from . import errors
 from ._client import Client
 from ._stream import Stream, TextStream
@@ -29,6 +30,7 @@ from ._types import (
     ReindexProgress,
     RetrievalStatus,
     SwapProgress,
+    TokenLogprobs,
     VectorBackfill,
     VectorRebuild,
 )
@@ -44,14 +46,20 @@ def _text_arg(value: str) -> str:
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        extra = gen.controls(args)
+    except gen.ControlError as exc:
+        raise UsageError(str(exc)) from None
     return {"max_tokens": args.max_tokens, "temperature": args.temperature,
-            "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed, "stop": args.stop}
+            "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed, "stop": args.stop,
+            **extra}
 
 
 def _stream_text(stream: TextStream, as_json: bool) -> str:
     """Print a Generate/Chat stream as it comes; return the whole text."""
     out = sys.stdout
     parts: list[str] = []
+    logprobs: list[TokenLogprobs] = []
     usage = None
     finish = ""
     with stream:
@@ -62,12 +70,15 @@ def _stream_text(stream: TextStream, as_json: bool) -> str:
                 out.write(chunk.text)
                 out.flush()
             parts.append(chunk.text)
+            logprobs.extend(chunk.logprobs)
             if chunk.usage is not None:
                 usage, finish = chunk.usage, chunk.finish_reason or ""
     text = "".join(parts)
     if not as_json and text and not text.endswith("\n"):
         out.write("\n")
         out.flush()
+    if logprobs and not as_json:
+        gen.print_logprobs(out, tuple(logprobs))
     if usage is not None and not as_json and sys.stderr.isatty():
         print(f"[{usage.completion_tokens} tokens, {usage.tokens_per_second:.1f} tokens/s, "
               f"first after {usage.time_to_first_token_ms:.0f} ms, {finish}]", file=sys.stderr)

@@ -13,17 +13,20 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from grpc_health.v1 import health_pb2
 
 from llamad_protocol.v1 import control_pb2
 
 from . import _convert as cv
+from . import _generation as gen
 from . import _requests as rq
 from ._base import serving, status_name, watch_ended
 from ._channel import DEFAULT, Timeout
 from ._client_documents import DocumentCalls
+from ._generation import ResponseFormat
 from ._stream import Stream, TextStream
 from ._types import DaemonStatus, Embeddings, LogLine, Mode, Role, SwapProgress, Tokens
 from .errors import NotFound
@@ -79,6 +82,21 @@ class Client(DocumentCalls):
         top_k: int | None = None,
         seed: int | None = None,
         stop: Sequence[str] = (),
+        min_p: float | None = None,
+        repeat_penalty: float | None = None,
+        repeat_last_n: int | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        logit_bias: Mapping[int | str, float] | None = None,
+        logprobs: bool = False,
+        top_logprobs: int | None = None,
+        response_format: ResponseFormat | None = None,
+        json_schema: str | Mapping[str, Any] | None = None,
+        grammar: str | None = None,
+        dry_multiplier: float | None = None,
+        dry_base: float | None = None,
+        dry_allowed_length: int | None = None,
+        dry_penalty_last_n: int | None = None,
         timeout: Timeout = DEFAULT,
     ) -> TextStream:
         """Stream the completion of a raw prompt.
@@ -88,6 +106,26 @@ class Client(DocumentCalls):
         them; the last one has ``finish_reason`` and ``usage``. Breaking out of the loop,
         closing the stream or its deadline passing stops the generation in the child.
 
+        Generation controls (all optional; the daemon refuses, naming it, one the serving
+        runtime cannot honour, and a value out of range):
+
+        Args:
+            seed: the sampler's seed: the same request and seed give the same text.
+            stop: strings that end the generation (not included).
+            min_p: drop tokens less likely than ``min_p`` times the likeliest (0..1).
+            repeat_penalty: divide the logits of recent tokens (> 0; 1 is off);
+                ``repeat_last_n`` says how many tokens back (0: off).
+            presence_penalty: OpenAI's: lowers tokens already present once (-2..2).
+            frequency_penalty: OpenAI's: lowers them per occurrence (-2..2).
+            logit_bias: token id (int) or text (str) to a bias in -100..100 (-100 bans).
+            logprobs: return each token's log-probability (``GenerateChunk.logprobs``),
+                with ``top_logprobs`` likeliest alternatives each.
+            response_format: ``"json_object"`` (any JSON object) or ``"json_schema"``.
+            json_schema: a JSON schema (text or mapping) the output must match.
+            grammar: a GBNF grammar the output must match (not with response_format).
+            dry_multiplier: llama.cpp's DRY repetition penalty (0 is off), with
+                ``dry_base`` (>= 1), ``dry_allowed_length`` and ``dry_penalty_last_n``.
+
         Example:
             >>> with Client() as llamad:                                  # doctest: +SKIP
             ...     for chunk in llamad.generate("Once upon a time", max_tokens=16):
@@ -95,8 +133,15 @@ class Client(DocumentCalls):
             ...     result = llamad.generate("2 + 2 =", max_tokens=4).collect()
             ...     print(result.text, result.usage.completion_tokens)
         """
-        request = rq.generate(prompt, max_tokens=max_tokens, temperature=temperature,
-                              top_p=top_p, top_k=top_k, seed=seed, stop=stop)
+        request = rq.generate(prompt, gen.sampling(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+            seed=seed, stop=stop, min_p=min_p, repeat_penalty=repeat_penalty,
+            repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty, logit_bias=logit_bias, logprobs=logprobs,
+            top_logprobs=top_logprobs, response_format=response_format,
+            json_schema=json_schema, grammar=grammar, dry_multiplier=dry_multiplier,
+            dry_base=dry_base, dry_allowed_length=dry_allowed_length,
+            dry_penalty_last_n=dry_penalty_last_n))
         return TextStream(self._call(self._inference.Generate, request, timeout),
                           cv.generate_chunk)
 
@@ -110,9 +155,26 @@ class Client(DocumentCalls):
         top_k: int | None = None,
         seed: int | None = None,
         stop: Sequence[str] = (),
+        min_p: float | None = None,
+        repeat_penalty: float | None = None,
+        repeat_last_n: int | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        logit_bias: Mapping[int | str, float] | None = None,
+        logprobs: bool = False,
+        top_logprobs: int | None = None,
+        response_format: ResponseFormat | None = None,
+        json_schema: str | Mapping[str, Any] | None = None,
+        grammar: str | None = None,
+        dry_multiplier: float | None = None,
+        dry_base: float | None = None,
+        dry_allowed_length: int | None = None,
+        dry_penalty_last_n: int | None = None,
         timeout: Timeout = DEFAULT,
     ) -> TextStream:
         """Stream a chat completion; the model's chat template formats the messages.
+
+        Takes the generation controls of :meth:`generate`.
 
         Args:
             messages: :class:`~clients.Message` s, ``(role, content)`` tuples or
@@ -120,14 +182,21 @@ class Client(DocumentCalls):
                 and ``assistant``.
 
         Raises:
-            ValueError: an unknown role (before anything is sent).
+            ValueError: an unknown role or response_format (before anything is sent).
 
         Example:
             >>> answer = Client().chat([("system", "Be terse."),            # doctest: +SKIP
             ...                         ("user", "Name a colour.")]).collect().text
         """
-        request = rq.chat(messages, max_tokens=max_tokens, temperature=temperature,
-                          top_p=top_p, top_k=top_k, seed=seed, stop=stop)
+        request = rq.chat(messages, gen.sampling(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+            seed=seed, stop=stop, min_p=min_p, repeat_penalty=repeat_penalty,
+            repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty, logit_bias=logit_bias, logprobs=logprobs,
+            top_logprobs=top_logprobs, response_format=response_format,
+            json_schema=json_schema, grammar=grammar, dry_multiplier=dry_multiplier,
+            dry_base=dry_base, dry_allowed_length=dry_allowed_length,
+            dry_penalty_last_n=dry_penalty_last_n))
         return TextStream(self._call(self._inference.Chat, request, timeout),
                           cv.generate_chunk)
 

@@ -13,6 +13,7 @@ from google.protobuf import timestamp_pb2
 
 from llamad_protocol.v1 import answer_pb2, common_pb2, control_pb2, inference_pb2, retrieval_pb2
 
+from . import _generation
 from ._types import (
     AskDone,
     AskEvent,
@@ -194,6 +195,7 @@ def generate_chunk(msg: inference_pb2.GenerateResponse) -> GenerateChunk:
         text=msg.text, tokens=msg.tokens, model=msg.model,
         finish_reason=finish_reason(msg.finish_reason) if last else None,
         usage=usage(msg.usage) if msg.HasField("usage") else None,
+        logprobs=_generation.logprobs(msg) if msg.logprobs else (),
     )
 
 

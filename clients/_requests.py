@@ -11,20 +11,14 @@ from llamad_protocol.v1 import answer_pb2, control_pb2, inference_pb2, retrieval
 from . import _convert as cv
 
 
-def generate(prompt: str, *, max_tokens: int | None, temperature: float | None,
-             top_p: float | None, top_k: int | None, seed: int | None,
-             stop: Sequence[str]) -> inference_pb2.GenerateRequest:
-    return inference_pb2.GenerateRequest(prompt=prompt, sampling=cv.sampling(
-        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-        stop=stop))
+def generate(prompt: str, sampling: inference_pb2.SamplingParams
+             ) -> inference_pb2.GenerateRequest:
+    return inference_pb2.GenerateRequest(prompt=prompt, sampling=sampling)
 
 
-def chat(messages: Iterable[cv.ChatInput], *, max_tokens: int | None,
-         temperature: float | None, top_p: float | None, top_k: int | None,
-         seed: int | None, stop: Sequence[str]) -> inference_pb2.ChatRequest:
-    return inference_pb2.ChatRequest(messages=cv.chat_messages(messages), sampling=cv.sampling(
-        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-        stop=stop))
+def chat(messages: Iterable[cv.ChatInput],
+         sampling: inference_pb2.SamplingParams) -> inference_pb2.ChatRequest:
+    return inference_pb2.ChatRequest(messages=cv.chat_messages(messages), sampling=sampling)
 
 
 def embed(texts: str | Sequence[str], normalize: bool | None) -> inference_pb2.EmbedRequest:

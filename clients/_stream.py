@@ -87,6 +87,7 @@ def _generate_result(chunks: list[GenerateChunk]) -> GenerateResult:
         model=last.model if last else "",
         finish_reason=(last.finish_reason if last else None) or "unspecified",
         usage=(last.usage if last else None) or Usage(),
+        logprobs=tuple(entry for c in chunks for entry in c.logprobs),
     )
 
 

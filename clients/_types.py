@@ -42,6 +42,8 @@ __all__ = [
     "SwapInfo",
     "SwapProgress",
     "Task",
+    "TokenLogprob",
+    "TokenLogprobs",
     "Tokens",
     "Usage",
     "VectorBackfill",
@@ -82,11 +84,32 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A token and its log-probability (natural log); ``id`` when the runtime reports
+    it (llama.cpp does)."""
+
+    token: str
+    logprob: float
+    bytes: bytes = b""
+    id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """A generated token (``chosen``) and the likeliest alternatives (``top``, at most
+    ``top_logprobs`` of them, likeliest first)."""
+
+    chosen: TokenLogprob
+    top: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class GenerateChunk:
     """A piece of generated text, as the model produced it.
 
     The last chunk of a stream has ``finish_reason`` (``"stop"`` or ``"length"``) and
-    ``usage``; earlier ones have None for both.
+    ``usage``; earlier ones have None for both. ``logprobs`` has the chunk's tokens when
+    the call asked for them (``logprobs=True``).
     """
 
     text: str
@@ -94,16 +117,19 @@ class GenerateChunk:
     model: str
     finish_reason: str | None = None
     usage: Usage | None = None
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class GenerateResult:
-    """A whole generation: the concatenated text, why it ended, and its usage."""
+    """A whole generation: the concatenated text, why it ended, its usage, and every
+    token's logprobs when the call asked for them."""
 
     text: str
     model: str
     finish_reason: str
     usage: Usage
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
