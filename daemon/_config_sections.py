@@ -251,6 +251,13 @@ class RetrievalSettings:
         "model (indexed while it was unavailable), which are then embedded in the "
         "background; 0: on demand only (RetrievalService/Reprocess).", minimum=0,
         reload="restart")
+    retention_interval: float = setting(
+        60.0, "Seconds between passes of history retention: each removes the records of "
+        "history sources past their max_age_days or beyond their max_items; 0: none.",
+        minimum=0)
+    retention_batch: int = setting(
+        500, "Most history records one retention pass removes (the rest go in the next "
+        "passes).", minimum=1)
     redact_hostnames: bool = setting(False, "Also redact hostnames (FQDNs) at ingest.")
     redact_ips: bool = setting(False, "Also redact IP addresses at ingest.")
     refuse_hard_links: bool = setting(

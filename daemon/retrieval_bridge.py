@@ -47,6 +47,7 @@ def limits_from(config: Config) -> RetrievalLimits:
         max_bytes_per_source=r.max_source_mb * 1024 * 1024,
         redact_hostnames=r.redact_hostnames, redact_ips=r.redact_ips,
         refuse_hard_links=r.refuse_hard_links,
+        retention_interval=r.retention_interval, retention_batch=r.retention_batch,
         extract=ExtractLimits(max_bytes=r.max_file_mb * 1024 * 1024,
                               pdf_timeout=r.pdf_timeout,
                               pdf_max_pages=r.pdf_max_pages,

@@ -40,6 +40,7 @@ from .retrieval_wire import (
     _document,
     _progress,
     _source,
+    document_date_from,
     filters_from,
     query_from,
     search_hit,
@@ -85,18 +86,22 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
                   content_bytes=len(request.content) or None)
         if request.id:
             validate_document_id(request.id)  # before the work, not after
-        title, text, kind = await self._document_text(request)
+        date = document_date_from(request)  # the caller's wins over what is extracted
+        title, text, kind, extracted_date = await self._document_text(request)
         wait = request.wait if request.HasField("wait") else True
         upsert = self._r.upsert if wait else self._r.upsert_later
         doc = await upsert(request.source_id, title, text, doc_id=request.id or None,
-                           kind=kind, category=request.category, tags=tuple(request.tags))
+                           kind=kind, category=request.category, tags=tuple(request.tags),
+                           document_date=extracted_date if date is None else date)
         call.note(document=doc.id, state=doc.state)
         return rpb.UpsertDocumentResponse(document=_document(doc))
 
     async def _document_text(self, request: rpb.UpsertDocumentRequest
-                             ) -> tuple[str, str, str]:
-        """The title, text and kind to index: pushed text as it is (NULs dropped, as from
-        files); HTML and a file's bytes extracted as such a file would be."""
+                             ) -> tuple[str, str, str, int | None]:
+        """The title, text, kind and date found to index: pushed text as it is (NULs
+        dropped, as from files; a Markdown text's front matter date is found by the
+        ingest); HTML and a file's bytes extracted as such a file would be (with the date
+        their metadata carries, if any)."""
         if request.content:
             if request.text:
                 raise InvalidArgument("give text or content, not both")
@@ -111,6 +116,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
             kind, data = request.kind or "text", b""
         # NULs go, as they do from files: no store, index or prompt should carry them.
         title, text = request.title.replace("\x00", ""), request.text.replace("\x00", "")
+        date = None
         if request.content or kind == "html":
             # Pushed markup and files are extracted like files of their kind: HTML
             # without tags, scripts and styles, its nesting bounded; PDF by the worker.
@@ -118,7 +124,8 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
                 extract_bytes, data or text.encode("utf-8"),
                 request.id or title or "document", kind, self._r.limits.extract)
             title, text, kind = title or extracted.title, extracted.text, extracted.kind
-        return title, text, kind
+            date = extracted.date
+        return title, text, kind, date
 
     @rpc.unary("DeleteDocument")
     async def DeleteDocument(
@@ -154,6 +161,11 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         self, request: rpb.AddSourceRequest, context: grpc.aio.ServicerContext, call: rpc.Call,
     ) -> rpb.Source:
         root = None
+        if request.history and request.path:
+            raise InvalidArgument("a history source holds pushed records: give no path")
+        if not request.history and (request.max_age_days or request.max_items):
+            raise InvalidArgument("max_age_days and max_items apply to history sources "
+                                  "only (set history)")
         if "\x00" in request.path:
             raise InvalidArgument("path contains a NUL character")
         if request.path:
@@ -165,8 +177,10 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
             if not root.is_dir():
                 raise InvalidArgument(f"{root} is not a directory")
         row = await self._r.add_source(request.id, root=root, category=request.category,
-                                       tags=tuple(request.tags))
-        call.note(source=row.id)
+                                       tags=tuple(request.tags), history=request.history,
+                                       max_age_days=request.max_age_days,
+                                       max_items=request.max_items)
+        call.note(source=row.id, kind=row.kind)
         return _source(row)
 
     @rpc.unary("RemoveSource")
@@ -343,6 +357,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
                 pending=s.backfill.pending, done=s.backfill.done,
                 failed=s.backfill.failed, last_error=s.backfill.last_error),
             rebuild=vector_rebuild(s.rebuild),
+            pruned=self._r.pruned,
         )
 
     @rpc.unary("Reprocess")

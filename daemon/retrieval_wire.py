@@ -38,6 +38,8 @@ def filters_from(f: rpb.SearchFilters) -> Filters:
         tags=tuple(f.tags),
         since=f.indexed_since.seconds if f.HasField("indexed_since") else None,
         until=f.indexed_until.seconds if f.HasField("indexed_until") else None,
+        dated_since=f.dated_since.seconds if f.HasField("dated_since") else None,
+        dated_until=f.dated_until.seconds if f.HasField("dated_until") else None,
     )
 
 
@@ -87,7 +89,28 @@ def search_hit(h: Hit) -> rpb.SearchHit:
         hit.indexed_at.CopyFrom(ts)
     if h.mtime_ns:
         hit.modified_at.FromNanoseconds(h.mtime_ns)
+    if h.document_date is not None:
+        hit.document_date.FromSeconds(h.document_date)
     return hit
+
+
+_MIN_SECONDS, _MAX_SECONDS = -62_135_596_800, 253_402_300_799
+"""0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z: the range of a protobuf Timestamp."""
+
+
+def document_date_from(request: rpb.UpsertDocumentRequest) -> int | None:
+    """The caller's document_date, in unix seconds (None when unset).
+
+    Raises:
+        InvalidArgument: a time outside what a Timestamp may carry (years 1 to 9999).
+    """
+    if not request.HasField("document_date"):
+        return None
+    ts = request.document_date
+    if not (_MIN_SECONDS <= ts.seconds <= _MAX_SECONDS and 0 <= ts.nanos < 1_000_000_000):
+        raise InvalidArgument(f"document_date is out of range ({ts.seconds} s, {ts.nanos} "
+                              "ns): it must lie within years 1 to 9999")
+    return ts.seconds
 
 
 def vector_rebuild(r: VectorRebuild) -> rpb.VectorRebuild:
@@ -111,12 +134,15 @@ def _document(d: DocumentRow) -> rpb.Document:
                        error=d.error, path=d.path, redactions=d.redactions)
     if (ts := _ts(d.indexed_at)) is not None:
         msg.indexed_at.CopyFrom(ts)
+    if d.document_date is not None:
+        msg.document_date.FromSeconds(d.document_date)
     return msg
 
 
 def _source(s: SourceRow, documents: int = 0) -> rpb.Source:
     msg = rpb.Source(id=s.id, kind=s.kind, path=s.root, category=s.category, tags=list(s.tags),
-                     last_error=s.last_error, documents=documents, disabled=s.disabled)
+                     last_error=s.last_error, documents=documents, disabled=s.disabled,
+                     max_age_days=s.max_age_days, max_items=s.max_items, pruned=s.pruned)
     if (ts := _ts(s.last_scan)) is not None:
         msg.last_scan.CopyFrom(ts)
     return msg

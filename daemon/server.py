@@ -167,7 +167,8 @@ class Daemon:
             self.retriever = Retriever(config.state_dir / "retrieval", provider,
                                        limits_from(config),
                                        unavailable_reason=unavailable_reason(self.children),
-                                       embedder_for=make_lookup(provider))
+                                       embedder_for=make_lookup(provider),
+                                       clock=self._clock)
         self.health = HealthReporter(self.children, retrieval=self.retriever is not None)
         self._server: grpc.aio.Server | None = None
         self._state_lock = StateLock(config.state_dir)

@@ -6,7 +6,7 @@ Schema (one tantivy document per chunk):
 field          analysis                         used for
 =============  ===============================  =============================================
 key            u64, indexed, fast, stored       the chunk key; results, deletes, ``keys()``
-doc_id         raw (whole value), indexed       delete-by-document, exact filters
+doc_id         raw (whole value), indexed       delete-by-document, ``Filters.doc_ids``
 source         raw, indexed                     ``Filters.sources``
 kind           raw, indexed                     ``Filters.kinds``
 category       raw, indexed                     ``Filters.categories``
@@ -95,6 +95,11 @@ class Filters:
     tags: tuple[str, ...] = ()             # any of
     since: int | None = None               # unix seconds, indexed_at >= since
     until: int | None = None               # unix seconds, indexed_at <= until
+    # The document's own date (unix seconds), in SQLite only: a search turns these bounds
+    # into ``doc_ids`` for this index (a document without a date never passes them).
+    dated_since: int | None = None
+    dated_until: int | None = None
+    doc_ids: frozenset[str] | None = None  # only these documents (None: any)
 
 
 @dataclass(frozen=True)
@@ -375,6 +380,10 @@ class TextIndex:
             out.append(tantivy.Query.range_query(
                 self._schema, "indexed_at", tantivy.FieldType.Integer,
                 lower_bound=filters.since, upper_bound=filters.until))
+        if filters.doc_ids is not None:
+            out.append(tantivy.Query.term_set_query(self._schema, "doc_id",
+                                                    [_utf8(d) for d in filters.doc_ids])
+                       if filters.doc_ids else tantivy.Query.empty_query())
         return out
 
     def keys(self) -> set[int]:

@@ -31,7 +31,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from ._extract_html import html_to_text
+from ._dates import front_matter_date
+from ._extract_html import html_document
 from ._extract_pdf import extract_pdf
 from ._extract_text import clean_title, decode, markdown_title, normalise, stem
 from ._kinds import KINDS, SUFFIXES, check_kind, kind_for
@@ -62,6 +63,9 @@ class Extracted:
     title: str         # first H1 / <title> / PDF metadata title / file stem
     text: str          # normalised to \n newlines, NUL-free
     kind: str          # markdown | text | html | pdf | config
+    # The document's own date, unix seconds: Markdown front matter ``date:``, an HTML
+    # ``<meta>`` date, a PDF's /CreationDate (None: none, or not a valid date).
+    date: int | None = None
 
 
 def extract_file(path: Path, limits: ExtractLimits = ExtractLimits()) -> Extracted:
@@ -194,17 +198,18 @@ def _read_bounded(fd: int, name: str, limits: ExtractLimits) -> bytes:
 
 def _extract_data(data: bytes, name: str, kind: str, limits: ExtractLimits) -> Extracted:
     text = normalise(decode(data, name, kind))
+    date = None
     if kind == "html":
-        title, text = html_to_text(text, name, limits.html_max_depth)
+        title, text, date = html_document(text, name, limits.html_max_depth)
         text = normalise(text)
     elif kind == "markdown":
-        title = markdown_title(text)
+        title, date = markdown_title(text), front_matter_date(text)
     else:
         title = ""
-    return Extracted(title=clean_title(title) or stem(name), text=text, kind=kind)
+    return Extracted(title=clean_title(title) or stem(name), text=text, kind=kind, date=date)
 
 
 def _pdf(name: str, limits: ExtractLimits, *, data: bytes | None = None,
          stdin_fd: int | None = None) -> Extracted:
-    title, text = extract_pdf(name, limits, data=data, stdin_fd=stdin_fd)
-    return Extracted(title=title, text=text, kind="pdf")
+    title, text, date = extract_pdf(name, limits, data=data, stdin_fd=stdin_fd)
+    return Extracted(title=title, text=text, kind="pdf", date=date)

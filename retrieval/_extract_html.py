@@ -5,7 +5,8 @@ malformed input (40 KB of ``"<a "`` takes ~20 s on 3.11.7, 20 MB never finishes)
 raises ``AssertionError`` on ``"<!["``. Here every character is looked at a bounded number
 of times, nothing recurses, and nesting depth is bounded (``html_too_deep``). Scripts,
 styles and the like are dropped; the first ``<title>`` (else the first ``<h1>``) is the
-title; block elements become newlines.
+title; block elements become newlines; the first ``<meta>`` naming a date is the page's
+own date (:func:`retrieval._dates.meta_date`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import html
 import re
 
+from ._dates import meta_date
 from .errors import ExtractionError
 
 _MARKUP = re.compile(r"<[A-Za-z/!?]")  # anything else after "<" is text ("a < b", "<3")
@@ -65,6 +67,7 @@ class _HtmlText:
         self.title: str | None = None
         self.h1: list[str] | None = None
         self.h1_text = ""
+        self.date: int | None = None  # the first <meta> date
 
     # output
 
@@ -183,6 +186,13 @@ class _HtmlText:
 
 def html_to_text(source: str, name: str, max_depth: int) -> tuple[str, str]:
     """(title, text) of an HTML document. Linear time; no recursion."""
+    title, text, _ = html_document(source, name, max_depth)
+    return title, text
+
+
+def html_document(source: str, name: str, max_depth: int) -> tuple[str, str, int | None]:
+    """(title, text, date) of an HTML document: the date (unix seconds) from its first
+    ``<meta>`` that names one, else None. Linear time; no recursion."""
     out = _HtmlText(name, max_depth)
     pos, n = 0, len(source)
     while pos < n:
@@ -209,6 +219,8 @@ def html_to_text(source: str, name: str, max_depth: int) -> tuple[str, str]:
             if tag.group(1):
                 out.end(name_)
                 continue
+            if name_ == "meta" and out.date is None:
+                out.date = meta_date(source[tag.end():pos - 1])
             self_closing = source[pos - 2] == "/" and name_ not in _RAW_TEXT
             if name_ in _RAW_TEXT and name_ != "plaintext":
                 found = _RAW_END[name_].search(source, pos)
@@ -229,4 +241,4 @@ def html_to_text(source: str, name: str, max_depth: int) -> tuple[str, str]:
         if end == -1:
             break                    # unterminated: the rest is inside it
         pos = end + 1
-    return out.result()
+    return (*out.result(), out.date)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from . import _pdf_worker
+from ._dates import parse_pdf_date
 from ._extract_text import clean_title, normalise, stem
 from .errors import ExtractionError
 
@@ -77,9 +78,10 @@ def _worker_argv(limits: ExtractLimits) -> list[str]:
 
 
 def extract_pdf(name: str, limits: ExtractLimits, *, data: bytes | None = None,
-                stdin_fd: int | None = None) -> tuple[str, str]:
-    """``(title, text)`` of a PDF: the worker run on ``data`` (piped) or on an open file
-    (as its stdin). Blocking, for at most ``limits.pdf_timeout`` seconds: the worker's
+                stdin_fd: int | None = None) -> tuple[str, str, int | None]:
+    """``(title, text, date)`` of a PDF (the date: its metadata's ``/CreationDate``, unix
+    seconds, None without a valid one): the worker run on ``data`` (piped) or on an open
+    file (as its stdin). Blocking, for at most ``limits.pdf_timeout`` seconds: the worker's
     process group is then killed (and always reaped).
 
     Raises:
@@ -183,7 +185,8 @@ def _communicate(proc: subprocess.Popen[bytes], data: bytes | None,
     return bytes(out), bytes(err), None
 
 
-def _pdf_result(name: str, returncode: int, out: bytes, err: bytes) -> tuple[str, str]:
+def _pdf_result(name: str, returncode: int, out: bytes, err: bytes
+                ) -> tuple[str, str, int | None]:
     if returncode != 0:
         tail = err.decode("utf-8", "replace").strip().splitlines()
         last = tail[-1][:200] if tail else ""
@@ -220,4 +223,6 @@ def _pdf_result(name: str, returncode: int, out: bytes, err: bytes) -> tuple[str
     title = clean_title(title.encode("utf-8", "replace").decode("utf-8"))
     if not title:
         title = next((line.strip() for line in text.split("\n", 200) if line.strip()), "")
-    return clean_title(title) or stem(name), text
+    created = result.get("created")
+    date = parse_pdf_date(created) if isinstance(created, str) and created else None
+    return clean_title(title) or stem(name), text, date

@@ -26,6 +26,7 @@ import structlog
 
 from ._chunk import Chunk, chunk_text
 from ._confine import SourceRoot, display_name
+from ._dates import front_matter_date
 from ._embedder import Embedder, EmbedderProvider
 from ._extract import Extracted, extract_bytes, extract_fd
 from ._group import EmbedBatcher, GroupCommitter, Vector
@@ -72,7 +73,9 @@ class Ingest:
 
     async def upsert(self, source_id: str, title: str, text: str, *, doc_id: str | None = None,
                      kind: str = "text", category: str = "", tags: Sequence[str] = (),
-                     path: str = "", mtime_ns: int = 0, size: int = 0) -> DocumentRow:
+                     path: str = "", mtime_ns: int = 0, size: int = 0,
+                     document_date: int | None = None,
+                     received_at: int | None = None) -> DocumentRow:
         """Index a document (replacing its previous version atomically); see
         :meth:`retrieval.Retriever.upsert`."""
         limits = self.limits
@@ -84,14 +87,21 @@ class Ingest:
         clean_title = redact(title).text[:500]
         digest = content_hash(clean_title + "\x00" + cleaned.text + "\x00" + kind)
         existing = await asyncio.to_thread(store.document, doc_id)
+        if document_date is None and kind == "markdown":
+            document_date = front_matter_date(text)
+        if document_date is None and source.kind == "history":
+            # A record's time is when it was first received: a re-push keeps it.
+            document_date = existing.document_date if existing is not None and \
+                existing.document_date is not None else \
+                received_at if received_at is not None else int(time.time())
         doc = DocumentRow(
             doc_id, source_id, path, clean_title, kind, category or source.category,
             tuple(tags) or source.tags, digest, mtime_ns, size, "processing", "",
-            int(time.time()), sum(cleaned.counts.values()))
+            int(time.time()), sum(cleaned.counts.values()), document_date)
         await self._indexes.catch_up()
         if existing is not None and existing.state == "indexed" and \
                 existing.content_hash == digest and existing.category == doc.category \
-                and existing.tags == doc.tags:
+                and existing.tags == doc.tags and existing.document_date == document_date:
             return existing
         self.inflight[doc_id] = doc
         try:
@@ -154,18 +164,20 @@ class Ingest:
         return await self.upsert(source.id, extracted.title, extracted.text,
                                  doc_id=f"{source.id}/{rel}", kind=extracted.kind,
                                  path=str(root.path / rel), mtime_ns=st.st_mtime_ns,
-                                 size=st.st_size)
+                                 size=st.st_size, document_date=extracted.date)
 
     async def ingest_bytes(self, source_id: str, name: str, data: bytes, kind: str, *,
                            title: str = "", doc_id: str | None = None, category: str = "",
-                           tags: Sequence[str] = ()) -> DocumentRow:
+                           tags: Sequence[str] = (), document_date: int | None = None,
+                           received_at: int | None = None) -> DocumentRow:
         """Extract pushed bytes of ``kind``, then :meth:`upsert` them (titled ``title``,
-        else as extraction found)."""
+        else as extraction found; dated ``document_date``, else as extraction found)."""
         extracted = await asyncio.to_thread(extract_bytes, data, name, kind,
                                             self.limits.extract)
         return await self.upsert(source_id, title or extracted.title, extracted.text,
                                  kind=extracted.kind, doc_id=doc_id, category=category,
-                                 tags=tags)
+                                 tags=tags, document_date=document_date if document_date
+                                 is not None else extracted.date, received_at=received_at)
 
     # -- committing --------------------------------------------------------------------
 

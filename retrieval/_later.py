@@ -41,7 +41,8 @@ class Later:
         self._running: set[asyncio.Task[None]] = set()   # all of them
 
     async def accept(self, source_id: str, title: str, text: str, *, doc_id: str, kind: str,
-                     category: str, tags: Sequence[str]) -> DocumentRow:
+                     category: str, tags: Sequence[str], document_date: int | None = None,
+                     received_at: int | None = None) -> DocumentRow:
         """Check the document as its upsert would, then queue the upsert; return the
         document in state ``pending``.
 
@@ -57,22 +58,24 @@ class Later:
             raise Busy(f"{waiting} documents already wait to be indexed "
                        f"(retrieval.max_pending_upserts); retry shortly, or wait=true")
         row = DocumentRow(doc_id, source_id, "", title, kind, category, tuple(tags), "", 0, 0,
-                          "pending", "", int(time.time()), 0)
+                          "pending", "", int(time.time()), 0, document_date)
         self.pending[doc_id] = row
         previous = self._tasks.get(doc_id)
-        task = asyncio.create_task(self._run(row, text, previous), name=f"upsert-{doc_id}")
+        task = asyncio.create_task(self._run(row, text, previous, received_at),
+                                   name=f"upsert-{doc_id}")
         self._tasks[doc_id] = task
         self._running.add(task)
         task.add_done_callback(self._running.discard)
         return row
 
     async def _run(self, row: DocumentRow, text: str,
-                   previous: asyncio.Task[None] | None) -> None:
+                   previous: asyncio.Task[None] | None, received_at: int | None) -> None:
         if previous is not None:  # an earlier version of this document goes first
             await asyncio.gather(previous, return_exceptions=True)
         try:  # pending until the ingest shows it processing (its state then wins)
             await self._upsert(row.source_id, row.title, text, doc_id=row.id, kind=row.kind,
-                               category=row.category, tags=row.tags)
+                               category=row.category, tags=row.tags,
+                               document_date=row.document_date, received_at=received_at)
         except Exception as exc:  # the upsert recorded it as failed; logged here
             _log.warning("background upsert failed", document=row.id, error=str(exc)[:200])
         finally:

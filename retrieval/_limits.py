@@ -41,4 +41,6 @@ class RetrievalLimits:
     redact_hostnames: bool = False
     redact_ips: bool = False
     refuse_hard_links: bool = False  # files with more than one link (see _confine)
+    retention_interval: float = 60.0  # seconds between history retention passes (0: off)
+    retention_batch: int = 500      # most records one retention pass removes
     extract: ExtractLimits = field(default_factory=ExtractLimits)

@@ -7,11 +7,13 @@ Usage::
 Reads the PDF from PATH (a regular file) or from stdin (``-``) and writes exactly one JSON
 object to stdout, then exits 0::
 
-    {"title": "...", "pages": ["text of page 1", ...]}
+    {"title": "...", "created": "D:2024...", "pages": ["text of page 1", ...]}
     {"error_kind": "pdf_encrypted", "reason": "..."}
 
 ``error_kind`` is one of ``pdf_malformed``, ``pdf_encrypted``, ``too_large``,
 ``resource_limit``, ``not_regular``. Reasons never name the file: the caller does.
+``created`` is the information dictionary's ``/CreationDate`` as written ("" without one);
+the caller parses it.
 
 The caller runs this under a memory rlimit, a CPU rlimit and a wall-clock timeout, and caps
 what it reads from stdout; this module adds the limits it can check itself (input size,
@@ -62,6 +64,13 @@ def _clean_title(value: object) -> str:
     return " ".join(value.replace("\x00", "").split())[:500]
 
 
+def _raw_date(metadata: object) -> str:
+    """The ``/CreationDate`` string of a document information dictionary, or ""."""
+    get = getattr(metadata, "get", None)
+    value = get("/CreationDate") if callable(get) else None
+    return str(value).replace("\x00", "")[:100] if isinstance(value, str) else ""
+
+
 def extract(data: bytes, *, max_pages: int, max_output: int) -> Result:
     """Parse ``data`` with pypdf and return the result object (never raises Exception)."""
     from pypdf import PasswordType, PdfReader  # noqa: PLC0415 - after warnings are silenced
@@ -86,6 +95,10 @@ def extract(data: bytes, *, max_pages: int, max_output: int) -> Result:
             title = _clean_title(reader.metadata.title if reader.metadata else None)
         except Exception:  # metadata is optional; a broken info dict is not fatal
             title = ""
+        try:
+            created = _raw_date(reader.metadata)
+        except Exception:  # ditto
+            created = ""
         texts: list[str] = []
         failed = 0
         total = 0
@@ -117,7 +130,7 @@ def extract(data: bytes, *, max_pages: int, max_output: int) -> Result:
         return _error("pdf_malformed", "no page could be parsed")
     if not any(t.strip() for t in texts):
         return _error("pdf_image_only", IMAGE_ONLY_REASON)
-    return {"title": title, "pages": texts}
+    return {"title": title, "created": created, "pages": texts}
 
 
 def _emit(result: Result, max_output: int) -> None:

@@ -29,9 +29,10 @@ from ._indexes import Indexes, RetrievalStatus
 from ._ingest import Ingest, content_hash
 from ._later import Later
 from ._limits import RetrievalLimits
+from ._retention import Retention, RetentionClock, SystemClock
 from ._search import Query, Search, SearchResult
 from ._store import DocumentRow, SourceRow
-from .errors import NotFound, validate_document_id, validate_source_id
+from .errors import InvalidDocument, NotFound, validate_document_id, validate_source_id
 
 
 class Retriever:
@@ -45,7 +46,8 @@ class Retriever:
     def __init__(self, root: Path, embedder: EmbedderProvider,
                  limits: RetrievalLimits | None = None, *,
                  unavailable_reason: Callable[[], str] | None = None,
-                 embedder_for: EmbedderLookup | None = None) -> None:
+                 embedder_for: EmbedderLookup | None = None,
+                 clock: RetentionClock | None = None) -> None:
         """Args:
             root: the directory of the indexes.
             embedder: gives the embedder to use now, or None (search is then BM25-only).
@@ -54,6 +56,8 @@ class Retriever:
             embedder_for: gives an embedder of a named model when it is available: while
                 the vector index is rebuilt for a new model, queries are embedded by the
                 previous one through it (default: only the current embedder answers).
+            clock: the time history records are dated and retention runs by (tests
+                inject a manual one; default: the system's).
         """
         self.root = root
         limits = limits or RetrievalLimits()
@@ -68,6 +72,8 @@ class Retriever:
             unavailable_reason=unavailable_reason or (lambda: "embedding child unavailable"),
             on_other_model=self._backfill.start, embedder_for=embedder_for,
             backfill=lambda: self._backfill.status)
+        self._clock: RetentionClock = clock or SystemClock()
+        self._retention = Retention(self._indexes, self._clock, lambda: self.limits)
 
     @property
     def limits(self) -> RetrievalLimits:
@@ -99,10 +105,12 @@ class Retriever:
         if self._indexes.store is not None:
             return
         await asyncio.to_thread(self._indexes.open_sync)
+        self._retention.start()
 
     async def close(self) -> None:
         """Stop the background backfill, let the commits under way and queued finish,
         save the vector index and close the stores (each even if another fails)."""
+        await self._retention.close()
         await self._later.close()
         await self._backfill.close()
         await self._ingest.close()
@@ -116,16 +124,29 @@ class Retriever:
     # -- sources -----------------------------------------------------------------------
 
     async def add_source(self, source_id: str, *, root: Path | None = None, category: str = "",
-                         tags: Sequence[str] = ()) -> SourceRow:
-        """Add (or update) a source: a directory to scan, or (root None) pushed documents.
+                         tags: Sequence[str] = (), history: bool = False,
+                         max_age_days: int = 0, max_items: int = 0) -> SourceRow:
+        """Add (or update) a source: a directory to scan, or (root None) pushed documents,
+        or (``history``) time-ordered records pushed by other tools, each dated (when it
+        was received unless its upsert says), kept within ``max_age_days`` and
+        ``max_items`` (0: unlimited) by background retention (:mod:`retrieval._retention`).
 
         Raises:
-            InvalidDocument: a bad source id.
+            InvalidDocument: a bad source id; a history source with a root; a retention
+                limit for a source that is not history, or a negative one.
         """
         validate_source_id(source_id)
-        row = SourceRow(source_id, "directory" if root is not None else "push",
-                        str(root) if root is not None else "", category, tuple(tags),
-                        int(time.time()))
+        if history and root is not None:
+            raise InvalidDocument("a history source holds pushed records: it has no path")
+        if not history and (max_age_days or max_items):
+            raise InvalidDocument("max_age_days and max_items apply to history sources "
+                                  "only (add it with history)")
+        if max_age_days < 0 or max_items < 0:
+            raise InvalidDocument("max_age_days and max_items cannot be negative")
+        kind = "history" if history else "directory" if root is not None else "push"
+        row = SourceRow(source_id, kind, str(root) if root is not None else "", category,
+                        tuple(tags), int(time.time()), max_age_days=max_age_days,
+                        max_items=max_items)
         store, _ = self._indexes.require()
         await asyncio.to_thread(store.upsert_source, row)
         return row
@@ -178,8 +199,15 @@ class Retriever:
 
     async def upsert(self, source_id: str, title: str, text: str, *, doc_id: str | None = None,
                      kind: str = "text", category: str = "", tags: Sequence[str] = (),
-                     path: str = "", mtime_ns: int = 0, size: int = 0) -> DocumentRow:
+                     path: str = "", mtime_ns: int = 0, size: int = 0,
+                     document_date: int | None = None,
+                     received_at: int | None = None) -> DocumentRow:
         """Index a document (replacing its previous version atomically).
+
+        Its own date (``document_date``, unix seconds) is the caller's, else a Markdown
+        text's front matter ``date:``, else, in a history source, when it was first
+        received (``received_at``; default: now, on the retriever's clock); otherwise it
+        has none.
 
         Returns once the document is durable in SQLite and searchable by BM25 (and by
         vectors when the embedding child is up). Unchanged content is a no-op. A caller
@@ -198,11 +226,13 @@ class Retriever:
         """
         return await self._ingest.upsert(
             source_id, title, text, doc_id=doc_id, kind=kind, category=category, tags=tags,
-            path=path, mtime_ns=mtime_ns, size=size)
+            path=path, mtime_ns=mtime_ns, size=size, document_date=document_date,
+            received_at=int(self._clock.wall()) if received_at is None else received_at)
 
     async def upsert_later(self, source_id: str, title: str, text: str, *,
                            doc_id: str | None = None, kind: str = "text", category: str = "",
-                           tags: Sequence[str] = ()) -> DocumentRow:
+                           tags: Sequence[str] = (), document_date: int | None = None
+                           ) -> DocumentRow:
         """Accept a document now and index it in the background (see
         :mod:`retrieval._later`): it is returned in state ``pending``; :meth:`document`
         then shows ``processing``, then ``indexed`` or ``failed`` with the reason.
@@ -216,7 +246,8 @@ class Retriever:
         return await self._later.accept(
             source_id, title, text,
             doc_id=doc_id or f"{source_id}/{content_hash(title + chr(0) + text)[:16]}",
-            kind=kind, category=category, tags=tags)
+            kind=kind, category=category, tags=tags, document_date=document_date,
+            received_at=int(self._clock.wall()))
 
     async def ingest_file(self, source: SourceRow, root: SourceRoot, rel: str,
                           target: str | None = None) -> DocumentRow:
@@ -239,16 +270,20 @@ class Retriever:
 
     async def ingest_bytes(self, source_id: str, name: str, data: bytes, kind: str, *,
                            title: str = "", doc_id: str | None = None, category: str = "",
-                           tags: Sequence[str] = ()) -> DocumentRow:
+                           tags: Sequence[str] = (), document_date: int | None = None
+                           ) -> DocumentRow:
         """Extract pushed bytes of ``kind`` (named ``name`` in messages), then
-        :meth:`upsert` them (titled ``title``, else as extraction found).
+        :meth:`upsert` them (titled ``title``, else as extraction found; dated
+        ``document_date``, else as extraction found).
 
         Raises:
             ExtractionError: the bytes cannot be turned into text.
             InvalidDocument, NotFound: as :meth:`upsert`.
         """
         return await self._ingest.ingest_bytes(source_id, name, data, kind, title=title,
-                                               doc_id=doc_id, category=category, tags=tags)
+                                               doc_id=doc_id, category=category, tags=tags,
+                                               document_date=document_date,
+                                               received_at=int(self._clock.wall()))
 
     async def delete(self, doc_id: str) -> bool:
         """Remove a document; False if it did not exist."""
@@ -343,6 +378,23 @@ class Retriever:
             return 0, "every chunk has a vector of the current embedding model"
         self._backfill.start(retry_failed=True, only=wanted)
         return len(wanted), ""
+
+    # -- history retention -------------------------------------------------------------
+
+    async def prune(self) -> int:
+        """One retention pass now (the background task runs one every
+        ``retrieval.retention_interval``); return the records it removed."""
+        return await self._retention.run_once()
+
+    @property
+    def pruned(self) -> int:
+        """History records removed by retention since this retriever was built."""
+        return self._retention.pruned
+
+    @property
+    def retention(self) -> Retention:
+        """The retention task and its counters (for tests and status)."""
+        return self._retention
 
     @property
     def backfill_task(self) -> asyncio.Task[None] | None:

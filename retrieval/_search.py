@@ -27,6 +27,7 @@ from ._embedder import Embedder, EmbedderLookup, EmbedderProvider, current_only
 from ._fusion import best_score, rrf
 from ._indexes import IDLE, BackfillStatus, Indexes
 from ._limits import RetrievalLimits
+from ._store_history import dated_documents
 from .errors import InvalidDocument, VectorUnavailable
 
 
@@ -56,6 +57,7 @@ class Hit:
     ordinal: int = 0                # the chunk's place in its document, from 1
     mtime_ns: int = 0               # the file's modification time (0: pushed)
     other_chunk_ids: tuple[str, ...] = ()  # with group_by_document: its other matches
+    document_date: int | None = None  # the document's own date, unix seconds (None: none)
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,8 @@ class Search:
         warnings: list[str] = []
         k = self._check(query, limits.default_k if k is None else k, q, warnings)
         filters = await self._enabled_only(filters or Filters(), warnings)
+        if filters is not None:
+            filters = await self._dated(filters)
         if filters is None:
             return SearchResult([], q.mode if q.mode != "hybrid" else "text", warnings)
         weights = (limits.text_weight if q.text_weight is None else q.text_weight,
@@ -211,7 +215,7 @@ class Search:
                 "hybrid" if in_text and in_vec else ("text" if in_text else "vector"),
                 score, text_rank.get(key), text_score.get(key), vec_rank.get(key),
                 vec_sim.get(key), c.indexed_at, normalised(key, score), c.kind, c.category,
-                c.tags, c.ordinal, c.mtime_ns))
+                c.tags, c.ordinal, c.mtime_ns, document_date=c.document_date))
         hits = _by_document(hits) if q.group_by_document else hits
         candidates = tuple((key, text_rank.get(key), vec_rank.get(key), score)
                            for key, score in fused)
@@ -232,6 +236,16 @@ class Search:
             warnings.append(f"source {', '.join(named)} is disabled: not searched")
         enabled = tuple(s for s in asked if s not in disabled)
         return dataclasses.replace(filters, sources=enabled) if enabled else None
+
+    async def _dated(self, filters: Filters) -> Filters:
+        """``filters`` with their bounds on the documents' own dates turned into the
+        documents that pass them (what the text index can filter on)."""
+        if filters.dated_since is None and filters.dated_until is None:
+            return filters
+        store, _ = self._indexes.require()
+        ids = await asyncio.to_thread(dated_documents, store, filters.dated_since,
+                                      filters.dated_until)
+        return dataclasses.replace(filters, doc_ids=frozenset(ids))
 
     def _check(self, query: str, k: int, q: Query, warnings: list[str]) -> int:
         """Refuse what cannot be searched; return ``k``, clamped to ``max_k`` (warned)."""
@@ -322,7 +336,8 @@ class Search:
         return await asyncio.to_thread(functools.partial(
             store.keys_matching, sources=filters.sources, kinds=filters.kinds,
             categories=filters.categories, tags=filters.tags, since=filters.since,
-            until=filters.until))
+            until=filters.until, dated_since=filters.dated_since,
+            dated_until=filters.dated_until))
 
 
 def _by_document(hits: list[Hit]) -> list[Hit]:

@@ -194,6 +194,10 @@ class Store:
             columns = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
             if column not in columns:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+        # After the columns: an older store has no document_date until just now. Serves
+        # date filters and retention's oldest-first order (retrieval._store_history).
+        self._db.execute("CREATE INDEX IF NOT EXISTS documents_source_date "
+                         "ON documents(source_id, document_date, id)")
 
     def close(self) -> None:
         with self._lock:
@@ -462,8 +466,12 @@ class Store:
         tags: Sequence[str] = (),
         since: int | None = None,
         until: int | None = None,
+        dated_since: int | None = None,
+        dated_until: int | None = None,
     ) -> set[int]:
-        """Chunk keys whose document passes the filters (any-of within each kind)."""
+        """Chunk keys whose document passes the filters (any-of within each kind;
+        ``since``/``until`` bound when it was indexed, ``dated_since``/``dated_until`` its
+        own date, which a document without one never passes)."""
         where: list[str] = []
         args: list[object] = []
         for column, values in (("d.source_id", sources), ("d.kind", kinds),
@@ -481,6 +489,12 @@ class Store:
         if until is not None:
             where.append("d.indexed_at <= ?")
             args.append(until)
+        if dated_since is not None:
+            where.append("d.document_date >= ?")
+            args.append(dated_since)
+        if dated_until is not None:
+            where.append("d.document_date <= ?")
+            args.append(dated_until)
         sql = "SELECT c.key FROM chunks c JOIN documents d ON d.id = c.doc_id"
         if where:
             sql += " WHERE " + " AND ".join(where)

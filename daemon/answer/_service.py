@@ -199,7 +199,10 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             apb.Citation(label=f"S{i}", chunk_id=h.chunk_id, document_id=h.doc_id,
                          title=h.title, path=h.path, score=h.fused_score, snippet=h.snippet,
                          search_source=SOURCES[h.search_source],
-                         indexed_at=Timestamp(seconds=h.indexed_at))
+                         indexed_at=Timestamp(seconds=h.indexed_at), kind=h.kind,
+                         source_id=h.source_id,
+                         document_date=None if h.document_date is None
+                         else Timestamp(seconds=h.document_date))
             for i, h in enumerate(assembled.hits, start=1)
         ]
         sources = apb.AskResponse(sources=apb.AskSources(

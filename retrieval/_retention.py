@@ -1,0 +1,127 @@
+"""History retention: the background task that keeps history sources within their limits.
+
+A history source (``kind == "history"``) holds time-ordered records, each dated
+(``document_date``: the caller's, or when it was received). Its ``max_age_days`` and
+``max_items`` (0: unlimited) bound it: every ``retrieval.retention_interval`` seconds (on
+the retriever's clock) one pass removes, per history source, the records dated more than
+``max_age_days`` before now, then the oldest beyond the newest ``max_items``, oldest
+first, at most ``retrieval.retention_batch`` records in the whole pass (the rest go in
+the next passes, so a pass never holds the writer lock for long).
+
+Records are removed as a deletion removes a document: from SQLite (one transaction per
+source, counted in the source's ``pruned``), then from tantivy and hnswlib, under the
+writer lock. :attr:`Retention.pruned` counts the records removed since start-up (the
+Status RPC's ``pruned``). A pass that removed something logs one info line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import structlog
+
+from ._indexes import Indexes
+from ._limits import RetrievalLimits
+from ._store_history import expired_records, prune_records
+
+_log = structlog.get_logger("llamad.retrieval")
+
+DAY = 86_400
+IDLE_CHECK = 60.0
+"""Seconds between looks at the interval while retention is off (interval 0), so a
+reload that turns it on applies within a minute."""
+
+
+class RetentionClock(Protocol):
+    """The time retention is measured by: ``supervisor.Clock`` fits (tests inject a manual
+    clock, so no test sleeps for real)."""
+
+    def wall(self) -> float:
+        """Seconds since the epoch."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep; cancellable like :func:`asyncio.sleep`."""
+        ...
+
+
+class SystemClock:
+    """The real clock (the default)."""
+
+    def wall(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+
+class Retention:
+    """The retention passes of one retriever, and the task that runs them."""
+
+    def __init__(self, indexes: Indexes, clock: RetentionClock,
+                 limits: Callable[[], RetrievalLimits]) -> None:
+        self._indexes = indexes
+        self._clock = clock
+        self._limits = limits
+        self.pruned = 0                  # records removed since start-up
+        self.passes = 0                  # passes completed since start-up
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the background task (once)."""
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self._loop(), name="history-retention")
+
+    async def close(self) -> None:
+        """Stop the task; a pass under way stops between two sources' deletions (each
+        source's deletion is one transaction: whole, or not at all)."""
+        task, self.task = self.task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _loop(self) -> None:
+        while True:
+            interval = self._limits().retention_interval
+            await self._clock.sleep(interval if interval > 0 else IDLE_CHECK)
+            if self._limits().retention_interval <= 0:
+                continue
+            try:
+                await self.run_once()
+            except Exception as exc:  # the next pass tries again
+                _log.warning("history retention failed", error=str(exc)[:200])
+
+    async def run_once(self) -> int:
+        """One pass over every history source; return how many records it removed (at
+        most ``retrieval.retention_batch``)."""
+        store, _ = self._indexes.require()
+        budget = self._limits().retention_batch
+        now = int(self._clock.wall())
+        removed: dict[str, int] = {}
+        for source in await asyncio.to_thread(store.sources):
+            if budget <= 0:
+                break
+            if source.kind != "history" or not (source.max_age_days or source.max_items):
+                continue
+            before = now - source.max_age_days * DAY if source.max_age_days else None
+            ids = await asyncio.to_thread(expired_records, store, source.id, before=before,
+                                          keep=source.max_items, limit=budget)
+            if not ids:
+                continue
+            async with self._indexes.write:
+                deleted, keys = await asyncio.to_thread(prune_records, store, source.id, ids)
+                await asyncio.to_thread(self._indexes._drop_keys, keys)
+            budget -= deleted
+            self.pruned += deleted
+            if deleted:
+                removed[source.id] = deleted
+        self.passes += 1
+        if removed:
+            _log.info("history retention pruned records", records=sum(removed.values()),
+                      sources=removed)
+        return sum(removed.values())
