@@ -85,11 +85,14 @@ class FakeOpenAI(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve_fake_openai(*, key: str | None = None, prefix: str = "") -> Iterator[tuple[str, Seen]]:
+def serve_fake_openai(*, key: str | None = None, prefix: str = "",
+                      reject: tuple[str, ...] = FakeOpenAI.reject,
+                      ) -> Iterator[tuple[str, Seen]]:
     """Serve :class:`FakeOpenAI` on a free loopback port; yield its ``…/v1`` URL and the
-    list of requests it saw."""
+    list of requests it saw. ``reject``: the parameters it answers 400 for."""
     seen: Seen = []
-    handler = type("Handler", (FakeOpenAI,), {"seen": seen, "key": key, "prefix": prefix})
+    handler = type("Handler", (FakeOpenAI,), {"seen": seen, "key": key, "prefix": prefix,
+                                              "reject": reject})
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()

@@ -13,6 +13,7 @@ from supervisor import (
     BUNDLED,
     LLAMA_CPP,
     OPENAI,
+    ChildBadRequestError,
     EndpointClient,
     LogitBias,
     Sampling,
@@ -21,6 +22,7 @@ from supervisor import (
     UnsupportedParameterError,
 )
 from supervisor._sampling import EXTENDED, parse_logprobs
+from tests.support.fake_openai import serve_fake_openai
 
 SCHEMA = json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}},
                      "required": ["ok"]})
@@ -178,3 +180,34 @@ def test_absent_or_malformed_logprobs_are_no_tokens() -> None:
     assert parse_logprobs(None, 3) == ()
     assert parse_logprobs("x", 3) == ()
     assert parse_logprobs({"content": [{"token": "a"}, 5]}, 3) == ()
+
+
+async def test_an_openai_endpoint_is_sent_only_what_it_takes() -> None:
+    """Against a strict OpenAI-style server: a grammar is refused before anything is
+    sent; logprobs and logit_bias go in OpenAI's form; a seed the server rejects is the
+    caller's error, not dropped and retried without it."""
+    with serve_fake_openai(reject=("stream_options", "seed")) as (url, seen):
+        client = EndpointClient(url, api_key=None)
+        try:
+            models = await client.discover()
+            client.use_model(str(models[0]["id"]), models[0])
+
+            def posts() -> list[dict[str, object]]:
+                return [b for p, b, _ in seen if p.endswith("/chat/completions")]
+
+            with pytest.raises(UnsupportedParameterError, match=r"sampling\.grammar"):
+                client.stream_chat([("user", "hi")], Sampling(grammar='root ::= "a"'))
+            assert posts() == []
+            asked = Sampling(max_tokens=2, logprobs=True, top_logprobs=2,
+                             logit_bias=(LogitBias(15, -100.0),))
+            text = "".join([c.text async for c in client.stream_chat([("user", "hi")], asked)])
+            assert text
+            body = posts()[-1]
+            assert (body["logprobs"], body["top_logprobs"]) == (True, 2)
+            assert body["logit_bias"] == {"15": -100.0} and "n_probs" not in body
+            with pytest.raises(ChildBadRequestError, match="seed"):
+                _ = [c async for c in client.stream_chat([("user", "hi")],
+                                                         Sampling(max_tokens=2, seed=3))]
+            assert "seed" in posts()[-1]  # the last try still carried it
+        finally:
+            await client.aclose()
