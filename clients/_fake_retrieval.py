@@ -1,5 +1,7 @@
 """The fake RetrievalService of :class:`clients.testing.FakeLlamad`: documents pushed or
-read from directory sources, kept whole (one chunk each), found by shared words."""
+read from directory sources, kept whole (one chunk each), found by shared words. Review
+works as the daemon's: a document pushed with review, or of a source requiring it, waits
+in review_required (not found) until ApproveDocument or RejectDocument."""
 
 from __future__ import annotations
 
@@ -27,6 +29,13 @@ class Doc:
     text: str
     path: str = ""
     kind: str = "text"
+    state: str = "indexed"          # indexed | review_required | rejected
+    note: str = ""
+
+
+_STATE = {"indexed": retrieval_pb2.DOCUMENT_STATE_INDEXED,
+          "review_required": retrieval_pb2.DOCUMENT_STATE_REVIEW_REQUIRED,
+          "rejected": retrieval_pb2.DOCUMENT_STATE_REJECTED}
 
 
 class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
@@ -35,8 +44,13 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
 
     def _doc(self, d: Doc) -> retrieval_pb2.Document:
         return retrieval_pb2.Document(id=d.id, source_id=d.source_id, title=d.title,
-                                      kind=d.kind, path=d.path,
-                                      state=retrieval_pb2.DOCUMENT_STATE_INDEXED)
+                                      kind=d.kind, path=d.path, state=_STATE[d.state],
+                                      review_note=d.note)
+
+    def _held(self, source_id: str, review: bool = False) -> str:
+        source = self.fake.sources.get(source_id)
+        held = review or (source is not None and source.review_required)
+        return "review_required" if held else "indexed"
 
     def UpsertDocument(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.enter("RetrievalService/UpsertDocument", context)
@@ -48,7 +62,8 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "text is empty")
         doc_id = request.id or hashlib.sha256(text.encode()).hexdigest()[:16]
         doc = Doc(doc_id, request.source_id, request.title or doc_id, text,
-                  kind=request.kind or "text")
+                  kind=request.kind or "text",
+                  state=self._held(request.source_id, request.review))
         self.fake.docs[doc_id] = doc
         return retrieval_pb2.UpsertDocumentResponse(document=self._doc(doc))
 
@@ -67,8 +82,29 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
     def ListDocuments(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.enter("RetrievalService/ListDocuments", context)
         docs = [self._doc(d) for d in self.fake.docs.values()
-                if not request.source_id or d.source_id == request.source_id]
+                if (not request.source_id or d.source_id == request.source_id)
+                and (not request.states or _STATE[d.state] in request.states)]
         return retrieval_pb2.ListDocumentsResponse(documents=docs)
+
+    def ApproveDocument(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.enter("RetrievalService/ApproveDocument", context)
+        return self._decide(request, context, "indexed")
+
+    def RejectDocument(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.enter("RetrievalService/RejectDocument", context)
+        return self._decide(request, context, "rejected")
+
+    def _decide(self, request: Any, context: grpc.ServicerContext, state: str) -> Any:
+        doc = self.fake.docs.get(request.id)
+        if doc is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no document {request.id!r}")
+            raise AssertionError("unreachable: abort raises")
+        if doc.state != "review_required":
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"document {request.id!r} is {doc.state}, not review_required: "
+                          "only a document awaiting review can be approved or rejected")
+        doc.state, doc.note = state, request.note
+        return self._doc(doc)
 
     def AddSource(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.enter("RetrievalService/AddSource", context)
@@ -77,7 +113,8 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
         source = retrieval_pb2.Source(id=request.id,
                                       kind="directory" if request.path else "push",
                                       path=request.path, category=request.category,
-                                      tags=request.tags)
+                                      tags=request.tags,
+                                      review_required=request.review_required)
         self.fake.sources[request.id] = source
         return source
 
@@ -127,7 +164,8 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
                     doc_id = f"{source.id}:{rel}"
                     added += doc_id not in self.fake.docs
                     self.fake.docs[doc_id] = Doc(doc_id, source.id, path.stem,
-                                                 path.read_text(errors="replace"), rel)
+                                                 path.read_text(errors="replace"), rel,
+                                                 state=self._held(source.id))
                     yield retrieval_pb2.ReindexProgress(source_id=source.id, seen=n,
                                                         added=added)
                 yield retrieval_pb2.ReindexProgress(
@@ -139,7 +177,8 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
     def hits(self, query: str, top_k: int) -> list[retrieval_pb2.SearchHit]:
         words = {w.lower() for w in query.split()}
         scored = sorted(((sum(w in d.text.lower() for w in words), d)
-                         for d in self.fake.docs.values()), key=lambda x: -x[0])
+                         for d in self.fake.docs.values() if d.state == "indexed"),
+                        key=lambda x: -x[0])
         hits = []
         for rank, (score, d) in enumerate([s for s in scored if s[0]][: top_k or 5], 1):
             hits.append(retrieval_pb2.SearchHit(
@@ -159,9 +198,12 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
 
     def Status(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.enter("RetrievalService/Status", context)
-        n = len(self.fake.docs)
+        by_state: dict[str, int] = {}
+        for d in self.fake.docs.values():
+            by_state[d.state] = by_state.get(d.state, 0) + 1
+        n = by_state.get("indexed", 0)
         return retrieval_pb2.RetrievalStatusResponse(
-            sources=len(self.fake.sources), chunks=n, documents_by_state={"indexed": n},
+            sources=len(self.fake.sources), chunks=n, documents_by_state=by_state,
             embedded_chunks=n, vectors=n, embedding_model="fake-embed.gguf@0123",
             disk_bytes=4096, source_list=self._sources())
 

@@ -38,6 +38,7 @@ retrieval ExtractionError     INVALID_ARGUMENT       no
 retrieval NotFound            NOT_FOUND              no
 retrieval VectorUnavailable   FAILED_PRECONDITION    no (says why)
 retrieval SourceDisabled      FAILED_PRECONDITION    no
+retrieval WrongState          FAILED_PRECONDITION    no (names the state)
 retrieval SourceNotAllowed    PERMISSION_DENIED      no
 SourceNotAllowed, no roots    FAILED_PRECONDITION    no
 retrieval StorageFull         RESOURCE_EXHAUSTED     no (space must be freed first)
@@ -70,6 +71,7 @@ from retrieval.errors import (
     SourceNotAllowed,
     StorageFull,
     VectorUnavailable,
+    WrongState,
     is_storage_full,
 )
 from supervisor import SwapFailedError, SwapInProgressError, SwapRefusedError
@@ -169,7 +171,7 @@ def map_error(exc: BaseException) -> Mapped:
         return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
     if isinstance(exc, NotFound):
         return Mapped(grpc.StatusCode.NOT_FOUND, str(exc))
-    if isinstance(exc, VectorUnavailable | SourceDisabled):
+    if isinstance(exc, VectorUnavailable | SourceDisabled | WrongState):
         return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
     if isinstance(exc, SourceNotAllowed):
         if exc.configured:

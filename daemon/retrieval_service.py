@@ -44,6 +44,7 @@ from .retrieval_wire import (
     filters_from,
     query_from,
     search_hit,
+    states_from,
     vector_rebuild,
 )
 
@@ -92,6 +93,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         upsert = self._r.upsert if wait else self._r.upsert_later
         doc = await upsert(request.source_id, title, text, doc_id=request.id or None,
                            kind=kind, category=request.category, tags=tuple(request.tags),
+                           review=request.review,
                            document_date=extracted_date if date is None else date)
         call.note(document=doc.id, state=doc.state)
         return rpb.UpsertDocumentResponse(document=_document(doc))
@@ -153,8 +155,27 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         self, request: rpb.ListDocumentsRequest, context: grpc.aio.ServicerContext,
         call: rpc.Call,
     ) -> rpb.ListDocumentsResponse:
-        docs = await self._r.documents(request.source_id or None)
+        docs = await self._r.documents(request.source_id or None,
+                                       states_from(request.states))
         return rpb.ListDocumentsResponse(documents=[_document(d) for d in docs])
+
+    @rpc.unary("ApproveDocument")
+    async def ApproveDocument(
+        self, request: rpb.ReviewDocumentRequest, context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> rpb.Document:
+        call.note(document=request.id)
+        doc = await self._r.approve(request.id, request.note)
+        call.note(state=doc.state)
+        return _document(doc)
+
+    @rpc.unary("RejectDocument")
+    async def RejectDocument(
+        self, request: rpb.ReviewDocumentRequest, context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> rpb.Document:
+        call.note(document=request.id)
+        return _document(await self._r.reject(request.id, request.note))
 
     @rpc.unary("AddSource")
     async def AddSource(
@@ -177,7 +198,9 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
             if not root.is_dir():
                 raise InvalidArgument(f"{root} is not a directory")
         row = await self._r.add_source(request.id, root=root, category=request.category,
-                                       tags=tuple(request.tags), history=request.history,
+                                       tags=tuple(request.tags),
+                                       review_required=request.review_required,
+                                       history=request.history,
                                        max_age_days=request.max_age_days,
                                        max_items=request.max_items)
         call.note(source=row.id, kind=row.kind)

@@ -3,6 +3,8 @@ written back (hits, documents, sources, progress), and the enums between the two
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from google.protobuf import timestamp_pb2
 
 from llamad_protocol.v1 import retrieval_pb2 as rpb
@@ -15,7 +17,10 @@ _STATES = {
     "processing": rpb.DOCUMENT_STATE_PROCESSING,
     "indexed": rpb.DOCUMENT_STATE_INDEXED,
     "failed": rpb.DOCUMENT_STATE_FAILED,
+    "review_required": rpb.DOCUMENT_STATE_REVIEW_REQUIRED,
+    "rejected": rpb.DOCUMENT_STATE_REJECTED,
 }
+_STATE_NAMES = {v: k for k, v in _STATES.items()}
 SOURCES = {"text": rpb.SEARCH_SOURCE_TEXT, "vector": rpb.SEARCH_SOURCE_VECTOR,
             "hybrid": rpb.SEARCH_SOURCE_HYBRID}
 
@@ -127,11 +132,26 @@ def _ts(seconds: float | None) -> timestamp_pb2.Timestamp | None:
     return ts
 
 
+def states_from(values: Iterable[int]) -> tuple[str, ...]:
+    """The document states a ListDocuments request filters by (empty: every state).
+
+    Raises:
+        InvalidArgument: an unspecified or unknown state.
+    """
+    names = []
+    for value in values:
+        if value not in _STATE_NAMES:
+            raise InvalidArgument(f"unknown document state {value} in states")
+        names.append(_STATE_NAMES[value])  # type: ignore[index]
+    return tuple(names)
+
+
 def _document(d: DocumentRow) -> rpb.Document:
     msg = rpb.Document(id=d.id, source_id=d.source_id, title=d.title, kind=d.kind,
                        category=d.category, tags=list(d.tags),
                        state=_STATES.get(d.state, rpb.DOCUMENT_STATE_UNSPECIFIED),
-                       error=d.error, path=d.path, redactions=d.redactions)
+                       error=d.error, path=d.path, redactions=d.redactions,
+                       review_note=d.review_note)
     if (ts := _ts(d.indexed_at)) is not None:
         msg.indexed_at.CopyFrom(ts)
     if d.document_date is not None:
@@ -142,7 +162,8 @@ def _document(d: DocumentRow) -> rpb.Document:
 def _source(s: SourceRow, documents: int = 0) -> rpb.Source:
     msg = rpb.Source(id=s.id, kind=s.kind, path=s.root, category=s.category, tags=list(s.tags),
                      last_error=s.last_error, documents=documents, disabled=s.disabled,
-                     max_age_days=s.max_age_days, max_items=s.max_items, pruned=s.pruned)
+                     review_required=s.review_required, max_age_days=s.max_age_days,
+                     max_items=s.max_items, pruned=s.pruned)
     if (ts := _ts(s.last_scan)) is not None:
         msg.last_scan.CopyFrom(ts)
     return msg

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -385,6 +385,16 @@ class Indexes:
                 return False
             await asyncio.to_thread(self._drop_keys, keys)
         return True
+
+    async def withdraw(self, change: Callable[[], list[int]]) -> list[int]:
+        """Run ``change``, a SQLite transaction that removes chunks and returns their
+        keys, then drop those keys from tantivy and hnswlib (the order of
+        :meth:`delete_document`, under the writer lock); returns the keys."""
+        self.require()
+        async with self.write:
+            keys = await asyncio.to_thread(change)
+            await asyncio.to_thread(self._drop_keys, keys)
+        return keys
 
     async def delete_source(self, source_id: str) -> list[int]:
         """Remove a source and its documents (as :meth:`delete_document`); return the

@@ -34,6 +34,7 @@ from ._indexes import Indexes, PendingWrite
 from ._kinds import check_kind, kind_for
 from ._limits import RetrievalLimits
 from ._redact import redact
+from ._review import Review
 from ._store import ChunkRow, DocumentRow, SourceRow
 from .errors import InvalidDocument, NotFound, RetrievalError, is_storage_full, validate_document_id
 
@@ -60,6 +61,7 @@ class Ingest:
         # Documents being processed: their state is shown from here (SQLite keeps the
         # last committed version, which a crash mid-processing must leave as it was).
         self.inflight: dict[str, DocumentRow] = {}
+        self.review = Review(indexes, self.index, self.inflight)
         self._batcher: EmbedBatcher | None = None
         self._batcher_model = ""
         self.committer: GroupCommitter[PendingWrite, DocumentRow] = GroupCommitter(
@@ -75,8 +77,10 @@ class Ingest:
                      kind: str = "text", category: str = "", tags: Sequence[str] = (),
                      path: str = "", mtime_ns: int = 0, size: int = 0,
                      document_date: int | None = None,
-                     received_at: int | None = None) -> DocumentRow:
-        """Index a document (replacing its previous version atomically); see
+                     received_at: int | None = None,
+                     review: bool = False) -> DocumentRow:
+        """Index a document (replacing its previous version atomically), or hold it for
+        review (``review``, or its source requires it); see
         :meth:`retrieval.Retriever.upsert`."""
         limits = self.limits
         store, _ = self._indexes.require()
@@ -103,9 +107,20 @@ class Ingest:
                 existing.content_hash == digest and existing.category == doc.category \
                 and existing.tags == doc.tags and existing.document_date == document_date:
             return existing
+        if review or source.review_required:
+            return await self.review.hold(doc, cleaned.text)
+        return await self.index(doc, cleaned.text)
+
+    async def index(self, doc: DocumentRow, text: str) -> DocumentRow:
+        """Chunk, embed and commit ``doc`` with its redacted ``text`` (replacing its
+        previous version atomically), shown ``processing`` meanwhile. A failure leaves the
+        document ``failed`` with the reason; its indexed version stays searchable."""
+        limits = self.limits
+        store, _ = self._indexes.require()
+        doc_id = doc.id
         self.inflight[doc_id] = doc
         try:
-            pieces = chunk_text(cleaned.text, kind, size=limits.chunk_size,
+            pieces = chunk_text(text, doc.kind, size=limits.chunk_size,
                                 overlap=limits.chunk_overlap, max_chars=limits.max_chunk_chars)
             pieces = await self._fit_embedding_context(pieces)
             rows = [ChunkRow(f"{doc_id}#{i}", i, p.heading, p.text, content_hash(p.text))

@@ -42,9 +42,9 @@ class Later:
 
     async def accept(self, source_id: str, title: str, text: str, *, doc_id: str, kind: str,
                      category: str, tags: Sequence[str], document_date: int | None = None,
-                     received_at: int | None = None) -> DocumentRow:
+                     received_at: int | None = None, review: bool = False) -> DocumentRow:
         """Check the document as its upsert would, then queue the upsert; return the
-        document in state ``pending``.
+        document in state ``pending`` (with ``review``, held for review once processed).
 
         Raises:
             InvalidDocument: a bad id or kind, an empty or oversized text.
@@ -61,7 +61,7 @@ class Later:
                           "pending", "", int(time.time()), 0, document_date)
         self.pending[doc_id] = row
         previous = self._tasks.get(doc_id)
-        task = asyncio.create_task(self._run(row, text, previous, received_at),
+        task = asyncio.create_task(self._run(row, text, previous, received_at, review),
                                    name=f"upsert-{doc_id}")
         self._tasks[doc_id] = task
         self._running.add(task)
@@ -69,13 +69,15 @@ class Later:
         return row
 
     async def _run(self, row: DocumentRow, text: str,
-                   previous: asyncio.Task[None] | None, received_at: int | None) -> None:
+                   previous: asyncio.Task[None] | None, received_at: int | None,
+                   review: bool = False) -> None:
         if previous is not None:  # an earlier version of this document goes first
             await asyncio.gather(previous, return_exceptions=True)
         try:  # pending until the ingest shows it processing (its state then wins)
             await self._upsert(row.source_id, row.title, text, doc_id=row.id, kind=row.kind,
                                category=row.category, tags=row.tags,
-                               document_date=row.document_date, received_at=received_at)
+                               document_date=row.document_date, received_at=received_at,
+                               review=review)
         except Exception as exc:  # the upsert recorded it as failed; logged here
             _log.warning("background upsert failed", document=row.id, error=str(exc)[:200])
         finally:

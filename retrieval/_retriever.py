@@ -32,7 +32,13 @@ from ._limits import RetrievalLimits
 from ._retention import Retention, RetentionClock, SystemClock
 from ._search import Query, Search, SearchResult
 from ._store import DocumentRow, SourceRow
-from .errors import InvalidDocument, NotFound, validate_document_id, validate_source_id
+from .errors import (
+    InvalidDocument,
+    NotFound,
+    WrongState,
+    validate_document_id,
+    validate_source_id,
+)
 
 
 class Retriever:
@@ -124,12 +130,17 @@ class Retriever:
     # -- sources -----------------------------------------------------------------------
 
     async def add_source(self, source_id: str, *, root: Path | None = None, category: str = "",
-                         tags: Sequence[str] = (), history: bool = False,
-                         max_age_days: int = 0, max_items: int = 0) -> SourceRow:
+                         tags: Sequence[str] = (), review_required: bool = False,
+                         history: bool = False, max_age_days: int = 0,
+                         max_items: int = 0) -> SourceRow:
         """Add (or update) a source: a directory to scan, or (root None) pushed documents,
         or (``history``) time-ordered records pushed by other tools, each dated (when it
         was received unless its upsert says), kept within ``max_age_days`` and
         ``max_items`` (0: unlimited) by background retention (:mod:`retrieval._retention`).
+
+        With ``review_required``, every new or changed document of it waits in state
+        ``review_required`` until approved (:meth:`approve`); updating a source turns that
+        on or off for what comes next (documents indexed already stay indexed).
 
         Raises:
             InvalidDocument: a bad source id; a history source with a root; a retention
@@ -145,8 +156,8 @@ class Retriever:
             raise InvalidDocument("max_age_days and max_items cannot be negative")
         kind = "history" if history else "directory" if root is not None else "push"
         row = SourceRow(source_id, kind, str(root) if root is not None else "", category,
-                        tuple(tags), int(time.time()), max_age_days=max_age_days,
-                        max_items=max_items)
+                        tuple(tags), int(time.time()), review_required=review_required,
+                        max_age_days=max_age_days, max_items=max_items)
         store, _ = self._indexes.require()
         await asyncio.to_thread(store.upsert_source, row)
         return row
@@ -200,7 +211,7 @@ class Retriever:
     async def upsert(self, source_id: str, title: str, text: str, *, doc_id: str | None = None,
                      kind: str = "text", category: str = "", tags: Sequence[str] = (),
                      path: str = "", mtime_ns: int = 0, size: int = 0,
-                     document_date: int | None = None,
+                     review: bool = False, document_date: int | None = None,
                      received_at: int | None = None) -> DocumentRow:
         """Index a document (replacing its previous version atomically).
 
@@ -219,6 +230,11 @@ class Retriever:
         version's, so the next scan or upsert tries again. A refused one (``InvalidDocument``)
         changes nothing at all.
 
+        With ``review`` (or when the source requires review) the document is checked and
+        redacted, then held in state ``review_required``: neither chunked nor embedded nor
+        searchable until :meth:`approve`; a version indexed before stays searchable
+        meanwhile. See :mod:`retrieval._review`.
+
         Raises:
             InvalidDocument: bad ids, kind, or empty or oversized text.
             NotFound: unknown source.
@@ -226,16 +242,18 @@ class Retriever:
         """
         return await self._ingest.upsert(
             source_id, title, text, doc_id=doc_id, kind=kind, category=category, tags=tags,
-            path=path, mtime_ns=mtime_ns, size=size, document_date=document_date,
+            path=path, mtime_ns=mtime_ns, size=size, review=review,
+            document_date=document_date,
             received_at=int(self._clock.wall()) if received_at is None else received_at)
 
     async def upsert_later(self, source_id: str, title: str, text: str, *,
                            doc_id: str | None = None, kind: str = "text", category: str = "",
-                           tags: Sequence[str] = (), document_date: int | None = None
-                           ) -> DocumentRow:
+                           tags: Sequence[str] = (), review: bool = False,
+                           document_date: int | None = None) -> DocumentRow:
         """Accept a document now and index it in the background (see
         :mod:`retrieval._later`): it is returned in state ``pending``; :meth:`document`
-        then shows ``processing``, then ``indexed`` or ``failed`` with the reason.
+        then shows ``processing``, then ``indexed`` (``review_required`` with ``review``
+        or a source requiring it) or ``failed`` with the reason.
 
         Raises:
             InvalidDocument: bad id or kind, empty or oversized text (checked now).
@@ -246,8 +264,8 @@ class Retriever:
         return await self._later.accept(
             source_id, title, text,
             doc_id=doc_id or f"{source_id}/{content_hash(title + chr(0) + text)[:16]}",
-            kind=kind, category=category, tags=tags, document_date=document_date,
-            received_at=int(self._clock.wall()))
+            kind=kind, category=category, tags=tags, review=review,
+            document_date=document_date, received_at=int(self._clock.wall()))
 
     async def ingest_file(self, source: SourceRow, root: SourceRoot, rel: str,
                           target: str | None = None) -> DocumentRow:
@@ -290,21 +308,67 @@ class Retriever:
         return await self._indexes.delete_document(doc_id)
 
     async def document(self, doc_id: str) -> DocumentRow | None:
-        """A document (state ``processing`` while an upsert of it runs)."""
+        """A document (state ``processing`` while an upsert of it runs; one awaiting
+        review shows the version held, its ``indexed_at`` the searchable version's)."""
         store, _ = self._indexes.require()
         current = self._ingest.inflight.get(doc_id) or self._later.pending.get(doc_id)
         if current is not None:
             return current
-        return await asyncio.to_thread(store.document, doc_id)
+        row = await asyncio.to_thread(store.document, doc_id)
+        if row is not None and row.state == "review_required":
+            return await asyncio.to_thread(store.held_version, doc_id) or row
+        return row
 
-    async def documents(self, source_id: str | None = None) -> list[DocumentRow]:
-        """Documents by id (of one source), those being processed included."""
+    async def documents(self, source_id: str | None = None,
+                        states: Sequence[str] = ()) -> list[DocumentRow]:
+        """Documents by id (of one source; in one of ``states`` when given), those being
+        processed included, those awaiting review as :meth:`document` shows them."""
         store, _ = self._indexes.require()
         rows = {d.id: d for d in await asyncio.to_thread(store.documents, source_id)}
+        if any(d.state == "review_required" for d in rows.values()):
+            rows.update(await asyncio.to_thread(store.held_documents, source_id))
         for doc_id, doc in [*self._later.pending.items(), *self._ingest.inflight.items()]:
             if source_id is None or doc.source_id == source_id:
                 rows[doc_id] = doc
-        return [rows[k] for k in sorted(rows)]
+        return [rows[k] for k in sorted(rows) if not states or rows[k].state in states]
+
+    # -- review ------------------------------------------------------------------------
+
+    async def approve(self, doc_id: str, note: str = "") -> DocumentRow:
+        """Index exactly the version of a document held for review (even if its file
+        changed since), as an upsert would; returns it ``indexed`` with ``note`` (or
+        ``failed`` with the reason). See :mod:`retrieval._review`.
+
+        Raises:
+            NotFound: no such document.
+            WrongState: the document does not await review (its state is named).
+            InvalidDocument: a malformed id, a note over ``MAX_NOTE_CHARS``.
+            StorageFull: the disk holding the indexes is full.
+        """
+        await self._awaiting_review(doc_id)
+        return await self._ingest.review.approve(doc_id, note)
+
+    async def reject(self, doc_id: str, note: str = "") -> DocumentRow:
+        """Reject the version of a document held for review: it leaves every index (a
+        version approved before too), its held text is dropped, and it shows
+        ``rejected`` with ``note`` until its content changes.
+
+        Raises:
+            NotFound, WrongState, InvalidDocument: as :meth:`approve`.
+        """
+        await self._awaiting_review(doc_id)
+        return await self._ingest.review.reject(doc_id, note)
+
+    async def _awaiting_review(self, doc_id: str) -> None:
+        """Refuse a review of a document that does not await one (one pending or being
+        processed included: its new version is not held yet)."""
+        validate_document_id(doc_id)
+        current = await self.document(doc_id)
+        if current is None:
+            raise NotFound(f"no document {doc_id!r}")
+        if current.state != "review_required":
+            raise WrongState(f"document {doc_id!r} is {current.state}, not review_required: "
+                             "only a document awaiting review can be approved or rejected")
 
     # -- search ------------------------------------------------------------------------
 

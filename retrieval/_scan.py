@@ -115,6 +115,10 @@ async def _check(finished: set[asyncio.Task[None]], running: set[asyncio.Task[No
             raise exc
 
 
+_SETTLED = frozenset({"indexed", "review_required", "rejected"})
+"""States whose file needs no new read while its size and mtime are those recorded: a
+version indexed, held for review (the held version's), or rejected (the rejected one's)."""
+
 # One scan per source at a time (per retriever): a scheduled rescan that fires while an
 # operator's Reindex runs (a new source has no last scan, so the next round picks it up at
 # once) would otherwise read and ingest every new file twice, each replacing the other's
@@ -249,7 +253,7 @@ async def _scan(retriever: Retriever, source_id: str,
                 if since_ns is not None and old is not None:
                     stale = st.st_mtime_ns >= since_ns
                 else:
-                    stale = old is None or old.state != "indexed" \
+                    stale = old is None or old.state not in _SETTLED \
                         or old.mtime_ns != st.st_mtime_ns or old.size != st.st_size
                 if not stale:
                     report.unchanged += 1

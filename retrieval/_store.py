@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ._store_review import REVIEW_SCHEMA, ReviewStore
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS sources (
@@ -170,8 +172,9 @@ def _tags(raw: str) -> tuple[str, ...]:
     return tuple(str(t) for t in value) if isinstance(value, list) else ()
 
 
-class Store:
-    """Thread-safe access to the SQLite database (one connection, one lock)."""
+class Store(ReviewStore):
+    """Thread-safe access to the SQLite database (one connection, one lock); versions
+    held for review are :class:`~retrieval._store_review.ReviewStore`'s."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -184,7 +187,7 @@ class Store:
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.execute("PRAGMA busy_timeout=5000")
-            self._db.executescript(_SCHEMA)
+            self._db.executescript(_SCHEMA + REVIEW_SCHEMA)
             self._migrate()
 
     def _migrate(self) -> None:
@@ -345,6 +348,8 @@ class Store:
         result.removed = [int(r[0]) for r in self._db.execute(
             "SELECT key FROM chunks WHERE doc_id = ?", (doc.id,))]
         self._db.execute("DELETE FROM chunks WHERE doc_id = ?", (doc.id,))
+        # A version indexed now supersedes one held for review (an approval indexes it).
+        self._db.execute("DELETE FROM held_documents WHERE doc_id = ?", (doc.id,))
         self._db.execute(
             "INSERT INTO documents(id, source_id, path, title, kind, category, tags, "
             "content_hash, mtime_ns, size, state, error, indexed_at, redactions, "

@@ -10,16 +10,19 @@ The tree::
     │                        pdf_image_only, html_too_deep, unreadable, hard_link,
     │                        outside_root)
     ├── NotFound             unknown source or document
+    ├── WrongState           a document not in the state the call needs (approving one
+    │                        not awaiting review); the message names its state
     ├── SourceNotAllowed     a directory source outside the allowed roots (or none set)
     ├── StorageFull          the disk (or quota) holding the indexes is full
     └── IndexCorrupt         a store could not be opened or repaired
 
 None of these import or know about gRPC; the daemon maps them to status codes
 (``InvalidDocument`` and ``ExtractionError`` to INVALID_ARGUMENT, ``NotFound`` to NOT_FOUND,
-``SourceNotAllowed`` to PERMISSION_DENIED, or FAILED_PRECONDITION when no root is
-configured; ``StorageFull`` to RESOURCE_EXHAUSTED; ``IndexCorrupt`` to INTERNAL with its
-message). :func:`is_storage_full` recognises a full disk in any error
-(SQLite's, tantivy's, an ``OSError``), for the paths that do not raise ``StorageFull``.
+``WrongState`` to FAILED_PRECONDITION, ``SourceNotAllowed`` to PERMISSION_DENIED, or
+FAILED_PRECONDITION when no root is configured; ``StorageFull`` to RESOURCE_EXHAUSTED;
+``IndexCorrupt`` to INTERNAL with its message). :func:`is_storage_full` recognises a full
+disk in any error (SQLite's, tantivy's, an ``OSError``), for the paths that do not raise
+``StorageFull``.
 Every message is one line that can be shown to the caller as is: it names the document and
 says what is wrong, never a traceback.
 """
@@ -79,6 +82,11 @@ class ExtractionError(RetrievalError):
 
 class NotFound(RetrievalError):
     """An unknown source or document."""
+
+
+class WrongState(RetrievalError):
+    """A document is not in the state the call needs: approving or rejecting one that
+    does not await review. The message names the state it is in."""
 
 
 class Busy(RetrievalError):
