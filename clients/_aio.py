@@ -36,6 +36,7 @@ from ._stream import AsyncAskStream, AsyncStream, AsyncTextStream
 from ._types import (
     DaemonStatus,
     Document,
+    DocumentState,
     Embeddings,
     LogLine,
     Mode,
@@ -193,11 +194,13 @@ class AsyncClient(AsyncBase):
                               title: str = "", kind: str = "text", category: str = "",
                               tags: Sequence[str] = (), content: bytes = b"",
                               content_type: str = "", wait: bool = True,
+                              review: bool = False,
                               timeout: Timeout = DEFAULT) -> Document:
         """Index a pushed document (see :meth:`Client.upsert_document`)."""
         request = rq.upsert_document(source_id, text, document_id=document_id, title=title,
                                      kind=kind, category=category, tags=tags,
-                                     content=content, content_type=content_type, wait=wait)
+                                     content=content, content_type=content_type, wait=wait,
+                                     review=review)
         resp = await self._unary(self._retrieval.UpsertDocument, request, timeout)
         return cv.document(resp.document)
 
@@ -214,17 +217,36 @@ class AsyncClient(AsyncBase):
         return cv.document(await self._unary(self._retrieval.GetDocument, request, timeout))
 
     async def list_documents(self, source_id: str = "", *,
+                             states: Sequence[DocumentState] = (),
                              timeout: Timeout = DEFAULT) -> list[Document]:
-        """Every document of a source (or of every source)."""
-        request = retrieval_pb2.ListDocumentsRequest(source_id=source_id)
+        """Documents of a source (or of every source), of ``states`` when given (see
+        :meth:`Client.list_documents`)."""
+        request = retrieval_pb2.ListDocumentsRequest(
+            source_id=source_id, states=cv.document_state_enums(states))
         resp = await self._unary(self._retrieval.ListDocuments, request, timeout)
         return [cv.document(d) for d in resp.documents]
 
+    async def approve_document(self, document_id: str, note: str = "", *,
+                               timeout: Timeout = DEFAULT) -> Document:
+        """Approve a document awaiting review (see :meth:`Client.approve_document`)."""
+        request = retrieval_pb2.ReviewDocumentRequest(id=document_id, note=note)
+        return cv.document(await self._unary(self._retrieval.ApproveDocument, request,
+                                             timeout))
+
+    async def reject_document(self, document_id: str, note: str = "", *,
+                              timeout: Timeout = DEFAULT) -> Document:
+        """Reject a document awaiting review (see :meth:`Client.reject_document`)."""
+        request = retrieval_pb2.ReviewDocumentRequest(id=document_id, note=note)
+        return cv.document(await self._unary(self._retrieval.RejectDocument, request,
+                                             timeout))
+
     async def add_source(self, source_id: str, path: str | os.PathLike[str] = "", *,
                          category: str = "", tags: Sequence[str] = (),
+                         review_required: bool = False,
                          timeout: Timeout = DEFAULT) -> Source:
         """Add (or update) a directory or push source (see :meth:`Client.add_source`)."""
-        request = rq.add_source(source_id, path, category=category, tags=tags)
+        request = rq.add_source(source_id, path, category=category, tags=tags,
+                                review_required=review_required)
         return cv.source(await self._unary(self._retrieval.AddSource, request, timeout))
 
     async def remove_source(self, source_id: str, *, timeout: Timeout = DEFAULT) -> int:

@@ -9,6 +9,10 @@ Every verb talks to a running daemon through :class:`clients.Client`::
     llamad search QUERY               hits: citation, title, path, found by, scores
     llamad ingest PATH [--source ID]  add a directory source and index it
     llamad sources [--disable|--enable ID]   list sources; disable or enable one
+    llamad documents [--state STATE]  documents and their state (review_required: awaiting
+                                      review)
+    llamad approve ID [--note TEXT]   index a document held for review (admin)
+    llamad reject ID --note TEXT      reject it: out of search until its content changes
     llamad reindex [--source ID] [--since TIME]   rescan directory sources
     llamad reprocess [--source ID|--document ID]   embed chunks indexed without vectors
     llamad swap ROLE MODEL|--rollback swap a child's model, streaming the stages
@@ -60,6 +64,7 @@ from typing import Any
 
 from . import errors
 from ._cli_generation import add_controls
+from ._cli_review import add_review_commands
 from ._client import Client
 
 EXIT_OK = 0
@@ -72,7 +77,8 @@ EXIT_BUSY = 6
 EXIT_INTERRUPTED = 130
 EXIT_PIPE = 141
 
-VERBS = ("status", "generate", "chat", "ask", "search", "ingest", "sources", "reindex",
+VERBS = ("status", "generate", "chat", "ask", "search", "ingest", "sources", "documents",
+         "approve", "reject", "reindex",
          "reprocess", "swap", "mode", "logs")
 
 _EXIT_CODES: dict[type[errors.LlamadError], int] = {
@@ -263,6 +269,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--category", default="", help="category of its documents")
     p.add_argument("--tag", dest="tags", action="append", default=[],
                    help="tag of its documents (repeatable)")
+    p.add_argument("--review", action="store_true",
+                   help="every new or changed file waits for review (llamad approve) "
+                        "before it is searchable; without it, adding the source again "
+                        "turns review off")
     _json_flag(p, "JSON lines (the final counts)")
 
     p = sub.add_parser("sources", parents=common, help="list the document sources",
@@ -272,6 +282,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     toggle.add_argument("--disable", metavar="ID", default="", help="disable this source")
     toggle.add_argument("--enable", metavar="ID", default="", help="enable it again")
     _json_flag(p)
+
+    add_review_commands(sub, common, _json_flag)
 
     p = sub.add_parser("reindex", parents=common, help="rescan directory sources")
     p.add_argument("--source", default="", metavar="ID", help="only this source")

@@ -20,6 +20,7 @@ from typing import Any
 from . import _cli_format as fmt
 from . import _cli_generation as gen
 from . import errors
+from ._cli_review import approve, documents, reject  # noqa: F401 - verbs, run by name
 from ._client import Client
 from ._stream import Stream, TextStream
 from ._types import (
@@ -123,6 +124,7 @@ def _rebuild_note(b: VectorRebuild) -> str:
     state = "rebuilding" if b.running else "to rebuild"
     return (f"; {state} vectors for model {b.model} ({b.done} of {b.done + b.pending} "
             f"chunks embedded): {serving}")
+
 
 def _backfill_note(b: VectorBackfill) -> str:
     if b.running:
@@ -347,7 +349,8 @@ def ingest(client: Client, args: argparse.Namespace) -> int:
             raise UsageError(f"source {source_id!r} already exists for "
                              f"{taken.path or 'pushed documents'}: give this directory its "
                              "own id with --source ID")
-    client.add_source(source_id, path, category=args.category, tags=args.tags)
+    client.add_source(source_id, path, category=args.category, tags=args.tags,
+                      review_required=args.review)
     return _reindex(client, source_id, args.json, "ingest")
 
 
@@ -382,7 +385,8 @@ def sources(client: Client, args: argparse.Namespace) -> int:
     if not found:
         print("llamad: sources: no sources", file=sys.stderr)
         return 0
-    rows = [[s.id + (" (disabled)" if s.disabled else ""), s.kind, str(s.documents),
+    rows = [[s.id + (" (disabled)" if s.disabled else "")
+             + (" (review)" if s.review_required else ""), s.kind, str(s.documents),
              s.category or "-", ",".join(s.tags) or "-", fmt.when(s.last_scan), s.path or "-",
              fmt.clip(s.last_error, 60) or "-"]
             for s in found]

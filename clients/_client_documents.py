@@ -16,6 +16,7 @@ from ._channel import DEFAULT, Timeout
 from ._stream import AskStream, Stream
 from ._types import (
     Document,
+    DocumentState,
     ReindexProgress,
     Reprocessed,
     RetrievalStatus,
@@ -95,6 +96,7 @@ class DocumentCalls(SyncBase):
         content: bytes = b"",
         content_type: str = "",
         wait: bool = True,
+        review: bool = False,
         timeout: Timeout = DEFAULT,
     ) -> Document:
         """Index a document of a push source, replacing its previous version atomically;
@@ -109,6 +111,9 @@ class DocumentCalls(SyncBase):
                 ``text/plain``), extracted as such a file would be.
             wait: False returns at once with the document ``pending`` (checked, not yet
                 indexed); :meth:`get_document` then shows its state.
+            review: hold it for review (state ``review_required``: stored, not searchable)
+                until :meth:`approve_document`, even if its source does not require
+                review (one that does holds every document).
 
         Example:
             >>> llamad = Client()                                             # doctest: +SKIP
@@ -118,7 +123,8 @@ class DocumentCalls(SyncBase):
         """
         request = rq.upsert_document(source_id, text, document_id=document_id, title=title,
                                      kind=kind, category=category, tags=tags,
-                                     content=content, content_type=content_type, wait=wait)
+                                     content=content, content_type=content_type, wait=wait,
+                                     review=review)
         resp = self._unary(self._retrieval.UpsertDocument, request, timeout)
         return cv.document(resp.document)
 
@@ -136,21 +142,53 @@ class DocumentCalls(SyncBase):
         request = retrieval_pb2.GetDocumentRequest(id=document_id)
         return cv.document(self._unary(self._retrieval.GetDocument, request, timeout))
 
-    def list_documents(self, source_id: str = "", *,
+    def list_documents(self, source_id: str = "", *, states: Sequence[DocumentState] = (),
                        timeout: Timeout = DEFAULT) -> list[Document]:
-        """Every document of a source (or of every source)."""
-        request = retrieval_pb2.ListDocumentsRequest(source_id=source_id)
+        """Every document of a source (or of every source); with ``states``, only those
+        in one of them (``["review_required"]``: the documents awaiting review)."""
+        request = retrieval_pb2.ListDocumentsRequest(
+            source_id=source_id, states=cv.document_state_enums(states))
         resp = self._unary(self._retrieval.ListDocuments, request, timeout)
         return [cv.document(d) for d in resp.documents]
 
+    def approve_document(self, document_id: str, note: str = "", *,
+                         timeout: Timeout = DEFAULT) -> Document:
+        """Approve a document awaiting review (admin): exactly the version held is
+        indexed (even if its file changed since) and returned ``indexed``, or ``failed``
+        with the reason; ``note`` is kept on it.
+
+        Raises:
+            NotFound: no such document.
+            FailedPrecondition: it does not await review (the message names its state).
+            PermissionDenied: the token is not an admin's.
+        """
+        request = retrieval_pb2.ReviewDocumentRequest(id=document_id, note=note)
+        return cv.document(self._unary(self._retrieval.ApproveDocument, request, timeout))
+
+    def reject_document(self, document_id: str, note: str = "", *,
+                        timeout: Timeout = DEFAULT) -> Document:
+        """Reject a document awaiting review (admin): it leaves search (a version
+        approved before too) and stays ``rejected``, with ``note``, until its content
+        changes (a changed version goes back to review).
+
+        Raises:
+            NotFound, FailedPrecondition, PermissionDenied: as :meth:`approve_document`.
+        """
+        request = retrieval_pb2.ReviewDocumentRequest(id=document_id, note=note)
+        return cv.document(self._unary(self._retrieval.RejectDocument, request, timeout))
+
     def add_source(self, source_id: str, path: str | os.PathLike[str] = "", *,
                    category: str = "", tags: Sequence[str] = (),
+                   review_required: bool = False,
                    timeout: Timeout = DEFAULT) -> Source:
         """Add (or update) a source: a directory to scan, or without ``path`` a source of
         pushed documents. Call :meth:`reindex` to scan a directory.
 
         Args:
             path: absolute path of a directory on the daemon's machine.
+            review_required: every new or changed document waits in
+                ``review_required`` until :meth:`approve_document`; adding the source
+                again turns it on or off (documents indexed already stay indexed).
 
         Example:
             >>> from clients import Client
@@ -158,7 +196,8 @@ class DocumentCalls(SyncBase):
             >>> llamad.add_source("runbooks", "/srv/runbooks")        # doctest: +SKIP
             >>> progress = list(llamad.reindex("runbooks"))          # doctest: +SKIP
         """
-        request = rq.add_source(source_id, path, category=category, tags=tags)
+        request = rq.add_source(source_id, path, category=category, tags=tags,
+                                review_required=review_required)
         return cv.source(self._unary(self._retrieval.AddSource, request, timeout))
 
     def remove_source(self, source_id: str, *, timeout: Timeout = DEFAULT) -> int:

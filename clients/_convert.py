@@ -270,13 +270,14 @@ def document(msg: retrieval_pb2.Document) -> Document:
         category=msg.category, tags=tuple(msg.tags),
         state=enum_name(retrieval_pb2.DocumentState, msg.state, "DOCUMENT_STATE_"),
         error=msg.error, indexed_at=_time(msg, "indexed_at"), path=msg.path,
-        redactions=msg.redactions)
+        redactions=msg.redactions, review_note=msg.review_note)
 
 
 def source(msg: retrieval_pb2.Source) -> Source:
     return Source(id=msg.id, kind=msg.kind, path=msg.path, category=msg.category,
                   tags=tuple(msg.tags), last_scan=_time(msg, "last_scan"),
-                  last_error=msg.last_error, documents=msg.documents, disabled=msg.disabled)
+                  last_error=msg.last_error, documents=msg.documents, disabled=msg.disabled,
+                  review_required=msg.review_required)
 
 
 def reindex_progress(msg: retrieval_pb2.ReindexProgress) -> ReindexProgress:
@@ -293,6 +294,22 @@ def _opt(msg: Any, name: str) -> Any:
 
 def search_mode(value: int) -> str:
     return enum_name(retrieval_pb2.SearchMode, value, "SEARCH_MODE_")
+
+
+def document_state_enums(states: Iterable[str]) -> list[retrieval_pb2.DocumentState.ValueType]:
+    """The DocumentState numbers of state names (``review_required``, ...).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    out = []
+    for state in states:
+        try:
+            out.append(retrieval_pb2.DocumentState.Value(f"DOCUMENT_STATE_{state.upper()}"))
+        except ValueError:
+            raise ValueError("state must be one of pending, processing, indexed, failed, "
+                             f"review_required, rejected, not {state!r}") from None
+    return out
 
 
 def search_mode_enum(mode: str) -> retrieval_pb2.SearchMode.ValueType:

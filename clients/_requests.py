@@ -81,20 +81,23 @@ def search(query: str, *, top_k: int, sources: Sequence[str], kinds: Sequence[st
 
 def upsert_document(source_id: str, text: str, *, document_id: str, title: str, kind: str,
                     category: str, tags: Sequence[str], content: bytes = b"",
-                    content_type: str = "",
-                    wait: bool = True) -> retrieval_pb2.UpsertDocumentRequest:
+                    content_type: str = "", wait: bool = True,
+                    review: bool = False) -> retrieval_pb2.UpsertDocumentRequest:
     request = retrieval_pb2.UpsertDocumentRequest(
         source_id=source_id, id=document_id, title=title, text=text, kind=kind,
-        category=category, tags=list(tags), content=content, content_type=content_type)
+        category=category, tags=list(tags), content=content, content_type=content_type,
+        review=review)
     if not wait:
         request.wait = False
     return request
 
 
 def add_source(source_id: str, path: str | os.PathLike[str], *, category: str,
-               tags: Sequence[str]) -> retrieval_pb2.AddSourceRequest:
+               tags: Sequence[str], review_required: bool = False
+               ) -> retrieval_pb2.AddSourceRequest:
     return retrieval_pb2.AddSourceRequest(id=source_id, path=os.fspath(path),
-                                          category=category, tags=list(tags))
+                                          category=category, tags=list(tags),
+                                          review_required=review_required)
 
 
 def ask(question: str, *, top_k: int, sources: Sequence[str], kinds: Sequence[str],

@@ -23,6 +23,7 @@ __all__ = [
     "Citation",
     "DaemonStatus",
     "Document",
+    "DocumentState",
     "Embeddings",
     "ExitCause",
     "FileIssue",
@@ -62,6 +63,9 @@ OpenAI-compatible endpoint, or nowhere."""
 Task: TypeAlias = Literal["answer", "explain_output", "diagnose", "summarize"]
 SearchMode: TypeAlias = Literal["hybrid", "text", "vector"]
 """What :meth:`Client.ask` should do with the question (and attachment)."""
+DocumentState: TypeAlias = Literal["pending", "processing", "indexed", "failed",
+                                   "review_required", "rejected"]
+"""A document's state (:meth:`Client.list_documents` filters by it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +258,8 @@ class SwapProgress:
 @dataclass(frozen=True, slots=True)
 class Document:
     """A document in the retrieval index; ``state`` is ``pending``, ``processing``,
-    ``indexed`` or ``failed`` (then ``error`` says why)."""
+    ``indexed``, ``failed`` (then ``error`` says why), ``review_required`` (held until
+    approved; a version indexed before stays searchable meanwhile) or ``rejected``."""
 
     id: str
     source_id: str
@@ -267,6 +272,8 @@ class Document:
     indexed_at: datetime | None
     path: str
     redactions: int
+    review_note: str = ""
+    """The reviewer's note on this version (approve_document / reject_document)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +290,8 @@ class Source:
     documents: int
     disabled: bool = False
     """Kept, but neither searched nor rescanned."""
+    review_required: bool = False
+    """Every new or changed document waits in ``review_required`` until approved."""
 
 
 @dataclass(frozen=True, slots=True)
