@@ -169,6 +169,52 @@ def test_ingest_names_the_source_after_the_directory(address: str, tmp_path: Pat
     assert result.stdout.startswith("team_notes: 1 files: 1 added,")
 
 
+def test_review_before_indexing(address: str, tmp_path: Path) -> None:
+    """ingest --review: the file waits in review_required, unsearchable; approve makes it
+    searchable; a changed file waits again while the approved version stays searchable;
+    reject withdraws the document, and a rescan of the unchanged file keeps it rejected."""
+    kb = tmp_path / "vendor"
+    kb.mkdir()
+    guide = kb / "guide.md"
+    guide.write_text("# Guide\n\nReset the zorblax controller by holding the red button.\n")
+    result = llamad(address, "ingest", str(kb), "--source", "vendor", "--review")
+    assert result.returncode == 0, result.stderr
+    doc_id = "vendor/guide.md"
+
+    def found(query: str) -> set[str]:
+        result = llamad(address, "search", query, "--json", "--top-k", "20", "--mode",
+                        "text")  # BM25: a vector search returns the nearest of any text
+        assert result.returncode == 0, result.stderr
+        return {h["document_id"] for h in json.loads(result.stdout)["hits"]}
+
+    def state() -> str:
+        result = llamad(address, "documents", "--source", "vendor", "--json")
+        return str({d["id"]: d["state"] for d in json.loads(result.stdout)}[doc_id])
+
+    assert doc_id not in found("zorblax controller red button")
+    waiting = llamad(address, "documents", "--state", "review_required")
+    assert waiting.returncode == 0, waiting.stderr
+    assert any(line.split()[:2] == [doc_id, "review_required"]
+               for line in waiting.stdout.splitlines())
+    result = llamad(address, "approve", doc_id, "--note", "checked")
+    assert (result.returncode, result.stdout) == (0, f"{doc_id}: indexed\n"), result.stderr
+    assert doc_id in found("zorblax controller red button")
+    guide.write_text("# Guide\n\nThe frobnicator replaces the zorblax entirely.\n")
+    assert llamad(address, "reindex", "--source", "vendor").returncode == 0
+    assert state() == "review_required"
+    assert doc_id in found("red button")            # the approved version, still served
+    assert doc_id not in found("frobnicator")
+    result = llamad(address, "reject", doc_id, "--note", "not ours")
+    assert result.returncode == 0, result.stderr
+    assert doc_id not in found("zorblax controller red button")
+    assert llamad(address, "reindex", "--source", "vendor").returncode == 0
+    assert state() == "rejected"
+    again = llamad(address, "approve", doc_id)
+    assert again.returncode == 1
+    assert one_line_error(again).startswith(f"llamad: approve: refused: document '{doc_id}' "
+                                            "is rejected")
+
+
 def test_ingest_without_allowed_roots_says_how_to_allow_them(tmp_path: Path) -> None:
     """A daemon that allows no directory source: ingest exits 1 with one line naming the
     option's flag and variable, and how a running daemon takes it."""
