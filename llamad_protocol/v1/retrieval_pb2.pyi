@@ -40,7 +40,9 @@ class _DocumentStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Documen
     DOCUMENT_STATE_REVIEW_REQUIRED: _DocumentState.ValueType  # 5
     """Stored, awaiting ApproveDocument or RejectDocument; not embedded, not searchable."""
     DOCUMENT_STATE_REJECTED: _DocumentState.ValueType  # 6
-    """Rejected in review; not searchable. A new version goes back to review."""
+    """Rejected in review; not searchable. The same content again stays rejected; a changed
+    version goes back to review.
+    """
 
 class DocumentState(_DocumentState, metaclass=_DocumentStateEnumTypeWrapper): ...
 
@@ -52,7 +54,9 @@ DOCUMENT_STATE_FAILED: DocumentState.ValueType  # 4
 DOCUMENT_STATE_REVIEW_REQUIRED: DocumentState.ValueType  # 5
 """Stored, awaiting ApproveDocument or RejectDocument; not embedded, not searchable."""
 DOCUMENT_STATE_REJECTED: DocumentState.ValueType  # 6
-"""Rejected in review; not searchable. A new version goes back to review."""
+"""Rejected in review; not searchable. The same content again stays rejected; a changed
+version goes back to review.
+"""
 Global___DocumentState: _TypeAlias = DocumentState  # noqa: Y015
 
 class _SearchSource:
@@ -407,7 +411,9 @@ class AddSourceRequest(_message.Message):
     """A directory to scan; empty for a source of pushed documents."""
     category: _builtins.str
     review_required: _builtins.bool
-    """Every document (new or changed) waits in REVIEW_REQUIRED until approved."""
+    """Every document (new or changed) waits in REVIEW_REQUIRED until approved. Adding the
+    source again sets or clears it for what comes next (indexed documents stay indexed).
+    """
     history: _builtins.bool
     """A history source: time-ordered records pushed by other tools (shell sessions,
     incidents, change logs), each with its document_date, pruned oldest first by the

@@ -195,6 +195,12 @@ class RetrievalServiceServicer:
         """Review (admin): a document in state REVIEW_REQUIRED is stored but neither embedded nor
         searchable until approved (then indexed) or rejected (then kept, unsearchable, in
         state REJECTED with the note, until its content changes).
+        ApproveDocument indexes exactly the version held (even if its file changed since):
+        INDEXED, or FAILED with the reason. RejectDocument withdraws the document from search,
+        a version approved before included. A new version of an indexed document waits in
+        REVIEW_REQUIRED while the indexed version stays searchable. Either call on a document
+        not in REVIEW_REQUIRED: FAILED_PRECONDITION naming its state; unknown id: NOT_FOUND;
+        a note over 2000 characters: INVALID_ARGUMENT.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -64,6 +64,12 @@ class RetrievalServiceStub:
     """Review (admin): a document in state REVIEW_REQUIRED is stored but neither embedded nor
     searchable until approved (then indexed) or rejected (then kept, unsearchable, in
     state REJECTED with the note, until its content changes).
+    ApproveDocument indexes exactly the version held (even if its file changed since):
+    INDEXED, or FAILED with the reason. RejectDocument withdraws the document from search,
+    a version approved before included. A new version of an indexed document waits in
+    REVIEW_REQUIRED while the indexed version stays searchable. Either call on a document
+    not in REVIEW_REQUIRED: FAILED_PRECONDITION naming its state; unknown id: NOT_FOUND;
+    a note over 2000 characters: INVALID_ARGUMENT.
     """
     RejectDocument: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.ReviewDocumentRequest, _retrieval_pb2.Document]
 
@@ -97,6 +103,12 @@ class RetrievalServiceAsyncStub(RetrievalServiceStub):
     """Review (admin): a document in state REVIEW_REQUIRED is stored but neither embedded nor
     searchable until approved (then indexed) or rejected (then kept, unsearchable, in
     state REJECTED with the note, until its content changes).
+    ApproveDocument indexes exactly the version held (even if its file changed since):
+    INDEXED, or FAILED with the reason. RejectDocument withdraws the document from search,
+    a version approved before included. A new version of an indexed document waits in
+    REVIEW_REQUIRED while the indexed version stays searchable. Either call on a document
+    not in REVIEW_REQUIRED: FAILED_PRECONDITION naming its state; unknown id: NOT_FOUND;
+    a note over 2000 characters: INVALID_ARGUMENT.
     """
     RejectDocument: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.ReviewDocumentRequest, _retrieval_pb2.Document]  # type: ignore[assignment]
 
@@ -205,6 +217,12 @@ class RetrievalServiceServicer(metaclass=_abc_1.ABCMeta):
         """Review (admin): a document in state REVIEW_REQUIRED is stored but neither embedded nor
         searchable until approved (then indexed) or rejected (then kept, unsearchable, in
         state REJECTED with the note, until its content changes).
+        ApproveDocument indexes exactly the version held (even if its file changed since):
+        INDEXED, or FAILED with the reason. RejectDocument withdraws the document from search,
+        a version approved before included. A new version of an indexed document waits in
+        REVIEW_REQUIRED while the indexed version stays searchable. Either call on a document
+        not in REVIEW_REQUIRED: FAILED_PRECONDITION naming its state; unknown id: NOT_FOUND;
+        a note over 2000 characters: INVALID_ARGUMENT.
         """
 
     @_abc_1.abstractmethod
