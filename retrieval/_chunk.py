@@ -8,17 +8,21 @@ Arguments and guarantees
     :data:`~retrieval._kinds.KINDS`, else ``ValueError``. ``\\r\\n`` and ``\\r`` become ``\\n``;
     empty or whitespace-only text gives ``[]``. Every chunk is at most ``max_chars`` long,
     never whitespace-only, and the output is a pure function of the arguments. A chunk's
-    text is a slice of the input (runs of blank lines collapsed to one, whitespace at the
-    end of a paragraph or line dropped) plus at most four kinds of added lines: the
-    markdown heading path, the fence lines around a piece of a cut code fence, the header
-    line atop a piece of a cut config block, and the context lines atop a chunk of a
-    session, shell or python document (the command or signature line the chunk's first
-    piece belongs to). So every non-whitespace character of the input is in some chunk.
+    text is a slice of the input (runs of blank lines collapsed to one, blank lines of
+    config, yaml, json and toml dropped, whitespace at the end of a paragraph or line
+    dropped; a long line cut where it is split between chunks) plus at most four kinds of
+    added lines: the heading path of markdown, yaml, json and toml, the fence lines
+    around a piece of a cut code fence, the header line atop a piece of a cut config
+    block, and the context lines atop a chunk of a session, shell or python document (the
+    command or signature lines the chunk's first piece belongs to). So every
+    non-whitespace character of the input is in some chunk.
 
 The rules of each kind are in its module's docstring: :mod:`retrieval._chunk_pack` (prose:
 text, html, pdf, and the paragraphs of markdown; the packing every kind shares),
 :mod:`retrieval._chunk_markdown` (headings, sections, code fences),
 :mod:`retrieval._chunk_config` (Cisco IOS, Arista, Juniper exports),
+:mod:`retrieval._chunk_yaml`, :mod:`retrieval._chunk_json` and :mod:`retrieval._chunk_toml`
+(structured data, cut and packed by the key tree of :mod:`retrieval._chunk_tree`),
 :mod:`retrieval._chunk_session` (shell transcripts: commands with their output),
 :mod:`retrieval._chunk_shell` (shell scripts: functions), :mod:`retrieval._chunk_python`
 (Python: functions, classes, methods) and :mod:`retrieval._chunk_blocks` (the packing
@@ -27,17 +31,27 @@ sessions and code share).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ._chunk_config import config_chunks
+from ._chunk_json import json_chunks
 from ._chunk_markdown import markdown_chunks
 from ._chunk_pack import pack, prose_units
 from ._chunk_python import python_chunks
 from ._chunk_session import session_chunks
 from ._chunk_shell import shell_chunks
+from ._chunk_toml import toml_chunks
+from ._chunk_yaml import yaml_chunks
 from ._kinds import KINDS
 
 __all__ = ["Chunk", "chunk_text"]
+
+_STRUCTURED: dict[str, Callable[[str, int, int], Iterator[tuple[str, str]]]] = {
+    "config": config_chunks, "yaml": yaml_chunks, "json": json_chunks, "toml": toml_chunks,
+    "shell": shell_chunks, "python": python_chunks, "session": session_chunks}
+"""The kinds chunked by their structure, without overlap; markdown has its own rules and
+the others (text, html, pdf) are prose."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +60,10 @@ class Chunk:
 
     Attributes:
         ordinal: 1-based position in the document (the ``n`` of the chunk id ``<doc>#<n>``).
-        text: what is indexed and embedded; for markdown it begins with the heading path.
-        heading: the heading path (markdown), block header line (config), command
+        text: what is indexed and embedded; for markdown, yaml, json and toml it begins
+            with the heading path.
+        heading: the heading path (markdown), key path (yaml, json, toml: ``services.web``,
+            ``[server.tls]``), block header line (config), command
             (session), function or class signature (shell, python; ``Class.method``
             for a piece of a class cut between methods); ``""`` if none.
     """
@@ -88,14 +104,8 @@ def chunk_text(text: str, kind: str, *, size: int = 1200, overlap: int = 200,
         return []
     if kind == "markdown":
         pieces = markdown_chunks(text, size, overlap, max_chars)
-    elif kind == "config":
-        pieces = config_chunks(text, size, max_chars)
-    elif kind == "session":
-        pieces = session_chunks(text, size, max_chars)
-    elif kind == "shell":
-        pieces = shell_chunks(text, size, max_chars)
-    elif kind == "python":
-        pieces = python_chunks(text, size, max_chars)
+    elif kind in _STRUCTURED:
+        pieces = _STRUCTURED[kind](text, size, max_chars)
     else:
         pieces = (("", body) for body in pack(prose_units(text, size), size, overlap, size))
     return [Chunk(n, body, heading) for n, (heading, body) in enumerate(pieces, 1)]

@@ -12,8 +12,8 @@ from pathlib import Path, PurePosixPath
 
 from .errors import InvalidDocument
 
-KINDS: tuple[str, ...] = ("markdown", "text", "html", "pdf", "config", "shell",
-                            "python", "session")
+KINDS: tuple[str, ...] = ("markdown", "text", "html", "pdf", "config", "yaml", "json",
+                            "toml", "shell", "python", "session")
 """Every document kind, in the order messages list them."""
 
 SUFFIXES: dict[str, str] = {
@@ -23,6 +23,7 @@ SUFFIXES: dict[str, str] = {
     ".cfg": "config", ".conf": "config", ".config": "config", ".ios": "config",
     ".junos": "config",
     ".pdf": "pdf",
+    ".yaml": "yaml", ".yml": "yaml", ".json": "json", ".toml": "toml",
     ".sh": "shell", ".bash": "shell", ".zsh": "shell", ".ksh": "shell",
     ".py": "python",
 }

@@ -231,6 +231,85 @@ SHELL = '\n'.join([
     ''])
 
 
+
+def compose() -> str:
+    """A docker-compose YAML file whose ``services.web`` block is far over max_chars:
+    comments above keys, a block scalar holding a key-like line, a compact sequence,
+    then a second document."""
+    out = ["# Compose file for the web tier", 'version: "3.8"', "", "services:",
+           "  # the front end", "  web:", "    image: nginx:1.25", "    ports:",
+           '    - "80:80"', '    - "443:443"', "    command: |",
+           "      nginx -g 'daemon off;'", "      key: not a key", "    environment:"]
+    out += [f"      UPSTREAM_{n:03d}: http://10.0.{n // 250}.{n % 250}:8080/health" for n in
+            range(120)]
+    out += ["  db:", "    image: postgres:16", "    environment:",
+            "      POSTGRES_PASSWORD: example", "---", "kind: ConfigMap", "data:",
+            "  items:", "    - name: a", "      value: 1", "    - name: b", "      value: 2"]
+    return "\n".join(out) + "\n"
+
+
+def inventory() -> str:
+    """A pretty-printed JSON inventory: a small settings member and a big hosts array."""
+    hosts = ",\n".join(
+        f'    {{\n      "name": "web{n:03d}",\n      "ip": "10.0.{n // 250}.{n % 250}",\n'
+        f'      "tags": ["web", "rack{n % 8}"]\n    }}' for n in range(80))
+    return ('{\n  "settings": {\n    "region": "eu-west-1",\n    "retries": 3\n  },\n'
+            f'  "hosts": [\n{hosts}\n  ],\n  "version": 7\n}}\n')
+
+
+def pyproject() -> str:
+    """A TOML file: root keys, nested tables, a multi-line string that looks like a
+    table, a big table, and an array of tables."""
+    out = ["# Service settings", 'title = "web"', "owners = [", '  "ops",  # on call',
+           '  "dev",', "]", "", "[server]", 'host = "0.0.0.0"', "port = 8080", "",
+           "# TLS settings", "[server.tls]", 'cert = "/etc/ssl/web.pem"', 'motd = """',
+           "[not.a.table]", 'key = "not a key"', '"""', "", "[upstreams]"]
+    out += [f'web{n:03d} = {{ host = "10.0.0.{n}", port = 8080, weight = {n % 5} }}'
+            for n in range(60)]
+    out += ["", "[[servers]]", 'name = "web01"', "", "[[servers]]", 'name = "web02"']
+    return "\n".join(out) + "\n"
+
+
+COMPOSE = compose()
+INVENTORY = inventory()
+PYPROJECT = pyproject()
+
+
+def data_files(size: int) -> str:
+    """A YAML file of about ``size`` characters: many services, each with nested keys."""
+    parts: list[str] = ["services:\n"]
+    total, n = 0, 0
+    while total < size:
+        parts.append(f"  # service {n}\n  svc{n}:\n    image: app:{n}\n    ports:\n"
+                     f"    - {8000 + n}\n    env:\n      LEVEL: debug\n      ID: '{n}'\n")
+        total += len(parts[-1])
+        n += 1
+    return "".join(parts)
+
+
+def json_files(size: int) -> str:
+    """A JSON document of about ``size`` characters: an array of objects."""
+    parts: list[str] = ['{"items": [\n']
+    total, n = 0, 0
+    while total < size:
+        parts.append(f'  {{"id": {n}, "name": "item{n}",\n   "tags": ["a", "b"]}},\n')
+        total += len(parts[-1])
+        n += 1
+    parts.append('  {}\n]}\n')
+    return "".join(parts)
+
+
+def toml_files(size: int) -> str:
+    """A TOML document of about ``size`` characters: many tables."""
+    parts: list[str] = ['title = "x"\n']
+    total, n = 0, 0
+    while total < size:
+        parts.append(f'# table {n}\n[svc.s{n}]\nport = {n}\nhosts = [\n  "a",\n  "b",\n]\n\n')
+        total += len(parts[-1])
+        n += 1
+    return "".join(parts)
+
+
 def python_files(size: int) -> str:
     """Python modules of about ``size`` characters: functions, classes, statements."""
     parts: list[str] = []

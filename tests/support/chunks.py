@@ -11,7 +11,7 @@ FENCE_LINE = re.compile(r"[ \t]*(`{3,}|~{3,})")
 
 PROSE_KINDS = ("text", "html", "pdf")
 """Kinds whose chunks have no heading."""
-PATH_KINDS = ("markdown",)
+PATH_KINDS = ("markdown", "yaml", "json", "toml")
 """Kinds whose chunks begin with their heading path (see :func:`prefix_of`)."""
 CONTEXT_LINES = {"config": 1, "session": 1, "shell": 1, "python": 2}
 """Kinds whose chunks may begin with up to this many repeated lines (a config block's

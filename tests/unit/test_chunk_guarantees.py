@@ -16,8 +16,11 @@ from retrieval._chunk import chunk_text
 from retrieval._kinds import KINDS
 from tests.support.chunk_samples import (
     CISCO,
+    COMPOSE,
+    INVENTORY,
     JUNIPER,
     PLAIN,
+    PYPROJECT,
     PYTHON,
     RUNBOOK,
     SENTENCES,
@@ -61,7 +64,8 @@ def test_crlf_is_normalised() -> None:
 
 @pytest.mark.parametrize(("text", "kind"), [
     (RUNBOOK, "markdown"), (CISCO, "config"), (JUNIPER, "config"), (PLAIN, "text"),
-    (SENTENCES, "pdf"), (SESSION, "session"), (PYTHON, "python"), (SHELL, "shell")])
+    (SENTENCES, "pdf"), (SESSION, "session"), (PYTHON, "python"), (SHELL, "shell"),
+    (COMPOSE, "yaml"), (INVENTORY, "json"), (PYPROJECT, "toml")])
 @pytest.mark.parametrize(("size", "overlap", "max_chars"), [
     (1200, 200, 2000), (300, 50, 300), (64, 0, 64), (10, 9, 10), (1, 0, 1)])
 def test_fixtures_keep_the_guarantees(text: str, kind: str, size: int, overlap: int,
@@ -111,7 +115,9 @@ LINES = ["# Title", "## Sub", "### Deep", "Setext", "===", "---", "```", "```py"
          '    description "a { b";', "## Last commit", "/* note */", "end",
          "$ df -h", "ops@web01:~$ uptime", "> done", "PS C:\\> dir", "# reboot",
          "def f(x):", "    return x", "class A(B):", "    @property", "@cache", '"""',
-         "    '''doc", "f() {", "function g {", "  echo '}'", "cat <<EOF", "EOF", "(", ")"]
+         "    '''doc", "f() {", "function g {", "  echo '}'", "cat <<EOF", "EOF", "(", ")",
+         "key: value", "  nested:", "    - item", "  - x", "run: |", "---", '"k": {',
+         '  "a": [1, 2],', "},", "]", "[table.sub]", "[[arr]]", 'k = """', "x = [", "# c"]
 ALPHABET = st.one_of(st.sampled_from(list("ab .!?\n\t#=-`~{}!\"')x")),
                      st.characters(exclude_categories=["Cs"]))
 ANY_TEXT = st.one_of(

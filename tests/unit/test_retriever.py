@@ -193,9 +193,8 @@ async def test_an_empty_query_is_refused(hashed: Retriever) -> None:
     ({"text": ""}, "document text is empty"),
     ({"text": " \n "}, "document text is empty"),
     ({"text": "x" * 101}, r"101 characters.*retrieval\.max_document_chars"),
-    ({"kind": "word"}, "kind must be one of markdown, text, html, pdf, config, shell, python, "
-                       "session, "
-                       "not 'word'"),
+    ({"kind": "word"}, "kind must be one of markdown, text, html, pdf, config, yaml, json, "
+                       "toml, shell, python, session, not 'word'"),
     ({"doc_id": "docs/../etc/passwd"}, r"'\.\.' segment"),
     ({"doc_id": "/abs"}, "starts with '/'"),
     ({"doc_id": "docs//x"}, "empty segment"),
