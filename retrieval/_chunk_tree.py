@@ -20,7 +20,7 @@ Cutting and packing
     sub-node (``services:``, ``"hosts": [``, a table header) move to the next chunk
     with what follows them rather than end a chunk. A chunk's ``heading`` is the key path its
     units share (``""`` when they share none, e.g. several top-level keys; a line of
-    only closing brackets counts for none), and, like
+    only brackets and commas counts for none), and, like
     markdown's heading path, the chunk begins with ``heading + "\\n\\n"`` (cut to
     ``size // 2`` characters ending in ``…``; nothing for an empty heading or
     ``size < 8``), so a piece of a deep block stays findable by its path. No overlap.
@@ -38,7 +38,7 @@ __all__ = ["MAX_DEPTH", "Node", "Path", "Tree", "dotted", "tree_chunks"]
 
 MAX_DEPTH = 24
 _COMMA = re.compile(r",(\s*)")
-_CLOSERS = " \t]}),;"
+_BRACKETS = " \t[]{}(),;"  # a line of only these holds no content of its own
 
 Path = tuple[str, ...]
 
@@ -190,11 +190,11 @@ class _Chunk:
     def __init__(self, size: int, render: Callable[[Path], str]) -> None:
         self.size, self.render = size, render
         self.units: list[_Unit] = []
-        self.shared: Path | None = None  # None while it holds only closing brackets
+        self.shared: Path | None = None  # None while it holds only bracket lines
         self.length = 0
 
     def _fold(self, unit: _Unit) -> Path | None:
-        if not unit.text.strip(_CLOSERS):
+        if not unit.text.strip(_BRACKETS):
             return self.shared
         return unit.path if self.shared is None else _shared(self.shared, unit.path)
 
@@ -216,7 +216,7 @@ class _Chunk:
         shared: Path | None = None
         parts = [units[0].text]
         for u in units:
-            if u.text.strip(_CLOSERS):
+            if u.text.strip(_BRACKETS):
                 shared = u.path if shared is None else _shared(shared, u.path)
             if u is not units[0]:
                 parts += (u.sep, u.text)

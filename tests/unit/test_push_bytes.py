@@ -47,9 +47,38 @@ async def test_html_bytes_are_extracted_as_a_page(
     assert "Rotate the nginx logs." in hit.text
 
 
+@pytest.mark.parametrize(("content_type", "content", "kind", "heading"), [
+    ("application/yaml", b"services:\n  web:\n    image: nginx\n    restart: always\n",
+     "yaml", "services"),
+    ("text/yaml", b"services:\n  web:\n    image: nginx\n", "yaml", "services"),
+    ("application/json", b'{\n  "web": {"image": "nginx", "restart": "always"}\n}\n',
+     "json", "web"),
+    ("application/toml", b'[web]\nimage = "nginx"\nrestart = "always"\n', "toml", "[web]"),
+    ("text/x-shellscript", b"restart_nginx() {\n  systemctl restart nginx\n}\n", "shell",
+     "restart_nginx()"),
+    ("application/x-sh", b"restart_nginx() {\n  systemctl restart nginx\n}\n", "shell",
+     "restart_nginx()"),
+    ("text/x-python", b"def restart_nginx():\n    run('systemctl restart nginx')\n",
+     "python", "def restart_nginx():"),
+])
+async def test_structured_bytes_are_indexed_as_their_kind(
+        stub: retrieval_pb2_grpc.RetrievalServiceStub, content_type: str, content: bytes,
+        kind: str, heading: str) -> None:
+    """YAML, JSON, TOML, shell and Python bytes are read as UTF-8 text of their kind and
+    chunked by its structure (the hit's heading is the key path or signature)."""
+    done = await stub.UpsertDocument(rpb.UpsertDocumentRequest(
+        source_id="inbox", id="inbox/web", title="web", content=content,
+        content_type=content_type))
+    assert done.document.kind == kind
+    hit = (await stub.Search(rpb.SearchRequest(query="nginx"))).hits[0]
+    assert (hit.document_id, hit.kind) == ("inbox/web", kind)
+    assert hit.heading == heading
+
+
 @pytest.mark.parametrize(("request_fields", "needle"), [
     ({"content": b"%PDF", "content_type": "image/png"},
-     "content_type 'image/png' is not one of application/pdf, application/xhtml+xml"),
+     "content_type 'image/png' is not one of application/json, application/pdf, "
+     "application/toml"),
     ({"content": b"hello", "text": "hello"}, "give text or content, not both"),
     ({"content": b"\x00\x01\x02binary", "content_type": "text/plain"}, "binary"),
 ])
