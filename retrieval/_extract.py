@@ -1,4 +1,6 @@
-"""Turn files into text: Markdown, plain text, HTML, config exports and PDF.
+"""Turn files into text: Markdown, plain text, HTML, config exports, PDF, and YAML, JSON,
+TOML, shell and Python files (read as text, like plain text, and chunked by their
+structure).
 
 What a hostile or broken file can do here is bounded:
 
@@ -62,7 +64,7 @@ class Extracted:
 
     title: str         # first H1 / <title> / PDF metadata title / file stem
     text: str          # normalised to \n newlines, NUL-free
-    kind: str          # markdown | text | html | pdf | config
+    kind: str          # one of KINDS: markdown | text | html | pdf | config | yaml | ...
     # The document's own date, unix seconds: Markdown front matter ``date:``, an HTML
     # ``<meta>`` date, a PDF's /CreationDate (None: none, or not a valid date).
     date: int | None = None

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from retrieval._extract import Extracted, extract_bytes, extract_file, kind_for
-from retrieval.errors import InvalidDocument
+from retrieval.errors import ExtractionError, InvalidDocument
 from tests.support.extraction import fails, write
 
 # --- kinds -------------------------------------------------------------------------------
@@ -23,7 +23,9 @@ from tests.support.extraction import fails, write
     ("a.rst", "text"), ("a.text", "text"), ("a.html", "html"), ("a.HTM", "html"),
     ("a.cfg", "config"), ("a.conf", "config"), ("a.config", "config"), ("r1.ios", "config"),
     ("r1.junos", "config"), ("a.pdf", "pdf"), ("a.png", None), ("Makefile", None),
-    ("a.md.bak", None), ("notes.md.txt", "text"),
+    ("a.md.bak", None), ("notes.md.txt", "text"), ("a.yaml", "yaml"), ("a.YML", "yaml"),
+    ("a.json", "json"), ("pyproject.toml", "toml"), ("a.sh", "shell"), ("a.bash", "shell"),
+    ("a.zsh", "shell"), ("a.ksh", "shell"), ("a.py", "python"), ("a.pyc", None),
 ])
 def test_kind_for_goes_by_suffix(name: str, kind: str | None) -> None:
     """The kind comes from the suffix, case-insensitively; unknown suffixes are None."""
@@ -82,6 +84,21 @@ def test_config_kinds(tmp_path: Path, suffix: str) -> None:
     source = "hostname core-sw1\n!\ninterface GigabitEthernet0/1\n description uplink\n"
     got = extract_file(write(tmp_path, "core-sw1" + suffix, source))
     assert got == Extracted(title="core-sw1", text=source, kind="config")
+
+
+@pytest.mark.parametrize(("suffix", "kind"), [
+    (".yaml", "yaml"), (".yml", "yaml"), (".json", "json"), (".toml", "toml"),
+    (".sh", "shell"), (".bash", "shell"), (".zsh", "shell"), (".ksh", "shell"),
+    (".py", "python")])
+def test_structured_kinds_are_text_of_their_kind(tmp_path: Path, suffix: str,
+                                                 kind: str) -> None:
+    """YAML, JSON, TOML, shell and Python files are kept as is, titled by their stem; a
+    binary one is refused naming its kind."""
+    source = "# deploy\nkey: value\n"
+    got = extract_file(write(tmp_path, "deploy" + suffix, source))
+    assert got == Extracted(title="deploy", text=source, kind=kind)
+    with pytest.raises(ExtractionError, match=f"binary file .*not {kind} text"):
+        extract_file(write(tmp_path, "blob" + suffix, b"\x00\x01" * 50))
 
 
 def test_extract_bytes_matches_extract_file(tmp_path: Path) -> None:
