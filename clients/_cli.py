@@ -176,7 +176,8 @@ def _filters(p: argparse.ArgumentParser) -> None:
     g.add_argument("--source", dest="sources", action="append", default=[], metavar="ID",
                    help="only this source (repeatable)")
     g.add_argument("--kind", dest="kinds", action="append", default=[], metavar="KIND",
-                   help="only this kind: markdown, text, html, pdf, config (repeatable)")
+                   help="only this kind: markdown, text, html, pdf, config, yaml, json, "
+                        "toml, shell, python, session (repeatable)")
     g.add_argument("--category", dest="categories", action="append", default=[], metavar="NAME",
                    help="only this category (repeatable)")
     g.add_argument("--tag", dest="tags", action="append", default=[], metavar="TAG",

@@ -105,10 +105,14 @@ class DocumentCalls(SyncBase):
         Args:
             source_id: a push source (see :meth:`add_source` without a path).
             document_id: your id for it; empty derives one from the content.
-            kind: ``markdown``, ``text``, ``html`` or ``config``.
+            kind: ``markdown``, ``text``, ``html``, ``config``, ``yaml``, ``json``,
+                ``toml``, ``shell``, ``python`` or ``session`` (a shell transcript:
+                commands with their output); chunked by its structure.
             content, content_type: the document as a file's bytes instead of ``text`` (a
                 PDF: ``application/pdf``; ``text/html``, ``text/markdown``,
-                ``text/plain``), extracted as such a file would be.
+                ``text/plain``, ``application/json``, ``application/yaml``,
+                ``application/toml``, ``text/x-shellscript``, ``text/x-python``...),
+                extracted as such a file would be.
             wait: False returns at once with the document ``pending`` (checked, not yet
                 indexed); :meth:`get_document` then shows its state.
             review: hold it for review (state ``review_required``: stored, not searchable)
