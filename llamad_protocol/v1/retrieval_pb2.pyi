@@ -124,7 +124,7 @@ class Document(_message.Message):
     source_id: _builtins.str
     title: _builtins.str
     kind: _builtins.str
-    """markdown, text, html, pdf or config."""
+    """markdown, text, html, pdf, config, yaml, json, toml, shell, python or session."""
     category: _builtins.str
     state: Global___DocumentState.ValueType
     error: _builtins.str
@@ -200,7 +200,9 @@ class UpsertDocumentRequest(_message.Message):
     content: _builtins.bytes
     """A document as a file's bytes instead of text (a PDF, an HTML page...), extracted
     as a file of that type would be; its type from content_type (application/pdf,
-    text/html, text/markdown, text/plain) or else from kind. Not with text.
+    text/html, text/markdown, text/plain, application/json, application/yaml,
+    text/yaml, application/toml, text/x-shellscript, application/x-sh, text/x-python)
+    or else from kind. Not with text.
     """
     content_type: _builtins.str
     wait: _builtins.bool
