@@ -180,27 +180,29 @@ class AsyncClient(AsyncBase):
                      indexed_until: datetime | None = None, mode: SearchMode = "hybrid",
                      min_score: float | None = None, candidates: int = 0,
                      text_weight: float | None = None, vector_weight: float | None = None,
-                     group_by_document: bool = False,
+                     group_by_document: bool = False, dated_since: datetime | None = None,
+                     dated_until: datetime | None = None,
                      timeout: Timeout = DEFAULT) -> SearchResult:
         """Hybrid search (see :meth:`Client.search`)."""
         request = rq.search(query, top_k=top_k, sources=sources, kinds=kinds,
                             categories=categories, tags=tags, indexed_since=indexed_since,
                             indexed_until=indexed_until, mode=mode, min_score=min_score,
                             candidates=candidates, text_weight=text_weight,
-                            vector_weight=vector_weight, group_by_document=group_by_document)
+                            vector_weight=vector_weight, group_by_document=group_by_document,
+                            dated_since=dated_since, dated_until=dated_until)
         return cv.search_result(await self._unary(self._retrieval.Search, request, timeout))
 
     async def upsert_document(self, source_id: str, text: str = "", *, document_id: str = "",
                               title: str = "", kind: str = "text", category: str = "",
                               tags: Sequence[str] = (), content: bytes = b"",
                               content_type: str = "", wait: bool = True,
-                              review: bool = False,
+                              review: bool = False, document_date: datetime | None = None,
                               timeout: Timeout = DEFAULT) -> Document:
         """Index a pushed document (see :meth:`Client.upsert_document`)."""
         request = rq.upsert_document(source_id, text, document_id=document_id, title=title,
                                      kind=kind, category=category, tags=tags,
                                      content=content, content_type=content_type, wait=wait,
-                                     review=review)
+                                     review=review, document_date=document_date)
         resp = await self._unary(self._retrieval.UpsertDocument, request, timeout)
         return cv.document(resp.document)
 
@@ -242,11 +244,14 @@ class AsyncClient(AsyncBase):
 
     async def add_source(self, source_id: str, path: str | os.PathLike[str] = "", *,
                          category: str = "", tags: Sequence[str] = (),
-                         review_required: bool = False,
+                         review_required: bool = False, history: bool = False,
+                         max_age_days: int = 0, max_items: int = 0,
                          timeout: Timeout = DEFAULT) -> Source:
-        """Add (or update) a directory or push source (see :meth:`Client.add_source`)."""
+        """Add (or update) a directory, push or history source (see
+        :meth:`Client.add_source`)."""
         request = rq.add_source(source_id, path, category=category, tags=tags,
-                                review_required=review_required)
+                                review_required=review_required, history=history,
+                                max_age_days=max_age_days, max_items=max_items)
         return cv.source(await self._unary(self._retrieval.AddSource, request, timeout))
 
     async def remove_source(self, source_id: str, *, timeout: Timeout = DEFAULT) -> int:

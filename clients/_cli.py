@@ -64,6 +64,7 @@ from typing import Any
 
 from . import errors
 from ._cli_generation import add_controls
+from ._cli_history import add_push_command, add_source_flags
 from ._cli_review import add_review_commands
 from ._client import Client
 
@@ -256,6 +257,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--by-document", action="store_true",
                    help="one hit per document (its best chunk)")
     _filters(p)
+    g = p.add_argument_group("by the document's own date (undated ones left out)")
+    g.add_argument("--dated-since", type=_moment, default=None, metavar="TIME",
+                   help="only documents dated TIME or later (ISO 8601, e.g. 2026-11-30)")
+    g.add_argument("--dated-until", type=_moment, default=None, metavar="TIME",
+                   help="only documents dated TIME or earlier")
     _json_flag(p)
 
     p = sub.add_parser("ingest", parents=common, help="add a directory source and index it",
@@ -278,11 +284,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     p = sub.add_parser("sources", parents=common, help="list the document sources",
                        description="List the sources; --disable keeps a source's documents "
-                                   "but leaves them out of searches and rescans.")
+                                   "but leaves them out of searches and rescans; --add adds "
+                                   "a source of pushed documents, or with --history of "
+                                   "time-ordered records kept within a retention.")
     toggle = p.add_mutually_exclusive_group()
     toggle.add_argument("--disable", metavar="ID", default="", help="disable this source")
     toggle.add_argument("--enable", metavar="ID", default="", help="enable it again")
+    add_source_flags(p, toggle)
     _json_flag(p)
+
+    add_push_command(sub, common, _json_flag, _moment)
 
     add_review_commands(sub, common, _json_flag)
 

@@ -50,7 +50,7 @@ def add_review_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 def _line(d: Document) -> list[str]:
     why = d.review_note or d.error
     return [d.id, d.state, d.source_id, fmt.clip(d.title, 40) or "-", fmt.when(d.indexed_at),
-            fmt.clip(why, 60) or "-"]
+            fmt.when(d.document_date), fmt.clip(why, 60) or "-"]
 
 
 def documents(client: Client, args: argparse.Namespace) -> int:
@@ -64,7 +64,7 @@ def documents(client: Client, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 0
     print(fmt.table([_line(d) for d in found],
-                    ("ID", "STATE", "SOURCE", "TITLE", "INDEXED", "NOTE / ERROR")))
+                    ("ID", "STATE", "SOURCE", "TITLE", "INDEXED", "DATED", "NOTE / ERROR")))
     return 0
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from . import _cli_format as fmt
 from . import _cli_generation as gen
 from . import errors
+from ._cli_history import add_source, push, retention  # noqa: F401 - push: a verb
 from ._cli_review import approve, documents, reject  # noqa: F401 - verbs, run by name
 from ._client import Client
 from ._stream import Stream, TextStream
@@ -259,6 +260,7 @@ def _rank(rank: int | None, score: float | None) -> str:
 def search(client: Client, args: argparse.Namespace) -> int:
     result = client.search(args.query, top_k=args.top_k, mode=args.mode,
                            min_score=args.min_score, group_by_document=args.by_document,
+                           dated_since=args.dated_since, dated_until=args.dated_until,
                            **_filters(args))
     if args.json:
         print(fmt.to_json({"mode": result.mode, "vector_model": result.vector_model,
@@ -269,10 +271,10 @@ def search(client: Client, args: argparse.Namespace) -> int:
     if not result.hits:
         print("llamad: search: no hits", file=sys.stderr)
         return 0
-    rows = [[h.chunk_id, fmt.clip(h.title, 40), h.path or "-", h.search_source,
-             f"{h.score:.3f}", _rank(h.text_rank, h.text_score),
+    rows = [[h.chunk_id, fmt.clip(h.title, 40), h.path or "-", fmt.when(h.document_date),
+             h.search_source, f"{h.score:.3f}", _rank(h.text_rank, h.text_score),
              _rank(h.vector_rank, h.vector_score)] for h in result.hits]
-    print(fmt.table(rows, ("CITATION", "TITLE", "PATH", "FOUND BY", "SCORE", "BM25",
+    print(fmt.table(rows, ("CITATION", "TITLE", "PATH", "DATED", "FOUND BY", "SCORE", "BM25",
                            "VECTOR")))
     return 0
 
@@ -371,6 +373,14 @@ def reprocess(client: Client, args: argparse.Namespace) -> int:
 
 
 def sources(client: Client, args: argparse.Namespace) -> int:
+    if not args.add and (args.history or args.max_age_days or args.max_items):
+        raise UsageError("--history, --max-age-days and --max-items go with --add ID")
+    if args.add:
+        added = add_source(client, args)
+        if not args.json:
+            print(f"{added.id}: {added.kind} source ({retention(added)})"
+                  if added.kind == "history" else f"{added.id}: {added.kind} source")
+            return 0
     if args.disable or args.enable:
         changed = client.set_source_disabled(args.disable or args.enable,
                                              disabled=bool(args.disable))
@@ -388,10 +398,10 @@ def sources(client: Client, args: argparse.Namespace) -> int:
     rows = [[s.id + (" (disabled)" if s.disabled else "")
              + (" (review)" if s.review_required else ""), s.kind, str(s.documents),
              s.category or "-", ",".join(s.tags) or "-", fmt.when(s.last_scan), s.path or "-",
-             fmt.clip(s.last_error, 60) or "-"]
+             retention(s), fmt.clip(s.last_error, 60) or "-"]
             for s in found]
     print(fmt.table(rows, ("ID", "KIND", "DOCS", "CATEGORY", "TAGS", "LAST SCAN", "PATH",
-                           "LAST ERROR")))
+                           "RETENTION", "LAST ERROR")))
     return 0
 
 

@@ -49,6 +49,8 @@ class DocumentCalls(SyncBase):
         text_weight: float | None = None,
         vector_weight: float | None = None,
         group_by_document: bool = False,
+        dated_since: datetime | None = None,
+        dated_until: datetime | None = None,
         timeout: Timeout = DEFAULT,
     ) -> SearchResult:
         """Hybrid search (BM25 and vectors fused by RRF; BM25 only without embeddings).
@@ -67,6 +69,9 @@ class DocumentCalls(SyncBase):
             text_weight, vector_weight: the rankings' weights in the fusion.
             group_by_document: one hit per document (its other matching chunks in
                 ``other_chunk_ids``).
+            dated_since, dated_until: keep hits whose document's own date
+                (``document_date``) is within this window; documents without a date are
+                left out once either is set.
 
         Raises:
             InvalidArgument: an empty or oversized query, bad options.
@@ -80,7 +85,8 @@ class DocumentCalls(SyncBase):
                             categories=categories, tags=tags, indexed_since=indexed_since,
                             indexed_until=indexed_until, mode=mode, min_score=min_score,
                             candidates=candidates, text_weight=text_weight,
-                            vector_weight=vector_weight, group_by_document=group_by_document)
+                            vector_weight=vector_weight, group_by_document=group_by_document,
+                            dated_since=dated_since, dated_until=dated_until)
         return cv.search_result(self._unary(self._retrieval.Search, request, timeout))
 
     def upsert_document(
@@ -97,6 +103,7 @@ class DocumentCalls(SyncBase):
         content_type: str = "",
         wait: bool = True,
         review: bool = False,
+        document_date: datetime | None = None,
         timeout: Timeout = DEFAULT,
     ) -> Document:
         """Index a document of a push source, replacing its previous version atomically;
@@ -118,6 +125,9 @@ class DocumentCalls(SyncBase):
             review: hold it for review (state ``review_required``: stored, not searchable)
                 until :meth:`approve_document`, even if its source does not require
                 review (one that does holds every document).
+            document_date: the document's own date (a history record's time; default:
+                what its content says, if anything: front matter, ``<meta>``, PDF
+                metadata; in a history source, when the daemon receives it).
 
         Example:
             >>> llamad = Client()                                             # doctest: +SKIP
@@ -128,7 +138,7 @@ class DocumentCalls(SyncBase):
         request = rq.upsert_document(source_id, text, document_id=document_id, title=title,
                                      kind=kind, category=category, tags=tags,
                                      content=content, content_type=content_type, wait=wait,
-                                     review=review)
+                                     review=review, document_date=document_date)
         resp = self._unary(self._retrieval.UpsertDocument, request, timeout)
         return cv.document(resp.document)
 
@@ -183,16 +193,21 @@ class DocumentCalls(SyncBase):
 
     def add_source(self, source_id: str, path: str | os.PathLike[str] = "", *,
                    category: str = "", tags: Sequence[str] = (),
-                   review_required: bool = False,
+                   review_required: bool = False, history: bool = False,
+                   max_age_days: int = 0, max_items: int = 0,
                    timeout: Timeout = DEFAULT) -> Source:
         """Add (or update) a source: a directory to scan, or without ``path`` a source of
-        pushed documents. Call :meth:`reindex` to scan a directory.
+        pushed documents (with ``history``: of time-ordered records, such as shell
+        sessions pushed with kind ``session``). Call :meth:`reindex` to scan a directory.
 
         Args:
             path: absolute path of a directory on the daemon's machine.
             review_required: every new or changed document waits in
                 ``review_required`` until :meth:`approve_document`; adding the source
                 again turns it on or off (documents indexed already stay indexed).
+            history, max_age_days, max_items: a history source (no ``path``): its
+                records are deleted in the background once older than ``max_age_days``
+                or beyond the newest ``max_items`` (0: unlimited).
 
         Example:
             >>> from clients import Client
@@ -201,7 +216,8 @@ class DocumentCalls(SyncBase):
             >>> progress = list(llamad.reindex("runbooks"))          # doctest: +SKIP
         """
         request = rq.add_source(source_id, path, category=category, tags=tags,
-                                review_required=review_required)
+                                review_required=review_required, history=history,
+                                max_age_days=max_age_days, max_items=max_items)
         return cv.source(self._unary(self._retrieval.AddSource, request, timeout))
 
     def remove_source(self, source_id: str, *, timeout: Timeout = DEFAULT) -> int:

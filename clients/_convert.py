@@ -170,10 +170,12 @@ def turns(items: Iterable[ChatInput]) -> list[answer_pb2.Turn]:
 def filters(*, sources: Sequence[str] = (), kinds: Sequence[str] = (),
             categories: Sequence[str] = (), tags: Sequence[str] = (),
             indexed_since: datetime | None = None,
-            indexed_until: datetime | None = None) -> retrieval_pb2.SearchFilters:
+            indexed_until: datetime | None = None, dated_since: datetime | None = None,
+            dated_until: datetime | None = None) -> retrieval_pb2.SearchFilters:
     return retrieval_pb2.SearchFilters(
         sources=list(sources), kinds=list(kinds), categories=list(categories), tags=list(tags),
-        indexed_since=timestamp(indexed_since), indexed_until=timestamp(indexed_until))
+        indexed_since=timestamp(indexed_since), indexed_until=timestamp(indexed_until),
+        dated_since=timestamp(dated_since), dated_until=timestamp(dated_until))
 
 
 # --- responses --------------------------------------------------------------------------
@@ -270,14 +272,16 @@ def document(msg: retrieval_pb2.Document) -> Document:
         category=msg.category, tags=tuple(msg.tags),
         state=enum_name(retrieval_pb2.DocumentState, msg.state, "DOCUMENT_STATE_"),
         error=msg.error, indexed_at=_time(msg, "indexed_at"), path=msg.path,
-        redactions=msg.redactions, review_note=msg.review_note)
+        redactions=msg.redactions, review_note=msg.review_note,
+        document_date=_time(msg, "document_date"))
 
 
 def source(msg: retrieval_pb2.Source) -> Source:
     return Source(id=msg.id, kind=msg.kind, path=msg.path, category=msg.category,
                   tags=tuple(msg.tags), last_scan=_time(msg, "last_scan"),
                   last_error=msg.last_error, documents=msg.documents, disabled=msg.disabled,
-                  review_required=msg.review_required)
+                  review_required=msg.review_required, max_age_days=msg.max_age_days,
+                  max_items=msg.max_items, pruned=msg.pruned)
 
 
 def reindex_progress(msg: retrieval_pb2.ReindexProgress) -> ReindexProgress:
@@ -332,7 +336,8 @@ def search_result(msg: retrieval_pb2.SearchResponse) -> SearchResult:
             vector_score=_opt(h, "vector_score"), indexed_at=_time(h, "indexed_at"),
             score=h.score, kind=h.kind, category=h.category, tags=tuple(h.tags),
             ordinal=h.ordinal, modified_at=_time(h, "modified_at"),
-            other_chunk_ids=tuple(h.other_chunk_ids))
+            other_chunk_ids=tuple(h.other_chunk_ids),
+            document_date=_time(h, "document_date"))
         for h in msg.hits)
     return SearchResult(hits=hits, mode=search_mode(msg.mode), warnings=tuple(msg.warnings),
                         vector_model=msg.vector_model)
@@ -352,7 +357,8 @@ def retrieval_status(msg: retrieval_pb2.RetrievalStatusResponse) -> RetrievalSta
         rebuild=VectorRebuild(
             running=msg.rebuild.running, model=msg.rebuild.model,
             serving_model=msg.rebuild.serving_model, pending=msg.rebuild.pending,
-            done=msg.rebuild.done))
+            done=msg.rebuild.done),
+        pruned=msg.pruned)
 
 
 def reprocessed(msg: retrieval_pb2.ReprocessResponse) -> Reprocessed:
@@ -373,7 +379,9 @@ def ask_event(msg: answer_pb2.AskResponse) -> AskEvent | None:
                                      search_source=enum_name(
                                          retrieval_pb2.SearchSource, c.search_source,
                                          "SEARCH_SOURCE_"),
-                                     indexed_at=_time(c, "indexed_at"))
+                                     indexed_at=_time(c, "indexed_at"),
+                                     document_date=_time(c, "document_date"),
+                                     kind=c.kind, source_id=c.source_id)
                             for c in s.citations),
             retrieval_mode=search_mode(s.retrieval_mode), warnings=tuple(s.warnings))
     if kind == "done":

@@ -39,7 +39,10 @@ class FakeAnswer(answer_pb2_grpc.AnswerServiceServicer):
                 citations=[answer_pb2.Citation(label=f"S{i}", chunk_id=h.chunk_id,
                                                document_id=h.document_id, title=h.title,
                                                path=h.path, score=h.fused_score,
-                                               snippet=h.snippet)
+                                               snippet=h.snippet, source_id=h.source_id,
+                                               kind=h.kind,
+                                               document_date=h.document_date
+                                               if h.HasField("document_date") else None)
                            for i, h in enumerate(hits, 1)],
                 retrieval_mode=retrieval_pb2.SEARCH_MODE_HYBRID))
             yield answer_pb2.AskResponse(done=answer_pb2.AskDone(

@@ -1,11 +1,15 @@
 """The fake RetrievalService of :class:`clients.testing.FakeLlamad`: documents pushed or
 read from directory sources, kept whole (one chunk each), found by shared words. Review
 works as the daemon's: a document pushed with review, or of a source requiring it, waits
-in review_required (not found) until ApproveDocument or RejectDocument."""
+in review_required (not found) until ApproveDocument or RejectDocument. Documents keep the
+caller's document_date (a history source's records: else when received), searches filter
+on it, and a history source is pruned to its max_items and max_age_days at each push (the
+daemon prunes in the background)."""
 
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +35,7 @@ class Doc:
     kind: str = "text"
     state: str = "indexed"          # indexed | review_required | rejected
     note: str = ""
+    date: int | None = None         # its own date, unix seconds
 
 
 _STATE = {"indexed": retrieval_pb2.DOCUMENT_STATE_INDEXED,
@@ -43,9 +48,12 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
         self.fake = fake
 
     def _doc(self, d: Doc) -> retrieval_pb2.Document:
-        return retrieval_pb2.Document(id=d.id, source_id=d.source_id, title=d.title,
-                                      kind=d.kind, path=d.path, state=_STATE[d.state],
-                                      review_note=d.note)
+        doc = retrieval_pb2.Document(id=d.id, source_id=d.source_id, title=d.title,
+                                     kind=d.kind, path=d.path, state=_STATE[d.state],
+                                     review_note=d.note)
+        if d.date is not None:
+            doc.document_date.FromSeconds(d.date)
+        return doc
 
     def _held(self, source_id: str, review: bool = False) -> str:
         source = self.fake.sources.get(source_id)
@@ -61,11 +69,31 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
         if not text.strip():
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "text is empty")
         doc_id = request.id or hashlib.sha256(text.encode()).hexdigest()[:16]
+        source = self.fake.sources.get(request.source_id)
+        history = source is not None and source.kind == "history"
+        date = request.document_date.seconds if request.HasField("document_date") else \
+            int(time.time()) if history else None
         doc = Doc(doc_id, request.source_id, request.title or doc_id, text,
                   kind=request.kind or "text",
-                  state=self._held(request.source_id, request.review))
+                  state=self._held(request.source_id, request.review), date=date)
         self.fake.docs[doc_id] = doc
+        if history and source is not None:
+            self._prune(source)
         return retrieval_pb2.UpsertDocumentResponse(document=self._doc(doc))
+
+    def _prune(self, source: retrieval_pb2.Source) -> None:
+        """A history source's retention: the records past max_age_days, then the oldest
+        beyond max_items, go (counted in its pruned)."""
+        records = sorted((d for d in self.fake.docs.values() if d.source_id == source.id),
+                         key=lambda d: (d.date or 0, d.id))
+        cutoff = time.time() - source.max_age_days * 86_400
+        old = [d for d in records if source.max_age_days and (d.date or 0) < cutoff]
+        extra = len(records) - source.max_items if source.max_items else 0
+        gone = records[:max(len(old), extra)]
+        for d in gone:
+            del self.fake.docs[d.id]
+        source.pruned += len(gone)
+        self.fake.pruned += len(gone)
 
     def DeleteDocument(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.enter("RetrievalService/DeleteDocument", context)
@@ -108,13 +136,21 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
 
     def AddSource(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.enter("RetrievalService/AddSource", context)
+        if request.history and request.path:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "a history source holds pushed records: give no path")
+        if not request.history and (request.max_age_days or request.max_items):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "max_age_days and max_items "
+                          "apply to history sources only (set history)")
         if request.path and not Path(request.path).is_dir():
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{request.path} is not a directory")
-        source = retrieval_pb2.Source(id=request.id,
-                                      kind="directory" if request.path else "push",
+        kind = "history" if request.history else "directory" if request.path else "push"
+        source = retrieval_pb2.Source(id=request.id, kind=kind,
                                       path=request.path, category=request.category,
                                       tags=request.tags,
-                                      review_required=request.review_required)
+                                      review_required=request.review_required,
+                                      max_age_days=request.max_age_days,
+                                      max_items=request.max_items)
         self.fake.sources[request.id] = source
         return source
 
@@ -174,10 +210,13 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
 
         return self.fake.stream("RetrievalService/Reindex", context, items())
 
-    def hits(self, query: str, top_k: int) -> list[retrieval_pb2.SearchHit]:
+    def hits(self, query: str, top_k: int,
+             filters: retrieval_pb2.SearchFilters | None = None
+             ) -> list[retrieval_pb2.SearchHit]:
         words = {w.lower() for w in query.split()}
         scored = sorted(((sum(w in d.text.lower() for w in words), d)
-                         for d in self.fake.docs.values() if d.state == "indexed"),
+                         for d in self.fake.docs.values()
+                         if d.state == "indexed" and _dated(d, filters)),
                         key=lambda x: -x[0])
         hits = []
         for rank, (score, d) in enumerate([s for s in scored if s[0]][: top_k or 5], 1):
@@ -187,14 +226,17 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
                 search_source=retrieval_pb2.SEARCH_SOURCE_HYBRID, fused_score=1 / (60 + rank),
                 text_rank=rank, text_score=float(score), vector_rank=rank,
                 vector_score=0.5))
+            if d.date is not None:
+                hits[-1].document_date.FromSeconds(d.date)
         return hits
 
     def Search(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.enter("RetrievalService/Search", context)
         if not request.query.strip():
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "query is empty")
-        return retrieval_pb2.SearchResponse(hits=self.hits(request.query, request.top_k),
-                                            mode=retrieval_pb2.SEARCH_MODE_HYBRID)
+        return retrieval_pb2.SearchResponse(
+            hits=self.hits(request.query, request.top_k, request.filters),
+            mode=retrieval_pb2.SEARCH_MODE_HYBRID)
 
     def Status(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.enter("RetrievalService/Status", context)
@@ -205,7 +247,7 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
         return retrieval_pb2.RetrievalStatusResponse(
             sources=len(self.fake.sources), chunks=n, documents_by_state=by_state,
             embedded_chunks=n, vectors=n, embedding_model="fake-embed.gguf@0123",
-            disk_bytes=4096, source_list=self._sources())
+            disk_bytes=4096, source_list=self._sources(), pruned=self.fake.pruned)
 
     def Reprocess(self, request: Any, context: grpc.ServicerContext) -> Any:
         """Every fake chunk has its vector: nothing to embed (an unknown id is
@@ -220,3 +262,14 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"no source {request.source_id!r}")
         return retrieval_pb2.ReprocessResponse(
             chunks=0, reason="every chunk has a vector of the current embedding model")
+
+
+def _dated(d: Doc, filters: retrieval_pb2.SearchFilters | None) -> bool:
+    """Whether a document passes a search's dated_since / dated_until (an undated one
+    never does once either is set)."""
+    if filters is None or not (filters.HasField("dated_since")
+                               or filters.HasField("dated_until")):
+        return True
+    return d.date is not None and \
+        (not filters.HasField("dated_since") or d.date >= filters.dated_since.seconds) and \
+        (not filters.HasField("dated_until") or d.date <= filters.dated_until.seconds)

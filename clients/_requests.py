@@ -63,11 +63,13 @@ def search(query: str, *, top_k: int, sources: Sequence[str], kinds: Sequence[st
            categories: Sequence[str], tags: Sequence[str], indexed_since: datetime | None,
            indexed_until: datetime | None, mode: str, min_score: float | None,
            candidates: int, text_weight: float | None, vector_weight: float | None,
-           group_by_document: bool) -> retrieval_pb2.SearchRequest:
+           group_by_document: bool, dated_since: datetime | None = None,
+           dated_until: datetime | None = None) -> retrieval_pb2.SearchRequest:
     request = retrieval_pb2.SearchRequest(
         query=query, top_k=top_k, filters=cv.filters(
             sources=sources, kinds=kinds, categories=categories, tags=tags,
-            indexed_since=indexed_since, indexed_until=indexed_until),
+            indexed_since=indexed_since, indexed_until=indexed_until,
+            dated_since=dated_since, dated_until=dated_until),
         mode=cv.search_mode_enum(mode), candidates=candidates,
         group_by_document=group_by_document)
     if min_score is not None:
@@ -82,22 +84,24 @@ def search(query: str, *, top_k: int, sources: Sequence[str], kinds: Sequence[st
 def upsert_document(source_id: str, text: str, *, document_id: str, title: str, kind: str,
                     category: str, tags: Sequence[str], content: bytes = b"",
                     content_type: str = "", wait: bool = True,
-                    review: bool = False) -> retrieval_pb2.UpsertDocumentRequest:
+                    review: bool = False, document_date: datetime | None = None
+                    ) -> retrieval_pb2.UpsertDocumentRequest:
     request = retrieval_pb2.UpsertDocumentRequest(
         source_id=source_id, id=document_id, title=title, text=text, kind=kind,
         category=category, tags=list(tags), content=content, content_type=content_type,
-        review=review)
+        review=review, document_date=cv.timestamp(document_date))
     if not wait:
         request.wait = False
     return request
 
 
 def add_source(source_id: str, path: str | os.PathLike[str], *, category: str,
-               tags: Sequence[str], review_required: bool = False
-               ) -> retrieval_pb2.AddSourceRequest:
+               tags: Sequence[str], review_required: bool = False, history: bool = False,
+               max_age_days: int = 0, max_items: int = 0) -> retrieval_pb2.AddSourceRequest:
     return retrieval_pb2.AddSourceRequest(id=source_id, path=os.fspath(path),
                                           category=category, tags=list(tags),
-                                          review_required=review_required)
+                                          review_required=review_required, history=history,
+                                          max_age_days=max_age_days, max_items=max_items)
 
 
 def ask(question: str, *, top_k: int, sources: Sequence[str], kinds: Sequence[str],

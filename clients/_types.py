@@ -274,11 +274,16 @@ class Document:
     redactions: int
     review_note: str = ""
     """The reviewer's note on this version (approve_document / reject_document)."""
+    document_date: datetime | None = None
+    """The document's own date: a history record's time, the caller's, a front-matter or
+    metadata date (None when it has none)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """A source of documents: a ``directory`` to scan or ``push`` for pushed documents."""
+    """A source of documents: a ``directory`` to scan, ``push`` for pushed documents or
+    ``history`` for pushed time-ordered records (kept within ``max_age_days`` and
+    ``max_items``, 0: unlimited; ``pruned`` counts the records retention removed)."""
 
     id: str
     kind: str
@@ -292,6 +297,9 @@ class Source:
     """Kept, but neither searched nor rescanned."""
     review_required: bool = False
     """Every new or changed document waits in ``review_required`` until approved."""
+    max_age_days: int = 0
+    max_items: int = 0
+    pruned: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +357,8 @@ class SearchHit:
     """The file's modification time (None for a pushed document)."""
     other_chunk_ids: tuple[str, ...] = ()
     """With ``group_by_document``: the document's other matching chunks."""
+    document_date: datetime | None = None
+    """The document's own date (None when it has none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,6 +427,8 @@ class RetrievalStatus:
     source_list: tuple[Source, ...]
     backfill: VectorBackfill
     rebuild: VectorRebuild = VectorRebuild()
+    pruned: int = 0
+    """History records removed by retention since the daemon started."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,6 +445,10 @@ class Citation:
     search_source: str = ""
     """Which index found it: ``text``, ``vector`` or ``hybrid``."""
     indexed_at: datetime | None = None
+    document_date: datetime | None = None
+    """The document's own date (None when it has none)."""
+    kind: str = ""
+    source_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,6 +79,7 @@ class FakeLlamad:
         self.last_set_mode: control_pb2.SetModeRequest | None = None
         self.docs: dict[str, Doc] = {}
         self.sources: dict[str, retrieval_pb2.Source] = {}
+        self.pruned = 0  # history records pruned (the fake's Status.pruned)
         self._failures: dict[str, list[Failure]] = {}
         self._lock = threading.Lock()
         self._listen = listen

@@ -114,9 +114,9 @@ def test_ingest_then_search_and_sources(llamad: Run, tmp_path: Path) -> None:
     assert "files/s" in out
     status, out, _ = llamad("search", "nginx logs")
     header, row = out.splitlines()
-    assert header.split() == ["CITATION", "TITLE", "PATH", "FOUND", "BY", "SCORE", "BM25",
-                              "VECTOR"]
-    assert row.split()[:4] == ["docs:runbooks/web01.md#0", "web01", "runbooks/web01.md",
+    assert header.split() == ["CITATION", "TITLE", "PATH", "DATED", "FOUND", "BY", "SCORE",
+                              "BM25", "VECTOR"]
+    assert row.split()[:5] == ["docs:runbooks/web01.md#0", "web01", "runbooks/web01.md", "-",
                                "hybrid"]
     status, out, _ = llamad("search", "nginx", "--json")
     doc = json.loads(out)
