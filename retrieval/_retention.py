@@ -70,6 +70,8 @@ class Retention:
         self.pruned = 0                  # records removed since start-up
         self.passes = 0                  # passes completed since start-up
         self.task: asyncio.Task[None] | None = None
+        self._in_pass = False
+        self._stopping = False
 
     def start(self) -> None:
         """Start the background task (once)."""
@@ -77,11 +79,14 @@ class Retention:
             self.task = asyncio.create_task(self._loop(), name="history-retention")
 
     async def close(self) -> None:
-        """Stop the task; a pass under way stops between two sources' deletions (each
-        source's deletion is one transaction: whole, or not at all)."""
+        """Stop the task: a sleeping one at once; a pass under way after the source it is
+        deleting from (its deletion, SQLite then tantivy and hnswlib, is never cut in
+        the middle), which is at most ``retention_batch`` records."""
         task, self.task = self.task, None
+        self._stopping = True
         if task is not None and not task.done():
-            task.cancel()
+            if not self._in_pass:
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
@@ -91,10 +96,15 @@ class Retention:
             await self._clock.sleep(interval if interval > 0 else IDLE_CHECK)
             if self._limits().retention_interval <= 0:
                 continue
+            self._in_pass = True
             try:
                 await self.run_once()
             except Exception as exc:  # the next pass tries again
                 _log.warning("history retention failed", error=str(exc)[:200])
+            finally:
+                self._in_pass = False
+            if self._stopping:
+                return
 
     async def run_once(self) -> int:
         """One pass over every history source; return how many records it removed (at
@@ -104,7 +114,7 @@ class Retention:
         now = int(self._clock.wall())
         removed: dict[str, int] = {}
         for source in await asyncio.to_thread(store.sources):
-            if budget <= 0:
+            if budget <= 0 or self._stopping:
                 break
             if source.kind != "history" or not (source.max_age_days or source.max_items):
                 continue

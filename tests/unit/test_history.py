@@ -231,3 +231,26 @@ async def test_retention_off_runs_no_pass(tmp_path: Path, clock: ManualClock) ->
     await asyncio.sleep(0.05)
     assert (r.retention.passes, len(await ids_of(r, "h"))) == (0, 3)
     await r.close()
+
+
+async def test_closing_lets_the_deletion_under_way_finish_whole(
+        tmp_path: Path, clock: ManualClock) -> None:
+    """Closed while a pass waits for the writer lock, retention finishes that source's
+    deletion (SQLite, then the text index) before close returns, and runs no more."""
+    r = Retriever(tmp_path / "index", lambda: HashEmbedder("m"),
+                  RetrievalLimits(retention_interval=60), clock=clock)
+    await r.open()
+    await r.add_source("h", history=True, max_items=1)
+    ids = await push(r, "h", 3, first=int(clock.wall()) - DAY)
+    await r._indexes.write.acquire()  # an ingest's commit, say
+    await clock.advance(60)
+    await asyncio.sleep(0.05)
+    closing = asyncio.create_task(r.retention.close())
+    await asyncio.sleep(0.05)
+    assert not closing.done()
+    r._indexes.write.release()
+    await asyncio.wait_for(closing, 10)
+    assert (r.pruned, await ids_of(r, "h")) == (2, ids[2:])
+    store, text = r._indexes.require()
+    assert text.keys() == store.chunk_keys()
+    await r.close()
