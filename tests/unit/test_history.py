@@ -254,3 +254,19 @@ async def test_closing_lets_the_deletion_under_way_finish_whole(
     store, text = r._indexes.require()
     assert text.keys() == store.chunk_keys()
     await r.close()
+
+
+async def test_records_are_pushed_like_any_document(r: Retriever, clock: ManualClock) -> None:
+    """A record is redacted like any document; one pushed for review waits, dated when
+    received, and is retained like the others (the oldest held one goes first)."""
+    await r.add_source("h", history=True, max_items=1)
+    received = int(clock.wall())
+    await r.upsert("h", "login", "$ mysql -u root --password=Hunter2Secret\nmysql> show "
+                   "databases;", doc_id="h/login", kind="session")
+    hit = (await r.search("mysql databases", options=Query(mode="text"))).hits[0]
+    assert "Hunter2Secret" not in hit.text and "[REDACTED" in hit.text
+    held = await r.upsert("h", "deploy", "$ ./deploy.sh prod\ndeployed", doc_id="h/deploy",
+                          kind="session", review=True, document_date=received - DAY)
+    assert (held.state, held.document_date) == ("review_required", received - DAY)
+    assert await r.prune() == 1
+    assert await ids_of(r, "h") == ["h/login"]
