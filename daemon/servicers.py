@@ -136,15 +136,17 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         *,
         chat: bool,
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        """Validate the sampling, admit the call on the generation role, refuse by name
-        the parameters its runtime cannot take, start its stream there and relay it (time
-        to first token counts from here)."""
+        """Validate the sampling, refuse by name the parameters the role's runtime cannot
+        take (before queueing, and again once admitted: a swap or a mode switch may have
+        changed it meanwhile), admit the call on the generation role, start its stream
+        there and relay it (time to first token counts from here)."""
         received = time.perf_counter()
         sampling = validation.sampling(params, self._limits)
         call.note(max_tokens=sampling.max_tokens)
         requested = sampling.requested()
         if requested:
             call.note(controls=",".join(requested))
+            sampling.check(self._router.backend("generation").dialect, chat=chat)
         async with self._router.admit("generation", context.time_remaining()) as backend:
             if requested:
                 sampling.check(backend.dialect, chat=chat)

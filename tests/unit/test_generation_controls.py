@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
+from daemon.admission import Admission
 from daemon.config import Limits
 from daemon.router import InferenceRouter
 from daemon.servicers import InferenceServicer
@@ -26,9 +27,11 @@ SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}},
 
 
 class Inference:
-    def __init__(self, channel: grpc.aio.Channel, backend: FakeBackend) -> None:
+    def __init__(self, channel: grpc.aio.Channel, role: FakeRole) -> None:
         self.stub = inference_pb2_grpc.InferenceServiceStub(channel)
-        self.backend = backend
+        self.role = role
+        assert isinstance(role.served, FakeBackend)
+        self.backend = role.served
 
     async def generate(self, **fields: object) -> list[ipb.GenerateResponse]:
         request = ipb.GenerateRequest(prompt="Say hello", sampling=ipb.SamplingParams(
@@ -58,13 +61,13 @@ def r(value: float | None) -> float | None:
 
 @pytest.fixture
 async def inference() -> AsyncIterator[Inference]:
-    backend = FakeBackend()
-    router = InferenceRouter({"generation": FakeRole(backend)})
+    role = FakeRole(FakeBackend())
+    router = InferenceRouter({"generation": role})
     servicer = InferenceServicer(router, Limits(max_grammar_chars=200, max_top_logprobs=5,
                                                 max_logit_bias=2))
     async with serving(lambda s: inference_pb2_grpc.add_InferenceServiceServicer_to_server(
             servicer, s)) as channel:
-        yield Inference(channel, backend)
+        yield Inference(channel, role)
 
 
 async def test_every_control_reaches_the_backend(inference: Inference) -> None:
@@ -165,6 +168,17 @@ async def test_a_control_the_runtime_cannot_take_is_refused(
     message = await inference.refused(fields, chat=chat)
     assert says in message
     assert dialect.runtime in message
+
+
+async def test_a_control_the_runtime_cannot_take_is_refused_before_it_queues(
+        inference: Inference) -> None:
+    """The refusal does not wait for a slot: with the slot and the queue full, it is
+    still INVALID_ARGUMENT at once (not RESOURCE_EXHAUSTED, not a wait)."""
+    inference.backend.dialect = OPENAI
+    admission = inference.role.admission = Admission("generation", 1, 0)
+    async with admission.slot(None):
+        message = await inference.refused({"grammar": 'root ::= "a"'}, chat=True)
+    assert "sampling.grammar is not supported" in message
 
 
 async def test_what_an_openai_endpoint_takes_goes_through(inference: Inference) -> None:
