@@ -46,16 +46,23 @@ def add_push_command(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                    help="a tag (repeatable)")
     p.add_argument("--no-wait", action="store_true",
                    help="return at once (state pending); llamad documents shows it later")
+    p.add_argument("--review", action="store_true",
+                   help="hold it for review (state review_required, not searchable) until "
+                        "llamad approve, even if its source does not require review")
     json_flag(p)
 
 
 def add_source_flags(p: argparse.ArgumentParser,
                      toggle: argparse._MutuallyExclusiveGroup) -> None:
-    """``sources --add ID [--history [--max-age-days N] [--max-items N]]``."""
+    """``sources --add ID [--review] [--history [--max-age-days N] [--max-items N]]``."""
     toggle.add_argument("--add", metavar="ID", default="",
                         help="add (or update) a source of pushed documents (llamad push); "
                              "directories are added by llamad ingest")
     g = p.add_argument_group("adding a source")
+    g.add_argument("--review", action="store_true",
+                   help="with --add: every new or changed document waits for review "
+                        "(llamad approve) before it is searchable; adding the source again "
+                        "without it turns review off")
     g.add_argument("--history", action="store_true",
                    help="with --add: a history source of time-ordered records (shell "
                         "sessions, incidents), pruned by the retention below")
@@ -73,7 +80,8 @@ def push(client: Client, args: argparse.Namespace) -> int:
     text = _read(args.file)
     doc = client.upsert_document(args.source, text, document_id=args.id, title=args.title,
                                  kind=args.kind, category=args.category, tags=args.tags,
-                                 document_date=args.date, wait=not args.no_wait)
+                                 document_date=args.date, wait=not args.no_wait,
+                                 review=args.review)
     if args.json:
         print(fmt.to_json(doc))
     else:
@@ -84,7 +92,7 @@ def push(client: Client, args: argparse.Namespace) -> int:
 
 def add_source(client: Client, args: argparse.Namespace) -> Source:
     """``sources --add``: the source added (or updated)."""
-    return client.add_source(args.add, history=args.history,
+    return client.add_source(args.add, history=args.history, review_required=args.review,
                              max_age_days=args.max_age_days, max_items=args.max_items)
 
 

@@ -373,13 +373,17 @@ def reprocess(client: Client, args: argparse.Namespace) -> int:
 
 
 def sources(client: Client, args: argparse.Namespace) -> int:
-    if not args.add and (args.history or args.max_age_days or args.max_items):
-        raise UsageError("--history, --max-age-days and --max-items go with --add ID")
+    if not args.add and (args.history or args.max_age_days or args.max_items or args.review):
+        raise UsageError("--history, --max-age-days, --max-items and --review go with "
+                         "--add ID")
     if args.add:
         added = add_source(client, args)
         if not args.json:
-            print(f"{added.id}: {added.kind} source ({retention(added)})"
-                  if added.kind == "history" else f"{added.id}: {added.kind} source")
+            notes = [retention(added)] if added.kind == "history" else []
+            if added.review_required:
+                notes.append("review required")
+            print(f"{added.id}: {added.kind} source"
+                  + (f" ({'; '.join(notes)})" if notes else ""))
             return 0
     if args.disable or args.enable:
         changed = client.set_source_disabled(args.disable or args.enable,

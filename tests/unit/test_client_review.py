@@ -82,6 +82,24 @@ def test_ingest_review_then_list_approve_and_reject(llamad: Run, tmp_path: Path)
     assert err == "llamad: documents: no documents in state pending\n"
 
 
+def test_sources_add_review_and_push_review(llamad: Run, tmp_path: Path) -> None:
+    """sources --add ID --review makes a source requiring review (said, and marked in the
+    listing); push --review holds one document of an ordinary source; --review without
+    --add is a usage error; adding the source again without it turns review off."""
+    status, out, _ = llamad("sources", "--add", "inbox", "--review")
+    assert (status, out) == (0, "inbox: push source (review required)\n")
+    assert "inbox (review)" in llamad("sources")[1]
+    note = tmp_path / "note.txt"
+    note.write_text("printer jammed on floor two\n")
+    assert llamad("push", "inbox", str(note), "--id", "a")[1] == "a: review_required\n"
+    assert llamad("sources", "--add", "inbox")[1] == "inbox: push source\n"
+    assert llamad("push", "inbox", str(note), "--id", "b")[1] == "b: indexed\n"
+    assert llamad("push", "inbox", str(note), "--id", "c", "--review")[1] == \
+        "c: review_required\n"
+    status, out, err = llamad("sources", "--review")
+    assert (status, out) == (2, "") and "--review go with --add ID" in err
+
+
 def test_the_clients_review_calls(fake: FakeLlamad) -> None:
     """Client and AsyncClient: upsert with review, the states filter, approve and reject;
     an unknown state name is refused before any call."""
