@@ -22,6 +22,7 @@ from retrieval import (
     WrongState,
     scan_source,
 )
+from retrieval._indexes import Indexes
 from retrieval._store import Store
 from tests.support.embedder import HashEmbedder, filled
 
@@ -295,4 +296,48 @@ async def test_a_background_push_goes_pending_processing_review_required(
     assert "inbox/vpn" not in await anywhere(r, "vpn tunnel flapping")
     await r.approve("inbox/vpn")
     assert "inbox/vpn" in await found(r, "vpn tunnel flapping")
+    await r.close()
+
+
+async def test_a_version_pushed_during_an_approval_waits_for_its_own_review(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new version pushed while an approval commits is held after it, never dropped by
+    it: the approved version is indexed and searchable, the newer one awaits review."""
+    r = await filled(tmp_path / "index", HashEmbedder("m"))
+    await r.add_source("inbox", review_required=True)
+    await r.upsert("inbox", "a", "printer jammed on floor two", doc_id="inbox/a")
+    entered, gate = asyncio.Event(), asyncio.Event()
+    commit = Indexes.commit
+
+    async def held(self: Indexes, batch: list[object]) -> object:
+        entered.set()
+        await gate.wait()
+        return await commit(self, batch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Indexes, "commit", held)
+    approving = asyncio.create_task(r.approve("inbox/a", note="ok"))
+    await entered.wait()  # the approval is committing
+    pushing = asyncio.create_task(r.upsert("inbox", "a", "kerberos tickets expire",
+                                           doc_id="inbox/a"))
+    for _ in range(50):
+        await asyncio.sleep(0.001)
+    gate.set()
+    assert (await approving).state == "indexed"
+    assert (await pushing).state == "review_required"
+    doc = await r.document("inbox/a")
+    assert doc is not None and doc.state == "review_required"
+    held_version = store_of(r).held_document("inbox/a")
+    assert held_version is not None and "kerberos" in held_version[1]
+    assert "inbox/a" in await found(r, "printer jammed floor")
+    assert "inbox/a" not in await found(r, "kerberos tickets")
+    await r.close()
+
+
+async def test_a_credential_in_a_note_is_redacted(tmp_path: Path) -> None:
+    """A reviewer's note is stored redacted, like a title."""
+    r = await filled(tmp_path / "index", HashEmbedder("m"))
+    await r.add_source("inbox", review_required=True)
+    await r.upsert("inbox", "a", "printer jammed", doc_id="inbox/a")
+    doc = await r.reject("inbox/a", note="leaks password=hunter2hunter2 in step 3")
+    assert "hunter2" not in doc.review_note and doc.review_note.startswith("leaks ")
     await r.close()
