@@ -94,7 +94,7 @@ class RetrievalStatus:
 
     sources: int
     chunks: int
-    documents_by_state: dict[str, int]  # pending | processing | indexed | failed -> count
+    documents_by_state: dict[str, int]  # pending .. rejected (six states) -> count
     embedding_model: str                # the model of the vector index ("" none yet)
     embedded_chunks: int                # chunks with a cached vector of the current model
     vectors: int                        # vectors in the vector index
