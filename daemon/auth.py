@@ -31,6 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -109,6 +110,17 @@ def bearer(metadata: Any) -> tuple[str | None, str]:
     return None, "no token"
 
 
+@dataclass(frozen=True)
+class Denial:
+    """Why a call is refused: its status, the message the caller gets, the reason logged,
+    and the token's fingerprint (None when no valid-looking token was sent)."""
+
+    code: grpc.StatusCode
+    message: str
+    reason: str
+    token: str | None = None
+
+
 class _DenialLog:
     """Rate-limited denial lines: a flood of bad calls cannot flood the journal."""
 
@@ -152,46 +164,56 @@ class AuthInterceptor(HandlerInterceptor):
 
     def handler_for(self, handler: grpc.RpcMethodHandler,
                     details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        denial = self.check(details.method, details.invocation_metadata)
+        return handler if denial is None else self._deny(handler, details.method, denial)
+
+    def check(self, method: str, metadata: Any) -> Denial | None:
+        """Why a call of ``method`` (a full gRPC method name) with ``metadata`` (its
+        ``(key, value)`` pairs: ``authorization`` is read) is refused; None when it may
+        go on. The HTTP API asks the same, naming the method its route stands for."""
         tokens = self._tokens
-        method: str = details.method
         if tokens is None or method.startswith(_PUBLIC_PREFIXES):
-            return handler
-        token, why = bearer(details.invocation_metadata)
+            return None
+        token, why = bearer(metadata)
         if token is None:
             message = _MISSING if why == "no token" else (
                 "malformed authorization metadata: expected 'Bearer <token>'")
-            return self._deny(handler, method, grpc.StatusCode.UNAUTHENTICATED, message,
-                              reason=why)
+            return Denial(grpc.StatusCode.UNAUTHENTICATED, message, why)
         role = tokens.role_of(token)
         if role is None:
-            return self._deny(handler, method, grpc.StatusCode.UNAUTHENTICATED,
-                              "the bearer token is not valid", reason="unknown token",
-                              token=fingerprint(token))
+            return Denial(grpc.StatusCode.UNAUTHENTICATED, "the bearer token is not valid",
+                          "unknown token", fingerprint(token))
         needed = METHOD_ROLES.get(method)
         if needed is None:
-            return self._deny(handler, method, grpc.StatusCode.PERMISSION_DENIED,
-                              f"{_short(method)} has no access role; refused",
-                              reason="method without a role", token=fingerprint(token))
+            return Denial(grpc.StatusCode.PERMISSION_DENIED,
+                          f"{_short(method)} has no access role; refused",
+                          "method without a role", fingerprint(token))
         if needed == ADMIN and role != ADMIN:
-            return self._deny(handler, method, grpc.StatusCode.PERMISSION_DENIED,
-                              f"{_short(method)} needs a token with the admin role; this "
-                              f"token has the {role} role",
-                              reason="needs admin", token=fingerprint(token))
-        return handler
+            return Denial(grpc.StatusCode.PERMISSION_DENIED,
+                          f"{_short(method)} needs a token with the admin role; this "
+                          f"token has the {role} role", "needs admin", fingerprint(token))
+        return None
 
-    def _deny(self, handler: grpc.RpcMethodHandler, method: str, code: grpc.StatusCode,
-              message: str, *, reason: str, token: str | None = None) -> grpc.RpcMethodHandler:
+    def denied(self, method: str, peer: str, denial: Denial, *,
+               protocol: str = "grpc") -> None:
+        """Log a denial (rate-limited) and count the refused call."""
+        fields: dict[str, Any] = {"method": _short(method), "peer": peer,
+                                  "code": denial.code.name, "reason": denial.reason}
+        if protocol != "grpc":
+            fields["protocol"] = protocol
+        if denial.token is not None:
+            fields["token"] = denial.token
+        self._denials.log(**fields)
+        if self._metrics is not None:
+            self._metrics.request(method.rpartition("/")[2], denial.code.name, 0.0, protocol)
+
+    def _deny(self, handler: grpc.RpcMethodHandler, method: str,
+              denial: Denial) -> grpc.RpcMethodHandler:
         """A handler of the same shape that refuses the call (requests are not parsed)."""
 
         async def refuse(request: object, context: grpc.aio.ServicerContext) -> None:
-            fields: dict[str, Any] = {"method": _short(method), "peer": context.peer(),
-                                      "code": code.name, "reason": reason}
-            if token is not None:
-                fields["token"] = token
-            self._denials.log(**fields)
-            if self._metrics is not None:
-                self._metrics.request(method.rpartition("/")[2], code.name, 0.0)
-            await context.abort(code, message)
+            self.denied(method, context.peer(), denial)
+            await context.abort(denial.code, denial.message)
 
         if handler.request_streaming and handler.response_streaming:
             return grpc.stream_stream_rpc_method_handler(refuse)

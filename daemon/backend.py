@@ -81,7 +81,7 @@ class InferenceBackend(Protocol):
 
     def stream_chat(self, messages: Messages, sampling: Sampling) -> AsyncIterator[Chunk]: ...
 
-    async def embed(self, texts: Sequence[str]) -> EmbedResult: ...
+    async def embed(self, texts: Sequence[str | Sequence[int]]) -> EmbedResult: ...
 
     async def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
         """Token ids from the model's own tokenizer.
@@ -114,7 +114,7 @@ class _ClientBackend:
     def stream_chat(self, messages: Messages, sampling: Sampling) -> AsyncIterator[Chunk]:
         return self.client.stream_chat(messages, sampling)
 
-    async def embed(self, texts: Sequence[str]) -> EmbedResult:
+    async def embed(self, texts: Sequence[str | Sequence[int]]) -> EmbedResult:
         return await self.client.embed(texts)
 
     async def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
@@ -203,7 +203,7 @@ class DisabledBackend:
     def stream_chat(self, messages: Messages, sampling: Sampling) -> AsyncIterator[Chunk]:
         raise self.refusal
 
-    async def embed(self, texts: Sequence[str]) -> EmbedResult:
+    async def embed(self, texts: Sequence[str | Sequence[int]]) -> EmbedResult:
         raise self.refusal
 
     async def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:

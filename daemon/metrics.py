@@ -19,6 +19,7 @@ method     :data:`METHODS` (the gRPC method names), or the ``methods`` argument
 code       :data:`CODES`: the ``grpc.StatusCode`` names (OK, CANCELLED, ...)
 outcome    :data:`SWAP_OUTCOMES`: ok failed rejected
 reason     :data:`REJECT_REASONS`: queue_full deadline
+protocol   :data:`PROTOCOLS`: grpc http (the API a call came in on)
 =========  ===========================================================================
 
 Prompts, pids, model paths and peers are never labels. The only free-form label is
@@ -56,7 +57,7 @@ MODES: tuple[str, ...] = ("embedded", "endpoint", "disabled")
 METHODS: tuple[str, ...] = (
     "Generate", "Chat", "Embed", "Tokenize", "Status", "TailLogs", "Swap", "Reset", "SetMode",
     "UpsertDocument", "DeleteDocument", "GetDocument", "ListDocuments", "AddSource",
-    "RemoveSource", "ListSources", "Reindex", "Search", "Ask",
+    "RemoveSource", "ListSources", "Reindex", "Search", "Ask", "ListModels",
 )
 """gRPC method names counted under their own label; extend it (or pass ``methods=``)."""
 # grpc.StatusCode names, spelled out so this module stays grpc-free
@@ -69,6 +70,9 @@ CODES: tuple[str, ...] = (
 )
 SWAP_OUTCOMES: tuple[str, ...] = ("ok", "failed", "rejected")
 REJECT_REASONS: tuple[str, ...] = ("queue_full", "deadline")
+PROTOCOLS: tuple[str, ...] = ("grpc", "http")
+"""The APIs a call can come in on: gRPC, or the OpenAI-compatible HTTP API (whose calls
+are counted under the gRPC method they correspond to, and the code gRPC would give)."""
 
 # Bucket upper bounds, in seconds.
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -143,6 +147,7 @@ class Metrics:
         self._codes = frozenset(CODES)
         self._outcomes = frozenset(SWAP_OUTCOMES)
         self._reasons = frozenset(REJECT_REASONS)
+        self._protocols = frozenset(PROTOCOLS)
         self._states = frozenset(CHILD_STATES)
         # Roles whose state gauge has an "other" series (set only after a bad state value).
         self._other_state: set[str] = set()
@@ -184,12 +189,12 @@ class Metrics:
             ["role"], buckets=SWAP_BUCKETS, registry=r)
 
         self._requests = Counter(
-            "llamad_requests", "Finished gRPC calls, by method and status code.",
-            ["method", "code"], registry=r)
+            "llamad_requests", "Finished calls, by protocol (grpc, http), method and status "
+            "code.", ["protocol", "method", "code"], registry=r)
         self._request_seconds = Histogram(
             "llamad_request_duration_seconds",
-            "Duration of gRPC calls, streams included, from arrival to the last message.",
-            ["method"], buckets=REQUEST_BUCKETS, registry=r)
+            "Duration of calls, streams included, from arrival to the last message.",
+            ["protocol", "method"], buckets=REQUEST_BUCKETS, registry=r)
         self._ttft = Histogram(
             "llamad_time_to_first_token_seconds",
             "Time from a Generate or Chat call's arrival to its first streamed token.",
@@ -278,11 +283,13 @@ class Metrics:
 
     # -- requests ------------------------------------------------------------------------
 
-    def request(self, method: str, code: str, seconds: float) -> None:
-        """Count a finished gRPC call and observe its duration."""
+    def request(self, method: str, code: str, seconds: float, protocol: str = "grpc") -> None:
+        """Count a finished call and observe its duration (``protocol``: the API it came
+        in on; an HTTP call names its gRPC method and the code gRPC would give)."""
         method = _fold(method, self._methods)
-        self._series(self._requests, method, _fold(code, self._codes)).inc()
-        self._series(self._request_seconds, method).observe(max(0.0, seconds))
+        protocol = _fold(protocol, self._protocols)
+        self._series(self._requests, protocol, method, _fold(code, self._codes)).inc()
+        self._series(self._request_seconds, protocol, method).observe(max(0.0, seconds))
 
     def time_to_first_token(self, role: str, seconds: float) -> None:
         """Observe the time from a call's arrival to its first token."""

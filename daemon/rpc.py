@@ -71,13 +71,21 @@ def _summary(method: str, started: float, call: Call, servicer: object) -> None:
 
 
 def _write_summary(method: str, seconds: float, call: Call, servicer: object) -> None:
-    code = call.fields.pop("code", "OK")
-    metrics: Metrics | None = getattr(servicer, "metrics", None)
+    write_summary(method, seconds, call.fields, getattr(servicer, "metrics", None))
+
+
+def write_summary(method: str, seconds: float, fields: dict[str, Any],
+                  metrics: Metrics | None, *, protocol: str = "grpc") -> None:
+    """Count a finished call (``fields["code"]``, its gRPC code name; OK when absent) and
+    log its one summary line: event ``rpc`` for gRPC, ``http`` for the HTTP API (same
+    fields, plus what that API notes)."""
+    code = fields.pop("code", "OK")
     if metrics is not None:
-        metrics.request(method, code, seconds)
+        metrics.request(method, code, seconds, protocol)
     duration_ms = round(seconds * 1000, 2)
     level = "info" if code in ("OK", "CANCELLED", "INVALID_ARGUMENT") else "warning"
-    getattr(_log, level)("rpc", method=method, code=code, duration_ms=duration_ms, **call.fields)
+    event = "rpc" if protocol == "grpc" else protocol
+    getattr(_log, level)(event, method=method, code=code, duration_ms=duration_ms, **fields)
 
 
 @contextlib.asynccontextmanager

@@ -371,8 +371,9 @@ class InferenceClient:
                 break
         yield Chunk("", 0, finish or "stop", prompt_tokens, completion_tokens)
 
-    async def embed(self, texts: Sequence[str]) -> EmbedResult:
-        """Embed ``texts`` (one vector each, in order)."""
+    async def embed(self, texts: Sequence[str | Sequence[int]]) -> EmbedResult:
+        """Embed ``texts`` (one vector each, in order); an item may be token ids (sent
+        as OpenAI's token-array input, which llama-server and OpenAI take)."""
         body: dict[str, Any] = {"input": list(texts)}
         if self._api.embed_base64:
             body["encoding_format"] = "base64"

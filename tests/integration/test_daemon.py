@@ -355,7 +355,7 @@ async def test_metrics_endpoint_counts_what_happened(llama_server: str) -> None:
         def v(name: str, **labels: str) -> float:
             return values.get((name, frozenset(labels.items())), 0.0)
 
-        assert v("llamad_requests_total", method="Generate", code="OK") == 1
+        assert v("llamad_requests_total", protocol="grpc", method="Generate", code="OK") == 1
         assert v("llamad_tokens_generated_total", role="generation") == \
             msgs[-1].usage.completion_tokens
         assert v("llamad_time_to_first_token_seconds_count", role="generation") == 1

@@ -32,8 +32,8 @@ from supervisor import (
 
 @dataclass
 class FakeBackend:
-    """Streams ``pieces`` (one token each) then a final chunk; embeds each text as
-    ``[len(text), 0, ..., 1]``; tokenizes into words. ``gate``, when set, holds every
+    """Streams ``pieces`` (one token each) then a final chunk; embeds each text (or token
+    ids) as ``[len(text), 0, ..., 1]``; tokenizes into words. ``gate``, when set, holds every
     stream before its first piece until the test sets it. ``logprobs``, when set, gives
     each piece's tokens; ``dialect`` is the runtime's."""
 
@@ -50,7 +50,7 @@ class FakeBackend:
     prompts: list[str] = field(default_factory=list)
     chats: list[list[tuple[str, str]]] = field(default_factory=list)
     samplings: list[Sampling] = field(default_factory=list)
-    embedded: list[list[str]] = field(default_factory=list)
+    embedded: list[list[str | Sequence[int]]] = field(default_factory=list)
     tokenized: list[tuple[str, bool]] = field(default_factory=list)
     refusal: RequestError | None = None
     dialect: Dialect = LLAMA_CPP
@@ -81,14 +81,15 @@ class FakeBackend:
             yield Chunk(piece, 1, logprobs=probs)
         yield Chunk("", 0, self.finish, self.prompt_tokens, len(self.pieces))
 
-    async def embed(self, texts: Sequence[str]) -> EmbedResult:
+    async def embed(self, texts: Sequence[str | Sequence[int]]) -> EmbedResult:
         self.embedded.append(list(texts))
         if self.fail_embed is not None:
             raise self.fail_embed
         matrix = np.zeros((len(texts), self.dimension), dtype=np.float32)
         for i, text in enumerate(texts):
             matrix[i, 0], matrix[i, -1] = len(text), 1.0
-        return EmbedResult(matrix, sum(len(t.split()) for t in texts))
+        return EmbedResult(matrix, sum(len(t.split()) if isinstance(t, str) else len(t)
+                                       for t in texts))
 
     async def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
         self.tokenized.append((text, add_special))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from daemon.servicers import _embedding, _l2_rows
+from daemon.inference import l2_rows as _l2_rows
+from daemon.servicers import _embedding
 from llamad_protocol.v1 import inference_pb2
 
 

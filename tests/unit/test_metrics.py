@@ -61,6 +61,7 @@ def test_counters_count_calls() -> None:
     m.request("Generate", "OK", 0.2)
     m.request("Generate", "OK", 0.3)
     m.request("Embed", "UNAVAILABLE", 0.001)
+    m.request("Generate", "OK", 0.1, protocol="http")
     m.swap("generation", "ok", 4.0)
 
     assert value(m, "llamad_child_exits_total", role="generation", kind="oom") == 2
@@ -72,10 +73,16 @@ def test_counters_count_calls() -> None:
     assert value(m, "llamad_tokens_generated_total", role="generation") == 7
     assert value(m, "llamad_rejections_total", role="generation", reason="queue_full") == 1
     assert value(m, "llamad_rejections_total", role="generation", reason="deadline") == 0
-    assert value(m, "llamad_requests_total", method="Generate", code="OK") == 2
-    assert value(m, "llamad_requests_total", method="Embed", code="UNAVAILABLE") == 1
-    assert value(m, "llamad_request_duration_seconds_count", method="Generate") == 2
-    assert value(m, "llamad_request_duration_seconds_sum", method="Generate") == pytest.approx(0.5)
+    grpc_ = {"protocol": "grpc"}
+    assert value(m, "llamad_requests_total", **grpc_, method="Generate", code="OK") == 2
+    assert value(m, "llamad_requests_total", **grpc_, method="Embed", code="UNAVAILABLE") == 1
+    assert value(m, "llamad_request_duration_seconds_count", **grpc_, method="Generate") == 2
+    assert value(m, "llamad_request_duration_seconds_sum", **grpc_,
+                 method="Generate") == pytest.approx(0.5)
+    # The same series, told apart by the API the call came in on.
+    assert value(m, "llamad_requests_total", protocol="http", method="Generate", code="OK") == 1
+    assert value(m, "llamad_request_duration_seconds_count", protocol="http",
+                 method="Generate") == 1
     assert value(m, "llamad_swaps_total", role="generation", outcome="ok") == 1
     assert value(m, "llamad_swap_duration_seconds_sum", role="generation") == 4.0
 
@@ -110,8 +117,9 @@ def test_odd_numbers_are_clamped_not_raised() -> None:
     m.request("Status", "OK", -0.5)
     assert value(m, "llamad_tokens_generated_total", role="generation") == 0
     assert value(m, "llamad_queue_depth", role="generation") == 0
-    assert value(m, "llamad_request_duration_seconds_sum", method="Status") == 0
-    assert value(m, "llamad_request_duration_seconds_bucket", method="Status", le="0.005") == 1
+    assert value(m, "llamad_request_duration_seconds_sum", protocol="grpc", method="Status") == 0
+    assert value(m, "llamad_request_duration_seconds_bucket", protocol="grpc", method="Status",
+                 le="0.005") == 1
 
 
 def test_build_info() -> None:
@@ -164,8 +172,8 @@ def test_unknown_label_values_fold_to_other() -> None:
     m.child_restart("reranker-17")
     m.tokens("pid-4242", 3)
     assert value(m, "llamad_child_exits_total", role="generation", kind="other") == 1
-    assert value(m, "llamad_requests_total", method="other", code="other") == 1
-    assert value(m, "llamad_request_duration_seconds_count", method="other") == 1
+    assert value(m, "llamad_requests_total", protocol="grpc", method="other", code="other") == 1
+    assert value(m, "llamad_request_duration_seconds_count", protocol="grpc", method="other") == 1
     assert value(m, "llamad_rejections_total", role="generation", reason="other") == 1
     assert value(m, "llamad_swaps_total", role="generation", outcome="other") == 1
     assert value(m, "llamad_child_restarts_total", role="other") == 1
@@ -192,10 +200,11 @@ def test_methods_can_be_extended() -> None:
             "Reset"} <= set(METHODS)
     default = Metrics()
     default.request("Rerank", "OK", 1.0)
-    assert value(default, "llamad_requests_total", method="other", code="OK") == 1
+    assert value(default, "llamad_requests_total", protocol="grpc", method="other", code="OK") == 1
     extended = Metrics(methods=(*METHODS, "Rerank"))
     extended.request("Rerank", "OK", 1.0)
-    assert value(extended, "llamad_requests_total", method="Rerank", code="OK") == 1
+    assert value(extended, "llamad_requests_total", protocol="grpc", method="Rerank",
+                 code="OK") == 1
 
 
 def test_codes_are_the_grpc_status_code_names() -> None:
@@ -273,8 +282,8 @@ def test_request_and_swap_buckets() -> None:
     m = Metrics()
     m.request("Chat", "OK", 3.0)
     m.swap("embedding", "failed", 90.0)
-    assert bucket(m, "llamad_request_duration_seconds", "2.5", method="Chat") == 0
-    assert bucket(m, "llamad_request_duration_seconds", "5.0", method="Chat") == 1
+    assert bucket(m, "llamad_request_duration_seconds", "2.5", protocol="grpc", method="Chat") == 0
+    assert bucket(m, "llamad_request_duration_seconds", "5.0", protocol="grpc", method="Chat") == 1
     assert bucket(m, "llamad_swap_duration_seconds", "60.0", role="embedding") == 0
     assert bucket(m, "llamad_swap_duration_seconds", "120.0", role="embedding") == 1
     assert value(m, "llamad_swaps_total", role="embedding", outcome="failed") == 1
