@@ -66,9 +66,11 @@ def address(llama_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     """A running daemon (both children) for the module; its address."""
     tmp = tmp_path_factory.mktemp("daemon")
     # Directory sources (ingest) may live anywhere under pytest's temporary directory.
+    # History retention runs every second (not 60 s), so its test need not wait long.
     daemon = Daemon(config_env("llama-server", LLAMAD_STATE_DIR=str(tmp / "state"),
                                LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(
-                                   tmp_path_factory.getbasetemp())),
+                                   tmp_path_factory.getbasetemp()),
+                               LLAMAD_RETRIEVAL_RETENTION_INTERVAL="1"),
                     tmp / "daemon.log")
     try:
         addr = daemon.address()
@@ -213,6 +215,42 @@ def test_review_before_indexing(address: str, tmp_path: Path) -> None:
     assert again.returncode == 1
     assert one_line_error(again).startswith(f"llamad: approve: refused: document '{doc_id}' "
                                             "is rejected")
+
+
+def test_history_source_records_and_retention(address: str, tmp_path: Path) -> None:
+    """sources --add --history --max-items 2; three shell-session records pushed with
+    llamad push, each dated by --date, are found with their dates; retention prunes the
+    oldest in the background (counted on the source) and --dated-since selects by date."""
+    result = llamad(address, "sources", "--add", "shell", "--history", "--max-items", "2")
+    assert (result.returncode, result.stdout) == (
+        0, "shell: history source (2 items; 0 pruned)\n"), result.stderr
+    days = ("2026-11-28T08:00:00+00:00", "2026-11-29T08:00:00+00:00",
+            "2026-11-30T08:00:00+00:00")
+    for i, day in enumerate(days):
+        record = tmp_path / f"session{i}.txt"
+        record.write_text(f"$ systemctl status quuxd\nquuxd.service failed, exit {i}\n")
+        result = llamad(address, "push", "shell", str(record), "--id", f"shell/{i}",
+                        "--kind", "session", "--date", day, "--json")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["document_date"] == day
+    deadline = time.monotonic() + 60  # retention runs every second in this daemon
+    while True:
+        listed = json.loads(llamad(address, "sources", "--json").stdout)
+        shell = next(s for s in listed if s["id"] == "shell")
+        if shell["pruned"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert (shell["kind"], shell["pruned"], shell["documents"]) == ("history", 1, 2)
+
+    def found(*flags: str) -> dict[str, str]:
+        result = llamad(address, "search", "quuxd failed", "--json", "--mode", "text",
+                        *flags)
+        assert result.returncode == 0, result.stderr
+        return {h["document_id"]: h["document_date"]
+                for h in json.loads(result.stdout)["hits"]}
+
+    assert found() == {"shell/1": days[1], "shell/2": days[2]}
+    assert found("--dated-since", "2026-11-30T00:00+00:00") == {"shell/2": days[2]}
 
 
 def test_ingest_without_allowed_roots_says_how_to_allow_them(tmp_path: Path) -> None:
