@@ -301,12 +301,15 @@ class AsyncClient(AsyncBase):
             tags: Sequence[str] = (), history: Iterable[cv.ChatInput] = (),
             task: Task = "answer", attachment: str = "", max_tokens: int | None = None,
             temperature: float | None = None, seed: int | None = None, no_cache: bool = False,
-            mode: SearchMode = "hybrid", timeout: Timeout = DEFAULT) -> AsyncAskStream:
+            mode: SearchMode = "hybrid", dated_since: datetime | None = None,
+            dated_until: datetime | None = None,
+            timeout: Timeout = DEFAULT) -> AsyncAskStream:
         """A grounded answer, streamed, then its sources (see :meth:`Client.ask`)."""
         request = rq.ask(question, top_k=top_k, sources=sources, kinds=kinds,
                          categories=categories, tags=tags, history=history, task=task,
                          attachment=attachment, max_tokens=max_tokens,
-                         temperature=temperature, seed=seed, no_cache=no_cache, mode=mode)
+                         temperature=temperature, seed=seed, no_cache=no_cache, mode=mode,
+                         dated_since=dated_since, dated_until=dated_until)
         return AsyncAskStream(self._call(self._answer.Ask, request, timeout), cv.ask_event)
 
     # --- health ---------------------------------------------------------------------------

@@ -185,6 +185,14 @@ def _filters(p: argparse.ArgumentParser) -> None:
                    help="only documents with any of these tags (repeatable)")
 
 
+def _dated(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("by the document's own date (undated ones left out)")
+    g.add_argument("--dated-since", type=_moment, default=None, metavar="TIME",
+                   help="only documents dated TIME or later (ISO 8601, e.g. 2026-11-30)")
+    g.add_argument("--dated-until", type=_moment, default=None, metavar="TIME",
+                   help="only documents dated TIME or earlier")
+
+
 def _moment(text: str) -> datetime:
     """An ISO 8601 date or time (local time when it names no zone)."""
     try:
@@ -244,6 +252,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--temperature", type=float, metavar="T")
     p.add_argument("--no-cache", action="store_true", help="skip the response cache")
     _filters(p)
+    _dated(p)
     _json_flag(p, "JSON lines (text, sources and done events)")
 
     p = sub.add_parser("search", parents=common, help="hybrid search of the documents",
@@ -257,11 +266,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--by-document", action="store_true",
                    help="one hit per document (its best chunk)")
     _filters(p)
-    g = p.add_argument_group("by the document's own date (undated ones left out)")
-    g.add_argument("--dated-since", type=_moment, default=None, metavar="TIME",
-                   help="only documents dated TIME or later (ISO 8601, e.g. 2026-11-30)")
-    g.add_argument("--dated-until", type=_moment, default=None, metavar="TIME",
-                   help="only documents dated TIME or earlier")
+    _dated(p)
     _json_flag(p)
 
     p = sub.add_parser("ingest", parents=common, help="add a directory source and index it",

@@ -214,7 +214,9 @@ def ask(client: Client, args: argparse.Namespace) -> int:
             raise UsageError(f"cannot read {args.attach}: {exc.strerror or exc}") from None
     stream = client.ask(_text_arg(args.question), top_k=args.top_k, task=args.task,
                         attachment=attachment, max_tokens=args.max_tokens,
-                        temperature=args.temperature, no_cache=args.no_cache, **_filters(args))
+                        temperature=args.temperature, no_cache=args.no_cache,
+                        dated_since=args.dated_since, dated_until=args.dated_until,
+                        **_filters(args))
     out = sys.stdout
     sources: AskSources | None = None
     done: AskDone | None = None
@@ -241,7 +243,9 @@ def ask(client: Client, args: argparse.Namespace) -> int:
         out.write("\nSources:\n")
         for c in sources.citations:
             where = f" — {c.path}" if c.path else ""
-            out.write(f"[{c.label}] {c.title or c.document_id}{where} ({c.score:.3f})\n")
+            dated = f", dated {fmt.when(c.document_date)}" if c.document_date else ""
+            out.write(f"[{c.label}] {c.title or c.document_id}{where} ({c.score:.3f}"
+                      f"{dated})\n")
     out.flush()
     for warning in sources.warnings if sources is not None else ():
         print(f"llamad: ask: warning: {warning}", file=sys.stderr)

@@ -297,6 +297,8 @@ class DocumentCalls(SyncBase):
         seed: int | None = None,
         no_cache: bool = False,
         mode: SearchMode = "hybrid",
+        dated_since: datetime | None = None,
+        dated_until: datetime | None = None,
         timeout: Timeout = DEFAULT,
     ) -> AskStream:
         """A grounded answer about your documents, streamed, with its sources.
@@ -312,6 +314,8 @@ class DocumentCalls(SyncBase):
             attachment: text the question is about (e.g. a command's output).
             no_cache: skip the daemon's response cache.
             mode: how the sources are searched (see :meth:`search`).
+            dated_since, dated_until: only sources whose document's own date is within
+                this window (see :meth:`search`).
 
         Raises:
             OutOfRange: the question, template and task cannot fit the context.
@@ -327,5 +331,6 @@ class DocumentCalls(SyncBase):
         request = rq.ask(question, top_k=top_k, sources=sources, kinds=kinds,
                          categories=categories, tags=tags, history=history, task=task,
                          attachment=attachment, max_tokens=max_tokens,
-                         temperature=temperature, seed=seed, no_cache=no_cache, mode=mode)
+                         temperature=temperature, seed=seed, no_cache=no_cache, mode=mode,
+                         dated_since=dated_since, dated_until=dated_until)
         return AskStream(self._call(self._answer.Ask, request, timeout), cv.ask_event)

@@ -25,7 +25,7 @@ class FakeAnswer(answer_pb2_grpc.AnswerServiceServicer):
     def Ask(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         if not request.question.strip():
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "question is empty")
-        hits = self.retrieval.hits(request.question, request.top_k)
+        hits = self.retrieval.hits(request.question, request.top_k, request.filters)
 
         def items() -> Iterator[Any]:
             if self.fake.endless:

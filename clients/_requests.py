@@ -107,11 +107,14 @@ def add_source(source_id: str, path: str | os.PathLike[str], *, category: str,
 def ask(question: str, *, top_k: int, sources: Sequence[str], kinds: Sequence[str],
         categories: Sequence[str], tags: Sequence[str], history: Iterable[cv.ChatInput],
         task: str, attachment: str, max_tokens: int | None, temperature: float | None,
-        seed: int | None, no_cache: bool, mode: str = "hybrid") -> answer_pb2.AskRequest:
+        seed: int | None, no_cache: bool, mode: str = "hybrid",
+        dated_since: datetime | None = None,
+        dated_until: datetime | None = None) -> answer_pb2.AskRequest:
     return answer_pb2.AskRequest(
         question=question, top_k=top_k, history=cv.turns(history),
         task=cv.task_enum(task), attachment=attachment, no_cache=no_cache,
         mode=cv.search_mode_enum(mode),
-        filters=cv.filters(sources=sources, kinds=kinds, categories=categories, tags=tags),
+        filters=cv.filters(sources=sources, kinds=kinds, categories=categories, tags=tags,
+                           dated_since=dated_since, dated_until=dated_until),
         sampling=cv.sampling(max_tokens=max_tokens, temperature=temperature, top_p=None,
                              top_k=None, seed=seed, stop=()))

@@ -153,6 +153,20 @@ def test_search_dated_since_and_until(llamad: Run) -> None:
     assert found("--dated-until", "2026-01-01") == {"old"}
 
 
+def test_ask_dated_since_cites_only_dated_sources_with_their_date(llamad: Run) -> None:
+    """ask --dated-since: the answer's sources are only those dated since then, each
+    printed with its date."""
+    llamad("sources", "--add", "notes")
+    llamad("push", "notes", "--id", "old", "--title", "Old", "--date", "2025-01-01",
+           stdin="nginx logs rotated")
+    llamad("push", "notes", "--id", "new", "--title", "New", "--date", "2026-06-01T10:00",
+           stdin="nginx logs rotated again")
+    status, out, _ = llamad("ask", "nginx logs", "--dated-since", "2026-01-01")
+    assert status == 0
+    sources = out.split("Sources:\n", 1)[1].splitlines()
+    assert sources == [f"[S1] New (0.016, dated {local('2026-06-01T10:00')})"]
+
+
 def test_history_flags_need_add_and_retention_needs_history(llamad: Run) -> None:
     """--history without --add is a usage error (2); retention without --history is
     refused by the daemon as an invalid argument (5); nothing is added."""

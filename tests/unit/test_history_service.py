@@ -167,6 +167,9 @@ async def test_ask_citations_carry_the_date_kind_and_source(tmp_path: Path) -> N
             stub = answer_pb2_grpc.AnswerServiceStub(channel)
             messages = [m async for m in stub.Ask(apb.AskRequest(
                 question="nginx failed port 80 in use"))]
+            dated = [m async for m in stub.Ask(apb.AskRequest(
+                question="nginx failed port 80 in use", no_cache=True,
+                filters=rpb.SearchFilters(dated_since=at(1_600_000_000))))]
     finally:
         await r.close()
     sources = next(m.sources for m in messages if m.HasField("sources"))
@@ -174,3 +177,5 @@ async def test_ask_citations_carry_the_date_kind_and_source(tmp_path: Path) -> N
                              c.kind, c.source_id) for c in sources.citations}
     assert cited == {"shell/1": (1_700_000_000, "session", "shell"),
                      "kb/nginx": (False, "text", "kb")}
+    only = next(m.sources for m in dated if m.HasField("sources"))
+    assert [c.document_id for c in only.citations] == ["shell/1"]
