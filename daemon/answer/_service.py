@@ -207,8 +207,9 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
         ]
         sources = apb.AskResponse(sources=apb.AskSources(
             citations=citations, retrieval_mode=MODES[mode], warnings=warnings))
-        model = backend.provisional_identity  # the cache key's model part
-        cached = None if request.no_cache else self._cache.get(model, assembled.sha256)
+        model = backend.provisional_identity  # the cache key's model part (sampling another)
+        cached = (None if request.no_cache
+                  else self._cache.get(model, assembled.sha256, sampling))
         first: float | None = None
         if cached is not None:
             text, completion, prompt_tokens, finish = (cached.text, cached.completion_tokens,
@@ -233,7 +234,7 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
                         completion = chunk.completion_tokens or completion
                         prompt_tokens = chunk.prompt_tokens or prompt_tokens
             text = "".join(pieces)
-            self._cache.put(model, assembled.sha256,
+            self._cache.put(model, assembled.sha256, sampling,
                             CachedAnswer(text, completion, prompt_tokens, finish))
         yield sources
         end = time.perf_counter()

@@ -300,6 +300,27 @@ async def test_another_model_does_not_reuse_the_cached_answer(answer: Answer) ->
     assert len(answer.backend.chats) == 2
 
 
+async def test_other_sampling_does_not_reuse_the_cached_answer(answer: Answer) -> None:
+    """A cached answer belongs to the sampling that produced it: the same question with
+    another temperature, seed, penalty, DRY setting or max_tokens is generated again; the
+    same settings again are served from the cache."""
+    variants = [
+        ipb.SamplingParams(),
+        ipb.SamplingParams(temperature=0.7, seed=1),
+        ipb.SamplingParams(temperature=0.7, seed=2),
+        ipb.SamplingParams(repeat_penalty=1.1),
+        ipb.SamplingParams(dry_multiplier=0.8),
+        ipb.SamplingParams(max_tokens=64),
+    ]
+    for sampling in variants:
+        await answer.ask("web01 disk full?", sampling=sampling)
+    assert len(answer.backend.chats) == len(variants)
+    second = await answer.ask("web01 disk full?",
+                              sampling=ipb.SamplingParams(temperature=0.7, seed=2))
+    assert second[-1].done.cached
+    assert len(answer.backend.chats) == len(variants)
+
+
 async def test_a_question_without_relevant_sources_is_not_generated(answer: Answer) -> None:
     """With no source over the relevance floor, Ask says it has no context and never
     calls the model."""
