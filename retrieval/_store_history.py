@@ -8,6 +8,9 @@ first: an undated row, a failed record say, is the oldest), ties by id; the inde
 retention pass reads about as many rows as it removes, however long the history is.
 Records past ``max_age_days`` and those beyond the newest ``max_items`` are always a prefix
 of that order: one pass removes the first ``n`` of it.
+
+These are the store's own queries, kept apart from :mod:`retrieval._store` (its size): they
+use its connection, its lock and its write transaction as its methods do.
 """
 
 from __future__ import annotations
