@@ -43,7 +43,7 @@ from supervisor import (
     SwapRecord,
     SystemClock,
     Timeouts,
-    fallback_chat_template,
+    choose_chat_template,
     pick_runtime,
     read_gguf_info,
     sha256_file,
@@ -129,7 +129,7 @@ def make_setup(
         facts.validate()
     template = None
     if role == "generation" and facts.info is not None:
-        template = fallback_chat_template(facts.info.architecture, facts.info.has_chat_template)
+        template = choose_chat_template(facts.info).name or None
     spec = LaunchSpec(
         role=role,
         model=path,

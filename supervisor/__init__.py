@@ -36,7 +36,6 @@ from ._runtime import (
     LaunchSpec,
     LlamaServerRuntime,
     Runtime,
-    fallback_chat_template,
     find_llama_server,
     pick_runtime,
 )
@@ -61,6 +60,7 @@ from ._swap import (
     SwapRecord,
     SwapRefusedError,
 )
+from ._templates import ChatTemplate, choose_chat_template, fallback_chat_template
 from .errors import (
     ChildBadRequestError,
     ChildNotReadyError,
@@ -83,6 +83,7 @@ __all__ = [
     "ApiShape",
     "BreakerState",
     "BundledRuntime",
+    "ChatTemplate",
     "ChildBadRequestError",
     "ChildNotReadyError",
     "ChildProcess",
@@ -136,6 +137,7 @@ __all__ = [
     "UnsupportedParameterError",
     "can_lower_niceness",
     "check_transition",
+    "choose_chat_template",
     "classify_exit",
     "display_url",
     "fallback_chat_template",

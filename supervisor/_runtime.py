@@ -24,6 +24,7 @@ from typing import Protocol
 
 from ._client import ApiShape
 from ._sampling import BUNDLED, LLAMA_CPP
+from ._templates import BUNDLED_FORMATS, template_file
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,9 @@ class LaunchSpec:
         threads: CPU threads for generation and batch processing.
         parallel: concurrent request slots (llama-server only).
         batch: logical batch size; for embeddings it must hold a whole input.
-        chat_template: a built-in chat template name to use because the GGUF carries
-            none (see :func:`fallback_chat_template`); None uses the model's own.
+        chat_template: a known chat template's name (``"gemma"``, ``"chatml"``) to use
+            because the GGUF carries none (see :mod:`supervisor._templates`); None uses
+            the model's own.
         extra_args: appended verbatim to the runtime's command line.
         spin_count: GOMP_SPINCOUNT for the child (-1: the environment's). llama.cpp's CPU
             threads are an OpenMP team that meets at a barrier after every operation,
@@ -147,7 +149,9 @@ class LlamaServerRuntime:
             argv += ["--ctx-size", str(spec.ctx_size * parallel if spec.ctx_size else 0)]
             argv += ["--batch-size", str(spec.batch)]
             if spec.chat_template:
-                argv += ["--chat-template", spec.chat_template]
+                # A file, not --chat-template NAME: this llama-server takes that as the
+                # Jinja source itself, and every prompt became the name.
+                argv += ["--chat-template-file", str(template_file(spec.chat_template))]
         return argv + list(spec.extra_args)
 
     def max_concurrency(self, spec: LaunchSpec) -> int:
@@ -185,24 +189,11 @@ class BundledRuntime:
         if spec.embedding:
             argv += ["--n_ubatch", str(max(spec.batch, ctx))]
         elif spec.chat_template:
-            argv += ["--chat_format", spec.chat_template]
+            argv += ["--chat_format", BUNDLED_FORMATS[spec.chat_template]]
         return argv + list(spec.extra_args)
 
     def max_concurrency(self, spec: LaunchSpec) -> int:
         return 1
-
-
-# Built-in templates (known to both llama-server and llama-cpp-python by these names) for
-# architectures whose GGUF files are often published without tokenizer.chat_template;
-# without one, llama-server falls back to ChatML, which Gemma does not understand.
-_FALLBACK_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma"}
-
-
-def fallback_chat_template(architecture: str, has_template: bool) -> str | None:
-    """The built-in chat template to pass for a model without its own, or None."""
-    if has_template:
-        return None
-    return _FALLBACK_TEMPLATES.get(architecture)
 
 
 def find_llama_server(explicit: str | None = None) -> str | None:
