@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta, timezone
+from email.utils import parsedate_to_datetime
 
 MIN_SECONDS = -62_135_596_800
 """0001-01-01T00:00:00Z: the earliest time a protobuf Timestamp carries."""
@@ -49,14 +50,19 @@ def _seconds(dt: datetime) -> int | None:
 
 def parse_iso(value: str) -> int | None:
     """Unix seconds of an ISO 8601 date (``2024-03-05``) or date and time
-    (``2024-03-05T10:30:00Z``, ``2024-03-05 10:30+02:00``, fractions allowed); None when
-    it is neither."""
+    (``2024-03-05T10:30:00Z``, ``2024-03-05 10:30:00 -0500`` as Jekyll writes it,
+    fractions allowed), or of an RFC 2822 date (``Tue, 05 Mar 2024 10:30:00 GMT``, as some
+    pages' ``<meta>`` carry); None when it is none of these."""
     value = value.strip().strip("\"'").strip()
     if not value or len(value) > _MAX_VALUE:
         return None
     try:
         return _seconds(datetime.fromisoformat(value))
     except ValueError:
+        pass
+    try:
+        return _seconds(parsedate_to_datetime(value))
+    except (TypeError, ValueError, IndexError):
         return None
 
 

@@ -37,13 +37,16 @@ def ts(text: str) -> int:
     ("2024-03-05T10:30:00Z", ts("2024-03-05T10:30:00")),
     ("2024-03-05 10:30:00+02:00", ts("2024-03-05T08:30:00")),
     ("'2024-03-05T10:30:00.250Z'", ts("2024-03-05T10:30:00")),
+    ("2016-03-05 10:30:00 -0500", ts("2016-03-05T15:30:00")),
+    ("Tue, 05 Mar 2024 10:30:00 GMT", ts("2024-03-05T10:30:00")),
     ("2024-13-40", None),
     ("last tuesday", None),
     ("", None),
 ])
 def test_iso_dates_and_datetimes_parse_and_garbage_does_not(value: str,
                                                             expected: int | None) -> None:
-    """A date is midnight UTC, a naive time UTC, a zone honoured; anything else None."""
+    """A date is midnight UTC, a naive time UTC, a zone honoured (Jekyll's and RFC 2822's
+    forms too); anything else None."""
     assert parse_iso(value) == expected
 
 
