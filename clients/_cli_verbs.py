@@ -114,7 +114,8 @@ def _retrieval_line(r: RetrievalStatus) -> str:
             + (f" ({states})" if states else "")
             + f", {r.chunks} chunks ({r.embedded_chunks} embedded), {r.vectors} vectors"
             + f"{model}, {fmt.size(r.disk_bytes)} on disk" + _rebuild_note(r.rebuild)
-            + _backfill_note(r.backfill))
+            + _backfill_note(r.backfill)
+            + (f"; {r.pruned} history records pruned since start" if r.pruned else ""))
 
 
 def _rebuild_note(b: VectorRebuild) -> str:

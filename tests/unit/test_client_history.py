@@ -127,6 +127,8 @@ def test_sources_add_history_then_push_records_with_dates(llamad: Run, tmp_path:
     header, row = out.splitlines()
     assert "RETENTION" in header
     assert "2 items; 2 pruned" in row
+    status, out, _ = llamad("status")
+    assert out.splitlines()[-1].endswith("; 2 history records pruned since start")
     status, out, _ = llamad("search", "df full load")
     assert status == 0
     lines = out.splitlines()
