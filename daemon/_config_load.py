@@ -121,9 +121,15 @@ def _build(
         raise ConfigError("limits.default_max_tokens must be <= limits.max_tokens")
     tls = _tls(s.tls)
     tokens = _tokens(s.auth)
-    check_listen(s.listen, tls=tls is not None,
-                 authenticated=tokens is not None or (tls is not None
-                                                      and tls.require_client_cert))
+    authenticated = tokens is not None or (tls is not None and tls.require_client_cert)
+    check_listen(s.listen, tls=tls is not None, authenticated=authenticated)
+    if s.http_listen:
+        if s.http_listen.startswith("unix:"):
+            raise ConfigError("http_listen: must be a host:port, not a unix socket")
+        try:
+            check_listen(s.http_listen, tls=tls is not None, authenticated=authenticated)
+        except ConfigError as exc:
+            raise ConfigError(f"http_{exc}") from None
     for root in s.retrieval.allowed_roots:
         if not os.path.isabs(root):
             raise ConfigError(f"retrieval.allowed_roots: {root!r} is not an absolute path")

@@ -14,7 +14,7 @@ from typing import Any, Generic, TypeVar, overload
 from supervisor import EndpointSpec, RestartPolicy, Timeouts
 
 from ._config_options import INSTALLED_MODELS_DIR, value_of, with_values
-from ._config_sections import AnswerConfig, Limits, RetrievalSettings, Settings
+from ._config_sections import AnswerConfig, HttpSettings, Limits, RetrievalSettings, Settings
 from .access import TlsMaterial, TokenTable
 from .inference_mode import InferenceMode
 
@@ -92,6 +92,8 @@ class Config:
 
     listen = _Read[str]("listen")
     metrics_listen = _Read[str]("metrics_listen")
+    http_listen = _Read[str]("http_listen")
+    http = _Read[HttpSettings]("http")
     llama_bin = _Read[str]("llama_bin")
     retrieval = _Read[RetrievalSettings]("retrieval")
     answer = _Read[AnswerConfig]("answer")

@@ -260,6 +260,21 @@ def _check_pair(cert_chain: bytes, private_key: bytes, cert_file: str, key_file:
                           f"{exc.strerror or exc}") from None
 
 
+def server_ssl_context(material: TlsMaterial) -> ssl.SSLContext:
+    """An :class:`ssl.SSLContext` serving ``material`` (already checked by
+    :func:`load_tls`): exactly its bytes, not the files as they are now, and requiring a
+    client certificate signed by its client CA when it has one (for listeners that are
+    not gRPC: the HTTP API)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with _memfile(material.cert_chain) as cert_path, \
+            _memfile(material.private_key) as key_path:
+        context.load_cert_chain(cert_path, key_path, password=_no_password)
+    if material.client_ca is not None:
+        context.load_verify_locations(cadata=material.client_ca.decode("ascii"))
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
 def load_tls(cert_file: str, key_file: str, client_ca_file: str = "") -> TlsMaterial:
     """Read and check the server's certificate chain and key, and the client CA.
 

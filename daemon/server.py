@@ -46,6 +46,7 @@ from .children import ManagedChild, build_child
 from .config import Config
 from .control import ControlServicer
 from .health import HealthReporter
+from .httpapi import HttpApi
 from .inference_mode import InferenceMode
 from .listen import Bound, bind, unbind
 from .metrics import Metrics
@@ -149,6 +150,8 @@ class Daemon:
             child.admission.set_hooks(on_change=self._observe_admission,
                                       on_reject=self.metrics.rejected)
         self._metrics_server: MetricsServer | None = None
+        self._http: HttpApi | None = None
+        self.http_port = 0
         self.auth = AuthInterceptor(config.tokens, self.metrics)
         self._tls = TlsCredentials(config.tls) if config.tls is not None else None
         self._bound: Bound | None = None
@@ -234,6 +237,12 @@ class Daemon:
                 raise OSError(f"cannot serve metrics on {self.config.metrics_listen}: "
                               f"{exc.strerror or exc}") from None
         self.address = self._bound.address
+        if self.config.http_listen:
+            self._http = HttpApi(
+                router=self.router, served=self.children, limits=lambda: self.config.limits,
+                settings=self.config.http, auth=self.auth, metrics=self.metrics,
+                tls=self.config.tls, drain_grace=self.config.drain_grace)
+            self.http_port = await self._http.start(self.config.http_listen)
         await self.health.start()
         await server.start()
         self._server = server
@@ -242,6 +251,7 @@ class Daemon:
                   tls="mutual" if tls and tls.require_client_cert else bool(tls),
                   tokens=self.config.tokens.roles() if self.config.tokens else None,
                   metrics_port=self._metrics_server.port if self._metrics_server else None,
+                  http_port=self.http_port or None,
                   modes={r: describe_mode(c) for r, c in self.children.items()})
         cfg = self.config
         if cfg.recycle_after_requests or cfg.recycle_max_rss_mb:
@@ -386,6 +396,8 @@ class Daemon:
                 self.auth.set_tokens(self.config.tokens)
                 if self._tls is not None and self.config.tls is not None:
                     self._tls.update(self.config.tls)
+                if self._http is not None and self.config.tls is not None:
+                    self._http.update_tls(self.config.tls)
                 for child in self.children.values():
                     child.admission.queue_size = self.config.limits.queue_size
                 return report
@@ -411,7 +423,9 @@ class Daemon:
         self._notifier.stopping()
         self._notifier.status(self.status_line())
         await self.health.drain()
-        await server.stop(self.config.drain_grace)
+        # HTTP calls drain beside gRPC's, for the same grace.
+        await asyncio.gather(server.stop(self.config.drain_grace),
+                             self._http.stop() if self._http is not None else asyncio.sleep(0))
         for child in self.children.values():
             child.ring.close()
         if self._retrieval is not None:

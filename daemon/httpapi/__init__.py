@@ -1,0 +1,19 @@
+"""llamad's OpenAI-compatible HTTP API, beside gRPC (issue 15).
+
+Served by aiohttp's low-level server (:mod:`._server`) in the daemon's own event loop:
+no thread, no second loop. Requests go through the same router, admission control,
+access tokens, metrics and summary log line as gRPC calls (:mod:`daemon.inference`,
+:meth:`daemon.auth.AuthInterceptor.check`, :func:`daemon.rpc.write_summary`).
+
+Modules: :mod:`._server` (listener, per-request frame, aiohttp's own errors in JSON),
+:mod:`._routes` (the route table, models, embeddings, rerank), :mod:`._generate` (chat
+and completions, whole and streamed), :mod:`._parse` (request bodies), :mod:`._shapes`
+(response bodies), :mod:`._models` (the catalog), :mod:`._errors` (statuses and OpenAI's
+error object).
+"""
+
+from ._errors import ApiError
+from ._models import Catalog, Listed, Served
+from ._server import HttpApi
+
+__all__ = ["ApiError", "Catalog", "HttpApi", "Listed", "Served"]

@@ -1,0 +1,152 @@
+"""``POST /v1/chat/completions`` and ``POST /v1/completions``: whole or streamed.
+
+Both go through :func:`daemon.inference.admitted_generation`, as gRPC's Chat and
+Generate do: the same admission queue, refusals and metrics. A stream's headers are sent
+once its first chunk has come from the child, so a refusal before any token (an invalid
+grammar, a child that failed) is still an HTTP status; a failure after that ends the
+stream with ``data: {"error": {...}}`` and no ``[DONE]``, which the OpenAI SDKs raise.
+A client that goes away cancels the handler (aiohttp's handler cancellation), which
+closes the request to the child, which stops generating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+
+from supervisor import ChildRequestError, Chunk, Sampling, TokenLogprobs
+
+from ..backend import InferenceBackend
+from ..config import Limits
+from ..inference import Meter, Usage, admitted_generation
+from ..metrics import Metrics
+from ..router import InferenceRouter
+from ..rpc import Call
+from . import _parse
+from ._errors import api_error
+from ._models import Catalog
+from ._shapes import DONE, Shape
+
+Start = Callable[[InferenceBackend, Sampling], AsyncIterator[Chunk]]
+REQUEST_ID = web.RequestKey("request_id", str)
+"""The request's id (``x-request-id``), echoed on every response."""
+RECEIVED = web.RequestKey("received", float)
+"""When the request arrived (:func:`time.perf_counter`): time to first token counts
+from here."""
+
+
+@dataclass(frozen=True)
+class Api:
+    """What the handlers serve from (the daemon's own objects)."""
+
+    router: InferenceRouter
+    catalog: Catalog
+    limits: Callable[[], Limits]
+    metrics: Metrics | None
+
+
+def json_response(request: web.BaseRequest, data: object, status: int = 200
+                  ) -> web.Response:
+    return web.Response(body=orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY),
+                        status=status, content_type="application/json",
+                        headers={"x-request-id": request[REQUEST_ID]})
+
+
+async def chat(api: Api, request: web.BaseRequest, call: Call,
+               body: _parse.Body) -> web.StreamResponse:
+    limits = api.limits()
+    api.catalog.resolve(_parse.model_name(body), "generation", "/v1/chat/completions")
+    sampling = _parse.sampling(body, limits, chat=True)
+    messages = _parse.chat_messages(body, limits)
+    call.note(messages=len(messages))
+    return await _generate(api, request, call, body, sampling=sampling,
+                           start=lambda backend, s: backend.stream_chat(messages, s),
+                           chat=True)
+
+
+async def completions(api: Api, request: web.BaseRequest, call: Call,
+                      body: _parse.Body) -> web.StreamResponse:
+    limits = api.limits()
+    api.catalog.resolve(_parse.model_name(body), "generation", "/v1/completions")
+    sampling = _parse.sampling(body, limits, chat=False)
+    prompt = _parse.prompt(body, limits)
+    call.note(prompt_chars=len(prompt))
+    return await _generate(api, request, call, body, sampling=sampling,
+                           start=lambda backend, s: backend.stream_completion(prompt, s),
+                           chat=False)
+
+
+async def _generate(api: Api, request: web.BaseRequest, call: Call, body: _parse.Body, *,
+                    sampling: Sampling, start: Start, chat: bool) -> web.StreamResponse:
+    mode = _parse.streaming(body)
+    meter = Meter(api.metrics, request[RECEIVED])
+    call.note(max_tokens=sampling.max_tokens, stream=mode.stream)
+    async with admitted_generation(api.router, sampling, None, chat=chat,
+                                   note=call.note) as backend:
+        chunks = start(backend, sampling)
+        try:
+            shape = Shape(backend.model_name, chat=chat, usage_in_chunks=mode.include_usage)
+            if mode.stream:
+                return await _stream(request, call, chunks, meter, shape)
+            return await _whole(request, call, chunks, meter, shape)
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+
+async def _whole(request: web.BaseRequest, call: Call, chunks: AsyncIterator[Chunk],
+                 meter: Meter, shape: Shape) -> web.Response:
+    texts: list[str] = []
+    logprobs: list[TokenLogprobs] = []
+    async for item in chunks:
+        texts.append(item.text)
+        logprobs.extend(item.logprobs)
+        if item.finish_reason is None:
+            meter.piece(item)
+            continue
+        usage = meter.finish(item)
+        _note_usage(call, usage, item.finish_reason)
+        return json_response(request, shape.whole("".join(texts), logprobs,
+                                                  item.finish_reason, usage))
+    raise ChildRequestError("the stream ended without a finish reason")
+
+
+async def _stream(request: web.BaseRequest, call: Call, chunks: AsyncIterator[Chunk],
+                  meter: Meter, shape: Shape) -> web.StreamResponse:
+    item: Chunk | None = await anext(chunks, None)  # before the headers: see the docstring
+    response = web.StreamResponse(headers={
+        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        "X-Accel-Buffering": "no", "x-request-id": request[REQUEST_ID]})
+    await response.prepare(request)
+    try:
+        while item is not None:
+            if item.finish_reason is None:
+                meter.piece(item)
+                await response.write(shape.piece(item.text, item.logprobs))
+            else:
+                usage = meter.finish(item)
+                _note_usage(call, usage, item.finish_reason)
+                await response.write(shape.piece(item.text, item.logprobs,
+                                                 item.finish_reason))
+                if shape.usage_in_chunks:
+                    await response.write(shape.usage_chunk(usage))
+                await response.write(DONE)
+                break
+            item = await anext(chunks, None)
+        else:
+            raise ChildRequestError("the stream ended without a finish reason")
+    except (ConnectionResetError, web.HTTPException):
+        raise
+    except Exception as exc:  # after the headers: the error goes in the stream
+        error = api_error(exc)
+        call.note(code=error.grpc_code, error=error.message[:200])
+        await response.write(b"data: " + error.body() + b"\n\n")
+    await response.write_eof()
+    return response
+
+
+def _note_usage(call: Call, usage: Usage, finish: str) -> None:
+    call.note(tokens=usage.completion_tokens, prompt_tokens=usage.prompt_tokens,
+              ttft_ms=round(usage.ttft_ms, 2), finish=finish)

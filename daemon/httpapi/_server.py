@@ -1,0 +1,243 @@
+"""The HTTP listener: aiohttp's low-level server in the daemon's event loop, beside
+grpc.aio.
+
+Every request goes through one frame (:meth:`HttpApi._dispatch`): its request id
+(``x-request-id`` taken when it is 1 to 128 visible ASCII characters, else made; always
+echoed), the route and its method, the bearer token checked by the gRPC interceptor's own
+rules (:meth:`daemon.auth.AuthInterceptor.check`), the body read within
+``http.body_timeout`` and ``http.max_body_bytes``, the handler, any error as OpenAI's error
+object (:mod:`._errors`), and one summary line and the request metrics, as for gRPC
+(:func:`daemon.rpc.write_summary`, ``protocol="http"``). Requests aiohttp itself cannot
+parse (a malformed request line, a header past ``http.max_header_bytes``, more than
+``http.max_headers`` headers) get the same JSON error object, never its text or HTML page.
+
+A connection that sends no complete request head within ``http.idle_timeout`` is closed
+(aiohttp's keep-alive timer runs from the connection's start: a slowloris head is cut
+off like an idle connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import ssl
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+from aiohttp import web, web_protocol
+from aiohttp.http_parser import RawRequestMessage
+from aiohttp.streams import StreamReader
+
+from ..access import TlsMaterial, server_ssl_context
+from ..auth import AuthInterceptor
+from ..config import HttpSettings, Limits
+from ..metrics import Metrics
+from ..router import InferenceRouter
+from ..rpc import Call, write_summary
+from . import _parse
+from ._errors import ApiError, api_error
+from ._generate import RECEIVED, REQUEST_ID, Api
+from ._models import Catalog, Served
+from ._routes import route_of
+
+_log = structlog.get_logger("llamad.http")
+
+_MAX_REQUEST_ID = 128
+
+
+def _request_id(given: str | None) -> str:
+    if given and len(given) <= _MAX_REQUEST_ID and all(0x21 <= ord(c) <= 0x7E for c in given):
+        return given
+    return secrets.token_hex(8)
+
+
+def _error_response(request_id: str, error: ApiError) -> web.Response:
+    headers = {"x-request-id": request_id, **error.headers()}
+    if error.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return web.Response(body=error.body(), status=error.status,
+                        content_type="application/json", headers=headers)
+
+
+class _JsonErrors(web_protocol.RequestHandler):
+    """aiohttp's connection handler, answering what it cannot parse with OpenAI's error
+    object instead of its text or HTML page."""
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500,
+                     exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if request.writer.output_size > 0:  # as aiohttp: the response has begun
+            raise ConnectionError("response already started")
+        reason = (message or type(exc).__name__ if exc else message or "").strip()
+        error = ApiError(status, f"malformed HTTP request: {reason[:200]}")
+        _log.info("http", method="other", code=error.grpc_code, status=status,
+                  peer=request.remote, error=error.message)
+        response = _error_response(_request_id(None), error)
+        response.force_close()
+        return response
+
+
+class _Server(web.Server):
+    """:class:`aiohttp.web.Server` whose connections answer parse errors in JSON."""
+
+    def __call__(self) -> web_protocol.RequestHandler:
+        return _JsonErrors(self, loop=self._loop, **self._kwargs)
+
+
+class HttpApi:
+    """The OpenAI-compatible HTTP API of one daemon.
+
+    Args:
+        router: the daemon's router (admission, drain).
+        served: role -> model (:class:`daemon.model.Model`), for the catalog.
+        limits: the request limits in force (a reload changes them).
+        settings: ``[http]``, fixed at start.
+        auth: the gRPC auth interceptor (its tokens follow reloads).
+        metrics: the daemon's metrics.
+        tls: the TLS material (None: plaintext).
+        drain_grace: seconds running requests get at :meth:`stop`.
+    """
+
+    def __init__(self, *, router: InferenceRouter, served: Mapping[str, Served],
+                 limits: Callable[[], Limits], settings: HttpSettings,
+                 auth: AuthInterceptor, metrics: Metrics | None,
+                 tls: TlsMaterial | None = None, drain_grace: float = 30.0) -> None:
+        self._api = Api(router, Catalog(served, int(time.time())), limits, metrics)
+        self._settings = settings
+        self._auth = auth
+        self._metrics = metrics
+        self._tls = server_ssl_context(tls) if tls is not None else None
+        self._serving_tls = self._tls
+        self._grace = drain_grace
+        self._runner: web.ServerRunner | None = None
+        self.port = 0
+
+    async def start(self, listen: str) -> int:
+        """Listen on ``listen`` (``host:port``; checked by the configuration); return the
+        port.
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        host, _, port = listen.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        s = self._settings
+        loop = asyncio.get_running_loop()
+        max_body = s.max_body_bytes
+
+        def request_factory(message: RawRequestMessage, payload: StreamReader,
+                            protocol: web_protocol.RequestHandler, writer: Any,
+                            task: asyncio.Task[None]) -> web.BaseRequest:
+            return web.BaseRequest(message, payload, protocol, writer, task, loop,
+                                   client_max_size=max_body)
+
+        server = _Server(self._dispatch, request_factory=request_factory,
+                         handler_cancellation=True, max_line_size=s.max_header_bytes,
+                         max_field_size=s.max_header_bytes, max_headers=s.max_headers,
+                         keepalive_timeout=s.idle_timeout, access_log=None)
+        runner = web.ServerRunner(server, shutdown_timeout=self._grace)
+        await runner.setup()
+        context = self._tls
+        if context is not None:
+            # Called at every handshake (with None when the client sends no server name):
+            # it hands over the certificate of the last reload.
+            context.sni_callback = self._sni
+        site = web.TCPSite(runner, host, int(port), ssl_context=context, reuse_port=False)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise OSError(f"cannot serve the HTTP API on {listen}: {exc.strerror or exc}"
+                          ) from None
+        self._runner = runner
+        sockets = server_sockets(runner)
+        self.port = sockets[0] if sockets else int(port)
+        return self.port
+
+    def _sni(self, sock: ssl.SSLObject, name: str | None, context: ssl.SSLContext) -> None:
+        if self._serving_tls is not None and sock.context is not self._serving_tls:
+            sock.context = self._serving_tls
+
+    def update_tls(self, material: TlsMaterial) -> None:
+        """Serve ``material`` from the next TLS handshake on (a reload)."""
+        if self._tls is not None:
+            self._serving_tls = server_ssl_context(material)
+
+    async def stop(self) -> None:
+        """Stop listening, give running requests the drain grace, then cancel them."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
+        received = time.perf_counter()
+        request_id = _request_id(request.headers.get("x-request-id"))
+        request[REQUEST_ID] = request_id
+        request[RECEIVED] = received
+        route = route_of(request.path)
+        call = Call({"peer": request.remote or "", "request_id": request_id,
+                     "route": request.path[:100], "http_method": request.method})
+        label = route.label if route is not None else "other"
+        try:
+            if route is None:
+                raise ApiError(404, f"no route {request.method} {request.path[:100]}; llamad "
+                               "serves /v1/models, /v1/chat/completions, /v1/completions "
+                               "and /v1/embeddings", code="not_found")
+            if request.method != route.http_method:
+                raise ApiError(405, f"{request.path} takes {route.http_method}, not "
+                               f"{request.method[:20]}", code="method_not_allowed")
+            authorization = request.headers.get("Authorization")
+            denial = self._auth.check(route.grpc_method, [("authorization", authorization)]
+                                      if authorization is not None else [])
+            if denial is not None:
+                self._auth.denied(route.grpc_method, call.fields["peer"], denial,
+                                  protocol="http")
+                return _error_response(request_id, api_error_for_denial(denial))
+            body = await self._body(request) if route.reads_body else {}
+            response = await route.handler(self._api, request, call, body)
+            call.note(status=response.status)
+            return response
+        except asyncio.CancelledError:
+            call.note(code="CANCELLED", status=499)
+            raise
+        except Exception as exc:
+            error = api_error(exc)
+            if error.grpc_code == "INTERNAL":
+                _log.error("internal error", exc_info=exc, **call.fields)
+            call.note(code=error.grpc_code, status=error.status, error=error.message[:200])
+            return _error_response(request_id, error)
+        finally:
+            if "code" in call.fields or "status" in call.fields:
+                write_summary(label, time.perf_counter() - received, call.fields,
+                              self._metrics, protocol="http")
+
+    async def _body(self, request: web.BaseRequest) -> _parse.Body:
+        s = self._settings
+        try:
+            async with asyncio.timeout(s.body_timeout):
+                raw = await request.read()
+        except TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within "
+                           f"{s.body_timeout:g} s (http.body_timeout)") from None
+        except web.HTTPRequestEntityTooLarge:
+            raise ApiError(413, f"the request body is larger than {s.max_body_bytes} bytes "
+                           "(http.max_body_bytes)", code="request_too_large") from None
+        return _parse.json_body(raw)
+
+
+def api_error_for_denial(denial: Any) -> ApiError:
+    status = 401 if denial.code.name == "UNAUTHENTICATED" else 403
+    message = denial.message.replace("metadata 'authorization: Bearer <token>'",
+                                     "header 'Authorization: Bearer <token>'")
+    return ApiError(status, message, code=denial.code.name.lower())
+
+
+def server_sockets(runner: web.ServerRunner) -> list[int]:
+    """The ports ``runner``'s sites listen on."""
+    ports: list[int] = []
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            ports.append(int(address[1]))
+    return ports

@@ -1,0 +1,123 @@
+"""Response bodies in OpenAI's shapes: chat completions and their chunks, (legacy)
+completions and theirs, logprobs in each route's form, usage, and the server-sent event
+framing (``data: {json}\\n\\n``, then ``data: [DONE]\\n\\n``).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+import orjson
+
+from supervisor import TokenLogprob, TokenLogprobs
+
+from ..inference import Usage
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    """One server-sent event carrying ``data`` as JSON."""
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def usage_json(usage: Usage) -> dict[str, int]:
+    return {"prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens}
+
+
+def _token(token: TokenLogprob) -> dict[str, Any]:
+    return {"token": token.token, "logprob": token.logprob, "bytes": list(token.bytes)}
+
+
+def chat_logprobs(entries: tuple[TokenLogprobs, ...] | list[TokenLogprobs]
+                  ) -> dict[str, Any]:
+    """Chat's ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+    return {"content": [{**_token(e.chosen), "top_logprobs": [_token(t) for t in e.top]}
+                        for e in entries], "refusal": None}
+
+
+class Shape:
+    """The bodies of one response (one id, creation time and model for all its chunks).
+
+    Args:
+        chat: ``chat.completion`` shapes; else ``text_completion``.
+        usage_in_chunks: ``stream_options.include_usage``: every chunk carries
+            ``"usage": null`` and a last chunk with no choices carries the usage.
+    """
+
+    def __init__(self, model: str, *, chat: bool, usage_in_chunks: bool = False) -> None:
+        self.chat = chat
+        self.model = model
+        self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+        self.created = int(time.time())
+        self.usage_in_chunks = usage_in_chunks
+        self._object = "chat.completion.chunk" if chat else "text_completion"
+        self._role_sent = False
+        self._offset = 0  # completions: text_offset of the next token
+
+    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
+        body: dict[str, Any] = {"id": self.id, "object": self._object,
+                                "created": self.created, "model": self.model,
+                                "system_fingerprint": None, "choices": [choice]}
+        if self.usage_in_chunks:
+            body["usage"] = None
+        return body
+
+    def piece(self, text: str, logprobs: tuple[TokenLogprobs, ...],
+              finish_reason: str | None = None) -> bytes:
+        """A streamed chunk: the text (the chat role in the first one), its logprobs, and
+        the finish reason in the last."""
+        choice: dict[str, Any] = {"index": 0}
+        if self.chat:
+            delta: dict[str, Any] = {}
+            if not self._role_sent:
+                delta["role"] = "assistant"
+                self._role_sent = True
+            if text or "role" in delta:
+                delta["content"] = text
+            choice["delta"] = delta
+            choice["logprobs"] = chat_logprobs(logprobs) if logprobs else None
+        else:
+            choice["text"] = text
+            choice["logprobs"] = self.completion_logprobs(logprobs) if logprobs else None
+        choice["finish_reason"] = finish_reason
+        return sse(self._chunk(choice))
+
+    def usage_chunk(self, usage: Usage) -> bytes:
+        body = self._chunk({})
+        body["choices"] = []
+        body["usage"] = usage_json(usage)
+        return sse(body)
+
+    def completion_logprobs(self, entries: tuple[TokenLogprobs, ...] | list[TokenLogprobs]
+                            ) -> dict[str, Any]:
+        """Legacy completions' ``logprobs``: parallel arrays of tokens, their logprobs,
+        the alternatives by token, and each token's offset in the text."""
+        tokens, lps, tops, offsets = [], [], [], []
+        for e in entries:
+            tokens.append(e.chosen.token)
+            lps.append(e.chosen.logprob)
+            tops.append({t.token: t.logprob for t in e.top})
+            offsets.append(self._offset)
+            self._offset += len(e.chosen.token)
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops,
+                "text_offset": offsets}
+
+    def whole(self, text: str, logprobs: list[TokenLogprobs], finish_reason: str,
+              usage: Usage) -> dict[str, Any]:
+        """The response of a call that did not stream."""
+        choice: dict[str, Any] = {"index": 0}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text, "refusal": None}
+            choice["logprobs"] = chat_logprobs(logprobs) if logprobs else None
+        else:
+            choice["text"] = text
+            choice["logprobs"] = self.completion_logprobs(logprobs) if logprobs else None
+        choice["finish_reason"] = finish_reason
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "system_fingerprint": None,
+                "choices": [choice], "usage": usage_json(usage)}
