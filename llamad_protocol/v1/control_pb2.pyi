@@ -134,6 +134,55 @@ SWAP_STAGE_FAILED: SwapStage.ValueType  # 8
 Global___SwapStage: _TypeAlias = SwapStage  # noqa: Y015
 
 @_typing.final
+class SetDrainingRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DRAINING_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    draining: _builtins.bool
+    reason: _builtins.str
+    """Why, in words; logged."""
+    def __init__(
+        self,
+        *,
+        draining: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["draining", b"draining", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetDrainingRequest: _TypeAlias = SetDrainingRequest  # noqa: Y015
+
+@_typing.final
+class SetDrainingResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DRAINING_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    draining: _builtins.bool
+    """Whether the node is drained now (by SetDraining)."""
+    in_flight: _builtins.int
+    """Calls running or waiting for a slot on this node, every role: a drain script waits
+    for 0 before it stops the daemon.
+    """
+    def __init__(
+        self,
+        *,
+        draining: _builtins.bool = ...,
+        in_flight: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["draining", b"draining", "in_flight", b"in_flight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetDrainingResponse: _TypeAlias = SetDrainingResponse  # noqa: Y015
+
+@_typing.final
 class EndpointSettings(_message.Message):
     """An external OpenAI-compatible endpoint. The API key is never sent over this API: name
     a file holding it (it must not be world-readable) or an environment variable of the
@@ -551,10 +600,15 @@ class StatusResponse(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     DAEMON_UPTIME_SECONDS_FIELD_NUMBER: _builtins.int
     DRAINING_FIELD_NUMBER: _builtins.int
+    DRAINED_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     daemon_uptime_seconds: _builtins.float
     draining: _builtins.bool
     """True while draining for shutdown."""
+    drained: _builtins.bool
+    """True while drained by SetDraining (health NOT_SERVING, agent-check "drain"; calls
+    that arrive are still served).
+    """
     @_builtins.property
     def children(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChildStatus]: ...
     def __init__(
@@ -564,10 +618,11 @@ class StatusResponse(_message.Message):
         version: _builtins.str = ...,
         daemon_uptime_seconds: _builtins.float = ...,
         draining: _builtins.bool = ...,
+        drained: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "daemon_uptime_seconds", b"daemon_uptime_seconds", "draining", b"draining", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "daemon_uptime_seconds", b"daemon_uptime_seconds", "drained", b"drained", "draining", b"draining", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -60,6 +60,11 @@ class ControlServiceStub:
                 request_serializer=llamad_dot_v1_dot_control__pb2.SetModeRequest.SerializeToString,
                 response_deserializer=llamad_dot_v1_dot_control__pb2.SwapProgress.FromString,
                 _registered_method=True)
+        self.SetDraining = channel.unary_unary(
+                '/llamad.v1.ControlService/SetDraining',
+                request_serializer=llamad_dot_v1_dot_control__pb2.SetDrainingRequest.SerializeToString,
+                response_deserializer=llamad_dot_v1_dot_control__pb2.SetDrainingResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -115,6 +120,17 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetDraining(self, request, context):
+        """Drains this node without stopping it (draining = true), or ends that (false): while
+        drained, grpc.health.v1 reports NOT_SERVING for every service and the agent-check
+        port (agent_listen) answers "drain", so load balancers send it no new calls; calls
+        running finish, and calls that still arrive are served (not refused). Idempotent.
+        Not kept across a restart: a daemon starts undrained. Shutdown (SIGTERM) drains too.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -142,6 +158,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.SetMode,
                     request_deserializer=llamad_dot_v1_dot_control__pb2.SetModeRequest.FromString,
                     response_serializer=llamad_dot_v1_dot_control__pb2.SwapProgress.SerializeToString,
+            ),
+            'SetDraining': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetDraining,
+                    request_deserializer=llamad_dot_v1_dot_control__pb2.SetDrainingRequest.FromString,
+                    response_serializer=llamad_dot_v1_dot_control__pb2.SetDrainingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -279,6 +300,33 @@ class ControlService:
             '/llamad.v1.ControlService/SetMode',
             llamad_dot_v1_dot_control__pb2.SetModeRequest.SerializeToString,
             llamad_dot_v1_dot_control__pb2.SwapProgress.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetDraining(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llamad.v1.ControlService/SetDraining',
+            llamad_dot_v1_dot_control__pb2.SetDrainingRequest.SerializeToString,
+            llamad_dot_v1_dot_control__pb2.SetDrainingResponse.FromString,
             options,
             channel_credentials,
             insecure,

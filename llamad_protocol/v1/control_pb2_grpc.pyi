@@ -62,6 +62,13 @@ class ControlServiceStub:
     (FAILED_PRECONDITION) and lets running ones finish. A switch racing a swap or another
     switch of the same role fails with FAILED_PRECONDITION.
     """
+    SetDraining: _grpc.UnaryUnaryMultiCallable[_control_pb2.SetDrainingRequest, _control_pb2.SetDrainingResponse]
+    """Drains this node without stopping it (draining = true), or ends that (false): while
+    drained, grpc.health.v1 reports NOT_SERVING for every service and the agent-check
+    port (agent_listen) answers "drain", so load balancers send it no new calls; calls
+    running finish, and calls that still arrive are served (not refused). Idempotent.
+    Not kept across a restart: a daemon starts undrained. Shutdown (SIGTERM) drains too.
+    """
 
 @_typing.type_check_only
 class ControlServiceAsyncStub(ControlServiceStub):
@@ -93,6 +100,13 @@ class ControlServiceAsyncStub(ControlServiceStub):
     old mode still serving. Switching to disabled refuses new calls at once
     (FAILED_PRECONDITION) and lets running ones finish. A switch racing a swap or another
     switch of the same role fails with FAILED_PRECONDITION.
+    """
+    SetDraining: _aio.UnaryUnaryMultiCallable[_control_pb2.SetDrainingRequest, _control_pb2.SetDrainingResponse]  # type: ignore[assignment]
+    """Drains this node without stopping it (draining = true), or ends that (false): while
+    drained, grpc.health.v1 reports NOT_SERVING for every service and the agent-check
+    port (agent_listen) answers "drain", so load balancers send it no new calls; calls
+    running finish, and calls that still arrive are served (not refused). Idempotent.
+    Not kept across a restart: a daemon starts undrained. Shutdown (SIGTERM) drains too.
     """
 
 class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -152,6 +166,19 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         old mode still serving. Switching to disabled refuses new calls at once
         (FAILED_PRECONDITION) and lets running ones finish. A switch racing a swap or another
         switch of the same role fails with FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def SetDraining(
+        self,
+        request: _control_pb2.SetDrainingRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.SetDrainingResponse, _abc.Awaitable[_control_pb2.SetDrainingResponse]]:
+        """Drains this node without stopping it (draining = true), or ends that (false): while
+        drained, grpc.health.v1 reports NOT_SERVING for every service and the agent-check
+        port (agent_listen) answers "drain", so load balancers send it no new calls; calls
+        running finish, and calls that still arrive are served (not refused). Idempotent.
+        Not kept across a restart: a daemon starts undrained. Shutdown (SIGTERM) drains too.
         """
 
 def add_ControlServiceServicer_to_server(servicer: ControlServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
