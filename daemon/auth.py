@@ -8,7 +8,7 @@ missing, so a new RPC cannot slip through unguarded):
 * ``read``: generation, chat, embeddings, tokenize, search, ask, status and the read-only
   listings (documents, sources, retrieval status), and server reflection.
 * ``admin``: everything that changes state or shows a child's raw output — Swap, Reset,
-  SetMode, TailLogs, document upsert and delete, source add, remove and disable,
+  SetMode, SetDraining, TailLogs, document upsert and delete, source add, remove and disable,
   Reindex, Reprocess, ApproveDocument and RejectDocument.
   ``admin`` implies ``read``.
 * ``grpc.health.v1.Health`` needs no token (probes and load balancers).
@@ -60,6 +60,7 @@ METHOD_ROLES: Mapping[str, str] = {
     "/llamad.v1.ControlService/Swap": ADMIN,
     "/llamad.v1.ControlService/Reset": ADMIN,
     "/llamad.v1.ControlService/SetMode": ADMIN,
+    "/llamad.v1.ControlService/SetDraining": ADMIN,  # takes the node out of balancing
     # llamad.v1.RetrievalService
     "/llamad.v1.RetrievalService/UpsertDocument": ADMIN,
     "/llamad.v1.RetrievalService/DeleteDocument": ADMIN,

@@ -56,8 +56,8 @@ EXIT_KINDS: tuple[str, ...] = (
 MODES: tuple[str, ...] = ("embedded", "endpoint", "disabled")
 METHODS: tuple[str, ...] = (
     "Generate", "Chat", "Embed", "Tokenize", "Status", "TailLogs", "Swap", "Reset", "SetMode",
-    "UpsertDocument", "DeleteDocument", "GetDocument", "ListDocuments", "AddSource",
-    "RemoveSource", "ListSources", "Reindex", "Search", "Ask", "ListModels",
+    "SetDraining", "UpsertDocument", "DeleteDocument", "GetDocument", "ListDocuments",
+    "AddSource", "RemoveSource", "ListSources", "Reindex", "Search", "Ask", "ListModels",
 )
 """gRPC method names counted under their own label; extend it (or pass ``methods=``)."""
 # grpc.StatusCode names, spelled out so this module stays grpc-free

@@ -55,7 +55,7 @@ def test_roles_of_state_changing_rpcs() -> None:
     """Everything that changes state, or shows a child's raw output, needs admin; the rest
     read. Health is public."""
     admin = {m.rsplit("/", 1)[1] for m, r in auth.METHOD_ROLES.items() if r == access.ADMIN}
-    assert admin == {"TailLogs", "Swap", "Reset", "SetMode", "UpsertDocument",
+    assert admin == {"TailLogs", "Swap", "Reset", "SetMode", "SetDraining", "UpsertDocument",
                      "DeleteDocument", "AddSource", "RemoveSource", "Reindex", "Reprocess",
                      "SetSourceDisabled", "ApproveDocument", "RejectDocument"}
     health = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
