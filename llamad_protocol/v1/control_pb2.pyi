@@ -333,6 +333,7 @@ class ChildStatus(_message.Message):
     ENDPOINT_MODEL_FIELD_NUMBER: _builtins.int
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     QUEUE_AHEAD_FIELD_NUMBER: _builtins.int
+    CHAT_TEMPLATE_FIELD_NUMBER: _builtins.int
     role: _common_pb2.ChildRole.ValueType
     """One per role, whatever its mode ("child" for history)."""
     state: Global___ChildState.ValueType
@@ -381,6 +382,13 @@ class ChildStatus(_message.Message):
     """Requests llamad sends beyond the slots, to wait in the child's own queue (the role's
     queue_ahead for a llama-server child; 0 otherwise): in_flight reaches slots + this.
     """
+    chat_template: _builtins.str
+    """Generation children: the chat template Chat and Ask are formatted with, and why:
+    "the model's own (tokenizer.chat_template)"; a known template chosen because the
+    GGUF has none ("gemma (known template: ...)"); or "none: ..." when the GGUF has none
+    and none is known (Chat and Ask are then refused with FAILED_PRECONDITION). Empty for
+    embedding children, endpoints, and before the model file is read.
+    """
     @_builtins.property
     def last_exit(self) -> Global___ExitCause: ...
     @_builtins.property
@@ -413,10 +421,11 @@ class ChildStatus(_message.Message):
         endpoint_model: _builtins.str = ...,
         last_error: _builtins.str = ...,
         queue_ahead: _builtins.int = ...,
+        chat_template: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_exit", b"last_exit", "last_swap", b"last_swap"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["breaker", b"breaker", "consecutive_failures", b"consecutive_failures", "enabled", b"enabled", "endpoint_model", b"endpoint_model", "endpoint_url", b"endpoint_url", "in_flight", b"in_flight", "last_error", b"last_error", "last_exit", b"last_exit", "last_swap", b"last_swap", "mode", b"mode", "model_architecture", b"model_architecture", "model_context_length", b"model_context_length", "model_path", b"model_path", "model_sha256", b"model_sha256", "pid", b"pid", "port", b"port", "previous_model_path", b"previous_model_path", "queue_ahead", b"queue_ahead", "queued", b"queued", "restarts", b"restarts", "role", b"role", "runtime", b"runtime", "slots", b"slots", "state", b"state", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["breaker", b"breaker", "chat_template", b"chat_template", "consecutive_failures", b"consecutive_failures", "enabled", b"enabled", "endpoint_model", b"endpoint_model", "endpoint_url", b"endpoint_url", "in_flight", b"in_flight", "last_error", b"last_error", "last_exit", b"last_exit", "last_swap", b"last_swap", "mode", b"mode", "model_architecture", b"model_architecture", "model_context_length", b"model_context_length", "model_path", b"model_path", "model_sha256", b"model_sha256", "pid", b"pid", "port", b"port", "previous_model_path", b"previous_model_path", "queue_ahead", b"queue_ahead", "queued", b"queued", "restarts", b"restarts", "role", b"role", "runtime", b"runtime", "slots", b"slots", "state", b"state", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
