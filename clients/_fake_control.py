@@ -1,5 +1,5 @@
 """The fake ControlService of :class:`clients.testing.FakeLlamad`: two running children,
-canned logs, swaps that check only that the model file exists."""
+canned logs, swaps that check only that the model file exists, a drain flag."""
 
 from __future__ import annotations
 
@@ -32,13 +32,19 @@ def _child(role: common_pb2.ChildRole.ValueType, model: str, port: int) -> contr
 class FakeControl(control_pb2_grpc.ControlServiceServicer):
     def __init__(self, fake: FakeLlamad) -> None:
         self.fake = fake
+        self.drained = False
 
     def Status(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.enter("ControlService/Status", context)
         return control_pb2.StatusResponse(
             children=[_child(common_pb2.CHILD_ROLE_GENERATION, "fake-model.gguf", 40001),
                       _child(common_pb2.CHILD_ROLE_EMBEDDING, "fake-embed.gguf", 40002)],
-            version="0.0.0-fake", daemon_uptime_seconds=3725.0)
+            version="0.0.0-fake", daemon_uptime_seconds=3725.0, drained=self.drained)
+
+    def SetDraining(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.enter("ControlService/SetDraining", context)
+        self.drained = request.draining
+        return control_pb2.SetDrainingResponse(draining=self.drained, in_flight=1)
 
     def TailLogs(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         lines = self.fake.log_lines[-request.lines:] if request.lines else self.fake.log_lines
