@@ -4,15 +4,18 @@ Both go through :func:`daemon.inference.admitted_generation`, as gRPC's Chat and
 Generate do: the same admission queue, refusals and metrics. A stream's headers are sent
 once its first chunk has come from the child, so a refusal before any token (an invalid
 grammar, a child that failed) is still an HTTP status; a failure after that ends the
-stream with ``data: {"error": {...}}`` and no ``[DONE]``, which the OpenAI SDKs raise.
+stream with ``data: {"error": {...}}`` and no ``[DONE]``, which the OpenAI SDKs raise
+(written by the request's frame, :mod:`._server`).
 A client that goes away cancels the handler (aiohttp's handler cancellation), which
 closes the request to the child, which stops generating.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
@@ -26,9 +29,11 @@ from ..metrics import Metrics
 from ..router import InferenceRouter
 from ..rpc import Call
 from . import _parse
-from ._errors import api_error
 from ._models import Catalog
 from ._shapes import DONE, Shape
+
+if TYPE_CHECKING:
+    from ..answer import AnswerServicer
 
 Start = Callable[[InferenceBackend, Sampling], AsyncIterator[Chunk]]
 REQUEST_ID = web.RequestKey("request_id", str)
@@ -36,6 +41,14 @@ REQUEST_ID = web.RequestKey("request_id", str)
 RECEIVED = web.RequestKey("received", float)
 """When the request arrived (:func:`time.perf_counter`): time to first token counts
 from here."""
+STREAM = web.RequestKey("stream", web.StreamResponse)
+"""The response, once a stream has sent its headers (a deadline then ends it with an
+error event)."""
+
+
+def time_remaining(call: Call) -> float | None:
+    """Seconds left before the request's deadline (None: it has none)."""
+    return None if call.deadline is None else max(0.0, call.deadline - time.monotonic())
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,7 @@ class Api:
     catalog: Catalog
     limits: Callable[[], Limits]
     metrics: Metrics | None
+    answer: AnswerServicer | None = None
 
 
 def json_response(request: web.BaseRequest, data: object, status: int = 200
@@ -55,36 +69,48 @@ def json_response(request: web.BaseRequest, data: object, status: int = 200
                         headers={"x-request-id": request[REQUEST_ID]})
 
 
+async def open_stream(request: web.BaseRequest) -> web.StreamResponse:
+    """Send the headers of an event stream; from here on, an error is its last event."""
+    response = web.StreamResponse(headers={
+        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        "X-Accel-Buffering": "no", "x-request-id": request[REQUEST_ID]})
+    await response.prepare(request)
+    request[STREAM] = response
+    return response
+
+
 async def chat(api: Api, request: web.BaseRequest, call: Call,
                body: _parse.Body) -> web.StreamResponse:
-    limits = api.limits()
-    api.catalog.resolve(_parse.model_name(body), "generation", "/v1/chat/completions")
-    sampling = _parse.sampling(body, limits, chat=True)
-    messages = _parse.chat_messages(body, limits)
-    call.note(messages=len(messages))
-    return await _generate(api, request, call, body, sampling=sampling,
-                           start=lambda backend, s: backend.stream_chat(messages, s),
-                           chat=True)
+    return await _generate(api, request, call, body, chat=True)
 
 
 async def completions(api: Api, request: web.BaseRequest, call: Call,
                       body: _parse.Body) -> web.StreamResponse:
-    limits = api.limits()
-    api.catalog.resolve(_parse.model_name(body), "generation", "/v1/completions")
-    sampling = _parse.sampling(body, limits, chat=False)
+    return await _generate(api, request, call, body, chat=False)
+
+
+def _start(body: _parse.Body, limits: Limits, call: Call, *, chat: bool) -> Start:
+    """How to start the stream of the request's messages (chat) or prompt."""
+    if chat:
+        messages = _parse.chat_messages(body, limits)
+        call.note(messages=len(messages))
+        return lambda backend, sampling: backend.stream_chat(messages, sampling)
     prompt = _parse.prompt(body, limits)
     call.note(prompt_chars=len(prompt))
-    return await _generate(api, request, call, body, sampling=sampling,
-                           start=lambda backend, s: backend.stream_completion(prompt, s),
-                           chat=False)
+    return lambda backend, sampling: backend.stream_completion(prompt, sampling)
 
 
 async def _generate(api: Api, request: web.BaseRequest, call: Call, body: _parse.Body, *,
-                    sampling: Sampling, start: Start, chat: bool) -> web.StreamResponse:
+                    chat: bool) -> web.StreamResponse:
+    limits = api.limits()
+    api.catalog.resolve(_parse.model_name(body), "generation",
+                        "/v1/chat/completions" if chat else "/v1/completions")
+    sampling = _parse.sampling(body, limits, chat=chat)
+    start = _start(body, limits, call, chat=chat)
     mode = _parse.streaming(body)
     meter = Meter(api.metrics, request[RECEIVED])
     call.note(max_tokens=sampling.max_tokens, stream=mode.stream)
-    async with admitted_generation(api.router, sampling, None, chat=chat,
+    async with admitted_generation(api.router, sampling, time_remaining(call), chat=chat,
                                    note=call.note) as backend:
         chunks = start(backend, sampling)
         try:
@@ -116,35 +142,22 @@ async def _whole(request: web.BaseRequest, call: Call, chunks: AsyncIterator[Chu
 async def _stream(request: web.BaseRequest, call: Call, chunks: AsyncIterator[Chunk],
                   meter: Meter, shape: Shape) -> web.StreamResponse:
     item: Chunk | None = await anext(chunks, None)  # before the headers: see the docstring
-    response = web.StreamResponse(headers={
-        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-        "X-Accel-Buffering": "no", "x-request-id": request[REQUEST_ID]})
-    await response.prepare(request)
-    try:
-        while item is not None:
-            if item.finish_reason is None:
-                meter.piece(item)
-                await response.write(shape.piece(item.text, item.logprobs))
-            else:
-                usage = meter.finish(item)
-                _note_usage(call, usage, item.finish_reason)
-                await response.write(shape.piece(item.text, item.logprobs,
-                                                 item.finish_reason))
-                if shape.usage_in_chunks:
-                    await response.write(shape.usage_chunk(usage))
-                await response.write(DONE)
-                break
-            item = await anext(chunks, None)
+    response = await open_stream(request)
+    while item is not None:
+        if item.finish_reason is None:
+            meter.piece(item)
+            await response.write(shape.piece(item.text, item.logprobs))
         else:
-            raise ChildRequestError("the stream ended without a finish reason")
-    except (ConnectionResetError, web.HTTPException):
-        raise
-    except Exception as exc:  # after the headers: the error goes in the stream
-        error = api_error(exc)
-        call.note(code=error.grpc_code, error=error.message[:200])
-        await response.write(b"data: " + error.body() + b"\n\n")
-    await response.write_eof()
-    return response
+            usage = meter.finish(item)
+            _note_usage(call, usage, item.finish_reason)
+            await response.write(shape.piece(item.text, item.logprobs, item.finish_reason))
+            if shape.usage_in_chunks:
+                await response.write(shape.usage_chunk(usage))
+            await response.write(DONE)
+            await response.write_eof()
+            return response
+        item = await anext(chunks, None)
+    raise ChildRequestError("the stream ended without a finish reason")
 
 
 def _note_usage(call: Call, usage: Usage, finish: str) -> None:

@@ -96,20 +96,19 @@ def _integer(body: Body, name: str, *, high: int = _UINT32) -> int | None:
 
 
 def _boolean(body: Body, name: str) -> bool:
-    value = body.get(name)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise ParamError(name, f"{name} must be true or false, not {_kind(value)}")
-    return value
+    return bool(_typed(body, name, bool, "true or false"))
 
 
 def _string(body: Body, name: str) -> str | None:
+    value = _typed(body, name, str, "a string")
+    return None if value is None else str(value)
+
+
+def _typed(body: Body, name: str, kind: type, what: str) -> object:
+    """``body[name]`` when it is a ``kind`` (None when absent or null)."""
     value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ParamError(name, f"{name} must be a string, not {_kind(value)}")
+    if value is not None and not isinstance(value, kind):
+        raise ParamError(name, f"{name} must be {what}, not {_kind(value)}")
     return value
 
 

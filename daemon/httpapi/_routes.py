@@ -10,6 +10,7 @@ route                        method  stands for (auth)     counted as
 /v1/completions              POST    InferenceService/Generate  Generate
 /v1/embeddings               POST    InferenceService/Embed  Embed
 /v1/rerank                   POST    InferenceService/Embed  Rerank (other)
+/v1/llamad/ask               POST    AnswerService/Ask      Ask
 ===========================  ======  ====================  =====================
 
 Every route needs the ``read`` role when tokens are configured.
@@ -26,9 +27,9 @@ from aiohttp import web
 
 from ..inference import embed
 from ..rpc import Call
-from . import _generate, _parse
+from . import _ask, _generate, _parse
 from ._errors import ApiError, ParamError
-from ._generate import Api, json_response
+from ._generate import Api, json_response, time_remaining
 
 Handler = Callable[[Api, web.BaseRequest, Call, _parse.Body], Awaitable[web.StreamResponse]]
 
@@ -76,7 +77,7 @@ async def embeddings(api: Api, request: web.BaseRequest, call: Call,
     fmt = _parse.encoding_format(body)
     wanted = _parse.dimensions(body)
     call.note(texts=len(inputs), encoding=fmt)
-    result = await embed(api.router, inputs, None)
+    result = await embed(api.router, inputs, time_remaining(call))
     matrix = result.matrix
     dimension = int(matrix.shape[1]) if matrix.size else 0
     if wanted is not None and wanted != dimension:
@@ -114,6 +115,7 @@ ROUTES: dict[str, Route] = {
                              _generate.completions),
     "/v1/embeddings": Route("POST", _INFERENCE + "Embed", "Embed", embeddings),
     "/v1/rerank": Route("POST", _INFERENCE + "Embed", "Rerank", rerank),
+    "/v1/llamad/ask": Route("POST", "/llamad.v1.AnswerService/Ask", "Ask", _ask.ask),
 }
 MODEL_ROUTE = Route("GET", _STATUS, "ListModels", model, reads_body=False)
 

@@ -31,6 +31,7 @@ from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
 
 from ..access import TlsMaterial, server_ssl_context
+from ..answer import AnswerServicer
 from ..auth import AuthInterceptor
 from ..config import HttpSettings, Limits
 from ..metrics import Metrics
@@ -38,7 +39,7 @@ from ..router import InferenceRouter
 from ..rpc import Call, write_summary
 from . import _parse
 from ._errors import ApiError, api_error
-from ._generate import RECEIVED, REQUEST_ID, Api
+from ._generate import RECEIVED, REQUEST_ID, STREAM, Api
 from ._models import Catalog, Served
 from ._routes import route_of
 
@@ -98,13 +99,15 @@ class HttpApi:
         metrics: the daemon's metrics.
         tls: the TLS material (None: plaintext).
         drain_grace: seconds running requests get at :meth:`stop`.
+        answer: the gRPC Ask servicer, whose code answers ``/v1/llamad/ask``.
     """
 
     def __init__(self, *, router: InferenceRouter, served: Mapping[str, Served],
                  limits: Callable[[], Limits], settings: HttpSettings,
                  auth: AuthInterceptor, metrics: Metrics | None,
-                 tls: TlsMaterial | None = None, drain_grace: float = 30.0) -> None:
-        self._api = Api(router, Catalog(served, int(time.time())), limits, metrics)
+                 tls: TlsMaterial | None = None, drain_grace: float = 30.0,
+                 answer: AnswerServicer | None = None) -> None:
+        self._api = Api(router, Catalog(served, int(time.time())), limits, metrics, answer)
         self._settings = settings
         self._auth = auth
         self._metrics = metrics
@@ -183,8 +186,8 @@ class HttpApi:
         try:
             if route is None:
                 raise ApiError(404, f"no route {request.method} {request.path[:100]}; llamad "
-                               "serves /v1/models, /v1/chat/completions, /v1/completions "
-                               "and /v1/embeddings", code="not_found")
+                               "serves /v1/models, /v1/chat/completions, /v1/completions, "
+                               "/v1/embeddings and /v1/llamad/ask", code="not_found")
             if request.method != route.http_method:
                 raise ApiError(405, f"{request.path} takes {route.http_method}, not "
                                f"{request.method[:20]}", code="method_not_allowed")
@@ -195,19 +198,29 @@ class HttpApi:
                 self._auth.denied(route.grpc_method, call.fields["peer"], denial,
                                   protocol="http")
                 return _error_response(request_id, api_error_for_denial(denial))
+            timeout = _timeout(request.headers.get("x-request-timeout"))
             body = await self._body(request) if route.reads_body else {}
-            response = await route.handler(self._api, request, call, body)
+            if timeout is not None:
+                call.deadline = time.monotonic() + timeout
+            try:
+                async with asyncio.timeout(timeout):
+                    response = await route.handler(self._api, request, call, body)
+            except TimeoutError:
+                response = await _deadline_passed(request, call, timeout)
             call.note(status=response.status)
             return response
         except asyncio.CancelledError:
             call.note(code="CANCELLED", status=499)
             raise
+        except ConnectionResetError:  # the client went away while a stream was written
+            call.note(code="CANCELLED", status=499)
+            return request.get(STREAM) or web.Response(status=499)
         except Exception as exc:
             error = api_error(exc)
             if error.grpc_code == "INTERNAL":
                 _log.error("internal error", exc_info=exc, **call.fields)
             call.note(code=error.grpc_code, status=error.status, error=error.message[:200])
-            return _error_response(request_id, error)
+            return await _answer_error(request, error)
         finally:
             if "code" in call.fields or "status" in call.fields:
                 write_summary(label, time.perf_counter() - received, call.fields,
@@ -225,6 +238,43 @@ class HttpApi:
             raise ApiError(413, f"the request body is larger than {s.max_body_bytes} bytes "
                            "(http.max_body_bytes)", code="request_too_large") from None
         return _parse.json_body(raw)
+
+
+def _timeout(header: str | None) -> float | None:
+    """``x-request-timeout``: the seconds the caller gives the request (llamad's extension,
+    gRPC's deadline: a call that would wait past it is refused at once, one that runs
+    past it is stopped)."""
+    if header is None:
+        return None
+    try:
+        seconds = float(header)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= 86400:  # NaN fails too
+        raise ApiError(400, "the x-request-timeout header must be a number of seconds in "
+                       f"(0, 86400], not {header[:40]!r}", param="x-request-timeout")
+    return seconds
+
+
+async def _deadline_passed(request: web.BaseRequest, call: Call,
+                           timeout: float | None) -> web.StreamResponse:
+    """The answer of a request stopped at its deadline: a 504, or, once a stream has
+    begun, its error event."""
+    error = ApiError(504, f"the request ran past its deadline (x-request-timeout: "
+                     f"{timeout:g} s)", code="deadline_exceeded")
+    call.note(code=error.grpc_code, error=error.message)
+    return await _answer_error(request, error)
+
+
+async def _answer_error(request: web.BaseRequest, error: ApiError) -> web.StreamResponse:
+    """``error`` as the response; once a stream has sent its headers, as its last event
+    (``data: {"error": ...}``, no ``[DONE]``: the OpenAI SDKs raise it)."""
+    stream: web.StreamResponse | None = request.get(STREAM)
+    if stream is None:
+        return _error_response(request[REQUEST_ID], error)
+    await stream.write(b"data: " + error.body() + b"\n\n")
+    await stream.write_eof()
+    return stream
 
 
 def api_error_for_denial(denial: Any) -> ApiError:

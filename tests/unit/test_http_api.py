@@ -6,94 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import orjson
 import pytest
 
-from daemon._config_resolved import ChildConfig
-from daemon.access import TokenTable, load_tokens
-from daemon.admission import Admission
-from daemon.auth import AuthInterceptor
-from daemon.backend import InferenceBackend
-from daemon.config import ConfigError, HttpSettings, Limits
-from daemon.httpapi import HttpApi
-from daemon.metrics import Metrics
-from daemon.router import InferenceRouter
+from daemon.access import load_tokens
+from daemon.config import ConfigError, HttpSettings
 from tests.support import config_load
-from tests.support.backend import FakeBackend, FakeRole
-
-
-@dataclass
-class Served:
-    """A role as the router and the catalog see it."""
-
-    role: str
-    inner: FakeRole
-    config: ChildConfig = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.config = ChildConfig(self.role, True, f"/models/{self.role}.gguf", "auto", 0, 1,
-                                  1, 0, ())
-
-    @property
-    def admission(self) -> Admission:
-        return self.inner.admission
-
-    @property
-    def serving_pid(self) -> int:
-        return self.inner.serving_pid
-
-    def backend(self) -> InferenceBackend:
-        return self.inner.backend()
-
-
-@dataclass
-class Harness:
-    url: str
-    gen: FakeBackend
-    emb: FakeBackend
-    metrics: Metrics
-    router: InferenceRouter
-    gen_admission: Admission
-
-
-@contextlib.asynccontextmanager
-async def serving(*, tokens: TokenTable | None = None, queue: int = 4,
-                  settings: HttpSettings | None = None) -> AsyncIterator[Harness]:
-    gen = FakeBackend(model_name="gen.gguf")
-    emb = FakeBackend(model_name="emb.gguf", dimension=4)
-    gen_admission = Admission("generation", 1, queue)
-    served = {"generation": Served("generation", FakeRole(gen, gen_admission)),
-              "embedding": Served("embedding", FakeRole(emb, Admission("embedding", 1, 4)))}
-    router = InferenceRouter(served)
-    metrics = Metrics()
-    api = HttpApi(router=router, served=served, limits=Limits, settings=settings or
-                  HttpSettings(body_timeout=0.5, idle_timeout=1.0),
-                  auth=AuthInterceptor(tokens, metrics), metrics=metrics)
-    port = await api.start("127.0.0.1:0")
-    try:
-        yield Harness(f"http://127.0.0.1:{port}", gen, emb, metrics, router, gen_admission)
-    finally:
-        await api.stop()
-
-
-def client() -> httpx.AsyncClient:
-    return httpx.AsyncClient(trust_env=False, timeout=10)
-
-
-def events(content: bytes) -> list[dict[str, object]]:
-    """The JSON events of an SSE body (checked to end with [DONE])."""
-    parts = content.split(b"\n\n")
-    assert parts[-2:] == [b"data: [DONE]", b""]
-    return [orjson.loads(p.removeprefix(b"data: ")) for p in parts[:-2]]
+from tests.support.httpapi import client, events, serving
 
 
 async def test_models_list_names_each_role_and_whether_it_is_loaded() -> None:
@@ -251,6 +175,20 @@ async def test_draining_is_503_with_retry_after() -> None:
         h.router.draining = True
         resp = await http.post(h.url + "/v1/completions", json={"model": "gen", "prompt": "x"})
     assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
+
+
+async def test_a_request_past_its_timeout_is_504_and_frees_its_slot() -> None:
+    """x-request-timeout is the call's deadline: a call still waiting for its first token
+    when it passes is 504, and its slot is freed; a malformed value is 400."""
+    async with serving() as h, client() as http:
+        h.gen.gate = asyncio.Event()  # never set: the child never answers
+        late = await http.post(h.url + "/v1/completions", json={"model": "gen", "prompt": "x"},
+                               headers={"x-request-timeout": "0.3"})
+        bad = await http.post(h.url + "/v1/completions", json={"model": "gen", "prompt": "x"},
+                              headers={"x-request-timeout": "soon"})
+    assert late.status_code == 504 and late.json()["error"]["code"] == "deadline_exceeded"
+    assert h.gen_admission.in_flight == 0
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "x-request-timeout"
 
 
 async def test_requests_are_counted_with_the_http_protocol_label() -> None:

@@ -1,0 +1,100 @@
+"""The HTTP API in-process on a loopback port 0 over the real router and admission, with
+scripted backends (:mod:`tests.support.backend`), for unit tests."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import httpx
+import orjson
+
+from daemon._config_resolved import ChildConfig
+from daemon.access import TokenTable
+from daemon.admission import Admission
+from daemon.answer import AnswerServicer
+from daemon.auth import AuthInterceptor
+from daemon.backend import InferenceBackend
+from daemon.config import HttpSettings, Limits
+from daemon.httpapi import HttpApi
+from daemon.metrics import Metrics
+from daemon.router import InferenceRouter
+from tests.support.backend import FakeBackend, FakeRole
+
+
+@dataclass
+class Served:
+    """A role as the router and the catalog see it."""
+
+    role: str
+    inner: FakeRole
+    config: ChildConfig = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.config = ChildConfig(self.role, True, f"/models/{self.role}.gguf", "auto", 0, 1,
+                                  1, 0, ())
+
+    @property
+    def admission(self) -> Admission:
+        return self.inner.admission
+
+    @property
+    def serving_pid(self) -> int:
+        return self.inner.serving_pid
+
+    def backend(self) -> InferenceBackend:
+        return self.inner.backend()
+
+
+@dataclass
+class Harness:
+    """A running API: its URL, the scripted backends, the metrics and the router."""
+
+    url: str
+    gen: FakeBackend
+    emb: FakeBackend
+    metrics: Metrics
+    router: InferenceRouter
+    gen_admission: Admission
+
+
+@contextlib.asynccontextmanager
+async def serving(*, tokens: TokenTable | None = None, queue: int = 4,
+                  settings: HttpSettings | None = None,
+                  answer: Callable[[InferenceRouter], AnswerServicer] | None = None,
+                  pieces: list[str] | None = None) -> AsyncIterator[Harness]:
+    """The API on port 0: generation and embedding served by scripted backends (one slot
+    each; ``queue`` calls may wait for generation's), Ask by ``answer`` if given."""
+    gen = FakeBackend(model_name="gen.gguf")
+    if pieces is not None:
+        gen.pieces = pieces
+    emb = FakeBackend(model_name="emb.gguf", dimension=4)
+    gen_admission = Admission("generation", 1, queue)
+    served = {"generation": Served("generation", FakeRole(gen, gen_admission)),
+              "embedding": Served("embedding", FakeRole(emb, Admission("embedding", 1, 4)))}
+    router = InferenceRouter(served)
+    metrics = Metrics()
+    api = HttpApi(router=router, served=served, limits=Limits, settings=settings or
+                  HttpSettings(body_timeout=0.5, idle_timeout=1.0),
+                  auth=AuthInterceptor(tokens, metrics), metrics=metrics,
+                  answer=answer(router) if answer is not None else None)
+    port = await api.start("127.0.0.1:0")
+    try:
+        yield Harness(f"http://127.0.0.1:{port}", gen, emb, metrics, router, gen_admission)
+    finally:
+        await api.stop()
+
+
+def client() -> httpx.AsyncClient:
+    """An HTTP client that ignores proxy settings of the environment."""
+    return httpx.AsyncClient(trust_env=False, timeout=10)
+
+
+def events(content: bytes) -> list[dict[str, object]]:
+    """The JSON events of an SSE body (checked to end with [DONE])."""
+    parts = content.split(b"\n\n")
+    assert parts[-2:] == [b"data: [DONE]", b""]
+    return [orjson.loads(p.removeprefix(b"data: ")) for p in parts[:-2]]
+
+

@@ -1,0 +1,69 @@
+"""POST /v1/llamad/ask: Ask's grounded answer over HTTP, answered by gRPC Ask's own code
+(a real retriever over a small index, a scripted generation backend)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.answer import AnswerServicer, AnswerSettings, AuditLog, ResponseCache
+from daemon.config import Limits
+from daemon.router import InferenceRouter
+from retrieval import Retriever
+from tests.support.embedder import HashEmbedder, filled
+from tests.support.httpapi import client, events, serving
+
+Make = Callable[[InferenceRouter], AnswerServicer]
+
+
+@pytest.fixture
+async def make(tmp_path: Path) -> AsyncIterator[Make]:
+    retriever: Retriever = await filled(tmp_path / "index", HashEmbedder("hash"))
+
+    def build(router: InferenceRouter) -> AnswerServicer:
+        return AnswerServicer(
+            router, retriever, Limits(), settings=AnswerSettings(),
+            cache=ResponseCache(ttl=60, max_entries=8),
+            audit=AuditLog(tmp_path / "audit.jsonl", max_bytes=1 << 20, backups=1))
+
+    try:
+        yield build
+    finally:
+        await retriever.close()
+
+
+async def test_ask_streams_the_answer_then_citations_then_done(make: Make) -> None:
+    """Streamed: text events, then the sources (S1 the runbook), then done, then [DONE];
+    whole: the same in one object."""
+    pieces = ["Rotate", " the logs", " [S1]."]
+    async with serving(answer=make, pieces=pieces) as h, client() as http:
+        streamed = await http.post(h.url + "/v1/llamad/ask", json={
+            "question": "web01 disk full: what do I do?", "stream": True, "no_cache": True})
+        whole = await http.post(h.url + "/v1/llamad/ask", json={
+            "question": "web01 disk full: what do I do?", "top_k": 3})
+    assert streamed.headers["content-type"] == "text/event-stream"
+    got: list[Any] = events(streamed.content)
+    assert "".join(e.get("text", "") for e in got) == "Rotate the logs [S1]."
+    assert list(got[-2]) == ["sources"] and list(got[-1]) == ["done"]
+    citation = got[-2]["sources"]["citations"][0]
+    assert (citation["label"], citation["document_id"]) == ("S1", "docs/disk")
+    assert got[-1]["done"]["finish_reason"] == "FINISH_REASON_LENGTH"  # as scripted
+    body = whole.json()
+    assert body["text"] == "Rotate the logs [S1]."
+    assert body["sources"]["citations"][0]["label"] == "S1"
+    assert body["done"]["usage"]["completion_tokens"] == 3
+
+
+async def test_ask_refusals_are_openai_error_objects(make: Make) -> None:
+    """An empty question is 400; an unknown field 400 naming it; no Ask servicer 404."""
+    async with serving(answer=make) as h, client() as http:
+        empty = await http.post(h.url + "/v1/llamad/ask", json={"question": " "})
+        unknown = await http.post(h.url + "/v1/llamad/ask", json={"question": "x", "k": 3})
+    async with serving() as h, client() as http:
+        absent = await http.post(h.url + "/v1/llamad/ask", json={"question": "x"})
+    assert empty.status_code == 400 and "question is empty" in empty.json()["error"]["message"]
+    assert unknown.status_code == 400 and '"k"' in unknown.json()["error"]["message"]
+    assert absent.status_code == 404
