@@ -24,10 +24,21 @@ from ._chunk_tree import Node, Tree, tree_chunks
 __all__ = ["yaml_chunks"]
 
 _ITEM = re.compile(r"-(?:[ \t]+|$)")
-_KEY = re.compile(r"""(?:"((?:\\.|[^"\\])*)"|'((?:[^']|'')*)'|([^\s#"'{\[][^#]*?))"""
-                  r"""[ \t]*:(?:[ \t]+|$)""")
+_QUOTED = re.compile(r"""(?:"((?:\\.|[^"\\])*)"|'((?:[^']|'')*)')[ \t]*:(?:[ \t]+|$)""")
+_COLON = re.compile(r":(?:[ \t]+|$)")  # a search, not one pattern: no quadratic backtracking
 _SCALAR = re.compile(r"[|>][-+0-9]*[ \t]*(?:#.*)?")
 _MAX_NAME = 80
+
+
+def _key(bare: str) -> tuple[str, int] | None:
+    """The key a line (without its indentation) opens and where its value starts."""
+    if bare[0] in "\"'":
+        if m := _QUOTED.match(bare):
+            return (m.group(1) if m.group(1) is not None else m.group(2)), m.end()
+        return None
+    if bare[0] in "#{[" or not (m := _COLON.search(bare)) or "#" in bare[:m.start()]:
+        return None
+    return bare[:m.start()].rstrip(), m.end()
 
 
 def _tree(text: str) -> Node:
@@ -50,13 +61,12 @@ def _tree(text: str) -> Node:
             tree.comment(line)
             continue
         item = _ITEM.match(bare)
-        key = None if item else _KEY.match(bare)
+        key = None if item else _key(bare)
         while opened and (opened[-1][0] > indent or (
                 opened[-1][0] == indent and (opened[-1][1] or not item))):
             opened.pop()
         if key:
-            name = next(g for g in key.groups() if g is not None)[:_MAX_NAME]
-            value = bare[key.end():]
+            name, value = key[0][:_MAX_NAME], bare[key[1]:]
         elif item:
             name, value = "[]", bare[item.end():]
         else:
