@@ -29,9 +29,10 @@ from supervisor import (
     EndpointClient,
     InferenceClient,
     Sampling,
+    choose_chat_template,
 )
 
-from .errors import Disabled, RequestError
+from .errors import Disabled, FailedPrecondition, RequestError
 
 if TYPE_CHECKING:
     from .children import Setup
@@ -127,6 +128,22 @@ class ChildBackend(_ClientBackend):
     def __init__(self, client: InferenceClient, setup: Setup | None) -> None:
         super().__init__(client)
         self._setup = setup
+
+    def stream_chat(self, messages: Messages, sampling: Sampling) -> AsyncIterator[Chunk]:
+        """The chat, unless the model has no chat template llamad can trust (its GGUF
+        carries none and none is known for it): then FAILED_PRECONDITION naming the
+        problem, never a generic template's guess.
+
+        Raises:
+            FailedPrecondition: the model has no usable chat template.
+        """
+        setup = self._setup
+        if setup is not None and setup.model.info is not None and not setup.spec.embedding:
+            template = choose_chat_template(setup.model.info)
+            if not template.usable:
+                raise FailedPrecondition(f"Chat and Ask need a chat template: "
+                                         f"{template.reason}")
+        return super().stream_chat(messages, sampling)
 
     @property
     def identity(self) -> str:

@@ -5,12 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import jinja2
+import pytest
 
+from daemon.backend import ChildBackend
+from daemon.children import ModelFacts, Setup
+from daemon.errors import FailedPrecondition
 from supervisor import (
     BundledRuntime,
     GGUFInfo,
     LaunchSpec,
     LlamaServerRuntime,
+    Sampling,
     choose_chat_template,
     fallback_chat_template,
 )
@@ -100,3 +105,42 @@ def test_the_bundled_runtime_gets_its_chat_format_name() -> None:
     spec = LaunchSpec(role="generation", model=Path("/m/g.gguf"), chat_template="chatml")
     argv = BundledRuntime().command(spec, port=1, alias="a")
     assert argv[argv.index("--chat_format") + 1] == "chatml"
+
+
+# --- Chat and Ask on a model without a usable template ---------------------------------
+
+
+class _Client:
+    """Records the chats it is asked for (the child's HTTP client is not reached)."""
+
+    model_name = "m"
+
+    def __init__(self) -> None:
+        self.chats: list[object] = []
+
+    def stream_chat(self, messages: object, sampling: Sampling) -> object:
+        self.chats.append(messages)
+        return iter(())
+
+
+def _backend(architecture: str, name: str, client: _Client) -> ChildBackend:
+    facts = ModelFacts(Path("/m/model.gguf"), info(architecture, name))
+    spec = LaunchSpec(role="generation", model=facts.path)
+    setup = Setup(spec, LlamaServerRuntime("llama-server"), facts)
+    return ChildBackend(client, setup)  # type: ignore[arg-type]
+
+
+def test_chat_is_refused_on_a_model_without_a_usable_template() -> None:
+    """A model whose GGUF has no template and none is known: Chat (and Ask, which chats
+    too) is FAILED_PRECONDITION naming the problem, and the child is not asked."""
+    client = _Client()
+    with pytest.raises(FailedPrecondition, match=r"no tokenizer\.chat_template"):
+        _backend("llama", "Llama 2 7B Chat", client).stream_chat([("user", "hi")], Sampling())
+    assert client.chats == []
+
+
+def test_chat_goes_through_with_a_known_or_own_template() -> None:
+    """A Gemma without a template (a known one is used) chats as usual."""
+    client = _Client()
+    _backend("gemma3", "Gemma 3 270m", client).stream_chat([("user", "hi")], Sampling())
+    assert client.chats == [[("user", "hi")]]
