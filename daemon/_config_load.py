@@ -130,6 +130,13 @@ def _build(
             check_listen(s.http_listen, tls=tls is not None, authenticated=authenticated)
         except ConfigError as exc:
             raise ConfigError(f"http_{exc}") from None
+    if s.agent_listen:
+        if s.agent_listen.startswith("unix:"):
+            raise ConfigError("agent_listen: must be a host:port, not a unix socket")
+        try:  # any address: the port reads nothing and answers a state (docs/scale-out.md)
+            check_listen(s.agent_listen, tls=True, authenticated=True)
+        except ConfigError as exc:
+            raise ConfigError(f"agent_{exc}") from None
     for root in s.retrieval.allowed_roots:
         if not os.path.isabs(root):
             raise ConfigError(f"retrieval.allowed_roots: {root!r} is not an absolute path")

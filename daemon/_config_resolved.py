@@ -14,7 +14,14 @@ from typing import Any, Generic, TypeVar, overload
 from supervisor import EndpointSpec, RestartPolicy, Timeouts
 
 from ._config_options import INSTALLED_MODELS_DIR, value_of, with_values
-from ._config_sections import AnswerConfig, HttpSettings, Limits, RetrievalSettings, Settings
+from ._config_sections import (
+    AgentSettings,
+    AnswerConfig,
+    HttpSettings,
+    Limits,
+    RetrievalSettings,
+    Settings,
+)
 from .access import TlsMaterial, TokenTable
 from .inference_mode import InferenceMode
 
@@ -93,6 +100,9 @@ class Config:
     listen = _Read[str]("listen")
     metrics_listen = _Read[str]("metrics_listen")
     http_listen = _Read[str]("http_listen")
+    agent_listen = _Read[str]("agent_listen")
+    agent = _Read[AgentSettings]("agent")
+    drain_notice = _Read[float]("drain_notice")
     http = _Read[HttpSettings]("http")
     llama_bin = _Read[str]("llama_bin")
     retrieval = _Read[RetrievalSettings]("retrieval")

@@ -327,6 +327,19 @@ class HttpSettings:
 
 
 @dataclass(frozen=True)
+class AgentSettings:
+    """``[agent]``: the limits of the HAProxy agent-check listener (``agent_listen``),
+    fixed when it starts."""
+
+    max_connections: int = setting(
+        16, "Agent-check connections answered at once; more are closed unanswered (HAProxy "
+        "takes that as no news, not as a failure).", minimum=1)
+    timeout: float = setting(
+        2.0, "Seconds an agent-check connection has to take its one-line reply before it is "
+        "closed.", minimum=0.1)
+
+
+@dataclass(frozen=True)
 class Limits:
     """``[limits]``: the request limits, in force for the calls after a reload but for the
     gRPC server's message limits, fixed when it starts."""
@@ -370,6 +383,10 @@ class Settings:
     http_listen: str = setting(
         "", "Serve the OpenAI-compatible HTTP API on this host:port (off when empty; "
         "beyond loopback only with TLS and client authentication, as for listen).")
+    agent_listen: str = setting(
+        "", "Answer HAProxy agent checks on this host:port (off when empty): one line, 'up "
+        "ready N%' (N from the free slots), 'drain' or 'down#reason'. Any address may be "
+        "given: the port reads nothing and tells only that state and weight.")
     state_dir: str = setting(
         "", "Directory for the retrieval indexes (default: $STATE_DIRECTORY, else ./var).")
     llama_bin: str = setting(
@@ -396,9 +413,14 @@ class Settings:
     drain_grace: float = setting(
         30.0, "On SIGTERM, seconds in-flight calls get to finish before they are cancelled.",
         minimum=0)
+    drain_notice: float = setting(
+        0.0, "On SIGTERM, seconds between reporting the drain (health NOT_SERVING, agent "
+        "'drain') and refusing new calls, for load balancers to notice; calls arriving "
+        "meanwhile are served.", minimum=0)
     log: LogSettings = field(default_factory=LogSettings)
     limits: Limits = field(default_factory=Limits)
     http: HttpSettings = field(default_factory=HttpSettings)
+    agent: AgentSettings = field(default_factory=AgentSettings)
 
 
 OPTIONS: tuple[Option, ...] = tuple(options_of(Settings()))

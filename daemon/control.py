@@ -1,4 +1,4 @@
-"""gRPC servicer of ControlService: Status, TailLogs, Swap, SetMode and Reset.
+"""gRPC servicer of ControlService: Status, TailLogs, Swap, SetMode, Reset and SetDraining.
 
 Swap and SetMode stream the stages of their make-before-break switch as they happen; the
 work runs in a task of its own, so a client that goes away mid-swap cancels it (before
@@ -31,6 +31,7 @@ from supervisor import (
 )
 
 from . import rpc
+from .balancing import Drainer
 from .children import ManagedChild
 from .errors import Disabled, FailedPrecondition, InvalidArgument
 from .inference_mode import InferenceMode
@@ -170,7 +171,7 @@ def mode_request(child: ManagedChild, request: control_pb2.SetModeRequest) -> Mo
 
 
 class ControlServicer(control_pb2_grpc.ControlServiceServicer):
-    """Status, TailLogs, Swap, SetMode and Reset."""
+    """Status, TailLogs, Swap, SetMode, Reset and SetDraining."""
 
     def __init__(
         self,
@@ -182,8 +183,10 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         swaps: SwapManager,
         modes: ModeManager,
         metrics: Metrics | None = None,
+        drainer: Drainer | None = None,
     ) -> None:
         self._children = children
+        self._drainer = drainer
         self._version = version
         self._started = started
         self._draining = draining
@@ -203,7 +206,22 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
             version=self._version,
             daemon_uptime_seconds=time.monotonic() - self._started,
             draining=self._draining(),
+            drained=self._drainer is not None and self._drainer.drained,
         )
+
+    @rpc.unary("SetDraining")
+    async def SetDraining(
+        self,
+        request: control_pb2.SetDrainingRequest,
+        context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> control_pb2.SetDrainingResponse:
+        if self._drainer is None:
+            raise FailedPrecondition("this daemon has no drain control")
+        self._drainer.set(request.draining, request.reason[:200])
+        call.note(draining=request.draining)
+        return control_pb2.SetDrainingResponse(draining=self._drainer.drained,
+                                               in_flight=self._drainer.in_flight())
 
     async def _progress(
         self, role: str, work: Callable[[Callable[[SwapProgress], None]], Awaitable[object]],

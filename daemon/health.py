@@ -13,6 +13,9 @@ service name                   SERVING when
 ``""`` (overall)               not draining and every role not disabled is ready
 =============================  ==============================================
 
+While the node is drained (ControlService SetDraining) or draining for shutdown, every
+entry is NOT_SERVING (docs/scale-out.md).
+
 A disabled role's entry is NOT_SERVING. Updates follow supervisor state changes and mode
 switches, in order, through one queue, so Watch streams never see a stale status win a
 race.
@@ -50,6 +53,7 @@ class HealthReporter:
         self._retrieval = retrieval
         self._children = children
         self._draining = False
+        self._drained = False  # by an admin (SetDraining)
         self._queue: asyncio.Queue[None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._unsubscribe = [
@@ -70,7 +74,7 @@ class HealthReporter:
             return (child is not None and child.mode.kind is not InferenceMode.DISABLED
                     and child.supervisor.state is State.RUNNING)
 
-        up = not self._draining
+        up = not self.draining
         all_running = all(running(role) for role, c in self._children.items()
                           if c.mode.kind is not InferenceMode.DISABLED)
         flag = {True: SERVING, False: NOT_SERVING}
@@ -97,6 +101,16 @@ class HealthReporter:
             while not self._queue.empty():  # coalesce bursts
                 self._queue.get_nowait()
             await self._apply()
+
+    @property
+    def draining(self) -> bool:
+        """Drained by an admin, or draining for shutdown: every entry NOT_SERVING."""
+        return self._draining or self._drained
+
+    def set_drained(self, drained: bool) -> None:
+        """Drain for an admin (every entry NOT_SERVING, soon) or end that."""
+        self._drained = drained
+        self.refresh()
 
     async def drain(self) -> None:
         """Report NOT_SERVING everywhere (shutdown has begun)."""

@@ -4,10 +4,11 @@ Start-up order: the state directory is locked first (one daemon per state direct
 :mod:`daemon.statelock`), then the gRPC server listens (health answers NOT_SERVING while
 the children load, so clients can Watch), then the supervisors start the children.
 
-Shutdown (SIGTERM or SIGINT): health turns NOT_SERVING everywhere, new calls are refused
-with UNAVAILABLE, in-flight calls get ``drain_grace`` seconds to finish, then the
-children are stopped (generation first, then embedding) and reaped, and the process exits
-with status 0.
+Shutdown (SIGTERM or SIGINT): health turns NOT_SERVING everywhere and the agent-check port
+answers ``drain``; after ``drain_notice`` seconds (0 by default; calls arriving meanwhile
+are served) gRPC sends GOAWAY and new calls are refused with UNAVAILABLE, in-flight calls
+get ``drain_grace`` seconds to finish, then the children are stopped (generation first,
+then embedding) and reaped, and the process exits with status 0 (docs/scale-out.md).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from supervisor import Clock, State, StateChange, SystemClock
 from .admission import Admission
 from .answer import AnswerServicer, AuditLog, ResponseCache
 from .auth import AuthInterceptor, TlsCredentials
+from .balancing import AgentServer, Drainer, agent_reply
 from .children import ManagedChild, build_child
 from .config import Config
 from .control import ControlServicer
@@ -173,6 +175,9 @@ class Daemon:
                                        embedder_for=make_lookup(provider),
                                        clock=self._clock)
         self.health = HealthReporter(self.children, retrieval=self.retriever is not None)
+        self.drainer = Drainer(self.children, self.health.set_drained)
+        self._agent: AgentServer | None = None
+        self.agent_port = 0
         self._server: grpc.aio.Server | None = None
         self._state_lock = StateLock(config.state_dir)
         self._stop = asyncio.Event()
@@ -214,7 +219,7 @@ class Daemon:
         control_pb2_grpc.add_ControlServiceServicer_to_server(
             ControlServicer(self.children, version(), self._started,
                             lambda: self.router.draining, swaps=self.swaps,
-                            modes=self.modes, metrics=self.metrics),
+                            modes=self.modes, metrics=self.metrics, drainer=self.drainer),
             server)
         if self.retriever is not None:
             retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(
@@ -244,6 +249,12 @@ class Daemon:
                 tls=self.config.tls, drain_grace=self.config.drain_grace,
                 answer=self._answer)
             self.http_port = await self._http.start(self.config.http_listen)
+        if self.config.agent_listen:
+            self._agent = AgentServer(
+                lambda: agent_reply(self.children, draining=self.health.draining),
+                max_connections=self.config.agent.max_connections,
+                timeout=self.config.agent.timeout)
+            self.agent_port = await self._agent.start(self.config.agent_listen)
         await self.health.start()
         await server.start()
         self._server = server
@@ -253,6 +264,7 @@ class Daemon:
                   tokens=self.config.tokens.roles() if self.config.tokens else None,
                   metrics_port=self._metrics_server.port if self._metrics_server else None,
                   http_port=self.http_port or None,
+                  agent_port=self.agent_port or None,
                   modes={r: describe_mode(c) for r, c in self.children.items()})
         cfg = self.config
         if cfg.recycle_after_requests or cfg.recycle_max_rss_mb:
@@ -420,10 +432,12 @@ class Daemon:
         for task in list(self._tasks):
             if task.get_name() in ("recycle", "rescan", "backfill"):
                 task.cancel()
-        self.router.draining = True
         self._notifier.stopping()
+        await self.health.drain()  # and the agent port answers "drain"
+        if self.config.drain_notice > 0:  # for load balancers to notice; calls still served
+            await asyncio.sleep(self.config.drain_notice)
+        self.router.draining = True
         self._notifier.status(self.status_line())
-        await self.health.drain()
         # HTTP calls drain beside gRPC's, for the same grace.
         await asyncio.gather(server.stop(self.config.drain_grace),
                              self._http.stop() if self._http is not None else asyncio.sleep(0))
@@ -436,6 +450,8 @@ class Daemon:
         for role in ("generation", "embedding"):
             await self.children[role].supervisor.stop()
         await self.health.close()
+        if self._agent is not None:
+            await self._agent.close()
         unbind(self._bound)
         if self._metrics_server is not None:
             await self._metrics_server.close()
