@@ -172,6 +172,14 @@ class AsyncClient(AsyncBase):
         resp = await self._unary(self._control.Reset, rq.reset(role), timeout)
         return cv.child_state(resp.state)
 
+    async def set_draining(self, draining: bool = True, *, reason: str = "",
+                           timeout: Timeout = DEFAULT) -> int:
+        """Drain the daemon or undrain it; return its calls in flight (see
+        :meth:`Client.set_draining`)."""
+        request = control_pb2.SetDrainingRequest(draining=draining, reason=reason)
+        resp = await self._unary(self._control.SetDraining, request, timeout)
+        return int(resp.in_flight)
+
     # --- RetrievalService -----------------------------------------------------------------
 
     async def search(self, query: str, *, top_k: int = 0, sources: Sequence[str] = (),

@@ -52,10 +52,14 @@ class BaseClient:
         token_file: str | os.PathLike[str] | None = None,
         server_name: str | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        addresses: Sequence[str] | None = None,
     ) -> None:
+        if addresses is not None and address is not None:
+            raise ValueError("give address or addresses, not both")
         self._settings: ChannelSettings = settings(
-            address, tls=tls, ca_file=ca_file, cert_file=cert_file, key_file=key_file,
-            token=token, token_file=token_file, server_name=server_name, options=options)
+            address if addresses is None else list(addresses), tls=tls, ca_file=ca_file,
+            cert_file=cert_file, key_file=key_file, token=token, token_file=token_file,
+            server_name=server_name, options=options)
         self.timeout = timeout
         self.stream_timeout = stream_timeout
         s = self._settings
@@ -73,8 +77,13 @@ class BaseClient:
 
     @property
     def address(self) -> str:
-        """The gRPC target this client talks to."""
+        """The gRPC target this client talks to (``ipv4:a:p,b:q`` for several daemons)."""
         return self._settings.target
+
+    @property
+    def balanced(self) -> bool:
+        """True when this client balances over several daemons."""
+        return self._settings.balanced
 
     def _deadline(self, timeout: Timeout, stream: bool) -> float | None:
         if isinstance(timeout, _Default):

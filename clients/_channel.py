@@ -16,6 +16,16 @@ service config), never a loop in this package:
   for long), so a busy caller does not multiply its load.
 * A retry hint the daemon sends (``retry-after-ms``) is not what gRPC's backoff reads;
   once the attempts are spent the error carries it as ``retry_after``.
+
+Several addresses (``"10.0.0.1:50051,10.0.0.2:50051"`` or a list) make one channel that
+balances calls over the daemons with gRPC's own ``round_robin`` and client-side health
+checking (``healthCheckConfig``): each daemon is watched on ``grpc.health.v1`` (service
+``""``), and one that is not SERVING — drained, shutting down, loading, unreachable — gets
+no new calls until it is again; calls running on it go on. They must be IP addresses
+(gRPC's ``ipv4:``/``ipv6:`` targets), all of one family; with TLS, ``server_name`` names
+the certificate they share. When no daemon is SERVING, calls fail with UNAVAILABLE
+(retried as above). One address keeps gRPC's default (``pick_first``, no health
+checking), so a daemon still loading its models answers Status and health.
 """
 
 from __future__ import annotations
@@ -92,7 +102,58 @@ def service_config() -> dict[str, Any]:
     }
 
 
+def balanced_service_config() -> dict[str, Any]:
+    """:func:`service_config` plus round_robin over the addresses, each health-checked."""
+    return {**service_config(), "loadBalancingConfig": [{"round_robin": {}}],
+            "healthCheckConfig": {"serviceName": ""}}
+
+
 SERVICE_CONFIG_JSON = json.dumps(service_config(), separators=(",", ":"))
+BALANCED_SERVICE_CONFIG_JSON = json.dumps(balanced_service_config(), separators=(",", ":"))
+
+
+def split_addresses(address: str | Sequence[str] | None) -> list[str]:
+    """The addresses in ``address``: a list, a comma-separated string, or None (one: the
+    environment's or the default)."""
+    if address is None or isinstance(address, str):
+        value = address if address is not None else os.environ.get(ADDRESS_ENV)
+        if value is None or "," not in value:
+            return [resolve_address(address)]
+        address = value.split(",")
+    parts = [a.strip() for a in address]
+    if not parts or not all(parts):
+        raise ValueError(f"an empty address in {','.join(parts)!r}")
+    return [resolve_address(a) for a in parts]
+
+
+def balanced_target(addresses: Sequence[str]) -> str:
+    """One gRPC target for several daemons: ``ipv4:a:p,b:q`` or ``ipv6:[a]:p,[b]:q``
+    (``localhost`` is 127.0.0.1).
+
+    Raises:
+        ValueError: an address that is not an IP literal and a port, or a mix of families.
+
+    Example:
+        >>> balanced_target(["127.0.0.1:5001", "localhost:5002"])
+        'ipv4:127.0.0.1:5001,127.0.0.1:5002'
+    """
+    families: set[int] = set()
+    out: list[str] = []
+    for address in addresses:
+        host, sep, port = address.rpartition(":")
+        host = "127.0.0.1" if host == "localhost" else host.strip("[]")
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            ip = None
+        if not sep or not port.isdigit() or ip is None:
+            raise ValueError(
+                f"several addresses must each be an IP address and a port, got {address!r}")
+        families.add(ip.version)
+        out.append(f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}")
+    if len(families) > 1:
+        raise ValueError("several addresses must be all IPv4 or all IPv6")
+    return ("ipv6:" if families == {6} else "ipv4:") + ",".join(out)
 
 
 def resolve_address(address: str | None) -> str:
@@ -179,6 +240,8 @@ class ChannelSettings:
     credentials: Any  # grpc.ChannelCredentials, or None for a plaintext channel
     metadata: tuple[tuple[str, str], ...]
     options: tuple[tuple[str, Any], ...]
+    balanced: bool = False
+    """Several daemons, round_robin over the healthy ones."""
 
     @property
     def secure(self) -> bool:
@@ -186,7 +249,7 @@ class ChannelSettings:
 
 
 def settings(
-    address: str | None = None,
+    address: str | Sequence[str] | None = None,
     *,
     tls: bool = False,
     ca_file: str | os.PathLike[str] | None = None,
@@ -203,15 +266,18 @@ def settings(
     in call credentials on a TLS channel; on a plaintext channel it is sent as the
     ``authorization`` metadata of every call — only to loopback or a unix socket (the
     daemon listens on nothing else without TLS): a token is never sent in the clear over
-    a network.
+    a network. Several addresses (a list, or commas) balance over the daemons (see the
+    module docstring).
 
     Raises:
         ValueError: unreadable files, a token file readable by everyone (see
             :func:`read_token_file`), a certificate without its key (or the reverse), both
             ``token`` and ``token_file``, an empty token, a token without TLS to an address
-            that is not loopback.
+            that is not loopback; several addresses that are not IP addresses of one family.
     """
-    target = resolve_address(address)
+    addresses = split_addresses(address)
+    balanced = len(addresses) > 1
+    target = balanced_target(addresses) if balanced else addresses[0]
     if token is not None and token_file is not None:
         raise ValueError("give token or token_file, not both")
     if token_file is not None:
@@ -223,7 +289,8 @@ def settings(
     tls = tls or any(f is not None for f in (ca_file, cert_file, key_file))
     opts: list[tuple[str, Any]] = [
         ("grpc.enable_retries", 1),
-        ("grpc.service_config", SERVICE_CONFIG_JSON),
+        ("grpc.service_config", BALANCED_SERVICE_CONFIG_JSON if balanced
+         else SERVICE_CONFIG_JSON),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ]
     if server_name:
@@ -242,8 +309,8 @@ def settings(
             credentials = grpc.composite_channel_credentials(
                 credentials, grpc.access_token_call_credentials(token.strip()))
     elif token is not None:
-        if not _loopback(target):
+        if not all(_loopback(a) for a in addresses):
             raise ValueError(f"refusing to send a bearer token in the clear to {target}: "
                              "connect with TLS (tls=True or ca_file)")
         metadata = ((AUTHORIZATION_KEY, f"{BEARER_SCHEME} {token.strip()}"),)
-    return ChannelSettings(target, credentials, metadata, tuple(opts))
+    return ChannelSettings(target, credentials, metadata, tuple(opts), balanced)

@@ -18,10 +18,14 @@ Every verb talks to a running daemon through :class:`clients.Client`::
     llamad swap ROLE MODEL|--rollback swap a child's model, streaming the stages
     llamad mode ROLE MODE             embedded child, OpenAI-compatible endpoint, or disabled
     llamad logs ROLE [-f] [-n N]      a child's output
+    llamad health [--service NAME]    probe grpc.health.v1; exit status 0 when serving
+                                      (its own table: clients/_cli_balancing.py)
+    llamad drain [--wait S] / undrain take one daemon out of load balancing, and back
     llamad models prepare|list|verify the default models (``python -m models``)
 
 Common options: ``--address`` (default ``$LLAMAD_ADDRESS``, else ``127.0.0.1:50051``;
-``host:port`` or ``unix:/path``), ``--timeout`` (seconds; default 30 for single calls,
+``host:port`` or ``unix:/path``; several IP ``host:port`` separated by commas balance the
+calls over those daemons, docs/scale-out.md), ``--timeout`` (seconds; default 30 for single calls,
 none for streams), ``--tls``, ``--ca``, ``--cert``/``--key``, ``--server-name``,
 ``--token-file``; each has an environment variable for scripts and services
 (``LLAMAD_TLS=1``, ``LLAMAD_CA_FILE``, ``LLAMAD_CERT_FILE``, ``LLAMAD_KEY_FILE``,
@@ -63,6 +67,7 @@ from datetime import datetime
 from typing import Any
 
 from . import errors
+from ._cli_balancing import add_balancing_commands
 from ._cli_generation import add_controls
 from ._cli_history import add_push_command, add_source_flags
 from ._cli_review import add_review_commands
@@ -80,7 +85,7 @@ EXIT_PIPE = 141
 
 VERBS = ("status", "generate", "chat", "ask", "search", "ingest", "sources", "documents",
          "approve", "reject", "reindex",
-         "reprocess", "swap", "mode", "logs")
+         "reprocess", "swap", "mode", "logs", "health", "drain", "undrain")
 
 _EXIT_CODES: dict[type[errors.LlamadError], int] = {
     errors.Unavailable: EXIT_UNAVAILABLE,
@@ -130,7 +135,8 @@ def _connection_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     g = common.add_argument_group("connection")
     g.add_argument("--address", metavar="ADDR",
-                   help="daemon address, host:port or unix:/path "
+                   help="daemon address, host:port or unix:/path, or several IP "
+                        "host:port separated by commas to balance over them "
                         "(default: $LLAMAD_ADDRESS, else 127.0.0.1:50051)")
     g.add_argument("--timeout", type=float, metavar="SECONDS",
                    help="deadline of each call (default: 30 for single calls, none for "
@@ -301,6 +307,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     add_push_command(sub, common, _json_flag, _moment)
 
     add_review_commands(sub, common, _json_flag)
+
+    add_balancing_commands(sub, common)
 
     p = sub.add_parser("reindex", parents=common, help="rescan directory sources")
     p.add_argument("--source", default="", metavar="ID", help="only this source")

@@ -20,6 +20,7 @@ from typing import Any
 from . import _cli_format as fmt
 from . import _cli_generation as gen
 from . import errors
+from ._cli_balancing import drain, health, undrain  # noqa: F401 - verbs, run by name
 from ._cli_history import add_source, push, retention  # noqa: F401 - push: a verb
 from ._cli_review import approve, documents, reject  # noqa: F401 - verbs, run by name
 from ._client import Client
@@ -151,12 +152,14 @@ def status(client: Client, args: argparse.Namespace) -> int:
         print(fmt.to_json({
             "address": client.address, "version": st.version,
             "uptime_seconds": st.uptime_seconds, "draining": st.draining,
+            "drained": st.drained,
             "children": st.children, "retrieval": retrieval,
             "retrieval_problem": problem or None,
         }, indent=2))
         return 0
     print(f"llamad {st.version} at {client.address}, up {fmt.duration(st.uptime_seconds)}"
-          + (", DRAINING (shutting down)" if st.draining else ""))
+          + (", DRAINING (shutting down)" if st.draining else "")
+          + (", DRAINED (llamad undrain ends it)" if st.drained and not st.draining else ""))
     header = ("ROLE", "STATE", "PID", "MODEL", "RUNTIME", "UP", "RESTARTS", "BREAKER",
               "BUSY/SLOTS", "QUEUED", "LAST ERROR")
     print(fmt.table([_child_row(c) for c in st.children], header))

@@ -58,9 +58,14 @@ class Client(DocumentCalls):
         server_name: expected name in the daemon's certificate, when it differs from
             the address's host.
         options: extra gRPC channel options.
+        addresses: several daemons (instead of ``address``; or commas in ``address``):
+            calls are balanced over the ones whose ``grpc.health.v1`` says SERVING, with
+            gRPC's round_robin (a drained or stopping daemon gets no new calls). IP
+            addresses and ports only. See docs/scale-out.md.
 
     Raises:
-        ValueError: invalid connection options (unreadable files, empty token, ...).
+        ValueError: invalid connection options (unreadable files, empty token, several
+            addresses that are not IP addresses, ...).
 
     Example:
         >>> from clients import Client
@@ -336,6 +341,19 @@ class Client(DocumentCalls):
         """Close a child's circuit breaker and retry its start now; return its state."""
         request = rq.reset(role)
         return cv.child_state(self._unary(self._control.Reset, request, timeout).state)
+
+    def set_draining(self, draining: bool = True, *, reason: str = "",
+                     timeout: Timeout = DEFAULT) -> int:
+        """Drain the daemon (``draining=True``) or undrain it; return the calls running or
+        queued on it now. Admin role. Idempotent.
+
+        While drained, its ``grpc.health.v1`` says NOT_SERVING and its agent-check port
+        ``drain``, so load balancers (and clients given several addresses) send it no new
+        calls; calls that still reach it are served. Call this on one daemon (one
+        address), and again until it returns 0 before stopping it.
+        """
+        request = control_pb2.SetDrainingRequest(draining=draining, reason=reason)
+        return int(self._unary(self._control.SetDraining, request, timeout).in_flight)
 
     # --- health ---------------------------------------------------------------------------
 

@@ -248,7 +248,7 @@ def child_status(msg: control_pb2.ChildStatus) -> ChildStatus:
 def daemon_status(msg: control_pb2.StatusResponse) -> DaemonStatus:
     return DaemonStatus(children=tuple(child_status(c) for c in msg.children),
                         version=msg.version, uptime_seconds=msg.daemon_uptime_seconds,
-                        draining=msg.draining)
+                        draining=msg.draining, drained=msg.drained)
 
 
 def log_line(msg: control_pb2.LogLine) -> LogLine:

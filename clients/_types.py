@@ -220,12 +220,14 @@ class ChildStatus:
 
 @dataclass(frozen=True, slots=True)
 class DaemonStatus:
-    """Every child's status, the daemon's version and uptime, and whether it drains."""
+    """Every child's status, the daemon's version and uptime, and whether it drains (for
+    shutdown) or is drained (by :meth:`~clients.Client.set_draining`)."""
 
     children: tuple[ChildStatus, ...]
     version: str
     uptime_seconds: float
     draining: bool
+    drained: bool = False
 
     def child(self, role: str) -> ChildStatus | None:
         """The child with this role (``"generation"`` or ``"embedding"``), or None."""
