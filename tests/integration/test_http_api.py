@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -194,3 +196,34 @@ async def test_curl_reads_the_raw_sse_stream(running: Daemon, tmp_path: Path) ->
     assert bodies[0]["choices"][0]["delta"]["role"] == "assistant"
     assert bodies[-1]["choices"][0]["finish_reason"] in ("stop", "length")
     assert {b["object"] for b in bodies} == {"chat.completion.chunk"}
+
+
+async def test_a_child_killed_mid_stream_ends_the_stream_with_an_error(running: Daemon
+                                                                      ) -> None:
+    """kill -9 of the child while an HTTP stream runs: the stream ends at once with an
+    UNAVAILABLE-class error event (no [DONE], no hang), the next call is 503 with
+    Retry-After, and the restarted child serves again."""
+    url = f"http://127.0.0.1:{running.http_port}"
+    body = {"model": SMALL_MODEL, "prompt": LONG, "max_tokens": 3000, "stream": True}
+    pid = running.children["generation"].supervisor.pid
+    async with httpx.AsyncClient(trust_env=False, timeout=30) as http:
+        async with http.stream("POST", url + "/v1/completions", json=body,
+                               headers=_auth()) as stream:
+            lines: list[str] = []
+            async for line in stream.aiter_lines():
+                lines.append(line)
+                if len(lines) == 10:
+                    os.kill(pid, signal.SIGKILL)
+        events = [line for line in lines if line.startswith("data: ")]
+        assert events[-1] != "data: [DONE]"
+        error = json.loads(events[-1].removeprefix("data: "))["error"]
+        assert error["code"] == "unavailable", error
+        after = await http.post(url + "/v1/completions", headers=_auth(),
+                                json={"model": SMALL_MODEL, "prompt": "Hi", "max_tokens": 2})
+        assert after.status_code == 503, after.text
+        assert int(after.headers["Retry-After"]) >= 1
+        deadline = time.monotonic() + 60
+        while (await http.post(url + "/v1/completions", headers=_auth(), json={
+                "model": SMALL_MODEL, "prompt": "Hi", "max_tokens": 2})).status_code != 200:
+            assert time.monotonic() < deadline, "the child never served again"
+            await asyncio.sleep(0.2)

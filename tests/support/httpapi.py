@@ -32,8 +32,9 @@ class Served:
     config: ChildConfig = field(init=False)
 
     def __post_init__(self) -> None:
-        self.config = ChildConfig(self.role, True, f"/models/{self.role}.gguf", "auto", 0, 1,
-                                  1, 0, ())
+        # A child is named by its GGUF file, as a real one (supervisor's model_name).
+        self.config = ChildConfig(self.role, True, f"/models/{self.inner.served.model_name}",
+                                  "auto", 0, 1, 1, 0, ())
 
     @property
     def admission(self) -> Admission:
@@ -57,6 +58,7 @@ class Harness:
     metrics: Metrics
     router: InferenceRouter
     gen_admission: Admission
+    gen_role: FakeRole
 
 
 @contextlib.asynccontextmanager
@@ -71,7 +73,8 @@ async def serving(*, tokens: TokenTable | None = None, queue: int = 4,
         gen.pieces = pieces
     emb = FakeBackend(model_name="emb.gguf", dimension=4)
     gen_admission = Admission("generation", 1, queue)
-    served = {"generation": Served("generation", FakeRole(gen, gen_admission)),
+    gen_role = FakeRole(gen, gen_admission)
+    served = {"generation": Served("generation", gen_role),
               "embedding": Served("embedding", FakeRole(emb, Admission("embedding", 1, 4)))}
     router = InferenceRouter(served)
     metrics = Metrics()
@@ -81,7 +84,8 @@ async def serving(*, tokens: TokenTable | None = None, queue: int = 4,
                   answer=answer(router) if answer is not None else None)
     port = await api.start("127.0.0.1:0")
     try:
-        yield Harness(f"http://127.0.0.1:{port}", gen, emb, metrics, router, gen_admission)
+        yield Harness(f"http://127.0.0.1:{port}", gen, emb, metrics, router, gen_admission,
+                      gen_role)
     finally:
         await api.stop()
 

@@ -16,6 +16,7 @@ import pytest
 
 from daemon.access import load_tokens
 from daemon.config import ConfigError, HttpSettings
+from supervisor import ChildNotReadyError
 from tests.support import config_load
 from tests.support.httpapi import client, events, serving
 
@@ -175,6 +176,19 @@ async def test_draining_is_503_with_retry_after() -> None:
         h.router.draining = True
         resp = await http.post(h.url + "/v1/completions", json={"model": "gen", "prompt": "x"})
     assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
+
+
+async def test_a_starting_model_is_503_with_its_retry_hint_and_listed_unloaded() -> None:
+    """While the model starts, calls are 503 with the supervisor's retry hint (rounded up
+    to whole seconds) and /v1/models says it is not loaded."""
+    async with serving() as h, client() as http:
+        h.gen_role.unready = ChildNotReadyError("generation", "starting", 2.5)
+        resp = await http.post(h.url + "/v1/chat/completions", json={
+            "model": "gen.gguf", "messages": [{"role": "user", "content": "hi"}]})
+        models = (await http.get(h.url + "/v1/models")).json()["data"]
+    assert resp.status_code == 503 and resp.headers["retry-after"] == "3"
+    assert resp.json()["error"]["type"] == "server_error"
+    assert {m["id"]: m["loaded"] for m in models} == {"gen.gguf": False, "emb.gguf": True}
 
 
 async def test_a_request_past_its_timeout_is_504_and_frees_its_slot() -> None:
