@@ -121,10 +121,10 @@ class Tree:
 
 def dotted(path: Path) -> str:
     """``services.web``, ``servers[2].name``: keys joined by dots, elements appended."""
-    out = ""
-    for part in path:
-        out += part if part.startswith("[") or not out else "." + part
-    return out
+    if not path:
+        return ""
+    text = "".join(part if part[:1] == "[" else "." + part for part in path)
+    return text if path[0][:1] == "[" else text[1:]
 
 
 def _prefix(heading: str, size: int) -> str:
@@ -159,20 +159,37 @@ class _Unit(NamedTuple):
     lead: bool    # a line of a cut node before its first sub-node: kept with what follows
 
 
-def _units(node: Node, size: int, max_chars: int,
+class _Frame:
+    """A node being walked: its remaining items, the room for its lines, and whether
+    they are still its leading lines."""
+
+    __slots__ = ("items", "lead", "node", "room")
+
+    def __init__(self, node: Node, size: int, render: Callable[[Path], str]) -> None:
+        self.node = node
+        self.items = iter(node.items)
+        self.room = size - len(_prefix(render(node.path), size))
+        self.lead = node.nodes > 0
+
+
+def _units(root: Node, size: int, max_chars: int,
            render: Callable[[Path], str]) -> Iterator[_Unit]:
-    room = size - len(_prefix(render(node.path), size))
-    lead = node.nodes > 0
-    for item in node.items:
-        if isinstance(item, str):
-            for sep, piece in _cut(item, room):
-                yield _Unit(node.path, sep, piece, lead)
-            continue
-        lead = False
-        if item.length + len(_prefix(render(item.path), size)) <= max_chars:
-            yield _Unit(item.path, "\n", "\n".join(item.lines()), False)
+    """The tree's units in document order (a loop, not recursion: one step per item)."""
+    stack = [_Frame(root, size, render)]
+    while stack:
+        frame = stack[-1]
+        item = next(frame.items, None)
+        if item is None:
+            stack.pop()
+        elif isinstance(item, str):
+            for sep, piece in _cut(item, frame.room):
+                yield _Unit(frame.node.path, sep, piece, frame.lead)
         else:
-            yield from _units(item, size, max_chars, render)
+            frame.lead = False
+            if item.length + len(_prefix(render(item.path), size)) <= max_chars:
+                yield _Unit(item.path, "\n", "\n".join(item.lines()), False)
+            else:
+                stack.append(_Frame(item, size, render))
 
 
 def _shared(a: Path, b: Path) -> Path:
@@ -192,6 +209,8 @@ class _Chunk:
         self.units: list[_Unit] = []
         self.shared: Path | None = None  # None while it holds only bracket lines
         self.length = 0
+        self._path: Path = ()  # the last path fits() measured, and its prefix's length
+        self._top = 0
 
     def _fold(self, unit: _Unit) -> Path | None:
         if not unit.text.strip(_BRACKETS):
@@ -200,7 +219,13 @@ class _Chunk:
 
     def fits(self, unit: _Unit) -> bool:
         shared = self._fold(unit)
-        top = len(_prefix(self.render(shared), self.size)) if shared is not None else 0
+        if shared is None:
+            top = 0
+        elif shared == self._path:  # the same path as last time: most of the time
+            top = self._top
+        else:
+            top = len(_prefix(self.render(shared), self.size))
+            self._path, self._top = shared, top
         return top + self.length + len(unit.sep) + len(unit.text) <= self.size
 
     def add(self, unit: _Unit) -> None:

@@ -95,6 +95,13 @@ PATHOLOGICAL: dict[str, tuple[Callable[[int], str], str]] = {
     "one-config-block": (lambda n: "interface Gi0/1\n" + " permit ip any any\n" * (n // 4),
                          "config"),
     "heading-run": (lambda n: "# h\n" * (n // 4), "markdown"),
+    "blank-run-in-a-key": (lambda n: "a" + " " * n + "b: c\n", "yaml"),
+    "deep-brackets": (lambda n: "[\n" * (n // 16) + "]\n" * (n // 16), "json"),
+    "one-toml-table": (lambda n: "[t]\n" + "k = 1\n" * (n // 6), "toml"),
+    "one-giant-function": (lambda n: "f() {\n" + "  echo x\n" * (n // 9) + "}\n", "shell"),
+    "one-giant-class": (lambda n: "class A:\n" + "    def m(self):\n        pass\n" * (n // 30),
+                        "python"),
+    "one-long-output": (lambda n: "$ cat log\n" + "line\n" * (n // 5), "session"),
 }
 
 
