@@ -7,8 +7,8 @@ JSON
     closing bracket opens a node at level ``d``: a member (``"key": ...``, named by its
     key) or an element (named by its index, ``[3]``); the lines after it belong to it
     until the next line that opens a node at its level or above. A line starting with
-    ``}`` or ``]`` belongs to the node it closes. Comment lines (``//``, ``/*``, ``#``)
-    go with the next member. Key paths: ``services.web.ports[1]``. A minified document
+    ``}`` or ``]`` belongs to the node it closes. Comment lines (``//``, ``/*``, ``*``,
+    ``#``) go with the next member. Key paths: ``services.web.ports[1]``. A minified document
     is one long line: it is cut after commas. The cutting and packing are
     :mod:`retrieval._chunk_tree`'s.
 """

@@ -8,9 +8,10 @@ Python
     multi-line call or a docstring whose lines start at column 0. A definition is a
     top-level ``def``, ``async def`` or ``class`` statement with the decorators before
     it and the comment lines just above them (no blank line between), up to the next
-    top-level statement (comment lines there belong to whatever the next code line
-    belongs to). The top-level statements between definitions (imports, constants, the
-    ``if __name__`` block) form blocks of their own, packed between. A definition's
+    top-level statement (comment lines just above a statement, no blank line between,
+    go with it; other comment lines with what precedes them). The top-level statements
+    between definitions (imports, constants, the ``if __name__`` block) form blocks of
+    their own, packed between. A definition's
     heading is its signature line (``def restart(host: str) -> None:``) and that line
     is its header. A class over ``max_chars`` is cut the same way between its methods,
     at its body's indentation: its head (the class line, docstring and attributes before

@@ -20,7 +20,7 @@ Cutting and packing
     sub-node (``services:``, ``"hosts": [``, a table header) move to the next chunk
     with what follows them rather than end a chunk. A chunk's ``heading`` is the key path its
     units share (``""`` when they share none, e.g. several top-level keys; a line of
-    only brackets and commas counts for none), and, like
+    only brackets, commas and semicolons counts for none), and, like
     markdown's heading path, the chunk begins with ``heading + "\\n\\n"`` (cut to
     ``size // 2`` characters ending in ``…``; nothing for an empty heading or
     ``size < 8``), so a piece of a deep block stays findable by its path. No overlap.
