@@ -1,11 +1,12 @@
 """Composition of one role (generation or embedding) from configuration.
 
-A :class:`ManagedChild` bundles what the daemon keeps per role: its inference mode (a
-supervised child, an external endpoint, or disabled), the supervisor (which runs the
-child — or watches the endpoint — through a launcher), its log ring, the launch spec and
-runtime of the embedded child, and facts about the model file (GGUF metadata and SHA-256,
-computed once per file version, off the event loop). Every role has one, whatever its
-mode, so a mode can be switched live (:mod:`daemon.modes`).
+:func:`build_child` makes the role's :class:`~daemon.model.Model` — the one object that
+owns what the daemon keeps per role: its inference mode (a supervised child, an external
+endpoint, or disabled), the supervisor (which runs the child — or watches the endpoint —
+through a launcher), its log ring, and the embedded child's :class:`Setup`: launch spec,
+runtime and facts about the model file (GGUF metadata and SHA-256, computed once per file
+version, off the event loop). Every role has one, whatever its mode, so a mode can be
+switched live (:mod:`daemon.modes`).
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ import functools
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
 from supervisor import (
     Clock,
-    EndpointClient,
     EndpointLauncher,
     EndpointSpec,
     ExitCause,
@@ -40,7 +40,6 @@ from supervisor import (
     StageSink,
     StartFailure,
     Supervisor,
-    SwapRecord,
     SystemClock,
     Timeouts,
     choose_chat_template,
@@ -50,11 +49,10 @@ from supervisor import (
 )
 
 from .admission import Admission
-from .backend import ChildBackend, DisabledBackend, EndpointBackend, InferenceBackend
 from .config import ChildConfig, Config
-from .errors import FailedPrecondition
 from .inference_mode import InferenceMode, Mode
 from .logs import ChildLogForwarder
+from .model import Model, ahead_for, handover_settings, slots_for
 
 _log = structlog.get_logger("llamad.children")
 
@@ -96,6 +94,12 @@ class ModelFacts:
         if key not in _HASHES:
             _HASHES[key] = sha256_file(self.path)
         self.sha256 = _HASHES[key]
+
+    async def hash_in_background(self) -> None:
+        """:meth:`hash_if_changed` in the one niced hashing thread; never raises."""
+        with contextlib.suppress(OSError):
+            await asyncio.get_running_loop().run_in_executor(
+                _HASHER, _niced(self.hash_if_changed))
 
 
 @dataclass(frozen=True)
@@ -156,82 +160,7 @@ class NoLauncher:
                                      f"the {self.role} role has no model or endpoint configured"))
 
 
-@dataclass
-class ManagedChild:
-    """Everything the daemon keeps for one role."""
-
-    role: str
-    config: ChildConfig
-    current: Setup | None
-    """The embedded child's setup (None while no model was ever configured)."""
-    ring: LogRing
-    supervisor: Supervisor
-    launcher_factory: Callable[[Setup], ProcessLauncher]
-    """Makes the launcher for a setup; swaps get the swap readiness deadline."""
-    endpoint_factory: Callable[[EndpointSpec], EndpointLauncher]
-    """Makes the launcher of an endpoint, with the swap readiness deadline."""
-    admission: Admission
-    mode: Mode = field(default_factory=lambda: Mode(InferenceMode.EMBEDDED))
-    previous: Setup | None = None
-    last_swap: SwapRecord | None = None
-    last_error: str = ""
-    """The latest failure: a child's exit, an endpoint's, or a failed swap or switch."""
-    switching: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """Held by a swap or a mode switch: they never interleave."""
-
-    @property
-    def setup(self) -> Setup:
-        """The embedded child's setup.
-
-        Raises:
-            FailedPrecondition: no model has been configured for this role.
-        """
-        if self.current is None:
-            raise FailedPrecondition(
-                f"no {self.role} model is configured: set {self.role}.model, or give "
-                "model_path")
-        return self.current
-
-    @property
-    def spec(self) -> LaunchSpec:
-        return self.setup.spec
-
-    @property
-    def runtime(self) -> Runtime:
-        return self.setup.runtime
-
-    @property
-    def model(self) -> ModelFacts:
-        return self.setup.model
-
-    @property
-    def serving_pid(self) -> int:
-        """The child process serving now (0: none, or an endpoint)."""
-        return self.supervisor.pid
-
-    def backend(self) -> InferenceBackend:
-        """What serves the role now: the one place a mode becomes an implementation.
-
-        Raises:
-            supervisor.ChildNotReadyError: the child or endpoint is not ready.
-        """
-        if self.mode.kind is InferenceMode.DISABLED:
-            return DisabledBackend(self.role)
-        client = self.supervisor.client
-        if isinstance(client, EndpointClient):
-            return EndpointBackend(client)
-        return ChildBackend(client, self.current)
-
-    async def hash_model(self) -> None:
-        """Compute the model's SHA-256 in a thread (for Status); never raises."""
-        if self.current is None:
-            return
-        with contextlib.suppress(OSError):
-            await asyncio.get_running_loop().run_in_executor(
-                _HASHER, _niced(self.current.model.hash_if_changed))
-
-
-def build_child(config: Config, role: str, *, clock: Clock | None = None) -> ManagedChild:
+def build_child(config: Config, role: str, *, clock: Clock | None = None) -> Model:
     """Build (not start) the role: its supervisor set up for the configured mode.
 
     Raises:
@@ -279,24 +208,14 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None) -> Man
     sup = Supervisor(role, launcher, validate=validate, policy=config.policy, clock=clock)
     admission = Admission(role, slots_for(mode, setup, cc), config.limits.queue_size,
                           ahead=ahead_for(mode, setup, cc))
-    return ManagedChild(role, cc, setup, ring, sup,
-                        functools.partial(launcher_for, timeouts=swap_timeouts),
-                        functools.partial(endpoint_for, timeouts=swap_timeouts),
-                        admission, mode=mode)
+    return Model(role, cc, setup, ring, sup,
+                 launchers=functools.partial(launcher_for, timeouts=swap_timeouts),
+                 endpoints=functools.partial(endpoint_for, timeouts=swap_timeouts),
+                 admission=admission, mode=mode, clock=clock,
+                 handover=handover_settings(config.swap_drain_timeout,
+                                            config.swap_handover_hold,
+                                            config.swap_launch_nice))
 
 
-def slots_for(mode: Mode, setup: Setup | None, cc: ChildConfig) -> int:
-    """Calls served at once: the child's slots, or ``parallel`` for an endpoint."""
-    if mode.kind is InferenceMode.EMBEDDED and setup is not None:
-        return setup.runtime.max_concurrency(setup.spec)
-    return max(1, cc.parallel)
-
-
-def ahead_for(mode: Mode, setup: Setup | None, cc: ChildConfig) -> int:
-    """Calls sent beyond the slots, to wait in the child's own queue: ``queue_ahead`` for
-    a launched child whose runtime queues requests (llama-server); none otherwise (the
-    bundled runtime serves one request at a time; of an endpoint llamad knows only
-    ``parallel``)."""
-    if mode.kind is InferenceMode.EMBEDDED and setup is not None and setup.runtime.queues_requests:
-        return cc.queue_ahead
-    return 0
+ManagedChild = Model
+"""The old name of :class:`~daemon.model.Model`, for the modules that still use it."""

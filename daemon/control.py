@@ -26,6 +26,7 @@ from supervisor import (
     SwapInProgressError,
     SwapProgress,
     SwapRefusedError,
+    choose_chat_template,
     normalise_url,
     read_api_key,
 )
@@ -114,6 +115,8 @@ def child_status(child: ManagedChild) -> control_pb2.ChildStatus:
         status.runtime = child.runtime.name
         status.model_architecture = info.architecture if info else ""
         status.model_context_length = info.context_length if info else 0
+        if info is not None and not child.spec.embedding:
+            status.chat_template = choose_chat_template(info).describe()
     elif mode is InferenceMode.ENDPOINT and child.mode.endpoint is not None:
         status.runtime = "endpoint"
         status.endpoint_url = child.mode.endpoint.display_url

@@ -39,8 +39,8 @@ from llamad_protocol.v1.wire import (
 )
 from supervisor import State, StateChange
 
-from .children import ManagedChild
 from .inference_mode import InferenceMode
+from .model import Model
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -48,7 +48,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class HealthReporter:
-    def __init__(self, children: Mapping[str, ManagedChild], *, retrieval: bool = False) -> None:
+    def __init__(self, children: Mapping[str, Model], *, retrieval: bool = False) -> None:
         self.servicer = health_aio.HealthServicer()
         self._retrieval = retrieval
         self._children = children

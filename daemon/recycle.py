@@ -16,8 +16,8 @@ import structlog
 
 from supervisor import State, SupervisorError
 
-from .children import ManagedChild
 from .inference_mode import InferenceMode
+from .model import Model
 from .swaps import SwapManager
 
 _log = structlog.get_logger("llamad.recycle")
@@ -35,7 +35,7 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
-def recycle_reason(child: ManagedChild, after_requests: int, max_rss: int,
+def recycle_reason(child: Model, after_requests: int, max_rss: int,
                    min_uptime: float) -> str | None:
     """Why ``child`` should be recycled now, or None."""
     sup = child.supervisor
@@ -54,7 +54,7 @@ def recycle_reason(child: ManagedChild, after_requests: int, max_rss: int,
     return None
 
 
-async def recycle_loop(children: dict[str, ManagedChild], swaps: SwapManager, *,
+async def recycle_loop(children: dict[str, Model], swaps: SwapManager, *,
                        after_requests: int, max_rss_mb: int, interval: float,
                        min_uptime: float) -> None:
     """Check every ``interval`` seconds; recycle through the swap path. Runs until cancelled."""

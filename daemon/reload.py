@@ -34,17 +34,18 @@ options that were applied or brought to a new child taken from the new one
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import structlog
 
 from supervisor import SupervisorError, pick_runtime
 
-from .children import ManagedChild, Setup, ahead_for, make_setup
+from .children import Setup, make_setup
 from .config import OPTIONS, ChildConfig, Config, ConfigError, Reload, is_loopback, value_of
 from .errors import RequestError
 from .inference_mode import InferenceMode
+from .model import Model
 from .modes import ModeManager, ModeRequest
 from .swaps import SwapManager
 
@@ -111,41 +112,38 @@ def _child_settings(cc: ChildConfig) -> tuple[object, ...]:
             cc.extra_args, cc.spin_count)
 
 
-async def _apply_role(child: ManagedChild, current: Config, new: Config,
-                      swaps: SwapManager, modes: ModeManager) -> bool:
+async def _apply_role(model: Model, current: Config, new: Config,
+                      swaps: SwapManager, modes: ModeManager) -> tuple[bool, Setup | None]:
     """Bring one role to its new configuration: a mode switch, a swap, or nothing live
-    (settings of a mode not in use apply at the next switch). True when a swap or a mode
-    switch ran."""
-    old_cc, new_cc = current.child(child.role), new.child(child.role)
+    (settings of a mode not in use apply at the next switch). Returns whether a swap or a
+    mode switch ran, and the setup to keep for a later switch to embedded mode (when the
+    role is not embedded now)."""
+    old_cc, new_cc = current.child(model.role), new.child(model.role)
     target: Setup | None = None
     if new_cc.model:
         runtime = pick_runtime(new_cc.runtime, new.llama_bin or None)
-        target = make_setup(child.role, new_cc.model, runtime, new_cc)
-    live = child.mode.kind
+        target = make_setup(model.role, new_cc.model, runtime, new_cc)
+    live = model.mode.kind
     if new_cc.mode is InferenceMode.EMBEDDED and live is InferenceMode.EMBEDDED:
         changed = (_child_settings(old_cc) != _child_settings(new_cc)
                    or current.llama_bin != new.llama_bin)
         if changed and target is not None:
-            await swaps.swap_to(child.role, target, reason="reload")
-            return True
-        return False
+            await swaps.swap_to(model.role, target, reason="reload")
+            return True, None
+        return False, None
     if new_cc.mode is not live or (live is InferenceMode.ENDPOINT
                                    and old_cc.endpoint() != new_cc.endpoint()):
-        await modes.set_mode(child.role, ModeRequest(
+        await modes.set_mode(model.role, ModeRequest(
             new_cc.mode, new_cc.endpoint() if new_cc.mode is InferenceMode.ENDPOINT else None,
             setup=target if new_cc.mode is InferenceMode.EMBEDDED else None, reason="reload"))
-        if new_cc.mode is not InferenceMode.EMBEDDED and target is not None:
-            child.current = target
-        return True
-    if target is not None and live is not InferenceMode.EMBEDDED:
-        child.current = target
-    return False
+        return True, target if new_cc.mode is not InferenceMode.EMBEDDED else None
+    return False, target if live is not InferenceMode.EMBEDDED else None
 
 
 async def reload_config(
     current: Config,
     load: Callable[[], Config],
-    children: dict[str, ManagedChild],
+    children: Mapping[str, Model],
     swaps: SwapManager,
     modes: ModeManager,
 ) -> tuple[Config, ReloadReport]:
@@ -162,18 +160,16 @@ async def reload_config(
     applied = current
     for role in _ROLES:
         old_cc, new_cc = current.child(role), new.child(role)
-        child = children.get(role)
-        if child is None or (old_cc == new_cc and current.llama_bin == new.llama_bin):
+        model = children.get(role)
+        if model is None or (old_cc == new_cc and current.llama_bin == new.llama_bin):
             continue
         try:
-            live = await _apply_role(child, current, new, swaps, modes)
+            live, keep = await _apply_role(model, current, new, swaps, modes)
         except (SupervisorError, FileNotFoundError, RequestError) as exc:
             report.kept[role] = str(exc)
             _log.warning("reload kept the running child", role=role, error=str(exc))
             continue
-        child.config = new_cc
-        child.admission.resize(child.admission.limit,
-                               ahead_for(child.mode, child.current, new_cc))
+        model.configure(new_cc, keep)
         if role == "generation":
             applied = dataclasses.replace(applied, generation=new_cc)
         else:

@@ -20,7 +20,7 @@ from .errors import Draining
 
 
 class Role(Protocol):
-    """What the router needs of a role (:class:`daemon.children.ManagedChild`)."""
+    """What the router needs of a role (:class:`daemon.model.Model`)."""
 
     @property
     def admission(self) -> Admission: ...

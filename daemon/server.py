@@ -44,7 +44,7 @@ from .admission import Admission
 from .answer import AnswerServicer, AuditLog, ResponseCache
 from .auth import AuthInterceptor, TlsCredentials
 from .balancing import AgentServer, Drainer, agent_reply
-from .children import ManagedChild, build_child
+from .children import build_child
 from .config import Config
 from .control import ControlServicer
 from .health import HealthReporter
@@ -53,6 +53,7 @@ from .inference_mode import InferenceMode
 from .listen import Bound, bind, unbind
 from .metrics import Metrics
 from .metrics_http import MetricsServer, serve_metrics
+from .model import Model
 from .modes import ModeManager
 from .recycle import recycle_loop
 from .reload import ReloadReport, reload_config
@@ -84,7 +85,7 @@ SERVICE_NAMES = (
 )
 
 
-def describe_mode(child: ManagedChild) -> str:
+def describe_mode(child: Model) -> str:
     """A role's mode in a few words, for logs: never an endpoint's credentials."""
     if child.mode.endpoint is not None:
         return f"endpoint {child.mode.endpoint.display_url}"
@@ -140,7 +141,7 @@ class Daemon:
         self._reloading = asyncio.Lock()
         self._clock = clock or SystemClock()
         # Every role exists whatever its mode, so a mode can be switched live.
-        self.children: dict[str, ManagedChild] = {
+        self.children: dict[str, Model] = {
             role: build_child(config, role, clock=self._clock)
             for role in ("generation", "embedding")
         }
@@ -149,6 +150,7 @@ class Daemon:
             self.metrics.child_state(child.role, child.supervisor.state.value)
             self.metrics.mode(child.role, child.mode.kind)
             child.supervisor.subscribe(self._observe_child)
+            child.subscribe(self._after_change)
             child.admission.set_hooks(on_change=self._observe_admission,
                                       on_reject=self.metrics.rejected)
         self._metrics_server: MetricsServer | None = None
@@ -158,12 +160,8 @@ class Daemon:
         self._tls = TlsCredentials(config.tls) if config.tls is not None else None
         self._bound: Bound | None = None
         self.router = InferenceRouter(self.children)
-        self.swaps = SwapManager(self.children, config.swap_drain_timeout,
-                                 on_swapped=self._after_swap,
-                                 handover_hold=config.swap_handover_hold,
-                                 launch_nice=config.swap_launch_nice)
-        self.modes = ModeManager(self.children, lambda: self.config,
-                                 on_change=self._after_mode_change)
+        self.swaps = SwapManager(self.children)
+        self.modes = ModeManager(self.children, lambda: self.config)
         self.retriever: Retriever | None = None
         self._answer: AnswerServicer | None = None
         self._retrieval: RetrievalServicer | None = None
@@ -284,7 +282,7 @@ class Daemon:
         for child in self.children.values():
             if child.mode.kind is InferenceMode.DISABLED:
                 continue
-            child.supervisor.start()
+            child.start()
             self._tasks.add(asyncio.create_task(child.hash_model(), name=f"hash-{child.role}"))
         interval = self._notifier.watchdog_interval()
         if interval is not None:
@@ -347,22 +345,19 @@ class Daemon:
         m.child_state(change.role, change.new.value)
         if change.cause is not None:  # set on the way into backoff or failed
             m.child_exit(change.role, change.cause.kind)
-            self.children[change.role].last_error = change.cause.message
         if change.new is State.STARTING and change.old in (State.BACKOFF, State.FAILED):
             m.child_restart(change.role)
         if change.new is State.FAILED:  # entered only when the breaker opens
             m.breaker_opened(change.role)
         self._notifier.status(self.status_line())
 
-    def _after_swap(self, child: ManagedChild) -> None:
-        self._tasks.add(asyncio.create_task(child.hash_model(), name=f"hash-{child.role}"))
-
-    def _after_mode_change(self, child: ManagedChild) -> None:
+    def _after_change(self, child: Model) -> None:
+        """What serves a model changed (a swap's or switch's cut-over, an unload)."""
         self.metrics.mode(child.role, child.mode.kind)
         self.health.refresh()
         self._notifier.status(self.status_line())
         if child.mode.kind is InferenceMode.EMBEDDED:
-            self._after_swap(child)
+            self._tasks.add(asyncio.create_task(child.hash_model(), name=f"hash-{child.role}"))
 
     def request_stop(self) -> None:
         """Begin a graceful shutdown (what SIGTERM does)."""
@@ -412,7 +407,7 @@ class Daemon:
                 if self._http is not None and self.config.tls is not None:
                     self._http.update_tls(self.config.tls)
                 for child in self.children.values():
-                    child.admission.queue_size = self.config.limits.queue_size
+                    child.set_queue_size(self.config.limits.queue_size)
                 return report
             finally:
                 self._notifier.status(self.status_line())
@@ -448,7 +443,7 @@ class Daemon:
         if self.retriever is not None:
             await self.retriever.close()
         for role in ("generation", "embedding"):
-            await self.children[role].supervisor.stop()
+            await self.children[role].stop()
         await self.health.close()
         if self._agent is not None:
             await self._agent.close()

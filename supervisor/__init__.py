@@ -18,6 +18,7 @@ from ._child import (
 )
 from ._client import ApiShape, Chunk, EmbedResult, Health, InferenceClient
 from ._clock import Clock, ManualClock, SystemClock
+from ._drain import drain
 from ._endpoint import (
     ENDPOINT_KINDS,
     EndpointClient,
@@ -140,6 +141,7 @@ __all__ = [
     "choose_chat_template",
     "classify_exit",
     "display_url",
+    "drain",
     "fallback_chat_template",
     "find_llama_server",
     "normalise_url",

@@ -28,6 +28,7 @@ from ._backoff import CircuitBreaker, RestartPolicy
 from ._child import Launcher, LiveChild, StartFailure
 from ._client import InferenceClient
 from ._clock import Clock, SystemClock
+from ._drain import drain
 from ._exits import ExitCause
 from ._states import State, check_transition
 from ._swap import (
@@ -315,6 +316,12 @@ class Supervisor:
             swapped = asyncio.ensure_future(self._swap_signal.wait())
             try:
                 await asyncio.wait({watch, swapped}, return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:
+                # Stopped: the watch ends with its child. Left running, an endpoint's
+                # liveness probe went on against the closed client ("client has been
+                # closed", an unretrieved task exception and an unclosed socket).
+                watch.cancel()
+                raise
             finally:
                 swapped.cancel()
             if watch.done():
@@ -354,7 +361,12 @@ class Supervisor:
         take over (atomically: the next :attr:`client` is the new child's). Calls already
         running on the old child get ``drain_timeout`` seconds to finish, then it stops.
         If the old child is down (backing off or failed) when the new one is ready, the
-        new one simply takes over. Stages are reported to ``progress``.
+        new one simply takes over. Stages are reported to ``progress``, from
+        ``launching`` on.
+
+        The caller has checked the new model (the ``validating`` stage is its:
+        :meth:`daemon.model.Model.replace` checks the file and the memory once, for every
+        path); ``validate`` is what checks it again before each later restart.
 
         Cancellation: before the take-over, cancelling stops the new child and leaves
         the old one serving; after it, the swap is complete and only the drain is cut
@@ -371,14 +383,6 @@ class Supervisor:
         async with self._swap_lock:
             if self._task is None or self._task.done():
                 raise SwapRefusedError(f"the {self.role} child is stopped; start it first")
-            report(SwapProgress("validating"))
-            if validate is not None:
-                try:
-                    await asyncio.to_thread(validate)
-                except InvalidModelError as exc:
-                    cause = ExitCause("invalid_model", True, str(exc), at=self._clock.wall())
-                    report(SwapProgress("failed", str(exc), cause))
-                    raise SwapFailedError(cause) from exc
             report(SwapProgress("launching"))
             try:
                 new = await launcher.launch(on_stage=lambda s: report(SwapProgress(s)))
@@ -420,11 +424,9 @@ class Supervisor:
 
     async def _drain(self, old: LiveChild, timeout: float) -> None:
         """Let calls on ``old`` finish (up to ``timeout`` s), then stop it."""
-        deadline = self._clock.monotonic() + timeout
-        while old.client.in_flight > 0 and self._clock.monotonic() < deadline:
-            await self._clock.sleep(0.05)
-        if old.client.in_flight:
-            self._log.warning("drain timed out", pid=old.pid, in_flight=old.client.in_flight)
+        left = await drain(lambda: old.client.in_flight, timeout, self._clock)
+        if left:
+            self._log.warning("drain timed out", pid=old.pid, in_flight=left)
         await old.stop()
 
     async def _wait(self, seconds: float | None) -> bool:

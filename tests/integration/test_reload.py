@@ -56,9 +56,13 @@ async def test_sighup_swaps_to_the_new_model_and_applies_limits(
         write_config(file, model_path(DEFAULT_MODEL), max_tokens=1000)
         os.kill(os.getpid(), signal.SIGHUP)
         deadline = time.monotonic() + 60
-        while not (now := await c.child(GEN)).model_path.endswith(DEFAULT_MODEL):
+        # The reload is done once its configuration is in force (after the old child's
+        # drain; Status names the new model from the cut-over on, before that).
+        while daemon.config.generation.model != str(model_path(DEFAULT_MODEL)):
             assert time.monotonic() < deadline, "no swap after SIGHUP"
             await asyncio.sleep(0.1)
+        now = await c.child(GEN)
+        assert now.model_path.endswith(DEFAULT_MODEL)
         assert now.last_swap.reason == "reload"
         assert now.pid != before.pid
         assert daemon.config.limits.max_tokens == 1000

@@ -8,9 +8,10 @@ import pytest
 
 from daemon import load
 from daemon.admission import Admission
-from daemon.children import ahead_for, make_setup
+from daemon.children import make_setup
 from daemon.errors import DeadlineUnmeetable, Overloaded
 from daemon.inference_mode import InferenceMode, Mode
+from daemon.model import ahead_for
 from supervisor import BundledRuntime, LlamaServerRuntime, Runtime
 
 

@@ -52,8 +52,8 @@ async def test_swap_installs_new_child_then_stops_old() -> None:
     assert sup.pid == new.pid
     assert old.stopped
     assert not new.stopped
-    assert stages(events) == ["validating", "launching", "loading", "swapping", "draining",
-                              "done"]
+    # "validating" is the caller's stage (daemon.model.Model.replace checks the file once).
+    assert stages(events) == ["launching", "loading", "swapping", "draining", "done"]
     assert sup.state is State.RUNNING
     assert sup.launcher is new_launcher
     await sup.stop()
@@ -74,23 +74,6 @@ async def test_failed_swap_leaves_old_child_serving() -> None:
     assert sup.client is old.client
     assert not old.stopped
     assert sup.launcher is old_launcher
-    await sup.stop()
-
-
-async def test_invalid_new_model_fails_before_launch() -> None:
-    """A new model that fails validation is refused before anything starts."""
-    from supervisor import InvalidModelError
-
-    sup, old_launcher, _ = await running()
-    new_launcher = ScriptedLauncher(["ok"])
-
-    def bad() -> None:
-        raise InvalidModelError("/new.gguf", "truncated: 10 bytes, tensors need 99")
-
-    with pytest.raises(SwapFailedError, match="truncated"):
-        await sup.swap(new_launcher, validate=bad)
-    assert new_launcher.launches == 0
-    assert sup.client is old_launcher.children[0].client
     await sup.stop()
 
 
