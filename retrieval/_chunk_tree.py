@@ -16,9 +16,11 @@ Cutting and packing
     each treated the same way, so the cuts fall between sub-keys and elements, as high in
     the tree as they can. A line longer than the room is cut after commas, then at
     whitespace, then hard. Units are packed greedily into chunks within ``size`` (a unit
-    over ``size`` is a chunk of its own); the lines of a cut node before its first
-    sub-node (``services:``, ``"hosts": [``, a table header) move to the next chunk
-    with what follows them rather than end a chunk. A chunk's ``heading`` is the key path its
+    over ``size`` is a chunk of its own); a chunk that starts inside a cut node takes
+    nothing from outside it but lines of only brackets (so the tail of a cut block is a
+    chunk under its own path); the lines of a cut node before its first sub-node
+    (``services:``, ``"hosts": [``, a table header) move to the next chunk with what
+    follows them rather than end a chunk. A chunk's ``heading`` is the key path its
     units share (``""`` when they share none, e.g. several top-level keys; a line of
     only brackets, commas and semicolons counts for none), and, like
     markdown's heading path, the chunk begins with ``heading + "\\n\\n"`` (cut to
@@ -157,6 +159,7 @@ class _Unit(NamedTuple):
     sep: str      # before it
     text: str
     lead: bool    # a line of a cut node before its first sub-node: kept with what follows
+    scope: Path | None  # the path of the cut node it is inside (None: top level)
 
 
 class _Frame:
@@ -178,16 +181,17 @@ def _units(root: Node, size: int, max_chars: int,
     stack = [_Frame(root, size, render)]
     while stack:
         frame = stack[-1]
+        scope = frame.node.path if len(stack) > 1 else None
         item = next(frame.items, None)
         if item is None:
             stack.pop()
         elif isinstance(item, str):
             for sep, piece in _cut(item, frame.room):
-                yield _Unit(frame.node.path, sep, piece, frame.lead)
+                yield _Unit(frame.node.path, sep, piece, frame.lead, scope)
         else:
             frame.lead = False
             if item.length + len(_prefix(render(item.path), size)) <= max_chars:
-                yield _Unit(item.path, "\n", "\n".join(item.lines()), False)
+                yield _Unit(item.path, "\n", "\n".join(item.lines()), False, scope)
             else:
                 stack.append(_Frame(item, size, render))
 
@@ -208,6 +212,7 @@ class _Chunk:
         self.size, self.render = size, render
         self.units: list[_Unit] = []
         self.shared: Path | None = None  # None while it holds only bracket lines
+        self.scope: Path | None = None   # its first content unit's: see fits()
         self.length = 0
         self._path: Path = ()  # the last path fits() measured, and its prefix's length
         self._top = 0
@@ -218,6 +223,11 @@ class _Chunk:
         return unit.path if self.shared is None else _shared(self.shared, unit.path)
 
     def fits(self, unit: _Unit) -> bool:
+        """Whether ``unit`` joins the chunk: within size with the path they would share,
+        and, when the chunk starts inside a cut node, inside it too (or only brackets)."""
+        if (self.scope is not None and unit.path[:len(self.scope)] != self.scope
+                and unit.text.strip(_BRACKETS)):
+            return False
         shared = self._fold(unit)
         if shared is None:
             top = 0
@@ -229,6 +239,8 @@ class _Chunk:
         return top + self.length + len(unit.sep) + len(unit.text) <= self.size
 
     def add(self, unit: _Unit) -> None:
+        if self.shared is None and unit.text.strip(_BRACKETS):
+            self.scope = unit.scope
         self.shared = self._fold(unit)
         self.length += (len(unit.sep) if self.units else 0) + len(unit.text)
         self.units.append(unit)
@@ -246,7 +258,7 @@ class _Chunk:
             if u is not units[0]:
                 parts += (u.sep, u.text)
         heading = self.render(shared) if shared is not None else ""
-        self.units, self.shared, self.length = [], None, 0
+        self.units, self.shared, self.scope, self.length = [], None, None, 0
         return (heading, _prefix(heading, self.size) + "".join(parts)), carried
 
 

@@ -34,12 +34,14 @@ def test_a_big_array_is_split_between_elements_under_its_key() -> None:
 
 def test_small_members_share_the_first_chunk() -> None:
     """settings (small) and the array's opening share the first chunk, which has no
-    heading (it holds several top-level members); the last holds the closing lines."""
+    heading (it holds several top-level members); the array's last piece takes nothing
+    after it but its closing bracket."""
     chunks = chunk_text(INVENTORY, "json", size=1200, overlap=0, max_chars=2000)
     assert chunks[0].heading == ""
     assert chunks[0].text.startswith('{\n  "settings": {\n    "region": "eu-west-1",\n'
                                      '    "retries": 3\n  },\n  "hosts": [\n')
-    assert chunks[-1].text.endswith('  ],\n  "version": 7\n}')
+    assert chunks[-2].text.endswith('    }\n  ],')  # the array's tail stays under hosts
+    assert chunks[-1].text == 'version\n\n  "version": 7\n}'
 
 
 def test_nested_paths_name_keys_and_indexes() -> None:

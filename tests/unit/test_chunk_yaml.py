@@ -17,7 +17,8 @@ from tests.support.scaling import assert_linear
 
 def test_a_big_block_is_cut_between_sub_keys_under_its_key_path() -> None:
     """services.web.environment, far over max_chars, is cut between its keys; each piece
-    opens with the key path and holds whole ``KEY: value`` lines, all of them in order."""
+    opens with the key path and holds whole ``KEY: value`` lines, all of them in order,
+    the last piece too (it takes nothing from outside the block)."""
     chunks = chunk_text(COMPOSE, "yaml", size=1200, overlap=0, max_chars=2000)
     env = [c for c in chunks if c.heading == "services.web.environment"]
     assert len(env) >= 4
@@ -29,7 +30,9 @@ def test_a_big_block_is_cut_between_sub_keys_under_its_key_path() -> None:
     assert all(line.startswith("      UPSTREAM_") and line.endswith("/health")
                for line in seen)
     numbers = [int(line[15:18]) for line in seen]
-    assert numbers == sorted(numbers) and len(numbers) > 80
+    assert numbers == list(range(numbers[0], 120)) and len(numbers) > 80
+    after = chunks[chunks.index(env[-1]) + 1]  # the tail took nothing from outside
+    assert after.heading == "services.db" and after.text.startswith("services.db\n\n  db:")
 
 
 def test_small_blocks_stay_whole_and_comments_go_with_their_key() -> None:
