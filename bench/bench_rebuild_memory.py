@@ -35,6 +35,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,32 @@ def _status_kb(field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+class AnonPeak:
+    """The peak of the process's anonymous memory (``RssAnon``: heap and the like, not
+    the file pages tantivy maps, which the kernel may drop at will) while the block runs,
+    sampled every 20 ms."""
+
+    def __init__(self) -> None:
+        self.peak_kb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            self.peak_kb = max(self.peak_kb, _status_kb("RssAnon"))
+            if self._stop.wait(0.02):
+                return
+
+    def __enter__(self) -> AnonPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_kb = max(self.peak_kb, _status_kb("RssAnon"))
 
 
 def _mb(kb: int) -> float:
@@ -118,9 +145,11 @@ def startup(root: Path) -> dict[str, Any]:
     indexes = Indexes(root)
     before = _status_kb("VmRSS")
     began = time.perf_counter()
-    indexes.open_sync()
+    with AnonPeak() as anon:
+        indexes.open_sync()
     seconds = time.perf_counter() - began
     result = {"rss_before_mb": _mb(before), "peak_mb": _mb(_status_kb("VmHWM")),
+              "anon_peak_mb": _mb(anon.peak_kb),
               "rss_after_mb": _mb(_status_kb("VmRSS")), "seconds": round(seconds, 1),
               "repaired": indexes.repaired}
     indexes.close_sync()
@@ -137,16 +166,17 @@ def rebuild(root: Path, dim: int) -> dict[str, Any]:
         raise RuntimeError(f"unexpected state before the rebuild: {indexes.repaired}, "
                            f"{indexes.vector_model!r}")
     before, hwm_before = _status_kb("VmRSS"), _status_kb("VmHWM")
+    anon_before = _status_kb("RssAnon")
     began = time.perf_counter()
-    indexes.use_vector_model_sync("new", dim)
+    with AnonPeak() as anon:
+        indexes.use_vector_model_sync("new", dim)
     seconds = time.perf_counter() - began
     vectors = indexes.vectors.count() if indexes.vectors is not None else 0
     result = {"rss_before_mb": _mb(before), "open_peak_mb": _mb(hwm_before),
+              "anon_before_mb": _mb(anon_before), "anon_peak_mb": _mb(anon.peak_kb),
               "peak_mb": _mb(_status_kb("VmHWM")), "rss_after_mb": _mb(_status_kb("VmRSS")),
               "seconds": round(seconds, 1), "vectors": vectors}
-    # Leave the corpus as built: old's index back, for a rerun of this step.
-    indexes.use_vector_model_sync("old", dim)
-    indexes.close_sync()
+    indexes.close_sync()  # the corpus is the new model's now: build it again to rerun
     return result
 
 
@@ -190,6 +220,8 @@ def section(results: dict[str, dict[int, dict[str, dict[str, Any]]]], sizes: lis
             args: argparse.Namespace, before: str, note: str) -> list[str]:
     from bench import _support as support
 
+    anon = all("anon_peak_mb" in results[t][n][step] for t in ("before", "after")
+               for n in sizes for step in ("startup", "rebuild"))
     lines = [SECTION, "",
              f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
              f"llamad {support.source()}; before = {before} (the commit before "
@@ -206,10 +238,15 @@ def section(results: dict[str, dict[int, dict[str, dict[str, Any]]]], sizes: lis
              "the cached vectors of every chunk (the end of a model change's backfill). "
              "over open = peak - the RSS of a process that opened the same corpus's "
              "indexes with nothing to repair (what the step holds beyond an opened index: "
-             "the index itself grows with the corpus, this should not).",
+             "the index itself grows with the corpus, this should not)."
+             + (" anon: the same for RssAnon sampled every 20 ms (heap, without the file "
+                "pages tantivy maps, which VmHWM counts and the kernel may drop)."
+                if anon else ""),
              ""]
     header = ["step", "chunks", "before: peak MB", "before: over open MB",
-              "after: peak MB", "after: over open MB", "open RSS MB", "before s", "after s"]
+              "after: peak MB", "after: over open MB",
+              *(["before: anon over open MB", "after: anon over open MB"] if anon else []),
+              "open RSS MB", "before s", "after s"]
     rows = []
     for step in ("startup", "rebuild"):
         for n in sizes:
@@ -218,6 +255,8 @@ def section(results: dict[str, dict[int, dict[str, dict[str, Any]]]], sizes: lis
                 "start-up repair" if step == "startup" else "rebuild", str(n),
                 f"{b[step]['peak_mb']:.0f}", f"{_over_open(b, step):.0f}",
                 f"{a[step]['peak_mb']:.0f}", f"{_over_open(a, step):.0f}",
+                *([f"{_anon_over_open(b, step):.0f}", f"{_anon_over_open(a, step):.0f}"]
+                  if anon else []),
                 f"{a['rebuild']['rss_before_mb']:.0f}",
                 f"{b[step]['seconds']:.1f}", f"{a[step]['seconds']:.1f}"])
     lines += support.table(header, rows)
@@ -230,7 +269,12 @@ def section(results: dict[str, dict[int, dict[str, dict[str, Any]]]], sizes: lis
             lo, hi = results[tree][small], results[tree][big]
             peak = (hi[step]["peak_mb"] - lo[step]["peak_mb"]) / per
             over = (_over_open(hi, step) - _over_open(lo, step)) / per
-            parts.append(f"{tree} **{over:.1f} MB** over open ({peak:.1f} MB peak)")
+            anon_part = ""
+            if anon:
+                anon_over = (_anon_over_open(hi, step) - _anon_over_open(lo, step)) / per
+                anon_part = f", {anon_over:.1f} MB anonymous over open"
+            parts.append(f"{tree} **{over:.1f} MB** over open ({peak:.1f} MB peak"
+                         f"{anon_part})")
         lines.append(f"- {name}, MB per 10k chunks more ({small} -> {big} chunks): "
                      + "; ".join(parts) + ".")
     lines += ["", "Reproduce: `.venv/bin/python -m bench.bench_rebuild_memory`"]
@@ -243,6 +287,12 @@ def _over_open(steps: dict[str, dict[str, Any]], step: str) -> float:
     return float(steps[step]["peak_mb"]) - float(steps["rebuild"]["rss_before_mb"])
 
 
+def _anon_over_open(steps: dict[str, dict[str, Any]], step: str) -> float:
+    """The step's peak anonymous memory (RssAnon: not the file pages tantivy maps) over
+    that of a process that merely opened the same indexes."""
+    return float(steps[step]["anon_peak_mb"]) - float(steps["rebuild"]["anon_before_mb"])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.bench_rebuild_memory",
                                 description=(__doc__ or "").split("\n\n")[0])
@@ -251,6 +301,8 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=384)
     p.add_argument("--work", type=Path, default=Path("/tmp/llamad-rebuild-mem"))  # noqa: S108
     p.add_argument("--raw", type=Path, help="also write every measurement as JSON here")
+    p.add_argument("--report", type=Path, metavar="RAW",
+                   help="measure nothing: write the section from a --raw file")
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "RESULTS.md")
     p.add_argument("--child", choices=("build", "startup", "rebuild"), help=argparse.SUPPRESS)
@@ -260,10 +312,16 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    sizes = sorted(int(s) for s in args.sizes.split(","))
-    before_tree = Path("/tmp/llamad-before")  # noqa: S108
     before = subprocess.run(["git", "rev-parse", "--short", args.before],
                             cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    if args.report:
+        raw = json.loads(args.report.read_text())
+        measured = {tree: {int(n): steps for n, steps in by_size.items()}
+                    for tree, by_size in raw["results"].items()}
+        write(args, measured, sorted(measured["after"]), before, str(raw["note"]))
+        return
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    before_tree = Path("/tmp/llamad-before")  # noqa: S108
     worktree(before, before_tree)
     load = [os.getloadavg()[0]]
     results: dict[str, dict[int, dict[str, dict[str, Any]]]] = {"before": {}, "after": {}}
@@ -282,10 +340,15 @@ def main() -> None:
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(before_tree)],
                        cwd=ROOT, check=False)
-    if args.raw:
-        args.raw.write_text(json.dumps(results, indent=1))
     note = (f"1-minute load between steps {min(load):.2f}-{max(load):.2f} (other helpers' "
             "tests ran; memory, unlike time, does not depend on it)")
+    if args.raw:
+        args.raw.write_text(json.dumps({"results": results, "note": note}, indent=1))
+    write(args, results, sizes, before, note)
+
+
+def write(args: argparse.Namespace, results: dict[str, dict[int, dict[str, dict[str, Any]]]],
+          sizes: list[int], before: str, note: str) -> None:
     lines = section(results, sizes, args, before, note)
     print("\n".join(lines))
     if not args.no_write:
