@@ -74,11 +74,13 @@ test: check test-tools llama-server models wheelhouse
 
 # Tools the process and integration tiers run (tool:Debian package). A missing one is
 # installed with apt-get when running as root; otherwise the tests that need it skip, which
-# fails CI (tests/skips.py).
+# fails CI (tests/skips.py). HAProxy (the load-balancing tests) is fetched with apt-get
+# download and unpacked under ~/.cache/llamad/haproxy instead: no root, no system service.
 TEST_TOOLS := setpriv:util-linux unshare:util-linux nsenter:util-linux prlimit:util-linux \
   systemd-analyze:systemd openssl:openssl
 
-test-tools:
+test-tools: install
+	@$(BIN)/python -m tests.support.haproxy
 	@missing=""; for pair in $(TEST_TOOLS); do \
 	  command -v "$${pair%%:*}" >/dev/null || missing="$$missing $${pair#*:}"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
