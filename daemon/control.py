@@ -33,10 +33,10 @@ from supervisor import (
 
 from . import rpc
 from .balancing import Drainer
-from .children import ManagedChild
-from .errors import Disabled, FailedPrecondition, InvalidArgument
+from .errors import FailedPrecondition, InvalidArgument
 from .inference_mode import InferenceMode
 from .metrics import Metrics
+from .model import Model
 from .modes import ModeManager, ModeRequest
 from .servicers import ROLE_ENUMS, _role, _timestamp
 from .swaps import SwapManager, SwapPlan, check_plan_model
@@ -86,7 +86,7 @@ def _log_line(role: str, line: LogLine) -> control_pb2.LogLine:
     )
 
 
-def child_status(child: ManagedChild) -> control_pb2.ChildStatus:
+def child_status(child: Model) -> control_pb2.ChildStatus:
     """One role's snapshot: its mode, and what serves it."""
     sup, mode = child.supervisor, child.mode.kind
     status = control_pb2.ChildStatus(
@@ -140,7 +140,7 @@ def child_status(child: ManagedChild) -> control_pb2.ChildStatus:
     return status
 
 
-def mode_request(child: ManagedChild, request: control_pb2.SetModeRequest) -> ModeRequest:
+def mode_request(child: Model, request: control_pb2.SetModeRequest) -> ModeRequest:
     """Check a SetMode request before anything starts (INVALID_ARGUMENT otherwise)."""
     kind = _MODE_NAMES.get(request.mode)
     if kind is None:
@@ -178,7 +178,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
 
     def __init__(
         self,
-        children: Mapping[str, ManagedChild],
+        children: Mapping[str, Model],
         version: str,
         started: float,
         draining: Callable[[], bool],
@@ -315,9 +315,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
     ) -> control_pb2.ResetResponse:
         role = _role(request.role)
         child = self._children[role]
-        if child.mode.kind is InferenceMode.DISABLED:
-            raise Disabled(f"{role} is disabled; ControlService/SetMode enables it")
-        child.supervisor.reset()
+        child.reset()  # Disabled when the role is disabled
         call.note(role=role)
         return control_pb2.ResetResponse(state=_STATES[child.supervisor.state])
 

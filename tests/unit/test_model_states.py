@@ -9,6 +9,7 @@ import itertools
 import pytest
 
 from daemon._model_states import TRANSITIONS, ModelState, check_transition
+from daemon.errors import Disabled
 from daemon.inference_mode import InferenceMode
 from supervisor import IllegalTransitionError, State
 from tests.support.scripted import PERMANENT, settle
@@ -95,4 +96,19 @@ async def test_failed_child_shows_as_failed() -> None:
     assert r.model.state is ModelState.SERVING
     assert r.model.status == "failed"
     assert r.model.last_error == PERMANENT.message
+    await r.model.stop()
+
+
+async def test_reset_is_refused_while_disabled_and_retries_otherwise() -> None:
+    """Reset of a disabled model says how to enable it; of a failed one, it retries now
+    with the breaker closed."""
+    off = await rig(mode=InferenceMode.DISABLED, start=False)
+    with pytest.raises(Disabled, match="SetMode"):
+        off.model.reset()
+    r = await rig(outcomes=[PERMANENT, "ok"], start=False)
+    r.model.start()
+    await settle(r.supervisor, State.FAILED)
+    r.model.reset()
+    await settle(r.supervisor, State.RUNNING)
+    assert r.model.status == "ready"
     await r.model.stop()
