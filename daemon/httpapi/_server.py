@@ -71,8 +71,11 @@ class _JsonErrors(web_protocol.RequestHandler):
                      message: str | None = None) -> web.StreamResponse:
         if request.writer.output_size > 0:  # as aiohttp: the response has begun
             raise ConnectionError("response already started")
-        reason = (message or type(exc).__name__ if exc else message or "").strip()
-        error = ApiError(status, f"malformed HTTP request: {reason[:200]}")
+        if status >= 500:  # not a parse error: nothing of it is shown
+            error = ApiError(status, "internal error")
+        else:
+            reason = (message or (type(exc).__name__ if exc else "")).strip()
+            error = ApiError(status, f"malformed HTTP request: {reason[:200]}")
         _log.info("http", method="other", code=error.grpc_code, status=status,
                   peer=request.remote, error=error.message)
         response = _error_response(_request_id(None), error)

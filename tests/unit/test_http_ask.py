@@ -1,8 +1,11 @@
 """POST /v1/llamad/ask: Ask's grounded answer over HTTP, answered by gRPC Ask's own code
-(a real retriever over a small index, a scripted generation backend)."""
+(a real retriever over a small index, a scripted generation backend); and random bodies
+on every POST route."""
 
 from __future__ import annotations
 
+import json
+import random
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -67,3 +70,26 @@ async def test_ask_refusals_are_openai_error_objects(make: Make) -> None:
     assert empty.status_code == 400 and "question is empty" in empty.json()["error"]["message"]
     assert unknown.status_code == 400 and '"k"' in unknown.json()["error"]["message"]
     assert absent.status_code == 404
+
+
+async def test_random_bodies_never_cause_a_5xx() -> None:
+    """Bodies with every parameter of every route set to values of random types and
+    shapes are answered 2xx or 4xx, each refusal in OpenAI's error object."""
+    rng = random.Random(15)
+    values: list[Any] = [None, True, -1, 0, 3, 2**70, 1e308, float("-inf"), "", "x" * 300,
+                         "\x00", [], [1, "a"], [[1, 2]], {}, {"type": "json_schema"},
+                         {"a": {"b": [None]}}, [{"role": "user", "content": "hi"}],
+                         [{"role": "tool", "content": 1}], "gen", "emb.gguf"]
+    keys = ["model", "messages", "prompt", "input", "max_tokens", "temperature", "top_p",
+            "stop", "logit_bias", "logprobs", "top_logprobs", "response_format", "grammar",
+            "stream", "stream_options", "n", "seed", "encoding_format", "dimensions", "tools",
+            "question", "top_k", "sampling", "min_p", "dry_base"]
+    routes = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/llamad/ask"]
+    async with serving() as h, client() as http:
+        for _ in range(150):
+            body = {k: rng.choice(values) for k in rng.sample(keys, rng.randint(0, 8))}
+            data = json.dumps(body, allow_nan=True).encode()
+            resp = await http.post(h.url + rng.choice(routes), content=data)
+            assert resp.status_code < 500, (body, resp.text)
+            if resp.status_code >= 400:
+                assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
