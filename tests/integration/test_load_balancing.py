@@ -10,6 +10,8 @@ what is tested is routing, draining and failing over, not a model's output.
 
 from __future__ import annotations
 
+import signal
+import socket
 import threading
 import time
 from collections import Counter
@@ -37,7 +39,8 @@ DEADLINE = 30.0  # per call: a stream that hangs ends DEADLINE_EXCEEDED, which f
 class Node:
     """One daemon on fixed ports (so it can come back on them), restartable."""
 
-    def __init__(self, tmp: Path, name: str, llama_bin: Path, model: Path) -> None:
+    def __init__(self, tmp: Path, name: str, llama_bin: Path, model: Path,
+                 **env: str) -> None:
         self.name = name
         self.port, self.agent_port = free_port(), free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -55,6 +58,7 @@ class Node:
             "LLAMAD_EMBEDDING_ENABLED": "false",
             "LLAMAD_RETRIEVAL_ENABLED": "false",
             "LLAMAD_LOG_FORMAT": "json",
+            **env,
         }
         self.runs: list[DaemonProcess] = []
 
@@ -74,6 +78,11 @@ class Node:
 
     def in_flight(self) -> int:
         return self.proc.status().in_flight
+
+    def agent(self) -> str:
+        """The agent-check port's line now."""
+        with socket.create_connection(("127.0.0.1", self.agent_port), timeout=5) as s:
+            return s.makefile("rb").read().decode()
 
     def drain(self, draining: bool) -> None:
         with Client(self.address, timeout=10) as client:
@@ -138,13 +147,18 @@ def wait_for(what: str, done: Callable[[], bool], timeout: float = 30.0) -> None
         time.sleep(0.05)
 
 
-@pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[tuple[Node, Node]]:
+def parts(tmp: Path) -> tuple[Path, Path]:
+    """A "llama-server" (the fake child, a token every 50 ms) and a tiny GGUF model."""
     argv = fake_child_command(port=1, model="-")
-    llama_bin = tmp_path / "llama-server"
+    llama_bin = tmp / "llama-server"
     llama_bin.write_text(f'#!/bin/sh\nexec "{argv[0]}" "{argv[1]}" --token-delay 0.05 "$@"\n')
     llama_bin.chmod(0o755)
-    model = write_model(tmp_path / "tiny.gguf")
+    return llama_bin, write_model(tmp / "tiny.gguf")
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[tuple[Node, Node]]:
+    llama_bin, model = parts(tmp_path)
     pair = (Node(tmp_path, "n1", llama_bin, model), Node(tmp_path, "n2", llama_bin, model))
     try:
         for node in pair:
@@ -254,3 +268,43 @@ def test_client_side_round_robin(nodes: tuple[Node, Node]) -> None:
         with Load(call) as load:
             scenario(n1, n2, load, drained=health_of(n1, "not_serving"),
                      down=lambda: None, back=health_of(n1, "serving"))
+
+
+def test_sigterm_drains_in_order(tmp_path: Path) -> None:
+    """SIGTERM: health NOT_SERVING and agent ``drain`` first; calls arriving during
+    drain_notice are served; then new calls are refused with UNAVAILABLE; the stream
+    running all along finishes; exit status 0."""
+    llama_bin, model = parts(tmp_path)
+    node = Node(tmp_path, "n1", llama_bin, model, LLAMAD_DRAIN_NOTICE="3",
+                LLAMAD_DRAIN_GRACE="20")
+    node.start()
+    try:
+        assert node.agent() == "up ready 100%\n"
+        with grpc.insecure_channel(node.address) as channel:
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+            request = pb.GenerateRequest(prompt="hello",
+                                         sampling=pb.SamplingParams(max_tokens=80))
+            running = stub.Generate(request, timeout=DEADLINE)
+            assert next(running).text  # it runs: 80 tokens take 4 s
+            node.proc.proc.send_signal(signal.SIGTERM)
+            wait_for("agent says drain", lambda: node.agent() == "drain\n")
+            with Client(node.address, timeout=5) as one:
+                assert one.health() == "not_serving"
+            assert _generate(channel)() == TOKENS  # within drain_notice: served
+
+            codes: list[grpc.StatusCode] = []
+
+            def refused() -> bool:
+                try:
+                    _generate(channel)()
+                except grpc.RpcError as exc:
+                    codes.append(exc.code())
+                    return True
+                return False
+
+            wait_for("new calls refused", refused)
+            assert codes == [grpc.StatusCode.UNAVAILABLE]
+            assert sum(1 for m in running if m.text) == 79  # the first stream finished
+        assert node.proc.proc.wait(timeout=30) == 0
+    finally:
+        node.proc.kill()
