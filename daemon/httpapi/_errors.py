@@ -45,6 +45,7 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
           404: "invalid_request_error", 405: "invalid_request_error",
           408: "invalid_request_error", 409: "invalid_request_error",
           413: "invalid_request_error", 415: "invalid_request_error",
+          417: "invalid_request_error",
           429: "rate_limit_error"}
 # "sampling.temperature must be ...", "messages[2].content is empty", "texts[0] ...":
 # the parameter a validation message starts with.

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
-from aiohttp import web, web_protocol
+from aiohttp import HttpVersion11, web, web_protocol
 from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
 
@@ -231,6 +231,13 @@ class HttpApi:
 
     async def _body(self, request: web.BaseRequest) -> _parse.Body:
         s = self._settings
+        expect = request.headers.get("Expect")
+        if expect is not None and request.version == HttpVersion11:
+            # curl sends this for bodies over 1 KiB and waits a second for the answer.
+            if expect.lower() != "100-continue":
+                raise ApiError(417, f"unknown Expect: {expect[:40]!r}")
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the response proper has not begun
         try:
             async with asyncio.timeout(s.body_timeout):
                 raw = await request.read()

@@ -262,6 +262,24 @@ async def test_a_huge_body_is_413_and_a_slow_body_408() -> None:
         assert (await http.get(h.url + "/v1/models")).status_code == 200
 
 
+async def test_expect_100_continue_is_answered_before_the_body() -> None:
+    """A client that sends 'Expect: 100-continue' (curl, for bodies over 1 KiB) gets
+    '100 Continue' before it sends the body, then the answer."""
+    async with serving() as h:
+        host, port = h.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        body = orjson.dumps({"model": "gen", "prompt": "x" * 2000})
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                     % len(body))
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        writer.write(body)
+        final = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        writer.close()
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert final.startswith(b"HTTP/1.1 200")
+
+
 async def test_header_flood_and_unparseable_requests_get_json_errors() -> None:
     """Too many headers, a huge header and garbage are answered 4xx in OpenAI's error
     object (never aiohttp's text or HTML page)."""
