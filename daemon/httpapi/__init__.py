@@ -6,6 +6,7 @@ access tokens, metrics and summary log line as gRPC calls (:mod:`daemon.inferenc
 :meth:`daemon.auth.AuthInterceptor.check`, :func:`daemon.rpc.write_summary`).
 
 Modules: :mod:`._server` (listener, per-request frame, aiohttp's own errors in JSON),
+:mod:`._context` (what every handler works with: the daemon's objects, request values),
 :mod:`._routes` (the route table, models, embeddings, rerank), :mod:`._generate` (chat
 and completions, whole and streamed), :mod:`._parse` (request bodies), :mod:`._shapes`
 (response bodies), :mod:`._models` (the catalog), :mod:`._errors` (statuses and OpenAI's

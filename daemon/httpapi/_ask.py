@@ -23,8 +23,8 @@ from llamad_protocol.v1 import answer_pb2 as apb
 
 from ..rpc import Call
 from . import _parse
+from ._context import Api, json_response, open_stream, time_remaining
 from ._errors import ApiError
-from ._generate import Api, json_response, open_stream, time_remaining
 from ._shapes import DONE, sse
 
 Ask = Callable[[object, apb.AskRequest, object, Call], AsyncIterator[apb.AskResponse]]

@@ -12,12 +12,8 @@ closes the request to the child, which stops generating.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-import orjson
 from aiohttp import web
 
 from supervisor import ChildRequestError, Chunk, Sampling, TokenLogprobs
@@ -25,60 +21,12 @@ from supervisor import ChildRequestError, Chunk, Sampling, TokenLogprobs
 from ..backend import InferenceBackend
 from ..config import Limits
 from ..inference import Meter, Usage, admitted_generation
-from ..metrics import Metrics
-from ..router import InferenceRouter
 from ..rpc import Call
 from . import _parse
-from ._models import Catalog
+from ._context import RECEIVED, Api, json_response, open_stream, time_remaining
 from ._shapes import DONE, Shape
 
-if TYPE_CHECKING:
-    from ..answer import AnswerServicer
-
 Start = Callable[[InferenceBackend, Sampling], AsyncIterator[Chunk]]
-REQUEST_ID = web.RequestKey("request_id", str)
-"""The request's id (``x-request-id``), echoed on every response."""
-RECEIVED = web.RequestKey("received", float)
-"""When the request arrived (:func:`time.perf_counter`): time to first token counts
-from here."""
-STREAM = web.RequestKey("stream", web.StreamResponse)
-"""The response, once a stream has sent its headers (a deadline then ends it with an
-error event)."""
-
-
-def time_remaining(call: Call) -> float | None:
-    """Seconds left before the request's deadline (None: it has none)."""
-    return None if call.deadline is None else max(0.0, call.deadline - time.monotonic())
-
-
-@dataclass(frozen=True)
-class Api:
-    """What the handlers serve from (the daemon's own objects)."""
-
-    router: InferenceRouter
-    catalog: Catalog
-    limits: Callable[[], Limits]
-    metrics: Metrics | None
-    answer: AnswerServicer | None = None
-
-
-def json_response(request: web.BaseRequest, data: object, status: int = 200
-                  ) -> web.Response:
-    return web.Response(body=orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY),
-                        status=status, content_type="application/json",
-                        headers={"x-request-id": request[REQUEST_ID]})
-
-
-async def open_stream(request: web.BaseRequest) -> web.StreamResponse:
-    """Send the headers of an event stream; from here on, an error is its last event."""
-    response = web.StreamResponse(headers={
-        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-        "X-Accel-Buffering": "no", "x-request-id": request[REQUEST_ID]})
-    await response.prepare(request)
-    request[STREAM] = response
-    return response
-
-
 async def chat(api: Api, request: web.BaseRequest, call: Call,
                body: _parse.Body) -> web.StreamResponse:
     return await _generate(api, request, call, body, chat=True)

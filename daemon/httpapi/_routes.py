@@ -28,8 +28,8 @@ from aiohttp import web
 from ..inference import embed
 from ..rpc import Call
 from . import _ask, _generate, _parse
+from ._context import Api, json_response, time_remaining
 from ._errors import ApiError, ParamError
-from ._generate import Api, json_response, time_remaining
 
 Handler = Callable[[Api, web.BaseRequest, Call, _parse.Body], Awaitable[web.StreamResponse]]
 

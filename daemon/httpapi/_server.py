@@ -38,8 +38,8 @@ from ..metrics import Metrics
 from ..router import InferenceRouter
 from ..rpc import Call, write_summary
 from . import _parse
+from ._context import RECEIVED, REQUEST_ID, STREAM, Api
 from ._errors import ApiError, api_error
-from ._generate import RECEIVED, REQUEST_ID, STREAM, Api
 from ._models import Catalog, Served
 from ._routes import route_of
 
