@@ -11,7 +11,8 @@ import pytest
 
 from daemon._model_states import ModelState
 from daemon.backend import DisabledBackend
-from daemon.inference_mode import InferenceMode
+from daemon.inference_mode import InferenceMode, Mode
+from daemon.model import Target
 from supervisor import (
     State,
     SwapFailedError,
@@ -247,3 +248,17 @@ async def test_shutdown_mid_swap_leaves_the_model_stopped() -> None:
         await swap
     assert r.model.state is ModelState.STOPPED
     assert launcher.children[0].stopped
+
+
+async def test_recycle_keeps_the_rollback_target() -> None:
+    """Replacing a child with its own setup (a planned recycle) is recorded as a swap but
+    keeps the previous setup a rollback returns to."""
+    r = await rig()
+    await r.model.replace(r.target(["ok"]))
+    previous, current = r.model.previous, r.model.current
+    assert previous is not None and current is not None
+    same = Target(Mode(InferenceMode.EMBEDDED), current, ScriptedLauncher(["ok"]), None)
+    record = await r.model.replace(same, reason="recycle: served 5 requests")
+    assert record is not None and record.old == record.new == "/models/new.gguf"
+    assert (r.model.previous, r.model.current) == (previous, current)
+    await r.model.stop()
