@@ -5,15 +5,15 @@ Shell (sh, bash, zsh, ksh)
     ``function name {`` or ``function name() {`` (any indentation; the ``{`` may open
     the next line instead) and ends on the line where its braces balance again; braces
     inside quotes (single quotes across lines), comments and here-documents
-    (``<<WORD`` up to the line ``WORD``) do not count. A definition line at column 0
-    inside a function whose braces never balanced ends that function (so one stray
-    quote cannot swallow the rest of the script); a definition with no ``{`` on its
-    line or the next is just its line. The comment lines just above a function (no
-    blank line between; not a ``#!`` line) belong to it. The rest of the script
-    (settings, top-level commands) forms blocks between the functions. A function's
-    heading is its definition without the ``{`` and what follows (``restart_nginx()``,
-    ``function deploy``), and its definition line is its header. The packing is
-    :mod:`retrieval._chunk_blocks`'s.
+    (``<<WORD``, ``<<-'WORD'``... up to the line ``WORD``; not ``<<<``) do not count.
+    A definition line at column 0 inside a function whose braces never balanced ends
+    that function (so one stray quote cannot swallow the rest of the script); a
+    definition with no ``{`` on its line or the next is just its line. The comment
+    lines just above a function (no blank line between; not a ``#!`` line) belong to
+    it. The rest of the script (settings, top-level commands) forms blocks between the
+    functions. A function's heading is its definition without the ``{`` and what
+    follows (``restart_nginx()``, ``function deploy``), and its definition line is its
+    header. The packing is :mod:`retrieval._chunk_blocks`'s.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ __all__ = ["shell_chunks"]
 _FUNCTION = re.compile(
     r"[ \t]*(?:function[ \t]+[\w.:@+-]+(?:[ \t]*\([ \t]*\))?|[\w.:@+-]+[ \t]*\([ \t]*\))"
     r"[ \t]*(?:\{|$)")
-_TOKEN = re.compile(r"\\.|'|\"|(?:^|(?<=[\s;&|(]))#|[{}]|<<-?[ \t]*(['\"]?)([\w-]+)\1")
+_TOKEN = re.compile(
+    r"\\.|'|\"|(?:^|(?<=[\s;&|(]))#|[{}]|(?<!<)<<-?[ \t]*(['\"]?)([A-Za-z_][\w-]*)\1")
 _DOUBLE = re.compile(r'\\.|"')
 
 

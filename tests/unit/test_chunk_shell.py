@@ -49,6 +49,17 @@ def test_a_big_function_is_cut_with_its_definition_line_repeated() -> None:
     assert_covered(text, chunks, "shell", 200)
 
 
+def test_here_strings_and_shifts_are_not_here_documents() -> None:
+    """``<<<`` and ``<< 2`` open no here-document; ``<<-'END'`` does, and a brace in it
+    does not count."""
+    text = ("f() {\n  grep x <<< \"$input\"\n  echo $(( 1 << 2 ))\n}\n\nmain\n\n"
+            "g() {\n  cat <<-'END'\n\t} not a brace\n\tEND\n}\n")
+    chunks = chunk_text(text, "shell", size=40, overlap=0, max_chars=60)
+    assert [(c.heading, c.text) for c in chunks] == [
+        ("f()", 'f() {\n  grep x <<< "$input"\n  echo $(( 1 << 2 ))\n}'), ("", "main"),
+        ("g()", "g() {\n  cat <<-'END'\n\t} not a brace\n\tEND\n}")]
+
+
 def test_an_unbalanced_function_ends_at_the_next_definition() -> None:
     """A stray quote keeps braces from balancing; the next definition at column 0 still
     starts a function of its own."""
