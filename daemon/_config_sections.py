@@ -385,8 +385,8 @@ class Settings:
         "beyond loopback only with TLS and client authentication, as for listen).")
     agent_listen: str = setting(
         "", "Answer HAProxy agent checks on this host:port (off when empty): one line, 'up "
-        "ready N%' (N from the free slots), 'drain' or 'down#reason'. Any address may be "
-        "given: the port reads nothing and tells only that state and weight.")
+        "ready' with a weight from the free slots, 'drain' or 'down#reason'. Any address may "
+        "be given: the port reads nothing and tells only that state and weight.")
     state_dir: str = setting(
         "", "Directory for the retrieval indexes (default: $STATE_DIRECTORY, else ./var).")
     llama_bin: str = setting(
