@@ -91,7 +91,7 @@ def describe_mode(child: Model) -> str:
         return f"endpoint {child.mode.endpoint.display_url}"
     if child.mode.kind is InferenceMode.EMBEDDED and child.current is not None:
         return f"embedded {child.spec.model} ({child.runtime.name})"
-    return child.mode.kind
+    return child.mode.kind.value
 
 
 def version() -> str:
