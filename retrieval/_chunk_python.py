@@ -11,13 +11,14 @@ Python
     top-level statement (comment lines just above a statement, no blank line between,
     go with it; other comment lines with what precedes them). The top-level statements
     between definitions (imports, constants, the ``if __name__`` block) form blocks of
-    their own, packed between. A definition's
-    heading is its signature line (``def restart(host: str) -> None:``) and that line
-    is its header. A class over ``max_chars`` is cut the same way between its methods,
-    at its body's indentation: its head (the class line, docstring and attributes before
-    the first method) is headed by the class's signature line, each method with the
-    lines after it by ``Class.method``, and every chunk that starts with one of those
-    begins with the class line. The packing is :mod:`retrieval._chunk_blocks`'s.
+    their own, packed between. A definition's heading is its signature, its lines
+    joined (``def restart(host: str, timeout: int = 30) -> None:``, at most 200
+    characters), and its ``def`` or ``class`` line is its header. A class over
+    ``max_chars`` is cut the same way between its methods, at its body's indentation:
+    its head (the class line, docstring and attributes before the first method) is
+    headed by the class's signature, each method with the lines after it by
+    ``Class.method``, and every chunk that starts with one of those begins with the
+    class line. The packing is :mod:`retrieval._chunk_blocks`'s.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from ._chunk_blocks import Block, Line, block_chunks, block_of, tidy
 
 __all__ = ["python_chunks"]
 
+_MAX_HEADING = 200  # characters of a signature heading
+_MAX_LINES = 20     # lines of a signature joined into a heading
 _DEF = re.compile(r"(?:async[ \t]+)?def[ \t]+(\w+)|class[ \t]+(\w+)")
 _TOKEN = re.compile(r"\"\"\"|'''|[\"'#()\[\]{}]|\\$")
 _CLOSE = {"'": re.compile(r"\\.|'"), '"': re.compile(r'\\.|"'),
@@ -128,6 +131,18 @@ def _signature(lines: list[Line], starts: list[bool], lo: int, hi: int,
     return lo
 
 
+def _statement(lines: list[Line], starts: list[bool], i: int, hi: int) -> str:
+    """The statement starting at line ``i`` on one line (a signature over several lines
+    joined, whitespace collapsed), at most ``_MAX_HEADING`` characters."""
+    parts = [lines[i][1].strip()]
+    for j in range(i + 1, min(hi, i + _MAX_LINES)):
+        if starts[j]:
+            break
+        parts.append(lines[j][1].strip())
+    text = " ".join(" ".join(parts).split())
+    return text if len(text) <= _MAX_HEADING else text[:_MAX_HEADING - 1] + "…"
+
+
 def _body_indent(lines: list[Line], starts: list[bool], lo: int, hi: int,
                  outer: int) -> int:
     """The indentation of the first statement deeper than ``outer`` (-1 if none)."""
@@ -150,7 +165,8 @@ def _blocks(text: str) -> Iterator[Block]:
         parts: tuple[Block, ...] = ()
         if header.startswith("class"):
             parts = _methods(lines, starts, (start, end), sig, name)
-        yield block_of(lines, start, end, heading=header.strip(), header=header, parts=parts)
+        yield block_of(lines, start, end, heading=_statement(lines, starts, sig, end),
+                       header=header, parts=parts)
 
 
 def _methods(lines: list[Line], starts: list[bool], span: tuple[int, int], sig: int,
@@ -163,7 +179,7 @@ def _methods(lines: list[Line], starts: list[bool], span: tuple[int, int], sig: 
     parts: list[Block] = []
     for lo, hi, method in _segments(lines, starts, start, end, indent):
         if not method:
-            parts.append(block_of(lines, lo, hi, heading=lines[sig][1].strip()))
+            parts.append(block_of(lines, lo, hi, heading=_statement(lines, starts, sig, end)))
             continue
         line = lines[_signature(lines, starts, lo, hi, indent)][1]
         parts.append(block_of(lines, lo, hi, heading=f"{name}.{method}", header=line))
