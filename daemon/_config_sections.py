@@ -265,6 +265,17 @@ class RetrievalSettings:
         "link inside a root may be a file from outside it).")
 
 
+# Chat's and Ask's sampling defaults (limits.chat_*, answer.*), measured by
+# bench/bench_answer_quality.py on the default-model candidates (bench/RESULTS.md).
+TEMPERATURE = 0.7
+TOP_P = 0.9
+MIN_P = 0.05
+CHAT_REPEAT_PENALTY = 1.0
+CHAT_DRY_MULTIPLIER = 0.8
+ASK_REPEAT_PENALTY = 1.0
+ASK_DRY_MULTIPLIER = 0.8
+
+
 @dataclass(frozen=True)
 class AnswerConfig:
     """``[answer]``: the Ask settings apply to the Asks that start after a reload; the
@@ -296,6 +307,21 @@ class AnswerConfig:
     audit_max_mb: int = setting(10, "Audit log size before rotation, MiB.", minimum=1,
                                 reload="restart")
     audit_backups: int = setting(5, "Rotated audit logs kept.", minimum=0, reload="restart")
+    # Ask's sampling when a request leaves it unset: chosen by bench/bench_answer_quality.py
+    # (bench/RESULTS.md, "Answer quality"); README "Generation defaults" says why.
+    temperature: float = setting(
+        TEMPERATURE, "Ask's sampling temperature when a request sets none (0: greedy).",
+        minimum=0)
+    top_p: float = setting(
+        TOP_P, "Ask's top_p when a request sets none (1: off).", minimum=0)
+    min_p: float = setting(
+        MIN_P, "Ask's min_p when a request sets none (0: off).", minimum=0)
+    repeat_penalty: float = setting(
+        ASK_REPEAT_PENALTY, "Ask's repeat_penalty when a request sets none (1: off).",
+        minimum=0)
+    dry_multiplier: float = setting(
+        ASK_DRY_MULTIPLIER, "Ask's DRY repetition penalty multiplier when a request sets "
+        "none (0: off; llama-server only, left out for other runtimes).", minimum=0)
 
 
 @dataclass(frozen=True)
@@ -367,6 +393,21 @@ class Limits:
     max_message_bytes: int = setting(
         16 * 1024 * 1024, "Largest gRPC message received or sent, bytes.", minimum=1024,
         reload="restart")
+    # Chat's sampling when a request leaves it unset (Generate stays greedy): chosen by
+    # bench/bench_answer_quality.py (bench/RESULTS.md, "Answer quality").
+    chat_temperature: float = setting(
+        TEMPERATURE, "Chat's sampling temperature when a request sets none (0: greedy).",
+        minimum=0)
+    chat_top_p: float = setting(
+        TOP_P, "Chat's top_p when a request sets none (1: off).", minimum=0)
+    chat_min_p: float = setting(
+        MIN_P, "Chat's min_p when a request sets none (0: off).", minimum=0)
+    chat_repeat_penalty: float = setting(
+        CHAT_REPEAT_PENALTY, "Chat's repeat_penalty when a request sets none (1: off).",
+        minimum=0)
+    chat_dry_multiplier: float = setting(
+        CHAT_DRY_MULTIPLIER, "Chat's DRY repetition penalty multiplier when a request sets "
+        "none (0: off; llama-server only, left out for other runtimes).", minimum=0)
 
 
 @dataclass(frozen=True)

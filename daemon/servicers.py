@@ -112,7 +112,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         the controls its runtime cannot take: :func:`daemon.inference.admitted_generation`),
         start its stream there and relay it (time to first token counts from here)."""
         meter = Meter(self.metrics, time.perf_counter())
-        sampling = validation.sampling(params, self._limits)
+        sampling = validation.sampling(
+            params, self._limits,
+            defaults=validation.chat_defaults(self._limits) if chat else None)
         call.note(max_tokens=sampling.max_tokens)
         async with admitted_generation(self._router, sampling, context.time_remaining(),
                                        chat=chat, note=call.note) as backend:

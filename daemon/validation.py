@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import orjson
 
 from llamad_protocol.v1 import inference_pb2 as pb
 from supervisor import LogitBias, Sampling
 
-from .config import Limits
+from .config import AnswerConfig, Limits
 from .errors import InvalidArgument
 
 _ROLES = {
@@ -34,22 +35,61 @@ def _check_text(name: str, text: str, limit: int, *, allow_empty: bool = False) 
         raise InvalidArgument(f"{name} contains a NUL character")
 
 
-def sampling(params: pb.SamplingParams, limits: Limits, *, call: str = "") -> Sampling:
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """What a call's unset sampling fields take (None: the runtime's own). Chat's come
+    from ``limits.chat_*``, Ask's from ``answer.*``; Generate has none (greedy)."""
+
+    temperature: float = 0.0
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    dry_multiplier: float | None = None
+
+    @classmethod
+    def configured(cls, temperature: float, top_p: float, min_p: float,
+                   repeat_penalty: float, dry_multiplier: float) -> SamplingDefaults:
+        """From option values, where the neutral value turns a control off (top_p 1,
+        min_p 0, repeat_penalty 1, dry_multiplier 0)."""
+        return cls(temperature, None if top_p >= 1 else top_p, min_p or None,
+                   None if repeat_penalty == 1 else repeat_penalty, dry_multiplier or None)
+
+
+def chat_defaults(limits: Limits) -> SamplingDefaults:
+    """Chat's defaults (``limits.chat_*``)."""
+    return SamplingDefaults.configured(limits.chat_temperature, limits.chat_top_p,
+                                       limits.chat_min_p, limits.chat_repeat_penalty,
+                                       limits.chat_dry_multiplier)
+
+
+def answer_defaults(answer: AnswerConfig) -> SamplingDefaults:
+    """Ask's defaults (``answer.*``)."""
+    return SamplingDefaults.configured(answer.temperature, answer.top_p, answer.min_p,
+                                       answer.repeat_penalty, answer.dry_multiplier)
+
+
+def sampling(params: pb.SamplingParams, limits: Limits, *, call: str = "",
+             defaults: SamplingDefaults | None = None) -> Sampling:
     """Validate sampling parameters and fill defaults.
 
     ``call`` "Ask" refuses the controls that would break a cited answer (logprobs, which
-    AskResponse does not carry, and structured output).
+    AskResponse does not carry, and structured output). ``defaults`` fill the fields the
+    request leaves unset (Chat's and Ask's temperature and repetition guard); the
+    controls they add are marked :attr:`~supervisor.Sampling.defaulted`, so a runtime
+    that lacks one goes without it rather than refusing the call.
     """
+    base = defaults or SamplingDefaults()
     max_tokens = params.max_tokens if params.HasField("max_tokens") else limits.default_max_tokens
     if max_tokens < 1 or max_tokens > limits.max_tokens:
         raise InvalidArgument(
             f"sampling.max_tokens must be in 1..{limits.max_tokens} (limits.max_tokens), "
             f"got {max_tokens}"
         )
-    temperature = params.temperature if params.HasField("temperature") else 0.0
+    temperature = (params.temperature if params.HasField("temperature")
+                   else base.temperature)
     if not math.isfinite(temperature) or not 0.0 <= temperature <= 5.0:
         raise InvalidArgument(f"sampling.temperature must be in 0..5, got {temperature}")
-    top_p: float | None = None
+    top_p = base.top_p
     if params.HasField("top_p"):
         top_p = params.top_p
         if not math.isfinite(top_p) or not 0.0 < top_p <= 1.0:
@@ -71,10 +111,15 @@ def sampling(params: pb.SamplingParams, limits: Limits, *, call: str = "") -> Sa
     if call == "Ask":
         _refuse_on_ask(params)
     response_format, schema, name = _response_format(params, limits)
+    defaulted = frozenset(n for n in ("min_p", "repeat_penalty", "dry_multiplier")
+                          if getattr(base, n) is not None
+                          and not params.HasField(n))
     return Sampling(
         max_tokens, temperature, top_p, top_k, seed, tuple(params.stop),
-        min_p=_ranged(params, "min_p", 0.0, 1.0),
-        repeat_penalty=_ranged(params, "repeat_penalty", 0.0, 10.0, low_open=True),
+        min_p=_ranged(params, "min_p", 0.0, 1.0) if "min_p" not in defaulted
+        else base.min_p,
+        repeat_penalty=_ranged(params, "repeat_penalty", 0.0, 10.0, low_open=True)
+        if "repeat_penalty" not in defaulted else base.repeat_penalty,
         repeat_last_n=_count(params, "repeat_last_n"),
         presence_penalty=_ranged(params, "presence_penalty", -2.0, 2.0),
         frequency_penalty=_ranged(params, "frequency_penalty", -2.0, 2.0),
@@ -83,10 +128,12 @@ def sampling(params: pb.SamplingParams, limits: Limits, *, call: str = "") -> Sa
         top_logprobs=_top_logprobs(params, limits),
         response_format=response_format, json_schema=schema, schema_name=name,
         grammar=_grammar(params, limits, response_format),
-        dry_multiplier=_ranged(params, "dry_multiplier", 0.0, 10.0),
+        dry_multiplier=_ranged(params, "dry_multiplier", 0.0, 10.0)
+        if "dry_multiplier" not in defaulted else base.dry_multiplier,
         dry_base=_ranged(params, "dry_base", 1.0, 10.0),
         dry_allowed_length=_count(params, "dry_allowed_length"),
         dry_penalty_last_n=_count(params, "dry_penalty_last_n"),
+        defaulted=defaulted,
     )
 
 

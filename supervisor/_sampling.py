@@ -76,6 +76,10 @@ OPENAI = Dialect("an OpenAI-compatible endpoint that is not llama.cpp", False,
                  chat_only=frozenset({"response_format"}))
 
 
+def _takes(dialect: Dialect, name: str, chat: bool) -> bool:
+    return name in dialect.accepts and (chat or name not in dialect.chat_only)
+
+
 @dataclass(frozen=True)
 class LogitBias:
     """A bias added to the logit of one token (``token`` an id) or of every token of a
@@ -92,6 +96,9 @@ class Sampling:
     ``response_format`` is None (free text), ``"json_object"`` or ``"json_schema"``
     (then ``json_schema`` holds the schema as JSON text, ``schema_name`` its name).
     ``top_logprobs`` counts alternatives per token when ``logprobs`` is set.
+    ``defaulted`` names the :data:`EXTENDED` parameters set by llamad's configured
+    defaults rather than by the caller (Chat's and Ask's repetition guard): sent to a
+    runtime that takes them, left out — not refused — for one that does not.
     """
 
     max_tokens: int = 128
@@ -116,9 +123,11 @@ class Sampling:
     dry_base: float | None = None
     dry_allowed_length: int | None = None
     dry_penalty_last_n: int | None = None
+    defaulted: frozenset[str] = frozenset()
 
     def requested(self) -> list[str]:
-        """The :data:`EXTENDED` parameters this request sets, in that order."""
+        """The :data:`EXTENDED` parameters this request sets, in that order (configured
+        defaults included)."""
         names = [n for n in _NATIVE_SAME_NAME if getattr(self, n) is not None]
         if any(isinstance(b.token, int) for b in self.logit_bias):
             names.append("logit_bias")
@@ -139,7 +148,7 @@ class Sampling:
             UnsupportedParameterError: naming each such parameter and the runtime.
         """
         refused = [n for n in self.requested()
-                   if n not in dialect.accepts or (not chat and n in dialect.chat_only)]
+                   if not _takes(dialect, n, chat) and n not in self.defaulted]
         if refused:
             where = dialect.runtime if chat or not any(
                 n in dialect.chat_only for n in refused) else f"{dialect.runtime} on Generate"
@@ -167,7 +176,8 @@ class Sampling:
         self.check(dialect, chat=chat)
         for name in _NATIVE_SAME_NAME:
             value = getattr(self, name)
-            if value is not None:
+            if value is not None and (name not in self.defaulted
+                                      or _takes(dialect, name, chat)):
                 body[name] = value
         if self.logit_bias:
             if dialect.llama_cpp:  # pairs: a text key is tokenized, an id is taken as is

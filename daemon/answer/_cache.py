@@ -32,8 +32,15 @@ class CachedAnswer:
 def sampling_key(sampling: Sampling) -> str:
     """A canonical digest of every field of ``sampling``: equal for equal parameters,
     different when any field differs (an unset field, None, differs from any value)."""
-    canonical = orjson.dumps(dataclasses.asdict(sampling), option=orjson.OPT_SORT_KEYS)
+    canonical = orjson.dumps(dataclasses.asdict(sampling), option=orjson.OPT_SORT_KEYS,
+                             default=_plain)
     return hashlib.sha256(canonical).hexdigest()
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, set | frozenset):
+        return sorted(value)
+    raise TypeError(f"{type(value).__name__} in Sampling has no canonical form")
 
 
 class ResponseCache:

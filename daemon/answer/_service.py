@@ -127,7 +127,8 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             params = ipb.SamplingParams()
             params.CopyFrom(request.sampling)
             params.max_tokens = self._settings.default_max_tokens
-        sampling = validation.sampling(params, self._limits, call="Ask")
+        sampling = validation.sampling(params, self._limits, call="Ask",
+                                       defaults=validation.answer_defaults(self._settings))
         k = request.top_k or self._settings.default_k
         options = Query(mode=mode_name(request.mode))
         self._router.backend("generation")  # fail fast: UNAVAILABLE with a retry hint

@@ -23,6 +23,7 @@ def test_equal_sampling_has_equal_keys_and_any_field_changes_it() -> None:
         "presence_penalty": 0.5, "frequency_penalty": 0.5,
         "logit_bias": (LogitBias(5, -1.0),), "dry_multiplier": 0.8, "dry_base": 1.75,
         "dry_allowed_length": 2, "dry_penalty_last_n": -1,
+        "defaulted": frozenset({"repeat_penalty"}),
     }
     keys = {sampling_key(base)}
     for name, value in changes.items():

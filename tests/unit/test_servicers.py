@@ -102,6 +102,20 @@ async def test_chat_sends_the_conversation_in_order(inference: Inference) -> Non
     assert "".join(m.text for m in messages) == "Hello, world"
 
 
+async def test_chat_takes_the_configured_defaults_and_generate_stays_greedy(
+        inference: Inference) -> None:
+    """A Chat that sets no sampling gets limits.chat_* (temperature and repetition
+    guard); a Generate that sets none is greedy without a guard."""
+    request = ipb.ChatRequest(messages=[ipb.ChatMessage(role=ipb.CHAT_ROLE_USER, content="Hi")])
+    _ = [m async for m in inference.stub.Chat(request)]
+    await inference.generate("Say hello")
+    chat, generate = backend_of(inference.generation).samplings
+    limits = Limits()
+    assert chat.temperature == pytest.approx(limits.chat_temperature)
+    assert chat.dry_multiplier == (limits.chat_dry_multiplier or None)
+    assert (generate.temperature, generate.requested()) == (0.0, [])
+
+
 async def test_an_invalid_request_never_reaches_the_backend(inference: Inference) -> None:
     """An empty prompt is INVALID_ARGUMENT, and the backend is not called."""
     error = await refused(lambda: inference.generate(""))
