@@ -87,7 +87,10 @@ class Ingest:
         source = await self.check(source_id, text, kind)
         doc_id = validate_document_id(
             doc_id or f"{source_id}/{content_hash(title + chr(0) + text)[:16]}")
-        cleaned = redact(text, hostnames=limits.redact_hostnames, ips=limits.redact_ips)
+        # Redaction and chunking are CPU work linear in the text (a 20 MB push is seconds):
+        # they run in a thread, so the event loop keeps serving other calls meanwhile.
+        cleaned = await asyncio.to_thread(redact, text, hostnames=limits.redact_hostnames,
+                                          ips=limits.redact_ips)
         clean_title = redact(title).text[:500]
         digest = content_hash(clean_title + "\x00" + cleaned.text + "\x00" + kind)
         existing = await asyncio.to_thread(store.document, doc_id)
@@ -120,8 +123,9 @@ class Ingest:
         doc_id = doc.id
         self.inflight[doc_id] = doc
         try:
-            pieces = chunk_text(text, doc.kind, size=limits.chunk_size,
-                                overlap=limits.chunk_overlap, max_chars=limits.max_chunk_chars)
+            pieces = await asyncio.to_thread(
+                chunk_text, text, doc.kind, size=limits.chunk_size,
+                overlap=limits.chunk_overlap, max_chars=limits.max_chunk_chars)
             pieces = await self._fit_embedding_context(pieces)
             rows = [ChunkRow(f"{doc_id}#{i}", i, p.heading, p.text, content_hash(p.text))
                     for i, p in enumerate(pieces, start=1)]

@@ -121,3 +121,27 @@ async def test_the_queue_is_bounded_and_versions_land_in_order(r: Retriever) -> 
     assert doc is not None and doc.state == "indexed"
     [hit] = (await r.search("version", options=Query(mode="text"))).hits
     assert hit.text == "second version about routers"
+
+
+async def test_redaction_and_chunking_run_off_the_event_loop(
+        r: Retriever, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redacting and chunking a pushed text is CPU work linear in its size (seconds for
+    tens of megabytes): both run in a worker thread, never on the loop serving calls."""
+    import threading
+
+    from retrieval import _ingest
+
+    threads: dict[str, str] = {}
+    for name in ("redact", "chunk_text"):
+        real = getattr(_ingest, name)
+
+        def spy(*args: object, _real: object = real, _name: str = name,
+                **kwargs: object) -> object:
+            threads.setdefault(_name, threading.current_thread().name)
+            return _real(*args, **kwargs)  # type: ignore[operator]
+
+        monkeypatch.setattr(_ingest, name, spy)
+    loop_thread = threading.current_thread().name
+    await r.upsert("inbox", "t", "password: hunter2\n\n" + "word " * 5000)
+    assert threads.keys() == {"redact", "chunk_text"}
+    assert loop_thread not in threads.values(), threads
