@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -26,6 +27,7 @@ import structlog
 
 from ._indexes import Indexes
 from ._limits import RetrievalLimits
+from ._store import Store
 from ._store_history import expired_records, prune_records
 
 _log = structlog.get_logger("llamad.retrieval")
@@ -123,9 +125,11 @@ class Retention:
                                           keep=source.max_items, limit=budget)
             if not ids:
                 continue
-            async with self._indexes.write:
-                deleted, keys = await asyncio.to_thread(prune_records, store, source.id, ids)
-                await asyncio.to_thread(self._indexes._drop_keys, keys)
+            counted: list[int] = []
+            # SQLite first, then tantivy and hnswlib, under the writer lock.
+            await self._indexes.withdraw(
+                functools.partial(_prune, store, source.id, ids, counted))
+            deleted = sum(counted)
             budget -= deleted
             self.pruned += deleted
             if deleted:
@@ -135,3 +139,11 @@ class Retention:
             _log.info("history retention pruned records", records=sum(removed.values()),
                       sources=removed)
         return sum(removed.values())
+
+
+def _prune(store: Store, source_id: str, ids: list[str], counted: list[int]) -> list[int]:
+    """:func:`prune_records` for :meth:`Indexes.withdraw`: the chunk keys, and the count
+    of deleted records appended to ``counted``."""
+    deleted, keys = prune_records(store, source_id, ids)
+    counted.append(deleted)
+    return keys
