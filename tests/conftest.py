@@ -14,7 +14,11 @@ pytest_plugins = ["pytester", "tests.tiers", "tests.skips"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The other generation model (the swap target of the tests). It was the prepared default
+# until the answer-quality bench chose SmolLM2 (PREPARED_DEFAULT); the name stays.
 DEFAULT_MODEL = "gemma-3-270m-q4_k_m.gguf"
+PREPARED_DEFAULT = SMALL_MODEL
+"""The generation model `python -m models prepare` marks as the default."""
 EMBED_MODEL = "all-MiniLM-L6-v2-f16.gguf"
 RUNTIMES = ("llama-server", "bundled")
 

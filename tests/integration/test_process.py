@@ -17,7 +17,7 @@ import pytest
 
 from llamad_protocol.v1 import control_pb2, control_pb2_grpc, inference_pb2_grpc
 from llamad_protocol.v1 import inference_pb2 as pb
-from tests.conftest import DEFAULT_MODEL, ROOT, model_path, models_dir
+from tests.conftest import PREPARED_DEFAULT, ROOT, model_path, models_dir
 from tests.support.daemon import config_env
 from tests.support.procs import gone
 
@@ -212,7 +212,7 @@ def test_serve_without_a_model_runs_the_prepared_default(
     d = DaemonProcess({**env, "LLAMAD_MODELS_DIR": str(models_dir())})
     spawned.append(d)
     record = d.wait_event("generation.model not set: using the prepared default")
-    assert record["model"] == str(model_path(DEFAULT_MODEL).absolute())
+    assert record["model"] == str(model_path(PREPARED_DEFAULT).absolute())
     assert d.wait_event("listening")["modes"]
     d.proc.send_signal(signal.SIGTERM)
     assert d.proc.wait(timeout=60) == 0
