@@ -13,6 +13,7 @@ from typing import Any
 
 from models import Manifest
 
+from ._catalog_load import build_catalog, catalog_tables
 from ._config_checks import (
     _MAX_SOCKET_PATH,
     _check_endpoint,
@@ -54,6 +55,7 @@ def load(
     """
     env = os.environ if env is None else env
     values: dict[str, Any] = {o.key: o.default for o in OPTIONS}
+    tables: dict[str, Mapping[str, Any]] = {}
     sources: dict[str, str] = {o.key: "default" for o in OPTIONS}
 
     path = file or (getattr(args, "config", None) if args else None) or env.get("LLAMAD_CONFIG")
@@ -65,6 +67,7 @@ def load(
             raise ConfigError(f"config file {path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
+        tables = catalog_tables(data, f"config file {path}")
         for key, raw in _flatten(data).items():
             if key not in _BY_KEY:
                 raise ConfigError(f"config file {path}: unknown setting {key!r}")
@@ -80,7 +83,7 @@ def load(
             if raw is not None:
                 values[opt.key] = _coerce(opt, raw, f"flag {opt.flag}")
                 sources[opt.key] = "flag"
-    return _build(values, sources, env)
+    return _build(values, sources, env, tables)
 
 
 def _child(settings: RoleSettings, sources: Mapping[str, str], env: Mapping[str, str],
@@ -95,10 +98,12 @@ def _child(settings: RoleSettings, sources: Mapping[str, str], env: Mapping[str,
 
 
 def _build(
-    values: Mapping[str, Any], sources: Mapping[str, str], env: Mapping[str, str]
+    values: Mapping[str, Any], sources: Mapping[str, str], env: Mapping[str, str],
+    tables: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Config:
     """The configuration of the options ``values`` (by key; the others at their default)
-    that came from ``sources``, checked and resolved."""
+    that came from ``sources``, and of the catalog's ``[models.NAME]`` ``tables``, checked
+    and resolved."""
     s = with_values(Settings(), values)
     origins = dict(sources)
     models_dir = Path(s.models_dir).expanduser().absolute() if s.models_dir \
@@ -113,6 +118,7 @@ def _build(
             model = _default_model(prepared, models_dir, role)
             children[role] = dataclasses.replace(child, model=str(model))
             origins[f"{role}.model"] = "models_dir"
+    catalog = build_catalog(s, children, tables or {}, models_dir)
     if s.restart.backoff_cap < s.restart.backoff_base:
         raise ConfigError("restart.backoff_cap must be >= restart.backoff_base")
     if s.child.start_cap < s.child.start_timeout:
@@ -154,4 +160,4 @@ def _build(
                           f"{_MAX_SOCKET_PATH} bytes")
     return Config(settings=s, generation=children["generation"],
                   embedding=children["embedding"], state_dir=state_dir, sources=origins,
-                  models_dir=models_dir, tls=tls, tokens=tokens)
+                  models_dir=models_dir, tls=tls, tokens=tokens, catalog=catalog)

@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from supervisor import EndpointSpec, RestartPolicy, Timeouts
 
+from ._catalog import Catalog
 from ._config_options import INSTALLED_MODELS_DIR, value_of, with_values
 from ._config_sections import (
     AgentSettings,
@@ -96,6 +97,8 @@ class Config:
     """Certificate, key and client CA, read and checked at load (None: plaintext)."""
     tokens: TokenTable | None = None
     """The bearer tokens of ``auth.token_file`` (None: no token needed)."""
+    catalog: Catalog = dataclasses.field(default_factory=Catalog)
+    """Every model by name (:mod:`daemon._catalog_load`), each role's default among them."""
 
     listen = _Read[str]("listen")
     metrics_listen = _Read[str]("metrics_listen")

@@ -437,7 +437,12 @@ class Settings:
         "", "Directory of the prepared models (its manifest.json, written by `python -m "
         "models prepare`): an embedded role whose model is not set runs the manifest's "
         "default model for it (default: models/gguf in a source checkout once prepared, "
-        f"else {INSTALLED_MODELS_DIR}).", reload="new_child")
+        f"else {INSTALLED_MODELS_DIR}). Every other GGUF file directly in it is a model of "
+        "the catalog too, named after its file stem, its role from its metadata.",
+        reload="new_child")
+    models_preset: str = setting(
+        "", "llama-server's router preset INI (its --models-preset format): each section "
+        "is a model of the catalog, beside the [models.NAME] tables.")
     tls: TlsSettings = field(default_factory=TlsSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
     # Spin counts measured on 2 cores: see supervisor.LaunchSpec.spin_count.

@@ -78,6 +78,8 @@ class GGUFInfo:
         head_count: ``{architecture}.attention.head_count``, or 0.
         head_count_kv: ``{architecture}.attention.head_count_kv``, or 0 (then equal to
             ``head_count``).
+        pooling_type: ``{architecture}.pooling_type`` (llama.cpp's enum: 1 mean, 2 cls,
+            3 last, 4 rank), or 0 when absent (a model that pools nothing: generation).
     """
 
     path: str
@@ -93,6 +95,7 @@ class GGUFInfo:
     block_count: int = 0
     head_count: int = 0
     head_count_kv: int = 0
+    pooling_type: int = 0
 
     def kv_cache_bytes(self, tokens: int) -> int:
         """Bytes of an f16 KV cache holding ``tokens`` tokens (an estimate: 2 tensors,
@@ -164,6 +167,7 @@ def parse_header(cur: Cursor, realpath: str) -> GGUFInfo:
         block_count=ints.get(f"{architecture}.block_count", 0),
         head_count=ints.get(f"{architecture}.attention.head_count", 0),
         head_count_kv=ints.get(f"{architecture}.attention.head_count_kv", 0),
+        pooling_type=ints.get(f"{architecture}.pooling_type", 0),
     )
 
 
@@ -196,7 +200,8 @@ def _read_metadata(
         elif vtype in _INTEGER_TYPES and (
             key == "general.file_type"
             or key.endswith((".context_length", ".embedding_length", ".block_count",
-                             ".attention.head_count", ".attention.head_count_kv"))
+                             ".attention.head_count", ".attention.head_count_kv",
+                             ".pooling_type"))
         ):
             ints[key] = int(cur.unpack(_SCALARS[vtype][1], label)[0])
         else:

@@ -12,9 +12,13 @@ import numpy as np
 from safetensors.numpy import save_file
 
 
-def write_model(path: Path, *, vocab: int = 300) -> Path:
-    """Write a small valid GGUF: metadata, a string-array vocabulary and three tensors."""
-    writer = gguf.GGUFWriter(path, "llama")
+def write_model(path: Path, *, vocab: int = 300, architecture: str = "llama",
+                pooling: int | None = None) -> Path:
+    """Write a small valid GGUF: metadata, a string-array vocabulary and three tensors (of
+    ``architecture``, with ``{architecture}.pooling_type`` = ``pooling`` when given)."""
+    writer = gguf.GGUFWriter(path, architecture)
+    if pooling is not None:
+        writer.add_pooling_type(gguf.PoolingType(pooling))
     writer.add_name("tiny test model")
     writer.add_context_length(256)
     writer.add_embedding_length(8)

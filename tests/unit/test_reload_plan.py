@@ -22,6 +22,7 @@ TLS = ("tls.cert_file", "tls.key_file", "tls.client_ca_file")
 STRINGS = {
     "listen": "127.0.0.1:50052",
     "metrics_listen": "127.0.0.1:9100",
+    "http_listen": "127.0.0.1:8081",
     "agent_listen": "127.0.0.1:9777",
     "llama_bin": "/usr/local/bin/llama-server",
     "endpoint_url": "http://10.0.0.5:8080/v1",
@@ -54,6 +55,10 @@ def _candidates(opt: Option, tmp_path: Path) -> list[Any]:
         tokens.write_text("admin 0123456789abcdef0123\n")
         tokens.chmod(0o600)
         return [str(tokens)]
+    if opt.key == "models_preset":
+        preset = tmp_path / "models.ini"
+        preset.write_text("version = 1\n")
+        return [str(preset)]
     if opt.key in STRINGS:
         return [STRINGS[opt.key]]
     name = opt.key.rsplit(".", 1)[-1]
