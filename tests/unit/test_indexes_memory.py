@@ -87,7 +87,8 @@ async def test_a_rebuild_allocates_the_index_once(tmp_path: Path) -> None:
 
 def test_reserve_grows_the_capacity_once_and_never_shrinks(tmp_path: Path) -> None:
     """reserve(n) allocates n slots at once; adds that fit leave the capacity alone; a
-    smaller reservation changes nothing."""
+    smaller reservation changes nothing; one just past the capacity doubles it (pages of
+    a backfill reserving a few slots each do not resize every time)."""
     index = VectorIndex(tmp_path / "v.hnsw", 8)
     index.reserve(3000)
     assert index.capacity == 3000
@@ -96,3 +97,5 @@ def test_reserve_grows_the_capacity_once_and_never_shrinks(tmp_path: Path) -> No
     assert index.capacity == 3000
     index.reserve(100)
     assert index.capacity == 3000
+    index.reserve(3032)
+    assert index.capacity == 6000
