@@ -182,9 +182,10 @@ def scenario(n1: Node, n2: Node, load: Load, *, drained: Callable[[], None],
     n1.drain(True)
     drained()
     wait_for("node 1's calls finish", lambda: n1.in_flight() == 0)
+    load.wait_calls(8, time.monotonic())  # a call sent as the balancer learnt it has ended
     before, since = n1.served(), time.monotonic()
     load.wait_calls(24, since)
-    assert n1.served() == before, "a drained node got new calls"
+    assert (n1.served(), n1.in_flight()) == (before, 0), "a drained node got new calls"
     assert set(load.codes()) == {"OK"}, load.codes()
 
     # Undrain: node 1 gets calls again.
