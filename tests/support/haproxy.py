@@ -72,19 +72,49 @@ def fetch(root: Path) -> Path:
     debs = root / "debs"
     debs.mkdir(parents=True, exist_ok=True)
     wanted, seen = ["haproxy"], set()
+    options: list[str] = []  # the system's package lists, until they fail us
     while wanted:
         package = wanted.pop()
         if package in seen:
             continue
         seen.add(package)
-        done = subprocess.run(["apt-get", "download", package], cwd=debs,
-                              capture_output=True, text=True, check=False)
+        done = _download(package, debs, options)
+        if done.returncode != 0 and not options:
+            # A fresh machine (or container) may have no package lists: read them into a
+            # private directory, which needs neither root nor a change to the system's.
+            options = _private_lists(root)
+            done = _download(package, debs, options)
         if done.returncode != 0:
             raise RuntimeError(f"apt-get download {package}: {done.stderr.strip()[-500:]}")
         deb = max(debs.glob(f"{package}_*.deb"), key=lambda p: p.stat().st_mtime)
         subprocess.run(["dpkg", "-x", str(deb), str(root / "root")], check=True)
         wanted += [d for d in _depends(deb) if d not in seen and not _installed(d)]
     return root / "root" / "usr" / "sbin" / "haproxy"
+
+
+def _download(package: str, debs: Path,
+              options: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["apt-get", *options, "download", package], cwd=debs,
+                          capture_output=True, text=True, check=False)
+
+
+def _private_lists(root: Path) -> list[str]:
+    """``apt-get update`` into lists under ``root``; the options that make apt-get use
+    them (the system's sources, no lock, no sandbox user).
+
+    Raises:
+        RuntimeError: the update failed (its message).
+    """
+    lists, cache = root / "apt" / "lists", root / "apt" / "cache"
+    (lists / "partial").mkdir(parents=True, exist_ok=True)
+    (cache / "archives" / "partial").mkdir(parents=True, exist_ok=True)
+    options = ["-o", f"Dir::State::Lists={lists}", "-o", f"Dir::Cache={cache}",
+               "-o", "Debug::NoLocking=1", "-o", "APT::Sandbox::User=root"]
+    done = subprocess.run(["apt-get", "-qq", *options, "update"], capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"apt-get update: {done.stderr.strip()[-500:]}")
+    return options
 
 
 def _runs(binary: Binary) -> bool:
