@@ -267,13 +267,15 @@ class RetrievalSettings:
 
 # Chat's and Ask's sampling defaults (limits.chat_*, answer.*), measured by
 # bench/bench_answer_quality.py on the default-model candidates (bench/RESULTS.md).
-TEMPERATURE = 0.7
+CHAT_TEMPERATURE = 0.7
+ASK_TEMPERATURE = 0.3
 TOP_P = 0.9
 MIN_P = 0.05
 CHAT_REPEAT_PENALTY = 1.0
 CHAT_DRY_MULTIPLIER = 0.8
 ASK_REPEAT_PENALTY = 1.0
 ASK_DRY_MULTIPLIER = 0.8
+FREQUENCY_PENALTY = 0.5
 
 
 @dataclass(frozen=True)
@@ -310,7 +312,7 @@ class AnswerConfig:
     # Ask's sampling when a request leaves it unset: chosen by bench/bench_answer_quality.py
     # (bench/RESULTS.md, "Answer quality"); README "Generation defaults" says why.
     temperature: float = setting(
-        TEMPERATURE, "Ask's sampling temperature when a request sets none (0: greedy).",
+        ASK_TEMPERATURE, "Ask's sampling temperature when a request sets none (0: greedy).",
         minimum=0)
     top_p: float = setting(
         TOP_P, "Ask's top_p when a request sets none (1: off).", minimum=0)
@@ -322,6 +324,9 @@ class AnswerConfig:
     dry_multiplier: float = setting(
         ASK_DRY_MULTIPLIER, "Ask's DRY repetition penalty multiplier when a request sets "
         "none (0: off; llama-server only, left out for other runtimes).", minimum=0)
+    frequency_penalty: float = setting(
+        FREQUENCY_PENALTY, "Ask's frequency_penalty when a request sets none (0: off).",
+        minimum=0)
 
 
 @dataclass(frozen=True)
@@ -396,7 +401,8 @@ class Limits:
     # Chat's sampling when a request leaves it unset (Generate stays greedy): chosen by
     # bench/bench_answer_quality.py (bench/RESULTS.md, "Answer quality").
     chat_temperature: float = setting(
-        TEMPERATURE, "Chat's sampling temperature when a request sets none (0: greedy).",
+        CHAT_TEMPERATURE, "Chat's sampling temperature when a request sets none (0: "
+        "greedy).",
         minimum=0)
     chat_top_p: float = setting(
         TOP_P, "Chat's top_p when a request sets none (1: off).", minimum=0)
@@ -408,6 +414,9 @@ class Limits:
     chat_dry_multiplier: float = setting(
         CHAT_DRY_MULTIPLIER, "Chat's DRY repetition penalty multiplier when a request sets "
         "none (0: off; llama-server only, left out for other runtimes).", minimum=0)
+    chat_frequency_penalty: float = setting(
+        FREQUENCY_PENALTY, "Chat's frequency_penalty when a request sets none (0: off).",
+        minimum=0)
 
 
 @dataclass(frozen=True)

@@ -45,27 +45,32 @@ class SamplingDefaults:
     min_p: float | None = None
     repeat_penalty: float | None = None
     dry_multiplier: float | None = None
+    frequency_penalty: float | None = None
 
     @classmethod
-    def configured(cls, temperature: float, top_p: float, min_p: float,
-                   repeat_penalty: float, dry_multiplier: float) -> SamplingDefaults:
+    def configured(cls, temperature: float, top_p: float, min_p: float, *,
+                   repeat_penalty: float, dry_multiplier: float,
+                   frequency_penalty: float) -> SamplingDefaults:
         """From option values, where the neutral value turns a control off (top_p 1,
-        min_p 0, repeat_penalty 1, dry_multiplier 0)."""
+        min_p 0, repeat_penalty 1, dry_multiplier 0, frequency_penalty 0)."""
         return cls(temperature, None if top_p >= 1 else top_p, min_p or None,
-                   None if repeat_penalty == 1 else repeat_penalty, dry_multiplier or None)
+                   None if repeat_penalty == 1 else repeat_penalty, dry_multiplier or None,
+                   frequency_penalty or None)
 
 
 def chat_defaults(limits: Limits) -> SamplingDefaults:
     """Chat's defaults (``limits.chat_*``)."""
-    return SamplingDefaults.configured(limits.chat_temperature, limits.chat_top_p,
-                                       limits.chat_min_p, limits.chat_repeat_penalty,
-                                       limits.chat_dry_multiplier)
+    return SamplingDefaults.configured(
+        limits.chat_temperature, limits.chat_top_p, limits.chat_min_p,
+        repeat_penalty=limits.chat_repeat_penalty, dry_multiplier=limits.chat_dry_multiplier,
+        frequency_penalty=limits.chat_frequency_penalty)
 
 
 def answer_defaults(answer: AnswerConfig) -> SamplingDefaults:
     """Ask's defaults (``answer.*``)."""
-    return SamplingDefaults.configured(answer.temperature, answer.top_p, answer.min_p,
-                                       answer.repeat_penalty, answer.dry_multiplier)
+    return SamplingDefaults.configured(
+        answer.temperature, answer.top_p, answer.min_p, repeat_penalty=answer.repeat_penalty,
+        dry_multiplier=answer.dry_multiplier, frequency_penalty=answer.frequency_penalty)
 
 
 def sampling(params: pb.SamplingParams, limits: Limits, *, call: str = "",
@@ -111,7 +116,8 @@ def sampling(params: pb.SamplingParams, limits: Limits, *, call: str = "",
     if call == "Ask":
         _refuse_on_ask(params)
     response_format, schema, name = _response_format(params, limits)
-    defaulted = frozenset(n for n in ("min_p", "repeat_penalty", "dry_multiplier")
+    defaulted = frozenset(n for n in ("min_p", "repeat_penalty", "dry_multiplier",
+                                      "frequency_penalty")
                           if getattr(base, n) is not None
                           and not params.HasField(n))
     return Sampling(
@@ -122,7 +128,8 @@ def sampling(params: pb.SamplingParams, limits: Limits, *, call: str = "",
         if "repeat_penalty" not in defaulted else base.repeat_penalty,
         repeat_last_n=_count(params, "repeat_last_n"),
         presence_penalty=_ranged(params, "presence_penalty", -2.0, 2.0),
-        frequency_penalty=_ranged(params, "frequency_penalty", -2.0, 2.0),
+        frequency_penalty=_ranged(params, "frequency_penalty", -2.0, 2.0)
+        if "frequency_penalty" not in defaulted else base.frequency_penalty,
         logit_bias=_logit_bias(params, limits),
         logprobs=params.logprobs,
         top_logprobs=_top_logprobs(params, limits),

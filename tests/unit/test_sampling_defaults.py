@@ -14,32 +14,37 @@ from llamad_protocol.v1 import inference_pb2 as ipb
 from supervisor import BUNDLED, LLAMA_CPP, OPENAI, Sampling, UnsupportedParameterError
 
 GUARDED = Limits(chat_temperature=0.7, chat_top_p=0.9, chat_min_p=0.05,
-                 chat_repeat_penalty=1.1, chat_dry_multiplier=0.8)
+                 chat_repeat_penalty=1.1, chat_dry_multiplier=0.8, chat_frequency_penalty=0.5)
 
 
 def test_chat_defaults_fill_what_a_request_leaves_unset() -> None:
     """An empty SamplingParams on Chat takes the configured temperature, top_p, min_p,
-    repeat_penalty and DRY multiplier; the controls are marked as defaults."""
+    repeat_penalty, DRY multiplier and frequency_penalty; the controls are marked as
+    defaults."""
     got = validation.sampling(ipb.SamplingParams(), GUARDED,
                               defaults=validation.chat_defaults(GUARDED))
-    assert (got.temperature, got.top_p, got.min_p, got.repeat_penalty,
-            got.dry_multiplier) == pytest.approx((0.7, 0.9, 0.05, 1.1, 0.8))
-    assert got.defaulted == {"min_p", "repeat_penalty", "dry_multiplier"}
+    assert (got.temperature, got.top_p, got.min_p, got.repeat_penalty, got.dry_multiplier,
+            got.frequency_penalty) == pytest.approx((0.7, 0.9, 0.05, 1.1, 0.8, 0.5))
+    assert got.defaulted == {"min_p", "repeat_penalty", "dry_multiplier",
+                             "frequency_penalty"}
 
 
 def test_a_request_overrides_each_default() -> None:
     """Values the request sets win, 0 included (greedy, DRY off), and are its own."""
-    params = ipb.SamplingParams(temperature=0.0, dry_multiplier=0.0, top_p=0.5)
+    params = ipb.SamplingParams(temperature=0.0, dry_multiplier=0.0, top_p=0.5,
+                                frequency_penalty=0.0)
     got = validation.sampling(params, GUARDED, defaults=validation.chat_defaults(GUARDED))
-    assert (got.temperature, got.dry_multiplier, got.top_p) == (0.0, 0.0, 0.5)
-    assert "dry_multiplier" not in got.defaulted
+    assert (got.temperature, got.dry_multiplier, got.top_p, got.frequency_penalty) == (
+        0.0, 0.0, 0.5, 0.0)
+    assert not {"dry_multiplier", "frequency_penalty"} & got.defaulted
     assert got.repeat_penalty == pytest.approx(1.1)
 
 
 def test_neutral_option_values_turn_a_control_off() -> None:
-    """top_p 1, min_p 0, repeat_penalty 1 and dry_multiplier 0 send nothing."""
+    """top_p 1, min_p 0, repeat_penalty 1, dry_multiplier 0 and frequency_penalty 0 send
+    nothing."""
     off = Limits(chat_temperature=0.0, chat_top_p=1.0, chat_min_p=0.0,
-                 chat_repeat_penalty=1.0, chat_dry_multiplier=0.0)
+                 chat_repeat_penalty=1.0, chat_dry_multiplier=0.0, chat_frequency_penalty=0.0)
     got = validation.sampling(ipb.SamplingParams(), off,
                               defaults=validation.chat_defaults(off))
     assert got.requested() == [] and got.top_p is None and got.temperature == 0.0
@@ -54,7 +59,7 @@ def test_generate_has_no_defaults_and_stays_greedy() -> None:
 def test_ask_takes_the_answer_sections_defaults() -> None:
     """Ask's defaults are answer.*, independent of Chat's."""
     answer = AnswerConfig(temperature=0.2, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
-                          dry_multiplier=1.5)
+                          dry_multiplier=1.5, frequency_penalty=0.0)
     got = validation.sampling(ipb.SamplingParams(), Limits(), call="Ask",
                               defaults=validation.answer_defaults(answer))
     assert got.temperature == pytest.approx(0.2)
