@@ -16,6 +16,7 @@ from . import _types, errors
 from ._aio import AsyncClient
 from ._channel import DEFAULT, DEFAULT_ADDRESS
 from ._client import Client
+from ._models import ModelInfo
 from ._stream import (
     AskStream,
     AsyncAskStream,
@@ -37,6 +38,7 @@ __all__ = [
     "AsyncTextStream",
     "Client",
     "LlamadError",
+    "ModelInfo",
     "Stream",
     "TextStream",
     "errors",

@@ -32,6 +32,7 @@ from . import _requests as rq
 from ._base import AsyncBase, serving, status_name, watch_ended
 from ._channel import DEFAULT, Timeout
 from ._generation import ResponseFormat
+from ._models import ModelInfo, model_info, model_list
 from ._stream import AsyncAskStream, AsyncStream, AsyncTextStream
 from ._types import (
     DaemonStatus,
@@ -179,6 +180,25 @@ class AsyncClient(AsyncBase):
         request = control_pb2.SetDrainingRequest(draining=draining, reason=reason)
         resp = await self._unary(self._control.SetDraining, request, timeout)
         return int(resp.in_flight)
+
+    async def list_models(self, *, timeout: Timeout = DEFAULT) -> list[ModelInfo]:
+        """Every model of the daemon's catalog (see :meth:`Client.list_models`)."""
+        resp = await self._unary(self._control.ListModels, control_pb2.ListModelsRequest(),
+                                 timeout)
+        return model_list(resp)
+
+    async def load_model(self, name: str, *, timeout: Timeout = DEFAULT) -> ModelInfo:
+        """Make a model resident (see :meth:`Client.load_model`)."""
+        request = control_pb2.LoadModelRequest(name=name)
+        resp = await self._unary(self._control.LoadModel, request, timeout)
+        return model_info(resp.model)
+
+    async def unload_model(self, name: str, *, reason: str = "",
+                           timeout: Timeout = DEFAULT) -> ModelInfo:
+        """Take a model out of residency (see :meth:`Client.unload_model`)."""
+        request = control_pb2.UnloadModelRequest(name=name, reason=reason)
+        resp = await self._unary(self._control.UnloadModel, request, timeout)
+        return model_info(resp.model)
 
     # --- RetrievalService -----------------------------------------------------------------
 

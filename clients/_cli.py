@@ -22,6 +22,8 @@ Every verb talks to a running daemon through :class:`clients.Client`::
                                       (its own table: clients/_cli_balancing.py)
     llamad drain [--wait S] / undrain take one daemon out of load balancing, and back
     llamad models prepare|list|verify the default models (``python -m models``)
+    llamad models ps|load|unload      the daemon's models: state, memory, last use; make
+                                      one resident or unload it (clients/_cli_models.py)
 
 Common options: ``--address`` (default ``$LLAMAD_ADDRESS``, else ``127.0.0.1:50051``;
 ``host:port`` or ``unix:/path``; several IP ``host:port`` separated by commas balance the
@@ -366,16 +368,28 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     _json_flag(p, "JSON lines")
 
-    p = sub.add_parser("models", help="prepare, list or verify the default models",
+    p = sub.add_parser("models", help="the default model files; the daemon's models",
                        description="Run `python -m models` in-process: "
-                                   "llamad models {prepare,list,verify} --help.",
+                                   "llamad models {prepare,list,verify} --help; and the "
+                                   "daemon's models: llamad models {ps,load,unload} --help.",
                        add_help=False)
     p.add_argument("args", nargs=argparse.REMAINDER)
 
 
 def run_models(argv: Sequence[str]) -> int:
-    """``llamad models ...``: ``python -m models ...`` in this process."""
+    """``llamad models ...``: ``ps``, ``load`` and ``unload`` ask the daemon
+    (:mod:`clients._cli_models`); the rest is ``python -m models ...`` in this process."""
     from models._cli import main as models_main  # noqa: PLC0415 - only this verb needs it
+
+    from . import _cli_models  # noqa: PLC0415
+
+    if argv[:1] and argv[0] in _cli_models.VERBS:
+        try:
+            args = _cli_models.parser([_connection_options()]).parse_args(list(argv))
+        except SystemExit as exc:  # usage errors and --help
+            return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+        args.command = "models"
+        return _run_verb(args, _cli_models.run)
 
     try:
         return models_main(list(argv))
@@ -401,7 +415,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.command == "models":
         return run_models(args.args)
-    verb: Callable[[Client, argparse.Namespace], int] = getattr(_cli_verbs, args.command)
+    return _run_verb(args, getattr(_cli_verbs, args.command))
+
+
+def _run_verb(args: argparse.Namespace, verb: Callable[[Client, argparse.Namespace], int]) -> int:
+    """Run ``verb`` with a client of ``args``' connection options; return the exit status."""
+    from . import _cli_verbs  # noqa: PLC0415 - keeps `llamad serve` from importing it
+
     try:
         client = _client(args)
     except ValueError as exc:

@@ -27,6 +27,7 @@ from ._base import serving, status_name, watch_ended
 from ._channel import DEFAULT, Timeout
 from ._client_documents import DocumentCalls
 from ._generation import ResponseFormat
+from ._models import ModelInfo, model_info, model_list
 from ._stream import Stream, TextStream
 from ._types import DaemonStatus, Embeddings, LogLine, Mode, Role, SwapProgress, Tokens
 from .errors import NotFound
@@ -354,6 +355,26 @@ class Client(DocumentCalls):
         """
         request = control_pb2.SetDrainingRequest(draining=draining, reason=reason)
         return int(self._unary(self._control.SetDraining, request, timeout).in_flight)
+
+    def list_models(self, *, timeout: Timeout = DEFAULT) -> list[ModelInfo]:
+        """Every model of the daemon's catalog: its name (what ``model=`` names), role,
+        aliases, state (unloaded, loading, ready, draining, failed), memory estimate, last
+        use, calls in flight, pin, ttl, breaker and last error."""
+        resp = self._unary(self._control.ListModels, control_pb2.ListModelsRequest(),
+                           timeout)
+        return model_list(resp)
+
+    def load_model(self, name: str, *, timeout: Timeout = DEFAULT) -> ModelInfo:
+        """Make the model ``name`` resident; return once it serves. Admin role."""
+        request = control_pb2.LoadModelRequest(name=name)
+        return model_info(self._unary(self._control.LoadModel, request, timeout).model)
+
+    def unload_model(self, name: str, *, reason: str = "",
+                     timeout: Timeout = DEFAULT) -> ModelInfo:
+        """Take the model ``name`` out of residency (its running calls finish first).
+        Admin role."""
+        request = control_pb2.UnloadModelRequest(name=name, reason=reason)
+        return model_info(self._unary(self._control.UnloadModel, request, timeout).model)
 
     # --- health ---------------------------------------------------------------------------
 

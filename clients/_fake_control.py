@@ -1,5 +1,6 @@
 """The fake ControlService of :class:`clients.testing.FakeLlamad`: two running children,
-canned logs, swaps that check only that the model file exists, a drain flag."""
+canned logs, swaps that check only that the model file exists, a drain flag, a catalog of
+three models that load and unload at once."""
 
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ class FakeControl(control_pb2_grpc.ControlServiceServicer):
     def __init__(self, fake: FakeLlamad) -> None:
         self.fake = fake
         self.drained = False
+        # The catalog: name -> state.
+        self.models: dict[str, control_pb2.ModelState.ValueType] = {
+            "fake-model": control_pb2.MODEL_STATE_READY,
+            "fake-embed": control_pb2.MODEL_STATE_READY,
+            "fake-other": control_pb2.MODEL_STATE_UNLOADED,
+        }
 
     def Status(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.enter("ControlService/Status", context)
@@ -40,6 +47,40 @@ class FakeControl(control_pb2_grpc.ControlServiceServicer):
             children=[_child(common_pb2.CHILD_ROLE_GENERATION, "fake-model.gguf", 40001),
                       _child(common_pb2.CHILD_ROLE_EMBEDDING, "fake-embed.gguf", 40002)],
             version="0.0.0-fake", daemon_uptime_seconds=3725.0, drained=self.drained)
+
+    def ListModels(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.enter("ControlService/ListModels", context)
+        return control_pb2.ListModelsResponse(
+            models=[self._model(name) for name in self.models],
+            skipped=["/models/notes.gguf: not a GGUF file"])
+
+    def LoadModel(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.enter("ControlService/LoadModel", context)
+        self._known(request.name, context)
+        self.models[request.name] = control_pb2.MODEL_STATE_READY
+        return control_pb2.LoadModelResponse(model=self._model(request.name))
+
+    def UnloadModel(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.enter("ControlService/UnloadModel", context)
+        self._known(request.name, context)
+        self.models[request.name] = control_pb2.MODEL_STATE_UNLOADED
+        return control_pb2.UnloadModelResponse(model=self._model(request.name))
+
+    def _known(self, name: str, context: grpc.ServicerContext) -> None:
+        if name not in self.models:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"model {name!r} does not exist; the "
+                          f"models are: {', '.join(self.models)}")
+
+    def _model(self, name: str) -> control_pb2.ModelInfo:
+        embedding = name == "fake-embed"
+        return control_pb2.ModelInfo(
+            name=name, role=(common_pb2.CHILD_ROLE_EMBEDDING if embedding
+                             else common_pb2.CHILD_ROLE_GENERATION),
+            aliases=["embedding"] if embedding else [], state=self.models[name],
+            memory_estimate_bytes=300 * 1024 * 1024, in_flight=0, pinned=embedding,
+            ttl_seconds=0 if embedding else 600.0, breaker=control_pb2.BREAKER_STATE_CLOSED,
+            path=f"/models/{name}.gguf", is_default=name != "fake-other",
+            origin="models_dir" if name == "fake-other" else "generation")
 
     def SetDraining(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.enter("ControlService/SetDraining", context)

@@ -6,10 +6,10 @@ Roles. Every RPC of every service is mapped, explicitly, to the role it needs
 missing, so a new RPC cannot slip through unguarded):
 
 * ``read``: generation, chat, embeddings, tokenize, search, ask, status and the read-only
-  listings (documents, sources, retrieval status), and server reflection.
+  listings (documents, sources, retrieval status, models), and server reflection.
 * ``admin``: everything that changes state or shows a child's raw output — Swap, Reset,
-  SetMode, SetDraining, TailLogs, document upsert and delete, source add, remove and disable,
-  Reindex, Reprocess, ApproveDocument and RejectDocument.
+  SetMode, SetDraining, LoadModel, UnloadModel, TailLogs, document upsert and delete,
+  source add, remove and disable, Reindex, Reprocess, ApproveDocument and RejectDocument.
   ``admin`` implies ``read``.
 * ``grpc.health.v1.Health`` needs no token (probes and load balancers).
 
@@ -61,6 +61,9 @@ METHOD_ROLES: Mapping[str, str] = {
     "/llamad.v1.ControlService/Reset": ADMIN,
     "/llamad.v1.ControlService/SetMode": ADMIN,
     "/llamad.v1.ControlService/SetDraining": ADMIN,  # takes the node out of balancing
+    "/llamad.v1.ControlService/ListModels": READ,
+    "/llamad.v1.ControlService/LoadModel": ADMIN,
+    "/llamad.v1.ControlService/UnloadModel": ADMIN,
     # llamad.v1.RetrievalService
     "/llamad.v1.RetrievalService/UpsertDocument": ADMIN,
     "/llamad.v1.RetrievalService/DeleteDocument": ADMIN,

@@ -160,14 +160,16 @@ class NoLauncher:
                                      f"the {self.role} role has no model or endpoint configured"))
 
 
-def build_child(config: Config, role: str, *, clock: Clock | None = None) -> Model:
-    """Build (not start) the role: its supervisor set up for the configured mode.
+def build_child(config: Config, role: str, *, clock: Clock | None = None,
+                child: ChildConfig | None = None) -> Model:
+    """Build (not start) the role: its supervisor set up for the configured mode; with
+    ``child``, a model of the role run with those settings (a catalog model of the pool).
 
     Raises:
         FileNotFoundError: embedded mode with runtime "llama-server", and none was found.
     """
     clock = clock or SystemClock()
-    cc = config.child(role)
+    cc = child or config.child(role)
     setup: Setup | None = None
     if cc.model:
         try:

@@ -32,12 +32,14 @@ from supervisor import (
 )
 
 from . import rpc
+from ._pool_wire import model_info
 from .balancing import Drainer
 from .errors import FailedPrecondition, InvalidArgument
 from .inference_mode import InferenceMode
 from .metrics import Metrics
 from .model import Model
 from .modes import ModeManager, ModeRequest
+from .pool import Pool
 from .servicers import ROLE_ENUMS, _role, _timestamp
 from .swaps import SwapManager, SwapPlan, check_plan_model
 
@@ -174,7 +176,8 @@ def mode_request(child: Model, request: control_pb2.SetModeRequest) -> ModeReque
 
 
 class ControlServicer(control_pb2_grpc.ControlServiceServicer):
-    """Status, TailLogs, Swap, SetMode, Reset and SetDraining."""
+    """Status, TailLogs, Swap, SetMode, Reset, SetDraining, and the model pool's
+    ListModels, LoadModel and UnloadModel."""
 
     def __init__(
         self,
@@ -187,8 +190,10 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         modes: ModeManager,
         metrics: Metrics | None = None,
         drainer: Drainer | None = None,
+        pool: Pool | None = None,
     ) -> None:
         self._children = children
+        self._pool = pool
         self._drainer = drainer
         self._version = version
         self._started = started
@@ -225,6 +230,49 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         call.note(draining=request.draining)
         return control_pb2.SetDrainingResponse(draining=self._drainer.drained,
                                                in_flight=self._drainer.in_flight())
+
+    def _models(self) -> Pool:
+        if self._pool is None:
+            raise FailedPrecondition("this daemon has no model pool")
+        return self._pool
+
+    @rpc.unary("ListModels")
+    async def ListModels(
+        self,
+        request: control_pb2.ListModelsRequest,
+        context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> control_pb2.ListModelsResponse:
+        pool = self._models()
+        return control_pb2.ListModelsResponse(
+            models=[model_info(v) for v in pool.models()],
+            skipped=[f"{path}: {why}" for path, why in pool.catalog.skipped])
+
+    @rpc.unary("LoadModel")
+    async def LoadModel(
+        self,
+        request: control_pb2.LoadModelRequest,
+        context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> control_pb2.LoadModelResponse:
+        pool = self._models()
+        entry = pool.entry(request.name)
+        call.note(model=entry.name)
+        await pool.load(entry.name)
+        return control_pb2.LoadModelResponse(model=model_info(pool.view(entry.name)))
+
+    @rpc.unary("UnloadModel")
+    async def UnloadModel(
+        self,
+        request: control_pb2.UnloadModelRequest,
+        context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> control_pb2.UnloadModelResponse:
+        pool = self._models()
+        entry = pool.entry(request.name)
+        call.note(model=entry.name, reason=request.reason[:200])
+        await pool.unload(entry.name)
+        return control_pb2.UnloadModelResponse(model=model_info(pool.view(entry.name)))
 
     async def _progress(
         self, role: str, work: Callable[[Callable[[SwapProgress], None]], Awaitable[object]],

@@ -36,6 +36,7 @@ SwapFailedError               ABORTED                no
 retrieval InvalidDocument     INVALID_ARGUMENT       no
 retrieval ExtractionError     INVALID_ARGUMENT       no
 retrieval NotFound            NOT_FOUND              no
+UnknownModel                  NOT_FOUND              no (names the models that exist)
 retrieval VectorUnavailable   FAILED_PRECONDITION    no (says why)
 retrieval SourceDisabled      FAILED_PRECONDITION    no
 retrieval WrongState          FAILED_PRECONDITION    no (names the state)
@@ -105,6 +106,10 @@ class FailedPrecondition(RequestError):
     """The daemon is not in a state to serve the call (the message says what is missing)."""
 
 
+class UnknownModel(RequestError):
+    """The call names a model the catalog does not have (the message lists those it has)."""
+
+
 class Draining(RequestError):
     """The daemon is draining for shutdown and takes no new calls."""
 
@@ -169,7 +174,7 @@ def map_error(exc: BaseException) -> Mapped:
         return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
     if isinstance(exc, InvalidDocument | ExtractionError):
         return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-    if isinstance(exc, NotFound):
+    if isinstance(exc, NotFound | UnknownModel):
         return Mapped(grpc.StatusCode.NOT_FOUND, str(exc))
     if isinstance(exc, VectorUnavailable | SourceDisabled | WrongState):
         return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))

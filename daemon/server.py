@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import faulthandler
 import signal
 import time
@@ -40,6 +41,7 @@ from llamad_protocol.v1 import (
 from retrieval import Retriever, protected_hardlinks
 from supervisor import Clock, State, StateChange, SystemClock
 
+from ._catalog import CatalogEntry
 from .admission import Admission
 from .answer import AnswerServicer, AuditLog, ResponseCache
 from .auth import AuthInterceptor, TlsCredentials
@@ -55,6 +57,7 @@ from .metrics import Metrics
 from .metrics_http import MetricsServer, serve_metrics
 from .model import Model
 from .modes import ModeManager
+from .pool import Pool
 from .recycle import recycle_loop
 from .reload import ReloadReport, reload_config
 from .retrieval_bridge import (
@@ -160,6 +163,8 @@ class Daemon:
         self._tls = TlsCredentials(config.tls) if config.tls is not None else None
         self._bound: Bound | None = None
         self.router = InferenceRouter(self.children)
+        # Every catalog model by name: the roles' models are its defaults (issue 14).
+        self.pool = Pool(config.catalog, self.children, self._pool_model, clock=self._clock)
         self.swaps = SwapManager(self.children)
         self.modes = ModeManager(self.children, lambda: self.config)
         self.retriever: Retriever | None = None
@@ -217,7 +222,8 @@ class Daemon:
         control_pb2_grpc.add_ControlServiceServicer_to_server(
             ControlServicer(self.children, version(), self._started,
                             lambda: self.router.draining, swaps=self.swaps,
-                            modes=self.modes, metrics=self.metrics, drainer=self.drainer),
+                            modes=self.modes, metrics=self.metrics, drainer=self.drainer,
+                            pool=self.pool),
             server)
         if self.retriever is not None:
             retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(
@@ -284,6 +290,7 @@ class Daemon:
                 continue
             child.start()
             self._tasks.add(asyncio.create_task(child.hash_model(), name=f"hash-{child.role}"))
+        self._tasks.update(self.pool.preload())
         interval = self._notifier.watchdog_interval()
         if interval is not None:
             self._watchdog = asyncio.create_task(watchdog_loop(self._notifier, interval),
@@ -418,6 +425,11 @@ class Daemon:
         await self._stop.wait()
         await self.shutdown()
 
+    def _pool_model(self, entry: CatalogEntry) -> Model:
+        """The Model of a catalog model the pool loads on demand: unloaded until then."""
+        child = dataclasses.replace(entry.child, mode=InferenceMode.DISABLED, enabled=False)
+        return build_child(self.config, entry.role, clock=self._clock, child=child)
+
     async def shutdown(self) -> None:
         """Drain and stop everything. Idempotent."""
         if self._server is None:
@@ -442,6 +454,7 @@ class Daemon:
             await self._retrieval.close()  # refreshes first: they write to the retriever
         if self.retriever is not None:
             await self.retriever.close()
+        await self.pool.stop()
         for role in ("generation", "embedding"):
             await self.children[role].stop()
         await self.health.close()

@@ -85,6 +85,7 @@ class AskRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _builtins.int
     NO_CACHE_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     question: _builtins.str
     top_k: _builtins.int
     """Sources to retrieve (default 5; above retrieval.max_k clamped, with a warning)."""
@@ -97,6 +98,11 @@ class AskRequest(_message.Message):
     """Skip the response cache for this call."""
     mode: _retrieval_pb2.SearchMode.ValueType
     """How the sources are searched (see SearchRequest.mode): hybrid by default."""
+    model: _builtins.str
+    """The catalog name or alias of the model to use (ControlService/ListModels); empty:
+    the generation default model. An unknown name is NOT_FOUND naming the models that
+    exist; an embedding model is INVALID_ARGUMENT.
+    """
     @_builtins.property
     def filters(self) -> _retrieval_pb2.SearchFilters: ...
     @_builtins.property
@@ -117,10 +123,11 @@ class AskRequest(_message.Message):
         sampling: _inference_pb2.SamplingParams | None = ...,
         no_cache: _builtins.bool = ...,
         mode: _retrieval_pb2.SearchMode.ValueType = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["filters", b"filters", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment", b"attachment", "filters", b"filters", "history", b"history", "mode", b"mode", "no_cache", b"no_cache", "question", b"question", "sampling", b"sampling", "task", b"task", "top_k", b"top_k"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment", b"attachment", "filters", b"filters", "history", b"history", "mode", b"mode", "model", b"model", "no_cache", b"no_cache", "question", b"question", "sampling", b"sampling", "task", b"task", "top_k", b"top_k"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

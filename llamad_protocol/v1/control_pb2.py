@@ -27,51 +27,67 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from . import common_pb2 as llamad_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17llamad/v1/control.proto\x12\tllamad.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16llamad/v1/common.proto\"6\n\x12SetDrainingRequest\x12\x10\n\x08\x64raining\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\":\n\x13SetDrainingResponse\x12\x10\n\x08\x64raining\x18\x01 \x01(\x08\x12\x11\n\tin_flight\x18\x02 \x01(\r\"Y\n\x10\x45ndpointSettings\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x14\n\x0c\x61pi_key_file\x18\x03 \x01(\t\x12\x13\n\x0b\x61pi_key_env\x18\x04 \x01(\t\"\xaf\x01\n\x0eSetModeRequest\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.llamad.v1.ChildRole\x12&\n\x04mode\x18\x02 \x01(\x0e\x32\x18.llamad.v1.InferenceMode\x12-\n\x08\x65ndpoint\x18\x03 \x01(\x0b\x32\x1b.llamad.v1.EndpointSettings\x12\x12\n\nmodel_path\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\x9b\x01\n\tExitCause\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x16\n\texit_code\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x0e\n\x06signal\x18\x03 \x01(\t\x12\x11\n\tpermanent\x18\x04 \x01(\x08\x12\x0f\n\x07message\x18\x05 \x01(\t\x12&\n\x02\x61t\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x0c\n\n_exit_code\"\xa0\x05\n\x0b\x43hildStatus\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.llamad.v1.ChildRole\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.llamad.v1.ChildState\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x12\n\nmodel_path\x18\x04 \x01(\t\x12\x14\n\x0cmodel_sha256\x18\x05 \x01(\t\x12\x0f\n\x07runtime\x18\x06 \x01(\t\x12\x0c\n\x04port\x18\x07 \x01(\r\x12\x16\n\x0euptime_seconds\x18\x08 \x01(\x01\x12\x10\n\x08restarts\x18\t \x01(\r\x12(\n\x07\x62reaker\x18\n \x01(\x0e\x32\x17.llamad.v1.BreakerState\x12\x1c\n\x14\x63onsecutive_failures\x18\x0b \x01(\r\x12\'\n\tlast_exit\x18\x0c \x01(\x0b\x32\x14.llamad.v1.ExitCause\x12\x0f\n\x07\x65nabled\x18\r \x01(\x08\x12\x1a\n\x12model_architecture\x18\x0e \x01(\t\x12\x1c\n\x14model_context_length\x18\x0f \x01(\r\x12\x1b\n\x13previous_model_path\x18\x10 \x01(\t\x12&\n\tlast_swap\x18\x11 \x01(\x0b\x32\x13.llamad.v1.SwapInfo\x12\x11\n\tin_flight\x18\x12 \x01(\r\x12\x0e\n\x06queued\x18\x13 \x01(\r\x12\r\n\x05slots\x18\x14 \x01(\r\x12&\n\x04mode\x18\x15 \x01(\x0e\x32\x18.llamad.v1.InferenceMode\x12\x14\n\x0c\x65ndpoint_url\x18\x16 \x01(\t\x12\x16\n\x0e\x65ndpoint_model\x18\x17 \x01(\t\x12\x12\n\nlast_error\x18\x18 \x01(\t\x12\x13\n\x0bqueue_ahead\x18\x19 \x01(\r\x12\x15\n\rchat_template\x18\x1a \x01(\t\"\x82\x01\n\x08SwapInfo\x12\x12\n\nfrom_model\x18\x01 \x01(\t\x12\x10\n\x08to_model\x18\x02 \x01(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x18\n\x10\x64uration_seconds\x18\x05 \x01(\x01\"\xcb\x01\n\x0bSwapRequest\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.llamad.v1.ChildRole\x12\x12\n\nmodel_path\x18\x02 \x01(\t\x12\x17\n\nextra_args\x18\x03 \x01(\tH\x00\x88\x01\x01\x12\x15\n\x08\x63tx_size\x18\x04 \x01(\rH\x01\x88\x01\x01\x12\x10\n\x08rollback\x18\x05 \x01(\x08\x12\x16\n\x0estop_old_first\x18\x06 \x01(\x08\x12\x0e\n\x06reason\x18\x07 \x01(\tB\r\n\x0b_extra_argsB\x0b\n\t_ctx_size\"\x82\x01\n\x0cSwapProgress\x12#\n\x05stage\x18\x01 \x01(\x0e\x32\x14.llamad.v1.SwapStage\x12\x0f\n\x07message\x18\x02 \x01(\t\x12#\n\x05\x63\x61use\x18\x03 \x01(\x0b\x32\x14.llamad.v1.ExitCause\x12\x17\n\x0f\x65lapsed_seconds\x18\x04 \x01(\x01\"2\n\x0cResetRequest\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.llamad.v1.ChildRole\"5\n\rResetResponse\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.llamad.v1.ChildState\"\x0f\n\rStatusRequest\"\x8d\x01\n\x0eStatusResponse\x12(\n\x08\x63hildren\x18\x01 \x03(\x0b\x32\x16.llamad.v1.ChildStatus\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x1d\n\x15\x64\x61\x65mon_uptime_seconds\x18\x03 \x01(\x01\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\x12\x0f\n\x07\x64rained\x18\x05 \x01(\x08\"T\n\x0fTailLogsRequest\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.llamad.v1.ChildRole\x12\r\n\x05lines\x18\x02 \x01(\r\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\"\x8f\x01\n\x07LogLine\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.llamad.v1.ChildRole\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x0e\n\x06stream\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12(\n\x04time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0b\n\x03seq\x18\x06 \x01(\x04*\x86\x01\n\rInferenceMode\x12\x1e\n\x1aINFERENCE_MODE_UNSPECIFIED\x10\x00\x12\x1b\n\x17INFERENCE_MODE_EMBEDDED\x10\x01\x12\x1b\n\x17INFERENCE_MODE_ENDPOINT\x10\x02\x12\x1b\n\x17INFERENCE_MODE_DISABLED\x10\x03*\xbc\x01\n\nChildState\x12\x1b\n\x17\x43HILD_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43HILD_STATE_IDLE\x10\x01\x12\x18\n\x14\x43HILD_STATE_STARTING\x10\x02\x12\x17\n\x13\x43HILD_STATE_RUNNING\x10\x03\x12\x17\n\x13\x43HILD_STATE_BACKOFF\x10\x04\x12\x16\n\x12\x43HILD_STATE_FAILED\x10\x05\x12\x17\n\x13\x43HILD_STATE_STOPPED\x10\x06*_\n\x0c\x42reakerState\x12\x1d\n\x19\x42REAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x42REAKER_STATE_CLOSED\x10\x01\x12\x16\n\x12\x42REAKER_STATE_OPEN\x10\x02*\xea\x01\n\tSwapStage\x12\x1a\n\x16SWAP_STAGE_UNSPECIFIED\x10\x00\x12\x19\n\x15SWAP_STAGE_VALIDATING\x10\x01\x12\x18\n\x14SWAP_STAGE_LAUNCHING\x10\x02\x12\x16\n\x12SWAP_STAGE_LOADING\x10\x03\x12\x16\n\x12SWAP_STAGE_PROBING\x10\x04\x12\x17\n\x13SWAP_STAGE_SWAPPING\x10\x05\x12\x17\n\x13SWAP_STAGE_DRAINING\x10\x06\x12\x13\n\x0fSWAP_STAGE_DONE\x10\x07\x12\x15\n\x11SWAP_STAGE_FAILED\x10\x08\x32\x93\x03\n\x0e\x43ontrolService\x12=\n\x06Status\x12\x18.llamad.v1.StatusRequest\x1a\x19.llamad.v1.StatusResponse\x12<\n\x08TailLogs\x12\x1a.llamad.v1.TailLogsRequest\x1a\x12.llamad.v1.LogLine0\x01\x12\x39\n\x04Swap\x12\x16.llamad.v1.SwapRequest\x1a\x17.llamad.v1.SwapProgress0\x01\x12:\n\x05Reset\x12\x17.llamad.v1.ResetRequest\x1a\x18.llamad.v1.ResetResponse\x12?\n\x07SetMode\x12\x19.llamad.v1.SetModeRequest\x1a\x17.llamad.v1.SwapProgress0\x01\x12L\n\x0bSetDraining\x12\x1d.llamad.v1.SetDrainingRequest\x1a\x1e.llamad.v1.SetDrainingResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17llamad/v1/control.proto\x12\tllamad.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16llamad/v1/common.proto\"\x13\n\x11ListModelsRequest\"K\n\x12ListModelsResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.llamad.v1.ModelInfo\x12\x0f\n\x07skipped\x18\x02 \x03(\t\"\xfb\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x04role\x18\x02 \x01(\x0e\x32\x14.llamad.v1.ChildRole\x12\x0f\n\x07\x61liases\x18\x03 \x03(\t\x12$\n\x05state\x18\x04 \x01(\x0e\x32\x15.llamad.v1.ModelState\x12\x1d\n\x15memory_estimate_bytes\x18\x05 \x01(\x04\x12-\n\tlast_used\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tin_flight\x18\x07 \x01(\r\x12\x0e\n\x06pinned\x18\x08 \x01(\x08\x12\x13\n\x0bttl_seconds\x18\t \x01(\x01\x12(\n\x07\x62reaker\x18\n \x01(\x0e\x32\x17.llamad.v1.BreakerState\x12\x12\n\nlast_error\x18\x0b \x01(\t\x12\x0c\n\x04path\x18\x0c \x01(\t\x12\x12\n\nis_default\x18\r \x01(\x08\x12\x0f\n\x07preload\x18\x0e \x01(\x08\x12\x0e\n\x06origin\x18\x0f \x01(\t\" \n\x10LoadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"8\n\x11LoadModelResponse\x12#\n\x05model\x18\x01 \x01(\x0b\x32\x14.llamad.v1.ModelInfo\"2\n\x12UnloadModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\":\n\x13UnloadModelResponse\x12#\n\x05model\x18\x01 \x01(\x0b\x32\x14.llamad.v1.ModelInfo\"6\n\x12SetDrainingRequest\x12\x10\n\x08\x64raining\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\":\n\x13SetDrainingResponse\x12\x10\n\x08\x64raining\x18\x01 \x01(\x08\x12\x11\n\tin_flight\x18\x02 \x01(\r\"Y\n\x10\x45ndpointSettings\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x14\n\x0c\x61pi_key_file\x18\x03 \x01(\t\x12\x13\n\x0b\x61pi_key_env\x18\x04 \x01(\t\"\xaf\x01\n\x0eSetModeRequest\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.llamad.v1.ChildRole\x12&\n\x04mode\x18\x02 \x01(\x0e\x32\x18.llamad.v1.InferenceMode\x12-\n\x08\x65ndpoint\x18\x03 \x01(\x0b\x32\x1b.llamad.v1.EndpointSettings\x12\x12\n\nmodel_path\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\x9b\x01\n\tExitCause\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x16\n\texit_code\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x0e\n\x06signal\x18\x03 \x01(\t\x12\x11\n\tpermanent\x18\x04 \x01(\x08\x12\x0f\n\x07message\x18\x05 \x01(\t\x12&\n\x02\x61t\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x0c\n\n_exit_code\"\xa0\x05\n\x0b\x43hildStatus\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.llamad.v1.ChildRole\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.llamad.v1.ChildState\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x12\n\nmodel_path\x18\x04 \x01(\t\x12\x14\n\x0cmodel_sha256\x18\x05 \x01(\t\x12\x0f\n\x07runtime\x18\x06 \x01(\t\x12\x0c\n\x04port\x18\x07 \x01(\r\x12\x16\n\x0euptime_seconds\x18\x08 \x01(\x01\x12\x10\n\x08restarts\x18\t \x01(\r\x12(\n\x07\x62reaker\x18\n \x01(\x0e\x32\x17.llamad.v1.BreakerState\x12\x1c\n\x14\x63onsecutive_failures\x18\x0b \x01(\r\x12\'\n\tlast_exit\x18\x0c \x01(\x0b\x32\x14.llamad.v1.ExitCause\x12\x0f\n\x07\x65nabled\x18\r \x01(\x08\x12\x1a\n\x12model_architecture\x18\x0e \x01(\t\x12\x1c\n\x14model_context_length\x18\x0f \x01(\r\x12\x1b\n\x13previous_model_path\x18\x10 \x01(\t\x12&\n\tlast_swap\x18\x11 \x01(\x0b\x32\x13.llamad.v1.SwapInfo\x12\x11\n\tin_flight\x18\x12 \x01(\r\x12\x0e\n\x06queued\x18\x13 \x01(\r\x12\r\n\x05slots\x18\x14 \x01(\r\x12&\n\x04mode\x18\x15 \x01(\x0e\x32\x18.llamad.v1.InferenceMode\x12\x14\n\x0c\x65ndpoint_url\x18\x16 \x01(\t\x12\x16\n\x0e\x65ndpoint_model\x18\x17 \x01(\t\x12\x12\n\nlast_error\x18\x18 \x01(\t\x12\x13\n\x0bqueue_ahead\x18\x19 \x01(\r\x12\x15\n\rchat_template\x18\x1a \x01(\t\"\x82\x01\n\x08SwapInfo\x12\x12\n\nfrom_model\x18\x01 \x01(\t\x12\x10\n\x08to_model\x18\x02 \x01(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x18\n\x10\x64uration_seconds\x18\x05 \x01(\x01\"\xcb\x01\n\x0bSwapRequest\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.llamad.v1.ChildRole\x12\x12\n\nmodel_path\x18\x02 \x01(\t\x12\x17\n\nextra_args\x18\x03 \x01(\tH\x00\x88\x01\x01\x12\x15\n\x08\x63tx_size\x18\x04 \x01(\rH\x01\x88\x01\x01\x12\x10\n\x08rollback\x18\x05 \x01(\x08\x12\x16\n\x0estop_old_first\x18\x06 \x01(\x08\x12\x0e\n\x06reason\x18\x07 \x01(\tB\r\n\x0b_extra_argsB\x0b\n\t_ctx_size\"\x82\x01\n\x0cSwapProgress\x12#\n\x05stage\x18\x01 \x01(\x0e\x32\x14.llamad.v1.SwapStage\x12\x0f\n\x07message\x18\x02 \x01(\t\x12#\n\x05\x63\x61use\x18\x03 \x01(\x0b\x32\x14.llamad.v1.ExitCause\x12\x17\n\x0f\x65lapsed_seconds\x18\x04 \x01(\x01\"2\n\x0cResetRequest\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.llamad.v1.ChildRole\"5\n\rResetResponse\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.llamad.v1.ChildState\"\x0f\n\rStatusRequest\"\x8d\x01\n\x0eStatusResponse\x12(\n\x08\x63hildren\x18\x01 \x03(\x0b\x32\x16.llamad.v1.ChildStatus\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x1d\n\x15\x64\x61\x65mon_uptime_seconds\x18\x03 \x01(\x01\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\x12\x0f\n\x07\x64rained\x18\x05 \x01(\x08\"T\n\x0fTailLogsRequest\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.llamad.v1.ChildRole\x12\r\n\x05lines\x18\x02 \x01(\r\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\"\x8f\x01\n\x07LogLine\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.llamad.v1.ChildRole\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x0e\n\x06stream\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12(\n\x04time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0b\n\x03seq\x18\x06 \x01(\x04*\xa5\x01\n\nModelState\x12\x1b\n\x17MODEL_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14MODEL_STATE_UNLOADED\x10\x01\x12\x17\n\x13MODEL_STATE_LOADING\x10\x02\x12\x15\n\x11MODEL_STATE_READY\x10\x03\x12\x18\n\x14MODEL_STATE_DRAINING\x10\x04\x12\x16\n\x12MODEL_STATE_FAILED\x10\x05*\x86\x01\n\rInferenceMode\x12\x1e\n\x1aINFERENCE_MODE_UNSPECIFIED\x10\x00\x12\x1b\n\x17INFERENCE_MODE_EMBEDDED\x10\x01\x12\x1b\n\x17INFERENCE_MODE_ENDPOINT\x10\x02\x12\x1b\n\x17INFERENCE_MODE_DISABLED\x10\x03*\xbc\x01\n\nChildState\x12\x1b\n\x17\x43HILD_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43HILD_STATE_IDLE\x10\x01\x12\x18\n\x14\x43HILD_STATE_STARTING\x10\x02\x12\x17\n\x13\x43HILD_STATE_RUNNING\x10\x03\x12\x17\n\x13\x43HILD_STATE_BACKOFF\x10\x04\x12\x16\n\x12\x43HILD_STATE_FAILED\x10\x05\x12\x17\n\x13\x43HILD_STATE_STOPPED\x10\x06*_\n\x0c\x42reakerState\x12\x1d\n\x19\x42REAKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x42REAKER_STATE_CLOSED\x10\x01\x12\x16\n\x12\x42REAKER_STATE_OPEN\x10\x02*\xea\x01\n\tSwapStage\x12\x1a\n\x16SWAP_STAGE_UNSPECIFIED\x10\x00\x12\x19\n\x15SWAP_STAGE_VALIDATING\x10\x01\x12\x18\n\x14SWAP_STAGE_LAUNCHING\x10\x02\x12\x16\n\x12SWAP_STAGE_LOADING\x10\x03\x12\x16\n\x12SWAP_STAGE_PROBING\x10\x04\x12\x17\n\x13SWAP_STAGE_SWAPPING\x10\x05\x12\x17\n\x13SWAP_STAGE_DRAINING\x10\x06\x12\x13\n\x0fSWAP_STAGE_DONE\x10\x07\x12\x15\n\x11SWAP_STAGE_FAILED\x10\x08\x32\xf4\x04\n\x0e\x43ontrolService\x12=\n\x06Status\x12\x18.llamad.v1.StatusRequest\x1a\x19.llamad.v1.StatusResponse\x12<\n\x08TailLogs\x12\x1a.llamad.v1.TailLogsRequest\x1a\x12.llamad.v1.LogLine0\x01\x12\x39\n\x04Swap\x12\x16.llamad.v1.SwapRequest\x1a\x17.llamad.v1.SwapProgress0\x01\x12:\n\x05Reset\x12\x17.llamad.v1.ResetRequest\x1a\x18.llamad.v1.ResetResponse\x12?\n\x07SetMode\x12\x19.llamad.v1.SetModeRequest\x1a\x17.llamad.v1.SwapProgress0\x01\x12L\n\x0bSetDraining\x12\x1d.llamad.v1.SetDrainingRequest\x1a\x1e.llamad.v1.SetDrainingResponse\x12I\n\nListModels\x12\x1c.llamad.v1.ListModelsRequest\x1a\x1d.llamad.v1.ListModelsResponse\x12\x46\n\tLoadModel\x12\x1b.llamad.v1.LoadModelRequest\x1a\x1c.llamad.v1.LoadModelResponse\x12L\n\x0bUnloadModel\x12\x1d.llamad.v1.UnloadModelRequest\x1a\x1e.llamad.v1.UnloadModelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llamad.v1.control_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_INFERENCEMODE']._serialized_start=2286
-  _globals['_INFERENCEMODE']._serialized_end=2420
-  _globals['_CHILDSTATE']._serialized_start=2423
-  _globals['_CHILDSTATE']._serialized_end=2611
-  _globals['_BREAKERSTATE']._serialized_start=2613
-  _globals['_BREAKERSTATE']._serialized_end=2708
-  _globals['_SWAPSTAGE']._serialized_start=2711
-  _globals['_SWAPSTAGE']._serialized_end=2945
-  _globals['_SETDRAININGREQUEST']._serialized_start=95
-  _globals['_SETDRAININGREQUEST']._serialized_end=149
-  _globals['_SETDRAININGRESPONSE']._serialized_start=151
-  _globals['_SETDRAININGRESPONSE']._serialized_end=209
-  _globals['_ENDPOINTSETTINGS']._serialized_start=211
-  _globals['_ENDPOINTSETTINGS']._serialized_end=300
-  _globals['_SETMODEREQUEST']._serialized_start=303
-  _globals['_SETMODEREQUEST']._serialized_end=478
-  _globals['_EXITCAUSE']._serialized_start=481
-  _globals['_EXITCAUSE']._serialized_end=636
-  _globals['_CHILDSTATUS']._serialized_start=639
-  _globals['_CHILDSTATUS']._serialized_end=1311
-  _globals['_SWAPINFO']._serialized_start=1314
-  _globals['_SWAPINFO']._serialized_end=1444
-  _globals['_SWAPREQUEST']._serialized_start=1447
-  _globals['_SWAPREQUEST']._serialized_end=1650
-  _globals['_SWAPPROGRESS']._serialized_start=1653
-  _globals['_SWAPPROGRESS']._serialized_end=1783
-  _globals['_RESETREQUEST']._serialized_start=1785
-  _globals['_RESETREQUEST']._serialized_end=1835
-  _globals['_RESETRESPONSE']._serialized_start=1837
-  _globals['_RESETRESPONSE']._serialized_end=1890
-  _globals['_STATUSREQUEST']._serialized_start=1892
-  _globals['_STATUSREQUEST']._serialized_end=1907
-  _globals['_STATUSRESPONSE']._serialized_start=1910
-  _globals['_STATUSRESPONSE']._serialized_end=2051
-  _globals['_TAILLOGSREQUEST']._serialized_start=2053
-  _globals['_TAILLOGSREQUEST']._serialized_end=2137
-  _globals['_LOGLINE']._serialized_start=2140
-  _globals['_LOGLINE']._serialized_end=2283
-  _globals['_CONTROLSERVICE']._serialized_start=2948
-  _globals['_CONTROLSERVICE']._serialized_end=3351
+  _globals['_MODELSTATE']._serialized_start=2970
+  _globals['_MODELSTATE']._serialized_end=3135
+  _globals['_INFERENCEMODE']._serialized_start=3138
+  _globals['_INFERENCEMODE']._serialized_end=3272
+  _globals['_CHILDSTATE']._serialized_start=3275
+  _globals['_CHILDSTATE']._serialized_end=3463
+  _globals['_BREAKERSTATE']._serialized_start=3465
+  _globals['_BREAKERSTATE']._serialized_end=3560
+  _globals['_SWAPSTAGE']._serialized_start=3563
+  _globals['_SWAPSTAGE']._serialized_end=3797
+  _globals['_LISTMODELSREQUEST']._serialized_start=95
+  _globals['_LISTMODELSREQUEST']._serialized_end=114
+  _globals['_LISTMODELSRESPONSE']._serialized_start=116
+  _globals['_LISTMODELSRESPONSE']._serialized_end=191
+  _globals['_MODELINFO']._serialized_start=194
+  _globals['_MODELINFO']._serialized_end=573
+  _globals['_LOADMODELREQUEST']._serialized_start=575
+  _globals['_LOADMODELREQUEST']._serialized_end=607
+  _globals['_LOADMODELRESPONSE']._serialized_start=609
+  _globals['_LOADMODELRESPONSE']._serialized_end=665
+  _globals['_UNLOADMODELREQUEST']._serialized_start=667
+  _globals['_UNLOADMODELREQUEST']._serialized_end=717
+  _globals['_UNLOADMODELRESPONSE']._serialized_start=719
+  _globals['_UNLOADMODELRESPONSE']._serialized_end=777
+  _globals['_SETDRAININGREQUEST']._serialized_start=779
+  _globals['_SETDRAININGREQUEST']._serialized_end=833
+  _globals['_SETDRAININGRESPONSE']._serialized_start=835
+  _globals['_SETDRAININGRESPONSE']._serialized_end=893
+  _globals['_ENDPOINTSETTINGS']._serialized_start=895
+  _globals['_ENDPOINTSETTINGS']._serialized_end=984
+  _globals['_SETMODEREQUEST']._serialized_start=987
+  _globals['_SETMODEREQUEST']._serialized_end=1162
+  _globals['_EXITCAUSE']._serialized_start=1165
+  _globals['_EXITCAUSE']._serialized_end=1320
+  _globals['_CHILDSTATUS']._serialized_start=1323
+  _globals['_CHILDSTATUS']._serialized_end=1995
+  _globals['_SWAPINFO']._serialized_start=1998
+  _globals['_SWAPINFO']._serialized_end=2128
+  _globals['_SWAPREQUEST']._serialized_start=2131
+  _globals['_SWAPREQUEST']._serialized_end=2334
+  _globals['_SWAPPROGRESS']._serialized_start=2337
+  _globals['_SWAPPROGRESS']._serialized_end=2467
+  _globals['_RESETREQUEST']._serialized_start=2469
+  _globals['_RESETREQUEST']._serialized_end=2519
+  _globals['_RESETRESPONSE']._serialized_start=2521
+  _globals['_RESETRESPONSE']._serialized_end=2574
+  _globals['_STATUSREQUEST']._serialized_start=2576
+  _globals['_STATUSREQUEST']._serialized_end=2591
+  _globals['_STATUSRESPONSE']._serialized_start=2594
+  _globals['_STATUSRESPONSE']._serialized_end=2735
+  _globals['_TAILLOGSREQUEST']._serialized_start=2737
+  _globals['_TAILLOGSREQUEST']._serialized_end=2821
+  _globals['_LOGLINE']._serialized_start=2824
+  _globals['_LOGLINE']._serialized_end=2967
+  _globals['_CONTROLSERVICE']._serialized_start=3800
+  _globals['_CONTROLSERVICE']._serialized_end=4428
 # @@protoc_insertion_point(module_scope)

@@ -24,6 +24,40 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _ModelState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ModelStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ModelState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MODEL_STATE_UNSPECIFIED: _ModelState.ValueType  # 0
+    MODEL_STATE_UNLOADED: _ModelState.ValueType  # 1
+    """Not resident: nothing runs for it."""
+    MODEL_STATE_LOADING: _ModelState.ValueType  # 2
+    """Starting: its child is launched, not ready yet."""
+    MODEL_STATE_READY: _ModelState.ValueType  # 3
+    """Resident and serving."""
+    MODEL_STATE_DRAINING: _ModelState.ValueType  # 4
+    """Going out of residency: running calls finish, new ones wait."""
+    MODEL_STATE_FAILED: _ModelState.ValueType  # 5
+    """Its circuit breaker is open (last_error says why)."""
+
+class ModelState(_ModelState, metaclass=_ModelStateEnumTypeWrapper):
+    """What an operator sees of a model's residency."""
+
+MODEL_STATE_UNSPECIFIED: ModelState.ValueType  # 0
+MODEL_STATE_UNLOADED: ModelState.ValueType  # 1
+"""Not resident: nothing runs for it."""
+MODEL_STATE_LOADING: ModelState.ValueType  # 2
+"""Starting: its child is launched, not ready yet."""
+MODEL_STATE_READY: ModelState.ValueType  # 3
+"""Resident and serving."""
+MODEL_STATE_DRAINING: ModelState.ValueType  # 4
+"""Going out of residency: running calls finish, new ones wait."""
+MODEL_STATE_FAILED: ModelState.ValueType  # 5
+"""Its circuit breaker is open (last_error says why)."""
+Global___ModelState: _TypeAlias = ModelState  # noqa: Y015
+
 class _InferenceMode:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -132,6 +166,212 @@ SWAP_STAGE_DRAINING: SwapStage.ValueType  # 6
 SWAP_STAGE_DONE: SwapStage.ValueType  # 7
 SWAP_STAGE_FAILED: SwapStage.ValueType  # 8
 Global___SwapStage: _TypeAlias = SwapStage  # noqa: Y015
+
+@_typing.final
+class ListModelsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListModelsRequest: _TypeAlias = ListModelsRequest  # noqa: Y015
+
+@_typing.final
+class ListModelsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODELS_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelInfo]: ...
+    @_builtins.property
+    def skipped(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Files of models_dir passed over, each "path: why" (not a valid GGUF, a reranker,
+        a name already taken).
+        """
+
+    def __init__(
+        self,
+        *,
+        models: _abc.Iterable[Global___ModelInfo] | None = ...,
+        skipped: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["models", b"models", "skipped", b"skipped"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListModelsResponse: _TypeAlias = ListModelsResponse  # noqa: Y015
+
+@_typing.final
+class ModelInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    ALIASES_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    MEMORY_ESTIMATE_BYTES_FIELD_NUMBER: _builtins.int
+    LAST_USED_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    PINNED_FIELD_NUMBER: _builtins.int
+    TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    BREAKER_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    IS_DEFAULT_FIELD_NUMBER: _builtins.int
+    PRELOAD_FIELD_NUMBER: _builtins.int
+    ORIGIN_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The catalog name (what a request's model field names)."""
+    role: _common_pb2.ChildRole.ValueType
+    state: Global___ModelState.ValueType
+    memory_estimate_bytes: _builtins.int
+    """Resident memory estimated from the GGUF metadata: weights, KV cache for the context
+    times the slots, runtime overhead (0: unknown, or an endpoint).
+    """
+    in_flight: _builtins.int
+    """Calls running or waiting for its slots."""
+    pinned: _builtins.bool
+    """Never evicted to make room for another model."""
+    ttl_seconds: _builtins.float
+    """Idle seconds before it is unloaded (0: never)."""
+    breaker: Global___BreakerState.ValueType
+    last_error: _builtins.str
+    """Its latest failure, in words ("" if none)."""
+    path: _builtins.str
+    """The GGUF file (empty for an endpoint)."""
+    is_default: _builtins.bool
+    """The model a request of its role gets when it names none."""
+    preload: _builtins.bool
+    """Started with the daemon."""
+    origin: _builtins.str
+    """Where it was declared: models.NAME, models_preset [NAME], models_dir, generation,
+    embedding.
+    """
+    @_builtins.property
+    def aliases(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def last_used(self) -> _timestamp_pb2.Timestamp:
+        """The end of the last call it served (unset: none yet)."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        role: _common_pb2.ChildRole.ValueType = ...,
+        aliases: _abc.Iterable[_builtins.str] | None = ...,
+        state: Global___ModelState.ValueType = ...,
+        memory_estimate_bytes: _builtins.int = ...,
+        last_used: _timestamp_pb2.Timestamp | None = ...,
+        in_flight: _builtins.int = ...,
+        pinned: _builtins.bool = ...,
+        ttl_seconds: _builtins.float = ...,
+        breaker: Global___BreakerState.ValueType = ...,
+        last_error: _builtins.str = ...,
+        path: _builtins.str = ...,
+        is_default: _builtins.bool = ...,
+        preload: _builtins.bool = ...,
+        origin: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_used", b"last_used"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aliases", b"aliases", "breaker", b"breaker", "in_flight", b"in_flight", "is_default", b"is_default", "last_error", b"last_error", "last_used", b"last_used", "memory_estimate_bytes", b"memory_estimate_bytes", "name", b"name", "origin", b"origin", "path", b"path", "pinned", b"pinned", "preload", b"preload", "role", b"role", "state", b"state", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelInfo: _TypeAlias = ModelInfo  # noqa: Y015
+
+@_typing.final
+class LoadModelRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """A catalog name or alias."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LoadModelRequest: _TypeAlias = LoadModelRequest  # noqa: Y015
+
+@_typing.final
+class LoadModelResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def model(self) -> Global___ModelInfo: ...
+    def __init__(
+        self,
+        *,
+        model: Global___ModelInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LoadModelResponse: _TypeAlias = LoadModelResponse  # noqa: Y015
+
+@_typing.final
+class UnloadModelRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """A catalog name or alias."""
+    reason: _builtins.str
+    """Why, in words; logged."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnloadModelRequest: _TypeAlias = UnloadModelRequest  # noqa: Y015
+
+@_typing.final
+class UnloadModelResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def model(self) -> Global___ModelInfo: ...
+    def __init__(
+        self,
+        *,
+        model: Global___ModelInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnloadModelResponse: _TypeAlias = UnloadModelResponse  # noqa: Y015
 
 @_typing.final
 class SetDrainingRequest(_message.Message):

@@ -65,6 +65,21 @@ class ControlServiceStub:
                 request_serializer=llamad_dot_v1_dot_control__pb2.SetDrainingRequest.SerializeToString,
                 response_deserializer=llamad_dot_v1_dot_control__pb2.SetDrainingResponse.FromString,
                 _registered_method=True)
+        self.ListModels = channel.unary_unary(
+                '/llamad.v1.ControlService/ListModels',
+                request_serializer=llamad_dot_v1_dot_control__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=llamad_dot_v1_dot_control__pb2.ListModelsResponse.FromString,
+                _registered_method=True)
+        self.LoadModel = channel.unary_unary(
+                '/llamad.v1.ControlService/LoadModel',
+                request_serializer=llamad_dot_v1_dot_control__pb2.LoadModelRequest.SerializeToString,
+                response_deserializer=llamad_dot_v1_dot_control__pb2.LoadModelResponse.FromString,
+                _registered_method=True)
+        self.UnloadModel = channel.unary_unary(
+                '/llamad.v1.ControlService/UnloadModel',
+                request_serializer=llamad_dot_v1_dot_control__pb2.UnloadModelRequest.SerializeToString,
+                response_deserializer=llamad_dot_v1_dot_control__pb2.UnloadModelResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -131,6 +146,32 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListModels(self, request, context):
+        """Every model of the catalog (issue 14): its [models.NAME] tables, models_preset, the
+        role sections' default models and the GGUF files of models_dir, with each one's
+        residency and health.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadModel(self, request, context):
+        """Makes a model resident and returns once it serves (or failed: FAILED_PRECONDITION
+        with the cause; RESOURCE_EXHAUSTED with a retry hint when it does not fit and
+        nothing can be unloaded for it). NOT_FOUND names the models that exist. Admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadModel(self, request, context):
+        """Takes a model out of residency: new calls for it wait for it to load again; calls
+        running finish first (bounded by swap.drain_timeout). Admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -163,6 +204,21 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.SetDraining,
                     request_deserializer=llamad_dot_v1_dot_control__pb2.SetDrainingRequest.FromString,
                     response_serializer=llamad_dot_v1_dot_control__pb2.SetDrainingResponse.SerializeToString,
+            ),
+            'ListModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModels,
+                    request_deserializer=llamad_dot_v1_dot_control__pb2.ListModelsRequest.FromString,
+                    response_serializer=llamad_dot_v1_dot_control__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'LoadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadModel,
+                    request_deserializer=llamad_dot_v1_dot_control__pb2.LoadModelRequest.FromString,
+                    response_serializer=llamad_dot_v1_dot_control__pb2.LoadModelResponse.SerializeToString,
+            ),
+            'UnloadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadModel,
+                    request_deserializer=llamad_dot_v1_dot_control__pb2.UnloadModelRequest.FromString,
+                    response_serializer=llamad_dot_v1_dot_control__pb2.UnloadModelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -327,6 +383,87 @@ class ControlService:
             '/llamad.v1.ControlService/SetDraining',
             llamad_dot_v1_dot_control__pb2.SetDrainingRequest.SerializeToString,
             llamad_dot_v1_dot_control__pb2.SetDrainingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llamad.v1.ControlService/ListModels',
+            llamad_dot_v1_dot_control__pb2.ListModelsRequest.SerializeToString,
+            llamad_dot_v1_dot_control__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llamad.v1.ControlService/LoadModel',
+            llamad_dot_v1_dot_control__pb2.LoadModelRequest.SerializeToString,
+            llamad_dot_v1_dot_control__pb2.LoadModelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llamad.v1.ControlService/UnloadModel',
+            llamad_dot_v1_dot_control__pb2.UnloadModelRequest.SerializeToString,
+            llamad_dot_v1_dot_control__pb2.UnloadModelResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -69,6 +69,20 @@ class ControlServiceStub:
     running finish, and calls that still arrive are served (not refused). Idempotent.
     Not kept across a restart: a daemon starts undrained. Shutdown (SIGTERM) drains too.
     """
+    ListModels: _grpc.UnaryUnaryMultiCallable[_control_pb2.ListModelsRequest, _control_pb2.ListModelsResponse]
+    """Every model of the catalog (issue 14): its [models.NAME] tables, models_preset, the
+    role sections' default models and the GGUF files of models_dir, with each one's
+    residency and health.
+    """
+    LoadModel: _grpc.UnaryUnaryMultiCallable[_control_pb2.LoadModelRequest, _control_pb2.LoadModelResponse]
+    """Makes a model resident and returns once it serves (or failed: FAILED_PRECONDITION
+    with the cause; RESOURCE_EXHAUSTED with a retry hint when it does not fit and
+    nothing can be unloaded for it). NOT_FOUND names the models that exist. Admin.
+    """
+    UnloadModel: _grpc.UnaryUnaryMultiCallable[_control_pb2.UnloadModelRequest, _control_pb2.UnloadModelResponse]
+    """Takes a model out of residency: new calls for it wait for it to load again; calls
+    running finish first (bounded by swap.drain_timeout). Admin.
+    """
 
 @_typing.type_check_only
 class ControlServiceAsyncStub(ControlServiceStub):
@@ -107,6 +121,20 @@ class ControlServiceAsyncStub(ControlServiceStub):
     port (agent_listen) answers "drain", so load balancers send it no new calls; calls
     running finish, and calls that still arrive are served (not refused). Idempotent.
     Not kept across a restart: a daemon starts undrained. Shutdown (SIGTERM) drains too.
+    """
+    ListModels: _aio.UnaryUnaryMultiCallable[_control_pb2.ListModelsRequest, _control_pb2.ListModelsResponse]  # type: ignore[assignment]
+    """Every model of the catalog (issue 14): its [models.NAME] tables, models_preset, the
+    role sections' default models and the GGUF files of models_dir, with each one's
+    residency and health.
+    """
+    LoadModel: _aio.UnaryUnaryMultiCallable[_control_pb2.LoadModelRequest, _control_pb2.LoadModelResponse]  # type: ignore[assignment]
+    """Makes a model resident and returns once it serves (or failed: FAILED_PRECONDITION
+    with the cause; RESOURCE_EXHAUSTED with a retry hint when it does not fit and
+    nothing can be unloaded for it). NOT_FOUND names the models that exist. Admin.
+    """
+    UnloadModel: _aio.UnaryUnaryMultiCallable[_control_pb2.UnloadModelRequest, _control_pb2.UnloadModelResponse]  # type: ignore[assignment]
+    """Takes a model out of residency: new calls for it wait for it to load again; calls
+    running finish first (bounded by swap.drain_timeout). Admin.
     """
 
 class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -179,6 +207,38 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         port (agent_listen) answers "drain", so load balancers send it no new calls; calls
         running finish, and calls that still arrive are served (not refused). Idempotent.
         Not kept across a restart: a daemon starts undrained. Shutdown (SIGTERM) drains too.
+        """
+
+    @_abc_1.abstractmethod
+    def ListModels(
+        self,
+        request: _control_pb2.ListModelsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.ListModelsResponse, _abc.Awaitable[_control_pb2.ListModelsResponse]]:
+        """Every model of the catalog (issue 14): its [models.NAME] tables, models_preset, the
+        role sections' default models and the GGUF files of models_dir, with each one's
+        residency and health.
+        """
+
+    @_abc_1.abstractmethod
+    def LoadModel(
+        self,
+        request: _control_pb2.LoadModelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.LoadModelResponse, _abc.Awaitable[_control_pb2.LoadModelResponse]]:
+        """Makes a model resident and returns once it serves (or failed: FAILED_PRECONDITION
+        with the cause; RESOURCE_EXHAUSTED with a retry hint when it does not fit and
+        nothing can be unloaded for it). NOT_FOUND names the models that exist. Admin.
+        """
+
+    @_abc_1.abstractmethod
+    def UnloadModel(
+        self,
+        request: _control_pb2.UnloadModelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.UnloadModelResponse, _abc.Awaitable[_control_pb2.UnloadModelResponse]]:
+        """Takes a model out of residency: new calls for it wait for it to load again; calls
+        running finish first (bounded by swap.drain_timeout). Admin.
         """
 
 def add_ControlServiceServicer_to_server(servicer: ControlServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

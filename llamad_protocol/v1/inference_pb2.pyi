@@ -337,7 +337,13 @@ class GenerateRequest(_message.Message):
 
     PROMPT_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     prompt: _builtins.str
+    model: _builtins.str
+    """The catalog name or alias of the model to use (ControlService/ListModels); empty:
+    the role's default model. An unknown name is NOT_FOUND naming the models that
+    exist; a model of another role is INVALID_ARGUMENT.
+    """
     @_builtins.property
     def sampling(self) -> Global___SamplingParams: ...
     def __init__(
@@ -345,10 +351,11 @@ class GenerateRequest(_message.Message):
         *,
         prompt: _builtins.str = ...,
         sampling: Global___SamplingParams | None = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt", "sampling", b"sampling"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model", "prompt", b"prompt", "sampling", b"sampling"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -382,6 +389,12 @@ class ChatRequest(_message.Message):
 
     MESSAGES_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    """The catalog name or alias of the model to use (ControlService/ListModels); empty:
+    the role's default model. An unknown name is NOT_FOUND naming the models that
+    exist; a model of another role is INVALID_ARGUMENT.
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatMessage]: ...
     @_builtins.property
@@ -391,10 +404,11 @@ class ChatRequest(_message.Message):
         *,
         messages: _abc.Iterable[Global___ChatMessage] | None = ...,
         sampling: Global___SamplingParams | None = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "sampling", b"sampling"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "model", b"model", "sampling", b"sampling"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -443,6 +457,7 @@ class GenerateResponse(_message.Message):
     USAGE_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
+    MODEL_NAME_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     """Text produced since the previous message; may be empty in the last message."""
     tokens: _builtins.int
@@ -451,6 +466,8 @@ class GenerateResponse(_message.Message):
     """Set in the last message only."""
     model: _builtins.str
     """The model that produced the text (file name of the GGUF)."""
+    model_name: _builtins.str
+    """The catalog name of the model that served the call (model is its file name)."""
     @_builtins.property
     def usage(self) -> Global___Usage:
         """Set in the last message only."""
@@ -468,10 +485,11 @@ class GenerateResponse(_message.Message):
         usage: Global___Usage | None = ...,
         model: _builtins.str = ...,
         logprobs: _abc.Iterable[Global___TokenLogprobs] | None = ...,
+        model_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "model", b"model", "text", b"text", "tokens", b"tokens", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "model", b"model", "model_name", b"model_name", "text", b"text", "tokens", b"tokens", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -546,8 +564,14 @@ class EmbedRequest(_message.Message):
 
     TEXTS_FIELD_NUMBER: _builtins.int
     NORMALIZE_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     normalize: _builtins.bool
     """L2-normalise the vectors (default true when unset)."""
+    model: _builtins.str
+    """The catalog name or alias of the model to use (ControlService/ListModels); empty:
+    the role's default model. An unknown name is NOT_FOUND naming the models that
+    exist; a model of another role is INVALID_ARGUMENT.
+    """
     @_builtins.property
     def texts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -555,10 +579,11 @@ class EmbedRequest(_message.Message):
         *,
         texts: _abc.Iterable[_builtins.str] | None = ...,
         normalize: _builtins.bool | None = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_normalize", b"_normalize", "normalize", b"normalize"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_normalize", b"_normalize", "normalize", b"normalize", "texts", b"texts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_normalize", b"_normalize", "model", b"model", "normalize", b"normalize", "texts", b"texts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__normalize: _TypeAlias = _typing.Literal["normalize"]  # noqa: Y015
     _WhichOneofArgType__normalize: _TypeAlias = _typing.Literal["_normalize", b"_normalize"]  # noqa: Y015
@@ -594,9 +619,12 @@ class EmbedResponse(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     DIMENSION_FIELD_NUMBER: _builtins.int
     PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    MODEL_NAME_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     dimension: _builtins.int
     prompt_tokens: _builtins.int
+    model_name: _builtins.str
+    """The catalog name of the model that served the call (model is its file name)."""
     @_builtins.property
     def embeddings(self) -> _containers.RepeatedCompositeFieldContainer[Global___Embedding]:
         """One per input text, in order."""
@@ -608,10 +636,11 @@ class EmbedResponse(_message.Message):
         model: _builtins.str = ...,
         dimension: _builtins.int = ...,
         prompt_tokens: _builtins.int = ...,
+        model_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dimension", b"dimension", "embeddings", b"embeddings", "model", b"model", "prompt_tokens", b"prompt_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dimension", b"dimension", "embeddings", b"embeddings", "model", b"model", "model_name", b"model_name", "prompt_tokens", b"prompt_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -624,21 +653,28 @@ class TokenizeRequest(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
     ADD_SPECIAL_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     role: _common_pb2.ChildRole.ValueType
     """Which model's tokenizer; unspecified means generation."""
     add_special: _builtins.bool
     """Add the model's special tokens (BOS) as a prompt would."""
+    model: _builtins.str
+    """The catalog name or alias of the model to use (ControlService/ListModels); empty:
+    the role's default model. An unknown name is NOT_FOUND naming the models that
+    exist; a model of another role is INVALID_ARGUMENT.
+    """
     def __init__(
         self,
         *,
         text: _builtins.str = ...,
         role: _common_pb2.ChildRole.ValueType = ...,
         add_special: _builtins.bool = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_special", b"add_special", "role", b"role", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_special", b"add_special", "model", b"model", "role", b"role", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -651,8 +687,11 @@ class TokenizeResponse(_message.Message):
     TOKENS_FIELD_NUMBER: _builtins.int
     COUNT_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
+    MODEL_NAME_FIELD_NUMBER: _builtins.int
     count: _builtins.int
     model: _builtins.str
+    model_name: _builtins.str
+    """The catalog name of the model that served the call (model is its file name)."""
     @_builtins.property
     def tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -661,10 +700,11 @@ class TokenizeResponse(_message.Message):
         tokens: _abc.Iterable[_builtins.int] | None = ...,
         count: _builtins.int = ...,
         model: _builtins.str = ...,
+        model_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "model", b"model", "tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "model", b"model", "model_name", b"model_name", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

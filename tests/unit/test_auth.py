@@ -57,7 +57,8 @@ def test_roles_of_state_changing_rpcs() -> None:
     admin = {m.rsplit("/", 1)[1] for m, r in auth.METHOD_ROLES.items() if r == access.ADMIN}
     assert admin == {"TailLogs", "Swap", "Reset", "SetMode", "SetDraining", "UpsertDocument",
                      "DeleteDocument", "AddSource", "RemoveSource", "Reindex", "Reprocess",
-                     "SetSourceDisabled", "ApproveDocument", "RejectDocument"}
+                     "SetSourceDisabled", "ApproveDocument", "RejectDocument", "LoadModel",
+                     "UnloadModel"}
     health = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
     assert (health,) == auth.PUBLIC_SERVICES
 

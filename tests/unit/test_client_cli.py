@@ -244,3 +244,27 @@ def test_models_list_is_delegated(llamad: Run, tmp_path: Path) -> None:
     doc = json.loads(out)
     assert {m["status"] for m in doc["models"]} == {"missing"}
     assert llamad("models", "frobnicate")[0] == 2
+
+
+def test_models_ps_load_unload_talk_to_the_daemon(llamad: Run, fake: FakeLlamad) -> None:
+    """llamad models ps|load|unload are the daemon's catalog (beside the local files'
+    prepare|list|verify): a table or JSON, a load and an unload by name, NOT_FOUND's
+    exit status for a name the daemon does not have."""
+    status, out, _ = llamad("models", "ps")
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["NAME", "ROLE", "STATE"]
+    assert any(line.startswith("fake-model *") and "ready" in line for line in lines)
+    assert any(line.startswith("fake-other") and "unloaded" in line for line in lines)
+    status, out, _ = llamad("models", "load", "fake-other")
+    assert (status, out) == (0, "fake-other: ready\n")
+    doc = json.loads(llamad("models", "ps", "--json")[1])
+    states = {m["name"]: m["state"] for m in doc["models"]}
+    assert states == {"fake-model": "ready", "fake-embed": "ready", "fake-other": "ready"}
+    assert fake.calls["ControlService/ListModels"] == 2
+    status, out, _ = llamad("models", "unload", "fake-other", "--json")
+    assert status == 0 and json.loads(out)["state"] == "unloaded"
+    status, _, err = llamad("models", "load", "nope")
+    assert status == 4
+    assert "'nope' does not exist" in err
+    assert llamad("models", "load")[0] == 2  # NAME missing

@@ -1,0 +1,270 @@
+"""The model pool: every model of the catalog by name, and which of them are resident.
+
+The pool owns one :class:`~daemon.model.Model` per catalog model: each role's default model
+is the role's own (built by the server from ``[generation]``/``[embedding]``, which Swap,
+SetMode, reload and recycle act on); every other model gets its own Model the first time
+it is needed (its own supervisor, readiness gate, backoff and breaker: one model's
+failures never touch another's), built by the server's ``build`` function and loaded
+through the same make-before-break primitive (:meth:`daemon.model.Model.replace`, from
+unloaded). The pool decides residency; the model carries it out.
+
+What it offers:
+
+* :meth:`Pool.models`: a view of every model (ControlService/ListModels, the HTTP API's
+  ``GET /v1/models``);
+* :meth:`Pool.entry`: a request's ``model`` name resolved (NOT_FOUND naming the models
+  that exist; a model of another role is INVALID_ARGUMENT);
+* :meth:`Pool.load` and :meth:`Pool.unload`: make a model resident (concurrent loads of
+  one model share one start) or take it out of residency (its calls drain first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from supervisor import BreakerState, Clock, LlamaServerRuntime, SystemClock
+
+from . import memory
+from ._catalog import Catalog, CatalogEntry
+from ._model_states import ModelState
+from .children import make_setup
+from .errors import FailedPrecondition, InvalidArgument, UnknownModel
+from .inference_mode import InferenceMode
+from .model import Model
+
+_log = structlog.get_logger("llamad.pool")
+
+
+@dataclass(frozen=True)
+class ModelView:
+    """What an operator (or a client listing models) sees of one catalog model.
+
+    Attributes:
+        state: ``unloaded``, ``loading``, ``ready``, ``draining`` or ``failed``.
+        memory_estimate: bytes it is estimated to hold resident (0: unknown).
+        last_used: wall-clock time of the last call it was given (None: never).
+        in_flight: calls running on it or waiting for its slots.
+        breaker_open: its circuit breaker is open.
+    """
+
+    name: str
+    role: str
+    aliases: tuple[str, ...]
+    state: str
+    memory_estimate: int
+    last_used: float | None
+    in_flight: int
+    pinned: bool
+    ttl: float
+    breaker_open: bool
+    last_error: str
+    path: str
+    is_default: bool
+    preload: bool
+    origin: str
+
+
+class Pool:
+    """Every model of ``catalog`` by name.
+
+    Args:
+        catalog: the models.
+        defaults: role -> the role's Model (it serves the catalog's default of that role).
+        build: makes the (unloaded, not started) Model of a catalog model.
+        clock: time source (tests inject a manual one).
+    """
+
+    def __init__(self, catalog: Catalog, defaults: Mapping[str, Model],
+                 build: Callable[[CatalogEntry], Model], *, clock: Clock | None = None) -> None:
+        self._catalog = catalog
+        self._build = build
+        self._clock = clock or SystemClock()
+        self._models: dict[str, Model] = {}
+        self._defaults: set[str] = set()
+        for role, model in defaults.items():
+            name = catalog.defaults.get(role)
+            if name is not None:
+                self._models[name] = model
+                self._defaults.add(name)
+        self._loads: dict[str, asyncio.Task[Model]] = {}
+        self._last_used: dict[str, float] = {}
+        self._closed = False
+        self._estimates: dict[str, int] = {}
+
+    @property
+    def catalog(self) -> Catalog:
+        return self._catalog
+
+    def names(self) -> list[str]:
+        """The catalog names, in declaration order."""
+        return self._catalog.names()
+
+    def entry(self, name: str, role: str | None = None) -> CatalogEntry:
+        """The catalog model a request names (``""``: the role's default).
+
+        Raises:
+            UnknownModel: no model is called so (the message names those that exist).
+            InvalidArgument: it is a model of another role than ``role``.
+            FailedPrecondition: no name given and the role has no default model.
+        """
+        if not name:
+            if role is None:
+                raise InvalidArgument("model: a name is needed")
+            entry = self._catalog.default(role)
+            if entry is None:
+                raise FailedPrecondition(f"the {role} role has no default model (disabled); "
+                                         "name a model")
+            return entry
+        entry = self._catalog.find(name)
+        if entry is None:
+            raise UnknownModel(f"model {name!r} does not exist; the models are: "
+                               f"{', '.join(self.names()) or 'none'}")
+        if role is not None and entry.role != role:
+            raise InvalidArgument(f"model {name!r} is a {entry.role} model, not a {role} "
+                                  "model")
+        return entry
+
+    def model(self, name: str) -> Model | None:
+        """The Model of the catalog model ``name`` if one was built (None: never needed)."""
+        return self._models.get(name)
+
+    def touch(self, name: str) -> None:
+        """A call was given to ``name`` now (for last used, and later LRU and TTL)."""
+        self._last_used[name] = self._clock.wall()
+
+    def is_resident(self, name: str) -> bool:
+        """``name``'s Model serves (or its supervisor is bringing its child back)."""
+        model = self._models.get(name)
+        return (model is not None and model.state in (ModelState.SERVING, ModelState.SWAPPING)
+                and model.mode.kind is not InferenceMode.DISABLED)
+
+    async def load(self, name: str) -> Model:
+        """Make ``name`` resident and return its Model once it serves. Concurrent loads of
+        one model share one start; a caller cancelled while waiting does not cancel the
+        start of the others.
+
+        Raises:
+            UnknownModel: no such model.
+            FailedPrecondition: the pool is shut down, or a default model that is disabled
+                (SetMode enables it).
+            supervisor.SwapFailedError: it failed validation or never became ready (its
+                breaker and last error say why).
+            supervisor.SwapInProgressError: a swap, switch or unload of it is running.
+        """
+        entry = self.entry(name)
+        if self._closed:
+            raise FailedPrecondition("llamad is shutting down")
+        if self.is_resident(entry.name):
+            return self._models[entry.name]
+        task = self._loads.get(entry.name)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._load(entry))
+            self._loads[entry.name] = task
+            task.add_done_callback(lambda _: self._loads.pop(entry.name, None))
+        return await asyncio.shield(task)
+
+    async def _load(self, entry: CatalogEntry) -> Model:
+        model = self._models.get(entry.name)
+        if model is None:
+            model = self._models[entry.name] = self._build(entry)
+        if model.current is None:
+            raise FailedPrecondition(f"model {entry.name!r} has no model file")
+        _log.info("model load", model=entry.name, role=entry.role,
+                  memory_estimate=memory.memory_needed(model.setup))
+        await model.replace(model.target_for(model.setup), reason=f"load {entry.name}")
+        return model
+
+    async def unload(self, name: str) -> Model | None:
+        """Take ``name`` out of residency: new calls are refused at once, running ones
+        finish (bounded by the drain timeout), then its child stops. Nothing to do if it
+        is not resident.
+
+        Raises:
+            UnknownModel: no such model.
+            supervisor.SwapInProgressError: a swap, switch, load or unload of it is
+                running.
+        """
+        entry = self.entry(name)
+        model = self._models.get(entry.name)
+        if model is None or not self.is_resident(entry.name):
+            return model
+        _log.info("model unload", model=entry.name, in_flight=model.busy())
+        await model.unload()
+        return model
+
+    def views(self) -> list[ModelView]:
+        """Every model, in catalog order (see :meth:`models`)."""
+        return [self._view(e) for e in self._catalog.entries]
+
+    def models(self) -> list[ModelView]:
+        """Every catalog model with its residency and health: what ListModels answers and
+        the HTTP API's model list shows (their ``name`` is what a request names)."""
+        return self.views()
+
+    def view(self, name: str) -> ModelView:
+        """One model's view.
+
+        Raises:
+            UnknownModel: no such model.
+        """
+        return self._view(self.entry(name))
+
+    def _view(self, entry: CatalogEntry) -> ModelView:
+        model = self._models.get(entry.name)
+        estimate = 0
+        if model is not None and model.current is not None:
+            estimate = memory.memory_needed(model.current)
+        elif entry.path:
+            if entry.name not in self._estimates:
+                self._estimates[entry.name] = estimate_file(entry)
+            estimate = self._estimates[entry.name]
+        state, busy, breaker, error = "unloaded", 0, False, ""
+        if model is not None:
+            state = model.status
+            busy = model.busy()
+            breaker = model.supervisor.breaker.state is BreakerState.OPEN
+            error = model.last_error
+        return ModelView(
+            name=entry.name, role=entry.role, aliases=entry.aliases, state=state,
+            memory_estimate=estimate, last_used=self._last_used.get(entry.name),
+            in_flight=busy, pinned=entry.pin, ttl=entry.ttl, breaker_open=breaker,
+            last_error=error, path=entry.path, is_default=entry.name in self._defaults,
+            preload=entry.preload, origin=entry.origin)
+
+    def preload(self) -> list[asyncio.Task[None]]:
+        """Start loading every ``preload`` model that is not a role's (a role's starts
+        with the daemon anyway); a failure is logged (the model's breaker and last error
+        keep it)."""
+        tasks = []
+        for entry in self._catalog.entries:
+            if entry.preload and entry.name not in self._defaults:
+                tasks.append(asyncio.get_running_loop().create_task(
+                    self._preload(entry.name), name=f"preload-{entry.name}"))
+        return tasks
+
+    async def _preload(self, name: str) -> None:
+        try:
+            await self.load(name)
+        except Exception as exc:
+            _log.warning("preload failed", model=name, error=str(exc))
+
+    async def stop(self) -> None:
+        """Shut down with the daemon: stop every model the pool started (the roles'
+        models are the server's to stop)."""
+        self._closed = True
+        for task in list(self._loads.values()):
+            task.cancel()
+        await asyncio.gather(*(m.stop() for n, m in self._models.items()
+                               if n not in self._defaults), return_exceptions=True)
+
+
+def estimate_file(entry: CatalogEntry) -> int:
+    """The memory estimate of a catalog model not built yet (0 if its header is
+    unreadable)."""
+    setup = make_setup(entry.role, entry.path, LlamaServerRuntime("llama-server"),
+                       entry.child)
+    return memory.memory_needed(setup)

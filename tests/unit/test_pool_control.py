@@ -1,0 +1,70 @@
+"""ControlService's ListModels, LoadModel and UnloadModel over a real gRPC server, on the
+model pool of scripted models (issue 14)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from daemon.config import Config
+from daemon.control import ControlServicer
+from daemon.modes import ModeManager
+from daemon.swaps import SwapManager
+from llamad_protocol.v1 import common_pb2, control_pb2, control_pb2_grpc
+from supervisor import State
+from tests.support.inprocess import serving
+from tests.support.scripted import PERMANENT, settle
+from tests.support.scripted_pool import Rig
+
+
+def _no_config() -> Config:
+    raise AssertionError("not used")
+
+
+async def test_list_load_unload(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.default.start()
+    await settle(rig.default.supervisor, State.RUNNING)
+    children = {"generation": rig.default}
+    servicer = ControlServicer(children, "test", time.monotonic(), lambda: False,
+                               swaps=SwapManager(children),
+                               modes=ModeManager(children, _no_config), pool=rig.pool)
+    rig.outcomes["gen-c"] = [PERMANENT]
+    async with serving(
+            lambda s: control_pb2_grpc.add_ControlServiceServicer_to_server(servicer, s)
+    ) as channel:
+        stub = control_pb2_grpc.ControlServiceStub(channel)
+        listed = await stub.ListModels(control_pb2.ListModelsRequest())
+        models = {m.name: m for m in listed.models}
+        assert list(models) == ["gen-a", "gen-b", "gen-c", "emb"]
+        assert models["gen-a"].state == control_pb2.MODEL_STATE_READY
+        assert models["gen-a"].is_default
+        assert models["gen-b"].state == control_pb2.MODEL_STATE_UNLOADED
+        assert models["emb"].role == common_pb2.CHILD_ROLE_EMBEDDING
+        assert list(models["gen-b"].aliases) == ["b"]
+        assert models["gen-b"].memory_estimate_bytes > 0
+        assert not models["gen-b"].HasField("last_used")
+
+        loaded = await stub.LoadModel(control_pb2.LoadModelRequest(name="b"))
+        assert (loaded.model.name, loaded.model.state) == ("gen-b",
+                                                           control_pb2.MODEL_STATE_READY)
+        unloaded = await stub.UnloadModel(control_pb2.UnloadModelRequest(name="gen-b"))
+        assert unloaded.model.state == control_pb2.MODEL_STATE_UNLOADED
+
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await stub.LoadModel(control_pb2.LoadModelRequest(name="nope"))
+        assert missing.value.code() is grpc.StatusCode.NOT_FOUND
+        assert "gen-a, gen-b, gen-c, emb" in (missing.value.details() or "")
+
+        with pytest.raises(grpc.aio.AioRpcError) as broken:
+            await stub.LoadModel(control_pb2.LoadModelRequest(name="gen-c"))
+        assert broken.value.code() is grpc.StatusCode.ABORTED
+        listed = await stub.ListModels(control_pb2.ListModelsRequest())
+        gen_c = next(m for m in listed.models if m.name == "gen-c")
+        assert gen_c.state == control_pb2.MODEL_STATE_UNLOADED
+        assert "error loading model" in gen_c.last_error
+    await rig.pool.stop()
+    await rig.default.stop()
