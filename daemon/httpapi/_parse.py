@@ -151,7 +151,8 @@ def _refuse_unsupported(body: Body) -> None:
 
 
 def sampling(body: Body, limits: Limits, *, chat: bool) -> Sampling:
-    """The generation controls of a chat or completion request, validated.
+    """The generation controls of a chat or completion request, validated, with the
+    defaults of gRPC's Chat or Generate for what it leaves unset.
 
     Raises:
         InvalidArgument: a parameter of the wrong type or out of range, naming it.
@@ -178,7 +179,10 @@ def sampling(body: Body, limits: Limits, *, chat: bool) -> Sampling:
     _response_format(body, params)
     if (grammar := _string(body, "grammar")) is not None:
         params.grammar = grammar
-    return validation.sampling(params, limits)
+    # Chat's defaults (limits.chat_*: sampling with a repetition guard) as on gRPC Chat;
+    # completions stay greedy, as Generate.
+    return validation.sampling(params, limits,
+                               defaults=validation.chat_defaults(limits) if chat else None)
 
 
 def _stop(body: Body) -> list[str]:

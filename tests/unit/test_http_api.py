@@ -14,8 +14,10 @@ import numpy as np
 import orjson
 import pytest
 
+from daemon import validation
 from daemon.access import load_tokens
-from daemon.config import ConfigError, HttpSettings
+from daemon.config import ConfigError, HttpSettings, Limits
+from llamad_protocol.v1 import inference_pb2 as ipb
 from supervisor import ChildNotReadyError
 from tests.support import config_load
 from tests.support.httpapi import client, events, serving
@@ -58,6 +60,10 @@ async def test_chat_whole_and_streamed() -> None:
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
     assert all(c["usage"] is None for c in chunks[:-1])
     assert h.gen.chats[0] == [("user", "hi")]
+    # Unset controls take gRPC Chat's defaults (limits.chat_*), completions Generate's.
+    chat_default = validation.sampling(ipb.SamplingParams(), Limits(),
+                                       defaults=validation.chat_defaults(Limits()))
+    assert h.gen.samplings[0] == chat_default
 
 
 async def test_sse_framing_byte_for_byte() -> None:
@@ -73,6 +79,7 @@ async def test_sse_framing_byte_for_byte() -> None:
     assert [b["choices"][0]["text"] for b in bodies] == ["Hello", ",", " world", ""]
     assert bodies[-1]["choices"][0]["finish_reason"] == "length"
     assert {b["object"] for b in bodies} == {"text_completion"}
+    assert h.gen.samplings[0].temperature == 0.0  # Generate's default: greedy
 
 
 async def test_embeddings_float_and_base64_are_the_same_unit_vectors() -> None:
