@@ -1,5 +1,6 @@
-"""A model swap while HTTP streams run: the same promise as for gRPC callers, no call
-fails across the swap (real llama-server children, the official openai client)."""
+"""The HTTP API across a model's lifecycle, as the official openai client sees it (real
+llama-server children): 503 with Retry-After while the model starts, and no call failing
+across a swap (the same promises as for gRPC callers)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from daemon import Daemon
 from llamad_protocol.v1 import common_pb2, control_pb2
 from tests.conftest import DEFAULT_MODEL, SMALL_MODEL, model_path
-from tests.support.daemon import Clients, config_env, serving
+from tests.support.daemon import Clients, config_env, make_daemon, serving
 
 pytestmark = pytest.mark.integration
 
@@ -23,6 +24,35 @@ async def running(llama_server: str) -> AsyncIterator[tuple[Daemon, Clients]]:
                      LLAMAD_HTTP_LISTEN="127.0.0.1:0")
     async with serving(env) as pair:
         yield pair
+
+
+async def test_a_starting_model_is_503_with_retry_after(llama_server: str) -> None:
+    """Right after the daemon starts, before its child is ready, a chat is a 503 with a
+    Retry-After hint; once the model is loaded, the same call succeeds."""
+    daemon = make_daemon(config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false",
+                                    LLAMAD_HTTP_LISTEN="127.0.0.1:0"))
+    await daemon.start()
+    try:
+        async with openai.AsyncOpenAI(
+                base_url=f"http://127.0.0.1:{daemon.http_port}/v1", api_key="unused",
+                max_retries=0,
+                http_client=openai.DefaultAsyncHttpxClient(trust_env=False)) as sdk:
+            chat = {"model": SMALL_MODEL, "max_tokens": 2,
+                    "messages": [{"role": "user", "content": "Hi"}]}
+            with pytest.raises(openai.APIStatusError) as starting:
+                await sdk.chat.completions.create(**chat)  # type: ignore[call-overload]
+            assert starting.value.status_code == 503
+            assert int(starting.value.response.headers["Retry-After"]) >= 1
+            models = (await sdk.models.list()).data
+            assert [m.model_dump()["loaded"] for m in models] == [False, False]
+            for _ in range(600):
+                if (await sdk.models.list()).data[0].model_dump()["loaded"]:
+                    break
+                await asyncio.sleep(0.2)
+            reply = await sdk.chat.completions.create(**chat)  # type: ignore[call-overload]
+            assert reply.choices[0].finish_reason in ("stop", "length")
+    finally:
+        await daemon.shutdown()
 
 
 async def test_no_http_call_fails_across_a_swap(running: tuple[Daemon, Clients]) -> None:
