@@ -55,6 +55,10 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "sample+dry+fp": {**_SAMPLE, **_DRY, "frequency_penalty": 0.5},
     "greedy+dry+fp": {"temperature": 0.0, **_DRY, "frequency_penalty": 0.5},
     "sample+dry+rp": {**_SAMPLE, **_DRY, "repeat_penalty": 1.05},
+    "low+dry+fp": {**_SAMPLE, "temperature": 0.3, **_DRY, "frequency_penalty": 0.5},
+    "sample+fp": {**_SAMPLE, "frequency_penalty": 0.5},
+    # Nothing but a seed: the daemon's configured defaults (answer.*, limits.chat_*).
+    "defaults": {"seed": 42},
 }
 
 

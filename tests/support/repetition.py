@@ -26,11 +26,12 @@ _LOOP = re.compile(r"(.{2,30}?)\1{" + str(MAX_LOOP) + ",}", re.DOTALL)
 
 def line_repeats(text: str) -> int:
     """The most times any one line (stripped) with a letter or digit appears: markup of
-    its own (a code fence's backticks, a rule) is not content repeated."""
+    its own (a code fence, with or without its language, a rule) is not content
+    repeated."""
     counts: dict[str, int] = {}
     for line in text.splitlines():
         key = line.strip()
-        if any(c.isalnum() for c in key):
+        if any(c.isalnum() for c in key) and not key.startswith("```"):
             counts[key] = counts.get(key, 0) + 1
     return max(counts.values(), default=0)
 
