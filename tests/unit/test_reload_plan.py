@@ -22,7 +22,6 @@ TLS = ("tls.cert_file", "tls.key_file", "tls.client_ca_file")
 STRINGS = {
     "listen": "127.0.0.1:50052",
     "metrics_listen": "127.0.0.1:9100",
-    "http_listen": "127.0.0.1:8080",
     "http_listen": "127.0.0.1:8081",
     "agent_listen": "127.0.0.1:9777",
     "llama_bin": "/usr/local/bin/llama-server",
