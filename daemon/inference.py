@@ -38,8 +38,10 @@ EmbedInput = str | Sequence[int]
 @contextlib.asynccontextmanager
 async def admitted_generation(router: InferenceRouter, sampling: Sampling,
                               time_remaining: float | None, *, chat: bool,
-                              note: Callable[..., None]) -> AsyncIterator[InferenceBackend]:
-    """Hold a slot of the generation role for the body; yield the backend to stream from.
+                              note: Callable[..., None],
+                              model: str = "") -> AsyncIterator[InferenceBackend]:
+    """Hold a slot of the generation model ``model`` ("": the role's default) for the
+    body; yield the backend to stream from.
 
     The controls the request sets (``sampling.requested()``, noted as ``controls``) are
     checked against the runtime before queueing, and again once admitted, since a swap or
@@ -53,8 +55,9 @@ async def admitted_generation(router: InferenceRouter, sampling: Sampling,
     requested = sampling.requested()
     if requested:
         note(controls=",".join(requested))
-        sampling.check(router.backend("generation").dialect, chat=chat)
-    async with router.admit("generation", time_remaining) as backend:
+        if not model:  # a named model may not be loaded yet: checked once admitted
+            sampling.check(router.backend("generation").dialect, chat=chat)
+    async with router.admit("generation", time_remaining, model=model) as backend:
         if requested:
             sampling.check(backend.dialect, chat=chat)
         yield backend
@@ -124,8 +127,10 @@ class Embedded:
 
 
 async def embed(router: InferenceRouter, inputs: Sequence[EmbedInput],
-                time_remaining: float | None, *, normalize: bool = True) -> Embedded:
-    """Embed ``inputs`` (already validated) on the embedding role.
+                time_remaining: float | None, *, normalize: bool = True,
+                model: str = "") -> Embedded:
+    """Embed ``inputs`` (already validated) with the embedding model ``model`` ("": the
+    role's default).
 
     Raises:
         InvalidArgument: an input longer than the model's context (naming its index).
@@ -133,7 +138,7 @@ async def embed(router: InferenceRouter, inputs: Sequence[EmbedInput],
             :meth:`daemon.router.InferenceRouter.admit`.
         ChildRequestError: the child failed.
     """
-    async with router.admit("embedding", time_remaining) as backend:
+    async with router.admit("embedding", time_remaining, model=model) as backend:
         ctx = backend.context_tokens
         await _check_context(backend, inputs, ctx)
         try:

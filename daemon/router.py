@@ -10,13 +10,20 @@ backend refuses every call with FAILED_PRECONDITION before it queues.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from supervisor import SwapFailedError
 
 from .admission import Admission
 from .backend import InferenceBackend
-from .errors import Draining
+from .errors import DeadlineUnmeetable, Draining, FailedPrecondition, UnknownModel
+
+if TYPE_CHECKING:
+    from .pool import Pool
 
 
 class Role(Protocol):
@@ -42,7 +49,70 @@ class Role(Protocol):
 class InferenceRouter:
     def __init__(self, roles: Mapping[str, Role]) -> None:
         self._roles = dict(roles)
+        self._pool: Pool | None = None
         self.draining = False
+
+    def attach(self, pool: Pool) -> None:
+        """Route calls that name a model through ``pool`` (issue 14): the roles' models
+        are its defaults."""
+        self._pool = pool
+
+    def model_name(self, role: str, model: str = "") -> str:
+        """The catalog name of the model a call of ``role`` naming ``model`` ("": the
+        role's default) is served by; the role's name without a catalog.
+
+        Raises:
+            UnknownModel: no model is called ``model``.
+            InvalidArgument: ``model`` is a model of another role.
+        """
+        pool = self._pool
+        if pool is None:
+            if model:
+                raise UnknownModel(f"model {model!r} does not exist: this daemon serves "
+                                   "only its roles' models")
+            return role
+        if not model:
+            default = pool.catalog.defaults.get(role)
+            return default if default is not None else role
+        return pool.entry(model, role).name
+
+    def role_of(self, model: str) -> str:
+        """The role of the catalog model ``model``.
+
+        Raises:
+            UnknownModel: no model is called so.
+        """
+        if self._pool is None:
+            raise UnknownModel(f"model {model!r} does not exist: this daemon serves only "
+                               "its roles' models")
+        return self._pool.entry(model).role
+
+    async def _served(self, role: str, model: str,
+                      time_remaining: float | None) -> tuple[Role, float | None]:
+        """What serves a call naming ``model``, loaded first if it is not resident, and
+        the time left to the call's deadline after that."""
+        name = self.model_name(role, model)
+        pool = self._pool
+        if pool is None or name == pool.catalog.defaults.get(role):
+            if pool is not None:
+                pool.touch(name)
+            return self._roles[role], time_remaining
+        served = pool.model(name)
+        if served is None or not pool.is_resident(name):
+            began = time.monotonic()
+            try:
+                served = await asyncio.wait_for(pool.load(name), time_remaining)
+            except TimeoutError:
+                raise DeadlineUnmeetable(
+                    f"model {name!r} was not loaded before the call's deadline; it goes on "
+                    "loading: retry") from None
+            except SwapFailedError as exc:
+                raise FailedPrecondition(f"model {name!r} could not be loaded: "
+                                         f"{exc.cause.message}") from None
+            if time_remaining is not None:
+                time_remaining = max(0.0, time_remaining - (time.monotonic() - began))
+        pool.touch(name)
+        return served, time_remaining
 
     def backend(self, role: str, *, in_flight: bool = False) -> InferenceBackend:
         """The backend serving ``role`` now.
@@ -65,12 +135,33 @@ class InferenceRouter:
             raise refusal
         return backend
 
+    async def backend_of(self, role: str, model: str,
+                         time_remaining: float | None) -> InferenceBackend:
+        """The backend serving the model ``model`` of ``role`` now ("": the role's
+        default), loaded first if it is not resident; without a slot (Tokenize).
+
+        Raises:
+            UnknownModel, InvalidArgument: see :meth:`model_name`.
+            Draining, Disabled, supervisor.ChildNotReadyError: see :meth:`backend`.
+        """
+        if not model:
+            return self.backend(role)
+        if self.draining:
+            raise Draining("llamad is shutting down; retry on another instance or later")
+        served, _ = await self._served(role, model, time_remaining)
+        backend = served.backend()
+        if (refusal := backend.refusal) is not None:
+            raise refusal
+        return backend
+
     @contextlib.asynccontextmanager
     async def admit(
-        self, role: str, time_remaining: float | None, *, in_flight: bool = False
+        self, role: str, time_remaining: float | None, *, in_flight: bool = False,
+        model: str = "",
     ) -> AsyncIterator[InferenceBackend]:
-        """Wait for a slot on ``role``, then yield its current backend (``in_flight``: see
-        :meth:`backend`).
+        """Wait for a slot on ``role``'s model ``model`` ("": the role's default; another
+        is loaded first if it is not resident, within the call's deadline), then yield its
+        current backend (``in_flight``: see :meth:`backend`).
 
         Fails fast (before queueing) when the role is not ready; the backend is taken
         after the wait, so a call queued across a swap or a mode switch goes to the new
@@ -80,9 +171,22 @@ class InferenceRouter:
             Draining, Disabled, supervisor.ChildNotReadyError: see :meth:`backend`.
             Overloaded, DeadlineUnmeetable: see :class:`daemon.admission.Admission`.
         """
-        self.backend(role, in_flight=in_flight)
-        served = self._roles[role]
+        if not model:
+            self.backend(role, in_flight=in_flight)
+            served: Role = self._roles[role]
+        else:
+            if self.draining and not in_flight:
+                raise Draining("llamad is shutting down; retry on another instance or later")
+            served, time_remaining = await self._served(role, model, time_remaining)
+            self._check(served)
         async with served.admission.slot(time_remaining):
             pid = served.serving_pid
-            yield self.backend(role, in_flight=in_flight)
+            yield self._check(served) if model else self.backend(role, in_flight=in_flight)
             served.admission.count_served(pid)
+
+    @staticmethod
+    def _check(served: Role) -> InferenceBackend:
+        backend = served.backend()
+        if (refusal := backend.refusal) is not None:
+            raise refusal
+        return backend

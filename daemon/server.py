@@ -165,6 +165,7 @@ class Daemon:
         self.router = InferenceRouter(self.children)
         # Every catalog model by name: the roles' models are its defaults (issue 14).
         self.pool = Pool(config.catalog, self.children, self._pool_model, clock=self._clock)
+        self.router.attach(self.pool)
         self.swaps = SwapManager(self.children)
         self.modes = ModeManager(self.children, lambda: self.config)
         self.retriever: Retriever | None = None

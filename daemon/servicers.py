@@ -107,6 +107,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         start: Callable[[InferenceBackend, Sampling], AsyncIterator[Chunk]],
         *,
         chat: bool,
+        model: str = "",
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
         """Validate the sampling, admit the call on the generation role (refusing by name
         the controls its runtime cannot take: :func:`daemon.inference.admitted_generation`),
@@ -115,11 +116,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         sampling = validation.sampling(
             params, self._limits,
             defaults=validation.chat_defaults(self._limits) if chat else None)
-        call.note(max_tokens=sampling.max_tokens)
+        name = self._router.model_name("generation", model)
+        call.note(max_tokens=sampling.max_tokens, model=name)
         async with admitted_generation(self._router, sampling, context.time_remaining(),
-                                       chat=chat, note=call.note) as backend:
+                                       chat=chat, note=call.note, model=model) as backend:
             async for msg in self._stream(start(backend, sampling), backend.model_name, call,
                                           meter):
+                msg.model_name = name
                 yield msg
 
     @rpc.stream("Generate")
@@ -134,7 +137,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         async for msg in self._generate(
                 request.sampling, context, call,
                 lambda backend, sampling: backend.stream_completion(prompt, sampling),
-                chat=False):
+                chat=False, model=request.model):
             yield msg
 
     @rpc.stream("Chat")
@@ -149,7 +152,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         async for msg in self._generate(
                 request.sampling, context, call,
                 lambda backend, sampling: backend.stream_chat(messages, sampling),
-                chat=True):
+                chat=True, model=request.model):
             yield msg
 
     @rpc.unary("Embed")
@@ -162,8 +165,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         texts = validation.embed_texts(request.texts, self._limits)
         call.note(texts=len(texts))
         normalize = request.normalize if request.HasField("normalize") else True
+        name = self._router.model_name("embedding", request.model)
         result = await embed(self._router, texts, context.time_remaining(),
-                             normalize=normalize)
+                             normalize=normalize, model=request.model)
         matrix = result.matrix
         dim = int(matrix.shape[1]) if matrix.size else 0
         call.note(dimension=dim, prompt_tokens=result.prompt_tokens)
@@ -172,6 +176,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             model=result.model,
             dimension=dim,
             prompt_tokens=result.prompt_tokens,
+            model_name=name,
         )
 
     @rpc.unary("Tokenize")
@@ -181,17 +186,21 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         context: grpc.aio.ServicerContext,
         call: rpc.Call,
     ) -> inference_pb2.TokenizeResponse:
-        role = _role(request.role)
+        # A model named without a role: its own role.
+        role = (self._router.role_of(request.model) if request.model and not request.role
+                else _role(request.role))
         if len(request.text) > self._limits.max_prompt_chars:
             raise InvalidArgument(
                 f"text has {len(request.text)} characters; the limit is "
                 f"{self._limits.max_prompt_chars} (limits.max_prompt_chars)"
             )
-        backend = self._router.backend(role)
+        name = self._router.model_name(role, request.model)
+        backend = await self._router.backend_of(role, request.model,
+                                                context.time_remaining())
         tokens = await backend.tokenize(request.text, add_special=request.add_special)
-        call.note(role=role, tokens=len(tokens))
+        call.note(role=role, tokens=len(tokens), model=name)
         return inference_pb2.TokenizeResponse(
-            tokens=tokens, count=len(tokens), model=backend.model_name
+            tokens=tokens, count=len(tokens), model=backend.model_name, model_name=name
         )
 
 

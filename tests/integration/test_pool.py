@@ -1,0 +1,88 @@
+"""The model pool with real llama-server children (issue 14): every GGUF of models_dir is
+a model by name; a call naming a model that is not resident loads it under its own
+supervisor and is served by it; unknown names and wrong roles are refused; unloading
+drains and stops its child while the roles' models serve on."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from llamad_protocol.v1 import control_pb2, inference_pb2
+from tests.conftest import models_dir
+from tests.support.daemon import GEN, config_env, serving
+
+pytestmark = pytest.mark.integration
+
+SMOL, GEMMA, MINILM = ("SmolLM2-135M-Instruct.Q4_1", "gemma-3-270m-q4_k_m",
+                       "all-MiniLM-L6-v2-f16")
+
+
+def _states(listed: control_pb2.ListModelsResponse) -> dict[str, int]:
+    return {m.name: m.state for m in listed.models}
+
+
+async def _generate(stub: object, model: str) -> list[inference_pb2.GenerateResponse]:
+    request = inference_pb2.GenerateRequest(
+        prompt="The capital of France is", model=model,
+        sampling=inference_pb2.SamplingParams(max_tokens=4, temperature=0.0))
+    return [msg async for msg in stub.Generate(request, timeout=120)]  # type: ignore[attr-defined]
+
+
+async def test_naming_models_routes_to_them_and_loads_on_demand(llama_server: str) -> None:
+    env = config_env("llama-server", LLAMAD_MODELS_DIR=str(models_dir()),
+                     LLAMAD_GENERATION_PARALLEL="1")
+    async with serving(env) as (daemon, clients):
+        listed = await clients.control.ListModels(control_pb2.ListModelsRequest())
+        assert _states(listed) == {SMOL: control_pb2.MODEL_STATE_READY,
+                                   MINILM: control_pb2.MODEL_STATE_READY,
+                                   GEMMA: control_pb2.MODEL_STATE_UNLOADED}
+        smol_pid = daemon.children["generation"].serving_pid
+
+        # The default, by no name and by its name and alias.
+        for name in ("", SMOL, "generation"):
+            msgs = await _generate(clients.inference, name)
+            assert {m.model_name for m in msgs} == {SMOL}
+            assert msgs[-1].usage.completion_tokens > 0
+
+        # gemma is not resident: the call loads it, under its own child, and it serves.
+        msgs = await _generate(clients.inference, GEMMA)
+        assert {m.model_name for m in msgs} == {GEMMA}
+        assert {m.model for m in msgs} == {f"{GEMMA}.gguf"}
+        gemma = daemon.pool.model(GEMMA)
+        assert gemma is not None and gemma.serving_pid not in (0, smol_pid)
+        listed = await clients.control.ListModels(control_pb2.ListModelsRequest())
+        assert _states(listed)[GEMMA] == control_pb2.MODEL_STATE_READY
+        info = next(m for m in listed.models if m.name == GEMMA)
+        assert info.HasField("last_used") and info.memory_estimate_bytes > 0
+        assert daemon.children["generation"].serving_pid == smol_pid  # untouched
+
+        embedded = await clients.inference.Embed(
+            inference_pb2.EmbedRequest(texts=["a cat"], model=MINILM), timeout=60)
+        assert embedded.model_name == MINILM and embedded.dimension == 384
+        tokens = await clients.inference.Tokenize(
+            inference_pb2.TokenizeRequest(text="hello world", model=GEMMA), timeout=60)
+        assert tokens.model_name == GEMMA and tokens.count > 0
+
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await _generate(clients.inference, "nope")
+        assert unknown.value.code() is grpc.StatusCode.NOT_FOUND
+        assert GEMMA in (unknown.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as wrong:
+            await _generate(clients.inference, MINILM)
+        assert wrong.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+        gemma_pid = gemma.serving_pid
+        unloaded = await clients.control.UnloadModel(
+            control_pb2.UnloadModelRequest(name=GEMMA), timeout=60)
+        assert unloaded.model.state == control_pb2.MODEL_STATE_UNLOADED
+        assert gemma.serving_pid == 0
+        assert gemma_pid != 0
+        # The roles serve on; a new call for gemma loads it again.
+        assert {m.model_name for m in await _generate(clients.inference, "")} == {SMOL}
+        loaded = await clients.control.LoadModel(
+            control_pb2.LoadModelRequest(name=GEMMA), timeout=120)
+        assert loaded.model.state == control_pb2.MODEL_STATE_READY
+        status = await clients.control.Status(control_pb2.StatusRequest())
+        gen = next(c for c in status.children if c.role == GEN)
+        assert gen.model_path.endswith(f"{SMOL}.gguf") and gen.pid == smol_pid
