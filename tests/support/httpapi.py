@@ -11,7 +11,7 @@ import httpx
 import orjson
 
 from daemon._config_resolved import ChildConfig
-from daemon.access import TokenTable
+from daemon.access import TlsMaterial, TokenTable
 from daemon.admission import Admission
 from daemon.answer import AnswerServicer
 from daemon.auth import AuthInterceptor
@@ -59,13 +59,15 @@ class Harness:
     router: InferenceRouter
     gen_admission: Admission
     gen_role: FakeRole
+    api: HttpApi
 
 
 @contextlib.asynccontextmanager
 async def serving(*, tokens: TokenTable | None = None, queue: int = 4,
                   settings: HttpSettings | None = None,
                   answer: Callable[[InferenceRouter], AnswerServicer] | None = None,
-                  pieces: list[str] | None = None) -> AsyncIterator[Harness]:
+                  pieces: list[str] | None = None,
+                  tls: TlsMaterial | None = None) -> AsyncIterator[Harness]:
     """The API on port 0: generation and embedding served by scripted backends (one slot
     each; ``queue`` calls may wait for generation's), Ask by ``answer`` if given."""
     gen = FakeBackend(model_name="gen.gguf")
@@ -81,11 +83,12 @@ async def serving(*, tokens: TokenTable | None = None, queue: int = 4,
     api = HttpApi(router=router, served=served, limits=Limits, settings=settings or
                   HttpSettings(body_timeout=0.5, idle_timeout=1.0),
                   auth=AuthInterceptor(tokens, metrics), metrics=metrics,
-                  answer=answer(router) if answer is not None else None)
+                  answer=answer(router) if answer is not None else None, tls=tls)
     port = await api.start("127.0.0.1:0")
     try:
-        yield Harness(f"http://127.0.0.1:{port}", gen, emb, metrics, router, gen_admission,
-                      gen_role)
+        scheme = "https" if tls is not None else "http"
+        yield Harness(f"{scheme}://127.0.0.1:{port}", gen, emb, metrics, router,
+                      gen_admission, gen_role, api)
     finally:
         await api.stop()
 
