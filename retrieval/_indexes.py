@@ -188,8 +188,6 @@ class Indexes:
         if self.vectors is None or not self.vector_model:
             return 0
         ordered = sorted(keys)
-        # Room for them all at once: growing by doubling would copy the index each time.
-        self.vectors.reserve(self.vectors.slots_used + len(ordered))
         added = 0
         for i in range(0, len(ordered), PAGE):
             hashes = store.chunk_hashes(ordered[i:i + PAGE])

@@ -192,17 +192,6 @@ class VectorIndex:
         with self._lock:
             return int(self._index.element_count)
 
-    def reserve(self, slots: int) -> None:
-        """Make room for ``slots`` slots now if there are fewer (never shrinks), at least
-        doubling the capacity (so small reservations in a row do not resize each time):
-        adds that fit then never resize. A resize copies the whole index and holds both
-        copies meanwhile, so an index rebuilt by doubling peaks at about 1.5 times its
-        size."""
-        with self._lock:
-            capacity = int(self._index.max_elements)
-            if slots > capacity:
-                self._index.resize_index(max(slots, 2 * capacity))
-
     def count(self) -> int:
         """Live vectors."""
         with self._lock:

@@ -9,11 +9,9 @@ import shutil
 import tracemalloc
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from retrieval import RetrievalLimits, Retriever, _indexes
-from retrieval._vectors import VectorIndex
 from tests.support.embedder import HashEmbedder
 
 SECTION = "Paragraph {i}: the nginx access log of web{i:03d} grew past its quota, " \
@@ -65,37 +63,3 @@ async def test_repair_memory_is_flat_as_the_corpus_grows(
     assert sizes[40] == 4 * sizes[10] > 200
     per_chunk = (peaks[40] - peaks[10]) / (sizes[40] - sizes[10])
     assert per_chunk < 600, (peaks, sizes)
-
-
-async def test_a_rebuild_allocates_the_index_once(tmp_path: Path) -> None:
-    """Rebuilding the vector index from the cache makes room for every vector first: its
-    capacity is the number of vectors, not the next doubling (each doubling copies the
-    whole index, holding both copies at once)."""
-    r = await corpus(tmp_path, 3)
-    await r.close()
-    indexes = _indexes.Indexes(tmp_path)
-    indexes.open_sync()
-    chunks = indexes.store.counts()["chunks"] if indexes.store else 0
-    indexes.vectors = None  # as if the index were another model's: rebuilt whole
-    indexes.vector_model = ""
-    indexes.use_vector_model_sync("m", 32)
-    assert indexes.vectors is not None
-    assert indexes.vectors.count() == chunks > 50
-    assert indexes.vectors.capacity == max(chunks, 1024)
-    indexes.close_sync()
-
-
-def test_reserve_grows_the_capacity_once_and_never_shrinks(tmp_path: Path) -> None:
-    """reserve(n) allocates n slots at once; adds that fit leave the capacity alone; a
-    smaller reservation changes nothing; one just past the capacity doubles it (pages of
-    a backfill reserving a few slots each do not resize every time)."""
-    index = VectorIndex(tmp_path / "v.hnsw", 8)
-    index.reserve(3000)
-    assert index.capacity == 3000
-    data = np.random.default_rng(0).standard_normal((2500, 8)).astype(np.float32)
-    index.add(list(range(1, 2501)), data)
-    assert index.capacity == 3000
-    index.reserve(100)
-    assert index.capacity == 3000
-    index.reserve(3032)
-    assert index.capacity == 6000
