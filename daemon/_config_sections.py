@@ -371,6 +371,24 @@ class AgentSettings:
 
 
 @dataclass(frozen=True)
+class PoolSettings:
+    """``[models]``: the model pool's residency policy (the ``[models.NAME]`` tables under
+    it are the catalog's models: :mod:`daemon._catalog_load`)."""
+
+    max_resident: int = setting(
+        0, "Most models resident at once, the roles' default models included; a model "
+        "that would exceed it unloads the least recently used idle model that is neither "
+        "pinned nor a role's default first (0: no limit).", minimum=0)
+    memory_budget_mb: int = setting(
+        0, "Memory the resident models may hold together, MiB, each estimated from its "
+        "GGUF metadata (weights, KV cache for ctx_size x slots, runtime overhead); a model "
+        "that would exceed it unloads others as for max_resident (0: only what the system "
+        "has available when a model loads).", minimum=0)
+    ttl_check_interval: float = setting(
+        5.0, "Seconds between looks for models idle longer than their ttl.", minimum=0.1)
+
+
+@dataclass(frozen=True)
 class Limits:
     """``[limits]``: the request limits, in force for the calls after a reload but for the
     gRPC server's message limits, fixed when it starts."""
@@ -476,6 +494,7 @@ class Settings:
     limits: Limits = field(default_factory=Limits)
     http: HttpSettings = field(default_factory=HttpSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
+    models: PoolSettings = field(default_factory=PoolSettings)
 
 
 OPTIONS: tuple[Option, ...] = tuple(options_of(Settings()))

@@ -21,22 +21,37 @@ What it offers:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import structlog
 
-from supervisor import BreakerState, Clock, LlamaServerRuntime, SystemClock
+from supervisor import (
+    BreakerState,
+    Clock,
+    LlamaServerRuntime,
+    SwapInProgressError,
+    SwapRefusedError,
+    SystemClock,
+)
 
 from . import memory
 from ._catalog import Catalog, CatalogEntry
+from ._config_sections import PoolSettings
 from ._model_states import ModelState
+from ._residency import Limits, Resident, make_room
 from .children import make_setup
-from .errors import FailedPrecondition, InvalidArgument, UnknownModel
+from .errors import FailedPrecondition, InvalidArgument, Overloaded, UnknownModel
 from .inference_mode import InferenceMode
 from .model import Model
 
 _log = structlog.get_logger("llamad.pool")
+
+_OCCUPYING = (ModelState.LOADING, ModelState.SERVING, ModelState.SWAPPING,
+              ModelState.DRAINING)
+_RETRY_AFTER = 5.0
+"""The retry hint of a call refused because nothing can make room for its model."""
 
 
 @dataclass(frozen=True)
@@ -76,11 +91,16 @@ class Pool:
         defaults: role -> the role's Model (it serves the catalog's default of that role).
         build: makes the (unloaded, not started) Model of a catalog model.
         clock: time source (tests inject a manual one).
+        settings: the residency policy (``[models]``: max resident, memory budget, how
+            often idle models are checked against their ttl).
     """
 
     def __init__(self, catalog: Catalog, defaults: Mapping[str, Model],
-                 build: Callable[[CatalogEntry], Model], *, clock: Clock | None = None) -> None:
+                 build: Callable[[CatalogEntry], Model], *, clock: Clock | None = None,
+                 settings: PoolSettings | None = None) -> None:
         self._catalog = catalog
+        self._settings = settings or PoolSettings()
+        self._room = asyncio.Lock()  # one residency decision (and its load) at a time
         self._build = build
         self._clock = clock or SystemClock()
         self._models: dict[str, Model] = {}
@@ -92,6 +112,7 @@ class Pool:
                 self._defaults.add(name)
         self._loads: dict[str, asyncio.Task[Model]] = {}
         self._last_used: dict[str, float] = {}
+        self._loaded_at: dict[str, float] = {}  # when each pool model last became resident
         self._closed = False
         self._estimates: dict[str, int] = {}
 
@@ -173,10 +194,87 @@ class Pool:
             model = self._models[entry.name] = self._build(entry)
         if model.current is None:
             raise FailedPrecondition(f"model {entry.name!r} has no model file")
-        _log.info("model load", model=entry.name, role=entry.role,
-                  memory_estimate=memory.memory_needed(model.setup))
-        await model.replace(model.target_for(model.setup), reason=f"load {entry.name}")
+        need = memory.memory_needed(model.setup)
+        async with self._room:
+            await self._make_room(entry.name, need)
+            _log.info("model load", model=entry.name, role=entry.role, memory_estimate=need)
+            try:
+                await model.replace(model.target_for(model.setup),
+                                    reason=f"load {entry.name}")
+            except SwapRefusedError as exc:  # the system has not the memory for it
+                raise Overloaded(f"model {entry.name!r} does not fit in memory now: {exc}",
+                                 _RETRY_AFTER) from None
+        self._loaded_at[entry.name] = self._clock.wall()
         return model
+
+    def _residents(self, loading: str) -> list[Resident]:
+        out = []
+        for name, model in self._models.items():
+            if name == loading or model.state not in _OCCUPYING:
+                continue
+            if model.mode.kind is InferenceMode.DISABLED and model.state is ModelState.SERVING:
+                continue
+            entry = self._catalog.find(name)
+            evictable = (entry is not None and not entry.pin and name not in self._defaults
+                         and model.state is ModelState.SERVING)
+            memory_held = memory.memory_needed(model.current) if model.current else 0
+            used = max(self._last_used.get(name, 0.0), self._loaded_at.get(name, 0.0))
+            out.append(Resident(name, memory_held, used, model.busy(), evictable))
+        return out
+
+    async def _make_room(self, name: str, need: int) -> None:
+        """Unload what the policy says so that ``name`` fits (:mod:`daemon._residency`).
+
+        Raises:
+            Overloaded: nothing can make room (RESOURCE_EXHAUSTED, with a retry hint).
+        """
+        limits = Limits(self._settings.max_resident,
+                        self._settings.memory_budget_mb * 1024 * 1024)
+        residents = self._residents(name)
+        victims = make_room(residents, need, limits)
+        if victims is None:
+            held = ", ".join(r.name for r in residents) or "none"
+            raise Overloaded(
+                f"model {name!r} does not fit: {len(residents)} models resident ({held}; "
+                f"max_resident {limits.max_resident or 'unlimited'}, memory budget "
+                f"{self._settings.memory_budget_mb or 'unlimited'} MiB, this one needs "
+                f"{need // (1024 * 1024)} MiB) and none of them can be unloaded (pinned, a "
+                "role's default, or busy loading)", _RETRY_AFTER)
+        for victim in victims:
+            _log.info("model evict", model=victim.name, for_model=name,
+                      in_flight=victim.busy)
+            await self._models[victim.name].unload()  # drains its calls first, bounded
+
+    async def expire(self) -> list[str]:
+        """Unload every idle model unused for longer than its ttl (not a role's default,
+        not pinned); return their names."""
+        now = self._clock.wall()
+        expired = []
+        for entry in self._catalog.entries:
+            if not entry.ttl or entry.pin or entry.name in self._defaults:
+                continue
+            model = self._models.get(entry.name)
+            if model is None or not self.is_resident(entry.name) or model.busy():
+                continue
+            # Idle since its last call, or since it loaded if it served none since.
+            last = max(self._last_used.get(entry.name, 0.0),
+                       self._loaded_at.get(entry.name, now))
+            if now - last < entry.ttl:
+                continue
+            _log.info("model idle past its ttl", model=entry.name, ttl=entry.ttl)
+            with contextlib.suppress(SwapInProgressError):
+                await model.unload()
+                expired.append(entry.name)
+        return expired
+
+    async def expire_loop(self) -> None:
+        """Run :meth:`expire` every ``ttl_check_interval`` seconds, until cancelled."""
+        while True:
+            await self._clock.sleep(self._settings.ttl_check_interval)
+            try:
+                await self.expire()
+            except Exception as exc:  # a failure must not end the loop
+                _log.warning("ttl check failed", error=str(exc))
 
     async def unload(self, name: str) -> Model | None:
         """Take ``name`` out of residency: new calls are refused at once, running ones

@@ -164,7 +164,8 @@ class Daemon:
         self._bound: Bound | None = None
         self.router = InferenceRouter(self.children)
         # Every catalog model by name: the roles' models are its defaults (issue 14).
-        self.pool = Pool(config.catalog, self.children, self._pool_model, clock=self._clock)
+        self.pool = Pool(config.catalog, self.children, self._pool_model, clock=self._clock,
+                         settings=config.settings.models)
         self.router.attach(self.pool)
         self.swaps = SwapManager(self.children)
         self.modes = ModeManager(self.children, lambda: self.config)
@@ -292,6 +293,7 @@ class Daemon:
             child.start()
             self._tasks.add(asyncio.create_task(child.hash_model(), name=f"hash-{child.role}"))
         self._tasks.update(self.pool.preload())
+        self._tasks.add(asyncio.create_task(self.pool.expire_loop(), name="model-ttl"))
         interval = self._notifier.watchdog_interval()
         if interval is not None:
             self._watchdog = asyncio.create_task(watchdog_loop(self._notifier, interval),
@@ -438,7 +440,7 @@ class Daemon:
         server, self._server = self._server, None
         _log.info("draining", grace_s=self.config.drain_grace)
         for task in list(self._tasks):
-            if task.get_name() in ("recycle", "rescan", "backfill"):
+            if task.get_name() in ("recycle", "rescan", "backfill", "model-ttl"):
                 task.cancel()
         self._notifier.stopping()
         await self.health.drain()  # and the agent port answers "drain"

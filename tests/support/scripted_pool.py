@@ -11,6 +11,7 @@ from pathlib import Path
 from daemon import load
 from daemon._catalog import Catalog, CatalogEntry
 from daemon._catalog_load import child_config
+from daemon._config_sections import PoolSettings
 from daemon.admission import Admission
 from daemon.children import make_setup
 from daemon.inference_mode import InferenceMode, Mode
@@ -26,26 +27,27 @@ class Rig:
     """A pool over a catalog of gen-a (the generation default, started), gen-b, gen-c
     and emb; every launch of a model takes the next of its scripted outcomes."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, settings: PoolSettings | None = None, *,
+                 pinned: tuple[str, ...] = (), ttl: float = 0.0) -> None:
         self.clock = ManualClock()
         self.outcomes: dict[str, list[str | ExitCause]] = {}
         self.launchers: dict[str, list[ScriptedLauncher]] = {}
-        settings = load(None, env={"LLAMAD_GENERATION_MODEL": "/m/gen.gguf",
-                                   "LLAMAD_EMBEDDING_MODEL": "/m/emb.gguf",
-                                   "LLAMAD_MODELS_DIR": "/nonexistent"}).settings
+        base = load(None, env={"LLAMAD_GENERATION_MODEL": "/m/gen.gguf",
+                               "LLAMAD_EMBEDDING_MODEL": "/m/emb.gguf",
+                               "LLAMAD_MODELS_DIR": "/nonexistent"}).settings
         entries = []
         for name, role in (("gen-a", "generation"), ("gen-b", "generation"),
                            ("gen-c", "generation"), ("emb", "embedding")):
             path = write_model(folder / f"{name}.gguf")
-            section = settings.generation if role == "generation" else settings.embedding
+            section = base.generation if role == "generation" else base.embedding
             entries.append(CatalogEntry(name, role, child_config(section, role, str(path)),
                                         aliases=("b",) if name == "gen-b" else (),
-                                        origin="models_dir"))
+                                        pin=name in pinned, ttl=ttl, origin="models_dir"))
         self.catalog = Catalog(tuple(entries), {"generation": "gen-a"})
         self.default = self.build(entries[0], InferenceMode.EMBEDDED)
         self.built: list[str] = []
         self.pool = Pool(self.catalog, {"generation": self.default},
-                         self.build_pooled, clock=self.clock)
+                         self.build_pooled, clock=self.clock, settings=settings)
 
     def launcher(self, name: str) -> ScriptedLauncher:
         launcher = ScriptedLauncher(self.outcomes.setdefault(name, []))

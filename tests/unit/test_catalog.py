@@ -223,3 +223,22 @@ def test_a_disabled_role_has_no_default(models: Path) -> None:
     cat = load(env=env, models=False).catalog
     assert "embedding" not in cat.defaults
     assert cat.find("emb") is not None  # still a model of models_dir
+
+
+def test_models_section_holds_the_pool_settings_beside_the_tables(models: Path,
+                                                                  tmp_path: Path) -> None:
+    toml = write_toml(tmp_path, f"""
+[models]
+max_resident = 2
+memory_budget_mb = 4096
+
+[models.small]
+model = "{models / 'gen-b.gguf'}"
+""")
+    cfg = load(models=False, env=_env(models), file=toml)
+    assert cfg.settings.models.max_resident == 2
+    assert cfg.settings.models.memory_budget_mb == 4096
+    assert cfg.catalog.find("small") is not None
+    with pytest.raises(ConfigError, match=r"unknown setting 'models\.max_models'"):
+        load(models=False, env=_env(models),
+             file=write_toml(tmp_path, "[models]\nmax_models = 2\n"))
