@@ -5,10 +5,16 @@ drains and stops its child while the roles' models serve on."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+
 import grpc
 import pytest
 
 from llamad_protocol.v1 import control_pb2, inference_pb2
+from llamad_protocol.v1.wire import RETRY_AFTER_KEY
+from supervisor import State
 from tests.conftest import models_dir
 from tests.support.daemon import GEN, config_env, serving
 
@@ -86,3 +92,65 @@ async def test_naming_models_routes_to_them_and_loads_on_demand(llama_server: st
         status = await clients.control.Status(control_pb2.StatusRequest())
         gen = next(c for c in status.children if c.role == GEN)
         assert gen.model_path.endswith(f"{SMOL}.gguf") and gen.pid == smol_pid
+
+
+async def test_room_for_two_of_three_evicts_the_idle_one(llama_server: str) -> None:
+    """max_resident 2 with the embedding role disabled: SmolLM2 (the generation default)
+    and one more. A call for gemma loads it; a call for MiniLM then unloads gemma (idle,
+    not a default) and loads MiniLM; the default serves throughout."""
+    env = config_env("llama-server", LLAMAD_MODELS_DIR=str(models_dir()),
+                     LLAMAD_EMBEDDING_MODE="disabled", LLAMAD_MODELS_MAX_RESIDENT="2")
+    async with serving(env) as (daemon, clients):
+        smol_pid = daemon.children["generation"].serving_pid
+        assert {m.model_name for m in await _generate(clients.inference, GEMMA)} == {GEMMA}
+        gemma = daemon.pool.model(GEMMA)
+        assert gemma is not None
+        gemma_child = gemma.serving_pid
+        embedded = await clients.inference.Embed(
+            inference_pb2.EmbedRequest(texts=["a cat"], model=MINILM), timeout=120)
+        assert embedded.model_name == MINILM and embedded.dimension == 384
+        listed = await clients.control.ListModels(control_pb2.ListModelsRequest())
+        assert _states(listed) == {SMOL: control_pb2.MODEL_STATE_READY,
+                                   GEMMA: control_pb2.MODEL_STATE_UNLOADED,
+                                   MINILM: control_pb2.MODEL_STATE_READY}
+        assert gemma.serving_pid == 0 and gemma_child != 0
+        assert daemon.children["generation"].serving_pid == smol_pid
+        # And back: gemma evicts MiniLM.
+        assert {m.model_name for m in await _generate(clients.inference, GEMMA)} == {GEMMA}
+        listed = await clients.control.ListModels(control_pb2.ListModelsRequest())
+        assert _states(listed)[MINILM] == control_pb2.MODEL_STATE_UNLOADED
+
+
+async def test_nothing_to_evict_is_resource_exhausted_with_a_retry_hint(
+        llama_server: str) -> None:
+    """Room for two, both taken by the roles' defaults (never evicted): a call for gemma
+    is refused with RESOURCE_EXHAUSTED and a retry hint; the defaults serve on."""
+    env = config_env("llama-server", LLAMAD_MODELS_DIR=str(models_dir()),
+                     LLAMAD_MODELS_MAX_RESIDENT="2")
+    async with serving(env) as (_, clients):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await _generate(clients.inference, GEMMA)
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "does not fit" in (refused.value.details() or "")
+        trailers = dict(refused.value.trailing_metadata() or ())
+        assert int(trailers[RETRY_AFTER_KEY]) > 0
+        assert {m.model_name for m in await _generate(clients.inference, "")} == {SMOL}
+
+
+async def test_kill9_of_one_models_child_leaves_the_others_serving(llama_server: str) -> None:
+    env = config_env("llama-server", LLAMAD_MODELS_DIR=str(models_dir()))
+    async with serving(env) as (daemon, clients):
+        await _generate(clients.inference, GEMMA)
+        gemma = daemon.pool.model(GEMMA)
+        assert gemma is not None
+        killed = gemma.serving_pid
+        os.kill(killed, signal.SIGKILL)
+        # The default serves meanwhile; gemma's own supervisor brings it back.
+        assert {m.model_name for m in await _generate(clients.inference, "")} == {SMOL}
+        await gemma.supervisor.wait_for(State.RUNNING, timeout=120)
+        for _ in range(600):
+            if gemma.supervisor.state is State.RUNNING and gemma.serving_pid != killed:
+                break
+            await asyncio.sleep(0.1)
+        assert gemma.serving_pid not in (0, killed)
+        assert {m.model_name for m in await _generate(clients.inference, GEMMA)} == {GEMMA}
