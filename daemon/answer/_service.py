@@ -131,8 +131,12 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
                                        defaults=validation.answer_defaults(self._settings))
         k = request.top_k or self._settings.default_k
         options = Query(mode=mode_name(request.mode))
-        self._router.backend("generation")  # fail fast: UNAVAILABLE with a retry hint
-        call.note(task=task, question_chars=len(question), k=k)
+        # Fail fast: an unknown or embedding model (issue 14), or the default's child down
+        # (UNAVAILABLE with a retry hint); a named model loads below, once needed.
+        name = self._router.model_name("generation", request.model)
+        if not request.model:
+            self._router.backend("generation")
+        call.note(task=task, question_chars=len(question), k=k, model=name)
 
         hits: list[Hit] = []
         mode, warnings = "text", ["retrieval is disabled: answering without sources"]
@@ -172,7 +176,9 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             return
 
         # From here on the call is under way: a shutdown's drain lets it finish.
-        backend = self._router.backend("generation", in_flight=True)
+        backend = (await self._router.backend_of("generation", request.model,
+                                                 context.time_remaining())
+                   if request.model else self._router.backend("generation", in_flight=True))
 
         async def count(text: str) -> int:
             if not text:
@@ -222,7 +228,7 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             pieces: list[str] = []
             completion, prompt_tokens, finish = 0, assembled.prompt_tokens, "stop"
             async with self._router.admit("generation", context.time_remaining(),
-                                          in_flight=True) as backend:
+                                          in_flight=True, model=request.model) as backend:
                 async for chunk in backend.stream_chat(assembled.messages, sampling):
                     if chunk.finish_reason is None:
                         if first is None:

@@ -159,3 +159,22 @@ async def test_an_ask_under_way_when_the_drain_begins_finishes(ready) -> None:  
     finally:
         daemon.retriever.search = search
         daemon.router.draining = False
+
+
+async def test_ask_naming_a_model_is_answered_by_it(ready) -> None:  # type: ignore[no-untyped-def]
+    """AskRequest.model (issue 14): a catalog model that is not resident is loaded and
+    generates the answer; an unknown name is NOT_FOUND, an embedding model
+    INVALID_ARGUMENT."""
+    daemon, _, stub = ready
+    gemma = "gemma-3-270m-q4_k_m"
+    assert daemon.pool.model(gemma) is None
+    answered = await ask(stub, "How do I fix a full disk on web01?", model=gemma)
+    assert answered.done.usage.completion_tokens > 0
+    model = daemon.pool.model(gemma)
+    assert model is not None and daemon.pool.is_resident(gemma)
+    assert model.admission.served_by(model.serving_pid) > 0
+    for name, code in (("nope", grpc.StatusCode.NOT_FOUND),
+                       ("all-MiniLM-L6-v2-f16", grpc.StatusCode.INVALID_ARGUMENT)):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await ask(stub, "How do I fix a full disk on web01?", model=name)
+        assert refused.value.code() is code
