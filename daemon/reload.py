@@ -75,11 +75,28 @@ class ReloadReport:
 _ROLES = ("generation", "embedding")
 
 
+CATALOG = "models.*"
+"""The plan's key for a change of the model catalog's models (their tables, the preset,
+the files of models_dir): the pool keeps the catalog it started with until a restart."""
+
+
 def reload_plan(current: Config, new: Config) -> dict[str, Reload]:
     """Every option whose value differs between ``current`` and ``new``, with what a
-    reload does with it (its declared :attr:`~daemon.config.Option.reload`)."""
-    return {o.key: o.reload for o in OPTIONS
-            if value_of(current.settings, o.key) != value_of(new.settings, o.key)}
+    reload does with it (its declared :attr:`~daemon.config.Option.reload`); and
+    :data:`CATALOG` when the catalog's models other than the roles' defaults differ."""
+    plan: dict[str, Reload] = {
+        o.key: o.reload for o in OPTIONS
+        if value_of(current.settings, o.key) != value_of(new.settings, o.key)}
+    if _declared(current) != _declared(new):
+        plan[CATALOG] = "restart"
+    return plan
+
+
+def _declared(config: Config) -> set[tuple[object, ...]]:
+    """The catalog's models but the roles' defaults, as declared: name, role, file,
+    aliases, pin, ttl, preload."""
+    return {(e.name, e.role, e.path, e.aliases, e.pin, e.ttl, e.preload)
+            for e in config.catalog.entries if e.origin not in _ROLES}
 
 
 def settle(plan: dict[str, Reload], report: ReloadReport) -> None:

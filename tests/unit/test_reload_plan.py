@@ -10,8 +10,9 @@ from typing import Any, cast
 import pytest
 
 from daemon import config
-from daemon.config import OPTIONS, Config, ConfigError, Option
-from daemon.reload import ReloadReport, reload_config, reload_plan, settle
+from daemon.config import OPTIONS, Config, ConfigError, Option, Reload
+from daemon.reload import CATALOG, ReloadReport, reload_config, reload_plan, settle
+from tests.support.models import write_model
 from tests.support.pki import make_ca
 
 MODELS = {"generation.model": "/m/gen.gguf", "embedding.model": "/m/emb.gguf"}
@@ -55,6 +56,11 @@ def _candidates(opt: Option, tmp_path: Path) -> list[Any]:
         tokens.write_text("admin 0123456789abcdef0123\n")
         tokens.chmod(0o600)
         return [str(tokens)]
+    if opt.key == "models_dir":  # another directory: other models of the catalog
+        folder = tmp_path / "models"
+        folder.mkdir()
+        write_model(folder / "other.gguf")
+        return [str(folder)]
     if opt.key == "models_preset":
         preset = tmp_path / "models.ini"
         preset.write_text("version = 1\n")
@@ -99,7 +105,9 @@ def test_every_option_change_is_planned_and_reported(opt: Option, tmp_path: Path
     else:
         current, new = _build(base), _changed(opt, base, tmp_path)
     plan = reload_plan(current, new)
-    assert plan == {opt.key: opt.reload}
+    catalog: dict[str, Reload] = {CATALOG: "restart"} if opt.key == "models_dir" else {}
+    assert plan == {opt.key: opt.reload, **catalog}
+    plan.pop(CATALOG, None)
     role = opt.key.split(".", 1)[0]
     went_through = ReloadReport(swapped=[role] if opt.reload == "new_child" else [],
                                 updated=[role] if opt.reload == "apply" else [])
@@ -144,3 +152,19 @@ def test_the_grpc_message_limit_needs_a_restart_the_other_limits_apply() -> None
     kinds = {o.key: o.reload for o in OPTIONS if o.key.startswith("limits.")}
     assert kinds.pop("limits.max_message_bytes") == "restart"
     assert set(kinds.values()) == {"apply"}
+
+
+def test_a_change_of_the_catalogs_models_needs_a_restart(tmp_path: Path) -> None:
+    """A model added to the catalog ([models.NAME]) is not silently ignored: the reload
+    says it needs a restart (the pool keeps the catalog it started with)."""
+    path = write_model(tmp_path / "extra.gguf")
+    base = {o.key: o.default for o in OPTIONS} | MODELS
+    current = _build(base)
+    new = config._build(base, {key: "default" for key in base}, {},
+                        {"extra": {"model": str(path)}})
+    plan = reload_plan(current, new)
+    assert plan == {CATALOG: "restart"}
+    report = ReloadReport()
+    settle(plan, report)
+    assert report.changes == {CATALOG: "restart needed"}
+    assert report.restart_needed == [CATALOG]
