@@ -20,6 +20,9 @@ code       :data:`CODES`: the ``grpc.StatusCode`` names (OK, CANCELLED, ...)
 outcome    :data:`SWAP_OUTCOMES`: ok failed rejected
 reason     :data:`REJECT_REASONS`: queue_full deadline
 protocol   :data:`PROTOCOLS`: grpc http (the API a call came in on)
+model      the catalog's model names (the ``models`` argument)
+outcome    of a model load: ok failed rejected
+reason     of a model unload (:data:`UNLOAD_REASONS`): room ttl admin
 =========  ===========================================================================
 
 Prompts, pids, model paths and peers are never labels. The only free-form label is
@@ -58,8 +61,11 @@ METHODS: tuple[str, ...] = (
     "Generate", "Chat", "Embed", "Tokenize", "Status", "TailLogs", "Swap", "Reset", "SetMode",
     "SetDraining", "UpsertDocument", "DeleteDocument", "GetDocument", "ListDocuments",
     "AddSource", "RemoveSource", "ListSources", "Reindex", "Search", "Ask", "ListModels",
+    "LoadModel", "UnloadModel",
 )
 """gRPC method names counted under their own label; extend it (or pass ``methods=``)."""
+UNLOAD_REASONS: tuple[str, ...] = ("room", "ttl", "admin")
+"""Why the pool unloaded a model: to make room for another, idle past its ttl, asked."""
 # grpc.StatusCode names, spelled out so this module stays grpc-free
 # (tests/unit/test_metrics.py checks the list against grpc.StatusCode).
 CODES: tuple[str, ...] = (
@@ -138,6 +144,7 @@ class Metrics:
         version: str | None = None,
         methods: Iterable[str] = METHODS,
         roles: Iterable[str] = ROLES,
+        models: Iterable[str] = (),
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._exposed = _WithoutCreated(self.registry)
@@ -148,6 +155,7 @@ class Metrics:
         self._outcomes = frozenset(SWAP_OUTCOMES)
         self._reasons = frozenset(REJECT_REASONS)
         self._protocols = frozenset(PROTOCOLS)
+        self._models = frozenset(models)
         self._states = frozenset(CHILD_STATES)
         # Roles whose state gauge has an "other" series (set only after a bad state value).
         self._other_state: set[str] = set()
@@ -218,6 +226,24 @@ class Metrics:
             "llamad_rejections", "Calls refused by admission control, by reason.",
             ["role", "reason"], registry=r)
 
+        self._model_resident = Gauge(
+            "llamad_model_resident", "1 while the catalog model is resident (loaded by the "
+            "pool or a role's model that serves), else 0.", ["model"], registry=r)
+        self._model_loads = Counter(
+            "llamad_model_loads", "Loads of catalog models by the pool, by outcome: ok, "
+            "failed (it never became ready) or rejected (no room).",
+            ["model", "outcome"], registry=r)
+        self._model_unloads = Counter(
+            "llamad_model_unloads", "Unloads of catalog models by the pool, by reason: room "
+            "(evicted for another), ttl (idle), admin (UnloadModel).",
+            ["model", "reason"], registry=r)
+        for model in sorted(self._models):
+            self._model_resident.labels(model=model)
+            for outcome in SWAP_OUTCOMES:
+                self._model_loads.labels(model=model, outcome=outcome)
+            for why in UNLOAD_REASONS:
+                self._model_unloads.labels(model=model, reason=why)
+
         for role in sorted(self._roles):
             self._child_restarts.labels(role=role)
             self._breaker_opens.labels(role=role)
@@ -280,6 +306,27 @@ class Metrics:
         role = self._role(role)
         self._swaps.labels(role=role, outcome=_fold(outcome, self._outcomes)).inc()
         self._swap_seconds.labels(role=role).observe(max(0.0, seconds))
+
+    # -- the model pool ------------------------------------------------------------------
+
+    def model_load(self, model: str, outcome: str) -> None:
+        """Count a load of a catalog model (``ok``, ``failed`` or ``rejected``); one that
+        went ok makes it resident."""
+        model = _fold(model, self._models)
+        self._model_loads.labels(model=model, outcome=_fold(outcome, self._outcomes)).inc()
+        if outcome == "ok":
+            self._model_resident.labels(model=model).set(1)
+
+    def model_unload(self, model: str, reason: str) -> None:
+        """Count an unload (``room``, ``ttl`` or ``admin``): the model is not resident."""
+        model = _fold(model, self._models)
+        self._model_unloads.labels(model=model,
+                                   reason=_fold(reason, frozenset(UNLOAD_REASONS))).inc()
+        self._model_resident.labels(model=model).set(0)
+
+    def model_resident(self, model: str, resident: bool) -> None:
+        """Say whether ``model`` is resident (a role's model, at start)."""
+        self._model_resident.labels(model=_fold(model, self._models)).set(int(resident))
 
     # -- requests ------------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from ._residency import Limits, Resident, make_room
 from .children import make_setup
 from .errors import FailedPrecondition, InvalidArgument, Overloaded, UnknownModel
 from .inference_mode import InferenceMode
+from .metrics import Metrics
 from .model import Model
 
 _log = structlog.get_logger("llamad.pool")
@@ -93,12 +94,15 @@ class Pool:
         clock: time source (tests inject a manual one).
         settings: the residency policy (``[models]``: max resident, memory budget, how
             often idle models are checked against their ttl).
+        metrics: counts loads and unloads by model (None: not counted).
     """
 
     def __init__(self, catalog: Catalog, defaults: Mapping[str, Model],
                  build: Callable[[CatalogEntry], Model], *, clock: Clock | None = None,
-                 settings: PoolSettings | None = None) -> None:
+                 settings: PoolSettings | None = None,
+                 metrics: Metrics | None = None) -> None:
         self._catalog = catalog
+        self._metrics = metrics
         self._settings = settings or PoolSettings()
         self._room = asyncio.Lock()  # one residency decision (and its load) at a time
         self._build = build
@@ -195,17 +199,33 @@ class Pool:
         if model.current is None:
             raise FailedPrecondition(f"model {entry.name!r} has no model file")
         need = memory.memory_needed(model.setup)
-        async with self._room:
-            await self._make_room(entry.name, need)
-            _log.info("model load", model=entry.name, role=entry.role, memory_estimate=need)
-            try:
-                await model.replace(model.target_for(model.setup),
-                                    reason=f"load {entry.name}")
-            except SwapRefusedError as exc:  # the system has not the memory for it
-                raise Overloaded(f"model {entry.name!r} does not fit in memory now: {exc}",
-                                 _RETRY_AFTER) from None
+        outcome = "failed"
+        try:
+            async with self._room:
+                try:
+                    await self._make_room(entry.name, need)
+                except Overloaded:
+                    outcome = "rejected"
+                    raise
+                _log.info("model load", model=entry.name, role=entry.role,
+                          memory_estimate=need)
+                try:
+                    await model.replace(model.target_for(model.setup),
+                                        reason=f"load {entry.name}")
+                except SwapRefusedError as exc:  # the system has not the memory for it
+                    outcome = "rejected"
+                    raise Overloaded(f"model {entry.name!r} does not fit in memory now: "
+                                     f"{exc}", _RETRY_AFTER) from None
+            outcome = "ok"
+        finally:
+            if self._metrics is not None:
+                self._metrics.model_load(entry.name, outcome)
         self._loaded_at[entry.name] = self._clock.wall()
         return model
+
+    def _unloaded(self, name: str, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.model_unload(name, reason)
 
     def _residents(self, loading: str) -> list[Resident]:
         out = []
@@ -244,6 +264,7 @@ class Pool:
             _log.info("model evict", model=victim.name, for_model=name,
                       in_flight=victim.busy)
             await self._models[victim.name].unload()  # drains its calls first, bounded
+            self._unloaded(victim.name, "room")
 
     async def expire(self) -> list[str]:
         """Unload every idle model unused for longer than its ttl (not a role's default,
@@ -265,6 +286,7 @@ class Pool:
             with contextlib.suppress(SwapInProgressError):
                 await model.unload()
                 expired.append(entry.name)
+                self._unloaded(entry.name, "ttl")
         return expired
 
     async def expire_loop(self) -> None:
@@ -292,6 +314,7 @@ class Pool:
             return model
         _log.info("model unload", model=entry.name, in_flight=model.busy())
         await model.unload()
+        self._unloaded(entry.name, "admin")
         return model
 
     def views(self) -> list[ModelView]:

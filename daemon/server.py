@@ -148,7 +148,7 @@ class Daemon:
             role: build_child(config, role, clock=self._clock)
             for role in ("generation", "embedding")
         }
-        self.metrics = Metrics(version=version())
+        self.metrics = Metrics(version=version(), models=config.catalog.names())
         for child in self.children.values():
             self.metrics.child_state(child.role, child.supervisor.state.value)
             self.metrics.mode(child.role, child.mode.kind)
@@ -165,7 +165,9 @@ class Daemon:
         self.router = InferenceRouter(self.children)
         # Every catalog model by name: the roles' models are its defaults (issue 14).
         self.pool = Pool(config.catalog, self.children, self._pool_model, clock=self._clock,
-                         settings=config.settings.models)
+                         settings=config.settings.models, metrics=self.metrics)
+        for name in config.catalog.defaults.values():  # the roles' models serve
+            self.metrics.model_resident(name, True)
         self.router.attach(self.pool)
         self.swaps = SwapManager(self.children)
         self.modes = ModeManager(self.children, lambda: self.config)

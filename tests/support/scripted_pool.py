@@ -15,6 +15,7 @@ from daemon._config_sections import PoolSettings
 from daemon.admission import Admission
 from daemon.children import make_setup
 from daemon.inference_mode import InferenceMode, Mode
+from daemon.metrics import Metrics
 from daemon.model import Handover, Model
 from daemon.pool import Pool
 from supervisor import ExitCause, LogRing, ManualClock, RestartPolicy, Supervisor
@@ -28,7 +29,8 @@ class Rig:
     and emb; every launch of a model takes the next of its scripted outcomes."""
 
     def __init__(self, folder: Path, settings: PoolSettings | None = None, *,
-                 pinned: tuple[str, ...] = (), ttl: float = 0.0) -> None:
+                 pinned: tuple[str, ...] = (), ttl: float = 0.0,
+                 metrics: Metrics | None = None) -> None:
         self.clock = ManualClock()
         self.outcomes: dict[str, list[str | ExitCause]] = {}
         self.launchers: dict[str, list[ScriptedLauncher]] = {}
@@ -47,7 +49,8 @@ class Rig:
         self.default = self.build(entries[0], InferenceMode.EMBEDDED)
         self.built: list[str] = []
         self.pool = Pool(self.catalog, {"generation": self.default},
-                         self.build_pooled, clock=self.clock, settings=settings)
+                         self.build_pooled, clock=self.clock, settings=settings,
+                         metrics=metrics)
 
     def launcher(self, name: str) -> ScriptedLauncher:
         launcher = ScriptedLauncher(self.outcomes.setdefault(name, []))
