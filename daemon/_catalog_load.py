@@ -40,9 +40,10 @@ from ._config_resolved import ChildConfig
 from ._config_sections import _BY_KEY, RoleSettings, Settings
 from .inference_mode import InferenceMode
 
-_OWN_KEYS = ("model", "role", "aliases", "pin", "ttl", "preload")
+_OWN_KEYS = ("model", "role", "aliases", "pin", "ttl", "preload", "env")
 _CHILD_KEYS = ("runtime", "ctx_size", "threads", "parallel", "queue_ahead", "batch",
                "spin_count", "extra_args")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,127}")
 _MAGIC = b"GGUF"
 
@@ -160,7 +161,9 @@ def _entry(name: str, table: Mapping[str, Any], settings: Settings, origin: str,
     overrides = {key: _coerce(_named(_BY_KEY[f"{role}.{key}"], f"models.{name}.{key}"),
                               table[key], where)
                  for key in _CHILD_KEYS if key in table}
-    child = child_config(dataclasses.replace(section, **overrides), role, str(path))
+    child = dataclasses.replace(
+        child_config(dataclasses.replace(section, **overrides), role, str(path)),
+        env=_env(table.get("env", {}), where))
     return CatalogEntry(name, role, child, tuple(dict.fromkeys(aliases)), pin, ttl,
                         preload, origin)
 
@@ -228,6 +231,18 @@ def _scan(models_dir: Path, settings: Settings, *, entries: Mapping[str, Catalog
             _entry(name, table, settings, origin, f"models_dir {path}"),
             origin=origin))
     return skipped
+
+
+def _env(table: Any, where: str) -> tuple[tuple[str, str], ...]:
+    """A model's ``env`` table (``CUDA_VISIBLE_DEVICES = "1"``), checked."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where}: env must be a table of NAME = \"value\"")
+    for name, value in table.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise ConfigError(f"{where}: env: {name!r} is not an environment variable name")
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: env.{name} must be a string, not {value!r}")
+    return tuple(sorted(table.items()))
 
 
 def _read(path: Path, where: str) -> Any:

@@ -46,6 +46,8 @@ class ChildConfig:
     endpoint_model: str = ""
     api_key_file: str = ""
     api_key_env: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment of the child beyond the daemon's (a catalog model's ``env`` table)."""
 
     def endpoint(self) -> EndpointSpec | None:
         """The configured endpoint (None when no URL is configured)."""

@@ -145,6 +145,7 @@ def make_setup(
         chat_template=template,
         extra_args=cc.extra_args if extra_args is None else extra_args,
         spin_count=cc.spin_count,
+        env=cc.env,
     )
     return Setup(spec, runtime, facts)
 

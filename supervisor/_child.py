@@ -307,10 +307,11 @@ class ProcessLauncher:
         return self.runtime.api
 
     def _child_env(self) -> dict[str, str] | None:
-        if self.spec.spin_count < 0:
+        if self.spec.spin_count < 0 and not self.spec.env:
             return self._env
         base = os.environ if self._env is None else self._env
-        return {**base, "GOMP_SPINCOUNT": str(self.spec.spin_count)}
+        spin = {} if self.spec.spin_count < 0 else {"GOMP_SPINCOUNT": str(self.spec.spin_count)}
+        return {**base, **spin, **dict(self.spec.env)}
 
     async def launch(self, on_stage: StageSink | None = None) -> ProcessChild:
         port = self._port_picker()

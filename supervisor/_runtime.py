@@ -65,6 +65,7 @@ class LaunchSpec:
     chat_template: str | None = None
     extra_args: tuple[str, ...] = ()
     spin_count: int = -1
+    env: tuple[tuple[str, str], ...] = ()
 
 
 class Runtime(Protocol):

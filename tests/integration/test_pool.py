@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from pathlib import Path
 
 import grpc
 import pytest
@@ -154,3 +155,32 @@ async def test_kill9_of_one_models_child_leaves_the_others_serving(llama_server:
             await asyncio.sleep(0.1)
         assert gemma.serving_pid not in (0, killed)
         assert {m.model_name for m in await _generate(clients.inference, GEMMA)} == {GEMMA}
+
+
+async def test_a_catalog_models_own_settings_and_environment(llama_server: str,
+                                                            tmp_path: Path) -> None:
+    """A [models.NAME] table runs its child with its own settings and environment (as a
+    CUDA_VISIBLE_DEVICES would be given), beside the roles' children; GOMP_SPINCOUNT
+    comes from its role section."""
+    toml = tmp_path / "llamad.toml"
+    toml.write_text(f"""
+[models.g]
+model = "{models_dir() / f'{GEMMA}.gguf'}"
+ctx_size = 1024
+env = {{ LLAMAD_TEST_MARK = "seven" }}
+""")
+    env = config_env("llama-server", LLAMAD_MODELS_DIR=str(models_dir()),
+                     LLAMAD_CONFIG=str(toml))
+    async with serving(env) as (daemon, clients):
+        loaded = await clients.control.LoadModel(control_pb2.LoadModelRequest(name="g"),
+                                                 timeout=120)
+        assert loaded.model.origin == "models.g"
+        model = daemon.pool.model("g")
+        assert model is not None and model.spec.ctx_size == 1024
+        environ = Path(f"/proc/{model.serving_pid}/environ").read_bytes().split(b"\0")
+        assert b"LLAMAD_TEST_MARK=seven" in environ
+        assert b"GOMP_SPINCOUNT=300" in environ
+        smol = daemon.children["generation"].serving_pid
+        assert b"LLAMAD_TEST_MARK=seven" not in Path(
+            f"/proc/{smol}/environ").read_bytes().split(b"\0")
+        assert {m.model_name for m in await _generate(clients.inference, "g")} == {"g"}

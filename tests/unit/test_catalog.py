@@ -76,6 +76,7 @@ pin = true
 ttl = 300
 preload = true
 extra_args = "--n-gpu-layers 0"
+env = {{ CUDA_VISIBLE_DEVICES = "1", OMP_PROC_BIND = "close" }}
 
 [models.vectors]
 model = "{models / 'emb.gguf'}"
@@ -88,6 +89,7 @@ model = "{models / 'emb.gguf'}"
     assert small.child.ctx_size == 1024
     assert small.child.threads == 3  # from [generation]
     assert small.child.extra_args == ("--n-gpu-layers", "0")
+    assert small.child.env == (("CUDA_VISIBLE_DEVICES", "1"), ("OMP_PROC_BIND", "close"))
     vectors = cat.find("vectors")
     assert vectors is not None and vectors.role == "embedding"
     assert vectors.child.parallel == 2  # the embedding section's default
@@ -125,6 +127,9 @@ ctx_size = 1024
     ('model = "{m}/gen-a.gguf"\nttl = "soon"', "models.x.ttl .*'soon'"),
     ('model = "{m}/gen-a.gguf"\naliases = ["x"]', "'x' is already used"),
     ('model = "{m}/gen-a.gguf"\naliases = ["bad name"]', "is not a model name"),
+    ('model = "{m}/gen-a.gguf"\nenv = {{ "1BAD" = "x" }}', "not an environment variable"),
+    ('model = "{m}/gen-a.gguf"\nenv = {{ GOOD = 1 }}', "env.GOOD must be a string"),
+    ('model = "{m}/gen-a.gguf"\nenv = "CUDA_VISIBLE_DEVICES=1"', "env must be a table"),
 ])
 def test_bad_catalog_tables_are_clear_errors(models: Path, tmp_path: Path, body: str,
                                             message: str) -> None:
