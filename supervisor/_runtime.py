@@ -53,6 +53,8 @@ class LaunchSpec:
             generation child 0.96 s by default, 1.00 s at 300; a lone all-MiniLM child
             embedding 16 texts a call 106 texts/s by default, 84 at 300, 107 at 3000.
             (Sleeping at once, OMP_WAIT_POLICY=PASSIVE, cost a lone child 2.7x.)
+        env: environment variables of the child beyond the daemon's (a catalog
+            model's ``env``, e.g. ``CUDA_VISIBLE_DEVICES``); they win over spin_count.
     """
 
     role: str
