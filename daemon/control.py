@@ -23,6 +23,7 @@ from supervisor import (
     ExitCause,
     LogLine,
     State,
+    SwapFailedError,
     SwapInProgressError,
     SwapProgress,
     SwapRefusedError,
@@ -258,7 +259,11 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         pool = self._models()
         entry = pool.entry(request.name)
         call.note(model=entry.name)
-        await pool.load(entry.name)
+        try:
+            await pool.load(entry.name)
+        except SwapFailedError as exc:  # not ABORTED "the old child keeps serving": none
+            raise FailedPrecondition(f"model {entry.name!r} could not be loaded: "
+                                     f"{exc.cause.message}") from None
         return control_pb2.LoadModelResponse(model=model_info(pool.view(entry.name)))
 
     @rpc.unary("UnloadModel")

@@ -61,7 +61,9 @@ async def test_list_load_unload(tmp_path: Path) -> None:
 
         with pytest.raises(grpc.aio.AioRpcError) as broken:
             await stub.LoadModel(control_pb2.LoadModelRequest(name="gen-c"))
-        assert broken.value.code() is grpc.StatusCode.ABORTED
+        assert broken.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "'gen-c' could not be loaded: error loading model" in (
+            broken.value.details() or "")
         listed = await stub.ListModels(control_pb2.ListModelsRequest())
         gen_c = next(m for m in listed.models if m.name == "gen-c")
         assert gen_c.state == control_pb2.MODEL_STATE_UNLOADED
