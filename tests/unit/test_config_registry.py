@@ -58,9 +58,10 @@ def test_a_section_takes_its_reload_kind_unless_the_option_says_otherwise() -> N
 
 
 def test_a_child_config_has_a_field_per_role_option() -> None:
-    """A role's resolved ChildConfig has the role's options and its name, nothing else."""
+    """A role's resolved ChildConfig has the role's options and its name, and the one
+    setting only a catalog model has (env: its child's environment), nothing else."""
     assert {f.name for f in dataclasses.fields(ChildConfig)} == {
-        f.name for f in dataclasses.fields(RoleSettings)} | {"role"}
+        f.name for f in dataclasses.fields(RoleSettings)} | {"role", "env"}
 
 
 def test_the_config_reads_its_settings() -> None:
