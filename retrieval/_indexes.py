@@ -107,6 +107,8 @@ class RetrievalStatus:
 PAGE = 4096
 """Chunks read from SQLite at a time when an index is rebuilt or repaired: memory stays
 flat as the corpus grows (all at once, 100k chunks held about 1 GB)."""
+_PAGES_PER_COMMIT = 4
+"""A start-up repair commits tantivy every this many pages, rather than once at the end."""
 
 
 def _indexed(c: StoredChunk) -> IndexedChunk:
@@ -160,6 +162,10 @@ class Indexes:
         ordered = sorted(missing)
         for i in range(0, len(ordered), PAGE):  # page by page: texts held per page only
             text.add([_indexed(c) for c in store.chunks_by_keys(ordered[i:i + PAGE]).values()])
+            if (i // PAGE) % _PAGES_PER_COMMIT == _PAGES_PER_COMMIT - 1:
+                # Commit as it goes: tantivy's writer otherwise fills its whole memory
+                # budget before flushing (~40 MB more at 100k chunks, measured).
+                text.commit()
         if extra or missing:
             text.commit()
         repaired = {"text_removed": len(extra), "text_added": len(missing)}
