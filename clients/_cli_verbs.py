@@ -166,6 +166,8 @@ def status(client: Client, args: argparse.Namespace) -> int:
     for c in st.children:
         if c.mode == "endpoint":
             print(f"{c.role}: endpoint {c.endpoint_url or '(configured)'}")
+        if c.chat_template:
+            print(f"{c.role}: chat template {c.chat_template}")
         if c.last_swap is not None:
             s = c.last_swap
             print(f"{c.role}: swapped {fmt.basename(s.from_model)} -> "

@@ -242,6 +242,7 @@ def child_status(msg: control_pb2.ChildStatus) -> ChildStatus:
         mode=enum_name(control_pb2.InferenceMode, msg.mode, "INFERENCE_MODE_"),
         endpoint_url=msg.endpoint_url, endpoint_model=msg.endpoint_model,
         last_error=msg.last_error, queue_ahead=msg.queue_ahead,
+        chat_template=msg.chat_template,
     )
 
 

@@ -27,6 +27,8 @@ def _child(role: common_pb2.ChildRole.ValueType, model: str, port: int) -> contr
         model_architecture="llama", model_context_length=2048, in_flight=1, queued=0,
         slots=2 if role == common_pb2.CHILD_ROLE_GENERATION else 1,
         queue_ahead=0 if role == common_pb2.CHILD_ROLE_GENERATION else 2,
+        chat_template="the model's own (tokenizer.chat_template)"
+        if role == common_pb2.CHILD_ROLE_GENERATION else "",
         last_exit=control_pb2.ExitCause(kind="crash", exit_code=1, message="boom"))
 
 

@@ -187,6 +187,8 @@ class ChildStatus:
     ``endpoint`` or ``disabled`` (in endpoint mode no process is described: pid, port and
     the model fields are empty, ``runtime`` is ``endpoint``). ``last_error`` is the
     role's latest failure in words (empty once it serves again after a switch).
+    ``chat_template`` (generation children) says which chat template Chat and Ask are
+    formatted with and why: the model's own, a known one, or ``none: ...`` (refused).
     ``in_flight`` counts calls sent to the child: up to ``slots`` running plus
     ``queue_ahead`` waiting in the child's own queue; ``queued`` wait in llamad.
     """
@@ -216,6 +218,7 @@ class ChildStatus:
     endpoint_model: str = ""
     last_error: str = ""
     queue_ahead: int = 0
+    chat_template: str = ""
 
 
 @dataclass(frozen=True, slots=True)

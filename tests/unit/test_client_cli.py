@@ -59,10 +59,13 @@ def test_status_table_and_json(llamad: Run) -> None:
     assert "1/2" in lines[2] and "1/2+" not in lines[2]  # busy/slots
     assert "1/1+2" in lines[3]  # busy/slots + calls sent ahead to the child's queue
     assert lines[-1].startswith("retrieval: 0 sources")
+    assert "generation: chat template the model's own (tokenizer.chat_template)" in lines
+    assert not any(line.startswith("embedding: chat template") for line in lines)
     status, out, _ = llamad("status", "--json")
     doc = json.loads(out)
     assert [c["role"] for c in doc["children"]] == ["generation", "embedding"]
     assert doc["children"][0]["state"] == "running"
+    assert doc["children"][0]["chat_template"].startswith("the model's own")
     assert doc["retrieval"]["embedding_model"] == "fake-embed.gguf@0123"
 
 
