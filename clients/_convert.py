@@ -391,5 +391,5 @@ def ask_event(msg: answer_pb2.AskResponse) -> AskEvent | None:
                        no_context=d.no_context, finish_reason=finish_reason(d.finish_reason),
                        chunks_dropped=d.chunks_dropped,
                        attachment_clipped=d.attachment_clipped,
-                       template_version=d.template_version)
+                       template_version=d.template_version, model_name=d.model_name)
     return None

@@ -48,6 +48,6 @@ class FakeAnswer(answer_pb2_grpc.AnswerServiceServicer):
             yield answer_pb2.AskResponse(done=answer_pb2.AskDone(
                 usage=usage(len(answer.split())), prompt_sha256="0" * 64,
                 no_context=not hits, finish_reason=inference_pb2.FINISH_REASON_STOP,
-                template_version="fake-1"))
+                template_version="fake-1", model_name="" if not hits else "fake-model"))
 
         return self.fake.stream("AnswerService/Ask", context, items())

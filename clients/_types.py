@@ -484,6 +484,7 @@ class AskDone:
     chunks_dropped: int
     attachment_clipped: bool
     template_version: str
+    model_name: str = ""  # the catalog name of the model that answered ("": none ran)
 
 
 AskEvent: TypeAlias = AskText | AskSources | AskDone

@@ -253,7 +253,7 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             prompt_sha256=assembled.sha256, cached=cached is not None,
             finish_reason=_FINISH.get(finish, ipb.FINISH_REASON_STOP),
             chunks_dropped=assembled.dropped, attachment_clipped=assembled.attachment_clipped,
-            template_version=assembled.template_version,
+            template_version=assembled.template_version, model_name=name,
         ))
         await asyncio.to_thread(
             self._audit.record, task=task, question=question, model=model,

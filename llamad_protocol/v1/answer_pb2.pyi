@@ -230,6 +230,7 @@ class AskDone(_message.Message):
     CHUNKS_DROPPED_FIELD_NUMBER: _builtins.int
     ATTACHMENT_CLIPPED_FIELD_NUMBER: _builtins.int
     TEMPLATE_VERSION_FIELD_NUMBER: _builtins.int
+    MODEL_NAME_FIELD_NUMBER: _builtins.int
     prompt_sha256: _builtins.str
     """SHA-256 of the exact prompt sent to the model (also in the audit log)."""
     cached: _builtins.bool
@@ -241,6 +242,10 @@ class AskDone(_message.Message):
     """Chunks left out to fit the token budget, and whether the attachment was clipped."""
     attachment_clipped: _builtins.bool
     template_version: _builtins.str
+    model_name: _builtins.str
+    """The catalog name of the generation model that answered (or whose cached answer this
+    is); empty with no_context, when no model ran.
+    """
     @_builtins.property
     def usage(self) -> _inference_pb2.Usage: ...
     def __init__(
@@ -254,10 +259,11 @@ class AskDone(_message.Message):
         chunks_dropped: _builtins.int = ...,
         attachment_clipped: _builtins.bool = ...,
         template_version: _builtins.str = ...,
+        model_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment_clipped", b"attachment_clipped", "cached", b"cached", "chunks_dropped", b"chunks_dropped", "finish_reason", b"finish_reason", "no_context", b"no_context", "prompt_sha256", b"prompt_sha256", "template_version", b"template_version", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment_clipped", b"attachment_clipped", "cached", b"cached", "chunks_dropped", b"chunks_dropped", "finish_reason", b"finish_reason", "model_name", b"model_name", "no_context", b"no_context", "prompt_sha256", b"prompt_sha256", "template_version", b"template_version", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -288,6 +288,7 @@ async def test_ask_answers_from_the_retrieved_sources_and_cites_them(answer: Ans
     done = messages[-1].done
     assert done.finish_reason == ipb.FINISH_REASON_STOP
     assert done.usage.completion_tokens == 3
+    assert done.model_name == "generation"  # the role's default model, by its name
     prompt = "\n".join(content for _, content in answer.backend.chats[0])
     assert "rotate nginx logs" in prompt
     assert "web01 disk full: what do I do?" in prompt
