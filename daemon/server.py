@@ -255,7 +255,7 @@ class Daemon:
                 router=self.router, served=self.children, limits=lambda: self.config.limits,
                 settings=self.config.http, auth=self.auth, metrics=self.metrics,
                 tls=self.config.tls, drain_grace=self.config.drain_grace,
-                answer=self._answer)
+                answer=self._answer, pool=self.pool)
             self.http_port = await self._http.start(self.config.http_listen)
         if self.config.agent_listen:
             self._agent = AgentServer(

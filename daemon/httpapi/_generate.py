@@ -51,15 +51,15 @@ def _start(body: _parse.Body, limits: Limits, call: Call, *, chat: bool) -> Star
 async def _generate(api: Api, request: web.BaseRequest, call: Call, body: _parse.Body, *,
                     chat: bool) -> web.StreamResponse:
     limits = api.limits()
-    api.catalog.resolve(_parse.model_name(body), "generation",
-                        "/v1/chat/completions" if chat else "/v1/completions")
+    listed = api.catalog.resolve(_parse.model_name(body), "generation",
+                                 "/v1/chat/completions" if chat else "/v1/completions")
     sampling = _parse.sampling(body, limits, chat=chat)
     start = _start(body, limits, call, chat=chat)
     mode = _parse.streaming(body)
     meter = Meter(api.metrics, request[RECEIVED])
     call.note(max_tokens=sampling.max_tokens, stream=mode.stream)
     async with admitted_generation(api.router, sampling, time_remaining(call), chat=chat,
-                                   note=call.note) as backend:
+                                   note=call.note, model=listed.route) as backend:
         chunks = start(backend, sampling)
         try:
             shape = Shape(backend.model_name, chat=chat, usage_in_chunks=mode.include_usage)

@@ -1,16 +1,19 @@
 """The model catalog as the HTTP API shows it, and ``model`` resolved against it.
 
-Today each role serves one model (the model pool of issue 14 will list more): the
-catalog names it by what its backend reports (a GGUF file name, or an endpoint's model
-id), or by its configured file while nothing serves it. A request's ``model`` may be
-that name, the name without ``.gguf``, or the role itself (``generation``,
-``embedding``). An unknown or empty name is a 404 with OpenAI's ``model_not_found``; a
-known model of the other role is a 400 naming it.
+With the daemon's model pool (:class:`daemon.pool.Pool`), the catalog is the pool's:
+every model of ``[models.NAME]``, ``models_dir``, the preset and the roles' defaults, by
+its catalog name; a request may name it by that name, an alias, its GGUF file name, or
+(for a role's default) the role itself, and is routed to that model (loaded on demand,
+as a gRPC call naming it is). Without a pool (tests of the API alone), each role's one
+model is listed, named by what its backend reports (a GGUF file name, or an endpoint's
+model id), or by its configured file while nothing serves it. An unknown or empty name
+is a 404 with OpenAI's ``model_not_found``; a known model of the other role is a 400
+naming it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,6 +22,7 @@ from supervisor import SupervisorError
 
 from .._config_resolved import ChildConfig
 from ..backend import InferenceBackend
+from ..pool import ModelView
 from ._errors import ApiError
 
 
@@ -34,17 +38,32 @@ class Served(Protocol):
     def backend(self) -> InferenceBackend: ...
 
 
+class Pooled(Protocol):
+    """What the catalog needs of the model pool (:class:`daemon.pool.Pool`)."""
+
+    def models(self) -> Sequence[ModelView]: ...
+
+
 @dataclass(frozen=True)
 class Listed:
-    """A model of the catalog."""
+    """A model of the catalog.
+
+    Attributes:
+        route: what a call for it passes as ``model`` to the router (``""``: the role's
+            default model).
+        names: further names it answers to (the pool's aliases, its GGUF file name).
+    """
 
     name: str
     role: str
     loaded: bool
+    route: str = ""
+    names: tuple[str, ...] = ()
 
     @property
     def aliases(self) -> tuple[str, ...]:
-        return (self.name, self.name.removesuffix(".gguf"), self.role)
+        own = (self.name, self.name.removesuffix(".gguf"), *self.names)
+        return own if self.route else (*own, self.role)
 
     def to_json(self, created: int) -> dict[str, Any]:
         return {"id": self.name, "object": "model", "created": created,
@@ -68,14 +87,26 @@ def _listed(served: Served) -> Listed:
     return Listed(name, served.role, loaded)
 
 
-class Catalog:
-    """The models of ``served`` (role -> model), read afresh on every call."""
+def _pooled(view: ModelView) -> Listed:
+    file = Path(view.path)
+    names = (*view.aliases, file.name, file.stem) if view.path else view.aliases
+    return Listed(view.name, view.role, view.state == "ready",
+                  route="" if view.is_default else view.name, names=tuple(names))
 
-    def __init__(self, served: Mapping[str, Served], created: int) -> None:
+
+class Catalog:
+    """The models of ``pool`` if given, else of ``served`` (role -> model), read afresh on
+    every call."""
+
+    def __init__(self, served: Mapping[str, Served], created: int,
+                 pool: Pooled | None = None) -> None:
         self._served = served
+        self._pool = pool
         self.created = created
 
     def models(self) -> list[Listed]:
+        if self._pool is not None:
+            return [_pooled(v) for v in self._pool.models()]
         return [_listed(s) for s in self._served.values()]
 
     def find(self, name: str) -> Listed | None:

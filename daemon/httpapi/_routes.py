@@ -72,12 +72,12 @@ async def embeddings(api: Api, request: web.BaseRequest, call: Call,
     (``float``: JSON numbers, the float32 values exactly; ``base64``: little-endian
     float32 bytes)."""
     limits = api.limits()
-    api.catalog.resolve(_parse.model_name(body), "embedding", "/v1/embeddings")
+    listed = api.catalog.resolve(_parse.model_name(body), "embedding", "/v1/embeddings")
     inputs = _parse.embedding_inputs(body, limits)
     fmt = _parse.encoding_format(body)
     wanted = _parse.dimensions(body)
     call.note(texts=len(inputs), encoding=fmt)
-    result = await embed(api.router, inputs, time_remaining(call))
+    result = await embed(api.router, inputs, time_remaining(call), model=listed.route)
     matrix = result.matrix
     dimension = int(matrix.shape[1]) if matrix.size else 0
     if wanted is not None and wanted != dimension:

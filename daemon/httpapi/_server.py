@@ -40,7 +40,7 @@ from ..rpc import Call, write_summary
 from . import _parse
 from ._context import RECEIVED, REQUEST_ID, STREAM, Api
 from ._errors import ApiError, api_error
-from ._models import Catalog, Served
+from ._models import Catalog, Pooled, Served
 from ._routes import route_of
 
 _log = structlog.get_logger("llamad.http")
@@ -95,7 +95,10 @@ class HttpApi:
 
     Args:
         router: the daemon's router (admission, drain).
-        served: role -> model (:class:`daemon.model.Model`), for the catalog.
+        served: role -> model (:class:`daemon.model.Model`), for the catalog without a
+            pool.
+        pool: the model pool (:class:`daemon.pool.Pool`): the catalog, and where a named
+            model is routed.
         limits: the request limits in force (a reload changes them).
         settings: ``[http]``, fixed at start.
         auth: the gRPC auth interceptor (its tokens follow reloads).
@@ -109,8 +112,9 @@ class HttpApi:
                  limits: Callable[[], Limits], settings: HttpSettings,
                  auth: AuthInterceptor, metrics: Metrics | None,
                  tls: TlsMaterial | None = None, drain_grace: float = 30.0,
-                 answer: AnswerServicer | None = None) -> None:
-        self._api = Api(router, Catalog(served, int(time.time())), limits, metrics, answer)
+                 answer: AnswerServicer | None = None, pool: Pooled | None = None) -> None:
+        self._api = Api(router, Catalog(served, int(time.time()), pool), limits, metrics,
+                        answer)
         self._settings = settings
         self._auth = auth
         self._metrics = metrics

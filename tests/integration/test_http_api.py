@@ -79,8 +79,9 @@ async def test_models_chat_and_completions_through_the_openai_sdk(running: Daemo
     them: the role in the first delta, the finish reason in the last, usage on request."""
     async with _sdk(running) as client:
         models = {m.id: m.model_dump() for m in (await client.models.list()).data}
-        assert models[SMALL_MODEL]["role"] == "generation"
-        assert models[EMBED_MODEL]["loaded"] is True
+        # Listed by their catalog names (the file's stem), as ListModels names them.
+        assert models[SMALL_MODEL.removesuffix(".gguf")]["role"] == "generation"
+        assert models[EMBED_MODEL.removesuffix(".gguf")]["loaded"] is True
         whole = await client.chat.completions.create(
             model=SMALL_MODEL, messages=[{"role": "user", "content": "Name a color."}],
             max_tokens=8)

@@ -11,6 +11,7 @@ import signal
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 
 from llamad_protocol.v1 import control_pb2, inference_pb2
@@ -38,7 +39,7 @@ async def _generate(stub: object, model: str) -> list[inference_pb2.GenerateResp
 
 async def test_naming_models_routes_to_them_and_loads_on_demand(llama_server: str) -> None:
     env = config_env("llama-server", LLAMAD_MODELS_DIR=str(models_dir()),
-                     LLAMAD_GENERATION_PARALLEL="1")
+                     LLAMAD_GENERATION_PARALLEL="1", LLAMAD_HTTP_LISTEN="127.0.0.1:0")
     async with serving(env) as (daemon, clients):
         listed = await clients.control.ListModels(control_pb2.ListModelsRequest())
         assert _states(listed) == {SMOL: control_pb2.MODEL_STATE_READY,
@@ -63,6 +64,24 @@ async def test_naming_models_routes_to_them_and_loads_on_demand(llama_server: st
         info = next(m for m in listed.models if m.name == GEMMA)
         assert info.HasField("last_used") and info.memory_estimate_bytes > 0
         assert daemon.children["generation"].serving_pid == smol_pid  # untouched
+
+        # The HTTP API shows the same catalog and routes a name to its model.
+        async with httpx.AsyncClient(trust_env=False, timeout=120) as http:
+            base = f"http://127.0.0.1:{daemon.http_port}/v1"
+            page = (await http.get(base + "/models")).json()
+            assert {m["id"]: m["loaded"] for m in page["data"]} == {
+                SMOL: True, GEMMA: True, MINILM: True}
+            for name in (GEMMA, f"{GEMMA}.gguf"):
+                reply = (await http.post(base + "/completions", json={
+                    "model": name, "prompt": "The capital of France is", "max_tokens": 4,
+                    "temperature": 0})).json()
+                assert reply["model"] == f"{GEMMA}.gguf", reply
+            reply = (await http.post(base + "/embeddings", json={
+                "model": MINILM, "input": "a cat"})).json()
+            assert len(reply["data"][0]["embedding"]) == 384
+            missing = await http.post(base + "/completions", json={
+                "model": "nope", "prompt": "x", "max_tokens": 1})
+            assert missing.status_code == 404 and GEMMA in missing.json()["error"]["message"]
 
         embedded = await clients.inference.Embed(
             inference_pb2.EmbedRequest(texts=["a cat"], model=MINILM), timeout=60)
