@@ -32,7 +32,7 @@ from supervisor import (
     choose_chat_template,
 )
 
-from .errors import Disabled, FailedPrecondition, RequestError
+from .errors import Disabled, FailedPrecondition, ModelUnloaded, RequestError
 
 if TYPE_CHECKING:
     from .children import Setup
@@ -205,11 +205,16 @@ class DisabledBackend:
     context_tokens = 0
     dialect = LLAMA_CPP  # never asked: every call is refused first
 
-    def __init__(self, role: str) -> None:
+    def __init__(self, role: str, unloaded: str = "") -> None:
         self.role = role
+        self.unloaded = unloaded  # why the model pool unloaded it ("": disabled)
 
     @property
     def refusal(self) -> RequestError:
+        if self.unloaded:
+            return ModelUnloaded(
+                f"the model was unloaded ({self.unloaded}) while this call waited for it; "
+                "calling again loads it")
         return Disabled(
             f"{self.role} is disabled ({self.role}.mode = disabled); ControlService/SetMode "
             "switches it to a supervised child or an endpoint")

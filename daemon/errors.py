@@ -114,6 +114,11 @@ class Draining(RequestError):
     """The daemon is draining for shutdown and takes no new calls."""
 
 
+class ModelUnloaded(RequestError):
+    """The model a call waited for was taken out of residency meanwhile (evicted for
+    room, its ttl, or UnloadModel): calling again loads it."""
+
+
 class OutOfRange(RequestError):
     """The request cannot fit the model's context, even at its minimum."""
 
@@ -190,7 +195,7 @@ def map_error(exc: BaseException) -> Mapped:
         return Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), exc.retry_after)
     if isinstance(exc, DeadlineUnmeetable):
         return Mapped(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
-    if isinstance(exc, Draining):
+    if isinstance(exc, (Draining, ModelUnloaded)):
         return Mapped(grpc.StatusCode.UNAVAILABLE, str(exc), DEFAULT_RETRY_AFTER)
     if isinstance(exc, ChildNotReadyError):
         return Mapped(grpc.StatusCode.UNAVAILABLE, str(exc), exc.retry_after)

@@ -154,6 +154,7 @@ class Model:
         self._clock = clock or SystemClock()
         self._available = available
         self._state = ModelState.UNLOADED
+        self._unloaded_for = ""  # why the pool unloaded it, while it stays unloaded
         self._began, self._reason = 0.0, ""  # of the replace() running, for its record
         self._switching = asyncio.Lock()  # held by replace() and unload(): never interleave
         self._listeners: list[Listener] = []
@@ -264,7 +265,7 @@ class Model:
             supervisor.ChildNotReadyError: the child or endpoint is not ready.
         """
         if self._mode.kind is InferenceMode.DISABLED:
-            return DisabledBackend(self.role)
+            return DisabledBackend(self.role, self._unloaded_for)
         client = self._supervisor.client
         if isinstance(client, EndpointClient):
             return EndpointBackend(client)
@@ -421,10 +422,12 @@ class Model:
                 record, seconds=self._clock.monotonic() - self._began)
             return self._last_swap
 
-    async def unload(self, progress: ProgressSink | None = None) -> None:
+    async def unload(self, progress: ProgressSink | None = None, *, why: str = "") -> None:
         """Go out of service: refuse new calls now (the mode becomes disabled), let the
         running ones finish (bounded by the drain timeout), then stop the child (or close
-        the endpoint's connections).
+        the endpoint's connections). ``why`` (the pool's unloads: eviction, ttl, an
+        admin's UnloadModel) makes the refusal of calls still waiting say so, retryable,
+        instead of "disabled".
 
         Cancellation: the drain and stop go on in the background.
 
@@ -438,6 +441,7 @@ class Model:
         async with self._switching:
             self._move(ModelState.DRAINING)
             self._mode = Mode(InferenceMode.DISABLED)
+            self._unloaded_for = why
             self._last_error = ""
             self._notify()
             report(SwapProgress("swapping", "new calls are refused from now on"))
@@ -470,6 +474,7 @@ class Model:
         if not swap:  # a mode switch starts with a clean record
             self._last_error = ""
         self._mode = target.mode
+        self._unloaded_for = ""
         if self._state is ModelState.LOADING:
             self._move(ModelState.SERVING)
         if resize:

@@ -263,7 +263,8 @@ class Pool:
         for victim in victims:
             _log.info("model evict", model=victim.name, for_model=name,
                       in_flight=victim.busy)
-            await self._models[victim.name].unload()  # drains its calls first, bounded
+            # Drains its calls first, bounded.
+            await self._models[victim.name].unload(why=f"evicted to make room for {name!r}")
             self._unloaded(victim.name, "room")
 
     async def expire(self) -> list[str]:
@@ -284,7 +285,7 @@ class Pool:
                 continue
             _log.info("model idle past its ttl", model=entry.name, ttl=entry.ttl)
             with contextlib.suppress(SwapInProgressError):
-                await model.unload()
+                await model.unload(why=f"idle past its ttl of {entry.ttl:g} s")
                 expired.append(entry.name)
                 self._unloaded(entry.name, "ttl")
         return expired
@@ -313,7 +314,7 @@ class Pool:
         if model is None or not self.is_resident(entry.name):
             return model
         _log.info("model unload", model=entry.name, in_flight=model.busy())
-        await model.unload()
+        await model.unload(why="UnloadModel")
         self._unloaded(entry.name, "admin")
         return model
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import grpc
 import pytest
 
+from daemon import errors
 from daemon._catalog import Catalog, CatalogEntry
-from daemon.errors import FailedPrecondition, InvalidArgument, UnknownModel
+from daemon.errors import FailedPrecondition, InvalidArgument, ModelUnloaded, UnknownModel
 from daemon.inference_mode import InferenceMode
 from daemon.pool import Pool
 from supervisor import (
@@ -109,11 +111,15 @@ async def test_unload_then_load_again(rig: Rig) -> None:
     await rig.pool.unload("b")
     assert rig.state("gen-b") == "unloaded"
     assert not rig.pool.is_resident("gen-b")
-    assert model.backend().refusal is not None  # new calls are refused
+    # New calls (and any still waiting for it) are refused, retryable, saying why.
+    refusal = model.backend().refusal
+    assert isinstance(refusal, ModelUnloaded) and "UnloadModel" in str(refusal)
+    assert errors.map_error(refusal).code is grpc.StatusCode.UNAVAILABLE
     assert await rig.pool.unload("gen-b") is model  # not resident: nothing to do
     assert await rig.pool.load("gen-b") is model  # the same Model, a second start
     assert rig.launches("gen-b") == 2
     assert rig.state("gen-b") == "ready"
+    assert model.backend().refusal is None
 
 
 async def test_unknown_model_cannot_be_loaded(rig: Rig) -> None:

@@ -74,6 +74,9 @@ async def test_a_new_model_evicts_the_least_recently_used_idle_one(tmp_path: Pat
     await rig.pool.load("emb")
     assert {n: rig.state(n) for n in ("gen-a", "gen-b", "gen-c", "emb")} == {
         "gen-a": "ready", "gen-b": "unloaded", "gen-c": "ready", "emb": "ready"}
+    evicted = rig.pool.model("gen-b")
+    assert evicted is not None  # a call still waiting for it hears why, retryable
+    assert "evicted to make room for 'emb'" in str(evicted.backend().refusal)
     # The evicted one comes back on demand, evicting the next least recently used.
     await rig.pool.load("gen-b")
     assert rig.state("gen-c") == "unloaded" and rig.state("gen-b") == "ready"
