@@ -11,6 +11,8 @@ service name                   SERVING when
 ``llamad.v1.RetrievalService`` the daemon is up and retrieval is enabled (BM25 works
                                without embedding; vectors follow ``embedding``)
 ``""`` (overall)               not draining and every role not disabled is ready
+``model/<name>``               the catalog model ``<name>`` is resident and ready
+                               (the model pool; one entry per catalog model)
 =============================  ==============================================
 
 While the node is drained (ControlService SetDraining) or draining for shutdown, every
@@ -24,7 +26,8 @@ race.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
@@ -33,6 +36,7 @@ from llamad_protocol.v1.wire import (
     CONTROL_SERVICE,
     HEALTH_EMBEDDING,
     HEALTH_GENERATION,
+    HEALTH_MODEL_PREFIX,
     HEALTH_OVERALL,
     INFERENCE_SERVICE,
     RETRIEVAL_SERVICE,
@@ -47,10 +51,28 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 
+class _View(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+
+class Pooled(Protocol):
+    """What health needs of the model pool (:class:`daemon.pool.Pool`)."""
+
+    def models(self) -> Sequence[_View]: ...
+
+    def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]: ...
+
+
 class HealthReporter:
-    def __init__(self, children: Mapping[str, Model], *, retrieval: bool = False) -> None:
+    def __init__(self, children: Mapping[str, Model], *, retrieval: bool = False,
+                 pool: Pooled | None = None) -> None:
         self.servicer = health_aio.HealthServicer()
         self._retrieval = retrieval
+        self._pool = pool
         self._children = children
         self._draining = False
         self._drained = False  # by an admin (SetDraining)
@@ -59,6 +81,8 @@ class HealthReporter:
         self._unsubscribe = [
             c.supervisor.subscribe(self._on_change) for c in children.values()
         ]
+        if pool is not None:
+            self._unsubscribe.append(pool.subscribe(self.refresh))
 
     def _on_change(self, _: StateChange) -> None:
         self.refresh()
@@ -78,7 +102,7 @@ class HealthReporter:
         all_running = all(running(role) for role, c in self._children.items()
                           if c.mode.kind is not InferenceMode.DISABLED)
         flag = {True: SERVING, False: NOT_SERVING}
-        return {
+        statuses = {
             HEALTH_GENERATION: flag[up and running("generation")],
             HEALTH_EMBEDDING: flag[up and running("embedding")],
             INFERENCE_SERVICE: flag[up and running("generation")],
@@ -86,6 +110,9 @@ class HealthReporter:
             RETRIEVAL_SERVICE: flag[up and self._retrieval],
             HEALTH_OVERALL: flag[up and all_running],
         }
+        for view in self._pool.models() if self._pool is not None else ():
+            statuses[HEALTH_MODEL_PREFIX + view.name] = flag[up and view.state == "ready"]
+        return statuses
 
     async def _apply(self) -> None:
         for name, status in self.statuses().items():

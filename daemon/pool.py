@@ -118,6 +118,27 @@ class Pool:
         self._last_used: dict[str, float] = {}
         self._loaded_at: dict[str, float] = {}  # when each pool model last became resident
         self._closed = False
+        self._listeners: list[Callable[[], None]] = []
+        for model in self._models.values():
+            self._watch(model)
+
+    def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener`` (no arguments, on the event loop) whenever any model's state
+        may have changed: a load, an unload, its child's state; return the unsubscribe."""
+        self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+        return unsubscribe
+
+    def _watch(self, model: Model) -> None:
+        model.subscribe(lambda _: self._changed())
+        model.supervisor.subscribe(lambda _: self._changed())
+
+    def _changed(self) -> None:
+        for listener in list(self._listeners):
+            listener()
         self._estimates: dict[str, int] = {}
 
     @property
@@ -196,6 +217,7 @@ class Pool:
         model = self._models.get(entry.name)
         if model is None:
             model = self._models[entry.name] = self._build(entry)
+            self._watch(model)
         if model.current is None:
             raise FailedPrecondition(f"model {entry.name!r} has no model file")
         need = memory.memory_needed(model.setup)

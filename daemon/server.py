@@ -181,7 +181,8 @@ class Daemon:
                                        unavailable_reason=unavailable_reason(self.children),
                                        embedder_for=make_lookup(provider),
                                        clock=self._clock)
-        self.health = HealthReporter(self.children, retrieval=self.retriever is not None)
+        self.health = HealthReporter(self.children, retrieval=self.retriever is not None,
+                                     pool=self.pool)
         self.drainer = Drainer(self.children, self.health.set_drained)
         self._agent: AgentServer | None = None
         self.agent_port = 0

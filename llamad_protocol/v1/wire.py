@@ -44,5 +44,9 @@ HEALTH_EMBEDDING: Final = "embedding"
 
 HEALTH_NAMES: Final = (HEALTH_OVERALL, HEALTH_GENERATION, HEALTH_EMBEDDING, INFERENCE_SERVICE,
                        CONTROL_SERVICE, RETRIEVAL_SERVICE)
-"""Every service name llamad reports to grpc.health.v1 (``daemon/health.py`` says when each
-is SERVING); any other name is SERVICE_UNKNOWN."""
+"""Every fixed service name llamad reports to grpc.health.v1 (``daemon/health.py`` says when
+each is SERVING); besides these, one :data:`HEALTH_MODEL_PREFIX` entry per catalog model;
+any other name is SERVICE_UNKNOWN."""
+HEALTH_MODEL_PREFIX: Final = "model/"
+"""Health entries ``model/<catalog name>``: SERVING while that model is resident and ready
+(a model that is not loaded is NOT_SERVING, though a call naming it loads it)."""
