@@ -118,6 +118,7 @@ class Pool:
         self._last_used: dict[str, float] = {}
         self._loaded_at: dict[str, float] = {}  # when each pool model last became resident
         self._closed = False
+        self._estimates: dict[str, int] = {}
         self._listeners: list[Callable[[], None]] = []
         for model in self._models.values():
             self._watch(model)
@@ -139,7 +140,6 @@ class Pool:
     def _changed(self) -> None:
         for listener in list(self._listeners):
             listener()
-        self._estimates: dict[str, int] = {}
 
     @property
     def catalog(self) -> Catalog:

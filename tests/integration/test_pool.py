@@ -64,6 +64,7 @@ async def test_naming_models_routes_to_them_and_loads_on_demand(llama_server: st
         info = next(m for m in listed.models if m.name == GEMMA)
         assert info.HasField("last_used") and info.memory_estimate_bytes > 0
         assert daemon.children["generation"].serving_pid == smol_pid  # untouched
+        await clients.wait_serving(f"model/{GEMMA}", timeout=10)  # its health entry
 
         # The HTTP API shows the same catalog and routes a name to its model.
         async with httpx.AsyncClient(trust_env=False, timeout=120) as http:
