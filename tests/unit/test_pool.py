@@ -147,3 +147,10 @@ async def test_preload_starts_the_preload_models(tmp_path: Path) -> None:
     assert [t.get_name() for t in tasks] == ["preload-gen-c"]
     await asyncio.gather(*tasks)
     assert r.state("gen-c") == "ready"
+
+
+def test_a_new_pool_lists_its_models_before_anything_happened(tmp_path: Path) -> None:
+    """The first model list (health's, at start-up) comes before any load or state
+    change."""
+    rig = Rig(tmp_path)
+    assert [v.state for v in rig.pool.models()] == ["unloaded"] * 4
