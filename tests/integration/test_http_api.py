@@ -53,9 +53,10 @@ async def running(llama_server: str, tmp_path_factory: pytest.TempPathFactory
         url = f"http://127.0.0.1:{daemon.http_port}"
         async with httpx.AsyncClient(trust_env=False) as http:
             deadline = time.monotonic() + 120
-            while True:  # both models loaded
+            roles = {SMALL_MODEL.removesuffix(".gguf"), EMBED_MODEL.removesuffix(".gguf")}
+            while True:  # both roles' models loaded (models_dir's others are listed too)
                 page = (await http.get(url + "/v1/models", headers=_auth())).json()
-                if all(m["loaded"] for m in page["data"]):
+                if all(m["loaded"] for m in page["data"] if m["id"] in roles):
                     break
                 assert time.monotonic() < deadline, page
                 await asyncio.sleep(0.2)
