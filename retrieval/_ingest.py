@@ -18,7 +18,7 @@ import contextlib
 import hashlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import PurePosixPath
 
 import numpy as np
@@ -61,7 +61,7 @@ class Ingest:
         # Documents being processed: their state is shown from here (SQLite keeps the
         # last committed version, which a crash mid-processing must leave as it was).
         self.inflight: dict[str, DocumentRow] = {}
-        self.review = Review(indexes, self.index, self.inflight)
+        self.review = Review(indexes, self.index, self.processing)
         self._batcher: EmbedBatcher | None = None
         self._batcher_model = ""
         self.committer: GroupCommitter[PendingWrite, DocumentRow] = GroupCommitter(
@@ -119,10 +119,8 @@ class Ingest:
         previous version atomically), shown ``processing`` meanwhile. A failure leaves the
         document ``failed`` with the reason; its indexed version stays searchable."""
         limits = self.limits
-        store, _ = self._indexes.require()
         doc_id = doc.id
-        self.inflight[doc_id] = doc
-        try:
+        async with self.processing(doc):
             pieces = await asyncio.to_thread(
                 chunk_text, text, doc.kind, size=limits.chunk_size,
                 overlap=limits.chunk_overlap, max_chars=limits.max_chunk_chars)
@@ -131,6 +129,17 @@ class Ingest:
                     for i, p in enumerate(pieces, start=1)]
             model, cached, fresh = await self._vectors_for(rows)
             indexed = await self.committer.submit(PendingWrite(doc, rows, model, cached, fresh))
+        return indexed
+
+    @contextlib.asynccontextmanager
+    async def processing(self, doc: DocumentRow) -> AsyncIterator[None]:
+        """Show ``doc`` as ``processing`` for the body (indexing it, or holding it for
+        review); a failure leaves it ``failed`` with the reason (a full disk raised as
+        :class:`StorageFull`, saying what to do)."""
+        store, _ = self._indexes.require()
+        self.inflight[doc.id] = doc
+        try:
+            yield
         except Exception as exc:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(store.set_state, doc, "failed", str(exc)[:500])
@@ -138,9 +147,8 @@ class Ingest:
                 raise self._indexes.storage_full() from exc
             raise
         finally:
-            if self.inflight.get(doc_id) is doc:
-                del self.inflight[doc_id]
-        return indexed
+            if self.inflight.get(doc.id) is doc:
+                del self.inflight[doc.id]
 
     async def check(self, source_id: str, text: str, kind: str) -> SourceRow:
         """What refuses a document before any work: its kind, empty or oversized text, an

@@ -31,13 +31,15 @@ from functools import partial
 from ._indexes import Indexes
 from ._redact import redact
 from ._store import DocumentRow, Store
-from .errors import InvalidDocument, NotFound, WrongState, is_storage_full
+from .errors import InvalidDocument, NotFound, WrongState
 
 MAX_NOTE_CHARS = 2000
 """Longest reviewer's note, in characters (docs/retrieval.md, "Review")."""
 
 Index = Callable[[DocumentRow, str], Awaitable[DocumentRow]]
 """Chunk, embed and commit a document with its text (the ingest's)."""
+Processing = Callable[[DocumentRow], contextlib.AbstractAsyncContextManager[None]]
+"""The ingest's bookkeeping around work on a document (:meth:`Ingest.processing`)."""
 
 
 def _same(a: DocumentRow, b: DocumentRow) -> bool:
@@ -62,15 +64,15 @@ def check_note(note: str) -> str:
 class Review:
     """Held versions of one retriever's documents, and the reviewer's decisions."""
 
-    def __init__(self, indexes: Indexes, index: Index,
-                 inflight: dict[str, DocumentRow]) -> None:
+    def __init__(self, indexes: Indexes, index: Index, processing: Processing) -> None:
         """Args:
             index: the ingest's indexing of a document and its text.
-            inflight: the ingest's documents being processed (shown ``processing``).
+            processing: the ingest's bookkeeping around work on a document (shown
+                ``processing``; ``failed`` with the reason if the work raises).
         """
         self._indexes = indexes
         self._index = index
-        self._inflight = inflight
+        self._processing = processing
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = \
             weakref.WeakValueDictionary()
 
@@ -103,18 +105,8 @@ class Review:
                         and existing.document_date == doc.document_date:
                     await asyncio.to_thread(store.release_held, doc.id)
                     return dataclasses.replace(existing, state="indexed", error="")
-            self._inflight[doc.id] = doc
-            try:
+            async with self._processing(doc):
                 await asyncio.to_thread(store.hold_document, doc, text)
-            except Exception as exc:
-                with contextlib.suppress(Exception):
-                    await asyncio.to_thread(store.set_state, doc, "failed", str(exc)[:500])
-                if is_storage_full(exc):
-                    raise self._indexes.storage_full() from exc
-                raise
-            finally:
-                if self._inflight.get(doc.id) is doc:
-                    del self._inflight[doc.id]
         return dataclasses.replace(
             doc, state="review_required", error="", review_note="",
             indexed_at=existing.indexed_at if existing is not None else 0)
