@@ -14,7 +14,11 @@ The tree::
     │                        not awaiting review); the message names its state
     ├── SourceNotAllowed     a directory source outside the allowed roots (or none set)
     ├── StorageFull          the disk (or quota) holding the indexes is full
-    └── IndexCorrupt         a store could not be opened or repaired
+    ├── IndexCorrupt         a store could not be opened or repaired
+    ├── SchemaTooNew         a PostgreSQL store migrated by a newer llamad
+    ├── StoreUnavailable     the PostgreSQL store cannot be reached, logged into, or lacks
+    │                        pgvector (the message names the server, never the password)
+    └── EmbeddingModelMismatch  this node's embedding model is not the shared corpus's
 
 None of these import or know about gRPC; the daemon maps them to status codes
 (``InvalidDocument`` and ``ExtractionError`` to INVALID_ARGUMENT, ``NotFound`` to NOT_FOUND,
@@ -124,6 +128,23 @@ class StorageFull(RetrievalError):
 
 class IndexCorrupt(RetrievalError):
     """A store (SQLite, tantivy or hnswlib) could not be opened or repaired."""
+
+
+class SchemaTooNew(RetrievalError):
+    """The PostgreSQL store's schema was migrated by a newer llamad than this one: it is
+    refused rather than written with an older idea of its tables (upgrade this node)."""
+
+
+class StoreUnavailable(RetrievalError):
+    """The PostgreSQL store cannot be used: a malformed DSN, an unreachable server, a
+    refused login, or no pgvector extension. The message names the server (never the
+    password) and says what to fix; retrying helps only when the server was down."""
+
+
+class EmbeddingModelMismatch(RetrievalError):
+    """This node's embedding model (or its dimension) differs from the one the shared
+    corpus is embedded with: its vectors would not be comparable, so none are written or
+    searched. The message names both models."""
 
 
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})

@@ -1,5 +1,6 @@
 """Shared fixtures: where the real models and the llama-server binary are. The tiers
-(tests/tiers.py) and the skip gate of CI (tests/skips.py) are plugins loaded here."""
+(tests/tiers.py), the skip gate of CI (tests/skips.py) and the PostgreSQL server of the
+store tests (tests/support/postgres.py) are plugins loaded here."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from supervisor import find_llama_server
 
-pytest_plugins = ["pytester", "tests.tiers", "tests.skips"]
+pytest_plugins = ["pytester", "tests.tiers", "tests.skips", "tests.support.postgres"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -1,0 +1,221 @@
+"""Connections to the PostgreSQL store: options, the password, and a small pool.
+
+The password never travels in the DSN: it is read from a file (``password_file``) or an
+environment variable (``password_env``) and handed to libpq as its own parameter, so no
+string llamad formats (a log line, an error, :func:`describe`) can hold it. A DSN that
+carries one is refused, without echoing it. Every error from psycopg is re-raised as
+:class:`~retrieval.errors.StoreUnavailable` with the server described by
+:func:`describe` and the password, should libpq ever quote it, scrubbed from the text.
+
+Connections are sync psycopg 3 ones: the embedded store is called the same way, from
+worker threads (``asyncio.to_thread``) by :mod:`retrieval._indexes`, so the store keeps
+that shape and the wiring stays a swap of one object for another. :class:`Pool` hands
+each thread a connection of its own (searches run in parallel on the server), opening at
+most ``max_connections`` and dropping any that broke.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from psycopg import conninfo
+from psycopg.rows import TupleRow
+
+from .errors import StoreUnavailable
+
+Connection = psycopg.Connection[TupleRow]
+
+
+@dataclass(frozen=True)
+class PgOptions:
+    """How to reach the PostgreSQL store (``retrieval.store = postgres``).
+
+    Attributes:
+        dsn: a libpq connection string or URI, without a password
+            (``postgresql://llamad@db.example.net/kb``, ``host=/run/postgresql dbname=kb``).
+        password_file: a file holding the password (its first line; read at each
+            connection, so a rotated password is picked up).
+        password_env: the name of an environment variable holding the password (used
+            when ``password_file`` is empty).
+        connect_timeout: seconds libpq waits for a connection before giving up.
+        max_connections: connections this node opens at most (a thread waits for one
+            beyond that).
+        statement_timeout_ms: the server cancels a statement running longer (0: never).
+        ef_search: HNSW candidates examined per vector search (``hnsw.ef_search``;
+            raised to the list's length when that is larger).
+        max_scan_tuples: how far an iterative HNSW scan goes to satisfy a selective
+            filter (``hnsw.max_scan_tuples``) before it returns fewer hits.
+    """
+
+    dsn: str
+    password_file: str = ""
+    password_env: str = ""
+    connect_timeout: float = 10.0
+    max_connections: int = 8
+    statement_timeout_ms: int = 30_000
+    ef_search: int = 100
+    max_scan_tuples: int = 20_000
+
+
+def describe(dsn: str) -> str:
+    """The server and database a DSN names, for messages and logs: ``user@host:port/db``,
+    never a password. A DSN that cannot be parsed is described as such, not quoted."""
+    try:
+        parts = conninfo.conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return "(unparsable DSN)"
+    host = str(parts.get("host") or "local socket")
+    port = f":{parts['port']}" if parts.get("port") else ""
+    user = f"{parts['user']}@" if parts.get("user") else ""
+    return f"{user}{host}{port}/{parts.get('dbname') or '(default database)'}"
+
+
+def read_password(options: PgOptions) -> str | None:
+    """The password from ``password_file`` or ``password_env``; None when neither is set.
+
+    Raises:
+        StoreUnavailable: the file cannot be read, or the variable is not set.
+    """
+    if options.password_file:
+        try:
+            text = Path(options.password_file).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot read the PostgreSQL password file "
+                                   f"{options.password_file}: {exc.strerror}") from None
+        return text.splitlines()[0] if text else ""
+    if options.password_env:
+        value = os.environ.get(options.password_env)
+        if value is None:
+            raise StoreUnavailable(f"the PostgreSQL password variable {options.password_env} "
+                                   "is not set")
+        return value
+    return None
+
+
+def check_dsn(dsn: str) -> None:
+    """Refuse a DSN that cannot be parsed or that carries a password.
+
+    Raises:
+        StoreUnavailable: says which, without quoting the DSN (it may hold a secret).
+    """
+    try:
+        parts = conninfo.conninfo_to_dict(dsn)
+    except psycopg.Error:
+        raise StoreUnavailable("the PostgreSQL DSN cannot be parsed (expected "
+                               "'postgresql://user@host:port/dbname' or 'key=value' "
+                               "pairs)") from None
+    if parts.get("password"):
+        raise StoreUnavailable(f"the PostgreSQL DSN for {describe(dsn)} holds a password: "
+                               "put it in a file (password_file) or an environment "
+                               "variable (password_env) instead")
+
+
+def scrub(text: str, secret: str | None) -> str:
+    """``text`` with every occurrence of ``secret`` replaced by ``***``."""
+    return text.replace(secret, "***") if secret else text
+
+
+def connect(options: PgOptions) -> Connection:
+    """A new connection with llamad's session settings.
+
+    Raises:
+        StoreUnavailable: bad DSN, unreachable server, refused login (names the server).
+    """
+    check_dsn(options.dsn)
+    password = read_password(options)
+    extra: dict[str, str | int] = {
+        "connect_timeout": max(1, round(options.connect_timeout)),
+        "application_name": "llamad",
+        # A node that vanishes without closing its socket (power cut, partition) loses
+        # its session, and its scan locks, within about a minute rather than hours.
+        "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+        "keepalives_count": 3,
+    }
+    if password is not None:
+        extra["password"] = password
+    try:
+        # The password joins the conninfo here only, in memory, never in a message.
+        conn = psycopg.connect(conninfo.make_conninfo(options.dsn, **extra), autocommit=True)
+    except psycopg.Error as exc:
+        reason = scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else
+                       type(exc).__name__, password)
+        raise StoreUnavailable(f"cannot connect to PostgreSQL at {describe(options.dsn)}: "
+                               f"{reason}") from None
+    try:
+        conn.execute("SELECT set_config('statement_timeout', %s, false)",
+                     (str(options.statement_timeout_ms),))
+    except psycopg.Error:
+        conn.close()
+        raise
+    return conn
+
+
+class Pool:
+    """At most ``max_connections`` connections, one per thread at a time.
+
+    A connection comes back to the pool after use unless it broke (or is inside a
+    transaction, which only a bug leaves): then it is closed and a fresh one opened
+    next time. Thread-safe.
+    """
+
+    def __init__(self, options: PgOptions) -> None:
+        self.options = options
+        self._idle: queue.LifoQueue[Connection] = queue.LifoQueue()
+        self._slots = threading.BoundedSemaphore(max(1, options.max_connections))
+        self._closed = False
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """A connection for the block (autocommit; open a transaction with
+        ``conn.transaction()``).
+
+        Raises:
+            StoreUnavailable: no connection could be opened, or the pool is closed.
+        """
+        if not self._slots.acquire(timeout=self.options.connect_timeout + 30):
+            raise StoreUnavailable(f"no PostgreSQL connection free "
+                                   f"(max_connections = {self.options.max_connections})")
+        conn: Connection | None = None
+        try:
+            if self._closed:
+                raise StoreUnavailable("the PostgreSQL store is closed")
+            while conn is None:
+                try:
+                    conn = self._idle.get_nowait()
+                except queue.Empty:
+                    conn = connect(self.options)
+                    break
+                if conn.closed or conn.broken:
+                    _close(conn)
+                    conn = None
+            yield conn
+        finally:
+            if conn is not None:
+                healthy = not (conn.closed or conn.broken) and \
+                    conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+                if healthy and not self._closed:
+                    self._idle.put(conn)
+                else:
+                    _close(conn)
+            self._slots.release()
+
+    def close(self) -> None:
+        """Close the idle connections; those in use close when their block ends."""
+        self._closed = True
+        while True:
+            try:
+                _close(self._idle.get_nowait())
+            except queue.Empty:
+                return
+
+
+def _close(conn: Connection) -> None:
+    with contextlib.suppress(psycopg.Error):
+        conn.close()

@@ -1,0 +1,98 @@
+"""One scanner per source across the nodes sharing a PostgreSQL store.
+
+A node rescans a directory source only while it holds that source's advisory lock,
+``pg_try_advisory_lock(key)``, taken on a connection of its own that it keeps open (a
+session lock, not a transaction one: a scan spans many transactions). Postgres releases
+the lock when that session ends: a clean release, the node's exit, kill -9 (the socket
+closes), or, for a node that vanished from the network, the TCP keepalives of
+:func:`retrieval._pg_connect.connect` giving up on it (about a minute). A second node
+asking meanwhile is told no at once and skips the scan; it never waits.
+
+The key is the first 8 bytes of ``sha256("llamad.scan:" + source id)`` as a signed bigint:
+the same on every node and every Postgres version (``hashtext`` is neither promised).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import threading
+
+import psycopg
+import structlog
+
+from ._pg_connect import Connection, PgOptions, connect, describe
+
+_log = structlog.get_logger("llamad.retrieval")
+
+
+def scan_lock_key(source_id: str) -> int:
+    """The advisory lock key of a source (a signed 64-bit integer)."""
+    digest = hashlib.sha256(b"llamad.scan:" + source_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+class ScanLocks:
+    """The scan locks this node holds, on one dedicated session. Thread-safe."""
+
+    def __init__(self, options: PgOptions) -> None:
+        self._options = options
+        self._conn: Connection | None = None
+        self._held: set[str] = set()
+        self._lock = threading.Lock()
+
+    def _session(self) -> Connection:
+        """The lock session; a new one if the old one broke (its locks went with it)."""
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            if self._held:
+                _log.warning("scan lock session lost; its locks were released by the "
+                             "server", sources=sorted(self._held),
+                             store=describe(self._options.dsn))
+                self._held.clear()
+            self._conn = connect(self._options)
+        return self._conn
+
+    def try_acquire(self, source_id: str) -> bool:
+        """Take the source's scan lock if no session holds it; True when this node now
+        holds it (also when it already did).
+
+        Raises:
+            StoreUnavailable: the server cannot be reached.
+        """
+        with self._lock:
+            if source_id in self._held and self._conn is not None and \
+                    not (self._conn.closed or self._conn.broken):
+                return True
+            conn = self._session()
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)",
+                               (scan_lock_key(source_id),)).fetchone()
+            taken = bool(row and row[0])
+            if taken:
+                self._held.add(source_id)
+            return taken
+
+    def release(self, source_id: str) -> None:
+        """Release the source's scan lock (nothing if this node does not hold it)."""
+        with self._lock:
+            if source_id not in self._held:
+                return
+            self._held.discard(source_id)
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                return  # the session is gone, and its locks with it
+            with contextlib.suppress(psycopg.Error):
+                self._conn.execute("SELECT pg_advisory_unlock(%s)",
+                                   (scan_lock_key(source_id),))
+
+    def held(self) -> frozenset[str]:
+        """The sources whose scan lock this node holds (as far as it knows)."""
+        with self._lock:
+            return frozenset(self._held)
+
+    def close(self) -> None:
+        """End the session: every lock it held is released."""
+        with self._lock:
+            self._held.clear()
+            if self._conn is not None:
+                with contextlib.suppress(psycopg.Error):
+                    self._conn.close()
+                self._conn = None
