@@ -117,6 +117,12 @@ def check_dsn(dsn: str) -> None:
                                "variable (password_env) instead")
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message (libpq adds hints and context below it)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def scrub(text: str, secret: str | None) -> str:
     """``text`` with every occurrence of ``secret`` replaced by ``***``."""
     return text.replace(secret, "***") if secret else text
@@ -144,8 +150,7 @@ def connect(options: PgOptions) -> Connection:
         # The password joins the conninfo here only, in memory, never in a message.
         conn = psycopg.connect(conninfo.make_conninfo(options.dsn, **extra), autocommit=True)
     except psycopg.Error as exc:
-        reason = scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else
-                       type(exc).__name__, password)
+        reason = scrub(first_line(exc), password)
         raise StoreUnavailable(f"cannot connect to PostgreSQL at {describe(options.dsn)}: "
                                f"{reason}") from None
     try:

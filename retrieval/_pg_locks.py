@@ -21,7 +21,8 @@ import threading
 import psycopg
 import structlog
 
-from ._pg_connect import Connection, PgOptions, connect, describe
+from ._pg_connect import Connection, PgOptions, connect, describe, first_line
+from .errors import StoreUnavailable
 
 _log = structlog.get_logger("llamad.retrieval")
 
@@ -60,16 +61,54 @@ class ScanLocks:
             StoreUnavailable: the server cannot be reached.
         """
         with self._lock:
-            if source_id in self._held and self._conn is not None and \
-                    not (self._conn.closed or self._conn.broken):
+            if source_id in self._held and self._alive():
+                # Already held: asking Postgres again would stack a second hold that
+                # one release would not undo.
                 return True
             conn = self._session()
-            row = conn.execute("SELECT pg_try_advisory_lock(%s)",
-                               (scan_lock_key(source_id),)).fetchone()
+            try:
+                row = conn.execute("SELECT pg_try_advisory_lock(%s)",
+                                   (scan_lock_key(source_id),)).fetchone()
+            except psycopg.Error as exc:
+                self._alive()  # forget the session (and its locks) if it broke
+                raise StoreUnavailable(f"scan lock for source {source_id} not taken: "
+                                       f"{first_line(exc)}") from None
             taken = bool(row and row[0])
             if taken:
                 self._held.add(source_id)
             return taken
+
+    def holds(self, source_id: str) -> bool:
+        """Whether this node's session holds the source's lock now, asked of the server
+        (a long scan checks it between batches: a lost session lost its locks)."""
+        key = scan_lock_key(source_id) & 0xFFFF_FFFF_FFFF_FFFF
+        with self._lock:
+            conn = self._conn
+            if conn is None or source_id not in self._held or not self._alive():
+                return False
+            row = conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
+                "AND pid = pg_backend_pid() AND granted AND objsubid = 1 "
+                "AND classid::bigint = %s AND objid::bigint = %s)",
+                (key >> 32, key & 0xFFFF_FFFF)).fetchone()
+            return bool(row and row[0])
+
+    def _alive(self) -> bool:
+        """Whether the lock session still answers; when it does not, the locks it held
+        are gone (the server released them), and are forgotten here too."""
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            return False
+        try:
+            self._conn.execute("SELECT 1")
+        except psycopg.Error:
+            _log.warning("scan lock session lost; the server released its locks",
+                         sources=sorted(self._held), store=describe(self._options.dsn))
+            self._held.clear()
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = None
+            return False
+        return True
 
     def release(self, source_id: str) -> None:
         """Release the source's scan lock (nothing if this node does not hold it)."""

@@ -34,7 +34,7 @@ import psycopg
 import structlog
 
 from ._bm25 import Filters
-from ._pg_connect import Connection, PgOptions, Pool, connect, describe
+from ._pg_connect import Connection, PgOptions, Pool, connect, describe, first_line
 from ._pg_locks import ScanLocks
 from ._pg_schema import SCHEMA_VERSION, ensure_vector_extension, ensure_vector_space, migrate
 from ._pg_search import LEXICAL_RANKING, bm25_extension, text_search, vector_search
@@ -106,7 +106,7 @@ class PostgresStore:
                           LEXICAL_RANKING, bm25_extension(conn), "", 0)
         except psycopg.Error as exc:
             raise StoreUnavailable(f"PostgreSQL store {target}: "
-                                   f"{_first_line(exc)}") from None
+                                   f"{first_line(exc)}") from None
         finally:
             conn.close()
         _log.info("postgres store open", store=target, schema_version=SCHEMA_VERSION,
@@ -128,14 +128,14 @@ class PostgresStore:
                 yield conn
         except psycopg.errors.DiskFull as exc:
             raise StorageFull(f"the PostgreSQL server of {self.target} is out of disk "
-                              f"space: {_first_line(exc)}; nothing of this write was "
+                              f"space: {first_line(exc)}; nothing of this write was "
                               "kept") from None
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             raise StoreUnavailable(f"PostgreSQL store {self.target} unavailable: "
-                                   f"{_first_line(exc)}") from None
+                                   f"{first_line(exc)}") from None
         except (psycopg.DataError, psycopg.IntegrityError) as exc:
             raise InvalidDocument(f"PostgreSQL store {self.target} refused the write: "
-                                  f"{_first_line(exc)}") from None
+                                  f"{first_line(exc)}") from None
 
     def info(self) -> PgInfo:
         """Where the store runs and how it ranks (the corpus model read now)."""
@@ -152,13 +152,14 @@ class PostgresStore:
             conn.execute(
                 "INSERT INTO sources(id, kind, root, category, tags, created_at, "
                 "review_required, max_age_days, max_items) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "VALUES (%s, %s, %s, %s, %s, coalesce(%s, extract(epoch FROM now())::bigint), "
+                "%s, %s, %s) "
                 "ON CONFLICT (id) DO UPDATE SET kind = excluded.kind, root = excluded.root, "
                 "category = excluded.category, tags = excluded.tags, "
                 "review_required = excluded.review_required, "
                 "max_age_days = excluded.max_age_days, max_items = excluded.max_items",
                 (source.id, source.kind, source.root, source.category, list(source.tags),
-                 source.created_at or _now(conn), source.review_required,
+                 source.created_at or None, source.review_required,
                  source.max_age_days, source.max_items))
 
     def source(self, source_id: str) -> SourceRow | None:
@@ -406,14 +407,13 @@ class PostgresStore:
             EmbeddingModelMismatch: ``model`` is not the corpus's.
             ValueError: ``vector`` has the wrong dimension or is not finite.
         """
-        corpus = self.corpus_model()
-        if corpus is None or corpus[0] != model:
-            raise self._mismatch(model, corpus)
         with self._conn() as conn:
-            row = conn.execute("SELECT space_id FROM corpus_model").fetchone()
-            if row is None:
-                raise self._mismatch(model, None)
-            return vector_search(conn, int(row[0]), corpus[1], vector.tolist(),
+            row = conn.execute("SELECT s.id, s.model, s.dim FROM corpus_model c JOIN "
+                               "vector_spaces s ON s.id = c.space_id").fetchone()
+            if row is None or str(row[1]) != model:
+                raise self._mismatch(model, None if row is None else (str(row[1]),
+                                                                      int(row[2])))
+            return vector_search(conn, int(row[0]), int(row[2]), vector.tolist(),
                                  filters=filters, limit=limit,
                                  ef_search=self.options.ef_search,
                                  max_scan_tuples=self.options.max_scan_tuples)
@@ -445,16 +445,11 @@ class PostgresStore:
         released by :meth:`release_scan_lock`, :meth:`close`, or this node's death."""
         return self._locks.try_acquire(source_id)
 
+    def holds_scan_lock(self, source_id: str) -> bool:
+        """Whether this node still holds the source's scan lock (asked of the server)."""
+        return self._locks.holds(source_id)
+
     def release_scan_lock(self, source_id: str) -> None:
         self._locks.release(source_id)
 
-
-def _now(conn: Connection) -> int:
-    row = conn.execute("SELECT extract(epoch FROM now())::bigint").fetchone()
-    return int(row[0]) if row else 0
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 

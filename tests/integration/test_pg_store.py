@@ -261,6 +261,22 @@ def test_delete_document_and_source(store: PostgresStore) -> None:
     assert store.embedded_chunks(MODEL) == 1
 
 
+def test_a_node_notices_that_its_lock_session_was_lost(pg_dsn: str,
+                                                       store: PostgresStore) -> None:
+    """When the server ends the session holding a scan lock (a restart, an operator's
+    pg_terminate_backend), the node no longer claims the lock, and takes it again."""
+    assert store.try_scan_lock("docs")
+    assert store.holds_scan_lock("docs")
+    assert not store.holds_scan_lock("other")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        ended = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE "
+                             "locktype = 'advisory' AND pid <> pg_backend_pid()").fetchone()
+    assert ended == (1,)
+    assert not store.holds_scan_lock("docs")
+    assert store.try_scan_lock("docs")
+    assert store.holds_scan_lock("docs")
+
+
 _HOLDER = """
 import sys, time
 from retrieval._pg_connect import PgOptions
