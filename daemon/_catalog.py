@@ -51,7 +51,8 @@ class CatalogEntry:
         role: ``generation`` or ``embedding``.
         child: the settings its child runs with (``child.model`` is the GGUF path).
         aliases: other names a request may use for it.
-        pin: never evicted to make room for another model.
+        pin: never evicted to make room for another model, nor unloaded by its ttl
+            (a role's default is pinned unless its table says ``pin = false``).
         ttl: seconds of idleness after which it is unloaded (0: never).
         preload: started with the daemon.
         origin: where it was declared: ``models.NAME``, ``models_dir``, ``preset``, or a

@@ -113,6 +113,8 @@ def build_catalog(settings: Settings, children: MutableMapping[str, ChildConfig]
         else:
             add(default)
         defaults[role] = default.name
+        entries[default.name] = _pin_default(role, entries[default.name],
+                                             tables.get(default.name, {}))
     skipped = _scan(models_dir, settings, entries=entries, taken=taken,
                     overrides=overrides, add=add)
     for name in overrides:
@@ -166,6 +168,21 @@ def _entry(name: str, table: Mapping[str, Any], settings: Settings, origin: str,
         env=_env(table.get("env", {}), where))
     return CatalogEntry(name, role, child, tuple(dict.fromkeys(aliases)), pin, ttl,
                         preload, origin)
+
+
+def _pin_default(role: str, entry: CatalogEntry, table: Mapping[str, Any]) -> CatalogEntry:
+    """A role's default model stays resident (pinned) unless its ``[models.NAME]`` table
+    says ``pin = false``: then it loads on demand and is evicted like any other model.
+    The embedding role's default stays pinned: the knowledge base embeds every ingest and
+    every query with it."""
+    if "pin" not in table:
+        return dataclasses.replace(entry, pin=True)
+    if not entry.pin and role == "embedding":
+        raise ConfigError(f"{entry.origin}: pin = false on the embedding role's default "
+                          "model: it stays resident (retrieval embeds every ingest and "
+                          "query with it); name another embedding model as the role's "
+                          "default to let this one be evicted")
+    return entry
 
 
 def child_config(section: RoleSettings, role: str, model: str) -> ChildConfig:

@@ -377,8 +377,9 @@ class PoolSettings:
 
     max_resident: int = setting(
         0, "Most models resident at once, the roles' default models included; a model "
-        "that would exceed it unloads the least recently used idle model that is neither "
-        "pinned nor a role's default first (0: no limit).", minimum=0)
+        "that would exceed it unloads the least recently used idle model that is not "
+        "pinned first (a role's default is pinned unless its table says pin = false; 0: no "
+        "limit).", minimum=0)
     memory_budget_mb: int = setting(
         0, "Memory the resident models may hold together, MiB, each estimated from its "
         "GGUF metadata (weights, KV cache for ctx_size x slots, runtime overhead); a model "

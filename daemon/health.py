@@ -11,6 +11,8 @@ service name                   SERVING when
 ``llamad.v1.RetrievalService`` the daemon is up and retrieval is enabled (BM25 works
                                without embedding; vectors follow ``embedding``)
 ``""`` (overall)               not draining and every role not disabled is ready
+                               (a role whose default is unpinned also while the
+                               pool has unloaded it: it loads on demand)
 ``model/<name>``               the catalog model ``<name>`` is resident and ready
                                (the model pool; one entry per catalog model)
 =============================  ==============================================
@@ -58,6 +60,15 @@ class _View(Protocol):
     @property
     def state(self) -> str: ...
 
+    @property
+    def pinned(self) -> bool: ...
+
+    @property
+    def is_default(self) -> bool: ...
+
+    @property
+    def role(self) -> str: ...
+
 
 class Pooled(Protocol):
     """What health needs of the model pool (:class:`daemon.pool.Pool`)."""
@@ -93,9 +104,16 @@ class HealthReporter:
 
     def statuses(self) -> dict[str, int]:
         """The status each service name should have now."""
+        views = list(self._pool.models()) if self._pool is not None else []
+        on_demand = {v.role for v in views if v.is_default and not v.pinned}
+
         def running(role: str) -> bool:
             child = self._children.get(role)
-            return (child is not None and child.mode.kind is not InferenceMode.DISABLED
+            if child is None:
+                return False
+            if role in on_demand and child.unloaded_by_pool:
+                return True  # an unpinned default the pool unloaded: loads on demand
+            return (child.mode.kind is not InferenceMode.DISABLED
                     and child.supervisor.state is State.RUNNING)
 
         up = not self.draining
@@ -110,7 +128,7 @@ class HealthReporter:
             RETRIEVAL_SERVICE: flag[up and self._retrieval],
             HEALTH_OVERALL: flag[up and all_running],
         }
-        for view in self._pool.models() if self._pool is not None else ():
+        for view in views:
             statuses[HEALTH_MODEL_PREFIX + view.name] = flag[up and view.state == "ready"]
         return statuses
 

@@ -55,7 +55,8 @@ async def admitted_generation(router: InferenceRouter, sampling: Sampling,
     requested = sampling.requested()
     if requested:
         note(controls=",".join(requested))
-        if not model:  # a named model may not be loaded yet: checked once admitted
+        if router.fixed("generation", model):  # another may not be loaded yet: checked
+            # once admitted
             sampling.check(router.backend("generation").dialect, chat=chat)
     async with router.admit("generation", time_remaining, model=model) as backend:
         if requested:

@@ -184,6 +184,12 @@ class Model:
         return "unloaded" if child in (State.IDLE, State.STOPPED) else "loading"
 
     @property
+    def unloaded_by_pool(self) -> bool:
+        """Unloaded by the pool (evicted, idle past its ttl, UnloadModel): it loads again
+        on demand, unlike a model disabled by its mode."""
+        return self._state is ModelState.UNLOADED and bool(self._unloaded_for)
+
+    @property
     def config(self) -> ChildConfig:
         return self._config
 
@@ -422,12 +428,18 @@ class Model:
                 record, seconds=self._clock.monotonic() - self._began)
             return self._last_swap
 
-    async def unload(self, progress: ProgressSink | None = None, *, why: str = "") -> None:
+    async def unload(self, progress: ProgressSink | None = None, *, why: str = "",
+                     queued: Callable[[], int] | None = None) -> None:
         """Go out of service: refuse new calls now (the mode becomes disabled), let the
         running ones finish (bounded by the drain timeout), then stop the child (or close
         the endpoint's connections). ``why`` (the pool's unloads: eviction, ttl, an
         admin's UnloadModel) makes the refusal of calls still waiting say so, retryable,
         instead of "disabled".
+
+        ``queued``: first serve the calls already waiting in its queue, and the
+        ``queued()`` more on their way into it, within the same drain timeout (the pool's
+        eviction: it stops other calls from entering the queue meanwhile, so they wait
+        for the model's next load instead).
 
         Cancellation: the drain and stop go on in the background.
 
@@ -439,6 +451,15 @@ class Model:
             raise SwapInProgressError(f"a swap or mode switch of the {self.role} role is "
                                       "already running")
         async with self._switching:
+            if queued is not None:
+                more = queued
+
+                def waiting() -> int:
+                    return self._admission.queued + more()
+
+                if waiting():
+                    report(SwapProgress("draining", f"{waiting()} calls queued"))
+                    await drain(waiting, self._handover.drain_timeout, self._clock)
             self._move(ModelState.DRAINING)
             self._mode = Mode(InferenceMode.DISABLED)
             self._unloaded_for = why

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -119,6 +120,13 @@ class Pool:
         self._loaded_at: dict[str, float] = {}  # when each pool model last became resident
         self._closed = False
         self._estimates: dict[str, int] = {}
+        # Models being evicted: they serve the calls already queued, new ones wait for
+        # their next load.
+        self._closing: set[str] = set()
+        # Calls waiting for each model's load, and those a finished load let through that
+        # are not in its queue yet (:meth:`entered`): an eviction serves them first.
+        self._joined: dict[str, int] = {}
+        self._entering: dict[str, int] = {}
         self._listeners: list[Callable[[], None]] = []
         for model in self._models.values():
             self._watch(model)
@@ -186,12 +194,16 @@ class Pool:
         """``name``'s Model serves (or its supervisor is bringing its child back)."""
         model = self._models.get(name)
         return (model is not None and model.state in (ModelState.SERVING, ModelState.SWAPPING)
-                and model.mode.kind is not InferenceMode.DISABLED)
+                and model.mode.kind is not InferenceMode.DISABLED
+                and name not in self._closing)
 
-    async def load(self, name: str) -> Model:
+    async def load(self, name: str, *, call: bool = False) -> Model:
         """Make ``name`` resident and return its Model once it serves. Concurrent loads of
         one model share one start; a caller cancelled while waiting does not cancel the
         start of the others.
+
+        ``call``: the caller is a call that goes into the model's queue next and says so
+        (:meth:`entered`): until it does, an eviction of the model waits for it.
 
         Raises:
             UnknownModel: no such model.
@@ -211,7 +223,27 @@ class Pool:
             task = asyncio.get_running_loop().create_task(self._load(entry))
             self._loads[entry.name] = task
             task.add_done_callback(lambda _: self._loads.pop(entry.name, None))
-        return await asyncio.shield(task)
+        if not call:
+            return await asyncio.shield(task)
+        name = entry.name
+        self._joined[name] = self._joined.get(name, 0) + 1
+        try:
+            return await asyncio.shield(task)
+        except BaseException:
+            if task.done() and not task.cancelled() and task.exception() is None:
+                self.entered(name)  # counted on its way in, but it gave up
+            raise
+        finally:
+            self._joined[name] -= 1
+
+    def _entering_calls(self, name: str) -> int:
+        return self._entering.get(name, 0)
+
+    def entered(self, name: str) -> None:
+        """A call that :meth:`load` returned ``name`` to is in its queue now (or gave up):
+        an eviction of ``name`` need no longer wait for it."""
+        if self._entering.get(name, 0) > 0:
+            self._entering[name] -= 1
 
     async def _load(self, entry: CatalogEntry) -> Model:
         model = self._models.get(entry.name)
@@ -224,6 +256,11 @@ class Pool:
         outcome = "failed"
         try:
             async with self._room:
+                if self.is_resident(entry.name):  # an eviction of it gave up meanwhile
+                    outcome = ""
+                    self._entering[entry.name] = (self._entering.get(entry.name, 0)
+                                                  + self._joined.get(entry.name, 0))
+                    return model
                 try:
                     await self._make_room(entry.name, need)
                 except Overloaded:
@@ -234,13 +271,15 @@ class Pool:
                 try:
                     await model.replace(model.target_for(model.setup),
                                         reason=f"load {entry.name}")
+                    # Every call waiting for this load is on its way into the queue.
+                    self._entering[entry.name] = self._joined.get(entry.name, 0)
                 except SwapRefusedError as exc:  # the system has not the memory for it
                     outcome = "rejected"
                     raise Overloaded(f"model {entry.name!r} does not fit in memory now: "
                                      f"{exc}", _RETRY_AFTER) from None
             outcome = "ok"
         finally:
-            if self._metrics is not None:
+            if self._metrics is not None and outcome:
                 self._metrics.model_load(entry.name, outcome)
         self._loaded_at[entry.name] = self._clock.wall()
         return model
@@ -257,7 +296,7 @@ class Pool:
             if model.mode.kind is InferenceMode.DISABLED and model.state is ModelState.SERVING:
                 continue
             entry = self._catalog.find(name)
-            evictable = (entry is not None and not entry.pin and name not in self._defaults
+            evictable = (entry is not None and not entry.pin
                          and model.state is ModelState.SERVING)
             memory_held = memory.memory_needed(model.current) if model.current else 0
             used = max(self._last_used.get(name, 0.0), self._loaded_at.get(name, 0.0))
@@ -285,8 +324,16 @@ class Pool:
         for victim in victims:
             _log.info("model evict", model=victim.name, for_model=name,
                       in_flight=victim.busy)
-            # Drains its calls first, bounded.
-            await self._models[victim.name].unload(why=f"evicted to make room for {name!r}")
+            # It serves the calls already queued for it, then drains, bounded; calls that
+            # arrive meanwhile wait for its next load (a switch serves a batch, not one).
+            self._closing.add(victim.name)
+            try:
+                await self._models[victim.name].unload(
+                    why=f"evicted to make room for {name!r}",
+                    queued=functools.partial(self._entering_calls, victim.name))
+            finally:
+                self._closing.discard(victim.name)
+                self._entering.pop(victim.name, None)
             self._unloaded(victim.name, "room")
 
     async def expire(self) -> list[str]:
@@ -295,7 +342,7 @@ class Pool:
         now = self._clock.wall()
         expired = []
         for entry in self._catalog.entries:
-            if not entry.ttl or entry.pin or entry.name in self._defaults:
+            if not entry.ttl or entry.pin:
                 continue
             model = self._models.get(entry.name)
             if model is None or not self.is_resident(entry.name) or model.busy():

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from supervisor import SwapFailedError
 
+from ._model_states import ModelState
 from .admission import Admission
 from .backend import InferenceBackend
 from .errors import DeadlineUnmeetable, Draining, FailedPrecondition, UnknownModel
@@ -76,6 +77,21 @@ class InferenceRouter:
             return default if default is not None else role
         return pool.entry(model, role).name
 
+    def fixed(self, role: str, model: str) -> bool:
+        """Whether a call of ``role`` naming ``model`` is served by the role's own model,
+        always resident (no model named, or the role's default named, and that default
+        pinned); otherwise the pool serves it, loading it first if it is not resident.
+
+        Raises:
+            UnknownModel, InvalidArgument: see :meth:`model_name`.
+        """
+        pool = self._pool
+        if pool is None:
+            self.model_name(role, model)
+            return True
+        name = self.model_name(role, model)
+        return name == pool.catalog.defaults.get(role) and pool.entry(name).pin
+
     def role_of(self, model: str) -> str:
         """The role of the catalog model ``model``.
 
@@ -88,20 +104,26 @@ class InferenceRouter:
         return self._pool.entry(model).role
 
     async def _served(self, role: str, model: str,
-                      time_remaining: float | None) -> tuple[Role, float | None]:
-        """What serves a call naming ``model``, loaded first if it is not resident, and
-        the time left to the call's deadline after that."""
+                      time_remaining: float | None) -> tuple[Role, float | None, bool]:
+        """What serves a call naming ``model``, loaded first if it is not resident, the
+        time left to the call's deadline after that, and whether it was loaded for the
+        call (then the call tells the pool once it is in the model's queue:
+        :meth:`daemon.pool.Pool.entered`)."""
         name = self.model_name(role, model)
         pool = self._pool
-        if pool is None or name == pool.catalog.defaults.get(role):
+        if pool is None or self.fixed(role, model):
             if pool is not None:
                 pool.touch(name)
-            return self._roles[role], time_remaining
+            return self._roles[role], time_remaining, False
         served = pool.model(name)
+        loaded = False
+        if (name == pool.catalog.defaults.get(role) and served is not None
+                and served.state is ModelState.UNLOADED and not served.unloaded_by_pool):
+            self.backend(role)  # an unpinned default disabled by SetMode stays so: refused
         if served is None or not pool.is_resident(name):
             began = time.monotonic()
             try:
-                served = await asyncio.wait_for(pool.load(name), time_remaining)
+                served = await asyncio.wait_for(pool.load(name, call=True), time_remaining)
             except TimeoutError:
                 raise DeadlineUnmeetable(
                     f"model {name!r} was not loaded before the call's deadline; it goes on "
@@ -109,10 +131,11 @@ class InferenceRouter:
             except SwapFailedError as exc:
                 raise FailedPrecondition(f"model {name!r} could not be loaded: "
                                          f"{exc.cause.message}") from None
+            loaded = True
             if time_remaining is not None:
                 time_remaining = max(0.0, time_remaining - (time.monotonic() - began))
         pool.touch(name)
-        return served, time_remaining
+        return served, time_remaining, loaded
 
     def backend(self, role: str, *, in_flight: bool = False) -> InferenceBackend:
         """The backend serving ``role`` now.
@@ -144,11 +167,13 @@ class InferenceRouter:
             UnknownModel, InvalidArgument: see :meth:`model_name`.
             Draining, Disabled, supervisor.ChildNotReadyError: see :meth:`backend`.
         """
-        if not model:
+        if self.fixed(role, model):
             return self.backend(role)
         if self.draining:
             raise Draining("llamad is shutting down; retry on another instance or later")
-        served, _ = await self._served(role, model, time_remaining)
+        served, _, loaded = await self._served(role, model, time_remaining)
+        if loaded and self._pool is not None:  # a call without a slot: in at once
+            self._pool.entered(self.model_name(role, model))
         backend = served.backend()
         if (refusal := backend.refusal) is not None:
             raise refusal
@@ -171,18 +196,33 @@ class InferenceRouter:
             Draining, Disabled, supervisor.ChildNotReadyError: see :meth:`backend`.
             Overloaded, DeadlineUnmeetable: see :class:`daemon.admission.Admission`.
         """
-        if not model:
+        fixed = self.fixed(role, model)
+        loaded = False
+        if fixed:
             self.backend(role, in_flight=in_flight)
             served: Role = self._roles[role]
         else:
             if self.draining and not in_flight:
                 raise Draining("llamad is shutting down; retry on another instance or later")
-            served, time_remaining = await self._served(role, model, time_remaining)
-            self._check(served)
-        async with served.admission.slot(time_remaining):
-            pid = served.serving_pid
-            yield self._check(served) if model else self.backend(role, in_flight=in_flight)
-            served.admission.count_served(pid)
+            served, time_remaining, loaded = await self._served(role, model, time_remaining)
+        try:
+            if not fixed:
+                self._check(served)
+            async with served.admission.slot(time_remaining):
+                if loaded:
+                    loaded = False
+                    self._entered(role, model)
+                pid = served.serving_pid
+                yield (self.backend(role, in_flight=in_flight) if fixed
+                       else self._check(served))
+                served.admission.count_served(pid)
+        finally:
+            if loaded:
+                self._entered(role, model)
+
+    def _entered(self, role: str, model: str) -> None:
+        if self._pool is not None:
+            self._pool.entered(self.model_name(role, model))
 
     @staticmethod
     def _check(served: Role) -> InferenceBackend:

@@ -134,7 +134,7 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
         # Fail fast: an unknown or embedding model (issue 14), or the default's child down
         # (UNAVAILABLE with a retry hint); a named model loads below, once needed.
         name = self._router.model_name("generation", request.model)
-        if not request.model:
+        if self._router.fixed("generation", request.model):
             self._router.backend("generation")
         call.note(task=task, question_chars=len(question), k=k, model=name)
 
@@ -176,9 +176,10 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
             return
 
         # From here on the call is under way: a shutdown's drain lets it finish.
-        backend = (await self._router.backend_of("generation", request.model,
-                                                 context.time_remaining())
-                   if request.model else self._router.backend("generation", in_flight=True))
+        backend = (self._router.backend("generation", in_flight=True)
+                   if self._router.fixed("generation", request.model)
+                   else await self._router.backend_of("generation", request.model,
+                                                      context.time_remaining()))
 
         async def count(text: str) -> int:
             if not text:

@@ -25,12 +25,13 @@ from tests.support.scripted_model import RUNTIME
 
 
 class Rig:
-    """A pool over a catalog of gen-a (the generation default, started), gen-b, gen-c
+    """A pool over a catalog of gen-a (the generation default, started; pinned as
+    build_catalog pins a role's default, unless ``default_pinned`` is False), gen-b, gen-c
     and emb; every launch of a model takes the next of its scripted outcomes."""
 
     def __init__(self, folder: Path, settings: PoolSettings | None = None, *,
                  pinned: tuple[str, ...] = (), ttl: float = 0.0,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, default_pinned: bool = True) -> None:
         self.clock = ManualClock()
         self.outcomes: dict[str, list[str | ExitCause]] = {}
         self.launchers: dict[str, list[ScriptedLauncher]] = {}
@@ -44,7 +45,9 @@ class Rig:
             section = base.generation if role == "generation" else base.embedding
             entries.append(CatalogEntry(name, role, child_config(section, role, str(path)),
                                         aliases=("b",) if name == "gen-b" else (),
-                                        pin=name in pinned, ttl=ttl, origin="models_dir"))
+                                        pin=name in pinned or (name == "gen-a"
+                                                               and default_pinned),
+                                        ttl=ttl, origin="models_dir"))
         self.catalog = Catalog(tuple(entries), {"generation": "gen-a"})
         self.default = self.build(entries[0], InferenceMode.EMBEDDED)
         self.built: list[str] = []

@@ -247,3 +247,37 @@ model = "{models / 'gen-b.gguf'}"
     with pytest.raises(ConfigError, match=r"unknown setting 'models\.max_models'"):
         load(models=False, env=_env(models),
              file=write_toml(tmp_path, "[models]\nmax_models = 2\n"))
+
+
+def test_a_roles_default_is_pinned_unless_its_table_says_otherwise(
+        models: Path, tmp_path: Path) -> None:
+    """A role's default stays resident (pinned) by default; ``pin = false`` in its table
+    lets the pool evict it; the embedding default cannot be unpinned."""
+    cat = load(models=False, env=_env(models)).catalog
+    pins = {e.name: e.pin for e in cat.entries}
+    assert pins["gen-a"] and pins["emb"] and not pins["gen-b"]
+    env = _env(models)
+    del env["LLAMAD_GENERATION_MODEL"]
+    toml = write_toml(tmp_path, f"""
+[generation]
+model = "small"
+
+[models.small]
+model = "{models / 'gen-b.gguf'}"
+pin = false
+""")
+    cat = load(env=env, file=toml, models=False).catalog
+    assert cat.defaults["generation"] == "small"
+    assert not next(e for e in cat.entries if e.name == "small").pin
+    env = _env(models)
+    del env["LLAMAD_EMBEDDING_MODEL"]
+    toml = write_toml(tmp_path, f"""
+[embedding]
+model = "vectors"
+
+[models.vectors]
+model = "{models / 'emb.gguf'}"
+pin = false
+""")
+    with pytest.raises(ConfigError, match="pin = false on the embedding role's default"):
+        load(env=env, file=toml, models=False)
