@@ -33,6 +33,14 @@ def scan_lock_key(source_id: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
+def document_lock_key(doc_id: str) -> int:
+    """The transaction advisory lock key a replacement of the document holds: writers of
+    one batch take theirs in key order, so two nodes writing overlapping batches queue
+    instead of deadlocking on each other's rows."""
+    digest = hashlib.sha256(b"llamad.document:" + doc_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
 class ScanLocks:
     """The scan locks this node holds, on one dedicated session. Thread-safe."""
 

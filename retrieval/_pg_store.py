@@ -35,7 +35,7 @@ import structlog
 
 from ._bm25 import Filters
 from ._pg_connect import Connection, PgOptions, Pool, connect, describe, first_line
-from ._pg_locks import ScanLocks
+from ._pg_locks import ScanLocks, document_lock_key
 from ._pg_schema import SCHEMA_VERSION, ensure_vector_extension, ensure_vector_space, migrate
 from ._pg_search import LEXICAL_RANKING, bm25_extension, text_search, vector_search
 from ._pg_store_rows import (
@@ -255,6 +255,8 @@ class PostgresStore:
                 raise self._mismatch(", ".join(sorted(models)),
                                      None if row is None else (str(row[1]), int(row[2])))
             space, dim = (int(row[0]), int(row[2])) if row is not None else (0, 0)
+            for key in sorted({document_lock_key(doc.id) for doc, _ in items}):
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
             for _, vecs in vectors:
                 by_hash.update(vecs)
             return [self._replace(conn, doc, chunks, space=space, dim=dim, given=by_hash)
@@ -263,6 +265,10 @@ class PostgresStore:
     def _replace(self, conn: Connection, doc: DocumentRow, chunks: Sequence[ChunkRow], *,
                  space: int, dim: int, given: dict[str, np.ndarray]) -> Replacement:
         result = Replacement()
+        # Under the document's lock (replace_documents): a concurrent replacement of it
+        # by another node waits, then sees these chunks and replaces them, instead of
+        # colliding on their chunk ids.
+        conn.execute(DOCUMENT_UPSERT, document_args(doc))
         kept: dict[str, list[float]] = {}
         if space:
             kept = {str(h): list(v) for h, v in conn.execute(
@@ -271,7 +277,6 @@ class PostgresStore:
                 "WHERE c.doc_id = %s", (space, doc.id))}
         result.removed = [int(r[0]) for r in conn.execute(
             "DELETE FROM chunks WHERE doc_id = %s RETURNING key", (doc.id,))]
-        conn.execute(DOCUMENT_UPSERT, document_args(doc))
         rows = conn.execute(
             "INSERT INTO chunks(chunk_id, doc_id, ordinal, title, heading, text, "
             "content_hash) SELECT u.chunk_id, %s, u.ordinal, %s, u.heading, u.text, u.hash "

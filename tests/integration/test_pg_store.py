@@ -228,6 +228,34 @@ def test_replace_swaps_chunks_and_a_failed_one_keeps_the_old_version(
                                                 limit=5)) == ["docs/a#1"]
 
 
+def test_two_nodes_replacing_one_document_at_once_never_collide(pg_dsn: str) -> None:
+    """Concurrent replacements of the same documents by two nodes (batches overlapping in
+    opposite orders) queue on each document: each succeeds, and each document ends with
+    one version's chunks, never a mix."""
+    nodes = [PostgresStore.open(PgOptions(pg_dsn)) for _ in range(2)]
+    try:
+        nodes[0].upsert_source(SourceRow("docs", "push"))
+
+        def write(n: int) -> None:
+            # Overlapping batches in opposite orders: row locks alone would deadlock.
+            order = list(range(15)) if n == 0 else list(reversed(range(15)))
+            for _ in range(3):
+                nodes[n].replace_documents([
+                    (doc(f"docs/x{r}", content_hash=f"{n}"),
+                     chunks(f"docs/x{r}", f"node{n} a", f"node{n} b")) for r in order])
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            for done in [pool.submit(write, n) for n in range(2)]:
+                done.result()
+        for round_ in range(15):
+            texts = [c.text for c in nodes[0].chunks_by_keys(
+                nodes[0].document_chunk_keys(f"docs/x{round_}")).values()]
+            assert sorted(texts) in (["node0 a", "node0 b"], ["node1 a", "node1 b"])
+    finally:
+        for node in nodes:
+            node.close()
+
+
 def test_an_unchanged_chunk_keeps_its_vector_across_a_replacement(
         store: PostgresStore) -> None:
     """A chunk whose text did not change keeps its vector without being sent again, and
