@@ -28,7 +28,7 @@ import psycopg
 from psycopg import conninfo
 from psycopg.rows import TupleRow
 
-from .errors import StoreUnavailable
+from .errors import InvalidDocument, StorageFull, StoreUnavailable
 
 Connection = psycopg.Connection[TupleRow]
 
@@ -160,6 +160,24 @@ def connect(options: PgOptions) -> Connection:
         conn.close()
         raise
     return conn
+
+
+@contextlib.contextmanager
+def translated(target: str) -> Iterator[None]:
+    """psycopg's errors raised in the block as retrieval errors naming ``target``: a full
+    disk as StorageFull, a lost server (or a deadlock, retryable) as StoreUnavailable, a
+    refused value or constraint as InvalidDocument."""
+    try:
+        yield
+    except psycopg.errors.DiskFull as exc:
+        raise StorageFull(f"the PostgreSQL server of {target} is out of disk space: "
+                          f"{first_line(exc)}; nothing of this write was kept") from None
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        raise StoreUnavailable(f"PostgreSQL store {target} unavailable: "
+                               f"{first_line(exc)}") from None
+    except (psycopg.DataError, psycopg.IntegrityError) as exc:
+        raise InvalidDocument(f"PostgreSQL store {target} refused the write: "
+                              f"{first_line(exc)}") from None
 
 
 class Pool:

@@ -44,7 +44,7 @@ import psycopg
 from psycopg import sql
 
 from ._pg_connect import Connection
-from .errors import SchemaTooNew, StoreUnavailable
+from .errors import EmbeddingModelMismatch, SchemaTooNew, StoreUnavailable
 
 MIGRATION_LOCK = 0x6C6C_616D_6164_0001
 """The advisory lock key (bigint) migrations and vector-space creation hold."""
@@ -246,3 +246,18 @@ def ensure_vector_space(conn: Connection, model: str, dim: int, *, m: int = 16,
                 m=sql.Literal(m), efc=sql.Literal(ef_construction),
                 space=sql.Literal(space)))
     return space
+
+
+def model_mismatch(target: str, node: str,
+                   corpus: tuple[str, int] | None) -> EmbeddingModelMismatch:
+    """The refusal of a node whose embedding model (``node``, as shown) is not the
+    corpus's (``(model, dim)``, or None before the first), naming both."""
+    if corpus is None:
+        return EmbeddingModelMismatch(
+            f"the shared corpus {target} has no embedding model yet: call "
+            f"use_embedding_model before writing vectors of {node}")
+    return EmbeddingModelMismatch(
+        f"this node's embedding model is {node}, but the shared corpus {target} is "
+        f"embedded with {corpus[0]} ({corpus[1]} dimensions): its vectors would not be "
+        f"comparable, so this node neither writes nor searches vectors; configure "
+        f"{corpus[0]} as its embedding model")

@@ -34,9 +34,23 @@ import psycopg
 import structlog
 
 from ._bm25 import Filters
-from ._pg_connect import Connection, PgOptions, Pool, connect, describe, first_line
+from ._pg_connect import (
+    Connection,
+    PgOptions,
+    Pool,
+    connect,
+    describe,
+    first_line,
+    translated,
+)
 from ._pg_locks import ScanLocks, document_lock_key
-from ._pg_schema import SCHEMA_VERSION, ensure_vector_extension, ensure_vector_space, migrate
+from ._pg_schema import (
+    SCHEMA_VERSION,
+    ensure_vector_extension,
+    ensure_vector_space,
+    migrate,
+    model_mismatch,
+)
 from ._pg_search import LEXICAL_RANKING, bm25_extension, text_search, vector_search
 from ._pg_store_rows import (
     CHUNK_SELECT,
@@ -52,7 +66,6 @@ from ._store import ChunkRow, DocumentRow, Replacement, SourceRow, StoredChunk
 from .errors import (
     EmbeddingModelMismatch,
     InvalidDocument,
-    StorageFull,
     StoreUnavailable,
 )
 
@@ -123,19 +136,8 @@ class PostgresStore:
     @contextlib.contextmanager
     def _conn(self) -> Iterator[Connection]:
         """A pooled connection; psycopg errors come out as retrieval errors."""
-        try:
-            with self._pool.connection() as conn:
-                yield conn
-        except psycopg.errors.DiskFull as exc:
-            raise StorageFull(f"the PostgreSQL server of {self.target} is out of disk "
-                              f"space: {first_line(exc)}; nothing of this write was "
-                              "kept") from None
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            raise StoreUnavailable(f"PostgreSQL store {self.target} unavailable: "
-                                   f"{first_line(exc)}") from None
-        except (psycopg.DataError, psycopg.IntegrityError) as exc:
-            raise InvalidDocument(f"PostgreSQL store {self.target} refused the write: "
-                                  f"{first_line(exc)}") from None
+        with translated(self.target), self._pool.connection() as conn:
+            yield conn
 
     def info(self) -> PgInfo:
         """Where the store runs and how it ranks (the corpus model read now)."""
@@ -374,15 +376,7 @@ class PostgresStore:
         return space
 
     def _mismatch(self, node: str, corpus: tuple[str, int] | None) -> EmbeddingModelMismatch:
-        if corpus is None:
-            return EmbeddingModelMismatch(
-                f"the shared corpus {self.target} has no embedding model yet: call "
-                f"use_embedding_model before writing vectors of {node}")
-        return EmbeddingModelMismatch(
-            f"this node's embedding model is {node}, but the shared corpus {self.target} "
-            f"is embedded with {corpus[0]} ({corpus[1]} dimensions): its vectors would not "
-            f"be comparable, so this node neither writes nor searches vectors; configure "
-            f"{corpus[0]} as its embedding model")
+        return model_mismatch(self.target, node, corpus)
 
     def cached_vectors(self, model: str, hashes: Iterable[str]) -> dict[str, np.ndarray]:
         """Vectors of ``model`` already stored for chunks of these texts (by hash)."""
