@@ -387,6 +387,11 @@ class PoolSettings:
         "has available when a model loads).", minimum=0)
     ttl_check_interval: float = setting(
         5.0, "Seconds between looks for models idle longer than their ttl.", minimum=0.1)
+    turn: float = setting(
+        10.0, "Seconds a busy model that must make room for another keeps taking new calls "
+        "while it has work, before it stops taking them, serves its queue and unloads "
+        "(fewer switches, each serving a larger batch; the waiting model's calls wait up "
+        "to this much longer; 0: it stops taking them at once).", minimum=0)
 
 
 @dataclass(frozen=True)

@@ -436,10 +436,11 @@ class Model:
         admin's UnloadModel) makes the refusal of calls still waiting say so, retryable,
         instead of "disabled".
 
-        ``queued``: first serve the calls already waiting in its queue, and the
-        ``queued()`` more on their way into it, within the same drain timeout (the pool's
-        eviction: it stops other calls from entering the queue meanwhile, so they wait
-        for the model's next load instead).
+        ``queued``: first serve, still in service, the calls running, those waiting in
+        its queue and the ``queued()`` more on their way into it, within the same drain
+        timeout (the pool's eviction: it stops other calls from coming meanwhile, so
+        they wait for the model's next load instead; a call woken from the queue is never
+        refused by the mode changing under it).
 
         Cancellation: the drain and stop go on in the background.
 
@@ -454,11 +455,11 @@ class Model:
             if queued is not None:
                 more = queued
 
-                def waiting() -> int:
-                    return self._admission.queued + more()
+                def waiting() -> int:  # a woken waiter counts as running at once
+                    return self.busy() + self._admission.queued + more()
 
                 if waiting():
-                    report(SwapProgress("draining", f"{waiting()} calls queued"))
+                    report(SwapProgress("draining", f"{waiting()} calls to serve"))
                     await drain(waiting, self._handover.drain_timeout, self._clock)
             self._move(ModelState.DRAINING)
             self._mode = Mode(InferenceMode.DISABLED)

@@ -35,6 +35,7 @@ from supervisor import (
     SwapInProgressError,
     SwapRefusedError,
     SystemClock,
+    drain,
 )
 
 from . import memory
@@ -239,6 +240,11 @@ class Pool:
     def _entering_calls(self, name: str) -> int:
         return self._entering.get(name, 0)
 
+    def _work(self, name: str) -> int:
+        """Calls running on ``name``, waiting in its queue, or on their way into it."""
+        model = self._models[name]
+        return model.busy() + model.admission.queued + self._entering_calls(name)
+
     def entered(self, name: str) -> None:
         """A call that :meth:`load` returned ``name`` to is in its queue now (or gave up):
         an eviction of ``name`` need no longer wait for it."""
@@ -319,13 +325,18 @@ class Pool:
                 f"model {name!r} does not fit: {len(residents)} models resident ({held}; "
                 f"max_resident {limits.max_resident or 'unlimited'}, memory budget "
                 f"{self._settings.memory_budget_mb or 'unlimited'} MiB, this one needs "
-                f"{need // (1024 * 1024)} MiB) and none of them can be unloaded (pinned, a "
-                "role's default, or busy loading)", _RETRY_AFTER)
+                f"{need // (1024 * 1024)} MiB) and none of them can be unloaded (pinned, "
+                "as a role's default is unless its table says pin = false, or busy "
+                "loading)", _RETRY_AFTER)
         for victim in victims:
             _log.info("model evict", model=victim.name, for_model=name,
                       in_flight=victim.busy)
             # It serves the calls already queued for it, then drains, bounded; calls that
             # arrive meanwhile wait for its next load (a switch serves a batch, not one).
+            if self._settings.turn:
+                # Its turn: it keeps taking calls while it has work, up to the bound.
+                await drain(functools.partial(self._work, victim.name), self._settings.turn,
+                            self._clock)
             self._closing.add(victim.name)
             try:
                 await self._models[victim.name].unload(
@@ -416,6 +427,8 @@ class Pool:
         state, busy, breaker, error = "unloaded", 0, False, ""
         if model is not None:
             state = model.status
+            if entry.name in self._closing and state == "ready":
+                state = "draining"  # evicted: serving its last calls, taking no new ones
             busy = model.busy()
             breaker = model.supervisor.breaker.state is BreakerState.OPEN
             error = model.last_error

@@ -204,3 +204,43 @@ env = {{ LLAMAD_TEST_MARK = "seven" }}
         assert b"LLAMAD_TEST_MARK=seven" not in Path(
             f"/proc/{smol}/environ").read_bytes().split(b"\0")
         assert {m.model_name for m in await _generate(clients.inference, "g")} == {"g"}
+
+
+async def test_two_models_with_room_for_one_serve_every_call(llama_server: str,
+                                                             tmp_path: Path) -> None:
+    """Room for one generation model, SmolLM2 the default with ``pin = false``, gemma the
+    other: six concurrent streams alternating between them all complete, each served by
+    the model it named, without a refusal (a switch serves the queued calls first; calls
+    arriving meanwhile wait for the next load); at most one child runs at any time."""
+    config = tmp_path / "llamad.toml"
+    config.write_text(
+        f'[generation]\nmodel = "smol"\n\n'
+        f'[models.smol]\nmodel = "{models_dir() / (SMOL + ".gguf")}"\npin = false\n\n'
+        f'[models.gemma]\nmodel = "{models_dir() / (GEMMA + ".gguf")}"\n')
+    empty = tmp_path / "no-models"
+    empty.mkdir()
+    env = config_env("llama-server", LLAMAD_CONFIG=str(config), LLAMAD_MODELS_DIR=str(empty),
+                     LLAMAD_EMBEDDING_MODE="disabled", LLAMAD_MODELS_MAX_RESIDENT="1",
+                     LLAMAD_MODELS_TURN="1")
+    del env["LLAMAD_GENERATION_MODEL"]  # the file's [generation] names it
+    async with serving(env) as (daemon, clients):
+        most = 0
+
+        async def watch() -> None:
+            nonlocal most
+            while True:
+                most = max(most, sum(1 for m in (daemon.pool.model("smol"),
+                                                 daemon.pool.model("gemma"))
+                                     if m is not None and m.serving_pid))
+                await asyncio.sleep(0.01)
+
+        watcher = asyncio.create_task(watch())
+        names = ["gemma", "smol", "gemma", "", "smol", "gemma"]
+        served = await asyncio.gather(*(_generate(clients.inference, n) for n in names))
+        watcher.cancel()
+        assert [{m.model_name for m in s} for s in served] == [
+            {n or "smol"} for n in names]
+        assert all(s[-1].finish_reason for s in served)
+        assert most == 1
+        listed = await clients.control.ListModels(control_pb2.ListModelsRequest())
+        assert sorted(_states(listed).values()).count(control_pb2.MODEL_STATE_READY) == 1

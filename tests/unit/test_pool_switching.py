@@ -50,14 +50,16 @@ async def test_an_evicted_model_serves_its_queue_and_later_calls_wait_for_it(
     """gen-b's slots are all taken and one call waits in its queue when gen-c needs its
     room: the queued call is served by gen-b before gen-b stops, gen-c's call runs
     after, and a call for gen-b arriving meanwhile waits for gen-b's next load."""
-    rig = Rig(tmp_path, PoolSettings(max_resident=2))  # gen-a (pinned) and one more
+    # gen-a (pinned) and one more; gen-b stops taking calls at once (no turn)
+    rig = Rig(tmp_path, PoolSettings(max_resident=2, turn=0))
     router = await started(rig)
     events: list[str] = []
     release = asyncio.Event()
 
     async def call(model: str, tag: str, hold: bool = False) -> None:
         async with router.admit("generation", None, model=model):
-            on = next(n for n in ("gen-b", "gen-c") if rig.state(n) == "ready")
+            on = next(n for n in ("gen-b", "gen-c")
+                      if rig.state(n) in ("ready", "draining"))
             events.append(f"{tag} on {on}")
             if hold:
                 await release.wait()
@@ -73,6 +75,7 @@ async def test_an_evicted_model_serves_its_queue_and_later_calls_wait_for_it(
     await until(lambda: gen_b.admission.queued == 1)
     other = asyncio.create_task(call("gen-c", "other"))
     await until(lambda: not rig.pool.is_resident("gen-b"))  # closing: no new calls
+    assert rig.state("gen-b") == "draining"
     late = asyncio.create_task(call("gen-b", "late"))
     await asyncio.sleep(0.05)
     assert gen_b.admission.queued == 1 and gen_b.admission.in_flight == slots
@@ -87,7 +90,7 @@ async def test_calls_a_load_let_through_are_served_before_that_model_is_evicted(
         tmp_path: Path) -> None:
     """Calls waiting for gen-b's load, and a call for gen-c queued behind that load: once
     gen-b is ready, gen-c's load must not evict it before the waiting calls got in."""
-    rig = Rig(tmp_path, PoolSettings(max_resident=2))
+    rig = Rig(tmp_path, PoolSettings(max_resident=2, turn=0))
     router = await started(rig)
     rig.outcomes["gen-b"] = ["hang"]
     served: list[str] = []
@@ -135,3 +138,31 @@ async def test_a_pinned_default_stays(tmp_path: Path) -> None:
     router = await started(rig)
     assert router.fixed("generation", "") and router.fixed("generation", "gen-a")
     assert not router.fixed("generation", "gen-b")
+
+
+async def test_a_turn_lets_a_busy_model_take_calls_before_it_makes_room(
+        tmp_path: Path) -> None:
+    """With ``turn``, gen-b (busy) keeps taking new calls for that long while gen-c waits
+    for its room; once it has no work left, it goes and gen-c loads."""
+    rig = Rig(tmp_path, PoolSettings(max_resident=2, turn=60))
+    router = await started(rig)
+    release = asyncio.Event()
+    order: list[str] = []
+
+    async def call(model: str, tag: str) -> None:
+        async with router.admit("generation", None, model=model):
+            order.append(tag)
+            await release.wait()
+
+    first = asyncio.create_task(call("gen-b", "b1"))
+    await until(lambda: order == ["b1"])
+    other = asyncio.create_task(call("gen-c", "c"))
+    await asyncio.sleep(0.05)
+    assert rig.pool.is_resident("gen-b")  # its turn: still taking calls
+    second = asyncio.create_task(call("gen-b", "b2"))
+    await until(lambda: order == ["b1", "b2"])
+    assert rig.launches("gen-c") == 0
+    release.set()
+    async with ticking(rig):
+        await asyncio.gather(first, second, other)
+    assert order == ["b1", "b2", "c"] and rig.launches("gen-b") == 1

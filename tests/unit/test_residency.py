@@ -53,8 +53,9 @@ def test_make_room_by_memory_and_what_cannot_go() -> None:
 
 @pytest.fixture
 async def two(tmp_path: Path) -> Rig:
-    """Room for two resident models: the default gen-a (started) and one more."""
-    rig = Rig(tmp_path, PoolSettings(max_resident=2))
+    """Room for two resident models: the default gen-a (started) and one more; a busy
+    model makes room at once (no turn)."""
+    rig = Rig(tmp_path, PoolSettings(max_resident=2, turn=0))
     rig.default.start()
     await settle(rig.default.supervisor, State.RUNNING)
     return rig
@@ -136,8 +137,9 @@ async def test_a_busy_model_goes_after_idle_ones(tmp_path: Path) -> None:
 
 
 async def test_a_busy_model_is_drained_not_cut(two: Rig) -> None:
-    """The only model that can make room has a call running: it is drained first (new
-    calls refused), stopped once its call ends, and the new model loads after."""
+    """The only model that can make room has a call running: it is drained first (no
+    new calls: they wait for its next load), stopped once its call ends, and the new
+    model loads after."""
     busy = await two.pool.load("gen-b")
     child = two.launchers["gen-b"][-1].children[-1]
     release = asyncio.Event()
@@ -145,7 +147,7 @@ async def test_a_busy_model_is_drained_not_cut(two: Rig) -> None:
     await until(lambda: busy.busy() == 1)
     load = asyncio.create_task(two.pool.load("gen-c"))
     await until(lambda: two.state("gen-b") == "draining")
-    assert busy.backend().refusal is not None  # takes no new call
+    assert not two.pool.is_resident("gen-b")  # takes no new call
     assert not child.stopped and not load.done()
     await two.clock.advance(1)  # the drain polls on the clock: still waiting for the call
     assert not child.stopped and not load.done()

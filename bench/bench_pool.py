@@ -1,0 +1,476 @@
+"""Model pool benchmark: llamad's pool against llama.cpp's own router mode, two generation
+models, random model per request.
+
+    .venv/bin/python -m bench.bench_pool [--seconds 300] [--clients 8] [--max-tokens 32]
+        [--threads 2] [--ctx 2048] [--cold 3] [--no-router] [--llama-bin FILE]
+        [--out bench/RESULTS.md]
+
+In one run:
+
+1. **Mixed load.** For room for one model and for both: llama-server in router mode
+   (``--models-dir DIR --models-max 1`` or ``2``; DIR holds just the two GGUFs, gemma-3-270m
+   and SmolLM2-135M-Instruct) and a llamad daemon (``python -m daemon serve``, HTTP API on,
+   no embedding child, the same two models as ``[models.NAME]`` tables, SmolLM2 the
+   generation default with ``pin = false``, ``[models] max_resident`` 1 or 2). Both run
+   every model with the same settings (``--threads``, ``--ctx``, one slot), as a user would
+   start them: the router with its own OpenMP defaults, llamad with its own (it sets
+   ``GOMP_SPINCOUNT`` per child). ``--clients`` clients each send, one after another,
+   ``POST /v1/chat/completions`` streamed (``max_tokens`` ``--max-tokens``, greedy, the
+   same body for both), each naming gemma or SmolLM2 at random (a seeded generator per
+   client, the same sequence for every server), for ``--seconds``. A request fails if the
+   answer is not 200 or the stream ends without a finish. Model starts are counted as the
+   distinct llama-server children seen under the server's process (sampled every 50 ms).
+   Time to first token is from sending to the first content delta; tokens/s is every
+   completion token over the time from the first request to the last answer.
+2. **Cold start.** With room for both and gemma unloaded (``UnloadModel``), the time from a
+   request naming gemma to its first token through llamad, against gemma's cold start
+   without llamad: llama-server started on the file with the same settings, polled on
+   ``/health`` every 10 ms, then the same request; ``--cold`` times each, alternated.
+
+The section ``## Model pool: llamad vs llama-server's router`` of ``--out`` is created or
+replaced. About 4 x ``--seconds`` plus two minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import random
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import httpx
+import orjson
+
+from bench import _support as support
+from bench._daemon import DaemonProcess, wait_ready
+from bench._relay import free_port
+from llamad_protocol.v1 import control_pb2, control_pb2_grpc
+
+MODELS = {"gemma": support.DEFAULT_MODEL, "smollm2": support.SMALL_MODEL}
+SECTION = "## Model pool: llamad vs llama-server's router"
+GREEDY_CHAT = {  # Chat's defaults when a request sets none: greedy, no penalties
+    "LLAMAD_LIMITS_CHAT_TEMPERATURE": "0", "LLAMAD_LIMITS_CHAT_TOP_P": "1",
+    "LLAMAD_LIMITS_CHAT_MIN_P": "0", "LLAMAD_LIMITS_CHAT_REPEAT_PENALTY": "1",
+    "LLAMAD_LIMITS_CHAT_DRY_MULTIPLIER": "0", "LLAMAD_LIMITS_CHAT_FREQUENCY_PENALTY": "0",
+}
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = support.bench_parser("bench.bench_pool", __doc__)
+    p.add_argument("--seconds", type=float, default=300.0, help="mixed load per setup")
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--ctx", type=int, default=2048)
+    p.add_argument("--cold", type=int, default=3, help="cold starts timed per path")
+    p.add_argument("--no-router", action="store_true", help="leave out llama-server's router")
+    p.add_argument("--rooms", default="1,2", help="room for how many models, each setup")
+    p.add_argument("--turn", type=float, default=None,
+                   help="llamad's [models] turn (default: the daemon's own default)")
+    p.add_argument("--llama-bin", default=str(support.ROOT / ".venv" / "bin" / "llama-server"))
+    p.add_argument("--out", type=Path, default=support.ROOT / "bench" / "RESULTS.md")
+    args = p.parse_args(argv)
+    args.rooms = [int(r) for r in args.rooms.split(",")]
+    if args.seconds <= 0 or args.clients < 1 or args.max_tokens < 1 or args.cold < 0:
+        p.error("--seconds, --clients and --max-tokens must be positive, --cold >= 0")
+    return args
+
+
+# -- one request ---------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    model: str
+    sent: float
+    ttft: float = math.nan
+    tokens: int = 0
+    done: float = 0.0
+    error: str = ""
+
+
+def body(model: str, prompt: str, max_tokens: int) -> dict[str, object]:
+    return {"model": model, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}}
+
+
+async def request(http: httpx.AsyncClient, model: str, prompt: str,
+                  max_tokens: int) -> Outcome:
+    out = Outcome(model, time.perf_counter())
+    chunks = 0
+    finished = False
+    try:
+        async with http.stream("POST", "/v1/chat/completions",
+                               json=body(model, prompt, max_tokens)) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                out.error = f"HTTP {resp.status_code}: {text[:160]}"
+                return out
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = orjson.loads(line[6:])
+                if chunk.get("error"):
+                    out.error = f"stream error: {str(chunk['error'])[:160]}"
+                    return out
+                for choice in chunk.get("choices") or ():
+                    if (choice.get("delta") or {}).get("content"):
+                        chunks += 1
+                        if math.isnan(out.ttft):
+                            out.ttft = time.perf_counter() - out.sent
+                    finished = finished or bool(choice.get("finish_reason"))
+                usage = chunk.get("usage")
+                if usage:
+                    out.tokens = int(usage.get("completion_tokens") or 0)
+    except (httpx.HTTPError, ValueError) as exc:
+        out.error = f"{type(exc).__name__}: {exc}"[:200]
+        return out
+    finally:
+        out.done = time.perf_counter()
+    if not finished:
+        out.error = "the stream ended without a finish"
+    out.tokens = out.tokens or chunks
+    return out
+
+
+# -- model starts, from /proc ----------------------------------------------------------------
+
+
+def children_of(pid: int) -> set[int]:
+    found = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{entry.name}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[1]) == pid and "llama-server" in stat[: stat.rindex(")")]:
+                found.add(int(entry.name))
+    return found
+
+
+@dataclass
+class Starts:
+    """Distinct llama-server children seen under ``pid``, sampled every 50 ms."""
+
+    pid: int
+    seen: set[int] = field(default_factory=set)
+
+    async def watch(self) -> None:
+        while True:
+            self.seen |= await asyncio.to_thread(children_of, self.pid)
+            await asyncio.sleep(0.05)
+
+
+# -- the mixed load --------------------------------------------------------------------------
+
+
+@dataclass
+class Mixed:
+    setup: str
+    room: int
+    outcomes: list[Outcome]
+    starts: int
+    warm_starts: int  # of which during the first tenth of the run
+    seconds: float
+
+
+async def mixed(setup: str, room: int, http: httpx.AsyncClient, ids: dict[str, str], *,
+                pid: int, args: argparse.Namespace) -> Mixed:
+    starts = Starts(pid)
+    before = children_of(pid)
+    watcher = asyncio.create_task(starts.watch())
+    began = time.perf_counter()
+    stop = began + args.seconds
+    warm_seen: set[int] = set()
+
+    async def client(k: int) -> list[Outcome]:
+        rng = random.Random(1000 + k)
+        done: list[Outcome] = []
+        i = k
+        while time.perf_counter() < stop:
+            model = ids[rng.choice(sorted(ids))]
+            done.append(await request(http, model, support.PROMPTS[i % len(support.PROMPTS)],
+                                      args.max_tokens))
+            i += 1
+        return done
+
+    async def warm() -> None:
+        await asyncio.sleep(args.seconds / 10)
+        warm_seen.update(starts.seen - before)
+
+    warming = asyncio.create_task(warm())
+    results = await asyncio.gather(*(client(k) for k in range(args.clients)))
+    watcher.cancel()
+    warming.cancel()
+    outcomes = [o for r in results for o in r]
+    end = max((o.done for o in outcomes), default=time.perf_counter())
+    started = starts.seen - before
+    result = Mixed(setup, room, outcomes, len(started), len(warm_seen), end - began)
+    ok = [o for o in outcomes if not o.error]
+    print(f"  {setup}, room for {room}: {len(ok)} completed, {len(outcomes) - len(ok)} "
+          f"failed, {result.starts} model starts, {sum(o.tokens for o in ok)} tokens in "
+          f"{result.seconds:.0f}s", flush=True)
+    for o in outcomes:
+        if o.error:
+            print(f"    failed ({o.model}): {o.error}", flush=True)
+            break
+    return result
+
+
+# -- the servers -----------------------------------------------------------------------------
+
+
+def spawn(command: Sequence[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with log.open("w") as out:
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def child_args(args: argparse.Namespace) -> list[str]:
+    return ["-t", str(args.threads), "-c", str(args.ctx), "-np", "1"]
+
+
+async def wait_http(http: httpx.AsyncClient, path: str, proc: subprocess.Popen[bytes],
+                    log: Path, *, timeout: float = 120.0, poll: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"bench: the server exited ({proc.returncode}); see {log}")
+        with contextlib.suppress(httpx.HTTPError):
+            if (await http.get(path)).status_code == 200:
+                return
+        await asyncio.sleep(poll)
+    raise SystemExit(f"bench: the server did not answer {path} within {timeout:.0f}s")
+
+
+@contextlib.asynccontextmanager
+async def router(args: argparse.Namespace, folder: Path, room: int, log: Path
+                 ) -> AsyncIterator[tuple[int, httpx.AsyncClient, dict[str, str]]]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_")}
+    command = [args.llama_bin, "--models-dir", str(folder), "--models-max", str(room),
+               "--host", "127.0.0.1", "--port", str(port), *child_args(args)]
+    print(f"  router: {shlex.join(command)}", flush=True)
+    proc = spawn(command, log, env)
+    try:
+        async with client(port) as http:
+            await wait_http(http, "/v1/models", proc, log)
+            listed = [m["id"] for m in (await http.get("/v1/models")).json()["data"]]
+            ids = {}
+            for name, file in MODELS.items():
+                stem = Path(file).stem
+                ids[name] = next((i for i in listed if i == stem), "") or next(
+                    i for i in listed if stem in i)
+            yield proc.pid, http, ids
+    finally:
+        stop(proc)
+
+
+def llamad_config(folder: Path, room: int, path: Path) -> Path:
+    tables = "\n".join(
+        f'[models.{name}]\nmodel = "{folder / file}"\npin = false\n'
+        for name, file in MODELS.items())
+    path.write_text(f'[models]\nmax_resident = {room}\n\n[generation]\nmodel = "smollm2"\n\n'
+                    f"{tables}")
+    return path
+
+
+@contextlib.asynccontextmanager
+async def llamad(args: argparse.Namespace, folder: Path, room: int, logdir: Path
+                 ) -> AsyncIterator[tuple[int, httpx.AsyncClient, grpc.aio.Channel]]:
+    port = free_port()
+    empty = logdir / "no-other-models"
+    empty.mkdir(exist_ok=True)
+    env = {**GREEDY_CHAT,
+           "LLAMAD_CONFIG": str(llamad_config(folder, room, logdir / f"llamad-{room}.toml")),
+           "LLAMAD_LISTEN": "127.0.0.1:0", "LLAMAD_HTTP_LISTEN": f"127.0.0.1:{port}",
+           "LLAMAD_MODELS_DIR": str(empty), "LLAMAD_STATE_DIR": str(logdir / f"state-{room}"),
+           "LLAMAD_LLAMA_BIN": args.llama_bin, "LLAMAD_EMBEDDING_ENABLED": "false",
+           "LLAMAD_RETRIEVAL_ENABLED": "false", "LLAMAD_LOG_FORMAT": "json",
+           "LLAMAD_GENERATION_THREADS": str(args.threads),
+           "LLAMAD_GENERATION_CTX_SIZE": str(args.ctx),
+           "LLAMAD_GENERATION_PARALLEL": "1",
+           **({"LLAMAD_MODELS_TURN": str(args.turn)} if args.turn is not None else {})}
+    proc = DaemonProcess(env, logdir / f"llamad-{room}.log")
+    try:
+        channel = grpc.aio.insecure_channel(await proc.address())
+        try:
+            await wait_ready(channel)
+            async with client(port) as http:
+                yield proc.pid, http, channel
+        finally:
+            await channel.close()
+    finally:
+        await proc.stop()
+
+
+@contextlib.asynccontextmanager
+async def client(port: int) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", trust_env=False,
+            timeout=httpx.Timeout(300.0, connect=5.0),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64)) as http:
+        yield http
+
+
+# -- cold start ------------------------------------------------------------------------------
+
+
+async def cold_direct(args: argparse.Namespace, folder: Path, logdir: Path) -> float:
+    port = free_port()
+    log = logdir / "cold-direct.log"
+    began = time.perf_counter()
+    proc = spawn([args.llama_bin, "-m", str(folder / MODELS["gemma"]), "--host",
+                  "127.0.0.1", "--port", str(port), *child_args(args)], log,
+                 {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_")})
+    try:
+        async with client(port) as http:
+            await wait_http(http, "/health", proc, log, poll=0.01)
+            out = await request(http, "", support.PROMPTS[0], args.max_tokens)
+            if out.error:
+                raise SystemExit(f"bench: cold start request failed: {out.error}")
+            return out.sent + out.ttft - began
+    finally:
+        stop(proc)
+
+
+async def cold_llamad(http: httpx.AsyncClient, channel: grpc.aio.Channel,
+                      args: argparse.Namespace) -> float:
+    control = control_pb2_grpc.ControlServiceStub(channel)
+    await control.UnloadModel(control_pb2.UnloadModelRequest(name="gemma"), timeout=120)
+    out = await request(http, "gemma", support.PROMPTS[0], args.max_tokens)
+    if out.error:
+        raise SystemExit(f"bench: cold request through llamad failed: {out.error}")
+    return out.ttft
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def row(m: Mixed) -> list[str]:
+    ok = [o for o in m.outcomes if not o.error]
+    ttft = [o.ttft for o in ok]
+    tokens = sum(o.tokens for o in ok)
+    return [m.setup, str(m.room), str(len(ok)), str(len(m.outcomes) - len(ok)),
+            f"{support.pct(ttft, 50):.2f}", f"{support.pct(ttft, 90):.2f}",
+            f"{support.pct(ttft, 99):.2f}", f"{tokens / m.seconds:.1f}",
+            f"{m.starts} ({m.starts - m.warm_starts} after warm-up)"]
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "n/a (router: 0)"
+
+
+def report(runs: list[Mixed], cold: tuple[list[float], list[float]],
+           args: argparse.Namespace, env: list[str], minutes: float) -> list[str]:
+    lines = [SECTION, "", *env,
+             f"- {args.clients} clients, each request naming gemma-3-270m or "
+             f"SmolLM2-135M-Instruct at random, {args.max_tokens}-token streamed chat "
+             f"completions, greedy, {args.seconds:.0f} s per setup; every model with "
+             f"{args.threads} threads, context {args.ctx}, one slot. Total "
+             f"{minutes:.1f} min.", "",
+             *support.table(["server", "room for", "completed", "failed",
+                             "TTFT p50 s", "TTFT p90 s", "TTFT p99 s", "tokens/s",
+                             "model starts"], [row(m) for m in runs]), ""]
+    by = {(m.setup, m.room): m for m in runs}
+
+    def done(m: Mixed) -> int:
+        return sum(1 for o in m.outcomes if not o.error)
+
+    def p90(m: Mixed) -> float:
+        return support.pct([o.ttft for o in m.outcomes if not o.error], 90)
+
+    def rate(m: Mixed) -> float:
+        return sum(o.tokens for o in m.outcomes if not o.error) / m.seconds
+
+    if ("router", 1) in by and ("llamad", 1) in by:
+        r, ll = by["router", 1], by["llamad", 1]
+        lines.append(f"- Room for one: llamad completed {ratio(done(ll), done(r))} the "
+                     f"router's calls, time to first token p90 {p90(ll):.2f} s vs "
+                     f"{p90(r):.2f} s, {ll.starts} model starts vs {r.starts}.")
+    if ("router", 2) in by and ("llamad", 2) in by:
+        r, ll = by["router", 2], by["llamad", 2]
+        lines.append(f"- Room for both: llamad's throughput is {ratio(rate(ll), rate(r))} "
+                     f"the router's (goal 5x), {ll.starts - ll.warm_starts} starts after "
+                     "warm-up.")
+    through, direct = cold
+    if through and direct:
+        lines.append(
+            f"- Cold start of gemma: request to first token through llamad (model "
+            f"unloaded) median {support.pct(through, 50):.3f} s "
+            f"({', '.join(f'{x:.3f}' for x in through)}), gemma's own cold start "
+            f"(llama-server started, /health polled every 10 ms, then the request) median "
+            f"{support.pct(direct, 50):.3f} s ({', '.join(f'{x:.3f}' for x in direct)}): "
+            f"llamad adds {1000 * (support.pct(through, 50) - support.pct(direct, 50)):.0f}"
+            " ms (goal: within 100 ms).")
+    return lines
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace, command: str, logdir: Path) -> None:
+    folder = logdir / "models"
+    folder.mkdir()
+    for file in MODELS.values():
+        (folder / file).symlink_to(support.model_file(file))
+    began = time.perf_counter()
+    runs: list[Mixed] = []
+    through: list[float] = []
+    direct: list[float] = []
+    for room in args.rooms:
+        if not args.no_router:
+            async with router(args, folder, room, logdir / f"router-{room}.log") as (
+                    pid, http, ids):
+                runs.append(await mixed("router", room, http, ids, pid=pid, args=args))
+        async with llamad(args, folder, room, logdir) as (pid, http, channel):
+            runs.append(await mixed("llamad", room, http, {n: n for n in MODELS},
+                                    pid=pid, args=args))
+            if room == 2:
+                for _ in range(args.cold):
+                    through.append(await cold_llamad(http, channel, args))
+                    direct.append(await cold_direct(args, folder, logdir))
+                    print(f"  cold start: through llamad {through[-1]:.3f}s, direct "
+                          f"{direct[-1]:.3f}s", flush=True)
+    env = support.environment(command, args.llama_bin)
+    section = report(runs, (through, direct), args, env, (time.perf_counter() - began) / 60)
+    print("\n".join(section), end="\n\n")
+    support.write_sections(args.out, [section])
+    print(f"written to {args.out}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    shown = sys.argv[1:] if argv is None else list(argv)
+    command = " ".join([".venv/bin/python -m bench.bench_pool", *map(shlex.quote, shown)])
+    logdir = Path(tempfile.mkdtemp(prefix="llamad-bench-pool-"))
+    print(f"logs in {logdir}", flush=True)
+    asyncio.run(run(args, command, logdir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
