@@ -43,9 +43,7 @@ def run(client: Client, args: argparse.Namespace) -> int:
         if args.json:
             print(fmt.to_json({"models": models}, indent=2))
             return 0
-        header = ("NAME", "ROLE", "STATE", "MEMORY", "LAST USED", "CALLS", "PIN", "TTL",
-                  "ALIASES", "LAST ERROR")
-        print(fmt.table([_row(m) for m in models], header))
+        print(models_table(models))
         return 0
     if args.verb == "load":
         model = client.load_model(args.name, timeout=None)
@@ -56,6 +54,13 @@ def run(client: Client, args: argparse.Namespace) -> int:
     else:
         print(f"{model.name}: {model.state}")
     return 0
+
+
+def models_table(models: Sequence[ModelInfo]) -> str:
+    """The models as ``llamad models ps`` and ``llamad status`` show them."""
+    header = ("NAME", "ROLE", "STATE", "MEMORY", "LAST USED", "CALLS", "PIN", "TTL",
+              "ALIASES", "LAST ERROR")
+    return fmt.table([_row(m) for m in models], header)
 
 
 def _row(m: ModelInfo) -> list[str]:

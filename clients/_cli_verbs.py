@@ -22,6 +22,7 @@ from . import _cli_generation as gen
 from . import errors
 from ._cli_balancing import drain, health, undrain  # noqa: F401 - verbs, run by name
 from ._cli_history import add_source, push, retention  # noqa: F401 - push: a verb
+from ._cli_models import models_table
 from ._cli_review import approve, documents, reject  # noqa: F401 - verbs, run by name
 from ._client import Client
 from ._stream import Stream, TextStream
@@ -153,7 +154,7 @@ def status(client: Client, args: argparse.Namespace) -> int:
             "address": client.address, "version": st.version,
             "uptime_seconds": st.uptime_seconds, "draining": st.draining,
             "drained": st.drained,
-            "children": st.children, "retrieval": retrieval,
+            "children": st.children, "models": st.models, "retrieval": retrieval,
             "retrieval_problem": problem or None,
         }, indent=2))
         return 0
@@ -163,6 +164,9 @@ def status(client: Client, args: argparse.Namespace) -> int:
     header = ("ROLE", "STATE", "PID", "MODEL", "RUNTIME", "UP", "RESTARTS", "BREAKER",
               "BUSY/SLOTS", "QUEUED", "LAST ERROR")
     print(fmt.table([_child_row(c) for c in st.children], header))
+    if st.models:
+        print()
+        print(models_table(st.models))
     for c in st.children:
         if c.mode == "endpoint":
             print(f"{c.role}: endpoint {c.endpoint_url or '(configured)'}")

@@ -247,9 +247,12 @@ def child_status(msg: control_pb2.ChildStatus) -> ChildStatus:
 
 
 def daemon_status(msg: control_pb2.StatusResponse) -> DaemonStatus:
+    from ._models import model_info  # noqa: PLC0415 (_models converts with this module)
+
     return DaemonStatus(children=tuple(child_status(c) for c in msg.children),
                         version=msg.version, uptime_seconds=msg.daemon_uptime_seconds,
-                        draining=msg.draining, drained=msg.drained)
+                        draining=msg.draining, drained=msg.drained,
+                        models=tuple(model_info(m) for m in msg.models))
 
 
 def log_line(msg: control_pb2.LogLine) -> LogLine:

@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, TypeAlias
+from typing import TYPE_CHECKING, Literal, TypeAlias
+
+if TYPE_CHECKING:
+    from ._models import ModelInfo
 
 __all__ = [
     "AskDone",
@@ -231,6 +234,7 @@ class DaemonStatus:
     uptime_seconds: float
     draining: bool
     drained: bool = False
+    models: tuple[ModelInfo, ...] = ()  # every catalog model, as ListModels lists them
 
     def child(self, role: str) -> ChildStatus | None:
         """The child with this role (``"generation"`` or ``"embedding"``), or None."""

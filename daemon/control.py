@@ -211,11 +211,14 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         call: rpc.Call,
     ) -> control_pb2.StatusResponse:
         return control_pb2.StatusResponse(
-            children=[child_status(self._children[r]) for r in ("generation", "embedding")],
+            children=[child_status(self._children[r]) for r in ("generation", "embedding")
+                      if r in self._children],
             version=self._version,
             daemon_uptime_seconds=time.monotonic() - self._started,
             draining=self._draining(),
             drained=self._drainer is not None and self._drainer.drained,
+            models=([model_info(v) for v in self._pool.models()]
+                    if self._pool is not None else []),
         )
 
     @rpc.unary("SetDraining")

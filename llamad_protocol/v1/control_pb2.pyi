@@ -850,6 +850,7 @@ class StatusResponse(_message.Message):
     DAEMON_UPTIME_SECONDS_FIELD_NUMBER: _builtins.int
     DRAINING_FIELD_NUMBER: _builtins.int
     DRAINED_FIELD_NUMBER: _builtins.int
+    MODELS_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     daemon_uptime_seconds: _builtins.float
     draining: _builtins.bool
@@ -860,6 +861,12 @@ class StatusResponse(_message.Message):
     """
     @_builtins.property
     def children(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChildStatus]: ...
+    @_builtins.property
+    def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelInfo]:
+        """Every catalog model, as ListModels lists them (state, memory, in flight, breaker,
+        last error), so that one Status call shows the whole pool.
+        """
+
     def __init__(
         self,
         *,
@@ -868,10 +875,11 @@ class StatusResponse(_message.Message):
         daemon_uptime_seconds: _builtins.float = ...,
         draining: _builtins.bool = ...,
         drained: _builtins.bool = ...,
+        models: _abc.Iterable[Global___ModelInfo] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "daemon_uptime_seconds", b"daemon_uptime_seconds", "drained", b"drained", "draining", b"draining", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "daemon_uptime_seconds", b"daemon_uptime_seconds", "drained", b"drained", "draining", b"draining", "models", b"models", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -51,6 +51,11 @@ async def test_list_load_unload(tmp_path: Path) -> None:
         loaded = await stub.LoadModel(control_pb2.LoadModelRequest(name="b"))
         assert (loaded.model.name, loaded.model.state) == ("gen-b",
                                                            control_pb2.MODEL_STATE_READY)
+        status = await stub.Status(control_pb2.StatusRequest())  # the pool, in one call
+        assert {m.name: m.state for m in status.models} == {
+            "gen-a": control_pb2.MODEL_STATE_READY, "gen-b": control_pb2.MODEL_STATE_READY,
+            "gen-c": control_pb2.MODEL_STATE_UNLOADED,
+            "emb": control_pb2.MODEL_STATE_UNLOADED}
         unloaded = await stub.UnloadModel(control_pb2.UnloadModelRequest(name="gen-b"))
         assert unloaded.model.state == control_pb2.MODEL_STATE_UNLOADED
 
