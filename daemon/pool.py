@@ -119,6 +119,8 @@ class Pool:
         self._loads: dict[str, asyncio.Task[Model]] = {}
         self._last_used: dict[str, float] = {}
         self._loaded_at: dict[str, float] = {}  # when each pool model last became resident
+        self._load_seconds: dict[str, float] = {}  # how long each model's last load took
+        self._loading_since: dict[str, float] = {}  # monotonic start of loads under way
         self._closed = False
         self._estimates: dict[str, int] = {}
         # Models being evicted: they serve the calls already queued, new ones wait for
@@ -237,6 +239,17 @@ class Pool:
         finally:
             self._joined[name] -= 1
 
+    def expected_load(self, name: str) -> float | None:
+        """Seconds until ``name`` is likely resident, from how long its last load took
+        (what is left of it, if one is under way); None: never loaded here yet."""
+        last = self._load_seconds.get(name)
+        if last is None:
+            return None
+        since = self._loading_since.get(name)
+        if since is None:
+            return last
+        return max(0.0, last - (self._clock.monotonic() - since))
+
     def _entering_calls(self, name: str) -> int:
         return self._entering.get(name, 0)
 
@@ -274,15 +287,20 @@ class Pool:
                     raise
                 _log.info("model load", model=entry.name, role=entry.role,
                           memory_estimate=need)
+                began = self._clock.monotonic()
+                self._loading_since[entry.name] = began
                 try:
                     await model.replace(model.target_for(model.setup),
                                         reason=f"load {entry.name}")
                     # Every call waiting for this load is on its way into the queue.
                     self._entering[entry.name] = self._joined.get(entry.name, 0)
+                    self._load_seconds[entry.name] = self._clock.monotonic() - began
                 except SwapRefusedError as exc:  # the system has not the memory for it
                     outcome = "rejected"
                     raise Overloaded(f"model {entry.name!r} does not fit in memory now: "
                                      f"{exc}", _RETRY_AFTER) from None
+                finally:
+                    self._loading_since.pop(entry.name, None)
             outcome = "ok"
         finally:
             if self._metrics is not None and outcome:

@@ -121,6 +121,14 @@ class InferenceRouter:
                 and served.state is ModelState.UNLOADED and not served.unloaded_by_pool):
             self.backend(role)  # an unpinned default disabled by SetMode stays so: refused
         if served is None or not pool.is_resident(name):
+            expected = pool.expected_load(name)
+            if (time_remaining is not None and expected is not None
+                    and expected > time_remaining):
+                raise DeadlineUnmeetable(
+                    f"model {name!r} is not resident and takes about {expected:.1f} s to "
+                    f"load (its last load), more than the call's deadline allows "
+                    f"({time_remaining:.1f} s): retry with a longer deadline, or load it "
+                    "first (LoadModel)")
             began = time.monotonic()
             try:
                 served = await asyncio.wait_for(pool.load(name, call=True), time_remaining)

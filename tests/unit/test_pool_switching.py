@@ -11,7 +11,10 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
+
 from daemon._config_sections import PoolSettings
+from daemon.errors import DeadlineUnmeetable
 from daemon.health import HealthReporter
 from daemon.router import InferenceRouter
 from llamad_protocol.v1.wire import HEALTH_GENERATION, HEALTH_MODEL_PREFIX
@@ -166,3 +169,31 @@ async def test_a_turn_lets_a_busy_model_take_calls_before_it_makes_room(
     async with ticking(rig):
         await asyncio.gather(first, second, other)
     assert order == ["b1", "b2", "c"] and rig.launches("gen-b") == 1
+
+
+async def test_a_deadline_shorter_than_the_models_load_is_refused_at_once(
+        tmp_path: Path) -> None:
+    """gen-b's load took 5 s: unloaded again, a call for it with 2 s left is refused at
+    once (DEADLINE class, naming the expected load) and starts nothing; with 10 s left it
+    loads it."""
+    rig = Rig(tmp_path, PoolSettings(max_resident=3))
+    router = await started(rig)
+    rig.outcomes["gen-b"] = ["hang"]
+    load = asyncio.create_task(rig.pool.load("gen-b"))
+    await until(lambda: bool(rig.launchers.get("gen-b"))
+                and rig.launchers["gen-b"][-1].hanging is not None)
+    await rig.clock.advance(5)
+    hanging = rig.launchers["gen-b"][-1].hanging
+    assert hanging is not None
+    hanging.set_result(None)
+    await load
+    assert rig.pool.expected_load("gen-b") == pytest.approx(5, abs=0.5)
+    async with ticking(rig):
+        await rig.pool.unload("gen-b")
+    with pytest.raises(DeadlineUnmeetable, match=r"takes about 5\.\d s to load"):
+        async with router.admit("generation", 2.0, model="gen-b"):
+            pass
+    assert rig.launches("gen-b") == 1
+    async with router.admit("generation", 10.0, model="gen-b"):
+        pass
+    assert rig.launches("gen-b") == 2
