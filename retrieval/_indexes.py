@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import structlog
 
-from ._bm25 import IndexedChunk, TextIndex
+from ._bm25 import Filters, IndexedChunk, TextIndex
 from ._store import ChunkRow, DocumentRow, Replacement, Store, StoredChunk
 from ._vectors import VectorIndex
 from .errors import NotFound, RetrievalError, StorageFull, is_storage_full
@@ -102,6 +102,9 @@ class RetrievalStatus:
     repaired: dict[str, int]            # what the last open repaired, by kind
     backfill: BackfillStatus = IDLE     # the background embedding of chunks without vectors
     rebuild: VectorRebuild = NO_REBUILD  # after an embedding-model change
+    store: str = "embedded"             # the backend: embedded | postgres
+    lexical_ranking: str = "bm25"       # the lexical list's ranking (postgres: ts_rank_cd)
+    store_target: str = ""              # postgres: user@host:port/db (never a password)
 
 
 PAGE = 4096
@@ -122,6 +125,8 @@ class Indexes:
     Methods named ``*_sync`` block (call them from a worker thread with :attr:`write`
     held); the coroutines take :attr:`write` themselves unless they say otherwise.
     """
+
+    kind = "embedded"
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -417,6 +422,12 @@ class Indexes:
             self.disabled_sources -= {source_id}
             await asyncio.to_thread(self._drop_keys, keys)
         return keys
+
+    def text_ranked(self, query: str, filters: Filters, limit: int
+                    ) -> list[tuple[int, float]]:
+        """The BM25 list (tantivy), filters applied inside: ``(key, score)``. Blocking."""
+        _, text = self.require()
+        return text.search(query, filters=filters, limit=limit)
 
     # -- status ------------------------------------------------------------------------
 

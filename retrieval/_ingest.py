@@ -24,6 +24,7 @@ from pathlib import PurePosixPath
 import numpy as np
 import structlog
 
+from ._backend import Backend
 from ._chunk import Chunk, chunk_text
 from ._confine import SourceRoot, display_name
 from ._dates import front_matter_date
@@ -33,6 +34,7 @@ from ._group import EmbedBatcher, GroupCommitter, Vector
 from ._indexes import Indexes, PendingWrite
 from ._kinds import check_kind, kind_for
 from ._limits import RetrievalLimits
+from ._pg_indexes import not_supported
 from ._redact import redact
 from ._review import Review
 from ._store import ChunkRow, DocumentRow, SourceRow
@@ -46,9 +48,9 @@ def content_hash(text: str) -> str:
 
 
 class Ingest:
-    """The ingest pipeline over :class:`~retrieval._indexes.Indexes`."""
+    """The ingest pipeline over a store backend (:mod:`retrieval._backend`)."""
 
-    def __init__(self, indexes: Indexes, embedder: EmbedderProvider,
+    def __init__(self, indexes: Backend, embedder: EmbedderProvider,
                  limits: RetrievalLimits, *, on_other_model: Callable[[], object]) -> None:
         """Args:
             on_other_model: called when a commit brings vectors of another model than
@@ -61,7 +63,9 @@ class Ingest:
         # Documents being processed: their state is shown from here (SQLite keeps the
         # last committed version, which a crash mid-processing must leave as it was).
         self.inflight: dict[str, DocumentRow] = {}
-        self.review = Review(indexes, self.index, self.processing)
+        # Review holds are the embedded store's only, for now (refused on Postgres).
+        self.review: Review | None = Review(indexes, self.index, self.processing) \
+            if isinstance(indexes, Indexes) else None
         self._batcher: EmbedBatcher | None = None
         self._batcher_model = ""
         self.committer: GroupCommitter[PendingWrite, DocumentRow] = GroupCommitter(
@@ -111,6 +115,8 @@ class Ingest:
                 and existing.tags == doc.tags and existing.document_date == document_date:
             return existing
         if review or source.review_required:
+            if self.review is None:
+                raise not_supported("holding documents for review")
             return await self.review.hold(doc, cleaned.text)
         return await self.index(doc, cleaned.text)
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Self
 
 import numpy as np
 import psycopg
@@ -101,7 +102,7 @@ class PostgresStore:
     # -- life cycle --------------------------------------------------------------------
 
     @classmethod
-    def open(cls, options: PgOptions) -> PostgresStore:
+    def open(cls, options: PgOptions) -> Self:
         """Connect, check pgvector, create or migrate the schema, detect BM25 extensions.
 
         Raises:

@@ -21,17 +21,21 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ._backend import backend
 from ._backfill import Backfill
 from ._bm25 import Filters
 from ._confine import SourceRoot
 from ._embedder import EmbedderLookup, EmbedderProvider
-from ._indexes import Indexes, RetrievalStatus
+from ._indexes import IDLE, Indexes, RetrievalStatus
 from ._ingest import Ingest, content_hash
 from ._later import Later
 from ._limits import RetrievalLimits
+from ._pg_connect import PgOptions
+from ._pg_indexes import not_supported
 from ._retention import Retention, RetentionClock, SystemClock
+from ._review import Review
 from ._search import Query, Search, SearchResult
-from ._store import DocumentRow, SourceRow
+from ._store import DocumentRow, SourceRow, Store
 from .errors import (
     InvalidDocument,
     NotFound,
@@ -53,9 +57,10 @@ class Retriever:
                  limits: RetrievalLimits | None = None, *,
                  unavailable_reason: Callable[[], str] | None = None,
                  embedder_for: EmbedderLookup | None = None,
-                 clock: RetentionClock | None = None) -> None:
+                 clock: RetentionClock | None = None,
+                 postgres: PgOptions | None = None) -> None:
         """Args:
-            root: the directory of the indexes.
+            root: the directory of the indexes (embedded store).
             embedder: gives the embedder to use now, or None (search is then BM25-only).
             limits: every limit, named.
             unavailable_reason: says why ``embedder`` gave None, for search warnings.
@@ -64,22 +69,47 @@ class Retriever:
                 previous one through it (default: only the current embedder answers).
             clock: the time history records are dated and retention runs by (tests
                 inject a manual one; default: the system's).
+            postgres: use the PostgreSQL store (``retrieval.store = postgres``) instead
+                of the embedded one in ``root``; review holds, history sources and the
+                backfill are then refused (see :mod:`retrieval._pg_indexes`).
         """
         self.root = root
         limits = limits or RetrievalLimits()
         self._embedder = embedder
-        self._indexes = Indexes(root)
-        self._backfill = Backfill(self._indexes, embedder, limits, embedder_for)
-        self._ingest = Ingest(self._indexes, embedder, limits,
-                              on_other_model=self._backfill.start)
+        self._backend = backend(root, postgres)
+        embedded = self._backend if isinstance(self._backend, Indexes) else None
+        self._backfill = Backfill(embedded, embedder, limits, embedder_for) \
+            if embedded is not None else None
+        self._ingest = Ingest(self._backend, embedder, limits,
+                              on_other_model=self._start_backfill)
         self._later = Later(self.upsert, self._ingest.check, lambda: self.limits.max_pending)
         self._search = Search(
-            self._indexes, embedder, limits,
+            self._backend, embedder, limits,
             unavailable_reason=unavailable_reason or (lambda: "embedding child unavailable"),
-            on_other_model=self._backfill.start, embedder_for=embedder_for,
-            backfill=lambda: self._backfill.status)
+            on_other_model=self._start_backfill, embedder_for=embedder_for,
+            backfill=lambda: self._backfill.status if self._backfill is not None else IDLE)
         self._clock: RetentionClock = clock or SystemClock()
-        self._retention = Retention(self._indexes, self._clock, lambda: self.limits)
+        self._retention = Retention(embedded, self._clock, lambda: self.limits) \
+            if embedded is not None else None
+
+    @property
+    def _indexes(self) -> Indexes:
+        """The embedded backend (for tests and benches that look inside it).
+
+        Raises:
+            NotSupported: the store is PostgreSQL.
+        """
+        if not isinstance(self._backend, Indexes):
+            raise not_supported("looking inside the embedded indexes")
+        return self._backend
+
+    @property
+    def store_kind(self) -> str:
+        """The store backend: ``embedded`` or ``postgres``."""
+        return self._backend.kind
+
+    def _start_backfill(self) -> bool:
+        return self._backfill.start() if self._backfill is not None else False
 
     @property
     def limits(self) -> RetrievalLimits:
@@ -89,13 +119,15 @@ class Retriever:
 
     @limits.setter
     def limits(self, limits: RetrievalLimits) -> None:
-        self._ingest.limits = self._search.limits = self._backfill.limits = limits
+        self._ingest.limits = self._search.limits = limits
+        if self._backfill is not None:
+            self._backfill.limits = limits
 
     @property
     def repaired(self) -> dict[str, int]:
         """What :meth:`open` repaired in tantivy and hnswlib (counts by kind; empty when
         the three stores agreed)."""
-        return self._indexes.repaired
+        return self._backend.repaired
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -108,24 +140,27 @@ class Retriever:
         Raises:
             IndexCorrupt: a store cannot be opened.
         """
-        if self._indexes.store is not None:
+        if self._backend.store is not None:
             return
-        await asyncio.to_thread(self._indexes.open_sync)
-        self._retention.start()
+        await asyncio.to_thread(self._backend.open_sync)
+        if self._retention is not None:
+            self._retention.start()
 
     async def close(self) -> None:
         """Stop the background backfill, let the commits under way and queued finish,
         save the vector index and close the stores (each even if another fails)."""
-        await self._retention.close()
+        if self._retention is not None:
+            await self._retention.close()
         await self._later.close()
-        await self._backfill.close()
+        if self._backfill is not None:
+            await self._backfill.close()
         await self._ingest.close()
-        async with self._indexes.write:
-            await asyncio.to_thread(self._indexes.close_sync)
+        async with self._backend.write:
+            await asyncio.to_thread(self._backend.close_sync)
 
     async def flush(self) -> None:
         """Persist the vector index now (it is also saved on close)."""
-        await self._indexes.flush()
+        await self._backend.flush()
 
     # -- sources -----------------------------------------------------------------------
 
@@ -154,17 +189,20 @@ class Retriever:
                                   "only (add it with history)")
         if max_age_days < 0 or max_items < 0:
             raise InvalidDocument("max_age_days and max_items cannot be negative")
+        if self._retention is None and (history or review_required):
+            raise not_supported("a history source" if history
+                                else "a source requiring review")
         kind = "history" if history else "directory" if root is not None else "push"
         row = SourceRow(source_id, kind, str(root) if root is not None else "", category,
                         tuple(tags), int(time.time()), review_required=review_required,
                         max_age_days=max_age_days, max_items=max_items)
-        store, _ = self._indexes.require()
+        store, _ = self._backend.require()
         await asyncio.to_thread(store.upsert_source, row)
         return row
 
     async def sources(self) -> list[SourceRow]:
         """Every source, by id."""
-        store, _ = self._indexes.require()
+        store, _ = self._backend.require()
         return await asyncio.to_thread(store.sources)
 
     async def set_source_disabled(self, source_id: str, disabled: bool) -> SourceRow:
@@ -174,11 +212,11 @@ class Retriever:
         Raises:
             NotFound: unknown source.
         """
-        store, _ = self._indexes.require()
+        store, _ = self._backend.require()
         if not await asyncio.to_thread(store.set_source_disabled, source_id, disabled):
             raise NotFound(f"no source {source_id!r}")
-        ids = self._indexes.disabled_sources
-        self._indexes.disabled_sources = ids | {source_id} if disabled else ids - {source_id}
+        ids = self._backend.disabled_sources
+        self._backend.disabled_sources = ids | {source_id} if disabled else ids - {source_id}
         row = await asyncio.to_thread(store.source, source_id)
         if row is None:  # removed meanwhile
             raise NotFound(f"no source {source_id!r}")
@@ -188,14 +226,14 @@ class Retriever:
         """Record that a new version of a document failed (extraction, say): the last
         indexed version stays searchable, and the document shows state ``failed`` with
         ``error`` until a later version is indexed (see :meth:`upsert`)."""
-        store, _ = self._indexes.require()
+        store, _ = self._backend.require()
         doc = await asyncio.to_thread(store.document, doc_id)
         if doc is not None:
             await asyncio.to_thread(store.set_state, doc, "failed", error[:500])
 
     async def mark_scanned(self, source_id: str, error: str = "") -> None:
         """Record that a source was just scanned (and its error, if the scan failed)."""
-        store, _ = self._indexes.require()
+        store, _ = self._backend.require()
         await asyncio.to_thread(store.mark_scanned, source_id, error)
 
     async def remove_source(self, source_id: str) -> int:
@@ -204,7 +242,7 @@ class Retriever:
         Raises:
             NotFound: unknown source.
         """
-        return len(await self._indexes.delete_source(source_id))
+        return len(await self._backend.delete_source(source_id))
 
     # -- documents ---------------------------------------------------------------------
 
@@ -260,7 +298,7 @@ class Retriever:
             NotFound: unknown source.
             Busy: ``max_pending`` documents already wait.
         """
-        self._indexes.require()
+        self._backend.require()
         return await self._later.accept(
             source_id, title, text,
             doc_id=doc_id or f"{source_id}/{content_hash(title + chr(0) + text)[:16]}",
@@ -305,12 +343,12 @@ class Retriever:
 
     async def delete(self, doc_id: str) -> bool:
         """Remove a document; False if it did not exist."""
-        return await self._indexes.delete_document(doc_id)
+        return await self._backend.delete_document(doc_id)
 
     async def document(self, doc_id: str) -> DocumentRow | None:
         """A document (state ``processing`` while an upsert of it runs; one awaiting
         review shows the version held, its ``indexed_at`` the searchable version's)."""
-        store, _ = self._indexes.require()
+        store, _ = self._backend.require()
         current = self._ingest.inflight.get(doc_id) or self._later.pending.get(doc_id)
         if current is not None:
             return current
@@ -323,7 +361,7 @@ class Retriever:
                         states: Sequence[str] = ()) -> list[DocumentRow]:
         """Documents by id (of one source; in one of ``states`` when given), those being
         processed included, those awaiting review as :meth:`document` shows them."""
-        store, _ = self._indexes.require()
+        store, _ = self._backend.require()
         rows = {d.id: d for d in await asyncio.to_thread(store.documents, source_id)}
         if any(d.state == "review_required" for d in rows.values()):
             rows.update(await asyncio.to_thread(store.held_documents, source_id))
@@ -345,8 +383,9 @@ class Retriever:
             InvalidDocument: a malformed id, a note over ``MAX_NOTE_CHARS``.
             StorageFull: the disk holding the indexes is full.
         """
+        review = self._review()
         await self._awaiting_review(doc_id)
-        return await self._ingest.review.approve(doc_id, note)
+        return await review.approve(doc_id, note)
 
     async def reject(self, doc_id: str, note: str = "") -> DocumentRow:
         """Reject the version of a document held for review: it leaves every index (a
@@ -356,8 +395,15 @@ class Retriever:
         Raises:
             NotFound, WrongState, InvalidDocument: as :meth:`approve`.
         """
+        review = self._review()
         await self._awaiting_review(doc_id)
-        return await self._ingest.review.reject(doc_id, note)
+        return await review.reject(doc_id, note)
+
+    def _review(self) -> Review:
+        """The review of documents, refused where the store cannot hold them."""
+        if self._ingest.review is None:
+            raise not_supported("review")
+        return self._ingest.review
 
     async def _awaiting_review(self, doc_id: str) -> None:
         """Refuse a review of a document that does not await one (one pending or being
@@ -392,7 +438,7 @@ class Retriever:
 
     async def chunk_ids(self, keys: Sequence[int]) -> dict[int, str]:
         """Chunk key -> chunk id, for the keys of a :attr:`SearchResult.fused` list."""
-        store, _ = self._indexes.require()
+        store, _ = self._backend.require()
         return await asyncio.to_thread(store.chunk_ids, keys)
 
     # -- vectors for every chunk -------------------------------------------------------
@@ -405,8 +451,9 @@ class Retriever:
         Args:
             retry_failed: embed again the texts the model refused before.
         """
-        self._indexes.require()
-        return self._backfill.start(retry_failed=retry_failed)
+        self._backend.require()
+        return self._backfill.start(retry_failed=retry_failed) \
+            if self._backfill is not None else False
 
     async def reprocess(self, *, document_id: str = "", source_id: str = "") -> tuple[int, str]:
         """Embed now, in the background, the chunks without a vector of the current
@@ -418,7 +465,9 @@ class Retriever:
             NotFound: an unknown document or source.
             InvalidDocument: a malformed id.
         """
-        store, _ = self._indexes.require()
+        store, _ = self._backend.require()
+        if self._backfill is None or not isinstance(store, Store):
+            raise not_supported("reprocessing (the backfill)")
         if document_id:
             validate_document_id(document_id)
             if await asyncio.to_thread(store.document, document_id) is None:
@@ -448,22 +497,28 @@ class Retriever:
     async def prune(self) -> int:
         """One retention pass now (the background task runs one every
         ``retrieval.retention_interval``); return the records it removed."""
-        return await self._retention.run_once()
+        return await self._retention.run_once() if self._retention is not None else 0
 
     @property
     def pruned(self) -> int:
         """History records removed by retention since this retriever was built."""
-        return self._retention.pruned
+        return self._retention.pruned if self._retention is not None else 0
 
     @property
     def retention(self) -> Retention:
-        """The retention task and its counters (for tests and status)."""
+        """The retention task and its counters (for tests and status).
+
+        Raises:
+            NotSupported: the store has no history retention (Postgres).
+        """
+        if self._retention is None:
+            raise not_supported("history retention")
         return self._retention
 
     @property
     def backfill_task(self) -> asyncio.Task[None] | None:
         """The backfill run, if one was started (for waiting on it)."""
-        return self._backfill.task
+        return self._backfill.task if self._backfill is not None else None
 
     # -- status ------------------------------------------------------------------------
 
@@ -476,12 +531,14 @@ class Retriever:
         Raises:
             RetrievalError: retrieval is not open.
         """
-        self._indexes.require()
+        self._backend.require()
         embedder = self._embedder()
-        model = embedder.model_id if embedder is not None else self._indexes.vector_model
-        status = await self._indexes.status(model, processing=len(self._ingest.inflight),
+        model = embedder.model_id if embedder is not None else self._backend.vector_model
+        status = await self._backend.status(model, processing=len(self._ingest.inflight),
                                             pending=len(self._later.pending.keys()
                                                         - self._ingest.inflight.keys()))
+        if self._backfill is None:
+            return status
         return dataclasses.replace(status, backfill=self._backfill.status,
                                    rebuild=self._backfill.rebuild(status.chunks,
                                                                   status.embedded_chunks))

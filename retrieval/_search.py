@@ -22,13 +22,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._backend import Backend
 from ._bm25 import Filters
 from ._embedder import Embedder, EmbedderLookup, EmbedderProvider, current_only
 from ._fusion import best_score, rrf
 from ._indexes import IDLE, BackfillStatus, Indexes
 from ._limits import RetrievalLimits
+from ._pg_indexes import PgIndexes
 from ._store_history import dated_documents
-from .errors import InvalidDocument, VectorUnavailable
+from .errors import EmbeddingModelMismatch, InvalidDocument, VectorUnavailable
 
 
 @dataclass(frozen=True)
@@ -116,9 +118,10 @@ def snippet(text: str, query: str, width: int = 240) -> str:
 
 
 class Search:
-    """Searches over :class:`~retrieval._indexes.Indexes` (reads only; no writer lock)."""
+    """Searches over a store backend (:mod:`retrieval._backend`; reads only, no writer
+    lock)."""
 
-    def __init__(self, indexes: Indexes, embedder: EmbedderProvider,
+    def __init__(self, indexes: Backend, embedder: EmbedderProvider,
                  limits: RetrievalLimits, *, unavailable_reason: Callable[[], str],
                  on_other_model: Callable[[], object],
                  embedder_for: EmbedderLookup | None = None,
@@ -159,7 +162,7 @@ class Search:
             RetrievalError: retrieval is not open.
         """
         limits = self.limits
-        store, text = self._indexes.require()
+        store, _ = self._indexes.require()
         q = options or Query()
         warnings: list[str] = []
         k = self._check(query, limits.default_k if k is None else k, q, warnings)
@@ -179,8 +182,8 @@ class Search:
                 query, n_vec, filters, warnings, required=q.mode == "vector"))
         text_hits: list[tuple[int, float]] = []
         if q.mode != "vector":
-            text_hits = await asyncio.to_thread(text.search, query, filters=filters,
-                                                limit=n_text)
+            text_hits = await asyncio.to_thread(self._indexes.text_ranked, query, filters,
+                                                n_text)
         vector = await vector_task if vector_task is not None else None
         vec_hits, vector_model = vector if vector is not None else (None, "")
         mode = q.mode if q.mode != "hybrid" else ("hybrid" if vec_hits is not None else "text")
@@ -240,7 +243,8 @@ class Search:
     async def _dated(self, filters: Filters) -> Filters:
         """``filters`` with their bounds on the documents' own dates turned into the
         documents that pass them (what the text index can filter on)."""
-        if filters.dated_since is None and filters.dated_until is None:
+        if (filters.dated_since is None and filters.dated_until is None) or \
+                isinstance(self._indexes, PgIndexes):  # Postgres filters dates in its SQL
             return filters
         store, _ = self._indexes.require()
         ids = await asyncio.to_thread(dated_documents, store, filters.dated_since,
@@ -288,6 +292,8 @@ class Search:
             warnings.append(f"{why}: results are BM25-only")
 
         indexes = self._indexes
+        if isinstance(indexes, PgIndexes):
+            return await self._pg_vector_search(indexes, query, n, filters, without)
         current = self._embedder()
         serving = indexes.vector_model if indexes.vectors is not None else ""
         if current is not None and current.model_id != serving:
@@ -309,7 +315,7 @@ class Search:
         except Exception as exc:
             without(f"query embedding failed ({type(exc).__name__})")
             return None
-        allowed = await self._allowed_keys(filters)
+        allowed = await self._allowed_keys(indexes, filters)
         vector = np.asarray(vectors[0], dtype=np.float32)
         index = indexes.vectors
         if index is None or indexes.vector_model != serving:
@@ -329,10 +335,42 @@ class Search:
                 f"({progress}); its vectors until then are of model {previous}, which is "
                 "not available to embed the query")
 
-    async def _allowed_keys(self, filters: Filters) -> set[int] | None:
+    async def _pg_vector_search(self, indexes: PgIndexes, query: str, n: int,
+                                filters: Filters, without: Callable[[str], None]
+                                ) -> tuple[list[tuple[int, float]], str] | None:
+        """The vector side on Postgres: the corpus's space, searched only with a query
+        embedded by the corpus's model (a node embedding with another says so)."""
+        current = self._embedder()
+        if current is None:
+            without(self._unavailable())
+            return None
+        corpus = await asyncio.to_thread(indexes.corpus_model)
+        if not corpus:
+            without("no vectors indexed yet")
+            return None
+        if corpus != current.model_id:
+            without(f"this node embeds with {current.model_id} but the shared corpus is "
+                    f"embedded with {corpus}: vectors of two models are not comparable")
+            return None
+        try:
+            vectors = await asyncio.wait_for(current.embed([query]),
+                                             self.limits.query_embed_timeout)
+        except Exception as exc:
+            without(f"query embedding failed ({type(exc).__name__})")
+            return None
+        vector = np.asarray(vectors[0], dtype=np.float32)
+        try:
+            hits = await asyncio.to_thread(indexes.vector_ranked, current.model_id, vector,
+                                           filters, n)
+        except EmbeddingModelMismatch as exc:  # the corpus model was set meanwhile
+            without(str(exc))
+            return None
+        return hits, current.model_id
+
+    async def _allowed_keys(self, indexes: Indexes, filters: Filters) -> set[int] | None:
         if filters == Filters():
             return None
-        store, _ = self._indexes.require()
+        store, _ = indexes.require()
         return await asyncio.to_thread(functools.partial(
             store.keys_matching, sources=filters.sources, kinds=filters.kinds,
             categories=filters.categories, tags=filters.tags, since=filters.since,

@@ -18,7 +18,9 @@ The tree::
     ├── SchemaTooNew         a PostgreSQL store migrated by a newer llamad
     ├── StoreUnavailable     the PostgreSQL store cannot be reached, logged into, or lacks
     │                        pgvector (the message names the server, never the password)
-    └── EmbeddingModelMismatch  this node's embedding model is not the shared corpus's
+    ├── EmbeddingModelMismatch  this node's embedding model is not the shared corpus's
+    └── NotSupported         something the configured store backend cannot do (review
+                             holds or history sources on PostgreSQL); names the backend
 
 None of these import or know about gRPC; the daemon maps them to status codes
 (``InvalidDocument`` and ``ExtractionError`` to INVALID_ARGUMENT, ``NotFound`` to NOT_FOUND,
@@ -145,6 +147,12 @@ class EmbeddingModelMismatch(RetrievalError):
     """This node's embedding model (or its dimension) differs from the one the shared
     corpus is embedded with: its vectors would not be comparable, so none are written or
     searched. The message names both models."""
+
+
+class NotSupported(RetrievalError):
+    """Something the configured store backend cannot do yet (review holds, history
+    sources, the backfill on ``retrieval.store = postgres``): refused, never silently
+    ignored. The message names the backend."""
 
 
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})

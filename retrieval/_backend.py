@@ -1,0 +1,48 @@
+"""The store interface: everything the retriever does with documents goes through it.
+
+Two backends answer it (``retrieval.store``):
+
+* ``embedded`` (the default): :class:`~retrieval._indexes.Indexes`, SQLite as the truth
+  with tantivy (BM25) and hnswlib (HNSW) derived from it, reconciled at open;
+* ``postgres``: :class:`~retrieval._pg_indexes.PgIndexes`, PostgreSQL + pgvector as the
+  truth and the index in one transactional store, shared by several nodes.
+
+Both offer the same calls, and the same rows come out of both stores
+(:class:`~retrieval._store.SourceRow`, :class:`~retrieval._store.DocumentRow`,
+:class:`~retrieval._store.StoredChunk`):
+
+* life cycle: ``open_sync``, ``close_sync``, ``require`` (the document store), ``flush``,
+  ``catch_up``, ``storage_full``; ``write`` (this node's writer lock);
+* writes: ``commit`` (a batch of documents with their chunks and vectors, atomically),
+  ``delete_document``, ``delete_source``, ``withdraw``;
+* the two ranked lists, filters applied inside both: ``text_ranked`` (BM25, or
+  ``ts_rank_cd`` on Postgres) and the vector list (hnswlib through ``vectors``, or
+  ``vector_ranked`` on Postgres);
+* sources and documents with their ingest states (through the document store), and
+  ``status``.
+
+Fusion (RRF, modes, weights; :mod:`retrieval._fusion`) stays above the interface, in
+:mod:`retrieval._search`, and works on the ranks only: every backend fuses the same way.
+Review holds, history retention and the background backfill are the embedded backend's
+only, for now: the retriever refuses them on Postgres (:class:`~retrieval.errors.NotSupported`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ._indexes import Indexes
+from ._pg_connect import PgOptions
+from ._pg_indexes import PgIndexes
+
+Backend = Indexes | PgIndexes
+"""A store backend (see the module's docstring)."""
+
+STORES = ("embedded", "postgres")
+"""The values of ``retrieval.store``."""
+
+
+def backend(root: Path, postgres: PgOptions | None) -> Backend:
+    """The embedded backend in ``root``, or the PostgreSQL one when ``postgres`` is given
+    (not opened yet: call ``open_sync``)."""
+    return Indexes(root) if postgres is None else PgIndexes(root, postgres)

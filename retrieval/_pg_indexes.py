@@ -1,0 +1,237 @@
+"""The PostgreSQL backend behind the store interface (``retrieval.store = postgres``).
+
+:class:`PgIndexes` answers the calls :class:`~retrieval._indexes.Indexes` answers for the
+embedded backend (see :mod:`retrieval._backend`), over one
+:class:`~retrieval._pg_store.PostgresStore`. Postgres is both the truth and the index:
+there is no tantivy or hnswlib beside it, nothing to reconcile at open and nothing to
+catch up after a failed write (a write is one transaction: all of it or none). Several
+nodes may share the database: a document written through one is found by every other's
+next search, a delete through one is gone for all.
+
+What the embedded backend has and this one does not (yet): review holds, history sources
+and their retention, the background backfill of chunks without vectors, and a switch of
+embedding model (the corpus keeps the first model it was embedded with; a node with
+another is refused with :class:`~retrieval.errors.EmbeddingModelMismatch`). The first two
+are refused with :class:`~retrieval.errors.NotSupported`, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ._bm25 import Filters
+from ._indexes import PendingWrite, RetrievalStatus
+from ._pg_connect import PgOptions
+from ._pg_store import PgInfo, PostgresStore
+from ._store import DocumentRow
+from .errors import NotFound, NotSupported, RetrievalError, StorageFull
+
+if TYPE_CHECKING:
+    from ._vectors import VectorIndex
+
+BACKEND = "postgres"
+
+
+class PgDocumentStore(PostgresStore):
+    """:class:`PostgresStore` with the few read calls the retriever makes of any store
+    that the PostgreSQL store has no use of its own for."""
+
+    def chunk_ids(self, keys: Iterable[int]) -> dict[int, str]:
+        """Chunk key -> chunk id (the citation key), for the keys that exist."""
+        return {k: c.chunk_id for k, c in self.chunks_by_keys(keys).items()}
+
+    def held_version(self, doc_id: str) -> DocumentRow | None:
+        """No version is ever held for review here (review is refused)."""
+        return None
+
+    def held_documents(self, source_id: str | None = None) -> dict[str, DocumentRow]:
+        """No version is ever held for review here (review is refused)."""
+        return {}
+
+
+def not_supported(what: str) -> NotSupported:
+    """The refusal of something the PostgreSQL backend cannot do yet."""
+    return NotSupported(f"{what} is not supported with retrieval.store = postgres yet "
+                        "(use the embedded store for it)")
+
+
+class PgIndexes:
+    """The PostgreSQL store as the retriever's backend.
+
+    Methods named ``*_sync`` block (call them from a worker thread); the coroutines run
+    the store's calls in worker threads. :attr:`write` serialises this node's writes (the
+    group committer batches under it); other nodes' writes are serialised by Postgres.
+    """
+
+    kind = BACKEND
+
+    def __init__(self, root: Path, options: PgOptions) -> None:
+        self.root = root
+        self.options = options
+        self.write = asyncio.Lock()
+        self.store: PgDocumentStore | None = None
+        self.vectors: VectorIndex | None = None   # never: the vectors live in Postgres
+        self.vector_model = ""          # the corpus's embedding model once checked
+        self.repaired: dict[str, int] = {}        # nothing is ever repaired
+        self.behind = False
+        self._info: PgInfo | None = None
+
+    @property
+    def disabled_sources(self) -> frozenset[str]:
+        """Always empty: a disabled source is left out inside the SQL of both lists, as
+        another node may have disabled it (or enabled it again) a moment ago."""
+        return frozenset()
+
+    @disabled_sources.setter
+    def disabled_sources(self, value: frozenset[str]) -> None:
+        """Ignored (see the getter): the database holds whether a source is disabled."""
+
+    # -- life cycle --------------------------------------------------------------------
+
+    def open_sync(self) -> None:
+        """Connect, migrate, and read the corpus's embedding model.
+
+        Raises:
+            StoreUnavailable: the server cannot be used (the message says why).
+            SchemaTooNew: the database was migrated by a newer llamad.
+        """
+        store = PgDocumentStore.open(self.options)
+        self.store = store
+        self._info = store.info()
+        self.vector_model = self._info.corpus_model
+
+    def close_sync(self) -> None:
+        """Release the scan locks and close the connections."""
+        if self.store is not None:
+            self.store.close()
+        self.store = None
+
+    def require(self) -> tuple[PgDocumentStore, None]:
+        """The store (and no separate text index).
+
+        Raises:
+            RetrievalError: the backend is not open.
+        """
+        if self.store is None:
+            raise RetrievalError("retrieval is not open")
+        return self.store, None
+
+    def storage_full(self) -> StorageFull:
+        """The error for a write refused by a full disk."""
+        return StorageFull("the PostgreSQL server is out of disk space: free space on it, "
+                           "then retry; documents indexed before are intact")
+
+    async def flush(self) -> None:
+        """Nothing to persist: Postgres has every acknowledged write."""
+
+    async def catch_up(self) -> None:
+        """Nothing to catch up: a write is one transaction."""
+
+    # -- writing -----------------------------------------------------------------------
+
+    async def commit(self, batch: list[PendingWrite]) -> list[DocumentRow]:
+        """Commit documents together, their chunks and vectors in one transaction (the
+        caller holds :attr:`write`); returns them as committed (state ``indexed``).
+
+        Raises:
+            EmbeddingModelMismatch: vectors of another model than the corpus's (nothing
+                written; the message names both models).
+            StoreUnavailable: the server was lost (nothing written).
+        """
+        now = int(time.time())
+        docs = [dataclasses.replace(p.doc, state="indexed", indexed_at=now) for p in batch]
+        await asyncio.to_thread(self._store_batch, docs, batch)
+        return docs
+
+    def _store_batch(self, docs: list[DocumentRow], batch: list[PendingWrite]) -> None:
+        store, _ = self.require()
+        vectors: dict[str, dict[str, np.ndarray]] = {}
+        for p in batch:
+            if p.has_vectors:
+                vectors.setdefault(p.model, {}).update(p.cached)
+                vectors[p.model].update(p.fresh)
+        for model, by_hash in sorted(vectors.items()):
+            if model != self.vector_model:
+                dim = len(next(iter(by_hash.values())))
+                store.use_embedding_model(model, dim)  # the first sets the corpus's
+                self.vector_model = model
+        store.replace_documents([(d, p.rows) for d, p in zip(docs, batch, strict=True)],
+                                sorted(vectors.items()))
+
+    async def delete_document(self, doc_id: str) -> bool:
+        """Delete a document with its chunks and vectors; False if it did not exist."""
+        store, _ = self.require()
+        return await asyncio.to_thread(store.delete_document, doc_id) is not None
+
+    async def withdraw(self, change: Callable[[], list[int]]) -> list[int]:
+        """Run ``change`` (a transaction removing chunks); return the keys it removed."""
+        self.require()
+        return await asyncio.to_thread(change)
+
+    async def delete_source(self, source_id: str) -> list[int]:
+        """Remove a source and its documents; return the chunk keys removed.
+
+        Raises:
+            NotFound: the source does not exist.
+        """
+        store, _ = self.require()
+        if await asyncio.to_thread(store.source, source_id) is None:
+            raise NotFound(f"no source {source_id!r}")
+        return await asyncio.to_thread(store.delete_source, source_id)
+
+    # -- the ranked lists --------------------------------------------------------------
+
+    def text_ranked(self, query: str, filters: Filters, limit: int
+                    ) -> list[tuple[int, float]]:
+        """The lexical list (``ts_rank_cd``), filters inside the SQL. Blocking."""
+        store, _ = self.require()
+        return store.text_search(query, filters=filters, limit=limit)
+
+    def corpus_model(self) -> str:
+        """The corpus's embedding model, read now ("" before the first vector). Blocking."""
+        store, _ = self.require()
+        corpus = store.corpus_model()
+        self.vector_model = corpus[0] if corpus is not None else ""
+        return self.vector_model
+
+    def vector_ranked(self, model: str, vector: np.ndarray, filters: Filters, limit: int
+                      ) -> list[tuple[int, float]]:
+        """The vector list of ``model``'s space (the corpus's), filters inside the SQL:
+        ``(key, cosine distance)``. Blocking.
+
+        Raises:
+            EmbeddingModelMismatch: ``model`` is not the corpus's.
+        """
+        store, _ = self.require()
+        return store.vector_search(model, vector, filters=filters, limit=limit)
+
+    # -- status ------------------------------------------------------------------------
+
+    async def status(self, model: str, processing: int, pending: int = 0) -> RetrievalStatus:
+        """Counts from Postgres (as the embedded backend's; ``vectors`` counts the
+        corpus model's, ``disk_bytes`` is 0: the server's disk is not this node's)."""
+        store, _ = self.require()
+        counts = await asyncio.to_thread(store.counts)
+        info = await asyncio.to_thread(store.info)
+        self.vector_model = info.corpus_model
+        embedded = await asyncio.to_thread(store.embedded_chunks, model) if model else 0
+        vectors = (embedded if model == info.corpus_model else await asyncio.to_thread(
+            store.embedded_chunks, info.corpus_model)) if info.corpus_model else 0
+        by_state = {k.removeprefix("documents_"): v for k, v in counts.items()
+                    if k.startswith("documents_")}
+        if processing:
+            by_state["processing"] = processing
+        if pending:
+            by_state["pending"] = by_state.get("pending", 0) + pending
+        return RetrievalStatus(
+            sources=counts["sources"], chunks=counts["chunks"], documents_by_state=by_state,
+            embedding_model=info.corpus_model, embedded_chunks=embedded, vectors=vectors,
+            disk_bytes=0, repaired={}, store=BACKEND, lexical_ranking=info.lexical_ranking,
+            store_target=info.target)
