@@ -150,10 +150,11 @@ class AsyncClient(AsyncBase):
     def swap(self, role: Role = "generation", model_path: str | os.PathLike[str] = "", *,
              extra_args: str | None = None, ctx_size: int | None = None,
              rollback: bool = False, stop_old_first: bool = False, reason: str = "",
-             timeout: Timeout = DEFAULT) -> AsyncStream[SwapProgress]:
+             name: str = "", timeout: Timeout = DEFAULT) -> AsyncStream[SwapProgress]:
         """Swap a child's model, streaming stages (see :meth:`Client.swap`)."""
         request = rq.swap(role, model_path, extra_args=extra_args, ctx_size=ctx_size,
-                          rollback=rollback, stop_old_first=stop_old_first, reason=reason)
+                          rollback=rollback, stop_old_first=stop_old_first, reason=reason,
+                          name=name)
         return AsyncStream(self._call(self._control.Swap, request, timeout),
                            cv.swap_progress)
 

@@ -341,6 +341,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--ctx-size", type=int, metavar="N", help="new context size per slot")
     p.add_argument("--extra-args", metavar="ARGS", help="new extra runtime arguments")
     p.add_argument("--reason", default="", help="why (shown by status)")
+    p.add_argument("--name", default="", metavar="NAME",
+                   help="a resident catalog model to swap instead of the role's default "
+                        "(llamad models ps lists them)")
     _json_flag(p, "JSON lines (one per stage)")
 
     p = sub.add_parser("mode", parents=common,

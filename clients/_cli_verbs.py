@@ -434,7 +434,7 @@ def swap(client: Client, args: argparse.Namespace) -> int:
     model = os.path.abspath(os.path.expanduser(args.model)) if args.model else ""
     stream = client.swap(args.role, model, extra_args=args.extra_args, ctx_size=args.ctx_size,
                          rollback=args.rollback, stop_old_first=args.stop_old_first,
-                         reason=args.reason)
+                         reason=args.reason, name=args.name)
     _print_progress(stream, args.json)
     return 0
 

@@ -270,6 +270,7 @@ class Client(DocumentCalls):
         rollback: bool = False,
         stop_old_first: bool = False,
         reason: str = "",
+        name: str = "",
         timeout: Timeout = DEFAULT,
     ) -> Stream[SwapProgress]:
         """Replace a child's model and/or arguments, make-before-break, streaming stages.
@@ -288,13 +289,16 @@ class Client(DocumentCalls):
             rollback: return to the model and arguments before the last swap.
             stop_old_first: stop the old child first when both cannot fit in memory.
             reason: why, recorded in Status.
+            name: a resident catalog model (name or alias) to swap instead of the role's
+                default (``role`` is then the model's own).
 
         Example:
             >>> for p in Client().swap("generation", "/models/new.gguf"):   # doctest: +SKIP
             ...     print(p.stage, p.message)
         """
         request = rq.swap(role, model_path, extra_args=extra_args, ctx_size=ctx_size,
-                          rollback=rollback, stop_old_first=stop_old_first, reason=reason)
+                          rollback=rollback, stop_old_first=stop_old_first, reason=reason,
+                          name=name)
         return Stream(self._call(self._control.Swap, request, timeout), cv.swap_progress)
 
     def set_mode(

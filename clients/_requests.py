@@ -38,11 +38,11 @@ def tail_logs(role: str, lines: int, follow: bool) -> control_pb2.TailLogsReques
 
 def swap(role: str, model_path: str | os.PathLike[str], *, extra_args: str | None,
          ctx_size: int | None, rollback: bool, stop_old_first: bool,
-         reason: str) -> control_pb2.SwapRequest:
+         reason: str, name: str = "") -> control_pb2.SwapRequest:
     return control_pb2.SwapRequest(
         role=cv.role_enum(role), model_path=os.fspath(model_path),
         extra_args=extra_args, ctx_size=ctx_size, rollback=rollback,
-        stop_old_first=stop_old_first, reason=reason)
+        stop_old_first=stop_old_first, reason=reason, model=name)
 
 
 def set_mode(role: str, mode: str, *, endpoint_url: str, endpoint_model: str,

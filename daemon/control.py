@@ -330,6 +330,18 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         call: rpc.Call,
     ) -> AsyncIterator[control_pb2.SwapProgress]:
         role = _role(request.role)
+        pooled: Model | None = None
+        if request.model:
+            pool = self._models()
+            entry = pool.entry(request.model)
+            role = entry.role
+            if entry.name != pool.catalog.defaults.get(role):
+                pooled = pool.model(entry.name)
+                if pooled is None or not pool.is_resident(entry.name):
+                    raise FailedPrecondition(
+                        f"model {entry.name!r} is not resident: Swap replaces what serves "
+                        "a resident model (LoadModel first, or change its [models."
+                        f"{entry.name}] table and reload)")
         check_plan_model(request.model_path)
         if request.HasField("ctx_size") and request.ctx_size > 1 << 20:
             raise InvalidArgument("ctx_size must be at most 1048576")
@@ -342,9 +354,9 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
             stop_old_first=request.stop_old_first,
             reason=request.reason[:200],
         )
-        call.note(role=role, rollback=plan.rollback)
+        call.note(role=role, rollback=plan.rollback, model=request.model or None)
         async for msg in self._progress(
-                role, lambda report: self._swaps.swap(role, plan, report)):
+                role, lambda report: self._swaps.swap(role, plan, report, model=pooled)):
             yield msg
 
     @rpc.stream("SetMode")

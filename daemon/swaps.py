@@ -77,20 +77,23 @@ class SwapManager:
         )
 
     async def swap(self, role: str, plan: SwapPlan,
-                   progress: Callable[[SwapProgress], None]) -> SwapRecord:
-        """Swap ``role``'s child according to ``plan``; report stages to ``progress``.
+                   progress: Callable[[SwapProgress], None], *,
+                   model: Model | None = None) -> SwapRecord:
+        """Swap ``role``'s child (or ``model``'s, a pool model of that role) according to
+        ``plan``; report stages to ``progress``.
 
         Raises:
             InvalidArgument: the plan is inconsistent.
             supervisor.SwapInProgressError, supervisor.SwapRefusedError,
             supervisor.SwapFailedError: see :meth:`daemon.model.Model.replace`.
         """
-        model = self._models[role]
-        self._check(model)
-        target = self._target(model, plan)
+        target_model = self._models[role] if model is None else model
+        self._check(target_model)
+        target = self._target(target_model, plan)
         reason = plan.reason or ("rollback" if plan.rollback else "")
         return await self.swap_to(role, target, reason=reason,
-                                  stop_old_first=plan.stop_old_first, progress=progress)
+                                  stop_old_first=plan.stop_old_first, progress=progress,
+                                  model=model)
 
     async def swap_to(
         self,
@@ -100,6 +103,7 @@ class SwapManager:
         reason: str,
         stop_old_first: bool = False,
         progress: Callable[[SwapProgress], None] | None = None,
+        model: Model | None = None,
     ) -> SwapRecord:
         """Swap ``role``'s child to ``target`` (a reload, a recycle, or a plan).
 
@@ -109,7 +113,8 @@ class SwapManager:
             supervisor.SwapInProgressError, supervisor.SwapFailedError: see
                 :meth:`daemon.model.Model.replace`.
         """
-        model = self._models[role]
+        if model is None:
+            model = self._models[role]
         self._check(model)
         record = await model.replace(model.target_for(target), reason=reason,
                                      stop_old_first=stop_old_first, progress=progress)

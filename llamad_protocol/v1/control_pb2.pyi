@@ -714,6 +714,7 @@ class SwapRequest(_message.Message):
     ROLLBACK_FIELD_NUMBER: _builtins.int
     STOP_OLD_FIRST_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     role: _common_pb2.ChildRole.ValueType
     """Unspecified means generation."""
     model_path: _builtins.str
@@ -730,6 +731,11 @@ class SwapRequest(_message.Message):
     """
     reason: _builtins.str
     """Why, in words; recorded in Status."""
+    model: _builtins.str
+    """A catalog model (name or alias) to swap instead of the role's default: it must be
+    resident (LoadModel first), and role is then ignored (the model's own is used). Its
+    new file or settings test-launch beside it (make-before-break), as for a role.
+    """
     def __init__(
         self,
         *,
@@ -740,10 +746,11 @@ class SwapRequest(_message.Message):
         rollback: _builtins.bool = ...,
         stop_old_first: _builtins.bool = ...,
         reason: _builtins.str = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_ctx_size", b"_ctx_size", "_extra_args", b"_extra_args", "ctx_size", b"ctx_size", "extra_args", b"extra_args"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ctx_size", b"_ctx_size", "_extra_args", b"_extra_args", "ctx_size", b"ctx_size", "extra_args", b"extra_args", "model_path", b"model_path", "reason", b"reason", "role", b"role", "rollback", b"rollback", "stop_old_first", b"stop_old_first"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ctx_size", b"_ctx_size", "_extra_args", b"_extra_args", "ctx_size", b"ctx_size", "extra_args", b"extra_args", "model", b"model", "model_path", b"model_path", "reason", b"reason", "role", b"role", "rollback", b"rollback", "stop_old_first", b"stop_old_first"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__ctx_size: _TypeAlias = _typing.Literal["ctx_size"]  # noqa: Y015
     _WhichOneofArgType__ctx_size: _TypeAlias = _typing.Literal["_ctx_size", b"_ctx_size"]  # noqa: Y015

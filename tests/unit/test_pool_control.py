@@ -75,3 +75,37 @@ async def test_list_load_unload(tmp_path: Path) -> None:
         assert "error loading model" in gen_c.last_error
     await rig.pool.stop()
     await rig.default.stop()
+
+
+async def test_swap_of_a_named_model(tmp_path: Path) -> None:
+    """Swap with ``model`` replaces what serves that resident pool model, make-before-break
+    (a new child launched beside it), the role's default untouched; a model that is not
+    resident is refused, naming LoadModel."""
+    rig = Rig(tmp_path)
+    rig.default.start()
+    await settle(rig.default.supervisor, State.RUNNING)
+    children = {"generation": rig.default}
+    servicer = ControlServicer(children, "test", time.monotonic(), lambda: False,
+                               swaps=SwapManager(children),
+                               modes=ModeManager(children, _no_config), pool=rig.pool)
+    async with serving(
+            lambda s: control_pb2_grpc.add_ControlServiceServicer_to_server(servicer, s)
+    ) as channel:
+        stub = control_pb2_grpc.ControlServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as idle:
+            async for _ in stub.Swap(control_pb2.SwapRequest(model="b", ctx_size=1024)):
+                pass
+        assert idle.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "'gen-b' is not resident" in (idle.value.details() or "")
+        await stub.LoadModel(control_pb2.LoadModelRequest(name="b"))
+        gen_b = rig.pool.model("gen-b")
+        assert gen_b is not None
+        old_pid = gen_b.serving_pid
+        stages = [p.stage async for p in stub.Swap(control_pb2.SwapRequest(
+            model="b", ctx_size=1024, reason="smaller context"))]
+        assert stages[-1] == control_pb2.SWAP_STAGE_DONE
+        assert rig.launches("gen-b") == 2 and rig.launches("gen-a") == 1
+        assert gen_b.setup.spec.ctx_size == 1024 and gen_b.serving_pid != old_pid
+        assert rig.default.setup.spec.ctx_size != 1024
+    await rig.pool.stop()
+    await rig.default.stop()
