@@ -387,6 +387,10 @@ class PoolSettings:
         "has available when a model loads).", minimum=0)
     ttl_check_interval: float = setting(
         5.0, "Seconds between looks for models idle longer than their ttl.", minimum=0.1)
+    on_demand: bool = setting(
+        True, "A call naming a model that is not resident loads it (and may evict others); "
+        "false: only LoadModel (admin) or preload loads a model, and such a call is "
+        "refused (FAILED_PRECONDITION) unless it is a role's default.")
     turn: float = setting(
         10.0, "Seconds a busy model that must make room for another keeps taking new calls "
         "while it has work, before it stops taking them, serves its queue and unloads "

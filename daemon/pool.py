@@ -239,6 +239,11 @@ class Pool:
         finally:
             self._joined[name] -= 1
 
+    @property
+    def on_demand(self) -> bool:
+        """Whether a call naming a model that is not resident loads it."""
+        return self._settings.on_demand
+
     def expected_load(self, name: str) -> float | None:
         """Seconds until ``name`` is likely resident, from how long its last load took
         (what is left of it, if one is under way); None: never loaded here yet."""

@@ -121,6 +121,10 @@ class InferenceRouter:
                 and served.state is ModelState.UNLOADED and not served.unloaded_by_pool):
             self.backend(role)  # an unpinned default disabled by SetMode stays so: refused
         if served is None or not pool.is_resident(name):
+            if not pool.on_demand and name != pool.catalog.defaults.get(role):
+                raise FailedPrecondition(
+                    f"model {name!r} is not loaded, and this daemon loads models only when "
+                    "an admin asks ([models] on_demand = false): LoadModel loads it")
             expected = pool.expected_load(name)
             if (time_remaining is not None and expected is not None
                     and expected > time_remaining):

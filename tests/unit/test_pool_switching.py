@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from daemon._config_sections import PoolSettings
-from daemon.errors import DeadlineUnmeetable
+from daemon.errors import DeadlineUnmeetable, FailedPrecondition
 from daemon.health import HealthReporter
 from daemon.router import InferenceRouter
 from llamad_protocol.v1.wire import HEALTH_GENERATION, HEALTH_MODEL_PREFIX
@@ -197,3 +197,16 @@ async def test_a_deadline_shorter_than_the_models_load_is_refused_at_once(
     async with router.admit("generation", 10.0, model="gen-b"):
         pass
     assert rig.launches("gen-b") == 2
+
+
+async def test_without_on_demand_only_an_admin_loads_a_model(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, PoolSettings(on_demand=False))
+    router = await started(rig)
+    with pytest.raises(FailedPrecondition, match="LoadModel loads it"):
+        async with router.admit("generation", None, model="gen-b"):
+            pass
+    assert rig.launches("gen-b") == 0
+    await rig.pool.load("gen-b")  # LoadModel's way
+    async with router.admit("generation", None, model="gen-b"):
+        pass
+    assert rig.launches("gen-b") == 1
