@@ -423,6 +423,14 @@ class Indexes:
             await asyncio.to_thread(self._drop_keys, keys)
         return keys
 
+    def try_scan_lock_sync(self, source_id: str) -> bool:
+        """Always True: one node owns an embedded store (the per-retriever scan lock of
+        :mod:`retrieval._scan` serialises its own scans)."""
+        return True
+
+    def release_scan_lock_sync(self, source_id: str) -> None:
+        """Nothing to release (see :meth:`try_scan_lock_sync`)."""
+
     def text_ranked(self, query: str, filters: Filters, limit: int
                     ) -> list[tuple[int, float]]:
         """The BM25 list (tantivy), filters applied inside: ``(key, score)``. Blocking."""

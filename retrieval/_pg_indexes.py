@@ -186,6 +186,18 @@ class PgIndexes:
             raise NotFound(f"no source {source_id!r}")
         return await asyncio.to_thread(store.delete_source, source_id)
 
+    # -- one scanner per source ----------------------------------------------------------
+
+    def try_scan_lock_sync(self, source_id: str) -> bool:
+        """Take the source's scan lock unless another node holds it (released by
+        :meth:`release_scan_lock_sync`, at close, or by this node's death). Blocking."""
+        store, _ = self.require()
+        return store.try_scan_lock(source_id)
+
+    def release_scan_lock_sync(self, source_id: str) -> None:
+        store, _ = self.require()
+        store.release_scan_lock(source_id)
+
     # -- the ranked lists --------------------------------------------------------------
 
     def text_ranked(self, query: str, filters: Filters, limit: int

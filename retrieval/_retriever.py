@@ -1,5 +1,7 @@
-"""The retriever: one facade over the indexes, the ingest pipeline and search.
+"""The retriever: one facade over a store backend, the ingest pipeline and search.
 
+* :mod:`retrieval._backend`: the store interface and its two backends, ``embedded``
+  (below) and ``postgres`` (:mod:`retrieval._pg_indexes`, a store shared by nodes);
 * :mod:`retrieval._indexes`: SQLite, tantivy and hnswlib, their write order, reconciliation
   at open and catch-up after a failed write (invariant 7: acknowledged writes survive a
   crash; indexes on disk are never half-written);
@@ -9,15 +11,14 @@
 * :mod:`retrieval._search`: BM25 ∥ HNSW fused by RRF, BM25-only (and saying so) whenever
   the vector side cannot answer (invariant 6).
 
-Sources are rows of the metadata store: adding one touches SQLite only; removing one
-removes its documents from every index.
+Sources (:mod:`retrieval._retriever_sources`) are rows of the store: adding one touches
+the store only; removing one removes its documents from every index.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -33,11 +34,11 @@ from ._limits import RetrievalLimits
 from ._pg_connect import PgOptions
 from ._pg_indexes import not_supported
 from ._retention import Retention, RetentionClock, SystemClock
+from ._retriever_sources import RetrieverSources
 from ._review import Review
 from ._search import Query, Search, SearchResult
 from ._store import DocumentRow, SourceRow, Store
 from .errors import (
-    InvalidDocument,
     NotFound,
     WrongState,
     validate_document_id,
@@ -45,7 +46,7 @@ from .errors import (
 )
 
 
-class Retriever:
+class Retriever(RetrieverSources):
     """Hybrid retrieval over a directory of indexes (``root``).
 
     Writes are serialised by one writer lock; searches never wait for it. A coroutine
@@ -161,88 +162,6 @@ class Retriever:
     async def flush(self) -> None:
         """Persist the vector index now (it is also saved on close)."""
         await self._backend.flush()
-
-    # -- sources -----------------------------------------------------------------------
-
-    async def add_source(self, source_id: str, *, root: Path | None = None, category: str = "",
-                         tags: Sequence[str] = (), review_required: bool = False,
-                         history: bool = False, max_age_days: int = 0,
-                         max_items: int = 0) -> SourceRow:
-        """Add (or update) a source: a directory to scan, or (root None) pushed documents,
-        or (``history``) time-ordered records pushed by other tools, each dated (when it
-        was received unless its upsert says), kept within ``max_age_days`` and
-        ``max_items`` (0: unlimited) by background retention (:mod:`retrieval._retention`).
-
-        With ``review_required``, every new or changed document of it waits in state
-        ``review_required`` until approved (:meth:`approve`); updating a source turns that
-        on or off for what comes next (documents indexed already stay indexed).
-
-        Raises:
-            InvalidDocument: a bad source id; a history source with a root; a retention
-                limit for a source that is not history, or a negative one.
-        """
-        validate_source_id(source_id)
-        if history and root is not None:
-            raise InvalidDocument("a history source holds pushed records: it has no path")
-        if not history and (max_age_days or max_items):
-            raise InvalidDocument("max_age_days and max_items apply to history sources "
-                                  "only (add it with history)")
-        if max_age_days < 0 or max_items < 0:
-            raise InvalidDocument("max_age_days and max_items cannot be negative")
-        if self._retention is None and (history or review_required):
-            raise not_supported("a history source" if history
-                                else "a source requiring review")
-        kind = "history" if history else "directory" if root is not None else "push"
-        row = SourceRow(source_id, kind, str(root) if root is not None else "", category,
-                        tuple(tags), int(time.time()), review_required=review_required,
-                        max_age_days=max_age_days, max_items=max_items)
-        store, _ = self._backend.require()
-        await asyncio.to_thread(store.upsert_source, row)
-        return row
-
-    async def sources(self) -> list[SourceRow]:
-        """Every source, by id."""
-        store, _ = self._backend.require()
-        return await asyncio.to_thread(store.sources)
-
-    async def set_source_disabled(self, source_id: str, disabled: bool) -> SourceRow:
-        """Disable a source (its documents are kept, but neither searched nor rescanned)
-        or enable it again; returns the source.
-
-        Raises:
-            NotFound: unknown source.
-        """
-        store, _ = self._backend.require()
-        if not await asyncio.to_thread(store.set_source_disabled, source_id, disabled):
-            raise NotFound(f"no source {source_id!r}")
-        ids = self._backend.disabled_sources
-        self._backend.disabled_sources = ids | {source_id} if disabled else ids - {source_id}
-        row = await asyncio.to_thread(store.source, source_id)
-        if row is None:  # removed meanwhile
-            raise NotFound(f"no source {source_id!r}")
-        return row
-
-    async def mark_failed(self, doc_id: str, error: str) -> None:
-        """Record that a new version of a document failed (extraction, say): the last
-        indexed version stays searchable, and the document shows state ``failed`` with
-        ``error`` until a later version is indexed (see :meth:`upsert`)."""
-        store, _ = self._backend.require()
-        doc = await asyncio.to_thread(store.document, doc_id)
-        if doc is not None:
-            await asyncio.to_thread(store.set_state, doc, "failed", error[:500])
-
-    async def mark_scanned(self, source_id: str, error: str = "") -> None:
-        """Record that a source was just scanned (and its error, if the scan failed)."""
-        store, _ = self._backend.require()
-        await asyncio.to_thread(store.mark_scanned, source_id, error)
-
-    async def remove_source(self, source_id: str) -> int:
-        """Remove a source and everything indexed from it; return the chunks removed.
-
-        Raises:
-            NotFound: unknown source.
-        """
-        return len(await self._backend.delete_source(source_id))
 
     # -- documents ---------------------------------------------------------------------
 

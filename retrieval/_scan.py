@@ -44,6 +44,9 @@ class ScanReport:
     deleted: int = 0
     failed: list[tuple[str, str]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    # Another node holds the source's scan lock (a shared PostgreSQL store): this one
+    # skipped it this round, and nothing else in the report was counted.
+    elsewhere: bool = False
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -135,6 +138,9 @@ async def scan_source(retriever: Retriever, source_id: str,
 
     Scans of one source are serialised: a scan that starts while another runs waits for
     it, then finds what that one indexed unchanged. Cancelling a waiting scan is clean.
+    Across the nodes sharing a PostgreSQL store, one scans a source at a time: a node
+    whose turn it is not (another holds the source's scan lock) skips it this round and
+    returns a report with ``elsewhere`` set.
 
     Args:
         allowed_roots: when given (the daemon always gives it), the source's root must
@@ -150,7 +156,11 @@ async def scan_source(retriever: Retriever, source_id: str,
         SourceNotAllowed: the root is outside ``allowed_roots``.
     """
     lock = _SCAN_LOCKS.setdefault(retriever, {}).setdefault(source_id, asyncio.Lock())
-    async with lock:
+    async with lock, retriever.scan_turn(source_id) as mine:
+        if not mine:
+            _log.debug("source is being scanned by another node; skipped this round",
+                       source=source_id)
+            return ScanReport(source_id, elsewhere=True)
         return await _scan(retriever, source_id, progress, allowed_roots, since_ns)
 
 

@@ -1,0 +1,144 @@
+"""Two retrievers (two nodes) on one PostgreSQL store (``retrieval.store = postgres``,
+issue 17), against a real PostgreSQL 18 + pgvector (tests/support/postgres.py): a document
+ingested through one is found by the other's search at once, a delete through one is gone
+for the other, two nodes scanning one directory source index each file once, and a node
+embedding with another model than the corpus's says so instead of mixing vectors."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from retrieval import (
+    Embedder,
+    Query,
+    Retriever,
+    VectorUnavailable,
+    scan_source,
+)
+from retrieval._pg_connect import PgOptions
+from retrieval.errors import EmbeddingModelMismatch, NotSupported
+from tests.support.embedder import HashEmbedder
+
+Nodes = tuple[Retriever, Retriever]
+
+
+def node(tmp_path: Path, name: str, dsn: str, embedder: Embedder | None = None
+         ) -> Retriever:
+    return Retriever(tmp_path / name, lambda: embedder, postgres=PgOptions(dsn))
+
+
+@pytest.fixture
+async def nodes(tmp_path: Path, pg_dsn: str) -> AsyncIterator[Nodes]:
+    a, b = node(tmp_path, "a", pg_dsn), node(tmp_path, "b", pg_dsn)
+    await a.open()
+    await b.open()
+    try:
+        yield a, b
+    finally:
+        await a.close()
+        await b.close()
+
+
+def ids(result: object) -> set[str]:
+    return {h.doc_id for h in getattr(result, "hits", [])}
+
+
+async def test_a_document_upserted_on_one_node_is_found_by_the_other_at_once(
+        nodes: Nodes) -> None:
+    a, b = nodes
+    await a.add_source("docs")
+    await a.upsert("docs", "disk", "web01 disk full: rotate nginx logs", doc_id="docs/disk")
+    found = await b.search("nginx logs")
+    assert ids(found) == {"docs/disk"}
+    assert found.mode == "text"           # no embedder: BM25-only, and it says so
+    assert found.warnings
+    assert (await b.document("docs/disk")) is not None
+    assert [s.id for s in await b.sources()] == ["docs"]
+
+
+async def test_a_delete_on_one_node_is_gone_on_the_other(nodes: Nodes) -> None:
+    a, b = nodes
+    await a.add_source("docs")
+    await a.upsert("docs", "disk", "web01 disk full: rotate nginx logs", doc_id="docs/disk")
+    await a.upsert("docs", "vpn", "vpn tunnel flapping: dead peer detection",
+                   doc_id="docs/vpn")
+    assert await b.delete("docs/disk")
+    assert ids(await a.search("nginx logs")) == set()
+    assert (await a.document("docs/disk")) is None
+    assert ids(await a.search("vpn tunnel")) == {"docs/vpn"}
+    status = await a.status()
+    assert (status.store, status.lexical_ranking) == ("postgres", "ts_rank_cd")
+    assert status.documents_by_state == {"indexed": 1}
+
+
+async def test_two_nodes_scanning_one_source_index_each_file_once(
+        nodes: Nodes, tmp_path: Path) -> None:
+    a, b = nodes
+    folder = tmp_path / "share"
+    folder.mkdir()
+    for name, text in (("disk.md", "# Disk\nweb01 disk full"),
+                       ("db.md", "# DB\ndb02 replication lag"),
+                       ("vpn.txt", "vpn tunnel flapping")):
+        (folder / name).write_text(text)
+    await a.add_source("share", root=folder)
+    # While A holds the source's scan lock, B skips the source this round.
+    async with a.scan_turn("share") as mine:
+        assert mine
+        skipped = await scan_source(b, "share")
+    assert skipped.elsewhere and skipped.added == 0
+    assert await b.documents("share") == []
+    # Both scan at once: each file is indexed once, by whichever node had the turn.
+    reports = await asyncio.gather(scan_source(a, "share"), scan_source(b, "share"))
+    assert sum(r.added for r in reports) == 3
+    assert sum(r.changed for r in reports) == 0
+    docs = await a.documents("share")
+    assert sorted(d.id for d in docs) == ["share/db.md", "share/disk.md", "share/vpn.txt"]
+    assert all(d.state == "indexed" for d in docs)
+    assert (await a.status()).chunks == 3
+    # And afterwards the other node finds them unchanged.
+    again = await scan_source(b, "share")
+    assert (again.elsewhere, again.added, again.unchanged) == (False, 0, 3)
+
+
+async def test_a_node_with_another_embedding_model_says_so(
+        tmp_path: Path, pg_dsn: str) -> None:
+    a = node(tmp_path, "a", pg_dsn, HashEmbedder("model-a"))
+    b = node(tmp_path, "b", pg_dsn, HashEmbedder("model-b"))
+    await a.open()
+    await b.open()
+    try:
+        await a.add_source("docs")
+        await a.upsert("docs", "disk", "web01 disk full: rotate nginx logs",
+                       doc_id="docs/disk")
+        hybrid = await a.search("nginx logs")
+        assert hybrid.mode == "hybrid" and hybrid.vector_model == "model-a"
+        with pytest.raises(EmbeddingModelMismatch, match=r"model-a.*model-b|model-b.*model-a"):
+            await b.upsert("docs", "db", "db02 replication lag", doc_id="docs/db")
+        failed = await a.document("docs/db")  # no chunk or vector written; says why
+        assert failed is not None and failed.state == "failed" and "model-b" in failed.error
+        assert ids(await a.search("replication lag", options=Query(mode="text"))) == set()
+        degraded = await b.search("nginx logs")
+        assert degraded.mode == "text" and ids(degraded) == {"docs/disk"}
+        assert any("model-a" in w and "model-b" in w for w in degraded.warnings)
+        with pytest.raises(VectorUnavailable, match="model-a"):
+            await b.search("nginx logs", options=Query(mode="vector"))
+        assert (await b.status()).embedding_model == "model-a"
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_review_and_history_are_refused_on_postgres(nodes: Nodes) -> None:
+    a, _ = nodes
+    with pytest.raises(NotSupported, match="postgres"):
+        await a.add_source("notes", history=True)
+    with pytest.raises(NotSupported, match="postgres"):
+        await a.add_source("held", review_required=True)
+    await a.add_source("docs")
+    with pytest.raises(NotSupported, match="postgres"):
+        await a.upsert("docs", "t", "some text", review=True)
+    assert await a.documents() == []
