@@ -28,6 +28,7 @@ from ._config_checks import (
 )
 from ._config_options import ConfigError, _coerce, with_values
 from ._config_resolved import ChildConfig, Config
+from ._config_retrieval import check_store
 from ._config_sections import _BY_KEY, OPTIONS, RoleSettings, Settings
 from .inference_mode import InferenceMode
 
@@ -146,6 +147,7 @@ def _build(
     for root in s.retrieval.allowed_roots:
         if not os.path.isabs(root):
             raise ConfigError(f"retrieval.allowed_roots: {root!r} is not an absolute path")
+    check_store(s.retrieval)
     if s.metrics_listen:
         if s.metrics_listen.startswith("unix:"):
             raise ConfigError("metrics_listen: must be a loopback host:port, not a unix socket")

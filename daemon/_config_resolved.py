@@ -15,12 +15,12 @@ from supervisor import EndpointSpec, RestartPolicy, Timeouts
 
 from ._catalog import Catalog
 from ._config_options import INSTALLED_MODELS_DIR, value_of, with_values
+from ._config_retrieval import RetrievalSettings
 from ._config_sections import (
     AgentSettings,
     AnswerConfig,
     HttpSettings,
     Limits,
-    RetrievalSettings,
     Settings,
 )
 from .access import TlsMaterial, TokenTable

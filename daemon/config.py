@@ -26,6 +26,7 @@ from ._config_options import (
     value_of,
 )
 from ._config_resolved import ChildConfig, Config
+from ._config_retrieval import RetrievalSettings
 from ._config_sections import (
     OPTIONS,
     AnswerConfig,
@@ -36,7 +37,6 @@ from ._config_sections import (
     LogSettings,
     RecycleSettings,
     RestartSettings,
-    RetrievalSettings,
     RoleSettings,
     Settings,
     SwapSettings,

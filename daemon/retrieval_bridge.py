@@ -19,7 +19,14 @@ from typing import Final
 
 import structlog
 
-from retrieval import ExtractLimits, RetrievalLimits, Retriever, Vector, scan_source
+from retrieval import (
+    ExtractLimits,
+    PgOptions,
+    RetrievalLimits,
+    Retriever,
+    Vector,
+    scan_source,
+)
 from supervisor import ChildRequestError, State, SupervisorError, TokenizeUnavailableError
 
 from .backend import InferenceBackend
@@ -55,6 +62,20 @@ def limits_from(config: Config) -> RetrievalLimits:
                               pdf_max_memory=r.pdf_max_memory_mb * 1024 * 1024,
                               pdf_max_output=r.pdf_max_output_mb * 1024 * 1024),
     )
+
+
+def postgres_from(config: Config) -> PgOptions | None:
+    """How to reach the PostgreSQL store (``retrieval.store = postgres``); None for the
+    embedded store."""
+    r = config.retrieval
+    if r.store != "postgres":
+        return None
+    return PgOptions(
+        r.postgres_dsn, password_file=r.postgres_password_file,
+        password_env=r.postgres_password_env, connect_timeout=r.postgres_connect_timeout,
+        max_connections=r.postgres_max_connections,
+        statement_timeout_ms=round(r.postgres_statement_timeout * 1000),
+        ef_search=r.postgres_ef_search, max_scan_tuples=r.postgres_max_scan_tuples)
 
 
 class ChildEmbedder:

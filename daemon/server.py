@@ -65,6 +65,7 @@ from .retrieval_bridge import (
     limits_from,
     make_lookup,
     make_provider,
+    postgres_from,
     rescan_loop,
     unavailable_reason,
 )
@@ -180,7 +181,7 @@ class Daemon:
                                        limits_from(config),
                                        unavailable_reason=unavailable_reason(self.children),
                                        embedder_for=make_lookup(provider),
-                                       clock=self._clock)
+                                       clock=self._clock, postgres=postgres_from(config))
         self.health = HealthReporter(self.children, retrieval=self.retriever is not None,
                                      pool=self.pool)
         self.drainer = Drainer(self.children, self.health.set_drained)

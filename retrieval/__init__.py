@@ -1,4 +1,5 @@
-"""Hybrid retrieval: tantivy BM25 + hnswlib HNSW fused by RRF, over a SQLite source of truth.
+"""Hybrid retrieval: BM25 and HNSW lists fused by RRF, over a store backend: embedded
+(SQLite + tantivy + hnswlib) or PostgreSQL + pgvector (``PgOptions``), shared by nodes.
 
 This package never imports gRPC; the daemon maps :mod:`retrieval.errors` to status codes.
 Everything the daemon uses is here: the :class:`Retriever` facade and its limits, status
@@ -15,6 +16,7 @@ from ._group import Vector
 from ._indexes import BackfillStatus, RetrievalStatus, VectorRebuild
 from ._kinds import KINDS, kind_for
 from ._limits import RetrievalLimits
+from ._pg_connect import PgOptions, check_dsn
 from ._redact import PLACEHOLDER_PREFIX, Redacted, redact
 from ._retriever import Retriever
 from ._scan import ScanReport, check_root, scan_source
@@ -22,14 +24,18 @@ from ._search import MODES, Hit, Query, SearchResult, snippet
 from ._store import DocumentRow, SourceRow
 from .errors import (
     Busy,
+    EmbeddingModelMismatch,
     ExtractionError,
     IndexCorrupt,
     InvalidDocument,
     NotFound,
+    NotSupported,
     RetrievalError,
+    SchemaTooNew,
     SourceDisabled,
     SourceNotAllowed,
     StorageFull,
+    StoreUnavailable,
     VectorUnavailable,
     WrongState,
     is_storage_full,
@@ -46,6 +52,7 @@ __all__ = [
     "DocumentRow",
     "Embedder",
     "EmbedderLookup",
+    "EmbeddingModelMismatch",
     "ExtractLimits",
     "Extracted",
     "ExtractionError",
@@ -54,6 +61,8 @@ __all__ = [
     "IndexCorrupt",
     "InvalidDocument",
     "NotFound",
+    "NotSupported",
+    "PgOptions",
     "Query",
     "Redacted",
     "RetrievalError",
@@ -61,16 +70,19 @@ __all__ = [
     "RetrievalStatus",
     "Retriever",
     "ScanReport",
+    "SchemaTooNew",
     "SearchResult",
     "SourceDisabled",
     "SourceNotAllowed",
     "SourceRoot",
     "SourceRow",
     "StorageFull",
+    "StoreUnavailable",
     "Vector",
     "VectorRebuild",
     "VectorUnavailable",
     "WrongState",
+    "check_dsn",
     "check_root",
     "current_only",
     "extract_bytes",
