@@ -45,6 +45,10 @@ SourceNotAllowed, no roots    FAILED_PRECONDITION    no
 retrieval StorageFull         RESOURCE_EXHAUSTED     no (space must be freed first)
 retrieval Busy                RESOURCE_EXHAUSTED     yes
 retrieval IndexCorrupt        INTERNAL, its message  no (an operator must act)
+retrieval StoreUnavailable    UNAVAILABLE            yes (the PostgreSQL store; names it)
+retrieval EmbeddingModel...   FAILED_PRECONDITION    no (Mismatch: names both models)
+retrieval NotSupported        FAILED_PRECONDITION    no (names the store backend)
+retrieval SchemaTooNew        FAILED_PRECONDITION    no (at start: llamad refuses to start)
 any error of a full disk      RESOURCE_EXHAUSTED     no
 anything else                 INTERNAL               no (no traceback is sent)
 ============================  =====================  ==========
@@ -64,13 +68,17 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from llamad_protocol.v1.wire import RETRY_AFTER_KEY, STATUS_DETAILS_KEY
 from retrieval.errors import (
     Busy,
+    EmbeddingModelMismatch,
     ExtractionError,
     IndexCorrupt,
     InvalidDocument,
     NotFound,
+    NotSupported,
+    SchemaTooNew,
     SourceDisabled,
     SourceNotAllowed,
     StorageFull,
+    StoreUnavailable,
     VectorUnavailable,
     WrongState,
     is_storage_full,
@@ -183,6 +191,11 @@ def map_error(exc: BaseException) -> Mapped:
         return Mapped(grpc.StatusCode.NOT_FOUND, str(exc))
     if isinstance(exc, VectorUnavailable | SourceDisabled | WrongState):
         return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+    if isinstance(exc, EmbeddingModelMismatch | NotSupported | SchemaTooNew):
+        return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+    if isinstance(exc, StoreUnavailable):
+        # The shared store's server is down or unreachable: it may come back.
+        return Mapped(grpc.StatusCode.UNAVAILABLE, str(exc), DEFAULT_RETRY_AFTER)
     if isinstance(exc, SourceNotAllowed):
         if exc.configured:
             return Mapped(grpc.StatusCode.PERMISSION_DENIED, str(exc))
