@@ -1138,6 +1138,9 @@ class RetrievalStatusResponse(_message.Message):
     BACKFILL_FIELD_NUMBER: _builtins.int
     PRUNED_FIELD_NUMBER: _builtins.int
     REBUILD_FIELD_NUMBER: _builtins.int
+    STORE_FIELD_NUMBER: _builtins.int
+    LEXICAL_RANKING_FIELD_NUMBER: _builtins.int
+    STORE_TARGET_FIELD_NUMBER: _builtins.int
     sources: _builtins.int
     chunks: _builtins.int
     embedded_chunks: _builtins.int
@@ -1146,6 +1149,14 @@ class RetrievalStatusResponse(_message.Message):
     disk_bytes: _builtins.int
     pruned: _builtins.int
     """History records deleted by retention since start-up, over all history sources."""
+    store: _builtins.str
+    """The store backend (retrieval.store): "embedded" (this node's own SQLite, tantivy and
+    hnswlib) or "postgres" (a PostgreSQL + pgvector database shared by nodes).
+    """
+    lexical_ranking: _builtins.str
+    """How the lexical list ranks: "bm25" (embedded) or "ts_rank_cd" (postgres)."""
+    store_target: _builtins.str
+    """postgres: the database, as user@host:port/dbname (never a password); else empty."""
     @_builtins.property
     def documents_by_state(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     @_builtins.property
@@ -1177,10 +1188,13 @@ class RetrievalStatusResponse(_message.Message):
         backfill: Global___VectorBackfill | None = ...,
         pruned: _builtins.int = ...,
         rebuild: Global___VectorRebuild | None = ...,
+        store: _builtins.str = ...,
+        lexical_ranking: _builtins.str = ...,
+        store_target: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["backfill", b"backfill", "rebuild", b"rebuild"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backfill", b"backfill", "chunks", b"chunks", "disk_bytes", b"disk_bytes", "documents_by_state", b"documents_by_state", "embedded_chunks", b"embedded_chunks", "embedding_model", b"embedding_model", "pruned", b"pruned", "rebuild", b"rebuild", "repaired", b"repaired", "source_list", b"source_list", "sources", b"sources", "vectors", b"vectors"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backfill", b"backfill", "chunks", b"chunks", "disk_bytes", b"disk_bytes", "documents_by_state", b"documents_by_state", "embedded_chunks", b"embedded_chunks", "embedding_model", b"embedding_model", "lexical_ranking", b"lexical_ranking", "pruned", b"pruned", "rebuild", b"rebuild", "repaired", b"repaired", "source_list", b"source_list", "sources", b"sources", "store", b"store", "store_target", b"store_target", "vectors", b"vectors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
