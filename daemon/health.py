@@ -87,6 +87,7 @@ class HealthReporter:
         self._children = children
         self._draining = False
         self._drained = False  # by an admin (SetDraining)
+        self._set: set[str] = set()  # the service names given a status so far
         self._queue: asyncio.Queue[None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._unsubscribe = [
@@ -133,8 +134,12 @@ class HealthReporter:
         return statuses
 
     async def _apply(self) -> None:
-        for name, status in self.statuses().items():
+        statuses = self.statuses()
+        for name in self._set - statuses.keys():  # a model a reload took out of the catalog
+            statuses[name] = NOT_SERVING
+        for name, status in statuses.items():
             await self.servicer.set(name, status)
+        self._set = set(statuses)
 
     async def start(self) -> None:
         await self._apply()

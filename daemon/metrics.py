@@ -237,12 +237,7 @@ class Metrics:
             "llamad_model_unloads", "Unloads of catalog models by the pool, by reason: room "
             "(evicted for another), ttl (idle), admin (UnloadModel).",
             ["model", "reason"], registry=r)
-        for model in sorted(self._models):
-            self._model_resident.labels(model=model)
-            for outcome in SWAP_OUTCOMES:
-                self._model_loads.labels(model=model, outcome=outcome)
-            for why in UNLOAD_REASONS:
-                self._model_unloads.labels(model=model, reason=why)
+        self.add_models(self._models)
 
         for role in sorted(self._roles):
             self._child_restarts.labels(role=role)
@@ -308,6 +303,17 @@ class Metrics:
         self._swap_seconds.labels(role=role).observe(max(0.0, seconds))
 
     # -- the model pool ------------------------------------------------------------------
+
+    def add_models(self, models: Iterable[str]) -> None:
+        """Catalog names that may label the model series from now on (a reload's new
+        models), each series exported from 0; names already known are kept."""
+        self._models = self._models | frozenset(models)
+        for model in sorted(self._models):
+            self._model_resident.labels(model=model)
+            for outcome in SWAP_OUTCOMES:
+                self._model_loads.labels(model=model, outcome=outcome)
+            for why in UNLOAD_REASONS:
+                self._model_unloads.labels(model=model, reason=why)
 
     def model_load(self, model: str, outcome: str) -> None:
         """Count a load of a catalog model (``ok``, ``failed`` or ``rejected``); one that

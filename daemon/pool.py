@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -42,8 +43,10 @@ from . import memory
 from ._catalog import Catalog, CatalogEntry
 from ._config_sections import PoolSettings
 from ._model_states import ModelState
+from ._pool_reload import CatalogChange, compare
 from ._residency import Limits, Resident, make_room
-from .children import make_setup
+from .children import Setup, make_setup
+from .config import ChildConfig
 from .errors import FailedPrecondition, InvalidArgument, Overloaded, UnknownModel
 from .inference_mode import InferenceMode
 from .metrics import Metrics
@@ -270,16 +273,23 @@ class Pool:
             self._entering[name] -= 1
 
     async def _load(self, entry: CatalogEntry) -> Model:
-        model = self._models.get(entry.name)
-        if model is None:
-            model = self._models[entry.name] = self._build(entry)
-            self._watch(model)
-        if model.current is None:
-            raise FailedPrecondition(f"model {entry.name!r} has no model file")
-        need = memory.memory_needed(model.setup)
-        outcome = "failed"
+        outcome = ""
         try:
             async with self._room:
+                # The catalog in force now (a reload may have changed it meanwhile).
+                current = self._catalog.find(entry.name)
+                if current is None:
+                    raise UnknownModel(f"model {entry.name!r} was removed from the catalog "
+                                       "by a reload")
+                entry = current
+                model = self._models.get(entry.name)
+                if model is None:
+                    model = self._models[entry.name] = self._build(entry)
+                    self._watch(model)
+                if model.current is None:
+                    raise FailedPrecondition(f"model {entry.name!r} has no model file")
+                need = memory.memory_needed(model.setup)
+                outcome = "failed"
                 if self.is_resident(entry.name):  # an eviction of it gave up meanwhile
                     outcome = ""
                     self._entering[entry.name] = (self._entering.get(entry.name, 0)
@@ -312,6 +322,53 @@ class Pool:
                 self._metrics.model_load(entry.name, outcome)
         self._loaded_at[entry.name] = self._clock.wall()
         return model
+
+    async def reconfigure(self, catalog: Catalog,
+                          setup_for: Callable[[CatalogEntry], Setup]) -> CatalogChange:
+        """Take the catalog of a reload (:mod:`daemon._pool_reload`): removed models are
+        unloaded (drained) and forgotten; a resident model whose file or settings changed
+        gets a new child make-before-break (``setup_for`` makes its setup), and keeps its
+        old entry if that fails (``kept`` of the change says why); other changes are in
+        force at once. Runs between loads, never during one.
+        """
+        change = compare(self._catalog, catalog)
+        if change.defaults_renamed:  # the roles' defaults stay until a restart
+            catalog = Catalog(catalog.entries, self._catalog.defaults, catalog.skipped)
+        kept: dict[str, CatalogEntry] = {}
+        async with self._room:
+            for name in change.removed:
+                model = self._models.pop(name, None)
+                if model is not None and model.state is not ModelState.UNLOADED:
+                    _log.info("model removed by a reload", model=name)
+                    await model.unload(why="removed from the catalog by a reload")
+                    self._unloaded(name, "admin")
+            for name in change.relaunch:
+                model = self._models.get(name)
+                entry = catalog.find(name)
+                if model is None or entry is None:
+                    continue
+                if not self.is_resident(name):
+                    self._models.pop(name)  # rebuilt from the new entry when next loaded
+                    continue
+                try:
+                    await model.replace(model.target_for(setup_for(entry)),
+                                        reason="reload")
+                    model.configure(self._build_config(entry))
+                except Exception as exc:  # the old child serves on, as for a role
+                    _log.warning("reload kept the running model", model=name,
+                                 error=str(exc))
+                    change.kept[name] = str(exc)
+                    old = self._catalog.find(name)
+                    if old is not None:
+                        kept[name] = old
+            entries = tuple(kept.get(e.name, e) for e in catalog.entries)
+            self._catalog = Catalog(entries, catalog.defaults, catalog.skipped)
+        self._changed()
+        return change
+
+    def _build_config(self, entry: CatalogEntry) -> ChildConfig:
+        """The configuration a pool model's Model holds (as :attr:`_build` gives it)."""
+        return dataclasses.replace(entry.child, mode=InferenceMode.DISABLED, enabled=False)
 
     def _unloaded(self, name: str, reason: str) -> None:
         if self._metrics is not None:

@@ -17,6 +17,12 @@
   its checks makes the whole configuration invalid (below), so the running ones stay and
   the report's ``error`` says why. Turning TLS or mutual TLS on or off needs a restart; so
   does dropping every token while the daemon listens beyond loopback without mutual TLS.
+* The model catalog (``[models.NAME]`` tables, the preset, the files of ``models_dir``):
+  new models can be loaded at once, removed ones are drained and stopped, a resident
+  model whose file or child settings changed gets a new child make-before-break (and
+  keeps the old one if that fails), and aliases, pin, ttl and preload apply at once
+  (:meth:`daemon.pool.Pool.reconfigure`). A role's default model being renamed needs a
+  restart.
 * Everything else (listen addresses, logging, restart policy, timeouts, the state
   directory, ``retrieval.enabled`` and ``rescan_interval``, ``answer.cache_*`` and ``audit_*``)
   needs a restart; the reload says so and keeps the running values.
@@ -41,12 +47,14 @@ import structlog
 
 from supervisor import SupervisorError, pick_runtime
 
+from ._catalog import CatalogEntry
 from .children import Setup, make_setup
 from .config import OPTIONS, ChildConfig, Config, ConfigError, Reload, is_loopback, value_of
 from .errors import RequestError
 from .inference_mode import InferenceMode
 from .model import Model
 from .modes import ModeManager, ModeRequest
+from .pool import Pool
 from .swaps import SwapManager
 
 _log = structlog.get_logger("llamad.reload")
@@ -77,7 +85,8 @@ _ROLES = ("generation", "embedding")
 
 CATALOG = "models.*"
 """The plan's key for a change of the model catalog's models (their tables, the preset,
-the files of models_dir): the pool keeps the catalog it started with until a restart."""
+the files of models_dir): the pool takes the new catalog (:meth:`daemon.pool.Pool.
+reconfigure`); renaming a role's default model waits for a restart."""
 
 
 def reload_plan(current: Config, new: Config) -> dict[str, Reload]:
@@ -163,8 +172,12 @@ async def reload_config(
     children: Mapping[str, Model],
     swaps: SwapManager,
     modes: ModeManager,
+    *,
+    pool: Pool | None = None,
 ) -> tuple[Config, ReloadReport]:
-    """Apply a fresh configuration; return the configuration now in force and a report."""
+    """Apply a fresh configuration; return the configuration now in force and a report.
+    With ``pool``, a changed catalog is applied to it (models added, removed, relaunched
+    with new settings)."""
     report = ReloadReport()
     try:
         new = load()
@@ -193,18 +206,38 @@ async def reload_config(
             applied = dataclasses.replace(applied, embedding=new_cc)
         (report.swapped if live else report.updated).append(role)
     applied = _apply_access(applied, current, new, report)
+    if CATALOG in plan and pool is not None:
+        applied = await _apply_catalog(pool, new, applied, plan, report)
     settle(plan, report)
     # What is in force now: an option kept or waiting for a restart keeps its running
     # value (so the next reload sees it as changed still); the limits, retrieval's and the
     # Ask settings read theirs.
     done = [key for key, outcome in report.changes.items()
-            if outcome in ("applied", "new child")]
+            if outcome in ("applied", "new child") and key != CATALOG]  # not an option
     applied = dataclasses.replace(applied.with_options(new, done), sources=new.sources)
     report.limits_changed = applied.limits != current.limits
     _log.info("reloaded", swapped=report.swapped, updated=report.updated, kept=report.kept,
               limits_changed=report.limits_changed, reloaded=report.reloaded,
               restart_needed=report.restart_needed, changes=report.changes)
     return applied, report
+
+
+async def _apply_catalog(pool: Pool, new: Config, applied: Config,
+                         plan: dict[str, Reload], report: ReloadReport) -> Config:
+    """The new catalog into the pool; the catalog in force into ``applied``."""
+    def setup_for(entry: CatalogEntry) -> Setup:
+        runtime = pick_runtime(entry.child.runtime, new.llama_bin or None)
+        return make_setup(entry.role, entry.path, runtime, entry.child)
+
+    change = await pool.reconfigure(new.catalog, setup_for)
+    if change.kept:
+        report.kept[CATALOG] = "; ".join(f"{n}: {why}" for n, why in change.kept.items())
+    if not change.defaults_renamed:
+        plan[CATALOG] = "apply"
+    _log.info("catalog reloaded", added=change.added, removed=change.removed,
+              relaunched=change.relaunch, updated=change.updated, kept=change.kept or None,
+              defaults_renamed=change.defaults_renamed)
+    return dataclasses.replace(applied, catalog=pool.catalog)
 
 
 def _apply_access(applied: Config, current: Config, new: Config,

@@ -14,11 +14,13 @@ import grpc
 import httpx
 import pytest
 
+from daemon import Daemon, load
 from llamad_protocol.v1 import control_pb2, inference_pb2
 from llamad_protocol.v1.wire import RETRY_AFTER_KEY
 from supervisor import State
 from tests.conftest import models_dir
-from tests.support.daemon import GEN, config_env, serving
+from tests.support.daemon import GEN, Clients, config_env, serving
+from tests.support.procs import alive
 
 pytestmark = pytest.mark.integration
 
@@ -244,3 +246,42 @@ async def test_two_models_with_room_for_one_serve_every_call(llama_server: str,
         assert most == 1
         listed = await clients.control.ListModels(control_pb2.ListModelsRequest())
         assert sorted(_states(listed).values()).count(control_pb2.MODEL_STATE_READY) == 1
+
+
+async def test_a_reload_adds_and_removes_catalog_models(llama_server: str,
+                                                        tmp_path: Path) -> None:
+    """SIGHUP's reload with a [models.gemma] table added: gemma is served by name at once;
+    with the table gone again: gemma's child is stopped and a call naming it NOT_FOUND."""
+    file = tmp_path / "llamad.toml"
+    empty = tmp_path / "no-models"
+    empty.mkdir()
+    env = config_env("llama-server", LLAMAD_MODELS_DIR=str(empty),
+                     LLAMAD_EMBEDDING_MODE="disabled")
+    file.write_text("[models]\nmax_resident = 3\n")
+    daemon = Daemon(load(None, env=env, file=file), reload=lambda: load(None, env=env,
+                                                                         file=file))
+    clients = Clients(await daemon.start())
+    try:
+        await clients.wait_serving("generation")
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await _generate(clients.inference, "gemma")
+        assert unknown.value.code() is grpc.StatusCode.NOT_FOUND
+        file.write_text("[models]\nmax_resident = 3\n\n[models.gemma]\n"
+                        f'model = "{models_dir() / (GEMMA + ".gguf")}"\n')
+        report = await daemon.reload()
+        assert report.changes.get("models.*") == "applied", report
+        assert {m.model_name for m in await _generate(clients.inference, "gemma")} == {
+            "gemma"}
+        gemma = daemon.pool.model("gemma")
+        assert gemma is not None and gemma.serving_pid
+        pid = gemma.serving_pid
+        file.write_text("[models]\nmax_resident = 3\n")
+        report = await daemon.reload()
+        assert report.changes.get("models.*") == "applied", report
+        assert not alive(pid)
+        with pytest.raises(grpc.aio.AioRpcError) as gone:
+            await _generate(clients.inference, "gemma")
+        assert gone.value.code() is grpc.StatusCode.NOT_FOUND
+    finally:
+        await clients.channel.close()
+        await daemon.shutdown()

@@ -155,8 +155,9 @@ def test_the_grpc_message_limit_needs_a_restart_the_other_limits_apply() -> None
 
 
 def test_a_change_of_the_catalogs_models_needs_a_restart(tmp_path: Path) -> None:
-    """A model added to the catalog ([models.NAME]) is not silently ignored: the reload
-    says it needs a restart (the pool keeps the catalog it started with)."""
+    """A model added to the catalog ([models.NAME]) is not silently ignored: without a
+    pool to take it, the reload says it needs a restart (with one, the pool takes the new
+    catalog: tests/unit/test_pool_reload.py)."""
     path = write_model(tmp_path / "extra.gguf")
     base = {o.key: o.default for o in OPTIONS} | MODELS
     current = _build(base)
