@@ -115,9 +115,16 @@ def _retrieval_line(r: RetrievalStatus) -> str:
     return (f"retrieval: {r.sources} sources, {docs} documents"
             + (f" ({states})" if states else "")
             + f", {r.chunks} chunks ({r.embedded_chunks} embedded), {r.vectors} vectors"
-            + f"{model}, {fmt.size(r.disk_bytes)} on disk" + _rebuild_note(r.rebuild)
+            + f"{model}, " + _where(r) + _rebuild_note(r.rebuild)
             + _backfill_note(r.backfill)
             + (f"; {r.pruned} history records pruned since start" if r.pruned else ""))
+
+
+def _where(r: RetrievalStatus) -> str:
+    """Where the index lives: its size on this node's disk, or the shared store."""
+    if r.store == "postgres":
+        return f"postgres store {r.store_target} (lexical ranking {r.lexical_ranking})"
+    return f"{fmt.size(r.disk_bytes)} on disk"
 
 
 def _rebuild_note(b: VectorRebuild) -> str:

@@ -362,7 +362,8 @@ def retrieval_status(msg: retrieval_pb2.RetrievalStatusResponse) -> RetrievalSta
             running=msg.rebuild.running, model=msg.rebuild.model,
             serving_model=msg.rebuild.serving_model, pending=msg.rebuild.pending,
             done=msg.rebuild.done),
-        pruned=msg.pruned)
+        pruned=msg.pruned, store=msg.store or "embedded",
+        lexical_ranking=msg.lexical_ranking, store_target=msg.store_target)
 
 
 def reprocessed(msg: retrieval_pb2.ReprocessResponse) -> Reprocessed:

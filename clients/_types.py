@@ -438,6 +438,12 @@ class RetrievalStatus:
     rebuild: VectorRebuild = VectorRebuild()
     pruned: int = 0
     """History records removed by retention since the daemon started."""
+    store: str = "embedded"
+    """The store backend: ``embedded`` (the daemon's own) or ``postgres`` (shared)."""
+    lexical_ranking: str = ""
+    """How the lexical list ranks: ``bm25`` (embedded) or ``ts_rank_cd`` (postgres)."""
+    store_target: str = ""
+    """postgres: the database, ``user@host:port/dbname`` (never a password)."""
 
 
 @dataclass(frozen=True, slots=True)

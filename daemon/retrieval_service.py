@@ -381,6 +381,9 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
                 failed=s.backfill.failed, last_error=s.backfill.last_error),
             rebuild=vector_rebuild(s.rebuild),
             pruned=self._r.pruned,
+            store=s.store,
+            lexical_ranking=s.lexical_ranking,
+            store_target=s.store_target,
         )
 
     @rpc.unary("Reprocess")

@@ -10,8 +10,14 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 
+from clients._cli_verbs import _retrieval_line
+from clients._convert import retrieval_status
+from daemon.retrieval_service import RetrievalServicer
+from llamad_protocol.v1 import retrieval_pb2 as rpb
+from llamad_protocol.v1 import retrieval_pb2_grpc
 from retrieval import (
     Embedder,
     Query,
@@ -22,6 +28,7 @@ from retrieval import (
 from retrieval._pg_connect import PgOptions
 from retrieval.errors import EmbeddingModelMismatch, NotSupported
 from tests.support.embedder import HashEmbedder
+from tests.support.inprocess import serving
 
 Nodes = tuple[Retriever, Retriever]
 
@@ -142,3 +149,35 @@ async def test_review_and_history_are_refused_on_postgres(nodes: Nodes) -> None:
     with pytest.raises(NotSupported, match="postgres"):
         await a.upsert("docs", "t", "some text", review=True)
     assert await a.documents() == []
+
+
+async def test_two_daemons_services_share_the_store_over_grpc(nodes: Nodes) -> None:
+    """Each node's RetrievalService over real gRPC: a push through A is found by B's
+    Search, Status says postgres and ts_rank_cd, a history source is FAILED_PRECONDITION
+    naming the backend."""
+    a, b = nodes
+    async with serving(lambda s: retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(
+            RetrievalServicer(a), s)) as on_a, serving(
+            lambda s: retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(
+                RetrievalServicer(b), s)) as on_b:
+        stub_a = retrieval_pb2_grpc.RetrievalServiceStub(on_a)
+        stub_b = retrieval_pb2_grpc.RetrievalServiceStub(on_b)
+        await stub_a.AddSource(rpb.AddSourceRequest(id="docs"))
+        await stub_a.UpsertDocument(rpb.UpsertDocumentRequest(
+            source_id="docs", id="docs/vpn", title="vpn",
+            text="vpn tunnel flapping: tune dead peer detection"))
+        found = await stub_b.Search(rpb.SearchRequest(query="dead peer detection"))
+        assert [h.document_id for h in found.hits] == ["docs/vpn"]
+        status = await stub_b.Status(rpb.RetrievalStatusRequest())
+        assert (status.store, status.lexical_ranking) == ("postgres", "ts_rank_cd")
+        assert status.store_target.startswith("postgres@") and "password" not in str(status)
+        assert status.chunks == 1
+        line = _retrieval_line(retrieval_status(status))
+        assert f"postgres store {status.store_target} (lexical ranking ts_rank_cd)" in line
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub_b.AddSource(rpb.AddSourceRequest(id="notes", history=True))
+        assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "postgres" in (refused.value.details() or "")
+        assert (await stub_b.DeleteDocument(rpb.DeleteDocumentRequest(id="docs/vpn"))).deleted
+        gone = await stub_a.Search(rpb.SearchRequest(query="dead peer detection"))
+        assert list(gone.hits) == []
