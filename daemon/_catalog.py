@@ -57,6 +57,9 @@ class CatalogEntry:
         preload: started with the daemon.
         origin: where it was declared: ``models.NAME``, ``models_dir``, ``preset``, or a
             role section (``generation``, ``embedding``).
+        device: the device its memory is on when offloaded (``-ngl`` in extra_args, and
+            ``CUDA_VISIBLE_DEVICES`` or the like in env), for that device's budget; ""
+            is RAM.
     """
 
     name: str
@@ -67,6 +70,7 @@ class CatalogEntry:
     ttl: float = 0.0
     preload: bool = False
     origin: str = ""
+    device: str = ""
 
     @property
     def path(self) -> str:

@@ -38,9 +38,10 @@ from ._catalog_preset import read_preset
 from ._config_options import ConfigError, _coerce
 from ._config_resolved import ChildConfig
 from ._config_sections import _BY_KEY, RoleSettings, Settings
+from ._residency import device_budgets
 from .inference_mode import InferenceMode
 
-_OWN_KEYS = ("model", "role", "aliases", "pin", "ttl", "preload", "env")
+_OWN_KEYS = ("model", "role", "aliases", "pin", "ttl", "preload", "env", "device")
 _CHILD_KEYS = ("runtime", "ctx_size", "threads", "parallel", "queue_ahead", "batch",
                "spin_count", "extra_args")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -69,6 +70,9 @@ def catalog_tables(data: MutableMapping[str, Any], where: str) -> dict[str, Mapp
     return tables
 
 
+_DEVICE = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}")
+
+
 def build_catalog(settings: Settings, children: MutableMapping[str, ChildConfig],
                   tables: Mapping[str, Mapping[str, Any]], models_dir: Path,
                   where: str = "config") -> Catalog:
@@ -79,6 +83,10 @@ def build_catalog(settings: Settings, children: MutableMapping[str, ChildConfig]
     Raises:
         ConfigError: see the module docstring.
     """
+    try:
+        device_budgets(settings.models.device_budgets_mb)
+    except ValueError as exc:
+        raise ConfigError(f"models.device_budgets_mb: {exc}") from None
     entries: dict[str, CatalogEntry] = {}
     taken: dict[str, str] = {}  # name or alias -> the entry's name
 
@@ -159,6 +167,10 @@ def _entry(name: str, table: Mapping[str, Any], settings: Settings, origin: str,
     ttl = _coerce(_named(_TTL, f"models.{name}.ttl"), table.get("ttl", 0.0), where)
     preload = _coerce(_named(_BOOL, f"models.{name}.preload"), table.get("preload", False),
                       where)
+    device = table.get("device", "")
+    if not isinstance(device, str) or (device and not _DEVICE.fullmatch(device)):
+        raise ConfigError(f"{where}: device must be a device name such as cuda0 (its budget "
+                          "is in [models] device_budgets_mb)")
     section: RoleSettings = getattr(settings, role)
     overrides = {key: _coerce(_named(_BY_KEY[f"{role}.{key}"], f"models.{name}.{key}"),
                               table[key], where)
@@ -167,7 +179,7 @@ def _entry(name: str, table: Mapping[str, Any], settings: Settings, origin: str,
         child_config(dataclasses.replace(section, **overrides), role, str(path)),
         env=_env(table.get("env", {}), where))
     return CatalogEntry(name, role, child, tuple(dict.fromkeys(aliases)), pin, ttl,
-                        preload, origin)
+                        preload, origin, device)
 
 
 def _pin_default(role: str, entry: CatalogEntry, table: Mapping[str, Any]) -> CatalogEntry:

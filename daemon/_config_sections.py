@@ -289,6 +289,11 @@ class PoolSettings:
         "GGUF metadata (weights, KV cache for ctx_size x slots, runtime overhead); a model "
         "that would exceed it unloads others as for max_resident (0: only what the system "
         "has available when a model loads).", minimum=0)
+    device_budgets_mb: str = setting(
+        "", "Memory budgets of the devices models are placed on ([models.NAME] device, "
+        "e.g. a GPU the model is offloaded to with -ngl), as NAME=MiB pairs separated by "
+        "commas (cuda0=7500,cuda1=7500): a model on a device counts against that device's "
+        "budget instead of memory_budget_mb (a device not named here has no budget).")
     ttl_check_interval: float = setting(
         5.0, "Seconds between looks for models idle longer than their ttl.", minimum=0.1)
     on_demand: bool = setting(

@@ -24,7 +24,8 @@ class CatalogChange:
         removed: models that are gone (a resident one is drained and stopped).
         relaunch: models whose file or child settings changed (a resident one gets a new
             child, make-before-break; another loads the new settings when next needed).
-        updated: models whose aliases, pin, ttl or preload changed (in force at once).
+        updated: models whose aliases, pin, ttl, preload or device changed (in force at
+            once).
         defaults_renamed: a role's default is another model now (a restart applies it).
         kept: models whose new child did not start, with why (their old entry stays).
     """
@@ -49,7 +50,7 @@ def _launch(entry: CatalogEntry) -> tuple[object, ...]:
 
 
 def _residency(entry: CatalogEntry) -> tuple[object, ...]:
-    return (entry.aliases, entry.pin, entry.ttl, entry.preload)
+    return (entry.aliases, entry.pin, entry.ttl, entry.preload, entry.device)
 
 
 def compare(current: Catalog, new: Catalog) -> CatalogChange:

@@ -5,11 +5,16 @@ is tested on its own: given the resident models (their memory estimate, when the
 last used, their calls in flight, whether they may be evicted) and the one to load,
 choose the models to unload, least recently used first — idle ones before busy ones
 (a busy one is drained, bounded, not killed) — or say that nothing can make room.
+
+A model placed on a device (``[models.NAME] device``, for GPU offload) counts against
+that device's budget instead of the RAM budget; unloading it makes room only there (or
+under ``max_resident``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -17,7 +22,9 @@ class Resident:
     """A resident (or loading) model as the policy sees it.
 
     Attributes:
-        evictable: neither pinned nor a role's default model, nor loading.
+        evictable: not pinned (a role's default is unless its table says otherwise),
+            and serving (not loading or swapping).
+        device: the device its memory is on ("": RAM).
     """
 
     name: str
@@ -25,37 +32,72 @@ class Resident:
     last_used: float
     busy: int
     evictable: bool
+    device: str = ""
 
 
 @dataclass(frozen=True)
 class Limits:
-    """``max_resident`` models (0: no limit) and ``budget`` bytes (0: no budget)."""
+    """``max_resident`` models (0: no limit), ``budget`` bytes of RAM (0: no budget) and
+    ``devices``: device -> bytes (a device not named has no budget)."""
 
     max_resident: int = 0
     budget: int = 0
+    devices: Mapping[str, int] = field(default_factory=dict)
+
+    def of(self, device: str) -> int:
+        """The budget of ``device`` ("": RAM), 0 for none."""
+        return self.devices.get(device, 0) if device else self.budget
 
 
-def fits(residents: list[Resident], need: int, limits: Limits) -> bool:
-    """Whether a model needing ``need`` bytes fits beside ``residents``."""
+def device_budgets(text: str) -> dict[str, int]:
+    """``[models] device_budgets_mb`` (``NAME=MiB,...``) as device -> bytes.
+
+    Raises:
+        ValueError: not such pairs (the message says what is wrong).
+    """
+    budgets: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, mib = part.partition("=")
+        name = name.strip()
+        if not sep or not name or not mib.strip().isdigit() or int(mib) <= 0:
+            raise ValueError(f"{part!r} is not NAME=MiB (a positive whole number of MiB)")
+        if name in budgets:
+            raise ValueError(f"device {name!r} is given twice")
+        budgets[name] = int(mib) * 1024 * 1024
+    return budgets
+
+
+def fits(residents: list[Resident], need: int, limits: Limits, device: str = "") -> bool:
+    """Whether a model needing ``need`` bytes on ``device`` ("": RAM) fits beside
+    ``residents``."""
     if limits.max_resident and len(residents) + 1 > limits.max_resident:
         return False
-    return not (limits.budget and sum(r.memory for r in residents) + need > limits.budget)
+    budget = limits.of(device)
+    held = sum(r.memory for r in residents if r.device == device)
+    return not (budget and held + need > budget)
 
 
-def make_room(residents: list[Resident], need: int, limits: Limits) -> list[Resident] | None:
-    """The models to unload, in order, for a model needing ``need`` bytes to fit beside
-    ``residents``: evictable ones, idle before busy, each group least recently used
-    first, as few as will do. ``[]``: it fits as it is; None: even unloading every
-    evictable model would not make it fit (or it is larger than the budget)."""
-    if limits.budget and need > limits.budget:
+def make_room(residents: list[Resident], need: int, limits: Limits,
+              device: str = "") -> list[Resident] | None:
+    """The models to unload, in order, for a model needing ``need`` bytes on ``device``
+    to fit beside ``residents``: evictable ones, idle before busy, each group least
+    recently used first, as few as will do (a model on another device only when the
+    number of models is what does not fit). ``[]``: it fits as it is; None: even
+    unloading every evictable model would not make it fit (or it is larger than the
+    budget)."""
+    budget = limits.of(device)
+    if budget and need > budget:
         return None
     left = list(residents)
     chosen: list[Resident] = []
     order = sorted((r for r in residents if r.evictable),
                    key=lambda r: (r.busy > 0, r.last_used))
     for victim in order:
-        if fits(left, need, limits):
+        if fits(left, need, limits, device):
             break
+        counted = bool(limits.max_resident and len(left) + 1 > limits.max_resident)
+        if victim.device != device and not counted:
+            continue  # unloading it frees another device's memory: no help here
         left.remove(victim)
         chosen.append(victim)
-    return chosen if fits(left, need, limits) else None
+    return chosen if fits(left, need, limits, device) else None

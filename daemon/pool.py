@@ -44,7 +44,7 @@ from ._catalog import Catalog, CatalogEntry
 from ._config_sections import PoolSettings
 from ._model_states import ModelState
 from ._pool_reload import CatalogChange, compare
-from ._residency import Limits, Resident, make_room
+from ._residency import Limits, Resident, device_budgets, make_room
 from .children import Setup, make_setup
 from .config import ChildConfig
 from .errors import FailedPrecondition, InvalidArgument, Overloaded, UnknownModel
@@ -386,7 +386,8 @@ class Pool:
                          and model.state is ModelState.SERVING)
             memory_held = memory.memory_needed(model.current) if model.current else 0
             used = max(self._last_used.get(name, 0.0), self._loaded_at.get(name, 0.0))
-            out.append(Resident(name, memory_held, used, model.busy(), evictable))
+            out.append(Resident(name, memory_held, used, model.busy(), evictable,
+                                entry.device if entry is not None else ""))
         return out
 
     async def _make_room(self, name: str, need: int) -> None:
@@ -396,16 +397,20 @@ class Pool:
             Overloaded: nothing can make room (RESOURCE_EXHAUSTED, with a retry hint).
         """
         limits = Limits(self._settings.max_resident,
-                        self._settings.memory_budget_mb * 1024 * 1024)
+                        self._settings.memory_budget_mb * 1024 * 1024,
+                        device_budgets(self._settings.device_budgets_mb))
+        entry = self._catalog.find(name)
+        device = entry.device if entry is not None else ""
         residents = self._residents(name)
-        victims = make_room(residents, need, limits)
+        victims = make_room(residents, need, limits, device)
         if victims is None:
             held = ", ".join(r.name for r in residents) or "none"
+            budget = limits.of(device) // (1024 * 1024)
             raise Overloaded(
                 f"model {name!r} does not fit: {len(residents)} models resident ({held}; "
                 f"max_resident {limits.max_resident or 'unlimited'}, memory budget "
-                f"{self._settings.memory_budget_mb or 'unlimited'} MiB, this one needs "
-                f"{need // (1024 * 1024)} MiB) and none of them can be unloaded (pinned, "
+                f"{f'of {device} ' if device else ''}{budget or 'unlimited'} MiB, this one "
+                f"needs {need // (1024 * 1024)} MiB) and none of them can be unloaded (pinned, "
                 "as a role's default is unless its table says pin = false, or busy "
                 "loading)", _RETRY_AFTER)
         for victim in victims:

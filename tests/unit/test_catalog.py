@@ -130,6 +130,8 @@ ctx_size = 1024
     ('model = "{m}/gen-a.gguf"\nenv = {{ "1BAD" = "x" }}', "not an environment variable"),
     ('model = "{m}/gen-a.gguf"\nenv = {{ GOOD = 1 }}', "env.GOOD must be a string"),
     ('model = "{m}/gen-a.gguf"\nenv = "CUDA_VISIBLE_DEVICES=1"', "env must be a table"),
+    ('model = "{m}/gen-a.gguf"\ndevice = "cuda 0"', "device must be a device name"),
+    ('model = "{m}/gen-a.gguf"\ndevice = 0', "device must be a device name"),
 ])
 def test_bad_catalog_tables_are_clear_errors(models: Path, tmp_path: Path, body: str,
                                             message: str) -> None:
@@ -281,3 +283,24 @@ pin = false
 """)
     with pytest.raises(ConfigError, match="pin = false on the embedding role's default"):
         load(env=env, file=toml, models=False)
+
+
+def test_a_model_placed_on_a_device(models: Path, tmp_path: Path) -> None:
+    """``device`` places a model's memory on a device with its own budget
+    (``[models] device_budgets_mb``); a budget list that does not parse stops the load."""
+    toml = write_toml(tmp_path, f"""
+[models]
+device_budgets_mb = "cuda0=7500"
+
+[models.big]
+model = "{models / 'gen-b.gguf'}"
+device = "cuda0"
+extra_args = "-ngl 99"
+""")
+    cat = load(models=False, env=_env(models), file=toml).catalog
+    big = next(e for e in cat.entries if e.name == "big")
+    assert big.device == "cuda0" and big.child.extra_args == ("-ngl", "99")
+    assert next(e for e in cat.entries if e.name == "gen-a").device == ""
+    bad = write_toml(tmp_path, '[models]\ndevice_budgets_mb = "cuda0:7500"\n')
+    with pytest.raises(ConfigError, match=r"models\.device_budgets_mb: 'cuda0:7500'"):
+        load(models=False, env=_env(models), file=bad)

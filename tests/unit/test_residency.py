@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from daemon._config_sections import PoolSettings
-from daemon._residency import Limits, Resident, make_room
+from daemon._residency import Limits, Resident, device_budgets, make_room
 from daemon.errors import Overloaded
 from daemon.model import Model
 from supervisor import State
@@ -24,8 +24,8 @@ MIB = 1024 * 1024
 
 
 def r(name: str, last_used: float, *, busy: int = 0, evictable: bool = True,
-      memory: int = 100) -> Resident:
-    return Resident(name, memory, last_used, busy, evictable)
+      memory: int = 100, device: str = "") -> Resident:
+    return Resident(name, memory, last_used, busy, evictable, device)
 
 
 def test_make_room_chooses_least_recently_used_idle_first() -> None:
@@ -49,6 +49,35 @@ def test_make_room_by_memory_and_what_cannot_go() -> None:
     assert make_room(residents, 800, Limits(budget=1000)) is None  # pinned holds 300
     assert make_room(residents, 1200, Limits(budget=1000)) is None  # larger than it all
     assert make_room([r("p", 0, evictable=False)], 1, Limits(max_resident=1)) is None
+
+
+def test_a_device_has_its_own_budget() -> None:
+    """Models on a GPU count against its budget, not the RAM budget: a model for the GPU
+    evicts only GPU models (the older RAM model stays), and the other way round; with the
+    number of models the binding limit, any evictable model may go."""
+    residents = [r("ram-old", 0, memory=500), r("gpu-a", 1, memory=600, device="cuda0"),
+                 r("gpu-b", 2, memory=300, device="cuda0")]
+    limits = Limits(budget=1000, devices={"cuda0": 1000})
+    assert make_room(residents, 400, limits) == []  # RAM: 500 + 400
+    assert [v.name for v in make_room(residents, 600, limits) or []] == ["ram-old"]
+    assert [v.name for v in make_room(residents, 200, limits, "cuda0") or []] == ["gpu-a"]
+    assert make_room(residents, 1100, limits, "cuda0") is None  # larger than the GPU
+    assert make_room(residents, 10, limits, "cuda1") == []  # no budget for cuda1
+    assert [v.name for v in make_room(residents, 10, Limits(max_resident=3,
+                                                            devices={"cuda0": 1000}),
+                                      "cuda0") or []] == ["ram-old"]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("cuda0", "not NAME=MiB"), ("cuda0=0", "not NAME=MiB"), ("=5", "not NAME=MiB"),
+    ("cuda0=5,cuda0=6", "given twice"), ("cuda0=lots", "not NAME=MiB"),
+])
+def test_device_budgets_are_checked(text: str, message: str) -> None:
+    assert device_budgets("cuda0=7500, cuda1=100") == {"cuda0": 7500 * MIB,
+                                                        "cuda1": 100 * MIB}
+    assert device_budgets("") == {}
+    with pytest.raises(ValueError, match=message):
+        device_budgets(text)
 
 
 @pytest.fixture
