@@ -140,7 +140,8 @@ async def scan_source(retriever: Retriever, source_id: str,
     it, then finds what that one indexed unchanged. Cancelling a waiting scan is clean.
     Across the nodes sharing a PostgreSQL store, one scans a source at a time: a node
     whose turn it is not (another holds the source's scan lock) skips it this round and
-    returns a report with ``elsewhere`` set.
+    returns a report with ``elsewhere`` set (and the reason among ``skipped``, for an
+    operator's Reindex).
 
     Args:
         allowed_roots: when given (the daemon always gives it), the source's root must
@@ -160,7 +161,9 @@ async def scan_source(retriever: Retriever, source_id: str,
         if not mine:
             _log.debug("source is being scanned by another node; skipped this round",
                        source=source_id)
-            return ScanReport(source_id, elsewhere=True)
+            return ScanReport(source_id, elsewhere=True, skipped=[(
+                ".", "another node sharing the PostgreSQL store is scanning this source "
+                "now: skipped this round")])
         return await _scan(retriever, source_id, progress, allowed_roots, since_ns)
 
 

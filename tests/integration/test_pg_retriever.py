@@ -96,7 +96,8 @@ async def test_two_nodes_scanning_one_source_index_each_file_once(
     async with a.scan_turn("share") as mine:
         assert mine
         skipped = await scan_source(b, "share")
-    assert skipped.elsewhere and skipped.added == 0
+    assert skipped.elsewhere and (skipped.seen, skipped.added) == (0, 0)
+    assert "another node" in skipped.skipped[0][1]
     assert await b.documents("share") == []
     # Both scan at once: each file is indexed once, by whichever node had the turn.
     reports = await asyncio.gather(scan_source(a, "share"), scan_source(b, "share"))
