@@ -148,19 +148,13 @@ class RetrievalSettings:
 def check_store(r: RetrievalSettings) -> None:
     """Refuse a store configuration that cannot work, before anything starts: postgres
     without a DSN, a DSN that cannot be parsed or holds a password (never echoed), both
-    password sources at once, postgres options set for the embedded store.
+    password sources at once, a relative password file. The ``postgres_*`` options are
+    ignored while ``store`` is ``embedded`` (so each option can be changed alone).
 
     Raises:
         ConfigError: says which option and what to do.
     """
     if r.store != "postgres":
-        stray = [name for name, value in (("postgres_dsn", r.postgres_dsn),
-                                          ("postgres_password_file", r.postgres_password_file),
-                                          ("postgres_password_env", r.postgres_password_env))
-                 if value]
-        if stray:
-            raise ConfigError(f"retrieval.{stray[0]} is set but retrieval.store is "
-                              f"{r.store}: set retrieval.store = \"postgres\" to use it")
         return
     if not r.postgres_dsn.strip():
         raise ConfigError("retrieval.store = postgres needs retrieval.postgres_dsn (the "

@@ -43,8 +43,6 @@ def test_postgres_options_reach_the_retriever() -> None:
     ({"LLAMAD_RETRIEVAL_STORE": "postgres", "LLAMAD_RETRIEVAL_POSTGRES_DSN": DSN,
       "LLAMAD_RETRIEVAL_POSTGRES_PASSWORD_FILE": "kb.pw"},
      "retrieval.postgres_password_file: 'kb.pw' is not an absolute path"),
-    ({"LLAMAD_RETRIEVAL_POSTGRES_DSN": DSN},
-     "retrieval.postgres_dsn is set but retrieval.store is embedded"),
     ({"LLAMAD_RETRIEVAL_STORE": "sqlite"}, "not one of embedded, postgres"),
 ])
 def test_an_unusable_store_configuration_is_refused(env: dict[str, str], match: str) -> None:

@@ -36,6 +36,12 @@ STRINGS = {
 }
 
 
+# Options valid only with others: both configurations compared carry these.
+COMPANIONS: dict[str, dict[str, Any]] = {
+    "retrieval.store": {"retrieval.postgres_dsn": "postgresql://llamad@db.example.net/kb"},
+}
+
+
 def _build(values: dict[str, Any]) -> Config:
     return config._build(values, {key: "default" for key in values}, {})
 
@@ -99,7 +105,7 @@ def _tls(base: dict[str, Any], key: str, tmp_path: Path) -> tuple[Config, Config
 def test_every_option_change_is_planned_and_reported(opt: Option, tmp_path: Path) -> None:
     """A change of this option alone is planned under its declared kind, and a reload
     reports an outcome for it whatever the children did."""
-    base = {o.key: o.default for o in OPTIONS} | MODELS
+    base = {o.key: o.default for o in OPTIONS} | MODELS | COMPANIONS.get(opt.key, {})
     if opt.key in TLS:
         current, new = _tls(base, opt.key, tmp_path)
     else:
