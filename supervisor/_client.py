@@ -302,18 +302,18 @@ class InferenceClient:
         activity = self.activity
         activity.in_flight += 1
         activity.heard()
+        top = sampling.top_logprobs if sampling.logprobs else None
         try:
             while True:  # each retry drops a field: bounded by the body's size
-                async with self._http.stream("POST", path, json=body) as resp:
-                    if resp.status_code == 200:
-                        top = sampling.top_logprobs if sampling.logprobs else None
-                        events = self._events(resp, path, chat=chat, top=top)
+                async with self._post_stream(path, body) as (status, data):
+                    if status == 200:
+                        events = self._events(data, path, chat=chat, top=top)
                         async with contextlib.aclosing(events) as it:
                             async for chunk in it:
                                 yield chunk
                         return
-                    await resp.aread()
-                error = self._status_error(resp.status_code, resp.content, path)
+                    content = b"".join([piece async for piece in data])
+                error = self._status_error(status, content, path)
                 retry = (self._retry_body(body, error)
                          if isinstance(error, ChildBadRequestError) else None)
                 if retry is None or len(retry) >= len(body):
@@ -324,11 +324,24 @@ class InferenceClient:
         finally:
             activity.in_flight -= 1
 
+    @contextlib.asynccontextmanager
+    async def _post_stream(self, path: str, body: dict[str, Any]
+                           ) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
+        """POST ``body`` for a streamed answer; yield its status and its body's bytes as
+        they come: through the lean loopback client for a child llamad launched (httpx
+        cost as much CPU per streamed token as the rest of the relay), else httpx."""
+        if isinstance(self._unary, LoopbackTransport):
+            async with self._unary.stream(path, body, self._read_timeout) as answer:
+                yield answer.status, answer.body
+            return
+        async with self._http.stream("POST", path, json=body) as resp:
+            yield resp.status_code, resp.aiter_bytes()
+
     async def _events(
-        self, resp: httpx.Response, path: str, *, chat: bool, top: int | None
+        self, data: AsyncIterator[bytes], path: str, *, chat: bool, top: int | None
     ) -> AsyncGenerator[Chunk, None]:
-        """The chunks of one server-sent-events answer (with their tokens' logprobs and
-        ``top`` alternatives each, unless ``top`` is None)."""
+        """The chunks of one server-sent-events answer, its body's bytes ``data`` (with
+        their tokens' logprobs and ``top`` alternatives each, unless ``top`` is None)."""
         activity = self.activity
         finish: str | None = None
         prompt_tokens: int | None = None
@@ -336,11 +349,11 @@ class InferenceClient:
         pending = b""
         done = False
         # Bytes, split here: httpx's text and line decoders cost more per event than the
-        # JSON parse itself (SSE is UTF-8, and json.loads takes bytes). Measured in
+        # JSON parse itself (SSE is UTF-8, and orjson takes bytes). Measured in
         # bench/bench_generation.py: part of the added time to first token.
-        async for data in resp.aiter_bytes():
+        async for piece in data:
             activity.heard()
-            *lines, pending = (pending + data).split(b"\n")
+            *lines, pending = (pending + piece).split(b"\n")
             for line in lines:
                 if not line.startswith(b"data:"):
                     continue
@@ -349,7 +362,7 @@ class InferenceClient:
                     done = True
                     break
                 try:
-                    event = json.loads(payload)
+                    event = orjson.loads(payload)
                 except ValueError as exc:
                     raise ChildRequestError(f"{path}: malformed stream event") from exc
                 if "error" in event:

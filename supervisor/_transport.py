@@ -1,21 +1,22 @@
 """How the inference client reaches a server: the activity record its liveness loop reads,
 and the one seam a whole JSON request and its answer pass through
-(:class:`UnaryTransport`): httpx for endpoints, the lean loopback client for children.
-Streams keep httpx in both cases (:mod:`supervisor._client`)."""
+(:class:`UnaryTransport`): httpx for endpoints, the lean loopback client for children,
+whose streams go through it too (:meth:`LoopbackTransport.stream`)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
 import orjson
 
-from ._http import HTTPTransportError, LoopbackHTTP, Response
+from ._http import HTTPTransportError, LoopbackHTTP, Response, Streamed
 from .errors import ChildRequestError
 
 
@@ -91,8 +92,32 @@ class LoopbackTransport:
         except HTTPTransportError as exc:
             raise ChildRequestError(f"{method} {path}: {exc}") from exc
 
+    @contextlib.asynccontextmanager
+    async def stream(self, path: str, body: dict[str, Any], timeout: float
+                     ) -> AsyncIterator[Streamed]:
+        """POST ``body``; yield the answer once its head has come, its body read as it
+        arrives (a transport failure while reading it raises ChildRequestError too).
+
+        Raises:
+            ChildRequestError: no answer came.
+        """
+        try:
+            async with self._http.stream("POST", path, _encode(body), timeout) as answer:
+                yield Streamed(answer.status, answer.headers, _named(answer.body, path))
+        except HTTPTransportError as exc:
+            raise ChildRequestError(f"POST {path}: {exc}") from exc
+
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+async def _named(body: AsyncIterator[bytes], path: str) -> AsyncIterator[bytes]:
+    """``body``, a transport failure raised as ChildRequestError naming the request."""
+    try:
+        async for piece in body:
+            yield piece
+    except HTTPTransportError as exc:
+        raise ChildRequestError(f"POST {path}: {exc}") from exc
 
 
 def _encode(body: dict[str, Any]) -> bytes:

@@ -1,0 +1,217 @@
+"""Streamed answers through supervisor._http.LoopbackHTTP (and InferenceClient's streams
+to a child, which use it) against a real asyncio TCP server that sends its answer in the
+pieces it is told, waiting for the test between them: each piece is read as it comes,
+whatever the chunk boundaries; a silent server times out, a slow reader does not; leaving
+a stream closes its connection; a body cut short is named."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import orjson
+import pytest
+
+from supervisor import ChildRequestError, InferenceClient, Sampling
+from supervisor._http import HTTPTransportError, LoopbackHTTP
+from supervisor._runtime import LLAMA_SERVER_API
+
+CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n" \
+    b"Transfer-Encoding: chunked\r\n\r\n"
+
+
+@dataclass
+class Server:
+    """Sends each item of ``pieces`` (bytes) once the test puts it; None: hang up."""
+
+    port: int = 0
+    pieces: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
+    requests: list[bytes] = field(default_factory=list)
+    eof: asyncio.Event = field(default_factory=asyncio.Event)  # the client closed
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[], Awaitable[Server]]]:
+    servers: list[asyncio.Server] = []
+
+    async def start() -> Server:
+        state = Server()
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            state.requests.append(head + await reader.readexactly(length))
+            closed = asyncio.ensure_future(reader.read(1))
+            try:
+                while True:
+                    getting = asyncio.ensure_future(state.pieces.get())
+                    await asyncio.wait({getting, closed}, return_when=asyncio.FIRST_COMPLETED)
+                    if closed.done():
+                        getting.cancel()
+                        state.eof.set()
+                        return
+                    piece = getting.result()
+                    if piece is None:
+                        return
+                    writer.write(piece)
+                    await writer.drain()
+            finally:
+                closed.cancel()
+                writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        servers.append(server)
+        state.port = server.sockets[0].getsockname()[1]
+        return state
+
+    yield start
+    for server in servers:
+        server.close()
+        await server.wait_closed()
+
+
+async def next_piece(body: AsyncIterator[bytes]) -> bytes:
+    return await asyncio.wait_for(anext(body), 5)
+
+
+async def test_a_chunked_body_is_read_piece_by_piece_whatever_the_boundaries(
+        serve: Callable[[], Awaitable[Server]]) -> None:
+    server = await serve()
+    http = LoopbackHTTP("127.0.0.1", server.port)
+    server.pieces.put_nowait(CHUNKED_HEAD + b"6\r\ndata:1\r\n")
+    async with http.stream("POST", "/v1/completions", b'{"stream": true}', 5) as answer:
+        assert answer.status == 200
+        assert answer.headers["content-type"] == "text/event-stream"
+        body = answer.body
+        # The first event comes before the server sends anything more.
+        assert await next_piece(body) == b"data:1"
+        server.pieces.put_nowait(b"8;ext=1\r\ndata")  # a chunk split across segments
+        assert await next_piece(body) == b"data"
+        server.pieces.put_nowait(b":234\r")  # and its CRLF split too
+        assert await next_piece(body) == b":234"
+        server.pieces.put_nowait(b"\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")  # several at once
+        rest = b"".join([piece async for piece in body])
+        assert rest == b"abcde"
+    assert server.requests[0].startswith(b"POST /v1/completions HTTP/1.1\r\n")
+    assert b"Accept: text/event-stream" in server.requests[0]
+    assert server.requests[0].endswith(b'\r\n\r\n{"stream": true}')
+    await http.aclose()
+
+
+@pytest.mark.parametrize("head", [
+    b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n",  # the body ends with the connection
+])
+async def test_a_sized_or_close_delimited_body_is_read_as_it_comes(
+        serve: Callable[[], Awaitable[Server]], head: bytes) -> None:
+    server = await serve()
+    http = LoopbackHTTP("127.0.0.1", server.port)
+    server.pieces.put_nowait(head + b"01234")
+    async with http.stream("GET", "/", None, 5) as answer:
+        assert await next_piece(answer.body) == b"01234"
+        server.pieces.put_nowait(b"56789")
+        if b"Connection: close" in head:
+            server.pieces.put_nowait(None)
+        assert b"".join([piece async for piece in answer.body]) == b"56789"
+    await http.aclose()
+
+
+async def test_an_error_status_comes_with_its_body(serve: Callable[[], Awaitable[Server]]
+                                                   ) -> None:
+    server = await serve()
+    http = LoopbackHTTP("127.0.0.1", server.port)
+    error = b'{"error": {"message": "bad grammar"}}'
+    server.pieces.put_nowait(b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(error), error))
+    async with http.stream("POST", "/v1/completions", b"{}", 5) as answer:
+        assert (answer.status, await answer.read()) == (400, error)
+    await http.aclose()
+
+
+async def test_a_silent_server_times_out_a_slow_reader_does_not(
+        serve: Callable[[], Awaitable[Server]]) -> None:
+    server = await serve()
+    http = LoopbackHTTP("127.0.0.1", server.port)
+    server.pieces.put_nowait(CHUNKED_HEAD + b"1\r\na\r\n1\r\nb\r\n")
+    async with http.stream("POST", "/", b"{}", 0.3) as answer:
+        assert await next_piece(answer.body) == b"a"
+        await asyncio.sleep(0.6)  # the reader is busy elsewhere: no read is waiting
+        assert await next_piece(answer.body) == b"b"
+        with pytest.raises(HTTPTransportError) as err:  # now the server says nothing
+            await next_piece(answer.body)
+    assert err.value.kind == "timeout" and "0.3 s" in str(err.value)
+    await asyncio.wait_for(server.eof.wait(), 5)
+    await http.aclose()
+
+
+async def test_leaving_a_stream_early_closes_its_connection(
+        serve: Callable[[], Awaitable[Server]]) -> None:
+    server = await serve()
+    http = LoopbackHTTP("127.0.0.1", server.port)
+    server.pieces.put_nowait(CHUNKED_HEAD + b"1\r\na\r\n")
+    async with http.stream("POST", "/", b"{}", 5) as answer:
+        assert await next_piece(answer.body) == b"a"
+    await asyncio.wait_for(server.eof.wait(), 5)  # how llama.cpp learns to stop
+    await http.aclose()
+
+
+@pytest.mark.parametrize(("rest", "kind", "words"), [
+    (b"10\r\nabc", "dropped", "dropped by the child"),  # hung up mid-chunk
+    (b"zz\r\n", "protocol", "bad chunk size"),
+    (b"1\r\naXY", "protocol", "not followed by CRLF"),
+])
+async def test_a_broken_body_is_named(serve: Callable[[], Awaitable[Server]], rest: bytes,
+                                      kind: str, words: str) -> None:
+    server = await serve()
+    http = LoopbackHTTP("127.0.0.1", server.port)
+    server.pieces.put_nowait(CHUNKED_HEAD + rest)
+    server.pieces.put_nowait(None)
+    async with http.stream("POST", "/", b"{}", 5) as answer:
+        with pytest.raises(HTTPTransportError) as err:
+            await answer.read()
+    assert err.value.kind == kind and words in str(err.value)
+    await http.aclose()
+
+
+def sse(event: dict[str, object]) -> bytes:
+    return b"data: " + orjson.dumps(event) + b"\n\n"
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+async def test_a_childs_chat_stream_goes_through_the_loopback_client(
+        serve: Callable[[], Awaitable[Server]]) -> None:
+    server = await serve()
+    client = InferenceClient(f"http://127.0.0.1:{server.port}", model_id="m",
+                             api=LLAMA_SERVER_API, loopback=True)
+    events = [sse({"choices": [{"delta": {"content": text}, "finish_reason": None}]})
+              for text in ("Hel", "lo")]
+    last = sse({"choices": [{"delta": {}, "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 7, "completion_tokens": 2}})
+    stream = client.stream_chat([("user", "hi")], Sampling(max_tokens=2))
+    async with contextlib.aclosing(stream):  # type: ignore[type-var]
+        server.pieces.put_nowait(CHUNKED_HEAD + chunk(events[0]))
+        first = await asyncio.wait_for(anext(stream), 5)
+        assert (first.text, first.tokens) == ("Hel", 1)
+        # An event split across two chunks, then the last one and [DONE] in one.
+        server.pieces.put_nowait(chunk(events[1][:9]) + chunk(events[1][9:]))
+        server.pieces.put_nowait(chunk(last + b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        rest = [c async for c in stream]
+    assert [(c.text, c.finish_reason) for c in rest] == [("lo", None), ("", "length")]
+    assert (rest[-1].prompt_tokens, rest[-1].completion_tokens) == (7, 2)
+    body = orjson.loads(server.requests[0].split(b"\r\n\r\n", 1)[1])
+    assert body["stream"] is True and body["messages"] == [{"role": "user", "content": "hi"}]
+    assert client.in_flight == 0
+    await asyncio.wait_for(server.eof.wait(), 5)  # the first stream's connection closed
+
+    server.pieces.put_nowait(CHUNKED_HEAD + chunk(b"data: {\"choices\": [{\"delta\""))
+    server.pieces.put_nowait(None)  # the child died mid-event
+    with pytest.raises(ChildRequestError, match="dropped by the child"):
+        async for _ in client.stream_chat([("user", "hi")], Sampling(max_tokens=2)):
+            pass
+    await client.aclose()
