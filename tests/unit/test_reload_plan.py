@@ -33,6 +33,7 @@ STRINGS = {
     "extra_args": "--mlock",
     "model": "/m/other.gguf",
     "log.format": "json",
+    "models.device_budgets_mb": "cuda0=7500",
 }
 
 
