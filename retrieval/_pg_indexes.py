@@ -25,18 +25,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import structlog
 
 from ._bm25 import Filters
 from ._indexes import PendingWrite, RetrievalStatus
 from ._pg_connect import PgOptions
 from ._pg_store import PgInfo, PostgresStore
 from ._store import DocumentRow
-from .errors import NotFound, NotSupported, RetrievalError, StorageFull
+from .errors import (
+    EmbeddingModelMismatch,
+    NotFound,
+    NotSupported,
+    RetrievalError,
+    StorageFull,
+)
 
 if TYPE_CHECKING:
     from ._vectors import VectorIndex
 
 BACKEND = "postgres"
+
+_log = structlog.get_logger("llamad.retrieval")
 
 
 class PgDocumentStore(PostgresStore):
@@ -82,6 +91,7 @@ class PgIndexes:
         self.repaired: dict[str, int] = {}        # nothing is ever repaired
         self.behind = False
         self._info: PgInfo | None = None
+        self._warned: set[tuple[str, str]] = set()  # (node model, corpus model) logged
 
     @property
     def disabled_sources(self) -> frozenset[str]:
@@ -160,7 +170,12 @@ class PgIndexes:
         for model, by_hash in sorted(vectors.items()):
             if model != self.vector_model:
                 dim = len(next(iter(by_hash.values())))
-                store.use_embedding_model(model, dim)  # the first sets the corpus's
+                try:
+                    store.use_embedding_model(model, dim)  # the first sets the corpus's
+                except EmbeddingModelMismatch:
+                    corpus = store.corpus_model()
+                    self.model_mismatch(model, corpus[0] if corpus is not None else "")
+                    raise
                 self.vector_model = model
         store.replace_documents([(d, p.rows) for d, p in zip(docs, batch, strict=True)],
                                 sorted(vectors.items()))
@@ -185,6 +200,17 @@ class PgIndexes:
         if await asyncio.to_thread(store.source, source_id) is None:
             raise NotFound(f"no source {source_id!r}")
         return await asyncio.to_thread(store.delete_source, source_id)
+
+    def model_mismatch(self, node_model: str, corpus_model: str) -> None:
+        """Log, once per pair, that this node embeds with another model than the
+        corpus's (its vectors are neither written nor searched)."""
+        if (node_model, corpus_model) in self._warned:
+            return
+        self._warned.add((node_model, corpus_model))
+        _log.warning("this node's embedding model is not the shared corpus's: its writes "
+                     "are refused and its searches are BM25-only",
+                     node_model=node_model, corpus_model=corpus_model,
+                     store=self._info.target if self._info is not None else "")
 
     # -- one scanner per source ----------------------------------------------------------
 

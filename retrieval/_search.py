@@ -349,6 +349,7 @@ class Search:
             without("no vectors indexed yet")
             return None
         if corpus != current.model_id:
+            indexes.model_mismatch(current.model_id, corpus)
             without(f"this node embeds with {current.model_id} but the shared corpus is "
                     f"embedded with {corpus}: vectors of two models are not comparable")
             return None

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import structlog.testing
 
 from clients._cli_verbs import _retrieval_line
 from clients._convert import retrieval_status
@@ -124,12 +125,18 @@ async def test_a_node_with_another_embedding_model_says_so(
                        doc_id="docs/disk")
         hybrid = await a.search("nginx logs")
         assert hybrid.mode == "hybrid" and hybrid.vector_model == "model-a"
-        with pytest.raises(EmbeddingModelMismatch, match=r"model-a.*model-b|model-b.*model-a"):
+        with structlog.testing.capture_logs() as logs, \
+                pytest.raises(EmbeddingModelMismatch, match=r"model-a.*model-b|model-b.*model-a"):
             await b.upsert("docs", "db", "db02 replication lag", doc_id="docs/db")
+        said = [e for e in logs if e.get("node_model") == "model-b"]
+        assert len(said) == 1 and said[0]["corpus_model"] == "model-a"
+        assert said[0]["log_level"] == "warning"
         failed = await a.document("docs/db")  # no chunk or vector written; says why
         assert failed is not None and failed.state == "failed" and "model-b" in failed.error
         assert ids(await a.search("replication lag", options=Query(mode="text"))) == set()
-        degraded = await b.search("nginx logs")
+        with structlog.testing.capture_logs() as logs:
+            degraded = await b.search("nginx logs")
+        assert not [e for e in logs if "node_model" in e]  # said once, not per search
         assert degraded.mode == "text" and ids(degraded) == {"docs/disk"}
         assert any("model-a" in w and "model-b" in w for w in degraded.warnings)
         with pytest.raises(VectorUnavailable, match="model-a"):
