@@ -89,8 +89,11 @@ class InferenceRouter:
         if pool is None:
             self.model_name(role, model)
             return True
+        default = pool.catalog.defaults.get(role)
+        if not model and default is None:  # disabled at start, switched on since: its own
+            return True
         name = self.model_name(role, model)
-        return name == pool.catalog.defaults.get(role) and pool.entry(name).pin
+        return name == default and pool.entry(name).pin
 
     def role_of(self, model: str) -> str:
         """The role of the catalog model ``model``.

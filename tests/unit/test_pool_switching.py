@@ -141,6 +141,9 @@ async def test_a_pinned_default_stays(tmp_path: Path) -> None:
     router = await started(rig)
     assert router.fixed("generation", "") and router.fixed("generation", "gen-a")
     assert not router.fixed("generation", "gen-b")
+    # A role without a default in the catalog (disabled at start, switched on later by
+    # SetMode) is served by its own model, not looked up in the pool.
+    assert "embedding" not in rig.catalog.defaults and router.fixed("embedding", "")
 
 
 async def test_a_turn_lets_a_busy_model_take_calls_before_it_makes_room(
