@@ -14,6 +14,9 @@ which documents them in full)::
     llamad swap ROLE MODEL|--rollback | logs ROLE [-f] [-n N]
     llamad models prepare|list|verify
 
+``llamad retrieval migrate --to postgres`` is local (no daemon is called; stop the
+daemon first): it copies the embedded store into PostgreSQL (:mod:`daemon.migrate_cli`).
+
 Client exit status: 0 ok; 1 other failure; 2 usage or configuration error; 3 daemon
 unreachable or unavailable (UNAVAILABLE); 4 not found; 5 invalid argument
 (INVALID_ARGUMENT, OUT_OF_RANGE); 6 busy (RESOURCE_EXHAUSTED); 130 interrupted; 141
@@ -50,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     from clients._cli import add_commands  # noqa: PLC0415
 
     from .config import add_arguments  # noqa: PLC0415
+    from .migrate_cli import add_retrieval_command  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(prog="llamad", description="llama.cpp inference daemon")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -66,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Print a TOML configuration listing every option `llamad serve` "
         "takes, commented out at its default, with its help and environment variable.")
     add_commands(sub)
+    add_retrieval_command(sub)
     return parser
 
 
@@ -124,6 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         sys.stdout.write(example_config())
         return 0
+    if args.command == "retrieval":
+        from .migrate_cli import run_retrieval  # noqa: PLC0415
+
+        return run_retrieval(args)
     from clients._cli import run  # noqa: PLC0415
 
     return run(args)

@@ -16,6 +16,7 @@ from ._group import Vector
 from ._indexes import BackfillStatus, RetrievalStatus, VectorRebuild
 from ._kinds import KINDS, kind_for
 from ._limits import RetrievalLimits
+from ._migrate import Migration, MigrationProgress, MigrationRefused, migrate_store
 from ._pg_connect import PgOptions, check_dsn
 from ._redact import PLACEHOLDER_PREFIX, Redacted, redact
 from ._retriever import Retriever
@@ -60,6 +61,9 @@ __all__ = [
     "Hit",
     "IndexCorrupt",
     "InvalidDocument",
+    "Migration",
+    "MigrationProgress",
+    "MigrationRefused",
     "NotFound",
     "NotSupported",
     "PgOptions",
@@ -89,6 +93,7 @@ __all__ = [
     "extract_file",
     "is_storage_full",
     "kind_for",
+    "migrate_store",
     "protected_hardlinks",
     "redact",
     "scan_source",

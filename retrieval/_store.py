@@ -542,6 +542,12 @@ class Store(ReviewStore):
         return {"sources": sources, "chunks": chunks, **{f"documents_{k}": v
                                                          for k, v in docs.items()}}
 
+    def vector_models(self) -> dict[str, int]:
+        """Embedding model -> how many vectors of it are cached."""
+        with self._lock:
+            return {str(m): int(n) for m, n in self._db.execute(
+                "SELECT model, COUNT(*) FROM embeddings GROUP BY model")}
+
     def embedded_chunks(self, model: str) -> int:
         """Chunks whose text has a cached vector for ``model``."""
         with self._lock:

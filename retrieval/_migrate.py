@@ -1,0 +1,250 @@
+"""Copying an embedded store into the PostgreSQL store (``llamad retrieval migrate``).
+
+Offline: the caller holds the state directory (no daemon writes the embedded store
+meanwhile). What is copied, from ``<root>/meta.sqlite3``:
+
+* sources (directory and push; their ``disabled`` flag);
+* indexed documents with their chunks and, for the store's embedding model
+  (``meta.vector_model``), the cached vector of each chunk's text, in batches of
+  ``batch_documents`` documents, each batch one :meth:`PostgresStore.replace_documents`
+  transaction: an interruption loses at most the batch in flight;
+* the state of documents that are not indexed (``pending``, ``processing``, ``failed``
+  with its error), without chunks.
+
+What the PostgreSQL backend cannot take is skipped and said so (:attr:`Migration.skipped`),
+never silently: history sources and sources requiring review, with their documents
+(Postgres refuses both); versions held for review; documents ``review_required`` or
+``rejected``; cached vectors of other embedding models (the corpus has one model).
+
+Resumable: a document already in Postgres with the same content hash, indexed, is not
+written again, so a rerun after an interruption copies what is left, and a rerun after a
+complete run writes nothing. Documents in Postgres that the embedded store lacks are left
+alone (another node may have written them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import structlog
+
+from ._pg_connect import PgOptions
+from ._pg_store import PostgresStore
+from ._store import ChunkRow, DocumentRow, Store
+from .errors import EmbeddingModelMismatch, RetrievalError
+
+_log = structlog.get_logger("llamad.retrieval")
+
+STORE_FILE = "meta.sqlite3"
+"""The embedded store's file in the retrieval root."""
+
+_NOT_COPIED_STATES = ("review_required", "rejected")
+
+
+class MigrationRefused(RetrievalError):
+    """The migration cannot start: no embedded store, or a Postgres corpus embedded with
+    another model (nothing was written)."""
+
+
+@dataclass
+class MigrationProgress:
+    """Where a migration is: documents and chunks done of the totals to copy."""
+
+    documents_done: int = 0
+    documents_total: int = 0
+    chunks_done: int = 0
+    chunks_total: int = 0
+    elapsed: float = 0.0
+
+    @property
+    def chunks_per_second(self) -> float:
+        return self.chunks_done / self.elapsed if self.elapsed > 0 else 0.0
+
+
+@dataclass
+class Migration:
+    """What a migration did.
+
+    Attributes:
+        target: the Postgres store (``user@host:port/db``).
+        model: the embedding model whose vectors were copied ("" none).
+        sources: sources written (upserted).
+        documents: indexed documents written, with ``chunks`` chunks and ``vectors``
+            vectors; ``states``: documents not indexed whose state was written.
+        present: indexed documents already in Postgres with the same content (skipped).
+        without_vector: chunks copied without a vector (none cached for the model).
+        left_alone: documents in Postgres that the embedded store does not have.
+        skipped: one line per kind of thing not copied, saying why.
+        complete: False when ``max_batches`` stopped the run early (rerun to finish).
+        progress: the final counts.
+    """
+
+    target: str
+    model: str = ""
+    sources: int = 0
+    documents: int = 0
+    chunks: int = 0
+    vectors: int = 0
+    states: int = 0
+    present: int = 0
+    without_vector: int = 0
+    left_alone: int = 0
+    skipped: list[str] = field(default_factory=list)
+    complete: bool = True
+    progress: MigrationProgress = field(default_factory=MigrationProgress)
+
+
+def open_embedded(root: Path) -> Store:
+    """The embedded store in ``root``.
+
+    Raises:
+        MigrationRefused: there is none (``root`` or its store file is missing).
+    """
+    path = root / STORE_FILE
+    if not path.is_file():
+        raise MigrationRefused(f"no embedded retrieval store at {path}: nothing to migrate "
+                               "(is this the daemon's state_dir?)")
+    return Store(path)
+
+
+def migrate_store(root: Path, postgres: PgOptions, *, batch_documents: int = 50,
+            max_batches: int = 0,
+            on_progress: Callable[[MigrationProgress], None] | None = None) -> Migration:
+    """Copy the embedded store in ``root`` into the PostgreSQL store (see the module).
+
+    Args:
+        root: the retrieval directory (``<state_dir>/retrieval``); nothing may write it
+            meanwhile (the caller holds the state directory's lock).
+        postgres: how to reach the PostgreSQL store.
+        batch_documents: indexed documents per transaction.
+        max_batches: stop after this many batches (0: run to the end); the result then
+            says ``complete=False``.
+        on_progress: called after each batch with the counts so far.
+
+    Raises:
+        MigrationRefused: no embedded store; the Postgres corpus is embedded with
+            another model or dimension (nothing written).
+        StoreUnavailable: the server cannot be reached or was lost (the batch in flight
+            is not written; rerun to resume).
+        SchemaTooNew: the database was migrated by a newer llamad.
+    """
+    if batch_documents < 1:
+        raise ValueError("batch_documents must be at least 1")
+    store = open_embedded(root)
+    try:
+        pg = PostgresStore.open(postgres)
+        try:
+            return _copy(store, pg, batch_documents, max_batches, on_progress)
+        finally:
+            pg.close()
+    finally:
+        store.close()
+
+
+def _copy(store: Store, pg: PostgresStore, batch_documents: int, max_batches: int,
+          on_progress: Callable[[MigrationProgress], None] | None) -> Migration:
+    result = Migration(pg.target)
+    model = store.get_meta("vector_model") or ""
+    dim = int(store.get_meta("vector_dim") or 0)
+    if model and dim:
+        try:
+            pg.use_embedding_model(model, dim)
+        except EmbeddingModelMismatch as exc:
+            raise MigrationRefused(f"{exc}; re-embed one side or migrate into another "
+                                   "database") from None
+        result.model = model
+    result.skipped.extend(_other_models(store, model))
+
+    copied_sources: set[str] = set()
+    for source in store.sources():
+        if source.kind == "history" or source.review_required:
+            what = "history source" if source.kind == "history" else \
+                "source requiring review"
+            count = len(store.documents(source.id))
+            result.skipped.append(f"{what} {source.id!r} and its {count} documents: not "
+                                  "supported with retrieval.store = postgres yet")
+            continue
+        pg.upsert_source(source)
+        if source.disabled:
+            pg.set_source_disabled(source.id, True)
+        copied_sources.add(source.id)
+        result.sources += 1
+    held = [doc_id for doc_id, row in store.held_documents().items()
+            if row.source_id in copied_sources]
+    if held:
+        result.skipped.append(f"{len(held)} versions held for review: not copied (their "
+                              "documents keep their indexed version, if any)")
+
+    present = {d.id: d for d in pg.documents()}
+    embedded = [d for d in store.documents() if d.source_id in copied_sources]
+    ids = {d.id for d in embedded}
+    result.left_alone = sum(1 for doc_id in present if doc_id not in ids)
+    to_index: list[DocumentRow] = []
+    unreviewed = 0
+    for doc in embedded:
+        mine = present.get(doc.id)
+        if doc.state in _NOT_COPIED_STATES:
+            unreviewed += 1
+        elif doc.state != "indexed":
+            if mine is None or (mine.state, mine.error) != (doc.state, doc.error):
+                pg.set_state(doc, doc.state, doc.error)
+                result.states += 1
+        elif mine is not None and mine.state == "indexed" \
+                and mine.content_hash == doc.content_hash:
+            result.present += 1
+        else:
+            to_index.append(doc)
+    if unreviewed:
+        result.skipped.append(f"{unreviewed} documents in state review_required or "
+                              "rejected: not copied (no review on Postgres yet)")
+
+    chunk_keys = {d.id: store.document_chunk_keys(d.id) for d in to_index}
+    progress = MigrationProgress(documents_total=len(to_index),
+                        chunks_total=sum(len(k) for k in chunk_keys.values()))
+    start = time.monotonic()
+    for batches, i in enumerate(range(0, len(to_index), batch_documents)):
+        if max_batches and batches >= max_batches:
+            result.complete = False
+            break
+        batch = to_index[i:i + batch_documents]
+        items: list[tuple[DocumentRow, list[ChunkRow]]] = []
+        hashes: set[str] = set()
+        for doc in batch:
+            stored = sorted(store.chunks_by_keys(chunk_keys[doc.id]).values(),
+                            key=lambda c: c.ordinal)
+            items.append((doc, [ChunkRow(c.chunk_id, c.ordinal, c.heading, c.text,
+                                         c.content_hash) for c in stored]))
+            hashes.update(c.content_hash for c in stored)
+        vectors: dict[str, np.ndarray] = store.cached_vectors(model, hashes) \
+            if result.model else {}
+        pg.replace_documents(items, [(model, vectors)] if vectors else [])
+        n_chunks = sum(len(chunks) for _, chunks in items)
+        with_vector = sum(1 for _, chunks in items for c in chunks
+                          if c.content_hash in vectors)
+        result.documents += len(items)
+        result.chunks += n_chunks
+        result.vectors += with_vector
+        result.without_vector += n_chunks - with_vector
+        progress.documents_done += len(items)
+        progress.chunks_done += n_chunks
+        progress.elapsed = time.monotonic() - start
+        if on_progress is not None:
+            on_progress(progress)
+    progress.elapsed = time.monotonic() - start
+    result.progress = progress
+    _log.info("retrieval store migrated", store=result.target, documents=result.documents,
+              chunks=result.chunks, present=result.present, complete=result.complete)
+    return result
+
+
+def _other_models(store: Store, model: str) -> list[str]:
+    """The note on cached vectors of models other than the store's current one."""
+    others = [m for m, n in store.vector_models().items() if m != model and n]
+    if not others:
+        return []
+    return [f"cached vectors of other embedding models ({', '.join(sorted(others))}): not "
+            "copied (the Postgres corpus holds one model's vectors)"]

@@ -1,0 +1,190 @@
+"""``llamad retrieval migrate --to postgres`` (issue 17), against a real PostgreSQL 18 +
+pgvector (tests/support/postgres.py): an embedded store built with the Retriever API is
+copied into Postgres, where a retriever on the postgres store finds the same documents
+with their vectors; a rerun writes nothing; a run stopped after a few batches resumes to
+the same end state; what Postgres cannot take is named, and a running daemon, a state
+directory without a store and a corpus of another model are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from daemon.cli import main
+from daemon.statelock import StateLock
+from retrieval import PgOptions, Query, Retriever
+from retrieval._pg_store import PostgresStore
+from tests.support.embedder import HashEmbedder
+
+MODEL = "hash-a"
+TEXTS = {
+    f"docs/{name}": text for name, text in {
+        "disk": "web01 disk full: rotate nginx logs and check df",
+        "db": "db02 replication lag: check replay timestamp on the replica",
+        "vpn": "vpn tunnel flapping: tune dead peer detection",
+        "cert": "tls certificate expired on the load balancer: renew with certbot",
+        "dns": "dns resolution slow: unbound cache misses after restart",
+        "oom": "java heap out of memory: raise xmx and look for leaking caches",
+        "ntp": "clock drift on kafka brokers: chrony was stopped",
+        "raid": "raid array degraded: replace the failed sata drive",
+    }.items()
+}
+QUERIES = ("nginx logs", "replication replica", "certificate", "chrony clock", "sata drive",
+           "cache")
+
+
+async def build_embedded(state: Path) -> dict[str, set[str]]:
+    """An embedded store in ``state`` (push documents with vectors, a disabled source, a
+    history source, a source requiring review); returns each query's text-mode hits
+    outside the history source."""
+    r = Retriever(state / "retrieval", lambda: HashEmbedder(MODEL))
+    await r.open()
+    try:
+        await r.add_source("docs")
+        for doc_id, text in TEXTS.items():
+            await r.upsert("docs", doc_id.split("/")[1], text, doc_id=doc_id)
+        await r.add_source("old")
+        await r.upsert("old", "legacy", "legacy nginx notes", doc_id="old/legacy")
+        await r.set_source_disabled("old", True)
+        await r.add_source("events", history=True)
+        await r.upsert("events", "deploy", "deployed nginx 1.27", doc_id="events/1")
+        await r.add_source("held", review_required=True)
+        await r.upsert("held", "secret", "nginx reverse proxy notes", doc_id="held/1",
+                       review=True)
+        # The history record is not copied (Postgres has no history sources yet).
+        return {q: hits(await r.search(q, k=20, options=Query(mode="text"))) - {"events/1"}
+                for q in QUERIES}
+    finally:
+        await r.close()
+
+
+def hits(result: object) -> set[str]:
+    return {h.doc_id for h in getattr(result, "hits", [])}
+
+
+def run(state: Path, dsn: str, *extra: str) -> int:
+    return main(["retrieval", "migrate", "--to", "postgres", "--state-dir", str(state),
+                 "--retrieval-postgres-dsn", dsn, *extra])
+
+
+def snapshot(dsn: str) -> tuple[dict[str, tuple[str, str]], int, int]:
+    """Documents (state, content hash), chunks, vectors of the Postgres store."""
+    pg = PostgresStore.open(PgOptions(dsn))
+    try:
+        docs = {d.id: (d.state, d.content_hash) for d in pg.documents()}
+        return docs, pg.chunk_count(), pg.embedded_chunks(MODEL)
+    finally:
+        pg.close()
+
+
+async def test_a_migrated_store_is_found_on_postgres_with_its_vectors(
+        tmp_path: Path, pg_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The copy answers text searches with the same documents, has every chunk's vector
+    (a vector search finds a document by its own text), keeps the disabled source out,
+    and the summary names the history and review sources it skipped."""
+    state = tmp_path / "state"
+    expected = await build_embedded(state)
+    assert run(state, pg_dsn) == 0
+    out = capsys.readouterr()
+    assert "documents written: 9 (9 chunks, 9 with a vector of hash-a, 0 without)" in out.out
+    assert "history source 'events' and its 1 documents" in out.out
+    assert "source requiring review 'held' and its 1 documents" in out.out
+    assert "9/9 documents, 9/9 chunks" in out.err
+
+    node = Retriever(tmp_path / "node", lambda: HashEmbedder(MODEL),
+                     postgres=PgOptions(pg_dsn))
+    await node.open()
+    try:
+        for query, want in expected.items():
+            assert hits(await node.search(query, k=20, options=Query(mode="text"))) == want, \
+                query
+        found = await node.search(TEXTS["docs/raid"], k=1, options=Query(mode="vector"))
+        assert hits(found) == {"docs/raid"}
+        status = await node.status()
+        assert status.vectors == 9
+        sources = {s.id: s.disabled for s in await node.sources()}
+        assert sources == {"docs": False, "old": True}
+    finally:
+        await node.close()
+
+
+async def test_a_rerun_writes_nothing(tmp_path: Path, pg_dsn: str,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "state"
+    await build_embedded(state)
+    assert run(state, pg_dsn) == 0
+    before = snapshot(pg_dsn)
+    capsys.readouterr()
+    assert run(state, pg_dsn) == 0
+    out = capsys.readouterr().out
+    assert "documents written: 0 (0 chunks" in out
+    assert "already present (same content): 9" in out
+    assert snapshot(pg_dsn) == before
+
+
+async def test_a_run_stopped_after_two_batches_resumes_to_the_same_end(
+        tmp_path: Path, pg_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Stopped after 2 batches of 2 documents (exit 3), four documents are in; the rerun
+    copies the other five, and the end state is a complete run's."""
+    state = tmp_path / "state"
+    await build_embedded(state)
+    assert run(state, pg_dsn, "--batch-documents", "2", "--max-batches", "2") == 3
+    docs, chunks, vectors = snapshot(pg_dsn)
+    assert (len(docs), chunks, vectors) == (4, 4, 4)
+    assert "stopped early" in capsys.readouterr().out
+    assert run(state, pg_dsn, "--batch-documents", "2") == 0
+    assert "already present (same content): 4" in capsys.readouterr().out
+    docs, chunks, vectors = snapshot(pg_dsn)
+    assert set(docs) == {*TEXTS, "old/legacy"}
+    assert {state for state, _ in docs.values()} == {"indexed"}
+    assert (chunks, vectors) == (9, 9)
+
+
+async def test_a_corpus_of_another_model_is_refused_and_nothing_written(
+        tmp_path: Path, pg_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "state"
+    await build_embedded(state)
+    other = Retriever(tmp_path / "node", lambda: HashEmbedder("hash-b"),
+                      postgres=PgOptions(pg_dsn))
+    await other.open()
+    try:
+        await other.add_source("notes")
+        await other.upsert("notes", "n", "a note embedded with hash-b", doc_id="notes/n")
+    finally:
+        await other.close()
+    assert run(state, pg_dsn) == 2
+    err = capsys.readouterr().err
+    assert "refused" in err and "hash-a" in err and "hash-b" in err
+    docs, _, _ = snapshot(pg_dsn)
+    assert set(docs) == {"notes/n"}
+
+
+async def test_a_state_dir_in_use_or_without_a_store_is_refused(
+        tmp_path: Path, pg_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(tmp_path / "empty", pg_dsn) == 2
+    assert "no embedded retrieval store" in capsys.readouterr().err
+    state = tmp_path / "state"
+    await build_embedded(state)
+    lock = StateLock(state)
+    lock.acquire()  # a daemon on this state directory
+    try:
+        assert run(state, pg_dsn) == 2
+        assert "in use" in capsys.readouterr().err
+    finally:
+        lock.release()
+    docs, _, _ = snapshot(pg_dsn)
+    assert docs == {}
+
+
+def test_the_dsn_and_password_come_from_the_environment_as_for_serve(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DSN holding a password is refused as ``serve`` refuses it, and the password is
+    never echoed."""
+    monkeypatch.setenv("LLAMAD_RETRIEVAL_POSTGRES_DSN",
+                       "postgresql://llamad:hunter2@db.example.net/kb")
+    assert main(["retrieval", "migrate", "--to", "postgres",
+                 "--state-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "retrieval.postgres_dsn" in err and "hunter2" not in err
