@@ -52,9 +52,10 @@ class TimedEmbedder(HashEmbedder):
             self.seconds += time.perf_counter() - began
 
 
-def retriever(kind: str, root: Path, dsn: str, embedder: HashEmbedder,
+def retriever(kind: str, root: Path, dsn: str, embedder: HashEmbedder | None,
               limits: RetrievalLimits) -> Retriever:
-    """A Retriever on ``kind`` (``embedded`` in ``root``, or ``postgres`` at ``dsn``)."""
+    """A Retriever on ``kind`` (``embedded`` in ``root``, or ``postgres`` at ``dsn``);
+    without an embedder, BM25-only."""
     return Retriever(root, lambda: embedder, limits,
                      postgres=PgOptions(dsn) if kind == "postgres" else None)
 
@@ -98,11 +99,13 @@ def timing_pg_writes(r: Retriever) -> list[float]:
 
 
 async def ingest(kind: str, root: Path, dsn: str, docs: Sequence[Doc],
-                 limits: RetrievalLimits) -> tuple[Retriever, IngestResult]:
+                 limits: RetrievalLimits, *, vectors: bool = True
+                 ) -> tuple[Retriever, IngestResult]:
     """Every document through ``Retriever.upsert`` (a directory scan's concurrency, its
-    commits grouped); the Retriever is left open for the latency runs."""
+    commits grouped; without ``vectors``, BM25-only); the Retriever is left open for the
+    latency runs."""
     embedder = TimedEmbedder()
-    r = retriever(kind, root, dsn, embedder, limits)
+    r = retriever(kind, root, dsn, embedder if vectors else None, limits)
     await r.open()
     for source in dict.fromkeys(d.source for d in docs):
         await r.add_source(source)

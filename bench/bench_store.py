@@ -11,7 +11,8 @@ a. **Ingest**: ``--chunks`` synthetic one-chunk documents (``synthetic_docs`` of
    bench_retrieval: two short BEIR documents joined) through ``Retriever.upsert`` with a
    directory scan's concurrency (``ingest_workers``, commits grouped); chunks/s, and how
    much of it went to embedding and to the store's writes (tantivy commits;
-   ``replace_documents`` transactions).
+   ``replace_documents`` transactions); and Postgres again without vectors (at most
+   10 000 documents), which shows what the HNSW insertions cost.
 b. **Search latency** on that corpus: ``Retriever.search(k=10)`` in ``text`` (the lexical
    list: BM25 / ``ts_rank_cd``), ``vector`` and ``hybrid`` mode, 25 candidates per list,
    ``--queries`` BEIR queries, a warm-up pass then ``--rounds`` passes; p50/p99. The
@@ -145,6 +146,14 @@ async def run(args: argparse.Namespace, work: Path, server: PgServer) -> dict[st
                             "'synchronous_commit', 'fsync')")}
         finally:
             await r.close()
+    # Where Postgres's ingest time goes: the same documents (at most 10 000) without
+    # vectors, so without the HNSW insertions.
+    head = docs[:10_000]
+    with timed_stage(f"ingest, postgres without vectors: {len(head)} documents", spent):
+        r, ingests["postgres, no vectors"] = await ingest(
+            "postgres", work / "ingest" / "bm25", server.dsn(server.create_database()),
+            head, limits, vectors=False)
+        await r.close()
     raw["ingest"] = {k: vars(v) | {"ingest": vars(v.ingest)} for k, v in ingests.items()}
     raw["latency"] = lat
 
