@@ -7,6 +7,9 @@ directory without a store and a corpus of another model are refused."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from daemon.cli import main
 from daemon.statelock import StateLock
 from retrieval import PgOptions, Query, Retriever
 from retrieval._pg_store import PostgresStore
+from tests.conftest import ROOT
 from tests.support.embedder import HashEmbedder
 
 MODEL = "hash-a"
@@ -188,3 +192,42 @@ def test_the_dsn_and_password_come_from_the_environment_as_for_serve(
                  "--state-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "retrieval.postgres_dsn" in err and "hunter2" not in err
+
+
+async def build_many(state: Path, count: int) -> None:
+    r = Retriever(state / "retrieval", lambda: HashEmbedder(MODEL))
+    await r.open()
+    try:
+        await r.add_source("many")
+        for i in range(count):
+            await r.upsert("many", f"n{i}", f"note {i}: disk {i} on web{i:02d} is full",
+                           doc_id=f"many/{i}")
+    finally:
+        await r.close()
+
+
+def test_a_run_killed_after_a_batch_resumes_to_the_same_end(
+        tmp_path: Path, pg_dsn: str) -> None:
+    """``kill -9`` of the command once it reports a committed batch: the rerun finds
+    that batch present, copies the rest, and the end state is a complete run's."""
+    state = tmp_path / "state"
+    asyncio.run(build_many(state, 60))
+    with subprocess.Popen(
+            [sys.executable, "-m", "daemon", "retrieval", "migrate", "--to", "postgres",
+             "--state-dir", str(state), "--retrieval-postgres-dsn", pg_dsn,
+             "--batch-documents", "2"], cwd=ROOT, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()     # printed after the first batch committed
+        proc.kill()
+        proc.wait()
+    assert "documents" in line, line
+    out = subprocess.run(
+        [sys.executable, "-m", "daemon", "retrieval", "migrate", "--to", "postgres",
+         "--state-dir", str(state), "--retrieval-postgres-dsn", pg_dsn],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True).stdout
+    present = int(out.split("already present (same content): ")[1].split()[0])
+    assert present >= 2
+    docs, chunks, vectors = snapshot(pg_dsn)
+    assert set(docs) == {f"many/{i}" for i in range(60)}
+    assert (chunks, vectors) == (60, 60)
