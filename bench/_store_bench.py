@@ -22,7 +22,7 @@ from bench._retrieval import Collection, Doc, Ingest, upsert_all
 from bench._retrieval_bench.index import timing_commits
 from bench._retrieval_bench.metrics import ndcg, pct
 from daemon import logs
-from retrieval import Filters, PgOptions, Query, RetrievalLimits, Retriever
+from retrieval import Filters, PgOptions, Query, RetrievalError, RetrievalLimits, Retriever
 from retrieval._pg_indexes import PgIndexes
 from retrieval._pg_search import text_search, vector_search
 from retrieval._pg_store import PostgresStore
@@ -128,30 +128,49 @@ async def ingest(kind: str, root: Path, dsn: str, docs: Sequence[Doc],
 
 
 def summary(seconds: Sequence[float]) -> dict[str, float]:
+    if not seconds:
+        return {"n": 0, "p50_ms": float("nan"), "p99_ms": float("nan"),
+                "mean_ms": float("nan")}
     return {"n": len(seconds), "p50_ms": pct(seconds, 0.5) * 1000,
             "p99_ms": pct(seconds, 0.99) * 1000, "mean_ms": statistics.fmean(seconds) * 1000}
+
+
+async def search(r: Retriever, query: str, options: Query | None = None) -> bool:
+    """One ``Retriever.search(k=10)``; False when it failed (a statement cancelled by
+    ``statement_timeout`` on Postgres, say), which the tables count."""
+    try:
+        await r.search(query, k=10, options=options)
+    except RetrievalError as exc:
+        print(f"   search failed: {exc}", flush=True)
+        return False
+    return True
 
 
 async def latency(r: Retriever, queries: Sequence[str], rounds: int
                   ) -> dict[str, tuple[dict[str, float], list[float]]]:
     """Per mode: ``Retriever.search(k=10)`` (the query embedded by the HashEmbedder, a few
-    tens of microseconds), one warm-up pass, then ``rounds`` timed passes; the summary and
-    each query's mean seconds (to find the slowest)."""
+    tens of microseconds), one warm-up pass, then ``rounds`` timed passes; the summary
+    (of the searches that succeeded, with ``failed`` counting the others) and each
+    query's mean seconds (to find the slowest)."""
     out: dict[str, tuple[dict[str, float], list[float]]] = {}
     for mode in MODES:
         options = Query(mode=mode, candidates=LIST_DEPTH)
         per_query = [0.0] * len(queries)
         seconds: list[float] = []
+        failed = 0
         for q in queries:
-            await r.search(q, k=10, options=options)
+            await search(r, q, options)
         for _ in range(rounds):
             for i, q in enumerate(queries):
                 began = time.perf_counter()
-                await r.search(q, k=10, options=options)
+                ok = await search(r, q, options)
                 spent = time.perf_counter() - began
-                seconds.append(spent)
                 per_query[i] += spent / rounds
-        out[mode] = (summary(seconds), per_query)
+                if ok:
+                    seconds.append(spent)
+                else:
+                    failed += 1
+        out[mode] = (summary(seconds) | {"failed": failed}, per_query)
     return out
 
 
@@ -226,6 +245,7 @@ class NodesResult:
     queries: int
     wall_s: float
     seconds: list[float] = field(default_factory=list)
+    failed: int = 0
 
     @property
     def qps(self) -> float:
@@ -239,24 +259,27 @@ def _node(dsn: str, work: tuple[list[str], int], ready: Any,
     queries, rounds = work
     logs.configure("json", "warning")  # a spawned process: structlog's defaults otherwise
 
-    async def run() -> tuple[float, list[float]]:
+    async def run() -> tuple[float, list[float], int]:
         with tempfile.TemporaryDirectory(prefix="llamad-bench-node-") as tmp:
             r = retriever("postgres", Path(tmp), dsn, HashEmbedder(MODEL, DIM),
                           RetrievalLimits(max_query_chars=5000))
             await r.open()
             try:
                 for q in queries[:20]:
-                    await r.search(q, k=10)
+                    await search(r, q)
                 ready.put(1)
                 go.wait()
                 seconds = []
+                failed = 0
                 began = time.perf_counter()
                 for _ in range(rounds):
                     for q in queries:
                         t = time.perf_counter()
-                        await r.search(q, k=10)
-                        seconds.append(time.perf_counter() - t)
-                return time.perf_counter() - began, seconds
+                        if await search(r, q):
+                            seconds.append(time.perf_counter() - t)
+                        else:
+                            failed += 1
+                return time.perf_counter() - began, seconds, failed
             finally:
                 await r.close()
 
@@ -283,9 +306,10 @@ def nodes(dsn: str, queries: Sequence[str], count: int, rounds: int) -> NodesRes
             p.join(timeout=60)
             if p.is_alive():
                 p.kill()
-    wall = max(w for w, _ in results)
-    seconds = [s for _, ss in results for s in ss]
-    return NodesResult(count, len(seconds), wall, seconds)
+    wall = max(w for w, _, _ in results)
+    seconds = [s for _, ss, _ in results for s in ss]
+    failed = sum(f for _, _, f in results)
+    return NodesResult(count, len(seconds) + failed, wall, seconds, failed)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """Store backends side by side: ``embedded`` (SQLite + tantivy + hnswlib) vs ``postgres``
 (PostgreSQL 18 + pgvector, a real server started here in a temporary directory).
 
-    .venv/bin/python -m bench.bench_store [--chunks 100000] [--queries 200] [--rounds 2]
+    .venv/bin/python -m bench.bench_store [--chunks 100000] [--queries 200]
+        [--query-words 12] [--rounds 2]
         [--node-rounds 3] [--collections cisi,cranfield,medline,vaswani] [--data DIR]
         [--out bench/RESULTS.md] [--raw FILE] [--wait SECONDS]
 
@@ -15,7 +16,9 @@ a. **Ingest**: ``--chunks`` synthetic one-chunk documents (``synthetic_docs`` of
    10 000 documents), which shows what the HNSW insertions cost.
 b. **Search latency** on that corpus: ``Retriever.search(k=10)`` in ``text`` (the lexical
    list: BM25 / ``ts_rank_cd``), ``vector`` and ``hybrid`` mode, 25 candidates per list,
-   ``--queries`` BEIR queries, a warm-up pass then ``--rounds`` passes; p50/p99. The
+   ``--queries`` BEIR queries cut to ``--query-words`` words (some are paragraphs), a
+   warm-up pass then ``--rounds`` passes; p50/p99 (a search that fails, such as one
+   cancelled by Postgres's ``statement_timeout``, is counted, not timed). The
    PostgreSQL plan (EXPLAIN ANALYZE) of the slowest query of the slowest list.
 c. **nDCG@10** on each BEIR collection (a fresh store each, one hit per document, 100
    candidates per list), the three modes.
@@ -64,7 +67,7 @@ from bench._store_bench import (
 )
 from bench._support import ROOT, bench_parser, cpu_model, source, table, write_sections
 from daemon import logs
-from retrieval import RetrievalLimits
+from retrieval import RetrievalError, RetrievalLimits
 from tests.support.postgres import PgServer
 
 HEADING = "## Store backends (embedded vs PostgreSQL)"
@@ -78,6 +81,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--queries", type=int, default=200,
                    help="BEIR queries of the latency and node runs (spread over the "
                    "collections)")
+    p.add_argument("--query-words", type=int, default=12,
+                   help="words kept of each query of the latency and node runs (BEIR "
+                   "queries run to paragraphs; 0: whole)")
     p.add_argument("--rounds", type=int, default=2, help="timed passes of the latency run")
     p.add_argument("--node-rounds", type=int, default=3,
                    help="passes over the queries of each node process")
@@ -109,7 +115,8 @@ async def run(args: argparse.Namespace, work: Path, server: PgServer) -> dict[st
     cols: dict[str, Collection] = {n: load_collection(args.data / n, n, limits)
                                    for n in COLLECTIONS}
     originals = [d for c in cols.values() for d in c.docs]
-    queries = spread([q.text for c in cols.values() for q in c.queries], args.queries)
+    queries = spread([" ".join(q.text.split()[:args.query_words or None])
+                      for c in cols.values() for q in c.queries], args.queries)
     docs = synthetic_docs(originals, args.chunks, limits)
     dsn = server.dsn(server.create_database())
     raw: dict[str, Any] = {"stages_s": {}}
@@ -135,8 +142,11 @@ async def run(args: argparse.Namespace, work: Path, server: PgServer) -> dict[st
                 slow_mode = max(("text", "vector"), key=lambda m: lat[kind][m]["p50_ms"])
                 per_query = measured[slow_mode][1]
                 slowest = queries[max(range(len(queries)), key=per_query.__getitem__)]
-                raw["explain"] = {"mode": slow_mode, "query": slowest,
-                                  "plan": explain(store, slow_mode, slowest)}
+                try:
+                    plan = explain(store, slow_mode, slowest)
+                except RetrievalError as exc:  # statement_timeout, say
+                    plan = [f"(EXPLAIN ANALYZE failed: {exc})"]
+                raw["explain"] = {"mode": slow_mode, "query": slowest, "plan": plan}
                 with store._conn() as conn:
                     raw["postgres"]["settings"] = {
                         str(name): str(value) for name, value in conn.execute(
@@ -166,7 +176,8 @@ async def run(args: argparse.Namespace, work: Path, server: PgServer) -> dict[st
         print(f"   {node_runs[-1].qps:.1f} queries/s, p50 {s['p50_ms']:.1f} ms, "
               f"p99 {s['p99_ms']:.1f} ms", flush=True)
     raw["nodes"] = [{"nodes": n.nodes, "queries": n.queries, "wall_s": n.wall_s,
-                     "qps": n.qps, **summary(n.seconds)} for n in node_runs]
+                     "qps": n.qps, "failed": n.failed, **summary(n.seconds)}
+                    for n in node_runs]
 
     qual: dict[str, dict[str, dict[str, float]]] = {}
     rates: dict[str, dict[str, float]] = {}
@@ -212,18 +223,21 @@ def section(raw: dict[str, Any], command: str, args: argparse.Namespace) -> list
                      str(v["vectors"])])
     lines += table(["store", "chunks", "seconds", "chunks/s", "embedding s",
                     "store writes s", "vectors"], rows)
-    lines += ["", f"### Search latency ({args.queries} BEIR queries, k=10, 25 candidates "
-              f"per list, {args.rounds} rounds after a warm-up)", ""]
-    rows = [[kind, mode, f"{s['p50_ms']:.1f}", f"{s['p99_ms']:.1f}", f"{s['mean_ms']:.1f}"]
+    lines += ["", f"### Search latency ({args.queries} BEIR queries cut to "
+              f"{args.query_words or 'all their'} words, k=10, 25 candidates per list, "
+              f"{args.rounds} round(s) after a warm-up)", ""]
+    rows = [[kind, mode, f"{s['p50_ms']:.1f}", f"{s['p99_ms']:.1f}", f"{s['mean_ms']:.1f}",
+             str(s["failed"])]
             for kind, by_mode in raw["latency"].items() for mode, s in by_mode.items()]
-    lines += table(["store", "mode", "p50 ms", "p99 ms", "mean ms"], rows)
+    lines += table(["store", "mode", "p50 ms", "p99 ms", "mean ms", "failed"], rows)
     ex = raw["explain"]
     lines += ["", f"PostgreSQL plan of the slowest list ({ex['mode']}), its slowest query "
               f"({ex['query'][:80]!r}...):", "", "```", *ex["plan"], "```", ""]
     lines += ["### Nodes searching one PostgreSQL database (hybrid, k=10)", ""]
-    lines += table(["nodes", "queries", "queries/s", "p50 ms", "p99 ms"],
+    lines += table(["nodes", "queries", "queries/s", "p50 ms", "p99 ms", "failed"],
                    [[str(n["nodes"]), str(n["queries"]), f"{n['qps']:.1f}",
-                     f"{n['p50_ms']:.1f}", f"{n['p99_ms']:.1f}"] for n in raw["nodes"]])
+                     f"{n['p50_ms']:.1f}", f"{n['p99_ms']:.1f}", str(n["failed"])]
+                    for n in raw["nodes"]])
     if raw["quality"]:
         lines += ["", "### nDCG@10 (one hit per document, 100 candidates per list)", ""]
         rows = [[name, kind, *(f"{by_kind[kind][m]:.3f}" for m in MODES),
