@@ -16,6 +16,7 @@ A :class:`LiveChild` is what the supervisor's state machine drives. Its contract
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import shutil
@@ -314,6 +315,16 @@ class ProcessLauncher:
         spin = {} if self.spec.spin_count < 0 else {"GOMP_SPINCOUNT": str(self.spec.spin_count)}
         return {**base, **spin, **dict(self.spec.env)}
 
+    async def _discard(self, spawning: asyncio.Future[ChildProcess], port: int) -> None:
+        """Stop and reap a process whose launch was cancelled while it was created."""
+        try:
+            process = await spawning
+        except BaseException:  # never started (or the spawn failed): nothing to reap
+            release_port(port)
+            return
+        await process.terminate(self.timeouts.stop_grace)
+        release_port(port)
+
     async def launch(self, on_stage: StageSink | None = None) -> ProcessChild:
         port = self._port_picker()
         alias = f"llamad-{self.spec.role}-{secrets.token_hex(6)}"
@@ -323,10 +334,18 @@ class ProcessLauncher:
             argv = [nice, "-n", str(self.launch_nice), *argv]
         _log.info("launching child", role=self.spec.role, runtime=self.runtime.name,
                   port=port, argv=" ".join(argv))
+        # Shielded: cancelled while the process is being created (its pipes connected),
+        # the process may exist already, and nobody would stop it (it would outlive this
+        # supervisor until the daemon itself exits).
+        spawning = asyncio.ensure_future(ChildProcess.spawn(
+            argv, ring=self._ring, env=self._child_env(), sink=self._sink))
         try:
-            process = await ChildProcess.spawn(
-                argv, ring=self._ring, env=self._child_env(), sink=self._sink
-            )
+            process = await asyncio.shield(spawning)
+        except asyncio.CancelledError:
+            reaping = asyncio.ensure_future(self._discard(spawning, port))
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(reaping)
+            raise
         except OSError as exc:
             release_port(port)
             raise StartFailure(ExitCause(

@@ -288,3 +288,37 @@ async def test_missing_model_file_is_permanent(tmp_path: Path) -> None:
         assert "nope.gguf" in sup.last_exit.message
     finally:
         await sup.stop()
+
+
+async def test_a_launch_cancelled_while_the_process_is_created_reaps_it(
+        model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cancelled while the child process is being created (its pipes still connecting:
+    here held open by a wrapper around the real spawn), the launch stops and reaps the
+    process it had started instead of leaving it to outlive its supervisor."""
+    from supervisor._process import ChildProcess
+
+    created: list[ChildProcess] = []
+    hold = asyncio.Event()
+    real = ChildProcess.spawn.__func__  # type: ignore[attr-defined]
+
+    async def slow_spawn(cls: type[ChildProcess], *args: object, **kw: object) -> ChildProcess:
+        process: ChildProcess = await real(cls, *args, **kw)
+        created.append(process)
+        await hold.wait()  # the launch is cancelled here, the creation ends after
+        return process
+
+    monkeypatch.setattr(ChildProcess, "spawn", classmethod(slow_spawn))
+    launcher = ProcessLauncher(LaunchSpec(role="generation", model=model), FakeRuntime(),
+                               clock=SystemClock(), ring=LogRing(10), timeouts=FAST)
+    launch = asyncio.create_task(launcher.launch())
+    for _ in range(500):
+        if created:
+            break
+        await asyncio.sleep(0.01)
+    assert created and alive(created[0].pid)
+    launch.cancel()
+    await asyncio.sleep(0.05)
+    hold.set()
+    with pytest.raises(asyncio.CancelledError):
+        await launch
+    assert not alive(created[0].pid)
