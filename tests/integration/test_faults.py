@@ -301,7 +301,8 @@ async def test_a_launch_cancelled_while_the_process_is_created_reaps_it(
     hold = asyncio.Event()
     real = ChildProcess.spawn.__func__  # type: ignore[attr-defined]
 
-    async def slow_spawn(cls: type[ChildProcess], *args: object, **kw: object) -> ChildProcess:
+    async def slow_spawn(cls: type[ChildProcess], /, *args: object,
+                         **kw: object) -> ChildProcess:
         process: ChildProcess = await real(cls, *args, **kw)
         created.append(process)
         await hold.wait()  # the launch is cancelled here, the creation ends after
