@@ -78,6 +78,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rooms", default="1,2", help="room for how many models, each setup")
     p.add_argument("--turn", type=float, default=None,
                    help="llamad's [models] turn (default: the daemon's own default)")
+    p.add_argument("--spin-count", type=int, default=None,
+                   help="llamad's generation.spin_count (default: the daemon's own)")
     p.add_argument("--llama-bin", default=str(support.ROOT / ".venv" / "bin" / "llama-server"))
     p.add_argument("--out", type=Path, default=support.ROOT / "bench" / "RESULTS.md")
     args = p.parse_args(argv)
@@ -313,7 +315,9 @@ async def llamad(args: argparse.Namespace, folder: Path, room: int, logdir: Path
            "LLAMAD_GENERATION_THREADS": str(args.threads),
            "LLAMAD_GENERATION_CTX_SIZE": str(args.ctx),
            "LLAMAD_GENERATION_PARALLEL": "1",
-           **({"LLAMAD_MODELS_TURN": str(args.turn)} if args.turn is not None else {})}
+           **({"LLAMAD_MODELS_TURN": str(args.turn)} if args.turn is not None else {}),
+           **({"LLAMAD_GENERATION_SPIN_COUNT": str(args.spin_count)}
+              if args.spin_count is not None else {})}
     proc = DaemonProcess(env, logdir / f"llamad-{room}.log")
     try:
         channel = grpc.aio.insecure_channel(await proc.address())

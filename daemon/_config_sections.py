@@ -66,7 +66,8 @@ class RoleSettings:
         PER_SECTION, "GOMP_SPINCOUNT of the child: how long llama.cpp's OpenMP threads spin "
         "at a barrier before they sleep. Short spins let the two children, a swap's overlap "
         "or other load share the cores instead of starving each other; -1 keeps the "
-        "daemon's environment (OpenMP's default spins long).", minimum=-1)
+        "daemon's environment (OpenMP's default spins long), which is the default when "
+        "[models] max_resident = 1 (one child at a time).", minimum=-1)
     extra_args: str = setting(
         "", "Extra runtime arguments, space separated, appended verbatim.")
 

@@ -172,7 +172,7 @@ class ProcessChild:
         began = self._clock.monotonic()
         soft_deadline = began + t.start
         lines_seen = self.process.lines_seen
-        interval = 0.02
+        interval = 0.01
         try:
             while True:
                 if self._exit_task.done():
@@ -196,10 +196,10 @@ class ProcessChild:
                         at=self._clock.wall(),
                     ))
                 await self._sleep_or_exit(interval)
-                # At most 0.05 s between probes: a start is seen ready within 0.05 s of
+                # At most 0.02 s between probes: a start is seen ready within 0.02 s of
                 # it (with 0.5 s, a gemma-3-270m load of 1.05 s was seen at 1.54 s; a
                 # model loaded on demand keeps its first caller waiting meanwhile).
-                interval = min(interval * 1.5, 0.05)
+                interval = min(interval * 1.5, 0.02)
         except BaseException:
             await self.stop()
             raise

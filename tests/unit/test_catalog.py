@@ -304,3 +304,21 @@ extra_args = "-ngl 99"
     bad = write_toml(tmp_path, '[models]\ndevice_budgets_mb = "cuda0:7500"\n')
     with pytest.raises(ConfigError, match=r"models\.device_budgets_mb: 'cuda0:7500'"):
         load(models=False, env=_env(models), file=bad)
+
+
+def test_one_resident_model_keeps_openmps_own_spin(models: Path, tmp_path: Path) -> None:
+    """With room for one model, no child shares the cores: the children (the roles' and
+    the catalog's) keep OpenMP's default spin, unless spin_count is set explicitly."""
+    toml = write_toml(tmp_path, f"""
+[models]
+max_resident = 1
+
+[models.other]
+model = "{models / 'gen-b.gguf'}"
+""")
+    cfg = load(models=False, env=_env(models), file=toml)
+    assert cfg.generation.spin_count == -1
+    assert {e.name: e.child.spin_count for e in cfg.catalog.entries}["other"] == -1
+    env = _env(models) | {"LLAMAD_GENERATION_SPIN_COUNT": "300"}
+    assert load(models=False, env=env, file=toml).generation.spin_count == 300
+    assert load(models=False, env=_env(models)).generation.spin_count == 300

@@ -466,8 +466,25 @@ def test_prepared_models_read_fast(path: Path, monkeypatch: pytest.MonkeyPatch) 
         return data
 
     monkeypatch.setattr("supervisor._gguf_cursor.os.pread", counting)
+    monkeypatch.setattr("supervisor._gguf._READ", {})  # read it, not what was read before
     info = read_gguf_info(path)
     assert info.architecture
     assert info.tensor_count > 0
     size = path.stat().st_size
     assert 0 < sum(read) < size / 10, f"{path.name}: read {sum(read)} of {size} bytes"
+
+
+def test_an_unchanged_file_is_not_read_again_a_changed_one_is(tmp_path: Path) -> None:
+    """A second read of the same unchanged file returns the facts already read; after
+    the file is truncated (or rewritten), it is read again and its problem found."""
+    path = write_model(tmp_path / "m.gguf")
+    first = read_gguf_info(path)
+    assert read_gguf_info(path) is first
+    size = path.stat().st_size
+    with path.open("r+b") as fh:
+        fh.truncate(size // 2)
+    with pytest.raises(InvalidModelError, match="truncated"):
+        read_gguf_info(path)
+    write_model(path)
+    again = read_gguf_info(path)
+    assert again is not first and again == first
