@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import socket
+import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -192,6 +193,21 @@ class Meter:
                 return Batch(relay.name, rnd, tokens, wall, [s.ttft for s in samples],
                              [s.text for s in samples])
             await self.guard.quiet()
+
+
+GREEDY_CHAT = {  # Chat's defaults when a request sets none: greedy, no penalties
+    "LLAMAD_LIMITS_CHAT_TEMPERATURE": "0", "LLAMAD_LIMITS_CHAT_TOP_P": "1",
+    "LLAMAD_LIMITS_CHAT_MIN_P": "0", "LLAMAD_LIMITS_CHAT_REPEAT_PENALTY": "1",
+    "LLAMAD_LIMITS_CHAT_DRY_MULTIPLIER": "0", "LLAMAD_LIMITS_CHAT_FREQUENCY_PENALTY": "0",
+}
+
+
+def spawn(command: Sequence[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``command`` in a session of its own, its output in ``log``."""
+    with log.open("w") as out:
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
 
 
 def free_port() -> int:

@@ -59,6 +59,7 @@ from bench._daemon import DaemonProcess, wait_ready
 from bench._generation.common import DEFAULT_THREADS, Guard, Sample, daemon_env
 from bench._relay import (
     DIRECT,
+    GREEDY_CHAT,
     GRPC,
     HTTP,
     ROUTER,
@@ -68,17 +69,12 @@ from bench._relay import (
     Relay,
     child_command,
     free_port,
-        router_command,
+    router_command,
     router_environ,
+    spawn,
 )
 from bench._relay_report import report
 from llamad_protocol.v1 import common_pb2, control_pb2, control_pb2_grpc, inference_pb2_grpc
-
-GREEDY_CHAT = {  # Chat's defaults when a request sets none: greedy, no penalties
-    "LLAMAD_LIMITS_CHAT_TEMPERATURE": "0", "LLAMAD_LIMITS_CHAT_TOP_P": "1",
-    "LLAMAD_LIMITS_CHAT_MIN_P": "0", "LLAMAD_LIMITS_CHAT_REPEAT_PENALTY": "1",
-    "LLAMAD_LIMITS_CHAT_DRY_MULTIPLIER": "0", "LLAMAD_LIMITS_CHAT_FREQUENCY_PENALTY": "0",
-}
 
 
 def loadavg() -> str:
@@ -138,12 +134,6 @@ async def generation_child(channel: grpc.aio.Channel) -> control_pb2.ChildStatus
             found: control_pb2.ChildStatus = child
             return found
     raise SystemExit("bench: Status lists no generation child")
-
-
-def spawn(command: Sequence[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    with log.open("w") as out:
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, env=env)
 
 
 @contextlib.asynccontextmanager

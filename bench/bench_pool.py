@@ -54,16 +54,11 @@ import orjson
 
 from bench import _support as support
 from bench._daemon import DaemonProcess, wait_ready
-from bench._relay import free_port
+from bench._relay import GREEDY_CHAT, free_port, spawn
 from llamad_protocol.v1 import control_pb2, control_pb2_grpc
 
 MODELS = {"gemma": support.DEFAULT_MODEL, "smollm2": support.SMALL_MODEL}
 SECTION = "## Model pool: llamad vs llama-server's router"
-GREEDY_CHAT = {  # Chat's defaults when a request sets none: greedy, no penalties
-    "LLAMAD_LIMITS_CHAT_TEMPERATURE": "0", "LLAMAD_LIMITS_CHAT_TOP_P": "1",
-    "LLAMAD_LIMITS_CHAT_MIN_P": "0", "LLAMAD_LIMITS_CHAT_REPEAT_PENALTY": "1",
-    "LLAMAD_LIMITS_CHAT_DRY_MULTIPLIER": "0", "LLAMAD_LIMITS_CHAT_FREQUENCY_PENALTY": "0",
-}
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -233,12 +228,6 @@ async def mixed(setup: str, room: int, http: httpx.AsyncClient, ids: dict[str, s
 
 
 # -- the servers -----------------------------------------------------------------------------
-
-
-def spawn(command: Sequence[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    with log.open("w") as out:
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

@@ -61,13 +61,7 @@ def load(
 
     path = file or (getattr(args, "config", None) if args else None) or env.get("LLAMAD_CONFIG")
     if path:
-        try:
-            with open(path, "rb") as fh:
-                data = tomllib.load(fh)
-        except OSError as exc:
-            raise ConfigError(f"config file {path}: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path}: {exc}") from None
+        data = read_config_file(path)
         tables = catalog_tables(data, f"config file {path}")
         for key, raw in _flatten(data).items():
             if key not in _BY_KEY:
@@ -96,6 +90,27 @@ def _child(settings: RoleSettings, sources: Mapping[str, str], env: Mapping[str,
     return ChildConfig(**{**dataclasses.asdict(settings), "role": role, "mode": mode,
                           "enabled": mode is not InferenceMode.DISABLED,
                           "extra_args": tuple(settings.extra_args.split())})
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The TOML configuration file at ``path``.
+
+    Raises:
+        ConfigError: unreadable, or not TOML (the message names the file).
+    """
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+
+
+def state_dir_of(setting: str, env: Mapping[str, str]) -> Path:
+    """The state directory: ``state_dir``, else systemd's ``$STATE_DIRECTORY`` (its
+    first entry), else ``./var``."""
+    return Path(setting or env.get("STATE_DIRECTORY", "").split(":")[0] or "var")
 
 
 def _build(
@@ -161,7 +176,7 @@ def _build(
             check_listen(s.metrics_listen)
         except ConfigError as exc:
             raise ConfigError(f"metrics_{exc}") from None
-    state_dir = Path(s.state_dir or env.get("STATE_DIRECTORY", "").split(":")[0] or "var")
+    state_dir = state_dir_of(s.state_dir, env)
     socket = unix_socket_path(s.listen, state_dir)
     if socket is not None and len(os.fsencode(socket.absolute())) > _MAX_SOCKET_PATH:
         raise ConfigError(f"listen: the unix socket path {socket.absolute()} is longer than "

@@ -24,7 +24,6 @@ import argparse
 import os
 import sys
 import time
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,10 +38,11 @@ from retrieval import (
     migrate_store,
 )
 
-from ._config_load import _flatten
+from ._config_load import _flatten, read_config_file, state_dir_of
 from ._config_options import ConfigError, Option, _coerce, with_values
 from ._config_retrieval import RetrievalSettings, check_store
 from ._config_sections import OPTIONS, Settings
+from .retrieval_bridge import pg_options
 from .statelock import StateDirInUse, StateLock
 
 EXIT_OK = 0
@@ -92,14 +92,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Path, PgO
     values: dict[str, Any] = {o.key: o.default for o in _OPTIONS}
     path = getattr(args, "config", None) or env.get("LLAMAD_CONFIG")
     if path:
-        try:
-            with open(path, "rb") as fh:
-                data = tomllib.load(fh)
-        except OSError as exc:
-            raise ConfigError(f"config file {path}: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path}: {exc}") from None
-        flat = _flatten(data)
+        flat = _flatten(read_config_file(path))
         for opt in _OPTIONS:
             if opt.key in flat:
                 values[opt.key] = _coerce(opt, flat[opt.key], f"file {path}")
@@ -112,13 +105,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Path, PgO
     settings = with_values(Settings(), values)
     r: RetrievalSettings = with_values(settings.retrieval, {"store": "postgres"})
     check_store(r)
-    state_dir = Path(settings.state_dir or env.get("STATE_DIRECTORY", "").split(":")[0]
-                     or "var")
-    return state_dir, PgOptions(
-        r.postgres_dsn, password_file=r.postgres_password_file,
-        password_env=r.postgres_password_env, connect_timeout=r.postgres_connect_timeout,
-        max_connections=2, statement_timeout_ms=round(r.postgres_statement_timeout * 1000),
-        ef_search=r.postgres_ef_search, max_scan_tuples=r.postgres_max_scan_tuples)
+    return state_dir_of(settings.state_dir, env), pg_options(r, max_connections=2)
 
 
 class _Reporter:

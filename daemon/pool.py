@@ -353,7 +353,7 @@ class Pool:
                 try:
                     await model.replace(model.target_for(setup_for(entry)),
                                         reason="reload")
-                    model.configure(self._build_config(entry))
+                    model.configure(pooled_config(entry))
                 except Exception as exc:  # the old child serves on, as for a role
                     _log.warning("reload kept the running model", model=name,
                                  error=str(exc))
@@ -365,10 +365,6 @@ class Pool:
             self._catalog = Catalog(entries, catalog.defaults, catalog.skipped)
         self._changed()
         return change
-
-    def _build_config(self, entry: CatalogEntry) -> ChildConfig:
-        """The configuration a pool model's Model holds (as :attr:`_build` gives it)."""
-        return dataclasses.replace(entry.child, mode=InferenceMode.DISABLED, enabled=False)
 
     def _unloaded(self, name: str, reason: str) -> None:
         if self._metrics is not None:
@@ -549,6 +545,12 @@ class Pool:
             task.cancel()
         await asyncio.gather(*(m.stop() for n, m in self._models.items()
                                if n not in self._defaults), return_exceptions=True)
+
+
+def pooled_config(entry: CatalogEntry) -> ChildConfig:
+    """The configuration the Model of a pool model holds: its entry's, unloaded until the
+    pool loads it (the pool's ``build`` and a reload's relaunch both use it)."""
+    return dataclasses.replace(entry.child, mode=InferenceMode.DISABLED, enabled=False)
 
 
 def estimate_file(entry: CatalogEntry) -> int:

@@ -29,6 +29,7 @@ from retrieval import (
 )
 from supervisor import ChildRequestError, State, SupervisorError, TokenizeUnavailableError
 
+from ._config_retrieval import RetrievalSettings
 from .backend import InferenceBackend
 from .children import ManagedChild
 from .config import Config
@@ -68,12 +69,17 @@ def postgres_from(config: Config) -> PgOptions | None:
     """How to reach the PostgreSQL store (``retrieval.store = postgres``); None for the
     embedded store."""
     r = config.retrieval
-    if r.store != "postgres":
-        return None
+    return pg_options(r) if r.store == "postgres" else None
+
+
+def pg_options(r: RetrievalSettings, *, max_connections: int | None = None) -> PgOptions:
+    """The PostgreSQL store's connection settings of ``[retrieval]`` (``max_connections``
+    instead of ``postgres_max_connections`` when given)."""
     return PgOptions(
         r.postgres_dsn, password_file=r.postgres_password_file,
         password_env=r.postgres_password_env, connect_timeout=r.postgres_connect_timeout,
-        max_connections=r.postgres_max_connections,
+        max_connections=(r.postgres_max_connections if max_connections is None
+                         else max_connections),
         statement_timeout_ms=round(r.postgres_statement_timeout * 1000),
         ef_search=r.postgres_ef_search, max_scan_tuples=r.postgres_max_scan_tuples)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import faulthandler
 import signal
 import time
@@ -57,7 +56,7 @@ from .metrics import Metrics
 from .metrics_http import MetricsServer, serve_metrics
 from .model import Model
 from .modes import ModeManager
-from .pool import Pool
+from .pool import Pool, pooled_config
 from .recycle import recycle_loop
 from .reload import ReloadReport, reload_config
 from .retrieval_bridge import (
@@ -437,8 +436,8 @@ class Daemon:
 
     def _pool_model(self, entry: CatalogEntry) -> Model:
         """The Model of a catalog model the pool loads on demand: unloaded until then."""
-        child = dataclasses.replace(entry.child, mode=InferenceMode.DISABLED, enabled=False)
-        return build_child(self.config, entry.role, clock=self._clock, child=child)
+        return build_child(self.config, entry.role, clock=self._clock,
+                           child=pooled_config(entry))
 
     async def shutdown(self) -> None:
         """Drain and stop everything. Idempotent."""

@@ -114,6 +114,19 @@ _PAGES_PER_COMMIT = 4
 """A start-up repair commits tantivy every this many pages, rather than once at the end."""
 
 
+def documents_by_state(counts: dict[str, int], processing: int,
+                       pending: int) -> dict[str, int]:
+    """Documents by ingest state for Status: the store's ``documents_<state>`` counts,
+    plus the ``processing`` ones in flight and the ``pending`` ones queued in memory."""
+    by_state = {k.removeprefix("documents_"): v for k, v in counts.items()
+                if k.startswith("documents_")}
+    if processing:
+        by_state["processing"] = processing
+    if pending:
+        by_state["pending"] = by_state.get("pending", 0) + pending
+    return by_state
+
+
 def _indexed(c: StoredChunk) -> IndexedChunk:
     return IndexedChunk(c.key, c.doc_id, c.source_id, c.kind, c.category, c.tags,
                         c.indexed_at, c.title, c.heading, c.text)
@@ -451,12 +464,7 @@ class Indexes:
         store, _ = self.require()
         counts = await asyncio.to_thread(store.counts)
         embedded = await asyncio.to_thread(store.embedded_chunks, model) if model else 0
-        by_state = {k.removeprefix("documents_"): v for k, v in counts.items()
-                    if k.startswith("documents_")}
-        if processing:
-            by_state["processing"] = processing
-        if pending:
-            by_state["pending"] = by_state.get("pending", 0) + pending
+        by_state = documents_by_state(counts, processing, pending)
         return RetrievalStatus(
             sources=counts["sources"], chunks=counts["chunks"], documents_by_state=by_state,
             embedding_model=self.vector_model, embedded_chunks=embedded,

@@ -28,7 +28,7 @@ import numpy as np
 import structlog
 
 from ._bm25 import Filters
-from ._indexes import PendingWrite, RetrievalStatus
+from ._indexes import PendingWrite, RetrievalStatus, documents_by_state
 from ._pg_connect import PgOptions
 from ._pg_store import PgInfo, PostgresStore
 from ._store import DocumentRow
@@ -262,12 +262,7 @@ class PgIndexes:
         embedded = await asyncio.to_thread(store.embedded_chunks, model) if model else 0
         vectors = (embedded if model == info.corpus_model else await asyncio.to_thread(
             store.embedded_chunks, info.corpus_model)) if info.corpus_model else 0
-        by_state = {k.removeprefix("documents_"): v for k, v in counts.items()
-                    if k.startswith("documents_")}
-        if processing:
-            by_state["processing"] = processing
-        if pending:
-            by_state["pending"] = by_state.get("pending", 0) + pending
+        by_state = documents_by_state(counts, processing, pending)
         return RetrievalStatus(
             sources=counts["sources"], chunks=counts["chunks"], documents_by_state=by_state,
             embedding_model=info.corpus_model, embedded_chunks=embedded, vectors=vectors,

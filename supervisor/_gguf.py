@@ -22,6 +22,7 @@ blocking; ``sha256_file``), :mod:`supervisor._gguf_cursor` (the ``pread`` window
 from __future__ import annotations
 
 import os
+import threading
 
 from ._gguf_cursor import Cursor
 from ._gguf_header import GGUFInfo, parse_header
@@ -36,6 +37,7 @@ __all__ = ["GGUFInfo", "read_gguf_info", "sha256_file"]
 # gemma-3-270m). A file that changed in any of those (or its ctime) is read again.
 _READ: dict[tuple[str, int, int, int, int, int], GGUFInfo] = {}
 _READ_MAX = 64
+_READ_LOCK = threading.Lock()  # validations run in worker threads
 
 
 def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
@@ -70,13 +72,15 @@ def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
         st = os.fstat(fd)
         real = os.path.realpath(fspath)
         key = (real, st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns)
-        known = _READ.get(key)
+        with _READ_LOCK:
+            known = _READ.get(key)
         if known is not None:
             return known
         info = parse_header(Cursor(fd, size, fspath), real)
-        if len(_READ) >= _READ_MAX:
-            _READ.pop(next(iter(_READ)))
-        _READ[key] = info
+        with _READ_LOCK:
+            if len(_READ) >= _READ_MAX:
+                _READ.pop(next(iter(_READ)))
+            _READ[key] = info
         return info
     finally:
         os.close(fd)
