@@ -26,19 +26,21 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as llamad_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19llamad/v1/inference.proto\x12\tllamad.v1\x1a\x16llamad/v1/common.proto\"\x9f\x06\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\rH\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x12\n\x05min_p\x18\x07 \x01(\x02H\x05\x88\x01\x01\x12\x1b\n\x0erepeat_penalty\x18\x08 \x01(\x02H\x06\x88\x01\x01\x12\x1a\n\rrepeat_last_n\x18\t \x01(\rH\x07\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\n \x01(\x02H\x08\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0b \x01(\x02H\t\x88\x01\x01\x12(\n\nlogit_bias\x18\x0c \x03(\x0b\x32\x14.llamad.v1.LogitBias\x12\x10\n\x08logprobs\x18\r \x01(\x08\x12\x19\n\x0ctop_logprobs\x18\x0e \x01(\rH\n\x88\x01\x01\x12\x32\n\x0fresponse_format\x18\x0f \x01(\x0b\x32\x19.llamad.v1.ResponseFormat\x12\x0f\n\x07grammar\x18\x10 \x01(\t\x12\x1b\n\x0e\x64ry_multiplier\x18\x11 \x01(\x02H\x0b\x88\x01\x01\x12\x15\n\x08\x64ry_base\x18\x12 \x01(\x02H\x0c\x88\x01\x01\x12\x1f\n\x12\x64ry_allowed_length\x18\x13 \x01(\rH\r\x88\x01\x01\x12\x1f\n\x12\x64ry_penalty_last_n\x18\x14 \x01(\rH\x0e\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x08\n\x06_min_pB\x11\n\x0f_repeat_penaltyB\x10\n\x0e_repeat_last_nB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x0f\n\r_top_logprobsB\x11\n\x0f_dry_multiplierB\x0b\n\t_dry_baseB\x15\n\x13_dry_allowed_lengthB\x15\n\x13_dry_penalty_last_n\"D\n\tLogitBias\x12\x0f\n\x05token\x18\x01 \x01(\rH\x00\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\x0c\n\x04\x62ias\x18\x03 \x01(\x02\x42\x08\n\x06target\"`\n\x0eResponseFormat\x12+\n\x04type\x18\x01 \x01(\x0e\x32\x1d.llamad.v1.ResponseFormatType\x12\x13\n\x0bjson_schema\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"]\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12+\n\x08sampling\x18\x02 \x01(\x0b\x32\x19.llamad.v1.SamplingParams\x12\r\n\x05model\x18\x03 \x01(\t\"A\n\x0b\x43hatMessage\x12!\n\x04role\x18\x01 \x01(\x0e\x32\x13.llamad.v1.ChatRole\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"s\n\x0b\x43hatRequest\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.llamad.v1.ChatMessage\x12+\n\x08sampling\x18\x02 \x01(\x0b\x32\x19.llamad.v1.SamplingParams\x12\r\n\x05model\x18\x03 \x01(\t\"\x8a\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\x12\x1e\n\x16time_to_first_token_ms\x18\x04 \x01(\x01\x12\x19\n\x11tokens_per_second\x18\x05 \x01(\x01\"\xd0\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\r\x12.\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x17.llamad.v1.FinishReason\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.llamad.v1.Usage\x12\r\n\x05model\x18\x05 \x01(\t\x12*\n\x08logprobs\x18\x06 \x03(\x0b\x32\x18.llamad.v1.TokenLogprobs\x12\x12\n\nmodel_name\x18\x07 \x01(\t\"U\n\x0cTokenLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\r\n\x05\x62ytes\x18\x03 \x01(\x0c\x12\x0f\n\x02id\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\x05\n\x03_id\"g\n\rTokenLogprobs\x12\'\n\x06\x63hosen\x18\x01 \x01(\x0b\x32\x17.llamad.v1.TokenLogprob\x12-\n\x0ctop_logprobs\x18\x02 \x03(\x0b\x32\x17.llamad.v1.TokenLogprob\"R\n\x0c\x45mbedRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\x16\n\tnormalize\x18\x02 \x01(\x08H\x00\x88\x01\x01\x12\r\n\x05model\x18\x03 \x01(\tB\x0c\n\n_normalize\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\x86\x01\n\rEmbedResponse\x12(\n\nembeddings\x18\x01 \x03(\x0b\x32\x14.llamad.v1.Embedding\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\tdimension\x18\x03 \x01(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x12\n\nmodel_name\x18\x05 \x01(\t\"g\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\"\n\x04role\x18\x02 \x01(\x0e\x32\x14.llamad.v1.ChildRole\x12\x13\n\x0b\x61\x64\x64_special\x18\x03 \x01(\x08\x12\r\n\x05model\x18\x04 \x01(\t\"T\n\x10TokenizeResponse\x12\x0e\n\x06tokens\x18\x01 \x03(\r\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\r\n\x05model\x18\x03 \x01(\t\x12\x12\n\nmodel_name\x18\x04 \x01(\t*\xa5\x01\n\x12ResponseFormatType\x12$\n RESPONSE_FORMAT_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n\x19RESPONSE_FORMAT_TYPE_TEXT\x10\x01\x12$\n RESPONSE_FORMAT_TYPE_JSON_OBJECT\x10\x02\x12$\n RESPONSE_FORMAT_TYPE_JSON_SCHEMA\x10\x03*h\n\x08\x43hatRole\x12\x19\n\x15\x43HAT_ROLE_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43HAT_ROLE_SYSTEM\x10\x01\x12\x12\n\x0e\x43HAT_ROLE_USER\x10\x02\x12\x17\n\x13\x43HAT_ROLE_ASSISTANT\x10\x03*_\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x32\x99\x02\n\x10InferenceService\x12\x45\n\x08Generate\x12\x1a.llamad.v1.GenerateRequest\x1a\x1b.llamad.v1.GenerateResponse0\x01\x12=\n\x04\x43hat\x12\x16.llamad.v1.ChatRequest\x1a\x1b.llamad.v1.GenerateResponse0\x01\x12:\n\x05\x45mbed\x12\x17.llamad.v1.EmbedRequest\x1a\x18.llamad.v1.EmbedResponse\x12\x43\n\x08Tokenize\x12\x1a.llamad.v1.TokenizeRequest\x1a\x1b.llamad.v1.TokenizeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19llamad/v1/inference.proto\x12\tllamad.v1\x1a\x16llamad/v1/common.proto\"\x9f\x06\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\rH\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x12\n\x05min_p\x18\x07 \x01(\x02H\x05\x88\x01\x01\x12\x1b\n\x0erepeat_penalty\x18\x08 \x01(\x02H\x06\x88\x01\x01\x12\x1a\n\rrepeat_last_n\x18\t \x01(\rH\x07\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\n \x01(\x02H\x08\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0b \x01(\x02H\t\x88\x01\x01\x12(\n\nlogit_bias\x18\x0c \x03(\x0b\x32\x14.llamad.v1.LogitBias\x12\x10\n\x08logprobs\x18\r \x01(\x08\x12\x19\n\x0ctop_logprobs\x18\x0e \x01(\rH\n\x88\x01\x01\x12\x32\n\x0fresponse_format\x18\x0f \x01(\x0b\x32\x19.llamad.v1.ResponseFormat\x12\x0f\n\x07grammar\x18\x10 \x01(\t\x12\x1b\n\x0e\x64ry_multiplier\x18\x11 \x01(\x02H\x0b\x88\x01\x01\x12\x15\n\x08\x64ry_base\x18\x12 \x01(\x02H\x0c\x88\x01\x01\x12\x1f\n\x12\x64ry_allowed_length\x18\x13 \x01(\rH\r\x88\x01\x01\x12\x1f\n\x12\x64ry_penalty_last_n\x18\x14 \x01(\rH\x0e\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x08\n\x06_min_pB\x11\n\x0f_repeat_penaltyB\x10\n\x0e_repeat_last_nB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x0f\n\r_top_logprobsB\x11\n\x0f_dry_multiplierB\x0b\n\t_dry_baseB\x15\n\x13_dry_allowed_lengthB\x15\n\x13_dry_penalty_last_n\"D\n\tLogitBias\x12\x0f\n\x05token\x18\x01 \x01(\rH\x00\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\x0c\n\x04\x62ias\x18\x03 \x01(\x02\x42\x08\n\x06target\"`\n\x0eResponseFormat\x12+\n\x04type\x18\x01 \x01(\x0e\x32\x1d.llamad.v1.ResponseFormatType\x12\x13\n\x0bjson_schema\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"]\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12+\n\x08sampling\x18\x02 \x01(\x0b\x32\x19.llamad.v1.SamplingParams\x12\r\n\x05model\x18\x03 \x01(\t\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\x80\x01\n\x0b\x43hatMessage\x12!\n\x04role\x18\x01 \x01(\x0e\x32\x13.llamad.v1.ChatRole\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\'\n\ntool_calls\x18\x03 \x03(\x0b\x32\x13.llamad.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\"=\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\"U\n\nToolChoice\x12)\n\x04mode\x18\x01 \x01(\x0e\x32\x19.llamad.v1.ToolChoiceModeH\x00\x12\x12\n\x08\x66unction\x18\x02 \x01(\tH\x00\x42\x08\n\x06\x63hoice\"\xf9\x01\n\x0b\x43hatRequest\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.llamad.v1.ChatMessage\x12+\n\x08sampling\x18\x02 \x01(\x0b\x32\x19.llamad.v1.SamplingParams\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1e\n\x05tools\x18\x04 \x03(\x0b\x32\x0f.llamad.v1.Tool\x12*\n\x0btool_choice\x18\x05 \x01(\x0b\x32\x15.llamad.v1.ToolChoice\x12 \n\x13parallel_tool_calls\x18\x06 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_parallel_tool_calls\"K\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\x8a\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\x12\x1e\n\x16time_to_first_token_ms\x18\x04 \x01(\x01\x12\x19\n\x11tokens_per_second\x18\x05 \x01(\x01\"\xfe\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\r\x12.\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x17.llamad.v1.FinishReason\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.llamad.v1.Usage\x12\r\n\x05model\x18\x05 \x01(\t\x12*\n\x08logprobs\x18\x06 \x03(\x0b\x32\x18.llamad.v1.TokenLogprobs\x12\x12\n\nmodel_name\x18\x07 \x01(\t\x12,\n\ntool_calls\x18\x08 \x03(\x0b\x32\x18.llamad.v1.ToolCallDelta\"U\n\x0cTokenLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\r\n\x05\x62ytes\x18\x03 \x01(\x0c\x12\x0f\n\x02id\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\x05\n\x03_id\"g\n\rTokenLogprobs\x12\'\n\x06\x63hosen\x18\x01 \x01(\x0b\x32\x17.llamad.v1.TokenLogprob\x12-\n\x0ctop_logprobs\x18\x02 \x03(\x0b\x32\x17.llamad.v1.TokenLogprob\"R\n\x0c\x45mbedRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\x16\n\tnormalize\x18\x02 \x01(\x08H\x00\x88\x01\x01\x12\r\n\x05model\x18\x03 \x01(\tB\x0c\n\n_normalize\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\x86\x01\n\rEmbedResponse\x12(\n\nembeddings\x18\x01 \x03(\x0b\x32\x14.llamad.v1.Embedding\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\tdimension\x18\x03 \x01(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x12\n\nmodel_name\x18\x05 \x01(\t\"g\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\"\n\x04role\x18\x02 \x01(\x0e\x32\x14.llamad.v1.ChildRole\x12\x13\n\x0b\x61\x64\x64_special\x18\x03 \x01(\x08\x12\r\n\x05model\x18\x04 \x01(\t\"T\n\x10TokenizeResponse\x12\x0e\n\x06tokens\x18\x01 \x03(\r\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\r\n\x05model\x18\x03 \x01(\t\x12\x12\n\nmodel_name\x18\x04 \x01(\t*\xa5\x01\n\x12ResponseFormatType\x12$\n RESPONSE_FORMAT_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n\x19RESPONSE_FORMAT_TYPE_TEXT\x10\x01\x12$\n RESPONSE_FORMAT_TYPE_JSON_OBJECT\x10\x02\x12$\n RESPONSE_FORMAT_TYPE_JSON_SCHEMA\x10\x03*|\n\x08\x43hatRole\x12\x19\n\x15\x43HAT_ROLE_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43HAT_ROLE_SYSTEM\x10\x01\x12\x12\n\x0e\x43HAT_ROLE_USER\x10\x02\x12\x17\n\x13\x43HAT_ROLE_ASSISTANT\x10\x03\x12\x12\n\x0e\x43HAT_ROLE_TOOL\x10\x04*\x87\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x01\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x02\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03*}\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x03\x32\x99\x02\n\x10InferenceService\x12\x45\n\x08Generate\x12\x1a.llamad.v1.GenerateRequest\x1a\x1b.llamad.v1.GenerateResponse0\x01\x12=\n\x04\x43hat\x12\x16.llamad.v1.ChatRequest\x1a\x1b.llamad.v1.GenerateResponse0\x01\x12:\n\x05\x45mbed\x12\x17.llamad.v1.EmbedRequest\x1a\x18.llamad.v1.EmbedResponse\x12\x43\n\x08Tokenize\x12\x1a.llamad.v1.TokenizeRequest\x1a\x1b.llamad.v1.TokenizeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llamad.v1.inference_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RESPONSEFORMATTYPE']._serialized_start=2299
-  _globals['_RESPONSEFORMATTYPE']._serialized_end=2464
-  _globals['_CHATROLE']._serialized_start=2466
-  _globals['_CHATROLE']._serialized_end=2570
-  _globals['_FINISHREASON']._serialized_start=2572
-  _globals['_FINISHREASON']._serialized_end=2667
+  _globals['_RESPONSEFORMATTYPE']._serialized_start=2828
+  _globals['_RESPONSEFORMATTYPE']._serialized_end=2993
+  _globals['_CHATROLE']._serialized_start=2995
+  _globals['_CHATROLE']._serialized_end=3119
+  _globals['_TOOLCHOICEMODE']._serialized_start=3122
+  _globals['_TOOLCHOICEMODE']._serialized_end=3257
+  _globals['_FINISHREASON']._serialized_start=3259
+  _globals['_FINISHREASON']._serialized_end=3384
   _globals['_SAMPLINGPARAMS']._serialized_start=65
   _globals['_SAMPLINGPARAMS']._serialized_end=864
   _globals['_LOGITBIAS']._serialized_start=866
@@ -47,28 +49,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESPONSEFORMAT']._serialized_end=1032
   _globals['_GENERATEREQUEST']._serialized_start=1034
   _globals['_GENERATEREQUEST']._serialized_end=1127
-  _globals['_CHATMESSAGE']._serialized_start=1129
-  _globals['_CHATMESSAGE']._serialized_end=1194
-  _globals['_CHATREQUEST']._serialized_start=1196
-  _globals['_CHATREQUEST']._serialized_end=1311
-  _globals['_USAGE']._serialized_start=1314
-  _globals['_USAGE']._serialized_end=1452
-  _globals['_GENERATERESPONSE']._serialized_start=1455
-  _globals['_GENERATERESPONSE']._serialized_end=1663
-  _globals['_TOKENLOGPROB']._serialized_start=1665
-  _globals['_TOKENLOGPROB']._serialized_end=1750
-  _globals['_TOKENLOGPROBS']._serialized_start=1752
-  _globals['_TOKENLOGPROBS']._serialized_end=1855
-  _globals['_EMBEDREQUEST']._serialized_start=1857
-  _globals['_EMBEDREQUEST']._serialized_end=1939
-  _globals['_EMBEDDING']._serialized_start=1941
-  _globals['_EMBEDDING']._serialized_end=1968
-  _globals['_EMBEDRESPONSE']._serialized_start=1971
-  _globals['_EMBEDRESPONSE']._serialized_end=2105
-  _globals['_TOKENIZEREQUEST']._serialized_start=2107
-  _globals['_TOKENIZEREQUEST']._serialized_end=2210
-  _globals['_TOKENIZERESPONSE']._serialized_start=2212
-  _globals['_TOKENIZERESPONSE']._serialized_end=2296
-  _globals['_INFERENCESERVICE']._serialized_start=2670
-  _globals['_INFERENCESERVICE']._serialized_end=2951
+  _globals['_TOOLCALL']._serialized_start=1129
+  _globals['_TOOLCALL']._serialized_end=1184
+  _globals['_CHATMESSAGE']._serialized_start=1187
+  _globals['_CHATMESSAGE']._serialized_end=1315
+  _globals['_TOOL']._serialized_start=1317
+  _globals['_TOOL']._serialized_end=1378
+  _globals['_TOOLCHOICE']._serialized_start=1380
+  _globals['_TOOLCHOICE']._serialized_end=1465
+  _globals['_CHATREQUEST']._serialized_start=1468
+  _globals['_CHATREQUEST']._serialized_end=1717
+  _globals['_TOOLCALLDELTA']._serialized_start=1719
+  _globals['_TOOLCALLDELTA']._serialized_end=1794
+  _globals['_USAGE']._serialized_start=1797
+  _globals['_USAGE']._serialized_end=1935
+  _globals['_GENERATERESPONSE']._serialized_start=1938
+  _globals['_GENERATERESPONSE']._serialized_end=2192
+  _globals['_TOKENLOGPROB']._serialized_start=2194
+  _globals['_TOKENLOGPROB']._serialized_end=2279
+  _globals['_TOKENLOGPROBS']._serialized_start=2281
+  _globals['_TOKENLOGPROBS']._serialized_end=2384
+  _globals['_EMBEDREQUEST']._serialized_start=2386
+  _globals['_EMBEDREQUEST']._serialized_end=2468
+  _globals['_EMBEDDING']._serialized_start=2470
+  _globals['_EMBEDDING']._serialized_end=2497
+  _globals['_EMBEDRESPONSE']._serialized_start=2500
+  _globals['_EMBEDRESPONSE']._serialized_end=2634
+  _globals['_TOKENIZEREQUEST']._serialized_start=2636
+  _globals['_TOKENIZEREQUEST']._serialized_end=2739
+  _globals['_TOKENIZERESPONSE']._serialized_start=2741
+  _globals['_TOKENIZERESPONSE']._serialized_end=2825
+  _globals['_INFERENCESERVICE']._serialized_start=3387
+  _globals['_INFERENCESERVICE']._serialized_end=3668
 # @@protoc_insertion_point(module_scope)

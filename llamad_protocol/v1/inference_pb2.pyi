@@ -67,6 +67,8 @@ class _ChatRoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ChatRole.Val
     CHAT_ROLE_SYSTEM: _ChatRole.ValueType  # 1
     CHAT_ROLE_USER: _ChatRole.ValueType  # 2
     CHAT_ROLE_ASSISTANT: _ChatRole.ValueType  # 3
+    CHAT_ROLE_TOOL: _ChatRole.ValueType  # 4
+    """The result of a tool call the assistant made (tool_call_id names the call)."""
 
 class ChatRole(_ChatRole, metaclass=_ChatRoleEnumTypeWrapper): ...
 
@@ -74,7 +76,40 @@ CHAT_ROLE_UNSPECIFIED: ChatRole.ValueType  # 0
 CHAT_ROLE_SYSTEM: ChatRole.ValueType  # 1
 CHAT_ROLE_USER: ChatRole.ValueType  # 2
 CHAT_ROLE_ASSISTANT: ChatRole.ValueType  # 3
+CHAT_ROLE_TOOL: ChatRole.ValueType  # 4
+"""The result of a tool call the assistant made (tool_call_id names the call)."""
 Global___ChatRole: _TypeAlias = ChatRole  # noqa: Y015
+
+class _ToolChoiceMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ToolChoiceModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolChoiceMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TOOL_CHOICE_MODE_UNSPECIFIED: _ToolChoiceMode.ValueType  # 0
+    """As AUTO."""
+    TOOL_CHOICE_MODE_AUTO: _ToolChoiceMode.ValueType  # 1
+    """The model chooses: text, or calls of the tools."""
+    TOOL_CHOICE_MODE_NONE: _ToolChoiceMode.ValueType  # 2
+    """The model writes text and calls nothing."""
+    TOOL_CHOICE_MODE_REQUIRED: _ToolChoiceMode.ValueType  # 3
+    """The model must call a tool. llama.cpp enforces this with a grammar that still
+    lets the model write some text before its call.
+    """
+
+class ToolChoiceMode(_ToolChoiceMode, metaclass=_ToolChoiceModeEnumTypeWrapper): ...
+
+TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoiceMode.ValueType  # 0
+"""As AUTO."""
+TOOL_CHOICE_MODE_AUTO: ToolChoiceMode.ValueType  # 1
+"""The model chooses: text, or calls of the tools."""
+TOOL_CHOICE_MODE_NONE: ToolChoiceMode.ValueType  # 2
+"""The model writes text and calls nothing."""
+TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode.ValueType  # 3
+"""The model must call a tool. llama.cpp enforces this with a grammar that still
+lets the model write some text before its call.
+"""
+Global___ToolChoiceMode: _TypeAlias = ToolChoiceMode  # noqa: Y015
 
 class _FinishReason:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -87,6 +122,8 @@ class _FinishReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FinishRe
     """The model produced an end-of-sequence token or hit a stop string."""
     FINISH_REASON_LENGTH: _FinishReason.ValueType  # 2
     """max_tokens was reached."""
+    FINISH_REASON_TOOL_CALLS: _FinishReason.ValueType  # 3
+    """The model ended its answer with tool calls (GenerateResponse.tool_calls)."""
 
 class FinishReason(_FinishReason, metaclass=_FinishReasonEnumTypeWrapper): ...
 
@@ -95,6 +132,8 @@ FINISH_REASON_STOP: FinishReason.ValueType  # 1
 """The model produced an end-of-sequence token or hit a stop string."""
 FINISH_REASON_LENGTH: FinishReason.ValueType  # 2
 """max_tokens was reached."""
+FINISH_REASON_TOOL_CALLS: FinishReason.ValueType  # 3
+"""The model ended its answer with tool calls (GenerateResponse.tool_calls)."""
 Global___FinishReason: _TypeAlias = FinishReason  # noqa: Y015
 
 @_typing.final
@@ -362,26 +401,132 @@ class GenerateRequest(_message.Message):
 Global___GenerateRequest: _TypeAlias = GenerateRequest  # noqa: Y015
 
 @_typing.final
+class ToolCall(_message.Message):
+    """A call of a tool (a function) the assistant made: in an assistant ChatMessage of the
+    history, and (in pieces) in GenerateResponse.tool_calls.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """The call's id, as the model's answer gave it; the tool message answering the call
+    names it in tool_call_id.
+    """
+    name: _builtins.str
+    """The function called: one of ChatRequest.tools."""
+    arguments: _builtins.str
+    """The arguments, as JSON text (an object), as the model wrote them."""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        arguments: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "id", b"id", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCall: _TypeAlias = ToolCall  # noqa: Y015
+
+@_typing.final
 class ChatMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ROLE_FIELD_NUMBER: _builtins.int
     CONTENT_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     role: Global___ChatRole.ValueType
     content: _builtins.str
+    """The text; may be empty in an assistant message that has tool_calls."""
+    tool_call_id: _builtins.str
+    """Tool messages only, and required there: the ToolCall.id this message answers."""
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]:
+        """Assistant messages only: the tools it called (at most limits.max_tools)."""
+
     def __init__(
         self,
         *,
         role: Global___ChatRole.ValueType = ...,
         content: _builtins.str = ...,
+        tool_calls: _abc.Iterable[Global___ToolCall] | None = ...,
+        tool_call_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ChatMessage: _TypeAlias = ChatMessage  # noqa: Y015
+
+@_typing.final
+class Tool(_message.Message):
+    """A function the model may call (OpenAI's {"type": "function", "function": {...}})."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    PARAMETERS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The function's name: letters, digits, "_" and "-", at most 64 characters, unique
+    within the request.
+    """
+    description: _builtins.str
+    """What the function does, for the model; optional."""
+    parameters: _builtins.str
+    """Its parameters as a JSON Schema, as JSON text (an object); empty: it takes none."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        parameters: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "name", b"name", "parameters", b"parameters"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Tool: _TypeAlias = Tool  # noqa: Y015
+
+@_typing.final
+class ToolChoice(_message.Message):
+    """OpenAI's tool_choice: a mode, or one function the model must call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODE_FIELD_NUMBER: _builtins.int
+    FUNCTION_FIELD_NUMBER: _builtins.int
+    mode: Global___ToolChoiceMode.ValueType
+    function: _builtins.str
+    """The name of one of ChatRequest.tools. llama.cpp takes no named choice: llamad sends
+    that tool alone with "required".
+    """
+    def __init__(
+        self,
+        *,
+        mode: Global___ToolChoiceMode.ValueType = ...,
+        function: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["choice", b"choice", "function", b"function", "mode", b"mode"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["choice", b"choice", "function", b"function", "mode", b"mode"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_choice: _TypeAlias = _typing.Literal["mode", "function"]  # noqa: Y015
+    _WhichOneofArgType_choice: _TypeAlias = _typing.Literal["choice", b"choice"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_choice) -> _WhichOneofReturnType_choice | None: ...
+
+Global___ToolChoice: _TypeAlias = ToolChoice  # noqa: Y015
 
 @_typing.final
 class ChatRequest(_message.Message):
@@ -390,29 +535,90 @@ class ChatRequest(_message.Message):
     MESSAGES_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    TOOL_CHOICE_FIELD_NUMBER: _builtins.int
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """The catalog name or alias of the model to use (ControlService/ListModels); empty:
     the role's default model. An unknown name is NOT_FOUND naming the models that
     exist; a model of another role is INVALID_ARGUMENT.
     """
+    parallel_tool_calls: _builtins.bool
+    """With tools: whether the model may call several tools in one answer (unset: the
+    runtime's default, one call in llama-server).
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatMessage]: ...
     @_builtins.property
     def sampling(self) -> Global___SamplingParams: ...
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___Tool]:
+        """Functions the model may call (at most limits.max_tools), passed to the model's chat
+        template. A model whose template cannot render tools (llama-server's /props says
+        supports_tool_calls false), or one served by the bundled llama-cpp-python runtime, is
+        refused with INVALID_ARGUMENT naming the model; tools are never dropped silently.
+        """
+
+    @_builtins.property
+    def tool_choice(self) -> Global___ToolChoice:
+        """With tools: whether and which tool the model must call (unset: AUTO)."""
+
     def __init__(
         self,
         *,
         messages: _abc.Iterable[Global___ChatMessage] | None = ...,
         sampling: Global___SamplingParams | None = ...,
         model: _builtins.str = ...,
+        tools: _abc.Iterable[Global___Tool] | None = ...,
+        tool_choice: Global___ToolChoice | None = ...,
+        parallel_tool_calls: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls", "parallel_tool_calls", b"parallel_tool_calls", "sampling", b"sampling", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "model", b"model", "sampling", b"sampling"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls", "messages", b"messages", "model", b"model", "parallel_tool_calls", b"parallel_tool_calls", "sampling", b"sampling", "tool_choice", b"tool_choice", "tools", b"tools"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__parallel_tool_calls: _TypeAlias = _typing.Literal["parallel_tool_calls"]  # noqa: Y015
+    _WhichOneofArgType__parallel_tool_calls: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__parallel_tool_calls) -> _WhichOneofReturnType__parallel_tool_calls | None: ...
+
+Global___ChatRequest: _TypeAlias = ChatRequest  # noqa: Y015
+
+@_typing.final
+class ToolCallDelta(_message.Message):
+    """A piece of a tool call the model is writing, streamed as OpenAI streams
+    delta.tool_calls: the first piece of a call carries its index, id and name; the later
+    ones the same index and more of its arguments.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """Which call of the answer (0, 1, ...): join the pieces of one index."""
+    id: _builtins.str
+    """Set in the first piece of a call."""
+    name: _builtins.str
+    """Set in the first piece of a call."""
+    arguments: _builtins.str
+    """The next fragment of the call's arguments (JSON text once all are joined)."""
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        arguments: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "id", b"id", "index", b"index", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ChatRequest: _TypeAlias = ChatRequest  # noqa: Y015
+Global___ToolCallDelta: _TypeAlias = ToolCallDelta  # noqa: Y015
 
 @_typing.final
 class Usage(_message.Message):
@@ -458,6 +664,7 @@ class GenerateResponse(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
     MODEL_NAME_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     """Text produced since the previous message; may be empty in the last message."""
     tokens: _builtins.int
@@ -476,6 +683,12 @@ class GenerateResponse(_message.Message):
     def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenLogprobs]:
         """With SamplingParams.logprobs: one entry per token this message carries, in order."""
 
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCallDelta]:
+        """Chat with tools: pieces of the tool calls the model produced since the previous
+        message (see ToolCallDelta).
+        """
+
     def __init__(
         self,
         *,
@@ -486,10 +699,11 @@ class GenerateResponse(_message.Message):
         model: _builtins.str = ...,
         logprobs: _abc.Iterable[Global___TokenLogprobs] | None = ...,
         model_name: _builtins.str = ...,
+        tool_calls: _abc.Iterable[Global___ToolCallDelta] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "model", b"model", "model_name", b"model_name", "text", b"text", "tokens", b"tokens", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "model", b"model", "model_name", b"model_name", "text", b"text", "tokens", b"tokens", "tool_calls", b"tool_calls", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
