@@ -48,6 +48,8 @@ class ChildConfig:
     api_key_env: str = ""
     env: tuple[tuple[str, str], ...] = ()
     """Environment of the child beyond the daemon's (a catalog model's ``env`` table)."""
+    chat_template: str = "auto"
+    """A generation model's chat template: "auto", or a name of llamad's templates."""
 
     def endpoint(self) -> EndpointSpec | None:
         """The configured endpoint (None when no URL is configured)."""

@@ -25,6 +25,9 @@ from ._config_options import (
 )
 from ._config_retrieval import RetrievalSettings
 
+# The chat templates a model may be given: "auto" (its own, else one known for it).
+_TEMPLATES = ("auto", "chatml", "chatml-tools", "gemma")
+
 
 @dataclass(frozen=True, kw_only=True)
 class RoleSettings:
@@ -70,6 +73,10 @@ class RoleSettings:
         "[models] max_resident = 1 (one child at a time).", minimum=-1)
     extra_args: str = setting(
         "", "Extra runtime arguments, space separated, appended verbatim.")
+    chat_template: str = setting(
+        "auto", "Chat template of a generation model: auto (the GGUF's own, else one llamad "
+        "knows for it), or one of llamad's: chatml, chatml-tools (ChatML that renders "
+        "tools, for tool calling), gemma.", choices=_TEMPLATES)
 
 
 @dataclass(frozen=True)
@@ -318,6 +325,9 @@ class Limits:
     max_prompt_chars: int = setting(
         262144, "Longest prompt or chat text, characters.", minimum=1)
     max_messages: int = setting(256, "Most chat messages per call.", minimum=1)
+    max_tools: int = setting(
+        128, "Most tools a chat call may offer, and tool calls one message may hold.",
+        minimum=1)
     default_max_tokens: int = setting(256, "max_tokens when a call sets none.", minimum=1)
     max_tokens: int = setting(8192, "Largest max_tokens a call may ask.", minimum=1)
     max_stop: int = setting(8, "Most stop strings per call.", minimum=0)

@@ -28,16 +28,19 @@ from supervisor import (
     EmbedResult,
     EndpointClient,
     InferenceClient,
+    Message,
     Sampling,
+    ToolUse,
+    Turn,
     choose_chat_template,
 )
 
-from .errors import Disabled, FailedPrecondition, ModelUnloaded, RequestError
+from .errors import Disabled, FailedPrecondition, InvalidArgument, ModelUnloaded, RequestError
 
 if TYPE_CHECKING:
     from .children import Setup
 
-Messages = Sequence[tuple[str, str]]
+Messages = Sequence[Message]
 
 
 class InferenceBackend(Protocol):
@@ -80,7 +83,14 @@ class InferenceBackend(Protocol):
 
     def stream_completion(self, prompt: str, sampling: Sampling) -> AsyncIterator[Chunk]: ...
 
-    def stream_chat(self, messages: Messages, sampling: Sampling) -> AsyncIterator[Chunk]: ...
+    def stream_chat(self, messages: Messages, sampling: Sampling,
+                    tools: ToolUse | None = None) -> AsyncIterator[Chunk]:
+        """The chat's stream; with ``tools``, passed to the model's chat template.
+
+        Raises:
+            InvalidArgument: at once, ``tools`` for a model that cannot take them.
+        """
+        ...
 
     async def embed(self, texts: Sequence[str | Sequence[int]]) -> EmbedResult: ...
 
@@ -112,8 +122,18 @@ class _ClientBackend:
     def stream_completion(self, prompt: str, sampling: Sampling) -> AsyncIterator[Chunk]:
         return self.client.stream_completion(prompt, sampling)
 
-    def stream_chat(self, messages: Messages, sampling: Sampling) -> AsyncIterator[Chunk]:
-        return self.client.stream_chat(messages, sampling)
+    def stream_chat(self, messages: Messages, sampling: Sampling,
+                    tools: ToolUse | None = None) -> AsyncIterator[Chunk]:
+        """Refuses ``tools`` when the server cannot take them (its chat template renders
+        none, or its runtime passes none): never sent to be dropped silently."""
+        refusal = self.client.tools_refusal
+        if refusal and tools is not None:
+            raise InvalidArgument(f"tools: the model {self.model_name!r} cannot take tools: "
+                                  f"{refusal}")
+        if refusal and any(isinstance(m, Turn) for m in messages):
+            raise InvalidArgument(f"messages: the model {self.model_name!r} cannot take tool "
+                                  f"calls or tool messages: {refusal}")
+        return self.client.stream_chat(messages, sampling, tools)
 
     async def embed(self, texts: Sequence[str | Sequence[int]]) -> EmbedResult:
         return await self.client.embed(texts)
@@ -129,7 +149,8 @@ class ChildBackend(_ClientBackend):
         super().__init__(client)
         self._setup = setup
 
-    def stream_chat(self, messages: Messages, sampling: Sampling) -> AsyncIterator[Chunk]:
+    def stream_chat(self, messages: Messages, sampling: Sampling,
+                    tools: ToolUse | None = None) -> AsyncIterator[Chunk]:
         """The chat, unless the model has no chat template llamad can trust (its GGUF
         carries none and none is known for it): then FAILED_PRECONDITION naming the
         problem, never a generic template's guess.
@@ -139,11 +160,11 @@ class ChildBackend(_ClientBackend):
         """
         setup = self._setup
         if setup is not None and setup.model.info is not None and not setup.spec.embedding:
-            template = choose_chat_template(setup.model.info)
+            template = choose_chat_template(setup.model.info, setup.spec.chat_template or "")
             if not template.usable:
                 raise FailedPrecondition(f"Chat and Ask need a chat template: "
                                          f"{template.reason}")
-        return super().stream_chat(messages, sampling)
+        return super().stream_chat(messages, sampling, tools)
 
     @property
     def identity(self) -> str:
@@ -222,7 +243,8 @@ class DisabledBackend:
     def stream_completion(self, prompt: str, sampling: Sampling) -> AsyncIterator[Chunk]:
         raise self.refusal
 
-    def stream_chat(self, messages: Messages, sampling: Sampling) -> AsyncIterator[Chunk]:
+    def stream_chat(self, messages: Messages, sampling: Sampling,
+                    tools: ToolUse | None = None) -> AsyncIterator[Chunk]:
         raise self.refusal
 
     async def embed(self, texts: Sequence[str | Sequence[int]]) -> EmbedResult:

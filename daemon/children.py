@@ -132,7 +132,9 @@ def make_setup(
     with contextlib.suppress(InvalidModelError):
         facts.validate()
     template = None
-    if role == "generation" and facts.info is not None:
+    if role == "generation" and cc.chat_template not in ("", "auto"):
+        template = cc.chat_template  # the model's setting, whatever its GGUF carries
+    elif role == "generation" and facts.info is not None:
         template = choose_chat_template(facts.info).name or None
     spec = LaunchSpec(
         role=role,

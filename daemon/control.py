@@ -119,7 +119,8 @@ def child_status(child: Model) -> control_pb2.ChildStatus:
         status.model_architecture = info.architecture if info else ""
         status.model_context_length = info.context_length if info else 0
         if info is not None and not child.spec.embedding:
-            status.chat_template = choose_chat_template(info).describe()
+            status.chat_template = choose_chat_template(
+                info, child.config.chat_template).describe()
     elif mode is InferenceMode.ENDPOINT and child.mode.endpoint is not None:
         status.runtime = "endpoint"
         status.endpoint_url = child.mode.endpoint.display_url

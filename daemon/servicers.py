@@ -15,9 +15,9 @@ import grpc
 from google.protobuf import timestamp_pb2
 
 from llamad_protocol.v1 import common_pb2, inference_pb2, inference_pb2_grpc
-from supervisor import Chunk, Sampling, TokenLogprob, TokenLogprobs
+from supervisor import Chunk, Sampling, TokenLogprob, TokenLogprobs, ToolCallDelta
 
-from . import rpc, validation
+from . import rpc, tools, validation
 from .backend import InferenceBackend
 from .config import Limits
 from .errors import InvalidArgument
@@ -36,6 +36,7 @@ ROLE_ENUMS: dict[str, common_pb2.ChildRole.ValueType] = {
 _FINISH = {
     "stop": inference_pb2.FINISH_REASON_STOP,
     "length": inference_pb2.FINISH_REASON_LENGTH,
+    "tool_calls": inference_pb2.FINISH_REASON_TOOL_CALLS,
 }
 
 def _role(value: int, default: str = "generation") -> str:
@@ -80,6 +81,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                                                      model=model)
                 if item.logprobs:
                     msg.logprobs.extend(_logprobs(entry) for entry in item.logprobs)
+                if item.tool_calls:
+                    msg.tool_calls.extend(_tool_call(delta) for delta in item.tool_calls)
                 yield msg
                 continue
             usage = meter.finish(item)
@@ -148,10 +151,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         call: rpc.Call,
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
         messages = validation.chat_messages(request, self._limits)
+        offered = tools.chat_tools(request, self._limits)
         call.note(messages=len(messages))
+        if offered is not None:
+            call.note(tools=len(offered.tools), tool_choice=offered.choice)
         async for msg in self._generate(
                 request.sampling, context, call,
-                lambda backend, sampling: backend.stream_chat(messages, sampling),
+                lambda backend, sampling: backend.stream_chat(messages, sampling, offered),
                 chat=True, model=request.model):
             yield msg
 
@@ -215,6 +221,11 @@ def _token(token: TokenLogprob) -> inference_pb2.TokenLogprob:
 def _logprobs(entry: TokenLogprobs) -> inference_pb2.TokenLogprobs:
     return inference_pb2.TokenLogprobs(chosen=_token(entry.chosen),
                                        top_logprobs=[_token(t) for t in entry.top])
+
+
+def _tool_call(delta: ToolCallDelta) -> inference_pb2.ToolCallDelta:
+    return inference_pb2.ToolCallDelta(index=delta.index, id=delta.id, name=delta.name,
+                                       arguments=delta.arguments)
 
 
 def _embedding(row: Float32Array) -> inference_pb2.Embedding:

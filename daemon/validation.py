@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import orjson
 
 from llamad_protocol.v1 import inference_pb2 as pb
-from supervisor import LogitBias, Sampling
+from supervisor import LogitBias, Message, Sampling, Turn
 
+from . import tools
 from .config import AnswerConfig, Limits
 from .errors import InvalidArgument
 
@@ -280,7 +281,14 @@ def prompt(request: pb.GenerateRequest, limits: Limits) -> str:
     return request.prompt
 
 
-def chat_messages(request: pb.ChatRequest, limits: Limits) -> list[tuple[str, str]]:
+def chat_messages(request: pb.ChatRequest, limits: Limits) -> list[Message]:
+    """The messages of a Chat: ``(role, content)`` pairs, and :class:`supervisor.Turn`
+    for an assistant message with tool calls and for a tool message (role ``tool``, which
+    must name the call it answers in ``tool_call_id``).
+
+    Raises:
+        InvalidArgument: naming the message and field at fault.
+    """
     if not request.messages:
         raise InvalidArgument("messages is empty")
     if len(request.messages) > limits.max_messages:
@@ -288,22 +296,41 @@ def chat_messages(request: pb.ChatRequest, limits: Limits) -> list[tuple[str, st
             f"{len(request.messages)} messages; the limit is {limits.max_messages} "
             "(limits.max_messages)"
         )
-    out: list[tuple[str, str]] = []
+    out: list[Message] = []
     total = 0
     for i, msg in enumerate(request.messages):
-        role = _ROLES.get(msg.role)
+        role = _ROLES.get(msg.role) or ("tool" if msg.role == pb.CHAT_ROLE_TOOL else None)
         if role is None:
             raise InvalidArgument(f"messages[{i}].role is unspecified or unknown")
         _check_text(f"messages[{i}].content", msg.content, limits.max_prompt_chars,
-                    allow_empty=role == "assistant")
-        total += len(msg.content)
-        out.append((role, msg.content))
+                    allow_empty=role in ("assistant", "tool"))
+        total += len(msg.content) + tools.tool_chars(msg)
+        out.append(_message(i, role, msg, limits))
     if total > limits.max_prompt_chars:
         raise InvalidArgument(f"messages have {total} characters in all; the limit is "
                               f"{limits.max_prompt_chars} (limits.max_prompt_chars)")
-    if out[-1][0] == "assistant":
+    last = out[-1]
+    if (last.role if isinstance(last, Turn) else last[0]) == "assistant":
         raise InvalidArgument("the last message must not be from the assistant")
     return out
+
+
+def _message(i: int, role: str, msg: pb.ChatMessage, limits: Limits) -> Message:
+    """One checked message: a pair, or a Turn when it has tool calling's parts."""
+    where = f"messages[{i}]"
+    if msg.tool_calls and role != "assistant":
+        raise InvalidArgument(f"{where}.tool_calls: only an assistant message calls tools")
+    if role == "tool":
+        if not msg.tool_call_id:
+            raise InvalidArgument(f"{where}.tool_call_id is empty: a tool message must name "
+                                  "the call it answers")
+        _check_text(f"{where}.tool_call_id", msg.tool_call_id, limits.max_prompt_chars)
+        return Turn(role, msg.content, tool_call_id=msg.tool_call_id)
+    if msg.tool_call_id:
+        raise InvalidArgument(f"{where}.tool_call_id is only for a tool message")
+    if msg.tool_calls:
+        return Turn(role, msg.content, tools.tool_calls(where, msg, limits))
+    return (role, msg.content)
 
 
 def embed_texts(texts: Sequence[str], limits: Limits) -> list[str]:

@@ -61,7 +61,13 @@ from ._swap import (
     SwapRecord,
     SwapRefusedError,
 )
-from ._templates import ChatTemplate, choose_chat_template, fallback_chat_template
+from ._templates import (
+    KNOWN_TEMPLATES,
+    ChatTemplate,
+    choose_chat_template,
+    fallback_chat_template,
+)
+from ._tools import Message, Tool, ToolCall, ToolCallDelta, ToolUse, Turn
 from .errors import (
     ChildBadRequestError,
     ChildNotReadyError,
@@ -77,6 +83,7 @@ from .errors import (
 __all__ = [
     "BUNDLED",
     "ENDPOINT_KINDS",
+    "KNOWN_TEMPLATES",
     "LLAMA_CPP",
     "OPENAI",
     "STAGES",
@@ -113,6 +120,7 @@ __all__ = [
     "LogRing",
     "LogitBias",
     "ManualClock",
+    "Message",
     "ProcessChild",
     "ProcessLauncher",
     "RestartPolicy",
@@ -135,6 +143,11 @@ __all__ = [
     "TokenLogprob",
     "TokenLogprobs",
     "TokenizeUnavailableError",
+    "Tool",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolUse",
+    "Turn",
     "UnsupportedParameterError",
     "can_lower_niceness",
     "check_transition",

@@ -226,6 +226,10 @@ class ProcessChild:
             if self._exit_task.done():
                 raise StartFailure(self._cause(self._exit_task.result())) from exc
             raise StartFailure(self._not_ready(f"readiness request failed: {exc}")) from exc
+        if not spec.embedding and self.client.dialect.llama_cpp:
+            # Once per start: whether its chat template renders tools (an unanswered
+            # /props leaves tools refused, never the child unready).
+            await self.client.read_chat_caps(timeout=self._timeouts.probe_timeout)
 
     def _not_ready(self, message: str) -> ExitCause:
         return ExitCause("never_ready", False, message, at=self._clock.wall())

@@ -24,6 +24,7 @@ import orjson
 
 from ._http import Response
 from ._sampling import LLAMA_CPP, Dialect, Sampling, TokenLogprobs, parse_logprobs
+from ._tools import Message, ToolCallDelta, ToolUse, messages_json, parse_tool_deltas
 from ._transport import Activity, HttpxTransport, LoopbackTransport, UnaryTransport
 from .errors import ChildBadRequestError, ChildRequestError
 
@@ -65,7 +66,8 @@ class Chunk:
     ``tokens`` is the number of tokens this chunk carries (runtimes send one event per
     token; a held-back multi-byte character can make it more). The last chunk has a
     ``finish_reason`` and, when the runtime reports it, the usage counts. ``logprobs``
-    has the chunk's tokens when the request asked for them.
+    has the chunk's tokens when the request asked for them. ``tool_calls`` has the pieces
+    of tool calls a chat with tools streamed in this chunk.
     """
 
     text: str
@@ -74,6 +76,7 @@ class Chunk:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     logprobs: tuple[TokenLogprobs, ...] = ()
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,12 @@ class InferenceClient:
         self._api = api
         self.dialect = api.dialect
         """Which generation parameters the server takes (an endpoint may learn more)."""
+        self.tools_refusal = (
+            "llama-server did not report its chat template's capabilities (GET /props)"
+            if api.dialect.llama_cpp else
+            f"{api.dialect.runtime} does not pass tools to a Jinja chat template")
+        """Why a chat with tools cannot be served ("": it can). A child's is learnt once
+        it is ready (:meth:`read_chat_caps`); an endpoint decides for itself."""
         self._read_timeout = read_timeout
         # trust_env=False: an HTTP(S)_PROXY in the daemon's environment must never
         # capture loopback traffic to our own child.
@@ -174,6 +183,24 @@ class InferenceClient:
         if resp.status_code == 503:
             return Health.LOADING
         return Health.DOWN
+
+    async def read_chat_caps(self, timeout: float = 2.0) -> None:
+        """Learn whether the chat template renders tools from llama-server's
+        ``GET /props`` (``chat_template_caps.supports_tool_calls``), into
+        :attr:`tools_refusal`. An answer without it leaves tools refused."""
+        try:
+            data = await self._json("GET", "/props", None, timeout=timeout)
+        except ChildRequestError as exc:
+            self.tools_refusal = f"its chat template's capabilities are unknown ({exc})"
+            return
+        caps = data.get("chat_template_caps")
+        if isinstance(caps, dict) and caps.get("supports_tool_calls") is True:
+            self.tools_refusal = ""
+        else:
+            self.tools_refusal = (
+                "its chat template does not render tools (llama-server's /props says "
+                "supports_tool_calls false); a ChatML model can be given llamad's tool "
+                "template: chat_template = \"chatml-tools\" in its [models.NAME] table")
 
     async def model_ids(self, timeout: float = 2.0) -> list[str]:
         """The model ids the server reports on ``/v1/models``."""
@@ -260,10 +287,10 @@ class InferenceClient:
         except (KeyError, IndexError, TypeError) as exc:
             raise ChildRequestError("/v1/completions: malformed answer") from exc
 
-    async def complete_chat(self, messages: Sequence[tuple[str, str]], sampling: Sampling) -> str:
+    async def complete_chat(self, messages: Sequence[Message], sampling: Sampling) -> str:
         """A whole (non-streamed) chat completion; used for readiness checks."""
         body = {
-            "messages": [{"role": r, "content": c} for r, c in messages],
+            "messages": messages_json(messages),
             "stream": False,
             **sampling.to_json(self.dialect, chat=True),
         }
@@ -283,16 +310,20 @@ class InferenceClient:
         return self._stream("/v1/completions", body, chat=False, sampling=sampling)
 
     def stream_chat(
-        self, messages: Sequence[tuple[str, str]], sampling: Sampling
+        self, messages: Sequence[Message], sampling: Sampling, tools: ToolUse | None = None
     ) -> AsyncIterator[Chunk]:
-        """Stream a chat completion of ``(role, content)`` messages.
+        """Stream a chat completion of ``messages`` (``(role, content)`` pairs, or
+        :class:`~supervisor._tools.Turn` with tool calls), with ``tools`` the model may
+        call (passed through: the server's chat template renders them and its parser
+        streams the calls back as :attr:`Chunk.tool_calls`).
 
         Raises:
             UnsupportedParameterError: at once, for a parameter the server cannot take.
         """
         body = {
-            "messages": [{"role": r, "content": c} for r, c in messages],
+            "messages": messages_json(messages),
             **sampling.to_json(self.dialect, chat=True),
+            **(tools.to_json() if tools is not None else {}),
         }
         return self._stream("/v1/chat/completions", body, chat=True, sampling=sampling)
 
@@ -374,12 +405,15 @@ class InferenceClient:
                 for choice in event.get("choices") or ():
                     text = _choice_text(choice, chat)
                     finish = choice.get("finish_reason") or finish
+                    calls = parse_tool_deltas((choice.get("delta") or {}).get("tool_calls")) \
+                        if chat else ()
                     if top is not None:
                         probs = parse_logprobs(choice.get("logprobs"), top)
-                        if text or probs:
-                            yield Chunk(text, max(1, len(probs)), logprobs=probs)
-                    elif text:
-                        yield Chunk(text, 1)
+                        if text or probs or calls:
+                            yield Chunk(text, max(1, len(probs)), logprobs=probs,
+                                        tool_calls=calls)
+                    elif text or calls:
+                        yield Chunk(text, 1, tool_calls=calls)
             if done:
                 break
         yield Chunk("", 0, finish or "stop", prompt_tokens, completion_tokens)

@@ -263,6 +263,8 @@ class EndpointClient(InferenceClient):
         self.model_meta: dict[str, Any] = {}
         self._rejected: set[str] = set()
         self._no_tokenizer = ""
+        # Tools are passed through: the endpoint's own API takes or refuses them.
+        self.tools_refusal = ""
 
     def __repr__(self) -> str:  # never the key, never the URL's credentials
         return f"EndpointClient({self.display_url!r}, model={self.model_id!r})"

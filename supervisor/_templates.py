@@ -3,7 +3,9 @@
 A GGUF usually carries its own (``tokenizer.chat_template``, a Jinja template that
 llama-server renders). Some are published without one — gemma-3-270m's GGUF among them —
 and then llama-server silently formats every chat as ChatML, which a Gemma model does not
-understand. :func:`choose_chat_template` picks, in order: the model's own; else a known
+understand. :func:`choose_chat_template` picks, in order: the one the model's settings
+name (``chat_template``, e.g. ``chatml-tools``: ChatML that renders tools, which no
+default model's own template does); else the model's own; else a known
 template chosen by architecture and model name (shipped as Jinja files beside this
 module, passed with ``--chat-template-file``: this llama-server renders
 ``--chat-template NAME`` as a literal Jinja template, so a built-in name there became the
@@ -30,8 +32,13 @@ _KNOWN: tuple[tuple[frozenset[str], re.Pattern[str], str], ...] = (
     (frozenset({"llama"}), re.compile(r"smollm", re.IGNORECASE), "chatml"),
 )
 
-# llama-cpp-python's --chat_format names for the same templates.
-BUNDLED_FORMATS = {"gemma": "gemma", "chatml": "chatml"}
+# llama-cpp-python's --chat_format names for the same templates (it renders no tools:
+# llamad refuses tools on that runtime, so chatml-tools is plain ChatML there).
+BUNDLED_FORMATS = {"gemma": "gemma", "chatml": "chatml", "chatml-tools": "chatml"}
+
+KNOWN_TEMPLATES = ("chatml", "chatml-tools", "gemma")
+"""The templates shipped beside this module, which a model's ``chat_template`` may name."""
+_TEMPLATE_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 
 
 @dataclass(frozen=True)
@@ -39,7 +46,8 @@ class ChatTemplate:
     """The chat template a generation child uses.
 
     Attributes:
-        source: ``"model"`` (the GGUF's own ``tokenizer.chat_template``), ``"known"`` (the
+        source: ``"configured"`` (the model's ``chat_template`` setting names ``name``),
+            ``"model"`` (the GGUF's own ``tokenizer.chat_template``), ``"known"`` (the
             GGUF has none: ``name`` was chosen by architecture and model name) or
             ``"none"`` (the GGUF has none and none is known: Chat and Ask are refused).
         name: the known template's name (``"gemma"``, ``"chatml"``); ``""`` otherwise.
@@ -57,6 +65,8 @@ class ChatTemplate:
 
     def describe(self) -> str:
         """One line for Status: which template, and why."""
+        if self.source == "configured":
+            return f"{self.name} (the model's chat_template setting)"
         if self.source == "model":
             return "the model's own (tokenizer.chat_template)"
         if self.source == "known":
@@ -64,8 +74,12 @@ class ChatTemplate:
         return f"none: {self.reason}"
 
 
-def choose_chat_template(info: GGUFInfo) -> ChatTemplate:
-    """The template for ``info``'s model: its own, a known one, or none."""
+def choose_chat_template(info: GGUFInfo, configured: str = "") -> ChatTemplate:
+    """The template for ``info``'s model: the ``configured`` one (a name of
+    :data:`KNOWN_TEMPLATES`; "" or "auto": none configured), its own, a known one, or
+    none."""
+    if configured and configured != "auto":
+        return ChatTemplate("configured", configured, "set by the model's chat_template")
     if info.has_chat_template:
         return ChatTemplate("model")
     label = info.name or Path(info.path).name
@@ -87,7 +101,7 @@ def template_file(name: str) -> Path:
         ValueError: no such known template.
     """
     path = TEMPLATES_DIR / f"{name}.jinja"
-    if not name.isidentifier() or not path.is_file():
+    if not _TEMPLATE_NAME.fullmatch(name) or not path.is_file():
         raise ValueError(f"no known chat template {name!r}")
     return path
 

@@ -47,9 +47,9 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
           413: "invalid_request_error", 415: "invalid_request_error",
           417: "invalid_request_error",
           429: "rate_limit_error"}
-# "sampling.temperature must be ...", "messages[2].content is empty", "texts[0] ...":
-# the parameter a validation message starts with.
-_PARAM = re.compile(r"^(?:sampling\.)?([a-z_]+(?:\[\d+\])?(?:\.[a-z_]+)*)\b")
+# "sampling.temperature must be ...", "messages[2].content is empty", "texts[0] ...",
+# "messages[1].tool_calls[0].arguments ...": the parameter a validation message starts with.
+_PARAM = re.compile(r"^(?:sampling\.)?([a-z_]+(?:\[\d+\])?(?:\.[a-z_]+(?:\[\d+\])?)*)\b")
 
 
 class ParamError(InvalidArgument):

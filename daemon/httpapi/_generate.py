@@ -24,7 +24,7 @@ from ..inference import Meter, Usage, admitted_generation
 from ..rpc import Call
 from . import _parse
 from ._context import RECEIVED, Api, json_response, open_stream, time_remaining
-from ._shapes import DONE, Shape
+from ._shapes import DONE, Shape, ToolCalls
 
 Start = Callable[[InferenceBackend, Sampling], AsyncIterator[Chunk]]
 async def chat(api: Api, request: web.BaseRequest, call: Call,
@@ -40,9 +40,11 @@ async def completions(api: Api, request: web.BaseRequest, call: Call,
 def _start(body: _parse.Body, limits: Limits, call: Call, *, chat: bool) -> Start:
     """How to start the stream of the request's messages (chat) or prompt."""
     if chat:
-        messages = _parse.chat_messages(body, limits)
+        messages, offered = _parse.chat_messages(body, limits)
         call.note(messages=len(messages))
-        return lambda backend, sampling: backend.stream_chat(messages, sampling)
+        if offered is not None:
+            call.note(tools=len(offered.tools), tool_choice=offered.choice)
+        return lambda backend, sampling: backend.stream_chat(messages, sampling, offered)
     prompt = _parse.prompt(body, limits)
     call.note(prompt_chars=len(prompt))
     return lambda backend, sampling: backend.stream_completion(prompt, sampling)
@@ -74,16 +76,18 @@ async def _whole(request: web.BaseRequest, call: Call, chunks: AsyncIterator[Chu
                  meter: Meter, shape: Shape) -> web.Response:
     texts: list[str] = []
     logprobs: list[TokenLogprobs] = []
+    calls = ToolCalls()
     async for item in chunks:
         texts.append(item.text)
         logprobs.extend(item.logprobs)
+        calls.add(item.tool_calls)
         if item.finish_reason is None:
             meter.piece(item)
             continue
         usage = meter.finish(item)
         _note_usage(call, usage, item.finish_reason)
         return json_response(request, shape.whole("".join(texts), logprobs,
-                                                  item.finish_reason, usage))
+                                                  item.finish_reason, usage, calls.json()))
     raise ChildRequestError("the stream ended without a finish reason")
 
 
@@ -94,7 +98,8 @@ async def _stream(request: web.BaseRequest, call: Call, chunks: AsyncIterator[Ch
     while item is not None:
         if item.finish_reason is None:
             meter.piece(item)
-            await response.write(shape.piece(item.text, item.logprobs))
+            await response.write(shape.piece(item.text, item.logprobs,
+                                             tool_calls=item.tool_calls))
         else:
             usage = meter.finish(item)
             _note_usage(call, usage, item.finish_reason)

@@ -3,9 +3,9 @@
 Each JSON field is type-checked here, naming the parameter as OpenAI spells it; the
 values are then put in the gRPC request messages and validated by :mod:`daemon.validation`,
 so both APIs accept and refuse exactly the same values under the same named limits.
-Parameters llamad cannot honour (``n`` > 1, tools, ``echo``, ``suffix``, ...) are refused
-by name rather than ignored; fields it does not know are ignored, as OpenAI-compatible
-servers do.
+Parameters llamad cannot honour (``n`` > 1, OpenAI's legacy ``functions``, ``echo``,
+``suffix``, ...) are refused by name rather than ignored; fields it does not know are
+ignored, as OpenAI-compatible servers do.
 """
 
 from __future__ import annotations
@@ -17,28 +17,28 @@ from typing import Any
 import orjson
 
 from llamad_protocol.v1 import inference_pb2 as pb
-from supervisor import Sampling
+from supervisor import Message, Sampling, ToolUse
 
-from .. import validation
+from .. import tools, validation
 from ..config import Limits
 from ..errors import InvalidArgument
 from ..inference import EmbedInput
 from ._errors import ApiError, ParamError
+from ._tools import read_message_tools, read_tools
 
 Body = Mapping[str, Any]
 
 _REFUSED = {
-    "tools": "tool calling is not available on llamad's HTTP API yet",
-    "tool_choice": "tool calling is not available on llamad's HTTP API yet",
-    "functions": "function calling is not available on llamad's HTTP API",
-    "function_call": "function calling is not available on llamad's HTTP API",
+    "functions": "OpenAI's legacy function calling is not available: use tools",
+    "function_call": "OpenAI's legacy function calling is not available: use tool_choice",
     "audio": "audio output is not available",
     "modalities": "only text output is available",
     "prediction": "predicted outputs are not available",
     "suffix": "suffix (insertion) is not available",
 }
 _ROLES = {"system": pb.CHAT_ROLE_SYSTEM, "developer": pb.CHAT_ROLE_SYSTEM,
-          "user": pb.CHAT_ROLE_USER, "assistant": pb.CHAT_ROLE_ASSISTANT}
+          "user": pb.CHAT_ROLE_USER, "assistant": pb.CHAT_ROLE_ASSISTANT,
+          "tool": pb.CHAT_ROLE_TOOL}
 _UINT32 = 2**32 - 1
 _FORMATS = {"text": pb.RESPONSE_FORMAT_TYPE_TEXT,
             "json_object": pb.RESPONSE_FORMAT_TYPE_JSON_OBJECT,
@@ -255,12 +255,13 @@ def _response_format(body: Body, params: pb.SamplingParams) -> None:
     params.response_format.name = name
 
 
-def chat_messages(body: Body, limits: Limits) -> list[tuple[str, str]]:
-    """``messages``: roles system (or developer), user and assistant; content a string or
-    text parts.
+def chat_messages(body: Body, limits: Limits) -> tuple[list[Message], ToolUse | None]:
+    """``messages`` (roles system or developer, user, assistant with its ``tool_calls``,
+    and tool with its ``tool_call_id``; content a string or text parts), and ``tools``
+    with ``tool_choice`` and ``parallel_tool_calls`` (None: no tools).
 
     Raises:
-        InvalidArgument: naming the message and field at fault.
+        InvalidArgument: naming the message and field, or the tools parameter, at fault.
     """
     value = body.get("messages")
     if not isinstance(value, list):
@@ -272,13 +273,13 @@ def chat_messages(body: Body, limits: Limits) -> list[tuple[str, str]]:
             raise ParamError(where, f"{where} must be an object with role and content")
         role = _ROLES.get(message.get("role"))  # type: ignore[arg-type]
         if role is None:
-            raise ParamError(f"{where}.role", f"{where}.role must be system, developer, user "
-                             f"or assistant (tool messages need tool calling, not available)")
-        if message.get("tool_calls"):
-            raise ParamError(f"{where}.tool_calls", f"{where}.tool_calls: tool calling is "
-                             "not available on llamad's HTTP API yet")
-        request.messages.add(role=role, content=_content(message.get("content"), where))
-    return validation.chat_messages(request, limits)
+            raise ParamError(f"{where}.role", f"{where}.role must be system, developer, user, "
+                             "assistant or tool")
+        added = request.messages.add(role=role,
+                                     content=_content(message.get("content"), where))
+        read_message_tools(where, message, added)
+    read_tools(body, request)
+    return validation.chat_messages(request, limits), tools.chat_tools(request, limits)
 
 
 def _content(value: object, where: str) -> str:

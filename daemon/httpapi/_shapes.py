@@ -1,4 +1,5 @@
-"""Response bodies in OpenAI's shapes: chat completions and their chunks, (legacy)
+"""Response bodies in OpenAI's shapes: chat completions and their chunks (with tool
+calls: ``message.tool_calls`` whole, ``delta.tool_calls`` pieces streamed), (legacy)
 completions and theirs, logprobs in each route's form, usage, and the server-sent event
 framing (``data: {json}\\n\\n``, then ``data: [DONE]\\n\\n``).
 """
@@ -11,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from supervisor import TokenLogprob, TokenLogprobs
+from supervisor import TokenLogprob, TokenLogprobs, ToolCallDelta
 
 from ..inference import Usage
 
@@ -38,6 +39,39 @@ def chat_logprobs(entries: tuple[TokenLogprobs, ...] | list[TokenLogprobs]
     """Chat's ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
     return {"content": [{**_token(e.chosen), "top_logprobs": [_token(t) for t in e.top]}
                         for e in entries], "refusal": None}
+
+
+def tool_call_delta(delta: ToolCallDelta) -> dict[str, Any]:
+    """A streamed piece of a tool call: the first of a call has its id, type and name."""
+    out: dict[str, Any] = {"index": delta.index}
+    function: dict[str, Any] = {"arguments": delta.arguments}
+    if delta.id or delta.name:
+        out["id"] = delta.id
+        out["type"] = "function"
+        function = {"name": delta.name, **function}
+    out["function"] = function
+    return out
+
+
+class ToolCalls:
+    """The tool calls of a whole answer, joined from their streamed pieces by index."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, dict[str, Any]] = {}
+
+    def add(self, deltas: tuple[ToolCallDelta, ...]) -> None:
+        for delta in deltas:
+            call = self._calls.setdefault(delta.index, {"id": "", "type": "function",
+                                                        "function": {"name": "",
+                                                                     "arguments": ""}})
+            call["id"] = call["id"] or delta.id
+            function = call["function"]
+            function["name"] = function["name"] or delta.name
+            function["arguments"] += delta.arguments
+
+    def json(self) -> list[dict[str, Any]]:
+        """OpenAI's ``message.tool_calls``, in index order."""
+        return [self._calls[i] for i in sorted(self._calls)]
 
 
 class Shape:
@@ -68,9 +102,10 @@ class Shape:
         return body
 
     def piece(self, text: str, logprobs: tuple[TokenLogprobs, ...],
-              finish_reason: str | None = None) -> bytes:
-        """A streamed chunk: the text (the chat role in the first one), its logprobs, and
-        the finish reason in the last."""
+              finish_reason: str | None = None,
+              tool_calls: tuple[ToolCallDelta, ...] = ()) -> bytes:
+        """A streamed chunk: the text (the chat role in the first one), its logprobs, the
+        pieces of tool calls, and the finish reason in the last."""
         choice: dict[str, Any] = {"index": 0}
         if self.chat:
             delta: dict[str, Any] = {}
@@ -78,7 +113,9 @@ class Shape:
                 delta["role"] = "assistant"
                 self._role_sent = True
             if text or "role" in delta:
-                delta["content"] = text
+                delta["content"] = text or (None if tool_calls else "")
+            if tool_calls:
+                delta["tool_calls"] = [tool_call_delta(d) for d in tool_calls]
             choice["delta"] = delta
             choice["logprobs"] = chat_logprobs(logprobs) if logprobs else None
         else:
@@ -108,11 +145,17 @@ class Shape:
                 "text_offset": offsets}
 
     def whole(self, text: str, logprobs: list[TokenLogprobs], finish_reason: str,
-              usage: Usage) -> dict[str, Any]:
-        """The response of a call that did not stream."""
+              usage: Usage, tool_calls: list[dict[str, Any]] | None = None
+              ) -> dict[str, Any]:
+        """The response of a call that did not stream (chat: with ``tool_calls``, the
+        content is null when the model wrote no text)."""
         choice: dict[str, Any] = {"index": 0}
         if self.chat:
-            choice["message"] = {"role": "assistant", "content": text, "refusal": None}
+            choice["message"] = {"role": "assistant",
+                                 "content": text or (None if tool_calls else ""),
+                                 "refusal": None}
+            if tool_calls:
+                choice["message"]["tool_calls"] = tool_calls
             choice["logprobs"] = chat_logprobs(logprobs) if logprobs else None
         else:
             choice["text"] = text

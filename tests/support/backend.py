@@ -17,16 +17,19 @@ import numpy as np
 
 from daemon.admission import Admission
 from daemon.backend import InferenceBackend
-from daemon.errors import RequestError
+from daemon.errors import InvalidArgument, RequestError
 from supervisor import (
     LLAMA_CPP,
     ChildRequestError,
     Chunk,
     Dialect,
     EmbedResult,
+    Message,
     Sampling,
     SupervisorError,
     TokenLogprobs,
+    ToolCallDelta,
+    ToolUse,
 )
 
 
@@ -35,7 +38,9 @@ class FakeBackend:
     """Streams ``pieces`` (one token each) then a final chunk; embeds each text (or token
     ids) as ``[len(text), 0, ..., 1]``; tokenizes into words. ``gate``, when set, holds every
     stream before its first piece until the test sets it. ``logprobs``, when set, gives
-    each piece's tokens; ``dialect`` is the runtime's."""
+    each piece's tokens; ``dialect`` is the runtime's. ``tool_calls``, when set, gives
+    the pieces of tool calls each piece carries; ``tools_refusal``, when set, refuses a
+    chat with tools as a model without a tool template does."""
 
     model_name: str = "fake-model"
     identity: str = "fake.gguf@0123456789abcdef"
@@ -48,7 +53,10 @@ class FakeBackend:
     fail_stream_after: int | None = None
     gate: asyncio.Event | None = None
     prompts: list[str] = field(default_factory=list)
-    chats: list[list[tuple[str, str]]] = field(default_factory=list)
+    chats: list[list[Message]] = field(default_factory=list)
+    tool_uses: list[ToolUse | None] = field(default_factory=list)
+    tool_calls: list[tuple[ToolCallDelta, ...]] | None = None
+    tools_refusal: str = ""
     samplings: list[Sampling] = field(default_factory=list)
     embedded: list[list[str | Sequence[int]]] = field(default_factory=list)
     tokenized: list[tuple[str, bool]] = field(default_factory=list)
@@ -65,9 +73,13 @@ class FakeBackend:
         self.samplings.append(sampling)
         return self._stream()
 
-    def stream_chat(self, messages: Sequence[tuple[str, str]],
-                    sampling: Sampling) -> AsyncIterator[Chunk]:
+    def stream_chat(self, messages: Sequence[Message], sampling: Sampling,
+                    tools: ToolUse | None = None) -> AsyncIterator[Chunk]:
+        if tools is not None and self.tools_refusal:
+            raise InvalidArgument(f"tools: the model {self.model_name!r} cannot take "
+                                  f"tools: {self.tools_refusal}")
         self.chats.append(list(messages))
+        self.tool_uses.append(tools)
         self.samplings.append(sampling)
         return self._stream()
 
@@ -78,7 +90,8 @@ class FakeBackend:
             if self.fail_stream_after is not None and i == self.fail_stream_after:
                 raise ChildRequestError("connection dropped by the child")
             probs = self.logprobs[i] if self.logprobs is not None else ()
-            yield Chunk(piece, 1, logprobs=probs)
+            calls = self.tool_calls[i] if self.tool_calls is not None else ()
+            yield Chunk(piece, 1, logprobs=probs, tool_calls=calls)
         yield Chunk("", 0, self.finish, self.prompt_tokens, len(self.pieces))
 
     async def embed(self, texts: Sequence[str | Sequence[int]]) -> EmbedResult:

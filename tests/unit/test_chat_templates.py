@@ -114,11 +114,13 @@ class _Client:
     """Records the chats it is asked for (the child's HTTP client is not reached)."""
 
     model_name = "m"
+    tools_refusal = ""
 
     def __init__(self) -> None:
         self.chats: list[object] = []
 
-    def stream_chat(self, messages: object, sampling: Sampling) -> object:
+    def stream_chat(self, messages: object, sampling: Sampling, tools: object = None
+                    ) -> object:
         self.chats.append(messages)
         return iter(())
 

@@ -127,7 +127,7 @@ async def test_unknown_model_is_404_in_openais_error_object() -> None:
 async def test_invalid_parameters_are_400_naming_them() -> None:
     """Wrong types, out-of-range values and unsupported parameters name the parameter."""
     cases = {"temperature": "hot", "max_tokens": -1, "top_p": 3.0, "n": 2,
-             "tools": [{"type": "function"}], "stop": 5, "top_logprobs": 3}
+             "tools": "get_weather", "tool_choice": 3, "stop": 5, "top_logprobs": 3}
     async with serving() as h, client() as http:
         for name, value in cases.items():
             resp = await http.post(h.url + "/v1/chat/completions", json={

@@ -289,7 +289,7 @@ async def test_ask_answers_from_the_retrieved_sources_and_cites_them(answer: Ans
     assert done.finish_reason == ipb.FINISH_REASON_STOP
     assert done.usage.completion_tokens == 3
     assert done.model_name == "generation"  # the role's default model, by its name
-    prompt = "\n".join(content for _, content in answer.backend.chats[0])
+    prompt = "\n".join(m[1] for m in answer.backend.chats[0] if isinstance(m, tuple))
     assert "rotate nginx logs" in prompt
     assert "web01 disk full: what do I do?" in prompt
 

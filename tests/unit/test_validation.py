@@ -25,7 +25,7 @@ def user(text: str) -> Any:
     return pb.ChatMessage(role=pb.CHAT_ROLE_USER, content=text)
 
 
-def chat(*messages: Any) -> list[tuple[str, str]]:
+def chat(*messages: Any) -> list[Any]:
     return validation.chat_messages(pb.ChatRequest(messages=list(messages)), LIMITS)
 
 
