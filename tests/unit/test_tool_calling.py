@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -16,11 +17,14 @@ import pytest
 
 from daemon import tools, validation
 from daemon.backend import ChildBackend
-from daemon.config import Limits
+from daemon.children import make_setup
+from daemon.config import ConfigError, Limits
 from daemon.errors import InvalidArgument
 from llamad_protocol.v1 import inference_pb2 as pb
 from supervisor import (
+    BundledRuntime,
     InferenceClient,
+    LlamaServerRuntime,
     Message,
     Sampling,
     Tool,
@@ -28,10 +32,14 @@ from supervisor import (
     ToolCallDelta,
     ToolUse,
     Turn,
+    choose_chat_template,
+    read_gguf_info,
 )
 from supervisor._runtime import BUNDLED_API, LLAMA_SERVER_API
 from supervisor._templates import template_file
 from supervisor._tools import messages_json, parse_tool_deltas
+from tests.support.config_load import load, write_toml
+from tests.support.models import write_model
 
 LIMITS = Limits()
 WEATHER = pb.Tool(name="get_weather", description="Weather of a city",
@@ -304,3 +312,36 @@ def test_the_tool_template_renders_tools_calls_and_results() -> None:
             "21 C\n</tool_response><|im_end|>\n<|im_start|>assistant\n") in prompt
     plain = render([{"role": "user", "content": "hi"}], None)
     assert plain == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+# --- choosing the tool template ---------------------------------------------------------
+
+def test_a_models_table_gives_it_the_tool_template(tmp_path: Path) -> None:
+    """chat_template = "chatml-tools" in a [models.NAME] table reaches that model's
+    llama-server as --chat-template-file (whatever its GGUF carries; plain ChatML on the
+    bundled runtime); the other models keep auto; an unknown name is a configuration
+    error naming the setting."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    write_model(folder / "gen-a.gguf")
+    write_model(folder / "gen-b.gguf")
+    env = {"LLAMAD_MODELS_DIR": str(folder), "LLAMAD_GENERATION_MODEL": str(
+        folder / "gen-a.gguf"), "LLAMAD_EMBEDDING_MODE": "disabled"}
+    toml = write_toml(tmp_path, f'[models.tools]\nmodel = "{folder / "gen-b.gguf"}"\n'
+                                'chat_template = "chatml-tools"\n')
+    catalog = load(models=False, env=env, file=toml).catalog
+    entry, other = catalog.find("tools"), catalog.find("gen-a")
+    assert entry is not None and other is not None
+    assert (entry.child.chat_template, other.child.chat_template) == ("chatml-tools", "auto")
+    setup = make_setup("generation", entry.path, LlamaServerRuntime("llama-server"),
+                       entry.child)
+    argv = setup.runtime.command(setup.spec, port=1, alias="a")
+    assert argv[argv.index("--chat-template-file") + 1].endswith("chatml-tools.jinja")
+    bundled = BundledRuntime().command(setup.spec, port=1, alias="a")
+    assert bundled[bundled.index("--chat_format") + 1] == "chatml"
+    configured = choose_chat_template(read_gguf_info(folder / "gen-b.gguf"), "chatml-tools")
+    assert configured.usable and "chatml-tools" in configured.describe()
+    bad = write_toml(tmp_path, f'[models.tools]\nmodel = "{folder / "gen-b.gguf"}"\n'
+                               'chat_template = "hermes"\n')
+    with pytest.raises(ConfigError, match="chat_template"):
+        load(models=False, env=env, file=bad)
