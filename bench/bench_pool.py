@@ -2,7 +2,8 @@
 models, random model per request.
 
     .venv/bin/python -m bench.bench_pool [--seconds 300] [--clients 8] [--max-tokens 32]
-        [--threads 2] [--ctx 2048] [--cold 3] [--no-router] [--llama-bin FILE]
+        [--threads 2] [--ctx 2048] [--parallel 1] [--cold 3] [--rooms 1,2]
+        [--no-router] [--no-direct] [--llama-bin FILE]
         [--out bench/RESULTS.md]
 
 In one run:
@@ -12,7 +13,7 @@ In one run:
    and SmolLM2-135M-Instruct) and a llamad daemon (``python -m daemon serve``, HTTP API on,
    no embedding child, the same two models as ``[models.NAME]`` tables, SmolLM2 the
    generation default with ``pin = false``, ``[models] max_resident`` 1 or 2). Both run
-   every model with the same settings (``--threads``, ``--ctx``, one slot), as a user would
+   every model with the same settings (``--threads``, ``--ctx``, ``--parallel``), as a user would
    start them: the router with its own OpenMP defaults, llamad with its own (it sets
    ``GOMP_SPINCOUNT`` per child). ``--clients`` clients each send, one after another,
    ``POST /v1/chat/completions`` streamed (``max_tokens`` ``--max-tokens``, greedy, the
@@ -22,13 +23,19 @@ In one run:
    distinct llama-server children seen under the server's process (sampled every 50 ms).
    Time to first token is from sending to the first content delta; tokens/s is every
    completion token over the time from the first request to the last answer.
+   With room for both, the reference (*direct*): each model on a llama-server of its
+   own, started as llamad starts its children (the same settings and GOMP_SPINCOUNT, and
+   HTTP threads for every client: llama-server's default, slots + 2, closes the
+   connections past them unanswered), each request sent to its model's server.
+   The server's own CPU time (the router's or llamad's process, not the children) is
+   read from /proc for each setup.
 2. **Cold start.** With room for both and gemma unloaded (``UnloadModel``), the time from a
    request naming gemma to its first token through llamad, against gemma's cold start
    without llamad: llama-server started on the file with the same settings, polled on
    ``/health`` every 10 ms, then the same request; ``--cold`` times each, alternated.
 
 The section ``## Model pool: llamad vs llama-server's router`` of ``--out`` is created or
-replaced. About 4 x ``--seconds`` plus two minutes.
+replaced. About 5 x ``--seconds`` plus two minutes.
 """
 
 from __future__ import annotations
@@ -54,9 +61,11 @@ import orjson
 
 from bench import _support as support
 from bench._daemon import DaemonProcess, wait_ready
-from bench._relay import GREEDY_CHAT, free_port, spawn
+from bench._relay import GREEDY_CHAT, free_port, process_ticks, spawn
+from daemon._config_sections import Settings
 from llamad_protocol.v1 import control_pb2, control_pb2_grpc
 
+GENERATION_SPIN = Settings().generation.spin_count  # llamad's children's GOMP_SPINCOUNT
 MODELS = {"gemma": support.DEFAULT_MODEL, "smollm2": support.SMALL_MODEL}
 SECTION = "## Model pool: llamad vs llama-server's router"
 
@@ -67,9 +76,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--ctx", type=int, default=2048)
+    p.add_argument("--ctx", type=int, default=2048, help="context tokens per slot")
+    p.add_argument("--parallel", type=int, default=1, help="slots per model")
     p.add_argument("--cold", type=int, default=3, help="cold starts timed per path")
     p.add_argument("--no-router", action="store_true", help="leave out llama-server's router")
+    p.add_argument("--no-direct", action="store_true",
+                   help="leave out the two models served directly (room for both)")
     p.add_argument("--rooms", default="1,2", help="room for how many models, each setup")
     p.add_argument("--turn", type=float, default=None,
                    help="llamad's [models] turn (default: the daemon's own default)")
@@ -182,12 +194,17 @@ class Mixed:
     starts: int
     warm_starts: int  # of which during the first tenth of the run
     seconds: float
+    cpu: float | None  # the server's own process, CPU s (None: direct, no server)
 
 
-async def mixed(setup: str, room: int, http: httpx.AsyncClient, ids: dict[str, str], *,
-                pid: int, args: argparse.Namespace) -> Mixed:
+async def mixed(setup: str, room: int, http: httpx.AsyncClient | dict[str, httpx.AsyncClient],
+                ids: dict[str, str], *, pid: int, args: argparse.Namespace) -> Mixed:
+    """``--clients`` clients naming the models of ``ids`` at random; ``http`` is the
+    server, or each model id's own (direct)."""
+    routes = http if isinstance(http, dict) else {i: http for i in ids.values()}
     starts = Starts(pid)
     before = children_of(pid)
+    ticks = process_ticks(pid)
     watcher = asyncio.create_task(starts.watch())
     began = time.perf_counter()
     stop = began + args.seconds
@@ -199,7 +216,8 @@ async def mixed(setup: str, room: int, http: httpx.AsyncClient, ids: dict[str, s
         i = k
         while time.perf_counter() < stop:
             model = ids[rng.choice(sorted(ids))]
-            done.append(await request(http, model, support.PROMPTS[i % len(support.PROMPTS)],
+            done.append(await request(routes[model], model,
+                                      support.PROMPTS[i % len(support.PROMPTS)],
                                       args.max_tokens))
             i += 1
         return done
@@ -214,8 +232,10 @@ async def mixed(setup: str, room: int, http: httpx.AsyncClient, ids: dict[str, s
     warming.cancel()
     outcomes = [o for r in results for o in r]
     end = max((o.done for o in outcomes), default=time.perf_counter())
+    cpu = (process_ticks(pid) - ticks) / support.CLK_TCK
     started = starts.seen - before
-    result = Mixed(setup, room, outcomes, len(started), len(warm_seen), end - began)
+    result = Mixed(setup, room, outcomes, len(started), len(warm_seen), end - began,
+                   None if pid == os.getpid() else cpu)
     ok = [o for o in outcomes if not o.error]
     print(f"  {setup}, room for {room}: {len(ok)} completed, {len(outcomes) - len(ok)} "
           f"failed, {result.starts} model starts, {sum(o.tokens for o in ok)} tokens in "
@@ -241,7 +261,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def child_args(args: argparse.Namespace) -> list[str]:
-    return ["-t", str(args.threads), "-c", str(args.ctx), "-np", "1"]
+    # -c is the context of all slots together (llamad's ctx_size is per slot)
+    return ["-t", str(args.threads), "-c", str(args.ctx * args.parallel),
+            "-np", str(args.parallel)]
 
 
 async def wait_http(http: httpx.AsyncClient, path: str, proc: subprocess.Popen[bytes],
@@ -303,7 +325,7 @@ async def llamad(args: argparse.Namespace, folder: Path, room: int, logdir: Path
            "LLAMAD_RETRIEVAL_ENABLED": "false", "LLAMAD_LOG_FORMAT": "json",
            "LLAMAD_GENERATION_THREADS": str(args.threads),
            "LLAMAD_GENERATION_CTX_SIZE": str(args.ctx),
-           "LLAMAD_GENERATION_PARALLEL": "1",
+           "LLAMAD_GENERATION_PARALLEL": str(args.parallel),
            **({"LLAMAD_MODELS_TURN": str(args.turn)} if args.turn is not None else {}),
            **({"LLAMAD_GENERATION_SPIN_COUNT": str(args.spin_count)}
               if args.spin_count is not None else {})}
@@ -327,6 +349,32 @@ async def client(port: int) -> AsyncIterator[httpx.AsyncClient]:
             timeout=httpx.Timeout(300.0, connect=5.0),
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=64)) as http:
         yield http
+
+
+@contextlib.asynccontextmanager
+async def direct_servers(args: argparse.Namespace, folder: Path, logdir: Path
+                 ) -> AsyncIterator[dict[str, httpx.AsyncClient]]:
+    """Each model on a llama-server of its own, started as llamad starts its children
+    (the same settings and GOMP_SPINCOUNT), for the room-for-both reference."""
+    spin = args.spin_count if args.spin_count is not None else GENERATION_SPIN
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_")}
+    if spin >= 0:
+        env["GOMP_SPINCOUNT"] = str(spin)
+    async with contextlib.AsyncExitStack() as stack:
+        routes: dict[str, httpx.AsyncClient] = {}
+        for name, file in MODELS.items():
+            port = free_port()
+            log = logdir / f"direct-{name}.log"
+            # HTTP threads for every client: llama-server's default (slots + 2) closes
+            # the connections past them unanswered, and the reference must not fail.
+            proc = spawn([args.llama_bin, "-m", str(folder / file), "--host", "127.0.0.1",
+                          "--port", str(port), "--threads-http", str(args.clients + 2),
+                          *child_args(args)], log, env)
+            stack.callback(stop, proc)
+            http = await stack.enter_async_context(client(port))
+            await wait_http(http, "/health", proc, log)
+            routes[name] = http
+        yield routes
 
 
 # -- cold start ------------------------------------------------------------------------------
@@ -370,7 +418,8 @@ def row(m: Mixed) -> list[str]:
     return [m.setup, str(m.room), str(len(ok)), str(len(m.outcomes) - len(ok)),
             f"{support.pct(ttft, 50):.2f}", f"{support.pct(ttft, 90):.2f}",
             f"{support.pct(ttft, 99):.2f}", f"{tokens / m.seconds:.1f}",
-            f"{m.starts} ({m.starts - m.warm_starts} after warm-up)"]
+            f"{m.starts} ({m.starts - m.warm_starts} after warm-up)",
+            "—" if m.cpu is None else f"{m.cpu:.1f}"]
 
 
 def ratio(a: float, b: float) -> str:
@@ -383,11 +432,14 @@ def report(runs: list[Mixed], cold: tuple[list[float], list[float]],
              f"- {args.clients} clients, each request naming gemma-3-270m or "
              f"SmolLM2-135M-Instruct at random, {args.max_tokens}-token streamed chat "
              f"completions, greedy, {args.seconds:.0f} s per setup; every model with "
-             f"{args.threads} threads, context {args.ctx}, one slot. Total "
+             f"{args.threads} threads, context {args.ctx}, {args.parallel} slot(s). "
+             "*direct*: each model on a llama-server of its own, no router (the reference "
+             "for room for both). *server CPU s*: the router's or llamad's own process "
+             "(not its children) during the setup. Total "
              f"{minutes:.1f} min.", "",
              *support.table(["server", "room for", "completed", "failed",
                              "TTFT p50 s", "TTFT p90 s", "TTFT p99 s", "tokens/s",
-                             "model starts"], [row(m) for m in runs]), ""]
+                             "model starts", "server CPU s"], [row(m) for m in runs]), ""]
     by = {(m.setup, m.room): m for m in runs}
 
     def done(m: Mixed) -> int:
@@ -409,6 +461,11 @@ def report(runs: list[Mixed], cold: tuple[list[float], list[float]],
         lines.append(f"- Room for both: llamad's throughput is {ratio(rate(ll), rate(r))} "
                      f"the router's (goal 5x), {ll.starts - ll.warm_starts} starts after "
                      "warm-up.")
+    if ("direct", 2) in by and ("llamad", 2) in by:
+        d, ll = by["direct", 2], by["llamad", 2]
+        lines.append(f"- Room for both: llamad's tokens/s is {rate(ll) / rate(d):.3f} of the "
+                     "two models served directly (each on its own llama-server started as "
+                     "llamad starts them; goal 0.98).")
     through, direct = cold
     if through and direct:
         lines.append(
@@ -439,6 +496,10 @@ async def run(args: argparse.Namespace, command: str, logdir: Path) -> None:
             async with router(args, folder, room, logdir / f"router-{room}.log") as (
                     pid, http, ids):
                 runs.append(await mixed("router", room, http, ids, pid=pid, args=args))
+        if room == 2 and not args.no_direct:
+            async with direct_servers(args, folder, logdir) as routes:
+                runs.append(await mixed("direct", room, routes, {n: n for n in MODELS},
+                                        pid=os.getpid(), args=args))
         async with llamad(args, folder, room, logdir) as (pid, http, channel):
             runs.append(await mixed("llamad", room, http, {n: n for n in MODELS},
                                     pid=pid, args=args))
