@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import ClassVar
 
+from supervisor import KNOWN_TEMPLATES
+
 from ._config_options import (
     INSTALLED_MODELS_DIR,
     MODES,
@@ -26,7 +28,7 @@ from ._config_options import (
 from ._config_retrieval import RetrievalSettings
 
 # The chat templates a model may be given: "auto" (its own, else one known for it).
-_TEMPLATES = ("auto", "chatml", "chatml-tools", "gemma")
+_TEMPLATES = ("auto", *KNOWN_TEMPLATES)
 
 
 @dataclass(frozen=True, kw_only=True)

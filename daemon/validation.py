@@ -23,6 +23,7 @@ _ROLES = {
     pb.CHAT_ROLE_SYSTEM: "system",
     pb.CHAT_ROLE_USER: "user",
     pb.CHAT_ROLE_ASSISTANT: "assistant",
+    pb.CHAT_ROLE_TOOL: "tool",
 }
 
 
@@ -299,7 +300,7 @@ def chat_messages(request: pb.ChatRequest, limits: Limits) -> list[Message]:
     out: list[Message] = []
     total = 0
     for i, msg in enumerate(request.messages):
-        role = _ROLES.get(msg.role) or ("tool" if msg.role == pb.CHAT_ROLE_TOOL else None)
+        role = _ROLES.get(msg.role)
         if role is None:
             raise InvalidArgument(f"messages[{i}].role is unspecified or unknown")
         _check_text(f"messages[{i}].content", msg.content, limits.max_prompt_chars,

@@ -112,20 +112,26 @@ async def test_a_streamed_answer_carries_the_call_in_pieces(running: Daemon) -> 
 
 async def test_a_follow_up_with_the_call_and_its_result_is_answered(running: Daemon) -> None:
     """The assistant's tool call and the tool's result go back to the model (rendered by
-    the template), and it answers."""
+    the template), and it answers; the tools themselves are rendered too (the same
+    history without them is a shorter prompt)."""
+    history: Any = [
+        *QUESTION,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {
+                "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1",
+         "content": '{"temperature_c": 18, "sky": "sunny"}'}]
     async with _sdk(running) as sdk:
         answer = await sdk.chat.completions.create(
-            model=SMOL, tools=[WEATHER], temperature=0, max_tokens=24, messages=[
-                *QUESTION,
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "call_1", "type": "function", "function": {
-                        "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-                {"role": "tool", "tool_call_id": "call_1",
-                 "content": '{"temperature_c": 18, "sky": "sunny"}'}])
+            model=SMOL, tools=[WEATHER], temperature=0, max_tokens=24, messages=history)
+        bare = await sdk.chat.completions.create(
+            model=SMOL, temperature=0, max_tokens=1, messages=history)
     choice = answer.choices[0]
     assert choice.finish_reason in ("stop", "length", "tool_calls")
     assert choice.message.content or choice.message.tool_calls
-    assert answer.usage is not None and answer.usage.prompt_tokens > 40  # tools rendered
+    assert answer.usage is not None and bare.usage is not None
+    # The tool listing (name, description, JSON Schema, instructions) is tens of tokens.
+    assert answer.usage.prompt_tokens > bare.usage.prompt_tokens + 40
 
 
 async def test_grpc_chat_relays_the_call(running: Daemon) -> None:
