@@ -2,7 +2,7 @@
 models, random model per request.
 
     .venv/bin/python -m bench.bench_pool [--seconds 300] [--clients 8] [--max-tokens 32]
-        [--threads 2] [--ctx 2048] [--parallel 1] [--cold 3] [--rooms 1,2]
+        [--threads N] [--llamad-threads N] [--ctx 2048] [--parallel 1] [--cold 3] [--rooms 1,2]
         [--no-router] [--no-direct] [--llama-bin FILE]
         [--out bench/RESULTS.md]
 
@@ -12,10 +12,14 @@ In one run:
    (``--models-dir DIR --models-max 1`` or ``2``; DIR holds just the two GGUFs, gemma-3-270m
    and SmolLM2-135M-Instruct) and a llamad daemon (``python -m daemon serve``, HTTP API on,
    no embedding child, the same two models as ``[models.NAME]`` tables, SmolLM2 the
-   generation default with ``pin = false``, ``[models] max_resident`` 1 or 2). Both run
-   every model with the same settings (``--threads``, ``--ctx``, ``--parallel``), as a user would
-   start them: the router with its own OpenMP defaults, llamad with its own (it sets
-   ``GOMP_SPINCOUNT`` per child). ``--clients`` clients each send, one after another,
+   generation default with ``pin = false``, ``[models] max_resident`` 1 or 2; with room for
+   both, both models ``preload = true``, as an operator keeping both resident would). Both
+   run every model with the same ``--ctx`` and ``--parallel``, and each with its own
+   defaults otherwise, as a user would start them: the router with llama-server's threads
+   (``--threads``, default every core) and OpenMP spins, llamad with its own (it sets
+   ``GOMP_SPINCOUNT`` per child, and divides the cores among the generation models that
+   stay resident together; ``--llamad-threads`` sets ``generation.threads`` instead).
+   ``--clients`` clients each send, one after another,
    ``POST /v1/chat/completions`` streamed (``max_tokens`` ``--max-tokens``, greedy, the
    same body for both), each naming gemma or SmolLM2 at random (a seeded generator per
    client, the same sequence for every server), for ``--seconds``. A request fails if the
@@ -24,7 +28,8 @@ In one run:
    Time to first token is from sending to the first content delta; tokens/s is every
    completion token over the time from the first request to the last answer.
    With room for both, the reference (*direct*): each model on a llama-server of its
-   own, started as llamad starts its children (the same settings and GOMP_SPINCOUNT, and
+   own, started as llamad starts its children (the same settings, threads and
+   GOMP_SPINCOUNT, and
    HTTP threads for every client: llama-server's default, slots + 2, closes the
    connections past them unanswered), each request sent to its model's server.
    The server's own CPU time (the router's or llamad's process, not the children) is
@@ -33,7 +38,7 @@ In one run:
    before the server sees it, which would count as the server's failure).
 2. **Cold start.** With room for both and gemma unloaded (``UnloadModel``), the time from a
    request naming gemma to its first token through llamad, against gemma's cold start
-   without llamad: llama-server started on the file with the same settings, polled on
+   without llamad: llama-server started on the file with the settings llamad gives it, polled on
    ``/health`` every 10 ms, then the same request; ``--cold`` times each, alternated.
 
 The section ``## Model pool: llamad vs llama-server's router`` of ``--out`` is created or
@@ -64,6 +69,7 @@ import orjson
 from bench import _support as support
 from bench._daemon import DaemonProcess, wait_ready
 from bench._relay import GREEDY_CHAT, free_port, process_ticks, spawn
+from daemon import config
 from daemon._config_sections import Settings
 from llamad_protocol.v1 import control_pb2, control_pb2_grpc
 
@@ -77,7 +83,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=300.0, help="mixed load per setup")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 2,
+                   help="the router's threads per model (default: every core, llama-server's)")
+    p.add_argument("--llamad-threads", type=int, default=None,
+                   help="llamad's generation.threads (default: the daemon's own)")
     p.add_argument("--ctx", type=int, default=2048, help="context tokens per slot")
     p.add_argument("--parallel", type=int, default=1, help="slots per model")
     p.add_argument("--cold", type=int, default=3, help="cold starts timed per path")
@@ -262,9 +271,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def child_args(args: argparse.Namespace) -> list[str]:
+def child_args(args: argparse.Namespace, threads: int | None = None) -> list[str]:
     # -c is the context of all slots together (llamad's ctx_size is per slot)
-    return ["-t", str(args.threads), "-c", str(args.ctx * args.parallel),
+    return ["-t", str(threads or args.threads), "-c", str(args.ctx * args.parallel),
             "-np", str(args.parallel)]
 
 
@@ -305,32 +314,50 @@ async def router(args: argparse.Namespace, folder: Path, room: int, log: Path
 
 
 def llamad_config(folder: Path, room: int, path: Path) -> Path:
+    preload = "preload = true\n" if room >= len(MODELS) else ""
     tables = "\n".join(
-        f'[models.{name}]\nmodel = "{folder / file}"\npin = false\n'
+        f'[models.{name}]\nmodel = "{folder / file}"\npin = false\n{preload}'
         for name, file in MODELS.items())
     path.write_text(f'[models]\nmax_resident = {room}\n\n[generation]\nmodel = "smollm2"\n\n'
                     f"{tables}")
     return path
 
 
-@contextlib.asynccontextmanager
-async def llamad(args: argparse.Namespace, folder: Path, room: int, logdir: Path
-                 ) -> AsyncIterator[tuple[int, httpx.AsyncClient, grpc.aio.Channel]]:
-    port = free_port()
+def llamad_env(args: argparse.Namespace, folder: Path, room: int, logdir: Path,
+               port: int) -> dict[str, str]:
     empty = logdir / "no-other-models"
     empty.mkdir(exist_ok=True)
-    env = {**GREEDY_CHAT,
+    return {**GREEDY_CHAT,
            "LLAMAD_CONFIG": str(llamad_config(folder, room, logdir / f"llamad-{room}.toml")),
            "LLAMAD_LISTEN": "127.0.0.1:0", "LLAMAD_HTTP_LISTEN": f"127.0.0.1:{port}",
            "LLAMAD_MODELS_DIR": str(empty), "LLAMAD_STATE_DIR": str(logdir / f"state-{room}"),
            "LLAMAD_LLAMA_BIN": args.llama_bin, "LLAMAD_EMBEDDING_ENABLED": "false",
            "LLAMAD_RETRIEVAL_ENABLED": "false", "LLAMAD_LOG_FORMAT": "json",
-           "LLAMAD_GENERATION_THREADS": str(args.threads),
+           **({"LLAMAD_GENERATION_THREADS": str(args.llamad_threads)}
+              if args.llamad_threads is not None else {}),
            "LLAMAD_GENERATION_CTX_SIZE": str(args.ctx),
            "LLAMAD_GENERATION_PARALLEL": str(args.parallel),
            **({"LLAMAD_MODELS_TURN": str(args.turn)} if args.turn is not None else {}),
            **({"LLAMAD_GENERATION_SPIN_COUNT": str(args.spin_count)}
               if args.spin_count is not None else {})}
+
+
+def llamad_threads(args: argparse.Namespace, folder: Path, room: int, logdir: Path
+                   ) -> dict[str, int]:
+    """The threads llamad runs each model with in the room-for-``room`` setup, read with
+    the daemon's own configuration loader."""
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    loaded = config.load(parser.parse_args([]),
+                         env=llamad_env(args, folder, room, logdir, 0))
+    return {e.name: e.child.threads for e in loaded.catalog.entries if e.name in MODELS}
+
+
+@contextlib.asynccontextmanager
+async def llamad(args: argparse.Namespace, folder: Path, room: int, logdir: Path
+                 ) -> AsyncIterator[tuple[int, httpx.AsyncClient, grpc.aio.Channel]]:
+    port = free_port()
+    env = llamad_env(args, folder, room, logdir, port)
     proc = DaemonProcess(env, logdir / f"llamad-{room}.log")
     try:
         channel = grpc.aio.insecure_channel(await proc.address())
@@ -359,10 +386,11 @@ async def client(port: int) -> AsyncIterator[httpx.AsyncClient]:
 
 
 @contextlib.asynccontextmanager
-async def direct_servers(args: argparse.Namespace, folder: Path, logdir: Path
-                 ) -> AsyncIterator[dict[str, httpx.AsyncClient]]:
+async def direct_servers(args: argparse.Namespace, folder: Path, logdir: Path,
+                         threads: dict[str, int]) -> AsyncIterator[dict[str, httpx.AsyncClient]]:
     """Each model on a llama-server of its own, started as llamad starts its children
-    (the same settings and GOMP_SPINCOUNT), for the room-for-both reference."""
+    (the same settings, ``threads`` and GOMP_SPINCOUNT), for the room-for-both
+    reference."""
     spin = args.spin_count if args.spin_count is not None else GENERATION_SPIN
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_")}
     if spin >= 0:
@@ -376,7 +404,7 @@ async def direct_servers(args: argparse.Namespace, folder: Path, logdir: Path
             # the connections past them unanswered, and the reference must not fail.
             proc = spawn([args.llama_bin, "-m", str(folder / file), "--host", "127.0.0.1",
                           "--port", str(port), "--threads-http", str(args.clients + 2),
-                          *child_args(args)], log, env)
+                          *child_args(args, threads[name])], log, env)
             stack.callback(stop, proc)
             http = await stack.enter_async_context(client(port))
             await wait_http(http, "/health", proc, log)
@@ -387,12 +415,13 @@ async def direct_servers(args: argparse.Namespace, folder: Path, logdir: Path
 # -- cold start ------------------------------------------------------------------------------
 
 
-async def cold_direct(args: argparse.Namespace, folder: Path, logdir: Path) -> float:
+async def cold_direct(args: argparse.Namespace, folder: Path, logdir: Path,
+                      threads: int) -> float:
     port = free_port()
     log = logdir / "cold-direct.log"
     began = time.perf_counter()
     proc = spawn([args.llama_bin, "-m", str(folder / MODELS["gemma"]), "--host",
-                  "127.0.0.1", "--port", str(port), *child_args(args)], log,
+                  "127.0.0.1", "--port", str(port), *child_args(args, threads)], log,
                  {k: v for k, v in os.environ.items() if not k.startswith("LLAMAD_")})
     try:
         async with client(port) as http:
@@ -434,14 +463,17 @@ def ratio(a: float, b: float) -> str:
 
 
 def report(runs: list[Mixed], cold: tuple[list[float], list[float]],
-           args: argparse.Namespace, env: list[str], minutes: float) -> list[str]:
+           args: argparse.Namespace, env: list[str], *, minutes: float,
+           threads: str) -> list[str]:
     lines = [SECTION, "", *env,
              f"- {args.clients} clients, each request naming gemma-3-270m or "
              f"SmolLM2-135M-Instruct at random, {args.max_tokens}-token streamed chat "
              f"completions, greedy, {args.seconds:.0f} s per setup; every model with "
-             f"{args.threads} threads, context {args.ctx}, {args.parallel} slot(s). "
-             "*direct*: each model on a llama-server of its own, no router (the reference "
-             "for room for both). *server CPU s*: the router's or llamad's own process "
+             f"context {args.ctx}, {args.parallel} slot(s); the router's with {args.threads} "
+             f"threads, llamad's with its own ({threads}). "
+             "*direct*: each model on a llama-server of its own, no router, with llamad's "
+             "threads and spins (the reference for room for both). *server CPU s*: the "
+             "router's or llamad's own process "
              "(not its children) during the setup. Total "
              f"{minutes:.1f} min.", "",
              *support.table(["server", "room for", "completed", "failed",
@@ -498,13 +530,17 @@ async def run(args: argparse.Namespace, command: str, logdir: Path) -> None:
     runs: list[Mixed] = []
     through: list[float] = []
     direct: list[float] = []
+    used: list[str] = []
     for room in args.rooms:
         if not args.no_router:
             async with router(args, folder, room, logdir / f"router-{room}.log") as (
                     pid, http, ids):
                 runs.append(await mixed("router", room, http, ids, pid=pid, args=args))
+        threads = llamad_threads(args, folder, room, logdir)
+        print(f"  llamad's threads, room for {room}: {threads}", flush=True)
+        used.append(f"room for {room}: " + ", ".join(f"{n} {t}" for n, t in threads.items()))
         if room == 2 and not args.no_direct:
-            async with direct_servers(args, folder, logdir) as routes:
+            async with direct_servers(args, folder, logdir, threads) as routes:
                 runs.append(await mixed("direct", room, routes, {n: n for n in MODELS},
                                         pid=os.getpid(), args=args))
         async with llamad(args, folder, room, logdir) as (pid, http, channel):
@@ -513,11 +549,12 @@ async def run(args: argparse.Namespace, command: str, logdir: Path) -> None:
             if room == 2:
                 for _ in range(args.cold):
                     through.append(await cold_llamad(http, channel, args))
-                    direct.append(await cold_direct(args, folder, logdir))
+                    direct.append(await cold_direct(args, folder, logdir, threads["gemma"]))
                     print(f"  cold start: through llamad {through[-1]:.3f}s, direct "
                           f"{direct[-1]:.3f}s", flush=True)
     env = support.environment(command, args.llama_bin)
-    section = report(runs, (through, direct), args, env, (time.perf_counter() - began) / 60)
+    section = report(runs, (through, direct), args, env,
+                     minutes=(time.perf_counter() - began) / 60, threads="; ".join(used))
     print("\n".join(section), end="\n\n")
     support.write_sections(args.out, [section])
     print(f"written to {args.out}")

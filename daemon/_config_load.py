@@ -140,7 +140,9 @@ def _build(
             model = _default_model(prepared, models_dir, role)
             children[role] = dataclasses.replace(child, model=str(model))
             origins[f"{role}.model"] = "models_dir"
-    catalog = build_catalog(s, children, tables or {}, models_dir)
+    catalog = build_catalog(
+        s, children, tables or {}, models_dir,
+        share_cores=sources.get("generation.threads", "default") == "default")
     if s.restart.backoff_cap < s.restart.backoff_base:
         raise ConfigError("restart.backoff_cap must be >= restart.backoff_base")
     if s.child.start_cap < s.child.start_timeout:

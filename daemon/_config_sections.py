@@ -57,7 +57,12 @@ class RoleSettings:
         "(llama-server when found).", choices=("auto", "llama-server", "bundled"))
     ctx_size: int = setting(
         PER_SECTION, "Context tokens per slot (0: the model's training context).", minimum=0)
-    threads: int = setting(os.cpu_count() or 2, "CPU threads for the child.", minimum=1)
+    threads: int = setting(
+        os.cpu_count() or 2, "CPU threads for the child (default: every core). Left at "
+        "its default, the generation models that stay resident together (pinned or "
+        "preloaded, at most [models] max_resident) divide the cores among them, and so "
+        "does every generation model without a threads setting of its own: two children "
+        "on the same cores wait on each other's threads.", minimum=1)
     parallel: int = setting(
         PER_SECTION, "Concurrent request slots (llama-server; the bundled runtime serves "
         "one; calls llamad sends an endpoint at once).", minimum=1)

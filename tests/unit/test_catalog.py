@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from daemon._catalog import role_of
+from daemon._config_sections import Settings
 from daemon.config import ConfigError
 from supervisor import read_gguf_info
 from tests.support.config_load import load, write_toml
@@ -322,3 +323,36 @@ model = "{models / 'gen-b.gguf'}"
     env = _env(models) | {"LLAMAD_GENERATION_SPIN_COUNT": "300"}
     assert load(models=False, env=env, file=toml).generation.spin_count == 300
     assert load(models=False, env=_env(models)).generation.spin_count == 300
+
+
+def test_generation_models_resident_together_share_the_cores(models: Path,
+                                                             tmp_path: Path) -> None:
+    """Two generation models that stay resident together (the pinned default and a
+    preloaded one) each get half the cores, as does one loaded on demand beside them; a
+    model's own threads, and generation.threads set anywhere, win; one resident
+    generation model (the embedding model does not count) keeps every core."""
+    cores = Settings().generation.threads
+    half = max(1, cores // 2)
+    toml = write_toml(tmp_path, f"""
+[models.other]
+model = "{models / 'gen-b.gguf'}"
+preload = true
+
+[models.mine]
+model = "{write_model(tmp_path / 'gen-c.gguf')}"
+threads = 7
+""")
+    cfg = load(models=False, env=_env(models), file=toml)
+    threads = {e.name: e.child.threads for e in cfg.catalog.entries}
+    assert threads == {"gen-a": half, "other": half, "mine": 7, "emb": cores}
+    assert cfg.generation.threads == half  # the role's default model runs with it
+    env = _env(models) | {"LLAMAD_GENERATION_THREADS": str(cores)}
+    explicit = load(models=False, env=env, file=toml)
+    assert {e.name: e.child.threads for e in explicit.catalog.entries}["other"] == cores
+    # Room for one at a time: nothing shares the cores.
+    one = tmp_path / "one.toml"
+    one.write_text(f"[models]\nmax_resident = 1\n\n{toml.read_text()}")
+    assert load(models=False, env=_env(models), file=one).generation.threads == cores
+    # Only the default stays resident: the models_dir model loads on demand, every core.
+    alone = load(models=False, env=_env(models)).catalog
+    assert {e.name: e.child.threads for e in alone.entries}["gen-b"] == cores
