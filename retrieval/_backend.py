@@ -23,15 +23,21 @@ Both offer the same calls, and the same rows come out of both stores
 
 Fusion (RRF, modes, weights; :mod:`retrieval._fusion`) stays above the interface, in
 :mod:`retrieval._search`, and works on the ranks only: every backend fuses the same way.
-Review holds, history retention and the background backfill are the embedded backend's
-only, for now: the retriever refuses them on Postgres (:class:`~retrieval.errors.NotSupported`).
+The background backfill (and a switch of embedding model) is each backend's own
+(:func:`backfill_for`: :mod:`retrieval._backfill`, :mod:`retrieval._pg_backfill`), with
+the same calls. Review holds and history retention are the embedded backend's only, for
+now: the retriever refuses them on Postgres (:class:`~retrieval.errors.NotSupported`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ._backfill import Backfill
+from ._embedder import EmbedderLookup, EmbedderProvider
 from ._indexes import Indexes
+from ._limits import RetrievalLimits
+from ._pg_backfill import PgBackfill
 from ._pg_connect import PgOptions
 from ._pg_indexes import PgIndexes
 
@@ -46,3 +52,11 @@ def backend(root: Path, postgres: PgOptions | None) -> Backend:
     """The embedded backend in ``root``, or the PostgreSQL one when ``postgres`` is given
     (not opened yet: call ``open_sync``)."""
     return Indexes(root) if postgres is None else PgIndexes(root, postgres)
+
+
+def backfill_for(store: Backend, embedder: EmbedderProvider, limits: RetrievalLimits,
+                 embedder_for: EmbedderLookup | None = None) -> Backfill | PgBackfill:
+    """The background backfill of ``store``'s backend (the same calls on both)."""
+    if isinstance(store, Indexes):
+        return Backfill(store, embedder, limits, embedder_for)
+    return PgBackfill(store, embedder, limits, embedder_for)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import structlog
@@ -214,35 +214,7 @@ class Backfill:
         return dim
 
     async def _embed(self, part: list[tuple[str, str]], model: str) -> dict[str, np.ndarray]:
-        """Vectors for ``part`` from the current embedder (still ``model``). A batch the
-        model refuses is embedded text by text: the texts refused alone are recorded as
-        failed. Raises when the embedder is gone or another model."""
-        embedder = self._current(model)
-        try:
-            got = await embedder.embed([t for _, t in part])
-            return {h: np.asarray(v, dtype=np.float32)
-                    for (h, _), v in zip(part, got, strict=True)}
-        except Exception:
-            self._current(model)  # gone or changed: the run stops here
-        fresh: dict[str, np.ndarray] = {}
-        refused: dict[str, str] = {}
-        for h, t in part:
-            embedder = self._current(model)
-            try:
-                fresh[h] = np.asarray((await embedder.embed([t]))[0], dtype=np.float32)
-            except Exception as exc:
-                self._current(model)  # gone or changed: stop the run, not this text
-                refused[h] = str(exc)[:200]
-        if refused and not fresh:
-            # Nothing went through: an outage more likely than texts the model refuses.
-            # The run stops; the next one tries these again.
-            raise RuntimeError(f"the embedding model refused every text of a batch "
-                               f"({next(iter(refused.values()))})")
-        for h, error in refused.items():
-            self._failed.add(h)
-            _log.warning("a chunk could not be embedded; it stays BM25-only",
-                         model=model, error=error)
-        return fresh
+        return await embed_refusing(self._current, part, model, self._failed)
 
     def _current(self, model: str) -> Embedder:
         embedder = self._embedder()
@@ -271,3 +243,37 @@ class Backfill:
 
         await asyncio.to_thread(add)
         return True
+
+
+async def embed_refusing(current: Callable[[str], Embedder], part: list[tuple[str, str]],
+                         model: str, failed: set[str]) -> dict[str, np.ndarray]:
+    """Vectors for ``part`` (``(content hash, text)``) from ``current(model)``, the
+    embedder of the moment (it raises when the embedder is gone or another model). A
+    batch the model refuses is embedded text by text: the hashes of the texts refused
+    alone are added to ``failed``. Raises when nothing of the batch went through (an
+    outage more likely than texts the model refuses: the run stops, the next one tries
+    these again)."""
+    embedder = current(model)
+    try:
+        got = await embedder.embed([t for _, t in part])
+        return {h: np.asarray(v, dtype=np.float32)
+                for (h, _), v in zip(part, got, strict=True)}
+    except Exception:
+        current(model)  # gone or changed: the run stops here
+    fresh: dict[str, np.ndarray] = {}
+    refused: dict[str, str] = {}
+    for h, t in part:
+        embedder = current(model)
+        try:
+            fresh[h] = np.asarray((await embedder.embed([t]))[0], dtype=np.float32)
+        except Exception as exc:
+            current(model)  # gone or changed: stop the run, not this text
+            refused[h] = str(exc)[:200]
+    if refused and not fresh:
+        raise RuntimeError(f"the embedding model refused every text of a batch "
+                           f"({next(iter(refused.values()))})")
+    for h, error in refused.items():
+        failed.add(h)
+        _log.warning("a chunk could not be embedded; it stays BM25-only",
+                     model=model, error=error)
+    return fresh

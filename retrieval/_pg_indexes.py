@@ -8,11 +8,12 @@ catch up after a failed write (a write is one transaction: all of it or none). S
 nodes may share the database: a document written through one is found by every other's
 next search, a delete through one is gone for all.
 
-What the embedded backend has and this one does not (yet): review holds, history sources
-and their retention, the background backfill of chunks without vectors, and a switch of
-embedding model (the corpus keeps the first model it was embedded with; a node with
-another is refused with :class:`~retrieval.errors.EmbeddingModelMismatch`). The first two
-are refused with :class:`~retrieval.errors.NotSupported`, never silently ignored.
+The corpus is embedded with one model; a node embedding with another is refused with
+:class:`~retrieval.errors.EmbeddingModelMismatch` (its searches are BM25-only) until the
+corpus is switched to its model (:mod:`retrieval._pg_backfill`: the backfill of chunks
+without vectors, and the switch). What the embedded backend has and this one does not
+(yet): review holds, history sources and their retention, refused with
+:class:`~retrieval.errors.NotSupported`, never silently ignored.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ._bm25 import Filters
 from ._indexes import PendingWrite, RetrievalStatus, documents_by_state
 from ._pg_connect import PgOptions
 from ._pg_store import PgInfo, PostgresStore
+from ._pg_store_vectors import Space
 from ._store import DocumentRow
 from .errors import (
     EmbeddingModelMismatch,
@@ -88,6 +90,7 @@ class PgIndexes:
         self.store: PgDocumentStore | None = None
         self.vectors: VectorIndex | None = None   # never: the vectors live in Postgres
         self.vector_model = ""          # the corpus's embedding model once checked
+        self.switch_model = ""          # the model the corpus is being switched to
         self.repaired: dict[str, int] = {}        # nothing is ever repaired
         self.behind = False
         self._info: PgInfo | None = None
@@ -116,6 +119,7 @@ class PgIndexes:
         self.store = store
         self._info = store.info()
         self.vector_model = self._info.corpus_model
+        self.switch_model = self._info.switch_model
 
     def close_sync(self) -> None:
         """Release the scan locks and close the connections."""
@@ -168,17 +172,35 @@ class PgIndexes:
                 vectors.setdefault(p.model, {}).update(p.cached)
                 vectors[p.model].update(p.fresh)
         for model, by_hash in sorted(vectors.items()):
-            if model != self.vector_model:
-                dim = len(next(iter(by_hash.values())))
-                try:
-                    store.use_embedding_model(model, dim)  # the first sets the corpus's
-                except EmbeddingModelMismatch:
-                    corpus = store.corpus_model()
-                    self.model_mismatch(model, corpus[0] if corpus is not None else "")
-                    raise
-                self.vector_model = model
-        store.replace_documents([(d, p.rows) for d, p in zip(docs, batch, strict=True)],
-                                sorted(vectors.items()))
+            if model in (self.vector_model, self.switch_model):
+                continue
+            dim = len(next(iter(by_hash.values())))
+            corpus, switch = self.spaces_sync()
+            if switch is not None and switch.model == model:
+                continue  # the model the corpus is being switched to: its space takes them
+            try:
+                store.use_embedding_model(model, dim)  # the first sets the corpus's
+            except EmbeddingModelMismatch:
+                self.model_mismatch(model, corpus.model if corpus is not None else "")
+                raise
+            self.vector_model = model
+        try:
+            store.replace_documents([(d, p.rows) for d, p in zip(docs, batch, strict=True)],
+                                    sorted(vectors.items()))
+        except EmbeddingModelMismatch:  # the corpus was switched meanwhile (by any node)
+            corpus, _ = self.spaces_sync()
+            for model in vectors:
+                self.model_mismatch(model, corpus.model if corpus is not None else "")
+            raise
+
+    def spaces_sync(self) -> tuple[Space | None, Space | None]:
+        """The corpus's vector space and the one it is being switched to, read now (and
+        remembered in :attr:`vector_model` and :attr:`switch_model`). Blocking."""
+        store, _ = self.require()
+        corpus, switch = store.spaces()
+        self.vector_model = corpus.model if corpus is not None else ""
+        self.switch_model = switch.model if switch is not None else ""
+        return corpus, switch
 
     async def delete_document(self, doc_id: str) -> bool:
         """Delete a document with its chunks and vectors; False if it did not exist."""
@@ -233,10 +255,9 @@ class PgIndexes:
         return store.text_search(query, filters=filters, limit=limit)
 
     def corpus_model(self) -> str:
-        """The corpus's embedding model, read now ("" before the first vector). Blocking."""
-        store, _ = self.require()
-        corpus = store.corpus_model()
-        self.vector_model = corpus[0] if corpus is not None else ""
+        """The corpus's embedding model, read now ("" before the first vector; the model
+        it is being switched to is read too: :attr:`switch_model`). Blocking."""
+        self.spaces_sync()
         return self.vector_model
 
     def vector_ranked(self, model: str, vector: np.ndarray, filters: Filters, limit: int
@@ -258,7 +279,7 @@ class PgIndexes:
         store, _ = self.require()
         counts = await asyncio.to_thread(store.counts)
         info = await asyncio.to_thread(store.info)
-        self.vector_model = info.corpus_model
+        self.vector_model, self.switch_model = info.corpus_model, info.switch_model
         embedded = await asyncio.to_thread(store.embedded_chunks, model) if model else 0
         vectors = (embedded if model == info.corpus_model else await asyncio.to_thread(
             store.embedded_chunks, info.corpus_model)) if info.corpus_model else 0

@@ -41,8 +41,22 @@ def document_lock_key(doc_id: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
+def backfill_lock_key(model: str) -> int:
+    """The session advisory lock key of the backfill of ``model``'s vectors: one node at a
+    time embeds the chunks a vector space lacks (:mod:`retrieval._pg_backfill`)."""
+    digest = hashlib.sha256(b"llamad.backfill:" + model.encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def backfill_lock_name(model: str) -> str:
+    """The name :class:`ScanLocks` holds the backfill lock of ``model`` under (a source id
+    never holds ``:``, so it never meets a scan lock's name)."""
+    return f"backfill:{model}"
+
+
 class ScanLocks:
-    """The scan locks this node holds, on one dedicated session. Thread-safe."""
+    """The scan locks this node holds, on one dedicated session (the backfill's locks too,
+    named by :func:`backfill_lock_name`). Thread-safe."""
 
     def __init__(self, options: PgOptions) -> None:
         self._options = options
@@ -61,9 +75,9 @@ class ScanLocks:
             self._conn = connect(self._options)
         return self._conn
 
-    def try_acquire(self, source_id: str) -> bool:
-        """Take the source's scan lock if no session holds it; True when this node now
-        holds it (also when it already did).
+    def try_acquire(self, source_id: str, key: int | None = None) -> bool:
+        """Take the source's scan lock (or the lock named ``source_id`` with ``key``) if no
+        session holds it; True when this node now holds it (also when it already did).
 
         Raises:
             StoreUnavailable: the server cannot be reached.
@@ -76,7 +90,8 @@ class ScanLocks:
             conn = self._session()
             try:
                 row = conn.execute("SELECT pg_try_advisory_lock(%s)",
-                                   (scan_lock_key(source_id),)).fetchone()
+                                   (scan_lock_key(source_id) if key is None else key,)
+                                   ).fetchone()
             except psycopg.Error as exc:
                 self._alive()  # forget the session (and its locks) if it broke
                 raise StoreUnavailable(f"scan lock for source {source_id} not taken: "
@@ -118,8 +133,9 @@ class ScanLocks:
             return False
         return True
 
-    def release(self, source_id: str) -> None:
-        """Release the source's scan lock (nothing if this node does not hold it)."""
+    def release(self, source_id: str, key: int | None = None) -> None:
+        """Release the source's scan lock (or the lock named ``source_id`` with ``key``;
+        nothing if this node does not hold it)."""
         with self._lock:
             if source_id not in self._held:
                 return
@@ -128,7 +144,7 @@ class ScanLocks:
                 return  # the session is gone, and its locks with it
             with contextlib.suppress(psycopg.Error):
                 self._conn.execute("SELECT pg_advisory_unlock(%s)",
-                                   (scan_lock_key(source_id),))
+                                   (scan_lock_key(source_id) if key is None else key,))
 
     def held(self) -> frozenset[str]:
         """The sources whose scan lock this node holds (as far as it knows)."""

@@ -1,6 +1,6 @@
 """The PostgreSQL store's schema: its migrations, the pgvector check, vector spaces.
 
-Tables (schema version 1):
+Tables (schema version 1; version 2 adds ``corpus_switch``):
 
 ==================  ==========================================================================
 table               holds
@@ -17,6 +17,8 @@ vector_spaces       one row per (embedding model, dimension): its id names its H
 chunk_vectors       (chunk key, space) -> ``embedding vector``; ``dim`` checked against
                     the vector and, through a foreign key, against the space
 corpus_model        one row: the embedding model the shared corpus is embedded with
+corpus_switch       at most one row: the space the corpus is being switched to (a Reprocess
+                    on a node with another model asked for it; :mod:`retrieval._pg_backfill`)
 ==================  ==========================================================================
 
 pgvector's HNSW needs a fixed dimension, which a column shared by several models cannot
@@ -38,6 +40,7 @@ newer llamad migrated it) is refused with :class:`~retrieval.errors.SchemaTooNew
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import psycopg
@@ -131,6 +134,12 @@ MIGRATIONS: tuple[Migration, ...] = (
             space_id integer NOT NULL REFERENCES vector_spaces(id),
             set_at timestamptz NOT NULL DEFAULT now())""",
     )),
+    Migration(2, "the embedding model the corpus is being switched to", (
+        """CREATE TABLE corpus_switch (
+            one boolean PRIMARY KEY DEFAULT true CHECK (one),
+            space_id integer NOT NULL REFERENCES vector_spaces(id),
+            requested_at timestamptz NOT NULL DEFAULT now())""",
+    )),
 )
 """Every migration, in order; a new one is appended (never edited once released)."""
 
@@ -181,8 +190,9 @@ def _refuse_newer(version: int, target: str) -> None:
                            "on this node (no node writes to a schema it does not know)")
 
 
-def migrate(conn: Connection, target: str) -> list[int]:
-    """Bring the schema up to :data:`SCHEMA_VERSION`; return the versions applied now.
+def migrate(conn: Connection, target: str, upto: int = SCHEMA_VERSION) -> list[int]:
+    """Bring the schema up to :data:`SCHEMA_VERSION` (or ``upto``: tests make an older
+    schema with it); return the versions applied now.
 
     Each migration is one transaction under the migration lock that re-reads the version
     first: a node that waited for another's migration skips it.
@@ -193,6 +203,8 @@ def migrate(conn: Connection, target: str) -> list[int]:
     _refuse_newer(schema_version(conn), target)
     applied: list[int] = []
     for migration in MIGRATIONS:
+        if migration.version > upto:
+            break
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
             conn.execute("""CREATE TABLE IF NOT EXISTS llamad_schema (
@@ -215,9 +227,21 @@ def hnsw_index_name(space_id: int) -> str:
     return f"chunk_vectors_hnsw_{int(space_id)}"
 
 
+def index_build_lock_key(space_id: int) -> int:
+    """The session advisory lock key the build of a space's HNSW index holds."""
+    return MIGRATION_LOCK + 0x1_0000 + int(space_id)
+
+
 def ensure_vector_space(conn: Connection, model: str, dim: int, *, m: int = 16,
                         ef_construction: int = 64) -> int:
     """The id of the (model, dimension) space, created with its HNSW index if new.
+
+    The index is built with ``CREATE INDEX CONCURRENTLY``: a space added beside another
+    model's vectors (a switch of embedding model) does not block writes while the build
+    scans the table. One node builds it at a time (a session advisory lock, taken by
+    polling: a session waiting inside a statement would hold a snapshot the concurrent
+    build waits for); a build left invalid by a failure is dropped and made again.
+    ``conn`` must not be inside a transaction.
 
     Raises:
         ValueError: ``dim`` is outside 1..:data:`MAX_HNSW_DIM`.
@@ -227,25 +251,57 @@ def ensure_vector_space(conn: Connection, model: str, dim: int, *, m: int = 16,
                          f"index, got {dim}")
     row = conn.execute("SELECT id FROM vector_spaces WHERE model = %s AND dim = %s",
                        (model, dim)).fetchone()
-    if row is not None:
-        return int(row[0])
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-        row = conn.execute(
-            "INSERT INTO vector_spaces(model, dim) VALUES (%s, %s) ON CONFLICT (model, dim) "
-            "DO UPDATE SET model = excluded.model RETURNING id", (model, dim)).fetchone()
+    if row is None:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            row = conn.execute(
+                "INSERT INTO vector_spaces(model, dim) VALUES (%s, %s) ON CONFLICT "
+                "(model, dim) DO UPDATE SET model = excluded.model RETURNING id",
+                (model, dim)).fetchone()
         if row is None:  # RETURNING after an upsert always returns the row
             raise RuntimeError("vector_spaces upsert returned no row")
-        space = int(row[0])
-        # An empty space's index builds at once; later rows are added to it as written.
-        conn.execute(sql.SQL(
-            "CREATE INDEX IF NOT EXISTS {name} ON chunk_vectors USING hnsw "
-            "((embedding::vector({dim})) vector_cosine_ops) WITH (m = {m}, "
-            "ef_construction = {efc}) WHERE space_id = {space}").format(
-                name=sql.Identifier(hnsw_index_name(space)), dim=sql.Literal(dim),
-                m=sql.Literal(m), efc=sql.Literal(ef_construction),
-                space=sql.Literal(space)))
+    space = int(row[0])
+    if _index_valid(conn, space) is not True:
+        _build_index(conn, space, dim, m, ef_construction)
     return space
+
+
+def _index_valid(conn: Connection, space: int) -> bool | None:
+    """Whether the space's HNSW index is valid (None: there is none)."""
+    row = conn.execute("SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON "
+                       "i.indexrelid = c.oid WHERE c.relname = %s",
+                       (hnsw_index_name(space),)).fetchone()
+    return None if row is None else bool(row[0])
+
+
+def _build_index(conn: Connection, space: int, dim: int, m: int, ef_construction: int
+                 ) -> None:
+    key = index_build_lock_key(space)
+    while not (row := conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()) \
+            or not row[0]:
+        time.sleep(0.05)  # another node builds it
+    try:
+        valid = _index_valid(conn, space)
+        if valid:
+            return  # the other node's build, done
+        name = sql.Identifier(hnsw_index_name(space))
+        # A build can take longer than the statement timeout of the pool's connections.
+        shown = conn.execute("SHOW statement_timeout").fetchone()
+        conn.execute("SET statement_timeout = 0")
+        try:
+            if valid is False:  # a build that failed (no other runs: this node holds the lock)
+                conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(name))
+            conn.execute(sql.SQL(
+                "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON chunk_vectors USING hnsw "
+                "((embedding::vector({dim})) vector_cosine_ops) WITH (m = {m}, "
+                "ef_construction = {efc}) WHERE space_id = {space}").format(
+                    name=name, dim=sql.Literal(dim), m=sql.Literal(m),
+                    efc=sql.Literal(ef_construction), space=sql.Literal(space)))
+        finally:
+            conn.execute("SELECT set_config('statement_timeout', %s, false)",
+                         (str(shown[0]) if shown else "0",))
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
 
 def model_mismatch(target: str, node: str,

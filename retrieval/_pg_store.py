@@ -63,6 +63,7 @@ from ._pg_store_rows import (
     document_row,
     source_row,
 )
+from ._pg_store_vectors import PgVectors, Space, locked_spaces
 from ._store import ChunkRow, DocumentRow, Replacement, SourceRow, StoredChunk
 from .errors import (
     EmbeddingModelMismatch,
@@ -85,11 +86,13 @@ class PgInfo:
     bm25_extension: str         # a BM25 extension the server offers ("" none)
     corpus_model: str           # the corpus's embedding model ("" none yet)
     corpus_dim: int
+    switch_model: str = ""      # the model the corpus is being switched to ("" none)
 
 
-class PostgresStore:
+class PostgresStore(PgVectors):
     """The PostgreSQL store; open with :meth:`open`. Thread-safe (one pooled connection
-    per call)."""
+    per call). Vector spaces over time (the backfill, a switch of embedding model) are
+    :class:`~retrieval._pg_store_vectors.PgVectors`'s."""
 
     def __init__(self, options: PgOptions, pool: Pool, locks: ScanLocks, info: PgInfo
                  ) -> None:
@@ -141,12 +144,14 @@ class PostgresStore:
             yield conn
 
     def info(self) -> PgInfo:
-        """Where the store runs and how it ranks (the corpus model read now)."""
-        corpus = self.corpus_model()
-        model, dim = corpus if corpus is not None else ("", 0)
+        """Where the store runs and how it ranks (the corpus model, and a switch of it
+        under way, read now)."""
+        corpus, switch = self.spaces()
         return PgInfo(self._info.target, self._info.server_version,
                       self._info.pgvector_version, self._info.schema_version,
-                      self._info.lexical_ranking, self._info.bm25_extension, model, dim)
+                      self._info.lexical_ranking, self._info.bm25_extension,
+                      corpus.model if corpus else "", corpus.dim if corpus else 0,
+                      switch.model if switch else "")
 
     # -- sources -----------------------------------------------------------------------
 
@@ -240,7 +245,8 @@ class PostgresStore:
         ``vectors`` are ``(model, {content hash: vector})``: every vector the new chunks
         should have, cached ones included (a chunk whose hash is not given keeps the
         vector its text had in the document's previous version). The model must be the
-        corpus's (:meth:`use_embedding_model`).
+        corpus's (:meth:`use_embedding_model`) or the one it is being switched to
+        (:meth:`request_switch`).
 
         Raises:
             EmbeddingModelMismatch: vectors of a model other than the corpus's.
@@ -248,36 +254,39 @@ class PostgresStore:
                 of an unknown source (nothing written).
             StoreUnavailable: the server was lost (the transaction did not commit).
         """
-        by_hash: dict[str, np.ndarray] = {}
         models = {model for model, vecs in vectors if vecs}
         with self._conn() as conn, conn.transaction():
-            # FOR SHARE: the corpus model cannot change under this transaction.
-            row = conn.execute("SELECT s.id, s.model, s.dim FROM corpus_model c JOIN "
-                               "vector_spaces s ON s.id = c.space_id FOR SHARE").fetchone()
-            if models and (row is None or models != {str(row[1])}):
-                raise self._mismatch(", ".join(sorted(models)),
-                                     None if row is None else (str(row[1]), int(row[2])))
-            space, dim = (int(row[0]), int(row[2])) if row is not None else (0, 0)
+            # FOR SHARE: the corpus's model, and a switch under way, cannot change under
+            # this transaction (a switch's last step waits for it, and sees its chunks).
+            corpus, switch = locked_spaces(conn, "share")
+            spaces = [s for s in (corpus, switch) if s is not None]
+            if models - {s.model for s in spaces}:
+                raise self._mismatch(", ".join(sorted(models - {s.model for s in spaces})),
+                                     None if corpus is None else (corpus.model, corpus.dim))
             for key in sorted({document_lock_key(doc.id) for doc, _ in items}):
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
-            for _, vecs in vectors:
-                by_hash.update(vecs)
-            return [self._replace(conn, doc, chunks, space=space, dim=dim, given=by_hash)
+            given: dict[int, dict[str, np.ndarray]] = {s.id: {} for s in spaces}
+            for model, vecs in vectors:
+                for space in spaces:
+                    if space.model == model:
+                        given[space.id].update(vecs)
+            return [self._replace(conn, doc, chunks, spaces=spaces, given=given)
                     for doc, chunks in items]
 
     def _replace(self, conn: Connection, doc: DocumentRow, chunks: Sequence[ChunkRow], *,
-                 space: int, dim: int, given: dict[str, np.ndarray]) -> Replacement:
+                 spaces: list[Space], given: dict[int, dict[str, np.ndarray]]
+                 ) -> Replacement:
         result = Replacement()
         # Under the document's lock (replace_documents): a concurrent replacement of it
         # by another node waits, then sees these chunks and replaces them, instead of
         # colliding on their chunk ids.
         conn.execute(DOCUMENT_UPSERT, document_args(doc))
-        kept: dict[str, list[float]] = {}
-        if space:
-            kept = {str(h): list(v) for h, v in conn.execute(
+        kept: dict[int, dict[str, list[float]]] = {}
+        for space in spaces:  # the corpus's, and the one it is being switched to
+            kept[space.id] = {str(h): list(v) for h, v in conn.execute(
                 "SELECT c.content_hash, v.embedding::float4[] FROM chunks c JOIN "
                 "chunk_vectors v ON v.chunk_key = c.key AND v.space_id = %s "
-                "WHERE c.doc_id = %s", (space, doc.id))}
+                "WHERE c.doc_id = %s", (space.id, doc.id))}
         result.removed = [int(r[0]) for r in conn.execute(
             "DELETE FROM chunks WHERE doc_id = %s RETURNING key", (doc.id,))]
         rows = conn.execute(
@@ -297,18 +306,19 @@ class PostgresStore:
                 key, c.chunk_id, doc.id, c.ordinal, c.heading, c.text, c.content_hash,
                 doc.title, doc.source_id, doc.path, doc.kind, doc.category, doc.tags,
                 doc.indexed_at, doc.mtime_ns, doc.document_date))
-            vector = given.get(c.content_hash)
-            values = (np.asarray(vector, dtype=np.float32).reshape(-1).tolist()
-                      if vector is not None else kept.get(c.content_hash))
-            if values is None:
-                continue
-            if len(values) != dim:
-                # Inside the transaction, after the old chunks went: raising rolls it all
-                # back, and the previous version stays whole.
-                raise InvalidDocument(f"document {doc.id!r}: the vector of chunk "
-                                      f"{c.chunk_id} has {len(values)} dimensions; the "
-                                      f"corpus's embedding model has {dim}")
-            pending.append((key, space, dim, values))
+            for space in spaces:
+                vector = given[space.id].get(c.content_hash)
+                values = (np.asarray(vector, dtype=np.float32).reshape(-1).tolist()
+                          if vector is not None else kept[space.id].get(c.content_hash))
+                if values is None:
+                    continue
+                if len(values) != space.dim:
+                    # Inside the transaction, after the old chunks went: raising rolls it
+                    # all back, and the previous version stays whole.
+                    raise InvalidDocument(f"document {doc.id!r}: the vector of chunk "
+                                          f"{c.chunk_id} has {len(values)} dimensions; the "
+                                          f"corpus's embedding model has {space.dim}")
+                pending.append((key, space.id, space.dim, values))
         if pending:
             with conn.cursor() as cur:
                 cur.executemany("INSERT INTO chunk_vectors(chunk_key, space_id, dim, "
@@ -451,5 +461,13 @@ class PostgresStore:
 
     def release_scan_lock(self, source_id: str) -> None:
         self._locks.release(source_id)
+
+    def try_lock(self, name: str, key: int) -> bool:
+        """Take another session advisory lock (``name``, ``key``: the backfill's) on the
+        scan locks' session unless another node holds it; released as a scan lock is."""
+        return self._locks.try_acquire(name, key)
+
+    def release_lock(self, name: str, key: int) -> None:
+        self._locks.release(name, key)
 
 

@@ -22,12 +22,11 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ._backend import backend
-from ._backfill import Backfill
+from ._backend import backend, backfill_for
 from ._bm25 import Filters
 from ._confine import SourceRoot
 from ._embedder import EmbedderLookup, EmbedderProvider
-from ._indexes import IDLE, Indexes, RetrievalStatus
+from ._indexes import Indexes, RetrievalStatus
 from ._ingest import Ingest, content_hash
 from ._later import Later
 from ._limits import RetrievalLimits
@@ -37,7 +36,7 @@ from ._retention import Retention, RetentionClock, SystemClock
 from ._retriever_sources import RetrieverSources
 from ._review import Review
 from ._search import Query, Search, SearchResult
-from ._store import DocumentRow, SourceRow, Store
+from ._store import DocumentRow, SourceRow
 from .errors import (
     NotFound,
     WrongState,
@@ -71,16 +70,15 @@ class Retriever(RetrieverSources):
             clock: the time history records are dated and retention runs by (tests
                 inject a manual one; default: the system's).
             postgres: use the PostgreSQL store (``retrieval.store = postgres``) instead
-                of the embedded one in ``root``; review holds, history sources and the
-                backfill are then refused (see :mod:`retrieval._pg_indexes`).
+                of the embedded one in ``root``; review holds and history sources are
+                then refused (see :mod:`retrieval._pg_indexes`).
         """
         self.root = root
         limits = limits or RetrievalLimits()
         self._embedder = embedder
         self._backend = backend(root, postgres)
         embedded = self._backend if isinstance(self._backend, Indexes) else None
-        self._backfill = Backfill(embedded, embedder, limits, embedder_for) \
-            if embedded is not None else None
+        self._backfill = backfill_for(self._backend, embedder, limits, embedder_for)
         self._ingest = Ingest(self._backend, embedder, limits,
                               on_other_model=self._start_backfill)
         self._later = Later(self.upsert, self._ingest.check, lambda: self.limits.max_pending)
@@ -88,7 +86,7 @@ class Retriever(RetrieverSources):
             self._backend, embedder, limits,
             unavailable_reason=unavailable_reason or (lambda: "embedding child unavailable"),
             on_other_model=self._start_backfill, embedder_for=embedder_for,
-            backfill=lambda: self._backfill.status if self._backfill is not None else IDLE)
+            backfill=lambda: self._backfill.status)
         self._clock: RetentionClock = clock or SystemClock()
         self._retention = Retention(embedded, self._clock, lambda: self.limits) \
             if embedded is not None else None
@@ -110,7 +108,7 @@ class Retriever(RetrieverSources):
         return self._backend.kind
 
     def _start_backfill(self) -> bool:
-        return self._backfill.start() if self._backfill is not None else False
+        return self._backfill.start()
 
     @property
     def limits(self) -> RetrievalLimits:
@@ -120,9 +118,7 @@ class Retriever(RetrieverSources):
 
     @limits.setter
     def limits(self, limits: RetrievalLimits) -> None:
-        self._ingest.limits = self._search.limits = limits
-        if self._backfill is not None:
-            self._backfill.limits = limits
+        self._ingest.limits = self._search.limits = self._backfill.limits = limits
 
     @property
     def repaired(self) -> dict[str, int]:
@@ -153,8 +149,7 @@ class Retriever(RetrieverSources):
         if self._retention is not None:
             await self._retention.close()
         await self._later.close()
-        if self._backfill is not None:
-            await self._backfill.close()
+        await self._backfill.close()
         await self._ingest.close()
         async with self._backend.write:
             await asyncio.to_thread(self._backend.close_sync)
@@ -371,8 +366,7 @@ class Retriever(RetrieverSources):
             retry_failed: embed again the texts the model refused before.
         """
         self._backend.require()
-        return self._backfill.start(retry_failed=retry_failed) \
-            if self._backfill is not None else False
+        return self._backfill.start(retry_failed=retry_failed)
 
     async def reprocess(self, *, document_id: str = "", source_id: str = "") -> tuple[int, str]:
         """Embed now, in the background, the chunks without a vector of the current
@@ -380,13 +374,16 @@ class Retriever(RetrieverSources):
         the model refused before are tried again. Returns how many chunks the run will
         embed (0 when none is started) and, when none is, why.
 
+        On the PostgreSQL store, on a node whose embedding model is not the shared
+        corpus's, it asks for the corpus to be switched to this node's model: every chunk
+        is embedded (whatever the scope), and the corpus's model answers searches until
+        then (see :mod:`retrieval._pg_backfill`).
+
         Raises:
             NotFound: an unknown document or source.
             InvalidDocument: a malformed id.
         """
         store, _ = self._backend.require()
-        if self._backfill is None or not isinstance(store, Store):
-            raise not_supported("reprocessing (the backfill)")
         if document_id:
             validate_document_id(document_id)
             if await asyncio.to_thread(store.document, document_id) is None:
@@ -405,10 +402,11 @@ class Retriever(RetrieverSources):
         if self._backfill.running:
             return 0, "a backfill is under way; it embeds these chunks too"
         wanted = await asyncio.to_thread(
-            self._backfill.missing, scope if scope is not None else store.chunk_keys())
+            lambda: self._backfill.missing(scope if scope is not None else store.chunk_keys()))
         if not wanted:
             return 0, "every chunk has a vector of the current embedding model"
-        self._backfill.start(retry_failed=True, only=wanted)
+        if not self._backfill.start(retry_failed=True, only=wanted):
+            return 0, "a backfill of this embedding model is under way on another node"
         return len(wanted), ""
 
     # -- history retention -------------------------------------------------------------
@@ -437,7 +435,7 @@ class Retriever(RetrieverSources):
     @property
     def backfill_task(self) -> asyncio.Task[None] | None:
         """The backfill run, if one was started (for waiting on it)."""
-        return self._backfill.task if self._backfill is not None else None
+        return self._backfill.task
 
     # -- status ------------------------------------------------------------------------
 
@@ -456,8 +454,6 @@ class Retriever(RetrieverSources):
         status = await self._backend.status(model, processing=len(self._ingest.inflight),
                                             pending=len(self._later.pending.keys()
                                                         - self._ingest.inflight.keys()))
-        if self._backfill is None:
-            return status
         return dataclasses.replace(status, backfill=self._backfill.status,
                                    rebuild=self._backfill.rebuild(status.chunks,
                                                                   status.embedded_chunks))

@@ -339,7 +339,9 @@ class Search:
                                 filters: Filters, without: Callable[[str], None]
                                 ) -> tuple[list[tuple[int, float]], str] | None:
         """The vector side on Postgres: the corpus's space, searched only with a query
-        embedded by the corpus's model (a node embedding with another says so)."""
+        embedded by the corpus's model: this node's, or (while the corpus is switched to
+        this node's model) the previous one if it is still available here. A node
+        embedding with another model says so."""
         current = self._embedder()
         if current is None:
             without(self._unavailable())
@@ -348,25 +350,30 @@ class Search:
         if not corpus:
             without("no vectors indexed yet")
             return None
+        embedder: Embedder | None = current
         if corpus != current.model_id:
+            embedder = self._embedder_for(corpus)  # the corpus's model, if resident here
+        if embedder is None:
+            if indexes.switch_model == current.model_id:
+                without(self._rebuilding(corpus, current.model_id))
+                return None
             indexes.model_mismatch(current.model_id, corpus)
             without(f"this node embeds with {current.model_id} but the shared corpus is "
                     f"embedded with {corpus}: vectors of two models are not comparable")
             return None
         try:
-            vectors = await asyncio.wait_for(current.embed([query]),
+            vectors = await asyncio.wait_for(embedder.embed([query]),
                                              self.limits.query_embed_timeout)
         except Exception as exc:
             without(f"query embedding failed ({type(exc).__name__})")
             return None
         vector = np.asarray(vectors[0], dtype=np.float32)
         try:
-            hits = await asyncio.to_thread(indexes.vector_ranked, current.model_id, vector,
-                                           filters, n)
+            hits = await asyncio.to_thread(indexes.vector_ranked, corpus, vector, filters, n)
         except EmbeddingModelMismatch as exc:  # the corpus model was set meanwhile
             without(str(exc))
             return None
-        return hits, current.model_id
+        return hits, corpus
 
     async def _allowed_keys(self, indexes: Indexes, filters: Filters) -> set[int] | None:
         if filters == Filters():

@@ -157,10 +157,9 @@ async def test_review_and_history_are_refused_on_postgres(nodes: Nodes) -> None:
     with pytest.raises(NotSupported, match="postgres"):
         await a.upsert("docs", "t", "some text", review=True)
     assert await a.documents() == []
-    for refused in (a.approve("docs/t"), a.reject("docs/t"), a.reprocess()):
+    for refused in (a.approve("docs/t"), a.reject("docs/t")):
         with pytest.raises(NotSupported, match="postgres"):
             await refused
-    assert not a.backfill()   # nothing to start: the background backfill is embedded-only
     assert await a.prune() == 0
 
 

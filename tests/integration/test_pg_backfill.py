@@ -1,0 +1,409 @@
+"""The backfill, Reprocess and a switch of embedding model on the PostgreSQL store, against a
+real PostgreSQL 18 + pgvector (tests/support/postgres.py): the embedded store's behaviour
+(tests/unit/test_backfill.py, test_rebuild_serving.py) on a database two nodes share, and
+what sharing adds: one node backfills a model at a time, no chunk is embedded twice or
+lost, a node dying mid-run leaves the rest to the next, and a switch asked on one node is
+carried out while the other keeps searching the previous model's vectors."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from retrieval import Embedder, NotFound, Query, RetrievalLimits, Retriever
+from retrieval._pg_connect import PgOptions
+from retrieval._pg_schema import SCHEMA_VERSION, migrate, schema_version
+from retrieval._pg_store import PostgresStore
+from retrieval._store import ChunkRow, DocumentRow, SourceRow
+from tests.support.embedder import DOCS, HashEmbedder, fill
+
+
+class Switchable(HashEmbedder):
+    """A hash embedder that can be unavailable (the provider gives None), fail, refuse any
+    text containing ``refuse``, or hold its batches after the first ``free`` until ``gate``
+    opens; it records the texts it embedded."""
+
+    def __init__(self, model_id: str) -> None:
+        super().__init__(model_id)
+        self.available = True
+        self.failing = False
+        self.refuse = ""
+        self.gate: asyncio.Event | None = None
+        self.free = 0
+        self.texts: list[str] = []
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        if self.gate is not None:
+            if self.free <= 0:
+                await self.gate.wait()
+            self.free -= 1
+        if self.failing:
+            raise ConnectionError("embedding child went away")
+        if self.refuse and any(self.refuse in t for t in texts):
+            raise ValueError("input is too large to process")
+        self.texts.extend(texts)
+        return await super().embed(texts)
+
+    def provider(self) -> Embedder | None:
+        return self if self.available else None
+
+
+def node(tmp_path: Path, name: str, dsn: str, embedder: Switchable, *, batch: int = 32,
+         lookup: dict[str, Embedder] | None = None) -> Retriever:
+    return Retriever(tmp_path / name, embedder.provider, RetrievalLimits(embed_batch=batch),
+                     postgres=PgOptions(dsn),
+                     embedder_for=None if lookup is None else lookup.get)
+
+
+@pytest.fixture
+async def opened(tmp_path: Path, pg_dsn: str) -> AsyncIterator[tuple[Retriever, Switchable]]:
+    embedder = Switchable("model-a")
+    r = node(tmp_path, "a", pg_dsn, embedder)
+    await r.open()
+    try:
+        yield r, embedder
+    finally:
+        await r.close()
+
+
+async def finished(r: Retriever) -> None:
+    assert r.backfill_task is not None
+    await asyncio.wait_for(r.backfill_task, 30)
+
+
+def vector_counts(dsn: str) -> dict[str, int]:
+    """Vectors stored per model, and chunks without a vector of the corpus's model."""
+    with psycopg.connect(dsn) as conn:
+        per_model = {str(m): int(n) for m, n in conn.execute(
+            "SELECT s.model, count(*) FROM chunk_vectors v JOIN vector_spaces s "
+            "ON s.id = v.space_id GROUP BY s.model")}
+        row = conn.execute(
+            "SELECT count(*) FROM chunks c WHERE NOT EXISTS (SELECT 1 FROM chunk_vectors v "
+            "JOIN corpus_model m ON m.space_id = v.space_id WHERE v.chunk_key = c.key)"
+        ).fetchone()
+    return {**per_model, "without": int(row[0]) if row else -1}
+
+
+async def test_documents_ingested_without_embeddings_get_vectors_when_they_return(
+        opened: tuple[Retriever, Switchable], pg_dsn: str) -> None:
+    """Ingested while the embedding model is down: BM25-only. Once it is back, the
+    backfill embeds every chunk (the first vectors set the corpus's model) and search is
+    hybrid, with the counts in Status."""
+    r, embedder = opened
+    embedder.available = False
+    await fill(r)
+    before = await r.status()
+    assert (before.chunks, before.vectors, before.embedded_chunks) == (3, 0, 0)
+    assert not r.backfill()  # nothing to embed with
+    embedder.available = True
+    assert r.backfill()
+    assert not r.backfill()  # one run at a time
+    await finished(r)
+    after = await r.status()
+    assert (after.vectors, after.embedded_chunks, after.embedding_model) == (3, 3, "model-a")
+    assert (after.backfill.done, after.backfill.pending, after.backfill.failed) == (3, 0, 0)
+    assert not after.backfill.running
+    result = await r.search("nginx logs disk")
+    assert result.mode == "hybrid" and result.vector_model == "model-a"
+    assert result.hits[0].vector_rank is not None
+    assert not r.backfill()  # nothing left
+    assert vector_counts(pg_dsn) == {"model-a": 3, "without": 0}
+
+
+async def test_chunks_that_missed_their_vector_are_added_to_the_corpus(
+        opened: tuple[Retriever, Switchable]) -> None:
+    """With the corpus's model set, only the chunks without a vector are embedded;
+    those with one are not embedded again."""
+    r, embedder = opened
+    await fill(r)
+    embedder.failing = True  # the child fails: this document is indexed BM25-only
+    await r.upsert("docs", "printer", "printer queue stuck on floor two", doc_id="docs/p")
+    assert (await r.status()).vectors == 3
+    embedder.failing = False
+    texts = len(embedder.texts)
+    assert r.backfill()
+    await finished(r)
+    assert embedder.texts[texts:] == ["printer queue stuck on floor two"]
+    status = await r.status()
+    assert (status.chunks, status.vectors) == (4, 4)
+    hits = (await r.search("printer queue floor")).hits
+    assert hits[0].doc_id == "docs/p" and hits[0].vector_rank is not None
+
+
+async def test_a_text_the_model_refuses_is_counted_and_not_retried(
+        opened: tuple[Retriever, Switchable]) -> None:
+    """A chunk the model refuses even alone stays BM25-only, counted in Status; the rest
+    are embedded; the backfill is then not needed again until asked to retry."""
+    r, embedder = opened
+    embedder.available = False
+    await fill(r)
+    embedder.available, embedder.refuse = True, "replication"
+    assert r.backfill()
+    await finished(r)
+    status = await r.status()
+    assert (status.vectors, status.backfill.failed) == (2, 1)
+    assert not r.backfill()
+    embedder.refuse = ""
+    assert r.backfill(retry_failed=True)
+    await finished(r)
+    assert (await r.status()).vectors == 3
+
+
+async def test_an_interrupted_backfill_resumes_without_embedding_twice(
+        tmp_path: Path, pg_dsn: str) -> None:
+    """When the embedding model goes away mid-run, the run stops with the reason in
+    Status; what it stored stays, and the next run embeds only the rest."""
+    embedder = Switchable("model-a")
+    r = node(tmp_path, "a", pg_dsn, embedder, batch=1)
+    await r.open()
+    try:
+        embedder.available = False
+        await fill(r)
+        embedder.available = True
+        calls = 0
+        original = embedder.embed
+
+        async def two_then_gone(texts: Sequence[str]) -> list[list[float]]:
+            nonlocal calls
+            calls += 1
+            if calls > 2:
+                embedder.available = False
+                raise ConnectionError("embedding child went away")
+            return await original(texts)
+
+        embedder.embed = two_then_gone  # type: ignore[method-assign]
+        assert r.backfill()
+        await finished(r)
+        status = await r.status()
+        assert "unavailable" in status.backfill.last_error
+        assert status.vectors == 2
+        embedder.embed = original  # type: ignore[method-assign]
+        embedder.available = True
+        texts = len(embedder.texts)
+        assert r.backfill()
+        await finished(r)
+        assert len(embedder.texts) == texts + 1  # only the chunk the first run missed
+        assert (await r.status()).vectors == len(DOCS)
+    finally:
+        await r.close()
+
+
+async def test_reprocess_embeds_one_document_one_source_or_all(
+        opened: tuple[Retriever, Switchable]) -> None:
+    """Reprocess on Postgres: a document's or a source's chunks without a vector, or
+    all; unknown ids are NotFound; nothing to do says why."""
+    r, embedder = opened
+    embedder.available = False
+    await fill(r)
+    await r.add_source("more")
+    await r.upsert("more", "p", "printer queue stuck on floor two", doc_id="more/p")
+    assert await r.reprocess() == (0, "no embedding model is available now; the backfill "
+                                      "runs once it is")
+    embedder.available = True
+    with pytest.raises(NotFound):
+        await r.reprocess(document_id="docs/nope")
+    with pytest.raises(NotFound):
+        await r.reprocess(source_id="nope")
+    assert await r.reprocess(document_id="docs/db") == (1, "")
+    await finished(r)
+    assert embedder.texts == [DOCS["db"]]
+    assert await r.reprocess(source_id="more") == (1, "")
+    await finished(r)
+    assert (await r.status()).vectors == 2
+    assert await r.reprocess() == (2, "")
+    await finished(r)
+    assert (await r.status()).vectors == 4
+    assert await r.reprocess() == (0, "every chunk has a vector of the current embedding "
+                                      "model")
+
+
+async def test_two_nodes_backfill_one_database_once(tmp_path: Path, pg_dsn: str) -> None:
+    """Two nodes with the same model on one database: while one backfills, the other does
+    not start a run; chunks the other ingests meanwhile (without an embedder) are picked
+    up by the same run; no chunk is embedded twice and none is left without a vector."""
+    ea, eb = Switchable("model-a"), Switchable("model-a")
+    a = node(tmp_path, "a", pg_dsn, ea, batch=2)
+    b = node(tmp_path, "b", pg_dsn, eb, batch=2)
+    await a.open()
+    await b.open()
+    try:
+        ea.available = eb.available = False
+        await a.add_source("docs")
+        for i in range(6):
+            await a.upsert("docs", f"d{i}", f"host web{i} disk {i} full", doc_id=f"docs/{i}")
+        ea.available = eb.available = True
+        ea.gate = asyncio.Event()
+        assert a.backfill()
+        assert not b.backfill()  # A holds the model's backfill lock
+        assert (await b.reprocess())[0] == 0
+        eb.available = False
+        for i in range(6, 9):  # B ingests BM25-only while A's run waits
+            await b.upsert("docs", f"d{i}", f"host db{i} replication {i} lag",
+                           doc_id=f"docs/{i}")
+        ea.gate.set()
+        await finished(a)
+        eb.available = True
+        assert not b.backfill()  # nothing left: A's run took B's chunks too
+        assert len(ea.texts) == 9 and len(set(ea.texts)) == 9 and eb.texts == []
+        assert vector_counts(pg_dsn) == {"model-a": 9, "without": 0}
+        assert (await b.search("db7 replication")).hits[0].vector_rank is not None
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_node_stopped_mid_run_leaves_the_rest_to_the_other(
+        tmp_path: Path, pg_dsn: str) -> None:
+    """A node closed in the middle of a backfill releases its lock: the other node's run
+    embeds only what the first did not store."""
+    ea, eb = Switchable("model-a"), Switchable("model-a")
+    a = node(tmp_path, "a", pg_dsn, ea, batch=1)
+    b = node(tmp_path, "b", pg_dsn, eb, batch=1)
+    await a.open()
+    await b.open()
+    try:
+        ea.available = False
+        await fill(a)
+        ea.available = True
+        stored = 0
+        original = ea.embed
+
+        async def first_only(texts: Sequence[str]) -> list[list[float]]:
+            nonlocal stored
+            if stored:
+                await asyncio.Event().wait()  # hangs until the run is cancelled
+            stored += 1
+            return await original(texts)
+
+        ea.embed = first_only  # type: ignore[method-assign]
+        assert a.backfill()
+        for _ in range(500):
+            if vector_counts(pg_dsn).get("model-a") == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert not b.backfill()
+        await a.close()  # stops the run and releases the lock
+        assert b.backfill()
+        await finished(b)
+        assert len(ea.texts) + len(eb.texts) == len(DOCS)
+        assert len(eb.texts) == len(DOCS) - 1
+        assert vector_counts(pg_dsn) == {"model-a": 3, "without": 0}
+    finally:
+        await b.close()
+
+
+async def test_a_reprocess_on_a_node_of_another_model_switches_the_corpus(
+        tmp_path: Path, pg_dsn: str) -> None:
+    """B (model-b) on A's corpus (model-a) says so until a Reprocess on it asks for the
+    switch; during it A's searches stay hybrid on model-a, B's too while model-a is
+    resident on B (else BM25-only naming the switch), and Status shows its progress; a
+    document A writes meanwhile is embedded by the switch too; then the corpus is
+    model-b's and A, of the other model now, says so."""
+    ea, eb = Switchable("model-a"), Switchable("model-b")
+    resident: dict[str, Embedder] = {"model-b": eb}
+    a = node(tmp_path, "a", pg_dsn, ea)
+    b = node(tmp_path, "b", pg_dsn, eb, batch=1, lookup=resident)
+    await a.open()
+    await b.open()
+    try:
+        await fill(a)
+        before = await b.search("nginx logs disk")
+        assert before.mode == "text" and any("model-b" in w and "model-a" in w
+                                              for w in before.warnings)
+        assert not b.backfill()  # a node of another model does not switch by itself
+        eb.gate, eb.free = asyncio.Event(), 1
+        assert await b.reprocess() == (3, "")
+        for _ in range(500):  # the switch is asked for with B's first vectors
+            if vector_counts(pg_dsn).get("model-b") == 1:
+                break
+            await asyncio.sleep(0.01)
+        during = await b.search("nginx logs disk")
+        assert (during.mode, during.vector_model) == ("text", "")
+        assert any("rebuilt for embedding model model-b" in w for w in during.warnings)
+        resident["model-a"] = HashEmbedder("model-a")
+        served = await b.search("nginx logs disk")
+        assert (served.mode, served.vector_model) == ("hybrid", "model-a")
+        status = (await b.status()).rebuild
+        assert (status.running, status.model, status.serving_model) == (
+            True, "model-b", "model-a")
+        on_a = await a.search("nginx logs disk")
+        assert (on_a.mode, on_a.vector_model) == ("hybrid", "model-a")
+        await a.upsert("docs", "printer", "printer queue stuck on floor two",
+                       doc_id="docs/p")
+        eb.gate.set()
+        await finished(b)
+        assert (await b.status()).embedding_model == "model-b"
+        assert (await b.status()).rebuild.model == ""
+        assert len(eb.texts) == 4  # each chunk once, the one written meanwhile included
+        after = await b.search("printer queue floor")
+        assert (after.mode, after.vector_model) == ("hybrid", "model-b")
+        assert after.hits[0].doc_id == "docs/p" and after.hits[0].vector_rank == 1
+        counts = vector_counts(pg_dsn)
+        assert (counts["model-b"], counts["without"]) == (4, 0)
+        with psycopg.connect(pg_dsn) as conn:  # built concurrently beside model-a's
+            indexes = conn.execute(
+                "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON "
+                "c.oid = i.indexrelid WHERE c.relname LIKE 'chunk_vectors_hnsw_%'").fetchall()
+        assert sorted(valid for _, valid in indexes) == [True, True]
+        stale = await a.search("nginx logs disk")
+        assert stale.mode == "text" and any("model-a" in w and "model-b" in w
+                                             for w in stale.warnings)
+        assert (await a.search("printer queue", options=Query(mode="text"))).hits
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_version_1_database_is_upgraded_in_place(tmp_path: Path, pg_dsn: str) -> None:
+    """A database migrated by a llamad of schema version 1 is upgraded at open to the
+    current version, its documents and vectors intact, and a switch can then be asked."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        assert migrate(conn, "test", upto=1) == [1]
+        assert conn.execute("SELECT to_regclass('corpus_switch')").fetchone() == (None,)
+    old = PostgresStore.open(PgOptions(pg_dsn))
+    old.close()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        assert schema_version(conn) == SCHEMA_VERSION
+    embedder = Switchable("model-a")
+    r = node(tmp_path, "a", pg_dsn, embedder)
+    await r.open()
+    try:
+        await fill(r)
+        assert (await r.status()).vectors == 3
+    finally:
+        await r.close()
+
+
+async def test_an_old_schema_with_rows_keeps_them_through_the_upgrade(pg_dsn: str) -> None:
+    """Rows written under schema version 1 (a document with a vector) survive the
+    upgrade: the same chunk and vector are there after it."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        migrate(conn, "test", upto=1)
+        conn.execute("INSERT INTO sources(id, kind, created_at) VALUES ('docs', 'push', 1)")
+        conn.execute("INSERT INTO documents(id, source_id, state) VALUES "
+                     "('docs/a', 'docs', 'indexed')")
+        conn.execute("INSERT INTO chunks(chunk_id, doc_id, ordinal, text, content_hash) "
+                     "VALUES ('docs/a#1', 'docs/a', 1, 'alpha bravo', 'h1')")
+        conn.execute("INSERT INTO vector_spaces(model, dim) VALUES ('m', 2)")
+        conn.execute("INSERT INTO chunk_vectors(chunk_key, space_id, dim, embedding) "
+                     "SELECT key, 1, 2, '[1,0]' FROM chunks")
+        conn.execute("INSERT INTO corpus_model(space_id) VALUES (1)")
+    store = PostgresStore.open(PgOptions(pg_dsn))
+    try:
+        with psycopg.connect(pg_dsn) as conn:
+            assert schema_version(conn) == SCHEMA_VERSION
+        assert store.corpus_model() == ("m", 2)
+        assert store.embedded_chunks("m") == 1
+        assert store.spaces()[1] is None
+        store.replace_documents([(DocumentRow("docs/b", "docs"),
+                                  [ChunkRow("docs/b#1", 1, "", "charlie", "h2")])])
+        assert store.missing_count(1) == 1
+        assert store.source("docs") == SourceRow("docs", "push", created_at=1)
+    finally:
+        store.close()
