@@ -267,6 +267,12 @@ class ProcessChild:
         that) and still releases the port; the caller's ``CancelledError`` propagates.
         """
         try:
+            if self.client.in_flight == 0:
+                # Idle (a drained child): close our keep-alive connections first, so
+                # llama-server need not wait out its connection threads at exit (gemma:
+                # 62 ms to exit without one open, 162 ms with one; a switch between
+                # models with room for one waits for this exit).
+                await self.client.aclose()
             await self.process.terminate(self._timeouts.stop_grace)
             # The exit task ends with the reaped process; wait() neither raises its
             # result's exception nor swallows our own cancellation.

@@ -12,7 +12,9 @@ import base64
 import binascii
 import contextlib
 import enum
+import functools
 import json
+import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -87,6 +89,14 @@ class EmbedResult:
     prompt_tokens: int
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """httpx's default TLS context (certifi's roots), built once: building it reads the
+    whole CA bundle (~17 ms of CPU), and every child start makes a client, on the path of
+    a model loaded on demand."""
+    return httpx.create_ssl_context()
+
+
 class InferenceClient:
     """HTTP client for one child (or any OpenAI-compatible server at ``base_url``).
 
@@ -140,6 +150,7 @@ class InferenceClient:
             base_url=base_url,
             headers=dict(headers or {}),
             trust_env=False,
+            verify=_tls_context(),
             timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
