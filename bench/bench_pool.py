@@ -2,7 +2,7 @@
 models, random model per request.
 
     .venv/bin/python -m bench.bench_pool [--seconds 300] [--clients 8] [--max-tokens 32]
-        [--threads N] [--llamad-threads N] [--ctx 2048] [--parallel 1] [--cold 3] [--rooms 1,2]
+        [--threads N] [--llamad-threads N] [--ctx 2048] [--parallel 4] [--cold 5] [--rooms 1,2]
         [--no-router] [--no-direct] [--llama-bin FILE]
         [--out bench/RESULTS.md]
 
@@ -14,8 +14,9 @@ In one run:
    no embedding child, the same two models as ``[models.NAME]`` tables, SmolLM2 the
    generation default with ``pin = false``, ``[models] max_resident`` 1 or 2; with room for
    both, both models ``preload = true``, as an operator keeping both resident would). Both
-   run every model with the same ``--ctx`` and ``--parallel``, and each with its own
-   defaults otherwise, as a user would start them: the router with llama-server's threads
+   run every model with the same ``--ctx`` and ``--parallel`` (4 slots: both servers'
+   own default; llama-server's -np auto is 4), and each with its own defaults otherwise,
+   as a user would start them: the router with llama-server's threads
    (``--threads``, default every core) and OpenMP spins, llamad with its own (it sets
    ``GOMP_SPINCOUNT`` per child, and divides the cores among the generation models that
    stay resident together; ``--llamad-threads`` sets ``generation.threads`` instead).
@@ -88,8 +89,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--llamad-threads", type=int, default=None,
                    help="llamad's generation.threads (default: the daemon's own)")
     p.add_argument("--ctx", type=int, default=2048, help="context tokens per slot")
-    p.add_argument("--parallel", type=int, default=1, help="slots per model")
-    p.add_argument("--cold", type=int, default=3, help="cold starts timed per path")
+    p.add_argument("--parallel", type=int, default=4,
+                   help="slots per model (default: 4, llama-server's own default, and "
+                   "llamad's generation.parallel)")
+    p.add_argument("--cold", type=int, default=5, help="cold starts timed per path")
     p.add_argument("--no-router", action="store_true", help="leave out llama-server's router")
     p.add_argument("--no-direct", action="store_true",
                    help="leave out the two models served directly (room for both)")
