@@ -25,8 +25,9 @@ Fusion (RRF, modes, weights; :mod:`retrieval._fusion`) stays above the interface
 :mod:`retrieval._search`, and works on the ranks only: every backend fuses the same way.
 The background backfill (and a switch of embedding model) is each backend's own
 (:func:`backfill_for`: :mod:`retrieval._backfill`, :mod:`retrieval._pg_backfill`), with
-the same calls. Review holds and history retention are the embedded backend's only, for
-now: the retriever refuses them on Postgres (:class:`~retrieval.errors.NotSupported`).
+the same calls, and so are review holds (``review_turn``: one review operation of a
+document at a time). History retention is the embedded backend's only, for now: the
+retriever refuses history sources on Postgres (:class:`~retrieval.errors.NotSupported`).
 """
 
 from __future__ import annotations

@@ -26,9 +26,10 @@ vectors of every chunk.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -443,6 +444,12 @@ class Indexes:
 
     def release_scan_lock_sync(self, source_id: str) -> None:
         """Nothing to release (see :meth:`try_scan_lock_sync`)."""
+
+    @contextlib.asynccontextmanager
+    async def review_turn(self, doc_id: str) -> AsyncIterator[None]:
+        """Nothing to take: one node owns an embedded store (:mod:`retrieval._review`
+        serialises its own review operations of a document)."""
+        yield
 
     def text_ranked(self, query: str, filters: Filters, limit: int
                     ) -> list[tuple[int, float]]:

@@ -31,10 +31,9 @@ from ._dates import front_matter_date
 from ._embedder import Embedder, EmbedderProvider
 from ._extract import Extracted, extract_bytes, extract_fd
 from ._group import EmbedBatcher, GroupCommitter, Vector
-from ._indexes import Indexes, PendingWrite
+from ._indexes import PendingWrite
 from ._kinds import check_kind, kind_for
 from ._limits import RetrievalLimits
-from ._pg_indexes import not_supported
 from ._redact import redact
 from ._review import Review
 from ._store import ChunkRow, DocumentRow, SourceRow
@@ -63,9 +62,7 @@ class Ingest:
         # Documents being processed: their state is shown from here (SQLite keeps the
         # last committed version, which a crash mid-processing must leave as it was).
         self.inflight: dict[str, DocumentRow] = {}
-        # Review holds are the embedded store's only, for now (refused on Postgres).
-        self.review: Review | None = Review(indexes, self.index, self.processing) \
-            if isinstance(indexes, Indexes) else None
+        self.review = Review(indexes, self.index, self.processing)
         self._batcher: EmbedBatcher | None = None
         self._batcher_model = ""
         self.committer: GroupCommitter[PendingWrite, DocumentRow] = GroupCommitter(
@@ -115,8 +112,6 @@ class Ingest:
                 and existing.tags == doc.tags and existing.document_date == document_date:
             return existing
         if review or source.review_required:
-            if self.review is None:
-                raise not_supported("holding documents for review")
             return await self.review.hold(doc, cleaned.text)
         return await self.index(doc, cleaned.text)
 

@@ -11,17 +11,20 @@ next search, a delete through one is gone for all.
 The corpus is embedded with one model; a node embedding with another is refused with
 :class:`~retrieval.errors.EmbeddingModelMismatch` (its searches are BM25-only) until the
 corpus is switched to its model (:mod:`retrieval._pg_backfill`: the backfill of chunks
-without vectors, and the switch). What the embedded backend has and this one does not
-(yet): review holds, history sources and their retention, refused with
+without vectors, and the switch). Review holds are the store's
+(:mod:`retrieval._pg_store_review`; one review operation of a document at a time across
+the nodes: :meth:`PgIndexes.review_turn`). What the embedded backend has and this one
+does not (yet): history sources and their retention, refused with
 :class:`~retrieval.errors.NotSupported`, never silently ignored.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,6 +34,7 @@ import structlog
 from ._bm25 import Filters
 from ._indexes import PendingWrite, RetrievalStatus, documents_by_state
 from ._pg_connect import PgOptions
+from ._pg_locks import review_lock_key, review_lock_name
 from ._pg_store import PgInfo, PostgresStore
 from ._pg_store_vectors import Space
 from ._store import DocumentRow
@@ -46,6 +50,8 @@ if TYPE_CHECKING:
     from ._vectors import VectorIndex
 
 BACKEND = "postgres"
+REVIEW_LOCK_POLL = 0.05
+"""Seconds between tries of a document's review lock another node holds."""
 
 _log = structlog.get_logger("llamad.retrieval")
 
@@ -57,14 +63,6 @@ class PgDocumentStore(PostgresStore):
     def chunk_ids(self, keys: Iterable[int]) -> dict[int, str]:
         """Chunk key -> chunk id (the citation key), for the keys that exist."""
         return {k: c.chunk_id for k, c in self.chunks_by_keys(keys).items()}
-
-    def held_version(self, doc_id: str) -> DocumentRow | None:
-        """No version is ever held for review here (review is refused)."""
-        return None
-
-    def held_documents(self, source_id: str | None = None) -> dict[str, DocumentRow]:
-        """No version is ever held for review here (review is refused)."""
-        return {}
 
 
 def not_supported(what: str) -> NotSupported:
@@ -245,6 +243,24 @@ class PgIndexes:
     def release_scan_lock_sync(self, source_id: str) -> None:
         store, _ = self.require()
         store.release_scan_lock(source_id)
+
+    @contextlib.asynccontextmanager
+    async def review_turn(self, doc_id: str) -> AsyncIterator[None]:
+        """One review operation (hold, approve, reject) of a document at a time across
+        the nodes, for the block: its session advisory lock, polled every
+        :data:`REVIEW_LOCK_POLL` seconds while another node holds it (released after the
+        block, or by the server when this node dies)."""
+        store, _ = self.require()
+        name, key = review_lock_name(doc_id), review_lock_key(doc_id)
+        # Polled: the holder is another process, which no event here can announce.
+        while True:
+            if await asyncio.to_thread(store.try_lock, name, key):
+                break
+            await asyncio.sleep(REVIEW_LOCK_POLL)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(store.release_lock, name, key)
 
     # -- the ranked lists --------------------------------------------------------------
 

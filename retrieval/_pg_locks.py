@@ -54,6 +54,19 @@ def backfill_lock_name(model: str) -> str:
     return f"backfill:{model}"
 
 
+def review_lock_key(doc_id: str) -> int:
+    """The session advisory lock key one review operation of a document holds (hold,
+    approve, reject: one at a time across the nodes; not :func:`document_lock_key`, which
+    the approval's own replacement takes)."""
+    digest = hashlib.sha256(b"llamad.review:" + doc_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def review_lock_name(doc_id: str) -> str:
+    """The name :class:`ScanLocks` holds a document's review lock under."""
+    return f"review:{doc_id}"
+
+
 class ScanLocks:
     """The scan locks this node holds, on one dedicated session (the backfill's locks too,
     named by :func:`backfill_lock_name`). Thread-safe."""

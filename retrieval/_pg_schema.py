@@ -1,6 +1,6 @@
 """The PostgreSQL store's schema: its migrations, the pgvector check, vector spaces.
 
-Tables (schema version 1; version 2 adds ``corpus_switch``):
+Tables (schema version 1; version 2 adds ``corpus_switch``, version 3 ``held_documents``):
 
 ==================  ==========================================================================
 table               holds
@@ -19,6 +19,8 @@ chunk_vectors       (chunk key, space) -> ``embedding vector``; ``dim`` checked 
 corpus_model        one row: the embedding model the shared corpus is embedded with
 corpus_switch       at most one row: the space the corpus is being switched to (a Reprocess
                     on a node with another model asked for it; :mod:`retrieval._pg_backfill`)
+held_documents      versions awaiting review, one per document: their metadata and the exact
+                    (redacted) text approval indexes; never chunked (:mod:`retrieval._review`)
 ==================  ==========================================================================
 
 pgvector's HNSW needs a fixed dimension, which a column shared by several models cannot
@@ -139,6 +141,22 @@ MIGRATIONS: tuple[Migration, ...] = (
             one boolean PRIMARY KEY DEFAULT true CHECK (one),
             space_id integer NOT NULL REFERENCES vector_spaces(id),
             requested_at timestamptz NOT NULL DEFAULT now())""",
+    )),
+    Migration(3, "versions held for review", (
+        """CREATE TABLE held_documents (
+            doc_id text PRIMARY KEY REFERENCES documents(id) ON DELETE CASCADE,
+            path text NOT NULL DEFAULT '',
+            title text NOT NULL DEFAULT '',
+            kind text NOT NULL DEFAULT 'text',
+            category text NOT NULL DEFAULT '',
+            tags text[] NOT NULL DEFAULT '{}',
+            content_hash text NOT NULL,
+            mtime_ns bigint NOT NULL DEFAULT 0,
+            size bigint NOT NULL DEFAULT 0,
+            redactions integer NOT NULL DEFAULT 0,
+            document_date bigint,
+            held_at bigint NOT NULL,
+            text text NOT NULL)""",
     )),
 )
 """Every migration, in order; a new one is appended (never edited once released)."""

@@ -53,6 +53,7 @@ from ._pg_schema import (
     model_mismatch,
 )
 from ._pg_search import LEXICAL_RANKING, bm25_extension, text_search, vector_search
+from ._pg_store_review import PgReview
 from ._pg_store_rows import (
     CHUNK_SELECT,
     DOCUMENT_SELECT,
@@ -89,10 +90,11 @@ class PgInfo:
     switch_model: str = ""      # the model the corpus is being switched to ("" none)
 
 
-class PostgresStore(PgVectors):
+class PostgresStore(PgVectors, PgReview):
     """The PostgreSQL store; open with :meth:`open`. Thread-safe (one pooled connection
     per call). Vector spaces over time (the backfill, a switch of embedding model) are
-    :class:`~retrieval._pg_store_vectors.PgVectors`'s."""
+    :class:`~retrieval._pg_store_vectors.PgVectors`'s, versions held for review
+    :class:`~retrieval._pg_store_review.PgReview`'s."""
 
     def __init__(self, options: PgOptions, pool: Pool, locks: ScanLocks, info: PgInfo
                  ) -> None:
@@ -281,6 +283,8 @@ class PostgresStore(PgVectors):
         # by another node waits, then sees these chunks and replaces them, instead of
         # colliding on their chunk ids.
         conn.execute(DOCUMENT_UPSERT, document_args(doc))
+        # A version indexed now supersedes one held for review (an approval indexes it).
+        conn.execute("DELETE FROM held_documents WHERE doc_id = %s", (doc.id,))
         kept: dict[int, dict[str, list[float]]] = {}
         for space in spaces:  # the corpus's, and the one it is being switched to
             kept[space.id] = {str(h): list(v) for h, v in conn.execute(

@@ -70,8 +70,8 @@ class Retriever(RetrieverSources):
             clock: the time history records are dated and retention runs by (tests
                 inject a manual one; default: the system's).
             postgres: use the PostgreSQL store (``retrieval.store = postgres``) instead
-                of the embedded one in ``root``; review holds and history sources are
-                then refused (see :mod:`retrieval._pg_indexes`).
+                of the embedded one in ``root``; history sources are then refused (see
+                :mod:`retrieval._pg_indexes`).
         """
         self.root = root
         limits = limits or RetrievalLimits()
@@ -314,9 +314,7 @@ class Retriever(RetrieverSources):
         return await review.reject(doc_id, note)
 
     def _review(self) -> Review:
-        """The review of documents, refused where the store cannot hold them."""
-        if self._ingest.review is None:
-            raise not_supported("review")
+        """The review of documents."""
         return self._ingest.review
 
     async def _awaiting_review(self, doc_id: str) -> None:

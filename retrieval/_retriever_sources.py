@@ -54,9 +54,8 @@ class RetrieverSources:
                                   "only (add it with history)")
         if max_age_days < 0 or max_items < 0:
             raise InvalidDocument("max_age_days and max_items cannot be negative")
-        if self._retention is None and (history or review_required):
-            raise not_supported("a history source" if history
-                                else "a source requiring review")
+        if self._retention is None and history:
+            raise not_supported("a history source")
         kind = "history" if history else "directory" if root is not None else "push"
         row = SourceRow(source_id, kind, str(root) if root is not None else "", category,
                         tuple(tags), int(time.time()), review_required=review_required,

@@ -14,7 +14,8 @@ indexed stays searchable meanwhile. Then:
   version's hash: the same content again stays rejected, a changed one goes back to review.
 
 The same content as the version indexed needs no review (a file changed back releases the
-held version). One review operation per document runs at a time, so an approval never
+held version). One review operation per document runs at a time (on a PostgreSQL store
+shared by nodes, across the nodes: the backend's ``review_turn``), so an approval never
 indexes a version a newer one has replaced meanwhile.
 """
 
@@ -28,7 +29,8 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 
-from ._indexes import Indexes
+from ._backend import Backend
+from ._pg_indexes import PgDocumentStore
 from ._redact import redact
 from ._store import DocumentRow, Store
 from .errors import InvalidDocument, NotFound, WrongState
@@ -64,7 +66,7 @@ def check_note(note: str) -> str:
 class Review:
     """Held versions of one retriever's documents, and the reviewer's decisions."""
 
-    def __init__(self, indexes: Indexes, index: Index, processing: Processing) -> None:
+    def __init__(self, indexes: Backend, index: Index, processing: Processing) -> None:
         """Args:
             index: the ingest's indexing of a document and its text.
             processing: the ingest's bookkeeping around work on a document (shown
@@ -77,12 +79,13 @@ class Review:
             weakref.WeakValueDictionary()
 
     @contextlib.asynccontextmanager
-    async def _exclusive(self, doc_id: str) -> AsyncIterator[Store]:
-        """One review operation (hold, approve, reject) of a document at a time."""
+    async def _exclusive(self, doc_id: str) -> AsyncIterator[Store | PgDocumentStore]:
+        """One review operation (hold, approve, reject) of a document at a time (across
+        the nodes sharing a PostgreSQL store too)."""
         lock = self._locks.get(doc_id)
         if lock is None:
             lock = self._locks[doc_id] = asyncio.Lock()
-        async with lock:
+        async with lock, self._indexes.review_turn(doc_id):
             store, _ = self._indexes.require()
             yield store
 
@@ -151,7 +154,7 @@ class Review:
         return row
 
     @staticmethod
-    async def _awaiting(store: Store, doc_id: str) -> None:
+    async def _awaiting(store: Store | PgDocumentStore, doc_id: str) -> None:
         row = await asyncio.to_thread(store.document, doc_id)
         if row is None:
             raise NotFound(f"no document {doc_id!r}")

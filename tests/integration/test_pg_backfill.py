@@ -401,6 +401,7 @@ async def test_an_old_schema_with_rows_keeps_them_through_the_upgrade(pg_dsn: st
         assert store.corpus_model() == ("m", 2)
         assert store.embedded_chunks("m") == 1
         assert store.spaces()[1] is None
+        assert store.held_documents() == {}  # version 3's table is there
         store.replace_documents([(DocumentRow("docs/b", "docs"),
                                   [ChunkRow("docs/b#1", 1, "", "charlie", "h2")])])
         assert store.missing_count(1) == 1

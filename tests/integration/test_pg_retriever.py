@@ -147,19 +147,11 @@ async def test_a_node_with_another_embedding_model_says_so(
         await b.close()
 
 
-async def test_review_and_history_are_refused_on_postgres(nodes: Nodes) -> None:
+async def test_history_is_refused_on_postgres(nodes: Nodes) -> None:
     a, _ = nodes
     with pytest.raises(NotSupported, match="postgres"):
         await a.add_source("notes", history=True)
-    with pytest.raises(NotSupported, match="postgres"):
-        await a.add_source("held", review_required=True)
-    await a.add_source("docs")
-    with pytest.raises(NotSupported, match="postgres"):
-        await a.upsert("docs", "t", "some text", review=True)
-    assert await a.documents() == []
-    for refused in (a.approve("docs/t"), a.reject("docs/t")):
-        with pytest.raises(NotSupported, match="postgres"):
-            await refused
+    assert await a.sources() == []
     assert await a.prune() == 0
 
 
