@@ -26,8 +26,8 @@ Fusion (RRF, modes, weights; :mod:`retrieval._fusion`) stays above the interface
 The background backfill (and a switch of embedding model) is each backend's own
 (:func:`backfill_for`: :mod:`retrieval._backfill`, :mod:`retrieval._pg_backfill`), with
 the same calls, and so are review holds (``review_turn``: one review operation of a
-document at a time). History retention is the embedded backend's only, for now: the
-retriever refuses history sources on Postgres (:class:`~retrieval.errors.NotSupported`).
+document at a time) and history retention (the stores' ``expired_records`` and
+``prune_records``).
 """
 
 from __future__ import annotations

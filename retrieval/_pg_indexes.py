@@ -13,9 +13,8 @@ The corpus is embedded with one model; a node embedding with another is refused 
 corpus is switched to its model (:mod:`retrieval._pg_backfill`: the backfill of chunks
 without vectors, and the switch). Review holds are the store's
 (:mod:`retrieval._pg_store_review`; one review operation of a document at a time across
-the nodes: :meth:`PgIndexes.review_turn`). What the embedded backend has and this one
-does not (yet): history sources and their retention, refused with
-:class:`~retrieval.errors.NotSupported`, never silently ignored.
+the nodes: :meth:`PgIndexes.review_turn`), and so is history retention
+(:mod:`retrieval._pg_store_history`).
 """
 
 from __future__ import annotations

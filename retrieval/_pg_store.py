@@ -53,6 +53,7 @@ from ._pg_schema import (
     model_mismatch,
 )
 from ._pg_search import LEXICAL_RANKING, bm25_extension, text_search, vector_search
+from ._pg_store_history import PgHistory
 from ._pg_store_review import PgReview
 from ._pg_store_rows import (
     CHUNK_SELECT,
@@ -90,11 +91,12 @@ class PgInfo:
     switch_model: str = ""      # the model the corpus is being switched to ("" none)
 
 
-class PostgresStore(PgVectors, PgReview):
+class PostgresStore(PgVectors, PgReview, PgHistory):
     """The PostgreSQL store; open with :meth:`open`. Thread-safe (one pooled connection
     per call). Vector spaces over time (the backfill, a switch of embedding model) are
     :class:`~retrieval._pg_store_vectors.PgVectors`'s, versions held for review
-    :class:`~retrieval._pg_store_review.PgReview`'s."""
+    :class:`~retrieval._pg_store_review.PgReview`'s, history retention's
+    :class:`~retrieval._pg_store_history.PgHistory`'s."""
 
     def __init__(self, options: PgOptions, pool: Pool, locks: ScanLocks, info: PgInfo
                  ) -> None:

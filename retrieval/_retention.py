@@ -10,7 +10,9 @@ the next passes, so a pass never holds the writer lock for long).
 
 Records are removed as a deletion removes a document: from SQLite (one transaction per
 source, counted in the source's ``pruned``), then from tantivy and hnswlib, under the
-writer lock. :attr:`Retention.pruned` counts the records removed since start-up (the
+writer lock; on the PostgreSQL store, in one transaction per source, every node running
+passes (a record is deleted, and counted, once: :mod:`retrieval._pg_store_history`).
+:attr:`Retention.pruned` counts the records removed since start-up by this node (the
 Status RPC's ``pruned``). A pass that removed something logs one info line.
 """
 
@@ -25,10 +27,10 @@ from typing import Protocol
 
 import structlog
 
-from ._indexes import Indexes
+from ._backend import Backend
 from ._limits import RetrievalLimits
+from ._pg_indexes import PgDocumentStore
 from ._store import Store
-from ._store_history import expired_records, prune_records
 
 _log = structlog.get_logger("llamad.retrieval")
 
@@ -64,7 +66,7 @@ class SystemClock:
 class Retention:
     """The retention passes of one retriever, and the task that runs them."""
 
-    def __init__(self, indexes: Indexes, clock: RetentionClock,
+    def __init__(self, indexes: Backend, clock: RetentionClock,
                  limits: Callable[[], RetrievalLimits]) -> None:
         self._indexes = indexes
         self._clock = clock
@@ -121,8 +123,9 @@ class Retention:
             if source.kind != "history" or not (source.max_age_days or source.max_items):
                 continue
             before = now - source.max_age_days * DAY if source.max_age_days else None
-            ids = await asyncio.to_thread(expired_records, store, source.id, before=before,
-                                          keep=source.max_items, limit=budget)
+            ids = await asyncio.to_thread(functools.partial(
+                store.expired_records, source.id, before=before, keep=source.max_items,
+                limit=budget))
             if not ids:
                 continue
             counted: list[int] = []
@@ -141,9 +144,10 @@ class Retention:
         return sum(removed.values())
 
 
-def _prune(store: Store, source_id: str, ids: list[str], counted: list[int]) -> list[int]:
-    """:func:`prune_records` for :meth:`Indexes.withdraw`: the chunk keys, and the count
-    of deleted records appended to ``counted``."""
-    deleted, keys = prune_records(store, source_id, ids)
+def _prune(store: Store | PgDocumentStore, source_id: str, ids: list[str],
+           counted: list[int]) -> list[int]:
+    """The store's ``prune_records`` for the backend's ``withdraw``: the chunk keys, and
+    the count of deleted records appended to ``counted``."""
+    deleted, keys = store.prune_records(source_id, ids)
     counted.append(deleted)
     return keys

@@ -70,14 +70,12 @@ class Retriever(RetrieverSources):
             clock: the time history records are dated and retention runs by (tests
                 inject a manual one; default: the system's).
             postgres: use the PostgreSQL store (``retrieval.store = postgres``) instead
-                of the embedded one in ``root``; history sources are then refused (see
-                :mod:`retrieval._pg_indexes`).
+                of the embedded one in ``root`` (see :mod:`retrieval._pg_indexes`).
         """
         self.root = root
         limits = limits or RetrievalLimits()
         self._embedder = embedder
         self._backend = backend(root, postgres)
-        embedded = self._backend if isinstance(self._backend, Indexes) else None
         self._backfill = backfill_for(self._backend, embedder, limits, embedder_for)
         self._ingest = Ingest(self._backend, embedder, limits,
                               on_other_model=self._start_backfill)
@@ -88,8 +86,7 @@ class Retriever(RetrieverSources):
             on_other_model=self._start_backfill, embedder_for=embedder_for,
             backfill=lambda: self._backfill.status)
         self._clock: RetentionClock = clock or SystemClock()
-        self._retention = Retention(embedded, self._clock, lambda: self.limits) \
-            if embedded is not None else None
+        self._retention = Retention(self._backend, self._clock, lambda: self.limits)
 
     @property
     def _indexes(self) -> Indexes:
@@ -140,14 +137,12 @@ class Retriever(RetrieverSources):
         if self._backend.store is not None:
             return
         await asyncio.to_thread(self._backend.open_sync)
-        if self._retention is not None:
-            self._retention.start()
+        self._retention.start()
 
     async def close(self) -> None:
         """Stop the background backfill, let the commits under way and queued finish,
         save the vector index and close the stores (each even if another fails)."""
-        if self._retention is not None:
-            await self._retention.close()
+        await self._retention.close()
         await self._later.close()
         await self._backfill.close()
         await self._ingest.close()
@@ -412,22 +407,16 @@ class Retriever(RetrieverSources):
     async def prune(self) -> int:
         """One retention pass now (the background task runs one every
         ``retrieval.retention_interval``); return the records it removed."""
-        return await self._retention.run_once() if self._retention is not None else 0
+        return await self._retention.run_once()
 
     @property
     def pruned(self) -> int:
         """History records removed by retention since this retriever was built."""
-        return self._retention.pruned if self._retention is not None else 0
+        return self._retention.pruned
 
     @property
     def retention(self) -> Retention:
-        """The retention task and its counters (for tests and status).
-
-        Raises:
-            NotSupported: the store has no history retention (Postgres).
-        """
-        if self._retention is None:
-            raise not_supported("history retention")
+        """The retention task and its counters (for tests and status)."""
         return self._retention
 
     @property

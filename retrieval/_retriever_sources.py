@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from ._backend import Backend
-from ._pg_indexes import not_supported
 from ._retention import Retention
 from ._store import SourceRow
 from .errors import InvalidDocument, NotFound, validate_source_id
@@ -25,7 +24,7 @@ class RetrieverSources:
     """Sources over the retriever's backend (``_backend``)."""
 
     _backend: Backend
-    _retention: Retention | None
+    _retention: Retention
 
     # -- sources -----------------------------------------------------------------------
 
@@ -54,8 +53,6 @@ class RetrieverSources:
                                   "only (add it with history)")
         if max_age_days < 0 or max_items < 0:
             raise InvalidDocument("max_age_days and max_items cannot be negative")
-        if self._retention is None and history:
-            raise not_supported("a history source")
         kind = "history" if history else "directory" if root is not None else "push"
         row = SourceRow(source_id, kind, str(root) if root is not None else "", category,
                         tuple(tags), int(time.time()), review_required=review_required,

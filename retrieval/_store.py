@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._store_history import HistoryStore
 from ._store_review import REVIEW_SCHEMA, ReviewStore
 
 _SCHEMA = """
@@ -172,9 +173,10 @@ def _tags(raw: str) -> tuple[str, ...]:
     return tuple(str(t) for t in value) if isinstance(value, list) else ()
 
 
-class Store(ReviewStore):
+class Store(ReviewStore, HistoryStore):
     """Thread-safe access to the SQLite database (one connection, one lock); versions
-    held for review are :class:`~retrieval._store_review.ReviewStore`'s."""
+    held for review are :class:`~retrieval._store_review.ReviewStore`'s, retention's
+    queries :class:`~retrieval._store_history.HistoryStore`'s."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

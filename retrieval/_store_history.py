@@ -10,15 +10,32 @@ Records past ``max_age_days`` and those beyond the newest ``max_items`` are alwa
 of that order: one pass removes the first ``n`` of it.
 
 These are the store's own queries, kept apart from :mod:`retrieval._store` (its size): they
-use its connection, its lock and its write transaction as its methods do.
+use its connection, its lock and its write transaction as its methods do, and are its
+methods too (:class:`HistoryStore`: the calls the PostgreSQL store answers,
+:mod:`retrieval._pg_store_history`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from ._store import Store
+
+
+class HistoryStore:
+    """Retention's queries as methods of :class:`retrieval._store.Store`."""
+
+    def expired_records(self, source_id: str, *, before: int | None, keep: int,
+                        limit: int) -> list[str]:
+        """See :func:`expired_records`."""
+        return expired_records(cast("Store", self), source_id, before=before, keep=keep,
+                               limit=limit)
+
+    def prune_records(self, source_id: str, ids: list[str]) -> tuple[int, list[int]]:
+        """See :func:`prune_records`."""
+        return prune_records(cast("Store", self), source_id, ids)
+
 
 def dated_documents(store: Store, since: int | None, until: int | None) -> set[str]:
     """Ids of the documents whose own date lies in ``[since, until]`` (either bound may be

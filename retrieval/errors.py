@@ -19,8 +19,8 @@ The tree::
     ├── StoreUnavailable     the PostgreSQL store cannot be reached, logged into, or lacks
     │                        pgvector (the message names the server, never the password)
     ├── EmbeddingModelMismatch  this node's embedding model is not the shared corpus's
-    └── NotSupported         something the configured store backend cannot do (history
-                             sources on PostgreSQL); names the backend
+    └── NotSupported         something the configured store backend cannot do (looking
+                             inside the embedded indexes on PostgreSQL); names the backend
 
 None of these import or know about gRPC; the daemon maps them to status codes
 (``InvalidDocument`` and ``ExtractionError`` to INVALID_ARGUMENT, ``NotFound`` to NOT_FOUND,
@@ -150,9 +150,9 @@ class EmbeddingModelMismatch(RetrievalError):
 
 
 class NotSupported(RetrievalError):
-    """Something the configured store backend cannot do yet (history sources on
-    ``retrieval.store = postgres``): refused, never silently ignored. The message names
-    the backend."""
+    """Something the configured store backend cannot do (looking inside the embedded
+    indexes with ``retrieval.store = postgres``): refused, never silently ignored. The
+    message names the backend."""
 
 
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
