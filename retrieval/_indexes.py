@@ -437,6 +437,11 @@ class Indexes:
             await asyncio.to_thread(self._drop_keys, keys)
         return keys
 
+    async def disabled(self, named: Sequence[str]) -> frozenset[str]:
+        """The disabled sources a search leaves out itself: here every one of them (the
+        text and vector indexes do not know which are), whatever ``named``."""
+        return self.disabled_sources
+
     def try_scan_lock_sync(self, source_id: str) -> bool:
         """Always True: one node owns an embedded store (the per-retriever scan lock of
         :mod:`retrieval._scan` serialises its own scans)."""

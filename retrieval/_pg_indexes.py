@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,6 +58,12 @@ _log = structlog.get_logger("llamad.retrieval")
 class PgDocumentStore(PostgresStore):
     """:class:`PostgresStore` with the few read calls the retriever makes of any store
     that the PostgreSQL store has no use of its own for."""
+
+    def disabled_among(self, source_ids: Sequence[str]) -> frozenset[str]:
+        """Those of ``source_ids`` that are disabled now (by any node)."""
+        with self._conn() as conn:
+            return frozenset(str(r[0]) for r in conn.execute(
+                "SELECT id FROM sources WHERE disabled AND id = ANY(%s)", (list(source_ids),)))
 
     def chunk_ids(self, keys: Iterable[int]) -> dict[int, str]:
         """Chunk key -> chunk id (the citation key), for the keys that exist."""
@@ -102,6 +108,15 @@ class PgIndexes:
     @disabled_sources.setter
     def disabled_sources(self, value: frozenset[str]) -> None:
         """Ignored (see the getter): the database holds whether a source is disabled."""
+
+    async def disabled(self, named: Sequence[str]) -> frozenset[str]:
+        """The disabled sources a search leaves out itself: those of ``named`` (the
+        sources a search asked for by name) disabled now, by any node, so that it can say
+        so. Every other disabled source is left out inside the SQL of both lists."""
+        if not named:
+            return frozenset()
+        store, _ = self.require()
+        return await asyncio.to_thread(store.disabled_among, named)
 
     # -- life cycle --------------------------------------------------------------------
 

@@ -226,8 +226,9 @@ class Search:
 
     async def _enabled_only(self, filters: Filters, warnings: list[str]) -> Filters | None:
         """``filters`` narrowed to the enabled sources (a disabled one is kept but not
-        searched); None when only disabled sources were asked for (a warning says so)."""
-        disabled = self._indexes.disabled_sources
+        searched); None when only disabled sources were asked for. A disabled source
+        asked for by name is named in a warning, on either backend (:meth:`disabled`)."""
+        disabled = await self._indexes.disabled(filters.sources)
         if not disabled:
             return filters
         asked = filters.sources
