@@ -3,18 +3,20 @@
 Offline: the caller holds the state directory (no daemon writes the embedded store
 meanwhile). What is copied, from ``<root>/meta.sqlite3``:
 
-* sources (directory and push; their ``disabled`` flag);
+* sources (directory, push and history, with their ``disabled`` flag, review and
+  retention settings);
 * indexed documents with their chunks and, for the store's embedding model
   (``meta.vector_model``), the cached vector of each chunk's text, in batches of
   ``batch_documents`` documents, each batch one :meth:`PostgresStore.replace_documents`
   transaction: an interruption loses at most the batch in flight;
 * the state of documents that are not indexed (``pending``, ``processing``, ``failed``
-  with its error), without chunks.
+  with its error), without chunks;
+* once every batch is in: the versions held for review, with their exact text (their
+  documents ``review_required``, a version indexed before copied as indexed), and the
+  rejected documents with the rejected version's hash and the reviewer's note.
 
-What the PostgreSQL backend cannot take is skipped and said so (:attr:`Migration.skipped`),
-never silently: history sources and sources requiring review, with their documents
-(Postgres refuses both); versions held for review; documents ``review_required`` or
-``rejected``; cached vectors of other embedding models (the corpus has one model).
+What is not copied is said so (:attr:`Migration.skipped`), never silently: cached vectors
+of other embedding models (the corpus has one model).
 
 Resumable: a document already in Postgres with the same content hash, indexed, is not
 written again, so a rerun after an interruption copies what is left, and a rerun after a
@@ -41,8 +43,6 @@ _log = structlog.get_logger("llamad.retrieval")
 
 STORE_FILE = "meta.sqlite3"
 """The embedded store's file in the retrieval root."""
-
-_NOT_COPIED_STATES = ("review_required", "rejected")
 
 
 class MigrationRefused(RetrievalError):
@@ -74,7 +74,8 @@ class Migration:
         model: the embedding model whose vectors were copied ("" none).
         sources: sources written (upserted).
         documents: indexed documents written, with ``chunks`` chunks and ``vectors``
-            vectors; ``states``: documents not indexed whose state was written.
+            vectors; ``states``: documents not indexed whose state was written (held
+            for review and rejected ones included).
         present: indexed documents already in Postgres with the same content (skipped).
         without_vector: chunks copied without a vector (none cached for the model).
         left_alone: documents in Postgres that the embedded store does not have.
@@ -159,36 +160,28 @@ def _copy(store: Store, pg: PostgresStore, batch_documents: int, max_batches: in
         result.model = model
     result.skipped.extend(_other_models(store, model))
 
-    copied_sources: set[str] = set()
     for source in store.sources():
-        if source.kind == "history" or source.review_required:
-            what = "history source" if source.kind == "history" else \
-                "source requiring review"
-            count = len(store.documents(source.id))
-            result.skipped.append(f"{what} {source.id!r} and its {count} documents: not "
-                                  "supported with retrieval.store = postgres yet")
-            continue
         pg.upsert_source(source)
         if source.disabled:
             pg.set_source_disabled(source.id, True)
-        copied_sources.add(source.id)
         result.sources += 1
-    held = [doc_id for doc_id, row in store.held_documents().items()
-            if row.source_id in copied_sources]
-    if held:
-        result.skipped.append(f"{len(held)} versions held for review: not copied (their "
-                              "documents keep their indexed version, if any)")
 
     present = {d.id: d for d in pg.documents()}
-    embedded = [d for d in store.documents() if d.source_id in copied_sources]
+    embedded = store.documents()
     ids = {d.id for d in embedded}
     result.left_alone = sum(1 for doc_id in present if doc_id not in ids)
     to_index: list[DocumentRow] = []
-    unreviewed = 0
+    reviewed: list[DocumentRow] = []  # held or rejected: written after the batches
     for doc in embedded:
         mine = present.get(doc.id)
-        if doc.state in _NOT_COPIED_STATES:
-            unreviewed += 1
+        if doc.state in ("review_required", "rejected"):
+            reviewed.append(doc)
+            if doc.state == "review_required" and doc.indexed_at and (
+                    mine is None or mine.state not in ("indexed", "review_required")
+                    or mine.content_hash != doc.content_hash):
+                to_index.append(doc)  # the version searchable while one is held
+            elif doc.state == "review_required" and doc.indexed_at:
+                result.present += 1
         elif doc.state != "indexed":
             if mine is None or (mine.state, mine.error) != (doc.state, doc.error):
                 pg.set_state(doc, doc.state, doc.error)
@@ -198,10 +191,6 @@ def _copy(store: Store, pg: PostgresStore, batch_documents: int, max_batches: in
             result.present += 1
         else:
             to_index.append(doc)
-    if unreviewed:
-        result.skipped.append(f"{unreviewed} documents in state review_required or "
-                              "rejected: not copied (no review on Postgres yet)")
-
     chunk_keys = {d.id: store.document_chunk_keys(d.id) for d in to_index}
     progress = MigrationProgress(documents_total=len(to_index),
                         chunks_total=sum(len(k) for k in chunk_keys.values()))
@@ -236,9 +225,35 @@ def _copy(store: Store, pg: PostgresStore, batch_documents: int, max_batches: in
             on_progress(progress)
     progress.elapsed = time.monotonic() - start
     result.progress = progress
+    if result.complete:  # a replacement drops a held version: holds come after them all
+        result.states += sum(_copy_review(store, pg, doc, present.get(doc.id))
+                             for doc in reviewed)
     _log.info("retrieval store migrated", store=result.target, documents=result.documents,
               chunks=result.chunks, present=result.present, complete=result.complete)
     return result
+
+
+def _copy_review(store: Store, pg: PostgresStore, doc: DocumentRow,
+                 mine: DocumentRow | None) -> bool:
+    """Write a document's review state: the version it holds for review (with its
+    text), or its rejection (the rejected version's metadata and hash, the note); False
+    when Postgres has it already."""
+    if doc.state == "rejected":
+        if mine is not None and (mine.state, mine.content_hash, mine.review_note) == (
+                "rejected", doc.content_hash, doc.review_note):
+            return False
+        pg.hold_document(doc, "")  # then rejected: its metadata become the row's
+        pg.reject_document(doc.id, doc.review_note)
+        return True
+    held = store.held_document(doc.id)
+    if held is None:  # a state without its held version: nothing to hold
+        return False
+    version, text = held
+    theirs = pg.held_version(doc.id)
+    if theirs is not None and theirs.content_hash == version.content_hash:
+        return False
+    pg.hold_document(version, text)
+    return True
 
 
 def _other_models(store: Store, model: str) -> list[str]:

@@ -2,7 +2,8 @@
 pgvector (tests/support/postgres.py): an embedded store built with the Retriever API is
 copied into Postgres, where a retriever on the postgres store finds the same documents
 with their vectors; a rerun writes nothing; a run stopped after a few batches resumes to
-the same end state; what Postgres cannot take is named, and a running daemon, a state
+the same end state; history sources, versions held for review and rejected documents are
+copied with their state; what is not copied is named, and a running daemon, a state
 directory without a store and a corpus of another model are refused."""
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ QUERIES = ("nginx logs", "replication replica", "certificate", "chrony clock", "
 
 async def build_embedded(state: Path) -> dict[str, set[str]]:
     """An embedded store in ``state`` (push documents with vectors, a disabled source, a
-    history source, a source requiring review); returns each query's text-mode hits
-    outside the history source."""
+    history source, a source requiring review with a version held and one rejected);
+    returns each query's text-mode hits."""
     r = Retriever(state / "retrieval", lambda: HashEmbedder(MODEL))
     await r.open()
     try:
@@ -53,11 +54,15 @@ async def build_embedded(state: Path) -> dict[str, set[str]]:
         await r.set_source_disabled("old", True)
         await r.add_source("events", history=True)
         await r.upsert("events", "deploy", "deployed nginx 1.27", doc_id="events/1")
+        await r.add_source("held")
+        await r.upsert("held", "proxy", "haproxy backend weights v1", doc_id="held/3")
         await r.add_source("held", review_required=True)
+        await r.upsert("held", "proxy", "haproxy backend weights v2 tuned", doc_id="held/3")
         await r.upsert("held", "secret", "nginx reverse proxy notes", doc_id="held/1",
                        review=True)
-        # The history record is not copied (Postgres has no history sources yet).
-        return {q: hits(await r.search(q, k=20, options=Query(mode="text"))) - {"events/1"}
+        await r.upsert("held", "names", "customer list: alice bob", doc_id="held/2")
+        await r.reject("held/2", note="names customers")
+        return {q: hits(await r.search(q, k=20, options=Query(mode="text")))
                 for q in QUERIES}
     finally:
         await r.close()
@@ -86,15 +91,17 @@ async def test_a_migrated_store_is_found_on_postgres_with_its_vectors(
         tmp_path: Path, pg_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
     """The copy answers text searches with the same documents, has every chunk's vector
     (a vector search finds a document by its own text), keeps the disabled source out,
-    and the summary names the history and review sources it skipped."""
+    keeps the history source's record, the version held for review (approved there, it is
+    indexed) and the rejected document with its note."""
     state = tmp_path / "state"
     expected = await build_embedded(state)
     assert run(state, pg_dsn) == 0
     out = capsys.readouterr()
-    assert "documents written: 9 (9 chunks, 9 with a vector of hash-a, 0 without)" in out.out
-    assert "history source 'events' and its 1 documents" in out.out
-    assert "source requiring review 'held' and its 1 documents" in out.out
-    assert "9/9 documents, 9/9 chunks" in out.err
+    assert "documents written: 11 (11 chunks, 11 with a vector of hash-a, 0 without)" \
+        in out.out
+    assert "states of documents not indexed written: 3" in out.out
+    assert "skipped: nothing" in out.out
+    assert "11/11 documents, 11/11 chunks" in out.err
 
     node = Retriever(tmp_path / "node", lambda: HashEmbedder(MODEL),
                      postgres=PgOptions(pg_dsn))
@@ -106,9 +113,28 @@ async def test_a_migrated_store_is_found_on_postgres_with_its_vectors(
         found = await node.search(TEXTS["docs/raid"], k=1, options=Query(mode="vector"))
         assert hits(found) == {"docs/raid"}
         status = await node.status()
-        assert status.vectors == 9
-        sources = {s.id: s.disabled for s in await node.sources()}
-        assert sources == {"docs": False, "old": True}
+        assert status.vectors == 11
+        sources = {s.id: (s.kind, s.disabled, s.review_required)
+                   for s in await node.sources()}
+        assert sources == {"docs": ("push", False, False), "old": ("push", True, False),
+                           "events": ("history", False, False),
+                           "held": ("push", False, True)}
+        rejected = await node.document("held/2")
+        assert rejected is not None
+        assert (rejected.state, rejected.review_note) == ("rejected", "names customers")
+        assert (await node.document("held/1")).state == "review_required"  # type: ignore[union-attr]
+        assert "held/1" not in hits(await node.search("reverse proxy",
+                                                      options=Query(mode="text")))
+        assert (await node.approve("held/1")).state == "indexed"
+        assert "held/1" in hits(await node.search("reverse proxy",
+                                                  options=Query(mode="text")))
+        # A new version held while the one indexed before stays searchable.
+        assert (await node.document("held/3")).state == "review_required"  # type: ignore[union-attr]
+        assert "held/3" in hits(await node.search("haproxy weights v1",
+                                                  options=Query(mode="text")))
+        assert "held/3" not in hits(await node.search("tuned", options=Query(mode="text")))
+        await node.approve("held/3")
+        assert "held/3" in hits(await node.search("tuned", options=Query(mode="text")))
     finally:
         await node.close()
 
@@ -123,7 +149,8 @@ async def test_a_rerun_writes_nothing(tmp_path: Path, pg_dsn: str,
     assert run(state, pg_dsn) == 0
     out = capsys.readouterr().out
     assert "documents written: 0 (0 chunks" in out
-    assert "already present (same content): 9" in out
+    assert "already present (same content): 11" in out
+    assert "states of documents not indexed written: 0" in out
     assert snapshot(pg_dsn) == before
 
 
@@ -140,9 +167,10 @@ async def test_a_run_stopped_after_two_batches_resumes_to_the_same_end(
     assert run(state, pg_dsn, "--batch-documents", "2") == 0
     assert "already present (same content): 4" in capsys.readouterr().out
     docs, chunks, vectors = snapshot(pg_dsn)
-    assert set(docs) == {*TEXTS, "old/legacy"}
-    assert {state for state, _ in docs.values()} == {"indexed"}
-    assert (chunks, vectors) == (9, 9)
+    assert set(docs) == {*TEXTS, "old/legacy", "events/1", "held/1", "held/2", "held/3"}
+    assert {d: state for d, (state, _) in docs.items() if state != "indexed"} == {
+        "held/1": "review_required", "held/2": "rejected", "held/3": "review_required"}
+    assert (chunks, vectors) == (11, 11)
 
 
 async def test_a_corpus_of_another_model_is_refused_and_nothing_written(
