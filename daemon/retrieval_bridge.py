@@ -197,11 +197,12 @@ async def rescan_loop(retriever: Retriever, interval: float,
 async def backfill_loop(retriever: Retriever, interval: float) -> None:
     """Every ``interval`` seconds, start the background embedding of chunks without a
     vector of the current embedding model, if there are any and an embedder is available
-    (:meth:`retrieval.Retriever.backfill`). Runs until cancelled."""
+    (:meth:`retrieval.Retriever.backfill_soon`: the check runs in a worker thread). Runs
+    until cancelled."""
     while True:
         await asyncio.sleep(interval)
         try:
-            retriever.backfill()
+            await retriever.backfill_soon()
         except Exception as exc:
             structlog.get_logger("llamad.retrieval").warning(
                 "backfill check failed", error=str(exc)[:200])

@@ -110,18 +110,21 @@ class Backfill:
         serving = previous if previous and self._embedder_for(previous) is not None else ""
         return VectorRebuild(running, model, serving, pending, done)
 
-    def start(self, *, retry_failed: bool = False, only: set[int] | None = None) -> bool:
+    def start(self, *, retry_failed: bool = False, only: set[int] | None = None,
+              needed: bool | None = None) -> bool:
         """Start a run unless one is under way or nothing is missing; True if started.
 
         Args:
             retry_failed: embed again the texts the model refused before.
             only: the chunk keys to consider (a document's, a source's); None: all.
+            needed: what :meth:`needed` answered, when the caller asked it already (in
+                a worker thread); None: asked here.
         """
         if self.running:
             return False
         if retry_failed:
             self._failed.clear()
-        if only is None and not self.needed():
+        if only is None and not (self.needed() if needed is None else needed):
             return False
         embedder = self._embedder()
         if embedder is not None:  # what the run will do, known before its first step

@@ -361,6 +361,14 @@ class Retriever(RetrieverSources):
         self._backend.require()
         return self._backfill.start(retry_failed=retry_failed)
 
+    async def backfill_soon(self) -> bool:
+        """:meth:`backfill`, its check for chunks without a vector run in a worker thread
+        (on a large PostgreSQL corpus it reads every chunk's key): the event loop does
+        not wait for it. True if a run started."""
+        self._backend.require()
+        needed = await asyncio.to_thread(self._backfill.needed)
+        return self._backfill.start(needed=needed) if needed else False
+
     async def reprocess(self, *, document_id: str = "", source_id: str = "") -> tuple[int, str]:
         """Embed now, in the background, the chunks without a vector of the current
         embedding model: one document's, one source's, or (neither given) all; the texts

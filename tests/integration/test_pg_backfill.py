@@ -114,6 +114,21 @@ async def test_documents_ingested_without_embeddings_get_vectors_when_they_retur
     assert vector_counts(pg_dsn) == {"model-a": 3, "without": 0}
 
 
+async def test_the_daemons_periodic_check_asks_in_a_thread_and_starts_a_run(
+        opened: tuple[Retriever, Switchable], pg_dsn: str) -> None:
+    """backfill_soon (the daemon's periodic check): nothing to do without an embedder or
+    with every chunk embedded; otherwise it starts the run."""
+    r, embedder = opened
+    embedder.available = False
+    await fill(r)
+    assert not await r.backfill_soon()
+    embedder.available = True
+    assert await r.backfill_soon()
+    await finished(r)
+    assert not await r.backfill_soon()
+    assert vector_counts(pg_dsn) == {"model-a": 3, "without": 0}
+
+
 async def test_chunks_that_missed_their_vector_are_added_to_the_corpus(
         opened: tuple[Retriever, Switchable]) -> None:
     """With the corpus's model set, only the chunks without a vector are embedded;

@@ -69,6 +69,24 @@ async def test_documents_ingested_without_embeddings_get_vectors_when_they_retur
     await r.close()
 
 
+async def test_the_daemons_periodic_check_asks_in_a_thread_and_starts_a_run(
+        tmp_path: Path) -> None:
+    """backfill_soon (the daemon's periodic check): nothing to do without an embedder or
+    with every chunk embedded; otherwise it starts the run."""
+    embedder = Switchable("model-a")
+    embedder.available = False
+    r = opened(tmp_path, embedder)
+    await r.open()
+    await fill(r)
+    assert not await r.backfill_soon()
+    embedder.available = True
+    assert await r.backfill_soon()
+    await finished(r)
+    assert not await r.backfill_soon()
+    assert (await r.status()).vectors == 3
+    await r.close()
+
+
 async def test_a_search_starts_the_backfill_when_no_vectors_exist(tmp_path: Path) -> None:
     """With an embedder and no vector index yet, a search says so and starts the
     backfill; the next search after it is hybrid."""
