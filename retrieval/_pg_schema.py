@@ -54,6 +54,9 @@ from .errors import EmbeddingModelMismatch, SchemaTooNew, StoreUnavailable
 MIGRATION_LOCK = 0x6C6C_616D_6164_0001
 """The advisory lock key (bigint) migrations and vector-space creation hold."""
 
+INDEX_BUILD_POLL = 0.05
+"""Seconds between tries of the lock of an HNSW index build another node runs."""
+
 MAX_HNSW_DIM = 2000
 """pgvector's HNSW limit for ``vector`` (0.7+): larger embeddings cannot be indexed."""
 
@@ -297,7 +300,7 @@ def _build_index(conn: Connection, space: int, dim: int, m: int, ef_construction
     key = index_build_lock_key(space)
     while not (row := conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()) \
             or not row[0]:
-        time.sleep(0.05)  # another node builds it
+        time.sleep(INDEX_BUILD_POLL)  # another node builds it
     try:
         valid = _index_valid(conn, space)
         if valid:

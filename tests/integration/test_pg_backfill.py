@@ -8,6 +8,7 @@ carried out while the other keeps searching the previous model's vectors."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -16,7 +17,13 @@ import pytest
 
 from retrieval import Embedder, NotFound, Query, RetrievalLimits, Retriever
 from retrieval._pg_connect import PgOptions
-from retrieval._pg_schema import SCHEMA_VERSION, migrate, schema_version
+from retrieval._pg_schema import (
+    SCHEMA_VERSION,
+    ensure_vector_space,
+    hnsw_index_name,
+    migrate,
+    schema_version,
+)
 from retrieval._pg_store import PostgresStore
 from retrieval._store import ChunkRow, DocumentRow, SourceRow
 from tests.support.embedder import DOCS, HashEmbedder, fill
@@ -423,3 +430,38 @@ async def test_an_old_schema_with_rows_keeps_them_through_the_upgrade(pg_dsn: st
         assert store.source("docs") == SourceRow("docs", "push", created_at=1)
     finally:
         store.close()
+
+
+def index_states(dsn: str) -> list[bool]:
+    with psycopg.connect(dsn) as conn:
+        return [bool(r[0]) for r in conn.execute(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE c.relname LIKE 'chunk_vectors_hnsw_%'")]
+
+
+def test_a_space_index_is_built_once_by_two_nodes_and_a_failed_build_is_remade(
+        pg_dsn: str) -> None:
+    """Two nodes adding the same space at once get one space and one valid HNSW index;
+    an index left invalid (a concurrent build that failed) is dropped and made again."""
+    PostgresStore.open(PgOptions(pg_dsn)).close()  # the schema
+    spaces: list[int] = []
+    barrier = threading.Barrier(2)
+
+    def add() -> None:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            barrier.wait()
+            spaces.append(ensure_vector_space(conn, "m", 4))
+
+    threads = [threading.Thread(target=add) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(spaces) == 2 and spaces[0] == spaces[1]
+    assert index_states(pg_dsn) == [True]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = "
+                     "%s::regclass", (hnsw_index_name(spaces[0]),))
+        assert index_states(pg_dsn) == [False]
+        assert ensure_vector_space(conn, "m", 4) == spaces[0]
+    assert index_states(pg_dsn) == [True]
