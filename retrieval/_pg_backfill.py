@@ -55,7 +55,8 @@ leaves the switch to the next run (ingest that never pauses cannot hold a run fo
 
 
 class _Superseded(Exception):
-    """The space a run embeds for is no longer wanted (another switch was asked for)."""
+    """The space a run embeds for is no longer wanted (the corpus was switched away from
+    it, or a switch to another model was asked for)."""
 
 
 class PgBackfill:
@@ -205,8 +206,9 @@ class PgBackfill:
         try:
             await self._sweeps(model, only)
         except _Superseded:
-            _log.info("vector backfill stopped: another switch of the embedding model was "
-                      "asked for", model=model)
+            _log.info("vector backfill stopped: its model's vectors are no longer wanted "
+                      "(the corpus was switched, or a switch to another model was asked "
+                      "for)", model=model)
         except Exception as exc:
             self._last_error = f"{type(exc).__name__}: {str(exc)[:200]}"
             _log.warning("vector backfill interrupted; the next run resumes",

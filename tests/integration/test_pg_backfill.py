@@ -12,10 +12,18 @@ import threading
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import psycopg
 import pytest
 
-from retrieval import Embedder, NotFound, Query, RetrievalLimits, Retriever
+from retrieval import (
+    Embedder,
+    EmbeddingModelMismatch,
+    NotFound,
+    Query,
+    RetrievalLimits,
+    Retriever,
+)
 from retrieval._pg_connect import PgOptions
 from retrieval._pg_schema import (
     SCHEMA_VERSION,
@@ -25,6 +33,7 @@ from retrieval._pg_schema import (
     schema_version,
 )
 from retrieval._pg_store import PostgresStore
+from retrieval._pg_store_vectors import Space
 from retrieval._store import ChunkRow, DocumentRow, SourceRow
 from tests.support.embedder import DOCS, HashEmbedder, fill
 
@@ -465,3 +474,35 @@ def test_a_space_index_is_built_once_by_two_nodes_and_a_failed_build_is_remade(
         assert index_states(pg_dsn) == [False]
         assert ensure_vector_space(conn, "m", 4) == spaces[0]
     assert index_states(pg_dsn) == [True]
+
+
+def test_during_a_switch_writes_of_both_models_are_taken_and_a_third_is_refused(
+        pg_dsn: str) -> None:
+    """With a switch asked for, a replacement stores the vectors of the corpus's model and
+    of the target's, each in its space; a third model is refused naming it; the switch
+    finishes only once no chunk lacks a target vector, and the corpus is then the
+    target's."""
+    store = PostgresStore.open(PgOptions(pg_dsn))
+    try:
+        corpus = store.use_embedding_model("model-a", 2)
+        store.upsert_source(SourceRow("docs", "push"))
+        target = store.request_switch("model-b", 3)
+        assert store.spaces() == (Space(corpus, "model-a", 2), target)
+        store.replace_documents(
+            [(DocumentRow("docs/1", "docs"), [ChunkRow("docs/1#1", 1, "", "one", "h1")]),
+             (DocumentRow("docs/2", "docs"), [ChunkRow("docs/2#1", 1, "", "two", "h2")])],
+            [("model-a", {"h1": np.ones(2), "h2": np.ones(2)}),
+             ("model-b", {"h1": np.ones(3)})])
+        assert (store.embedded_chunks("model-a"), store.embedded_chunks("model-b")) == (2, 1)
+        with pytest.raises(EmbeddingModelMismatch, match="model-c"):
+            store.replace_documents(
+                [(DocumentRow("docs/3", "docs"), [ChunkRow("docs/3#1", 1, "", "x", "h3")])],
+                [("model-c", {"h3": np.ones(2)})])
+        assert store.finish_switch(target.id) == "incomplete"
+        [(key, _, _)] = store.missing_chunks(target.id, after=0, limit=10)
+        assert store.add_vectors(target, {key: np.ones(3, dtype=np.float32)}) == 1
+        assert store.finish_switch(target.id) == "done"
+        assert store.corpus_model() == ("model-b", 3) and store.spaces()[1] is None
+        assert store.add_vectors(Space(corpus, "model-a", 2), {key: np.ones(2)}) is None
+    finally:
+        store.close()
