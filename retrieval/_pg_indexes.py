@@ -274,7 +274,10 @@ class PgIndexes:
         try:
             yield
         finally:
-            await asyncio.to_thread(store.release_lock, name, key)
+            # Released at once, on the event loop (one short statement): awaiting a
+            # thread here would let a caller see the operation's document between the
+            # states it had (a background push shown pending again after processing).
+            store.release_lock(name, key)
 
     # -- the ranked lists --------------------------------------------------------------
 
