@@ -389,13 +389,15 @@ async def test_a_reprocess_on_a_node_of_another_model_switches_the_corpus(
         await b.close()
 
 
-async def test_a_version_1_database_is_upgraded_in_place(tmp_path: Path, pg_dsn: str) -> None:
-    """A database migrated by a llamad of schema version 1 is upgraded at open to the
-    current version, its documents and vectors intact, and a switch can then be asked."""
+@pytest.mark.parametrize("old", range(1, SCHEMA_VERSION))
+async def test_an_older_schema_is_upgraded_in_place(tmp_path: Path, pg_dsn: str,
+                                                    old: int) -> None:
+    """A database migrated by a llamad of an older schema version is upgraded at open to
+    the current one, and the retriever then works on it."""
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        assert migrate(conn, "test", upto=1) == [1]
-        assert conn.execute("SELECT to_regclass('corpus_switch')").fetchone() == (None,)
+        assert migrate(conn, "test", upto=old) == list(range(1, old + 1))
+        assert conn.execute("SELECT to_regclass('held_documents')").fetchone() == (None,)
     old = PostgresStore.open(PgOptions(pg_dsn))
     old.close()
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
