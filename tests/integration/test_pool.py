@@ -285,3 +285,61 @@ async def test_a_reload_adds_and_removes_catalog_models(llama_server: str,
     finally:
         await clients.channel.close()
         await daemon.shutdown()
+
+
+async def test_shared_first_start_ttl_unload_and_a_broken_file_alone(
+        llama_server: str, tmp_path: Path) -> None:
+    """Real children: four concurrent first calls for gemma make one start (one load,
+    one child) and are all served by it; a catalog model whose file is a cut-off GGUF
+    fails its own calls, naming the file, while the default and gemma serve on; gemma
+    (``ttl`` 2 s) is unloaded once idle that long, the pinned default is not."""
+    broken = tmp_path / "cut.gguf"
+    with (models_dir() / f"{SMOL}.gguf").open("rb") as whole:
+        broken.write_bytes(whole.read(256 * 1024))  # the header, then nothing
+    config = tmp_path / "llamad.toml"
+    config.write_text(
+        f'[models]\nttl_check_interval = 0.2\n\n'
+        f'[models.gemma]\nmodel = "{models_dir() / (GEMMA + ".gguf")}"\nttl = 2\n\n'
+        f'[models.cut]\nmodel = "{broken}"\nrole = "generation"\n')
+    empty = tmp_path / "no-models"
+    empty.mkdir()
+    env = config_env("llama-server", LLAMAD_CONFIG=str(config), LLAMAD_MODELS_DIR=str(empty),
+                     LLAMAD_EMBEDDING_MODE="disabled", LLAMAD_GENERATION_PARALLEL="2")
+    async with serving(env) as (daemon, clients):
+        registry = daemon.metrics.registry
+
+        def count(metric: str, **labels: str) -> float:
+            return registry.get_sample_value(f"{metric}_total", labels) or 0.0
+
+        smol_pid = daemon.children["generation"].serving_pid
+        served = await asyncio.gather(*(_generate(clients.inference, "gemma")
+                                        for _ in range(4)))
+        assert [{m.model_name for m in s} for s in served] == [{"gemma"}] * 4
+        assert count("llamad_model_loads", model="gemma", outcome="ok") == 1
+        gemma = daemon.pool.model("gemma")
+        assert gemma is not None and gemma.serving_pid not in (0, smol_pid)
+        assert gemma.supervisor.restarts == 0
+
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await _generate(clients.inference, "cut")
+        assert "cut.gguf" in (refused.value.details() or "")
+        assert refused.value.code() is not grpc.StatusCode.OK
+        assert count("llamad_model_loads", model="cut", outcome="failed") >= 1
+        # Its failure is its own: the default and gemma serve on, their children untouched.
+        gemma_pid = gemma.serving_pid
+        assert {m.model_name for m in await _generate(clients.inference, "")} == {SMOL}
+        assert {m.model_name for m in await _generate(clients.inference, "gemma")} == {"gemma"}
+        assert gemma.serving_pid == gemma_pid
+        assert daemon.children["generation"].serving_pid == smol_pid
+
+        # Idle for its ttl: gemma is unloaded (its child gone), the pinned default stays.
+        for _ in range(200):
+            if gemma.serving_pid == 0 and not alive(gemma_pid):
+                break
+            await asyncio.sleep(0.1)
+        assert gemma.serving_pid == 0 and not alive(gemma_pid)
+        assert count("llamad_model_unloads", model="gemma", reason="ttl") == 1
+        listed = await clients.control.ListModels(control_pb2.ListModelsRequest())
+        assert _states(listed)["gemma"] == control_pb2.MODEL_STATE_UNLOADED
+        assert _states(listed)[SMOL] == control_pb2.MODEL_STATE_READY
+        assert daemon.children["generation"].serving_pid == smol_pid
