@@ -38,26 +38,26 @@ from ._limits import RetrievalLimits
 
 _log = structlog.get_logger("llamad.retrieval")
 
-class Backfill:
-    """Embeds the chunks without a vector for the current model, in the background."""
+class BackfillRun:
+    """What the two backends' backfills share (:class:`Backfill`,
+    :class:`retrieval._pg_backfill.PgBackfill`): the embedder they embed with, the run's
+    task and its progress (:attr:`status`), and the texts the model refused."""
 
-    def __init__(self, indexes: Indexes, embedder: EmbedderProvider,
-                 limits: RetrievalLimits, embedder_for: EmbedderLookup | None = None) -> None:
+    def __init__(self, embedder: EmbedderProvider, limits: RetrievalLimits,
+                 embedder_for: EmbedderLookup | None = None) -> None:
         """Args:
-            indexes: the stores.
             embedder: gives the current embedder (the model vectors are made for), or None.
             limits: ``embed_batch`` (chunks per page).
             embedder_for: gives an embedder of a named model if available (it says in
-                :meth:`rebuild` whether the previous model still serves); default: the
+                ``rebuild`` whether the previous model still serves); default: the
                 current embedder, for its own model only.
         """
-        self._indexes = indexes
         self._embedder = embedder
         self._embedder_for = embedder_for or current_only(embedder)
         self.limits = limits
         self.task: asyncio.Task[None] | None = None
         self._model = ""
-        self._switching = False  # the run under way rebuilds the index for a new model
+        self._switching = False  # the run under way embeds for a new model
         self._pending = 0
         self._done = 0
         self._failed: set[str] = set()   # content hashes the current model refused
@@ -69,6 +69,39 @@ class Backfill:
         running = self.running
         return BackfillStatus(running, self._model if running else "", self._pending,
                               self._done, len(self._failed), self._last_error)
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    async def _cancel(self) -> None:
+        """Stop the run under way, if any (what it stored stays)."""
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+
+    def _current(self, model: str) -> Embedder:
+        """The current embedder, still of ``model``.
+
+        Raises:
+            RuntimeError: it is gone, or another model's (the run stops).
+        """
+        embedder = self._embedder()
+        if embedder is None:
+            raise RuntimeError("the embedding model became unavailable")
+        if embedder.model_id != model:
+            raise RuntimeError("the embedding model changed")
+        return embedder
+
+
+class Backfill(BackfillRun):
+    """Embeds the chunks without a vector for the current model, in the background."""
+
+    def __init__(self, indexes: Indexes, embedder: EmbedderProvider,
+                 limits: RetrievalLimits, embedder_for: EmbedderLookup | None = None) -> None:
+        """Args: ``indexes``, the stores; the others as :class:`BackfillRun`'s."""
+        super().__init__(embedder, limits, embedder_for)
+        self._indexes = indexes
 
     def needed(self) -> bool:
         """Whether some chunk lacks a vector for the current embedding model (a cheap
@@ -82,10 +115,6 @@ class Backfill:
         missing = indexes.store.chunk_count() - indexes.vectors.count()
         return missing > len(self._failed) if self._failed_model == embedder.model_id \
             else missing > 0
-
-    @property
-    def running(self) -> bool:
-        return self.task is not None and not self.task.done()
 
     def rebuild(self, chunks: int, embedded: int) -> VectorRebuild:
         """Where the rebuild for a new embedding model stands: :data:`NO_REBUILD` unless
@@ -147,9 +176,7 @@ class Backfill:
 
     async def close(self) -> None:
         """Stop a run (what it embedded stays cached; the next start resumes)."""
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
-            await asyncio.gather(self.task, return_exceptions=True)
+        await self._cancel()
 
     async def _run(self, only: set[int] | None = None) -> None:
         embedder = self._embedder()
@@ -218,14 +245,6 @@ class Backfill:
 
     async def _embed(self, part: list[tuple[str, str]], model: str) -> dict[str, np.ndarray]:
         return await embed_refusing(self._current, part, model, self._failed)
-
-    def _current(self, model: str) -> Embedder:
-        embedder = self._embedder()
-        if embedder is None:
-            raise RuntimeError("the embedding model became unavailable")
-        if embedder.model_id != model:
-            raise RuntimeError("the embedding model changed")
-        return embedder
 
     async def _index_page(self, keys: Sequence[int], model: str, dim: int) -> bool:
         """Add the cached vectors of the chunks of ``keys`` the index lacks (a chunk

@@ -39,9 +39,9 @@ import time
 import numpy as np
 import structlog
 
-from ._backfill import embed_refusing
-from ._embedder import Embedder, EmbedderLookup, EmbedderProvider, current_only
-from ._indexes import NO_REBUILD, BackfillStatus, VectorRebuild
+from ._backfill import BackfillRun, embed_refusing
+from ._embedder import EmbedderLookup, EmbedderProvider
+from ._indexes import NO_REBUILD, VectorRebuild
 from ._limits import RetrievalLimits
 from ._pg_indexes import PgIndexes
 from ._pg_locks import backfill_lock_key, backfill_lock_name
@@ -59,36 +59,18 @@ class _Superseded(Exception):
     it, or a switch to another model was asked for)."""
 
 
-class PgBackfill:
+class PgBackfill(BackfillRun):
     """Embeds the chunks without a vector of this node's model, in the background, on the
-    PostgreSQL store (see the module's docstring)."""
+    PostgreSQL store (see the module's docstring). ``_switching``: the run under way
+    embeds for a switch of the corpus."""
 
     def __init__(self, indexes: PgIndexes, embedder: EmbedderProvider,
                  limits: RetrievalLimits, embedder_for: EmbedderLookup | None = None) -> None:
-        """Args: as :class:`retrieval._backfill.Backfill`'s."""
+        """Args: ``indexes``, the stores; the others as
+        :class:`~retrieval._backfill.BackfillRun`'s."""
+        super().__init__(embedder, limits, embedder_for)
         self._indexes = indexes
-        self._embedder = embedder
-        self._embedder_for = embedder_for or current_only(embedder)
-        self.limits = limits
-        self.task: asyncio.Task[None] | None = None
-        self._model = ""
-        self._switching = False  # the run under way embeds for a switch of the corpus
-        self._pending = 0
-        self._done = 0
-        self._failed: set[str] = set()   # content hashes the current model refused
-        self._failed_model = ""
-        self._last_error = ""
         self._locked = ""                # the model whose backfill lock this node holds
-
-    @property
-    def status(self) -> BackfillStatus:
-        running = self.running
-        return BackfillStatus(running, self._model if running else "", self._pending,
-                              self._done, len(self._failed), self._last_error)
-
-    @property
-    def running(self) -> bool:
-        return self.task is not None and not self.task.done()
 
     def _skip(self, model: str) -> list[str]:
         return sorted(self._failed) if self._failed_model == model else []
@@ -190,9 +172,7 @@ class PgBackfill:
     async def close(self) -> None:
         """Stop a run (what it stored stays; the next run, any node's, resumes) and
         release its lock."""
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
-            await asyncio.gather(self.task, return_exceptions=True)
+        await self._cancel()
         self._unlock()
 
     def _unlock(self) -> None:
@@ -307,11 +287,3 @@ class PgBackfill:
             space = Space(store.use_embedding_model(model, dim), model, dim)
         self._indexes.spaces_sync()
         return space
-
-    def _current(self, model: str) -> Embedder:
-        embedder = self._embedder()
-        if embedder is None:
-            raise RuntimeError("the embedding model became unavailable")
-        if embedder.model_id != model:
-            raise RuntimeError("the embedding model changed")
-        return embedder

@@ -180,6 +180,16 @@ def translated(target: str) -> Iterator[None]:
                               f"{first_line(exc)}") from None
 
 
+class PgConnected:
+    """The base of the store's query mixins (``_pg_store_vectors``, ``_pg_store_review``,
+    ``_pg_store_history``): their one way to the database, which
+    :class:`~retrieval._pg_store.PostgresStore` gives."""
+
+    def _conn(self) -> contextlib.AbstractContextManager[Connection]:
+        """A pooled connection for one call (the store's)."""
+        raise NotImplementedError
+
+
 class Pool:
     """At most ``max_connections`` connections, one per thread at a time.
 

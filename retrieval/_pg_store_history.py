@@ -18,17 +18,12 @@ A mixin of :class:`~retrieval._pg_store.PostgresStore` (which provides the conne
 
 from __future__ import annotations
 
-import contextlib
-
-from ._pg_connect import Connection
+from ._pg_connect import PgConnected
 from ._pg_locks import document_lock_key
 
 
-class PgHistory:
+class PgHistory(PgConnected):
     """History retention's queries, for :class:`~retrieval._pg_store.PostgresStore`."""
-
-    def _conn(self) -> contextlib.AbstractContextManager[Connection]:
-        raise NotImplementedError
 
     def expired_records(self, source_id: str, *, before: int | None, keep: int,
                         limit: int) -> list[str]:

@@ -16,13 +16,12 @@ A mixin of :class:`~retrieval._pg_store.PostgresStore` (which provides the conne
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 
 from psycopg.rows import TupleRow
 
-from ._pg_connect import Connection
+from ._pg_connect import Connection, PgConnected
 from ._pg_locks import document_lock_key
 from ._pg_store_rows import DOCUMENT_COLUMNS, document_row
 from ._store import DocumentRow
@@ -50,11 +49,8 @@ def _document_lock(conn: Connection, doc_id: str) -> None:
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (document_lock_key(doc_id),))
 
 
-class PgReview:
+class PgReview(PgConnected):
     """Held versions, for :class:`~retrieval._pg_store.PostgresStore`."""
-
-    def _conn(self) -> contextlib.AbstractContextManager[Connection]:
-        raise NotImplementedError
 
     def hold_document(self, doc: DocumentRow, text: str) -> None:
         """Hold ``doc`` (this version's metadata) and ``text`` for review, replacing a

@@ -20,13 +20,12 @@ provides the connections), kept apart for the module's size.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from ._pg_connect import Connection
+from ._pg_connect import Connection, PgConnected
 from ._pg_schema import ensure_vector_space
 from .errors import InvalidDocument
 
@@ -58,11 +57,8 @@ _MISSING = ("NOT EXISTS (SELECT 1 FROM chunk_vectors v WHERE v.chunk_key = c.key
 """A chunk ``c`` without a vector of a space, its text not among the skipped hashes."""
 
 
-class PgVectors:
+class PgVectors(PgConnected):
     """The vector-space queries of :class:`~retrieval._pg_store.PostgresStore`."""
-
-    def _conn(self) -> contextlib.AbstractContextManager[Connection]:
-        raise NotImplementedError
 
     def spaces(self) -> tuple[Space | None, Space | None]:
         """The corpus's vector space and the one it is being switched to."""
