@@ -18,6 +18,7 @@ from retrieval import Query, RetrievalLimits, Retriever
 from retrieval._pg_connect import PgOptions
 from supervisor import ManualClock
 from tests.support.embedder import HashEmbedder
+from tests.support.postgres import two_nodes
 from tests.unit import test_history as embedded
 
 EMBEDDED_TESTS = [
@@ -65,17 +66,9 @@ Nodes = tuple[Retriever, Retriever]
 
 @pytest.fixture
 async def nodes(tmp_path: Path, pg_dsn: str) -> AsyncIterator[Nodes]:
-    clock = ManualClock()
-    a, b = (Retriever(tmp_path / n, lambda: HashEmbedder("m"),
-                      RetrievalLimits(retention_interval=0), clock=clock,
-                      postgres=PgOptions(pg_dsn)) for n in ("a", "b"))
-    await a.open()
-    await b.open()
-    try:
-        yield a, b
-    finally:
-        await a.close()
-        await b.close()
+    async with two_nodes(tmp_path, pg_dsn, limits=RetrievalLimits(retention_interval=0),
+                         clock=ManualClock()) as both:
+        yield both
 
 
 async def test_two_nodes_pruning_at_once_delete_and_count_each_record_once(

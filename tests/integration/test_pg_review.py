@@ -16,7 +16,8 @@ import pytest
 from retrieval import Embedder, Query, RetrievalLimits, Retriever
 from retrieval._pg_connect import PgOptions
 from retrieval._pg_indexes import PgDocumentStore, PgIndexes
-from tests.support.embedder import HashEmbedder, fill
+from tests.support.embedder import fill
+from tests.support.postgres import two_nodes
 from tests.unit import test_review as embedded
 
 EMBEDDED_TESTS = [
@@ -73,15 +74,8 @@ Nodes = tuple[Retriever, Retriever]
 
 @pytest.fixture
 async def nodes(tmp_path: Path, pg_dsn: str) -> AsyncIterator[Nodes]:
-    a, b = (Retriever(tmp_path / n, lambda: HashEmbedder("m"), postgres=PgOptions(pg_dsn))
-            for n in ("a", "b"))
-    await a.open()
-    await b.open()
-    try:
-        yield a, b
-    finally:
-        await a.close()
-        await b.close()
+    async with two_nodes(tmp_path, pg_dsn) as both:
+        yield both
 
 
 async def found(r: Retriever, query: str) -> set[str]:

@@ -15,7 +15,8 @@ import pytest
 
 from retrieval import Embedder, Filters, Query, RetrievalLimits, Retriever
 from retrieval._pg_connect import PgOptions
-from tests.support.embedder import HashEmbedder, fill
+from tests.support.embedder import fill
+from tests.support.postgres import two_nodes
 from tests.unit import test_sources as embedded
 
 EMBEDDED_TESTS = [
@@ -50,15 +51,8 @@ Nodes = tuple[Retriever, Retriever]
 
 @pytest.fixture
 async def nodes(tmp_path: Path, pg_dsn: str) -> AsyncIterator[Nodes]:
-    a, b = (Retriever(tmp_path / n, lambda: HashEmbedder("m"), postgres=PgOptions(pg_dsn))
-            for n in ("a", "b"))
-    await a.open()
-    await b.open()
-    try:
-        yield a, b
-    finally:
-        await a.close()
-        await b.close()
+    async with two_nodes(tmp_path, pg_dsn) as both:
+        yield both
 
 
 async def test_a_source_disabled_through_one_node_is_named_by_the_others_search(

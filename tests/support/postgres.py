@@ -17,13 +17,17 @@ import contextlib
 import itertools
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import conninfo, sql
+
+from retrieval import Retriever
+from retrieval._pg_connect import PgOptions
+from tests.support.embedder import HashEmbedder
 
 SUPERUSER = "postgres"
 _names = itertools.count(1)
@@ -123,3 +127,20 @@ def pg_dsn(pg_server: PgServer) -> Iterator[str]:
         yield pg_server.dsn(name)
     finally:
         pg_server.drop_database(name)
+
+
+@contextlib.asynccontextmanager
+async def two_nodes(tmp_path: Path, dsn: str, **kwargs: Any
+                    ) -> AsyncIterator[tuple[Retriever, Retriever]]:
+    """Two retrievers, nodes ``a`` and ``b`` (state under ``tmp_path``), on the database of
+    ``dsn``, embedding with ``HashEmbedder("m")``, opened; ``kwargs`` go to both (limits,
+    clock); closed at the end."""
+    a, b = (Retriever(tmp_path / n, lambda: HashEmbedder("m"), postgres=PgOptions(dsn),
+                      **kwargs) for n in ("a", "b"))
+    await a.open()
+    await b.open()
+    try:
+        yield a, b
+    finally:
+        await a.close()
+        await b.close()
