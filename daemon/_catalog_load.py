@@ -35,6 +35,7 @@ from supervisor import InvalidModelError, read_gguf_info
 
 from ._catalog import RESERVED_ROLES, ROLES, Catalog, CatalogEntry, role_of
 from ._catalog_preset import read_preset
+from ._config_checks import check_child
 from ._config_options import ConfigError, _coerce
 from ._config_resolved import ChildConfig
 from ._config_sections import _BY_KEY, RoleSettings, Settings
@@ -134,6 +135,8 @@ def build_catalog(settings: Settings, children: MutableMapping[str, ChildConfig]
         if name not in entries or entries[name].origin != "models_dir":
             raise ConfigError(f"models_preset [{name}]: no model of models_dir is called "
                               f"{name!r}; set model = PATH")
+    for entry in entries.values():
+        check_child(entry.origin, entry.child.extra_args, entry.child.env, models_dir)
     if share_cores:
         _share_cores(entries, children, defaults, given, settings)
     return Catalog(tuple(entries.values()), defaults, tuple(skipped))

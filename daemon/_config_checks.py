@@ -1,19 +1,34 @@
 """Validation of the configuration beyond one value: a role's mode and endpoint, the
-listen addresses, the TLS and token files, the prepared models' defaults."""
+listen addresses, the TLS and token files, the prepared models' defaults, the children's
+extra arguments and environment, where endpoint keys may come from."""
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import models
 from models import MANIFEST_NAME, Manifest, ManifestError
-from supervisor import EndpointError, normalise_url, read_api_key
+from supervisor import (
+    ArgumentRefused,
+    EndpointError,
+    check_child_env,
+    check_operator_args,
+    normalise_url,
+    read_api_key,
+)
 
 from ._config_options import INSTALLED_MODELS_DIR, ConfigError
-from ._config_sections import _BY_KEY, AuthSettings, RoleSettings, TlsSettings
+from ._config_sections import (
+    _BY_KEY,
+    OPTIONS,
+    AuthSettings,
+    EndpointKeySettings,
+    RoleSettings,
+    TlsSettings,
+)
 from .access import AccessError, TlsMaterial, TokenTable, load_tls, load_tokens
 from .inference_mode import InferenceMode
 
@@ -57,6 +72,47 @@ def _check_endpoint(settings: RoleSettings, env: Mapping[str, str], role: str,
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_child(where: str, extra_args: Sequence[str], env: Iterable[tuple[str, str]],
+                models_dir: Path) -> None:
+    """A child's extra arguments and environment from an operator's file: nothing llamad
+    owns, nothing that reaches the host, files only inside ``models_dir``
+    (:func:`supervisor.check_operator_args`, :func:`supervisor.check_child_env`).
+
+    Raises:
+        ConfigError: naming ``where``, the argument or variable, and why.
+    """
+    try:
+        check_operator_args(extra_args, models_dir)
+    except ArgumentRefused as exc:
+        raise ConfigError(f"{where}.extra_args: {exc}") from None
+    try:
+        check_child_env(env, models_dir)
+    except ArgumentRefused as exc:
+        raise ConfigError(f"{where}.env: {exc}") from None
+
+
+def check_endpoint_keys(settings: EndpointKeySettings) -> None:
+    """``[endpoint_keys]``: an absolute directory, and a prefix that is a variable name's
+    beginning and begins none of llamad's own option variables (SetMode could otherwise
+    send, say, LLAMAD_AUTH_TOKEN_FILE's value to any URL as a key).
+
+    Raises:
+        ConfigError: naming the option.
+    """
+    if settings.dir and not Path(settings.dir).is_absolute():
+        raise ConfigError(f"endpoint_keys.dir: {settings.dir!r} is not an absolute path")
+    prefix = settings.env_prefix
+    if not prefix:
+        return
+    if not _ENV_NAME.fullmatch(prefix) or len(prefix) < 4:
+        raise ConfigError(f"endpoint_keys.env_prefix: {prefix!r} is not the beginning of a "
+                          "variable name of 4 characters or more")
+    clash = next((o.env for o in OPTIONS if o.env.startswith(prefix)), None)
+    if clash:
+        raise ConfigError(f"endpoint_keys.env_prefix: {prefix!r} begins llamad's own "
+                          f"variable {clash}: choose a prefix of key variables only")
 
 
 def default_models_dir() -> Path:

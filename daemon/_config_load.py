@@ -22,6 +22,8 @@ from ._config_checks import (
     _prepared,
     _tls,
     _tokens,
+    check_child,
+    check_endpoint_keys,
     check_listen,
     default_models_dir,
     unix_socket_path,
@@ -132,6 +134,9 @@ def _build(
         else default_models_dir()
     children = {role: _child(getattr(s, role), sources, env, role)
                 for role in ("generation", "embedding")}
+    for role, child in children.items():
+        check_child(role, child.extra_args, child.env, models_dir)
+    check_endpoint_keys(s.endpoint_keys)
     prepared: Manifest | None = None
     for role, child in children.items():
         if child.mode is InferenceMode.EMBEDDED and not child.model:

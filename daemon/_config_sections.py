@@ -49,7 +49,8 @@ class RoleSettings:
     endpoint_model: str = setting(
         "", "Endpoint mode: the model id to use (default: the only one it offers).")
     api_key_file: str = setting(
-        "", "Endpoint mode: file holding the API key (must not be world-readable).")
+        "", "Endpoint mode: file holding the API key (a regular file owned by the daemon's "
+        "user or root, not readable or writable by group or others).")
     api_key_env: str = setting(
         "", "Endpoint mode: name of the environment variable holding the API key.")
     runtime: str = setting(
@@ -79,7 +80,12 @@ class RoleSettings:
         "daemon's environment (OpenMP's default spins long), which is the default when "
         "[models] max_resident = 1 (one child at a time).", minimum=-1)
     extra_args: str = setting(
-        "", "Extra runtime arguments, space separated, appended verbatim.")
+        "", "Extra runtime arguments, space separated, appended to the child's command "
+        "line. Refused at load: what llamad sets itself (address, port, key, model, alias, "
+        "threads, context, batch, slots, embedding), what reaches the host (TLS, log and "
+        "slot files, static files and the web UI, tools and MCP, RPC, downloads), options "
+        "unknown to llama-server and llama_cpp.server, and file options outside "
+        "models_dir. Swap's extra_args take performance and model-behaviour options only.")
     chat_template: str = setting(
         "auto", "Chat template of a generation model: auto (the GGUF's own, else one llamad "
         "knows for it), or one of llamad's: chatml, chatml-tools (ChatML that renders "
@@ -111,6 +117,24 @@ class AuthSettings:
         "", "Bearer tokens, one '<role> <token>' per line (roles: read, admin); when set, "
         "every RPC but health needs one. Must not be readable by others; re-read on "
         "SIGHUP.", reload="apply")
+
+
+@dataclass(frozen=True)
+class EndpointKeySettings:
+    """``[endpoint_keys]``: where an endpoint's API key may come from when SetMode names it
+    (the configuration's own ``api_key_file`` and ``api_key_env`` may always be used)."""
+
+    RELOAD: ClassVar[Reload] = "apply"
+
+    dir: str = setting(
+        "", "Directory of the key files SetMode may name as an endpoint's api_key_file "
+        "(a file inside it, symbolic links resolved; each must be a regular file owned by "
+        "the daemon's user or root and not readable or writable by group or others). "
+        "Empty: SetMode may name only the key files the configuration names.")
+    env_prefix: str = setting(
+        "LLAMAD_ENDPOINT_KEY_", "Prefix of the daemon's environment variables SetMode may "
+        "name as an endpoint's api_key_env (besides those the configuration names). "
+        "Empty: only those. It may not begin any of llamad's own option variables.")
 
 
 @dataclass(frozen=True)
@@ -409,6 +433,7 @@ class Settings:
         "is a model of the catalog, beside the [models.NAME] tables.")
     tls: TlsSettings = field(default_factory=TlsSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
+    endpoint_keys: EndpointKeySettings = field(default_factory=EndpointKeySettings)
     # Spin counts measured on 2 cores: see supervisor.LaunchSpec.spin_count.
     generation: RoleSettings = field(default_factory=partial(
         RoleSettings, ctx_size=4096, parallel=4, queue_ahead=0, spin_count=300))

@@ -16,6 +16,7 @@ import grpc
 
 from llamad_protocol.v1 import control_pb2, control_pb2_grpc
 from supervisor import (
+    ArgumentRefused,
     BreakerState,
     EndpointClient,
     EndpointError,
@@ -27,14 +28,17 @@ from supervisor import (
     SwapInProgressError,
     SwapProgress,
     SwapRefusedError,
+    check_api_args,
     choose_chat_template,
     normalise_url,
     read_api_key,
 )
 
 from . import rpc
+from ._key_sources import check_key_source
 from ._pool_wire import model_info
 from .balancing import Drainer
+from .config import Config
 from .errors import FailedPrecondition, InvalidArgument
 from .inference_mode import InferenceMode
 from .metrics import Metrics
@@ -144,8 +148,10 @@ def child_status(child: Model) -> control_pb2.ChildStatus:
     return status
 
 
-def mode_request(child: Model, request: control_pb2.SetModeRequest) -> ModeRequest:
-    """Check a SetMode request before anything starts (INVALID_ARGUMENT otherwise)."""
+def mode_request(child: Model, request: control_pb2.SetModeRequest,
+                 config: Config) -> ModeRequest:
+    """Check a SetMode request before anything starts (INVALID_ARGUMENT otherwise): an
+    API key only from where ``config`` allows (:func:`daemon._key_sources.check_key_source`)."""
     kind = _MODE_NAMES.get(request.mode)
     if kind is None:
         raise InvalidArgument("mode must be INFERENCE_MODE_EMBEDDED, INFERENCE_MODE_ENDPOINT "
@@ -170,6 +176,7 @@ def mode_request(child: Model, request: control_pb2.SetModeRequest) -> ModeReque
             normalise_url(endpoint.url)
         except ValueError as exc:
             raise InvalidArgument(f"endpoint.url: {exc}") from None
+        check_key_source(endpoint, config)
         try:  # the file or variable is read again at the switch; this names a bad one now
             read_api_key(endpoint.api_key_file, endpoint.api_key_env)
         except EndpointError as exc:
@@ -346,10 +353,15 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         check_plan_model(request.model_path)
         if request.HasField("ctx_size") and request.ctx_size > 1 << 20:
             raise InvalidArgument("ctx_size must be at most 1048576")
+        extra_args: tuple[str, ...] | None = None
+        if request.HasField("extra_args"):
+            try:  # an admin token is an API role, not a shell: an allow-list only
+                extra_args = check_api_args(tuple(request.extra_args.split()))
+            except ArgumentRefused as exc:
+                raise InvalidArgument(f"extra_args: {exc}") from None
         plan = SwapPlan(
             model=request.model_path,
-            extra_args=tuple(request.extra_args.split()) if request.HasField("extra_args")
-            else None,
+            extra_args=extra_args,
             ctx_size=request.ctx_size if request.HasField("ctx_size") else None,
             rollback=request.rollback,
             stop_old_first=request.stop_old_first,
@@ -368,7 +380,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         call: rpc.Call,
     ) -> AsyncIterator[control_pb2.SwapProgress]:
         role = _role(request.role)
-        wanted = mode_request(self._children[role], request)
+        wanted = mode_request(self._children[role], request, self._modes.config())
         call.note(role=role, mode=wanted.kind,
                   endpoint=wanted.endpoint.display_url if wanted.endpoint else None)
         async for msg in self._progress(

@@ -87,6 +87,10 @@ class ModeManager:
         self._models = models
         self._config = config
 
+    def config(self) -> Config:
+        """The configuration in force."""
+        return self._config()
+
     async def set_mode(self, role: str, request: ModeRequest,
                        progress: ProgressSink | None = None) -> None:
         """Switch ``role`` to ``request``; report stages (as a swap does) to ``progress``.

@@ -6,6 +6,12 @@ The same machinery runs an external OpenAI-compatible endpoint in place of a chi
 This package never imports gRPC; the daemon maps its errors to status codes.
 """
 
+from ._args import (
+    ArgumentRefused,
+    check_api_args,
+    check_child_env,
+    check_operator_args,
+)
 from ._backoff import BreakerState, CircuitBreaker, RestartPolicy
 from ._child import (
     Launcher,
@@ -89,6 +95,7 @@ __all__ = [
     "STAGES",
     "TRANSITIONS",
     "ApiShape",
+    "ArgumentRefused",
     "BreakerState",
     "BundledRuntime",
     "ChatTemplate",
@@ -150,6 +157,9 @@ __all__ = [
     "Turn",
     "UnsupportedParameterError",
     "can_lower_niceness",
+    "check_api_args",
+    "check_child_env",
+    "check_operator_args",
     "check_transition",
     "choose_chat_template",
     "classify_exit",

@@ -129,9 +129,12 @@ def read_api_key(api_key_file: str = "", api_key_env: str = "",
                  environ: Mapping[str, str] | None = None) -> str | None:
     """The API key from a file or an environment variable; None when neither is set.
 
-    The file must be a regular file that is not world-readable, at most 4 KiB, holding
-    exactly one key line (lines starting with ``#`` are comments, as in llama-server's
-    ``--api-key-file``). Error messages name the file or variable, never the key.
+    The file must be a regular file owned by the daemon's user or root, neither readable
+    nor writable by group or others, at most 4 KiB, holding exactly one key line (lines
+    starting with ``#`` are comments, as in llama-server's ``--api-key-file``): printable
+    ASCII without spaces. Error messages name the file or variable and the rule, never
+    anything read from it (no key, no line count, no first bytes): a caller who may name
+    a file learns nothing of one that is not a key file.
 
     Raises:
         EndpointError: kind ``api_key``.
@@ -143,6 +146,9 @@ def read_api_key(api_key_file: str = "", api_key_env: str = "",
         raise fail("set api_key_file or api_key_env, not both")
     if api_key_file:
         path = Path(api_key_file).expanduser()
+        not_a_key = fail(f"API key file {path} is not a key file (one key of printable "
+                         f"ASCII without spaces on one line, # comments, at most "
+                         f"{_MAX_KEY_FILE} bytes)")
         try:
             # Check the file we read, not the name (no race with a rename in between).
             fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
@@ -152,37 +158,42 @@ def read_api_key(api_key_file: str = "", api_key_env: str = "",
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise fail(f"API key file {path} is not a regular file")
-            if st.st_mode & stat.S_IROTH:
-                raise fail(f"API key file {path} is readable by everyone (mode "
-                           f"{stat.S_IMODE(st.st_mode):04o}); chmod o-r it")
+            if st.st_uid not in (os.geteuid(), 0):
+                raise fail(f"API key file {path} is owned by uid {st.st_uid}, neither the "
+                           "daemon's user nor root")
+            if st.st_mode & 0o066:
+                raise fail(f"API key file {path} is readable or writable by group or others "
+                           f"(mode {stat.S_IMODE(st.st_mode):04o}); chmod 600 it")
             if st.st_size > _MAX_KEY_FILE:
-                raise fail(f"API key file {path} is larger than {_MAX_KEY_FILE} bytes: "
-                           "not a key file")
+                raise not_a_key
             raw = os.read(fd, _MAX_KEY_FILE + 1)
         except OSError as exc:
             raise fail(f"API key file {path}: {exc.strerror}") from None
         finally:
             os.close(fd)
         try:
-            text = raw.decode("utf-8")
+            text = raw.decode("ascii")
         except UnicodeDecodeError:
-            raise fail(f"API key file {path} is not UTF-8 text") from None
+            raise not_a_key from None
         lines = [ln.strip() for ln in text.splitlines()
                  if ln.strip() and not ln.lstrip().startswith("#")]
-        if len(lines) != 1:
-            raise fail(f"API key file {path} must hold exactly one key line (found "
-                       f"{len(lines)}; lines starting with # are comments)")
-        key, source = lines[0], f"API key file {path}"
-    elif api_key_env:
+        if len(lines) != 1 or not _is_key(lines[0]):
+            raise not_a_key
+        return lines[0]
+    if api_key_env:
         key = (os.environ if environ is None else environ).get(api_key_env, "").strip()
         if not key:
             raise fail(f"environment variable {api_key_env} (api_key_env) is not set or empty")
-        source = f"environment variable {api_key_env}"
-    else:
-        return None
-    if any(c.isspace() or not c.isprintable() for c in key):
-        raise fail(f"the key in {source} contains spaces or control characters")
-    return key
+        if not _is_key(key):
+            raise fail(f"environment variable {api_key_env} (api_key_env) holds no key "
+                       "(printable ASCII without spaces)")
+        return key
+    return None
+
+
+def _is_key(text: str) -> bool:
+    """Printable ASCII without spaces: what an Authorization header can carry as is."""
+    return all("!" <= c <= "~" for c in text)
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

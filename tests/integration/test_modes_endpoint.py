@@ -133,7 +133,7 @@ async def test_endpoint_without_tokenizer(daemon_for: MakeDaemon, tmp_path: Path
     counts and says so."""
     key = tmp_path / "gateway.key"
     key.write_text(f"{KEY}\n")
-    key.chmod(0o640)
+    key.chmod(0o600)
     with serve_fake_openai(key=KEY, prefix="/llm") as (url, seen):
         _, c = await daemon_for(
             LLAMAD_GENERATION_MODE="endpoint", LLAMAD_GENERATION_ENDPOINT_URL=url,

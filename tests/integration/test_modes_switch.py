@@ -83,7 +83,7 @@ async def test_failures_are_named_and_leave_the_old_mode(
     daemon, c = await daemon_for(
         LLAMAD_GENERATION_MODE="endpoint",
         LLAMAD_GENERATION_ENDPOINT_URL=f"http://127.0.0.1:{closed}/v1",
-        LLAMAD_EMBEDDING_MODE="disabled")
+        LLAMAD_EMBEDDING_MODE="disabled", LLAMAD_ENDPOINT_KEYS_DIR=str(tmp_path))
     # Configured at a closed port: retried with backoff until the breaker opens (no more
     # retries for the cool-down), the reason in Status.
     status = await wait_state(c, GEN, control_pb2.CHILD_STATE_FAILED, timeout=30)
@@ -133,7 +133,8 @@ async def test_failures_are_named_and_leave_the_old_mode(
     loose = tmp_path / "loose.key"
     loose.write_text(f"{KEY}\n")
     loose.chmod(0o644)
-    for settings, needle in ((dict(url=keyed, key_file=str(loose)), "readable by everyone"),
+    for settings, needle in ((dict(url=keyed, key_file=str(loose)),
+                              "readable or writable by group or others"),
                              (dict(url="ftp://host/v1"), "http or https")):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await set_mode(c, GEN, ENDPOINT, **settings)
@@ -141,9 +142,9 @@ async def test_failures_are_named_and_leave_the_old_mode(
         assert needle in (err.value.details() or "")
         assert KEY not in (err.value.details() or "")
 
-    # The right key, from an environment variable this time.
-    monkeypatch.setenv("LLAMAD_TEST_KEY", KEY)
-    progress = await set_mode(c, GEN, ENDPOINT, url=keyed, key_env="LLAMAD_TEST_KEY")
+    # The right key, from an environment variable this time (of endpoint_keys.env_prefix).
+    monkeypatch.setenv("LLAMAD_ENDPOINT_KEY_TEST", KEY)
+    progress = await set_mode(c, GEN, ENDPOINT, url=keyed, key_env="LLAMAD_ENDPOINT_KEY_TEST")
     stages = [p.stage for p in progress]
     assert control_pb2.SWAP_STAGE_PROBING in stages
     assert stages[-1] == control_pb2.SWAP_STAGE_DONE

@@ -167,7 +167,7 @@ model = {models / 'gen-b.gguf'}
 alias = q, q4
 n-gpu-layers = 99
 jinja = true
-mmap = false
+kv-offload = false
 load-on-startup = true
 port = 9999
 
@@ -181,7 +181,7 @@ LLAMA_ARG_N_PARALLEL = 3
     qwen = cat.find("q4")
     assert qwen is not None and qwen.name == "qwen:Q4" and qwen.preload
     assert (qwen.role, qwen.child.ctx_size, qwen.child.threads) == ("generation", 2048, 2)
-    assert qwen.child.extra_args == ("--n-gpu-layers", "99", "--jinja", "--no-mmap")
+    assert qwen.child.extra_args == ("--n-gpu-layers", "99", "--jinja", "--no-kv-offload")
     embedder = cat.find("embedder")
     assert embedder is not None and embedder.role == "embedding"
     assert embedder.child.parallel == 3

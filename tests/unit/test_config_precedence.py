@@ -108,7 +108,8 @@ def test_toml_booleans(tmp_path: Path) -> None:
     [
         ("", ()),
         ("--flash-attn on", ("--flash-attn", "on")),
-        ("  --mlock\t--no-mmap  \n -ngl 0 ", ("--mlock", "--no-mmap", "-ngl", "0")),
+        ("  --swa-full\t--no-kv-offload  \n -ngl 0 ", ("--swa-full", "--no-kv-offload",
+                                                       "-ngl", "0")),
     ],
 )
 def test_extra_args_split_on_whitespace(raw: str, expected: tuple[str, ...]) -> None:

@@ -96,7 +96,7 @@ def test_world_readable_key_file_stops_the_daemon(tmp_path: Path) -> None:
     key.write_text("sk-visible\n")
     key.chmod(0o644)
     with pytest.raises(ConfigError, match=r"^generation\.api_key_file: API key file .* is "
-                       r"readable by everyone") as err:
+                       r"readable or writable by group or others") as err:
         load({**EMB, "LLAMAD_GENERATION_MODE": "endpoint",
               "LLAMAD_GENERATION_ENDPOINT_URL": "http://h:1/v1",
               "LLAMAD_GENERATION_API_KEY_FILE": str(key)})
