@@ -339,7 +339,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--stop-old-first", action="store_true",
                    help="stop the old child first when both do not fit in memory")
     p.add_argument("--ctx-size", type=int, metavar="N", help="new context size per slot")
-    p.add_argument("--extra-args", metavar="ARGS", help="new extra runtime arguments")
+    p.add_argument("--extra-args", metavar="ARGS",
+                   help="new extra runtime arguments (performance and model-behaviour "
+                   "options only, e.g. '-ngl 99 --flash-attn on')")
     p.add_argument("--reason", default="", help="why (shown by status)")
     p.add_argument("--name", default="", metavar="NAME",
                    help="a resident catalog model to swap instead of the role's default "
@@ -358,9 +360,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--model", default="", metavar="ID",
                    help="endpoint model id, or for embedded a GGUF path (default: current)")
     p.add_argument("--api-key-file", default="", metavar="PATH",
-                   help="file on the daemon's machine holding the endpoint's API key")
+                   help="file on the daemon's machine holding the endpoint's API key "
+                   "(inside its [endpoint_keys] dir, or one its configuration names)")
     p.add_argument("--api-key-env", default="", metavar="NAME",
-                   help="or the daemon's environment variable holding it")
+                   help="or the daemon's environment variable holding it (starting with "
+                   "its endpoint_keys.env_prefix, default LLAMAD_ENDPOINT_KEY_)")
     p.add_argument("--reason", default="", help="why (logged)")
     _json_flag(p, "JSON lines (one per stage)")
 

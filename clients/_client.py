@@ -284,7 +284,10 @@ class Client(DocumentCalls):
 
         Args:
             model_path: absolute path of the new GGUF model; empty keeps the current one.
-            extra_args: replace the runtime's extra arguments (space separated).
+            extra_args: replace the runtime's extra arguments (space separated):
+                performance and model-behaviour options only; the daemon refuses any
+                other (an option it sets, takes a file, or reaches the host) with
+                INVALID_ARGUMENT naming it.
             ctx_size: replace the context size per slot.
             rollback: return to the model and arguments before the last swap.
             stop_old_first: stop the old child first when both cannot fit in memory.
@@ -327,8 +330,11 @@ class Client(DocumentCalls):
             endpoint_url: for ``endpoint``: base URL (empty: the role's configured one).
             endpoint_model: for ``endpoint``: model id (empty: the only one offered).
             api_key_file: a file on the daemon's machine holding the API key (the key
-                itself is never sent over this API).
-            api_key_env: or the name of an environment variable of the daemon.
+                itself is never sent over this API): inside the daemon's
+                ``[endpoint_keys] dir``, or one its configuration names.
+            api_key_env: or the name of an environment variable of the daemon starting
+                with ``endpoint_keys.env_prefix`` (default ``LLAMAD_ENDPOINT_KEY_``), or
+                one its configuration names.
             model_path: for ``embedded``: an absolute GGUF path (empty: the current one).
             reason: why, logged.
 

@@ -425,8 +425,11 @@ Global___SetDrainingResponse: _TypeAlias = SetDrainingResponse  # noqa: Y015
 @_typing.final
 class EndpointSettings(_message.Message):
     """An external OpenAI-compatible endpoint. The API key is never sent over this API: name
-    a file holding it (it must not be world-readable) or an environment variable of the
-    daemon.
+    a file holding it or an environment variable of the daemon, from where the operator
+    allows: a file inside [endpoint_keys] dir (owned by the daemon's user or root, closed to
+    group and others) or one the configuration names; a variable starting with
+    endpoint_keys.env_prefix (default LLAMAD_ENDPOINT_KEY_) or one the configuration names.
+    Anything else is INVALID_ARGUMENT, and no error quotes the file.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -720,7 +723,12 @@ class SwapRequest(_message.Message):
     model_path: _builtins.str
     """Path of the new GGUF model; empty keeps the current one (to change arguments only)."""
     extra_args: _builtins.str
-    """Replaces the runtime's extra arguments (space separated) when set."""
+    """Replaces the runtime's extra arguments (space separated) when set: performance and
+    model-behaviour options only (GPU layers and split, flash attention, KV cache types,
+    RoPE/YaRN, NUMA, load mode, sampling defaults...); an option that llamad sets, that
+    takes a file, or that reaches the host (--host, --log-file, --path, --webui, --tools,
+    --rpc...) is INVALID_ARGUMENT naming it.
+    """
     ctx_size: _builtins.int
     """Replaces the context size per slot when set."""
     rollback: _builtins.bool
