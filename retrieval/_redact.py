@@ -30,7 +30,9 @@ are full of them. When in doubt about a value in a key-value shape, it is redact
 The rules live by concept in sibling modules: ``_redact_tokens`` (provider token formats),
 ``_redact_blocks`` (PEM and PuTTY keys), ``_redact_devices`` (Cisco, Juniper, SNMP),
 ``_redact_config`` (system files, command lines, SQL, crypt hashes), ``_redact_assign``
-(key/value shapes), ``_redact_network`` (optional host names and addresses).
+(key/value shapes), ``_redact_clients`` (URLs with credentials, connection strings,
+database and directory clients), ``_redact_shells`` (fish, csh and PowerShell
+setters), ``_redact_network`` (optional host names and addresses).
 """
 
 from __future__ import annotations
@@ -43,10 +45,12 @@ from dataclasses import dataclass
 from ._redact_assign import ASSIGNMENTS, FLAG, HEADER_RULES, KEYED_RULES
 from ._redact_base import PLACEHOLDER_PREFIX, Ranges, Rule, Span, placeholder
 from ._redact_blocks import PRIVATE_KEYS, PUTTY_KEYS
+from ._redact_clients import CLIENT_RULES, URL_USERINFO
 from ._redact_config import COMMAND_RULES, CRYPT_HASH, FILE_RULES, SCHEME_HASH
 from ._redact_devices import CISCO_RULES, SNMP_RULES
 from ._redact_network import HOSTNAME, IPV4, IPV6
 from ._redact_normalize import Normalized, normalize
+from ._redact_shells import SHELL_RULES
 from ._redact_tokens import AWS_SECRET_BARE, TOKEN_RULES
 
 __all__ = ["PLACEHOLDER_PREFIX", "Redacted", "redact"]
@@ -79,10 +83,13 @@ _RULES: tuple[Rule, ...] = (
     PUTTY_KEYS,
     *TOKEN_RULES,
     *HEADER_RULES,
+    URL_USERINFO,
     *CISCO_RULES,
     *SNMP_RULES,
     *FILE_RULES,
     *COMMAND_RULES,
+    *CLIENT_RULES,
+    *SHELL_RULES,
     *KEYED_RULES,
     FLAG,
     ASSIGNMENTS,
@@ -168,7 +175,16 @@ def _chunks(text: str) -> list[tuple[int, int]]:
     return out
 
 
+# Texts up to this long have every needle looked for at once (cheaper than the lazy
+# look-up, which pays off on long texts: there a needle is not searched for when a
+# shorter one inside it is absent).
+_SHORT = 4096
 _ALL_NEEDLES = {needle for rule in (*_RULES, IPV6, IPV4, HOSTNAME) for needle in rule.needles}
+
+
+def _needles_in(lowered: str) -> frozenset[str]:
+    """The needles of all rules that ``lowered`` holds."""
+    return frozenset(needle for needle in _ALL_NEEDLES if needle in lowered)
 _INNER_NEEDLES = {
     needle: sorted((part for part in _ALL_NEEDLES if part != needle and part in needle), key=len)
     for needle in _ALL_NEEDLES
@@ -235,17 +251,28 @@ def _redact(text: str, rules: list[Rule]) -> Redacted:
                                      and needle in lowered)
         return hit
 
+    # A short text (a name, a title, a question, a chunk) has every needle looked for at
+    # once, and the rules none of whose needles it holds are skipped in one set operation.
+    short = len(lowered) <= _SHORT
+    held = _needles_in(lowered) if short else frozenset()
     ranges: Ranges | None = None  # the first pass reads everything
     for _ in range(_PASSES):
         found = False
         for rule in rules:
-            needles = [needle for needle in rule.needles if has(needle)]
-            if rule.needles and not needles:
-                continue
+            if short:
+                if rule.needles and held.isdisjoint(rule.needles):
+                    continue
+                needles = [needle for needle in rule.needles if needle in held]
+            else:
+                needles = [needle for needle in rule.needles if has(needle)]
+                if rule.needles and not needles:
+                    continue
             spans = rule.find(work, lowered, tuple(needles), ranges)
             if spans:
                 work, lowered, marks = _splice(work, lowered, marks, spans, counts)
                 found = True
+                if short:
+                    held = _needles_in(lowered)
                 if ranges is not None:
                     ranges = _around(work, marks)
         if not found:

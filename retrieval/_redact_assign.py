@@ -18,6 +18,7 @@ import string
 from ._redact_base import (
     CI,
     TOKEN68,
+    VARIABLE,
     Ranges,
     Rule,
     Span,
@@ -67,27 +68,8 @@ _BEARER = rule(
     "bearer_token", ("bearer",), flags=CI, accept=lambda m: tokenish(m.group("v")),
 )
 
-# scheme://user:password@host -> scheme://user:[REDACTED:connection_string]@host. The
-# password runs to the last "@" of the authority (unencoded "@" in passwords happens).
-_SCHEME_CHARS = frozenset(string.ascii_letters + string.digits + "+.-")
-
-
-def _after_scheme(m: re.Match[str]) -> bool:
-    """The "://" follows a URL scheme: 2 to 31 letters, digits, "+", "." or "-", starting
-    with a letter (read back from the "://" the pattern starts at)."""
-    text, end = m.string, m.start()
-    start = end
-    while start > end - 32 and start > 0 and text[start - 1] in _SCHEME_CHARS:
-        start -= 1
-    if start > 0 and text[start - 1] in _SCHEME_CHARS:
-        return False  # longer than 31
-    return end - start >= 2 and text[start] in string.ascii_letters
-
-
-_CONNECTION = rule(r"://[^\s:/@?#\[\]]*+:(?P<v>[^\s/?#]*)@", "connection_string", ("://",),
-                   accept=_after_scheme)
-
-HEADER_RULES: tuple[Rule, ...] = (_AUTH_HEADER, _BEARER, _CONNECTION)
+# scheme://user:password@host: retrieval._redact_clients.URL_USERINFO.
+HEADER_RULES: tuple[Rule, ...] = (_AUTH_HEADER, _BEARER)
 
 # --- generic assignments: password=..., "api_key": "...", DB_PASSWORD: ... ---------------
 #
@@ -100,7 +82,7 @@ _TYPE_NAMES = frozenset({"str", "bytes", "string", "secretstr", "optional[str]"}
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 # English, and the word for password in a few other languages (German, Spanish,
 # Portuguese, Dutch, French) as keys are written in them too.
-_KEYWORDS = (r"pass(?:words?|wd|phrase|wort)?|pwd|secret|token|key|credentials?|psk"
+_KEYWORDS = (r"pass(?:words?|wd|phrase|wort)?|pwd|pw|secret|token|key|credentials?|psk"
              r"|contrase(?:ñ|Ñ|n)a|senha|wachtwoord|mot_?de_?passe")
 # The separator may follow a closing quote and bracket: os.environ["DB_PASSWORD"] = ...
 _ASSIGN = re.compile(
@@ -134,11 +116,17 @@ _CLOSERS = {")": "(", "]": "[", "}": "{"}
 def kind_for_keyword(kw: str) -> str:
     """The placeholder type for a key ending in ``kw``."""
     kw = kw.lower()
-    if kw.startswith(("pass", "pwd", "contrase", "senha", "wachtwoord", "mot")):
+    if kw.startswith(("pass", "pw", "contrase", "senha", "wachtwoord", "mot")):
         return "password"
     if kw.startswith("api"):
         return "api_key"
     return "secret"
+
+
+# Keywords no other word ends with: a key ending in one is a credential, glued or not.
+_LONG_WORDS = ("password", "passwd", "passphrase", "passwort")
+# Well-known variables that end in a short keyword without a separator.
+_KNOWN_KEYS = frozenset({"sshpass", "pgpass", "mysqlpwd", "isqlpwd", "lftp_pass"})
 
 
 def _key_start(text: str, kw_start: int) -> int:
@@ -164,6 +152,8 @@ def _keyword(key: str, base: str) -> str | None:
     if at == 0:
         # A bare "pass" key is a test verdict ("PASS: test_login"), not a credential.
         return None if base == "pass" else kw
+    if base.startswith(_LONG_WORDS) or key.lower().lstrip("-") in _KNOWN_KEYS:
+        return kw  # PGPASSWORD, dbpassword, rootpasswd, SSHPASS: no word ends that way
     before, first = key[at - 1], key[at]
     if before in "_.-" or (before.islower() and first.isupper()):
         return kw
@@ -199,14 +189,39 @@ def _value_span(text: str, start: int, line_start: bool) -> tuple[int, int]:
     return start, start + len(raw)
 
 
+# Code, not a literal, after a key: a call or subscript (getpass(), os.environ["X"],
+# os.getenv("X"), ENV.fetch("X")), or a dotted name under a root that code and templates
+# read settings from (var.db_password, settings.DB_PASSWORD, process.env.TOKEN).
+_CODE_ROOTS = ("var|local|data|module|self|this|os|process|settings|config|cfg|conf|env|ENV"
+               "|secrets|params|args|options|opts|request|req|ctx|context|props|inputs|steps"
+               "|needs|values|Values|vars|app|creds|cls|System|Environment|Settings|Config")
+_CODE_VALUE = re.compile(
+    r"(?:[A-Za-z_][\w]*+\.)*+[A-Za-z_][\w]*+[ \t]*+[(\[]"
+    rf"|(?:{_CODE_ROOTS})(?:\.[A-Za-z_]\w*+)++(?![\w.\-])"
+)
+# A regular expression where a value goes: password=(\S+), token: ([^&]+), (?P<pw>.*).
+_REGEX_VALUE = re.compile(r"\(\?[:P<!=]|\((?:\\[SsWwDd]|\.[*+]|\[\^)|\\[SsWwDd][+*]")
+
+
+def is_code(text: str, start: int, value: str) -> bool:
+    """The unquoted value at ``text[start:]`` is code or a pattern, not a secret
+    (:data:`_CODE_VALUE`, :data:`_REGEX_VALUE`)."""
+    return _CODE_VALUE.match(text, start) is not None or _REGEX_VALUE.search(value) is not None
+
+
 def is_secret_value(value: str, key: str) -> bool:
     """True unless ``value`` is a reference, a null/boolean word, a type name, the key's
     own name (``login(password=password)``) or a path."""
     lowered = value.lower()
-    if is_reference(value) or lowered in _NOT_SECRET_WORDS:
-        return False
-    if lowered in _TYPE_NAMES or lowered == key.lower().lstrip("-"):
-        return False  # code: "password: str", "login(password=password)"
+    if is_reference(value) or lowered in _NOT_SECRET_WORDS or lowered.startswith("!vault"):
+        return False  # (an Ansible vault value is encrypted, on the lines below)
+    if value.startswith("$"):  # "${PW:-} psql", "$(DB_PW);Server=db": a variable, then more
+        variable = VARIABLE.match(value)
+        if variable is not None and value[variable.end() : variable.end() + 1] in " \t;,":
+            return False
+    own = key.lower().lstrip("-")
+    if lowered in _TYPE_NAMES or lowered in (own, own.rsplit(".", 1)[-1]):
+        return False  # code: "password: str", "login(password=password)", self.password = ...
     # PWD=/home/alice is the working directory; private_key = /etc/ssl/x.key and
     # credentials: ~/.aws/credentials are paths to where a secret lives, not the secret.
     return not is_path(value)
@@ -236,6 +251,12 @@ def _assignments(text: str, lowered: str, begin: int, stop: int) -> list[Span]:
         kw = _keyword(key, m.group("kw"))
         if kw is None:
             continue
+        if text.startswith("${", key_start - 2):  # ${DB_PASSWORD:-default}: the default
+            span = _expansion_default(text, m.end(), stop)
+            if span is not None and is_secret_value(text[span[0]:span[1]], key):
+                spans.append((*span, kind_for_keyword(kw)))
+                done = search = span[1]
+            continue
         line_begin = text.rfind("\n", max(0, key_start - _MAX_LINE_PREFIX - 1), key_start) + 1
         line_start = (key_start - line_begin <= _MAX_LINE_PREFIX
                       and (line_begin > 0 or key_start <= _MAX_LINE_PREFIX)
@@ -243,12 +264,28 @@ def _assignments(text: str, lowered: str, begin: int, stop: int) -> list[Span]:
         start, end = _value_span(text, m.end(), line_start)
         if start >= end or not is_secret_value(text[start:end], key):
             continue
+        if text[m.end() : m.end() + 1] not in ("\"", "'") and (
+                is_code(text, start, text[start:end])
+                # $pw = Read-Host ...: in PowerShell, PHP and Perl a literal is quoted
+                or (text[key_start - 1 : key_start] == "$" and text[start].isalpha())):
+            continue
         spans.append((start, end, kind_for_keyword(kw)))
         done = search = end
     return spans
 
 
-_NEEDLES = ("pass", "pwd", "secret", "token", "key", "credential", "psk", "contrase", "senha",
+def _expansion_default(text: str, start: int, stop: int) -> tuple[int, int] | None:
+    """The default of a shell expansion (``${NAME:-default}``, ``${NAME:=default}``) whose
+    operator starts at ``start``; None when it is empty or unclosed."""
+    close = text.find("}", start, min(stop, start + 512))
+    if close < 0:
+        return None
+    while start < close and text[start] in "-=?+ \t":
+        start += 1
+    return (start, close) if start < close else None
+
+
+_NEEDLES = ("pass", "pwd", "pw", "secret", "token", "key", "credential", "psk", "contrase", "senha",
             "wachtwoord", "mot_de_passe", "motdepasse")
 ASSIGNMENTS = Rule(find_assignments, _NEEDLES)
 

@@ -43,7 +43,7 @@ _PLACEHOLDER = re.compile(r"\[REDACTED:[A-Za-z0-9_.-]{1,40}\]")
 
 # --- value checks ------------------------------------------------------------------------
 
-_VARIABLE = re.compile(
+VARIABLE = re.compile(
     r"\$(?:\{\{[^}\n]{1,200}\}\}|\{[^}\n]{1,100}\}|\([^)\n]{1,200}\)|[A-Za-z_][A-Za-z0-9_]{0,100})"
 )
 
@@ -51,24 +51,51 @@ _VARIABLE = re.compile(
 _REFERENCE_STARTS = frozenset("[<{.$%*\u2022")
 
 
+# Template fillers: "xxxxxxxx", "changeme", "YOUR_API_TOKEN_HERE", "<your-key>"'s
+# unbracketed cousins ("your-api-key", "enter_password_here", "REPLACE_ME").
+_FILLER_WORDS = frozenset({
+    "changeme", "change_me", "change-me", "changeit", "replaceme", "replace_me", "replace-me",
+    "placeholder", "redacted", "todo", "tbd", "fixme", "notset", "not_set", "unset",
+    "secret_here", "password_here", "token_here", "example", "dummy",
+})
+_FILLER_CHARS = re.compile(r"[A-Za-z_-]++")
+_FILLER_STARTS = tuple(f"{w}{sep}" for w in ("enter", "insert", "put", "paste", "add",
+                                              "replace", "set") for sep in "_-")
+_FILLER_ENDS = ("_here", "-here", "_placeholder", "-placeholder")
+
+
+def is_filler(value: str) -> bool:
+    """True for template fillers that stand where a secret goes: ``xxxxxxxx``,
+    ``xxxx-xxxx``, ``changeme``, ``REPLACE_ME``, ``YOUR_API_TOKEN_HERE``,
+    ``your-api-key``, ``enter_password_here`` (letters, ``_`` and ``-`` only:
+    ``changeme2`` or ``your-Pa55`` are taken for secrets)."""
+    low = value.lower()
+    if low in _FILLER_WORDS or (low.count("x") >= 4 and set(low) <= {"x", "-", "_"}):
+        return True
+    if _FILLER_CHARS.fullmatch(value) is None:
+        return False
+    return low.startswith(("your", *_FILLER_STARTS)) or low.endswith(_FILLER_ENDS)
+
+
 def is_reference(value: str) -> bool:
     """True for values that are not secrets themselves: placeholders, variables, masks.
 
     ``$VAR``, ``${VAR}``, ``${{ secrets.X }}``, ``$(cmd)``, ``%VAR%``, ``<token>``,
-    ``{{ secret }}``, ``****``, ``...`` and earlier placeholders are references; crypt
-    hashes (``$1$...``, ``$6$...``, ``$9$...``) start with ``$`` too but are secrets.
+    ``{{ secret }}``, ``****``, ``...``, earlier placeholders and template fillers
+    (:func:`is_filler`) are references; crypt hashes (``$1$...``, ``$6$...``, ``$9$...``)
+    start with ``$`` too but are secrets.
     """
     v = value.strip().strip("\"'`")
     if not v:
         return True
     if v[0] not in _REFERENCE_STARTS:
-        return False
+        return is_filler(v)
     if v.startswith(PLACEHOLDER_PREFIX):
         return _PLACEHOLDER.match(v) is not None
     if v.startswith(("<", "{{", "{%", "...")):
         return True
     if v.startswith("$"):
-        return _VARIABLE.fullmatch(v) is not None
+        return VARIABLE.fullmatch(v) is not None
     if v.startswith("%") and v.endswith("%") and len(v) > 2:
         return True
     return set(v) <= {"*", "\u2022"}  # a mask ("****", "••••")

@@ -9,7 +9,9 @@ services that take them. The rules match on a normalised copy:
   digits and spaces; no composition across characters, so every normalised character comes
   from exactly one original character);
 * zero-width and invisible formatting characters (U+200B..U+200F, U+2060..U+2064, U+FEFF,
-  the soft hyphen U+00AD, bidirectional controls, ...) are dropped;
+  the soft hyphen U+00AD, bidirectional controls, every other format character (category
+  Cf), the tag characters U+E0000..U+E007F and the variation selectors) are dropped, so
+  ``pass\U000e0041word=`` reads as ``password=``;
 * Cyrillic and Greek letters that look like Latin ones become those letters; dashes
   (U+2010..U+2015, U+2212, ...) become ``-``; curly quotes straight ones.
 
@@ -49,6 +51,17 @@ _CONFUSABLE = {pair[0]: pair[1] for pair in _CONFUSABLE_PAIRS.split()}
 _NON_ASCII = re.compile(r"[^\x00-\x7f]++")
 
 
+def _invisible(c: str) -> bool:
+    """``c`` is drawn as nothing: listed above, a format character (Cf: the tag characters
+    U+E0001 and U+E0020..U+E007F among them), an unassigned tag (U+E0000..U+E007F) or a
+    variation selector (U+E0100..U+E01EF)."""
+    if c in _INVISIBLE:
+        return True
+    code = ord(c)
+    return (0xE0000 <= code <= 0xE007F or 0xE0100 <= code <= 0xE01EF
+            or unicodedata.category(c) == "Cf")
+
+
 def fold(ch: str) -> str:
     """What one character reads as: NFKC, look-alikes folded, invisible ones dropped.
 
@@ -61,7 +74,7 @@ def fold(ch: str) -> str:
     out = ch
     for _ in range(3):  # to a fixed point: NFKC output may hold look-alikes, and back
         folded = "".join(
-            "" if c in _INVISIBLE else _CONFUSABLE.get(c, c)
+            "" if _invisible(c) else _CONFUSABLE.get(c, c)
             for c in unicodedata.normalize("NFKC", out)
         )
         if folded == out:

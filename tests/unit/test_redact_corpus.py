@@ -32,7 +32,10 @@ def load(name: str) -> list[dict[str, str]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-SECRETS = load("secrets.jsonl")
+ALL_SECRETS = load("secrets.jsonl")
+# The shapes the README promises; the others ("promised": false: prose, another script, a
+# split key) are measured by bench/bench_redact.py, not required here.
+SECRETS = [row for row in ALL_SECRETS if row.get("promised", True)]
 LOOKALIKES = load("lookalikes.jsonl")
 
 
@@ -43,10 +46,15 @@ def ids(rows: list[dict[str, str]]) -> list[str]:
 def test_corpus_is_large_enough() -> None:
     """The corpus holds at least 150 secrets and 150 look-alikes, each secret inside its
     text."""
-    assert len(SECRETS) >= 150
-    assert len(LOOKALIKES) >= 150
-    assert all(row["secret"] and row["secret"] in row["text"] for row in SECRETS)
-    assert len({row["kind"] for row in SECRETS}) >= 60
+    assert len(SECRETS) >= 300
+    assert len(LOOKALIKES) >= 240
+    assert all(row["secret"] and row["secret"] in row["text"] for row in ALL_SECRETS)
+    assert len({row["kind"] for row in SECRETS}) >= 90
+    # Issue 25's classes are in it, secrets and look-alikes both.
+    kinds = {row["kind"] for row in SECRETS}
+    assert kinds >= {"db_cli", "directory_cli", "shell_setter", "env_password", "oracle",
+                     "connection_string_db", "db_url", "url_key_userinfo", "tag_characters"}
+    assert {row["kind"] for row in LOOKALIKES} >= {"placeholder", "code", "command"}
 
 
 @pytest.mark.parametrize("row", SECRETS, ids=ids(SECRETS))

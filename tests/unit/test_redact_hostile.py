@@ -1,5 +1,6 @@
-"""Redaction of the shapes added for issue 18 (part 2) takes linear time on hostile
-megabytes built for the new rules (prefixes, open tags, flags and keywords repeated).
+"""Redaction of the shapes added for issue 18 (part 2) and issue 25 takes linear time on
+hostile megabytes built for the new rules (prefixes, open tags, flags and keywords
+repeated).
 
 Every secret here is fake and assembled at run time (prefix + generated body), so no
 literal in this file looks like a live credential to a secret scanner.
@@ -74,6 +75,22 @@ HOSTILE: dict[str, Callable[[int], str]] = {
     "placeholders": lambda n: fill(n, "-u [REDACTED:x]:"),
     "uppercase-token-body": lambda n: "sk" + "_live_" + "A" * n + "b",
     "uppercase-pypi-body": lambda n: "py" + "pi-AgEIcHlwaS5vcmc" + "A" * n + "b",
+    # Issue 25's rules.
+    "fish-setters": lambda n: fill(n, "set -gx API_TOKEN "),
+    "csh-setters": lambda n: fill(n, "setenv A "),
+    "ldap-binds": lambda n: fill(n, "ldapsearch -w "),
+    "oracle-slashes": lambda n: fill(n, "sqlplus a/"),
+    "oracle-one-line": lambda n: "sqlplus " + fill(n, "a/b"),
+    "url-userinfo": lambda n: fill(n, "https://a:"),
+    "url-one-authority": lambda n: "https://a:b" + fill(n, "/"),
+    "url-key-userinfo": lambda n: fill(n, "s3://[REDACTED:aws_key]:"),
+    "env-entries": lambda n: fill(n, "- name: DB_PASSWORD\n  value: "),
+    "env-values": lambda n: fill(n, "value: "),
+    "connection-values": lambda n: fill(n, "Server=a;Password="),
+    "tag-keywords": lambda n: fill(n, "pass\U000e0041word="),
+    "single-dash-flags": lambda n: fill(n, "-password "),
+    "expansions": lambda n: fill(n, "${PASSWORD:-"),
+    "code-values": lambda n: fill(n, "password = a.b.c("),
 }
 
 
