@@ -118,7 +118,9 @@ def parse_header(cur: Cursor, realpath: str) -> GGUFInfo:
     """
     head = cur.take(min(cur.size, 4), "magic")
     if head != _MAGIC[: len(head)]:
-        raise cur.fail(f"not a GGUF file (magic {head!r})")
+        # Never the bytes found: a caller who may name any path (Swap's model_path, as
+        # root) would read the first bytes of any file of the host (issue 25).
+        raise cur.fail("not a GGUF file (it does not start with GGUF's magic)")
     version = cur.u32("header")
     tensor_count = cur.u64("header")
     kv_count = cur.u64("header")

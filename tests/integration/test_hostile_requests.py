@@ -314,7 +314,7 @@ async def test_bad_model_paths_keep_the_old_child(hostile: Hostile) -> None:
         (GEN, m / "fifo.gguf", "not a regular file: it is a FIFO"),
         (GEN, m / "loop-a.gguf", "symlink loop (too many levels of symbolic links)"),
         (GEN, m / "dangling.gguf", "no such file"),
-        (GEN, m / "notes.gguf", "not a GGUF file (magic b'thes')"),
+        (GEN, m / "notes.gguf", "not a GGUF file (it does not start with GGUF's magic)"),
         (GEN, m / "empty.gguf", "empty file (0 bytes)"),
         (GEN, Path("/dev/zero"), "not a regular file: it is a character device"),
         (EMB, m / "dir.gguf", "not a regular file: it is a directory"),

@@ -167,9 +167,9 @@ def test_empty_file(tmp_path: Path) -> None:
 
 
 def test_not_gguf_bytes(tmp_path: Path) -> None:
-    """Foreign bytes are refused naming the magic that was found."""
-    path = write(tmp_path / "m.gguf", b"PK\x03\x04" + b"\0" * 100)
-    assert reason_for(path) == "not a GGUF file (magic b'PK\\x03\\x04')"
+    """Foreign bytes are refused without quoting them (no first bytes of a file)."""
+    path = write(tmp_path / "m.gguf", b"root:x:0:0" + b"\0" * 100)
+    assert reason_for(path) == "not a GGUF file (it does not start with GGUF's magic)"
 
 
 def test_directory(tmp_path: Path) -> None:
