@@ -30,6 +30,7 @@ import threading
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
+from ._redact_names import redact_name
 from .errors import ExtractionError, SourceNotAllowed
 
 __all__ = ["SourceRoot", "display_name", "protected_hardlinks"]
@@ -43,8 +44,9 @@ _PROC_FD = Path("/proc/self/fd")
 
 def display_name(name: str) -> str:
     """``name`` printable as UTF-8: bytes that are not valid UTF-8 (which ``os`` hands over
-    as lone surrogates) shown as ``\\xff`` escapes."""
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    as lone surrogates) shown as ``\\xff`` escapes, and secrets in it redacted
+    (:func:`retrieval._redact_names.redact_name`)."""
+    return redact_name(name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
 
 
 def protected_hardlinks() -> bool | None:

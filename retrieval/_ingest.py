@@ -35,6 +35,7 @@ from ._indexes import PendingWrite
 from ._kinds import check_kind, kind_for
 from ._limits import RetrievalLimits
 from ._redact import redact
+from ._redact_names import redact_name
 from ._review import Review
 from ._store import ChunkRow, DocumentRow, SourceRow
 from .errors import InvalidDocument, NotFound, RetrievalError, is_storage_full, validate_document_id
@@ -189,9 +190,10 @@ class Ingest:
                 os.close(fd)
 
         extracted, st = await asyncio.to_thread(read)
+        # A secret in the file's name is kept out of its id, path and chunk ids.
         return await self.upsert(source.id, extracted.title, extracted.text,
-                                 doc_id=f"{source.id}/{rel}", kind=extracted.kind,
-                                 path=str(root.path / rel), mtime_ns=st.st_mtime_ns,
+                                 doc_id=f"{source.id}/{redact_name(rel)}", kind=extracted.kind,
+                                 path=redact_name(str(root.path / rel)), mtime_ns=st.st_mtime_ns,
                                  size=st.st_size, document_date=extracted.date)
 
     async def ingest_bytes(self, source_id: str, name: str, data: bytes, kind: str, *,

@@ -26,6 +26,7 @@ from pathlib import Path, PurePosixPath
 import structlog
 
 from ._confine import SourceRoot, display_name
+from ._redact_names import redact_name
 from ._kinds import kind_for
 from ._retriever import Retriever
 from ._store import DocumentRow, SourceRow
@@ -260,7 +261,7 @@ async def _scan(retriever: Retriever, source_id: str,
                     continue
                 report.seen += 1
                 total_bytes += st.st_size
-                doc_id = f"{source_id}/{rel}"
+                doc_id = f"{source_id}/{redact_name(rel)}"  # as ingest_file names it
                 present.add(doc_id)
                 old = indexed.get(doc_id)
                 if since_ns is not None and old is not None:
