@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import numpy as np
 import numpy.typing as npt
 
+from bench._direct import child_http
 from bench._support import EMBED_MODEL, MODELS_DIR
 from daemon import Daemon, load
 from daemon.retrieval_bridge import ChildEmbedder, make_provider
@@ -109,7 +109,7 @@ class Child:
 
     daemon: Daemon
     embedder: ChildEmbedder
-    base_url: str
+    socket: str
     pid: int
     argv: list[str]
 
@@ -142,15 +142,15 @@ async def start_child(workdir: Path) -> Child:
     pid = supervisor.pid
     with open(f"/proc/{pid}/cmdline", "rb") as f:  # noqa: ASYNC230 (procfs, instant)
         argv = f.read().decode().split("\0")[:-1]
-    return Child(daemon, embedder, f"http://127.0.0.1:{supervisor.port}", pid, argv)
+    return Child(daemon, embedder, supervisor.socket, pid, argv)
 
 
 
-async def direct_embed(base_url: str, batches: Sequence[Sequence[str]]) -> tuple[float, int]:
+async def direct_embed(child: Child, batches: Sequence[Sequence[str]]) -> tuple[float, int]:
     """POST the batches to the child's /v1/embeddings, one after another, as llamad's
     client does (same body); returns (seconds, prompt tokens)."""
     tokens = 0
-    async with httpx.AsyncClient(base_url=base_url, trust_env=False, timeout=300) as http:
+    async with child_http(child.socket, child.pid) as http:
         began = time.perf_counter()
         for part in batches:
             resp = await http.post("/v1/embeddings", json={"input": list(part)})
@@ -244,7 +244,7 @@ async def live_ingest(docs: Sequence[Doc], child: Child, workdir: Path,
     texts = [t for d in docs for t in d.chunks]
     batch = limits.embed_batch
     direct32, tokens = await direct_embed(
-        child.base_url, [texts[i:i + batch] for i in range(0, len(texts), batch)])
+        child, [texts[i:i + batch] for i in range(0, len(texts), batch)])
     print(f"   direct, batches of {batch}: {len(texts) / direct32:.1f} chunks/s", flush=True)
 
     live = CountingEmbedder(child.embedder)
@@ -252,7 +252,7 @@ async def live_ingest(docs: Sequence[Doc], child: Child, workdir: Path,
     result = await upsert_all(r, docs)
     await r.close()
     print(f"   Retriever.upsert, live child: {result.rate:.1f} chunks/s", flush=True)
-    perdoc, _ = await direct_embed(child.base_url, [list(d.chunks) for d in docs])
+    perdoc, _ = await direct_embed(child, [list(d.chunks) for d in docs])
     print(f"   direct, one request per document: {len(texts) / perdoc:.1f} chunks/s",
           flush=True)
     return LiveIngest(len(docs), len(texts), result.seconds, direct32, tokens, perdoc,

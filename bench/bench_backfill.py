@@ -40,10 +40,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 from bench import _support as support
+from bench._direct import child_http
 from bench._retrieval import DATA_DIR, Child, Doc, load_collection, start_child
 from daemon.retrieval_bridge import ChildEmbedder, make_provider
 from retrieval import RetrievalLimits, Retriever, Vector
@@ -79,10 +79,10 @@ def corpus(chunks: int, limits: RetrievalLimits) -> list[Doc]:
     return docs
 
 
-async def direct(base_url: str, texts: list[str], batch: int) -> float:
+async def direct(child: Child, texts: list[str], batch: int) -> float:
     """POST ``texts`` to the child's /v1/embeddings in batches of ``batch``, one request
     at a time, vectors as base64 float32; returns the seconds it took."""
-    async with httpx.AsyncClient(base_url=base_url, trust_env=False, timeout=300) as http:
+    async with child_http(child.socket, child.pid) as http:
         began = time.perf_counter()
         for i in range(0, len(texts), batch):
             part = texts[i:i + batch]
@@ -98,7 +98,7 @@ async def direct(base_url: str, texts: list[str], batch: int) -> float:
 
 async def child_alone(child: Child, texts: list[str], batch: int) -> Measure:
     before = support.cpu_snap()
-    seconds = await direct(child.base_url, texts, batch)
+    seconds = await direct(child, texts, batch)
     return Measure("child", seconds, len(texts), os.getloadavg()[0],
                    support.foreign_cores(before, support.cpu_snap()))
 
@@ -169,7 +169,7 @@ async def run(args: argparse.Namespace) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="llamad-bench-backfill-") as tmp:
         child = await start_child(Path(tmp))
         try:
-            await direct(child.base_url, texts[:batch], batch)  # warm-up
+            await direct(child, texts[:batch], batch)  # warm-up
             for i in range(args.rounds):
                 got: dict[str, Measure] = {}
                 for way in (("child", "backfill") if i % 2 == 0 else ("backfill", "child")):
@@ -211,7 +211,7 @@ def section(args: argparse.Namespace, docs: list[Doc], texts: list[str], *, batc
         f"average), ingested while the embedder was unavailable (BM25-only, nothing "
         "cached); batches of "
         f"{batch} (retrieval.embed_batch), one request at a time both ways.",
-        "- child: POST /v1/embeddings to the child's port (httpx; base64 float32 "
+        "- child: POST /v1/embeddings to the child's socket (httpx; base64 float32 "
         "vectors decoded with numpy, as llamad asks its child). backfill: "
         "`Retriever.backfill()` through the daemon's own embedder (`make_provider`: "
         "router, admission, supervisor client), from start to every chunk in the HNSW "

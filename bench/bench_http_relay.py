@@ -11,7 +11,8 @@ In one run:
    process, ``http_listen`` on, the embedding child disabled, the generation child on
    llama-server with 2 threads and one slot, Chat's default sampling set to greedy with no
    penalties) streams greedy chat completions of a fixed prompt list. Paths: *direct* is
-   ``POST /v1/chat/completions`` with ``stream: true`` to the child's own port; *llamad
+   ``POST /v1/chat/completions`` with ``stream: true`` to the child's own socket (with
+   its key, read from its environment); *llamad
    HTTP* is the same request, from the same httpx client code, to llamad's HTTP API;
    *llamad gRPC* is ``Chat`` (grpc.aio); *router* (unless ``--no-router``) is the same
    HTTP request to ``llama-server --models-dir DIR --models-max 1`` started with the
@@ -56,6 +57,7 @@ import httpx
 
 from bench import _support as support
 from bench._daemon import DaemonProcess, wait_ready
+from bench._direct import child_http
 from bench._generation.common import DEFAULT_THREADS, Guard, Sample, daemon_env
 from bench._relay import (
     DIRECT,
@@ -223,8 +225,8 @@ async def run(args: argparse.Namespace, command: str, state: str, logdir: Path) 
         proc, channel, port = await stack.enter_async_context(
             daemon(args, model, state, logdir / "daemon.log"))
         child = await generation_child(channel)
-        print(f"daemon pid {proc.pid}, HTTP port {port}; child pid {child.pid} port "
-              f"{child.port}", flush=True)
+        print(f"daemon pid {proc.pid}, HTTP port {port}; child pid {child.pid} socket "
+              f"{child.socket}", flush=True)
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
         timeout = httpx.Timeout(300.0, connect=5.0)
 
@@ -234,7 +236,8 @@ async def run(args: argparse.Namespace, command: str, state: str, logdir: Path) 
                 limits=limits))
 
         relays = [
-            Relay(DIRECT, None, await client(child.port)),
+            Relay(DIRECT, None, await stack.enter_async_context(
+                child_http(child.socket, child.pid, timeout=timeout, limits=limits))),
             Relay(HTTP, proc.pid, await client(port), model="generation"),
             Relay(GRPC, proc.pid, stub=inference_pb2_grpc.InferenceServiceStub(channel)),
         ]

@@ -226,7 +226,7 @@ def child_status(msg: control_pb2.ChildStatus) -> ChildStatus:
         role=role_name(msg.role),
         state=enum_name(control_pb2.ChildState, msg.state, "CHILD_STATE_"),
         enabled=msg.enabled, pid=msg.pid, model_path=msg.model_path,
-        model_sha256=msg.model_sha256, runtime=msg.runtime, port=msg.port,
+        model_sha256=msg.model_sha256, runtime=msg.runtime, port=msg.port, socket=msg.socket,
         uptime_seconds=msg.uptime_seconds, restarts=msg.restarts,
         breaker=enum_name(control_pb2.BreakerState, msg.breaker, "BREAKER_STATE_"),
         consecutive_failures=msg.consecutive_failures,

@@ -187,8 +187,9 @@ class ChildStatus:
 
     ``state`` is one of ``idle``, ``starting``, ``running``, ``backoff``, ``failed``,
     ``stopped``; ``breaker`` is ``closed`` or ``open``; ``mode`` is ``embedded``,
-    ``endpoint`` or ``disabled`` (in endpoint mode no process is described: pid, port and
-    the model fields are empty, ``runtime`` is ``endpoint``). ``last_error`` is the
+    ``endpoint`` or ``disabled`` (in endpoint mode no process is described: pid, socket and
+    the model fields are empty, ``runtime`` is ``endpoint``). ``socket`` is the child's
+    private UNIX socket (``port`` is always 0: no child listens on TCP). ``last_error`` is the
     role's latest failure in words (empty once it serves again after a switch).
     ``chat_template`` (generation children) says which chat template Chat and Ask are
     formatted with and why: the model's own, a known one, or ``none: ...`` (refused).
@@ -222,6 +223,7 @@ class ChildStatus:
     last_error: str = ""
     queue_ahead: int = 0
     chat_template: str = ""
+    socket: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,6 +120,7 @@ class Config:
     log_level = _Read[str]("log.level")
     request_timeout = _Read[float]("child.request_timeout")
     log_lines = _Read[int]("child.log_lines")
+    child_slots = _Read[bool]("child.slots")
     swap_ready_timeout = _Read[float]("swap.ready_timeout")
     swap_drain_timeout = _Read[float]("swap.drain_timeout")
     swap_handover_hold = _Read[float]("swap.handover_hold")

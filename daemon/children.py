@@ -176,7 +176,7 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None,
     setup: Setup | None = None
     if cc.model:
         try:
-            runtime = pick_runtime(cc.runtime, config.llama_bin or None)
+            runtime = pick_runtime(cc.runtime, config.llama_bin or None, slots=config.child_slots)
         except FileNotFoundError:
             if cc.mode is InferenceMode.EMBEDDED:
                 raise

@@ -103,7 +103,7 @@ def child_status(child: Model) -> control_pb2.ChildStatus:
         state=(_STATES[sup.state] if mode is not InferenceMode.DISABLED
                else control_pb2.CHILD_STATE_STOPPED),
         pid=sup.pid,
-        port=sup.port,
+        socket=sup.socket,
         uptime_seconds=sup.uptime(),
         restarts=sup.restarts,
         breaker=(control_pb2.BREAKER_STATE_OPEN if sup.breaker.state is BreakerState.OPEN

@@ -155,7 +155,9 @@ class ModeManager:
             runtime = model.current.runtime
         else:
             try:
-                runtime = pick_runtime(model.config.runtime, self._config().llama_bin or None)
+                config = self._config()
+                runtime = pick_runtime(model.config.runtime, config.llama_bin or None,
+                                       slots=config.child_slots)
             except FileNotFoundError as exc:
                 raise FailedPrecondition(str(exc)) from None
         return make_setup(model.role, path, runtime, model.config)

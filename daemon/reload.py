@@ -147,7 +147,7 @@ async def _apply_role(model: Model, current: Config, new: Config,
     old_cc, new_cc = current.child(model.role), new.child(model.role)
     target: Setup | None = None
     if new_cc.model:
-        runtime = pick_runtime(new_cc.runtime, new.llama_bin or None)
+        runtime = pick_runtime(new_cc.runtime, new.llama_bin or None, slots=new.child_slots)
         target = make_setup(model.role, new_cc.model, runtime, new_cc)
     live = model.mode.kind
     if new_cc.mode is InferenceMode.EMBEDDED and live is InferenceMode.EMBEDDED:
@@ -226,7 +226,8 @@ async def _apply_catalog(pool: Pool, new: Config, applied: Config,
                          plan: dict[str, Reload], report: ReloadReport) -> Config:
     """The new catalog into the pool; the catalog in force into ``applied``."""
     def setup_for(entry: CatalogEntry) -> Setup:
-        runtime = pick_runtime(entry.child.runtime, new.llama_bin or None)
+        runtime = pick_runtime(entry.child.runtime, new.llama_bin or None,
+                               slots=new.child_slots)
         return make_setup(entry.role, entry.path, runtime, entry.child)
 
     change = await pool.reconfigure(new.catalog, setup_for)

@@ -4,10 +4,15 @@ A :class:`LiveChild` is what the supervisor's state machine drives. Its contract
 
 * :meth:`ProcessLauncher.launch` returns only once the child is *usable*: the health
   endpoint answered, the server proved it is our child (it reports the per-launch alias
-  we gave it, so a stale server on a reused port is never mistaken for it), and a tiny
+  we gave it, so a stale server on a reused socket is never mistaken for it), and a tiny
   real request succeeded (one generated token, or one embedding). Otherwise it raises
   :class:`StartFailure` carrying the classified :class:`ExitCause`, with the process
   already reaped.
+
+A child listens on a UNIX socket in the daemon's private runtime directory (never a TCP
+port) and wants a per-launch key, handed through its environment
+(:mod:`supervisor._rundir`, :class:`~supervisor._runtime.Runtime`). Its socket file is
+removed once it is gone.
 * :meth:`LiveChild.watch` returns the cause when the child dies or stops answering
   liveness probes.
 * :meth:`LiveChild.stop` stops and reaps it.
@@ -20,9 +25,9 @@ import contextlib
 import os
 import secrets
 import shutil
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import structlog
@@ -33,8 +38,10 @@ from ._exits import ExitCause, cgroup_oom_kills, classify_exit
 from ._liveness import ProbeFailure, ProbePolicy, watch_liveness
 from ._logring import LogRing
 from ._process import ChildProcess, LineSink
+from ._rundir import child_key, remove_socket, socket_path
 from ._runtime import LaunchSpec, Runtime
 from ._sampling import Sampling
+from ._transport import ChildAddress
 from .errors import SupervisorError
 
 _log = structlog.get_logger("llamad.supervisor")
@@ -83,7 +90,8 @@ class LiveChild(Protocol):
     """A ready child, as seen by the state machine."""
 
     pid: int
-    port: int
+    socket: str
+    """Its UNIX socket's path ("" when it has none: an endpoint)."""
     client: InferenceClient
 
     async def watch(self) -> ExitCause:
@@ -110,34 +118,6 @@ class Launcher(Protocol):
         ...
 
 
-# Ports handed to children that are still alive, process-wide: the kernel may hand the
-# same ephemeral port out twice before the first child has bound it, and two children
-# must never be told the same port.
-_PORTS_IN_USE: set[int] = set()
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago and is not promised to another child.
-
-    A stranger can still take it before the child binds; the child then exits as
-    ``port_in_use`` (transient), and the retry gets a new port. Release it with
-    :func:`release_port` when the child is gone.
-    """
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port not in _PORTS_IN_USE:
-            _PORTS_IN_USE.add(port)
-            return port
-    raise OSError("no free loopback port")
-
-
-def release_port(port: int) -> None:
-    """Forget a port promised by :func:`free_port`."""
-    _PORTS_IN_USE.discard(port)
-
-
 class ProcessChild:
     """A child process with its HTTP client."""
 
@@ -145,17 +125,21 @@ class ProcessChild:
         self,
         process: ChildProcess,
         client: InferenceClient,
-        port: int,
+        socket: Path,
         clock: Clock,
         timeouts: Timeouts,
     ) -> None:
         self.process = process
         self.client = client
-        self.port = port
+        self.socket = str(socket)
+        self._socket = socket
         self.pid = process.pid
         self._clock = clock
         self._timeouts = timeouts
         self._exit_task = asyncio.ensure_future(process.wait())
+        # Reaped (whoever stopped it, or it died): nobody listens on its socket any more.
+        self._exit_task.add_done_callback(
+            lambda task: None if task.cancelled() else remove_socket(socket))
         self._oom_kills = cgroup_oom_kills()
 
     def _cause(self, code: int) -> ExitCause:
@@ -210,11 +194,11 @@ class ProcessChild:
         except SupervisorError as exc:
             raise StartFailure(self._not_ready(f"/v1/models failed: {exc}")) from exc
         if self.client.model_id not in ids:
-            # Someone else's server answers on this port: a stale llamad child or a
-            # stranger that grabbed the port between our bind test and the launch.
+            # Someone else's server answers on this socket (only the daemon's user can put
+            # one in the private directory): never taken for our child.
             raise StartFailure(ExitCause(
                 "stranger", False,
-                f"the server on port {self.port} reports models {ids}, not ours",
+                f"the server on {self.socket} reports models {ids}, not ours",
                 at=self._clock.wall(),
             ))
         try:
@@ -261,10 +245,10 @@ class ProcessChild:
         return cause
 
     async def stop(self) -> None:
-        """Terminate and reap the child, close its client and release its port.
+        """Terminate and reap the child, close its client and remove its socket.
 
         Cancelling the caller still kills and reaps the child (``terminate`` shields
-        that) and still releases the port; the caller's ``CancelledError`` propagates.
+        that) and still removes the socket; the caller's ``CancelledError`` propagates.
         """
         try:
             if self.client.in_flight == 0:
@@ -280,10 +264,7 @@ class ProcessChild:
             if not self._exit_task.cancelled():
                 self._exit_task.exception()  # retrieved: never "exception never retrieved"
         finally:
-            try:
-                await self.client.aclose()
-            finally:
-                release_port(self.port)
+            await self.client.aclose()
 
 
 class ProcessLauncher:
@@ -299,7 +280,7 @@ class ProcessLauncher:
         timeouts: Timeouts = Timeouts(),
         sink: LineSink | None = None,
         env: dict[str, str] | None = None,
-        port_picker: Callable[[], int] = free_port,
+        socket_picker: Callable[[], Path] = socket_path,
         read_timeout: float = 300.0,
     ) -> None:
         self.spec = spec
@@ -309,7 +290,7 @@ class ProcessLauncher:
         self._ring = ring
         self._sink = sink
         self._env = env
-        self._port_picker = port_picker
+        self._socket_picker = socket_picker
         self._read_timeout = read_timeout
         self.launch_nice = 0
         """Added to the child's nice value at launch (a swap's incoming child), 0: none."""
@@ -318,60 +299,65 @@ class ProcessLauncher:
     def api(self) -> ApiShape:
         return self.runtime.api
 
-    def _child_env(self) -> dict[str, str] | None:
-        if self.spec.spin_count < 0 and not self.spec.env:
-            return self._env
+    def _child_env(self, key: str) -> dict[str, str]:
         base = os.environ if self._env is None else self._env
         spin = {} if self.spec.spin_count < 0 else {"GOMP_SPINCOUNT": str(self.spec.spin_count)}
-        return {**base, **spin, **dict(self.spec.env)}
+        return self.runtime.environment({**base, **spin, **dict(self.spec.env)}, key)
 
-    async def _discard(self, spawning: asyncio.Future[ChildProcess], port: int) -> None:
+    async def _discard(self, spawning: asyncio.Future[ChildProcess], sock: Path) -> None:
         """Stop and reap a process whose launch was cancelled while it was created."""
         try:
             process = await spawning
         except BaseException:  # never started (or the spawn failed): nothing to reap
-            release_port(port)
+            remove_socket(sock)
             return
         await process.terminate(self.timeouts.stop_grace)
-        release_port(port)
+        remove_socket(sock)
 
     async def launch(self, on_stage: StageSink | None = None) -> ProcessChild:
-        port = self._port_picker()
         alias = f"llamad-{self.spec.role}-{secrets.token_hex(6)}"
-        argv = self.runtime.command(self.spec, port=port, alias=alias)
+        sock = self._socket_picker()
+        try:
+            argv = self.runtime.command(self.spec, socket=sock, alias=alias)
+        except ValueError as exc:
+            raise StartFailure(ExitCause(
+                "usage_error", True, str(exc), at=self._clock.wall())) from exc
         nice = shutil.which("nice") if self.launch_nice else None
         if nice:
             argv = [nice, "-n", str(self.launch_nice), *argv]
         _log.info("launching child", role=self.spec.role, runtime=self.runtime.name,
-                  port=port, argv=" ".join(argv))
+                  socket=str(sock), argv=" ".join(argv))
+        # A file left at the path (a stale socket) would fail the child's bind.
+        remove_socket(sock)
+        key = child_key()
         # Shielded: cancelled while the process is being created (its pipes connected),
         # the process may exist already, and nobody would stop it (it would outlive this
         # supervisor until the daemon itself exits).
         spawning = asyncio.ensure_future(ChildProcess.spawn(
-            argv, ring=self._ring, env=self._child_env(), sink=self._sink))
+            argv, ring=self._ring, env=self._child_env(key), sink=self._sink))
         try:
             process = await asyncio.shield(spawning)
         except asyncio.CancelledError:
-            reaping = asyncio.ensure_future(self._discard(spawning, port))
+            reaping = asyncio.ensure_future(self._discard(spawning, sock))
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(reaping)
             raise
         except OSError as exc:
-            release_port(port)
+            remove_socket(sock)
             raise StartFailure(ExitCause(
                 "spawn_error", True, f"cannot start {argv[0]}: {exc.strerror or exc}",
                 at=self._clock.wall(),
             )) from exc
         client = InferenceClient(
-            f"http://127.0.0.1:{port}",
+            ChildAddress.BASE_URL,
             model_id=alias,
             model_name=self.spec.model.name,
             api=self.runtime.api,
             read_timeout=self._read_timeout,
-            loopback=True,
+            child=ChildAddress(str(sock), key),
             now=self._clock.monotonic,
         )
-        child = ProcessChild(process, client, port, self._clock, self.timeouts)
+        child = ProcessChild(process, client, sock, self._clock, self.timeouts)
         if on_stage is not None:
             on_stage("loading")
         await child.wait_ready(self.spec, on_stage)

@@ -27,7 +27,13 @@ import orjson
 from ._http import Response
 from ._sampling import LLAMA_CPP, Dialect, Sampling, TokenLogprobs, parse_logprobs
 from ._tools import Message, ToolCallDelta, ToolUse, messages_json, parse_tool_deltas
-from ._transport import Activity, HttpxTransport, LoopbackTransport, UnaryTransport
+from ._transport import (
+    Activity,
+    ChildAddress,
+    HttpxTransport,
+    LoopbackTransport,
+    UnaryTransport,
+)
 from .errors import ChildBadRequestError, ChildRequestError
 
 
@@ -117,6 +123,7 @@ class InferenceClient:
         max_connections: int = 64,
         loopback: bool = False,
         now: Callable[[], float] = time.monotonic,
+        child: ChildAddress | None = None,
     ) -> None:
         """Args:
             base_url: the server's root (paths such as ``/v1/completions`` are appended).
@@ -124,9 +131,12 @@ class InferenceClient:
             api: where the runtime keeps its non-standard endpoints.
             model_name: what callers are told served them (default: ``model_id``).
             headers: sent with every request (an endpoint's ``Authorization``).
-            loopback: a child llamad launched, at ``http://127.0.0.1:<port>``: its unary
-                JSON requests (embed, tokenize, readiness) go through the lean
-                :class:`LoopbackTransport` instead of httpx.
+            loopback: a server on ``http://127.0.0.1:<port>`` llamad trusts (a test's): its
+                requests go through the lean :class:`LoopbackTransport` instead of httpx.
+            child: a child llamad launched: every request (health probes too) goes to its
+                private UNIX socket with its key, the lean transport's where it has them;
+                ``base_url`` is then only the Host header (see
+                :attr:`ChildAddress.BASE_URL`).
             now: the monotonic clock activity is recorded on (the supervisor's).
         """
         self.base_url = base_url
@@ -146,23 +156,35 @@ class InferenceClient:
         self._read_timeout = read_timeout
         # trust_env=False: an HTTP(S)_PROXY in the daemon's environment must never
         # capture loopback traffic to our own child.
-        self._http = httpx.AsyncClient(
-            base_url=base_url,
-            headers=dict(headers or {}),
-            trust_env=False,
-            verify=_tls_context(),
-            timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
-        )
+        limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections)
+        timeouts = httpx.Timeout(read_timeout, connect=connect_timeout)
+        if child is not None:
+            if headers:
+                raise ValueError("a child takes no headers (its key is its address's)")
+            self._http = httpx.AsyncClient(
+                base_url=base_url,
+                headers={"Authorization": f"Bearer {child.key}"},
+                transport=httpx.AsyncHTTPTransport(uds=child.socket, limits=limits),
+                trust_env=False,
+                timeout=timeouts,
+            )
+        else:
+            self._http = httpx.AsyncClient(
+                base_url=base_url,
+                headers=dict(headers or {}),
+                trust_env=False,
+                verify=_tls_context(),
+                timeout=timeouts,
+                limits=limits,
+            )
         self.activity = Activity(now)
         self._unary: UnaryTransport
-        if loopback:
+        if loopback or child is not None:
             if headers:
                 raise ValueError("a loopback child takes no headers")
             self._unary = LoopbackTransport(base_url, connect_timeout=connect_timeout,
-                                            max_connections=max_connections)
+                                            max_connections=max_connections, child=child)
         else:
             self._unary = HttpxTransport(self._http, self._transport_error)
 

@@ -125,7 +125,7 @@ class EndpointLink:
         self.client: InferenceClient = client
         self.endpoint = client
         self.pid = 0
-        self.port = 0
+        self.socket = ""
         self._clock = clock
         self._timeouts = timeouts
 

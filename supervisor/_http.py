@@ -14,6 +14,10 @@ Health probes and endpoints keep httpx.
 
 A connection whose request was cancelled or failed is closed, never reused: closing it
 is how llama.cpp learns that nobody waits for the answer any more.
+
+A child listens on a UNIX socket (``unix_path``) and wants its per-launch key: the
+``Authorization`` header is built once, into the same bytes every request's head starts
+from, so it costs nothing per request.
 """
 
 from __future__ import annotations
@@ -84,13 +88,29 @@ class _Connection:
 
 
 class LoopbackHTTP:
-    """Keep-alive connections to one ``host:port``, at most ``max_connections`` at once."""
+    """Keep-alive connections to one ``host:port`` or UNIX socket, at most
+    ``max_connections`` at once.
+
+    Args:
+        host: the server's host (with ``unix_path``: only the ``Host`` header's).
+        port: its TCP port (ignored with ``unix_path``).
+        unix_path: connect to this UNIX socket instead of ``host:port``.
+        api_key: sent as ``Authorization: Bearer <key>`` with every request.
+    """
 
     def __init__(self, host: str, port: int, *, connect_timeout: float = 2.0,
-                 max_connections: int = 64) -> None:
+                 max_connections: int = 64, unix_path: str | None = None,
+                 api_key: str | None = None) -> None:
         self._host = host
         self._port = port
-        self._host_header = f"{host}:{port}".encode("ascii")
+        self._unix_path = unix_path
+        # The Host header's value, and after it every fixed header of a request.
+        self._host_header = (host.encode("ascii") if unix_path is not None
+                             else f"{host}:{port}".encode("ascii"))
+        if api_key is not None:
+            if not api_key.isascii() or not api_key.isprintable():
+                raise ValueError("api_key must be printable ASCII")
+            self._host_header += b"\r\nAuthorization: Bearer " + api_key.encode("ascii")
         self._connect_timeout = connect_timeout
         self._slots = asyncio.Semaphore(max_connections)
         self._idle: list[_Connection] = []
@@ -199,9 +219,13 @@ class LoopbackHTTP:
     async def _connect(self) -> _Connection:
         try:
             async with asyncio.timeout(self._connect_timeout):
-                reader, writer = await asyncio.open_connection(
-                    self._host, self._port, limit=_LIMIT)
-        except ConnectionRefusedError:
+                if self._unix_path is not None:
+                    reader, writer = await asyncio.open_unix_connection(
+                        self._unix_path, limit=_LIMIT)
+                else:
+                    reader, writer = await asyncio.open_connection(
+                        self._host, self._port, limit=_LIMIT)
+        except (ConnectionRefusedError, FileNotFoundError):
             raise HTTPTransportError(
                 "refused", "connection refused (child not listening)") from None
         except TimeoutError:

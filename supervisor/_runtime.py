@@ -10,6 +10,14 @@ Two runtimes serve the same OpenAI-compatible API:
 
 An adapter owns its launch arguments and its :class:`ApiShape`; nothing else in the
 supervisor knows which runtime it runs.
+
+Every child is private to the daemon: it listens on a UNIX socket in a directory only the
+daemon's user can enter (:mod:`supervisor._rundir`), never on a TCP port, and demands a
+per-launch API key, which it gets through its environment (``LLAMA_API_KEY``), never its
+command line (``ps`` shows argv to every user). llama-server also serves no ``/slots``
+(each slot's prompt and parameters) unless the operator asks (``[child] slots``), no web UI,
+and no CORS origin a browser page can have. llamad's own arguments come last on the command
+line (llama.cpp keeps the last of a repeated flag) and ``extra_args`` may not name them.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -42,7 +50,8 @@ class LaunchSpec:
         chat_template: a known chat template's name (``"gemma"``, ``"chatml"``) to use
             because the GGUF carries none (see :mod:`supervisor._templates`); None uses
             the model's own.
-        extra_args: appended verbatim to the runtime's command line.
+        extra_args: added to the runtime's command line, before llamad's own arguments
+            (listener, key, alias, exposure), which they may not name (ValueError).
         spin_count: GOMP_SPINCOUNT for the child (-1: the environment's). llama.cpp's CPU
             threads are an OpenMP team that meets at a barrier after every operation,
             hundreds of times per token; libgomp's default spins there for long, so
@@ -83,8 +92,18 @@ class Runtime(Protocol):
         """Where its non-standard endpoints are."""
         ...
 
-    def command(self, spec: LaunchSpec, *, port: int, alias: str) -> list[str]:
-        """The argv that starts this runtime on ``127.0.0.1:port``, reporting ``alias``."""
+    def command(self, spec: LaunchSpec, *, socket: Path, alias: str) -> list[str]:
+        """The argv that starts this runtime listening on the UNIX socket ``socket``,
+        reporting ``alias`` as its model id.
+
+        Raises:
+            ValueError: ``spec.extra_args`` names one of llamad's own arguments.
+        """
+        ...
+
+    def environment(self, base: Mapping[str, str], key: str) -> dict[str, str]:
+        """The child's environment: ``base`` with the API key ``key`` set and whatever
+        would loosen its listener or its key taken out."""
         ...
 
     def max_concurrency(self, spec: LaunchSpec) -> int:
@@ -115,27 +134,82 @@ BUNDLED_API = ApiShape(
 )
 
 
+KEY_ENV = "LLAMA_API_KEY"
+"""The environment variable a child takes its API key from (llama-server's ``--api-key``;
+llamad's launcher of the bundled runtime reads the same)."""
+
+# llama-server's flags that set its listener, its keys or what it shows, with their
+# environment variables: llamad sets these itself (see the module docstring). llama.cpp
+# reads "--a_b" as "--a-b".
+LLAMA_SERVER_OWNED = {
+    "--host": "LLAMA_ARG_HOST", "--port": "LLAMA_ARG_PORT",
+    "--reuse-port": "LLAMA_ARG_REUSE_PORT", "-a": "", "--alias": "LLAMA_ARG_ALIAS",
+    "--api-key": KEY_ENV, "--api-key-file": "LLAMA_ARG_API_KEY_FILE",
+    "--slots": "LLAMA_ARG_ENDPOINT_SLOTS", "--no-slots": "LLAMA_ARG_NO_ENDPOINT_SLOTS",
+    "--ui": "LLAMA_ARG_UI", "--webui": "", "--no-ui": "LLAMA_ARG_NO_UI", "--no-webui": "",
+    "--cors-origins": "LLAMA_ARG_CORS_ORIGINS", "--cors-methods": "LLAMA_ARG_CORS_METHODS",
+    "--cors-headers": "LLAMA_ARG_CORS_HEADERS",
+    "--cors-credentials": "LLAMA_ARG_CORS_CREDENTIALS",
+    "--no-cors-credentials": "LLAMA_ARG_NO_CORS_CREDENTIALS",
+    "--api-prefix": "LLAMA_ARG_API_PREFIX", "--path": "LLAMA_ARG_STATIC_PATH",
+    "--ssl-key-file": "LLAMA_ARG_SSL_KEY_FILE", "--ssl-cert-file": "LLAMA_ARG_SSL_CERT_FILE",
+}
+# The bundled server's (llama_cpp.server's settings, and uvicorn's through our launcher).
+_BUNDLED_OWNED = {
+    "--host": "HOST", "--port": "PORT", "--uds": "", "--api_key": "API_KEY",
+    "--model_alias": "", "--ssl_keyfile": "", "--ssl_certfile": "", "--root_path": "",
+    "--config_file": "CONFIG_FILE",
+}
+NO_ORIGIN = "https://llamad.invalid"
+"""The one CORS origin a child allows: under ``.invalid`` (RFC 2606), no page has it, so
+no browser page may read a child's answers (llama-server's default is every origin)."""
+
+
+def refuse_owned(extra_args: Sequence[str], owned: Mapping[str, str], runtime: str) -> None:
+    """Raise ValueError naming the first of ``extra_args`` that is one of llamad's own
+    arguments of ``runtime``."""
+    for arg in extra_args:
+        flag = arg.split("=", 1)[0]
+        if flag.startswith("--") and runtime == "llama-server":
+            flag = flag.replace("_", "-")
+        if flag in owned:
+            raise ValueError(
+                f"extra_args: {arg} is set by llamad itself (a child listens only on a "
+                "private socket, with a per-launch key; see [child] slots for /slots)")
+
+
+def _private_env(base: Mapping[str, str], key: str, owned: Mapping[str, str]
+                 ) -> dict[str, str]:
+    drop = {name for name in owned.values() if name}
+    env = {name: value for name, value in base.items() if name not in drop}
+    env[KEY_ENV] = key
+    return env
+
+
 @dataclass(frozen=True)
 class LlamaServerRuntime:
-    """llama.cpp's ``llama-server`` binary."""
+    """llama.cpp's ``llama-server`` binary.
+
+    Attributes:
+        slots: serve ``/slots`` (each slot's prompt and parameters; still only to holders
+            of the key, on the private socket): ``[child] slots``, for debugging.
+    """
 
     binary: str
+    slots: bool = False
     name: str = "llama-server"
     api: ApiShape = field(default=LLAMA_SERVER_API)
     queues_requests: bool = True
 
-    def command(self, spec: LaunchSpec, *, port: int, alias: str) -> list[str]:
+    def command(self, spec: LaunchSpec, *, socket: Path, alias: str) -> list[str]:
+        refuse_owned(spec.extra_args, LLAMA_SERVER_OWNED, self.name)
         parallel = max(1, spec.parallel)
         argv = [
             self.binary,
             "--model", str(spec.model),
-            "--host", "127.0.0.1",
-            "--port", str(port),
-            "--alias", alias,
             "--threads", str(spec.threads),
             "--threads-batch", str(spec.threads),
             "--parallel", str(parallel),
-            "--no-webui",
         ]
         if spec.embedding:
             # An embedding input must fit one micro-batch (llama.cpp answers HTTP 500
@@ -155,29 +229,44 @@ class LlamaServerRuntime:
                 # A file, not --chat-template NAME: this llama-server takes that as the
                 # Jinja source itself, and every prompt became the name.
                 argv += ["--chat-template-file", str(template_file(spec.chat_template))]
-        return argv + list(spec.extra_args)
+        # Ours last: llama.cpp keeps the last value of a flag given twice.
+        return argv + list(spec.extra_args) + [
+            # A host ending in ".sock" is a UNIX socket path (llama.cpp's server-http.cpp).
+            "--host", str(socket),
+            "--alias", alias,
+            "--slots" if self.slots else "--no-slots",
+            "--no-webui",
+            "--cors-origins", NO_ORIGIN,
+        ]
+
+    def environment(self, base: Mapping[str, str], key: str) -> dict[str, str]:
+        return _private_env(base, key, LLAMA_SERVER_OWNED)
 
     def max_concurrency(self, spec: LaunchSpec) -> int:
         return max(1, spec.parallel)
 
 
+BUNDLED_LAUNCHER = str(Path(__file__).with_name("_bundled_child.py"))
+"""Our launcher of the bundled runtime, run by path (it imports no llamad module): it
+builds llama_cpp.server's app with the key and serves it on a UNIX socket, which
+``python -m llama_cpp.server`` cannot."""
+
+
 @dataclass(frozen=True)
 class BundledRuntime:
-    """``python -m llama_cpp.server`` from llama-cpp-python (the ``[server]`` extra)."""
+    """llama-cpp-python's server (the ``[server]`` extra), through :data:`BUNDLED_LAUNCHER`."""
 
     python: str = sys.executable
     name: str = "llama-cpp-python"
     api: ApiShape = field(default=BUNDLED_API)
     queues_requests: bool = False  # serves one request at a time; llamad sends no more
 
-    def command(self, spec: LaunchSpec, *, port: int, alias: str) -> list[str]:
+    def command(self, spec: LaunchSpec, *, socket: Path, alias: str) -> list[str]:
+        refuse_owned(spec.extra_args, _BUNDLED_OWNED, self.name)
         ctx = spec.ctx_size or (spec.batch if spec.embedding else 0)
         argv = [
-            self.python, "-m", "llama_cpp.server",
+            self.python, BUNDLED_LAUNCHER,
             "--model", str(spec.model),
-            "--host", "127.0.0.1",
-            "--port", str(port),
-            "--model_alias", alias,
             # llama_cpp.server defaults to half the cores: always pass them explicitly.
             "--n_threads", str(spec.threads),
             "--n_threads_batch", str(spec.threads),
@@ -193,7 +282,11 @@ class BundledRuntime:
             argv += ["--n_ubatch", str(max(spec.batch, ctx))]
         elif spec.chat_template:
             argv += ["--chat_format", BUNDLED_FORMATS[spec.chat_template]]
-        return argv + list(spec.extra_args)
+        return argv + list(spec.extra_args) + [
+            "--uds", str(socket), "--model_alias", alias]
+
+    def environment(self, base: Mapping[str, str], key: str) -> dict[str, str]:
+        return _private_env(base, key, _BUNDLED_OWNED)
 
     def max_concurrency(self, spec: LaunchSpec) -> int:
         return 1
@@ -219,11 +312,12 @@ def find_llama_server(explicit: str | None = None) -> str | None:
     return shutil.which("llama-server")
 
 
-def pick_runtime(kind: str, llama_bin: str | None = None) -> Runtime:
+def pick_runtime(kind: str, llama_bin: str | None = None, *, slots: bool = False) -> Runtime:
     """Choose a runtime: ``"llama-server"``, ``"bundled"``, or ``"auto"``.
 
     ``auto`` prefers llama-server (about 1.5-2x the tokens/s of the bundled runtime on
     the same model) and falls back to the bundled runtime when no binary is found.
+    ``slots``: llama-server serves ``/slots`` (see :class:`LlamaServerRuntime`).
     """
     if kind == "bundled":
         return BundledRuntime()
@@ -235,7 +329,7 @@ def pick_runtime(kind: str, llama_bin: str | None = None) -> Runtime:
                 "or on PATH (packaging/build-llama-server.sh builds one)"
             )
         return BundledRuntime()
-    return LlamaServerRuntime(binary)
+    return LlamaServerRuntime(binary, slots=slots)
 
 
 def describe(argv: Sequence[str]) -> str:

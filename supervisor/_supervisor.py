@@ -119,8 +119,10 @@ class Supervisor:
         return self._child.pid if self._child is not None else 0
 
     @property
-    def port(self) -> int:
-        return self._child.port if self._child is not None and self._state is State.RUNNING else 0
+    def socket(self) -> str:
+        """The running child's UNIX socket path ("" when none runs, or for an endpoint)."""
+        return (self._child.socket if self._child is not None and self._state is State.RUNNING
+                else "")
 
     @property
     def client(self) -> InferenceClient:

@@ -1,7 +1,8 @@
 """How the inference client reaches a server: the activity record its liveness loop reads,
 and the one seam a whole JSON request and its answer pass through
-(:class:`UnaryTransport`): httpx for endpoints, the lean loopback client for children,
-whose streams go through it too (:meth:`LoopbackTransport.stream`)."""
+(:class:`UnaryTransport`): httpx for endpoints, the lean loopback client for children
+(over their private UNIX sockets, with their keys: :class:`ChildAddress`), whose streams go
+through it too (:meth:`LoopbackTransport.stream`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import math
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
@@ -73,12 +74,36 @@ class HttpxTransport:
         pass  # the pool is the client's: it closes it
 
 
-class LoopbackTransport:
-    """Unary requests to a child llamad launched on loopback, through the lean
-    :class:`supervisor._http.LoopbackHTTP` (a third of httpx's CPU per call)."""
+@dataclass(frozen=True)
+class ChildAddress:
+    """Where a child llamad launched listens, and the key it wants (both per launch).
 
-    def __init__(self, base_url: str, *, connect_timeout: float, max_connections: int) -> None:
+    Attributes:
+        socket: its UNIX socket's path, in the daemon's private runtime directory.
+        key: its API key, sent as ``Authorization: Bearer``.
+    """
+
+    socket: str
+    key: str = field(repr=False)  # never in a log line or a repr
+
+    BASE_URL = "http://localhost"
+    """The base URL a child's clients use: the ``Host`` header; the socket is the way."""
+
+
+class LoopbackTransport:
+    """Unary requests to a child llamad launched, through the lean
+    :class:`supervisor._http.LoopbackHTTP` (a third of httpx's CPU per call): to its
+    :class:`ChildAddress`, or to ``http://host:port`` (a test's server) without one."""
+
+    def __init__(self, base_url: str, *, connect_timeout: float, max_connections: int,
+                 child: ChildAddress | None = None) -> None:
         url = urllib.parse.urlsplit(base_url)
+        if child is not None:
+            self._http = LoopbackHTTP(url.hostname or "localhost", 0,
+                                      connect_timeout=connect_timeout,
+                                      max_connections=max_connections,
+                                      unix_path=child.socket, api_key=child.key)
+            return
         if url.scheme != "http" or not url.hostname or not url.port:
             raise ValueError(f"loopback needs http://host:port: {base_url}")
         self._http = LoopbackHTTP(url.hostname, url.port, connect_timeout=connect_timeout,

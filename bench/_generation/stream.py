@@ -12,6 +12,7 @@ import grpc
 import httpx
 
 from bench._daemon import Running
+from bench._direct import child_http
 from bench._generation.common import Guard, Sample, StreamResult, started
 from bench._support import (
     cpu_snap,
@@ -79,20 +80,21 @@ async def via_direct(http: httpx.AsyncClient, prompt: str, max_tokens: int, rnd:
 
 
 class Direct:
-    """An HTTP client to the generation child's port, renewed if the child is replaced."""
+    """An HTTP client to the generation child's socket (with its key), renewed if the
+    child is replaced."""
 
     def __init__(self) -> None:
-        self.port = 0
+        self.socket = ""
         self.http: httpx.AsyncClient | None = None
 
     async def client(self, running: Running) -> httpx.AsyncClient:
-        port = (await running.generation()).port
-        if self.http is None or port != self.port:
+        child = await running.generation()
+        if self.http is None or child.socket != self.socket:
             if self.http is not None:
                 await self.http.aclose()
-            self.port = port
-            self.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False,
-                                          timeout=httpx.Timeout(300.0, connect=5.0))
+            self.socket = child.socket
+            self.http = child_http(child.socket, child.pid,
+                                   timeout=httpx.Timeout(300.0, connect=5.0))
         return self.http
 
     async def aclose(self) -> None:

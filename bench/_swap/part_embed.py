@@ -21,6 +21,7 @@ import httpx
 import numpy as np
 
 from bench._daemon import DaemonProcess, wait_ready
+from bench._direct import child_http
 from bench._support import EMBED_MODEL, MONITOR, PartNote, model_file, table
 from bench._swap.common import (
     EMB,
@@ -141,18 +142,20 @@ async def daemon_process(env: dict[str, str], state_dir: Path
 
 @contextlib.asynccontextmanager
 async def embedding_daemon(args: argparse.Namespace, state_dir: Path
-                           ) -> AsyncIterator[tuple[Any, int, float]]:
+                           ) -> AsyncIterator[tuple[Any, tuple[str, int], float]]:
     """The embedding-only daemon, in its own process (``--embed-daemon process``, as it
-    runs in production) or in this one; yield ``(inference stub, child port, ready s)``."""
+    runs in production) or in this one; yield ``(inference stub, child (socket, pid),
+    ready s)``: the child is reached over its socket with the key from its environment."""
     env = embedding_env(state_dir, model_file(EMBED_MODEL))
     if args.embed_daemon == "process":
         async with daemon_process(env, state_dir) as (inference, control, ready):
             status = await control.Status(control_pb2.StatusRequest(), timeout=10)
-            port = next(c.port for c in status.children if c.role == EMB)
-            yield inference, port, ready
+            child = next(c for c in status.children if c.role == EMB)
+            yield inference, (child.socket, child.pid), ready
     else:
         async with started(env, "embedding") as (running, ready):
-            yield running.inference, (await child_status(running, "embedding")).port, ready
+            child = await child_status(running, "embedding")
+            yield running.inference, (child.socket, child.pid), ready
 
 
 ISOLATED_IDLE = 0.1  # seconds without a call before each isolated call
@@ -166,11 +169,10 @@ EMBED_PATHS: dict[str, Callable[[Any, Sequence[str]], Awaitable[list[list[float]
 async def bench_embed(args: argparse.Namespace, state_dir: Path) -> EmbedResult:
     pool = corpus_sentences(args.corpus, 1500)
     reps = {1: args.embed_reps[0], 16: args.embed_reps[1], 64: args.embed_reps[2]}
-    async with embedding_daemon(args, state_dir) as (inference, port, ready):
-        print(f"  daemon ready in {ready:.2f}s ({args.embed_daemon}); child on port {port}",
+    async with embedding_daemon(args, state_dir) as (inference, (sock, pid), ready):
+        print(f"  daemon ready in {ready:.2f}s ({args.embed_daemon}); child on {sock}",
               flush=True)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False,
-                                     timeout=httpx.Timeout(120.0, connect=5.0)) as http:
+        async with child_http(sock, pid, timeout=httpx.Timeout(120.0, connect=5.0)) as http:
             counts = await token_counts(http, pool)
             texts = [t for t, n in zip(pool, counts, strict=True) if 20 <= n <= 60]
             ntok = dict(zip(pool, counts, strict=True))

@@ -577,6 +577,7 @@ class ChildStatus(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     QUEUE_AHEAD_FIELD_NUMBER: _builtins.int
     CHAT_TEMPLATE_FIELD_NUMBER: _builtins.int
+    SOCKET_FIELD_NUMBER: _builtins.int
     role: _common_pb2.ChildRole.ValueType
     """One per role, whatever its mode ("child" for history)."""
     state: Global___ChildState.ValueType
@@ -587,7 +588,7 @@ class ChildStatus(_message.Message):
     runtime: _builtins.str
     """"llama-server" or "llama-cpp-python"."""
     port: _builtins.int
-    """Loopback port of the child's HTTP API; 0 when not running."""
+    """Always 0: children listen on no TCP port (see socket). Kept for old clients."""
     uptime_seconds: _builtins.float
     """Since the child last became running; 0 when not running."""
     restarts: _builtins.int
@@ -610,7 +611,7 @@ class ChildStatus(_message.Message):
     for an endpoint, the role's "parallel" setting).
     """
     mode: Global___InferenceMode.ValueType
-    """Where the role's inference runs. In endpoint mode, pid, port and the model_* fields
+    """Where the role's inference runs. In endpoint mode, pid, socket and the model_* fields
     describe no process (they are 0 or empty) and runtime is "endpoint".
     """
     endpoint_url: _builtins.str
@@ -631,6 +632,11 @@ class ChildStatus(_message.Message):
     GGUF has none ("gemma (known template: ...)"); or "none: ..." when the GGUF has none
     and none is known (Chat and Ask are then refused with FAILED_PRECONDITION). Empty for
     embedding children, endpoints, and before the model file is read.
+    """
+    socket: _builtins.str
+    """The UNIX socket of the child's HTTP API, in the daemon's private runtime directory
+    (only the daemon's user can reach it, and the child also wants a per-launch key);
+    empty when not running, and in endpoint mode.
     """
     @_builtins.property
     def last_exit(self) -> Global___ExitCause: ...
@@ -665,10 +671,11 @@ class ChildStatus(_message.Message):
         last_error: _builtins.str = ...,
         queue_ahead: _builtins.int = ...,
         chat_template: _builtins.str = ...,
+        socket: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_exit", b"last_exit", "last_swap", b"last_swap"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["breaker", b"breaker", "chat_template", b"chat_template", "consecutive_failures", b"consecutive_failures", "enabled", b"enabled", "endpoint_model", b"endpoint_model", "endpoint_url", b"endpoint_url", "in_flight", b"in_flight", "last_error", b"last_error", "last_exit", b"last_exit", "last_swap", b"last_swap", "mode", b"mode", "model_architecture", b"model_architecture", "model_context_length", b"model_context_length", "model_path", b"model_path", "model_sha256", b"model_sha256", "pid", b"pid", "port", b"port", "previous_model_path", b"previous_model_path", "queue_ahead", b"queue_ahead", "queued", b"queued", "restarts", b"restarts", "role", b"role", "runtime", b"runtime", "slots", b"slots", "state", b"state", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["breaker", b"breaker", "chat_template", b"chat_template", "consecutive_failures", b"consecutive_failures", "enabled", b"enabled", "endpoint_model", b"endpoint_model", "endpoint_url", b"endpoint_url", "in_flight", b"in_flight", "last_error", b"last_error", "last_exit", b"last_exit", "last_swap", b"last_swap", "mode", b"mode", "model_architecture", b"model_architecture", "model_context_length", b"model_context_length", "model_path", b"model_path", "model_sha256", b"model_sha256", "pid", b"pid", "port", b"port", "previous_model_path", b"previous_model_path", "queue_ahead", b"queue_ahead", "queued", b"queued", "restarts", b"restarts", "role", b"role", "runtime", b"runtime", "slots", b"slots", "socket", b"socket", "state", b"state", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -47,8 +47,9 @@ _FAKE_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_chi
 
 def fake_child_command(
     *,
-    port: int,
+    port: int | None = None,
     model: str,
+    socket: str | None = None,
     alias: str | None = None,
     fault: str | None = None,
     fault_after: int | None = None,
@@ -64,7 +65,10 @@ def fake_child_command(
     model file the way llama-server does (on stderr, exit status 1).
 
     Args:
-        port: TCP port to listen on, on 127.0.0.1 (the fake never binds anything else).
+        port: TCP port to listen on, on 127.0.0.1; give it or ``socket``.
+        socket: a UNIX socket path ending in ``.sock`` to listen on instead (what llamad's
+            supervisor gives its children); the key, if any, is ``LLAMA_API_KEY`` in the
+            child's environment.
         model: path of the model file; it must exist and be readable, its content is ignored.
         alias: model id reported by ``/v1/models`` and in responses; default the file name.
         fault: one of :data:`FAULTS`, or None for a well-behaved child.
@@ -83,14 +87,24 @@ def fake_child_command(
         ``[sys.executable, "/abs/path/supervisor/testing/fake_child.py", ...]``.
 
     Raises:
-        ValueError: ``fault`` is not one of :data:`FAULTS`, or ``port`` is not 1-65535.
+        ValueError: ``fault`` is not one of :data:`FAULTS`, ``port`` is not 1-65535, or
+            neither (or both of) ``port`` and ``socket`` are given, or ``socket`` does not
+            end in ``.sock``.
     """
     if fault is not None and fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; expected one of {', '.join(FAULTS)}")
-    if not 0 < port < 65536:
-        raise ValueError(f"port must be 1-65535, got {port}")
+    if (port is None) == (socket is None):
+        raise ValueError("give port or socket")
     cmd = [sys.executable, _FAKE_CHILD]
-    cmd += ["--port", str(port), "--model", model, "--n-embd", str(n_embd)]
+    if socket is not None:
+        if not socket.endswith(".sock"):
+            raise ValueError(f"socket must end in .sock, got {socket}")
+        cmd += ["--host", socket]
+    elif port is not None:
+        if not 0 < port < 65536:
+            raise ValueError(f"port must be 1-65535, got {port}")
+        cmd += ["--port", str(port)]
+    cmd += ["--model", model, "--n-embd", str(n_embd)]
     if alias is not None:
         cmd += ["--alias", alias]
     if embedding:

@@ -4,16 +4,17 @@ Run it as ``python -m supervisor.testing.fake_child`` or, faster, as ``python
 path/to/fake_child.py`` (what :func:`supervisor.testing.fake_child_command` builds): the
 file imports nothing but the standard library and needs no package around it, so started
 by path it answers ``/health`` about 50 ms after exec, while ``-m`` first imports the whole
-``supervisor`` package. It binds 127.0.0.1 only. All log lines go to stderr, like
-llama-server's.
+``supervisor`` package. It binds 127.0.0.1 or a UNIX socket only. All log lines go to
+stderr, like llama-server's.
 
 Command line (llama-server's spellings where llama-server has the flag)::
 
-    --port N               required; 1-65535
+    --port N               1-65535; required unless --host is a socket path
     -m, --model PATH       required; must open for reading (content ignored), else
                            "llama_model_load: error loading model: failed to open PATH: ..."
                            and "main: exiting due to model loading error", exit 1
-    --host 127.0.0.1       "localhost" also accepted; anything else is an error (exit 1)
+    --host 127.0.0.1       "localhost" also accepted, or a UNIX socket path ending in
+                           ".sock" (as llama-server); anything else is an error (exit 1)
     -a, --alias NAME       model id reported everywhere; default the model file's name
     --embedding            (or --embeddings) embedding mode: /v1/embeddings works and the
                            completion endpoints answer 501, as in llama-server
@@ -22,6 +23,11 @@ Command line (llama-server's spellings where llama-server has the flag)::
     --token-delay S        seconds per generated token, streamed or not, default 0.002
     --fault NAME           one of supervisor.testing.FAULTS, see below
     --fault-after N        the count some faults use, see below
+
+``LLAMA_API_KEY`` in the environment (llama-server's ``--api-key``): every request but
+``/health`` and ``/v1/health`` then needs ``Authorization: Bearer KEY`` and is answered
+401 ``Invalid API Key`` otherwise (once loaded; while loading, 503 comes first, as in
+llama-server).
 
 Other flags (``-c 4096``, ``-np 2``, ``-ngl 99``, ``--mlock``, ...) are accepted and
 ignored, except ``--bogus-flag``, which is refused like any unknown flag in llama-server:
@@ -118,6 +124,7 @@ import math
 import os
 import signal
 import socket
+import socketserver
 import sys
 import threading
 import time
@@ -253,7 +260,10 @@ class _Config:
     """Settings from the command line, fixed for the process's life."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.port: int = args.port
+        self.port: int = args.port or 0
+        self.socket: str | None = args.host if args.host.endswith(".sock") else None
+        self.where = self.socket or f"127.0.0.1, port: {self.port}"
+        self.key: str | None = os.environ.get("LLAMA_API_KEY") or None
         self.alias: str = args.alias or os.path.basename(args.model)
         self.embedding: bool = args.embedding
         self.n_embd: int = args.n_embd
@@ -290,9 +300,21 @@ class _FakeServer(ThreadingHTTPServer):
     def __init__(self, config: _Config) -> None:
         self.config = config
         self.state = _State()
-        super().__init__(("127.0.0.1", config.port), _Handler)
+        if config.socket is not None:
+            self.address_family = socket.AF_UNIX
+            super().__init__(config.socket, _Handler)  # type: ignore[arg-type]
+        else:
+            super().__init__(("127.0.0.1", config.port), _Handler)
+
+    def server_bind(self) -> None:
+        if self.address_family == socket.AF_UNIX:
+            socketserver.TCPServer.server_bind(self)  # no host name and port to look up
+            self.server_name, self.server_port = "localhost", 0
+            return
+        super().server_bind()
 
 
+_PUBLIC_PATHS = frozenset({"/health", "/v1/health"})  # llama-server's, without a key
 _INFERENCE_PATHS = frozenset({"/v1/completions", "/completions", "/v1/chat/completions",
                               "/chat/completions", "/v1/embeddings", "/embeddings"})
 
@@ -364,6 +386,8 @@ class _Handler(BaseHTTPRequestHandler):
             route = _ROUTES.get((self.command, path))
             if path != "/fake/stats" and not state.ready:
                 self._error(*_UNAVAILABLE)
+            elif config.key is not None and path not in _PUBLIC_PATHS and not self._keyed():
+                self._error(401, "Invalid API Key", "authentication_error")
             elif config.fault == "probe-fails" and path in _INFERENCE_PATHS:
                 self._error(500, "fake: inference failed", "server_error")
             elif route is None:
@@ -374,6 +398,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(400, str(exc), "invalid_request_error")
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+    def _keyed(self) -> bool:
+        given = self.headers.get("Authorization") or self.headers.get("X-Api-Key") or ""
+        return given.removeprefix("Bearer ") == self.server.config.key
 
     def _read_body(self) -> bytes:
         try:
@@ -688,7 +716,7 @@ class _Parser(argparse.ArgumentParser):
 def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser = _Parser(prog="fake_child", add_help=False, allow_abbrev=False)
     parser.add_argument("--help", action="help")
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=int)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--model", required=True)
     parser.add_argument("--alias")
@@ -706,9 +734,13 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("invalid argument: --bogus-flag")
     if args.fault == "usage-error":
         parser.error("invalid argument: --usage-error")
-    if args.host not in ("127.0.0.1", "localhost"):
-        parser.error(f"the fake binds 127.0.0.1 only, not {args.host}")
-    if not 0 < args.port < 65536:
+    if args.host.endswith(".sock"):
+        pass  # a UNIX socket: --port is ignored, as by llama-server
+    elif args.host not in ("127.0.0.1", "localhost"):
+        parser.error(f"the fake binds 127.0.0.1 or a socket only, not {args.host}")
+    elif args.port is None:
+        parser.error("the following arguments are required: --port")
+    elif not 0 < args.port < 65536:
         parser.error(f"invalid port {args.port}")
     if args.n_embd < 1:
         parser.error("--n-embd must be at least 1")
@@ -789,10 +821,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server = _FakeServer(config)
     except OSError:
-        _log(f"main: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: {args.port}")
+        _log(f"main: couldn't bind HTTP server socket, hostname: {config.where}")
         return 1
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    _log(f"main: HTTP server is listening, hostname: 127.0.0.1, port: {args.port}")
+    _log(f"main: HTTP server is listening, hostname: {config.where}")
     _log("main: loading model")
     _log(_srv("load_model", f"loading model '{args.model}'"))
     try:
@@ -827,7 +859,9 @@ def main(argv: list[str] | None = None) -> int:
         with server.state.lock:
             server.state.ready = True
         _log("main: model loaded")
-        _log(f"main: server is listening on http://127.0.0.1:{args.port} - starting the main loop")
+        url = (f"unix://{config.socket}" if config.socket is not None
+               else f"http://127.0.0.1:{args.port}")
+        _log(f"main: server is listening on {url} - starting the main loop")
         _log(_srv("update_slots", "all slots are idle"))
         if config.fault == "flood-stdout":
             threading.Thread(target=_flood_stdout, daemon=True).start()

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .._client import ApiShape
-from .._runtime import LLAMA_SERVER_API, LaunchSpec
+from .._runtime import KEY_ENV, LLAMA_SERVER_API, LLAMA_SERVER_OWNED, LaunchSpec, refuse_owned
 from . import fake_child_command
 
 
 @dataclass(frozen=True)
 class FakeRuntime:
-    """Launches ``supervisor.testing.fake_child`` with llama-server's API and semantics.
+    """Launches ``supervisor.testing.fake_child`` with llama-server's API and semantics,
+    and its privacy: on the UNIX socket it is given, with the key from its environment.
 
     Attributes:
         fault: one of :data:`supervisor.testing.FAULTS`, or None.
@@ -33,18 +36,22 @@ class FakeRuntime:
     queues_requests: bool = False  # the fake child has no request queue of its own
     _launches: list[int] = field(default_factory=lambda: [0], compare=False)
 
-    def command(self, spec: LaunchSpec, *, port: int, alias: str) -> list[str]:
+    def command(self, spec: LaunchSpec, *, socket: Path, alias: str) -> list[str]:
+        refuse_owned(spec.extra_args, LLAMA_SERVER_OWNED, "llama-server")
         n = self._launches[0]
         self._launches[0] += 1
         fault = self.fault
         if self.faults_per_launch is not None:
             fault = self.faults_per_launch[n] if n < len(self.faults_per_launch) else None
         return fake_child_command(
-            port=port, model=str(spec.model), alias=alias, fault=fault,
+            socket=str(socket), model=str(spec.model), alias=alias, fault=fault,
             fault_after=self.fault_after, load_seconds=self.load_seconds,
             embedding=spec.embedding, token_delay=self.token_delay,
             extra=list(spec.extra_args),
         )
+
+    def environment(self, base: Mapping[str, str], key: str) -> dict[str, str]:
+        return {**base, KEY_ENV: key}
 
     def max_concurrency(self, spec: LaunchSpec) -> int:
         return max(1, spec.parallel)

@@ -13,7 +13,6 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 
-import httpx
 import numpy as np
 import pytest
 import pytest_asyncio
@@ -21,6 +20,7 @@ import pytest_asyncio
 from clients import AskSources, AsyncClient, Client, TextStream, errors
 from daemon import Daemon
 from tests.conftest import SMALL_MODEL, model_path
+from tests.support.child_http import generation_idle
 from tests.support.daemon import config_env, make_daemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -33,7 +33,8 @@ async def running(llama_server: str, tmp_path_factory: pytest.TempPathFactory
                   ) -> AsyncIterator[tuple[Daemon, str]]:
     """One daemon (generation and embedding children) for the whole module."""
     state = tmp_path_factory.mktemp("state")
-    daemon = make_daemon(config_env("llama-server", LLAMAD_STATE_DIR=str(state)))
+    daemon = make_daemon(config_env("llama-server", LLAMAD_STATE_DIR=str(state),
+                                    LLAMAD_CHILD_SLOTS="true"))
     address = await daemon.start()
     try:
         async with AsyncClient(address) as client:
@@ -41,18 +42,6 @@ async def running(llama_server: str, tmp_path_factory: pytest.TempPathFactory
         yield daemon, address
     finally:
         await daemon.shutdown()
-
-
-async def generation_idle(port: int, timeout: float = 5.0) -> bool:
-    """Whether llama-server's /slots shows no slot processing within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient(trust_env=False) as http:
-        while time.monotonic() < deadline:
-            slots = (await http.get(f"http://127.0.0.1:{port}/slots")).json()
-            if not any(s.get("is_processing") for s in slots):
-                return True
-            await asyncio.sleep(0.05)
-    return False
 
 
 async def test_generate_streams_then_usage(running: tuple[Daemon, str]) -> None:
@@ -84,7 +73,9 @@ async def test_break_cancels_generation_in_the_child(running: tuple[Daemon, str]
     that shows /slots can tell)."""
     _, address = running
     async with AsyncClient(address) as client:
-        port = (await client.status()).child("generation").port  # type: ignore[union-attr]
+        gen = (await client.status()).child("generation")
+        assert gen is not None
+        child = (gen.socket, gen.pid)
         with Client(address) as sync:
             def start() -> TextStream:
                 stream = sync.generate(LONG, max_tokens=3000, temperature=0.0)
@@ -93,9 +84,9 @@ async def test_break_cancels_generation_in_the_child(running: tuple[Daemon, str]
                 return stream
 
             held = await asyncio.to_thread(start)
-            assert not await generation_idle(port, timeout=0.3), "control: not generating"
+            assert not await generation_idle(*child, timeout=0.3), "control: not generating"
             held.close()
-            assert await generation_idle(port), "the child kept generating after close()"
+            assert await generation_idle(*child), "the child kept generating after close()"
 
             def sync_break() -> int:
                 for n, _ in enumerate(sync.generate(LONG, max_tokens=3000,
@@ -105,13 +96,13 @@ async def test_break_cancels_generation_in_the_child(running: tuple[Daemon, str]
                 return n
 
             assert await asyncio.to_thread(sync_break) == 5
-            assert await generation_idle(port), "the child kept generating after break"
+            assert await generation_idle(*child), "the child kept generating after break"
         n = 0
         async for _ in client.generate(LONG, max_tokens=3000, temperature=0.0):
             n += 1
             if n == 5:
                 break
-        assert await generation_idle(port), "the child kept generating after break (async)"
+        assert await generation_idle(*child), "the child kept generating after break (async)"
         began = time.monotonic()
         assert (await client.generate("Hi", max_tokens=3, timeout=20).collect()).text
         assert time.monotonic() - began < 10

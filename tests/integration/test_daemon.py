@@ -20,6 +20,7 @@ from daemon import Daemon
 from llamad_protocol.v1 import control_pb2
 from llamad_protocol.v1 import inference_pb2 as pb
 from tests.conftest import RUNTIMES, SMALL_MODEL, model_path
+from tests.support.child_http import child_http
 from tests.support.daemon import (
     EMB,
     GEN,
@@ -43,7 +44,8 @@ def runtime(request: pytest.FixtureRequest, llama_server: str) -> str:
 
 @pytest.fixture
 async def running(runtime: str) -> AsyncIterator[tuple[Daemon, Clients]]:
-    async with serving(config_env(runtime)) as pair:
+    # /slots on: the cancellation test looks at the child's slots (as root, over its socket).
+    async with serving(config_env(runtime, LLAMAD_CHILD_SLOTS="true")) as pair:
         yield pair
 
 
@@ -136,14 +138,14 @@ async def test_kill9_child_comes_back_and_serves(running: tuple[Daemon, Clients]
 
 
 async def test_status_reports_children(running: tuple[Daemon, Clients], runtime: str) -> None:
-    """Status shows state, pid, model path and SHA-256, runtime, port, breaker."""
+    """Status shows state, pid, model path and SHA-256, runtime, socket, breaker."""
     _, c = running
     await asyncio.sleep(0.5)  # the SHA-256 is computed in the background
     gen = await c.child(GEN)
     assert gen.enabled
     assert gen.pid > 0
     assert alive(gen.pid)
-    assert gen.port > 0
+    assert gen.socket.endswith(".sock") and gen.port == 0  # a private socket, no TCP
     assert gen.model_path.endswith(SMALL_MODEL)
     assert gen.runtime == ("llama-server" if runtime == "llama-server" else "llama-cpp-python")
     assert gen.breaker == control_pb2.BREAKER_STATE_CLOSED
@@ -180,10 +182,10 @@ async def test_cancel_stops_generation_in_the_child(running: tuple[Daemon, Clien
     call.cancel()
     gen = await c.child(GEN)
     if runtime == "llama-server":
-        async with httpx.AsyncClient(trust_env=False) as http:
+        async with child_http(gen.socket, gen.pid) as http:
             deadline = time.monotonic() + 5
             while True:
-                slots = (await http.get(f"http://127.0.0.1:{gen.port}/slots")).json()
+                slots = (await http.get("/slots")).json()
                 if not any(s.get("is_processing") for s in slots):
                     break
                 assert time.monotonic() < deadline, "the child kept generating"

@@ -9,7 +9,6 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from daemon import Daemon
@@ -19,6 +18,7 @@ from llamad_protocol.v1 import common_pb2 as cpb
 from llamad_protocol.v1 import inference_pb2 as ipb
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from tests.conftest import model_path, models_dir
+from tests.support.child_http import child_http
 from tests.support.corpus import write_corpus
 from tests.support.daemon import Clients, config_env, serving
 from tests.support.repetition import degenerate
@@ -55,10 +55,11 @@ async def default_model(tmp_path: Path, llama_server: str
         yield daemon, c
 
 
-async def generation_port(c: Clients) -> int:
+async def generation_child(c: Clients) -> tuple[str, int]:
+    """The generation child's socket and pid."""
     status = await c.control.Status(control_pb2.StatusRequest())
     child = next(ch for ch in status.children if ch.role == cpb.CHILD_ROLE_GENERATION)
-    return int(child.port)
+    return child.socket, child.pid
 
 
 async def test_chat_and_ask_on_the_default_model_do_not_degenerate(default_model) -> None:  # type: ignore[no-untyped-def]
@@ -95,8 +96,8 @@ async def test_a_gemma_without_a_template_is_formatted_in_gemmas_turns(
     messages = [{"role": "system", "content": "Be brief."},
                 {"role": "user", "content": "How do I restart nginx?"}]
     async with serving(env, "generation") as (_, c):
-        port = await generation_port(c)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        http = child_http(*await generation_child(c))
+        async with http:
             prompt = (await http.post("/apply-template", json={"messages": messages})
                       ).json()["prompt"]
     assert prompt == ("<start_of_turn>user\nBe brief.\n\nHow do I restart nginx?"

@@ -4,10 +4,9 @@ signals, and the state sequence the supervisor must go through."""
 from __future__ import annotations
 
 import asyncio
-import http.server
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -229,42 +228,71 @@ async def test_exit_while_idle_restarts(harness_factory: Factory) -> None:
 
 
 @pytest.fixture
-def stranger() -> Iterator[int]:
-    """A plain HTTP server squatting on a loopback port."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield int(server.server_address[1])
-    server.shutdown()
-    server.server_close()
+async def stale(tmp_path: Path) -> AsyncIterator[tuple[Path, list[int]]]:
+    """A server still listening on a socket path (a crashed daemon's child): yields the
+    path and the list its connections are counted in."""
+    path = tmp_path / "stale.sock"
+    connections: list[int] = []
+
+    async def count(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        writer.close()
+
+    server = await asyncio.start_unix_server(count, str(path))
+    try:
+        yield path, connections
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
-async def test_port_taken_by_stranger_is_retried_on_a_new_port(
-    model: Path, stranger: int
+async def test_a_stale_socket_at_the_childs_path_never_confuses_it(
+    model: Path, stale: tuple[Path, list[int]]
 ) -> None:
-    """A port lost to another server fails that start (never served), the next one works."""
-    from supervisor._child import free_port
-
-    ports = iter([stranger])
-
-    def picker() -> int:
-        return next(ports, None) or free_port()
-
+    """A socket left at the path a child is given (someone else still listening on it) is
+    replaced before the child starts: the child starts at once, serves on that path, and
+    the stale server never gets a connection."""
+    path, connections = stale
     ring = LogRing(200)
     launcher = ProcessLauncher(LaunchSpec(role="generation", model=model), FakeRuntime(),
-                               clock=SystemClock(), ring=ring, timeouts=FAST, port_picker=picker)
+                               clock=SystemClock(), ring=ring, timeouts=FAST,
+                               socket_picker=lambda: path)
     sup = Supervisor("generation", launcher, policy=POLICY)
     changes: list[StateChange] = []
     sup.subscribe(changes.append)
     sup.start()
     try:
         await sup.wait_for(State.RUNNING, timeout=10)
-        assert [c.new.value for c in changes] == ["starting", "backoff", "starting", "running"]
-        assert sup.last_exit is not None
-        assert sup.last_exit.kind in ("port_in_use", "stranger")
-        assert sup.port != stranger
+        assert [c.new.value for c in changes] == ["starting", "running"]
+        assert sup.socket == str(path)
+        assert await sup.client.complete("hello", Sampling(max_tokens=2))
+        assert connections == []
     finally:
         await sup.stop()
+    assert not path.exists()  # the child's socket goes with it
+
+
+@dataclass(frozen=True)
+class ImpostorRuntime(FakeRuntime):
+    """Starts a fake child that reports another model id than the launch's alias."""
+
+    def command(self, spec: LaunchSpec, *, socket: Path, alias: str) -> list[str]:
+        return super().command(spec, socket=socket, alias="someone-else")
+
+
+async def test_a_server_reporting_another_alias_is_never_taken_for_the_child(
+    harness_factory: Factory,
+) -> None:
+    """A server on the child's socket that reports another model id (not this launch's
+    alias) fails the start as a stranger, and is stopped; it never becomes running."""
+    h = harness_factory(ImpostorRuntime())
+    h.sup.start()
+    await h.until("starting,backoff")
+    assert "running" not in h.states()
+    assert h.sup.last_exit is not None
+    assert h.sup.last_exit.kind == "stranger"
+    assert "someone-else" in h.sup.last_exit.message
+    await h.sup.stop()
 
 
 async def test_missing_model_file_is_permanent(tmp_path: Path) -> None:

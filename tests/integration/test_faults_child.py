@@ -1,6 +1,6 @@
 """The fault matrix (docs/faults.md), a child's faults in an in-process daemon: a child that
-crashes at start or mid-stream, hangs, never becomes healthy, finds its port taken by a
-stranger, or loses its model file, and what operators (Status) and clients (the failed call,
+crashes at start or mid-stream, hangs, never becomes healthy, finds a stale socket at its
+path, or loses its model file, and what operators (Status) and clients (the failed call,
 its retry hint, Reset) see of each.
 
 Real daemons in-process on port 0, real gRPC clients, real llama-server children on real
@@ -15,14 +15,12 @@ import asyncio
 import os
 import shutil
 import signal
-import subprocess
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
-import httpx
 import pytest
 
 from daemon import Daemon
@@ -284,67 +282,49 @@ async def test_never_healthy_child_times_out_then_opens_breaker(
         await c.close()
 
 
-# -- a stranger takes the child's port ----------------------------------------------------
+# -- a stale socket at the child's path ---------------------------------------------------
 
 
 @pytest.fixture
-def stranger(llama_server: str) -> Iterator[int]:
-    """Someone else's llama-server (another alias) on a loopback port; yields the port."""
-    from supervisor._child import free_port
+async def stale(tmp_path: Path) -> AsyncIterator[tuple[Path, list[int]]]:
+    """A server still listening on a socket path (a crashed daemon's child that lived on):
+    yields the path and the list its connections are counted in."""
+    path = tmp_path / "stale.sock"
+    connections: list[int] = []
 
-    port = free_port()
-    proc = subprocess.Popen(
-        [llama_server, "--model", str(model_path(SMALL_MODEL)), "--host", "127.0.0.1",
-         "--port", str(port), "--alias", "someone-else", "--threads", "1",
-         "--ctx-size", "512", "--metrics", "--no-webui"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    async def count(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        writer.close()
+
+    server = await asyncio.start_unix_server(count, str(path))
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False).is_success:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "no stranger"
-            time.sleep(0.1)
-        yield port
-        assert proc.poll() is None  # untouched: not ours to stop
+        yield path, connections
     finally:
-        proc.kill()
-        proc.wait()
+        server.close()
+        await server.wait_closed()
 
 
-async def test_port_taken_by_a_stranger_is_never_used(
-        in_process: Callable[..., Daemon], stranger: int) -> None:
-    """Another llama-server (someone else's, another model alias) holds the port the child
-    was given: that start fails (port_in_use, or stranger if the readiness probe reached
-    the other server first), the retry takes a new port, and no request ever reaches the
-    stranger."""
-    from supervisor._child import free_port
-
+async def test_a_stale_socket_is_never_used(
+        in_process: Callable[..., Daemon], stale: tuple[Path, list[int]]) -> None:
+    """A server still listens on the socket path the real child is given: the path is
+    taken over before llama-server starts, so the child starts at once (no restart), serves
+    there, and no request ever reaches the stale server."""
+    path, connections = stale
     daemon = in_process(config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false"))
-    ports = iter([stranger])
     launcher = daemon.children["generation"].supervisor.launcher
-    launcher._port_picker = lambda: next(ports, None) or free_port()  # type: ignore[attr-defined]
+    launcher._socket_picker = lambda: path  # type: ignore[attr-defined]
     c = Clients(await daemon.start())
     try:
         await c.wait_serving("generation")
         gen = await c.child(GEN)
-        assert gen.port != stranger
-        assert gen.last_exit.kind in ("port_in_use", "stranger"), gen.last_exit
-        assert not gen.last_exit.permanent
-        assert gen.restarts == 1
+        assert gen.socket == str(path)
+        assert gen.restarts == 0
         out = [m async for m in c.inference.Generate(pb.GenerateRequest(
             prompt="Hello", sampling=pb.SamplingParams(max_tokens=4)))]
         assert out[-1].model == SMALL_MODEL
     finally:
         await c.close()
-    async with httpx.AsyncClient(trust_env=False) as http:
-        metrics = (await http.get(f"http://127.0.0.1:{stranger}/metrics")).text
-    served = [ln for ln in metrics.splitlines()
-              if ln.startswith(("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total"))]
-    assert served and all(float(ln.split()[-1]) == 0 for ln in served), served
+    assert connections == []
 
 
 # -- the model file is deleted while the child runs ---------------------------------------

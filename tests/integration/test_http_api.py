@@ -27,6 +27,7 @@ import pytest_asyncio
 from daemon import Daemon
 from llamad_protocol.v1 import inference_pb2, inference_pb2_grpc
 from tests.conftest import EMBED_MODEL, SMALL_MODEL
+from tests.support.child_http import generation_idle
 from tests.support.daemon import config_env, make_daemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -47,7 +48,7 @@ async def running(llama_server: str, tmp_path_factory: pytest.TempPathFactory
     daemon = make_daemon(config_env(
         "llama-server", LLAMAD_STATE_DIR=str(state), LLAMAD_HTTP_LISTEN="127.0.0.1:0",
         LLAMAD_AUTH_TOKEN_FILE=str(tokens), LLAMAD_GENERATION_PARALLEL="1",
-        LLAMAD_LIMITS_QUEUE_SIZE="0"))
+        LLAMAD_LIMITS_QUEUE_SIZE="0", LLAMAD_CHILD_SLOTS="true"))
     await daemon.start()
     try:
         url = f"http://127.0.0.1:{daemon.http_port}"
@@ -172,12 +173,8 @@ async def test_busy_slot_is_429_and_a_disconnect_stops_the_child(running: Daemon
             refused = await http.post(url, json={**body, "stream": False}, headers=_auth())
         assert refused.status_code == 429
         assert int(refused.headers["Retry-After"]) >= 1
-        port = running.children["generation"].supervisor.port
-        deadline = time.monotonic() + 10
-        while any(s.get("is_processing")
-                  for s in (await http.get(f"http://127.0.0.1:{port}/slots")).json()):
-            assert time.monotonic() < deadline, "the child kept generating"
-            await asyncio.sleep(0.1)
+    sup = running.children["generation"].supervisor
+    assert await generation_idle(sup.socket, sup.pid, timeout=10), "the child kept generating"
 
 
 async def test_curl_reads_the_raw_sse_stream(running: Daemon, tmp_path: Path) -> None:

@@ -69,7 +69,7 @@ async def test_endpoint_mode_from_configuration(servers: dict[str, Server],
     assert status.state == control_pb2.CHILD_STATE_RUNNING
     assert status.endpoint_url == gen.url + "/"
     assert status.endpoint_model == str(gen.model)
-    assert (status.pid, status.port, status.runtime) == (0, 0, "endpoint")
+    assert (status.pid, status.port, status.socket, status.runtime) == (0, 0, "", "endpoint")
     assert status.model_context_length > 0  # from /v1/models' metadata
     assert await c.status("generation") == SERVING
     assert await c.status("embedding") == SERVING

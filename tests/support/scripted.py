@@ -33,7 +33,7 @@ class ScriptedChild:
 
     def __init__(self) -> None:
         self.pid = next(self._pids)
-        self.port = 40000
+        self.socket = "/run/llamad/children/scripted.sock"
         self.client = InferenceClient("http://127.0.0.1:9", model_id="x", api=API)
         self.dies: asyncio.Future[ExitCause] = asyncio.get_running_loop().create_future()
         self.stopped = False

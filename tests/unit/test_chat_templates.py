@@ -91,19 +91,19 @@ def test_llama_server_gets_the_template_as_a_file() -> None:
     """llama-server is given the known template's Jinja file (--chat-template NAME would
     be taken as the template's source), and nothing for a model with its own."""
     spec = LaunchSpec(role="generation", model=Path("/m/g.gguf"), chat_template="gemma")
-    argv = LlamaServerRuntime("llama-server").command(spec, port=1, alias="a")
+    argv = LlamaServerRuntime("llama-server").command(spec, socket=Path("/r/c.sock"), alias="a")
     assert "--chat-template" not in argv
     path = Path(argv[argv.index("--chat-template-file") + 1])
     assert path.is_file() and "<start_of_turn>" in path.read_text()
     own = LaunchSpec(role="generation", model=Path("/m/s.gguf"))
     assert "--chat-template-file" not in LlamaServerRuntime("llama-server").command(
-        own, port=1, alias="a")
+        own, socket=Path("/r/c.sock"), alias="a")
 
 
 def test_the_bundled_runtime_gets_its_chat_format_name() -> None:
     """llama-cpp-python takes the same template by its --chat_format name."""
     spec = LaunchSpec(role="generation", model=Path("/m/g.gguf"), chat_template="chatml")
-    argv = BundledRuntime().command(spec, port=1, alias="a")
+    argv = BundledRuntime().command(spec, socket=Path("/r/c.sock"), alias="a")
     assert argv[argv.index("--chat_format") + 1] == "chatml"
 
 

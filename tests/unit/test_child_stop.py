@@ -1,5 +1,5 @@
 """Process hygiene at the edges: stopping a child is cancellation-safe both ways (the child
-is still killed and reaped and its port released, and the caller's own cancellation is not
+is still killed and reaped and its socket removed, and the caller's own cancellation is not
 swallowed), and a child dies with its daemon whether or not setpriv is installed."""
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from supervisor._child import _PORTS_IN_USE, ProcessChild, Timeouts, free_port
+from supervisor._child import ProcessChild, Timeouts
 from supervisor._client import ApiShape, InferenceClient
 from supervisor._clock import SystemClock
 from supervisor._logring import LogRing
 from supervisor._process import ChildProcess
+from supervisor._transport import ChildAddress
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.process  # real child processes
@@ -29,9 +30,9 @@ STUBBORN = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_I
            "print('up', flush=True); time.sleep(60)"
 
 
-async def test_cancelling_stop_propagates_and_still_reaps_the_child() -> None:
+async def test_cancelling_stop_propagates_and_still_reaps_the_child(tmp_path: Path) -> None:
     """A stop() cancelled while it waits out the grace period raises CancelledError in
-    the caller; the child is killed and reaped anyway, and its port is released."""
+    the caller; the child is killed and reaped anyway, and its socket file is removed."""
     ring = LogRing()
     process = await ChildProcess.spawn([sys.executable, "-c", STUBBORN], ring=ring)
     # Until it prints "up" it does not ignore SIGTERM yet, and stop() would end at once.
@@ -39,18 +40,25 @@ async def test_cancelling_stop_propagates_and_still_reaps_the_child() -> None:
         async for line in ring.follow():
             if line.text == "up":
                 break
-    port = free_port()
-    client = InferenceClient(f"http://127.0.0.1:{port}", model_id="m",
-                             api=ApiShape("/health", "/tokenize", "content", None))
-    child = ProcessChild(process, client, port, SystemClock(), Timeouts(stop_grace=1.0))
+    sock = tmp_path / "c.sock"
+    sock.touch()  # what a child leaves behind
+    client = InferenceClient(ChildAddress.BASE_URL, model_id="m",
+                             api=ApiShape("/health", "/tokenize", "content", None),
+                             child=ChildAddress(str(sock), "k"))
+    child = ProcessChild(process, client, sock, SystemClock(), Timeouts(stop_grace=1.0))
     stopping = asyncio.create_task(child.stop())
     await asyncio.sleep(0.2)
     stopping.cancel()
     with pytest.raises(asyncio.CancelledError):
         await stopping
-    assert port not in _PORTS_IN_USE
     code = await asyncio.wait_for(process.wait(), 5)  # the shielded kill goes on
     assert code != 0
+    await asyncio.sleep(0)  # the shielded stop's last step: the socket goes once reaped
+    for _ in range(100):
+        if not sock.exists():
+            break
+        await asyncio.sleep(0.01)
+    assert not sock.exists()
     with pytest.raises(ProcessLookupError):
         os.kill(process.pid, 0)
 

@@ -1,8 +1,9 @@
-"""supervisor._http.LoopbackHTTP against a real asyncio TCP server that answers the way it
-is told: keep-alive reuse, the server's Connection: close and Keep-Alive timeout, chunked
-bodies, an idle connection the server closed (retried once), and every failure named:
-refused, timeout, dropped, protocol. A cancelled request closes its connection (that is
-how llama.cpp learns nobody waits any more)."""
+"""supervisor._http.LoopbackHTTP against a real asyncio TCP (or UNIX) server that answers
+the way it is told: keep-alive reuse, the server's Connection: close and Keep-Alive
+timeout, chunked bodies, an idle connection the server closed (retried once), the key
+sent to a UNIX socket child, and every failure named: refused, timeout, dropped,
+protocol. A cancelled request closes its connection (that is how llama.cpp learns nobody
+waits any more)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -303,3 +305,44 @@ def test_request_bodies_are_compact_utf8_json_and_refuse_non_finite_numbers() ->
     for bad in ({"t": float("nan")}, {"a": [1.0, float("-inf")]}, {"i": 1 << 70}):
         with pytest.raises(ValueError, match=r"not a JSON number|not JSON"):
             _encode(bad)
+
+
+async def test_a_unix_socket_child_gets_its_key_on_every_request(tmp_path: Path) -> None:
+    """With a UNIX socket and a key: every request (on one kept connection) goes to the
+    socket with "Authorization: Bearer KEY"; a socket that is gone is "refused"."""
+    heads: list[bytes] = []
+    ended = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError):
+            while True:
+                heads.append(await reader.readuntil(b"\r\n\r\n"))
+                writer.write(ok(b"{}"))
+                await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+        ended.set()
+
+    path = tmp_path / "c.sock"
+    server = await asyncio.start_unix_server(handle, str(path))
+    http = LoopbackHTTP("localhost", 0, unix_path=str(path), api_key="s3cret-key")
+    try:
+        for _ in range(3):
+            assert (await http.request("GET", "/v1/models", None, 5)).status == 200
+    finally:
+        await http.aclose()
+        await asyncio.wait_for(ended.wait(), 5)  # the client's close reached the server
+        server.close()
+        await server.wait_closed()
+    assert len(heads) == 3
+    for head in heads:
+        lines = head.split(b"\r\n")
+        assert lines[0] == b"GET /v1/models HTTP/1.1"
+        assert b"Host: localhost" in lines and b"Authorization: Bearer s3cret-key" in lines
+    path.unlink(missing_ok=True)
+    gone = LoopbackHTTP("localhost", 0, unix_path=str(path), api_key="k")
+    with pytest.raises(HTTPTransportError) as refused:
+        await gone.request("GET", "/health", None, 5)
+    assert refused.value.kind == "refused"
+    with pytest.raises(ValueError, match="printable ASCII"):
+        LoopbackHTTP("localhost", 0, unix_path=str(path), api_key="bad\r\nX-Injected: 1")

@@ -335,9 +335,9 @@ def test_a_models_table_gives_it_the_tool_template(tmp_path: Path) -> None:
     assert (entry.child.chat_template, other.child.chat_template) == ("chatml-tools", "auto")
     setup = make_setup("generation", entry.path, LlamaServerRuntime("llama-server"),
                        entry.child)
-    argv = setup.runtime.command(setup.spec, port=1, alias="a")
+    argv = setup.runtime.command(setup.spec, socket=Path("/run/c.sock"), alias="a")
     assert argv[argv.index("--chat-template-file") + 1].endswith("chatml-tools.jinja")
-    bundled = BundledRuntime().command(setup.spec, port=1, alias="a")
+    bundled = BundledRuntime().command(setup.spec, socket=Path("/run/c.sock"), alias="a")
     assert bundled[bundled.index("--chat_format") + 1] == "chatml"
     configured = choose_chat_template(read_gguf_info(folder / "gen-b.gguf"), "chatml-tools")
     assert configured.usable and "chatml-tools" in configured.describe()
