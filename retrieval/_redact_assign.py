@@ -288,6 +288,7 @@ def _expansion_default(text: str, start: int, stop: int) -> tuple[int, int] | No
 _NEEDLES = ("pass", "pwd", "pw", "secret", "token", "key", "credential", "psk", "contrase", "senha",
             "wachtwoord", "mot_de_passe", "motdepasse")
 ASSIGNMENTS = Rule(find_assignments, _NEEDLES)
+_XML_NEEDLES = tuple(needle for needle in _NEEDLES if needle != "pw")  # (no <pw> element)
 
 # CLI flags with a space: --password hunter2, --api-key XYZ
 # Prose about the flag ("pass --token with the request") keeps its words.
@@ -387,6 +388,6 @@ _KUBE = rule(
 )
 
 KEYED_RULES: tuple[Rule, ...] = (
-    Rule(windowed(_XML_ELEMENT, _xml_handle, _NEEDLES), _NEEDLES),
+    Rule(windowed(_XML_ELEMENT, _xml_handle, _XML_NEEDLES), _XML_NEEDLES),
     _NAMED_VALUE, _PHP_DEFINE, _C_DEFINE, _SETTER, _DOCKER_AUTH, _KUBE,
 )

@@ -6,9 +6,9 @@
   ``#`` (``mongodb://app:pa/ss@db``) runs to the ``@``.
 * Connection strings (ADO.NET, ODBC, JDBC properties): ``Password=`` and ``Pwd=`` run to
   the ``;``, spaces and ``{...}`` escapes included.
-* Oracle: ``user/password@db`` after ``sqlplus``, ``sqlldr``, ``expdp``, ``rman``, ...,
-  after ``CONNECT``, ``userid=`` or ``jdbc:oracle:thin:``, or before ``@//host`` (Easy
-  Connect) or ``@(DESCRIPTION=``.
+* Oracle: ``user/password@db`` on a line of ``sqlplus``, ``sqlldr``, ``expdp``, ``rman``,
+  ..., after ``CONNECT``, ``userid=`` or ``jdbc:oracle:thin:``, or before ``@//host``
+  (Easy Connect), ``@host:port/`` or ``@(DESCRIPTION=``.
 * Options that mean a password only for some tools: ``sqlcmd -P``, ``mongosh -p``,
   ``ldapsearch -w``, ``ldappasswd -s``, ``mysqladmin password``; single-dash
   ``-password X`` / ``-token X`` (Go-style flags) anywhere.
@@ -102,16 +102,16 @@ _CONNECTION_KEYS = ("server=", "data source=", "host=", "uid=", "user id=", "use
 _CONNECTION_VALUE = rule(
     lead("password", "pwd", before=r"[^;\s\"'{]") + r"[ \t]*+=[ \t]*+"
     r"(?P<v>\{[^}\n]*+\}|\"[^\"\n]*+\"|'[^'\n]*+'|[^;\n\"']++)(?=;|[ \t]*+[\"']?[ \t]*+$)",
-    "password", _CONNECTION_KEYS, flags=CI | re.MULTILINE,
+    "password", ("password=", "pwd="), flags=CI | re.MULTILINE,
     accept=line_has(_CONNECTION_KEYS),  # (needles gate runs of lines, not each line)
 )
 
 # --- Oracle ---------------------------------------------------------------------------------
 
-_ORACLE_TOOLS = ("sqlplus", "sqlldr", "expdp", "impdp", "rman", "dgmgrl", "tkprof", "sqlcl",
-                 "orapki", "exp userid", "imp userid", "sql -s", "sql -l")
+_ORACLE_TOOLS = ("sqlplus", "sqlldr", "expdp", "impdp", "rman", "dgmgrl", "sqlcl",
+                 "exp userid", "imp userid")
 _ON_ORACLE_LINE = line_has(_ORACLE_TOOLS)
-_ORACLE_BEFORE = re.compile(r"(?:userid[ \t]*+=[ \t]*+|conn(?:ect)?[ \t]++|thin:|target[ \t]++"
+_ORACLE_BEFORE = re.compile(r"(?:userid[ \t]*+=[ \t]*+|thin:|target[ \t]++"
                             r"|catalog[ \t]++|auxiliary[ \t]++)\Z", re.IGNORECASE)
 _ORACLE_AFTER = re.compile(r"@(?://|\(description|[\w.-]++:[0-9]++/)", re.IGNORECASE)
 
@@ -142,12 +142,20 @@ def _oracle_handle(m: re.Match[str]) -> Span | None:
     return m.start("v"), m.end("v"), "password"
 
 
-_ORACLE_NEEDLES = ("sqlplus", "sqlldr", "expdp", "impdp", "rman", "dgmgrl", "tkprof", "sqlcl",
-                   "orapki", "userid", "connect ", "conn ", "thin:", "@//", "@(", "sql -")
+_ORACLE_NEEDLES = ("sqlplus", "sqlldr", "expdp", "impdp", "rman", "dgmgrl", "sqlcl", "userid",
+                   "thin:", "@//", "@(")
 _ORACLE = Rule(windowed(
     re.compile(r"/(?P<v>\"[^\"\n]{1,128}+\"|[^\s/@\"';]{1,128}+)(?=@|[ \t\r\n;\"']|$)",
                re.MULTILINE),
     _oracle_handle, _ORACLE_NEEDLES), _ORACLE_NEEDLES)
+
+# SQL*Plus scripts: CONNECT user/password[@db], CONN user/password.
+_ORACLE_CONNECT = rule(
+    lead("connect", "conn") + r"[ \t]++[A-Za-z][\w$#]{0,127}+/"
+    r"(?:(?P<q>\")|)(?P<v>(?(q)[^\"\n]{1,128}+|[^\s/@\"';]{1,128}+))(?(q)\")(?=@|[ \t\r;]|$)",
+    "password", ("conn",), flags=CI | re.MULTILINE,
+    accept=lambda m: m.group("v").lower() not in ("as",),
+)
 
 # --- options that mean a password only for some tools -------------------------------------
 
@@ -158,10 +166,11 @@ _LDAP_TOOLS = ("ldapsearch", "ldapmodify", "ldapadd", "ldapdelete", "ldappasswd"
 _MONGO_TOOLS = ("mongosh", "mongo ", "mongodump", "mongorestore", "mongoexport",
                 "mongoimport", "mongostat", "mongotop", "mongofiles")
 _MSSQL_TOOLS = ("sqlcmd", "osql", "isql", "bcp ")
-_SQLCMD_P = rule(lead("-P") + r"[ \t]*+" + _VALUE, "password", _MSSQL_TOOLS,
+# (Needles shared with other rules cost nothing more: each is searched for once.)
+_SQLCMD_P = rule(lead("-P") + r"[ \t]*+" + _VALUE, "password", ("-p",),
                  accept=line_has(_MSSQL_TOOLS))
 _ON_MONGO_LINE = line_has(_MONGO_TOOLS)
-_MONGO_P = rule(lead("-p") + r"[ \t]++" + _VALUE, "password", ("mongo",),
+_MONGO_P = rule(lead("-p") + r"[ \t]++" + _VALUE, "password", ("-p",),
                 accept=lambda m: _ON_MONGO_LINE(m) and not (  # -p 27017: a port, mistyped
                     m.group("v").isdigit() and len(m.group("v")) <= 5))
 _ON_LDAP_LINE = line_has(_LDAP_TOOLS)
@@ -177,9 +186,8 @@ _NOT_A_VALUE = frozenset({"a", "an", "the", "to", "with", "and", "or", "of", "fo
                           "flag", "option", "argument", "parameter", "value", "stdin", "file",
                           "instead", "only", "not", "prompt", "env"})
 _SINGLE_DASH = rule(
-    lead("-password", "-passwd", "-token", "-secret", "-apikey", "-api-key", "-pass",
-         "-auth-token", "-access-token", "-client-secret", before=r"[\w-]")
-    + r"[ \t]++" + _VALUE,
+    r"-(?<![\w-]-)(?:pass(?:word|wd)?|token|secret|api-?key|auth-token|access-token"
+    r"|client-secret)[ \t]++" + _VALUE,
     "password", ("-pass", "-token", "-secret", "-apikey", "-api-key", "-auth-token",
                  "-access-token", "-client-secret"),
     flags=CI,
@@ -190,5 +198,6 @@ _SINGLE_DASH = rule(
 )
 
 CLIENT_RULES: tuple[Rule, ...] = (
-    _CONNECTION_VALUE, _ORACLE, _SQLCMD_P, _MONGO_P, _LDAP_W, _MYSQLADMIN, _SINGLE_DASH,
+    _CONNECTION_VALUE, _ORACLE, _ORACLE_CONNECT, _SQLCMD_P, _MONGO_P, _LDAP_W, _MYSQLADMIN,
+    _SINGLE_DASH,
 )
