@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from supervisor import KNOWN_TEMPLATES
 
+from ._config_connections import ConnectionSettings
 from ._config_options import (
     INSTALLED_MODELS_DIR,
     MODES,
@@ -283,6 +284,13 @@ class LogSettings:
     format: str = setting("auto", "Log format: auto (JSON unless a terminal), json, console.",
                           choices=("auto", "json", "console"))
     level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
+    rate_limit: int = setting(
+        20, "Identical warning and error lines (same logger, level, event and exception "
+        "type) written per rate_interval; past it they are counted, and one 'log lines "
+        "suppressed' line says how many (the first ones are always written; the calls' "
+        "own summary lines are never limited). 0: no limit.", minimum=0)
+    rate_interval: float = setting(
+        10.0, "Seconds of the log rate limit's window.", minimum=0.1)
 
 
 @dataclass(frozen=True)
@@ -460,6 +468,7 @@ class Settings:
     limits: Limits = field(default_factory=Limits)
     http: HttpSettings = field(default_factory=HttpSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
+    connections: ConnectionSettings = field(default_factory=ConnectionSettings)
     models: PoolSettings = field(default_factory=PoolSettings)
 
 

@@ -15,6 +15,7 @@ naming the option and where the value came from.
 # configuration rendered from the declarations (_config_help).
 from . import _config_load, _config_options
 from ._config_checks import check_listen, default_models_dir, is_loopback, unix_socket_path
+from ._config_connections import ConnectionSettings
 from ._config_help import add_arguments, example_config
 from ._config_load import load
 from ._config_options import (
@@ -59,6 +60,7 @@ __all__ = [
     "ChildSettings",
     "Config",
     "ConfigError",
+    "ConnectionSettings",
     "HttpSettings",
     "Limits",
     "LogSettings",

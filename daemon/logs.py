@@ -4,7 +4,9 @@ structlog's own events are rendered by structlog's native pipeline and written a
 line each (no stdlib LogRecord on the way: a summary line per RPC costs ~9 us instead of
 ~35); stdlib logging (grpc, httpx, asyncio) is routed through the same processors by a
 ``ProcessorFormatter``, so every line of the daemon's output has one shape. Both kinds
-are written by one handler, under its lock, to one stream.
+are written by one handler, under its lock, to one stream, and both pass one rate limit
+(:mod:`daemon.lograte`: identical lines past ``log.rate_limit`` per ``log.rate_interval``
+are counted and summarised, never written one by one).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any, TextIO
 
 import orjson
 import structlog
+
+from .lograte import Flusher, RateLimiter
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "error": logging.ERROR}
@@ -40,6 +44,7 @@ class _Current:
     """The output :func:`configure` set up last (loggers cached earlier follow it)."""
 
     output: _Output | None = None
+    flusher: Flusher | None = None
 
 
 class _LineLogger:
@@ -72,9 +77,19 @@ def _dumps(obj: Any, **kw: Any) -> str:
         return json.dumps(obj, **kw)
 
 
-def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:
-    """Configure structlog and stdlib logging once for the process."""
+def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = None, *,
+              rate_limit: int = 0, rate_interval: float = 10.0) -> None:
+    """Configure structlog and stdlib logging once for the process.
+
+    Args:
+        fmt: auto (JSON unless ``stream`` is a terminal), json or console.
+        level: the lowest level written.
+        stream: where lines go (default: stderr).
+        rate_limit: identical lines written per ``rate_interval`` seconds (0: all).
+        rate_interval: the rate limit's window, seconds.
+    """
     stream = stream or sys.stderr
+    limiter = RateLimiter(rate_limit, rate_interval)
     as_json = fmt == "json" or (fmt == "auto" and not stream.isatty())
     stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
     renderer: Any = (
@@ -84,7 +99,8 @@ def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = No
     tail: list[Any] = [structlog.processors.format_exc_info, renderer] if as_json else [renderer]
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars,
-                    structlog.processors.add_log_level, _logger_name, stamp, *tail],
+                    structlog.processors.add_log_level, _logger_name, limiter, stamp,
+                    *tail],
         logger_factory=_LineLogger,
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
         cache_logger_on_first_use=True,
@@ -97,7 +113,11 @@ def configure(fmt: str = "auto", level: str = "info", stream: TextIO | None = No
     )
     handler = _Output(stream)
     handler.setFormatter(formatter)
+    handler.addFilter(limiter)
     _Current.output = handler
+    if _Current.flusher is not None:
+        _Current.flusher.stop()
+    _Current.flusher = Flusher(limiter) if rate_limit > 0 else None
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS[level])

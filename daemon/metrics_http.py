@@ -26,6 +26,8 @@ MAX_HEAD_BYTES = 8192
 MAX_HEADERS = 64
 READ_TIMEOUT = 5.0
 """Seconds a client has to send its request head, and to take the response."""
+MAX_CONNECTIONS = 16
+"""Connections served at once (``connections.metrics_max``); more are closed unanswered."""
 
 _REQUEST_LINE = re.compile(r"([A-Z]+) (/[!-~]*) HTTP/1\.[01]\r?\n")
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
@@ -62,10 +64,12 @@ class MetricsServer:
         port: the bound port (the one picked by the system when 0 was asked for).
     """
 
-    def __init__(self, metrics: Metrics, read_timeout: float) -> None:
+    def __init__(self, metrics: Metrics, read_timeout: float,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self.port = 0
         self._metrics = metrics
         self._read_timeout = read_timeout
+        self._max_connections = max_connections
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._closing = False
@@ -113,8 +117,8 @@ class MetricsServer:
         """Serve one request, then close; raises nothing but cancellation (asyncio would
         only log it)."""
         task = asyncio.current_task()
-        if self._closing or task is None:
-            writer.transport.abort()
+        if self._closing or task is None or len(self._connections) >= self._max_connections:
+            writer.transport.abort()  # a scraper retries at its next interval
             return
         self._connections.add(task)
         try:
@@ -201,7 +205,8 @@ class MetricsServer:
 
 
 async def serve_metrics(
-    metrics: Metrics, host: str, port: int, *, read_timeout: float = READ_TIMEOUT
+    metrics: Metrics, host: str, port: int, *, read_timeout: float = READ_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> MetricsServer:
     """Serve ``metrics`` at ``http://host:port/metrics`` until the server is closed.
 
@@ -209,12 +214,14 @@ async def serve_metrics(
     paths 404, other methods 405, malformed or oversized requests 400. Each connection
     serves one request and is closed. A client gets ``read_timeout`` seconds to send its
     request head and again to take the response; then it is dropped without an answer.
+    Past ``max_connections`` open at once, a new connection is closed unanswered.
 
     Args:
         metrics: what to serve.
         host: a loopback address (``127.0.0.1``, ``::1``, ``localhost``).
         port: the port; 0 picks a free one (see :attr:`MetricsServer.port`).
         read_timeout: seconds, see above.
+        max_connections: connections served at once, see above.
 
     Returns:
         The listening server; ``await server.close()`` stops it.
@@ -228,6 +235,6 @@ async def serve_metrics(
     bind = _loopback_host(host)
     if not 0 <= port <= 65535:
         raise ValueError(f"metrics port {port} is out of range 0..65535")
-    server = MetricsServer(metrics, read_timeout)
+    server = MetricsServer(metrics, read_timeout, max_connections)
     await server._start(bind, port)
     return server

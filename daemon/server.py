@@ -47,6 +47,7 @@ from .auth import AuthInterceptor, TlsCredentials
 from .balancing import AgentServer, Drainer, agent_reply
 from .children import build_child
 from .config import Config
+from .connlimits import ConnectionCap, budget_of, grpc_options
 from .control import ControlServicer
 from .health import HealthReporter
 from .httpapi import HttpApi
@@ -56,6 +57,7 @@ from .metrics import Metrics
 from .metrics_http import MetricsServer, serve_metrics
 from .model import Model
 from .modes import ModeManager
+from .peerguard import guard_loop
 from .pool import Pool, pooled_config
 from .recycle import recycle_loop
 from .reload import ReloadReport, reload_config
@@ -212,13 +214,16 @@ class Daemon:
 
     async def _start(self) -> str:
         _log_default_models(self.config)
-        limit = self.config.limits.max_message_bytes
+        limit, cfg = self.config.limits.max_message_bytes, self.config
+        # The listeners' share of the descriptors (issue 25: a flood must not take them).
+        conns = budget_of(cfg)
         # Access first: a call without a valid token is refused before anything else.
         server = grpc.aio.server(interceptors=[self.auth, DecodeGuard(self.metrics)], options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
             # Never share a port with another process: a second daemon must fail to bind.
             ("grpc.so_reuseport", 0),
+            *grpc_options(cfg.settings.connections, conns),
         ])
         # The generated *_grpc modules carry no type hints (grpcio-tools makes no .pyi).
         self._inference = InferenceServicer(self.router, self.config.limits, self.metrics)
@@ -246,7 +251,8 @@ class Daemon:
         if self.config.metrics_listen:
             host, _, mport = self.config.metrics_listen.rpartition(":")
             try:
-                self._metrics_server = await serve_metrics(self.metrics, host, int(mport))
+                self._metrics_server = await serve_metrics(
+                    self.metrics, host, int(mport), max_connections=conns.metrics)
             except OSError as exc:
                 raise OSError(f"cannot serve metrics on {self.config.metrics_listen}: "
                               f"{exc.strerror or exc}") from None
@@ -256,7 +262,8 @@ class Daemon:
                 router=self.router, served=self.children, limits=lambda: self.config.limits,
                 settings=self.config.http, auth=self.auth, metrics=self.metrics,
                 tls=self.config.tls, drain_grace=self.config.drain_grace,
-                answer=self._answer, pool=self.pool)
+                answer=self._answer, pool=self.pool,
+                connections=ConnectionCap(conns.http, conns.per_peer))
             self.http_port = await self._http.start(self.config.http_listen)
         if self.config.agent_listen:
             self._agent = AgentServer(
@@ -267,6 +274,10 @@ class Daemon:
         await self.health.start()
         await server.start()
         self._server = server
+        if conns.per_peer and self._bound.socket_path is None:  # gRPC's core cannot
+            self._tasks.add(asyncio.create_task(guard_loop(
+                self._bound.port, conns.per_peer, cfg.settings.connections.guard_interval),
+                name="peer-guard"))
         tls = self.config.tls
         _log.info("listening", address=self.address, version=version(),
                   tls="mutual" if tls and tls.require_client_cert else bool(tls),
@@ -274,8 +285,9 @@ class Daemon:
                   metrics_port=self._metrics_server.port if self._metrics_server else None,
                   http_port=self.http_port or None,
                   agent_port=self.agent_port or None,
+                  connections={"fd_limit": conns.nofile, "grpc": conns.grpc,
+                               "http": conns.http or None, "per_peer": conns.per_peer},
                   modes={r: describe_mode(c) for r, c in self.children.items()})
-        cfg = self.config
         if cfg.recycle_after_requests or cfg.recycle_max_rss_mb:
             task = asyncio.create_task(recycle_loop(
                 self.children, self.swaps, after_requests=cfg.recycle_after_requests,
@@ -446,7 +458,7 @@ class Daemon:
         server, self._server = self._server, None
         _log.info("draining", grace_s=self.config.drain_grace)
         for task in list(self._tasks):
-            if task.get_name() in ("recycle", "rescan", "backfill", "model-ttl"):
+            if task.get_name() in ("recycle", "rescan", "backfill", "model-ttl", "peer-guard"):
                 task.cancel()
         self._notifier.stopping()
         await self.health.drain()  # and the agent port answers "drain"

@@ -13,7 +13,10 @@ parse (a malformed request line, a header past ``http.max_header_bytes``, more t
 
 A connection that sends no complete request head within ``http.idle_timeout`` is closed
 (aiohttp's keep-alive timer runs from the connection's start: a slowloris head is cut
-off like an idle connection).
+off like an idle connection). The listener holds at most ``connections.http_max``
+connections, ``connections.per_peer_max`` of one address (:class:`daemon.connlimits.
+ConnectionCap`): past either, a new connection is answered 503 (its JSON error naming the
+option) and closed at once, so a flood cannot take the daemon's descriptors.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from ..access import TlsMaterial, server_ssl_context
 from ..answer import AnswerServicer
 from ..auth import AuthInterceptor
 from ..config import HttpSettings, Limits
+from ..connlimits import ConnectionCap, counted_listener
 from ..metrics import Metrics
 from ..router import InferenceRouter
 from ..rpc import Call, write_summary
@@ -60,6 +64,19 @@ def _error_response(request_id: str, error: ApiError) -> web.Response:
         headers["WWW-Authenticate"] = "Bearer"
     return web.Response(body=error.body(), status=error.status,
                         content_type="application/json", headers=headers)
+
+
+def _refused(peer: str, reason: str) -> None:
+    _log.warning("http connection refused", peer=peer, reason=reason)
+
+
+def _refusal(reason: str) -> bytes:
+    """The whole response to a connection over a cap: 503, then the connection closes."""
+    body = ApiError(503, f"too many connections: {reason}; retry later",
+                    code="too_many_connections").body()
+    head = ("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n")
+    return head.encode("ascii") + body
 
 
 class _JsonErrors(web_protocol.RequestHandler):
@@ -106,13 +123,16 @@ class HttpApi:
         tls: the TLS material (None: plaintext).
         drain_grace: seconds running requests get at :meth:`stop`.
         answer: the gRPC Ask servicer, whose code answers ``/v1/llamad/ask``.
+        connections: the listener's connection caps (default: 1024 in total, 128 per
+            peer).
     """
 
     def __init__(self, *, router: InferenceRouter, served: Mapping[str, Served],
                  limits: Callable[[], Limits], settings: HttpSettings,
                  auth: AuthInterceptor, metrics: Metrics | None,
                  tls: TlsMaterial | None = None, drain_grace: float = 30.0,
-                 answer: AnswerServicer | None = None, pool: Pooled | None = None) -> None:
+                 answer: AnswerServicer | None = None, pool: Pooled | None = None,
+                 connections: ConnectionCap | None = None) -> None:
         self._api = Api(router, Catalog(served, int(time.time()), pool), limits, metrics,
                         answer)
         self._settings = settings
@@ -122,6 +142,7 @@ class HttpApi:
         self._serving_tls = self._tls
         self._grace = drain_grace
         self._runner: web.ServerRunner | None = None
+        self.connections = connections or ConnectionCap(1024, 128)
         self.port = 0
 
     async def start(self, listen: str) -> int:
@@ -154,8 +175,12 @@ class HttpApi:
             # Called at every handshake (with None when the client sends no server name):
             # it hands over the certificate of the last reload.
             context.sni_callback = self._sni
-        site = web.TCPSite(runner, host, int(port), ssl_context=context, reuse_port=False)
         try:
+            # Counted as they are accepted (connections.http_max, per_peer_max).
+            sock = counted_listener(host, int(port), self.connections,
+                                    refusal=_refusal if context is None else None,
+                                    on_refuse=_refused)
+            site = web.SockSite(runner, sock, ssl_context=context)
             await site.start()
         except OSError as exc:
             await runner.cleanup()

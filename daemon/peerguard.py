@@ -1,0 +1,128 @@
+"""The gRPC listener's per-peer cap (``connections.per_peer_max``, issue 25).
+
+grpcio's core counts the server's connections in total
+(``grpc.max_allowed_incoming_connections``) but not per peer, and a server interceptor sees
+calls, never connections (an idle connection makes none). So the guard looks at the
+daemon's own sockets instead: every ``connections.guard_interval`` seconds it reads the
+kernel's socket tables (``/proc/net/tcp`` and ``tcp6``), counts the connections to the gRPC
+port by peer address, and for a peer over the cap shuts down its newest connections (the
+highest socket inodes: the kernel numbers sockets in the order it makes them), keeping its
+oldest ``per_peer_max``: a client's long-lived channel outlives a flood from its address.
+
+A connection is shut down, never closed under gRPC's feet: the guard duplicates the
+descriptor, checks that the duplicate is still that socket (same inode: a descriptor
+number may have been reused since it was read), and calls ``shutdown(SHUT_RDWR)`` on it;
+gRPC then sees the connection end as if the peer had gone, and closes it itself.
+
+Linux only (``/proc``); elsewhere, and on a unix socket, the guard is off and the total
+cap and the handshake and idle timeouts bound the connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import structlog
+
+_log = structlog.get_logger("llamad.connections")
+
+_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
+_LISTEN = "0A"
+
+
+def _address(hex_ip: str) -> str:
+    """A /proc/net/tcp address (host-order 32-bit words in hex) as text; an IPv4-mapped
+    IPv6 address as its IPv4 form."""
+    raw = bytes.fromhex(hex_ip)
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, raw[::-1])
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+    text = socket.inet_ntop(socket.AF_INET6, words)
+    return text.removeprefix("::ffff:") if "." in text else text
+
+
+def connections(port: int, tables: tuple[Path, ...] = _TABLES) -> dict[str, list[int]]:
+    """The sockets connected to local ``port``: peer address -> socket inodes."""
+    suffix = f":{port:04X}"
+    peers: dict[str, list[int]] = {}
+    for table in tables:
+        try:
+            lines = table.read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or not fields[1].endswith(suffix) or fields[3] == _LISTEN:
+                continue
+            inode = int(fields[9])
+            if inode:  # 0: not accepted yet (or already closed): no descriptor of ours
+                peers.setdefault(_address(fields[2].partition(":")[0]), []).append(inode)
+    return peers
+
+
+def _descriptors(inodes: set[int]) -> Iterator[tuple[int, int]]:
+    """(fd, inode) of this process's descriptors that are the sockets ``inodes``."""
+    for entry in os.scandir("/proc/self/fd"):
+        try:
+            target = os.readlink(entry.path)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inode = int(target[8:-1])
+            if inode in inodes:
+                yield int(entry.name), inode
+
+
+def _shut(fd: int, inode: int) -> bool:
+    """Shut down socket ``fd`` if it still is socket ``inode``; whether it was."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return False  # closed since it was read
+    try:
+        if os.fstat(dup).st_ino != inode:
+            return False  # the number was reused for another file
+        with socket.socket(fileno=dup) as sock:
+            dup = -1  # the socket object closes it
+            sock.shutdown(socket.SHUT_RDWR)
+        return True
+    except OSError:
+        return False
+    finally:
+        if dup >= 0:
+            os.close(dup)
+
+
+def enforce(port: int, per_peer: int, tables: tuple[Path, ...] = _TABLES
+            ) -> dict[str, int]:
+    """Shut down the newest connections of each peer of ``port`` past ``per_peer``;
+    return peer -> how many were shut down."""
+    excess: dict[int, str] = {}
+    for peer, inodes in connections(port, tables).items():
+        if len(inodes) > per_peer:
+            excess.update((inode, peer) for inode in sorted(inodes)[per_peer:])
+    closed: dict[str, int] = {}
+    if excess:
+        for fd, inode in _descriptors(set(excess)):
+            if _shut(fd, inode):
+                closed[excess[inode]] = closed.get(excess[inode], 0) + 1
+    return closed
+
+
+async def guard_loop(port: int, per_peer: int, interval: float) -> None:
+    """Enforce ``per_peer`` on ``port`` every ``interval`` seconds until cancelled (the
+    reading is done in a worker thread: under a flood the tables are long)."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            closed = await asyncio.to_thread(enforce, port, per_peer)
+        except OSError as exc:  # /proc unreadable: say so once a window, keep trying
+            _log.warning("per-peer connection guard failed", error=str(exc))
+            continue
+        for peer, count in closed.items():
+            _log.warning("connections over the per-peer cap closed", peer=peer,
+                         closed=count, per_peer_max=per_peer, listener="grpc")

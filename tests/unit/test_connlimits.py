@@ -1,0 +1,130 @@
+"""The descriptor budget the listeners share, gRPC's channel arguments from
+``[connections]``, the HTTP listener's connection count, and the per-peer guard's reading
+of the kernel's socket tables (daemon.connlimits, daemon.peerguard)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from pathlib import Path
+
+from daemon.config import ConnectionSettings
+from daemon.connlimits import MIN_LISTENER, ConnectionCap, budget, grpc_options
+from daemon.peerguard import connections, enforce
+
+S = ConnectionSettings()
+
+
+def test_budget_splits_the_descriptors_below_the_limit() -> None:
+    """The listeners' caps add up to the limit less the reserve: gRPC takes it all, or
+    half when HTTP listens; metrics and agent caps come off first."""
+    b = budget(S, http=False, metrics=False, nofile=20000)
+    assert (b.grpc, b.http, b.metrics) == (20000 - 256, 0, 0)
+    b = budget(S, http=True, metrics=True, agent=16, nofile=20000)
+    room = 20000 - 256 - 16 - 16
+    assert (b.grpc, b.http, b.metrics) == (room // 2, room - room // 2, 16)
+    assert b.grpc + b.http + b.metrics + 16 + 256 == 20000
+    assert b.per_peer == 128
+
+
+def test_configured_caps_are_lowered_to_the_budget() -> None:
+    """A cap larger than its share is lowered to it; a smaller one is kept."""
+    s = dataclasses.replace(S, grpc_max=50_000, http_max=10)
+    b = budget(s, http=True, metrics=False, nofile=4096)
+    assert b.grpc == (4096 - 256) // 2 and b.http == 10
+
+
+def test_a_tiny_limit_still_gives_each_listener_a_few_connections() -> None:
+    b = budget(S, http=True, metrics=False, nofile=100)
+    assert b.grpc >= MIN_LISTENER and b.http >= MIN_LISTENER
+
+
+def test_grpc_options_carry_every_limit() -> None:
+    """Each limit becomes the channel argument grpcio's core reads, in milliseconds;
+    max_age is off (no argument) at 0, and so is the idle limit."""
+    b = budget(S, http=False, metrics=False, nofile=1024)
+    opts = dict(grpc_options(S, b))
+    assert opts == {"grpc.max_allowed_incoming_connections": 1024 - 256,
+                    "grpc.server_handshake_timeout_ms": 10_000,
+                    "grpc.keepalive_time_ms": 600_000, "grpc.keepalive_timeout_ms": 20_000,
+                    "grpc.max_concurrent_streams": 256,
+                    "grpc.max_connection_idle_ms": 300_000}
+    s = dataclasses.replace(S, idle_timeout=0, max_age=3600, max_age_grace=5)
+    opts = dict(grpc_options(s, b))
+    assert "grpc.max_connection_idle_ms" not in opts
+    assert opts["grpc.max_connection_age_ms"] == 3_600_000
+    assert opts["grpc.max_connection_age_grace_ms"] == 5_000
+
+
+def test_connection_cap_counts_per_peer_and_in_total() -> None:
+    """Past the per-peer cap one address is refused while others are admitted; past the
+    total everyone is; a release makes room again."""
+    cap = ConnectionCap(total=5, per_peer=2)
+    assert cap.admit("10.0.0.1") is None and cap.admit("10.0.0.1") is None
+    assert cap.admit("10.0.0.1") == \
+        "this address holds its most connections (2, connections.per_peer_max)"
+    assert cap.admit("10.0.0.2") is None and cap.admit("10.0.0.3") is None
+    assert cap.admit("10.0.0.4") is None
+    assert "most connections (5, connections.http_max)" in (cap.admit("10.0.0.5") or "")
+    cap.release("10.0.0.1")
+    assert cap.admit("10.0.0.1") is None
+    assert cap.open == 5
+
+
+def _table(tmp: Path, rows: list[tuple[str, str, str, int]]) -> Path:
+    head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt" \
+           "   uid  timeout inode\n"
+    lines = [f"{i:4}: {local} {remote} {state} 00000000:00000000 00:00000000 00000000"
+             f"     0        0 {inode} 1 0000000000000000 20 4 30 10 -1"
+             for i, (local, remote, state, inode) in enumerate(rows)]
+    path = tmp / "tcp"
+    path.write_text(head + "\n".join(lines) + "\n")
+    return path
+
+
+def test_socket_table_is_read_by_peer(tmp_path: Path) -> None:
+    """Connections to the port are grouped by the peer's address (IPv4, and IPv6 with a
+    mapped IPv4 address taken as IPv4); the listening socket, other ports and sockets
+    without an inode are left out."""
+    v4 = _table(tmp_path, [
+        ("0100007F:C383", "00000000:0000", "0A", 10),  # the listener
+        ("0100007F:C383", "0200007F:9C40", "01", 11),  # 127.0.0.2
+        ("0100007F:C383", "0200007F:9C41", "01", 12),
+        ("0100007F:C383", "0300007F:9C42", "08", 13),  # 127.0.0.3, close-wait
+        ("0100007F:1F90", "0200007F:9C43", "01", 14),  # another port
+        ("0100007F:C383", "0200007F:9C44", "01", 0),  # not accepted yet
+    ])
+    mapped = "0000000000000000FFFF00000A00000A"  # ::ffff:10.0.0.10
+    v6 = tmp_path / "tcp6"
+    v6.write_text("header\n   0: 00000000000000000000000001000000:C383 "
+                  f"{mapped}:D431 01 0:0 0:0 0 0 0 15 1\n")
+    assert connections(0xC383, (v4, v6)) == {"127.0.0.2": [11, 12], "127.0.0.3": [13],
+                                             "10.0.0.10": [15]}
+
+
+def test_enforce_shuts_down_only_this_processes_sockets_of_the_table(tmp_path: Path
+                                                                     ) -> None:
+    """A peer over the cap in the table whose sockets are not this process's: nothing is
+    touched (the guard maps inodes to its own descriptors before it acts), and a real
+    socket of this process named in the table is shut down."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server_side, _ = listener.accept()
+    try:
+        port = listener.getsockname()[1]
+        local = f"0100007F:{port:04X}"
+        inode = os.fstat(server_side.fileno()).st_ino
+        foreign = _table(tmp_path, [(local, "0200007F:9C40", "01", 1),
+                                    (local, "0200007F:9C41", "01", 2),
+                                    (local, "0200007F:9C42", "01", 3)])
+        assert enforce(port, 2, (foreign,)) == {}  # inode 3 is no socket of ours
+        table = _table(tmp_path, [(local, "0200007F:9C40", "01", 1),
+                                  (local, "0200007F:9C41", "01", 2),
+                                  (local, "0200007F:9C42", "01", inode)])
+        assert enforce(port, 2, (table,)) == {"127.0.0.2": 1}
+        client.settimeout(2)
+        assert client.recv(1) == b""  # the peer sees the connection end
+    finally:
+        for s in (client, server_side, listener):
+            s.close()
