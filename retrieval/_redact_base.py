@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -301,6 +302,34 @@ def needle_lines(lowered: str, needles: tuple[str, ...], begin: int = 0,
     return [(ranges[0][0] if ranges else begin, n)]  # one search over the rest is cheaper
 
 
+class _Windows(threading.local):
+    """The last text's needle lines, per (needles, begin, stop): rules with the same
+    needles ("-p", "set", "pass", ...) share one computation. Per thread (redaction runs
+    in several); reset when another text (or the same after a splice) comes."""
+
+    text: str | None = None
+    found: dict[tuple[tuple[str, ...], int, int], Ranges]
+
+    def __init__(self) -> None:
+        self.found = {}
+
+
+_WINDOWS = _Windows()
+
+
+def _lines_of(lowered: str, needles: tuple[str, ...], begin: int, stop: int) -> Ranges:
+    """:func:`needle_lines`, remembered for the text at hand (see :class:`_Windows`)."""
+    cache = _WINDOWS
+    if cache.text is not lowered:
+        cache.text = lowered
+        cache.found = {}
+    key = (needles, begin, stop)
+    ranges = cache.found.get(key)
+    if ranges is None:
+        ranges = cache.found[key] = needle_lines(lowered, needles, begin, stop)
+    return ranges
+
+
 def windowed(pattern: re.Pattern[str], handle: Handler, needles: tuple[str, ...],
              exact: re.Pattern[str] | None = None) -> Finder:
     """A finder running ``pattern`` only over the lines holding a needle (the pattern must
@@ -326,7 +355,7 @@ def windowed(pattern: re.Pattern[str], handle: Handler, needles: tuple[str, ...]
              ) -> list[Span]:
         spans: list[Span] = []
         for begin, stop in [(0, len(text))] if ranges is None else ranges:
-            windows = needle_lines(lowered, present, begin, stop) if needles else [(begin, stop)]
+            windows = _lines_of(lowered, present, begin, stop) if needles else [(begin, stop)]
             for start, end in windows:
                 spans += run(text, lowered, start, end)
         return spans

@@ -11,7 +11,7 @@
   (Easy Connect), ``@host:port/`` or ``@(DESCRIPTION=``.
 * Options that mean a password only for some tools: ``sqlcmd -P``, ``mongosh -p``,
   ``ldapsearch -w``, ``ldappasswd -s``, ``mysqladmin password``; single-dash
-  ``-password X`` / ``-token X`` (Go-style flags) anywhere.
+  ``-password X`` / ``-pass X`` / ``-token X`` (Go-style flags) anywhere.
 """
 
 from __future__ import annotations
@@ -91,7 +91,9 @@ def _userinfo(m: re.Match[str]) -> Span | None:
     return start + colon + 1, start + at, "connection_string"
 
 
-URL_USERINFO = Rule(windowed(re.compile(r"://"), _userinfo, ("://",)), ("://",))
+# Only a URL with an "@" in it (before the next space or quote) has a user part.
+URL_USERINFO = Rule(windowed(re.compile(r"://(?=[^\s\"'<>`@]{0,1024}+@)"), _userinfo, ("://",)),
+                    ("://",))
 
 # --- connection strings ---------------------------------------------------------------------
 
@@ -102,7 +104,7 @@ _CONNECTION_KEYS = ("server=", "data source=", "host=", "uid=", "user id=", "use
 _CONNECTION_VALUE = rule(
     lead("password", "pwd", before=r"[^;\s\"'{]") + r"[ \t]*+=[ \t]*+"
     r"(?P<v>\{[^}\n]*+\}|\"[^\"\n]*+\"|'[^'\n]*+'|[^;\n\"']++)(?=;|[ \t]*+[\"']?[ \t]*+$)",
-    "password", ("password=", "pwd="), flags=CI | re.MULTILINE,
+    "password", ("password", "pwd"), flags=CI | re.MULTILINE,
     accept=line_has(_CONNECTION_KEYS),  # (needles gate runs of lines, not each line)
 )
 
@@ -142,8 +144,7 @@ def _oracle_handle(m: re.Match[str]) -> Span | None:
     return m.start("v"), m.end("v"), "password"
 
 
-_ORACLE_NEEDLES = ("sqlplus", "sqlldr", "expdp", "impdp", "rman", "dgmgrl", "sqlcl", "userid",
-                   "thin:", "@//", "@(")
+_ORACLE_NEEDLES = ("sqlplus", "sqlldr", "expdp", "impdp", "rman", "userid", "@//")
 _ORACLE = Rule(windowed(
     re.compile(r"/(?P<v>\"[^\"\n]{1,128}+\"|[^\s/@\"';]{1,128}+)(?=@|[ \t\r\n;\"']|$)",
                re.MULTILINE),
@@ -153,7 +154,7 @@ _ORACLE = Rule(windowed(
 _ORACLE_CONNECT = rule(
     lead("connect", "conn") + r"[ \t]++[A-Za-z][\w$#]{0,127}+/"
     r"(?:(?P<q>\")|)(?P<v>(?(q)[^\"\n]{1,128}+|[^\s/@\"';]{1,128}+))(?(q)\")(?=@|[ \t\r;]|$)",
-    "password", ("conn",), flags=CI | re.MULTILINE,
+    "password", ("connect ", "conn "), flags=CI | re.MULTILINE,
     accept=lambda m: m.group("v").lower() not in ("as",),
 )
 
@@ -165,8 +166,10 @@ _LDAP_TOOLS = ("ldapsearch", "ldapmodify", "ldapadd", "ldapdelete", "ldappasswd"
                "ldapcompare", "ldapmodrdn", "ldapexop", "ldapvc")
 _MONGO_TOOLS = ("mongosh", "mongo ", "mongodump", "mongorestore", "mongoexport",
                 "mongoimport", "mongostat", "mongotop", "mongofiles")
-_MSSQL_TOOLS = ("sqlcmd", "osql", "isql", "bcp ")
-# (Needles shared with other rules cost nothing more: each is searched for once.)
+_MSSQL_TOOLS = ("sqlcmd", "bcp ")
+# Needles shared with other rules cost nothing more (each is looked for once per text),
+# and each needle no text holds costs a search of the whole text: rules look for common
+# ones ("-p", "pass", "set") and check the tool on the line.
 _SQLCMD_P = rule(lead("-P") + r"[ \t]*+" + _VALUE, "password", ("-p",),
                  accept=line_has(_MSSQL_TOOLS))
 _ON_MONGO_LINE = line_has(_MONGO_TOOLS)
@@ -186,10 +189,8 @@ _NOT_A_VALUE = frozenset({"a", "an", "the", "to", "with", "and", "or", "of", "fo
                           "flag", "option", "argument", "parameter", "value", "stdin", "file",
                           "instead", "only", "not", "prompt", "env"})
 _SINGLE_DASH = rule(
-    r"-(?<![\w-]-)(?:pass(?:word|wd)?|token|secret|api-?key|auth-token|access-token"
-    r"|client-secret)[ \t]++" + _VALUE,
-    "password", ("-pass", "-token", "-secret", "-apikey", "-api-key", "-auth-token",
-                 "-access-token", "-client-secret"),
+    r"-(?<![\w-]-)(?:pass(?:word|wd)?|token)[ \t]++" + _VALUE,
+    "password", ("pass", "token"),
     flags=CI,
     accept=lambda m: (m.group("v").lower().rstrip(".,;:") not in _NOT_A_VALUE
                       and not is_path(unquote(m.group("v")))

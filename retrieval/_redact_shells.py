@@ -64,28 +64,29 @@ def _named_kind(m: re.Match[str]) -> str:
 
 # fish: set [-g|-U|-l] [-x|--export] NAME VALUE...
 _FISH_SET = rule(
-    r"set(?<![\w$.-]set)(?P<flags>(?:[ \t]++-{1,2}[A-Za-z-]++)*+)[ \t]++"
-    r"(?P<k>[A-Za-z_][A-Za-z0-9_]{0,100}+)[ \t]++" + _VALUE,
+    # (without a flag, only an environment-style NAME: "set the value" is prose)
+    r"set(?<![\w$.-]set)(?:(?P<flags>(?:[ \t]++-{1,2}[A-Za-z-]++)++)|(?=[ \t]++[A-Z][A-Z0-9]*+_))"
+    r"[ \t]++(?P<k>[A-Za-z_][A-Za-z0-9_]{0,100}+)[ \t]++" + _VALUE,
     _named_kind, ("set",), accept=_fish_accept,
 )
 # csh: setenv NAME VALUE; launchctl setenv NAME VALUE; cmd.exe: setx NAME VALUE [/M].
 _SETENV = rule(
     r"set(?:env|x)(?<![\w.-]setenv)(?<![\w.-]setx)[ \t]++(?P<k>[A-Za-z_][A-Za-z0-9_]{0,100}+)"
     r"[ \t]++" + _VALUE,
-    _named_kind, ("setenv", "setx"), flags=CI, accept=_named_accept,
+    _named_kind, ("set",), flags=CI, accept=_named_accept,
 )
 # PowerShell: [Environment]::SetEnvironmentVariable("NAME", "VALUE"[, "User"]);
 # Set-Item [-Path] env:NAME [-Value] "VALUE".
 _PS_SET_ENV = rule(
     r"setenvironmentvariable[ \t]*+\([ \t]*+[\"'](?P<k>[A-Za-z_][A-Za-z0-9_]{0,100}+)[\"']"
     r"[ \t]*+,[ \t]*+[\"'](?P<v>[^\"'\n]++)[\"']",
-    _named_kind, ("setenvironmentvariable",), flags=CI, accept=_named_accept,
+    _named_kind, ("set",), flags=CI, accept=_named_accept,
 )
 _PS_SET_ITEM = rule(
-    r"(?:set-item|new-item|set-content)(?<![\w-]set-item)(?<![\w-]new-item)"
-    r"(?<![\w-]set-content)(?:[ \t]++-path)?[ \t]++env:(?P<k>[A-Za-z_][A-Za-z0-9_]{0,100}+)"
+    r"(?:set|new)-item(?<![\w-]set-item)(?<![\w-]new-item)"
+    r"(?:[ \t]++-path)?[ \t]++env:(?P<k>[A-Za-z_][A-Za-z0-9_]{0,100}+)"
     r"(?:[ \t]++-value)?[ \t]++" + _VALUE,
-    _named_kind, ("env:",), flags=CI, accept=_named_accept,
+    _named_kind, ("-item",), flags=CI, accept=_named_accept,
 )
 # PowerShell: ConvertTo-SecureString [-String] "VALUE" -AsPlainText [-Force]
 _PS_SECURE_STRING = rule(
@@ -128,7 +129,8 @@ def _entry_handle(m: re.Match[str]) -> tuple[int, int, str] | None:
     return m.start("v"), m.end("v"), kind
 
 
-_NAMED_ENTRY = Rule(windowed(_ENTRY_VALUE, _entry_handle, ("value",)), ("value",))
+_ENTRY_NEEDLES = ("value:", "value\":")
+_NAMED_ENTRY = Rule(windowed(_ENTRY_VALUE, _entry_handle, _ENTRY_NEEDLES), _ENTRY_NEEDLES)
 
 SHELL_RULES: tuple[Rule, ...] = (
     _NAMED_ENTRY,
