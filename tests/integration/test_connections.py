@@ -7,6 +7,8 @@ daemon never runs out of descriptors, and its log stays short (rate limited, wit
 count of what was suppressed).
 
 Both roles are disabled: this is about the listeners, not the models (no child needed).
+The daemon wants tokens, as a remote deployment does: the flood has none, the prober's
+Status and the HTTP requests carry one (health needs none).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llamad_protocol.v1 import control_pb2, control_pb2_grpc
+from tests.support.access import READ_TOKEN, token_files
 from tests.support.daemon_process import DaemonProcess
 
 pytestmark = pytest.mark.timeout(180)
@@ -38,6 +41,7 @@ PER_PEER = 16
 HANDSHAKE = 3.0
 IDLE = 6.0
 HTTP_IDLE = 6.0
+BATCH = 64
 # The HTTP/2 client preface and an empty SETTINGS frame: a connection gRPC takes as
 # established (its handshake is over), that then makes no call.
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
@@ -64,6 +68,8 @@ def daemon(tmp_path: Path, processes: Callable[..., DaemonProcess]) -> DaemonPro
         "LLAMAD_CONNECTIONS_IDLE_TIMEOUT": str(IDLE),
         "LLAMAD_HTTP_IDLE_TIMEOUT": str(HTTP_IDLE),
         "LLAMAD_LOG_RATE_LIMIT": "5", "LLAMAD_LOG_RATE_INTERVAL": "2",
+        # Tokens, as a remote deployment has them: the flood has none, the prober one.
+        "LLAMAD_AUTH_TOKEN_FILE": str(token_files(tmp_path)[0]),
     }
     return processes(tmp_path, env, LOW_LIMIT)
 
@@ -76,26 +82,33 @@ def caps(d: DaemonProcess) -> dict[str, int]:
 def connect(port: int, sources: Iterable[str], count: int, first: bytes = b"",
             every: int = 1) -> list[socket.socket]:
     """``count`` connections from each address of ``sources`` to loopback ``port``, made
-    at once (a connect the kernel retries costs its second once, not once each), every
-    ``every``-th one sending ``first`` once connected; one the server refuses at once is
-    still returned (closed by it)."""
+    BATCH at a time (a connect the kernel retries costs its second once a batch, not once
+    each), every ``every``-th one sending ``first`` once connected; one the server
+    refuses at once is still returned (closed by it)."""
     socks = []
     for source in sources:
         for _ in range(count):
             s = socket.socket()
             s.setblocking(False)
             s.bind((source, 0))
-            assert s.connect_ex(("127.0.0.1", port)) in (0, errno.EINPROGRESS)
             socks.append(s)
-    with selectors.DefaultSelector() as sel:
-        for s in socks:
-            sel.register(s, selectors.EVENT_WRITE)
-        pending, deadline = len(socks), time.monotonic() + 15
-        while pending:
-            assert time.monotonic() < deadline, f"{pending} connects pending"
-            for key, _ in sel.select(timeout=1):
-                sel.unregister(key.fileobj)
-                pending -= 1
+    # In batches below the listen backlog (aiohttp's 128): past it the kernel, not the
+    # daemon, holds a connection in its queue until its SYN-ACK is resent (seconds later),
+    # and such a connection looks open from here.
+    for start in range(0, len(socks), BATCH):
+        batch = socks[start:start + BATCH]
+        for s in batch:
+            assert s.connect_ex(("127.0.0.1", port)) in (0, errno.EINPROGRESS)
+        with selectors.DefaultSelector() as sel:
+            for s in batch:
+                sel.register(s, selectors.EVENT_WRITE)
+            pending, deadline = len(batch), time.monotonic() + 15
+            while pending:
+                assert time.monotonic() < deadline, f"{pending} connects pending"
+                for key, _ in sel.select(timeout=1):
+                    sel.unregister(key.fileobj)
+                    pending -= 1
+        time.sleep(0.05)  # the daemon accepts the batch
     for i, s in enumerate(socks):
         assert s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) in (0, errno.ECONNRESET)
         if first and i % every == 0:
@@ -165,7 +178,9 @@ def refusal(port: int, source: str) -> str:
 
 
 def models(port: int) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models",
+                                     headers={"Authorization": f"Bearer {READ_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=5) as r:  # noqa: S310 (http on loopback)
         return int(r.status)
 
 
@@ -183,7 +198,9 @@ class Prober:
     def check(self) -> int:
         began = time.monotonic()
         status = self.health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
-        children = self.control.Status(control_pb2.StatusRequest(), timeout=5).children
+        children = self.control.Status(control_pb2.StatusRequest(), timeout=5,
+                                       metadata=[("authorization", f"Bearer {READ_TOKEN}")]
+                                       ).children
         assert len(children) == 2
         self.slowest = max(self.slowest, time.monotonic() - began)
         return int(status)

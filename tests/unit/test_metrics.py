@@ -445,6 +445,31 @@ async def test_slow_client_is_dropped_after_read_timeout() -> None:
         await srv.close()
 
 
+async def test_connections_past_the_cap_are_closed_unanswered() -> None:
+    """With max_connections held open, a new connection is closed at once and unanswered,
+    and once one of them ends, a scrape is served again."""
+    srv = await serve_metrics(Metrics(), "127.0.0.1", 0, max_connections=3)
+    held = [await asyncio.open_connection("127.0.0.1", srv.port) for _ in range(3)]
+    try:
+        for _, writer in held:  # each is being served: its head is half sent
+            writer.write(b"GET /metr")
+            await writer.drain()
+        await asyncio.sleep(0.05)
+        try:  # aborted: an RST, or an end before its request was read
+            refused = await raw(srv.port, b"GET /metrics HTTP/1.1\r\n\r\n")
+        except ConnectionResetError:
+            refused = b""
+        assert refused == b""
+        await close_quietly(held.pop()[1])
+        await asyncio.sleep(0.05)
+        assert (await raw(srv.port, b"GET /metrics HTTP/1.1\r\n\r\n")).startswith(
+            b"HTTP/1.1 200 OK")
+    finally:
+        for _, writer in held:
+            await close_quietly(writer)
+        await srv.close()
+
+
 async def test_close_drops_idle_connections_and_stops_listening() -> None:
     """close() ends open connections and the port refuses new ones; a second close is a no-op."""
     srv = await serve_metrics(Metrics(), "127.0.0.1", 0)
