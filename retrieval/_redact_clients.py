@@ -181,7 +181,7 @@ _ON_LDAPPASSWD = line_has(("ldappasswd",))
 # ldapsearch -w PW (bind password); ldappasswd -a OLD -s NEW.
 _LDAP_W = rule(lead("-w", "-s", "-a") + r"[ \t]++" + _VALUE, "password", ("ldap",),
                accept=lambda m: _ON_LDAP_LINE(m) and (m.group(0)[1] == "w" or _ON_LDAPPASSWD(m)))
-_MYSQLADMIN = rule(lead("password") + r"[ \t]++" + _VALUE, "password", ("mysqladmin",),
+_MYSQLADMIN = rule(lead("password") + r"[ \t]++" + _VALUE, "password", ("admin",),
                    accept=line_has(("mysqladmin",)))
 
 # Go-style single-dash flags: -password X, -token X (the "=" form is an assignment).

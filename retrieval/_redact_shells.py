@@ -100,7 +100,7 @@ _UNKEYED = tuple(k for k in _KNOWN if credential_key(k) is None)
 _KNOWN_ASSIGNMENT = rule(
     r"(?P<k>" + lead(*sorted(_UNKEYED, key=len, reverse=True), before=r"[\w$-]")
     + r")[\"']?[ \t]*+[:=][ \t]*+" + _VALUE,
-    _named_kind, _UNKEYED, flags=CI,
+    _named_kind, ("auth", "bindpw"), flags=CI,
     accept=lambda m: is_secret_value(m.group("v"), m.group("k")),
 )
 
@@ -113,14 +113,16 @@ _NAME_BEFORE = re.compile(
     re.IGNORECASE,
 )
 _ENTRY_VALUE = re.compile(
-    r"[\"']?value[\"']?[ \t]*+:[ \t]*+(?:(?P<q>[\"'])|)(?P<v>(?(q)[^\"'\n]++|[^\s#,}]++))",
+    r"value[\"']?[ \t]*+:[ \t]*+(?:(?P<q>[\"'])|)(?P<v>(?(q)[^\"'\n]++|[^\s#,}]++))",
     re.IGNORECASE,
 )
 
 
 def _entry_handle(m: re.Match[str]) -> tuple[int, int, str] | None:
-    text = m.string
-    name = _NAME_BEFORE.search(text, max(0, m.start() - 256), m.start())
+    text, at = m.string, m.start()
+    if at > 0 and text[at - 1] in "\"'":  # "value" quoted: the name ends before the quote
+        at -= 1
+    name = _NAME_BEFORE.search(text, max(0, at - 256), at)
     if name is None:
         return None
     kind = _kind(name.group("k"))
@@ -129,7 +131,7 @@ def _entry_handle(m: re.Match[str]) -> tuple[int, int, str] | None:
     return m.start("v"), m.end("v"), kind
 
 
-_ENTRY_NEEDLES = ("value:", "value\":")
+_ENTRY_NEEDLES = ("value",)  # (as another rule's: looked for once)
 _NAMED_ENTRY = Rule(windowed(_ENTRY_VALUE, _entry_handle, _ENTRY_NEEDLES), _ENTRY_NEEDLES)
 
 SHELL_RULES: tuple[Rule, ...] = (
