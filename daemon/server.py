@@ -263,7 +263,8 @@ class Daemon:
                 settings=self.config.http, auth=self.auth, metrics=self.metrics,
                 tls=self.config.tls, drain_grace=self.config.drain_grace,
                 answer=self._answer, pool=self.pool,
-                connections=ConnectionCap(conns.http, conns.per_peer))
+                connections=ConnectionCap(conns.http, conns.per_peer),
+                handshake_timeout=cfg.settings.connections.handshake_timeout)
             self.http_port = await self._http.start(self.config.http_listen)
         if self.config.agent_listen:
             self._agent = AgentServer(

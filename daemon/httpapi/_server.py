@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping
@@ -107,6 +108,28 @@ class _Server(web.Server):
         return _JsonErrors(self, loop=self._loop, **self._kwargs)
 
 
+class _Site(web.SockSite):
+    """aiohttp's site on our listening socket, with a TLS handshake timeout (aiohttp's
+    sites leave asyncio's 60 s)."""
+
+    __slots__ = ("_handshake_timeout",)
+
+    def __init__(self, runner: web.BaseRunner, sock: socket.socket, *,
+                 ssl_context: ssl.SSLContext | None, handshake_timeout: float) -> None:
+        super().__init__(runner, sock, ssl_context=ssl_context)
+        self._handshake_timeout = handshake_timeout
+
+    async def start(self) -> None:
+        # SockSite.start, but for the handshake timeout (aiohttp 3.14's attributes).
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        if server is None:  # as SockSite: set up by runner.setup(), before any site
+            raise RuntimeError("the runner is not set up")
+        self._server = await asyncio.get_running_loop().create_server(
+            server, sock=self._sock, ssl=self._ssl_context, backlog=self._backlog,
+            ssl_handshake_timeout=self._handshake_timeout if self._ssl_context else None)
+
+
 class HttpApi:
     """The OpenAI-compatible HTTP API of one daemon.
 
@@ -125,6 +148,7 @@ class HttpApi:
         answer: the gRPC Ask servicer, whose code answers ``/v1/llamad/ask``.
         connections: the listener's connection caps (default: 1024 in total, 128 per
             peer).
+        handshake_timeout: seconds a TLS connection has to finish its handshake.
     """
 
     def __init__(self, *, router: InferenceRouter, served: Mapping[str, Served],
@@ -132,7 +156,8 @@ class HttpApi:
                  auth: AuthInterceptor, metrics: Metrics | None,
                  tls: TlsMaterial | None = None, drain_grace: float = 30.0,
                  answer: AnswerServicer | None = None, pool: Pooled | None = None,
-                 connections: ConnectionCap | None = None) -> None:
+                 connections: ConnectionCap | None = None,
+                 handshake_timeout: float = 10.0) -> None:
         self._api = Api(router, Catalog(served, int(time.time()), pool), limits, metrics,
                         answer)
         self._settings = settings
@@ -143,6 +168,7 @@ class HttpApi:
         self._grace = drain_grace
         self._runner: web.ServerRunner | None = None
         self.connections = connections or ConnectionCap(1024, 128)
+        self._handshake_timeout = handshake_timeout
         self.port = 0
 
     async def start(self, listen: str) -> int:
@@ -180,7 +206,8 @@ class HttpApi:
             sock = counted_listener(host, int(port), self.connections,
                                     refusal=_refusal if context is None else None,
                                     on_refuse=_refused)
-            site = web.SockSite(runner, sock, ssl_context=context)
+            site = _Site(runner, sock, ssl_context=context,
+                         handshake_timeout=self._handshake_timeout)
             await site.start()
         except OSError as exc:
             await runner.cleanup()

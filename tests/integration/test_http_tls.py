@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from daemon.access import load_tls
+from daemon.connlimits import ConnectionCap
 from tests.support.httpapi import serving
 from tests.support.pki import Issued, Pki
 
@@ -64,3 +65,30 @@ async def test_mutual_tls_needs_a_client_certificate_of_the_ca(pki: Pki) -> None
                                          trust_env=False) as refused:
                 with pytest.raises(httpx.TransportError):
                     await refused.get(h.url + "/v1/models")
+
+
+async def test_tls_connections_are_counted_at_accept_and_cut_at_the_handshake_timeout(
+        pki: Pki) -> None:
+    """Connections that never start their TLS handshake count against the listener's cap
+    from the moment they are accepted (one past it is closed at once, unanswered: no
+    plaintext 503 on a TLS port) and are closed at connections.handshake_timeout; then a
+    TLS client is served."""
+    material = load_tls(str(pki.server1.cert), str(pki.server1.key))
+    async with serving(tls=material, connections=ConnectionCap(total=4, per_peer=0),
+                       handshake_timeout=1.0) as h:
+        host, port = h.url.removeprefix("https://").split(":")
+        held = [await asyncio.open_connection(host, int(port)) for _ in range(4)]
+        began = asyncio.get_running_loop().time()
+        reader, writer = await asyncio.open_connection(host, int(port))
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # the fifth: closed at once
+        writer.close()
+        assert asyncio.get_running_loop().time() - began < 0.5
+        for r, _ in held:  # the four: closed at the handshake timeout
+            assert await asyncio.wait_for(r.read(), 5) == b""
+        assert 0.8 <= asyncio.get_running_loop().time() - began < 3
+        for _, w in held:
+            w.close()
+        assert h.api.connections.open == 0
+        async with httpx.AsyncClient(verify=ssl.create_default_context(
+                cafile=str(pki.ca.cert)), trust_env=False) as http:
+            assert (await http.get(h.url + "/v1/models")).status_code == 200

@@ -17,6 +17,7 @@ from daemon.answer import AnswerServicer
 from daemon.auth import AuthInterceptor
 from daemon.backend import InferenceBackend
 from daemon.config import HttpSettings, Limits
+from daemon.connlimits import ConnectionCap
 from daemon.httpapi import HttpApi
 from daemon.metrics import Metrics
 from daemon.router import InferenceRouter
@@ -67,9 +68,11 @@ async def serving(*, tokens: TokenTable | None = None, queue: int = 4,
                   settings: HttpSettings | None = None,
                   answer: Callable[[InferenceRouter], AnswerServicer] | None = None,
                   pieces: list[str] | None = None,
-                  tls: TlsMaterial | None = None) -> AsyncIterator[Harness]:
+                  tls: TlsMaterial | None = None, connections: ConnectionCap | None = None,
+                  handshake_timeout: float = 10.0) -> AsyncIterator[Harness]:
     """The API on port 0: generation and embedding served by scripted backends (one slot
-    each; ``queue`` calls may wait for generation's), Ask by ``answer`` if given."""
+    each; ``queue`` calls may wait for generation's), Ask by ``answer`` if given, with
+    ``connections`` and ``handshake_timeout`` (HttpApi's) if given."""
     gen = FakeBackend(model_name="gen.gguf")
     if pieces is not None:
         gen.pieces = pieces
@@ -83,7 +86,8 @@ async def serving(*, tokens: TokenTable | None = None, queue: int = 4,
     api = HttpApi(router=router, served=served, limits=Limits, settings=settings or
                   HttpSettings(body_timeout=0.5, idle_timeout=1.0),
                   auth=AuthInterceptor(tokens, metrics), metrics=metrics,
-                  answer=answer(router) if answer is not None else None, tls=tls)
+                  answer=answer(router) if answer is not None else None, tls=tls,
+                  connections=connections, handshake_timeout=handshake_timeout)
     port = await api.start("127.0.0.1:0")
     try:
         scheme = "https" if tls is not None else "http"
