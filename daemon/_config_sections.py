@@ -377,6 +377,23 @@ class Limits:
     max_grammar_chars: int = setting(
         65536, "Longest GBNF grammar or JSON schema a call may constrain its output with, "
         "characters.", minimum=1)
+    max_grammar_rules: int = setting(
+        1024, "Most rules a GBNF grammar (or a JSON schema's pattern) may expand to, as "
+        "llama.cpp builds them (groups and repetitions count as rules).", minimum=1)
+    max_grammar_depth: int = setting(
+        32, "Deepest nesting of groups in a GBNF grammar.", minimum=1)
+    max_grammar_repetition: int = setting(
+        1000, "Largest count in a grammar's {m,n} and a JSON schema's minLength, minItems "
+        "or minProperties.", minimum=1)
+    max_grammar_walks: int = setting(
+        20000, "Most walks through its parse stacks a GBNF grammar (or a JSON schema's "
+        "pattern) may cost the child for one 12-character token: an upper bound computed "
+        "before the call. Grammars that can match the same text in several ways multiply "
+        "it: a JSON grammar costs ~200, ([a-z]+ [a-z]+)+ 4095 (0.2 s per token on a 128k "
+        "vocabulary), x+ over y+ over [a-z]+ 265720 (10 s per token).", minimum=1)
+    max_schema_depth: int = setting(
+        64, "Deepest nesting (objects and arrays) of a JSON schema a call constrains its "
+        "output or a tool's parameters with.", minimum=1)
     max_logit_bias: int = setting(1024, "Most logit_bias entries per call.", minimum=0)
     max_top_logprobs: int = setting(
         20, "Most alternatives per token a call may ask logprobs for (OpenAI's limit is "

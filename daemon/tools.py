@@ -23,6 +23,7 @@ from supervisor import Tool, ToolCall, ToolUse
 
 from .config import Limits
 from .errors import InvalidArgument
+from .schema_check import checked_schema
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _MODES = {pb.TOOL_CHOICE_MODE_UNSPECIFIED: "auto", pb.TOOL_CHOICE_MODE_AUTO: "auto",
@@ -75,7 +76,11 @@ def chat_tools(request: pb.ChatRequest, limits: Limits) -> ToolUse | None:
         _no_nul(f"{where}.description", tool.description)
         if tool.parameters:
             _no_nul(f"{where}.parameters", tool.parameters)
-            _json_object(f"{where}.parameters (a JSON Schema, as JSON text)", tool.parameters)
+            schema = _json_object(f"{where}.parameters (a JSON Schema, as JSON text)",
+                                  tool.parameters)
+            # With tool calling on, llama-server makes a grammar of the parameters: the
+            # same bounds as a response_format schema (issue 25).
+            checked_schema(f"{where}.parameters", schema, limits)
         chars += len(tool.description) + len(tool.parameters)
         tools.append(Tool(tool.name, tool.description, tool.parameters))
     if chars > limits.max_prompt_chars:

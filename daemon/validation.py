@@ -6,6 +6,7 @@ changes nothing.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from supervisor import LogitBias, Message, Sampling, Turn
 from . import tools
 from .config import AnswerConfig, Limits
 from .errors import InvalidArgument
+from .grammar_check import GrammarLimits, GrammarRefused, check_grammar
+from .schema_check import checked_schema
 
 _ROLES = {
     pb.CHAT_ROLE_SYSTEM: "system",
@@ -252,6 +255,7 @@ def _response_format(params: pb.SamplingParams,
     if not isinstance(schema, dict):
         raise InvalidArgument("sampling.response_format.json_schema must be a JSON object "
                               f"(a schema), not a {type(schema).__name__}")
+    checked_schema("sampling.response_format.json_schema", schema, limits)
     if len(fmt.name) > 64 or not all(c.isalnum() or c in "_-" for c in fmt.name):
         raise InvalidArgument("sampling.response_format.name must be at most 64 letters, "
                               "digits, _ or - (OpenAI's rule)")
@@ -274,7 +278,21 @@ def _grammar(params: pb.SamplingParams, limits: Limits,
     if "root" not in text or "::=" not in text:
         raise InvalidArgument("sampling.grammar is not a GBNF grammar: it needs a 'root ::= "
                               "...' rule")
+    refusal = _grammar_refusal(text, GrammarLimits.of(limits))
+    if refusal is not None:
+        raise InvalidArgument(f"sampling.grammar {refusal}")
     return text
+
+
+@functools.lru_cache(maxsize=256)
+def _grammar_refusal(text: str, limits: GrammarLimits) -> str | None:
+    """Why ``text`` is refused, or None; cached, since callers repeat their grammars and
+    the check of a large one takes a few hundred milliseconds."""
+    try:
+        check_grammar(text, limits)
+    except GrammarRefused as exc:
+        return str(exc)
+    return None
 
 
 def prompt(request: pb.GenerateRequest, limits: Limits) -> str:

@@ -19,9 +19,10 @@ import orjson
 from llamad_protocol.v1 import inference_pb2 as pb
 from supervisor import Message, Sampling, ToolUse
 
-from .. import tools, validation
+from .. import schema_check, tools, validation
 from ..config import Limits
 from ..errors import InvalidArgument
+from ..grammar_check import GrammarRefused
 from ..inference import EmbedInput
 from ._errors import ApiError, ParamError
 from ._tools import read_message_tools, read_tools
@@ -176,7 +177,7 @@ def sampling(body: Body, limits: Limits, *, chat: bool) -> Sampling:
     params.stop.extend(_stop(body))
     _logit_bias(body, params)
     _logprobs(body, params, chat=chat)
-    _response_format(body, params)
+    _response_format(body, params, limits)
     if (grammar := _string(body, "grammar")) is not None:
         params.grammar = grammar
     # Chat's defaults (limits.chat_*: sampling with a repetition guard) as on gRPC Chat;
@@ -227,7 +228,7 @@ def _logprobs(body: Body, params: pb.SamplingParams, *, chat: bool) -> None:
         params.top_logprobs = count
 
 
-def _response_format(body: Body, params: pb.SamplingParams) -> None:
+def _response_format(body: Body, params: pb.SamplingParams, limits: Limits) -> None:
     value = body.get("response_format")
     if value is None:
         return
@@ -247,6 +248,11 @@ def _response_format(body: Body, params: pb.SamplingParams) -> None:
         raise ParamError("response_format.json_schema",
                          'response_format.json_schema must be an object with a "schema" '
                          "object (and a name)")
+    try:  # the depth first: past ~254 levels the encoder fails (an internal error)
+        schema_check.check_depth(spec["schema"], limits.max_schema_depth)
+    except GrammarRefused as exc:
+        raise ParamError("response_format.json_schema",
+                         f"response_format.json_schema.schema {exc}") from None
     params.response_format.json_schema = orjson.dumps(spec["schema"]).decode()
     name = spec.get("name", "")
     if not isinstance(name, str):
@@ -278,7 +284,7 @@ def chat_messages(body: Body, limits: Limits) -> tuple[list[Message], ToolUse | 
         added = request.messages.add(role=role,
                                      content=_content(message.get("content"), where))
         read_message_tools(where, message, added)
-    read_tools(body, request)
+    read_tools(body, request, limits.max_schema_depth)
     return validation.chat_messages(request, limits), tools.chat_tools(request, limits)
 
 

@@ -16,13 +16,15 @@ import orjson
 
 from llamad_protocol.v1 import inference_pb2 as pb
 
+from ..grammar_check import GrammarRefused
+from ..schema_check import check_depth
 from ._errors import ParamError
 
 _MODES = {"auto": pb.TOOL_CHOICE_MODE_AUTO, "none": pb.TOOL_CHOICE_MODE_NONE,
           "required": pb.TOOL_CHOICE_MODE_REQUIRED}
 
 
-def read_tools(body: Mapping[str, Any], request: pb.ChatRequest) -> None:
+def read_tools(body: Mapping[str, Any], request: pb.ChatRequest, max_depth: int) -> None:
     """Put ``tools``, ``tool_choice`` and ``parallel_tool_calls`` into ``request``.
 
     Raises:
@@ -34,7 +36,7 @@ def read_tools(body: Mapping[str, Any], request: pb.ChatRequest) -> None:
             raise ParamError("tools", 'tools must be an array of {"type": "function", '
                              '"function": {...}} objects')
         for i, tool in enumerate(tools):
-            request.tools.append(_tool(f"tools[{i}]", tool))
+            request.tools.append(_tool(f"tools[{i}]", tool, max_depth))
     _tool_choice(body.get("tool_choice"), request)
     parallel = body.get("parallel_tool_calls")
     if parallel is not None:
@@ -43,7 +45,7 @@ def read_tools(body: Mapping[str, Any], request: pb.ChatRequest) -> None:
         request.parallel_tool_calls = parallel
 
 
-def _tool(where: str, tool: object) -> pb.Tool:
+def _tool(where: str, tool: object, max_depth: int) -> pb.Tool:
     if not isinstance(tool, dict) or tool.get("type") != "function":
         raise ParamError(f"{where}.type", f'{where} must be {{"type": "function", '
                          '"function": {"name": ..., "parameters": {...}}} (only functions '
@@ -62,8 +64,19 @@ def _tool(where: str, tool: object) -> pb.Tool:
     if parameters is not None and not isinstance(parameters, dict):
         raise ParamError(f"{where}.function.parameters", f"{where}.function.parameters must "
                          "be a JSON Schema object")
+    if parameters:
+        _shallow(f"{where}.function.parameters", parameters, max_depth)
     return pb.Tool(name=name, description=description or "",
                    parameters=orjson.dumps(parameters).decode() if parameters else "")
+
+
+def _shallow(param: str, schema: object, max_depth: int) -> None:
+    """Refuse a schema nested deeper than ``max_depth`` before it is written as JSON text
+    (past ~254 levels the encoder fails, which would be an internal error)."""
+    try:
+        check_depth(schema, max_depth)
+    except GrammarRefused as exc:
+        raise ParamError(param, f"{param} {exc}") from None
 
 
 def _tool_choice(value: object, request: pb.ChatRequest) -> None:
@@ -116,7 +129,11 @@ def _call(at: str, call: object) -> pb.ToolCall:
         raise ParamError(at, f"{at}.id and {at}.function.name must be strings")
     arguments = function.get("arguments", "")
     if isinstance(arguments, dict):  # some clients send the object itself
-        arguments = orjson.dumps(arguments).decode()
+        try:
+            arguments = orjson.dumps(arguments).decode()
+        except orjson.JSONEncodeError:  # nested past the encoder's ~254 levels
+            raise ParamError(f"{at}.function.arguments", f"{at}.function.arguments nests "
+                             "too deep to be read") from None
     if not isinstance(arguments, str):
         raise ParamError(f"{at}.function.arguments", f"{at}.function.arguments must be JSON "
                          "text (a string)")
