@@ -46,14 +46,20 @@ def _address(hex_ip: str) -> str:
 
 
 def connections(port: int, tables: tuple[Path, ...] = _TABLES) -> dict[str, list[int]]:
-    """The sockets connected to local ``port``: peer address -> socket inodes."""
+    """The sockets connected to local ``port``: peer address -> socket inodes.
+
+    Raises:
+        OSError: no table could be read (no /proc, or it is hidden from the daemon).
+    """
     suffix = f":{port:04X}"
     peers: dict[str, list[int]] = {}
+    read = 0
     for table in tables:
         try:
             lines = table.read_text().splitlines()[1:]
         except OSError:
-            continue
+            continue  # tcp6 is absent where IPv6 is off
+        read += 1
         for line in lines:
             fields = line.split()
             if len(fields) < 10 or not fields[1].endswith(suffix) or fields[3] == _LISTEN:
@@ -61,6 +67,8 @@ def connections(port: int, tables: tuple[Path, ...] = _TABLES) -> dict[str, list
             inode = int(fields[9])
             if inode:  # 0: not accepted yet (or already closed): no descriptor of ours
                 peers.setdefault(_address(fields[2].partition(":")[0]), []).append(inode)
+    if not read:
+        raise OSError(f"none of {', '.join(map(str, tables))} can be read")
     return peers
 
 
@@ -115,14 +123,16 @@ def enforce(port: int, per_peer: int, tables: tuple[Path, ...] = _TABLES
 
 async def guard_loop(port: int, per_peer: int, interval: float) -> None:
     """Enforce ``per_peer`` on ``port`` every ``interval`` seconds until cancelled (the
-    reading is done in a worker thread: under a flood the tables are long)."""
+    reading is done in a worker thread: under a flood the tables are long). Where the
+    socket tables cannot be read, say so once and stop: the total cap still holds."""
     while True:
         await asyncio.sleep(interval)
         try:
             closed = await asyncio.to_thread(enforce, port, per_peer)
-        except OSError as exc:  # /proc unreadable: say so once a window, keep trying
-            _log.warning("per-peer connection guard failed", error=str(exc))
-            continue
+        except OSError as exc:
+            _log.warning("per-peer connection cap off for gRPC", error=str(exc),
+                         hint="the daemon cannot read its sockets in /proc (ProcSubset=pid?)")
+            return
         for peer, count in closed.items():
             _log.warning("connections over the per-peer cap closed", peer=peer,
                          closed=count, per_peer_max=per_peer, listener="grpc")

@@ -9,6 +9,8 @@ import os
 import socket
 from pathlib import Path
 
+import pytest
+
 from daemon.config import ConnectionSettings
 from daemon.connlimits import MIN_LISTENER, ConnectionCap, budget, grpc_options
 from daemon.peerguard import connections, enforce
@@ -101,6 +103,15 @@ def test_socket_table_is_read_by_peer(tmp_path: Path) -> None:
                   f"{mapped}:D431 01 0:0 0:0 0 0 0 15 1\n")
     assert connections(0xC383, (v4, v6)) == {"127.0.0.2": [11, 12], "127.0.0.3": [13],
                                              "10.0.0.10": [15]}
+
+
+def test_no_readable_table_is_an_error(tmp_path: Path) -> None:
+    """Without any socket table to read the guard cannot work: it is told, not fooled
+    into seeing no connections (a missing tcp6 alone is fine)."""
+    with pytest.raises(OSError, match="can be read"):
+        connections(1, (tmp_path / "tcp", tmp_path / "tcp6"))
+    (tmp_path / "tcp").write_text("header\n")
+    assert connections(1, (tmp_path / "tcp", tmp_path / "tcp6")) == {}
 
 
 def test_enforce_shuts_down_only_this_processes_sockets_of_the_table(tmp_path: Path
