@@ -26,8 +26,8 @@ from pathlib import Path, PurePosixPath
 import structlog
 
 from ._confine import SourceRoot, display_name
-from ._redact_names import redact_name
 from ._kinds import kind_for
+from ._redact_names import redact_name
 from ._retriever import Retriever
 from ._store import DocumentRow, SourceRow
 from .errors import NotFound, RetrievalError, SourceDisabled, SourceNotAllowed
