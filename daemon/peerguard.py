@@ -5,9 +5,12 @@ grpcio's core counts the server's connections in total
 calls, never connections (an idle connection makes none). So the guard looks at the
 daemon's own sockets instead: every ``connections.guard_interval`` seconds it reads the
 kernel's socket tables (``/proc/net/tcp`` and ``tcp6``), counts the connections to the gRPC
-port by peer address, and for a peer over the cap shuts down its newest connections (the
+port by peer, and for a peer over the cap shuts down its newest connections (the
 highest socket inodes: the kernel numbers sockets in the order it makes them), keeping its
 oldest ``per_peer_max``: a client's long-lived channel outlives a flood from its address.
+A peer is an address, and on this host an address and a user: a local client's own socket
+is in the same tables, with its user's uid, so one local user's flood cannot take the
+cap of every other user of 127.0.0.1.
 
 A connection is shut down, never closed under gRPC's feet: the guard duplicates the
 descriptor, checks that the duplicate is still that socket (same inode: a descriptor
@@ -45,14 +48,22 @@ def _address(hex_ip: str) -> str:
     return text.removeprefix("::ffff:") if "." in text else text
 
 
+def _endpoint(hex_endpoint: str) -> tuple[str, int]:
+    """A /proc/net/tcp ``address:port`` as (address text, port)."""
+    address, _, port = hex_endpoint.partition(":")
+    return _address(address), int(port, 16)
+
+
 def connections(port: int, tables: tuple[Path, ...] = _TABLES) -> dict[str, list[int]]:
-    """The sockets connected to local ``port``: peer address -> socket inodes.
+    """The sockets connected to local ``port``: peer -> socket inodes. A peer is its
+    address, and for a client on this host (whose own socket is in the same tables) its
+    address and user: ``127.0.0.1 uid 65534``.
 
     Raises:
         OSError: no table could be read (no /proc, or it is hidden from the daemon).
     """
     suffix = f":{port:04X}"
-    peers: dict[str, list[int]] = {}
+    rows: list[list[str]] = []
     read = 0
     for table in tables:
         try:
@@ -60,15 +71,24 @@ def connections(port: int, tables: tuple[Path, ...] = _TABLES) -> dict[str, list
         except OSError:
             continue  # tcp6 is absent where IPv6 is off
         read += 1
-        for line in lines:
-            fields = line.split()
-            if len(fields) < 10 or not fields[1].endswith(suffix) or fields[3] == _LISTEN:
-                continue
-            inode = int(fields[9])
-            if inode:  # 0: not accepted yet (or already closed): no descriptor of ours
-                peers.setdefault(_address(fields[2].partition(":")[0]), []).append(inode)
+        rows += [fields for line in lines if len(fields := line.split()) >= 10]
     if not read:
         raise OSError(f"none of {', '.join(map(str, tables))} can be read")
+    # A local client's socket is the row whose ends are ours swapped; its uid is the
+    # client's user, so local users do not share one cap. (Compared as text: gRPC's
+    # listener may be IPv6 with IPv4-mapped addresses, the client's socket IPv4.)
+    owners = {(_endpoint(f[1]), _endpoint(f[2])): f[7] for f in rows if f[2].endswith(suffix)}
+    peers: dict[str, list[int]] = {}
+    for f in rows:
+        if not f[1].endswith(suffix) or f[3] == _LISTEN:
+            continue
+        inode = int(f[9])
+        if not inode:  # 0: not accepted yet (or already closed): no descriptor of ours
+            continue
+        remote = _endpoint(f[2])
+        uid = owners.get((remote, _endpoint(f[1])))
+        key = remote[0] if uid is None else f"{remote[0]} uid {uid}"
+        peers.setdefault(key, []).append(inode)
     return peers
 
 

@@ -19,6 +19,7 @@ import json
 import os
 import selectors
 import socket
+import subprocess
 import sys
 import time
 import urllib.request
@@ -45,6 +46,29 @@ BATCH = 64
 # The HTTP/2 client preface and an empty SETTINGS frame: a connection gRPC takes as
 # established (its handshake is over), that then makes no call.
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+# Run as uid 65534 by the system's Python (stdlib only): another local user's flood of
+# bare connections to the gRPC port, held until stdin closes; prints how many the daemon
+# left open after 1.5 s.
+FLOOD = """
+import socket, sys, time
+port, count = int(sys.argv[1]), int(sys.argv[2])
+socks = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(count)]
+print("ready", flush=True)
+time.sleep(1.5)
+held = 0
+for s in socks:
+    s.setblocking(False)
+    try:
+        while s.recv(65536):
+            pass
+    except BlockingIOError:
+        held += 1
+    except OSError:
+        pass
+print(held, flush=True)
+sys.stdin.read()
+"""
 # prlimit as a Python prefix: the daemon starts with a low RLIMIT_NOFILE.
 LOW_LIMIT = [sys.executable, "-c",
              "import os, resource, sys; "
@@ -265,7 +289,7 @@ def test_grpc_flood_is_capped_per_peer_and_in_total_and_health_answers(
     logged = daemon.records()[lines_before:]
     assert not [r for r in logged if "Too many open files" in json.dumps(r)]
     guard = [r for r in logged if r["event"] == "connections over the per-peer cap closed"]
-    assert guard and guard[0]["peer"] == "127.0.0.2"
+    assert guard and guard[0]["peer"] == "127.0.0.2 uid 0"  # this host: address and user
     assert sum(r["closed"] for r in guard) >= 3 * PER_PEER
     assert len(logged) <= 40, [r["event"] for r in logged]
 
@@ -305,3 +329,36 @@ def test_http_flood_gets_503_past_the_caps_and_idle_connections_close(
                  and r["line_event"] == "http connection refused"]
     assert summaries and sum(r["suppressed"] for r in summaries) >= 2 * PER_PEER
     assert len(logged) <= 30, [r["event"] for r in logged]
+
+
+def test_one_local_users_flood_does_not_take_another_users_connections(
+        daemon: DaemonProcess, prober: Prober) -> None:
+    """Another local user (uid 65534) opens four times per_peer_max gRPC connections from
+    127.0.0.1: the daemon keeps per_peer_max of them, while new channels this test's user
+    opens from 127.0.0.1 meanwhile are served (on this host a peer is an address and a
+    user, so one user's flood does not fill everyone's cap)."""
+    port = daemon.address.rpartition(":")[2]
+    lines_before = len(daemon.records())
+    flood = subprocess.Popen([*NOBODY, "/usr/bin/python3", "-c", FLOOD, port,
+                              str(4 * PER_PEER)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert flood.stdout is not None and flood.stdout.readline() == "ready\n"
+        mine = connect(int(port), ["127.0.0.1"], 4)  # newer than all of the flood
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:  # a new channel each time: the newest from 127.0.0.1
+            with grpc.insecure_channel(daemon.address) as ch:
+                resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
+                                                             timeout=3)
+                assert resp.status == prober.status
+            time.sleep(0.2)
+        assert int(flood.stdout.readline()) == PER_PEER
+        assert len(open_ones(mine)) == 4  # over several guard rounds: none was cut
+        close_all(mine)
+    finally:
+        flood.kill()
+        flood.communicate()
+    guard = [r for r in daemon.records()[lines_before:]
+             if r["event"] == "connections over the per-peer cap closed"]
+    assert {r["peer"] for r in guard} == {"127.0.0.1 uid 65534"}
+    assert sum(r["closed"] for r in guard) == 3 * PER_PEER

@@ -74,11 +74,15 @@ def test_connection_cap_counts_per_peer_and_in_total() -> None:
     assert cap.open == 5
 
 
-def _table(tmp: Path, rows: list[tuple[str, str, str, int]]) -> Path:
+def _table(tmp: Path, rows: list[tuple[str, str, str, int]],
+           uids: dict[int, int] | None = None) -> Path:
+    """A /proc/net/tcp with ``rows`` (local, remote, state, inode); ``uids``: the owner of
+    the row at an index (default 0)."""
     head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt" \
            "   uid  timeout inode\n"
+    uids = uids or {}
     lines = [f"{i:4}: {local} {remote} {state} 00000000:00000000 00:00000000 00000000"
-             f"     0        0 {inode} 1 0000000000000000 20 4 30 10 -1"
+             f"  {uids.get(i, 0):4}        0 {inode} 1 0000000000000000 20 4 30 10 -1"
              for i, (local, remote, state, inode) in enumerate(rows)]
     path = tmp / "tcp"
     path.write_text(head + "\n".join(lines) + "\n")
@@ -103,6 +107,26 @@ def test_socket_table_is_read_by_peer(tmp_path: Path) -> None:
                   f"{mapped}:D431 01 0:0 0:0 0 0 0 15 1\n")
     assert connections(0xC383, (v4, v6)) == {"127.0.0.2": [11, 12], "127.0.0.3": [13],
                                              "10.0.0.10": [15]}
+
+
+def test_a_local_client_is_a_peer_per_user(tmp_path: Path) -> None:
+    """A client on this host, whose own socket is in the table too, is its address and its
+    user: two users of one address have a cap each."""
+    table = _table(tmp_path, [
+        ("0100007F:C383", "0100007F:9C40", "01", 21),  # daemon side of user 65534's
+        ("0100007F:9C40", "0100007F:C383", "01", 0),  # user 65534's own socket
+        ("0100007F:C383", "0100007F:9C41", "01", 22),  # daemon side of user 1000's
+        ("0100007F:9C41", "0100007F:C383", "01", 0),
+        ("0100007F:C383", "0500007F:9C42", "01", 23),  # a client whose socket is not here
+    ], uids={1: 65534, 3: 1000})
+    assert connections(0xC383, (table,)) == {"127.0.0.1 uid 65534": [21],
+                                             "127.0.0.1 uid 1000": [22], "127.0.0.5": [23]}
+    # gRPC's listener in IPv6 with IPv4-mapped addresses (tcp6), its client in IPv4 (tcp).
+    mapped = "0000000000000000FFFF00000100007F"  # ::ffff:127.0.0.1
+    v6 = tmp_path / "tcp6"
+    v6.write_text(f"header\n   0: {mapped}:C383 {mapped}:9C40 01 0:0 0:0 0 0 0 31 1\n")
+    v4 = _table(tmp_path, [("0100007F:9C40", "0100007F:C383", "01", 0)], uids={0: 65534})
+    assert connections(0xC383, (v4, v6)) == {"127.0.0.1 uid 65534": [31]}
 
 
 def test_no_readable_table_is_an_error(tmp_path: Path) -> None:
