@@ -35,9 +35,10 @@ class ConnectionSettings:
         minimum=1)
     per_peer_max: int = setting(
         128, "Most connections one peer address holds on the gRPC listener, and on the "
-        "HTTP listener (a proxy in front counts as one peer); past it the newest are "
-        "closed (gRPC: within guard_interval) or refused (HTTP: 503). 0: no per-peer "
-        "cap.", minimum=0)
+        "HTTP listener (a proxy in front counts as one peer; on the gRPC listener a "
+        "client on this host is one peer per user); past it the newest are closed "
+        "(gRPC: within guard_interval) or refused (HTTP: 503). 0: no per-peer cap.",
+        minimum=0)
     guard_interval: float = setting(
         1.0, "Seconds between looks for gRPC peers over per_peer_max (gRPC's core "
         "cannot count per peer, so llamad looks at its sockets).", minimum=0.1)
