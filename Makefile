@@ -3,8 +3,8 @@
 #   make test    `make check` first, then set everything up and run the other test tiers
 #   make check   the venv only, then lint, type checks and the unit tier (about a minute)
 #
-# Everything is cached: pip keeps the compiled llama-cpp-python wheel, llama-server is
-# built once per version under ~/.cache/llamad, and prepared models are reused.
+# Everything is cached: pip keeps the compiled llama-cpp-python wheel (which carries
+# llama-server too, see LLAMA_CMAKE_ARGS), and prepared models are reused.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
@@ -13,6 +13,12 @@ MODELS_DIR ?= models/gguf
 JOBS ?= $(shell nproc)
 LISTEN ?= 127.0.0.1:50051
 LLAMA_CPP_PYTHON_VERSION := 0.3.36
+
+# llama-cpp-python compiles its vendored llama.cpp; this hook makes the same build compile
+# llama-server too, against the package's shared libraries, into the wheel
+# (site-packages/llama_cpp/bin): llama.cpp is compiled once, not a second time for the server.
+LLAMA_CMAKE_ARGS := -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(abspath packaging/llama-server/hook.cmake)
+LLAMA_BUILD_ENV = CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS"
 
 STAMP := $(VENV)/.installed
 MANIFEST := $(MODELS_DIR)/manifest.json
@@ -31,12 +37,14 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# llama-cpp-python compiles from source the first time (minutes); pip caches the wheel.
-	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(LLAMA_BUILD_ENV) $(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $@
 
 install: $(STAMP)
 
-# llama-server beside the venv's python is where llamad looks first.
+# llama-server beside the venv's python is where llamad looks first: a link to the one in
+# the llama-cpp-python package (a static one is built and cached under ~/.cache/llamad only
+# when the installed wheel has none, e.g. one pip cached from a build without the hook).
 $(BIN)/llama-server: packaging/build-llama-server.sh | $(STAMP)
 	bin="$$(LLAMAD_BUILD_JOBS=$(JOBS) PYTHON=$(BIN)/python \
 	  packaging/build-llama-server.sh $(LLAMA_CPP_PYTHON_VERSION))" && ln -sf "$$bin" $@
@@ -99,7 +107,7 @@ proto: install
 # wheel (the client alone, for other tools), plus the wheels the default models are prepared
 # from, in one folder to carry to an air-gapped machine.
 wheelhouse: install
-	$(BIN)/python -m pip wheel --quiet --wheel-dir $(WHEELHOUSE) .
+	$(LLAMA_BUILD_ENV) $(BIN)/python -m pip wheel --quiet --wheel-dir $(WHEELHOUSE) .
 	$(BIN)/python packaging/client/build.py --wheel-dir $(WHEELHOUSE)
 	$(BIN)/python -m pip download --quiet --no-deps --only-binary :all: \
 	  --dest $(WHEELHOUSE) $(MODEL_WHEELS)

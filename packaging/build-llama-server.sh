@@ -1,13 +1,41 @@
 #!/usr/bin/env bash
-# Build llama.cpp's `llama-server` from the sources vendored in the llama-cpp-python sdist,
-# so the production runtime comes from a package registry and nothing else. The result is
-# cached per llama-cpp-python version under $LLAMAD_CACHE (default ~/.cache/llamad): a second
-# run is a no-op. Prints the binary's path on stdout.
+# Find or build llama.cpp's `llama-server` for a llama-cpp-python version, so the production
+# runtime comes from a package registry and nothing else. Prints the binary's path on stdout.
+#
+# `make install` builds llama-cpp-python with packaging/llama-server/hook.cmake: its one
+# compile of the vendored llama.cpp also makes llama-server, shipped in the package
+# (site-packages/llama_cpp/bin, linked to the package's own shared libraries). With that
+# version installed in $PYTHON's environment, this prints that binary and compiles nothing.
+# Otherwise (e.g. a wheel pip had cached from a build without the hook) it builds a static
+# llama-server from the sources vendored in the llama-cpp-python sdist, cached per version
+# under $LLAMAD_CACHE (default ~/.cache/llamad): a second run is a no-op.
 #
 #   packaging/build-llama-server.sh [VERSION]
 set -euo pipefail
 
 version="${1:-0.3.36}"
+python="${PYTHON:-python3}"
+
+packaged="$("$python" - "$version" 2>/dev/null <<'EOF' || true
+import importlib.metadata
+import importlib.util
+import pathlib
+import sys
+
+try:
+    installed = importlib.metadata.version("llama-cpp-python")
+except importlib.metadata.PackageNotFoundError:
+    sys.exit(0)
+spec = importlib.util.find_spec("llama_cpp")
+if installed == sys.argv[1] and spec and spec.submodule_search_locations:
+    print(pathlib.Path(spec.submodule_search_locations[0], "bin", "llama-server"))
+EOF
+)"
+if [[ -n "$packaged" && -x "$packaged" ]] && "$packaged" --version >/dev/null 2>&1; then
+    echo "$packaged"
+    exit 0
+fi
+
 cache="${LLAMAD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llamad}"
 prefix="$cache/llama-server-$version-$(uname -m)"
 bin="$prefix/bin/llama-server"
@@ -17,7 +45,8 @@ if [[ -x "$bin" ]] && "$bin" --version >/dev/null 2>&1; then
     exit 0
 fi
 
-python="${PYTHON:-python3}"
+echo "llama-cpp-python $version in $python's environment carries no llama-server:" \
+    "building one from its sdist (minutes)" >&2
 work="$cache/build-llama-server-$version"
 mkdir -p "$work"
 sdist="$(ls "$work"/llama_cpp_python-"$version".tar.gz 2>/dev/null || true)"
