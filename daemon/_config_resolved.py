@@ -129,6 +129,7 @@ class Config:
     recycle_max_rss_mb = _Read[int]("recycle.max_rss_mb")
     recycle_check_interval = _Read[float]("recycle.check_interval")
     recycle_min_uptime = _Read[float]("recycle.min_uptime")
+    recycle_cancel_grace = _Read[float]("recycle.cancel_grace")
 
     @property
     def policy(self) -> RestartPolicy:

@@ -211,6 +211,11 @@ class RecycleSettings:
     min_uptime: float = setting(
         60.0, "A child is recycled at most once per this many seconds of running.",
         minimum=0)
+    cancel_grace: float = setting(
+        60.0, "Seconds a llama-server child has, after a call on it was cancelled (its "
+        "deadline passed or its client left), to answer a request that needs its serving "
+        "loop; one that does not (stuck in one token) is replaced, make-before-break; 0: "
+        "never.", minimum=0)
 
 
 # Chat's and Ask's sampling defaults (limits.chat_*, answer.*), measured by

@@ -191,6 +191,10 @@ class Metrics:
             "llamad_swaps", "Model swaps and mode switches, by outcome: ok, failed (the old "
             "one kept serving) or rejected.",
             ["role", "outcome"], registry=r)
+        self._stuck = Counter(
+            "llamad_stuck_replacements", "Children replaced as stuck: their serving loop did "
+            "not answer within recycle.cancel_grace of a cancelled call on them.",
+            ["role"], registry=r)
         self._swap_seconds = Histogram(
             "llamad_swap_duration_seconds",
             "Time from a swap request until the new child served (or the swap gave up).",
@@ -242,6 +246,7 @@ class Metrics:
         for role in sorted(self._roles):
             self._child_restarts.labels(role=role)
             self._breaker_opens.labels(role=role)
+            self._stuck.labels(role=role)
             self._tokens.labels(role=role)
             self._queue_depth.labels(role=role)
             self._in_flight.labels(role=role)
@@ -301,6 +306,10 @@ class Metrics:
         role = self._role(role)
         self._swaps.labels(role=role, outcome=_fold(outcome, self._outcomes)).inc()
         self._swap_seconds.labels(role=role).observe(max(0.0, seconds))
+
+    def stuck_replaced(self, role: str) -> None:
+        """Count a child replaced as stuck after a cancelled call."""
+        self._stuck.labels(role=self._role(role)).inc()
 
     # -- the model pool ------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from supervisor import SwapFailedError
@@ -52,6 +52,9 @@ class InferenceRouter:
         self._roles = dict(roles)
         self._pool: Pool | None = None
         self.draining = False
+        self.on_cancelled: Callable[[Role, int], None] | None = None
+        """Told of every admitted call cancelled (deadline, client gone) with the role and
+        the child process it ran on (:class:`daemon.cancel_watch.CancelWatch`)."""
 
     def attach(self, pool: Pool) -> None:
         """Route calls that name a model through ``pool`` (issue 14): the roles' models
@@ -228,8 +231,13 @@ class InferenceRouter:
                     loaded = False
                     self._entered(role, model)
                 pid = served.serving_pid
-                yield (self.backend(role, in_flight=in_flight) if fixed
-                       else self._check(served))
+                try:
+                    yield (self.backend(role, in_flight=in_flight) if fixed
+                           else self._check(served))
+                except asyncio.CancelledError:
+                    if self.on_cancelled is not None:
+                        self.on_cancelled(served, pid)
+                    raise
                 served.admission.count_served(pid)
         finally:
             if loaded:

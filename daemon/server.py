@@ -45,6 +45,7 @@ from .admission import Admission
 from .answer import AnswerServicer, AuditLog, ResponseCache
 from .auth import AuthInterceptor, TlsCredentials
 from .balancing import AgentServer, Drainer, agent_reply
+from .cancel_watch import CancelWatch
 from .children import build_child
 from .config import Config
 from .connlimits import ConnectionCap, budget_of, grpc_options
@@ -172,6 +173,9 @@ class Daemon:
             self.metrics.model_resident(name, True)
         self.router.attach(self.pool)
         self.swaps = SwapManager(self.children)
+        self.cancel_watch = CancelWatch(self.swaps, self.metrics,
+                                        lambda: self.config.recycle_cancel_grace)
+        self.router.on_cancelled = self.cancel_watch.cancelled
         self.modes = ModeManager(self.children, lambda: self.config)
         self.retriever: Retriever | None = None
         self._answer: AnswerServicer | None = None
@@ -476,6 +480,7 @@ class Daemon:
             await self._retrieval.close()  # refreshes first: they write to the retriever
         if self.retriever is not None:
             await self.retriever.close()
+        await self.cancel_watch.aclose()
         await self.pool.stop()
         for role in ("generation", "embedding"):
             await self.children[role].stop()

@@ -8,6 +8,7 @@ requests) are mapped here, at the boundary, into :mod:`supervisor.errors`.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
@@ -216,6 +217,20 @@ class InferenceClient:
         if resp.status_code == 503:
             return Health.LOADING
         return Health.DOWN
+
+    async def loop_answers(self, timeout: float) -> bool:
+        """Whether llama-server's serving loop answers within ``timeout`` seconds.
+
+        ``GET /lora-adapters`` is answered by the loop that also samples every slot's next
+        token (a task it takes between steps), unlike ``/health``, which its HTTP threads
+        answer even while that loop is stuck inside one token. Any answer counts.
+        """
+        try:
+            async with asyncio.timeout(timeout):
+                await self._request("GET", "/lora-adapters", None, timeout)
+        except (TimeoutError, ChildRequestError):
+            return False
+        return True
 
     async def read_chat_caps(self, timeout: float = 2.0) -> None:
         """Learn whether the chat template renders tools from llama-server's
