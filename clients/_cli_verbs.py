@@ -305,8 +305,8 @@ def search(client: Client, args: argparse.Namespace) -> int:
 def _counts(p: ReindexProgress, seconds: float) -> str:
     rate = p.seen / seconds if seconds > 0 else 0.0
     return (f"{p.source_id}: {p.seen} files: {p.added} added, {p.changed} changed, "
-            f"{p.unchanged} unchanged, {p.deleted} deleted, {len(p.failed)} failed, "
-            f"{len(p.skipped)} skipped — {seconds:.1f}s, {rate:.1f} files/s")
+            f"{p.unchanged} unchanged, {p.deleted} deleted, {p.failed_total} failed, "
+            f"{p.skipped_total} skipped — {seconds:.1f}s, {rate:.1f} files/s")
 
 
 def _reindex(client: Client, source_id: str, as_json: bool, verb: str,
@@ -332,6 +332,11 @@ def _reindex(client: Client, source_id: str, as_json: bool, verb: str,
             for issue in p.failed:
                 print(f"llamad: {verb}: {p.source_id}: {issue.path}: {issue.reason}",
                       file=sys.stderr)
+            if p.failed_total > len(p.failed):
+                print(f"llamad: {verb}: {p.source_id}: {p.failed_total - len(p.failed)} "
+                      "more files failed (not listed)", file=sys.stderr)
+            if p.limit_reached:
+                print(f"llamad: {verb}: {p.source_id}: {p.limit_reached}", file=sys.stderr)
             began = time.monotonic()
     if not finished:
         print(f"llamad: {verb}: no directory source to scan", file=sys.stderr)

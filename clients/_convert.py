@@ -293,7 +293,10 @@ def reindex_progress(msg: retrieval_pb2.ReindexProgress) -> ReindexProgress:
         source_id=msg.source_id, seen=msg.seen, added=msg.added, changed=msg.changed,
         unchanged=msg.unchanged, deleted=msg.deleted,
         failed=tuple(FileIssue(f.path, f.reason) for f in msg.failed),
-        skipped=tuple(FileIssue(f.path, f.reason) for f in msg.skipped), done=msg.done)
+        skipped=tuple(FileIssue(f.path, f.reason) for f in msg.skipped), done=msg.done,
+        failed_total=max(msg.failed_total, len(msg.failed)),
+        skipped_total=max(msg.skipped_total, len(msg.skipped)),
+        limit_reached=msg.limit_reached)
 
 
 def _opt(msg: Any, name: str) -> Any:

@@ -323,7 +323,14 @@ class FileIssue:
 
 @dataclass(frozen=True, slots=True)
 class ReindexProgress:
-    """Counts of a directory source's rescan so far; ``done`` on its last message."""
+    """Counts of a directory source's rescan so far; ``done`` on its last message.
+
+    ``failed`` and ``skipped`` list the first files only (at most 100 each, so a message
+    stays small); ``failed_total`` and ``skipped_total`` count them all. ``limit_reached``
+    is non-empty when new files were not added because the source is at
+    ``retrieval.max_files_per_source`` (or ``retrieval.max_source_mb``): it says which and
+    how many; documents indexed before are all kept.
+    """
 
     source_id: str
     seen: int
@@ -334,6 +341,9 @@ class ReindexProgress:
     failed: tuple[FileIssue, ...]
     skipped: tuple[FileIssue, ...]
     done: bool
+    failed_total: int = 0
+    skipped_total: int = 0
+    limit_reached: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,8 +73,12 @@ class RetrievalSettings:
     max_document_chars: int = setting(
         5_000_000, "Longest document text (after extraction), characters.", minimum=1)
     max_file_mb: int = setting(20, "Largest file a scan reads, MiB.", minimum=1)
-    max_files_per_source: int = setting(20000, "Files a scan indexes per source.", minimum=1)
-    max_source_mb: int = setting(2048, "Bytes a scan indexes per source, MiB.", minimum=1)
+    max_files_per_source: int = setting(
+        20000, "Documents a directory source holds: past it a scan adds no new file (and "
+        "says so); none indexed is dropped, and skipped files take no room.", minimum=1)
+    max_source_mb: int = setting(
+        2048, "File bytes a directory source holds, MiB: past it a scan adds no new file "
+        "(and says so); none indexed is dropped.", minimum=1)
     pdf_timeout: float = setting(30.0, "Seconds to extract one PDF.", minimum=1)
     pdf_max_pages: int = setting(2000, "Most pages a PDF may have.", minimum=1)
     pdf_max_memory_mb: int = setting(

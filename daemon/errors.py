@@ -42,6 +42,7 @@ retrieval SourceDisabled      FAILED_PRECONDITION    no
 retrieval WrongState          FAILED_PRECONDITION    no (names the state)
 retrieval SourceNotAllowed    PERMISSION_DENIED      no
 SourceNotAllowed, no roots    FAILED_PRECONDITION    no
+retrieval SourceChanged       FAILED_PRECONDITION    no (names the source and its root)
 retrieval StorageFull         RESOURCE_EXHAUSTED     no (space must be freed first)
 retrieval Busy                RESOURCE_EXHAUSTED     yes
 retrieval IndexCorrupt        INTERNAL, its message  no (an operator must act)
@@ -75,6 +76,7 @@ from retrieval.errors import (
     NotFound,
     NotSupported,
     SchemaTooNew,
+    SourceChanged,
     SourceDisabled,
     SourceNotAllowed,
     StorageFull,
@@ -189,7 +191,7 @@ def map_error(exc: BaseException) -> Mapped:
         return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
     if isinstance(exc, NotFound | UnknownModel):
         return Mapped(grpc.StatusCode.NOT_FOUND, str(exc))
-    if isinstance(exc, VectorUnavailable | SourceDisabled | WrongState):
+    if isinstance(exc, VectorUnavailable | SourceDisabled | SourceChanged | WrongState):
         return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
     if isinstance(exc, EmbeddingModelMismatch | NotSupported | SchemaTooNew):
         return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))

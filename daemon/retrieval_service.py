@@ -282,7 +282,8 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
                         await task
             report = task.result()
             call.note(source=source.id, added=report.added, changed=report.changed,
-                      deleted=report.deleted, failed=len(report.failed))
+                      deleted=report.deleted, failed=report.failed_total,
+                      limit_reached=bool(report.limit_reached))
             yield _progress(report, done=True)
 
     @rpc.unary("Search")

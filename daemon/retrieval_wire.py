@@ -177,4 +177,6 @@ def _progress(r: ScanReport, done: bool) -> rpb.ReindexProgress:
         unchanged=r.unchanged, deleted=r.deleted, done=done,
         failed=[rpb.FileIssue(path=p, reason=why) for p, why in r.failed],
         skipped=[rpb.FileIssue(path=p, reason=why) for p, why in r.skipped],
+        failed_total=r.failed_total, skipped_total=r.skipped_total,
+        limit_reached=r.limit_reached,
     )

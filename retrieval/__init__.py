@@ -20,7 +20,8 @@ from ._migrate import Migration, MigrationProgress, MigrationRefused, migrate_st
 from ._pg_connect import PgOptions, check_dsn
 from ._redact import PLACEHOLDER_PREFIX, Redacted, redact
 from ._retriever import Retriever
-from ._scan import ScanReport, check_root, scan_source
+from ._scan import check_root, scan_source
+from ._scan_report import ScanReport
 from ._search import MODES, Hit, Query, SearchResult, snippet
 from ._store import DocumentRow, SourceRow
 from .errors import (
@@ -33,6 +34,7 @@ from .errors import (
     NotSupported,
     RetrievalError,
     SchemaTooNew,
+    SourceChanged,
     SourceDisabled,
     SourceNotAllowed,
     StorageFull,
@@ -76,6 +78,7 @@ __all__ = [
     "ScanReport",
     "SchemaTooNew",
     "SearchResult",
+    "SourceChanged",
     "SourceDisabled",
     "SourceNotAllowed",
     "SourceRoot",

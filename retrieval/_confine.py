@@ -101,6 +101,23 @@ class SourceRoot:
             raise SourceNotAllowed(f"{path} changed while being opened (it now leads to "
                                    f"{display_name(real)}); not scanned", configured=True)
         self._real = real or str(path)
+        held = os.fstat(self._fd)
+        self._identity = (held.st_dev, held.st_ino)
+
+    def moved(self) -> str | None:
+        """Why :attr:`path` no longer leads to the directory this holds open (it was
+        renamed or removed, or replaced by a symlink or another directory), or None while
+        it still does. What is open stays readable either way; a scan uses this to stop,
+        rather than report every file of a moved root as outside it (or gone)."""
+        try:
+            now = os.stat(self.path, follow_symlinks=False)
+        except OSError as exc:
+            return f"it is gone ({exc.strerror})"
+        if stat.S_ISLNK(now.st_mode):
+            return "it was replaced by a symlink"
+        if (now.st_dev, now.st_ino) != self._identity:
+            return "it was renamed, or replaced by another directory or file"
+        return None
 
     def close(self) -> None:
         """Close the descriptor (once no open is under way). Idempotent."""

@@ -13,6 +13,7 @@ The tree::
     ├── WrongState           a document not in the state the call needs (approving one
     │                        not awaiting review); the message names its state
     ├── SourceNotAllowed     a directory source outside the allowed roots (or none set)
+    ├── SourceChanged        a directory source's root changed or vanished during a scan
     ├── StorageFull          the disk (or quota) holding the indexes is full
     ├── IndexCorrupt         a store could not be opened or repaired
     ├── SchemaTooNew         a PostgreSQL store migrated by a newer llamad
@@ -25,10 +26,10 @@ The tree::
 None of these import or know about gRPC; the daemon maps them to status codes
 (``InvalidDocument`` and ``ExtractionError`` to INVALID_ARGUMENT, ``NotFound`` to NOT_FOUND,
 ``WrongState`` to FAILED_PRECONDITION, ``SourceNotAllowed`` to PERMISSION_DENIED, or
-FAILED_PRECONDITION when no root is configured; ``StorageFull`` to RESOURCE_EXHAUSTED;
-``IndexCorrupt`` to INTERNAL with its message). :func:`is_storage_full` recognises a full
-disk in any error (SQLite's, tantivy's, an ``OSError``), for the paths that do not raise
-``StorageFull``.
+FAILED_PRECONDITION when no root is configured; ``SourceChanged`` to FAILED_PRECONDITION;
+``StorageFull`` to RESOURCE_EXHAUSTED; ``IndexCorrupt`` to INTERNAL with its message).
+:func:`is_storage_full` recognises a full disk in any error (SQLite's, tantivy's, an
+``OSError``), for the paths that do not raise ``StorageFull``.
 Every message is one line that can be shown to the caller as is: it names the document and
 says what is wrong, never a traceback.
 """
@@ -120,6 +121,13 @@ class SourceNotAllowed(RetrievalError):
     def __init__(self, reason: str, *, configured: bool) -> None:
         self.configured = configured
         super().__init__(reason)
+
+
+class SourceChanged(RetrievalError):
+    """A directory source's root was renamed, removed or replaced (by a symlink, say)
+    while it was being scanned, or cannot be resolved (a symlink loop). The scan stopped:
+    nothing beneath the new path was read and no document was deleted; the message names
+    the source and its root. Scan again once the root is back in place."""
 
 
 class StorageFull(RetrievalError):

@@ -670,16 +670,34 @@ class ReindexProgress(_message.Message):
     FAILED_FIELD_NUMBER: _builtins.int
     SKIPPED_FIELD_NUMBER: _builtins.int
     DONE_FIELD_NUMBER: _builtins.int
+    FAILED_TOTAL_FIELD_NUMBER: _builtins.int
+    SKIPPED_TOTAL_FIELD_NUMBER: _builtins.int
+    LIMIT_REACHED_FIELD_NUMBER: _builtins.int
     source_id: _builtins.str
     seen: _builtins.int
+    """Files the scan took in: those indexed before and the new ones it admitted."""
     added: _builtins.int
     changed: _builtins.int
     unchanged: _builtins.int
     deleted: _builtins.int
     done: _builtins.bool
     """The last message for this source."""
+    failed_total: _builtins.int
+    skipped_total: _builtins.int
+    limit_reached: _builtins.str
+    """Non-empty when new files were not added because the source holds
+    retrieval.max_files_per_source documents (or retrieval.max_source_mb): says
+    which limit and how many files. Documents indexed before are all kept.
+    """
     @_builtins.property
-    def failed(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileIssue]: ...
+    def failed(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileIssue]:
+        """The first files that failed, and the first skipped (empty, unreadable, past the
+        source's limits, ...): at most 100 of each and 32 KiB of text in all, each reason
+        clipped to 300 characters, so a message stays far below gRPC's default 4 MiB
+        receive limit whatever the source holds. failed_total and skipped_total count them
+        all.
+        """
+
     @_builtins.property
     def skipped(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileIssue]: ...
     def __init__(
@@ -694,10 +712,13 @@ class ReindexProgress(_message.Message):
         failed: _abc.Iterable[Global___FileIssue] | None = ...,
         skipped: _abc.Iterable[Global___FileIssue] | None = ...,
         done: _builtins.bool = ...,
+        failed_total: _builtins.int = ...,
+        skipped_total: _builtins.int = ...,
+        limit_reached: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["added", b"added", "changed", b"changed", "deleted", b"deleted", "done", b"done", "failed", b"failed", "seen", b"seen", "skipped", b"skipped", "source_id", b"source_id", "unchanged", b"unchanged"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added", b"added", "changed", b"changed", "deleted", b"deleted", "done", b"done", "failed", b"failed", "failed_total", b"failed_total", "limit_reached", b"limit_reached", "seen", b"seen", "skipped", b"skipped", "skipped_total", b"skipped_total", "source_id", b"source_id", "unchanged", b"unchanged"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
