@@ -7,6 +7,22 @@ of times, nothing recurses, and nesting depth is bounded (``html_too_deep``). Sc
 styles and the like are dropped; the first ``<title>`` (else the first ``<h1>``) is the
 title; block elements become newlines; the first ``<meta>`` naming a date is the page's
 own date (:func:`retrieval._dates.meta_date`).
+
+Text a reader of the page does not see never reaches the index (nor, so, a prompt): a
+page can hide instructions for a model where its human reviewer would not look. Dropped
+with their content: ``<script>``, ``<style>``, ``<template>`` (inert, never rendered),
+``<noscript>`` (what a browser with scripting shows instead is the page itself; the
+fallback is typically "enable JavaScript"), ``<iframe>`` and the like, a ``<dialog>``
+without ``open``, and any element with the ``hidden`` attribute (``until-found`` too),
+``aria-hidden="true"``, or an inline style that hides it (``display: none``,
+``visibility: hidden`` or ``collapse``, ``content-visibility: hidden``, ``opacity: 0``,
+``font-size: 0``, ``color: transparent``; CSS comments and escapes resolved, entities
+decoded). Not recognised: hiding by a style sheet's class rules, by positioning off
+screen or clipping (the accessible "visually hidden" pattern, which screen readers read)
+or by text drawn in the background's colour; those need a CSS engine. A hidden element
+whose end tag may be omitted (``<p hidden>``, ``<li hidden>``) ends where a sibling of
+its kind starts, if that comes right inside it, else with its parent: when in doubt more
+is dropped, never less.
 """
 
 from __future__ import annotations
@@ -49,6 +65,59 @@ _BLOCK = frozenset({
 _PARAGRAPH = frozenset({"p", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "table", "blockquote",
                         "ul", "ol", "dl", "section", "article", "figure", "hr"})
 _PREFORMATTED = frozenset({"pre", "listing", "textarea"})
+# A hidden element whose end tag may be omitted ends at the start of these (when it is the
+# innermost open element), as HTML5 closes it; otherwise with its parent.
+_ENDED_BY = {
+    "p": _BLOCK | {"p"}, "li": {"li"}, "dt": {"dt", "dd"}, "dd": {"dt", "dd"},
+    "option": {"option", "optgroup"}, "optgroup": {"optgroup"},
+    "tr": {"tr", "tbody", "thead", "tfoot"}, "td": {"td", "th", "tr", "tbody", "thead", "tfoot"},
+    "th": {"td", "th", "tr", "tbody", "thead", "tfoot"},
+    "rb": {"rb", "rt", "rtc", "rp"}, "rt": {"rb", "rt", "rtc", "rp"},
+    "rtc": {"rb", "rtc", "rp"}, "rp": {"rb", "rt", "rtc", "rp"},
+}
+_ATTRIBUTE = re.compile(r"""([^\s"'>/=]++)(?:\s*+=\s*+(?:"([^"]*+)"|'([^']*+)'|([^\s>]++)))?""")
+_CSS_COMMENT = re.compile(r"/\*.*?(?:\*/|$)", re.DOTALL)
+_CSS_ESCAPE = re.compile(r"\\(?:([0-9a-fA-F]{1,6})[ \t\n\r\f]?|(.))", re.DOTALL)
+_CSS_ZERO = re.compile(r"[+-]?(?:0+\.?0*|\.0+)(?:[a-z]{1,4}|%)?")
+
+
+def _css_char(match: re.Match[str]) -> str:
+    if match.group(1) is None:
+        return match.group(2)
+    code = int(match.group(1), 16)
+    return chr(code) if 0 < code <= 0x10FFFF and not 0xD800 <= code <= 0xDFFF else "\ufffd"
+
+
+def _style_hides(style: str) -> bool:
+    """Whether an inline ``style`` hides its element (see the module doc)."""
+    css = _CSS_ESCAPE.sub(_css_char, _CSS_COMMENT.sub(" ", style)).lower()
+    for declaration in css.split(";"):
+        prop, _, value = declaration.partition(":")
+        prop = prop.strip()
+        value = " ".join(value.replace("!important", " ").split())
+        if ((prop == "display" and value == "none")
+                or (prop == "visibility" and value in ("hidden", "collapse"))
+                or (prop == "content-visibility" and value == "hidden")
+                or (prop in ("opacity", "font-size") and _CSS_ZERO.fullmatch(value))
+                or (prop == "color" and value == "transparent")):
+            return True
+    return False
+
+
+def _hides(tag: str, attributes: str) -> bool:
+    """Whether a start tag's ``attributes`` (the text between its name and ``>``) hide
+    the element (see the module doc). Linear in their length."""
+    lowered = attributes.lower()
+    if tag != "dialog" and "hidden" not in lowered and "style" not in lowered:
+        return False
+    names: dict[str, str] = {}
+    for match in _ATTRIBUTE.finditer(attributes):
+        value = next((v for v in match.group(2, 3, 4) if v is not None), "")
+        names.setdefault(match.group(1).lower(), html.unescape(value))
+    return ("hidden" in names
+            or names.get("aria-hidden", "").strip().lower() == "true"
+            or _style_hides(names.get("style", ""))
+            or (tag == "dialog" and "open" not in names))
 
 
 class _HtmlText:
@@ -61,6 +130,7 @@ class _HtmlText:
         self.newlines = 2            # trailing newlines in parts (2 = start of text)
         self.space = False           # a collapsed space is pending
         self.stack: list[str] = []
+        self.hiding: list[bool] = []  # per open element: whether it drops its content
         self.dropped = 0             # open elements whose content is dropped
         self.pre = 0                 # open preformatted elements
         self.in_head = False
@@ -115,7 +185,9 @@ class _HtmlText:
 
     # structure
 
-    def start(self, tag: str, self_closing: bool) -> None:
+    def start(self, tag: str, self_closing: bool, hidden: bool = False) -> None:
+        if self.stack and self.hiding[-1] and tag in _ENDED_BY.get(self.stack[-1], ()):
+            self.end(self.stack[-1])  # a hidden <p>, <li>, ... ended by its sibling
         if tag == "head":
             self.in_head = True
             return
@@ -124,27 +196,32 @@ class _HtmlText:
         if tag == "br":
             self.hard_break()
             return
-        if tag in ("td", "th"):
+        if tag in ("td", "th") and not hidden:
             if not self.dropped and self.newlines == 0:
                 self.parts.append(" | ")
                 self.space = False
             return
         if tag in _BLOCK:
             self.newline(2 if tag in _PARAGRAPH else 1)
-        if tag in _VOID or tag in _OPTIONAL_END or self_closing:
+        # A hidden element is pushed even if its end tag may be omitted, to drop its content.
+        if tag in _VOID or self_closing or (tag in _OPTIONAL_END and not hidden):
             return
+        self.push(tag, hides=hidden or tag in _DROPPED)
+        if tag in _PREFORMATTED:
+            self.pre += 1
+        if tag == "h1" and self.h1 is None and not self.h1_text:
+            self.h1 = []
+
+    def push(self, tag: str, *, hides: bool) -> None:
         self.stack.append(tag)
+        self.hiding.append(hides)
         if len(self.stack) > self.max_depth:
             raise ExtractionError(
                 f"{self.name}: HTML elements nested deeper than {self.max_depth} levels "
                 "(retrieval.html_max_depth)",
                 "html_too_deep")
-        if tag in _DROPPED:
+        if hides:
             self.dropped += 1
-        if tag in _PREFORMATTED:
-            self.pre += 1
-        if tag == "h1" and self.h1 is None and not self.h1_text:
-            self.h1 = []
 
     def end(self, tag: str) -> None:
         if tag == "head":
@@ -156,7 +233,7 @@ class _HtmlText:
             return                   # stray or optional end tag
         while self.stack:
             popped = self.stack.pop()
-            if popped in _DROPPED:
+            if self.hiding.pop():
                 self.dropped -= 1
             if popped in _PREFORMATTED:
                 self.pre -= 1
@@ -168,14 +245,14 @@ class _HtmlText:
         if tag in _BLOCK:
             self.newline(2 if tag in _PARAGRAPH else 1)
 
-    def raw(self, tag: str, content: str) -> None:
+    def raw(self, tag: str, content: str, hidden: bool = False) -> None:
         """Content of a raw-text element: script, style, ... are dropped; the first
         <title> is the title (never body text); a <textarea> is preformatted text."""
         if tag == "title":
             if self.title is None:
                 self.title = " ".join(html.unescape(content).split())
         elif tag == "textarea":
-            self.start(tag, self_closing=False)
+            self.start(tag, self_closing=False, hidden=hidden)
             self.text(content)
             self.end(tag)
 
@@ -224,7 +301,8 @@ def html_document(source: str, name: str, max_depth: int) -> tuple[str, str, int
             self_closing = source[pos - 2] == "/" and name_ not in _RAW_TEXT
             if name_ in _RAW_TEXT and name_ != "plaintext":
                 found = _RAW_END[name_].search(source, pos)
-                out.raw(name_, source[pos : found.start() if found else n])
+                out.raw(name_, source[pos : found.start() if found else n],
+                        name_ == "textarea" and _hides(name_, source[tag.end():pos - 1]))
                 if found is None:
                     break
                 gt = source.find(">", found.end() - 1)
@@ -233,7 +311,7 @@ def html_document(source: str, name: str, max_depth: int) -> tuple[str, str, int
             if name_ == "plaintext":
                 out.text(source[pos:].replace("&", "&amp;"))
                 break
-            out.start(name_, self_closing)
+            out.start(name_, self_closing, _hides(name_, source[tag.end():pos - 1]))
             continue
         # <!DOCTYPE>, <![CDATA[...]]>, <?pi?>, "</ 3>": skipped up to ">" (HTML5 treats
         # them as bogus comments outside foreign content).
