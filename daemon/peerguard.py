@@ -55,9 +55,9 @@ def _endpoint(hex_endpoint: str) -> tuple[str, int]:
 
 
 def connections(port: int, tables: tuple[Path, ...] = _TABLES) -> dict[str, list[int]]:
-    """The sockets connected to local ``port``: peer -> socket inodes. A peer is its
-    address, and for a client on this host (whose own socket is in the same tables) its
-    address and user: ``127.0.0.1 uid 65534``.
+    """The sockets connected to local ``port``: peer -> socket inodes, ascending. A peer
+    is its address, and for a client on this host (whose own socket is in the same
+    tables) its address and user: ``127.0.0.1 uid 65534``.
 
     Raises:
         OSError: no table could be read (no /proc, or it is hidden from the daemon).
@@ -78,7 +78,7 @@ def connections(port: int, tables: tuple[Path, ...] = _TABLES) -> dict[str, list
     # client's user, so local users do not share one cap. (Compared as text: gRPC's
     # listener may be IPv6 with IPv4-mapped addresses, the client's socket IPv4.)
     owners = {(_endpoint(f[1]), _endpoint(f[2])): f[7] for f in rows if f[2].endswith(suffix)}
-    peers: dict[str, list[int]] = {}
+    peers: dict[str, set[int]] = {}
     for f in rows:
         if not f[1].endswith(suffix) or f[3] == _LISTEN:
             continue
@@ -88,8 +88,10 @@ def connections(port: int, tables: tuple[Path, ...] = _TABLES) -> dict[str, list
         remote = _endpoint(f[2])
         uid = owners.get((remote, _endpoint(f[1])))
         key = remote[0] if uid is None else f"{remote[0]} uid {uid}"
-        peers.setdefault(key, []).append(inode)
-    return peers
+        # A set: a table read while it changes can list a socket twice (the kernel walks
+        # it in pieces), and a socket counted twice could push its peer over the cap.
+        peers.setdefault(key, set()).add(inode)
+    return {peer: sorted(inodes) for peer, inodes in peers.items()}
 
 
 def _descriptors(inodes: set[int]) -> Iterator[tuple[int, int]]:

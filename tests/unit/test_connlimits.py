@@ -100,6 +100,7 @@ def test_socket_table_is_read_by_peer(tmp_path: Path) -> None:
         ("0100007F:C383", "0300007F:9C42", "08", 13),  # 127.0.0.3, close-wait
         ("0100007F:1F90", "0200007F:9C43", "01", 14),  # another port
         ("0100007F:C383", "0200007F:9C44", "01", 0),  # not accepted yet
+        ("0100007F:C383", "0200007F:9C41", "01", 12),  # listed twice (read as it changed)
     ])
     mapped = "0000000000000000FFFF00000A00000A"  # ::ffff:10.0.0.10
     v6 = tmp_path / "tcp6"
