@@ -316,7 +316,12 @@ class ProcessLauncher:
 
     async def launch(self, on_stage: StageSink | None = None) -> ProcessChild:
         alias = f"llamad-{self.spec.role}-{secrets.token_hex(6)}"
-        sock = self._socket_picker()
+        try:
+            sock = self._socket_picker()
+        except OSError as exc:  # no private directory: never fall back to a shared one
+            raise StartFailure(ExitCause(
+                "spawn_error", True, f"no private directory for the child's socket: {exc}",
+                at=self._clock.wall())) from exc
         try:
             argv = self.runtime.command(self.spec, socket=sock, alias=alias)
         except ValueError as exc:

@@ -134,6 +134,10 @@ def runtime_dir() -> Path:
                 break
             except FileNotFoundError:  # its parent is gone (XDG_RUNTIME_DIR of a past login)
                 continue
+            except PermissionError as exc:  # not ours to write in: the next one
+                _log.warning("runtime directory not usable", path=str(candidate),
+                             error=str(exc))
+                continue
         if chosen is None:
             chosen = _temporary()
         sweep_stale(chosen)

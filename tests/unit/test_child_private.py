@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import LogRing, ProcessLauncher, Sampling, SystemClock, _rundir
+from supervisor import LogRing, ProcessLauncher, Sampling, StartFailure, SystemClock, _rundir
 from supervisor._rundir import (
     SUN_PATH_MAX,
     RuntimeDirError,
@@ -247,3 +247,18 @@ async def test_a_launched_child_gets_its_key_through_its_environment(tmp_path: P
     finally:
         await child.stop()
     assert not sock.exists()
+
+
+async def test_no_private_directory_fails_the_start_for_good(tmp_path: Path) -> None:
+    """A runtime directory that is not private (someone else's) fails the launch at once,
+    permanent, naming why; no child is started anywhere else."""
+    def theirs() -> Path:
+        raise RuntimeDirError("runtime directory /run/llamad/children belongs to uid 65534")
+
+    launcher = ProcessLauncher(LaunchSpec(role="generation", model=tmp_path / "m.gguf"),
+                               FakeRuntime(), clock=SystemClock(), ring=LogRing(10),
+                               socket_picker=theirs)
+    with pytest.raises(StartFailure) as failed:
+        await launcher.launch()
+    assert failed.value.cause.kind == "spawn_error" and failed.value.cause.permanent
+    assert "belongs to uid 65534" in failed.value.cause.message
