@@ -21,8 +21,9 @@ LISTED_ISSUES = 100
 LISTED_BYTES = 32 * 1024
 """UTF-8 bytes of paths and reasons a report lists in all: 100 paths of PATH_MAX (4 KiB)
 would be 400 KiB, so the count alone does not bound a message."""
-REASON_CHARS = 300
-"""A listed reason is clipped to this (an extraction error may quote a long name)."""
+REASON_CHARS = 500
+"""A listed reason is clipped to this, as a document's stored error is (an extraction error
+may quote a long name)."""
 
 
 @dataclass

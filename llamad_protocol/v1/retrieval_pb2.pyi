@@ -693,7 +693,7 @@ class ReindexProgress(_message.Message):
     def failed(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileIssue]:
         """The first files that failed, and the first skipped (empty, unreadable, past the
         source's limits, ...): at most 100 of each and 32 KiB of text in all, each reason
-        clipped to 300 characters, so a message stays far below gRPC's default 4 MiB
+        clipped to 500 characters, so a message stays far below gRPC's default 4 MiB
         receive limit whatever the source holds. failed_total and skipped_total count them
         all.
         """
