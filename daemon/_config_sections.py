@@ -293,7 +293,8 @@ class LogSettings:
         20, "Identical warning and error lines (same logger, level, event and exception "
         "type) written per rate_interval; past it they are counted, and one 'log lines "
         "suppressed' line says how many (the first ones are always written; the calls' "
-        "own summary lines are never limited). 0: no limit.", minimum=0)
+        "own summary lines, a child's output and access denials, which have limits of "
+        "their own, are not limited here). 0: no limit.", minimum=0)
     rate_interval: float = setting(
         10.0, "Seconds of the log rate limit's window.", minimum=0.1)
 

@@ -5,9 +5,9 @@ bad call thousands of times a second) must not turn into thousands of tracebacks
 in the journal: it buries what matters and costs CPU. Lines are *identical* when their
 logger, level, event (a stdlib record's first message line) and exception type are: the
 fields that differ between them (a peer, an fd) do not make them different. Only warnings
-and errors are limited: info and debug lines are routine, and the calls' own summary
-lines (event ``rpc`` and ``http``, one per call, warnings for failed calls) are the call
-log and are never limited.
+and errors are limited: info and debug lines are routine, the calls' own summary lines
+(event ``rpc`` and ``http``, one per call, warnings for failed calls) are the call log,
+and a child's output and access denials have limits of their own (:data:`CALL_LINES`).
 
 :class:`RateLimiter` lets the first ``limit`` identical lines of each ``interval`` through,
 so a first occurrence is never lost; the rest are counted, and when the window of that
@@ -35,8 +35,12 @@ MAX_KEYS = 4096
 new line is let through untracked (an attacker varying the line must not grow memory)."""
 
 UNLIMITED_LEVELS = frozenset({"debug", "info", "notset"})
-CALL_LINES = frozenset({("llamad.rpc", "rpc"), ("llamad.http", "http")})
-"""(logger, event) of the calls' summary lines: one per call, never limited."""
+CALL_LINES = frozenset({("llamad.rpc", "rpc"), ("llamad.http", "http"),
+                        ("llamad.child", "child output"), ("llamad.auth", "access denied")})
+"""(logger, event) of lines never limited here: the calls' summary lines (one per call),
+and the lines that have a limit of their own (a child's output:
+:class:`daemon.logs.ChildLogForwarder`; access denials: ``daemon.auth``), whose summaries
+count what they drop."""
 
 Key = tuple[str, str, str, str]
 """(logger, level, event, exception type)."""

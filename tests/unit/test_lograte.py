@@ -69,10 +69,13 @@ def test_different_lines_have_their_own_windows() -> None:
 
 
 def test_info_lines_and_call_summaries_are_never_limited() -> None:
-    """Routine lines and the calls' own summary lines (one per call) always pass."""
+    """Routine lines, the calls' own summary lines (one per call) and lines limited on
+    their own (a child's output, access denials) always pass."""
     rl, _, summaries = limiter(limit=1)
     for key in [("llamad.daemon", "info", "listening", ""),
                 ("llamad.rpc", "warning", "rpc", ""), ("llamad.http", "info", "http", ""),
+                ("llamad.child", "error", "child output", ""),
+                ("llamad.auth", "warning", "access denied", ""),
                 ("llamad.log", "warning", SUMMARY_EVENT, "")]:
         assert all(rl.allow(key) for _ in range(100)), key
     assert summaries == []
