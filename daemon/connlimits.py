@@ -222,27 +222,36 @@ class CountedListener(socket.socket):
             self._on_refuse(peer, reason)
 
 
-def counted_listener(host: str, port: int, cap: ConnectionCap, *,
-                     refusal: Callable[[str], bytes] | None,
-                     on_refuse: Callable[[str, str], None],
-                     backlog: int = 128) -> CountedListener:
-    """A :class:`CountedListener` bound to ``host:port`` (the first address ``host``
-    resolves to; "" is every IPv4 address) and listening, non-blocking.
+def counted_listeners(host: str, port: int, cap: ConnectionCap, *,
+                      refusal: Callable[[str], bytes] | None,
+                      on_refuse: Callable[[str, str], None],
+                      backlog: int = 128) -> list[CountedListener]:
+    """:class:`CountedListener` sockets bound to every address ``host`` resolves to (""
+    is every address), as asyncio's ``create_server`` binds them, on one port (port 0:
+    the one the system gives the first), listening and non-blocking; all count against
+    one ``cap``.
 
     Raises:
-        OSError: the address cannot be resolved or bound.
+        OSError: the address cannot be resolved or bound (nothing is left bound).
     """
-    family, _, _, _, address = socket.getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    sock = CountedListener(family, cap, refusal, on_refuse)
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                               flags=socket.AI_PASSIVE)
+    socks: list[CountedListener] = []
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.bind(address)
-        sock.listen(backlog)
-        sock.setblocking(False)
+        for family, address in dict.fromkeys((i[0], i[4]) for i in infos):
+            sock = CountedListener(family, cap, refusal, on_refuse)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            bound = address
+            if port == 0 and len(socks) > 1:  # one port for every address
+                bound = (address[0], socks[0].getsockname()[1], *address[2:])
+            sock.bind(bound)
+            sock.listen(backlog)
+            sock.setblocking(False)
     except OSError:
-        sock.close()
+        for sock in socks:
+            sock.close()
         raise
-    return sock
+    return socks

@@ -38,7 +38,7 @@ from ..access import TlsMaterial, server_ssl_context
 from ..answer import AnswerServicer
 from ..auth import AuthInterceptor
 from ..config import HttpSettings, Limits
-from ..connlimits import ConnectionCap, counted_listener
+from ..connlimits import ConnectionCap, counted_listeners
 from ..metrics import Metrics
 from ..router import InferenceRouter
 from ..rpc import Call, write_summary
@@ -201,16 +201,19 @@ class HttpApi:
             # Called at every handshake (with None when the client sends no server name):
             # it hands over the certificate of the last reload.
             context.sni_callback = self._sni
+        socks: list[socket.socket] = []
         try:
             # Counted as they are accepted (connections.http_max, per_peer_max).
-            sock = counted_listener(host, int(port), self.connections,
-                                    refusal=_refusal if context is None else None,
-                                    on_refuse=_refused)
-            site = _Site(runner, sock, ssl_context=context,
-                         handshake_timeout=self._handshake_timeout)
-            await site.start()
+            socks += counted_listeners(host, int(port), self.connections,
+                                      refusal=_refusal if context is None else None,
+                                      on_refuse=_refused)
+            for sock in socks:
+                await _Site(runner, sock, ssl_context=context,
+                            handshake_timeout=self._handshake_timeout).start()
         except OSError as exc:
             await runner.cleanup()
+            for sock in socks:  # those no site took
+                sock.close()
             raise OSError(f"cannot serve the HTTP API on {listen}: {exc.strerror or exc}"
                           ) from None
         self._runner = runner

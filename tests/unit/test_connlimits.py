@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from daemon.config import ConnectionSettings
-from daemon.connlimits import MIN_LISTENER, ConnectionCap, budget, grpc_options
+from daemon.connlimits import (
+    MIN_LISTENER,
+    ConnectionCap,
+    budget,
+    counted_listeners,
+    grpc_options,
+)
 from daemon.peerguard import connections, enforce
 
 S = ConnectionSettings()
@@ -163,4 +169,46 @@ def test_enforce_shuts_down_only_this_processes_sockets_of_the_table(tmp_path: P
         assert client.recv(1) == b""  # the peer sees the connection end
     finally:
         for s in (client, server_side, listener):
+            s.close()
+
+
+def test_counted_listener_refuses_past_the_cap_at_accept() -> None:
+    """Past the cap, accept answers the refusal itself and closes the connection, then
+    hands over the next admitted one; a closed admitted connection gives its place
+    back."""
+    cap = ConnectionCap(total=1, per_peer=0)
+    refused: list[tuple[str, str]] = []
+    [listener] = counted_listeners("127.0.0.1", 0, cap, refusal=lambda why: b"no: " + why.encode(),
+                                   on_refuse=lambda peer, why: refused.append((peer, why)))
+    port = listener.getsockname()[1]
+    clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+    try:
+        listener.settimeout(2)
+        first, _ = listener.accept()
+        assert cap.open == 1
+        clients[1].settimeout(2)
+        with pytest.raises(TimeoutError):  # the second is refused, and none is left
+            listener.accept()
+        assert clients[1].recv(200).startswith(b"no: the listener holds its most")
+        assert [(peer, "most connections (1" in why) for peer, why in refused] == [
+            ("127.0.0.1", True)]
+        first.close()
+        assert cap.open == 0
+    finally:
+        for s in (*clients, listener):
+            s.close()
+
+
+def test_counted_listeners_bind_every_address_on_one_port() -> None:
+    """An empty host binds every address (IPv4 and IPv6 where there is IPv6), all on the
+    port the first got; they share one cap."""
+    cap = ConnectionCap(total=4, per_peer=0)
+    socks = counted_listeners("", 0, cap, refusal=None, on_refuse=lambda peer, why: None)
+    try:
+        expected = {info[0] for info in socket.getaddrinfo(
+            None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)}
+        assert {s.family for s in socks} == expected
+        assert len({s.getsockname()[1] for s in socks}) == 1
+    finally:
+        for s in socks:
             s.close()
