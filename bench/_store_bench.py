@@ -23,8 +23,9 @@ from bench._retrieval_bench.index import timing_commits
 from bench._retrieval_bench.metrics import ndcg, pct
 from daemon import logs
 from retrieval import Filters, PgOptions, Query, RetrievalError, RetrievalLimits, Retriever
+from retrieval._pg_bm25 import text_search
 from retrieval._pg_indexes import PgIndexes
-from retrieval._pg_search import text_search, vector_search
+from retrieval._pg_search import filter_sql, vector_search
 from retrieval._pg_store import PostgresStore
 from tests.support.embedder import HashEmbedder
 
@@ -193,7 +194,8 @@ class _Recorder:
 
 def explain(store: PostgresStore, mode: str, query: str) -> list[str]:
     """EXPLAIN (ANALYZE, BUFFERS) of the list query ``mode`` sends for ``query`` (the
-    statement caught from :mod:`retrieval._pg_search`, run again under EXPLAIN)."""
+    statement caught from :mod:`retrieval._pg_search` or :mod:`retrieval._pg_bm25`, run
+    again under EXPLAIN)."""
     rec = _Recorder()
     if mode == "vector":
         vector = asyncio.run(HashEmbedder(MODEL, DIM).embed([query]))[0]
@@ -202,7 +204,9 @@ def explain(store: PostgresStore, mode: str, query: str) -> list[str]:
                       limit=LIST_DEPTH, ef_search=store.options.ef_search,
                       max_scan_tuples=store.options.max_scan_tuples)
     else:
-        text_search(rec, query, Filters(), LIST_DEPTH)  # type: ignore[arg-type]
+        where, args = filter_sql(Filters())
+        text_search(rec, query, LIST_DEPTH, where, args,  # type: ignore[arg-type]
+                    filtered=False)
     *settings, (statement, params) = rec.calls
     with store._conn() as conn, conn.transaction():
         for s, p in settings:

@@ -1,6 +1,7 @@
 """The PostgreSQL store's schema: its migrations, the pgvector check, vector spaces.
 
-Tables (schema version 1; version 2 adds ``corpus_switch``, version 3 ``held_documents``):
+Tables (schema version 1; version 2 adds ``corpus_switch``, version 3 ``held_documents``,
+version 4 the BM25 tables of :mod:`retrieval._pg_bm25` and drops ``chunks.fts``):
 
 ==================  ==========================================================================
 table               holds
@@ -11,8 +12,8 @@ documents           as its ``documents``: ingest ``state``, ``content_hash``, ``
                     ``document_date``; ``tags text[]`` (GIN) for the tag filter
 chunks              ``key`` (identity: the chunk key, never reused), ``chunk_id`` (the citation
                     key), text, ``heading``, the document's ``title`` (copied: a generated
-                    column can only read its own row), ``fts``: a generated ``tsvector`` of
-                    title + heading + text (``english``), GIN-indexed
+                    column can only read its own row); up to version 3 also ``fts``, a
+                    generated ``tsvector`` of title + heading + text, GIN-indexed
 vector_spaces       one row per (embedding model, dimension): its id names its HNSW index
 chunk_vectors       (chunk key, space) -> ``embedding vector``; ``dim`` checked against
                     the vector and, through a foreign key, against the space
@@ -48,6 +49,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
+from ._pg_bm25 import MIGRATION_STATEMENTS as BM25_STATEMENTS
 from ._pg_connect import Connection
 from .errors import EmbeddingModelMismatch, SchemaTooNew, StoreUnavailable
 
@@ -160,6 +162,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             document_date bigint,
             held_at bigint NOT NULL,
             text text NOT NULL)""",
+    )),
+    Migration(4, "BM25 terms and statistics; the tsvector column goes", (
+        *BM25_STATEMENTS,
+        "DROP INDEX chunks_fts",
+        "ALTER TABLE chunks DROP COLUMN fts",
     )),
 )
 """Every migration, in order; a new one is appended (never edited once released)."""

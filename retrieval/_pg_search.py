@@ -1,15 +1,8 @@
 """The two ranked lists of the PostgreSQL store, filters inside both queries.
 
-Lexical list: PostgreSQL's full text, ``ts_rank_cd`` (cover density) over the chunks'
-generated ``fts`` column. Its ranking is not BM25 (no inverse document frequency, no
-length saturation); a BM25 extension (ParadeDB's ``pg_search``, ``pg_textsearch``) is
-detected at open (:func:`bm25_extension`) and reported, and is the next step. The query is
-OR of its lexemes, like the embedded BM25 list's SHOULD clauses (``websearch_to_tsquery``
-and ``plainto_tsquery`` AND every word, so one word absent from a chunk would drop it):
-the query text goes through the same ``english`` parser as the chunks, so technical tokens
-(``web01.example.net``, ``10.0.0.12``, ``v2.4.1``) stay whole on both sides, and each
-lexeme is quoted into the ``tsquery`` verbatim (the user's text is never parsed as
-``tsquery`` syntax).
+Lexical list: BM25 in plain SQL, :mod:`retrieval._pg_bm25` (this module gives it the
+filter conditions). A BM25 extension (``pg_textsearch``, ParadeDB's ``pg_search``) the
+server offers is detected at open (:func:`bm25_extension`) and reported.
 
 Vector list: cosine distance ``<=>`` on the space's partial HNSW index
 (:mod:`retrieval._pg_schema`), with ``hnsw.ef_search`` and ``hnsw.iterative_scan =
@@ -28,22 +21,11 @@ from collections.abc import Sequence
 import numpy as np
 from psycopg import sql
 
-from ._bm25 import MAX_QUERY_WORDS, Filters
+from ._bm25 import Filters
 from ._pg_connect import Connection
-
-LEXICAL_RANKING = "ts_rank_cd"
-"""The lexical ranking in use (reported in Status)."""
 
 BM25_EXTENSIONS = ("pg_search", "pg_textsearch")
 """BM25 extensions looked for, in order of preference."""
-
-# The query's lexemes (as the chunks' column parses text), each quoted as one tsquery
-# operand, OR'ed. Lexemes holding a quote or backslash are left out: the default parser
-# makes none, and quote_literal would escape them in a way tsquery input does not read.
-_TSQUERY = """(SELECT coalesce(string_agg(quote_literal(l), ' | '), '')::tsquery
-  FROM (SELECT l FROM unnest(tsvector_to_array(to_tsvector('english'::regconfig, %s))) l
-        WHERE strpos(l, '''') = 0 AND strpos(l, E'\\\\') = 0 LIMIT %s) lexemes)"""
-
 
 def bm25_extension(conn: Connection) -> str:
     """The first of :data:`BM25_EXTENSIONS` the server offers ("" when none)."""
@@ -78,20 +60,6 @@ def filter_sql(filters: Filters) -> tuple[sql.Composable, list[object]]:
         where.append(sql.SQL("d.id = ANY(%s)"))
         args.append(sorted(filters.doc_ids))
     return sql.SQL(" AND ").join(where), args
-
-
-def text_search(conn: Connection, query: str, filters: Filters,
-                limit: int) -> list[tuple[int, float]]:
-    """The lexical list: ``(chunk key, ts_rank_cd score)``, best first (ties by key)."""
-    where, args = filter_sql(filters)
-    statement = sql.SQL(
-        "WITH q AS (SELECT {tsquery} AS q) "
-        "SELECT c.key, ts_rank_cd(c.fts, q.q) AS score "
-        "FROM q, chunks c JOIN documents d ON d.id = c.doc_id "
-        "WHERE q.q <> ''::tsquery AND c.fts @@ q.q AND {where} "
-        "ORDER BY score DESC, c.key LIMIT %s").format(tsquery=sql.SQL(_TSQUERY), where=where)
-    rows = conn.execute(statement, [query, MAX_QUERY_WORDS, *args, limit]).fetchall()
-    return [(int(key), float(score)) for key, score in rows]
 
 
 def vector_search(conn: Connection, space_id: int, dim: int, vector: Sequence[float],

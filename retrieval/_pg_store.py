@@ -1,11 +1,11 @@
 """The PostgreSQL + pgvector store: the shared knowledge base of several nodes (issue 17).
 
-One transactional store is both the truth and the index: chunks, their full text
-(a generated ``tsvector``), their vectors (pgvector, an HNSW index per embedding model and
-dimension) and the documents' metadata for filters live in the same database, so a
-document's replacement (old chunks and vectors out, new ones in) is one transaction and an
-acknowledged write is durable by Postgres's own guarantees. There is nothing to reconcile
-at open, unlike the embedded store (:mod:`retrieval._indexes`).
+One transactional store is both the truth and the index: chunks, their BM25 terms and
+statistics (:mod:`retrieval._pg_bm25`), their vectors (pgvector, an HNSW index per
+embedding model and dimension) and the documents' metadata for filters live in the same
+database, so a document's replacement (old chunks and vectors out, new ones in) is one
+transaction and an acknowledged write is durable by Postgres's own guarantees. There is
+nothing to reconcile at open, unlike the embedded store (:mod:`retrieval._indexes`).
 
 Sync psycopg 3, not asyncio: the embedded :class:`~retrieval._store.Store` is a sync object
 that :mod:`retrieval._indexes` and :mod:`retrieval._search` call from worker threads
@@ -35,6 +35,8 @@ import psycopg
 import structlog
 
 from ._bm25 import Filters
+from ._pg_bm25 import LEXICAL_RANKING, delete_terms, fill_missing, write_terms
+from ._pg_bm25 import text_search as bm25_text_search
 from ._pg_connect import (
     Connection,
     PgOptions,
@@ -52,7 +54,7 @@ from ._pg_schema import (
     migrate,
     model_mismatch,
 )
-from ._pg_search import LEXICAL_RANKING, bm25_extension, text_search, vector_search
+from ._pg_search import bm25_extension, filter_sql, vector_search
 from ._pg_store_history import PgHistory
 from ._pg_store_review import PgReview
 from ._pg_store_rows import (
@@ -84,7 +86,7 @@ class PgInfo:
     server_version: str
     pgvector_version: str
     schema_version: int
-    lexical_ranking: str        # the ranking the lexical list uses now ("ts_rank_cd")
+    lexical_ranking: str        # the ranking the lexical list uses now ("bm25-sql")
     bm25_extension: str         # a BM25 extension the server offers ("" none)
     corpus_model: str           # the corpus's embedding model ("" none yet)
     corpus_dim: int
@@ -122,6 +124,7 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
         try:
             vector_version = ensure_vector_extension(conn, target)
             applied = migrate(conn, target)
+            filled = fill_missing(conn)  # chunks written before schema version 4
             row = conn.execute("SHOW server_version").fetchone()
             info = PgInfo(target, str(row[0]) if row else "", vector_version, SCHEMA_VERSION,
                           LEXICAL_RANKING, bm25_extension(conn), "", 0)
@@ -131,7 +134,7 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
         finally:
             conn.close()
         _log.info("postgres store open", store=target, schema_version=SCHEMA_VERSION,
-                  migrated=applied, pgvector=vector_version,
+                  migrated=applied, bm25_filled=filled, pgvector=vector_version,
                   lexical_ranking=info.lexical_ranking,
                   bm25_extension=info.bm25_extension or "none")
         return cls(options, Pool(options), ScanLocks(options), info)
@@ -201,6 +204,7 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
             keys = [int(r[0]) for r in conn.execute(
                 "SELECT c.key FROM chunks c JOIN documents d ON d.id = c.doc_id "
                 "WHERE d.source_id = %s", (source_id,))]
+            delete_terms(conn, keys)
             conn.execute("DELETE FROM sources WHERE id = %s", (source_id,))
         return keys
 
@@ -293,6 +297,8 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
                 "SELECT c.content_hash, v.embedding::float4[] FROM chunks c JOIN "
                 "chunk_vectors v ON v.chunk_key = c.key AND v.space_id = %s "
                 "WHERE c.doc_id = %s", (space.id, doc.id))}
+        delete_terms(conn, [int(r[0]) for r in conn.execute(
+            "SELECT key FROM chunks WHERE doc_id = %s", (doc.id,))])
         result.removed = [int(r[0]) for r in conn.execute(
             "DELETE FROM chunks WHERE doc_id = %s RETURNING key", (doc.id,))]
         rows = conn.execute(
@@ -305,6 +311,7 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
              [c.heading for c in chunks], [c.text for c in chunks],
              [c.content_hash for c in chunks])).fetchall()
         keys = {str(chunk_id): int(key) for key, chunk_id in rows}
+        write_terms(conn, [(keys[c.chunk_id], doc.title, c.heading, c.text) for c in chunks])
         pending: list[tuple[int, int, int, list[float]]] = []
         for c in chunks:
             key = keys[c.chunk_id]
@@ -410,9 +417,12 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
 
     def text_search(self, query: str, *, filters: Filters, limit: int
                     ) -> list[tuple[int, float]]:
-        """The lexical ranked list, filters applied in the query: ``(key, score)``."""
+        """The lexical ranked list (BM25, :mod:`retrieval._pg_bm25`), filters applied in
+        the query: ``(key, score)``."""
+        where, args = filter_sql(filters)
         with self._conn() as conn:
-            return text_search(conn, query, filters, limit)
+            return bm25_text_search(conn, query, limit, where, args,
+                                    filtered=filters != Filters())
 
     def vector_search(self, model: str, vector: np.ndarray, *, filters: Filters,
                       limit: int) -> list[tuple[int, float]]:

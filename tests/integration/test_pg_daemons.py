@@ -43,7 +43,7 @@ def test_two_daemons_share_one_postgres_store(
         assert found.mode == rpb.SEARCH_MODE_TEXT  # no embedding model: BM25-only
         for stub in (on_a, on_b):
             status = stub.Status(rpb.RetrievalStatusRequest(), timeout=30)
-            assert (status.store, status.lexical_ranking) == ("postgres", "ts_rank_cd")
+            assert (status.store, status.lexical_ranking) == ("postgres", "bm25-sql")
             assert status.store_target.startswith("llamad_nodes@")
             assert status.chunks == 1
         assert on_b.DeleteDocument(rpb.DeleteDocumentRequest(id="runbooks/disk"),

@@ -78,7 +78,7 @@ async def test_a_delete_on_one_node_is_gone_on_the_other(nodes: Nodes) -> None:
     assert (await a.document("docs/disk")) is None
     assert ids(await a.search("vpn tunnel")) == {"docs/vpn"}
     status = await a.status()
-    assert (status.store, status.lexical_ranking) == ("postgres", "ts_rank_cd")
+    assert (status.store, status.lexical_ranking) == ("postgres", "bm25-sql")
     assert status.documents_by_state == {"indexed": 1}
 
 
@@ -156,7 +156,7 @@ async def test_looking_inside_the_embedded_indexes_is_refused(nodes: Nodes) -> N
 
 async def test_two_daemons_services_share_the_store_over_grpc(nodes: Nodes) -> None:
     """Each node's RetrievalService over real gRPC: a push through A is found by B's
-    Search, Status says postgres and ts_rank_cd, a history source added through B is
+    Search, Status says postgres and bm25-sql, a history source added through B is
     A's too."""
     a, b = nodes
     async with serving(lambda s: retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(
@@ -172,11 +172,11 @@ async def test_two_daemons_services_share_the_store_over_grpc(nodes: Nodes) -> N
         found = await stub_b.Search(rpb.SearchRequest(query="dead peer detection"))
         assert [h.document_id for h in found.hits] == ["docs/vpn"]
         status = await stub_b.Status(rpb.RetrievalStatusRequest())
-        assert (status.store, status.lexical_ranking) == ("postgres", "ts_rank_cd")
+        assert (status.store, status.lexical_ranking) == ("postgres", "bm25-sql")
         assert status.store_target.startswith("postgres@") and "password" not in str(status)
         assert status.chunks == 1
         line = _retrieval_line(retrieval_status(status))
-        assert f"postgres store {status.store_target} (lexical ranking ts_rank_cd)" in line
+        assert f"postgres store {status.store_target} (lexical ranking bm25-sql)" in line
         await stub_b.AddSource(rpb.AddSourceRequest(id="notes", history=True, max_items=5))
         assert [(x.id, x.kind) for x in await a.sources()] == [("docs", "push"),
                                                               ("notes", "history")]
