@@ -52,6 +52,9 @@ class PgOptions:
             raised to the list's length when that is larger).
         max_scan_tuples: how far an iterative HNSW scan goes to satisfy a selective
             filter (``hnsw.max_scan_tuples``) before it returns fewer hits.
+        lexical_ranker: ``auto`` (a BM25 extension the server offers, else BM25 in plain
+            SQL), ``pg_textsearch``, ``pg_search`` or ``bm25-sql``
+            (:mod:`retrieval._pg_rankers`).
     """
 
     dsn: str
@@ -62,6 +65,7 @@ class PgOptions:
     statement_timeout_ms: int = 30_000
     ef_search: int = 100
     max_scan_tuples: int = 20_000
+    lexical_ranker: str = "auto"
 
 
 def describe(dsn: str) -> str:

@@ -35,8 +35,7 @@ import psycopg
 import structlog
 
 from ._bm25 import Filters
-from ._pg_bm25 import LEXICAL_RANKING, delete_terms, fill_missing, write_terms
-from ._pg_bm25 import text_search as bm25_text_search
+from ._pg_bm25 import delete_terms, fill_missing, write_terms
 from ._pg_connect import (
     Connection,
     PgOptions,
@@ -47,6 +46,7 @@ from ._pg_connect import (
     translated,
 )
 from ._pg_locks import ScanLocks, document_lock_key
+from ._pg_rankers import Ranker, choose
 from ._pg_schema import (
     SCHEMA_VERSION,
     ensure_vector_extension,
@@ -86,7 +86,7 @@ class PgInfo:
     server_version: str
     pgvector_version: str
     schema_version: int
-    lexical_ranking: str        # the ranking the lexical list uses now ("bm25-sql")
+    lexical_ranking: str        # the lexical ranker in use (_pg_rankers: "bm25-sql", ...)
     bm25_extension: str         # a BM25 extension the server offers ("" none)
     corpus_model: str           # the corpus's embedding model ("" none yet)
     corpus_dim: int
@@ -100,9 +100,10 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
     :class:`~retrieval._pg_store_review.PgReview`'s, history retention's
     :class:`~retrieval._pg_store_history.PgHistory`'s."""
 
-    def __init__(self, options: PgOptions, pool: Pool, locks: ScanLocks, info: PgInfo
-                 ) -> None:
+    def __init__(self, options: PgOptions, pool: Pool, locks: ScanLocks, info: PgInfo,
+                 ranker: Ranker) -> None:
         self.options = options
+        self._ranker = ranker
         self.target = info.target
         self._pool = pool
         self._locks = locks
@@ -125,9 +126,10 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
             vector_version = ensure_vector_extension(conn, target)
             applied = migrate(conn, target)
             filled = fill_missing(conn)  # chunks written before schema version 4
+            ranker = choose(conn, target, options.lexical_ranker)
             row = conn.execute("SHOW server_version").fetchone()
             info = PgInfo(target, str(row[0]) if row else "", vector_version, SCHEMA_VERSION,
-                          LEXICAL_RANKING, bm25_extension(conn), "", 0)
+                          ranker.name, bm25_extension(conn), "", 0)
         except psycopg.Error as exc:
             raise StoreUnavailable(f"PostgreSQL store {target}: "
                                    f"{first_line(exc)}") from None
@@ -137,7 +139,7 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
                   migrated=applied, bm25_filled=filled, pgvector=vector_version,
                   lexical_ranking=info.lexical_ranking,
                   bm25_extension=info.bm25_extension or "none")
-        return cls(options, Pool(options), ScanLocks(options), info)
+        return cls(options, Pool(options), ScanLocks(options), info, ranker)
 
     def close(self) -> None:
         """Release the scan locks and close every connection."""
@@ -417,12 +419,12 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
 
     def text_search(self, query: str, *, filters: Filters, limit: int
                     ) -> list[tuple[int, float]]:
-        """The lexical ranked list (BM25, :mod:`retrieval._pg_bm25`), filters applied in
-        the query: ``(key, score)``."""
+        """The lexical ranked list (BM25, by the ranker chosen at open:
+        :mod:`retrieval._pg_rankers`), filters applied in the query: ``(key, score)``."""
         where, args = filter_sql(filters)
         with self._conn() as conn:
-            return bm25_text_search(conn, query, limit, where, args,
-                                    filtered=filters != Filters())
+            return self._ranker.search(conn, query, limit, where, args,
+                                       filtered=filters != Filters())
 
     def vector_search(self, model: str, vector: np.ndarray, *, filters: Filters,
                       limit: int) -> list[tuple[int, float]]:
