@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import multiprocessing
 import multiprocessing.synchronize
+import os
 import statistics
 import tempfile
 import time
@@ -23,12 +24,14 @@ from bench._retrieval_bench.index import timing_commits
 from bench._retrieval_bench.metrics import ndcg, pct
 from daemon import logs
 from retrieval import Filters, PgOptions, Query, RetrievalError, RetrievalLimits, Retriever
-from retrieval._pg_bm25 import text_search
 from retrieval._pg_indexes import PgIndexes
 from retrieval._pg_search import filter_sql, vector_search
 from retrieval._pg_store import PostgresStore
 from tests.support.embedder import HashEmbedder
 
+RANKER_ENV = "LLAMAD_BENCH_RANKER"
+"""The PostgreSQL store's lexical ranker (``PgOptions.lexical_ranker``), in the
+environment so that the node processes of (d) use it too."""
 MODEL = "hash-bow-384"
 """The vectors: :class:`HashEmbedder` (bag of hashed words, 384 dimensions, as the default
 embedding model's), not a real model: the same on both backends, cheap enough for 100k
@@ -57,8 +60,10 @@ def retriever(kind: str, root: Path, dsn: str, embedder: HashEmbedder | None,
               limits: RetrievalLimits) -> Retriever:
     """A Retriever on ``kind`` (``embedded`` in ``root``, or ``postgres`` at ``dsn``);
     without an embedder, BM25-only."""
+    ranker = os.environ.get(RANKER_ENV) or "auto"
     return Retriever(root, lambda: embedder, limits,
-                     postgres=PgOptions(dsn) if kind == "postgres" else None)
+                     postgres=PgOptions(dsn, lexical_ranker=ranker) if kind == "postgres"
+                     else None)
 
 
 def pg_store(r: Retriever) -> PostgresStore:
@@ -194,7 +199,7 @@ class _Recorder:
 
 def explain(store: PostgresStore, mode: str, query: str) -> list[str]:
     """EXPLAIN (ANALYZE, BUFFERS) of the list query ``mode`` sends for ``query`` (the
-    statement caught from :mod:`retrieval._pg_search` or :mod:`retrieval._pg_bm25`, run
+    statement caught from :mod:`retrieval._pg_search` or the store's lexical ranker, run
     again under EXPLAIN)."""
     rec = _Recorder()
     if mode == "vector":
@@ -205,8 +210,8 @@ def explain(store: PostgresStore, mode: str, query: str) -> list[str]:
                       max_scan_tuples=store.options.max_scan_tuples)
     else:
         where, args = filter_sql(Filters())
-        text_search(rec, query, LIST_DEPTH, where, args,  # type: ignore[arg-type]
-                    filtered=False)
+        store._ranker.search(rec, query, LIST_DEPTH, where, args,  # type: ignore[arg-type]
+                             filtered=False)
     *settings, (statement, params) = rec.calls
     with store._conn() as conn, conn.transaction():
         for s, p in settings:

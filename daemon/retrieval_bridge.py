@@ -81,7 +81,8 @@ def pg_options(r: RetrievalSettings, *, max_connections: int | None = None) -> P
         max_connections=(r.postgres_max_connections if max_connections is None
                          else max_connections),
         statement_timeout_ms=round(r.postgres_statement_timeout * 1000),
-        ef_search=r.postgres_ef_search, max_scan_tuples=r.postgres_max_scan_tuples)
+        ef_search=r.postgres_ef_search, max_scan_tuples=r.postgres_max_scan_tuples,
+        lexical_ranker=r.postgres_lexical_ranker)
 
 
 class ChildEmbedder:

@@ -133,3 +133,11 @@ def test_pg_textsearch_is_refused_where_pg_search_is_installed(database: str) ->
     database that has pg_search is refused, saying so."""
     with pytest.raises(StoreUnavailable, match="both define the access method bm25"):
         PostgresStore.open(PgOptions(database, lexical_ranker="pg_textsearch"))
+
+
+def test_the_daemon_option_and_the_store_know_the_same_rankers() -> None:
+    """``retrieval.postgres_lexical_ranker``'s choices are the store's rankers."""
+    from daemon._config_retrieval import LEXICAL_RANKERS
+    from retrieval._pg_rankers import RANKERS
+
+    assert LEXICAL_RANKERS == RANKERS

