@@ -19,6 +19,9 @@ LLAMA_CPP_PYTHON_VERSION := 0.3.36
 # (site-packages/llama_cpp/bin): llama.cpp is compiled once, not a second time for the server.
 LLAMA_CMAKE_ARGS := -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(abspath packaging/llama-server/hook.cmake)
 LLAMA_BUILD_ENV = CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS"
+LLAMA_CPP_INSTALLED := import importlib.metadata as m; print(m.version('llama-cpp-python'))
+LLAMA_SERVER_PACKAGED := import importlib.util as u, pathlib, sys; s = u.find_spec('llama_cpp'); \
+  sys.exit(not pathlib.Path(s.submodule_search_locations[0], 'bin', 'llama-server').is_file())
 
 STAMP := $(VENV)/.installed
 MANIFEST := $(MODELS_DIR)/manifest.json
@@ -38,6 +41,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# llama-cpp-python compiles from source the first time (minutes); pip caches the wheel.
 	$(LLAMA_BUILD_ENV) $(BIN)/python -m pip install --quiet -e '.[dev]'
+	# A wheel pip had cached from a build without the hook carries no llama-server: drop it
+	# from pip's cache and build llama-cpp-python once more, with the hook (cached in its place).
+	@$(BIN)/python -c "$(LLAMA_SERVER_PACKAGED)" 2>/dev/null || { \
+	  echo "the cached llama-cpp-python wheel has no llama-server: building it again (minutes)"; \
+	  $(BIN)/python -m pip cache remove llama_cpp_python >/dev/null 2>&1 || true; \
+	  $(LLAMA_BUILD_ENV) $(BIN)/python -m pip install --quiet --force-reinstall --no-deps \
+	    "llama-cpp-python==$$($(BIN)/python -c "$(LLAMA_CPP_INSTALLED)")"; }
 	@touch $@
 
 install: $(STAMP)
@@ -103,9 +113,10 @@ test-tools: install
 proto: install
 	$(BIN)/python proto/generate.py
 
-# Every wheel llamad needs (llama-cpp-python and hnswlib compiled here), the llamad-client
-# wheel (the client alone, for other tools), plus the wheels the default models are prepared
-# from, in one folder to carry to an air-gapped machine.
+# Every wheel llamad needs (llama-cpp-python and hnswlib compiled here; llama-cpp-python's
+# carries llama-server in llama_cpp/bin), the llamad-client wheel (the client alone, for
+# other tools), plus the wheels the default models are prepared from, in one folder to carry
+# to an air-gapped machine.
 wheelhouse: install
 	$(LLAMA_BUILD_ENV) $(BIN)/python -m pip wheel --quiet --wheel-dir $(WHEELHOUSE) .
 	$(BIN)/python packaging/client/build.py --wheel-dir $(WHEELHOUSE)
