@@ -119,7 +119,21 @@ class SearchRanker:
                                      ).fetchall())
 
 
+def _exists(conn: Connection, relation: str) -> bool:
+    return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (relation,)).fetchone() == (True,)
+
+
+def _body_column(conn: Connection) -> None:
+    # Checked first: ALTER TABLE takes its exclusive lock on chunks before IF NOT EXISTS
+    # is looked at, and every open of every node comes here.
+    if conn.execute("SELECT 1 FROM pg_attribute WHERE attrelid = 'chunks'::regclass AND "
+                    "attname = 'bm25_body' AND NOT attisdropped").fetchone() is None:
+        conn.execute(_BODY_COLUMN)
+
+
 def _textsearch_setup(conn: Connection) -> None:
+    if _exists(conn, TEXTSEARCH_INDEX):
+        return
     conn.execute("CREATE EXTENSION IF NOT EXISTS pg_textsearch")
     if conn.execute("SELECT 1 FROM pg_ts_config WHERE cfgname = %s",
                     (TEXT_CONFIG,)).fetchone() is None:
@@ -130,7 +144,7 @@ def _textsearch_setup(conn: Connection) -> None:
         conn.execute(sql.SQL("ALTER TEXT SEARCH CONFIGURATION {} ALTER MAPPING REPLACE "
                              "english_stem WITH {}").format(
             sql.Identifier(TEXT_CONFIG), sql.Identifier(TEXT_CONFIG + "_stem")))
-    conn.execute(_BODY_COLUMN)
+    _body_column(conn)
     schema = conn.execute("SELECT current_schema()").fetchone()
     config = f"{schema[0] if schema else 'public'}.{TEXT_CONFIG}"
     conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON chunks USING bm25(bm25_body) "
@@ -140,8 +154,10 @@ def _textsearch_setup(conn: Connection) -> None:
 
 
 def _search_setup(conn: Connection) -> None:
+    if _exists(conn, SEARCH_INDEX):
+        return
     conn.execute("CREATE EXTENSION IF NOT EXISTS pg_search")
-    conn.execute(_BODY_COLUMN)
+    _body_column(conn)
     conn.execute(sql.SQL(
         "CREATE INDEX IF NOT EXISTS {} ON chunks USING bm25(key, "
         "(bm25_body::pdb.simple('stemmer=english'))) WITH (key_field = 'key')").format(
