@@ -154,7 +154,7 @@ class _Counter:
         self.worst_memo: dict[tuple[Stack, int], int] = {}
         self.return_memo: dict[tuple[int, int], Regions] = {}
         self.work = 0  # region operations so far, bounded by 10 x budget
-        self.returning: set[int] = set()
+        self.returning: set[tuple[int, int]] = set()
 
     @staticmethod
     def _ret(rule: int) -> Stack:
@@ -178,18 +178,26 @@ class _Counter:
         f = self.f
         todo = [start]
         seen: set[Stack] = set()
-        out: dict[Stack, None] = {}
+        out: list[Stack] = []
+        steps = 0
         while todo:
             s = todo.pop()
-            if s in seen:
-                continue
-            seen.add(s)
-            if len(seen) > self.budget:
-                raise CostExceeded(None, len(seen))
+            steps += 1
+            if steps > self.budget:
+                raise CostExceeded(None, steps)
+            # llama.cpp merges identical stacks. Two stacks that look identical here only
+            # because their bottoms were forgotten may differ below: they are kept apart
+            # (counted twice), so forgetting never lowers the count. (Without left
+            # recursion and nullable repetitions, refused before, nothing here cycles.)
+            if s[0] not in (_FORGOTTEN, _RETURN):
+                if s in seen:
+                    continue
+                seen.add(s)
             top = s[-1]
             ref = f.elements[top]
             if s[0] == _RETURN or not isinstance(ref, Ref):
-                out[s] = None
+                if s[0] in (_FORGOTTEN, _RETURN) or s not in out:
+                    out.append(s)
                 continue
             base = s[:-1]
             after = top + 1
@@ -205,7 +213,7 @@ class _Counter:
                     nxt = (_FORGOTTEN, *base[-STACK_DEPTH + 2:], alt)
                 if nxt is not None:
                     todo.append(nxt)
-        return list(out)
+        return out
 
     def callers_of(self, ret: Stack) -> list[Stack]:
         """Where a return from rule ``ret[1]`` may continue: after each of its uses."""
@@ -276,16 +284,16 @@ class _Counter:
         found = self.return_memo.get(key)
         if found is not None:
             return found
-        if ret[1] in self.returning:  # a cycle of returns adds no other continuation
+        if key in self.returning:  # a cycle of returns adds no other continuation
             return {}
-        self.returning.add(ret[1])
+        self.returning.add(key)
         try:
             best: Regions = {}
             for caller in self.callers_of(ret):
                 stacks = [caller] if caller[0] == _RETURN else self.advanced(caller)
                 best = _most(best, self.regions(stacks, chars))
         finally:
-            self.returning.discard(ret[1])
+            self.returning.discard(key)
         self.return_memo[key] = best
         return best
 
