@@ -13,6 +13,8 @@
 #   packaging/build-llama-server.sh [VERSION]
 set -euo pipefail
 
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
 version="${1:-0.3.36}"
 python="${PYTHON:-python3}"
 
@@ -37,7 +39,8 @@ if [[ -n "$packaged" && -x "$packaged" ]] && "$packaged" --version >/dev/null 2>
 fi
 
 cache="${LLAMAD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llamad}"
-prefix="$cache/llama-server-$version-$(uname -m)"
+# "-noamx": built without AMX kernels (packaging/llama-server/no-amx.cmake says why).
+prefix="$cache/llama-server-$version-$(uname -m)-noamx"
 bin="$prefix/bin/llama-server"
 
 if [[ -x "$bin" ]] && "$bin" --version >/dev/null 2>&1; then
@@ -68,6 +71,7 @@ cmake -S "$src/vendor/llama.cpp" -B "$work/build" \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+    "-DCMAKE_PROJECT_llama.cpp_INCLUDE=$here/llama-server/no-amx.cmake" \
     >&2
 cmake --build "$work/build" --target llama-server -j "$jobs" >&2
 

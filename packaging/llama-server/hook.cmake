@@ -9,4 +9,6 @@
 if(PROJECT_NAME STREQUAL "llama.cpp" AND NOT LLAMAD_SERVER_HOOKED)
     set(LLAMAD_SERVER_HOOKED TRUE)
     add_subdirectory("${CMAKE_CURRENT_LIST_DIR}" "${CMAKE_CURRENT_BINARY_DIR}/llamad-server")
+    include("${CMAKE_CURRENT_LIST_DIR}/no-amx.cmake")
 endif()
+
