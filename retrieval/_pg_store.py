@@ -280,8 +280,15 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
                 for space in spaces:
                     if space.model == model:
                         given[space.id].update(vecs)
-            return [self._replace(conn, doc, chunks, spaces=spaces, given=given)
-                    for doc, chunks in items]
+            results = [self._replace(conn, doc, chunks, spaces=spaces, given=given)
+                       for doc, chunks in items]
+            # The BM25 rows of every document at once: one insert per table, so one run
+            # of each statistics trigger for the whole batch. A document listed twice
+            # replaced its first chunks here already (keys are never reused).
+            gone = {k for r in results for k in r.removed}
+            write_terms(conn, [(c.key, c.title, c.heading, c.text) for r in results
+                               for c in r.added if c.key not in gone])
+            return results
 
     def _replace(self, conn: Connection, doc: DocumentRow, chunks: Sequence[ChunkRow], *,
                  spaces: list[Space], given: dict[int, dict[str, np.ndarray]]
@@ -313,7 +320,6 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
              [c.heading for c in chunks], [c.text for c in chunks],
              [c.content_hash for c in chunks])).fetchall()
         keys = {str(chunk_id): int(key) for key, chunk_id in rows}
-        write_terms(conn, [(keys[c.chunk_id], doc.title, c.heading, c.text) for c in chunks])
         pending: list[tuple[int, int, int, list[float]]] = []
         for c in chunks:
             key = keys[c.chunk_id]

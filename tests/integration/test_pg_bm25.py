@@ -310,3 +310,18 @@ def test_a_database_made_before_bm25_gets_its_statistics_at_open(pg_dsn: str) ->
         store.close()
     PostgresStore.open(PgOptions(pg_dsn)).close()  # reopened: nothing left to build
     assert_exact(pg_dsn)
+
+
+def test_a_batch_listing_a_document_twice_keeps_the_last_version(store: PostgresStore,
+                                                                 pg_dsn: str) -> None:
+    """One replace_documents call with two versions of a document (and another document)
+    leaves the last version's terms only, the statistics exact."""
+    store.replace_documents([(doc("a"), rows("a", TEXTS[0])), (doc("b"), rows("b", TEXTS[1])),
+                             (doc("a"), rows("a", TEXTS[2], TEXTS[3]))])
+    assert_exact(pg_dsn)
+    with psycopg.connect(pg_dsn) as conn:
+        assert statistics(conn)[1][0] == 3
+    top = store.text_search("CVE-2024-3094", filters=Filters(), limit=1)
+    assert store.chunks_by_keys([top[0][0]])[top[0][0]].doc_id == "b"
+    assert store.text_search("web01.example.net logs rotate", filters=Filters(),
+                             limit=10) != []
