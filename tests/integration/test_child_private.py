@@ -70,8 +70,8 @@ async def test_a_child_answers_only_the_daemon(runtime: str) -> None:
     another uid can neither list that directory, nor reach the socket, nor read the key
     from the child's environment; the key is not on its command line; without it our own
     request is 401; with it /slots, the web UI (or the bundled server's API docs) and CORS
-    stay closed; llamad's Generate, Chat (llama-server) and Tokenize are served; the socket
-    is gone with the child."""
+    stay closed; llamad's Generate, Chat and Tokenize are served; the socket is gone with
+    the child."""
     env = config_env(runtime, LLAMAD_EMBEDDING_ENABLED="false")
     async with serving(env, "generation") as (_, c):
         gen = await c.child(GEN)
@@ -115,11 +115,10 @@ async def test_a_child_answers_only_the_daemon(runtime: str) -> None:
         out = [m async for m in c.inference.Generate(pb.GenerateRequest(
             prompt="Hello", sampling=pb.SamplingParams(max_tokens=4)))]
         assert "".join(m.text for m in out)
-        if runtime == "llama-server":  # the bundled runtime's Chat: test_daemon.py
-            chat = [m async for m in c.inference.Chat(pb.ChatRequest(
-                messages=[pb.ChatMessage(role=pb.CHAT_ROLE_USER, content="Hi")],
-                sampling=pb.SamplingParams(max_tokens=4)))]
-            assert chat
+        chat = [m async for m in c.inference.Chat(pb.ChatRequest(
+            messages=[pb.ChatMessage(role=pb.CHAT_ROLE_USER, content="Hi")],
+            sampling=pb.SamplingParams(max_tokens=4)))]
+        assert "".join(m.text for m in chat)
         tokens = await c.inference.Tokenize(pb.TokenizeRequest(text="hello world"))
         assert tokens.count >= 2
     assert not sock.exists()
