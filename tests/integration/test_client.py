@@ -22,10 +22,16 @@ from daemon import Daemon
 from tests.conftest import SMALL_MODEL, model_path
 from tests.support.child_http import generation_idle
 from tests.support.daemon import config_env, make_daemon
+from tests.support.endless import end_tokens
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
-LONG = "Count from 1 to 1000: 1, 2, 3, 4, 5,"  # greedy: never ends early
+LONG = "Count from 1 to 1000: 1, 2, 3, 4, 5,"
+
+
+def endless() -> dict[int | str, float]:
+    """Biases that keep SmolLM2 generating until max_tokens (no end token can be drawn)."""
+    return {token: -100.0 for token in end_tokens(model_path(SMALL_MODEL))}
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -78,7 +84,8 @@ async def test_break_cancels_generation_in_the_child(running: tuple[Daemon, str]
         child = (gen.socket, gen.pid)
         with Client(address) as sync:
             def start() -> TextStream:
-                stream = sync.generate(LONG, max_tokens=3000, temperature=0.0)
+                stream = sync.generate(LONG, max_tokens=3000, temperature=0.0,
+                                       logit_bias=endless())
                 for _ in range(5):
                     next(stream)
                 return stream
@@ -90,7 +97,7 @@ async def test_break_cancels_generation_in_the_child(running: tuple[Daemon, str]
 
             def sync_break() -> int:
                 for n, _ in enumerate(sync.generate(LONG, max_tokens=3000,
-                                                    temperature=0.0), 1):
+                                                    temperature=0.0, logit_bias=endless()), 1):
                     if n == 5:
                         break
                 return n
@@ -98,7 +105,8 @@ async def test_break_cancels_generation_in_the_child(running: tuple[Daemon, str]
             assert await asyncio.to_thread(sync_break) == 5
             assert await generation_idle(*child), "the child kept generating after break"
         n = 0
-        async for _ in client.generate(LONG, max_tokens=3000, temperature=0.0):
+        async for _ in client.generate(LONG, max_tokens=3000, temperature=0.0,
+                                         logit_bias=endless()):
             n += 1
             if n == 5:
                 break

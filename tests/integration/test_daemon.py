@@ -31,6 +31,7 @@ from tests.support.daemon import (
     make_daemon,
     serving,
 )
+from tests.support.endless import never_end
 from tests.support.procs import alive
 
 pytestmark = pytest.mark.integration
@@ -173,12 +174,14 @@ async def test_cancel_stops_generation_in_the_child(running: tuple[Daemon, Clien
     _, c = running
     call = c.inference.Generate(pb.GenerateRequest(
         prompt="Write a very long story about the sea.",
-        sampling=pb.SamplingParams(max_tokens=3000)))
+        sampling=pb.SamplingParams(max_tokens=3000,
+                                   logit_bias=never_end(model_path(SMALL_MODEL)))))
     got = 0
     async for _ in call:
         got += 1
         if got == 5:
             break
+    assert got == 5
     call.cancel()
     gen = await c.child(GEN)
     if runtime == "llama-server":
@@ -200,12 +203,14 @@ async def test_cancel_stops_generation_in_the_child(running: tuple[Daemon, Clien
 
 
 async def test_deadline_propagates(running: tuple[Daemon, Clients]) -> None:
-    """A deadline that passes mid-stream ends the call with DEADLINE_EXCEEDED."""
+    """A deadline that passes mid-stream ends the call with DEADLINE_EXCEEDED (the
+    generation cannot end first: every end-of-generation token is banned)."""
     _, c = running
     with pytest.raises(grpc.aio.AioRpcError) as err:
         async for _ in c.inference.Generate(pb.GenerateRequest(
-                prompt="Count to one thousand:", sampling=pb.SamplingParams(max_tokens=3000)),
-                timeout=0.3):
+                prompt="Count to one thousand:", sampling=pb.SamplingParams(
+                    max_tokens=3000, logit_bias=never_end(model_path(SMALL_MODEL)))),
+                timeout=1.0):
             pass
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     out = [m async for m in c.inference.Generate(pb.GenerateRequest(
@@ -317,7 +322,8 @@ async def test_busy_child_refuses_past_queue_with_retry_hint(llama_server: str) 
     async with serving(config_env("bundled", LLAMAD_EMBEDDING_ENABLED="false",
                                   LLAMAD_LIMITS_QUEUE_SIZE="0")) as (_, c):
         long = c.inference.Generate(pb.GenerateRequest(
-            prompt="Tell a long story.", sampling=pb.SamplingParams(max_tokens=200)))
+            prompt="Tell a long story.", sampling=pb.SamplingParams(
+                max_tokens=200, logit_bias=never_end(model_path(SMALL_MODEL)))))
         await long.read()
         status = await c.child(GEN)
         assert (status.slots, status.in_flight) == (1, 1)

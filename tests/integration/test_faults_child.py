@@ -30,6 +30,7 @@ from supervisor.testing.fake_runtime import FakeRuntime
 from tests.conftest import SMALL_MODEL, model_path
 from tests.support.daemon import GEN, NOT_SERVING, SERVING, Clients, config_env, make_daemon
 from tests.support.daemon_process import RUNNING
+from tests.support.endless import never_end
 from tests.support.procs import alive, descendants, gone
 
 pytestmark = pytest.mark.integration
@@ -38,9 +39,12 @@ pytestmark = pytest.mark.integration
 FAILED = control_pb2.CHILD_STATE_FAILED
 OPEN = control_pb2.BREAKER_STATE_OPEN
 CLOSED = control_pb2.BREAKER_STATE_CLOSED
-# Greedy counting: SmolLM2 keeps going for hundreds of tokens.
-LONG = pb.GenerateRequest(prompt="1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
-                          sampling=pb.SamplingParams(max_tokens=1500, temperature=0.0))
+def long_request() -> pb.GenerateRequest:
+    """Greedy counting that cannot end early (every end-of-generation token banned)."""
+    return pb.GenerateRequest(prompt="1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
+                              sampling=pb.SamplingParams(
+                                  max_tokens=1500, temperature=0.0,
+                                  logit_bias=never_end(model_path(SMALL_MODEL))))
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -171,7 +175,7 @@ async def test_crash_mid_stream_ends_the_call_with_unavailable_and_restarts(
     try:
         await c.wait_serving("generation")
         before = await c.child(GEN)
-        call = c.inference.Generate(LONG)
+        call = c.inference.Generate(long_request())
         got = [await call.read() for _ in range(3)]
         os.kill(before.pid, signal.SIGKILL)
         t0 = time.monotonic()
@@ -214,7 +218,7 @@ async def test_hung_child_is_killed_and_restarted_and_its_call_fails(
     try:
         await c.wait_serving("generation")
         before = await c.child(GEN)
-        call = c.inference.Generate(LONG)
+        call = c.inference.Generate(long_request())
         for _ in range(2):
             await call.read()
         os.kill(before.pid, signal.SIGSTOP)

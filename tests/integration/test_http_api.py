@@ -26,9 +26,10 @@ import pytest_asyncio
 
 from daemon import Daemon
 from llamad_protocol.v1 import inference_pb2, inference_pb2_grpc
-from tests.conftest import EMBED_MODEL, SMALL_MODEL
+from tests.conftest import EMBED_MODEL, SMALL_MODEL, model_path
 from tests.support.child_http import generation_idle
 from tests.support.daemon import config_env, make_daemon
+from tests.support.endless import never_end_openai
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -161,7 +162,8 @@ async def test_busy_slot_is_429_and_a_disconnect_stops_the_child(running: Daemon
     """While one stream holds the only slot (no queue), another call is 429 with
     Retry-After; the streaming client then disconnects and the child stops generating."""
     url = f"http://127.0.0.1:{running.http_port}/v1/completions"
-    body = {"model": SMALL_MODEL, "prompt": LONG, "max_tokens": 3000, "stream": True}
+    body = {"model": SMALL_MODEL, "prompt": LONG, "max_tokens": 3000, "stream": True,
+            "logit_bias": never_end_openai(model_path(SMALL_MODEL))}
     async with httpx.AsyncClient(trust_env=False, timeout=30) as http:
         async with http.stream("POST", url, json=body, headers=_auth()) as stream:
             lines = stream.aiter_lines()
@@ -203,7 +205,8 @@ async def test_a_child_killed_mid_stream_ends_the_stream_with_an_error(running: 
     UNAVAILABLE-class error event (no [DONE], no hang), the next call is 503 with
     Retry-After, and the restarted child serves again."""
     url = f"http://127.0.0.1:{running.http_port}"
-    body = {"model": SMALL_MODEL, "prompt": LONG, "max_tokens": 3000, "stream": True}
+    body = {"model": SMALL_MODEL, "prompt": LONG, "max_tokens": 3000, "stream": True,
+            "logit_bias": never_end_openai(model_path(SMALL_MODEL))}
     pid = running.children["generation"].supervisor.pid
     async with httpx.AsyncClient(trust_env=False, timeout=30) as http:
         async with http.stream("POST", url + "/v1/completions", json=body,

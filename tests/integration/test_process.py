@@ -19,6 +19,7 @@ from llamad_protocol.v1 import control_pb2, control_pb2_grpc, inference_pb2_grpc
 from llamad_protocol.v1 import inference_pb2 as pb
 from tests.conftest import PREPARED_DEFAULT, ROOT, model_path, models_dir
 from tests.support.daemon import config_env
+from tests.support.endless import never_end
 from tests.support.procs import gone
 
 pytestmark = pytest.mark.integration
@@ -101,7 +102,8 @@ def test_sigterm_drains_in_flight_stream_and_exits_zero(
             stub = inference_pb2_grpc.InferenceServiceStub(ch)
             call = stub.Generate(pb.GenerateRequest(
                 prompt="List the planets of the solar system, one per line, with facts:",
-                sampling=pb.SamplingParams(max_tokens=100)))
+                sampling=pb.SamplingParams(
+                    max_tokens=100, logit_bias=never_end(model_path(PREPARED_DEFAULT)))))
             msgs = [await call.read()]
             d.proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.3)  # the drain has begun

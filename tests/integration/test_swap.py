@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from llamad_protocol.v1 import common_pb2, control_pb2
 from llamad_protocol.v1 import inference_pb2 as pb
 from tests.conftest import DEFAULT_MODEL, SMALL_MODEL, model_path
 from tests.support.daemon import Clients, config_env, serving
+from tests.support.endless import never_end
 from tests.support.procs import alive
 
 pytestmark = pytest.mark.integration
@@ -42,7 +44,8 @@ async def test_swap_under_a_running_stream(running: tuple[Daemon, Clients]) -> N
     _, c = running
     before = await c.child(GEN)
     stream = c.inference.Generate(pb.GenerateRequest(
-        prompt="Write a list of twenty fruits:", sampling=pb.SamplingParams(max_tokens=120)))
+        prompt="Write a list of twenty fruits:", sampling=pb.SamplingParams(
+            max_tokens=120, logit_bias=never_end(model_path(SMALL_MODEL)))))
     first = await stream.read()
     assert first.model == SMALL_MODEL
     progress = await swap(c, model_path=str(model_path(DEFAULT_MODEL)), reason="upgrade")
@@ -172,21 +175,24 @@ async def test_new_calls_wait_for_the_old_childs_calls_then_use_the_new_one(
         llama_server: str) -> None:
     """Once a swap switched, a new call waits in the queue until the old child's running
     call ended (swap.handover_hold), rather than computing beside it on the same cores;
-    then it runs on the new model."""
+    then it runs on the new model. The old call cannot end by itself (every end token
+    banned, room for ~2000 tokens): it ends when the test cancels it, whatever the speed
+    of the machine."""
     async with serving(config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false",
                                   LLAMAD_SWAP_HANDOVER_HOLD="60")) as (_, c):
         old = c.inference.Generate(pb.GenerateRequest(
-            prompt="1, 2, 3, 4, 5, 6, 7, 8,", sampling=pb.SamplingParams(max_tokens=400)))
+            prompt="1, 2, 3, 4, 5, 6, 7, 8,", sampling=pb.SamplingParams(
+                max_tokens=2000, logit_bias=never_end(model_path(SMALL_MODEL)))))
         assert (await old.read()).model == SMALL_MODEL
+        old_tokens = 0
 
-        async def finish_old() -> float:
-            last = None
-            while (msg := await old.read()) is not grpc.aio.EOF:
-                last = msg
-            assert last is not None and last.model == SMALL_MODEL
-            return asyncio.get_running_loop().time()
+        async def read_old() -> None:  # until the test cancels the call
+            nonlocal old_tokens
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                while (msg := await old.read()) is not grpc.aio.EOF:
+                    old_tokens += msg.tokens
 
-        old_done = asyncio.create_task(finish_old())
+        old_reader = asyncio.create_task(read_old())
 
         async def new_call() -> tuple[str, float]:
             stream = c.inference.Generate(pb.GenerateRequest(
@@ -198,13 +204,22 @@ async def test_new_calls_wait_for_the_old_childs_calls_then_use_the_new_one(
         request = control_pb2.SwapRequest(role=GEN, model_path=str(model_path(DEFAULT_MODEL)))
         async for p in c.control.Swap(request):
             if p.stage == control_pb2.SWAP_STAGE_DRAINING and new_task is None:
-                assert not old_done.done(), "the old call ended before the switch"
+                assert not old_reader.done(), "the old call ended before the switch"
                 new_task = asyncio.create_task(new_call())
+                # Room for the new call to run beside the old one if it were not held:
+                # the old call makes 20 more tokens first.
+                seen = old_tokens
+                while old_tokens < seen + 20:
+                    assert not old_reader.done(), "the old call ended by itself"
+                    await asyncio.sleep(0.01)
+                assert not new_task.done(), "the new call ran beside the old child's call"
+                ended = asyncio.get_running_loop().time()
+                old.cancel()
         assert new_task is not None
         model, new_done = await new_task
         assert model == DEFAULT_MODEL
-        # Three tokens beside a 400-token call would end long before it: they waited.
-        assert new_done >= await old_done
+        assert new_done >= ended  # it waited for the old call to end
+        await old_reader
 
 
 def nice_values(pid: int) -> set[int]:
