@@ -171,11 +171,11 @@ class ChildSettings:
     request_timeout: float = setting(
         600.0, "Longest silence from a child during a request, s.", minimum=1)
     log_lines: int = setting(2000, "Output lines kept per child for TailLogs.", minimum=10)
-
     slots: bool = setting(
         False, "llama-server children serve /slots (each slot's prompt and parameters), for "
         "debugging: still only on their private socket and with their per-launch key "
         "(LLAMA_API_KEY in the child's environment).", reload="restart")
+
 
 @dataclass(frozen=True)
 class SwapSettings:

@@ -123,8 +123,8 @@ class InferenceClient:
         read_timeout: float = 300.0,
         max_connections: int = 64,
         loopback: bool = False,
-        now: Callable[[], float] = time.monotonic,
         child: ChildAddress | None = None,
+        now: Callable[[], float] = time.monotonic,
     ) -> None:
         """Args:
             base_url: the server's root (paths such as ``/v1/completions`` are appended).
