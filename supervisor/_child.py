@@ -299,10 +299,14 @@ class ProcessLauncher:
     def api(self) -> ApiShape:
         return self.runtime.api
 
-    def _child_env(self, key: str) -> dict[str, str]:
+    def _child_env(self, key: str, private: Path) -> dict[str, str]:
         base = os.environ if self._env is None else self._env
         spin = {} if self.spec.spin_count < 0 else {"GOMP_SPINCOUNT": str(self.spec.spin_count)}
-        return self.runtime.environment({**base, **spin, **dict(self.spec.env)}, key)
+        env = self.runtime.environment({**base, **spin, **dict(self.spec.env)}, key)
+        # llama.cpp reads ${XDG_CONFIG_HOME:-~/.config}/llama.cpp/config.ini before its
+        # arguments: the child's own 0700 directory holds none.
+        env["XDG_CONFIG_HOME"] = str(private)
+        return env
 
     async def _discard(self, spawning: asyncio.Future[ChildProcess], sock: Path) -> None:
         """Stop and reap a process whose launch was cancelled while it was created."""
@@ -339,7 +343,7 @@ class ProcessLauncher:
         # the process may exist already, and nobody would stop it (it would outlive this
         # supervisor until the daemon itself exits).
         spawning = asyncio.ensure_future(ChildProcess.spawn(
-            argv, ring=self._ring, env=self._child_env(key), sink=self._sink))
+            argv, ring=self._ring, env=self._child_env(key, sock.parent), sink=self._sink))
         try:
             process = await asyncio.shield(spawning)
         except asyncio.CancelledError:

@@ -22,6 +22,7 @@ line (llama.cpp keeps the last of a repeated flag) and ``extra_args`` may not na
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -29,6 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+import structlog
 
 from ._client import ApiShape
 from ._sampling import BUNDLED, LLAMA_CPP
@@ -178,6 +181,23 @@ def refuse_owned(extra_args: Sequence[str], owned: Mapping[str, str], runtime: s
                 "private socket, with a per-launch key; see [child] slots for /slots)")
 
 
+SYSTEM_CONFIG = Path("/etc/llama.cpp/config.ini")
+"""llama.cpp's system-wide configuration: every llama-server reads it before its
+environment and arguments (``common_params_apply_system_config``), so it could set what
+llamad's checks refuse (``--log-file``, ``--tools``, another key). The user-level one
+(``$XDG_CONFIG_HOME/llama.cpp/config.ini``) is kept out by the launcher, which points
+``XDG_CONFIG_HOME`` at the child's private directory; this one only the host's root can
+write, so it is the operator's, and llamad says at start that it is there."""
+
+
+@functools.cache
+def _warn_system_config() -> None:
+    if SYSTEM_CONFIG.exists():
+        structlog.get_logger("llamad.supervisor").warning(
+            "llama.cpp system configuration present: every llama-server child reads it "
+            "before llamad's arguments", path=str(SYSTEM_CONFIG))
+
+
 def _private_env(base: Mapping[str, str], key: str, owned: Mapping[str, str]
                  ) -> dict[str, str]:
     drop = {name for name in owned.values() if name}
@@ -240,6 +260,7 @@ class LlamaServerRuntime:
         ]
 
     def environment(self, base: Mapping[str, str], key: str) -> dict[str, str]:
+        _warn_system_config()
         return _private_env(base, key, LLAMA_SERVER_OWNED)
 
     def max_concurrency(self, spec: LaunchSpec) -> int:

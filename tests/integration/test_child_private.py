@@ -122,3 +122,31 @@ async def test_a_child_answers_only_the_daemon(runtime: str) -> None:
         tokens = await c.inference.Tokenize(pb.TokenizeRequest(text="hello world"))
         assert tokens.count >= 2
     assert not sock.exists()
+
+
+async def test_the_daemon_users_llama_cpp_config_never_reaches_a_child(
+        llama_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp applies ${XDG_CONFIG_HOME:-~/.config}/llama.cpp/config.ini before its
+    arguments (a config there can set --log-file: the control below shows it does); a
+    child's XDG_CONFIG_HOME is its own private directory, so the daemon user's file is
+    never read."""
+    config = tmp_path / "config"
+    (config / "llama.cpp").mkdir(parents=True)
+    leak = tmp_path / "leak.log"
+    (config / "llama.cpp" / "config.ini").write_text(f"log-file = {leak}\n")
+    control = await asyncio.to_thread(
+        subprocess.run, [llama_server, "--version"], capture_output=True, timeout=60,
+        env={**os.environ, "XDG_CONFIG_HOME": str(config)}, check=False)
+    assert leak.exists(), control.stderr  # the vector is real
+    leak.unlink()
+
+    env = config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config))  # the daemon's own environment
+    async with serving(env, "generation") as (_, c):
+        gen = await c.child(GEN)
+        environ = Path(f"/proc/{gen.pid}/environ").read_bytes().split(b"\0")
+        assert f"XDG_CONFIG_HOME={Path(gen.socket).parent}".encode() in environ
+        out = [m async for m in c.inference.Generate(pb.GenerateRequest(
+            prompt="Hello", sampling=pb.SamplingParams(max_tokens=2)))]
+        assert out
+    assert not leak.exists()
