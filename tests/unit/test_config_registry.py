@@ -69,7 +69,7 @@ def test_the_config_reads_its_settings() -> None:
     cfg = _load({"LLAMAD_SWAP_READY_TIMEOUT": "12", "LLAMAD_LOG_LEVEL": "debug",
                  "LLAMAD_LIMITS_MAX_STOP": "3", "LLAMAD_RESTART_BREAKER_COOLDOWN": "0"})
     reads = {name: attr.key for name, attr in vars(Config).items() if isinstance(attr, _Read)}
-    assert len(reads) == 24
+    assert len(reads) == 26
     for name, key in reads.items():
         assert getattr(cfg, name) == value_of(cfg.settings, key), name
     assert (cfg.swap_ready_timeout, cfg.log_level, cfg.limits.max_stop) == (12.0, "debug", 3)
