@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
+from typing import Any
 
 import grpc
 import orjson
@@ -80,6 +82,11 @@ class ApiError(Exception):
         return orjson.dumps({"error": {"message": self.message, "type": kind,
                                        "param": self.param, "code": self.code}})
 
+    def event(self, request: Mapping[Any, Any]) -> bytes:
+        """The error as the last event of a stream that has begun (``request``: the
+        request's values, for shapes that number their events)."""
+        return b"data: " + self.body() + b"\n\n"
+
     def headers(self) -> dict[str, str]:
         if self.retry_after is None:
             return {}
@@ -96,6 +103,11 @@ def _grpc_code_of(status: int) -> str:
     """The gRPC code an HTTP-layer refusal is counted under (metrics, log line): a large
     body is RESOURCE_EXHAUSTED as gRPC's own message limit is."""
     return _HTTP_LAYER_CODES.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT")
+
+
+def same_style(error: ApiError) -> ApiError:
+    """OpenAI's error object, as every route but those of other APIs' shapes answers."""
+    return error
 
 
 def api_error(exc: BaseException) -> ApiError:

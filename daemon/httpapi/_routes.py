@@ -8,12 +8,16 @@ route                        method  stands for (auth)     counted as
 /v1/models/{id}              GET     ControlService/Status  ListModels
 /v1/chat/completions         POST    InferenceService/Chat  Chat
 /v1/completions              POST    InferenceService/Generate  Generate
+/v1/responses                POST    InferenceService/Chat  Chat
+/v1/messages                 POST    InferenceService/Chat  Chat
+/v1/messages/count_tokens    POST    InferenceService/Tokenize  Tokenize
 /v1/embeddings               POST    InferenceService/Embed  Embed
 /v1/rerank                   POST    InferenceService/Embed  Rerank (other)
 /v1/llamad/ask               POST    AnswerService/Ask      Ask
 ===========================  ======  ====================  =====================
 
-Every route needs the ``read`` role when tokens are configured.
+Every route needs the ``read`` role when tokens are configured; the ``/v1/messages``
+routes also take the token as ``x-api-key`` and answer errors in Anthropic's shape.
 """
 
 from __future__ import annotations
@@ -27,9 +31,9 @@ from aiohttp import web
 
 from ..inference import embed
 from ..rpc import Call
-from . import _ask, _generate, _parse
+from . import _ask, _generate, _messages, _parse, _responses
 from ._context import Api, json_response, time_remaining
-from ._errors import ApiError, ParamError
+from ._errors import ApiError, ParamError, same_style
 
 Handler = Callable[[Api, web.BaseRequest, Call, _parse.Body], Awaitable[web.StreamResponse]]
 
@@ -43,6 +47,11 @@ class Route:
     label: str
     handler: Handler
     reads_body: bool = True
+    restyle: Callable[[ApiError], ApiError] = same_style
+    """The route's error shape (OpenAI's, or Anthropic's for /v1/messages)."""
+    api_key: bool = False
+    """``x-api-key: <token>`` is taken as ``Authorization: Bearer <token>`` (Anthropic's
+    SDKs send it)."""
 
 
 async def models(api: Api, request: web.BaseRequest, call: Call,
@@ -113,6 +122,13 @@ ROUTES: dict[str, Route] = {
     "/v1/chat/completions": Route("POST", _INFERENCE + "Chat", "Chat", _generate.chat),
     "/v1/completions": Route("POST", _INFERENCE + "Generate", "Generate",
                              _generate.completions),
+    "/v1/responses": Route("POST", _INFERENCE + "Chat", "Chat", _responses.create,
+                           restyle=_responses.responses_style),
+    "/v1/messages": Route("POST", _INFERENCE + "Chat", "Chat", _messages.create,
+                          restyle=_messages.restyle, api_key=True),
+    "/v1/messages/count_tokens": Route("POST", _INFERENCE + "Tokenize", "Tokenize",
+                                       _messages.count_tokens, restyle=_messages.restyle,
+                                       api_key=True),
     "/v1/embeddings": Route("POST", _INFERENCE + "Embed", "Embed", embeddings),
     "/v1/rerank": Route("POST", _INFERENCE + "Embed", "Rerank", rerank),
     "/v1/llamad/ask": Route("POST", "/llamad.v1.AnswerService/Ask", "Ask", _ask.ask),

@@ -249,17 +249,22 @@ class HttpApi:
             if route is None:
                 raise ApiError(404, f"no route {request.method} {request.path[:100]}; llamad "
                                "serves /v1/models, /v1/chat/completions, /v1/completions, "
-                               "/v1/embeddings and /v1/llamad/ask", code="not_found")
+                               "/v1/responses, /v1/messages, /v1/embeddings and "
+                               "/v1/llamad/ask", code="not_found")
             if request.method != route.http_method:
                 raise ApiError(405, f"{request.path} takes {route.http_method}, not "
                                f"{request.method[:20]}", code="method_not_allowed")
             authorization = request.headers.get("Authorization")
+            if authorization is None and route.api_key:  # Anthropic's SDKs send x-api-key
+                key = request.headers.get("x-api-key")
+                authorization = None if key is None else f"Bearer {key}"
             denial = self._auth.check(route.grpc_method, [("authorization", authorization)]
                                       if authorization is not None else [])
             if denial is not None:
                 self._auth.denied(route.grpc_method, call.fields["peer"], denial,
                                   protocol="http")
-                return _error_response(request_id, api_error_for_denial(denial))
+                return _error_response(request_id,
+                                       route.restyle(api_error_for_denial(denial)))
             timeout = _timeout(request.headers.get("x-request-timeout"))
             body = await self._body(request) if route.reads_body else {}
             if timeout is not None:
@@ -268,7 +273,7 @@ class HttpApi:
                 async with asyncio.timeout(timeout):
                     response = await route.handler(self._api, request, call, body)
             except TimeoutError:
-                response = await _deadline_passed(request, call, timeout)
+                response = await _deadline_passed(request, call, timeout, route.restyle)
             call.note(status=response.status)
             return response
         except asyncio.CancelledError:
@@ -279,6 +284,8 @@ class HttpApi:
             return request.get(STREAM) or web.Response(status=499)
         except Exception as exc:
             error = api_error(exc)
+            if route is not None:
+                error = route.restyle(error)
             if error.grpc_code == "INTERNAL":
                 _log.error("internal error", exc_info=exc, **call.fields)
             call.note(code=error.grpc_code, status=error.status, error=error.message[:200])
@@ -325,12 +332,13 @@ def _timeout(header: str | None) -> float | None:
     return seconds
 
 
-async def _deadline_passed(request: web.BaseRequest, call: Call,
-                           timeout: float | None) -> web.StreamResponse:
+async def _deadline_passed(request: web.BaseRequest, call: Call, timeout: float | None,
+                           restyle: Callable[[ApiError], ApiError]) -> web.StreamResponse:
     """The answer of a request stopped at its deadline: a 504, or, once a stream has
     begun, its error event."""
     error = ApiError(504, f"the request ran past its deadline (x-request-timeout: "
                      f"{timeout:g} s)", code="deadline_exceeded")
+    error = restyle(error)
     call.note(code=error.grpc_code, error=error.message)
     return await _answer_error(request, error)
 
@@ -341,7 +349,7 @@ async def _answer_error(request: web.BaseRequest, error: ApiError) -> web.Stream
     stream: web.StreamResponse | None = request.get(STREAM)
     if stream is None:
         return _error_response(request[REQUEST_ID], error)
-    await stream.write(b"data: " + error.body() + b"\n\n")
+    await stream.write(error.event(request))
     await stream.write_eof()
     return stream
 

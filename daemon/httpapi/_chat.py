@@ -1,0 +1,146 @@
+"""The chat generation core shared by the routes of other APIs' shapes (``/v1/responses``,
+``/v1/messages``): their bodies are translated into a chat-completions body, which is
+read and validated by :mod:`._parse` exactly as ``/v1/chat/completions``' is, then
+generated through :func:`daemon.inference.admitted_generation` (the same admission
+queue, refusals, deadline, metrics and per-call log fields as chat completions).
+
+A client that goes away cancels the handler (aiohttp's handler cancellation), which
+closes the request to the child, which stops generating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from supervisor import Chunk, Message, Sampling, ToolUse
+
+from ..errors import InvalidArgument
+from ..inference import Meter, Usage, admitted_generation
+from ..rpc import Call
+from . import _parse
+from ._context import RECEIVED, REQUEST_ID, STREAM, Api, time_remaining
+from ._errors import ParamError
+from ._models import Listed
+
+
+def event(name: str, data: dict[str, Any]) -> bytes:
+    """One named server-sent event (``event: name``, ``data: {json}``)."""
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A chat request read and validated: the model, its controls, messages and tools."""
+
+    listed: Listed
+    sampling: Sampling
+    messages: list[Message]
+    offered: ToolUse | None
+
+
+def prepare(api: Api, call: Call, chat_body: dict[str, Any], route: str, *,
+            messages_param: str) -> Prepared:
+    """Read ``chat_body`` (a chat-completions body) as ``/v1/chat/completions`` does.
+
+    A refusal of the messages that names ``messages[...]`` (an index of the translated
+    list) is given as ``messages_param``, the field of the caller's own body.
+
+    Raises:
+        InvalidArgument, ApiError: naming the field at fault.
+    """
+    limits = api.limits()
+    listed = api.catalog.resolve(_parse.model_name(chat_body), "generation", route)
+    sampling = _parse.sampling(chat_body, limits, chat=True)
+    try:
+        messages, offered = _parse.chat_messages(chat_body, limits)
+    except ParamError as exc:
+        if exc.param.startswith("messages"):
+            raise ParamError(messages_param, str(exc).replace("messages", messages_param, 1)
+                             ) from None
+        raise
+    except InvalidArgument as exc:
+        text = str(exc)
+        if text.startswith("messages"):
+            raise ParamError(messages_param, text) from None
+        raise
+    call.note(messages=len(messages), max_tokens=sampling.max_tokens)
+    if offered is not None:
+        call.note(tools=len(offered.tools), tool_choice=offered.choice)
+    return Prepared(listed, sampling, messages, offered)
+
+
+Relay = Callable[[AsyncIterator[Chunk], Meter], Awaitable[web.StreamResponse]]
+
+
+async def generate(api: Api, request: web.BaseRequest, call: Call, prepared: Prepared,
+                   relay: Relay) -> web.StreamResponse:
+    """Hold a generation slot of the model, stream the chat from it and hand the chunks
+    to ``relay`` (which writes the whole answer or the stream)."""
+    meter = Meter(api.metrics, request[RECEIVED])
+    async with admitted_generation(api.router, prepared.sampling, time_remaining(call),
+                                   chat=True, note=call.note,
+                                   model=prepared.listed.route) as backend:
+        chunks = backend.stream_chat(prepared.messages, prepared.sampling, prepared.offered)
+        try:
+            return await relay(chunks, meter)
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+
+def note_usage(call: Call, usage: Usage, finish: str) -> None:
+    call.note(tokens=usage.completion_tokens, prompt_tokens=usage.prompt_tokens,
+              ttft_ms=round(usage.ttft_ms, 2), finish=finish)
+
+
+async def open_events(request: web.BaseRequest) -> web.StreamResponse:
+    """Send the headers of an event stream (after the first chunk came from the child,
+    so a refusal before any token is still an HTTP status)."""
+    response = web.StreamResponse(headers={
+        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        "X-Accel-Buffering": "no", "x-request-id": request[REQUEST_ID]})
+    await response.prepare(request)
+    request[STREAM] = response
+    return response
+
+
+def kind(value: object) -> str:
+    """How a JSON value is named in a refusal."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
+
+
+EXTENSIONS = ("logit_bias", "seed", "top_k", "min_p", "repeat_penalty", "repeat_last_n",
+              "presence_penalty", "frequency_penalty", "dry_multiplier", "dry_base",
+              "dry_allowed_length", "dry_penalty_last_n")
+"""Chat completions' sampling controls (and llama.cpp's) that the other APIs' routes take
+too, as llamad's extensions (checked by :mod:`._parse`, named the same)."""
+
+
+def copy_numbers(body: Any, out: dict[str, Any], *names: str) -> None:
+    """Copy the sampling controls ``names`` and :data:`EXTENSIONS` of ``body``."""
+    for name in (*names, *EXTENSIONS):
+        if body.get(name) is not None:
+            out[name] = body[name]
+
+
+def integer(body: Any, name: str, *, low: int = 0) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ParamError(name, f"{name} must be an integer, not {kind(value)}")
+    if value < low:
+        raise ParamError(name, f"{name} must be at least {low}, got {value}")
+    return value

@@ -1,0 +1,221 @@
+"""``POST /v1/responses`` of a real daemon (real llama-server children on real GGUF
+models), called by the official ``openai`` SDK's ``responses.create`` and
+``responses.stream``: text, instructions, json_schema through ``text.format``, a
+function-call round trip on SmolLM2 with llamad's chatml-tools template (the call forced
+with a logit bias, as tests/integration/test_http_tools.py does), max_output_tokens,
+usage, and the refusals (stored responses, tools on a template without them) naming
+their field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+import pytest_asyncio
+
+from daemon import Daemon
+from tests.conftest import SMALL_MODEL, models_dir
+from tests.support.endless import never_end_openai
+from tests.support.tools_daemon import (
+    GEMMA,
+    NO_REPEAT_GUARD,
+    OPEN_A_CALL,
+    READ,
+    SMOL,
+    tools_daemon,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
+
+WEATHER: Any = {"type": "function", "name": "get_weather",
+                "description": "The current weather of a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                               "required": ["city"]}}
+QUESTION = "What is the weather in Paris?"
+IMAGE: Any = [{"type": "input_image", "image_url": "https://example.com/a.png"}]
+PERSON: Any = {"type": "object", "properties": {"name": {"type": "string"},
+                                                "age": {"type": "integer"}},
+               "required": ["name", "age"], "additionalProperties": False}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def running(llama_server: str, tmp_path_factory: pytest.TempPathFactory
+                  ) -> AsyncIterator[Daemon]:
+    async with tools_daemon(tmp_path_factory.mktemp("responses")) as daemon:
+        yield daemon
+
+
+def _sdk(daemon: Daemon, key: str = READ) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1",
+                              api_key=key, max_retries=0, timeout=120,
+                              http_client=openai.DefaultAsyncHttpxClient(trust_env=False))
+
+
+async def test_create_with_only_model_and_input(running: Daemon) -> None:
+    """The SDK's plainest call: a completed response with one assistant message, its
+    text, the model as /v1/models lists it, and real usage."""
+    async with _sdk(running) as sdk:
+        response = await sdk.responses.create(model=SMOL, input="Say hello.",
+                                              max_output_tokens=8)
+    assert response.object == "response" and response.id.startswith("resp_")
+    assert response.model == SMOL
+    assert response.status in ("completed", "incomplete")
+    assert response.output[0].type == "message" and response.output[0].role == "assistant"
+    assert response.output_text
+    usage = response.usage
+    assert usage is not None and usage.input_tokens > 5
+    assert 0 < usage.output_tokens <= 8
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+
+
+async def test_instructions_and_input_items_reach_the_prompt(running: Daemon) -> None:
+    """instructions and a conversation of input items (text parts, an assistant turn)
+    are all rendered: the prompt grows by their tokens."""
+    async with _sdk(running) as sdk:
+        bare = await sdk.responses.create(model=SMOL, input="Hi", max_output_tokens=1)
+        full = await sdk.responses.create(
+            model=SMOL, instructions="You are a terse assistant who answers in French.",
+            max_output_tokens=1,
+            input=[{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+                   {"role": "assistant", "content": "Bonjour."},
+                   {"type": "message", "role": "user", "content": "How are you?"}])
+    assert bare.usage is not None and full.usage is not None
+    assert full.usage.input_tokens > bare.usage.input_tokens + 15
+
+
+async def test_max_output_tokens_makes_an_incomplete_response(running: Daemon) -> None:
+    """With the end of generation banned, the response stops at max_output_tokens:
+    status incomplete, reason max_output_tokens, exactly that many tokens."""
+    async with _sdk(running) as sdk:
+        response = await sdk.responses.create(
+            model=SMOL, input="Count to one thousand.", max_output_tokens=6,
+            extra_body={"logit_bias": never_end_openai(models_dir() / SMALL_MODEL)})
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage is not None and response.usage.output_tokens == 6
+
+
+async def test_json_schema_through_text_format(running: Daemon) -> None:
+    """text.format json_schema constrains the output to the schema (a validator
+    accepts it)."""
+    async with _sdk(running) as sdk:
+        response = await sdk.responses.create(
+            model=SMOL, input="Invent a person.", max_output_tokens=60, temperature=0,
+            text={"format": {"type": "json_schema", "name": "person", "schema": PERSON,
+                             "strict": True}})
+    jsonschema.validate(json.loads(response.output_text), PERSON)
+
+
+async def test_a_function_call_round_trip(running: Daemon) -> None:
+    """The model's call comes back as a function_call item (name, call_id, JSON
+    arguments); sent back with its output as input items, the model answers."""
+    async with _sdk(running) as sdk:
+        first = await sdk.responses.create(
+            model=SMOL, input=QUESTION, tools=[WEATHER], tool_choice="required",
+            temperature=0, max_output_tokens=60,
+            extra_body={"logit_bias": OPEN_A_CALL, **NO_REPEAT_GUARD})
+        calls = [item for item in first.output if item.type == "function_call"]
+        assert calls, first.output
+        call = calls[0]
+        assert call.name == "get_weather" and call.call_id
+        assert json.loads(call.arguments) == {"city": "Paris"}
+        second = await sdk.responses.create(
+            model=SMOL, tools=[WEATHER], temperature=0, max_output_tokens=16,
+            input=[{"role": "user", "content": QUESTION},
+                   {"type": "function_call", "call_id": call.call_id,
+                    "name": call.name, "arguments": call.arguments},
+                   {"type": "function_call_output", "call_id": call.call_id,
+                    "output": '{"temperature_c": 18, "sky": "sunny"}'}])
+    assert second.status in ("completed", "incomplete")
+    assert second.output_text or any(i.type == "function_call" for i in second.output)
+    assert second.usage is not None and first.usage is not None
+    assert second.usage.input_tokens > first.usage.input_tokens
+
+
+async def test_stream_events_in_order(running: Daemon) -> None:
+    """responses.stream: the events the Responses API defines, in its order, numbered;
+    the deltas join into the final response's text."""
+    names: list[str] = []
+    numbers: list[int] = []
+    deltas: list[str] = []
+    async with _sdk(running) as sdk, sdk.responses.stream(model=SMOL, input="Say hello.",
+                                    max_output_tokens=8) as stream:
+        async for ev in stream:
+            names.append(ev.type)
+            numbers.append(ev.sequence_number)
+            if ev.type == "response.output_text.delta":
+                deltas.append(ev.delta)
+            if ev.type in ("response.completed", "response.incomplete"):
+                # The SDK's get_final_response() wants response.completed; a reply cut at
+                # max_output_tokens ends with response.incomplete, as OpenAI's does.
+                final = ev.response
+    assert names[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"]
+    assert names[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done", "response.completed"] or \
+        names[-4:] == ["response.output_text.done", "response.content_part.done",
+                       "response.output_item.done", "response.incomplete"]
+    assert numbers == list(range(len(names)))
+    assert deltas and "".join(deltas) == final.output_text
+    assert final.usage is not None and final.usage.output_tokens > 0
+
+
+async def test_a_streamed_function_call(running: Daemon) -> None:
+    """A streamed call: its item added, argument deltas that join into the final
+    arguments, then done."""
+    pieces: dict[str, str] = {}
+    async with _sdk(running) as sdk, sdk.responses.stream(
+            model=SMOL, input=QUESTION, tools=[WEATHER], tool_choice="required",
+            temperature=0, max_output_tokens=60,
+            extra_body={"logit_bias": OPEN_A_CALL, **NO_REPEAT_GUARD}) as stream:
+        async for ev in stream:
+            if ev.type == "response.function_call_arguments.delta":
+                pieces[ev.item_id] = pieces.get(ev.item_id, "") + ev.delta
+            if ev.type in ("response.completed", "response.incomplete"):
+                final = ev.response  # incomplete: the model went on past its call
+    calls = [item for item in final.output if item.type == "function_call"]
+    assert calls and calls[0].name == "get_weather"
+    assert json.loads(pieces[calls[0].id or ""]) == json.loads(calls[0].arguments) == \
+        {"city": "Paris"}
+
+
+async def test_stored_responses_are_refused_by_name(running: Daemon) -> None:
+    """store: true and previous_response_id are a 400 naming the field and saying that
+    llamad stores no responses."""
+    async with _sdk(running) as sdk:
+        with pytest.raises(openai.BadRequestError) as stored:
+            await sdk.responses.create(model=SMOL, input="Hi", store=True)
+        with pytest.raises(openai.BadRequestError) as chained:
+            await sdk.responses.create(model=SMOL, input="Hi",
+                                       previous_response_id="resp_123")
+    assert stored.value.body["param"] == "store"  # type: ignore[index]
+    assert "does not store" in stored.value.message
+    assert chained.value.body["param"] == "previous_response_id"  # type: ignore[index]
+
+
+async def test_refusals_name_their_field(running: Daemon) -> None:
+    """Bad fields are a 400 naming them; tools on a model whose template renders none
+    are refused as chat refuses them; no token is a 401."""
+    async with _sdk(running) as sdk:
+        with pytest.raises(openai.BadRequestError) as tools:
+            await sdk.responses.create(model=GEMMA, input=QUESTION, tools=[WEATHER],
+                                       max_output_tokens=4)
+        with pytest.raises(openai.BadRequestError) as item:
+            await sdk.responses.create(model=SMOL, input=IMAGE)
+        with pytest.raises(openai.BadRequestError) as tokens:
+            await sdk.responses.create(model=SMOL, input="Hi", max_output_tokens=-1)
+    assert tools.value.body["param"] == "tools"  # type: ignore[index]
+    assert item.value.body["param"] == "input[0].type"  # type: ignore[index]
+    assert tokens.value.body["param"] == "max_output_tokens"  # type: ignore[index]
+    async with httpx.AsyncClient(trust_env=False) as http:
+        denied = await http.post(f"http://127.0.0.1:{running.http_port}/v1/responses",
+                                 json={"model": SMOL, "input": "Hi"})
+    assert denied.status_code == 401 and denied.json()["error"]["type"] == \
+        "authentication_error"

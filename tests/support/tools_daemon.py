@@ -1,0 +1,44 @@
+"""A daemon with the HTTP API on a free loopback port, bearer tokens required, whose
+generation model ``smol`` (SmolLM2-135M) runs with llamad's chatml-tools template (its
+template renders tools) and whose ``gemma`` (gemma-3-270m, its usual template, which
+renders none) loads on demand: for the tests of the other APIs' shapes over HTTP."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from daemon import Daemon
+from tests.conftest import DEFAULT_MODEL, SMALL_MODEL, models_dir
+from tests.support.daemon import config_env, serving
+
+SMOL = "smol"
+GEMMA = "gemma"
+READ = "read-token-0123456789abcdef"
+# "<", "tool", "_", "call", ">" of SmolLM2's vocabulary: at temperature 0 the model opens
+# a call to the one tool offered (tests/integration/test_http_tools.py).
+OPEN_A_CALL = {"44": 6, "19324": 6, "79": 4, "4350": 6, "46": 4}
+NO_REPEAT_GUARD = {"repeat_penalty": 1.0, "dry_multiplier": 0, "frequency_penalty": 0}
+
+
+@contextlib.asynccontextmanager
+async def tools_daemon(folder: Path) -> AsyncIterator[Daemon]:
+    tokens = folder / "tokens"
+    tokens.write_text(f"read {READ}\n")
+    tokens.chmod(0o600)
+    config = folder / "llamad.toml"
+    config.write_text(
+        f'[generation]\nmodel = "{SMOL}"\n\n'
+        f'[models.{SMOL}]\nmodel = "{models_dir() / SMALL_MODEL}"\n'
+        'chat_template = "chatml-tools"\n\n'
+        f'[models.{GEMMA}]\nmodel = "{models_dir() / DEFAULT_MODEL}"\n')
+    empty = folder / "no-models"
+    empty.mkdir()
+    env = config_env("llama-server", LLAMAD_CONFIG=str(config), LLAMAD_MODELS_DIR=str(empty),
+                     LLAMAD_HTTP_LISTEN="127.0.0.1:0", LLAMAD_GENERATION_PARALLEL="1",
+                     LLAMAD_EMBEDDING_MODE="disabled", LLAMAD_STATE_DIR=str(folder),
+                     LLAMAD_AUTH_TOKEN_FILE=str(tokens))
+    del env["LLAMAD_GENERATION_MODEL"]  # the file's [generation] names it
+    async with serving(env, "generation") as (daemon, _):
+        yield daemon
