@@ -324,22 +324,52 @@ def text_search(conn: Connection, query: str, limit: int, where: sql.Composable,
     """The lexical list: ``(chunk key, BM25 score)``, best first (ties by key).
 
     ``where`` and ``args`` are the filter's conditions on ``d`` (documents); ``filtered``
-    says whether they select more than the enabled sources (then every posting of each
-    term is read, not only the best ``per_term``)."""
+    says whether they select more than the enabled sources. Unfiltered, each term reads
+    its best ``per_term`` postings and only the best scored chunks are joined to their
+    documents (:data:`JOIN_MARGIN` more than asked, for a disabled source's chunks); if
+    that leaves too few hits while more were scored, the query runs again as a filtered
+    one, which reads every posting of each term and joins every candidate."""
     weights = query_terms(query)
     if not weights:
         return []
     terms = sorted(weights)
-    bound = sql.SQL("") if filtered else sql.SQL("LIMIT {}").format(sql.Literal(per_term))
-    statement = sql.SQL("""
-WITH corpus AS (
+    params = [terms, [weights[t] for t in terms], *args, limit]
+    if not filtered:
+        cut = limit + JOIN_MARGIN
+        hits, scored = _hits(conn.execute(_statement(where, per_term, cut), params
+                                          ).fetchall())
+        if len(hits) >= limit or scored < cut:
+            return hits
+    return _hits(conn.execute(_statement(where, None, None), params).fetchall())[0]
+
+
+def _hits(rows: Sequence[Sequence[object]]) -> tuple[list[tuple[int, float]], int]:
+    """The hits of a :func:`_statement`, and how many chunks it scored (its last row)."""
+    hits = [(int(str(key)), float(str(score))) for key, score, _ in rows if key is not None]
+    scored = next((int(str(n)) for key, _, n in rows if key is None), 0)
+    return hits, scored
+
+
+JOIN_MARGIN = 64
+"""Scored chunks joined to their documents beyond the ``limit`` asked for, unfiltered."""
+
+
+def _statement(where: sql.Composable, per_term: int | None, cut: int | None
+               ) -> sql.Composed:
+    # MATERIALIZED: the statistics are read once per query term, not once per posting
+    # (an inlined CTE repeats its subquery in every row that reads it).
+    bound = sql.SQL("") if per_term is None else sql.SQL("LIMIT {}").format(
+        sql.Literal(per_term))
+    top = sql.SQL("") if cut is None else sql.SQL("LIMIT {}").format(sql.Literal(cut))
+    return sql.SQL("""
+WITH corpus AS MATERIALIZED (
     SELECT coalesce(sum(docs), 0)::float8 AS n, coalesce(sum(body_len), 0)::float8 AS bl,
            coalesce(sum(exact_len), 0)::float8 AS xl FROM bm25_corpus),
-q AS (
+q AS MATERIALIZED (
     SELECT t.term, t.weight,
            (SELECT coalesce(sum(f.df), 0) FROM bm25_df f WHERE f.term = t.term)::float8 AS df
     FROM unnest(%s::text[], %s::float8[]) AS t(term, weight)),
-w AS (
+w AS MATERIALIZED (
     SELECT q.term, q.weight * ln(1 + (corpus.n - q.df + 0.5) / (q.df + 0.5)) AS idf,
            CASE WHEN left(q.term, 2) = {exact} THEN corpus.xl ELSE corpus.bl END
                / corpus.n AS avgdl
@@ -350,16 +380,21 @@ hits AS (
     FROM w CROSS JOIN LATERAL (
         SELECT chunk_key, tf, dl FROM bm25_postings p
         WHERE p.term = w.term ORDER BY p.impact DESC {bound}) p),
-scored AS (SELECT chunk_key, sum(part) AS score FROM hits GROUP BY chunk_key)
-SELECT s.chunk_key, s.score FROM scored s
-JOIN chunks c ON c.key = s.chunk_key JOIN documents d ON d.id = c.doc_id
-WHERE {where}
-ORDER BY s.score DESC, s.chunk_key LIMIT %s""").format(
-        exact=sql.Literal(EXACT), k1p1=sql.Literal(K1 + 1.0), k1=sql.Literal(K1),
-        b=sql.Literal(B), bound=bound, where=where)
-    rows = conn.execute(statement, [terms, [weights[t] for t in terms], *args, limit]
-                        ).fetchall()
-    return [(int(key), float(score)) for key, score in rows]
+top AS MATERIALIZED (
+    SELECT chunk_key, sum(part) AS score FROM hits GROUP BY chunk_key
+    ORDER BY score DESC, chunk_key {top})
+(SELECT s.chunk_key, s.score, NULL::bigint FROM top s
+ JOIN chunks c ON c.key = s.chunk_key JOIN documents d ON d.id = c.doc_id
+ WHERE {where}
+ ORDER BY s.score DESC, s.chunk_key LIMIT %s)
+UNION ALL SELECT NULL, NULL, count(*) FROM top""").format(
+        exact=sql.Literal(EXACT), k1p1=_float8(K1 + 1.0), k1=_float8(K1), b=_float8(B),
+        bound=bound, top=top, where=where)
+
+
+def _float8(value: float) -> sql.Composed:
+    # A bare 1.2 is a numeric literal: the per-posting arithmetic would run in numeric.
+    return sql.SQL("{}::float8").format(sql.Literal(value))
 
 
 def reference_scores(chunks: Iterable[tuple[int, str, str, str]], query: str

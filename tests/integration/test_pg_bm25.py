@@ -323,5 +323,24 @@ def test_a_batch_listing_a_document_twice_keeps_the_last_version(store: Postgres
         assert statistics(conn)[1][0] == 3
     top = store.text_search("CVE-2024-3094", filters=Filters(), limit=1)
     assert store.chunks_by_keys([top[0][0]])[top[0][0]].doc_id == "b"
+    # The first version's words (only there) are gone with it.
     assert store.text_search("web01.example.net logs rotate", filters=Filters(),
-                             limit=10) != []
+                             limit=10) == []
+    assert store.text_search("restic nightly", filters=Filters(), limit=10) != []
+
+
+def test_a_disabled_source_holding_the_best_chunks_does_not_empty_the_list(
+        store: PostgresStore) -> None:
+    """Unfiltered, only the best scored chunks (the limit and a margin) are joined to
+    their documents: when a disabled source holds all of them, the search reads the rest
+    and still returns the enabled source's chunks, scored as the reference says."""
+    store.replace_documents([(doc(f"d{i}"), rows(f"d{i}", "nginx nginx nginx restart"))
+                             for i in range(100)])
+    store.replace_documents([(doc(f"o{i}", "ops"), rows(f"o{i}", f"nginx once, then {i}"))
+                             for i in range(5)])
+    assert len(store.text_search("nginx", filters=Filters(), limit=3)) == 3
+    assert store.set_source_disabled("docs", True)
+    hits = store.text_search("nginx", filters=Filters(), limit=3)
+    assert len(hits) == 3
+    assert {store.chunks_by_keys([k])[k].doc_id[0] for k, _ in hits} == {"o"}
+    assert hits == store.text_search("nginx", filters=Filters(sources=("ops",)), limit=3)
