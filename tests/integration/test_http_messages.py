@@ -1,0 +1,176 @@
+"""``POST /v1/messages`` and ``/v1/messages/count_tokens`` of a real daemon (real
+llama-server children on real GGUF models), called by the official ``anthropic`` SDK
+(its ``x-api-key`` header carrying llamad's bearer token): messages.create,
+messages.stream, count_tokens, a tool_use round trip on SmolLM2 with llamad's
+chatml-tools template (the call forced with a logit bias, as
+tests/integration/test_http_tools.py does), and errors in Anthropic's shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+import pytest_asyncio
+
+from daemon import Daemon
+from tests.conftest import SMALL_MODEL, models_dir
+from tests.support.endless import never_end_openai
+from tests.support.tools_daemon import (
+    GEMMA,
+    NO_REPEAT_GUARD,
+    OPEN_A_CALL,
+    READ,
+    SMOL,
+    tools_daemon,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
+
+WEATHER: Any = {"name": "get_weather", "description": "The current weather of a city.",
+                "input_schema": {"type": "object",
+                                 "properties": {"city": {"type": "string"}},
+                                 "required": ["city"]}}
+QUESTION: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+HELLO: Any = [{"role": "user", "content": "Say hello."}]
+# Greedy (this SDK version types no temperature), the call opened by a logit bias.
+FORCED: Any = {"temperature": 0, "logit_bias": OPEN_A_CALL, **NO_REPEAT_GUARD}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def running(llama_server: str, tmp_path_factory: pytest.TempPathFactory
+                  ) -> AsyncIterator[Daemon]:
+    async with tools_daemon(tmp_path_factory.mktemp("messages")) as daemon:
+        yield daemon
+
+
+def _sdk(daemon: Daemon, key: str = READ) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(
+        base_url=f"http://127.0.0.1:{daemon.http_port}", api_key=key, max_retries=0,
+        timeout=120, http_client=anthropic.DefaultAsyncHttpxClient(trust_env=False))
+
+
+async def test_create_answers_with_text_and_usage(running: Daemon) -> None:
+    """A message with a text block, the model as /v1/models lists it, a stop reason and
+    real usage; the system prompt is rendered (more input tokens)."""
+    async with _sdk(running) as sdk:
+        bare = await sdk.messages.create(model=SMOL, max_tokens=8, messages=HELLO)
+        told = await sdk.messages.create(
+            model=SMOL, max_tokens=8, messages=HELLO,
+            system=[{"type": "text", "text": "You are a terse assistant who answers in "
+                                             "French."}])
+    assert bare.type == "message" and bare.role == "assistant" and bare.model == SMOL
+    assert bare.content[0].type == "text" and bare.content[0].text
+    assert bare.stop_reason in ("end_turn", "max_tokens")
+    assert 0 < bare.usage.output_tokens <= 8 and bare.usage.input_tokens > 5
+    assert told.usage.input_tokens > bare.usage.input_tokens + 8
+
+
+async def test_max_tokens_is_the_stop_reason_when_reached(running: Daemon) -> None:
+    """With the end of generation banned (llamad's logit_bias extension), the answer
+    stops at max_tokens with exactly that many tokens."""
+    async with _sdk(running) as sdk:
+        answer = await sdk.messages.create(
+            model=SMOL, max_tokens=5, messages=[{"role": "user", "content": "Count."}],
+            extra_body={"logit_bias": never_end_openai(models_dir() / SMALL_MODEL)})
+    assert answer.stop_reason == "max_tokens" and answer.usage.output_tokens == 5
+
+
+async def test_stream_events_join_into_the_final_message(running: Daemon) -> None:
+    """messages.stream: message_start, a text block's start, deltas and stop, then
+    message_delta (stop reason, usage) and message_stop; the text deltas are the final
+    message's text."""
+    names: list[str] = []
+    async with _sdk(running) as sdk, sdk.messages.stream(model=SMOL, max_tokens=8,
+                                                         messages=HELLO) as stream:
+        async for ev in stream:
+            names.append(ev.type)
+        text = await stream.get_final_text()
+        final = await stream.get_final_message()
+    raw = [n for n in names if n not in ("text",)]  # the SDK's own derived events
+    assert raw[0] == "message_start" and raw[1] == "content_block_start"
+    assert raw[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert "content_block_delta" in raw
+    assert text and text == final.content[0].text  # type: ignore[union-attr]
+    assert final.stop_reason in ("end_turn", "max_tokens")
+    assert final.usage.output_tokens > 0 and final.usage.input_tokens > 5
+
+
+async def test_count_tokens_uses_the_models_tokenizer(running: Daemon) -> None:
+    """count_tokens grows with the text, counts the system prompt and tools, and equals
+    the model's own tokenizer's count of the text (SmolLM2: 'What is the weather in
+    Paris?' is 7 tokens)."""
+    async with _sdk(running) as sdk:
+        plain = await sdk.messages.count_tokens(model=SMOL, messages=QUESTION)
+        more = await sdk.messages.count_tokens(model=SMOL, messages=QUESTION,
+                                               system="Answer briefly.", tools=[WEATHER])
+    async with httpx.AsyncClient(trust_env=False) as http:
+        own = await http.post(f"http://127.0.0.1:{running.http_port}/v1/chat/completions",
+                              headers={"Authorization": f"Bearer {READ}"},
+                              json={"model": SMOL, "max_tokens": 1,
+                                    "messages": QUESTION})
+    assert 5 <= plain.input_tokens < own.json()["usage"]["prompt_tokens"]
+    assert more.input_tokens > plain.input_tokens + 20
+
+
+async def test_a_tool_use_round_trip(running: Daemon) -> None:
+    """The model's call is a tool_use block (id, name, input object) with stop_reason
+    tool_use; sent back with a tool_result, the model answers; streamed, the call's
+    input arrives as input_json_delta pieces."""
+    async with _sdk(running) as sdk:
+        first = await sdk.messages.create(
+            model=SMOL, max_tokens=60, messages=QUESTION, tools=[WEATHER],
+            tool_choice={"type": "any"}, extra_body=FORCED)
+        uses = [b for b in first.content if b.type == "tool_use"]
+        assert uses, first.content
+        use = uses[0]
+        assert use.name == "get_weather" and use.id and use.input == {"city": "Paris"}
+        assert first.stop_reason in ("tool_use", "max_tokens")
+        second = await sdk.messages.create(
+            model=SMOL, max_tokens=16, tools=[WEATHER], extra_body={"temperature": 0}, messages=[
+                *QUESTION,
+                {"role": "assistant", "content": [{"type": "tool_use", "id": use.id,
+                                                   "name": use.name, "input": use.input}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                              "content": '{"temperature_c": 18}'}]}])
+        partial: list[str] = []
+        async with sdk.messages.stream(
+                model=SMOL, max_tokens=60, messages=QUESTION, tools=[WEATHER],
+                tool_choice={"type": "tool", "name": "get_weather"},
+                extra_body=FORCED) as stream:
+            async for ev in stream:
+                if ev.type == "content_block_delta" and ev.delta.type == "input_json_delta":
+                    partial.append(ev.delta.partial_json)
+            streamed = await stream.get_final_message()
+    assert second.content and second.usage.input_tokens > first.usage.input_tokens
+    streamed_uses = [b for b in streamed.content if b.type == "tool_use"]
+    assert partial and streamed_uses[0].input == {"city": "Paris"}
+
+
+async def test_errors_have_anthropics_shape(running: Daemon) -> None:
+    """A missing max_tokens is a 400 invalid_request_error naming it; an unknown model
+    404 not_found_error; tools on a template without them 400; a wrong key 401
+    authentication_error: each as the SDK raises it."""
+    no_max_tokens: Any = {"max_tokens": None}  # sent as null: the SDK requires the name
+    async with _sdk(running) as sdk:
+        with pytest.raises(anthropic.BadRequestError) as missing:
+            await sdk.messages.create(model=SMOL, messages=HELLO, **no_max_tokens)
+        with pytest.raises(anthropic.NotFoundError) as unknown:
+            await sdk.messages.create(model="no-such-model", max_tokens=4, messages=HELLO)
+        with pytest.raises(anthropic.BadRequestError) as tools:
+            await sdk.messages.create(model=GEMMA, max_tokens=4, messages=QUESTION,
+                                      tools=[WEATHER])
+    async with _sdk(running, key="wrong-token-0123456789") as sdk:
+        with pytest.raises(anthropic.AuthenticationError) as denied:
+            await sdk.messages.create(model=SMOL, max_tokens=4, messages=HELLO)
+    body: Any = missing.value.body
+    assert missing.value.status_code == 400
+    assert body == {"type": "error", "error": {"type": "invalid_request_error",
+                                               "message": body["error"]["message"]}}
+    assert "max_tokens" in body["error"]["message"]
+    assert unknown.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    assert "tools" in tools.value.message
+    assert denied.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
