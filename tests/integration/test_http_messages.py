@@ -18,6 +18,7 @@ import pytest_asyncio
 
 from daemon import Daemon
 from tests.conftest import SMALL_MODEL, models_dir
+from tests.support.child_http import generation_idle
 from tests.support.endless import never_end_openai
 from tests.support.tools_daemon import (
     GEMMA,
@@ -174,3 +175,45 @@ async def test_errors_have_anthropics_shape(running: Daemon) -> None:
     assert unknown.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
     assert "tools" in tools.value.message
     assert denied.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+
+
+async def test_a_disconnect_stops_the_child_and_a_deadline_ends_the_stream(
+        running: Daemon) -> None:
+    """A client that leaves an endless stream stops the child's generation; a stream
+    that runs past x-request-timeout ends with Anthropic's error event, which the SDK
+    raises (timeout_error)."""
+    endless: Any = {"logit_bias": never_end_openai(models_dir() / SMALL_MODEL)}
+    count: Any = [{"role": "user", "content": "Count to one thousand."}]
+    async with _sdk(running) as sdk:
+        async with sdk.messages.stream(model=SMOL, max_tokens=3000, messages=count,
+                                       extra_body=endless) as stream:
+            deltas = 0
+            async for ev in stream:
+                deltas += ev.type == "content_block_delta"
+                if deltas == 5:
+                    break
+        sup = running.children["generation"].supervisor
+        assert await generation_idle(sup.socket, sup.pid, timeout=10), "still generating"
+        with pytest.raises(anthropic.APIStatusError) as late:
+            async with sdk.messages.stream(
+                    model=SMOL, max_tokens=3000, messages=count, extra_body=endless,
+                    extra_headers={"x-request-timeout": "1"}) as stream:
+                async for _ in stream:
+                    pass
+    assert late.value.body["error"]["type"] == "timeout_error"  # type: ignore[index]
+
+
+async def test_x_api_key_is_taken_only_on_the_messages_routes(running: Daemon) -> None:
+    """x-api-key with the read token answers /v1/messages; on /v1/chat/completions it is
+    no credential (401 in OpenAI's shape): the other routes take Authorization only."""
+    url = f"http://127.0.0.1:{running.http_port}/v1"
+    body = {"model": SMOL, "max_tokens": 2, "messages": HELLO}
+    async with httpx.AsyncClient(trust_env=False, timeout=60) as http:
+        ok = await http.post(url + "/messages", json=body, headers={"x-api-key": READ})
+        chat = await http.post(url + "/chat/completions", json=body,
+                               headers={"x-api-key": READ})
+        empty = await http.post(url + "/messages", json=body, headers={"x-api-key": ""})
+    assert ok.status_code == 200 and ok.json()["type"] == "message"
+    assert chat.status_code == 401 and chat.json()["error"]["type"] == "authentication_error"
+    assert empty.status_code == 401
+    assert empty.json()["type"] == "error"

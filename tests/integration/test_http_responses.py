@@ -21,6 +21,7 @@ import pytest_asyncio
 
 from daemon import Daemon
 from tests.conftest import SMALL_MODEL, models_dir
+from tests.support.child_http import generation_idle
 from tests.support.endless import never_end_openai
 from tests.support.tools_daemon import (
     GEMMA,
@@ -219,3 +220,31 @@ async def test_refusals_name_their_field(running: Daemon) -> None:
                                  json={"model": SMOL, "input": "Hi"})
     assert denied.status_code == 401 and denied.json()["error"]["type"] == \
         "authentication_error"
+
+
+async def test_a_disconnect_stops_the_child_and_a_deadline_ends_the_stream(
+        running: Daemon) -> None:
+    """A client that leaves an endless stream stops the child's generation; a stream
+    that runs past x-request-timeout ends with an error event (deadline_exceeded, the
+    next sequence number), which the SDK yields as the last event."""
+    endless: Any = {"logit_bias": never_end_openai(models_dir() / SMALL_MODEL)}
+    async with _sdk(running) as sdk:
+        async with sdk.responses.stream(model=SMOL, input="Count to one thousand.",
+                                        max_output_tokens=3000, extra_body=endless) as stream:
+            deltas = 0
+            async for ev in stream:
+                deltas += ev.type == "response.output_text.delta"
+                if deltas == 5:
+                    break
+        sup = running.children["generation"].supervisor
+        assert await generation_idle(sup.socket, sup.pid, timeout=10), "still generating"
+        events: list[Any] = []
+        async with sdk.responses.stream(
+                model=SMOL, input="Count to one thousand.", max_output_tokens=3000,
+                extra_body=endless, extra_headers={"x-request-timeout": "1"}) as stream:
+            async for ev in stream:
+                events.append(ev)
+    last = events[-1]
+    assert last.type == "error" and last.code == "deadline_exceeded"
+    assert last.sequence_number == events[-2].sequence_number + 1
+    assert any(e.type == "response.output_text.delta" for e in events)

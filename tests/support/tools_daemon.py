@@ -38,7 +38,7 @@ async def tools_daemon(folder: Path) -> AsyncIterator[Daemon]:
     env = config_env("llama-server", LLAMAD_CONFIG=str(config), LLAMAD_MODELS_DIR=str(empty),
                      LLAMAD_HTTP_LISTEN="127.0.0.1:0", LLAMAD_GENERATION_PARALLEL="1",
                      LLAMAD_EMBEDDING_MODE="disabled", LLAMAD_STATE_DIR=str(folder),
-                     LLAMAD_AUTH_TOKEN_FILE=str(tokens))
+                     LLAMAD_AUTH_TOKEN_FILE=str(tokens), LLAMAD_CHILD_SLOTS="true")
     del env["LLAMAD_GENERATION_MODEL"]  # the file's [generation] names it
     async with serving(env, "generation") as (daemon, _):
         yield daemon
