@@ -24,6 +24,7 @@ from bench._retrieval_bench.index import timing_commits
 from bench._retrieval_bench.metrics import ndcg, pct
 from daemon import logs
 from retrieval import Filters, PgOptions, Query, RetrievalError, RetrievalLimits, Retriever
+from retrieval._pg_bm25 import CANDIDATES_PER_TERM
 from retrieval._pg_indexes import PgIndexes
 from retrieval._pg_search import filter_sql, vector_search
 from retrieval._pg_store import PostgresStore
@@ -32,6 +33,8 @@ from tests.support.embedder import HashEmbedder
 RANKER_ENV = "LLAMAD_BENCH_RANKER"
 """The PostgreSQL store's lexical ranker (``PgOptions.lexical_ranker``), in the
 environment so that the node processes of (d) use it too."""
+PER_TERM_ENV = "LLAMAD_BENCH_BM25_PER_TERM"
+"""``PgOptions.bm25_candidates_per_term`` for the benches (default: its default)."""
 MODEL = "hash-bow-384"
 """The vectors: :class:`HashEmbedder` (bag of hashed words, 384 dimensions, as the default
 embedding model's), not a real model: the same on both backends, cheap enough for 100k
@@ -61,9 +64,10 @@ def retriever(kind: str, root: Path, dsn: str, embedder: HashEmbedder | None,
     """A Retriever on ``kind`` (``embedded`` in ``root``, or ``postgres`` at ``dsn``);
     without an embedder, BM25-only."""
     ranker = os.environ.get(RANKER_ENV) or "auto"
+    per_term = int(os.environ.get(PER_TERM_ENV) or CANDIDATES_PER_TERM)
+    options = PgOptions(dsn, lexical_ranker=ranker, bm25_candidates_per_term=per_term)
     return Retriever(root, lambda: embedder, limits,
-                     postgres=PgOptions(dsn, lexical_ranker=ranker) if kind == "postgres"
-                     else None)
+                     postgres=options if kind == "postgres" else None)
 
 
 def pg_store(r: Retriever) -> PostgresStore:

@@ -153,6 +153,10 @@ class RetrievalSettings:
         "the server offers, pg_textsearch then pg_search, else BM25 in plain SQL), or one "
         "by name (the store refuses to open without it).", choices=LEXICAL_RANKERS,
         reload="restart")
+    postgres_bm25_candidates: int = setting(
+        1000, "With the plain-SQL BM25 ranker: postings read per query term, highest "
+        "impact first, when a search has no filter (bounds a query's cost; rarer terms "
+        "are read whole).", minimum=1, reload="restart")
 
 
 def check_store(r: RetrievalSettings) -> None:

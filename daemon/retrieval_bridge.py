@@ -82,7 +82,8 @@ def pg_options(r: RetrievalSettings, *, max_connections: int | None = None) -> P
                          else max_connections),
         statement_timeout_ms=round(r.postgres_statement_timeout * 1000),
         ef_search=r.postgres_ef_search, max_scan_tuples=r.postgres_max_scan_tuples,
-        lexical_ranker=r.postgres_lexical_ranker)
+        lexical_ranker=r.postgres_lexical_ranker,
+        bm25_candidates_per_term=r.postgres_bm25_candidates)
 
 
 class ChildEmbedder:

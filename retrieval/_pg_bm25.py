@@ -76,8 +76,10 @@ SLOTS = 32
 waiting for each other."""
 SLOT_LOCK_CLASS = 0x6C6C_6232
 """The first key of the two-key transaction advisory locks that claim a slot."""
-CANDIDATES_PER_TERM = 5000
-"""Postings read per query term (highest impact first) when no filter is given."""
+CANDIDATES_PER_TERM = 1000
+"""Postings read per query term (highest impact first) when no filter is given (the
+default of ``PgOptions.bm25_candidates_per_term``). Measured on the four BEIR
+collections' 15k chunks: text-list p50 25 ms with 5000, 11 ms with 1000, 4.6 ms with 300."""
 
 LEXICAL_RANKING = "bm25-sql"
 """The name Status shows for this ranker."""

@@ -55,6 +55,9 @@ class PgOptions:
         lexical_ranker: ``auto`` (a BM25 extension the server offers, else BM25 in plain
             SQL), ``pg_textsearch``, ``pg_search`` or ``bm25-sql``
             (:mod:`retrieval._pg_rankers`).
+        bm25_candidates_per_term: ``bm25-sql`` reads at most this many postings of each
+            query term (highest impact first) when no filter is given: the bound on a
+            query's cost; a rarer term is read whole, so its scores are exact.
     """
 
     dsn: str
@@ -66,6 +69,7 @@ class PgOptions:
     ef_search: int = 100
     max_scan_tuples: int = 20_000
     lexical_ranker: str = "auto"
+    bm25_candidates_per_term: int = 1000
 
 
 def describe(dsn: str) -> str:

@@ -74,11 +74,13 @@ class Ranker(Protocol):
 
 @dataclass(frozen=True)
 class SqlRanker:
+    per_term: int = _pg_bm25.CANDIDATES_PER_TERM
     name: str = SQL_RANKER
 
     def search(self, conn: Connection, query: str, limit: int, where: sql.Composable,
                args: list[object], *, filtered: bool) -> list[tuple[int, float]]:
-        return _pg_bm25.text_search(conn, query, limit, where, args, filtered=filtered)
+        return _pg_bm25.text_search(conn, query, limit, where, args, filtered=filtered,
+                                    per_term=self.per_term)
 
 
 def _ordered(rows: list[tuple[object, object]]) -> list[tuple[int, float]]:
@@ -170,20 +172,25 @@ _SETUP: dict[str, tuple[Callable[[Connection], None], Ranker]] = {
 }
 
 
-def choose(conn: Connection, target: str, wanted: str = AUTO) -> Ranker:
+def choose(conn: Connection, target: str, wanted: str = AUTO, *,
+           per_term: int = _pg_bm25.CANDIDATES_PER_TERM) -> Ranker:
     """The ranker to use, its extension and index set up (under the migration lock, so
     nodes opening together take turns). ``conn`` must not be inside a transaction.
 
+    ``per_term`` bounds the postings ``bm25-sql`` reads per query term.
+
     Raises:
-        ValueError: ``wanted`` is none of :data:`RANKERS`.
+        ValueError: ``wanted`` is none of :data:`RANKERS`, or ``per_term`` < 1.
         StoreUnavailable: ``wanted`` names an extension this server or role cannot set
             up (says why); ``auto`` falls back to ``bm25-sql`` instead.
     """
     if wanted not in RANKERS:
         raise ValueError(f"lexical_ranker must be one of {', '.join(RANKERS)}, got "
                          f"{wanted!r}")
+    if per_term < 1:
+        raise ValueError(f"bm25_candidates_per_term must be >= 1, got {per_term}")
     if wanted == SQL_RANKER:
-        return SqlRanker()
+        return SqlRanker(per_term)
     installed = {str(r[0]) for r in conn.execute("SELECT extname FROM pg_extension")}
     available = {str(r[0]) for r in conn.execute(
         "SELECT name FROM pg_available_extensions WHERE name = ANY(%s)",
@@ -208,4 +215,4 @@ def choose(conn: Connection, target: str, wanted: str = AUTO) -> Ranker:
         if name in available:
             _log.warning("bm25 extension not used", store=target, extension=name,
                          reason=why)
-    return SqlRanker()
+    return SqlRanker(per_term)

@@ -126,7 +126,8 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
             vector_version = ensure_vector_extension(conn, target)
             applied = migrate(conn, target)
             filled = fill_missing(conn)  # chunks written before schema version 4
-            ranker = choose(conn, target, options.lexical_ranker)
+            ranker = choose(conn, target, options.lexical_ranker,
+                            per_term=options.bm25_candidates_per_term)
             row = conn.execute("SHOW server_version").fetchone()
             info = PgInfo(target, str(row[0]) if row else "", vector_version, SCHEMA_VERSION,
                           ranker.name, bm25_extension(conn), "", 0)

@@ -344,3 +344,24 @@ def test_a_disabled_source_holding_the_best_chunks_does_not_empty_the_list(
     assert len(hits) == 3
     assert {store.chunks_by_keys([k])[k].doc_id[0] for k, _ in hits} == {"o"}
     assert hits == store.text_search("nginx", filters=Filters(sources=("ops",)), limit=3)
+
+
+def test_the_postings_read_per_term_are_bounded_unless_a_filter_is_given(
+        pg_dsn: str) -> None:
+    """``bm25_candidates_per_term`` bounds the postings an unfiltered search reads per
+    term (the highest-impact ones: here the shortest chunks); a filtered search reads
+    them all; a bound below 1 is refused, naming the option."""
+    store = PostgresStore.open(PgOptions(pg_dsn, bm25_candidates_per_term=2))
+    try:
+        store.upsert_source(SourceRow("docs", "push"))
+        store.replace_documents([(doc(f"d{i}"), rows(f"d{i}", "nginx " + "word " * i))
+                                 for i in range(10)])
+        bounded = store.text_search("nginx", filters=Filters(), limit=10)
+        assert [store.chunks_by_keys([k])[k].doc_id for k, _ in bounded] == ["d0", "d1"]
+        every = store.text_search("nginx", filters=Filters(sources=("docs",)), limit=10)
+        assert len(every) == 10
+        assert every[:2] == bounded
+    finally:
+        store.close()
+    with pytest.raises(ValueError, match="bm25_candidates_per_term"):
+        PostgresStore.open(PgOptions(pg_dsn, bm25_candidates_per_term=0))
