@@ -135,12 +135,13 @@ def copy_numbers(body: Any, out: dict[str, Any], *names: str) -> None:
             out[name] = body[name]
 
 
-def integer(body: Any, name: str, *, low: int = 0) -> int | None:
+def integer(body: Any, name: str, *, low: int = 0, high: int = 2**32 - 1) -> int | None:
+    """``body[name]``: an integer in ``low..high`` (None when absent or null)."""
     value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise ParamError(name, f"{name} must be an integer, not {kind(value)}")
-    if value < low:
-        raise ParamError(name, f"{name} must be at least {low}, got {value}")
+    if not low <= value <= high:
+        raise ParamError(name, f"{name} must be in {low}..{high}, got {value}")
     return value

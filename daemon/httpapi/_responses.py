@@ -199,8 +199,11 @@ def _format(body: _parse.Body, out: dict[str, Any]) -> None:
     if not isinstance(spec.get("schema"), dict):
         raise ParamError("text.format.schema", "text.format.schema must be a JSON Schema "
                          "object")
+    name = spec.get("name", "")
+    if not isinstance(name, str):
+        raise ParamError("text.format.name", "text.format.name must be a string")
     out["response_format"] = {"type": "json_schema", "json_schema": {
-        "name": spec.get("name", ""), "schema": spec["schema"]}}
+        "name": name, "schema": spec["schema"]}}
 
 
 def chat_body(body: _parse.Body) -> dict[str, Any]:

@@ -39,6 +39,7 @@ WEATHER: Any = {"type": "function", "name": "get_weather",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                "required": ["city"]}}
 QUESTION = "What is the weather in Paris?"
+NAMELESS: Any = {"format": {"type": "json_schema", "name": 3, "schema": {}}}
 IMAGE: Any = [{"type": "input_image", "image_url": "https://example.com/a.png"}]
 PERSON: Any = {"type": "object", "properties": {"name": {"type": "string"},
                                                 "age": {"type": "integer"}},
@@ -212,9 +213,15 @@ async def test_refusals_name_their_field(running: Daemon) -> None:
             await sdk.responses.create(model=SMOL, input=IMAGE)
         with pytest.raises(openai.BadRequestError) as tokens:
             await sdk.responses.create(model=SMOL, input="Hi", max_output_tokens=-1)
+        with pytest.raises(openai.BadRequestError) as huge:
+            await sdk.responses.create(model=SMOL, input="Hi", max_output_tokens=2**40)
+        with pytest.raises(openai.BadRequestError) as name:
+            await sdk.responses.create(model=SMOL, input="Hi", text=NAMELESS)
     assert tools.value.body["param"] == "tools"  # type: ignore[index]
     assert item.value.body["param"] == "input[0].type"  # type: ignore[index]
     assert tokens.value.body["param"] == "max_output_tokens"  # type: ignore[index]
+    assert huge.value.body["param"] == "max_output_tokens"  # type: ignore[index]
+    assert name.value.body["param"] == "text.format.name"  # type: ignore[index]
     async with httpx.AsyncClient(trust_env=False) as http:
         denied = await http.post(f"http://127.0.0.1:{running.http_port}/v1/responses",
                                  json={"model": SMOL, "input": "Hi"})
