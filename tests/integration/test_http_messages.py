@@ -70,6 +70,18 @@ async def test_create_answers_with_text_and_usage(running: Daemon) -> None:
     assert told.usage.input_tokens > bare.usage.input_tokens + 8
 
 
+async def test_stop_sequences_end_the_text(running: Daemon) -> None:
+    """stop_sequences reach the child: whatever the model writes, the text holds none
+    of them (it stopped before the first, or never wrote one)."""
+    async with _sdk(running) as sdk:
+        answer = await sdk.messages.create(
+            model=SMOL, max_tokens=40, stop_sequences=["e", "E"],
+            messages=[{"role": "user", "content": "Describe the sea."}])
+    text = "".join(b.text for b in answer.content if b.type == "text")
+    assert "e" not in text.lower()
+    assert answer.usage.output_tokens < 40 or answer.stop_reason == "max_tokens"
+
+
 async def test_max_tokens_is_the_stop_reason_when_reached(running: Daemon) -> None:
     """With the end of generation banned (llamad's logit_bias extension), the answer
     stops at max_tokens with exactly that many tokens."""

@@ -83,7 +83,7 @@ async def test_instructions_and_input_items_reach_the_prompt(running: Daemon) ->
         bare = await sdk.responses.create(model=SMOL, input="Hi", max_output_tokens=1)
         full = await sdk.responses.create(
             model=SMOL, instructions="You are a terse assistant who answers in French.",
-            max_output_tokens=1,
+            max_output_tokens=1, store=False,
             input=[{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
                    {"role": "assistant", "content": "Bonjour."},
                    {"type": "message", "role": "user", "content": "How are you?"}])
