@@ -10,6 +10,7 @@ closes the request to the child, which stops generating.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,11 @@ from . import _parse
 from ._context import RECEIVED, REQUEST_ID, STREAM, Api, time_remaining
 from ._errors import ParamError
 from ._models import Listed
+
+FROM = "_from"
+"""The key of a translated chat message naming the caller's field it came from
+(``input[2]``, ``system``): a refusal of the message names that field."""
+_INDEX = re.compile(r"^messages\[(\d+)\]")
 
 
 def event(name: str, data: dict[str, Any]) -> bytes:
@@ -47,8 +53,9 @@ def prepare(api: Api, call: Call, chat_body: dict[str, Any], route: str, *,
             messages_param: str) -> Prepared:
     """Read ``chat_body`` (a chat-completions body) as ``/v1/chat/completions`` does.
 
-    A refusal of the messages that names ``messages[...]`` (an index of the translated
-    list) is given as ``messages_param``, the field of the caller's own body.
+    A refusal of the messages that names ``messages[N]`` (an index of the translated
+    list) names the field of the caller's own body that message came from (its
+    :data:`FROM`; ``messages_param`` when it has none).
 
     Raises:
         InvalidArgument, ApiError: naming the field at fault.
@@ -58,16 +65,19 @@ def prepare(api: Api, call: Call, chat_body: dict[str, Any], route: str, *,
     sampling = _parse.sampling(chat_body, limits, chat=True)
     try:
         messages, offered = _parse.chat_messages(chat_body, limits)
-    except ParamError as exc:
-        if exc.param.startswith("messages"):
-            raise ParamError(messages_param, str(exc).replace("messages", messages_param, 1)
-                             ) from None
-        raise
     except InvalidArgument as exc:
         text = str(exc)
-        if text.startswith("messages"):
-            raise ParamError(messages_param, text) from None
-        raise
+        found = _INDEX.match(text)
+        if found is None:
+            raise
+        index = int(found.group(1))
+        given = chat_body["messages"]
+        origin = given[index].get(FROM, messages_param) if index < len(given) \
+            else messages_param
+        rest = text[found.end():]
+        if "[" not in origin:  # a string field (input, instructions, system): its content
+            rest = rest.removeprefix(".content")
+        raise ParamError(origin, origin + rest) from None
     call.note(messages=len(messages), max_tokens=sampling.max_tokens)
     if offered is not None:
         call.note(tools=len(offered.tools), tool_choice=offered.choice)

@@ -35,6 +35,7 @@ from ..inference import Meter, Usage
 from ..rpc import Call
 from . import _parse
 from ._chat import (
+    FROM,
     copy_numbers,
     event,
     generate,
@@ -187,11 +188,12 @@ def _messages(body: _parse.Body) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     system = _system(body.get("system"))
     if system:
-        out.append({"role": "system", "content": system})
+        out.append({"role": "system", "content": system, FROM: "system"})
     for i, message in enumerate(value):
         if not isinstance(message, dict):
             raise ParamError(f"messages[{i}]", f"messages[{i}] must be an object")
-        out.extend(_blocks(message, f"messages[{i}]"))
+        out.extend({**turn, FROM: f"messages[{i}]"}
+                   for turn in _blocks(message, f"messages[{i}]"))
     return out
 
 

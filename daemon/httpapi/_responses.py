@@ -37,7 +37,17 @@ from supervisor import ChildRequestError, Chunk, ToolCallDelta
 from ..inference import Meter, Usage
 from ..rpc import Call
 from . import _parse
-from ._chat import copy_numbers, event, generate, integer, kind, note_usage, open_events, prepare
+from ._chat import (
+    FROM,
+    copy_numbers,
+    event,
+    generate,
+    integer,
+    kind,
+    note_usage,
+    open_events,
+    prepare,
+)
 from ._context import Api, json_response
 from ._errors import ApiError, ParamError
 
@@ -106,10 +116,10 @@ def _messages(body: _parse.Body) -> list[dict[str, Any]]:
         if not isinstance(instructions, str):
             raise ParamError("instructions", f"instructions must be a string, not "
                              f"{kind(instructions)}")
-        out.append({"role": "system", "content": instructions})
+        out.append({"role": "system", "content": instructions, FROM: "instructions"})
     value = body.get("input")
     if isinstance(value, str):
-        return [*out, {"role": "user", "content": value}]
+        return [*out, {"role": "user", "content": value, FROM: "input"}]
     if not isinstance(value, list) or not value:
         raise ParamError("input", "input must be a string or a non-empty array of input "
                          "items")
@@ -123,20 +133,21 @@ def _messages(body: _parse.Body) -> list[dict[str, Any]]:
             if role not in ("user", "assistant", "system", "developer"):
                 raise ParamError(f"{where}.role", f"{where}.role must be user, assistant, "
                                  "system or developer")
-            out.append({"role": role, "content": _text(item.get("content"),
-                                                       f"{where}.content")})
+            out.append({"role": role, FROM: where,
+                        "content": _text(item.get("content"), f"{where}.content")})
         elif kind_ == "function_call":
             call = _function_call(item, where)
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant" and "tool_calls" in last:
                 last["tool_calls"].append(call)  # parallel calls: one assistant turn
             else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                out.append({"role": "assistant", "content": None, "tool_calls": [call],
+                            FROM: where})
         elif kind_ == "function_call_output":
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
                 raise ParamError(f"{where}.call_id", f"{where}.call_id must be a string")
-            out.append({"role": "tool", "tool_call_id": call_id,
+            out.append({"role": "tool", "tool_call_id": call_id, FROM: where,
                         "content": _text(item.get("output"), f"{where}.output")})
         else:
             raise ParamError(f"{where}.type", f"{where}.type {str(kind_)[:40]!r} is not "

@@ -213,6 +213,10 @@ async def test_refusals_name_their_field(running: Daemon) -> None:
             await sdk.responses.create(model=SMOL, input=IMAGE)
         with pytest.raises(openai.BadRequestError) as tokens:
             await sdk.responses.create(model=SMOL, input="Hi", max_output_tokens=-1)
+        with pytest.raises(openai.BadRequestError) as empty:
+            await sdk.responses.create(model=SMOL, instructions="Be brief.",
+                                       input=[{"role": "user", "content": "Hi"},
+                                              {"role": "user", "content": ""}])
         with pytest.raises(openai.BadRequestError) as huge:
             await sdk.responses.create(model=SMOL, input="Hi", max_output_tokens=2**40)
         with pytest.raises(openai.BadRequestError) as name:
@@ -221,6 +225,9 @@ async def test_refusals_name_their_field(running: Daemon) -> None:
     assert item.value.body["param"] == "input[0].type"  # type: ignore[index]
     assert tokens.value.body["param"] == "max_output_tokens"  # type: ignore[index]
     assert huge.value.body["param"] == "max_output_tokens"  # type: ignore[index]
+    # The check of the chat core names the input item, not the chat message it became.
+    assert empty.value.body["param"] == "input[1]"  # type: ignore[index]
+    assert empty.value.body["message"] == "input[1].content is empty"  # type: ignore[index]
     assert name.value.body["param"] == "text.format.name"  # type: ignore[index]
     async with httpx.AsyncClient(trust_env=False) as http:
         denied = await http.post(f"http://127.0.0.1:{running.http_port}/v1/responses",
