@@ -26,7 +26,7 @@ statistics are kept whichever ranker serves, so a database can change ranker at 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -83,7 +83,7 @@ class SqlRanker:
                                     per_term=self.per_term)
 
 
-def _ordered(rows: list[tuple[object, object]]) -> list[tuple[int, float]]:
+def _ordered(rows: Sequence[Sequence[object]]) -> list[tuple[int, float]]:
     hits = [(int(str(k)), float(str(s))) for k, s in rows]
     return sorted(hits, key=lambda h: (-h[1], h[0]))  # ties by key, as the other lists
 
@@ -113,12 +113,31 @@ class SearchRanker:
     def search(self, conn: Connection, query: str, limit: int, where: sql.Composable,
                args: list[object], *, filtered: bool) -> list[tuple[int, float]]:
         # ||| tokenizes the text as the index does and ORs its terms: no query syntax.
+        # Unfiltered, the best chunks are taken on chunks alone (pg_search's top-N scan;
+        # a join in the same query turns it into a scan of every match) and joined after,
+        # with a margin for a disabled source's chunks; too few left reads them all.
+        text = query[:MAX_QUERY_CHARS]
+        if not filtered:
+            cut = limit + _pg_bm25.JOIN_MARGIN
+            rows = conn.execute(_SEARCH_TOP.format(where=where),
+                                [text, cut, *args, limit]).fetchall()
+            hits = _ordered([(k, s) for k, s, _ in rows if k is not None])
+            scored = next((int(str(n)) for k, _, n in rows if k is None), 0)
+            if len(hits) >= limit or scored < cut:
+                return hits
         statement = sql.SQL(
             "SELECT c.key, pdb.score(c.key) FROM chunks c JOIN documents d ON "
             "d.id = c.doc_id WHERE c.bm25_body ||| %s AND {where} "
             "ORDER BY pdb.score(c.key) DESC LIMIT %s").format(where=where)
-        return _ordered(conn.execute(statement, [query[:MAX_QUERY_CHARS], *args, limit]
-                                     ).fetchall())
+        return _ordered(conn.execute(statement, [text, *args, limit]).fetchall())
+
+
+_SEARCH_TOP = sql.SQL(
+    "WITH top AS MATERIALIZED (SELECT key, doc_id, pdb.score(key) AS score FROM chunks "
+    "WHERE bm25_body ||| %s ORDER BY pdb.score(key) DESC LIMIT %s) "
+    "(SELECT c.key, c.score, NULL::bigint FROM top c JOIN documents d ON d.id = c.doc_id "
+    "WHERE {where} ORDER BY c.score DESC LIMIT %s) "
+    "UNION ALL SELECT NULL, NULL, count(*) FROM top")
 
 
 def _exists(conn: Connection, relation: str) -> bool:

@@ -94,6 +94,10 @@ def test_each_ranker_finds_filters_and_forgets(database: str, ranker: str) -> No
         assert names(store, search("wireguard peers", filters=Filters(sources=("ops",)),
                                    limit=10)) == ["vpn"]
         assert search("zebra", filters=Filters(), limit=10) == []
+        assert store.set_source_disabled("ops", True)
+        assert names(store, search("wireguard peers kernel", filters=Filters(),
+                                   limit=10)) == []
+        assert store.set_source_disabled("ops", False)
         hostile = "nginx' OR 1=1; -- \"quoted\" AND (title:x) ^2 ~ * ||| @@@ :* & ! \\"
         assert names(store, search(hostile, filters=Filters(), limit=10))[0] == "nginx"
         hits = search("restart nginx", filters=Filters(), limit=10)
