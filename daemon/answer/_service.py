@@ -219,6 +219,7 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
         cached = (None if request.no_cache
                   else self._cache.get(model, assembled.sha256, sampling))
         first: float | None = None
+        generated_at: float | None = None  # when the child's last chunk came (not cached)
         if cached is not None:
             text, completion, prompt_tokens, finish = (cached.text, cached.completion_tokens,
                                                        cached.prompt_tokens,
@@ -241,16 +242,22 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
                         finish = chunk.finish_reason
                         completion = chunk.completion_tokens or completion
                         prompt_tokens = chunk.prompt_tokens or prompt_tokens
+                        generated_at = time.perf_counter()
             text = "".join(pieces)
             self._cache.put(model, assembled.sha256, sampling,
                             CachedAnswer(text, completion, prompt_tokens, finish))
         yield sources
         end = time.perf_counter()
         ttft = ((first or end) - received) * 1000
+        # As chat's Meter measures it: the tokens over the time from the first to the
+        # last; 0 for an answer from the cache (nothing was generated).
+        rate = (completion / (generated_at - first)
+                if first is not None and generated_at is not None and generated_at > first
+                else 0.0)
         yield apb.AskResponse(done=apb.AskDone(
             usage=ipb.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion,
                             total_tokens=prompt_tokens + completion,
-                            time_to_first_token_ms=ttft),
+                            time_to_first_token_ms=ttft, tokens_per_second=rate),
             prompt_sha256=assembled.sha256, cached=cached is not None,
             finish_reason=_FINISH.get(finish, ipb.FINISH_REASON_STOP),
             chunks_dropped=assembled.dropped, attachment_clipped=assembled.attachment_clipped,

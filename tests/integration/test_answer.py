@@ -67,11 +67,14 @@ async def test_answer_streams_and_cites_the_runbook_first(ready) -> None:  # typ
     assert first.sources.citations[0].label == "S1"
     assert first.sources.retrieval_mode == rpb.SEARCH_MODE_HYBRID
     assert first.done.usage.completion_tokens > 0
+    # the speed is measured (tokens over first to last token), not left at 0
+    assert 0 < first.done.usage.tokens_per_second < 10_000
     assert len(first.done.prompt_sha256) == 64
     assert not first.done.cached
     assert first.done.template_version.startswith("system/2+answer/1")
     again = await ask(stub, "How do I fix a full disk on web01?")
     assert again.done.cached
+    assert again.done.usage.tokens_per_second == 0  # nothing generated
     assert again.text == first.text
     assert again.done.prompt_sha256 == first.done.prompt_sha256
     audit = daemon.config.state_dir / "audit" / "answers.jsonl"
