@@ -18,12 +18,13 @@ Agent check. HAProxy's ``agent-check`` connects to ``agent_listen`` every
 =====================  =============================================================
 reply                  when
 =====================  =============================================================
-``up ready N%``        some role serves; N is the share of its slots that are free
+``up ready N%``        some model serves (a role's or one loaded on demand); N is the
+                       share of its slots that are free
                        (1 to 100: never 0, which HAProxy takes as a drain). ``ready``
                        undoes an earlier ``drain``: only the agent can.
 ``drain``              drained by SetDraining, or draining for shutdown
-``down#<reason>``      no role can serve (each is disabled, starting, backing off or
-                       failed); the reason names each role's state
+``down#<reason>``      no model can serve (each is disabled, starting, backing off or
+                       failed); the reason names each one's state
 =====================  =============================================================
 
 Failing to reach the agent is not a failure to HAProxy (its regular ``check`` tests the
@@ -66,7 +67,8 @@ class _Supervisor(Protocol):
 
 
 class Served(Protocol):
-    """What this module reads of a role's model (a :class:`daemon.model.Model`)."""
+    """What this module reads of a model (a :class:`daemon.model.Model`: a role's, or one
+    the pool loaded on demand)."""
 
     @property
     def mode(self) -> _Mode: ...
@@ -77,7 +79,7 @@ class Served(Protocol):
 
 
 def in_flight(children: Mapping[str, Served]) -> int:
-    """Calls running or waiting for a slot, every role."""
+    """Calls running or waiting for a slot, every model of ``children``."""
     return sum(c.admission.in_flight + c.admission.queued for c in children.values())
 
 
@@ -109,13 +111,14 @@ class Drainer:
     """The administrative drain: set by ControlService SetDraining, read by health and
     the agent port. Not persisted: a daemon starts undrained."""
 
-    def __init__(self, children: Mapping[str, Served],
+    def __init__(self, models: Callable[[], Mapping[str, Served]],
                  on_change: Callable[[bool], object]) -> None:
         """Args:
-            children: the roles, for :meth:`in_flight`.
+            models: every model now, the roles' and those loaded on demand
+                (:meth:`daemon.pool.Pool.every_model`), for :meth:`in_flight`.
             on_change: told the new state whenever it changes (health re-evaluates).
         """
-        self._children = children
+        self._models = models
         self._on_change = on_change
         self.drained = False
 
@@ -130,7 +133,7 @@ class Drainer:
 
     def in_flight(self) -> int:
         """Calls running or waiting for a slot on this node."""
-        return in_flight(self._children)
+        return in_flight(self._models())
 
 
 class AgentServer:

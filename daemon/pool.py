@@ -114,6 +114,7 @@ class Pool:
         self._clock = clock or SystemClock()
         self._models: dict[str, Model] = {}
         self._defaults: set[str] = set()
+        self._roles = defaults  # served even when the catalog names no default for a role
         for role, model in defaults.items():
             name = catalog.defaults.get(role)
             if name is not None:
@@ -191,6 +192,19 @@ class Pool:
     def model(self, name: str) -> Model | None:
         """The Model of the catalog model ``name`` if one was built (None: never needed)."""
         return self._models.get(name)
+
+    def every_model(self) -> dict[str, Model]:
+        """Every model that may have calls: each role's by role, then each model the pool
+        loaded on demand by name while it serves or still has calls (being unloaded). What
+        drain, the agent check and in-flight counts read, so none misses a model."""
+        every = dict(self._roles)
+        for name, model in self._models.items():
+            if name in self._defaults:
+                continue
+            if (model.mode.kind is not InferenceMode.DISABLED or model.busy()
+                    or model.admission.queued):
+                every[name] = model
+        return every
 
     def touch(self, name: str) -> None:
         """A call was given to ``name`` now (for last used, and later LRU and TTL)."""

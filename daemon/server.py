@@ -189,7 +189,7 @@ class Daemon:
                                        clock=self._clock, postgres=postgres_from(config))
         self.health = HealthReporter(self.children, retrieval=self.retriever is not None,
                                      pool=self.pool)
-        self.drainer = Drainer(self.children, self.health.set_drained)
+        self.drainer = Drainer(self.pool.every_model, self.health.set_drained)
         self._agent: AgentServer | None = None
         self.agent_port = 0
         self._server: grpc.aio.Server | None = None
@@ -268,11 +268,12 @@ class Daemon:
                 tls=self.config.tls, drain_grace=self.config.drain_grace,
                 answer=self._answer, pool=self.pool,
                 connections=ConnectionCap(conns.http, conns.per_peer),
-                handshake_timeout=cfg.settings.connections.handshake_timeout)
+                handshake_timeout=cfg.settings.connections.handshake_timeout,
+                serving=self.health.serving)
             self.http_port = await self._http.start(self.config.http_listen)
         if self.config.agent_listen:
             self._agent = AgentServer(
-                lambda: agent_reply(self.children, draining=self.health.draining),
+                lambda: agent_reply(self.pool.every_model(), draining=self.health.draining),
                 max_connections=self.config.agent.max_connections,
                 timeout=self.config.agent.timeout)
             self.agent_port = await self._agent.start(self.config.agent_listen)

@@ -77,7 +77,7 @@ def test_drainer_is_idempotent_and_tells_on_change() -> None:
     """Setting the same state twice tells once; in_flight counts running and queued."""
     told: list[bool] = []
     roles = {"generation": _Role(admission=_Admission(in_flight=2, queued=1))}
-    drainer = Drainer(roles, told.append)
+    drainer = Drainer(lambda: roles, told.append)
     drainer.set(True, "maintenance")
     drainer.set(True)
     drainer.set(False)

@@ -1,0 +1,60 @@
+"""Draining counts every model (issue 26): a call streaming from a model the pool loaded on
+demand is a call in flight, for SetDraining's count and ``llamad drain --wait``, like a
+call on a role's default model."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import grpc
+import pytest
+
+from llamad_protocol.v1 import control_pb2, inference_pb2
+from tests.conftest import models_dir
+from tests.support.daemon import config_env, serving
+from tests.support.endless import never_end
+
+pytestmark = pytest.mark.integration
+
+GEMMA = "gemma-3-270m-q4_k_m"  # not a role's default: loaded when a call names it
+WAITING = 3.0  # seconds ``drain --wait`` is watched for returning early (6 of its polls)
+
+
+async def test_drain_wait_waits_for_an_on_demand_models_stream(llama_server: str) -> None:
+    env = config_env("llama-server", LLAMAD_MODELS_DIR=str(models_dir()),
+                     LLAMAD_GENERATION_PARALLEL="1")
+    async with serving(env) as (daemon, clients):
+        # A stream that cannot end by itself: every end-of-generation token of gemma
+        # banned, far more tokens asked for than it can make before it is cancelled.
+        stream = clients.inference.Generate(inference_pb2.GenerateRequest(
+            prompt="Count to one thousand:", model=GEMMA,
+            sampling=inference_pb2.SamplingParams(
+                max_tokens=8192, temperature=0.0,
+                logit_bias=never_end(models_dir() / f"{GEMMA}.gguf"))), timeout=300)
+        first = await stream.read()
+        assert first.model_name == GEMMA and first.text
+        assert daemon.children["generation"].busy() == 0  # nothing on the roles' models
+
+        drained = await clients.control.SetDraining(
+            control_pb2.SetDrainingRequest(draining=True, reason="test"))
+        assert drained.draining and drained.in_flight == 1
+
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "daemon", "drain", "--address", daemon.address,
+            "--wait", "120", stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        try:
+            with pytest.raises(TimeoutError):  # it waits while the stream runs
+                await asyncio.wait_for(asyncio.shield(cli.wait()), WAITING)
+            assert (await stream.read()).text  # still streaming all along
+            stream.cancel()
+            out, err = await asyncio.wait_for(cli.communicate(), 60)
+        finally:
+            if cli.returncode is None:
+                cli.kill()
+                await cli.wait()
+        assert cli.returncode == 0, err.decode()
+        assert out.decode().splitlines() == ["drained: 1 calls in flight",
+                                             "no calls in flight"]
+        assert await stream.code() is grpc.StatusCode.CANCELLED
