@@ -133,6 +133,10 @@ class HealthReporter:
             statuses[HEALTH_MODEL_PREFIX + view.name] = flag[up and view.state == "ready"]
         return statuses
 
+    def serving(self) -> bool:
+        """Whether the overall entry is SERVING now (the HTTP listener's ``/health``)."""
+        return bool(self.statuses()[HEALTH_OVERALL] == SERVING)
+
     async def _apply(self) -> None:
         statuses = self.statuses()
         for name in self._set - statuses.keys():  # a model a reload took out of the catalog

@@ -17,6 +17,11 @@ off like an idle connection). The listener holds at most ``connections.http_max`
 connections, ``connections.per_peer_max`` of one address (:class:`daemon.connlimits.
 ConnectionCap`): past either, a new connection is answered 503 (its JSON error naming the
 option) and closed at once, so a flood cannot take the daemon's descriptors.
+
+``GET /health`` (and HEAD) is answered before all of that, without a token (as gRPC
+health is), a log line or metrics (a probe every few seconds): 200 ``{"status":
+"serving"}`` while ``grpc.health.v1``'s overall entry is SERVING, else 503 ``{"status":
+"not_serving"}`` (draining, drained by an admin, or a model of a role not ready).
 """
 
 from __future__ import annotations
@@ -145,6 +150,7 @@ class HttpApi:
         metrics: the daemon's metrics.
         tls: the TLS material (None: plaintext).
         drain_grace: seconds running requests get at :meth:`stop`.
+        serving: whether the daemon serves (``GET /health``: gRPC health's overall).
         answer: the gRPC Ask servicer, whose code answers ``/v1/llamad/ask``.
         connections: the listener's connection caps (default: 1024 in total, 128 per
             peer).
@@ -157,7 +163,9 @@ class HttpApi:
                  tls: TlsMaterial | None = None, drain_grace: float = 30.0,
                  answer: AnswerServicer | None = None, pool: Pooled | None = None,
                  connections: ConnectionCap | None = None,
-                 handshake_timeout: float = 10.0) -> None:
+                 handshake_timeout: float = 10.0,
+                 serving: Callable[[], bool] = lambda: True) -> None:
+        self._serving = serving
         self._api = Api(router, Catalog(served, int(time.time()), pool), limits, metrics,
                         answer)
         self._settings = settings
@@ -241,6 +249,8 @@ class HttpApi:
         request_id = _request_id(request.headers.get("x-request-id"))
         request[REQUEST_ID] = request_id
         request[RECEIVED] = received
+        if request.path == "/health" and request.method in ("GET", "HEAD"):
+            return self._health(request_id)
         route = route_of(request.path)
         call = Call({"peer": request.remote or "", "request_id": request_id,
                      "route": request.path[:100], "http_method": request.method})
@@ -294,6 +304,15 @@ class HttpApi:
             if "code" in call.fields or "status" in call.fields:
                 write_summary(label, time.perf_counter() - received, call.fields,
                               self._metrics, protocol="http")
+
+    def _health(self, request_id: str) -> web.Response:
+        """``GET /health``: 200 while the daemon serves, else 503 (module docstring)."""
+        serving = self._serving()
+        return web.Response(
+            status=200 if serving else 503,
+            body=b'{"status":"serving"}' if serving else b'{"status":"not_serving"}',
+            content_type="application/json",
+            headers={"Cache-Control": "no-store", "x-request-id": request_id})
 
     async def _body(self, request: web.BaseRequest) -> _parse.Body:
         s = self._settings
