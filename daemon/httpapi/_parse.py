@@ -24,6 +24,7 @@ from ..config import Limits
 from ..errors import InvalidArgument
 from ..grammar_check import GrammarRefused
 from ..inference import EmbedInput
+from . import _token_ids as _token_ids_mod
 from ._errors import ApiError, ParamError
 from ._tools import read_message_tools, read_tools
 
@@ -311,9 +312,10 @@ def prompt(body: Body, limits: Limits) -> str:
     value = body.get("prompt")
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
         value = value[0]
+    if _token_ids(value):
+        raise _token_ids_mod.refuse_foreign("prompt", own_accepted=False)
     if not isinstance(value, str):
-        raise ParamError("prompt", "prompt must be a string (one prompt per request; token "
-                         "arrays are not accepted here)")
+        raise ParamError("prompt", "prompt must be a string (one prompt per request)")
     return validation.prompt(pb.GenerateRequest(prompt=value), limits)
 
 
@@ -338,6 +340,8 @@ def embedding_inputs(body: Body, limits: Limits) -> list[EmbedInput]:
         except InvalidArgument as exc:
             raise ParamError(_input_param(str(exc)),
                              str(exc).replace("texts", "input", 1)) from None
+    if not _token_ids_mod.declared_own(body):
+        raise _token_ids_mod.refuse_foreign("input", own_accepted=True)
     if len(value) > limits.max_embed_batch:
         raise ParamError("input", f"input has {len(value)} items; the limit is "
                          f"{limits.max_embed_batch} (limits.max_embed_batch)")
@@ -353,6 +357,15 @@ def embedding_inputs(body: Body, limits: Limits) -> list[EmbedInput]:
                              f"is {limits.max_embed_chars} (limits.max_embed_chars)")
         out.append(tuple(item))
     return out
+
+
+def _token_ids(value: object) -> bool:
+    """Whether ``value`` is token ids: a list of integers, or a list of such lists."""
+    if not isinstance(value, list) or not value:
+        return False
+    items = value if all(isinstance(v, list) for v in value) else [value]
+    return all(item and all(isinstance(t, int) and not isinstance(t, bool) for t in item)
+               for item in items)
 
 
 def _input_param(message: str) -> str:

@@ -84,7 +84,8 @@ async def test_sse_framing_byte_for_byte() -> None:
 
 async def test_embeddings_float_and_base64_are_the_same_unit_vectors() -> None:
     """float and base64 carry the same L2-normalised float32 values; token arrays pass
-    through; dimensions other than the model's is refused naming it."""
+    through when declared the model's own (llamad_token_ids); dimensions other than the
+    model's is refused naming it."""
     url = "/v1/embeddings"
     async with serving() as h, client() as http:
         floats = (await http.post(h.url + url, json={
@@ -92,7 +93,7 @@ async def test_embeddings_float_and_base64_are_the_same_unit_vectors() -> None:
         raw = (await http.post(h.url + url, json={
             "model": "emb.gguf", "input": "ab", "encoding_format": "base64"})).json()
         tokens = (await http.post(h.url + url, json={
-            "model": "emb.gguf", "input": [[5, 6, 7]]})).json()
+            "model": "emb.gguf", "input": [[5, 6, 7]], "llamad_token_ids": "model"})).json()
         refused = await http.post(h.url + url, json={
             "model": "emb.gguf", "input": "a", "dimensions": 2})
     first = np.array(floats["data"][0]["embedding"], dtype=np.float32)

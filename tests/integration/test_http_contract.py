@@ -1,0 +1,155 @@
+"""What every HTTP caller relies on, against a real daemon (real llama-server children):
+``model`` in each response is the id ``/v1/models`` lists, token-id input is refused
+unless declared the model's own, and ``GET /health`` follows the daemon's serving state
+(issue 31)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import httpx
+import openai
+import pytest
+import pytest_asyncio
+
+from daemon import Daemon
+from llamad_protocol.v1 import control_pb2, control_pb2_grpc
+from tests.conftest import EMBED_MODEL, SMALL_MODEL
+from tests.support.daemon import config_env, make_daemon
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
+
+READ = "read-token-0123456789abcdef"
+ADMIN = "admin-token-0123456789abcdef"
+GEN_ID = SMALL_MODEL.removesuffix(".gguf")
+EMB_ID = EMBED_MODEL.removesuffix(".gguf")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def running(llama_server: str, tmp_path_factory: pytest.TempPathFactory
+                  ) -> AsyncIterator[Daemon]:
+    """One daemon with the HTTP API on a free loopback port, tokens required."""
+    state = tmp_path_factory.mktemp("state")
+    tokens = state / "tokens"
+    tokens.write_text(f"read {READ}\nadmin {ADMIN}\n")
+    tokens.chmod(0o600)
+    daemon = make_daemon(config_env(
+        "llama-server", LLAMAD_STATE_DIR=str(state), LLAMAD_HTTP_LISTEN="127.0.0.1:0",
+        LLAMAD_AUTH_TOKEN_FILE=str(tokens)))
+    await daemon.start()
+    try:
+        async with httpx.AsyncClient(trust_env=False) as http:
+            deadline = time.monotonic() + 120
+            while True:  # both roles' models loaded
+                page = (await http.get(_url(daemon, "/v1/models"), headers=_auth())).json()
+                if all(m["loaded"] for m in page["data"] if m["id"] in (GEN_ID, EMB_ID)):
+                    break
+                assert time.monotonic() < deadline, page
+                await asyncio.sleep(0.2)
+        yield daemon
+    finally:
+        await daemon.shutdown()
+
+
+def _url(daemon: Daemon, path: str) -> str:
+    return f"http://127.0.0.1:{daemon.http_port}{path}"
+
+
+def _auth(token: str = READ) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _sdk(daemon: Daemon) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=_url(daemon, "/v1"), api_key=READ, max_retries=0,
+                              http_client=openai.DefaultAsyncHttpxClient(trust_env=False))
+
+
+async def test_model_is_the_listed_id_whatever_name_was_asked(running: Daemon) -> None:
+    """Asked by its GGUF file name, each route answers with the id /v1/models lists:
+    chat (whole and every streamed chunk), completions, embeddings, responses, messages."""
+    async with _sdk(running) as client:
+        ids = {m.id for m in (await client.models.list()).data}
+        assert {GEN_ID, EMB_ID} <= ids and SMALL_MODEL not in ids
+        chat = await client.chat.completions.create(
+            model=SMALL_MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+        stream = await client.chat.completions.create(
+            model=SMALL_MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+            stream=True, stream_options={"include_usage": True})
+        chunks = [c.model async for c in stream]
+        completion = await client.completions.create(model=SMALL_MODEL, prompt="One,",
+                                                     max_tokens=3)
+        embedding = await client.embeddings.create(model=EMBED_MODEL, input="disk full")
+        response = await client.responses.create(model=SMALL_MODEL, input="Hi",
+                                                 max_output_tokens=16)
+    async with httpx.AsyncClient(trust_env=False, timeout=60) as http:
+        message = (await http.post(_url(running, "/v1/messages"), headers=_auth(), json={
+            "model": SMALL_MODEL, "max_tokens": 3,
+            "messages": [{"role": "user", "content": "Hi"}]})).json()
+    assert chat.model == GEN_ID
+    assert len(chunks) > 2 and set(chunks) == {GEN_ID}
+    assert completion.model == GEN_ID
+    assert embedding.model == EMB_ID
+    assert response.model == GEN_ID
+    assert message["model"] == GEN_ID
+
+
+async def test_token_ids_are_refused_unless_declared_the_models_own(running: Daemon) -> None:
+    """cl100k ids (what LangChain's OpenAIEmbeddings sends) are not embedded as MiniLM's:
+    400 naming input, why, and what to set; "llamad_token_ids": "model" passes them."""
+    cl100k = [[13044, 279, 13282, 389, 3566, 1721]]  # some text's ids in OpenAI's tokenizer
+    async with _sdk(running) as client:
+        with pytest.raises(openai.BadRequestError) as nested:
+            await client.embeddings.create(model=EMBED_MODEL, input=cl100k)
+        with pytest.raises(openai.BadRequestError) as flat:
+            await client.embeddings.create(model=EMBED_MODEL, input=cl100k[0])
+        with pytest.raises(openai.BadRequestError) as prompt:
+            await client.completions.create(model=SMALL_MODEL, prompt=cl100k[0],
+                                            max_tokens=3)
+        own = await client.embeddings.create(model=EMBED_MODEL, input=[[2054, 2440]],
+                                             extra_body={"llamad_token_ids": "model"})
+        with pytest.raises(openai.BadRequestError) as wrong:
+            await client.embeddings.create(model=EMBED_MODEL, input=cl100k,
+                                           extra_body={"llamad_token_ids": "cl100k"})
+    for refused in (nested.value, flat.value):
+        error = refused.body
+        assert isinstance(error, dict) and error["param"] == "input", error
+        assert "another tokenizer" in error["message"]
+        assert "check_embedding_ctx_length=False" in error["message"]
+        assert '"llamad_token_ids": "model"' in error["message"]
+    assert isinstance(prompt.value.body, dict) and prompt.value.body["param"] == "prompt"
+    assert "token ids" in prompt.value.body["message"]
+    assert len(own.data) == 1 and len(own.data[0].embedding) == 384
+    assert isinstance(wrong.value.body, dict)
+    assert wrong.value.body["param"] == "llamad_token_ids"
+
+
+async def test_health_is_200_when_serving_and_503_when_drained(running: Daemon) -> None:
+    """GET /health takes no token: 200 while serving; 503 once an admin drains the node
+    (ControlService/SetDraining, as `llamad drain`), 200 again after undrain."""
+    control = None
+
+    async def drain(draining: bool) -> None:
+        assert control is not None
+        await control.SetDraining(control_pb2.SetDrainingRequest(draining=draining),
+                                  metadata=(("authorization", f"Bearer {ADMIN}"),))
+
+    async with httpx.AsyncClient(trust_env=False) as http, \
+            grpc.aio.insecure_channel(running.address) as channel:
+        control = control_pb2_grpc.ControlServiceStub(channel)
+        up = await http.get(_url(running, "/health"))
+        head = await http.head(_url(running, "/health"))
+        await drain(True)
+        try:
+            down = await http.get(_url(running, "/health"))
+        finally:
+            await drain(False)
+        again = await http.get(_url(running, "/health"))
+    assert up.status_code == 200 and json.loads(up.content) == {"status": "serving"}
+    assert up.headers["Content-Type"].startswith("application/json")
+    assert head.status_code == 200
+    assert down.status_code == 503 and down.json() == {"status": "not_serving"}
+    assert again.status_code == 200
