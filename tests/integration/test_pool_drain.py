@@ -15,6 +15,7 @@ from llamad_protocol.v1 import control_pb2, inference_pb2
 from tests.conftest import models_dir
 from tests.support.daemon import config_env, serving
 from tests.support.endless import never_end
+from tests.support.procs import alive
 
 pytestmark = pytest.mark.integration
 
@@ -69,3 +70,34 @@ async def test_drain_wait_waits_for_an_on_demand_models_stream(llama_server: str
         assert cli.returncode == 0, err.decode()
         assert out.decode() == "no calls in flight\n"
         assert await stream.code() is grpc.StatusCode.CANCELLED
+
+
+async def test_shutdown_serves_an_on_demand_models_stream_through_the_drain(
+        llama_server: str) -> None:
+    """SIGTERM's shutdown: while new calls are refused, a stream on a model loaded on
+    demand is still served (its child is stopped after the drain, with the daemon)."""
+    env = config_env("llama-server", LLAMAD_MODELS_DIR=str(models_dir()),
+                     LLAMAD_GENERATION_PARALLEL="1", LLAMAD_DRAIN_GRACE="3")
+    async with serving(env) as (daemon, clients):
+        stream = clients.inference.Generate(inference_pb2.GenerateRequest(
+            prompt="Count to one thousand:", model=GEMMA,
+            sampling=inference_pb2.SamplingParams(
+                max_tokens=8192, temperature=0.0,
+                logit_bias=never_end(models_dir() / f"{GEMMA}.gguf"))), timeout=300)
+        assert (await stream.read()).text
+        gemma = daemon.pool.model(GEMMA)
+        assert gemma is not None and alive(pid := gemma.serving_pid)
+
+        daemon.request_stop()
+        stopping = asyncio.create_task(daemon.run_until_stopped())
+        for _ in range(600):  # up to 30 s for drain_notice (0) and health to pass
+            if daemon.router.draining:  # new calls refused from here on
+                break
+            await asyncio.sleep(0.05)
+        assert daemon.router.draining
+        # The call still runs on the on-demand model, whose child serves it.
+        assert gemma.busy() == 1 and alive(pid)
+        assert (await stream.read()).text
+        await asyncio.wait_for(stopping, 60)  # the grace ends the stream, then stops all
+        assert not alive(pid)
+        stream.cancel()
