@@ -129,10 +129,10 @@ class _ClientBackend:
         refusal = self.client.tools_refusal
         if refusal and tools is not None:
             raise InvalidArgument(f"tools: the model {self.model_name!r} cannot take tools: "
-                                  f"{refusal}")
+                                  f"{refusal}", field="tools")
         if refusal and any(isinstance(m, Turn) for m in messages):
             raise InvalidArgument(f"messages: the model {self.model_name!r} cannot take tool "
-                                  f"calls or tool messages: {refusal}")
+                                  f"calls or tool messages: {refusal}", field="messages")
         return self.client.stream_chat(messages, sampling, tools)
 
     async def embed(self, texts: Sequence[str | Sequence[int]]) -> EmbedResult:

@@ -105,7 +105,17 @@ class RequestError(Exception):
 
 
 class InvalidArgument(RequestError):
-    """The request is invalid; the message says which field and why."""
+    """The request is invalid; the message says which field and why.
+
+    Attributes:
+        field: the field at fault as the gRPC request names it (``sampling.max_tokens``,
+            ``messages[1].content``), set where the check is made; None when no one field
+            is at fault. The HTTP API names its parameter from it, never from the text.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class Disabled(RequestError):

@@ -149,8 +149,7 @@ async def embed(router: InferenceRouter, inputs: Sequence[EmbedInput],
             if exc.status == 500 and "too large" in str(exc).lower():
                 raise InvalidArgument(
                     f"a text is longer than the embedding model's context "
-                    f"({ctx or '?'} tokens); split it"
-                ) from exc
+                    f"({ctx or '?'} tokens); split it", field="texts") from exc
             raise
     matrix = l2_rows(result.matrix) if normalize else result.matrix
     return Embedded(matrix, backend.model_name, result.prompt_tokens)
@@ -180,8 +179,7 @@ async def _check_context(backend: InferenceBackend, inputs: Sequence[EmbedInput]
         if count > ctx:
             raise InvalidArgument(
                 f"texts[{i}] has {count} tokens; the embedding model's context is {ctx} "
-                "tokens: split it"
-            )
+                "tokens: split it", field=f"texts[{i}]")
 
 
 def l2_rows(matrix: Float32Array) -> Float32Array:

@@ -174,7 +174,7 @@ class Pool:
         """
         if not name:
             if role is None:
-                raise InvalidArgument("model: a name is needed")
+                raise InvalidArgument("model: a name is needed", field="model")
             entry = self._catalog.default(role)
             if entry is None:
                 raise FailedPrecondition(f"the {role} role has no default model (disabled); "
@@ -186,7 +186,7 @@ class Pool:
                                f"{', '.join(self.names()) or 'none'}")
         if role is not None and entry.role != role:
             raise InvalidArgument(f"model {name!r} is a {entry.role} model, not a {role} "
-                                  "model")
+                                  "model", field="model")
         return entry
 
     def model(self, name: str) -> Model | None:

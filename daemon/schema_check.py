@@ -63,7 +63,7 @@ def checked_schema(field: str, schema: Any, limits: Limits) -> None:
     try:
         check_schema(schema, GrammarLimits.of(limits), limits.max_schema_depth)
     except GrammarRefused as exc:
-        raise InvalidArgument(f"{field} {exc}") from None
+        raise InvalidArgument(f"{field} {exc}", field=field) from None
 
 
 def check_schema(schema: Any, limits: GrammarLimits, max_depth: int) -> None:

@@ -198,8 +198,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         if len(request.text) > self._limits.max_prompt_chars:
             raise InvalidArgument(
                 f"text has {len(request.text)} characters; the limit is "
-                f"{self._limits.max_prompt_chars} (limits.max_prompt_chars)"
-            )
+                f"{self._limits.max_prompt_chars} (limits.max_prompt_chars)", field="text")
         name = self._router.model_name(role, request.model)
         backend = await self._router.backend_of(role, request.model,
                                                 context.time_remaining())

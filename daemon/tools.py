@@ -30,20 +30,21 @@ _MODES = {pb.TOOL_CHOICE_MODE_UNSPECIFIED: "auto", pb.TOOL_CHOICE_MODE_AUTO: "au
           pb.TOOL_CHOICE_MODE_NONE: "none", pb.TOOL_CHOICE_MODE_REQUIRED: "required"}
 
 
-def _json_object(name: str, text: str) -> Any:
-    """``text`` parsed, refused unless it is a JSON object."""
+def _json_object(name: str, text: str, field: str) -> Any:
+    """``text`` parsed, refused unless it is a JSON object (``name`` says what it is,
+    ``field`` is where)."""
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"{name} is not valid JSON: {exc}") from None
+        raise InvalidArgument(f"{name} is not valid JSON: {exc}", field=field) from None
     if not isinstance(value, dict):
-        raise InvalidArgument(f"{name} must be a JSON object")
+        raise InvalidArgument(f"{name} must be a JSON object", field=field)
     return value
 
 
 def _no_nul(name: str, text: str) -> None:
     if "\x00" in text:
-        raise InvalidArgument(f"{name} contains a NUL character")
+        raise InvalidArgument(f"{name} contains a NUL character", field=name)
 
 
 def chat_tools(request: pb.ChatRequest, limits: Limits) -> ToolUse | None:
@@ -57,11 +58,12 @@ def chat_tools(request: pb.ChatRequest, limits: Limits) -> ToolUse | None:
     if not request.tools:
         if kind == "function" or (kind == "mode" and
                                    choice.mode == pb.TOOL_CHOICE_MODE_REQUIRED):
-            raise InvalidArgument("tool_choice asks for a tool call, and tools is empty")
+            raise InvalidArgument("tool_choice asks for a tool call, and tools is empty",
+                                  field="tool_choice")
         return None  # auto or none with nothing to call: nothing to send
     if len(request.tools) > limits.max_tools:
         raise InvalidArgument(f"tools has {len(request.tools)} tools; the limit is "
-                              f"{limits.max_tools} (limits.max_tools)")
+                              f"{limits.max_tools} (limits.max_tools)", field="tools")
     tools: list[Tool] = []
     seen: set[str] = set()
     chars = 0
@@ -69,15 +71,16 @@ def chat_tools(request: pb.ChatRequest, limits: Limits) -> ToolUse | None:
         where = f"tools[{i}]"
         if not _NAME.fullmatch(tool.name):
             raise InvalidArgument(f"{where}.name must be 1 to 64 letters, digits, '_' or '-', "
-                                  f"not {tool.name[:80]!r}")
+                                  f"not {tool.name[:80]!r}", field=f"{where}.name")
         if tool.name in seen:
-            raise InvalidArgument(f"{where}.name: the tool {tool.name!r} is given twice")
+            raise InvalidArgument(f"{where}.name: the tool {tool.name!r} is given twice",
+                                  field=f"{where}.name")
         seen.add(tool.name)
         _no_nul(f"{where}.description", tool.description)
         if tool.parameters:
             _no_nul(f"{where}.parameters", tool.parameters)
             schema = _json_object(f"{where}.parameters (a JSON Schema, as JSON text)",
-                                  tool.parameters)
+                                  tool.parameters, f"{where}.parameters")
             # With tool calling on, llama-server makes a grammar of the parameters: the
             # same bounds as a response_format schema (issue 25).
             checked_schema(f"{where}.parameters", schema, limits)
@@ -86,17 +89,19 @@ def chat_tools(request: pb.ChatRequest, limits: Limits) -> ToolUse | None:
     if chars > limits.max_prompt_chars:
         raise InvalidArgument(f"tools have {chars} characters of descriptions and parameters; "
                               f"the limit is {limits.max_prompt_chars} "
-                              "(limits.max_prompt_chars)")
+                              "(limits.max_prompt_chars)", field="tools")
     parallel = request.parallel_tool_calls if request.HasField("parallel_tool_calls") \
         else None
     if kind == "function":
         if choice.function not in seen:
             raise InvalidArgument(f"tool_choice names the function {choice.function[:80]!r}, "
-                                  f"which is not one of tools ({', '.join(sorted(seen))})")
+                                  f"which is not one of tools ({', '.join(sorted(seen))})",
+                                  field="tool_choice")
         return ToolUse(tuple(tools), "function", choice.function, parallel)
     mode = _MODES.get(choice.mode) if kind == "mode" else "auto"
     if mode is None:
-        raise InvalidArgument(f"tool_choice.mode {choice.mode} is unknown")
+        raise InvalidArgument(f"tool_choice.mode {choice.mode} is unknown",
+                              field="tool_choice.mode")
     return ToolUse(tuple(tools), mode, parallel=parallel)
 
 
@@ -109,19 +114,21 @@ def tool_calls(where: str, message: pb.ChatMessage, limits: Limits) -> tuple[Too
     """
     if len(message.tool_calls) > limits.max_tools:
         raise InvalidArgument(f"{where}.tool_calls has {len(message.tool_calls)} calls; the "
-                              f"limit is {limits.max_tools} (limits.max_tools)")
+                              f"limit is {limits.max_tools} (limits.max_tools)",
+                              field=f"{where}.tool_calls")
     out: list[ToolCall] = []
     for j, call in enumerate(message.tool_calls):
         at = f"{where}.tool_calls[{j}]"
         if not call.id:
-            raise InvalidArgument(f"{at}.id is empty: a tool message answers a call by its id")
+            raise InvalidArgument(f"{at}.id is empty: a tool message answers a call by its id",
+                                  field=f"{at}.id")
         if not _NAME.fullmatch(call.name):
             raise InvalidArgument(f"{at}.name must be 1 to 64 letters, digits, '_' or '-', "
-                                  f"not {call.name[:80]!r}")
+                                  f"not {call.name[:80]!r}", field=f"{at}.name")
         _no_nul(f"{at}.id", call.id)
         arguments = call.arguments or "{}"
         _no_nul(f"{at}.arguments", arguments)
-        _json_object(f"{at}.arguments (JSON text)", arguments)
+        _json_object(f"{at}.arguments (JSON text)", arguments, f"{at}.arguments")
         out.append(ToolCall(call.id, call.name, arguments))
     return tuple(out)
 

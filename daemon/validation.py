@@ -32,12 +32,12 @@ _ROLES = {
 
 def _check_text(name: str, text: str, limit: int, *, allow_empty: bool = False) -> None:
     if not text and not allow_empty:
-        raise InvalidArgument(f"{name} is empty")
+        raise InvalidArgument(f"{name} is empty", field=name)
     if len(text) > limit:
         raise InvalidArgument(f"{name} has {len(text)} characters; the limit is {limit} "
-                              "(limits.max_prompt_chars)")
+                              "(limits.max_prompt_chars)", field=name)
     if "\x00" in text:
-        raise InvalidArgument(f"{name} contains a NUL character")
+        raise InvalidArgument(f"{name} contains a NUL character", field=name)
 
 
 @dataclass(frozen=True)
@@ -93,31 +93,33 @@ def sampling(params: pb.SamplingParams, limits: Limits, *, call: str = "",
     if max_tokens < 1 or max_tokens > limits.max_tokens:
         raise InvalidArgument(
             f"sampling.max_tokens must be in 1..{limits.max_tokens} (limits.max_tokens), "
-            f"got {max_tokens}"
-        )
+            f"got {max_tokens}", field="sampling.max_tokens")
     temperature = (params.temperature if params.HasField("temperature")
                    else base.temperature)
     if not math.isfinite(temperature) or not 0.0 <= temperature <= 5.0:
-        raise InvalidArgument(f"sampling.temperature must be in 0..5, got {temperature}")
+        raise InvalidArgument(f"sampling.temperature must be in 0..5, got {temperature}",
+                              field="sampling.temperature")
     top_p = base.top_p
     if params.HasField("top_p"):
         top_p = params.top_p
         if not math.isfinite(top_p) or not 0.0 < top_p <= 1.0:
-            raise InvalidArgument(f"sampling.top_p must be in (0, 1], got {top_p}")
+            raise InvalidArgument(f"sampling.top_p must be in (0, 1], got {top_p}",
+                                  field="sampling.top_p")
     top_k = params.top_k if params.HasField("top_k") else None
     if top_k is not None and top_k > 100_000:
-        raise InvalidArgument(f"sampling.top_k must be at most 100000, got {top_k}")
+        raise InvalidArgument(f"sampling.top_k must be at most 100000, got {top_k}",
+                              field="sampling.top_k")
     seed = params.seed if params.HasField("seed") else None
     if seed is not None and seed >= 2**32:
-        raise InvalidArgument("sampling.seed must fit in 32 bits")
+        raise InvalidArgument("sampling.seed must fit in 32 bits", field="sampling.seed")
     if len(params.stop) > limits.max_stop:
         raise InvalidArgument(
             f"sampling.stop has {len(params.stop)} strings; the limit is {limits.max_stop} "
-            "(limits.max_stop)"
-        )
+            "(limits.max_stop)", field="sampling.stop")
     for s in params.stop:
         if not s or len(s) > 256:
-            raise InvalidArgument("sampling.stop strings must be 1..256 characters")
+            raise InvalidArgument("sampling.stop strings must be 1..256 characters",
+                                  field="sampling.stop")
     if call == "Ask":
         _refuse_on_ask(params)
     response_format, schema, name = _response_format(params, limits)
@@ -162,7 +164,8 @@ def _ranged(params: pb.SamplingParams, name: str, low: float, high: float, *,
     inside = (low < value if low_open else low <= value) and value <= high
     if not math.isfinite(value) or not inside:
         interval = f"({low:g}, {high:g}]" if low_open else f"{low:g}..{high:g}"
-        raise InvalidArgument(f"sampling.{name} must be in {interval}, got {value:g}")
+        raise InvalidArgument(f"sampling.{name} must be in {interval}, got {value:g}",
+                              field=f"sampling.{name}")
     return value
 
 
@@ -171,7 +174,8 @@ def _count(params: pb.SamplingParams, name: str) -> int | None:
         return None
     value = int(getattr(params, name))
     if value > _MAX_WINDOW:
-        raise InvalidArgument(f"sampling.{name} must be at most {_MAX_WINDOW}, got {value}")
+        raise InvalidArgument(f"sampling.{name} must be at most {_MAX_WINDOW}, got {value}",
+                              field=f"sampling.{name}")
     return value
 
 
@@ -183,30 +187,33 @@ def _refuse_on_ask(params: pb.SamplingParams) -> None:
         if given:
             raise InvalidArgument(
                 f"sampling.{name} is not available on Ask: its answer is prose with inline "
-                "citations (use Chat or Generate)")
+                "citations (use Chat or Generate)", field=f"sampling.{name}")
 
 
 def _logit_bias(params: pb.SamplingParams, limits: Limits) -> tuple[LogitBias, ...]:
     if len(params.logit_bias) > limits.max_logit_bias:
         raise InvalidArgument(
             f"sampling.logit_bias has {len(params.logit_bias)} entries; the limit is "
-            f"{limits.max_logit_bias} (limits.max_logit_bias)")
+            f"{limits.max_logit_bias} (limits.max_logit_bias)", field="sampling.logit_bias")
     out: list[LogitBias] = []
     for i, entry in enumerate(params.logit_bias):
         where = f"sampling.logit_bias[{i}]"
         if not math.isfinite(entry.bias) or not -100.0 <= entry.bias <= 100.0:
-            raise InvalidArgument(f"{where}.bias must be in -100..100, got {entry.bias:g}")
+            raise InvalidArgument(f"{where}.bias must be in -100..100, got {entry.bias:g}",
+                                  field=f"{where}.bias")
         target = entry.WhichOneof("target")
         if target == "token":
             if entry.token > _MAX_WINDOW:
-                raise InvalidArgument(f"{where}.token {entry.token} is not a token id")
+                raise InvalidArgument(f"{where}.token {entry.token} is not a token id",
+                                      field=f"{where}.token")
             out.append(LogitBias(entry.token, entry.bias))
         elif target == "text":
             if not entry.text or len(entry.text) > 256 or "\x00" in entry.text:
-                raise InvalidArgument(f"{where}.text must be 1..256 characters, without NUL")
+                raise InvalidArgument(f"{where}.text must be 1..256 characters, without NUL",
+                                      field=f"{where}.text")
             out.append(LogitBias(entry.text, entry.bias))
         else:
-            raise InvalidArgument(f"{where} names no token: set token (an id) or text")
+            raise InvalidArgument(f"{where} names no token: set token (an id) or text", field=where)
     return tuple(out)
 
 
@@ -214,11 +221,13 @@ def _top_logprobs(params: pb.SamplingParams, limits: Limits) -> int:
     if not params.HasField("top_logprobs"):
         return 0
     if not params.logprobs:
-        raise InvalidArgument("sampling.top_logprobs needs sampling.logprobs set")
+        raise InvalidArgument("sampling.top_logprobs needs sampling.logprobs set",
+                              field="sampling.top_logprobs")
     top = params.top_logprobs
     if top > limits.max_top_logprobs:
         raise InvalidArgument(f"sampling.top_logprobs must be at most {limits.max_top_logprobs} "
-                              f"(limits.max_top_logprobs), got {top}")
+                              f"(limits.max_top_logprobs), got {top}",
+                              field="sampling.top_logprobs")
     return top
 
 
@@ -230,35 +239,43 @@ def _response_format(params: pb.SamplingParams,
     kind = fmt.type
     if kind in (pb.RESPONSE_FORMAT_TYPE_UNSPECIFIED, pb.RESPONSE_FORMAT_TYPE_TEXT):
         if fmt.json_schema or fmt.name:
-            raise InvalidArgument("sampling.response_format.json_schema needs type JSON_SCHEMA")
+            raise InvalidArgument("sampling.response_format.json_schema needs type JSON_SCHEMA",
+                                  field="sampling.response_format.json_schema")
         return None, None, ""
     if kind == pb.RESPONSE_FORMAT_TYPE_JSON_OBJECT:
         if fmt.json_schema:
             raise InvalidArgument("sampling.response_format.json_schema needs type "
-                                  "JSON_SCHEMA, not JSON_OBJECT")
+                                  "JSON_SCHEMA, not JSON_OBJECT",
+                                  field="sampling.response_format.json_schema")
         return "json_object", None, ""
     if kind != pb.RESPONSE_FORMAT_TYPE_JSON_SCHEMA:
-        raise InvalidArgument(f"sampling.response_format.type {kind} is unknown")
+        raise InvalidArgument(f"sampling.response_format.type {kind} is unknown",
+                              field="sampling.response_format.type")
     text = fmt.json_schema
     if not text.strip():
         raise InvalidArgument("sampling.response_format.json_schema is empty (type "
-                              "JSON_SCHEMA needs a schema; JSON_OBJECT takes any object)")
+                              "JSON_SCHEMA needs a schema; JSON_OBJECT takes any object)",
+                              field="sampling.response_format.json_schema")
     if len(text) > limits.max_grammar_chars:
         raise InvalidArgument(
             f"sampling.response_format.json_schema has {len(text)} characters; the limit is "
-            f"{limits.max_grammar_chars} (limits.max_grammar_chars)")
+            f"{limits.max_grammar_chars} (limits.max_grammar_chars)",
+            field="sampling.response_format.json_schema")
     try:
         schema = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
         raise InvalidArgument(
-            f"sampling.response_format.json_schema is not valid JSON: {exc}") from None
+            f"sampling.response_format.json_schema is not valid JSON: {exc}",
+            field="sampling.response_format.json_schema") from None
     if not isinstance(schema, dict):
         raise InvalidArgument("sampling.response_format.json_schema must be a JSON object "
-                              f"(a schema), not a {type(schema).__name__}")
+                              f"(a schema), not a {type(schema).__name__}",
+                              field="sampling.response_format.json_schema")
     checked_schema("sampling.response_format.json_schema", schema, limits)
     if len(fmt.name) > 64 or not all(c.isalnum() or c in "_-" for c in fmt.name):
         raise InvalidArgument("sampling.response_format.name must be at most 64 letters, "
-                              "digits, _ or - (OpenAI's rule)")
+                              "digits, _ or - (OpenAI's rule)",
+                              field="sampling.response_format.name")
     return "json_schema", orjson.dumps(schema).decode(), fmt.name
 
 
@@ -269,18 +286,19 @@ def _grammar(params: pb.SamplingParams, limits: Limits,
         return None
     if response_format is not None:
         raise InvalidArgument("sampling.grammar and sampling.response_format both constrain "
-                              "the output: set one")
+                              "the output: set one", field="sampling.grammar")
     if len(text) > limits.max_grammar_chars:
         raise InvalidArgument(f"sampling.grammar has {len(text)} characters; the limit is "
-                              f"{limits.max_grammar_chars} (limits.max_grammar_chars)")
+                              f"{limits.max_grammar_chars} (limits.max_grammar_chars)",
+                              field="sampling.grammar")
     if "\x00" in text:
-        raise InvalidArgument("sampling.grammar contains a NUL character")
+        raise InvalidArgument("sampling.grammar contains a NUL character", field="sampling.grammar")
     if "root" not in text or "::=" not in text:
         raise InvalidArgument("sampling.grammar is not a GBNF grammar: it needs a 'root ::= "
-                              "...' rule")
+                              "...' rule", field="sampling.grammar")
     refusal = _grammar_refusal(text, GrammarLimits.of(limits))
     if refusal is not None:
-        raise InvalidArgument(f"sampling.grammar {refusal}")
+        raise InvalidArgument(f"sampling.grammar {refusal}", field="sampling.grammar")
     return text
 
 
@@ -309,28 +327,30 @@ def chat_messages(request: pb.ChatRequest, limits: Limits) -> list[Message]:
         InvalidArgument: naming the message and field at fault.
     """
     if not request.messages:
-        raise InvalidArgument("messages is empty")
+        raise InvalidArgument("messages is empty", field="messages")
     if len(request.messages) > limits.max_messages:
         raise InvalidArgument(
             f"{len(request.messages)} messages; the limit is {limits.max_messages} "
-            "(limits.max_messages)"
-        )
+            "(limits.max_messages)", field="messages")
     out: list[Message] = []
     total = 0
     for i, msg in enumerate(request.messages):
         role = _ROLES.get(msg.role)
         if role is None:
-            raise InvalidArgument(f"messages[{i}].role is unspecified or unknown")
+            raise InvalidArgument(f"messages[{i}].role is unspecified or unknown",
+                                  field=f"messages[{i}].role")
         _check_text(f"messages[{i}].content", msg.content, limits.max_prompt_chars,
                     allow_empty=role in ("assistant", "tool"))
         total += len(msg.content) + tools.tool_chars(msg)
         out.append(_message(i, role, msg, limits))
     if total > limits.max_prompt_chars:
         raise InvalidArgument(f"messages have {total} characters in all; the limit is "
-                              f"{limits.max_prompt_chars} (limits.max_prompt_chars)")
+                              f"{limits.max_prompt_chars} (limits.max_prompt_chars)",
+                              field="messages")
     last = out[-1]
     if (last.role if isinstance(last, Turn) else last[0]) == "assistant":
-        raise InvalidArgument("the last message must not be from the assistant")
+        raise InvalidArgument("the last message must not be from the assistant",
+                              field=f"messages[{len(out) - 1}].role")
     return out
 
 
@@ -338,15 +358,17 @@ def _message(i: int, role: str, msg: pb.ChatMessage, limits: Limits) -> Message:
     """One checked message: a pair, or a Turn when it has tool calling's parts."""
     where = f"messages[{i}]"
     if msg.tool_calls and role != "assistant":
-        raise InvalidArgument(f"{where}.tool_calls: only an assistant message calls tools")
+        raise InvalidArgument(f"{where}.tool_calls: only an assistant message calls tools",
+                              field=f"{where}.tool_calls")
     if role == "tool":
         if not msg.tool_call_id:
             raise InvalidArgument(f"{where}.tool_call_id is empty: a tool message must name "
-                                  "the call it answers")
+                                  "the call it answers", field=f"{where}.tool_call_id")
         _check_text(f"{where}.tool_call_id", msg.tool_call_id, limits.max_prompt_chars)
         return Turn(role, msg.content, tool_call_id=msg.tool_call_id)
     if msg.tool_call_id:
-        raise InvalidArgument(f"{where}.tool_call_id is only for a tool message")
+        raise InvalidArgument(f"{where}.tool_call_id is only for a tool message",
+                              field=f"{where}.tool_call_id")
     if msg.tool_calls:
         return Turn(role, msg.content, tools.tool_calls(where, msg, limits))
     return (role, msg.content)
@@ -354,19 +376,18 @@ def _message(i: int, role: str, msg: pb.ChatMessage, limits: Limits) -> Message:
 
 def embed_texts(texts: Sequence[str], limits: Limits) -> list[str]:
     if not texts:
-        raise InvalidArgument("texts is empty")
+        raise InvalidArgument("texts is empty", field="texts")
     if len(texts) > limits.max_embed_batch:
         raise InvalidArgument(
-            f"{len(texts)} texts; the limit is {limits.max_embed_batch} (limits.max_embed_batch)"
-        )
+            f"{len(texts)} texts; the limit is {limits.max_embed_batch} (limits.max_embed_batch)",
+            field="texts")
     for i, text in enumerate(texts):
         if not text.strip():
-            raise InvalidArgument(f"texts[{i}] is empty")
+            raise InvalidArgument(f"texts[{i}] is empty", field=f"texts[{i}]")
         if len(text) > limits.max_embed_chars:
             raise InvalidArgument(
                 f"texts[{i}] has {len(text)} characters; the limit is {limits.max_embed_chars} "
-                "(limits.max_embed_chars)"
-            )
+                "(limits.max_embed_chars)", field=f"texts[{i}]")
         if "\x00" in text:
-            raise InvalidArgument(f"texts[{i}] contains a NUL character")
+            raise InvalidArgument(f"texts[{i}] contains a NUL character", field=f"texts[{i}]")
     return list(texts)

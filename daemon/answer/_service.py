@@ -92,22 +92,25 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
         s = self._settings
         question = request.question.strip()
         if not question:
-            raise InvalidArgument("question is empty")
+            raise InvalidArgument("question is empty", field="question")
         if len(question) > s.max_question_chars:
             raise InvalidArgument(f"question has {len(question)} characters; the limit is "
-                                  f"{s.max_question_chars} (answer.max_question_chars)")
+                                  f"{s.max_question_chars} (answer.max_question_chars)",
+                                  field="question")
         if len(request.attachment) > s.max_attachment_chars:
             raise InvalidArgument(
                 f"attachment has {len(request.attachment)} characters; the limit is "
-                f"{s.max_attachment_chars} (answer.max_attachment_chars)")
+                f"{s.max_attachment_chars} (answer.max_attachment_chars)", field="attachment")
         if len(request.history) > s.max_history_turns:
             raise InvalidArgument(f"{len(request.history)} history turns; the limit is "
-                                  f"{s.max_history_turns} (answer.max_history_turns)")
+                                  f"{s.max_history_turns} (answer.max_history_turns)",
+                                  field="history")
         history = []
         for i, turn in enumerate(request.history):
             role = _ROLES.get(turn.role)
             if role is None:
-                raise InvalidArgument(f"history[{i}].role must be user or assistant")
+                raise InvalidArgument(f"history[{i}].role must be user or assistant",
+                                      field=f"history[{i}].role")
             history.append((role, redacted_head(turn.content, s.max_question_chars)))
         if "\x00" in question or "\x00" in request.attachment:
             raise InvalidArgument("question or attachment contains a NUL character")
@@ -121,7 +124,7 @@ class AnswerServicer(answer_pb2_grpc.AnswerServiceServicer):
         question, history = self._check(request)
         task = _TASKS.get(request.task)
         if task is None:
-            raise InvalidArgument(f"unknown task {request.task}")
+            raise InvalidArgument(f"unknown task {request.task}", field="task")
         params = request.sampling
         if not params.HasField("max_tokens"):
             params = ipb.SamplingParams()

@@ -25,7 +25,7 @@ from ..inference import Meter, Usage, admitted_generation
 from ..rpc import Call
 from . import _parse
 from ._context import RECEIVED, REQUEST_ID, STREAM, Api, time_remaining
-from ._errors import ParamError
+from ._errors import ParamError, http_param
 from ._models import Listed
 
 FROM = "_from"
@@ -66,18 +66,21 @@ def prepare(api: Api, call: Call, chat_body: dict[str, Any], route: str, *,
     try:
         messages, offered = _parse.chat_messages(chat_body, limits)
     except InvalidArgument as exc:
-        text = str(exc)
-        found = _INDEX.match(text)
+        field = http_param(exc.field or "")
+        found = _INDEX.match(field)
         if found is None:
             raise
         index = int(found.group(1))
         given = chat_body["messages"]
         origin = given[index].get(FROM, messages_param) if index < len(given) \
             else messages_param
-        rest = text[found.end():]
+        rest = field[found.end():]
         if "[" not in origin:  # a string field (input, instructions, system): its content
             rest = rest.removeprefix(".content")
-        raise ParamError(origin, origin + rest) from None
+        text = str(exc)  # its words name the translated message: name the caller's
+        head = text.partition(" ")[0]
+        message = origin + rest + text[len(head):] if head.startswith("messages[") else text
+        raise ParamError(origin, message) from None
     call.note(messages=len(messages), max_tokens=sampling.max_tokens)
     if offered is not None:
         call.note(tools=len(offered.tools), tool_choice=offered.choice)

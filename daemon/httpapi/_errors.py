@@ -49,9 +49,27 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
           413: "invalid_request_error", 415: "invalid_request_error",
           417: "invalid_request_error",
           429: "rate_limit_error"}
-# "sampling.temperature must be ...", "messages[2].content is empty", "texts[0] ...",
-# "messages[1].tool_calls[0].arguments ...": the parameter a validation message starts with.
-_PARAM = re.compile(r"^(?:sampling\.)?([a-z_]+(?:\[\d+\])?(?:\.[a-z_]+(?:\[\d+\])?)*)\b")
+# gRPC's field -> chat completions' parameter, where the HTTP body nests or names it
+# otherwise: a tool's name and parameters sit in its "function", as a history call's name
+# and arguments do; logit_bias is an object keyed by token, not a list.
+_RENAMED = (
+    (re.compile(r"^texts(?=\[|$)"), "input"),
+    (re.compile(r"^logit_bias\[\d+\].*"), "logit_bias"),
+    (re.compile(r"^response_format\.name$"), "response_format.json_schema.name"),
+    (re.compile(r"^tool_choice\.mode$"), "tool_choice"),
+    (re.compile(r"^(tools\[\d+\])\.(name|description|parameters)$"), r"\1.function.\2"),
+    (re.compile(r"^(messages\[\d+\]\.tool_calls\[\d+\])\.(name|arguments)$"),
+     r"\1.function.\2"),
+)
+
+
+def http_param(field: str) -> str:
+    """The HTTP parameter (as chat completions spells it) of a field the gRPC validation
+    names (:attr:`daemon.errors.InvalidArgument.field`)."""
+    param = field.removeprefix("sampling.")
+    for pattern, replacement in _RENAMED:
+        param = pattern.sub(replacement, param)
+    return param
 
 
 class ParamError(InvalidArgument):
@@ -59,7 +77,7 @@ class ParamError(InvalidArgument):
 
     def __init__(self, param: str, message: str) -> None:
         self.param = param
-        super().__init__(message)
+        super().__init__(message, field=param)
 
 
 class ApiError(Exception):
@@ -115,6 +133,9 @@ def api_error(exc: BaseException) -> ApiError:
 
     The message is the one gRPC callers get; validation messages written for gRPC's
     ``sampling.`` prefix lose it, since HTTP parameters sit at the top of the body.
+    ``param`` is the field the check itself named (:attr:`ParamError.param`, or
+    :attr:`daemon.errors.InvalidArgument.field` in the HTTP API's naming), never read
+    from the message; null when no one field is at fault.
     """
     if isinstance(exc, ApiError):
         return exc
@@ -124,12 +145,13 @@ def api_error(exc: BaseException) -> ApiError:
     param: str | None = None
     if isinstance(exc, ParamError):
         param = exc.param
+    elif isinstance(exc, InvalidArgument):
+        param = None if exc.field is None else http_param(exc.field)
     elif mapped.code is grpc.StatusCode.INVALID_ARGUMENT:
         params = getattr(exc, "params", None)  # UnsupportedParameterError
         if params:
             param = str(params[0]).removesuffix("_text")
-        elif (match := _PARAM.match(message)) is not None:
-            param = match.group(1)
+    if mapped.code is grpc.StatusCode.INVALID_ARGUMENT:
         message = message.replace("sampling.", "")
     return ApiError(status, message, param=param, code=mapped.code.name.lower(),
                     retry_after=mapped.retry_after, grpc_code=mapped.code.name)

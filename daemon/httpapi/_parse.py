@@ -25,7 +25,7 @@ from ..errors import InvalidArgument
 from ..grammar_check import GrammarRefused
 from ..inference import EmbedInput
 from . import _token_ids as _token_ids_mod
-from ._errors import ApiError, ParamError
+from ._errors import ApiError, ParamError, http_param
 from ._tools import read_message_tools, read_tools
 
 Body = Mapping[str, Any]
@@ -338,7 +338,7 @@ def embedding_inputs(body: Body, limits: Limits) -> list[EmbedInput]:
         try:
             return list(validation.embed_texts(value, limits))
         except InvalidArgument as exc:
-            raise ParamError(_input_param(str(exc)),
+            raise ParamError(http_param(exc.field or "input"),
                              str(exc).replace("texts", "input", 1)) from None
     if not _token_ids_mod.declared_own(body):
         raise _token_ids_mod.refuse_foreign("input", own_accepted=True)
@@ -366,11 +366,6 @@ def _token_ids(value: object) -> bool:
     items = value if all(isinstance(v, list) for v in value) else [value]
     return all(item and all(isinstance(t, int) and not isinstance(t, bool) for t in item)
                for item in items)
-
-
-def _input_param(message: str) -> str:
-    head = message.split(" ", 1)[0]
-    return head.replace("texts", "input") if head.startswith("texts[") else "input"
 
 
 def encoding_format(body: Body) -> str:

@@ -9,6 +9,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import httpx
@@ -153,3 +154,55 @@ async def test_health_is_200_when_serving_and_503_when_drained(running: Daemon) 
     assert head.status_code == 200
     assert down.status_code == 503 and down.json() == {"status": "not_serving"}
     assert again.status_code == 200
+
+
+_USER = {"role": "user", "content": "hi"}
+_CHAT = "/v1/chat/completions"
+# (route, body beside model, param): each refusal names the field its check named,
+# spelt as the HTTP body spells it (the gRPC validation says sampling.max_tokens,
+# tools[0].name, texts[1]).
+_REFUSALS: list[tuple[str, dict[str, Any], str]] = [
+    (_CHAT, {"messages": [_USER], "max_tokens": 100_000}, "max_tokens"),
+    (_CHAT, {"messages": [_USER], "temperature": 9}, "temperature"),
+    (_CHAT, {"messages": [_USER], "top_p": 0}, "top_p"),
+    (_CHAT, {"messages": [_USER], "min_p": 2}, "min_p"),
+    (_CHAT, {"messages": [_USER], "seed": 2**33}, "seed"),
+    (_CHAT, {"messages": [_USER], "stop": [""]}, "stop"),
+    (_CHAT, {"messages": [_USER], "logit_bias": {"5": 500}}, "logit_bias"),
+    (_CHAT, {"messages": [_USER], "top_logprobs": 3}, "top_logprobs"),
+    (_CHAT, {"messages": [_USER], "grammar": "x"}, "grammar"),
+    (_CHAT, {"messages": [_USER], "response_format": {"type": "json_schema", "json_schema": {
+        "name": "bad name!", "schema": {"type": "object"}}}},
+     "response_format.json_schema.name"),
+    (_CHAT, {"messages": []}, "messages"),
+    (_CHAT, {"messages": [_USER, {"role": "user", "content": ""}]}, "messages[1].content"),
+    (_CHAT, {"messages": [_USER, {"role": "assistant", "content": "ok"}]},
+     "messages[1].role"),  # "the last message must not be from the assistant"
+    (_CHAT, {"messages": [_USER], "tools": [{"type": "function", "function": {
+        "name": "a b"}}]}, "tools[0].function.name"),
+    (_CHAT, {"messages": [_USER], "tool_choice": "required"}, "tool_choice"),
+    ("/v1/completions", {"prompt": ""}, "prompt"),
+    ("/v1/embeddings", {"input": ["ok", " "]}, "input[1]"),
+    ("/v1/responses", {"input": "hi", "temperature": 9}, "temperature"),
+    ("/v1/llamad/ask", {"question": ""}, "question"),
+]
+
+
+async def test_each_refusal_names_the_field_its_check_named(running: Daemon) -> None:
+    """param is the checked field in the HTTP body's naming, never a word of the message
+    (a message beginning "the last message ..." once gave param "the")."""
+    got: dict[str, tuple[int, object, str]] = {}
+    async with httpx.AsyncClient(trust_env=False, timeout=60) as http:
+        for route, body, _ in _REFUSALS:
+            model = {"/v1/embeddings": EMB_ID, "/v1/llamad/ask": None}.get(route, GEN_ID)
+            sent = {**body, "model": model} if model else body
+            resp = await http.post(_url(running, route), headers=_auth(), json=sent)
+            error = resp.json()["error"]
+            got[f"{route} {json.dumps(body)[:60]}"] = (resp.status_code, error["param"],
+                                                      error["message"])
+    expected = {f"{route} {json.dumps(body)[:60]}": param for route, body, param in _REFUSALS}
+    assert {k: v[1] for k, v in got.items()} == expected, got
+    assert all(status == 400 for status, _, _ in got.values()), got
+    last = got[f"{_CHAT} {json.dumps(_REFUSALS[12][1])[:60]}"]
+    assert str(last[2]).startswith("the last message")
+    assert not any("sampling." in message for _, _, message in got.values())

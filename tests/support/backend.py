@@ -77,7 +77,7 @@ class FakeBackend:
                     tools: ToolUse | None = None) -> AsyncIterator[Chunk]:
         if tools is not None and self.tools_refusal:
             raise InvalidArgument(f"tools: the model {self.model_name!r} cannot take "
-                                  f"tools: {self.tools_refusal}")
+                                  f"tools: {self.tools_refusal}", field="tools")
         self.chats.append(list(messages))
         self.tool_uses.append(tools)
         self.samplings.append(sampling)

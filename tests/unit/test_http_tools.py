@@ -106,8 +106,8 @@ async def test_a_follow_up_with_the_calls_and_their_results_is_passed_on() -> No
 
 @pytest.mark.parametrize(("body", "param"), [
     ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
-    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].name"),
-    ({"tools": [WEATHER, WEATHER]}, "tools[1].name"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
+    ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "{}"}}]},
      "tools[0].function.parameters"),
     ({"tools": [WEATHER], "tool_choice": "always"}, "tool_choice"),
@@ -120,7 +120,8 @@ async def test_a_follow_up_with_the_calls_and_their_results_is_passed_on() -> No
     ({"messages": [{"role": "tool", "content": "18 C"}]}, "messages[0].tool_call_id"),
     ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
         {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{x"}}]},
-        {"role": "user", "content": "y"}]}, "messages[1].tool_calls[0].arguments"),
+        {"role": "user", "content": "y"}]},
+     "messages[1].tool_calls[0].function.arguments"),
 ])
 async def test_bad_tool_parameters_are_400_naming_them(body: dict[str, Any],
                                                        param: str) -> None:
