@@ -259,8 +259,8 @@ class HttpApi:
             if route is None:
                 raise ApiError(404, f"no route {request.method} {request.path[:100]}; llamad "
                                "serves /v1/models, /v1/chat/completions, /v1/completions, "
-                               "/v1/responses, /v1/messages, /v1/embeddings and "
-                               "/v1/llamad/ask", code="not_found")
+                               "/v1/responses, /v1/messages, /v1/embeddings, "
+                               "/v1/llamad/ask and GET /health", code="not_found")
             if request.method != route.http_method:
                 raise ApiError(405, f"{request.path} takes {route.http_method}, not "
                                f"{request.method[:20]}", code="method_not_allowed")
