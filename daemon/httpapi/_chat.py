@@ -13,18 +13,18 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
 
-from supervisor import Chunk, Message, Sampling, ToolUse
+from supervisor import ChildRequestError, Chunk, Message, Sampling, ToolCallDelta, ToolUse
 
 from ..errors import InvalidArgument
 from ..inference import Meter, Usage, admitted_generation
 from ..rpc import Call
 from . import _parse
-from ._context import RECEIVED, REQUEST_ID, STREAM, Api, time_remaining
+from ._context import RECEIVED, REQUEST_ID, STREAM, Api, json_response, time_remaining
 from ._errors import ParamError, http_param
 from ._models import Listed
 
@@ -103,6 +103,55 @@ async def generate(api: Api, request: web.BaseRequest, call: Call, prepared: Pre
             return await relay(chunks, meter)
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
+
+
+class Answer(Protocol):
+    """A route's answer in its API's shape, built from the chat's chunks: the events of a
+    stream (taken as they come) and the whole body (what ``finish`` returns)."""
+
+    def start(self) -> None: ...
+
+    def text(self, piece: str) -> None: ...
+
+    def tool_calls(self, deltas: tuple[ToolCallDelta, ...]) -> None: ...
+
+    def finish(self, usage: Usage, finish_reason: str) -> dict[str, Any]: ...
+
+    def take(self) -> bytes: ...
+
+
+def relay_answer(request: web.BaseRequest, call: Call, answer: Answer, *, stream: bool,
+                 opened: Callable[[], None] | None = None) -> Relay:
+    """The relay that writes ``answer`` as a stream of its events (``opened`` runs once
+    the event stream's headers are sent) or as one JSON body."""
+
+    async def relay(chunks: AsyncIterator[Chunk], meter: Meter) -> web.StreamResponse:
+        item: Chunk | None = await anext(chunks, None)  # before the headers (open_events)
+        response: web.StreamResponse | None = None
+        if stream:
+            response = await open_events(request)
+            if opened is not None:
+                opened()
+            answer.start()
+        while item is not None:
+            answer.text(item.text)
+            answer.tool_calls(item.tool_calls)
+            if item.finish_reason is not None:
+                usage = meter.finish(item)
+                note_usage(call, usage, item.finish_reason)
+                whole = answer.finish(usage, item.finish_reason)
+                if response is None:
+                    return json_response(request, whole)
+                await response.write(answer.take())
+                await response.write_eof()
+                return response
+            meter.piece(item)
+            if response is not None:
+                await response.write(answer.take())
+            item = await anext(chunks, None)
+        raise ChildRequestError("the stream ended without a finish reason")
+
+    return relay
 
 
 def note_usage(call: Call, usage: Usage, finish: str) -> None:

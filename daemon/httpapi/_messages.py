@@ -23,15 +23,15 @@ the model's own tokenizer; the chat template's markup around them is not counted
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from supervisor import ChildRequestError, Chunk, ToolCallDelta, Turn
+from supervisor import ToolCallDelta, Turn
 
-from ..inference import Meter, Usage
+from ..inference import Usage
 from ..rpc import Call
 from . import _parse
 from ._chat import (
@@ -41,9 +41,8 @@ from ._chat import (
     generate,
     integer,
     kind,
-    note_usage,
-    open_events,
     prepare,
+    relay_answer,
 )
 from ._context import Api, json_response, time_remaining
 from ._errors import ApiError, ParamError
@@ -317,43 +316,8 @@ async def create(api: Api, request: web.BaseRequest, call: Call,
     prepared = prepare(api, call, translated, "/v1/messages", messages_param="messages")
     call.note(stream=stream)
     message = _Message(prepared.listed.name, stream=stream)
-
-    async def relay(chunks: AsyncIterator[Chunk], meter: Meter) -> web.StreamResponse:
-        if stream:
-            return await _stream(request, call, chunks, meter, message)
-        async for item in chunks:
-            message.text(item.text)
-            message.tool_calls(item.tool_calls)
-            if item.finish_reason is None:
-                meter.piece(item)
-                continue
-            usage = meter.finish(item)
-            note_usage(call, usage, item.finish_reason)
-            return json_response(request, message.finish(usage, item.finish_reason))
-        raise ChildRequestError("the stream ended without a finish reason")
-
-    return await generate(api, request, call, prepared, relay)
-
-
-async def _stream(request: web.BaseRequest, call: Call, chunks: AsyncIterator[Chunk],
-                  meter: Meter, message: _Message) -> web.StreamResponse:
-    item: Chunk | None = await anext(chunks, None)  # before the headers: see _chat
-    response = await open_events(request)
-    message.start()
-    while item is not None:
-        message.text(item.text)
-        message.tool_calls(item.tool_calls)
-        if item.finish_reason is not None:
-            usage = meter.finish(item)
-            note_usage(call, usage, item.finish_reason)
-            message.finish(usage, item.finish_reason)
-            await response.write(message.take())
-            await response.write_eof()
-            return response
-        meter.piece(item)
-        await response.write(message.take())
-        item = await anext(chunks, None)
-    raise ChildRequestError("the stream ended without a finish reason")
+    return await generate(api, request, call, prepared,
+                          relay_answer(request, call, message, stream=stream))
 
 
 async def count_tokens(api: Api, request: web.BaseRequest, call: Call,

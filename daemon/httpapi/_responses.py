@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
-from supervisor import ChildRequestError, Chunk, ToolCallDelta
+from supervisor import ToolCallDelta
 
-from ..inference import Meter, Usage
+from ..inference import Usage
 from ..rpc import Call
 from . import _parse
 from ._chat import (
@@ -44,11 +44,10 @@ from ._chat import (
     generate,
     integer,
     kind,
-    note_usage,
-    open_events,
     prepare,
+    relay_answer,
 )
-from ._context import Api, json_response
+from ._context import Api
 from ._errors import ApiError, ParamError
 
 SEQUENCE = web.RequestKey("responses_sequence", list)
@@ -245,7 +244,6 @@ class _Output:
         self.calls: dict[int, dict[str, Any]] = {}
         self.sequence = [0]
         self.events: list[bytes] = []
-        self.final: dict[str, Any] = {}
 
     def _emit(self, name: str, data: dict[str, Any]) -> None:
         if self.stream:
@@ -322,7 +320,7 @@ class _Output:
                     "item_id": item["id"], "output_index": self.items.index(item),
                     "delta": delta.arguments})
 
-    def finish(self, usage: Usage, finish_reason: str) -> None:
+    def finish(self, usage: Usage, finish_reason: str) -> dict[str, Any]:
         for index, item in enumerate(self.items):
             item["status"] = "completed"
             if item is self.message:
@@ -342,7 +340,7 @@ class _Output:
         else:
             final = self.response("completed", usage)
             self._emit("response.completed", {"response": final})
-        self.final = final
+        return final
 
     def take(self) -> bytes:
         out, self.events = b"".join(self.events), []
@@ -358,41 +356,8 @@ async def create(api: Api, request: web.BaseRequest, call: Call,
     call.note(stream=stream)
     output = _Output(body, prepared.listed.name, stream=stream)
 
-    async def relay(chunks: AsyncIterator[Chunk], meter: Meter) -> web.StreamResponse:
-        if stream:
-            return await _stream(request, call, chunks, meter, output)
-        async for item in chunks:
-            output.text(item.text)
-            output.tool_calls(item.tool_calls)
-            if item.finish_reason is None:
-                meter.piece(item)
-                continue
-            usage = meter.finish(item)
-            note_usage(call, usage, item.finish_reason)
-            output.finish(usage, item.finish_reason)
-            return json_response(request, output.final)
-        raise ChildRequestError("the stream ended without a finish reason")
+    def opened() -> None:
+        request[SEQUENCE] = output.sequence  # an error event after this one follows on
 
-    return await generate(api, request, call, prepared, relay)
-
-
-async def _stream(request: web.BaseRequest, call: Call, chunks: AsyncIterator[Chunk],
-                  meter: Meter, output: _Output) -> web.StreamResponse:
-    item: Chunk | None = await anext(chunks, None)  # before the headers: see _chat
-    response = await open_events(request)
-    request[SEQUENCE] = output.sequence
-    output.start()
-    while item is not None:
-        output.text(item.text)
-        output.tool_calls(item.tool_calls)
-        if item.finish_reason is not None:
-            usage = meter.finish(item)
-            note_usage(call, usage, item.finish_reason)
-            output.finish(usage, item.finish_reason)
-            await response.write(output.take())
-            await response.write_eof()
-            return response
-        meter.piece(item)
-        await response.write(output.take())
-        item = await anext(chunks, None)
-    raise ChildRequestError("the stream ended without a finish reason")
+    return await generate(api, request, call, prepared,
+                          relay_answer(request, call, output, stream=stream, opened=opened))
