@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -30,31 +29,30 @@ from bench._support import (
 from daemon import Daemon, load
 from llamad_protocol.v1 import inference_pb2
 from supervisor import State
+from supervisor._rundir import child_key, socket_path
 
 # -- start and recovery -----------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def direct_start(runtime: str, model: Path, threads: int) -> float:
-    """The child's own command line (as llamad builds it), started by hand and polled
-    every 20 ms until it is healthy and a one-token completion succeeds: the readiness
-    llamad waits for, without llamad."""
+    """The child's own command line and environment (as llamad builds them: its private
+    socket, its per-launch key), started by hand and polled every 20 ms until it is healthy
+    and a one-token completion succeeds: the readiness llamad waits for, without llamad."""
     child = Daemon(load(None, env=daemon_env(runtime, model, threads))).children["generation"]
-    port = free_port()
-    argv = child.runtime.command(child.spec, port=port, alias="bench-direct")
+    sock = socket_path()
+    key = child_key()
+    argv = child.runtime.command(child.spec, socket=sock, alias="bench-direct")
+    env = child.runtime.environment(os.environ, key)
     health = child.runtime.api.health_path or "/v1/models"
     began = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        *argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env,
         stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False,
-                                     timeout=10.0) as http:
+        async with httpx.AsyncClient(
+                transport=httpx.AsyncHTTPTransport(uds=str(sock)), base_url="http://localhost",
+                headers={"Authorization": f"Bearer {key}"}, trust_env=False,
+                timeout=10.0) as http:
             body = {"prompt": "Hello", "max_tokens": 1, "temperature": 0.0}
             for path, method in ((health, "GET"), ("/v1/completions", "POST")):
                 while True:
@@ -71,6 +69,7 @@ async def direct_start(runtime: str, model: Path, threads: int) -> float:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
+        sock.unlink(missing_ok=True)
 
 
 async def kill_and_recover(running: Running) -> KillSample:
