@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Iterator
 
 import pytest
 import structlog
@@ -33,17 +32,8 @@ def test_child_line_levels(line: str, level: int) -> None:
 
 
 @pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    """logs.configure changes process-wide state: put it back for the other tests."""
-    saved = structlog.get_config()
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    noisy = {n: logging.getLogger(n).level for n in ("httpx", "httpcore")}
-    yield
-    structlog.configure(**saved)
-    root.handlers[:], root.level = handlers, level
-    for name, lvl in noisy.items():
-        logging.getLogger(name).setLevel(lvl)
+def _restored(restore_logging: None) -> None:
+    """Every test here configures the daemon's logging: put it back afterwards."""
 
 
 @pytest.fixture

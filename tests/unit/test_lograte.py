@@ -98,7 +98,7 @@ def test_distinct_lines_are_bounded_in_memory() -> None:
     assert len(rl._windows) == 1
 
 
-def test_a_traceback_flood_in_the_daemons_log_is_bounded() -> None:
+def test_a_traceback_flood_in_the_daemons_log_is_bounded(restore_logging: None) -> None:
     """Configured as the daemon does: 5,000 identical stdlib tracebacks (asyncio's accept
     failing) and 5,000 identical structlog errors make at most limit lines each plus their
     summaries, the first of each written in full."""
@@ -128,4 +128,4 @@ def test_a_traceback_flood_in_the_daemons_log_is_bounded() -> None:
             (SUMMARY_EVENT, "socket.accept() out of system resource", 4995),
             (SUMMARY_EVENT, "accept failed", 4995)}
     finally:
-        logs.configure("json", "info", io.StringIO())
+        logs.configure("json", "info", io.StringIO())  # stops its summary thread
