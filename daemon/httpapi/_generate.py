@@ -64,7 +64,8 @@ async def _generate(api: Api, request: web.BaseRequest, call: Call, body: _parse
                                    note=call.note, model=listed.route) as backend:
         chunks = start(backend, sampling)
         try:
-            shape = Shape(listed.name, chat=chat, usage_in_chunks=mode.include_usage)
+            shape = Shape(api.catalog.served_name(listed, backend.model_name), chat=chat,
+                          usage_in_chunks=mode.include_usage)
             if mode.stream:
                 return await _stream(request, call, chunks, meter, shape)
             return await _whole(request, call, chunks, meter, shape)

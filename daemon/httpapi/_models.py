@@ -115,6 +115,16 @@ class Catalog:
                 return entry
         return None
 
+    def served_name(self, listed: Listed, model_name: str) -> str:
+        """The id, as ``GET /v1/models`` names it, of the model that answered a call for
+        ``listed``: ``listed``'s own, unless a swap put another model (``model_name``, the
+        backend's) behind a role's default since; then that model's entry, or its file
+        name without ``.gguf``."""
+        if not model_name or model_name in listed.aliases:
+            return listed.name
+        entry = self.find(model_name)
+        return entry.name if entry is not None else model_name.removesuffix(".gguf")
+
     def resolve(self, name: str, role: str, route: str) -> Listed:
         """The model ``name`` names, which must be of ``role``.
 

@@ -101,7 +101,7 @@ async def embeddings(api: Api, request: web.BaseRequest, call: Call,
              else np.ascontiguousarray(row)}
             for i, row in enumerate(rows)]
     return json_response(request, {
-        "object": "list", "data": data, "model": listed.name,
+        "object": "list", "data": data, "model": api.catalog.served_name(listed, result.model),
         "usage": {"prompt_tokens": result.prompt_tokens,
                   "total_tokens": result.prompt_tokens}})
 

@@ -90,4 +90,6 @@ async def test_no_http_call_fails_across_a_swap(running: tuple[Daemon, Clients])
     await asyncio.gather(*workers)  # raises if any call failed
     assert stages[-1] == control_pb2.SWAP_STAGE_DONE
     assert None not in finishes
-    assert models[0] == SMALL_MODEL and models[-1] == DEFAULT_MODEL
+    # The ids /v1/models lists (the file names without .gguf).
+    assert models[0] == SMALL_MODEL.removesuffix(".gguf")
+    assert models[-1] == DEFAULT_MODEL.removesuffix(".gguf")
