@@ -170,19 +170,6 @@ async def open_events(request: web.BaseRequest) -> web.StreamResponse:
     return response
 
 
-def kind(value: object) -> str:
-    """How a JSON value is named in a refusal."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else "an object"
-
-
 EXTENSIONS = ("logit_bias", "seed", "top_k", "min_p", "repeat_penalty", "repeat_last_n",
               "presence_penalty", "frequency_penalty", "dry_multiplier", "dry_base",
               "dry_allowed_length", "dry_penalty_last_n")
@@ -203,7 +190,7 @@ def integer(body: Any, name: str, *, low: int = 0, high: int = 2**32 - 1) -> int
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ParamError(name, f"{name} must be an integer, not {kind(value)}")
+        raise ParamError(name, f"{name} must be an integer, not {_parse.kind(value)}")
     if not low <= value <= high:
         raise ParamError(name, f"{name} must be in {low}..{high}, got {value}")
     return value

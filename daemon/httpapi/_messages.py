@@ -40,12 +40,12 @@ from ._chat import (
     event,
     generate,
     integer,
-    kind,
     prepare,
     relay_answer,
 )
 from ._context import Api, json_response, time_remaining
 from ._errors import ApiError, ParamError
+from ._parse import kind
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",

@@ -61,11 +61,12 @@ def json_body(raw: bytes) -> Body:
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, not "
-                            f"{_kind(body)}")
+                            f"{kind(body)}")
     return body
 
 
-def _kind(value: object) -> str:
+def kind(value: object) -> str:
+    """How a JSON value is named in a refusal."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -82,7 +83,7 @@ def _number(body: Body, name: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ParamError(name, f"{name} must be a number, not {_kind(value)}")
+        raise ParamError(name, f"{name} must be a number, not {kind(value)}")
     return float(value)
 
 
@@ -91,7 +92,7 @@ def _integer(body: Body, name: str, *, high: int = _UINT32) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ParamError(name, f"{name} must be an integer, not {_kind(value)}")
+        raise ParamError(name, f"{name} must be an integer, not {kind(value)}")
     if not 0 <= value <= high:
         raise ParamError(name, f"{name} must be in 0..{high}, got {value}")
     return value
@@ -110,7 +111,7 @@ def _typed(body: Body, name: str, kind: type, what: str) -> object:
     """``body[name]`` when it is a ``kind`` (None when absent or null)."""
     value = body.get(name)
     if value is not None and not isinstance(value, kind):
-        raise ParamError(name, f"{name} must be {what}, not {_kind(value)}")
+        raise ParamError(name, f"{name} must be {what}, not {kind(value)}")
     return value
 
 

@@ -43,12 +43,12 @@ from ._chat import (
     event,
     generate,
     integer,
-    kind,
     prepare,
     relay_answer,
 )
 from ._context import Api
 from ._errors import ApiError, ParamError
+from ._parse import kind
 
 SEQUENCE = web.RequestKey("responses_sequence", list)
 """The next ``sequence_number`` of a Responses stream (a one-item list), for its error
