@@ -23,6 +23,7 @@ line (llama.cpp keeps the last of a repeated flag) and ``extra_args`` may not na
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import shutil
 import sys
@@ -313,23 +314,49 @@ class BundledRuntime:
         return 1
 
 
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def packaged_llama_server() -> Path | None:
+    """The ``llama-server`` inside the installed llama-cpp-python package
+    (``llama_cpp/bin``, where llamad's build of its wheel puts it), or None.
+
+    Found without importing ``llama_cpp`` (that would load its shared libraries).
+    """
+    try:
+        spec = importlib.util.find_spec("llama_cpp")
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        binary = Path(folder, "bin", "llama-server")
+        if _executable(binary):
+            return binary
+    return None
+
+
 def find_llama_server(explicit: str | None = None) -> str | None:
     """Locate a ``llama-server`` binary.
 
     Order: ``explicit`` (``--llama-bin``; must exist), next to the running interpreter
-    (a virtualenv's ``bin/``), then ``PATH``.
+    (a virtualenv's ``bin/``), inside the installed llama-cpp-python package (a venv
+    installed from the wheelhouse has it there and nowhere else), then ``PATH``.
 
     Raises:
         FileNotFoundError: ``explicit`` was given but is not an executable file.
     """
     if explicit:
         path = Path(explicit)
-        if not (path.is_file() and os.access(path, os.X_OK)):
+        if not _executable(path):
             raise FileNotFoundError(f"llama-server binary not found or not executable: {path}")
         return str(path.resolve())
     beside = Path(sys.executable).parent / "llama-server"
-    if beside.is_file() and os.access(beside, os.X_OK):
+    if _executable(beside):
         return str(beside)
+    # Before PATH: this one was built from the llama.cpp the installed package vendors,
+    # the version whose options supervisor._args allows; one on PATH may be any other.
+    if (packaged := packaged_llama_server()) is not None:
+        return str(packaged)
     return shutil.which("llama-server")
 
 
