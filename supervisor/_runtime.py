@@ -374,7 +374,9 @@ def pick_runtime(kind: str, llama_bin: str | None = None, *, slots: bool = False
         if kind == "llama-server":
             raise FileNotFoundError(
                 "no llama-server binary: pass --llama-bin, put one beside the daemon, "
-                "or on PATH (packaging/build-llama-server.sh builds one)"
+                "install a llama-cpp-python wheel built with llamad's hook (make install, "
+                "make wheelhouse), or put one on PATH (packaging/build-llama-server.sh "
+                "builds one)"
             )
         return BundledRuntime()
     return LlamaServerRuntime(binary, slots=slots)

@@ -29,11 +29,15 @@ RUNNING = control_pb2.CHILD_STATE_RUNNING
 class DaemonProcess:
     """``python -m daemon serve`` as operators run it, logging JSON to a file."""
 
-    def __init__(self, tmp: Path, env: dict[str, str], prefix: Sequence[str] = ()) -> None:
+    def __init__(self, tmp: Path, env: dict[str, str], prefix: Sequence[str] = (), *,
+                 command: Sequence[str] = (sys.executable, "-m", "daemon", "serve"),
+                 cwd: Path = ROOT) -> None:
+        """``command`` (by default this checkout's daemon) after ``prefix``, run in
+        ``cwd`` with ``env`` over this process's environment."""
         self.log = tmp / f"daemon-{time.monotonic_ns()}.log"
         with open(self.log, "wb") as out:  # a file: nobody has to keep draining a pipe
             self.proc = subprocess.Popen(
-                [*prefix, sys.executable, "-m", "daemon", "serve"], cwd=ROOT,
+                [*prefix, *command], cwd=cwd,
                 env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=out)
         self.pid = self.proc.pid
         try:
