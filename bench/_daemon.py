@@ -21,7 +21,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench._support import ROOT
-from daemon import Daemon, logs
+from daemon import Daemon
+from daemon.telemetry import logs
 from llamad_protocol.v1 import common_pb2, control_pb2, control_pb2_grpc, inference_pb2_grpc
 from supervisor import State
 

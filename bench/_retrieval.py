@@ -19,9 +19,9 @@ import numpy.typing as npt
 from bench._direct import child_http
 from bench._support import EMBED_MODEL, MODELS_DIR
 from daemon import Daemon, load
-from daemon.retrieval_bridge import ChildEmbedder, make_provider
+from daemon.services.retrieval_bridge import ChildEmbedder, make_provider
 from retrieval import Embedder, RetrievalLimits, Retriever, Vector, redact
-from retrieval._chunk import chunk_text
+from retrieval.chunking._chunker import chunk_text
 from tests.support.embedder import FixedEmbedder
 
 Vec = npt.NDArray[np.float32]

@@ -22,12 +22,12 @@ from psycopg import sql
 from bench._retrieval import Collection, Doc, Ingest, upsert_all
 from bench._retrieval_bench.index import timing_commits
 from bench._retrieval_bench.metrics import ndcg, pct
-from daemon import logs
+from daemon.telemetry import logs
 from retrieval import Filters, PgOptions, Query, RetrievalError, RetrievalLimits, Retriever
-from retrieval._pg_bm25 import CANDIDATES_PER_TERM
-from retrieval._pg_indexes import PgIndexes
-from retrieval._pg_search import filter_sql, vector_search
-from retrieval._pg_store import PostgresStore
+from retrieval.postgres._bm25 import CANDIDATES_PER_TERM
+from retrieval.postgres._indexes import PgIndexes
+from retrieval.postgres._search import filter_sql, vector_search
+from retrieval.postgres._store import PostgresStore
 from tests.support.embedder import HashEmbedder
 
 RANKER_ENV = "LLAMAD_BENCH_RANKER"
@@ -203,7 +203,7 @@ class _Recorder:
 
 def explain(store: PostgresStore, mode: str, query: str) -> list[str]:
     """EXPLAIN (ANALYZE, BUFFERS) of the list query ``mode`` sends for ``query`` (the
-    statement caught from :mod:`retrieval._pg_search` or the store's lexical ranker, run
+    statement caught from :mod:`retrieval.postgres._search` or the store's lexical ranker, run
     again under EXPLAIN)."""
     rec = _Recorder()
     if mode == "vector":

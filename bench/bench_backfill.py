@@ -45,7 +45,7 @@ import numpy as np
 from bench import _support as support
 from bench._direct import child_http
 from bench._retrieval import DATA_DIR, Child, Doc, load_collection, start_child
-from daemon.retrieval_bridge import ChildEmbedder, make_provider
+from daemon.services.retrieval_bridge import ChildEmbedder, make_provider
 from retrieval import RetrievalLimits, Retriever, Vector
 from tests.support.embedder import FixedEmbedder
 

@@ -22,7 +22,7 @@ One process, one embedding child:
    every depth of ``DEPTHS`` (``candidates``, per index). Plain RRF is weights (1, 1) at
    depth 25, the shipped defaults. Chunk hits become corpus documents at their best rank;
    nDCG@10 (linear graded gains), recall@100. Each fused ranking is checked against
-   ``retrieval._fusion.rrf`` over the same candidate lists (``TextIndex.search`` and
+   ``retrieval.search._fusion.rrf`` over the same candidate lists (``TextIndex.search`` and
    ``VectorIndex.search`` at that depth): the disagreements are reported.
 4. **Verdict** (:func:`verdict`): the best cell by mean nDCG@10 over the collections
    replaces plain RRF only if it gains more than ``NOISE`` on the mean and is better on at
@@ -72,7 +72,7 @@ from bench._retrieval_bench.metrics import doc_ranking, ndcg, recall
 from bench._retrieval_bench.quality import chunk_docs
 from retrieval import Filters, RetrievalLimits, Retriever
 from retrieval import Query as Options
-from retrieval._fusion import rrf
+from retrieval.search._fusion import rrf
 
 HEADING = "## Fusion weights and depth"
 SUMMARY_METRIC = "retrieval fusion: best weights/depth vs plain RRF, mean nDCG@10"
@@ -478,7 +478,7 @@ async def run(args: argparse.Namespace, command: str, work: Path) -> dict[str, A
         "Queries up to 5000 characters allowed (production: 2000)"
         + (f"; only the first {args.max_queries} queries of each collection."
            if args.max_queries else "."),
-        f"- Cross-check: fused rankings that differ from `retrieval._fusion.rrf` over "
+        f"- Cross-check: fused rankings that differ from `retrieval.search._fusion.rrf` over "
         f"`TextIndex.search` and `VectorIndex.search` at the same depth: "
         f"{sum(r.mismatches for r in rows)} of {sum(len(r.queries) for r in rows) * len(CELLS)}"
         f"; hybrid searches answered BM25-only: {sum(r.bm25_only for r in rows)}; queries "

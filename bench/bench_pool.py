@@ -71,7 +71,7 @@ from bench import _support as support
 from bench._daemon import DaemonProcess, wait_ready
 from bench._relay import GREEDY_CHAT, free_port, process_ticks, spawn
 from daemon import config
-from daemon._config_sections import Settings
+from daemon.config._sections import Settings
 from llamad_protocol.v1 import control_pb2, control_pb2_grpc
 
 GENERATION_SPIN = Settings().generation.spin_count  # llamad's children's GOMP_SPINCOUNT

@@ -96,7 +96,7 @@ def _words(rng: np.random.Generator, vocabulary: list[str], n: int) -> str:
 
 def build(root: Path, chunks: int, dim: int) -> dict[str, Any]:
     """Write the corpus: ``chunks`` chunks with cached vectors of models old and new."""
-    from retrieval._store import ChunkRow, DocumentRow, SourceRow, Store
+    from retrieval.store._metadata import ChunkRow, DocumentRow, SourceRow, Store
 
     if root.exists():
         shutil.rmtree(root)
@@ -137,7 +137,7 @@ def build(root: Path, chunks: int, dim: int) -> dict[str, Any]:
 
 def startup(root: Path) -> dict[str, Any]:
     """The start-up repair with both derived indexes gone."""
-    from retrieval._indexes import Indexes
+    from retrieval.store._indexes import Indexes
 
     shutil.rmtree(root / "bm25", ignore_errors=True)
     for name in ("vectors.hnsw", "vectors.hnsw.json"):
@@ -158,7 +158,7 @@ def startup(root: Path) -> dict[str, Any]:
 
 def rebuild(root: Path, dim: int) -> dict[str, Any]:
     """Open (loading old's index), then rebuild the index for model new."""
-    from retrieval._indexes import Indexes
+    from retrieval.store._indexes import Indexes
 
     indexes = Indexes(root)
     indexes.open_sync()

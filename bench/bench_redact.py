@@ -58,7 +58,7 @@ from types import ModuleType
 from typing import Any
 
 from bench._support import ROOT, bench_parser, git_head, write_sections
-from retrieval._redact import redact
+from retrieval.redaction._redactor import redact
 
 try:
     from detect_secrets.core.scan import scan_file

@@ -30,7 +30,7 @@ One process, one embedding child, in this order:
    25/25, RRF k=60; and 100/100 for recall@100). Chunk hits map to corpus ids,
    a document keeping its best rank. nDCG@10 (linear graded gains, log2 discount),
    recall@100. An RRF k x depth sweep is computed offline from the depth-100 candidate
-   lists with ``retrieval._fusion.rrf`` (checked equal to ``Retriever.search`` at 25/25).
+   lists with ``retrieval.search._fusion.rrf`` (checked equal to ``Retriever.search`` at 25/25).
 5. **Synthetic documents** to reach ``--latency-chunks``: see :func:`synthetic_docs`. The
    first of them are embedded for real for what is left of ``--embed-budget`` seconds
    (step 2 counts against it); the rest get ``normalise(e(a) + e(b))`` of their halves.
@@ -111,7 +111,7 @@ from bench._support import (
     bench_parser,
     write_sections,
 )
-from daemon import logs
+from daemon.telemetry import logs
 from retrieval import RetrievalLimits
 
 # -- main -------------------------------------------------------------------------------

@@ -69,9 +69,9 @@ from bench._store_bench import (
     timed_stage,
 )
 from bench._support import ROOT, bench_parser, cpu_model, source, table, write_sections
-from daemon import logs
+from daemon.telemetry import logs
 from retrieval import RetrievalError, RetrievalLimits
-from retrieval._pg_rankers import RANKERS
+from retrieval.postgres._rankers import RANKERS
 from tests.support.pgembed import PgembedServer
 from tests.support.postgres import PgServer
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from bench._retrieval import COLLECTIONS, DATA_DIR, load_collection
 from bench._store_bench import MODES, RANKER_ENV, quality
 from bench._support import table
-from daemon import logs
+from daemon.telemetry import logs
 from retrieval import RetrievalLimits
 from tests.support.pgembed import PgembedServer
 

@@ -40,11 +40,11 @@ from llamad_protocol.v1 import (
 )
 from llamad_protocol.v1.wire import HEALTH_EMBEDDING, HEALTH_GENERATION, HEALTH_OVERALL
 
-from ._fake_answer import FakeAnswer
-from ._fake_control import FakeControl
-from ._fake_faults import Abort, Failure, abort
-from ._fake_inference import WORDS, FakeInference  # noqa: F401 (WORDS: importable here, as before)
-from ._fake_retrieval import Doc, FakeRetrieval
+from ._fake._answer import FakeAnswer
+from ._fake._control import FakeControl
+from ._fake._faults import Abort, Failure, abort
+from ._fake._inference import WORDS, FakeInference  # noqa: F401 (WORDS: importable here, as before)
+from ._fake._retrieval import Doc, FakeRetrieval
 
 __all__ = ["FakeLlamad"]
 

@@ -6,7 +6,7 @@
 state directory another daemon holds); 1 for any other fatal start error. Fatal errors
 are one line on stderr, never a traceback.
 
-The other verbs are clients of a running daemon (their code is in :mod:`clients._cli`,
+The other verbs are clients of a running daemon (their code is in :mod:`clients.cli._commands`,
 which documents them in full)::
 
     llamad status | generate PROMPT | chat | ask QUESTION | search QUERY
@@ -15,7 +15,7 @@ which documents them in full)::
     llamad models prepare|list|verify
 
 ``llamad retrieval migrate --to postgres`` is local (no daemon is called; stop the
-daemon first): it copies the embedded store into PostgreSQL (:mod:`daemon.migrate_cli`).
+daemon first): it copies the embedded store into PostgreSQL (:mod:`daemon.ops.migrate_cli`).
 
 Client exit status: 0 ok; 1 other failure; 2 usage or configuration error; 3 daemon
 unreachable or unavailable (UNAVAILABLE); 4 not found; 5 invalid argument
@@ -50,10 +50,10 @@ def _check_packages() -> str | None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from clients._cli import add_commands  # noqa: PLC0415
+    from clients.cli._commands import add_commands  # noqa: PLC0415
 
     from .config import add_arguments  # noqa: PLC0415
-    from .migrate_cli import add_retrieval_command  # noqa: PLC0415
+    from .ops.migrate_cli import add_retrieval_command  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(prog="llamad", description="llama.cpp inference daemon")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -80,10 +80,10 @@ async def _serve(args: argparse.Namespace) -> int:
     from retrieval import RetrievalError  # noqa: PLC0415
 
     from . import config as config_mod  # noqa: PLC0415
-    from . import logs  # noqa: PLC0415
+    from .ops.statelock import StateDirInUse  # noqa: PLC0415
+    from .ops.systemd import Notifier  # noqa: PLC0415
     from .server import Daemon  # noqa: PLC0415
-    from .statelock import StateDirInUse  # noqa: PLC0415
-    from .systemd import Notifier  # noqa: PLC0415
+    from .telemetry import logs  # noqa: PLC0415
 
     try:
         config = config_mod.load(args)
@@ -120,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FATAL
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["models"]:  # passed through whole: its own parser and --help
-        from clients._cli import run_models  # noqa: PLC0415
+        from clients.cli._commands import run_models  # noqa: PLC0415
 
         return run_models(argv[1:])
     args = _parser().parse_args(argv)
@@ -132,10 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(example_config())
         return 0
     if args.command == "retrieval":
-        from .migrate_cli import run_retrieval  # noqa: PLC0415
+        from .ops.migrate_cli import run_retrieval  # noqa: PLC0415
 
         return run_retrieval(args)
-    from clients._cli import run  # noqa: PLC0415
+    from clients.cli._commands import run  # noqa: PLC0415
 
     return run(args)
 

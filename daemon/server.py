@@ -1,7 +1,7 @@
 """The daemon: composition root. Builds the children, serves gRPC, drains on SIGTERM.
 
 Start-up order: the state directory is locked first (one daemon per state directory,
-:mod:`daemon.statelock`), then the gRPC server listens (health answers NOT_SERVING while
+:mod:`daemon.ops.statelock`), then the gRPC server listens (health answers NOT_SERVING while
 the children load, so clients can Watch), then the supervisors start the children.
 
 Shutdown (SIGTERM or SIGINT): health turns NOT_SERVING everywhere and the agent-check port
@@ -40,29 +40,35 @@ from llamad_protocol.v1 import (
 from retrieval import Retriever, protected_hardlinks
 from supervisor import Clock, State, StateChange, SystemClock
 
-from ._catalog import CatalogEntry
-from .admission import Admission
 from .answer import AnswerServicer, AuditLog, ResponseCache
-from .auth import AuthInterceptor, TlsCredentials
-from .balancing import AgentServer, Drainer, agent_reply
-from .cancel_watch import CancelWatch
-from .children import build_child
 from .config import Config
-from .connlimits import ConnectionCap, budget_of, grpc_options
-from .control import ControlServicer
-from .health import HealthReporter
+from .config._catalog import CatalogEntry
+from .config.inference_mode import InferenceMode
+from .grpcapi.auth import AuthInterceptor, TlsCredentials
+from .grpcapi.connlimits import ConnectionCap, budget_of, grpc_options
+from .grpcapi.control import ControlServicer
+from .grpcapi.health import HealthReporter
+from .grpcapi.inference import InferenceServicer
+from .grpcapi.listen import Bound, bind, unbind
+from .grpcapi.peerguard import guard_loop
+from .grpcapi.retrieval import RetrievalServicer
+from .grpcapi.wire import DecodeGuard
 from .httpapi import HttpApi
-from .inference_mode import InferenceMode
-from .listen import Bound, bind, unbind
-from .metrics import Metrics
-from .metrics_http import MetricsServer, serve_metrics
-from .model import Model
-from .modes import ModeManager
-from .peerguard import guard_loop
-from .pool import Pool, pooled_config
-from .recycle import recycle_loop
-from .reload import ReloadReport, reload_config
-from .retrieval_bridge import (
+from .models.admission import Admission
+from .models.cancel_watch import CancelWatch
+from .models.children import build_child
+from .models.model import Model
+from .models.modes import ModeManager
+from .models.pool import Pool, pooled_config
+from .models.recycle import recycle_loop
+from .models.router import InferenceRouter
+from .models.swaps import SwapManager
+from .ops.balancing import AgentServer, Drainer, agent_reply
+from .ops.metrics_http import MetricsServer, serve_metrics
+from .ops.reload import ReloadReport, reload_config
+from .ops.statelock import StateLock
+from .ops.systemd import Notifier, watchdog_loop
+from .services.retrieval_bridge import (
     backfill_loop,
     limits_from,
     make_lookup,
@@ -71,13 +77,7 @@ from .retrieval_bridge import (
     rescan_loop,
     unavailable_reason,
 )
-from .retrieval_service import RetrievalServicer
-from .router import InferenceRouter
-from .servicers import InferenceServicer
-from .statelock import StateLock
-from .swaps import SwapManager
-from .systemd import Notifier, watchdog_loop
-from .wire import DecodeGuard
+from .telemetry.metrics import Metrics
 
 _log = structlog.get_logger("llamad.daemon")
 
@@ -413,7 +413,7 @@ class Daemon:
         task.add_done_callback(self._tasks.discard)
 
     async def reload(self) -> ReloadReport:
-        """Re-read the configuration and apply it (see :mod:`daemon.reload`).
+        """Re-read the configuration and apply it (see :mod:`daemon.ops.reload`).
 
         Reloads never overlap: a second one waits for the first.
         """

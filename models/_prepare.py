@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from supervisor._gguf import GGUFInfo, read_gguf_info, sha256_file
 from supervisor.errors import InvalidModelError
+from supervisor.gguf._check import GGUFInfo, read_gguf_info, sha256_file
 
 from ._atomic import atomic_path, remove_stale_temps
 from ._bert_to_gguf import convert_bert_to_gguf

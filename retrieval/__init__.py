@@ -8,22 +8,12 @@ and hits; directory scans; extraction of pushed files (:func:`extract_bytes`,
 assembly); document kinds; errors and id rules. See docs/retrieval.md for the design.
 """
 
-from ._bm25 import Filters
-from ._confine import SourceRoot, protected_hardlinks
 from ._embedder import Embedder, EmbedderLookup, current_only
-from ._extract import Extracted, ExtractLimits, extract_bytes, extract_file
-from ._group import Vector
-from ._indexes import BackfillStatus, RetrievalStatus, VectorRebuild
-from ._kinds import KINDS, kind_for
 from ._limits import RetrievalLimits
 from ._migrate import Migration, MigrationProgress, MigrationRefused, migrate_store
-from ._pg_connect import PgOptions, check_dsn
-from ._redact import PLACEHOLDER_PREFIX, Redacted, redact
 from ._retriever import Retriever
 from ._scan import check_root, scan_source
 from ._scan_report import ScanReport
-from ._search import MODES, Hit, Query, SearchResult, snippet
-from ._store import DocumentRow, SourceRow
 from .errors import (
     Busy,
     EmbeddingModelMismatch,
@@ -45,6 +35,16 @@ from .errors import (
     validate_document_id,
     validate_source_id,
 )
+from .extraction._confine import SourceRoot, protected_hardlinks
+from .extraction._extract import Extracted, ExtractLimits, extract_bytes, extract_file
+from .extraction._kinds import KINDS, kind_for
+from .postgres._connect import PgOptions, check_dsn
+from .redaction._redactor import PLACEHOLDER_PREFIX, Redacted, redact
+from .search._search import MODES, Hit, Query, SearchResult, snippet
+from .store._bm25 import Filters
+from .store._group import Vector
+from .store._indexes import BackfillStatus, RetrievalStatus, VectorRebuild
+from .store._metadata import DocumentRow, SourceRow
 
 __all__ = [
     "KINDS",

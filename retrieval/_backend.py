@@ -2,14 +2,14 @@
 
 Two backends answer it (``retrieval.store``):
 
-* ``embedded`` (the default): :class:`~retrieval._indexes.Indexes`, SQLite as the truth
+* ``embedded`` (the default): :class:`~retrieval.store._indexes.Indexes`, SQLite as the truth
   with tantivy (BM25) and hnswlib (HNSW) derived from it, reconciled at open;
-* ``postgres``: :class:`~retrieval._pg_indexes.PgIndexes`, PostgreSQL + pgvector as the
+* ``postgres``: :class:`~retrieval.postgres._indexes.PgIndexes`, PostgreSQL + pgvector as the
   truth and the index in one transactional store, shared by several nodes.
 
 Both offer the same calls, and the same rows come out of both stores
-(:class:`~retrieval._store.SourceRow`, :class:`~retrieval._store.DocumentRow`,
-:class:`~retrieval._store.StoredChunk`):
+(:class:`~retrieval.store._metadata.SourceRow`, :class:`~retrieval.store._metadata.DocumentRow`,
+:class:`~retrieval.store._metadata.StoredChunk`):
 
 * life cycle: ``open_sync``, ``close_sync``, ``require`` (the document store), ``flush``,
   ``catch_up``, ``storage_full``; ``write`` (this node's writer lock);
@@ -21,10 +21,10 @@ Both offer the same calls, and the same rows come out of both stores
 * sources and documents with their ingest states (through the document store), and
   ``status``.
 
-Fusion (RRF, modes, weights; :mod:`retrieval._fusion`) stays above the interface, in
-:mod:`retrieval._search`, and works on the ranks only: every backend fuses the same way.
+Fusion (RRF, modes, weights; :mod:`retrieval.search._fusion`) stays above the interface, in
+:mod:`retrieval.search._search`, and works on the ranks only: every backend fuses the same way.
 The background backfill (and a switch of embedding model) is each backend's own
-(:func:`backfill_for`: :mod:`retrieval._backfill`, :mod:`retrieval._pg_backfill`), with
+(:func:`backfill_for`: :mod:`retrieval._backfill`, :mod:`retrieval.postgres._backfill`), with
 the same calls, and so are review holds (``review_turn``: one review operation of a
 document at a time) and history retention (the stores' ``expired_records`` and
 ``prune_records``).
@@ -36,11 +36,11 @@ from pathlib import Path
 
 from ._backfill import Backfill
 from ._embedder import EmbedderLookup, EmbedderProvider
-from ._indexes import Indexes
 from ._limits import RetrievalLimits
-from ._pg_backfill import PgBackfill
-from ._pg_connect import PgOptions
-from ._pg_indexes import PgIndexes
+from .postgres._backfill import PgBackfill
+from .postgres._connect import PgOptions
+from .postgres._indexes import PgIndexes
+from .store._indexes import Indexes
 
 Backend = Indexes | PgIndexes
 """A store backend (see the module's docstring)."""

@@ -33,14 +33,14 @@ import numpy as np
 import structlog
 
 from ._embedder import Embedder, EmbedderLookup, EmbedderProvider, current_only
-from ._indexes import NO_REBUILD, BackfillStatus, Indexes, VectorRebuild
 from ._limits import RetrievalLimits
+from .store._indexes import NO_REBUILD, BackfillStatus, Indexes, VectorRebuild
 
 _log = structlog.get_logger("llamad.retrieval")
 
 class BackfillRun:
     """What the two backends' backfills share (:class:`Backfill`,
-    :class:`retrieval._pg_backfill.PgBackfill`): the embedder they embed with, the run's
+    :class:`retrieval.postgres._backfill.PgBackfill`): the embedder they embed with, the run's
     task and its progress (:attr:`status`), and the texts the model refused."""
 
     def __init__(self, embedder: EmbedderProvider, limits: RetrievalLimits,

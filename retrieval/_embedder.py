@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from ._group import Vector
+from .store._group import Vector
 
 
 class Embedder(Protocol):

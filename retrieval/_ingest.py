@@ -4,7 +4,7 @@
 chunk to the embedding model's context → embed (outside any lock; vectors are cached by
 model and content hash, and concurrent ingests share embedding requests) → group commit
 (concurrent writers share one SQLite transaction and one tantivy commit; see
-:mod:`retrieval._group`), in the order :mod:`retrieval._indexes` keeps crash-consistent.
+:mod:`retrieval.store._group`), in the order :mod:`retrieval.store._indexes` keeps crash-consistent.
 
 An embedding failure never fails an ingest: the document is then BM25-only until
 reindexed: the background backfill (:mod:`retrieval._backfill`) embeds what has no
@@ -25,20 +25,20 @@ import numpy as np
 import structlog
 
 from ._backend import Backend
-from ._chunk import Chunk, chunk_text
-from ._confine import SourceRoot, display_name
-from ._dates import front_matter_date
 from ._embedder import Embedder, EmbedderProvider
-from ._extract import Extracted, extract_bytes, extract_fd
-from ._group import EmbedBatcher, GroupCommitter, Vector
-from ._indexes import PendingWrite
-from ._kinds import check_kind, kind_for
 from ._limits import RetrievalLimits
-from ._redact import redact
-from ._redact_names import redact_name
 from ._review import Review
-from ._store import ChunkRow, DocumentRow, SourceRow
+from .chunking._chunker import Chunk, chunk_text
 from .errors import InvalidDocument, NotFound, RetrievalError, is_storage_full, validate_document_id
+from .extraction._confine import SourceRoot, display_name
+from .extraction._dates import front_matter_date
+from .extraction._extract import Extracted, extract_bytes, extract_fd
+from .extraction._kinds import check_kind, kind_for
+from .redaction._names import redact_name
+from .redaction._redactor import redact
+from .store._group import EmbedBatcher, GroupCommitter, Vector
+from .store._indexes import PendingWrite
+from .store._metadata import ChunkRow, DocumentRow, SourceRow
 
 _log = structlog.get_logger("llamad.retrieval")
 

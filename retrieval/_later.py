@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
-from ._store import DocumentRow
 from .errors import Busy, validate_document_id
+from .store._metadata import DocumentRow
 
 _log = structlog.get_logger("llamad.retrieval")
 

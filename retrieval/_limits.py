@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ._extract import ExtractLimits
+from .extraction._extract import ExtractLimits
 
 
 @dataclass(frozen=True)

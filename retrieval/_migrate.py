@@ -34,10 +34,10 @@ from pathlib import Path
 import numpy as np
 import structlog
 
-from ._pg_connect import PgOptions
-from ._pg_store import PostgresStore
-from ._store import ChunkRow, DocumentRow, Store
 from .errors import EmbeddingModelMismatch, RetrievalError
+from .postgres._connect import PgOptions
+from .postgres._store import PostgresStore
+from .store._metadata import ChunkRow, DocumentRow, Store
 
 _log = structlog.get_logger("llamad.retrieval")
 

@@ -11,7 +11,7 @@ the next passes, so a pass never holds the writer lock for long).
 Records are removed as a deletion removes a document: from SQLite (one transaction per
 source, counted in the source's ``pruned``), then from tantivy and hnswlib, under the
 writer lock; on the PostgreSQL store, in one transaction per source, every node running
-passes (a record is deleted, and counted, once: :mod:`retrieval._pg_store_history`).
+passes (a record is deleted, and counted, once: :mod:`retrieval.postgres._history`).
 :attr:`Retention.pruned` counts the records removed since start-up by this node (the
 Status RPC's ``pruned``). A pass that removed something logs one info line.
 """
@@ -29,8 +29,8 @@ import structlog
 
 from ._backend import Backend
 from ._limits import RetrievalLimits
-from ._pg_indexes import PgDocumentStore
-from ._store import Store
+from .postgres._indexes import PgDocumentStore
+from .store._metadata import Store
 
 _log = structlog.get_logger("llamad.retrieval")
 

@@ -1,14 +1,14 @@
 """The retriever: one facade over a store backend, the ingest pipeline and search.
 
 * :mod:`retrieval._backend`: the store interface and its two backends, ``embedded``
-  (below) and ``postgres`` (:mod:`retrieval._pg_indexes`, a store shared by nodes);
-* :mod:`retrieval._indexes`: SQLite, tantivy and hnswlib, their write order, reconciliation
+  (below) and ``postgres`` (:mod:`retrieval.postgres._indexes`, a store shared by nodes);
+* :mod:`retrieval.store._indexes`: SQLite, tantivy and hnswlib, their write order, reconciliation
   at open and catch-up after a failed write (invariant 7: acknowledged writes survive a
   crash; indexes on disk are never half-written);
 * :mod:`retrieval._ingest`: extract → redact → chunk → embed → group commit;
 * :mod:`retrieval._backfill`: embeds in the background every chunk without a vector for
   the current embedding model (ingested while it was unavailable, or a new model);
-* :mod:`retrieval._search`: BM25 ∥ HNSW fused by RRF, BM25-only (and saying so) whenever
+* :mod:`retrieval.search._search`: BM25 ∥ HNSW fused by RRF, BM25-only (and saying so) whenever
   the vector side cannot answer (invariant 6).
 
 Sources (:mod:`retrieval._retriever_sources`) are rows of the store: adding one touches
@@ -23,26 +23,26 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ._backend import backend, backfill_for
-from ._bm25 import Filters
-from ._confine import SourceRoot
 from ._embedder import EmbedderLookup, EmbedderProvider
-from ._indexes import Indexes, RetrievalStatus
 from ._ingest import Ingest, content_hash
 from ._later import Later
 from ._limits import RetrievalLimits
-from ._pg_connect import PgOptions
-from ._pg_indexes import not_supported
 from ._retention import Retention, RetentionClock, SystemClock
 from ._retriever_sources import RetrieverSources
 from ._review import Review
-from ._search import Query, Search, SearchResult
-from ._store import DocumentRow, SourceRow
 from .errors import (
     NotFound,
     WrongState,
     validate_document_id,
     validate_source_id,
 )
+from .extraction._confine import SourceRoot
+from .postgres._connect import PgOptions
+from .postgres._indexes import not_supported
+from .search._search import Query, Search, SearchResult
+from .store._bm25 import Filters
+from .store._indexes import Indexes, RetrievalStatus
+from .store._metadata import DocumentRow, SourceRow
 
 
 class Retriever(RetrieverSources):
@@ -70,7 +70,7 @@ class Retriever(RetrieverSources):
             clock: the time history records are dated and retention runs by (tests
                 inject a manual one; default: the system's).
             postgres: use the PostgreSQL store (``retrieval.store = postgres``) instead
-                of the embedded one in ``root`` (see :mod:`retrieval._pg_indexes`).
+                of the embedded one in ``root`` (see :mod:`retrieval.postgres._indexes`).
         """
         self.root = root
         limits = limits or RetrievalLimits()
@@ -378,7 +378,7 @@ class Retriever(RetrieverSources):
         On the PostgreSQL store, on a node whose embedding model is not the shared
         corpus's, it asks for the corpus to be switched to this node's model: every chunk
         is embedded (whatever the scope), and the corpus's model answers searches until
-        then (see :mod:`retrieval._pg_backfill`).
+        then (see :mod:`retrieval.postgres._backfill`).
 
         Raises:
             NotFound: an unknown document or source.

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from ._backend import Backend
 from ._retention import Retention
-from ._store import SourceRow
 from .errors import InvalidDocument, NotFound, validate_source_id
+from .store._metadata import SourceRow
 
 
 class RetrieverSources:

@@ -3,7 +3,7 @@
 A document needs review when its source has ``review_required`` or its upsert asked for
 it. Ingest extracts, redacts and checks it as usual, then :meth:`Review.hold` stores it in
 state ``review_required`` with the exact text to be indexed
-(:mod:`retrieval._store_review`): never chunked, embedded or searchable. A version already
+(:mod:`retrieval.store._review`): never chunked, embedded or searchable. A version already
 indexed stays searchable meanwhile. Then:
 
 * :meth:`Review.approve` indexes exactly the held text (even if the file has changed
@@ -30,10 +30,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 
 from ._backend import Backend
-from ._pg_indexes import PgDocumentStore
-from ._redact import redact
-from ._store import DocumentRow, Store
 from .errors import InvalidDocument, NotFound, WrongState
+from .postgres._indexes import PgDocumentStore
+from .redaction._redactor import redact
+from .store._metadata import DocumentRow, Store
 
 MAX_NOTE_CHARS = 2000
 """Longest reviewer's note, in characters (docs/retrieval.md, "Review")."""

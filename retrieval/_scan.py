@@ -3,7 +3,7 @@
 A directory source must live under one of the allowed roots (:func:`check_root`, checked
 with symlinks and ``..`` resolved, when the source is added and again at every scan, so a
 root later replaced by a symlink to elsewhere is not followed). A scan opens the root
-once and walks beneath that descriptor (:class:`~retrieval._confine.SourceRoot`: no
+once and walks beneath that descriptor (:class:`~retrieval.extraction._confine.SourceRoot`: no
 symlink is ever followed while opening, so a file or directory swapped for a link to
 elsewhere between the check and the read is refused, not read; FIFOs, devices and sockets
 are skipped), compares each file's size and mtime with what was indexed (an unchanged file
@@ -38,13 +38,13 @@ from pathlib import Path, PurePosixPath
 
 import structlog
 
-from ._confine import SourceRoot, display_name
-from ._kinds import kind_for
-from ._redact_names import redact_name
 from ._retriever import Retriever
 from ._scan_report import ScanReport
-from ._store import DocumentRow, SourceRow
 from .errors import NotFound, RetrievalError, SourceChanged, SourceDisabled, SourceNotAllowed
+from .extraction._confine import SourceRoot, display_name
+from .extraction._kinds import kind_for
+from .redaction._names import redact_name
+from .store._metadata import DocumentRow, SourceRow
 
 _log = structlog.get_logger("llamad.retrieval")
 

@@ -25,17 +25,7 @@ from ._child import (
 from ._client import ApiShape, Chunk, EmbedResult, Health, InferenceClient
 from ._clock import Clock, ManualClock, SystemClock
 from ._drain import drain
-from ._endpoint import (
-    ENDPOINT_KINDS,
-    EndpointClient,
-    display_url,
-    normalise_url,
-    read_api_key,
-    transport_error,
-)
-from ._endpoint_launch import EndpointLauncher, EndpointLink, EndpointSpec, pick_model
 from ._exits import ExitCause, classify_exit
-from ._gguf import GGUFInfo, read_gguf_info, sha256_file
 from ._logring import LogLine, LogRing
 from ._process import ChildProcess, can_lower_niceness, renice
 from ._runtime import (
@@ -74,6 +64,15 @@ from ._templates import (
     fallback_chat_template,
 )
 from ._tools import Message, Tool, ToolCall, ToolCallDelta, ToolUse, Turn
+from .endpoint._client import (
+    ENDPOINT_KINDS,
+    EndpointClient,
+    display_url,
+    normalise_url,
+    read_api_key,
+    transport_error,
+)
+from .endpoint._launch import EndpointLauncher, EndpointLink, EndpointSpec, pick_model
 from .errors import (
     ChildBadRequestError,
     ChildNotReadyError,
@@ -85,6 +84,7 @@ from .errors import (
     TokenizeUnavailableError,
     UnsupportedParameterError,
 )
+from .gguf._check import GGUFInfo, read_gguf_info, sha256_file
 
 __all__ = [
     "BUNDLED",

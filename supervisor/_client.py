@@ -255,7 +255,7 @@ class InferenceClient:
         data = await self._json("GET", "/v1/models", None, timeout=timeout)
         return [str(m.get("id", "")) for m in data.get("data", []) if isinstance(m, dict)]
 
-    # -- hooks for servers llamad does not run (supervisor._endpoint) -------------------
+    # -- hooks for servers llamad does not run (supervisor.endpoint._client) -------------------
 
     def _prepare(self, body: dict[str, Any]) -> dict[str, Any]:
         """The request body as sent (an endpoint adds its model id)."""

@@ -2,7 +2,7 @@
 
 One loop for every drain llamad does — the old child after a swap's take-over
 (:meth:`supervisor.Supervisor.swap`), and a model going out of service
-(:meth:`daemon.model.Model.unload`) — so "bounded by the drain timeout" means the same
+(:meth:`daemon.models.model.Model.unload`) — so "bounded by the drain timeout" means the same
 everywhere. Calls ending signal nothing, so it polls; time comes from the injected clock.
 """
 

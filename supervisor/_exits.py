@@ -21,7 +21,7 @@ class ExitCause:
     Attributes:
         kind: crash, signal, oom, port_in_use, usage_error, model_error, invalid_model,
             hung, never_ready, start_timeout, spawn_error, stranger, stopped; for an
-            external endpoint, one of :data:`supervisor._endpoint.ENDPOINT_KINDS`.
+            external endpoint, one of :data:`supervisor.endpoint._client.ENDPOINT_KINDS`.
         permanent: True when retrying the same launch cannot help.
         message: one line, in words.
         exit_code: the process's exit status when it exited by itself.

@@ -367,7 +367,7 @@ class Supervisor:
         ``launching`` on.
 
         The caller has checked the new model (the ``validating`` stage is its:
-        :meth:`daemon.model.Model.replace` checks the file and the memory once, for every
+        :meth:`daemon.models.model.Model.replace` checks the file and the memory once, for every
         path); ``validate`` is what checks it again before each later restart.
 
         Cancellation: before the take-over, cancelling stops the new child and leaves

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._gguf_header import GGUFInfo
+from .gguf._header import GGUFInfo
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 

@@ -9,7 +9,7 @@ that template (llama.cpp's common/chat.cpp); llamad only passes them through. It
 ``{"type": "function", ...}`` object: a named function is sent as that tool alone with
 ``required`` (:meth:`ToolUse.to_json`).
 
-Values here are already validated (:mod:`daemon.validation`); JSON texts (a schema, a
+Values here are already validated (:mod:`daemon.checks.validation`); JSON texts (a schema, a
 call's arguments) are known to parse.
 """
 

@@ -82,7 +82,7 @@ class EndpointError(ChildRequestError):
     """An external OpenAI-compatible endpoint cannot be used, and why.
 
     Attributes:
-        kind: the reason, named (see :data:`supervisor._endpoint.ENDPOINT_KINDS`).
+        kind: the reason, named (see :data:`supervisor.endpoint._client.ENDPOINT_KINDS`).
         permanent: True when retrying the same endpoint settings cannot help (a wrong
             key, a model it does not offer, a server that is not an OpenAI endpoint).
         status: the HTTP status when one arrived.

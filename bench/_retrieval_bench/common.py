@@ -21,7 +21,7 @@ from bench._retrieval import (
 from bench._support import (
     foreign_benchmarks,
 )
-from daemon.retrieval_bridge import ChildEmbedder
+from daemon.services.retrieval_bridge import ChildEmbedder
 from retrieval import RetrievalLimits
 from tests.support.embedder import FixedEmbedder
 

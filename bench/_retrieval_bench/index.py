@@ -21,7 +21,7 @@ from bench._retrieval import (
 from bench._retrieval_bench.common import TableEmbedder, proc_kb, reset_peak_rss
 from retrieval import RetrievalLimits, Retriever, redact
 from retrieval._ingest import content_hash
-from retrieval._store import ChunkRow, DocumentRow, Store
+from retrieval.store._metadata import ChunkRow, DocumentRow, Store
 
 
 @dataclass

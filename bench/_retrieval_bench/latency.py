@@ -30,7 +30,7 @@ from bench._retrieval_bench.metrics import brute_force, exact_top, summary, time
 from bench._retrieval_bench.quality import chunk_docs
 from retrieval import Filters, Retriever
 from retrieval import Query as Options
-from retrieval._vectors import VectorIndex
+from retrieval.store._vectors import VectorIndex
 
 
 @dataclass

@@ -19,7 +19,7 @@ from bench._retrieval_bench.common import DEEP, SEARCH_N, SWEEP_DEPTH, SWEEP_K, 
 from bench._retrieval_bench.metrics import doc_ranking, ndcg, recall
 from retrieval import Filters, RetrievalLimits, Retriever
 from retrieval import Query as Options
-from retrieval._fusion import rrf
+from retrieval.search._fusion import rrf
 
 # -- stages -----------------------------------------------------------------------------
 

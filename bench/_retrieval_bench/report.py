@@ -113,7 +113,7 @@ def quality_section(rows: Sequence[QualityRow], env: list[str], limits: Retrieva
                 for r in rows) + "."]
     out += ["", "nDCG@10 of RRF over the same depth-100 candidate lists, mean over the "
             "collections (rows: RRF k, columns: candidates per side; offline with "
-            "`retrieval._fusion.rrf`):", ""]
+            "`retrieval.search._fusion.rrf`):", ""]
     sweep_rows = []
     for rk in SWEEP_K:
         sweep_rows.append([str(rk)] + [

@@ -1,6 +1,6 @@
 """Grounded answers (AnswerService/Ask): prompt assembly, response cache, audit log."""
 
-from ..audit import AuditLog
+from ..telemetry.audit import AuditLog
 from ._cache import CachedAnswer, ResponseCache
 from ._prompt import TASKS, Assembled, PromptTooLarge, assemble, load_template
 from ._service import NO_CONTEXT_ANSWER, AnswerServicer, AnswerSettings

@@ -24,14 +24,15 @@ from llamad_protocol.v1 import inference_pb2 as ipb
 from retrieval import Hit, Query, Retriever, VectorUnavailable, redact
 from supervisor import TokenizeUnavailableError
 
-from .. import rpc, validation
-from ..audit import AuditLog
+from ..checks import validation
 from ..config import AnswerConfig, Limits
 from ..errors import InvalidArgument, OutOfRange
-from ..metrics import Metrics
-from ..retrieval_bridge import estimate_tokens
-from ..retrieval_wire import MODES, SOURCES, filters_from, mode_name
-from ..router import InferenceRouter
+from ..grpcapi import rpc
+from ..grpcapi.retrieval_wire import MODES, SOURCES, filters_from, mode_name
+from ..models.router import InferenceRouter
+from ..services.retrieval_bridge import estimate_tokens
+from ..telemetry.audit import AuditLog
+from ..telemetry.metrics import Metrics
 from ._cache import CachedAnswer, ResponseCache
 from ._prompt import PromptTooLarge, assemble
 

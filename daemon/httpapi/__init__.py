@@ -2,8 +2,8 @@
 
 Served by aiohttp's low-level server (:mod:`._server`) in the daemon's own event loop:
 no thread, no second loop. Requests go through the same router, admission control,
-access tokens, metrics and summary log line as gRPC calls (:mod:`daemon.inference`,
-:meth:`daemon.auth.AuthInterceptor.check`, :func:`daemon.rpc.write_summary`).
+access tokens, metrics and summary log line as gRPC calls (:mod:`daemon.services.inference`,
+:meth:`daemon.grpcapi.auth.AuthInterceptor.check`, :func:`daemon.grpcapi.rpc.write_summary`).
 
 Modules: :mod:`._server` (listener, per-request frame, aiohttp's own errors in JSON),
 :mod:`._context` (what every handler works with: the daemon's objects, request values),

@@ -21,7 +21,7 @@ from google.protobuf import json_format
 
 from llamad_protocol.v1 import answer_pb2 as apb
 
-from ..rpc import Call
+from ..grpcapi.rpc import Call
 from . import _parse
 from ._context import Api, json_response, open_stream, time_remaining
 from ._errors import ApiError

@@ -1,7 +1,7 @@
 """The chat generation core shared by the routes of other APIs' shapes (``/v1/responses``,
 ``/v1/messages``): their bodies are translated into a chat-completions body, which is
 read and validated by :mod:`._parse` exactly as ``/v1/chat/completions``' is, then
-generated through :func:`daemon.inference.admitted_generation` (the same admission
+generated through :func:`daemon.services.inference.admitted_generation` (the same admission
 queue, refusals, deadline, metrics and per-call log fields as chat completions).
 
 A client that goes away cancels the handler (aiohttp's handler cancellation), which
@@ -21,8 +21,8 @@ from aiohttp import web
 from supervisor import ChildRequestError, Chunk, Message, Sampling, ToolCallDelta, ToolUse
 
 from ..errors import InvalidArgument
-from ..inference import Meter, Usage, admitted_generation
-from ..rpc import Call
+from ..grpcapi.rpc import Call
+from ..services.inference import Meter, Usage, admitted_generation
 from . import _parse
 from ._context import RECEIVED, REQUEST_ID, STREAM, Api, json_response, time_remaining
 from ._errors import ParamError, http_param

@@ -13,9 +13,9 @@ import orjson
 from aiohttp import web
 
 from ..config import Limits
-from ..metrics import Metrics
-from ..router import InferenceRouter
-from ..rpc import Call
+from ..grpcapi.rpc import Call
+from ..models.router import InferenceRouter
+from ..telemetry.metrics import Metrics
 from ._models import Catalog
 
 if TYPE_CHECKING:

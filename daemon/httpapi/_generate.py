@@ -1,6 +1,6 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions``: whole or streamed.
 
-Both go through :func:`daemon.inference.admitted_generation`, as gRPC's Chat and
+Both go through :func:`daemon.services.inference.admitted_generation`, as gRPC's Chat and
 Generate do: the same admission queue, refusals and metrics. A stream's headers are sent
 once its first chunk has come from the child, so a refusal before any token (an invalid
 grammar, a child that failed) is still an HTTP status; a failure after that ends the
@@ -18,10 +18,10 @@ from aiohttp import web
 
 from supervisor import ChildRequestError, Chunk, Sampling, TokenLogprobs
 
-from ..backend import InferenceBackend
 from ..config import Limits
-from ..inference import Meter, Usage, admitted_generation
-from ..rpc import Call
+from ..grpcapi.rpc import Call
+from ..models.backend import InferenceBackend
+from ..services.inference import Meter, Usage, admitted_generation
 from . import _parse
 from ._context import RECEIVED, Api, json_response, open_stream, time_remaining
 from ._shapes import DONE, Shape, ToolCalls

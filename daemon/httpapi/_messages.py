@@ -31,8 +31,8 @@ from aiohttp import web
 
 from supervisor import ToolCallDelta, Turn
 
-from ..inference import Usage
-from ..rpc import Call
+from ..grpcapi.rpc import Call
+from ..services.inference import Usage
 from . import _parse
 from ._chat import (
     FROM,

@@ -1,6 +1,6 @@
 """The model catalog as the HTTP API shows it, and ``model`` resolved against it.
 
-With the daemon's model pool (:class:`daemon.pool.Pool`), the catalog is the pool's:
+With the daemon's model pool (:class:`daemon.models.pool.Pool`), the catalog is the pool's:
 every model of ``[models.NAME]``, ``models_dir``, the preset and the roles' defaults, by
 its catalog name; a request may name it by that name, an alias, its GGUF file name, or
 (for a role's default) the role itself, and is routed to that model (loaded on demand,
@@ -20,14 +20,14 @@ from typing import Any, Protocol
 
 from supervisor import SupervisorError
 
-from .._config_resolved import ChildConfig
-from ..backend import InferenceBackend
-from ..pool import ModelView
+from ..config._resolved import ChildConfig
+from ..models.backend import InferenceBackend
+from ..models.pool import ModelView
 from ._errors import ApiError
 
 
 class Served(Protocol):
-    """What the catalog needs of a role's model (:class:`daemon.model.Model`)."""
+    """What the catalog needs of a role's model (:class:`daemon.models.model.Model`)."""
 
     @property
     def role(self) -> str: ...
@@ -39,7 +39,7 @@ class Served(Protocol):
 
 
 class Pooled(Protocol):
-    """What the catalog needs of the model pool (:class:`daemon.pool.Pool`)."""
+    """What the catalog needs of the model pool (:class:`daemon.models.pool.Pool`)."""
 
     def models(self) -> Sequence[ModelView]: ...
 

@@ -1,7 +1,7 @@
 """Request bodies of the HTTP API, read into what the gRPC API is validated into.
 
 Each JSON field is type-checked here, naming the parameter as OpenAI spells it; the
-values are then put in the gRPC request messages and validated by :mod:`daemon.validation`,
+values are then put in the gRPC request messages and validated by :mod:`daemon.checks.validation`,
 so both APIs accept and refuse exactly the same values under the same named limits.
 Parameters llamad cannot honour (``n`` > 1, OpenAI's legacy ``functions``, ``echo``,
 ``suffix``, ...) are refused by name rather than ignored; fields it does not know are
@@ -19,11 +19,12 @@ import orjson
 from llamad_protocol.v1 import inference_pb2 as pb
 from supervisor import Message, Sampling, ToolUse
 
-from .. import schema_check, tools, validation
+from ..checks import schema as schema_check
+from ..checks import tools, validation
+from ..checks.grammar import GrammarRefused
 from ..config import Limits
 from ..errors import InvalidArgument
-from ..grammar_check import GrammarRefused
-from ..inference import EmbedInput
+from ..services.inference import EmbedInput
 from . import _token_ids as _token_ids_mod
 from ._errors import ApiError, ParamError, http_param
 from ._tools import read_message_tools, read_tools

@@ -34,8 +34,8 @@ from aiohttp import web
 
 from supervisor import ToolCallDelta
 
-from ..inference import Usage
-from ..rpc import Call
+from ..grpcapi.rpc import Call
+from ..services.inference import Usage
 from . import _parse
 from ._chat import (
     FROM,

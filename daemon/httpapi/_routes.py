@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 from aiohttp import web
 
-from ..inference import embed
-from ..rpc import Call
+from ..grpcapi.rpc import Call
+from ..services.inference import embed
 from . import _ask, _generate, _messages, _parse, _responses
 from ._context import Api, json_response, time_remaining
 from ._errors import ApiError, ParamError, same_style

@@ -4,17 +4,17 @@ grpc.aio.
 Every request goes through one frame (:meth:`HttpApi._dispatch`): its request id
 (``x-request-id`` taken when it is 1 to 128 visible ASCII characters, else made; always
 echoed), the route and its method, the bearer token checked by the gRPC interceptor's own
-rules (:meth:`daemon.auth.AuthInterceptor.check`), the body read within
+rules (:meth:`daemon.grpcapi.auth.AuthInterceptor.check`), the body read within
 ``http.body_timeout`` and ``http.max_body_bytes``, the handler, any error as OpenAI's error
 object (:mod:`._errors`), and one summary line and the request metrics, as for gRPC
-(:func:`daemon.rpc.write_summary`, ``protocol="http"``). Requests aiohttp itself cannot
+(:func:`daemon.grpcapi.rpc.write_summary`, ``protocol="http"``). Requests aiohttp itself cannot
 parse (a malformed request line, a header past ``http.max_header_bytes``, more than
 ``http.max_headers`` headers) get the same JSON error object, never its text or HTML page.
 
 A connection that sends no complete request head within ``http.idle_timeout`` is closed
 (aiohttp's keep-alive timer runs from the connection's start: a slowloris head is cut
 off like an idle connection). The listener holds at most ``connections.http_max``
-connections, ``connections.per_peer_max`` of one address (:class:`daemon.connlimits.
+connections, ``connections.per_peer_max`` of one address (:class:`daemon.grpcapi.connlimits.
 ConnectionCap`): past either, a new connection is answered 503 (its JSON error naming the
 option) and closed at once, so a flood cannot take the daemon's descriptors.
 
@@ -39,14 +39,14 @@ from aiohttp import HttpVersion11, web, web_protocol
 from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
 
-from ..access import TlsMaterial, server_ssl_context
 from ..answer import AnswerServicer
-from ..auth import AuthInterceptor
 from ..config import HttpSettings, Limits
-from ..connlimits import ConnectionCap, counted_listeners
-from ..metrics import Metrics
-from ..router import InferenceRouter
-from ..rpc import Call, write_summary
+from ..config.access import TlsMaterial, server_ssl_context
+from ..grpcapi.auth import AuthInterceptor
+from ..grpcapi.connlimits import ConnectionCap, counted_listeners
+from ..grpcapi.rpc import Call, write_summary
+from ..models.router import InferenceRouter
+from ..telemetry.metrics import Metrics
 from . import _parse
 from ._context import RECEIVED, REQUEST_ID, STREAM, Api
 from ._errors import ApiError, api_error
@@ -140,9 +140,9 @@ class HttpApi:
 
     Args:
         router: the daemon's router (admission, drain).
-        served: role -> model (:class:`daemon.model.Model`), for the catalog without a
+        served: role -> model (:class:`daemon.models.model.Model`), for the catalog without a
             pool.
-        pool: the model pool (:class:`daemon.pool.Pool`): the catalog, and where a named
+        pool: the model pool (:class:`daemon.models.pool.Pool`): the catalog, and where a named
             model is routed.
         limits: the request limits in force (a reload changes them).
         settings: ``[http]``, fixed at start.

@@ -14,7 +14,7 @@ import orjson
 
 from supervisor import TokenLogprob, TokenLogprobs, ToolCallDelta
 
-from ..inference import Usage
+from ..services.inference import Usage
 
 DONE = b"data: [DONE]\n\n"
 

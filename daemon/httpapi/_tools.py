@@ -3,7 +3,7 @@ and the tool parts of ``messages`` (an assistant's ``tool_calls``, a ``tool`` me
 ``tool_call_id``), read into a gRPC ``ChatRequest``.
 
 Only JSON types are checked here, naming the parameter as OpenAI spells it; the values
-are then validated by :mod:`daemon.tools` and :mod:`daemon.validation`, as gRPC's Chat
+are then validated by :mod:`daemon.checks.tools` and :mod:`daemon.checks.validation`, as gRPC's Chat
 is. OpenAI's legacy ``functions`` and ``function_call`` stay refused (:mod:`._parse`).
 """
 
@@ -16,8 +16,8 @@ import orjson
 
 from llamad_protocol.v1 import inference_pb2 as pb
 
-from ..grammar_check import GrammarRefused
-from ..schema_check import check_depth
+from ..checks.grammar import GrammarRefused
+from ..checks.schema import check_depth
 from ._errors import ParamError
 
 _MODES = {"auto": pb.TOOL_CHOICE_MODE_AUTO, "none": pb.TOOL_CHOICE_MODE_NONE,

@@ -44,7 +44,7 @@ HEALTH_EMBEDDING: Final = "embedding"
 
 HEALTH_NAMES: Final = (HEALTH_OVERALL, HEALTH_GENERATION, HEALTH_EMBEDDING, INFERENCE_SERVICE,
                        CONTROL_SERVICE, RETRIEVAL_SERVICE)
-"""Every fixed service name llamad reports to grpc.health.v1 (``daemon/health.py`` says when
+"""Every fixed service name llamad reports to grpc.health.v1 (``daemon/grpcapi/health.py`` says when
 each is SERVING); besides these, one :data:`HEALTH_MODEL_PREFIX` entry per catalog model;
 any other name is SERVICE_UNKNOWN."""
 HEALTH_MODEL_PREFIX: Final = "model/"

@@ -177,7 +177,7 @@ import asyncio, os, shutil, sys
 from pathlib import Path
 import numpy as np
 from retrieval import Retriever, StorageFull
-from retrieval._vectors import VectorIndex
+from retrieval.store._vectors import VectorIndex
 
 disk = Path(sys.argv[1])
 

@@ -9,8 +9,8 @@ import ssl
 import httpx
 import pytest
 
-from daemon.access import load_tls
-from daemon.connlimits import ConnectionCap
+from daemon.config.access import load_tls
+from daemon.grpcapi.connlimits import ConnectionCap
 from tests.support.httpapi import serving
 from tests.support.pki import Issued, Pki
 

@@ -24,17 +24,17 @@ from retrieval import (
     RetrievalLimits,
     Retriever,
 )
-from retrieval._pg_connect import PgOptions
-from retrieval._pg_schema import (
+from retrieval.postgres._connect import PgOptions
+from retrieval.postgres._schema import (
     SCHEMA_VERSION,
     ensure_vector_space,
     hnsw_index_name,
     migrate,
     schema_version,
 )
-from retrieval._pg_store import PostgresStore
-from retrieval._pg_store_vectors import Space
-from retrieval._store import ChunkRow, DocumentRow, SourceRow
+from retrieval.postgres._store import PostgresStore
+from retrieval.postgres._vectors import Space
+from retrieval.store._metadata import ChunkRow, DocumentRow, SourceRow
 from tests.support.embedder import DOCS, HashEmbedder, fill
 
 

@@ -1,4 +1,4 @@
-"""BM25 in plain SQL on the PostgreSQL store (retrieval/_pg_bm25.py), against a real
+"""BM25 in plain SQL on the PostgreSQL store (retrieval/postgres/_bm25.py), against a real
 PostgreSQL 18 (tests/support/postgres.py): scores equal a BM25 computed in Python, the
 statistics stay exact through adds, replacements and deletes, two nodes writing at once
 lose no update (and the check used would see a lost one), and a database made before the
@@ -16,12 +16,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from retrieval._bm25 import Filters
-from retrieval._pg_bm25 import chunk_terms, reference_scores
-from retrieval._pg_connect import PgOptions
-from retrieval._pg_schema import SCHEMA_VERSION, migrate
-from retrieval._pg_store import PostgresStore
-from retrieval._store import ChunkRow, DocumentRow, SourceRow
+from retrieval.postgres._bm25 import chunk_terms, reference_scores
+from retrieval.postgres._connect import PgOptions
+from retrieval.postgres._schema import SCHEMA_VERSION, migrate
+from retrieval.postgres._store import PostgresStore
+from retrieval.store._bm25 import Filters
+from retrieval.store._metadata import ChunkRow, DocumentRow, SourceRow
 from tests.support.postgres import PgServer
 
 TEXTS = [

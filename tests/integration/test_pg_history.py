@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from retrieval import Query, RetrievalLimits, Retriever
-from retrieval._pg_connect import PgOptions
+from retrieval.postgres._connect import PgOptions
 from supervisor import ManualClock
 from tests.support.embedder import HashEmbedder
 from tests.support.postgres import two_nodes

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from daemon.cli import main
-from daemon.statelock import StateLock
+from daemon.ops.statelock import StateLock
 from retrieval import PgOptions, Query, Retriever
-from retrieval._pg_store import PostgresStore
+from retrieval.postgres._store import PostgresStore
 from tests.conftest import ROOT
 from tests.support.embedder import HashEmbedder
 

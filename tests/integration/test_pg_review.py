@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from retrieval import Embedder, Query, RetrievalLimits, Retriever
-from retrieval._pg_connect import PgOptions
-from retrieval._pg_indexes import PgDocumentStore, PgIndexes
+from retrieval.postgres._connect import PgOptions
+from retrieval.postgres._indexes import PgDocumentStore, PgIndexes
 from tests.support.embedder import fill
 from tests.support.postgres import two_nodes
 from tests.unit import test_review as embedded

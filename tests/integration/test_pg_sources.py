@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from retrieval import Embedder, Filters, Query, RetrievalLimits, Retriever
-from retrieval._pg_connect import PgOptions
+from retrieval.postgres._connect import PgOptions
 from tests.support.embedder import fill
 from tests.support.postgres import two_nodes
 from tests.unit import test_sources as embedded

@@ -20,18 +20,18 @@ import pytest
 import structlog.testing
 from psycopg import sql
 
-from retrieval._bm25 import Filters
-from retrieval._pg_connect import PgOptions
-from retrieval._pg_schema import SCHEMA_VERSION
-from retrieval._pg_search import vector_statement
-from retrieval._pg_store import PostgresStore
-from retrieval._store import ChunkRow, DocumentRow, SourceRow
 from retrieval.errors import (
     EmbeddingModelMismatch,
     InvalidDocument,
     SchemaTooNew,
     StoreUnavailable,
 )
+from retrieval.postgres._connect import PgOptions
+from retrieval.postgres._schema import SCHEMA_VERSION
+from retrieval.postgres._search import vector_statement
+from retrieval.postgres._store import PostgresStore
+from retrieval.store._bm25 import Filters
+from retrieval.store._metadata import ChunkRow, DocumentRow, SourceRow
 from tests.support.postgres import PgServer
 
 MODEL, DIM = "test-embed", 4
@@ -311,8 +311,8 @@ def test_a_node_notices_that_its_lock_session_was_lost(pg_dsn: str,
 
 _HOLDER = """
 import sys, time
-from retrieval._pg_connect import PgOptions
-from retrieval._pg_store import PostgresStore
+from retrieval.postgres._connect import PgOptions
+from retrieval.postgres._store import PostgresStore
 store = PostgresStore.open(PgOptions(sys.argv[1]))
 print("held:", store.try_scan_lock("docs"), flush=True)
 time.sleep(120)

@@ -121,10 +121,10 @@ async def test_swap_that_does_not_fit_needs_stop_old_first(
     running: tuple[Daemon, Clients], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without room for both children the swap refuses, unless told to stop the old first."""
-    import daemon.memory
+    import daemon.models.memory
 
     _, c = running
-    monkeypatch.setattr(daemon.memory, "memory_available", lambda: 64 * 1024 * 1024)
+    monkeypatch.setattr(daemon.models.memory, "memory_available", lambda: 64 * 1024 * 1024)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await swap(c, model_path=str(model_path(DEFAULT_MODEL)))
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION

@@ -1,9 +1,9 @@
 """A scripted inference backend and a role around it, for unit tests of the servicers
 (Inference, Answer) through the real router and admission, with no child process.
 
-:class:`FakeBackend` implements :class:`daemon.backend.InferenceBackend`; it records what
+:class:`FakeBackend` implements :class:`daemon.models.backend.InferenceBackend`; it records what
 it was asked and answers from its script. :class:`FakeRole` is what the router needs of a
-role: a real :class:`daemon.admission.Admission` and the backend (or the error a role that
+role: a real :class:`daemon.models.admission.Admission` and the backend (or the error a role that
 is not ready raises).
 """
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from daemon.admission import Admission
-from daemon.backend import InferenceBackend
 from daemon.errors import InvalidArgument, RequestError
+from daemon.models.admission import Admission
+from daemon.models.backend import InferenceBackend
 from supervisor import (
     LLAMA_CPP,
     ChildRequestError,

@@ -6,7 +6,7 @@ chunks under one heading.
 
 from __future__ import annotations
 
-from retrieval._chunk import Chunk
+from retrieval.chunking._chunker import Chunk
 
 # --- fixtures ----------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from retrieval._chunk import Chunk, chunk_text
+from retrieval.chunking._chunker import Chunk, chunk_text
 
 FENCE_LINE = re.compile(r"[ \t]*(`{3,}|~{3,})")
 

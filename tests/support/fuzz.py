@@ -34,25 +34,25 @@ from google.protobuf.message import DecodeError, Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daemon import validation
 from daemon.answer import AnswerSettings
 from daemon.answer._service import AnswerServicer
+from daemon.checks import validation
 from daemon.errors import InvalidArgument
-from daemon.servicers import _role
-from daemon.swaps import check_plan_model
-from daemon.wire import Malformed, _guard_deserializer
+from daemon.grpcapi.inference import _role
+from daemon.grpcapi.wire import Malformed, _guard_deserializer
+from daemon.models.swaps import check_plan_model
 from llamad_protocol.v1 import answer_pb2 as apb
 from llamad_protocol.v1 import control_pb2, retrieval_pb2
 from llamad_protocol.v1 import inference_pb2 as pb
 from retrieval import KINDS, Retriever
-from retrieval._chunk import Chunk, chunk_text
-from retrieval._redact import PLACEHOLDER_PREFIX, redact
+from retrieval.chunking._chunker import Chunk, chunk_text
 from retrieval.errors import (
     MAX_DOCUMENT_ID_CHARS,
     InvalidDocument,
     validate_document_id,
     validate_source_id,
 )
+from retrieval.redaction._redactor import PLACEHOLDER_PREFIX, redact
 from tests.support.chunks import assert_covered, assert_guarantees
 from tests.support.requests import LIMITS, sampling_params
 

@@ -10,17 +10,17 @@ from dataclasses import dataclass, field
 import httpx
 import orjson
 
-from daemon._config_resolved import ChildConfig
-from daemon.access import TlsMaterial, TokenTable
-from daemon.admission import Admission
 from daemon.answer import AnswerServicer
-from daemon.auth import AuthInterceptor
-from daemon.backend import InferenceBackend
 from daemon.config import HttpSettings, Limits
-from daemon.connlimits import ConnectionCap
+from daemon.config._resolved import ChildConfig
+from daemon.config.access import TlsMaterial, TokenTable
+from daemon.grpcapi.auth import AuthInterceptor
+from daemon.grpcapi.connlimits import ConnectionCap
 from daemon.httpapi import HttpApi
-from daemon.metrics import Metrics
-from daemon.router import InferenceRouter
+from daemon.models.admission import Admission
+from daemon.models.backend import InferenceBackend
+from daemon.models.router import InferenceRouter
+from daemon.telemetry.metrics import Metrics
 from tests.support.backend import FakeBackend, FakeRole
 
 

@@ -26,7 +26,7 @@ import pytest
 from psycopg import conninfo, sql
 
 from retrieval import Retriever
-from retrieval._pg_connect import PgOptions
+from retrieval.postgres._connect import PgOptions
 from tests.support.embedder import HashEmbedder
 
 SUPERUSER = "postgres"

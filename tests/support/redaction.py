@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import string
 
-from retrieval._redact import Redacted, redact
+from retrieval.redaction._redactor import Redacted, redact
 
 ALNUM = string.ascii_letters + string.digits
 HEX = "0123456789abcdef"

@@ -1,4 +1,4 @@
-"""A :class:`daemon.model.Model` over the scripted supervisor doubles
+"""A :class:`daemon.models.model.Model` over the scripted supervisor doubles
 (:mod:`tests.support.scripted`): no processes, a manual clock, each launch's outcome
 decided by the test."""
 
@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from daemon import load
-from daemon.admission import Admission
-from daemon.children import Setup, make_setup
-from daemon.inference_mode import InferenceMode, Mode
-from daemon.model import Handover, Model, Target
+from daemon.config.inference_mode import InferenceMode, Mode
+from daemon.models.admission import Admission
+from daemon.models.children import Setup, make_setup
+from daemon.models.model import Handover, Model, Target
 from supervisor import (
     ExitCause,
     GGUFInfo,

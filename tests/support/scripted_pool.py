@@ -1,4 +1,4 @@
-"""A :class:`daemon.pool.Pool` over scripted models (:mod:`tests.support.scripted`): no
+"""A :class:`daemon.models.pool.Pool` over scripted models (:mod:`tests.support.scripted`): no
 processes, a manual clock, each model's launches decided by the test."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from daemon import load
-from daemon._catalog import Catalog, CatalogEntry
-from daemon._catalog_load import child_config
-from daemon._config_sections import PoolSettings
-from daemon.admission import Admission
-from daemon.children import make_setup
-from daemon.inference_mode import InferenceMode, Mode
-from daemon.metrics import Metrics
-from daemon.model import Handover, Model
-from daemon.pool import Pool
+from daemon.config._catalog import Catalog, CatalogEntry
+from daemon.config._catalog_load import child_config
+from daemon.config._sections import PoolSettings
+from daemon.config.inference_mode import InferenceMode, Mode
+from daemon.models.admission import Admission
+from daemon.models.children import make_setup
+from daemon.models.model import Handover, Model
+from daemon.models.pool import Pool
+from daemon.telemetry.metrics import Metrics
 from supervisor import ExitCause, LogRing, ManualClock, RestartPolicy, Supervisor
 from tests.support.models import write_model
 from tests.support.scripted import ScriptedLauncher

@@ -7,11 +7,11 @@ import asyncio
 import pytest
 
 from daemon import load
-from daemon.admission import Admission
-from daemon.children import make_setup
+from daemon.config.inference_mode import InferenceMode, Mode
 from daemon.errors import DeadlineUnmeetable, Overloaded
-from daemon.inference_mode import InferenceMode, Mode
-from daemon.model import ahead_for
+from daemon.models.admission import Admission
+from daemon.models.children import make_setup
+from daemon.models.model import ahead_for
 from supervisor import BundledRuntime, LlamaServerRuntime, Runtime
 
 

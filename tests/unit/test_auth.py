@@ -15,8 +15,9 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
 import llamad_protocol.v1
-from daemon import access, auth
-from daemon.access import AccessError, load_tls, load_tokens
+from daemon.config import access
+from daemon.config.access import AccessError, load_tls, load_tokens
+from daemon.grpcapi import auth
 from retrieval import SourceNotAllowed, check_root
 from tests.support.pki import Pki
 
@@ -45,7 +46,7 @@ def test_every_rpc_of_every_service_has_a_role() -> None:
     services[reflection.full_name] = [m.name for m in reflection.methods]
     expected = {f"/{svc}/{name}" for svc, names in services.items() for name in names}
     missing = expected - set(auth.METHOD_ROLES)
-    assert not missing, f"RPCs without an access role in daemon/auth.py: {sorted(missing)}"
+    assert not missing, f"RPCs without an access role in daemon/grpcapi/auth.py: {sorted(missing)}"
     stale = set(auth.METHOD_ROLES) - expected
     assert not stale, f"roles for RPCs that do not exist: {sorted(stale)}"
     assert set(auth.METHOD_ROLES.values()) <= set(access.ROLES)

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from daemon.balancing import AgentServer, Drainer, agent_reply, in_flight
 from daemon.config import ConfigError, load
-from daemon.inference_mode import InferenceMode, Mode
+from daemon.config.inference_mode import InferenceMode, Mode
+from daemon.ops.balancing import AgentServer, Drainer, agent_reply, in_flight
 from supervisor import State
 
 

@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrieval._bm25 import (
+from retrieval.errors import IndexCorrupt, RetrievalError
+from retrieval.store._bm25 import (
     MAX_QUERY_WORDS,
     Filters,
     IndexedChunk,
     TextIndex,
     exact_analyzer,
 )
-from retrieval.errors import IndexCorrupt, RetrievalError
 
 NONE = Filters()
 DAY = 86_400

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon._catalog import role_of
-from daemon._config_sections import Settings
 from daemon.config import ConfigError
+from daemon.config._catalog import role_of
+from daemon.config._sections import Settings
 from supervisor import read_gguf_info
 from tests.support.config_load import load, write_toml
 from tests.support.models import write_model

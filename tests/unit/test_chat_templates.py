@@ -7,9 +7,9 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from daemon.backend import ChildBackend
-from daemon.children import ModelFacts, Setup
 from daemon.errors import FailedPrecondition
+from daemon.models.backend import ChildBackend
+from daemon.models.children import ModelFacts, Setup
 from supervisor import (
     BundledRuntime,
     GGUFInfo,

@@ -10,8 +10,8 @@ import logging
 import pytest
 import structlog
 
-from daemon import logs
-from daemon.logs import ChildLogForwarder, child_line_level
+from daemon.telemetry import logs
+from daemon.telemetry.logs import ChildLogForwarder, child_line_level
 
 
 @pytest.mark.parametrize(("line", "level"), [
@@ -85,6 +85,6 @@ def test_structlog_and_stdlib_lines_share_one_json_stream() -> None:
         ("failed", "error", "llamad.test"),
     ]
     assert records[0]["n"] == 1 and records[0]["ratio"] == 0.5
-    assert "daemon.logs" in records[0]["path"]  # not JSON-able: written as its repr
+    assert "daemon.telemetry.logs" in records[0]["path"]  # not JSON-able: written as its repr
     assert all(r["timestamp"].endswith("Z") for r in records)
     assert "ValueError: boom" in records[3]["exception"]

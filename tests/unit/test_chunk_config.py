@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from retrieval._chunk import chunk_text
+from retrieval.chunking._chunker import chunk_text
 from tests.support.chunk_samples import CISCO, JUNIPER, chunks_with_heading
 from tests.support.chunks import assert_covered
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrieval._chunk import chunk_text
-from retrieval._kinds import KINDS
+from retrieval.chunking._chunker import chunk_text
+from retrieval.extraction._kinds import KINDS
 from tests.support.chunk_samples import (
     CISCO,
     COMPOSE,

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrieval._chunk import chunk_text
+from retrieval.chunking._chunker import chunk_text
 from tests.support.chunk_samples import INVENTORY, json_files
 from tests.support.chunks import assert_covered, assert_guarantees
 from tests.support.scaling import assert_linear

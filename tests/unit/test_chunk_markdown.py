@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from retrieval._chunk import chunk_text
+from retrieval.chunking._chunker import chunk_text
 from tests.support.chunk_samples import NESTED_LINES, NGINX_LINES, RUNBOOK, chunks_with_heading
 from tests.support.chunks import body, open_fence_at_end
 

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from retrieval._chunk import chunk_text
+from retrieval.chunking._chunker import chunk_text
 from tests.support.chunk_samples import PLAIN, SENTENCES
 
 # --- prose -------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ with its class line atop each piece, and the rest packed between.
 
 from __future__ import annotations
 
-from retrieval._chunk import chunk_text
+from retrieval.chunking._chunker import chunk_text
 from tests.support.chunk_samples import PYTHON, python_files
 from tests.support.chunks import assert_covered, assert_guarantees
 from tests.support.scaling import assert_linear

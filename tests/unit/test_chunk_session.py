@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from retrieval._chunk import chunk_text
-from retrieval._chunk_session import PROMPT
+from retrieval.chunking._chunker import chunk_text
+from retrieval.chunking._session import PROMPT
 from tests.support.chunk_samples import NGINX_STATUS, SESSION, sessions
 from tests.support.chunks import assert_covered, assert_guarantees
 from tests.support.scaling import assert_linear

@@ -5,7 +5,7 @@ function too big for a chunk cut with its definition line atop each piece.
 
 from __future__ import annotations
 
-from retrieval._chunk import chunk_text
+from retrieval.chunking._chunker import chunk_text
 from tests.support.chunk_samples import SHELL, shell_scripts
 from tests.support.chunks import assert_covered, assert_guarantees
 from tests.support.scaling import assert_linear

@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrieval._chunk import chunk_text
+from retrieval.chunking._chunker import chunk_text
 from tests.support.chunk_samples import COMPOSE, data_files
 from tests.support.chunks import assert_covered, assert_guarantees
 from tests.support.scaling import assert_linear

@@ -11,7 +11,7 @@ from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from clients import Client, errors
-from clients._cli import describe, exit_code
+from clients.cli._commands import describe, exit_code
 from clients.testing import FakeLlamad
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from clients import Client, TokenLogprobs, errors
-from clients._cli_generation import ControlError, add_controls, controls
 from clients._generation import sampling
+from clients.cli._generation import ControlError, add_controls, controls
 from clients.testing import FakeLlamad
 from daemon.cli import main
 from llamad_protocol.v1 import inference_pb2 as ipb

@@ -16,7 +16,7 @@ import pytest
 from clients import AsyncClient
 from clients.testing import FakeLlamad
 from daemon.cli import main
-from daemon.retrieval_service import RetrievalServicer
+from daemon.grpcapi.retrieval import RetrievalServicer
 from llamad_protocol.v1 import retrieval_pb2_grpc
 from retrieval import RetrievalLimits, Retriever
 from supervisor import ManualClock

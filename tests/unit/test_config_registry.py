@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 
 from daemon import config
-from daemon._config_options import options_of, setting
-from daemon._config_resolved import _Read
 from daemon.config import (
     OPTIONS,
     ChildConfig,
@@ -22,6 +20,8 @@ from daemon.config import (
     example_config,
     value_of,
 )
+from daemon.config._options import options_of, setting
+from daemon.config._resolved import _Read
 
 MODELS = {"LLAMAD_GENERATION_MODEL": "/m/gen.gguf", "LLAMAD_EMBEDDING_MODEL": "/m/emb.gguf"}
 

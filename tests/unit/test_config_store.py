@@ -9,7 +9,7 @@ import re
 import pytest
 
 from daemon.config import ConfigError
-from daemon.retrieval_bridge import postgres_from
+from daemon.services.retrieval_bridge import postgres_from
 from retrieval import PgOptions
 from tests.support.config_load import load
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from daemon.retrieval_bridge import rescan_loop
+from daemon.services.retrieval_bridge import rescan_loop
 from retrieval import RetrievalLimits, Retriever, scan_source
-from retrieval._confine import SourceRoot, display_name
 from retrieval.errors import ExtractionError, SourceNotAllowed
+from retrieval.extraction._confine import SourceRoot, display_name
 from tests.support.races import OUTSIDE_DIR_WORD, swap_forever
 
 OUTSIDE_FILE_WORD = "zanzibarquokka"

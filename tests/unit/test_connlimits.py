@@ -1,6 +1,6 @@
 """The descriptor budget the listeners share, gRPC's channel arguments from
 ``[connections]``, the HTTP listener's connection count, and the per-peer guard's reading
-of the kernel's socket tables (daemon.connlimits, daemon.peerguard)."""
+of the kernel's socket tables (daemon.grpcapi.connlimits, daemon.grpcapi.peerguard)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from daemon.config import ConnectionSettings
-from daemon.connlimits import (
+from daemon.grpcapi.connlimits import (
     MIN_LISTENER,
     ConnectionCap,
     budget,
     counted_listeners,
     grpc_options,
 )
-from daemon.peerguard import connections, enforce
+from daemon.grpcapi.peerguard import connections, enforce
 
 S = ConnectionSettings()
 

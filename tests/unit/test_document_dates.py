@@ -11,14 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from retrieval import Filters, Query, Retriever, _extract_pdf, _pdf_worker, scan_source
-from retrieval._dates import (
+from retrieval import Filters, Query, Retriever, scan_source
+from retrieval.extraction import _pdf as _extract_pdf
+from retrieval.extraction import _pdf_worker
+from retrieval.extraction._dates import (
     front_matter_date,
     meta_date,
     parse_iso,
     parse_pdf_date,
 )
-from retrieval._extract import extract_bytes
+from retrieval.extraction._extract import extract_bytes
 from tests.support.embedder import HashEmbedder
 from tests.support.pdf import text_pdf
 

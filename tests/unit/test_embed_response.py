@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from daemon.inference import l2_rows as _l2_rows
-from daemon.servicers import _embedding
+from daemon.grpcapi.inference import _embedding
+from daemon.services.inference import l2_rows as _l2_rows
 from llamad_protocol.v1 import inference_pb2
 
 

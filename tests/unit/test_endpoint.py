@@ -28,7 +28,7 @@ from supervisor import (
     read_api_key,
     transport_error,
 )
-from supervisor._endpoint_launch import unusable
+from supervisor.endpoint._launch import unusable
 from tests.support.fake_openai import serve_fake_openai
 
 KEY = "sk-test-0123456789"

@@ -1,4 +1,4 @@
-"""Extraction (retrieval._extract) of files that are not what they claim: binary files
+"""Extraction (retrieval.extraction._extract) of files that are not what they claim: binary files
 (named .md, or control characters without NULs; ANSI colours are still text), files too
 large (refused by stat before reading), and special files: FIFOs (and symlinks to them)
 refused without blocking, devices and directories refused, symlinks to regular files
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from retrieval._extract import ExtractLimits, extract_bytes, extract_file
 from retrieval.errors import ExtractionError
+from retrieval.extraction._extract import ExtractLimits, extract_bytes, extract_file
 from tests.support.extraction import fails, write
 
 # --- binary and size ---------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Extraction (retrieval._extract) of HTML: scripts, styles and the head dropped, entities
-and whitespace resolved, block elements become newlines, the title from <title>, then <h1>,
+"""Extraction (retrieval.extraction._extract) of HTML: scripts, styles and the head dropped,
+entities and whitespace resolved, block elements become newlines, the title from <title>, then <h1>,
 then the stem; odd and unclosed markup tolerated; deep nesting fails fast at a configurable
 depth, and hostile or gigantic inputs take linear time.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from retrieval import Retriever
-from retrieval._extract import Extracted, ExtractLimits, extract_bytes
+from retrieval.extraction._extract import Extracted, ExtractLimits, extract_bytes
 from tests.support.extraction import fails
 from tests.support.scaling import assert_linear
 

@@ -1,4 +1,4 @@
-"""Extraction (retrieval._extract) by kind and encoding: the kind a file's suffix gives,
+"""Extraction (retrieval.extraction._extract) by kind and encoding: the kind a file's suffix gives,
 markdown titles (first H1, front matter, setext, the stem), text and config kinds, bytes
 and files extracted alike, newlines normalised; UTF-8/16/32 with and without BOMs, cp1252
 detected, and undecodable text refused as an encoding error with a hint.
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from retrieval._extract import Extracted, extract_bytes, extract_file, kind_for
 from retrieval.errors import ExtractionError, InvalidDocument
+from retrieval.extraction._extract import Extracted, extract_bytes, extract_file, kind_for
 from tests.support.extraction import fails, write
 
 # --- kinds -------------------------------------------------------------------------------

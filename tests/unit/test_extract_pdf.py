@@ -1,5 +1,5 @@
-"""Extraction (retrieval._extract) of PDFs, in the PDF worker process: text, titles (first
-line, metadata) and pages; image-only, encrypted and malformed PDFs refused with distinct
+"""Extraction (retrieval.extraction._extract) of PDFs, in the PDF worker process: text, titles
+(first line, metadata) and pages; image-only, encrypted and malformed PDFs refused with distinct
 clear errors; page, output, time and memory caps (decompression bombs fail fast); and a
 misbehaving worker (failing, endless, not reading stdin) never hurts the caller.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import structlog
 
-from retrieval import _extract_pdf
-from retrieval._extract import ExtractLimits, extract_bytes, extract_file
+from retrieval.extraction import _pdf as _extract_pdf
+from retrieval.extraction._extract import ExtractLimits, extract_bytes, extract_file
 from tests.support.extraction import fails, write
 from tests.support.pdf import (
     FONT,
@@ -240,13 +240,13 @@ def test_worker_that_does_not_read_stdin(tmp_path: Path, monkeypatch: pytest.Mon
 
 @pytest.mark.process
 def test_worker_runs_as_a_module(tmp_path: Path) -> None:
-    """``python -m retrieval._pdf_worker PATH`` prints the JSON result (manual use)."""
+    """``python -m retrieval.extraction._pdf_worker PATH`` prints the JSON result (manual use)."""
     import subprocess
 
     path = write(tmp_path, "m.pdf", text_pdf(b"Module run"))
     out = subprocess.run(
-        [sys.executable, "-m", "retrieval._pdf_worker", str(path), "--max-bytes", "100000",
-         "--max-pages", "10", "--max-output", "100000"],
+        [sys.executable, "-m", "retrieval.extraction._pdf_worker", str(path), "--max-bytes",
+         "100000", "--max-pages", "10", "--max-output", "100000"],
         capture_output=True, check=True, timeout=60,
     ).stdout
     assert b'"pages": ["Module run' in out

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from retrieval._fusion import FusedHit, best_score, fuse, rrf
+from retrieval.search._fusion import FusedHit, best_score, fuse, rrf
 
 
 def test_scores_are_the_sum_of_reciprocal_ranks() -> None:

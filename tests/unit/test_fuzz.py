@@ -1,5 +1,5 @@
 """Property-based fuzzing of what hostile callers and files reach first: request
-validation, the undecodable-bytes guard of daemon.wire, the chunkers, the embedding-context
+validation, the undecodable-bytes guard of daemon.grpcapi.wire, the chunkers, the embedding-context
 fitting of the retriever, and the redactor.
 
 The properties themselves are in :mod:`tests.support.fuzz` (shared with ``python -m
@@ -15,7 +15,7 @@ import random
 import pytest
 from hypothesis import settings
 
-from daemon.wire import Malformed, _guard_deserializer
+from daemon.grpcapi.wire import Malformed, _guard_deserializer
 from llamad_protocol.v1 import inference_pb2 as pb
 from llamad_protocol.v1 import retrieval_pb2
 from tests.support.fuzz import CI, PROPERTIES, Property, run

@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from daemon.admission import Admission
 from daemon.config import Limits
-from daemon.router import InferenceRouter
-from daemon.servicers import InferenceServicer
+from daemon.grpcapi.inference import InferenceServicer
+from daemon.models.admission import Admission
+from daemon.models.router import InferenceRouter
 from llamad_protocol.v1 import inference_pb2 as ipb
 from llamad_protocol.v1 import inference_pb2_grpc
 from supervisor import BUNDLED, OPENAI, Dialect, LogitBias, TokenLogprob, TokenLogprobs

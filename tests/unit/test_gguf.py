@@ -14,7 +14,7 @@ import gguf
 import pytest
 
 from supervisor import InvalidModelError
-from supervisor._gguf import GGUFInfo, read_gguf_info, sha256_file
+from supervisor.gguf._check import GGUFInfo, read_gguf_info, sha256_file
 from tests.support.models import write_model
 from tests.support.scaling import FLOOR_SECONDS, assert_linear, cpu_seconds
 
@@ -465,8 +465,8 @@ def test_prepared_models_read_fast(path: Path, monkeypatch: pytest.MonkeyPatch) 
         read.append(len(data))
         return data
 
-    monkeypatch.setattr("supervisor._gguf_cursor.os.pread", counting)
-    monkeypatch.setattr("supervisor._gguf._READ", {})  # read it, not what was read before
+    monkeypatch.setattr("supervisor.gguf._cursor.os.pread", counting)
+    monkeypatch.setattr("supervisor.gguf._check._READ", {})  # read it, not what was read before
     info = read_gguf_info(path)
     assert info.architecture
     assert info.tensor_count > 0

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from daemon._gbnf import ParseLimits, parse
-from daemon._grammar_cost import walks_per_token
-from daemon.grammar_check import GrammarLimits, GrammarRefused, check_grammar, nullable_rules
-from daemon.schema_check import check_schema, json_depth, regex_to_gbnf
+from daemon.checks._gbnf import ParseLimits, parse
+from daemon.checks._grammar_cost import walks_per_token
+from daemon.checks.grammar import GrammarLimits, GrammarRefused, check_grammar, nullable_rules
+from daemon.checks.schema import check_schema, json_depth, regex_to_gbnf
 
 LIMITS = GrammarLimits()
 

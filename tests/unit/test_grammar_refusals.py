@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from daemon import tools, validation
+from daemon.checks import tools, validation
 from daemon.config import Limits
 from daemon.errors import InvalidArgument
 from daemon.httpapi import _parse

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from retrieval import Retriever
-from retrieval._confine import SourceRoot
-from retrieval._group import GroupCommitter
+from retrieval.extraction._confine import SourceRoot
+from retrieval.store._group import GroupCommitter
 from tests.support.embedder import HashEmbedder
 
 
@@ -153,7 +153,7 @@ async def test_concurrent_ingests_share_embedding_requests(tmp_path: Path) -> No
 
 
 async def test_one_bad_text_does_not_fail_the_others_in_its_request() -> None:
-    from retrieval._group import EmbedBatcher
+    from retrieval.store._group import EmbedBatcher
 
     sent: list[list[str]] = []
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from daemon.health import NOT_SERVING, SERVING, HealthReporter
+from daemon.grpcapi.health import NOT_SERVING, SERVING, HealthReporter
 from llamad_protocol.v1.wire import HEALTH_MODEL_PREFIX
 from supervisor import State
 from tests.support.scripted import settle

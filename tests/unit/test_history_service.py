@@ -14,8 +14,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from daemon.answer import AnswerServicer, AnswerSettings, AuditLog, ResponseCache
 from daemon.config import Limits
-from daemon.retrieval_service import RetrievalServicer
-from daemon.router import InferenceRouter
+from daemon.grpcapi.retrieval import RetrievalServicer
+from daemon.models.router import InferenceRouter
 from llamad_protocol.v1 import answer_pb2 as apb
 from llamad_protocol.v1 import answer_pb2_grpc, retrieval_pb2_grpc
 from llamad_protocol.v1 import retrieval_pb2 as rpb

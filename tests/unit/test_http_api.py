@@ -14,9 +14,9 @@ import numpy as np
 import orjson
 import pytest
 
-from daemon import validation
-from daemon.access import load_tokens
+from daemon.checks import validation
 from daemon.config import ConfigError, HttpSettings, Limits
+from daemon.config.access import load_tokens
 from llamad_protocol.v1 import inference_pb2 as ipb
 from supervisor import ChildNotReadyError
 from tests.support import config_load

@@ -14,7 +14,7 @@ import pytest
 
 from daemon.answer import AnswerServicer, AnswerSettings, AuditLog, ResponseCache
 from daemon.config import Limits
-from daemon.router import InferenceRouter
+from daemon.models.router import InferenceRouter
 from retrieval import Retriever
 from tests.support.embedder import HashEmbedder, filled
 from tests.support.httpapi import client, events, serving

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import pytest
 
 from daemon.httpapi import ApiError, Catalog
-from daemon.pool import ModelView
+from daemon.models.pool import ModelView
 
 
 def _view(name: str, role: str, *, state: str = "ready", default: bool = False,

@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from daemon.config import Limits
-from daemon.router import InferenceRouter
-from daemon.servicers import InferenceServicer
+from daemon.grpcapi.inference import InferenceServicer
+from daemon.models.router import InferenceRouter
 from llamad_protocol.v1 import inference_pb2 as ipb
 from llamad_protocol.v1 import inference_pb2_grpc
 from supervisor import Tool, ToolCallDelta, ToolUse, Turn

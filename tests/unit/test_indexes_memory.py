@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from retrieval import RetrievalLimits, Retriever, _indexes
+from retrieval import RetrievalLimits, Retriever
+from retrieval.store import _indexes
 from tests.support.embedder import HashEmbedder
 
 SECTION = "Paragraph {i}: the nginx access log of web{i:03d} grew past its quota, " \

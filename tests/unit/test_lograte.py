@@ -1,4 +1,4 @@
-"""The log's rate limit (daemon.lograte) with an injected clock: identical lines past the
+"""The log's rate limit (daemon.telemetry.lograte) with an injected clock: identical lines past the
 limit are counted and summarised, the first ones always written; and as configured in the
 daemon's logging, a flood of identical tracebacks becomes a bounded number of lines."""
 
@@ -10,8 +10,8 @@ import logging
 
 import structlog
 
-from daemon import logs
-from daemon.lograte import MAX_KEYS, SUMMARY_EVENT, Key, RateLimiter
+from daemon.telemetry import logs
+from daemon.telemetry.lograte import MAX_KEYS, SUMMARY_EVENT, Key, RateLimiter
 
 
 class Clock:

@@ -15,14 +15,14 @@ import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.metrics import CHILD_STATES, CODES, EXIT_KINDS, METHODS, Metrics
-from daemon.metrics_http import (
+from daemon.ops.metrics_http import (
     CONTENT_TYPE,
     MAX_HEAD_BYTES,
     MAX_HEADERS,
     MetricsServer,
     serve_metrics,
 )
+from daemon.telemetry.metrics import CHILD_STATES, CODES, EXIT_KINDS, METHODS, Metrics
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon._config_options import ConfigError
 from daemon.cli import _parser, main
-from daemon.migrate_cli import resolve
+from daemon.config._options import ConfigError
+from daemon.ops.migrate_cli import resolve
 
 
 def parse(*argv: str) -> argparse.Namespace:

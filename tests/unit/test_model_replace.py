@@ -1,4 +1,4 @@
-"""The one make-before-break primitive (daemon.model.Model.replace) and the drain of an
+"""The one make-before-break primitive (daemon.models.model.Model.replace) and the drain of an
 unload, on scripted children and a manual clock: a new model that fails validation or
 readiness leaves the old one serving, untouched; success cuts over, then drains the old
 one (bounded), then stops it."""
@@ -9,10 +9,10 @@ import asyncio
 
 import pytest
 
-from daemon._model_states import ModelState
-from daemon.backend import DisabledBackend
-from daemon.inference_mode import InferenceMode, Mode
-from daemon.model import Target
+from daemon.config.inference_mode import InferenceMode, Mode
+from daemon.models._states import ModelState
+from daemon.models.backend import DisabledBackend
+from daemon.models.model import Target
 from supervisor import (
     State,
     SwapFailedError,

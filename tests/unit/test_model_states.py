@@ -1,4 +1,4 @@
-"""The model's own state machine (daemon/_model_states.py): every legal transition
+"""The model's own state machine (daemon/models/_states.py): every legal transition
 accepted, every illegal one rejected, the table exhaustive; and the model refusing an
 illegal change instead of fixing it up."""
 
@@ -8,9 +8,9 @@ import itertools
 
 import pytest
 
-from daemon._model_states import TRANSITIONS, ModelState, check_transition
+from daemon.config.inference_mode import InferenceMode
 from daemon.errors import Disabled
-from daemon.inference_mode import InferenceMode
+from daemon.models._states import TRANSITIONS, ModelState, check_transition
 from supervisor import IllegalTransitionError, State
 from tests.support.scripted import PERMANENT, settle
 from tests.support.scripted_model import rig, setup_for

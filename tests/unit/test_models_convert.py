@@ -16,7 +16,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from models import BERT_TOKENIZER_PRE, ConversionError, convert_bert_to_gguf
-from supervisor._gguf import read_gguf_info, sha256_file
+from supervisor.gguf._check import read_gguf_info, sha256_file
 from tests.support.models import (
     FFN,
     HEADS,

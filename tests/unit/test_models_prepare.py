@@ -35,7 +35,7 @@ from models import (
     verify,
 )
 from models._cli import main
-from supervisor._gguf import sha256_file
+from supervisor.gguf._check import sha256_file
 from tests.support.models import write_model, write_tiny_bert
 
 pytestmark = pytest.mark.process  # the real pip, in a subprocess

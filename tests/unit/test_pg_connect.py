@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from retrieval._pg_connect import PgOptions, check_dsn, describe, read_password, scrub
-from retrieval._pg_locks import scan_lock_key
 from retrieval.errors import StoreUnavailable
+from retrieval.postgres._connect import PgOptions, check_dsn, describe, read_password, scrub
+from retrieval.postgres._locks import scan_lock_key
 
 SECRET = "hunter2-Pg"
 

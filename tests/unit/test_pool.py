@@ -11,10 +11,10 @@ import grpc
 import pytest
 
 from daemon import errors
-from daemon._catalog import Catalog, CatalogEntry
+from daemon.config._catalog import Catalog, CatalogEntry
+from daemon.config.inference_mode import InferenceMode
 from daemon.errors import FailedPrecondition, InvalidArgument, ModelUnloaded, UnknownModel
-from daemon.inference_mode import InferenceMode
-from daemon.pool import Pool
+from daemon.models.pool import Pool
 from supervisor import (
     State,
     SwapFailedError,

@@ -10,9 +10,9 @@ import grpc
 import pytest
 
 from daemon.config import Config
-from daemon.control import ControlServicer
-from daemon.modes import ModeManager
-from daemon.swaps import SwapManager
+from daemon.grpcapi.control import ControlServicer
+from daemon.models.modes import ModeManager
+from daemon.models.swaps import SwapManager
 from llamad_protocol.v1 import common_pb2, control_pb2, control_pb2_grpc
 from supervisor import State
 from tests.support.inprocess import serving

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon._config_sections import PoolSettings
+from daemon.config._sections import PoolSettings
 from daemon.errors import Overloaded
-from daemon.metrics import Metrics
+from daemon.telemetry.metrics import Metrics
 from supervisor import State
 from tests.support.scripted import settle
 from tests.support.scripted_pool import Rig

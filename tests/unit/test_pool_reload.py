@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from daemon._catalog import Catalog, CatalogEntry
-from daemon._pool_reload import compare
-from daemon.children import Setup, make_setup
+from daemon.config._catalog import Catalog, CatalogEntry
 from daemon.errors import UnknownModel
+from daemon.models._pool_reload import compare
+from daemon.models.children import Setup, make_setup
 from supervisor import State
 from tests.support.models import write_model
 from tests.support.scripted import PERMANENT, settle

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from daemon.errors import DeadlineUnmeetable, FailedPrecondition, InvalidArgument, UnknownModel
-from daemon.router import InferenceRouter
+from daemon.models.router import InferenceRouter
 from supervisor import State
 from tests.support.scripted import PERMANENT, settle
 from tests.support.scripted_pool import Rig, until

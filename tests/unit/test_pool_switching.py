@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from daemon._config_sections import PoolSettings
+from daemon.config._sections import PoolSettings
 from daemon.errors import DeadlineUnmeetable, FailedPrecondition
-from daemon.health import HealthReporter
-from daemon.router import InferenceRouter
+from daemon.grpcapi.health import HealthReporter
+from daemon.models.router import InferenceRouter
 from llamad_protocol.v1.wire import HEALTH_GENERATION, HEALTH_MODEL_PREFIX
 from supervisor import State
 from tests.support.scripted import settle

@@ -20,7 +20,7 @@ import clients
 import daemon
 import supervisor
 from daemon import cli
-from daemon.health import HealthReporter
+from daemon.grpcapi.health import HealthReporter
 from llamad_protocol.v1 import answer_pb2, control_pb2, inference_pb2, retrieval_pb2, wire
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,7 +210,7 @@ def test_wire_service_names_match_the_protos() -> None:
 
 
 def test_daemon_reports_exactly_the_wire_health_names() -> None:
-    """``daemon/health.py`` reports every name of ``wire.HEALTH_NAMES`` and no other."""
+    """``daemon/grpcapi/health.py`` reports every name of ``wire.HEALTH_NAMES`` and no other."""
     assert set(HealthReporter({}).statuses()) == set(wire.HEALTH_NAMES)
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from clients._cli_verbs import _retrieval_line
 from clients._convert import retrieval_status
 from clients._types import RetrievalStatus as ClientStatus
-from daemon.retrieval_wire import vector_rebuild
+from clients.cli._verbs import _retrieval_line
+from daemon.grpcapi.retrieval_wire import vector_rebuild
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from retrieval import (
     Embedder,

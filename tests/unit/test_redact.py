@@ -1,4 +1,4 @@
-"""Redaction (retrieval._redact): a corpus of realistic secrets, each replaced with the
+"""Redaction (retrieval.redaction._redactor): a corpus of realistic secrets, each replaced with the
 right placeholder type; a corpus of look-alikes left untouched; idempotence, counts,
 linear time on hostile input, and a property test.
 
@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrieval._redact import Redacted, redact
+from retrieval.redaction._redactor import Redacted, redact
 from tests.support.scaling import assert_linear
 
 # --- fake secrets, built at run time -------------------------------------------------------

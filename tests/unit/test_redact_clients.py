@@ -15,8 +15,8 @@ import random
 
 import pytest
 
-from retrieval._redact import redact
-from retrieval._redact_normalize import fold, normalize
+from retrieval.redaction._normalize import fold, normalize
+from retrieval.redaction._redactor import redact
 from tests.support.redaction import ALNUM, P, check, fake_body
 
 body = functools.partial(fake_body, random.Random(20261206))

@@ -5,7 +5,7 @@ users and communities (net-snmp, Juniper); one test per shape, each with the exa
 
 from __future__ import annotations
 
-from retrieval._redact import redact
+from retrieval.redaction._redactor import redact
 from tests.support.redaction import P, check
 
 # --- command lines -------------------------------------------------------------------------

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.audit import AuditLog
-from retrieval import _redact
-from retrieval._redact import PLACEHOLDER_PREFIX, Redacted, redact
-from retrieval._redact_normalize import fold, normalize
+from daemon.telemetry.audit import AuditLog
+from retrieval.redaction import _redactor as _redact
+from retrieval.redaction._normalize import fold, normalize
+from retrieval.redaction._redactor import PLACEHOLDER_PREFIX, Redacted, redact
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "redaction"
 

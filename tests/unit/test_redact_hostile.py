@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from retrieval._redact import redact
+from retrieval.redaction._redactor import redact
 from tests.support.redaction import ALNUM, fake_body
 from tests.support.scaling import assert_linear
 

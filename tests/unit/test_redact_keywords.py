@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from retrieval._redact import redact
+from retrieval.redaction._redactor import redact
 from tests.support.redaction import ALNUM, HEX, P, check, fake_body
 
 body = functools.partial(fake_body, random.Random(20261201))

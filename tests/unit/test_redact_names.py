@@ -16,9 +16,9 @@ from pathlib import Path
 import structlog
 
 from retrieval import Retriever, scan_source
-from retrieval._confine import display_name
-from retrieval._redact import redact
-from retrieval._redact_names import redact_name
+from retrieval.extraction._confine import display_name
+from retrieval.redaction._names import redact_name
+from retrieval.redaction._redactor import redact
 from tests.support.embedder import HashEmbedder
 from tests.support.redaction import ALNUM, fake_body
 

@@ -18,7 +18,7 @@ import string
 
 import pytest
 
-from retrieval._redact import redact
+from retrieval.redaction._redactor import redact
 from tests.support.redaction import ALNUM, HEX, P, check, fake_body
 
 _rng = random.Random(20261201)

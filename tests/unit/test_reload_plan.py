@@ -11,7 +11,7 @@ import pytest
 
 from daemon import config
 from daemon.config import OPTIONS, Config, ConfigError, Option, Reload
-from daemon.reload import CATALOG, ReloadReport, reload_config, reload_plan, settle
+from daemon.ops.reload import CATALOG, ReloadReport, reload_config, reload_plan, settle
 from tests.support.models import write_model
 from tests.support.pki import make_ca
 

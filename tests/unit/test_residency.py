@@ -2,7 +2,7 @@
 recently used idle models unloaded first, busy ones drained (never cut) and only when no
 idle one will do, pinned models and the roles' defaults never evicted, RESOURCE_EXHAUSTED
 with a retry hint when nothing can make room, and ttl unloads; the pure decision
-(daemon/_residency.py) and the pool carrying it out, on scripted models and the manual
+(daemon/models/_residency.py) and the pool carrying it out, on scripted models and the manual
 clock (no real sleeping)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from daemon._config_sections import PoolSettings
-from daemon._residency import Limits, Resident, device_budgets, make_room
+from daemon.config._sections import PoolSettings
 from daemon.errors import Overloaded
-from daemon.model import Model
+from daemon.models._residency import Limits, Resident, device_budgets, make_room
+from daemon.models.model import Model
 from supervisor import State
 from tests.support.scripted import settle
 from tests.support.scripted_pool import Rig, until

@@ -22,8 +22,8 @@ from retrieval import (
     RetrievalStatus,
     Retriever,
 )
-from retrieval._bm25 import TextIndex
-from retrieval._vectors import VectorIndex
+from retrieval.store._bm25 import TextIndex
+from retrieval.store._vectors import VectorIndex
 from tests.support.embedder import DOCS, HashEmbedder, filled
 
 

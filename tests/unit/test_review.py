@@ -22,8 +22,8 @@ from retrieval import (
     WrongState,
     scan_source,
 )
-from retrieval._indexes import Indexes
-from retrieval._store import Store
+from retrieval.store._indexes import Indexes
+from retrieval.store._metadata import Store
 from tests.support.embedder import HashEmbedder, filled
 
 

@@ -12,13 +12,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from daemon.access import load_tokens
-from daemon.auth import AuthInterceptor
-from daemon.retrieval_service import RetrievalServicer
+from daemon.config.access import load_tokens
+from daemon.grpcapi.auth import AuthInterceptor
+from daemon.grpcapi.retrieval import RetrievalServicer
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from llamad_protocol.v1 import retrieval_pb2_grpc
 from retrieval import Retriever
-from retrieval._indexes import Indexes
+from retrieval.store._indexes import Indexes
 from tests.support.access import ADMIN_TOKEN, READ_TOKEN, token_files
 from tests.support.embedder import HashEmbedder
 from tests.support.inprocess import serving

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from daemon import validation
+from daemon.checks import validation
 from daemon.config import AnswerConfig, Limits
 from llamad_protocol.v1 import inference_pb2 as ipb
 from supervisor import BUNDLED, LLAMA_CPP, OPENAI, Sampling, UnsupportedParameterError

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.audit import AuditLog
-from daemon.retrieval_service import RetrievalServicer
+from daemon.grpcapi.retrieval import RetrievalServicer
+from daemon.telemetry.audit import AuditLog
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from llamad_protocol.v1 import retrieval_pb2_grpc
 from retrieval import Retriever

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.retrieval_service import RetrievalServicer
+from daemon.grpcapi.retrieval import RetrievalServicer
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from llamad_protocol.v1 import retrieval_pb2_grpc
 from retrieval import Retriever, scan_source

@@ -1,4 +1,4 @@
-"""The state directory's lock (daemon.statelock): one holder at a time, named by pid."""
+"""The state directory's lock (daemon.ops.statelock): one holder at a time, named by pid."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.statelock import LOCK_NAME, StateDirInUse, StateLock
+from daemon.ops.statelock import LOCK_NAME, StateDirInUse, StateLock
 
 
 def test_second_lock_is_refused_naming_the_holder_until_released(tmp_path: Path) -> None:
@@ -37,7 +37,7 @@ def test_a_dead_holder_leaves_no_lock(tmp_path: Path) -> None:
     """A process that took the lock and was killed (its pid still in the file) blocks
     no one."""
     code = ("import sys, signal, os; from pathlib import Path; "
-            "from daemon.statelock import StateLock; StateLock(Path(sys.argv[1])).acquire(); "
+            "from daemon.ops.statelock import StateLock; StateLock(Path(sys.argv[1])).acquire(); "
             "os.kill(os.getpid(), signal.SIGKILL)")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=False,
                           cwd=Path(__file__).resolve().parents[2])

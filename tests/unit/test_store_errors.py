@@ -8,8 +8,8 @@ import grpc
 
 from daemon.errors import DEFAULT_RETRY_AFTER, map_error
 from retrieval import NotSupported, SchemaTooNew, StoreUnavailable
-from retrieval._pg_indexes import not_supported
-from retrieval._pg_schema import model_mismatch
+from retrieval.postgres._indexes import not_supported
+from retrieval.postgres._schema import model_mismatch
 
 
 def test_a_lost_store_is_unavailable_with_a_retry_hint() -> None:

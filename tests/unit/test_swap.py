@@ -52,7 +52,7 @@ async def test_swap_installs_new_child_then_stops_old() -> None:
     assert sup.pid == new.pid
     assert old.stopped
     assert not new.stopped
-    # "validating" is the caller's stage (daemon.model.Model.replace checks the file once).
+    # "validating" is the caller's stage (daemon.models.model.Model.replace checks the file once).
     assert stages(events) == ["launching", "loading", "swapping", "draining", "done"]
     assert sup.state is State.RUNNING
     assert sup.launcher is new_launcher

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from daemon.systemd import STATUS_MAX_BYTES, Notifier, watchdog_loop
+from daemon.ops.systemd import STATUS_MAX_BYTES, Notifier, watchdog_loop
 
 # SO_TIMESTAMP (asm-generic value; the socket module does not export it): the kernel stamps
 # each datagram with CLOCK_REALTIME when it is sent, which time.time() reads too.

@@ -1,4 +1,4 @@
-"""Tool calling below the APIs: the validation both APIs share (daemon.tools and the
+"""Tool calling below the APIs: the validation both APIs share (daemon.checks.tools and the
 tool parts of messages), the request body a child is sent, the stream's tool-call pieces
 read back, /props read into whether tools are taken, and llamad's chatml-tools
 template rendered with Jinja."""
@@ -15,11 +15,11 @@ import jinja2
 import orjson
 import pytest
 
-from daemon import tools, validation
-from daemon.backend import ChildBackend
-from daemon.children import make_setup
+from daemon.checks import tools, validation
 from daemon.config import ConfigError, Limits
 from daemon.errors import InvalidArgument
+from daemon.models.backend import ChildBackend
+from daemon.models.children import make_setup
 from llamad_protocol.v1 import inference_pb2 as pb
 from supervisor import (
     BundledRuntime,

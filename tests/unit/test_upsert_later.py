@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from retrieval import Busy, InvalidDocument, NotFound, Query, RetrievalLimits, Retriever
-from retrieval._indexes import Indexes
+from retrieval.store._indexes import Indexes
 from tests.support.embedder import HashEmbedder
 
 

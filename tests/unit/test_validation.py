@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from daemon import validation
+from daemon.checks import validation
 from daemon.errors import InvalidArgument
 from llamad_protocol.v1 import inference_pb2 as pb
 from supervisor import Sampling

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retrieval._vectors import EXACT_MAX, INITIAL_CAPACITY, VectorIndex
 from retrieval.errors import IndexCorrupt
+from retrieval.store._vectors import EXACT_MAX, INITIAL_CAPACITY, VectorIndex
 
 DIM = 384
 

@@ -1,0 +1,1 @@
+"""The fake services behind :class:`clients.testing.FakeLlamad`."""

@@ -1,0 +1,186 @@
+"""``[retrieval]``: the options of the retrieval core (limits, schedules) and of its store
+(``store = embedded`` or ``postgres`` with its connection), a section of
+:class:`~daemon.config._sections.Settings` declared apart to keep that module short.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from retrieval import StoreUnavailable, check_dsn
+
+from ._options import ConfigError, Reload, setting
+
+STORES = ("embedded", "postgres")
+LEXICAL_RANKERS = ("auto", "pg_textsearch", "pg_search", "bm25-sql")  # retrieval.postgres._rankers
+"""The values of ``retrieval.store``."""
+
+
+@dataclass(frozen=True)
+class RetrievalSettings:
+    """``[retrieval]``: its limits apply to the ingests, scans and searches that start
+    after a reload; the embedding batcher, the group commit and the rescan and backfill
+    schedules keep theirs until a restart."""
+
+    RELOAD: ClassVar[Reload] = "apply"
+
+    enabled: bool = setting(True, "Serve RetrievalService (ingest and search).",
+                            reload="restart")
+    allowed_roots: tuple[str, ...] = setting(
+        (), "Absolute directories that directory sources must lie under (symlinks and .. "
+        "resolved); several are separated by ':' in a flag or env. Empty: directory "
+        "sources are refused.")
+    chunk_size: int = setting(1200, "Target chunk size, characters.", minimum=200)
+    chunk_overlap: int = setting(200, "Overlap between chunks, characters.", minimum=0)
+    max_chunk_chars: int = setting(2000, "Hard cap of a chunk, characters.", minimum=200)
+    embed_batch: int = setting(32, "Texts per embedding request.", minimum=1,
+                               reload="restart")
+    embed_concurrency: int = setting(
+        2, "Embedding requests ingest keeps in flight (the embedding child's slots).",
+        minimum=1, reload="restart")
+    ingest_workers: int = setting(
+        128, "Files of a directory scan in flight at once (their chunks share embedding "
+        "requests of up to embed_batch texts, their writes share commits): enough small "
+        "files that embedding requests fill up.", minimum=1)
+    ingest_inflight_mb: int = setting(
+        64, "File bytes a directory scan has in flight at once, MiB (bounds its memory "
+        "whatever ingest_workers is; one file larger than this goes alone).", minimum=1)
+    max_pending_upserts: int = setting(
+        1000, "Documents pushed with wait=false that may wait to be indexed at once; "
+        "beyond, UpsertDocument is RESOURCE_EXHAUSTED.", minimum=1)
+    max_commit_batch: int = setting(
+        256, "Most documents one group commit writes (concurrent ingests share commits).",
+        minimum=1, reload="restart")
+    query_embed_timeout: float = setting(
+        5.0, "Seconds a search waits for its query's embedding before answering BM25-only.",
+        minimum=0.1)
+    # 100/100 beats 25/25 by +0.011 mean nDCG@10 (bench/RESULTS.md, Fusion weights and depth)
+    text_candidates: int = setting(100, "BM25 candidates fused per search.", minimum=1)
+    vector_candidates: int = setting(100, "HNSW candidates fused per search.", minimum=1)
+    max_candidates: int = setting(
+        200, "Most candidates a search may ask each index for (SearchRequest.candidates).",
+        minimum=1)
+    rrf_k: int = setting(60, "Reciprocal Rank Fusion constant k.", minimum=1)
+    text_weight: float = setting(
+        1.0, "Weight of the BM25 ranking in the fusion (weighted RRF; 1 and 1: plain RRF).",
+        minimum=0)
+    vector_weight: float = setting(
+        1.0, "Weight of the vector ranking in the fusion (weighted RRF).", minimum=0)
+    default_k: int = setting(5, "Hits returned when a search asks for none.", minimum=1)
+    max_k: int = setting(20, "Most hits a search returns (a larger top_k is clamped to it, "
+                         "with a warning).", minimum=1)
+    max_query_chars: int = setting(2000, "Longest search query, characters.", minimum=1)
+    max_document_chars: int = setting(
+        5_000_000, "Longest document text (after extraction), characters.", minimum=1)
+    max_file_mb: int = setting(20, "Largest file a scan reads, MiB.", minimum=1)
+    max_files_per_source: int = setting(
+        20000, "Documents a directory source holds: past it a scan adds no new file (and "
+        "says so); none indexed is dropped, and skipped files take no room.", minimum=1)
+    max_source_mb: int = setting(
+        2048, "File bytes a directory source holds, MiB: past it a scan adds no new file "
+        "(and says so); none indexed is dropped.", minimum=1)
+    pdf_timeout: float = setting(30.0, "Seconds to extract one PDF.", minimum=1)
+    pdf_max_pages: int = setting(2000, "Most pages a PDF may have.", minimum=1)
+    pdf_max_memory_mb: int = setting(
+        1024, "Address space of the process that parses a PDF, MiB (bounds decompression "
+        "bombs).", minimum=64)
+    pdf_max_output_mb: int = setting(64, "Most text one PDF may yield, MiB.", minimum=1)
+    html_max_depth: int = setting(
+        500, "Deepest nesting of HTML elements a page may have.", minimum=1)
+    rescan_interval: float = setting(
+        3600.0, "Seconds between scheduled rescans of directory sources; 0: on demand only.",
+        minimum=0, reload="restart")
+    search_audit_log: str = setting(
+        "", "Audit log of Search calls (JSON lines: the redacted query, filters, mode, the "
+        "whole fused candidate list with both ranks, latency; rotated like answer.audit_log"
+        "); empty: off.", reload="restart")
+    refresh_min_interval: float = setting(
+        600.0, "A Search rescans, in the background, each directory source it covers "
+        "whose last scan is older than this many seconds (at most once per interval); 0: "
+        "no refresh on search.", minimum=0)
+    backfill_interval: float = setting(
+        30.0, "Seconds between checks for chunks without a vector of the current embedding "
+        "model (indexed while it was unavailable), which are then embedded in the "
+        "background; 0: on demand only (RetrievalService/Reprocess).", minimum=0,
+        reload="restart")
+    retention_interval: float = setting(
+        60.0, "Seconds between passes of history retention: each removes the records of "
+        "history sources past their max_age_days or beyond their max_items; 0: none.",
+        minimum=0)
+    retention_batch: int = setting(
+        500, "Most history records one retention pass removes (the rest go in the next "
+        "passes).", minimum=1)
+    redact_hostnames: bool = setting(False, "Also redact hostnames (FQDNs) at ingest.")
+    redact_ips: bool = setting(False, "Also redact IP addresses at ingest.")
+    refuse_hard_links: bool = setting(
+        False, "Refuse files of directory sources that have more than one hard link (a hard "
+        "link inside a root may be a file from outside it).")
+    store: str = setting(
+        "embedded", "Where documents, chunks and vectors live: embedded (SQLite, tantivy and "
+        "hnswlib in the state directory, this node's own) or postgres (a PostgreSQL + "
+        "pgvector database at postgres_dsn, shared by every node configured with it; no "
+        "review holds or history sources there yet).", choices=STORES,
+        reload="restart")
+    postgres_dsn: str = setting(
+        "", "With store = postgres: the database, as a libpq URI or key=value string "
+        "without a password (postgresql://llamad@db.example.net:5432/kb).",
+        reload="restart")
+    postgres_password_file: str = setting(
+        "", "With store = postgres: a file whose first line is the password (read at each "
+        "connection; never logged). Empty: postgres_password_env, else none (peer or "
+        "certificate authentication).", reload="restart")
+    postgres_password_env: str = setting(
+        "", "With store = postgres: the name of an environment variable holding the "
+        "password, when postgres_password_file is empty (never logged).", reload="restart")
+    postgres_connect_timeout: float = setting(
+        10.0, "Seconds to wait for a connection to the PostgreSQL store.", minimum=1,
+        reload="restart")
+    postgres_max_connections: int = setting(
+        8, "Connections this node opens to the PostgreSQL store at most (plus one for "
+        "scan locks).", minimum=1, reload="restart")
+    postgres_statement_timeout: float = setting(
+        30.0, "Seconds the PostgreSQL server lets one statement of llamad run before "
+        "cancelling it; 0: no limit.", minimum=0, reload="restart")
+    postgres_ef_search: int = setting(
+        100, "HNSW candidates a PostgreSQL vector search examines (hnsw.ef_search; at "
+        "least the candidates asked for).", minimum=1, reload="restart")
+    postgres_max_scan_tuples: int = setting(
+        20000, "How far a filtered PostgreSQL vector search walks the HNSW graph for enough "
+        "hits (hnsw.max_scan_tuples).", minimum=1, reload="restart")
+    postgres_lexical_ranker: str = setting(
+        "auto", "How the PostgreSQL store ranks the lexical list: auto (a BM25 extension "
+        "the server offers, pg_textsearch then pg_search, else BM25 in plain SQL), or one "
+        "by name (the store refuses to open without it).", choices=LEXICAL_RANKERS,
+        reload="restart")
+    postgres_bm25_candidates: int = setting(
+        1000, "With the plain-SQL BM25 ranker: postings read per query term, highest "
+        "impact first, when a search has no filter (bounds a query's cost; rarer terms "
+        "are read whole).", minimum=1, reload="restart")
+
+
+def check_store(r: RetrievalSettings) -> None:
+    """Refuse a store configuration that cannot work, before anything starts: postgres
+    without a DSN, a DSN that cannot be parsed or holds a password (never echoed), both
+    password sources at once, a relative password file. The ``postgres_*`` options are
+    ignored while ``store`` is ``embedded`` (so each option can be changed alone).
+
+    Raises:
+        ConfigError: says which option and what to do.
+    """
+    if r.store != "postgres":
+        return
+    if not r.postgres_dsn.strip():
+        raise ConfigError("retrieval.store = postgres needs retrieval.postgres_dsn (the "
+                          "database, e.g. postgresql://llamad@db.example.net:5432/kb)")
+    try:
+        check_dsn(r.postgres_dsn)
+    except StoreUnavailable as exc:
+        raise ConfigError(f"retrieval.postgres_dsn: {exc}") from None
+    if r.postgres_password_file and r.postgres_password_env:
+        raise ConfigError("retrieval.postgres_password_file and retrieval.postgres_password_env "
+                          "are both set: keep one")
+    if r.postgres_password_file and not r.postgres_password_file.startswith("/"):
+        raise ConfigError(f"retrieval.postgres_password_file: {r.postgres_password_file!r} "
+                          "is not an absolute path")
+

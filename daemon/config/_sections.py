@@ -1,0 +1,511 @@
+"""Every option, declared once: a field of a frozen section dataclass (``[retrieval]`` is
+:class:`RetrievalSettings`), with its default and its metadata (:func:`setting`). The root,
+:class:`Settings`, holds the top-level options and the sections in the order ``--help``
+lists them; :data:`OPTIONS` is read off it.
+
+A section's ``RELOAD`` is what a reload does with a change of its options but for those
+that say otherwise (see :mod:`daemon.ops.reload`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import partial
+from typing import ClassVar
+
+from supervisor import KNOWN_TEMPLATES
+
+from ._connections import ConnectionSettings
+from ._options import (
+    INSTALLED_MODELS_DIR,
+    MODES,
+    PER_SECTION,
+    Option,
+    Reload,
+    options_of,
+    setting,
+)
+from ._retrieval import RetrievalSettings
+
+# The chat templates a model may be given: "auto" (its own, else one known for it).
+_TEMPLATES = ("auto", *KNOWN_TEMPLATES)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoleSettings:
+    """``[generation]`` and ``[embedding]``: the child serving a role, or its endpoint."""
+
+    # A role's settings go through the swap or mode-switch path, but for its queue ahead.
+    RELOAD: ClassVar[Reload] = "new_child"
+
+    enabled: bool = setting(True, "Serve {section} (false is {section}.mode = disabled).")
+    mode: str = setting(
+        "embedded", "Where {section} runs: embedded (a supervised llama.cpp child), endpoint "
+        "(an external OpenAI-compatible server), or disabled.", choices=MODES)
+    model: str = setting("", "Path of the {section} GGUF model (embedded mode).")
+    endpoint_url: str = setting(
+        "", "Endpoint mode: the server's base URL, with or without /v1 "
+        "(e.g. http://10.0.0.5:8080/v1).")
+    endpoint_model: str = setting(
+        "", "Endpoint mode: the model id to use (default: the only one it offers).")
+    api_key_file: str = setting(
+        "", "Endpoint mode: file holding the API key (a regular file owned by the daemon's "
+        "user or root, not readable or writable by group or others).")
+    api_key_env: str = setting(
+        "", "Endpoint mode: name of the environment variable holding the API key.")
+    runtime: str = setting(
+        "auto", "Runtime: llama-server, bundled (python -m llama_cpp.server), or auto "
+        "(llama-server when found).", choices=("auto", "llama-server", "bundled"))
+    ctx_size: int = setting(
+        PER_SECTION, "Context tokens per slot (0: the model's training context).", minimum=0)
+    threads: int = setting(
+        os.cpu_count() or 2, "CPU threads for the child (default: every core). Left at "
+        "its default, the generation models that stay resident together (pinned or "
+        "preloaded, at most [models] max_resident) divide the cores among them, and so "
+        "does every generation model without a threads setting of its own: two children "
+        "on the same cores wait on each other's threads.", minimum=1)
+    parallel: int = setting(
+        PER_SECTION, "Concurrent request slots (llama-server; the bundled runtime serves "
+        "one; calls llamad sends an endpoint at once).", minimum=1)
+    queue_ahead: int = setting(
+        PER_SECTION, "Calls sent to a llama-server child beyond its slots, to wait in its "
+        "own queue: a slot that finishes starts the next one at once instead of idling for "
+        "the round trip to llamad and back (short calls such as embeddings); 0 sends "
+        "exactly as many calls as there are slots.", minimum=0, reload="apply")
+    batch: int = setting(512, "Logical batch size in tokens.", minimum=1)
+    spin_count: int = setting(
+        PER_SECTION, "GOMP_SPINCOUNT of the child: how long llama.cpp's OpenMP threads spin "
+        "at a barrier before they sleep. Short spins let the two children, a swap's overlap "
+        "or other load share the cores instead of starving each other; -1 keeps the "
+        "daemon's environment (OpenMP's default spins long), which is the default when "
+        "[models] max_resident = 1 (one child at a time).", minimum=-1)
+    extra_args: str = setting(
+        "", "Extra runtime arguments, space separated, appended to the child's command "
+        "line. Refused at load: what llamad sets itself (address, port, key, model, alias, "
+        "threads, context, batch, slots, embedding), what reaches the host (TLS, log and "
+        "slot files, static files and the web UI, tools and MCP, RPC, downloads), options "
+        "unknown to llama-server and llama_cpp.server, and file options outside "
+        "models_dir. Swap's extra_args take performance and model-behaviour options only.")
+    chat_template: str = setting(
+        "auto", "Chat template of a generation model: auto (the GGUF's own, else one llamad "
+        "knows for it), or one of llamad's: chatml, chatml-tools (ChatML that renders "
+        "tools, for tool calling), gemma.", choices=_TEMPLATES)
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    """``[tls]``: the files are re-read on a reload (see :mod:`daemon.ops.reload`)."""
+
+    RELOAD: ClassVar[Reload] = "apply"
+
+    cert_file: str = setting(
+        "", "PEM certificate chain the daemon presents; with tls.key_file, gRPC is served "
+        "over TLS only. Re-read on SIGHUP.")
+    key_file: str = setting(
+        "", "PEM private key of tls.cert_file (unencrypted; must not be readable by "
+        "others).")
+    client_ca_file: str = setting(
+        "", "PEM CA certificates for mutual TLS: clients must present a certificate signed "
+        "by one of them.")
+
+
+@dataclass(frozen=True)
+class AuthSettings:
+    """``[auth]``."""
+
+    token_file: str = setting(
+        "", "Bearer tokens, one '<role> <token>' per line (roles: read, admin); when set, "
+        "every RPC but health needs one. Must not be readable by others; re-read on "
+        "SIGHUP.", reload="apply")
+
+
+@dataclass(frozen=True)
+class EndpointKeySettings:
+    """``[endpoint_keys]``: where an endpoint's API key may come from when SetMode names it
+    (the configuration's own ``api_key_file`` and ``api_key_env`` may always be used)."""
+
+    RELOAD: ClassVar[Reload] = "apply"
+
+    dir: str = setting(
+        "", "Directory of the key files SetMode may name as an endpoint's api_key_file "
+        "(a file inside it, symbolic links resolved; each must be a regular file owned by "
+        "the daemon's user or root and not readable or writable by group or others). "
+        "Empty: SetMode may name only the key files the configuration names.")
+    env_prefix: str = setting(
+        "LLAMAD_ENDPOINT_KEY_", "Prefix of the daemon's environment variables SetMode may "
+        "name as an endpoint's api_key_env (besides those the configuration names). "
+        "Empty: only those. It may not begin any of llamad's own option variables.")
+
+
+@dataclass(frozen=True)
+class RestartSettings:
+    """``[restart]``: the supervisor's :class:`~supervisor.RestartPolicy`."""
+
+    backoff_base: float = setting(0.5, "First restart backoff ceiling, s.", minimum=0.001)
+    backoff_cap: float = setting(30.0, "Largest restart backoff ceiling, s.", minimum=0.001)
+    breaker_failures: int = setting(
+        5, "Consecutive failed starts that open the circuit breaker.", minimum=1)
+    breaker_reset: float = setting(
+        60.0, "Seconds of stable running that reset the failure count.", minimum=0)
+    breaker_cooldown: float = setting(
+        300.0, "Seconds before an open breaker (transient causes) tries once more; 0 never.",
+        minimum=0)
+
+
+@dataclass(frozen=True)
+class ChildSettings:
+    """``[child]``: the supervisor's :class:`~supervisor.Timeouts`, and more of a child."""
+
+    start_timeout: float = setting(
+        60.0, "Seconds a child start may go without progress (output or 'loading').",
+        minimum=0.1)
+    start_cap: float = setting(300.0, "Hard limit of a child start, s.", minimum=0.1)
+    probe_interval: float = setting(5.0, "Seconds between liveness probes.", minimum=0.05)
+    probe_timeout: float = setting(3.0, "Seconds a liveness probe may take.", minimum=0.05)
+    probe_failures: int = setting(3, "Failed probes in a row that mean hung.", minimum=1)
+    stop_grace: float = setting(10.0, "Seconds between SIGTERM and SIGKILL.", minimum=0)
+    busy_silence: float = setting(
+        120.0, "While calls run, seconds without a byte from the child before probes count "
+        "again (a busy child may not answer them).", minimum=1)
+    request_timeout: float = setting(
+        600.0, "Longest silence from a child during a request, s.", minimum=1)
+    log_lines: int = setting(2000, "Output lines kept per child for TailLogs.", minimum=10)
+    slots: bool = setting(
+        False, "llama-server children serve /slots (each slot's prompt and parameters), for "
+        "debugging: still only on their private socket and with their per-launch key "
+        "(LLAMA_API_KEY in the child's environment).", reload="restart")
+
+
+@dataclass(frozen=True)
+class SwapSettings:
+    """``[swap]``: make-before-break model swaps."""
+
+    ready_timeout: float = setting(
+        90.0, "Seconds a swapped-in child has to become ready before the swap fails.",
+        minimum=1)
+    drain_timeout: float = setting(
+        30.0, "Seconds calls on the old child get to finish after a swap before it stops.",
+        minimum=0)
+    handover_hold: float = setting(
+        5.0, "Seconds new calls may wait, after a swap switched, for the old child's calls "
+        "to end before they start on the new child (two children computing at once on the "
+        "same cores both slow down); 0: start them at once.", minimum=0)
+    launch_nice: int = setting(
+        10, "Nice value added to a swap's incoming child while it loads beside the serving "
+        "one, taken back at the switch (needs LimitNICE=+0 or CAP_SYS_NICE; without, "
+        "unused); 0: none.", minimum=0)
+
+
+@dataclass(frozen=True)
+class RecycleSettings:
+    """``[recycle]``: replacing a long-running child."""
+
+    after_requests: int = setting(
+        0, "Replace a child (make-before-break) after it served this many calls; 0: never.",
+        minimum=0)
+    max_rss_mb: int = setting(
+        0, "Replace a child whose resident memory exceeds this many MiB; 0: never.",
+        minimum=0)
+    check_interval: float = setting(10.0, "Seconds between recycling checks.", minimum=0.1)
+    min_uptime: float = setting(
+        60.0, "A child is recycled at most once per this many seconds of running.",
+        minimum=0)
+    cancel_grace: float = setting(
+        60.0, "Seconds a llama-server child has, after a call on it was cancelled (its "
+        "deadline passed or its client left), to answer a request that needs its serving "
+        "loop; one that does not (stuck in one token) is replaced, make-before-break; 0: "
+        "never.", minimum=0)
+
+
+# Chat's and Ask's sampling defaults (limits.chat_*, answer.*), measured by
+# bench/bench_answer_quality.py on the default-model candidates (bench/RESULTS.md).
+CHAT_TEMPERATURE = 0.7
+ASK_TEMPERATURE = 0.3
+TOP_P = 0.9
+MIN_P = 0.05
+CHAT_REPEAT_PENALTY = 1.0
+CHAT_DRY_MULTIPLIER = 0.8
+ASK_REPEAT_PENALTY = 1.0
+ASK_DRY_MULTIPLIER = 0.8
+FREQUENCY_PENALTY = 0.5
+
+
+@dataclass(frozen=True)
+class AnswerConfig:
+    """``[answer]``: the Ask settings apply to the Asks that start after a reload; the
+    response cache and the audit log keep theirs until a restart."""
+
+    RELOAD: ClassVar[Reload] = "apply"
+
+    max_question_chars: int = setting(4000, "Longest Ask question, characters.", minimum=1)
+    max_attachment_chars: int = setting(
+        100_000, "Longest Ask attachment, characters.", minimum=0)
+    max_history_turns: int = setting(
+        10, "Most conversation turns an Ask may carry.", minimum=0)
+    default_max_tokens: int = setting(512, "Answer length when an Ask sets none.", minimum=1)
+    default_k: int = setting(5, "Sources retrieved when an Ask sets none.", minimum=1)
+    min_vector_score: float = setting(
+        0.30, "Relevance floor: a source needs this cosine similarity (or a BM25 match).",
+        minimum=-1)
+    min_text_score: float = setting(
+        3.0, "Relevance floor for sources without a close vector match: this BM25 score.",
+        minimum=0)
+    cache_ttl: float = setting(
+        300.0, "Seconds an identical Ask is served from the response cache; 0: no cache.",
+        minimum=0, reload="restart")
+    cache_entries: int = setting(256, "Answers kept in the response cache.", minimum=0,
+                                 reload="restart")
+    audit_log: str = setting(
+        "", "Audit log file (JSON lines; default: <state_dir>/audit/answers.jsonl).",
+        reload="restart")
+    audit_max_mb: int = setting(10, "Audit log size before rotation, MiB.", minimum=1,
+                                reload="restart")
+    audit_backups: int = setting(5, "Rotated audit logs kept.", minimum=0, reload="restart")
+    # Ask's sampling when a request leaves it unset: chosen by bench/bench_answer_quality.py
+    # (bench/RESULTS.md, "Answer quality"); README "Generation defaults" says why.
+    temperature: float = setting(
+        ASK_TEMPERATURE, "Ask's sampling temperature when a request sets none (0: greedy).",
+        minimum=0)
+    top_p: float = setting(
+        TOP_P, "Ask's top_p when a request sets none (1: off).", minimum=0)
+    min_p: float = setting(
+        MIN_P, "Ask's min_p when a request sets none (0: off).", minimum=0)
+    repeat_penalty: float = setting(
+        ASK_REPEAT_PENALTY, "Ask's repeat_penalty when a request sets none (1: off).",
+        minimum=0)
+    dry_multiplier: float = setting(
+        ASK_DRY_MULTIPLIER, "Ask's DRY repetition penalty multiplier when a request sets "
+        "none (0: off; llama-server only, left out for other runtimes).", minimum=0)
+    frequency_penalty: float = setting(
+        FREQUENCY_PENALTY, "Ask's frequency_penalty when a request sets none (0: off).",
+        minimum=0)
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """``[log]``."""
+
+    format: str = setting("auto", "Log format: auto (JSON unless a terminal), json, console.",
+                          choices=("auto", "json", "console"))
+    level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
+    rate_limit: int = setting(
+        20, "Identical warning and error lines (same logger, level, event and exception "
+        "type) written per rate_interval; past it they are counted, and one 'log lines "
+        "suppressed' line says how many (the first ones are always written; the calls' "
+        "own summary lines, a child's output and access denials, which have limits of "
+        "their own, are not limited here). 0: no limit.", minimum=0)
+    rate_interval: float = setting(
+        10.0, "Seconds of the log rate limit's window.", minimum=0.1)
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """``[http]``: the limits of the OpenAI-compatible HTTP listener (``http_listen``),
+    fixed when it starts."""
+
+    max_body_bytes: int = setting(
+        8 * 1024 * 1024, "Largest HTTP request body, bytes; past it: 413.", minimum=1024)
+    max_header_bytes: int = setting(
+        8190, "Longest HTTP request line or header field, bytes; past it: 400 (431 for a "
+        "field).", minimum=256)
+    max_headers: int = setting(64, "Most HTTP request headers; past it: 400.", minimum=8)
+    idle_timeout: float = setting(
+        15.0, "Seconds an HTTP connection may go without a complete request head (idle "
+        "between requests, or sending its head slowly) before it is closed.", minimum=0.5)
+    body_timeout: float = setting(
+        30.0, "Seconds an HTTP client has to send its request body; past it: 408.",
+        minimum=0.5)
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """``[agent]``: the limits of the HAProxy agent-check listener (``agent_listen``),
+    fixed when it starts."""
+
+    max_connections: int = setting(
+        16, "Agent-check connections answered at once; more are closed unanswered (HAProxy "
+        "takes that as no news, not as a failure).", minimum=1)
+    timeout: float = setting(
+        2.0, "Seconds an agent-check connection has to take its one-line reply before it is "
+        "closed.", minimum=0.1)
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """``[models]``: the model pool's residency policy (the ``[models.NAME]`` tables under
+    it are the catalog's models: :mod:`daemon.config._catalog_load`)."""
+
+    max_resident: int = setting(
+        0, "Most models resident at once, the roles' default models included; a model "
+        "that would exceed it unloads the least recently used idle model that is not "
+        "pinned first (a role's default is pinned unless its table says pin = false; 0: no "
+        "limit).", minimum=0)
+    memory_budget_mb: int = setting(
+        0, "Memory the resident models may hold together, MiB, each estimated from its "
+        "GGUF metadata (weights, KV cache for ctx_size x slots, runtime overhead); a model "
+        "that would exceed it unloads others as for max_resident (0: only what the system "
+        "has available when a model loads).", minimum=0)
+    device_budgets_mb: str = setting(
+        "", "Memory budgets of the devices models are placed on ([models.NAME] device, "
+        "e.g. a GPU the model is offloaded to with -ngl), as NAME=MiB pairs separated by "
+        "commas (cuda0=7500,cuda1=7500): a model on a device counts against that device's "
+        "budget instead of memory_budget_mb (a device not named here has no budget).")
+    ttl_check_interval: float = setting(
+        5.0, "Seconds between looks for models idle longer than their ttl.", minimum=0.1)
+    on_demand: bool = setting(
+        True, "A call naming a model that is not resident loads it (and may evict others); "
+        "false: only LoadModel (admin) or preload loads a model, and such a call is "
+        "refused (FAILED_PRECONDITION) unless it is a role's default.")
+    turn: float = setting(
+        10.0, "Seconds a busy model that must make room for another keeps taking new calls "
+        "while it has work, before it stops taking them, serves its queue and unloads "
+        "(fewer switches, each serving a larger batch; the waiting model's calls wait up "
+        "to this much longer; 0: it stops taking them at once).", minimum=0)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """``[limits]``: the request limits, in force for the calls after a reload but for the
+    gRPC server's message limits, fixed when it starts."""
+
+    RELOAD: ClassVar[Reload] = "apply"
+
+    max_prompt_chars: int = setting(
+        262144, "Longest prompt or chat text, characters.", minimum=1)
+    max_messages: int = setting(256, "Most chat messages per call.", minimum=1)
+    max_tools: int = setting(
+        128, "Most tools a chat call may offer, and tool calls one message may hold.",
+        minimum=1)
+    default_max_tokens: int = setting(256, "max_tokens when a call sets none.", minimum=1)
+    max_tokens: int = setting(8192, "Largest max_tokens a call may ask.", minimum=1)
+    max_stop: int = setting(8, "Most stop strings per call.", minimum=0)
+    max_grammar_chars: int = setting(
+        65536, "Longest GBNF grammar or JSON schema a call may constrain its output with, "
+        "characters.", minimum=1)
+    max_grammar_rules: int = setting(
+        1024, "Most rules a GBNF grammar (or a JSON schema's pattern) may expand to, as "
+        "llama.cpp builds them (groups and repetitions count as rules).", minimum=1)
+    max_grammar_depth: int = setting(
+        32, "Deepest nesting of groups in a GBNF grammar.", minimum=1)
+    max_grammar_repetition: int = setting(
+        1000, "Largest count in a grammar's {m,n} and a JSON schema's minLength, minItems "
+        "or minProperties.", minimum=1)
+    max_grammar_walks: int = setting(
+        20000, "Most walks through its parse stacks a GBNF grammar (or a JSON schema's "
+        "pattern) may cost the child for one 12-character token: an upper bound computed "
+        "before the call. Grammars that can match the same text in several ways multiply "
+        "it: a JSON grammar costs ~200, ([a-z]+ [a-z]+)+ 4095 (0.2 s per token on a 128k "
+        "vocabulary), x+ over y+ over [a-z]+ 265720 (10 s per token).", minimum=1)
+    max_schema_depth: int = setting(
+        64, "Deepest nesting (objects and arrays) of a JSON schema a call constrains its "
+        "output or a tool's parameters with.", minimum=1)
+    max_logit_bias: int = setting(1024, "Most logit_bias entries per call.", minimum=0)
+    max_top_logprobs: int = setting(
+        20, "Most alternatives per token a call may ask logprobs for (OpenAI's limit is "
+        "20).", minimum=0)
+    max_embed_batch: int = setting(256, "Most texts per Embed call.", minimum=1)
+    max_embed_chars: int = setting(32768, "Longest text to embed, characters.", minimum=1)
+    queue_size: int = setting(
+        32, "Calls that may wait for a busy child's slot; past it: RESOURCE_EXHAUSTED.",
+        minimum=0)
+    max_message_bytes: int = setting(
+        16 * 1024 * 1024, "Largest gRPC message received or sent, bytes.", minimum=1024,
+        reload="restart")
+    # Chat's sampling when a request leaves it unset (Generate stays greedy): chosen by
+    # bench/bench_answer_quality.py (bench/RESULTS.md, "Answer quality").
+    chat_temperature: float = setting(
+        CHAT_TEMPERATURE, "Chat's sampling temperature when a request sets none (0: "
+        "greedy).",
+        minimum=0)
+    chat_top_p: float = setting(
+        TOP_P, "Chat's top_p when a request sets none (1: off).", minimum=0)
+    chat_min_p: float = setting(
+        MIN_P, "Chat's min_p when a request sets none (0: off).", minimum=0)
+    chat_repeat_penalty: float = setting(
+        CHAT_REPEAT_PENALTY, "Chat's repeat_penalty when a request sets none (1: off).",
+        minimum=0)
+    chat_dry_multiplier: float = setting(
+        CHAT_DRY_MULTIPLIER, "Chat's DRY repetition penalty multiplier when a request sets "
+        "none (0: off; llama-server only, left out for other runtimes).", minimum=0)
+    chat_frequency_penalty: float = setting(
+        FREQUENCY_PENALTY, "Chat's frequency_penalty when a request sets none (0: off).",
+        minimum=0)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every option as read (flag > environment > file > default): the top-level ones and
+    a field per section, in ``--help`` order."""
+
+    listen: str = setting(
+        "127.0.0.1:50051", "gRPC address: host:port (loopback by default; port 0 picks a "
+        "free one) or unix:/path/to.sock.")
+    metrics_listen: str = setting(
+        "", "Serve Prometheus metrics over HTTP on this loopback host:port (off when "
+        "empty).")
+    http_listen: str = setting(
+        "", "Serve the OpenAI-compatible HTTP API on this host:port (off when empty; "
+        "beyond loopback only with TLS and client authentication, as for listen).")
+    agent_listen: str = setting(
+        "", "Answer HAProxy agent checks on this host:port (off when empty): one line, 'up "
+        "ready' with a weight from the free slots, 'drain' or 'down#reason'. Any address may "
+        "be given: the port reads nothing and tells only that state and weight.")
+    state_dir: str = setting(
+        "", "Directory for the retrieval indexes (default: $STATE_DIRECTORY, else ./var).")
+    llama_bin: str = setting(
+        "", "llama-server binary (default: beside the daemon's Python, then PATH).",
+        reload="new_child")
+    models_dir: str = setting(
+        "", "Directory of the prepared models (its manifest.json, written by `python -m "
+        "models prepare`): an embedded role whose model is not set runs the manifest's "
+        "default model for it (default: models/gguf in a source checkout once prepared, "
+        f"else {INSTALLED_MODELS_DIR}). Every other GGUF file directly in it is a model of "
+        "the catalog too, named after its file stem, its role from its metadata.",
+        reload="new_child")
+    models_preset: str = setting(
+        "", "llama-server's router preset INI (its --models-preset format): each section "
+        "is a model of the catalog, beside the [models.NAME] tables.")
+    tls: TlsSettings = field(default_factory=TlsSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    endpoint_keys: EndpointKeySettings = field(default_factory=EndpointKeySettings)
+    # Spin counts measured on 2 cores: see supervisor.LaunchSpec.spin_count.
+    generation: RoleSettings = field(default_factory=partial(
+        RoleSettings, ctx_size=4096, parallel=4, queue_ahead=0, spin_count=300))
+    embedding: RoleSettings = field(default_factory=partial(
+        RoleSettings, ctx_size=0, parallel=2, queue_ahead=2, spin_count=3000))
+    restart: RestartSettings = field(default_factory=RestartSettings)
+    child: ChildSettings = field(default_factory=ChildSettings)
+    swap: SwapSettings = field(default_factory=SwapSettings)
+    recycle: RecycleSettings = field(default_factory=RecycleSettings)
+    retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
+    answer: AnswerConfig = field(default_factory=AnswerConfig)
+    drain_grace: float = setting(
+        30.0, "On SIGTERM, seconds in-flight calls get to finish before they are cancelled.",
+        minimum=0)
+    drain_notice: float = setting(
+        0.0, "On SIGTERM, seconds between reporting the drain (health NOT_SERVING, agent "
+        "'drain') and refusing new calls, for load balancers to notice; calls arriving "
+        "meanwhile are served.", minimum=0)
+    log: LogSettings = field(default_factory=LogSettings)
+    limits: Limits = field(default_factory=Limits)
+    http: HttpSettings = field(default_factory=HttpSettings)
+    agent: AgentSettings = field(default_factory=AgentSettings)
+    connections: ConnectionSettings = field(default_factory=ConnectionSettings)
+    models: PoolSettings = field(default_factory=PoolSettings)
+
+
+OPTIONS: tuple[Option, ...] = tuple(options_of(Settings()))
+"""Every option, in declaration order: its flag, variable, TOML key and help come from it."""
+
+_BY_KEY = {o.key: o for o in OPTIONS}
+
+
+def option(key: str) -> Option:
+    """The declared option ``key`` (``section.name`` or ``name``), for messages that tell
+    an operator how to set it.
+
+    Raises:
+        KeyError: no such option.
+    """
+    return _BY_KEY[key]

@@ -1,0 +1,32 @@
+"""The pool's views on the wire: :class:`~daemon.models.pool.ModelView` as a ``ModelInfo``."""
+
+from __future__ import annotations
+
+from llamad_protocol.v1 import control_pb2
+
+from ..models.pool import ModelView
+from .inference import ROLE_ENUMS, _timestamp
+
+_STATES = {
+    "unloaded": control_pb2.MODEL_STATE_UNLOADED,
+    "loading": control_pb2.MODEL_STATE_LOADING,
+    "ready": control_pb2.MODEL_STATE_READY,
+    "draining": control_pb2.MODEL_STATE_DRAINING,
+    "failed": control_pb2.MODEL_STATE_FAILED,
+}
+
+
+def model_info(view: ModelView) -> control_pb2.ModelInfo:
+    """``view`` as ControlService's ``ModelInfo``."""
+    info = control_pb2.ModelInfo(
+        name=view.name, role=ROLE_ENUMS[view.role], aliases=list(view.aliases),
+        state=_STATES.get(view.state, control_pb2.MODEL_STATE_UNSPECIFIED),
+        memory_estimate_bytes=view.memory_estimate, in_flight=view.in_flight,
+        pinned=view.pinned, ttl_seconds=view.ttl,
+        breaker=(control_pb2.BREAKER_STATE_OPEN if view.breaker_open
+                 else control_pb2.BREAKER_STATE_CLOSED),
+        last_error=view.last_error, path=view.path, is_default=view.is_default,
+        preload=view.preload, origin=view.origin)
+    if view.last_used is not None:
+        info.last_used.CopyFrom(_timestamp(view.last_used))
+    return info

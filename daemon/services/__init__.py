@@ -1,0 +1,3 @@
+"""What the APIs call, free of any wire: generation and embeddings through the router, and the
+retriever's links to the models.
+"""

@@ -1,0 +1,3 @@
+"""What llamad tells its operator: structured logs and their rate limit, Prometheus metrics,
+audit logs.
+"""

@@ -1,0 +1,386 @@
+"""Prometheus metrics: what llamad counts, with bounded label sets.
+
+:class:`Metrics` owns its own :class:`prometheus_client.CollectorRegistry` (never the
+process-global one), so tests and several daemons in one process do not collide. It does
+not import gRPC: callers pass plain strings.
+
+Cardinality is bounded by construction. Every label value comes from a small fixed set;
+anything else is recorded as ``"other"``, so a bug (or a new value nobody added here)
+shows up as an ``other`` series instead of an unbounded number of new ones. The sets:
+
+=========  ===========================================================================
+label      allowed values (anything else becomes ``other``)
+=========  ===========================================================================
+role       :data:`ROLES` (``generation``, ``embedding``), or the ``roles`` argument
+state      :data:`CHILD_STATES`: idle starting running backoff failed stopped
+mode       :data:`MODES`: embedded endpoint disabled
+kind       :data:`EXIT_KINDS`: the :class:`supervisor.ExitCause` kinds
+method     :data:`METHODS` (the gRPC method names), or the ``methods`` argument
+code       :data:`CODES`: the ``grpc.StatusCode`` names (OK, CANCELLED, ...)
+outcome    :data:`SWAP_OUTCOMES`: ok failed rejected
+reason     :data:`REJECT_REASONS`: queue_full deadline
+protocol   :data:`PROTOCOLS`: grpc http (the API a call came in on)
+model      the catalog's model names (the ``models`` argument)
+outcome    of a model load: ok failed rejected
+reason     of a model unload (:data:`UNLOAD_REASONS`): room ttl admin
+=========  ===========================================================================
+
+Prompts, pids, model paths and peers are never labels. The only free-form label is
+``llamad_build_info{version}``, which has one series per process.
+
+The HTTP endpoint is in :mod:`daemon.ops.metrics_http`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from importlib import metadata
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+_log = structlog.get_logger("llamad.metrics")
+
+OTHER = "other"
+"""The label value that stands for anything outside an allowed set."""
+
+ROLES: tuple[str, ...] = ("generation", "embedding")
+CHILD_STATES: tuple[str, ...] = ("idle", "starting", "running", "backoff", "failed", "stopped")
+EXIT_KINDS: tuple[str, ...] = (
+    "crash", "signal", "oom", "port_in_use", "usage_error", "model_error", "invalid_model",
+    "hung", "never_ready", "start_timeout", "spawn_error", "stranger", "stopped",
+    # An external endpoint's failures (supervisor.ENDPOINT_KINDS).
+    "refused", "unreachable", "timeout", "endpoint_error", "tls", "auth", "api_key",
+    "not_openai", "unknown_model", "not_chat", "no_embeddings",
+)
+MODES: tuple[str, ...] = ("embedded", "endpoint", "disabled")
+METHODS: tuple[str, ...] = (
+    "Generate", "Chat", "Embed", "Tokenize", "Status", "TailLogs", "Swap", "Reset", "SetMode",
+    "SetDraining", "UpsertDocument", "DeleteDocument", "GetDocument", "ListDocuments",
+    "AddSource", "RemoveSource", "ListSources", "Reindex", "Search", "Ask", "ListModels",
+    "LoadModel", "UnloadModel",
+)
+"""gRPC method names counted under their own label; extend it (or pass ``methods=``)."""
+UNLOAD_REASONS: tuple[str, ...] = ("room", "ttl", "admin")
+"""Why the pool unloaded a model: to make room for another, idle past its ttl, asked."""
+# grpc.StatusCode names, spelled out so this module stays grpc-free
+# (tests/unit/test_metrics.py checks the list against grpc.StatusCode).
+CODES: tuple[str, ...] = (
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED",
+)
+SWAP_OUTCOMES: tuple[str, ...] = ("ok", "failed", "rejected")
+REJECT_REASONS: tuple[str, ...] = ("queue_full", "deadline")
+PROTOCOLS: tuple[str, ...] = ("grpc", "http")
+"""The APIs a call can come in on: gRPC, or the OpenAI-compatible HTTP API (whose calls
+are counted under the gRPC method they correspond to, and the code gRPC would give)."""
+
+# Bucket upper bounds, in seconds.
+REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                   60.0, 120.0, 300.0)
+"""Whole calls: a Tokenize takes milliseconds, a long Generate stream minutes."""
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+"""Time to first token: 5 ms (tiny prompt, idle slot) to 30 s (long prompt, busy child)."""
+INTER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+"""Gaps between streamed chunks: 1 ms to 2 s."""
+SWAP_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+"""A swap starts and readies a new child: up to the 300 s start cap."""
+
+
+def _version() -> str:
+    try:
+        return metadata.version("llamad")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def _fold(value: str, allowed: frozenset[str]) -> str:
+    return value if value in allowed else OTHER
+
+
+class _WithoutCreated(Collector):
+    """The registry's metrics minus the ``*_created`` samples.
+
+    In the 0.0.4 text format prometheus_client exports each counter's and histogram's
+    creation time as a separate ``<name>_created`` gauge series, doubling their series
+    count for a timestamp Prometheus does not use. The library's switch for this
+    (``disable_created_metrics``) is process-global; this filter is per registry.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self._registry.collect():
+            created = family.name + "_created"
+            family.samples = [s for s in family.samples if s.name != created]
+            yield family
+
+
+class Metrics:
+    """The daemon's metrics, in a registry of their own.
+
+    Every method is cheap, synchronous, thread-safe and never raises on odd input (an
+    unknown label value becomes ``"other"``, a negative count or duration is clamped to 0),
+    so it may be called from a supervisor listener or a ``finally`` block.
+
+    Args:
+        version: for ``llamad_build_info``; the installed llamad's version by default.
+        methods: gRPC method names kept as ``method`` label values (default
+            :data:`METHODS`).
+        roles: child roles kept as ``role`` label values (default :data:`ROLES`); their
+            counters and gauges are exported at 0 from the start, so ``rate()`` and
+            ``increase()`` see the first event.
+    """
+
+    def __init__(
+        self,
+        *,
+        version: str | None = None,
+        methods: Iterable[str] = METHODS,
+        roles: Iterable[str] = ROLES,
+        models: Iterable[str] = (),
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._exposed = _WithoutCreated(self.registry)
+        self._methods = frozenset(methods)
+        self._roles = frozenset(roles)
+        self._kinds = frozenset(EXIT_KINDS)
+        self._codes = frozenset(CODES)
+        self._outcomes = frozenset(SWAP_OUTCOMES)
+        self._reasons = frozenset(REJECT_REASONS)
+        self._protocols = frozenset(PROTOCOLS)
+        self._models = frozenset(models)
+        self._states = frozenset(CHILD_STATES)
+        # Roles whose state gauge has an "other" series (set only after a bad state value).
+        self._other_state: set[str] = set()
+        self._series_cache: dict[tuple[int, tuple[str, ...]], Any] = {}
+        r = self.registry
+
+        self._build_info = Gauge(
+            "llamad_build_info", "Always 1; the version label says which llamad is running.",
+            ["version"], registry=r)
+        self._build_info.labels(version=version or _version()).set(1)
+
+        self._child_state = Gauge(
+            "llamad_child_state",
+            "1 for the state the child is in now, 0 for the other states.",
+            ["role", "state"], registry=r)
+        self._child_exits = Counter(
+            "llamad_child_exits",
+            "Child exits and failed starts, by classified cause (see ExitCause.kind).",
+            ["role", "kind"], registry=r)
+        self._child_restarts = Counter(
+            "llamad_child_restarts",
+            "Starts after a backoff delay or a failed state (what Status calls restarts).",
+            ["role"], registry=r)
+        self._breaker_opens = Counter(
+            "llamad_breaker_opens",
+            "Times the circuit breaker opened (the child entered the failed state).",
+            ["role"], registry=r)
+        self._mode = Gauge(
+            "llamad_inference_mode",
+            "1 for the role's inference mode now (embedded, endpoint, disabled), 0 for the "
+            "others.", ["role", "mode"], registry=r)
+        self._swaps = Counter(
+            "llamad_swaps", "Model swaps and mode switches, by outcome: ok, failed (the old "
+            "one kept serving) or rejected.",
+            ["role", "outcome"], registry=r)
+        self._stuck = Counter(
+            "llamad_stuck_replacements", "Children replaced as stuck: their serving loop did "
+            "not answer within recycle.cancel_grace of a cancelled call on them.",
+            ["role"], registry=r)
+        self._swap_seconds = Histogram(
+            "llamad_swap_duration_seconds",
+            "Time from a swap request until the new child served (or the swap gave up).",
+            ["role"], buckets=SWAP_BUCKETS, registry=r)
+
+        self._requests = Counter(
+            "llamad_requests", "Finished calls, by protocol (grpc, http), method and status "
+            "code.", ["protocol", "method", "code"], registry=r)
+        self._request_seconds = Histogram(
+            "llamad_request_duration_seconds",
+            "Duration of calls, streams included, from arrival to the last message.",
+            ["protocol", "method"], buckets=REQUEST_BUCKETS, registry=r)
+        self._ttft = Histogram(
+            "llamad_time_to_first_token_seconds",
+            "Time from a Generate or Chat call's arrival to its first streamed token.",
+            ["role"], buckets=TTFT_BUCKETS, registry=r)
+        self._inter_token = Histogram(
+            "llamad_inter_token_latency_seconds",
+            "Time between consecutive streamed chunks of one call.",
+            ["role"], buckets=INTER_TOKEN_BUCKETS, registry=r)
+        self._tokens = Counter(
+            "llamad_tokens_generated", "Tokens streamed to clients.",
+            ["role"], registry=r)
+
+        self._queue_depth = Gauge(
+            "llamad_queue_depth", "Calls waiting for a slot of the child.",
+            ["role"], registry=r)
+        self._in_flight = Gauge(
+            "llamad_requests_in_flight",
+            "Calls sent to the child now (running, or waiting in its queue: queue_ahead).",
+            ["role"], registry=r)
+        self._rejections = Counter(
+            "llamad_rejections", "Calls refused by admission control, by reason.",
+            ["role", "reason"], registry=r)
+
+        self._model_resident = Gauge(
+            "llamad_model_resident", "1 while the catalog model is resident (loaded by the "
+            "pool or a role's model that serves), else 0.", ["model"], registry=r)
+        self._model_loads = Counter(
+            "llamad_model_loads", "Loads of catalog models by the pool, by outcome: ok, "
+            "failed (it never became ready) or rejected (no room).",
+            ["model", "outcome"], registry=r)
+        self._model_unloads = Counter(
+            "llamad_model_unloads", "Unloads of catalog models by the pool, by reason: room "
+            "(evicted for another), ttl (idle), admin (UnloadModel).",
+            ["model", "reason"], registry=r)
+        self.add_models(self._models)
+
+        for role in sorted(self._roles):
+            self._child_restarts.labels(role=role)
+            self._breaker_opens.labels(role=role)
+            self._stuck.labels(role=role)
+            self._tokens.labels(role=role)
+            self._queue_depth.labels(role=role)
+            self._in_flight.labels(role=role)
+            for kind in EXIT_KINDS:
+                self._child_exits.labels(role=role, kind=kind)
+            for outcome in SWAP_OUTCOMES:
+                self._swaps.labels(role=role, outcome=outcome)
+            for reason in REJECT_REASONS:
+                self._rejections.labels(role=role, reason=reason)
+
+    def _role(self, role: str) -> str:
+        return _fold(role, self._roles)
+
+    def _series(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, looked up once per label set: the hot paths (every
+        call, every streamed chunk) skip prometheus_client's validation and locking. The
+        label values are folded to fixed sets, so the cache stays small."""
+        key = (id(metric), values)
+        series = self._series_cache.get(key)
+        if series is None:
+            series = self._series_cache[key] = metric.labels(*values)
+        return series
+
+    # -- children ------------------------------------------------------------------------
+
+    def child_state(self, role: str, state: str) -> None:
+        """Make ``state`` the role's current state: its series 1, the other states 0."""
+        role = self._role(role)
+        state = _fold(state, self._states)
+        if state == OTHER:
+            self._other_state.add(role)
+        names = (*CHILD_STATES, OTHER) if role in self._other_state else CHILD_STATES
+        for name in names:
+            self._child_state.labels(role=role, state=name).set(1 if name == state else 0)
+
+    def mode(self, role: str, mode: str) -> None:
+        """Make ``mode`` the role's inference mode: its series 1, the other modes 0."""
+        role = self._role(role)
+        for name in MODES:
+            self._mode.labels(role=role, mode=name).set(1 if name == mode else 0)
+
+    def child_exit(self, role: str, kind: str) -> None:
+        """Count a child exit or failed start classified as ``kind``."""
+        self._child_exits.labels(role=self._role(role), kind=_fold(kind, self._kinds)).inc()
+
+    def child_restart(self, role: str) -> None:
+        """Count a restart (a start after backoff or after the failed state)."""
+        self._child_restarts.labels(role=self._role(role)).inc()
+
+    def breaker_opened(self, role: str) -> None:
+        """Count an opening of the role's circuit breaker."""
+        self._breaker_opens.labels(role=self._role(role)).inc()
+
+    def swap(self, role: str, outcome: str, seconds: float) -> None:
+        """Count a finished swap or mode switch (``ok``, ``failed`` or ``rejected``) and
+        observe its duration."""
+        role = self._role(role)
+        self._swaps.labels(role=role, outcome=_fold(outcome, self._outcomes)).inc()
+        self._swap_seconds.labels(role=role).observe(max(0.0, seconds))
+
+    def stuck_replaced(self, role: str) -> None:
+        """Count a child replaced as stuck after a cancelled call."""
+        self._stuck.labels(role=self._role(role)).inc()
+
+    # -- the model pool ------------------------------------------------------------------
+
+    def add_models(self, models: Iterable[str]) -> None:
+        """Catalog names that may label the model series from now on (a reload's new
+        models), each series exported from 0; names already known are kept."""
+        self._models = self._models | frozenset(models)
+        for model in sorted(self._models):
+            self._model_resident.labels(model=model)
+            for outcome in SWAP_OUTCOMES:
+                self._model_loads.labels(model=model, outcome=outcome)
+            for why in UNLOAD_REASONS:
+                self._model_unloads.labels(model=model, reason=why)
+
+    def model_load(self, model: str, outcome: str) -> None:
+        """Count a load of a catalog model (``ok``, ``failed`` or ``rejected``); one that
+        went ok makes it resident."""
+        model = _fold(model, self._models)
+        self._model_loads.labels(model=model, outcome=_fold(outcome, self._outcomes)).inc()
+        if outcome == "ok":
+            self._model_resident.labels(model=model).set(1)
+
+    def model_unload(self, model: str, reason: str) -> None:
+        """Count an unload (``room``, ``ttl`` or ``admin``): the model is not resident."""
+        model = _fold(model, self._models)
+        self._model_unloads.labels(model=model,
+                                   reason=_fold(reason, frozenset(UNLOAD_REASONS))).inc()
+        self._model_resident.labels(model=model).set(0)
+
+    def model_resident(self, model: str, resident: bool) -> None:
+        """Say whether ``model`` is resident (a role's model, at start)."""
+        self._model_resident.labels(model=_fold(model, self._models)).set(int(resident))
+
+    # -- requests ------------------------------------------------------------------------
+
+    def request(self, method: str, code: str, seconds: float, protocol: str = "grpc") -> None:
+        """Count a finished call and observe its duration (``protocol``: the API it came
+        in on; an HTTP call names its gRPC method and the code gRPC would give)."""
+        method = _fold(method, self._methods)
+        protocol = _fold(protocol, self._protocols)
+        self._series(self._requests, protocol, method, _fold(code, self._codes)).inc()
+        self._series(self._request_seconds, protocol, method).observe(max(0.0, seconds))
+
+    def time_to_first_token(self, role: str, seconds: float) -> None:
+        """Observe the time from a call's arrival to its first token."""
+        self._series(self._ttft, self._role(role)).observe(max(0.0, seconds))
+
+    def inter_token(self, role: str, seconds: float) -> None:
+        """Observe the gap between two consecutive streamed chunks."""
+        self._series(self._inter_token, self._role(role)).observe(max(0.0, seconds))
+
+    def tokens(self, role: str, n: int) -> None:
+        """Add ``n`` streamed tokens (a negative ``n`` is ignored)."""
+        self._series(self._tokens, self._role(role)).inc(max(0, n))
+
+    # -- admission control ---------------------------------------------------------------
+
+    def queue_depth(self, role: str, n: int) -> None:
+        """Set how many calls wait for the role's child."""
+        self._series(self._queue_depth, self._role(role)).set(max(0, n))
+
+    def in_flight(self, role: str, n: int) -> None:
+        """Set how many calls the role's child serves now."""
+        self._series(self._in_flight, self._role(role)).set(max(0, n))
+
+    def rejected(self, role: str, reason: str) -> None:
+        """Count a call refused by admission control (``queue_full`` or ``deadline``)."""
+        self._rejections.labels(role=self._role(role), reason=_fold(reason, self._reasons)).inc()
+
+    # -- exposition ----------------------------------------------------------------------
+
+    def render(self) -> bytes:
+        """Everything, in the Prometheus text exposition format (version 0.0.4)."""
+        return generate_latest(self._exposed)

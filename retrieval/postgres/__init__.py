@@ -1,0 +1,3 @@
+"""The PostgreSQL + pgvector store: the knowledge base several nodes share, its schema, BM25 in
+SQL and its lexical rankers.
+"""

@@ -1,0 +1,100 @@
+"""The two ranked lists of the PostgreSQL store, filters inside both queries.
+
+Lexical list: BM25 in plain SQL, :mod:`retrieval.postgres._bm25` (this module gives it the
+filter conditions). A BM25 extension (``pg_textsearch``, ParadeDB's ``pg_search``) the
+server offers is detected at open (:func:`bm25_extension`) and reported.
+
+Vector list: cosine distance ``<=>`` on the space's partial HNSW index
+(:mod:`retrieval.postgres._schema`), with ``hnsw.ef_search`` and ``hnsw.iterative_scan =
+strict_order`` set for the transaction only: with a filter, pgvector 0.8 keeps walking the
+graph until ``limit`` rows pass it (up to ``hnsw.max_scan_tuples``) instead of filtering a
+fixed top-k, so a selective filter still gets its nearest chunks, in exact order.
+
+Filters (:class:`~retrieval.store._bm25.Filters`) are SQL conditions on the chunk's document in
+both queries; a disabled source's chunks are never returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from psycopg import sql
+
+from ..store._bm25 import Filters
+from ._connect import Connection
+
+BM25_EXTENSIONS = ("pg_search", "pg_textsearch")
+"""BM25 extensions looked for, in order of preference."""
+
+def bm25_extension(conn: Connection) -> str:
+    """The first of :data:`BM25_EXTENSIONS` the server offers ("" when none)."""
+    rows = conn.execute("SELECT name FROM pg_available_extensions WHERE name = ANY(%s)",
+                        (list(BM25_EXTENSIONS),)).fetchall()
+    found = {str(r[0]) for r in rows}
+    return next((name for name in BM25_EXTENSIONS if name in found), "")
+
+
+def filter_sql(filters: Filters) -> tuple[sql.Composable, list[object]]:
+    """The WHERE conditions on ``d`` (documents) and their parameters: any of the values
+    within a field, every field; a disabled source never passes."""
+    where: list[sql.Composable] = [sql.SQL(
+        "NOT EXISTS (SELECT 1 FROM sources s WHERE s.id = d.source_id AND s.disabled)")]
+    args: list[object] = []
+    for column, values in (("source_id", filters.sources), ("kind", filters.kinds),
+                           ("category", filters.categories)):
+        if values:
+            where.append(sql.SQL("d.{} = ANY(%s)").format(sql.Identifier(column)))
+            args.append(list(values))
+    if filters.tags:
+        where.append(sql.SQL("d.tags && %s::text[]"))
+        args.append(list(filters.tags))
+    for condition, value in (("d.indexed_at >= %s", filters.since),
+                             ("d.indexed_at <= %s", filters.until),
+                             ("d.document_date >= %s", filters.dated_since),
+                             ("d.document_date <= %s", filters.dated_until)):
+        if value is not None:
+            where.append(sql.SQL(condition))
+            args.append(value)
+    if filters.doc_ids is not None:
+        where.append(sql.SQL("d.id = ANY(%s)"))
+        args.append(sorted(filters.doc_ids))
+    return sql.SQL(" AND ").join(where), args
+
+
+def vector_search(conn: Connection, space_id: int, dim: int, vector: Sequence[float],
+                  *, filters: Filters, limit: int, ef_search: int,
+                  max_scan_tuples: int) -> list[tuple[int, float]]:
+    """The vector list: ``(chunk key, cosine distance)``, nearest first.
+
+    Raises:
+        ValueError: ``vector`` is not ``dim`` finite numbers.
+    """
+    values = np.asarray(vector, dtype=np.float32).reshape(-1)
+    if values.shape != (dim,) or not np.isfinite(values).all():
+        raise ValueError(f"the query vector must be {dim} finite numbers, got shape "
+                         f"{values.shape}")
+    statement, args = vector_statement(space_id, dim, filters)
+    with conn.transaction():
+        conn.execute("SELECT set_config('hnsw.ef_search', %s, true), "
+                     "set_config('hnsw.iterative_scan', 'strict_order', true), "
+                     "set_config('hnsw.max_scan_tuples', %s, true)",
+                     (str(max(ef_search, min(limit, 1000))), str(max_scan_tuples)))
+        rows = conn.execute(statement, [values.tolist(), *args, limit]).fetchall()
+    return [(int(key), float(distance)) for key, distance in rows]
+
+
+def vector_statement(space_id: int, dim: int,
+                     filters: Filters) -> tuple[sql.Composed, list[object]]:
+    """The vector list's query and its filter parameters: the query vector (a list of
+    floats) comes before them and the limit after. The space and dimension are literals,
+    so the statement matches the space's partial HNSW index in any plan."""
+    where, args = filter_sql(filters)
+    cast = sql.SQL("::vector({})").format(sql.Literal(dim))
+    return sql.SQL(
+        "SELECT v.chunk_key, v.embedding{cast} <=> q.v AS distance "
+        "FROM (SELECT %s::float4[]{cast} AS v) q, chunk_vectors v "
+        "JOIN chunks c ON c.key = v.chunk_key JOIN documents d ON d.id = c.doc_id "
+        "WHERE v.space_id = {space} AND {where} "
+        "ORDER BY v.embedding{cast} <=> q.v LIMIT %s").format(
+            cast=cast, space=sql.Literal(space_id), where=where), args

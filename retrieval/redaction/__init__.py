@@ -1,0 +1,1 @@
+"""Credential redaction: secrets never reach an index or a model (ARCHITECTURE.md, 8)."""

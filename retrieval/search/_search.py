@@ -1,0 +1,400 @@
+"""Hybrid search: BM25 top-N ∥ HNSW top-N (filters applied inside both), fused by RRF.
+
+Search never fails because of the vector side (invariant 6): without an embedding child
+(down, disabled), or when the query cannot be embedded within ``query_embed_timeout``, it
+is BM25-only and its warnings say why. The query is embedded by the model of the vector
+index: while the index is rebuilt for a new model, that is the previous one, if it is
+still available (:data:`~retrieval._embedder.EmbedderLookup`); if not, the search is
+BM25-only and its warnings name the rebuild and its progress. ``vector_model`` says whose
+vectors answered. Every hit carries its chunk id (the citation key), its source, which
+index found it, the scores and ranks of both sides, and when it was indexed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._backend import Backend
+from .._embedder import Embedder, EmbedderLookup, EmbedderProvider, current_only
+from .._limits import RetrievalLimits
+from ..errors import EmbeddingModelMismatch, InvalidDocument, VectorUnavailable
+from ..postgres._indexes import PgIndexes
+from ..store._bm25 import Filters
+from ..store._history import dated_documents
+from ..store._indexes import IDLE, BackfillStatus, Indexes
+from ._fusion import best_score, rrf
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search hit; ``chunk_id`` is its citation key."""
+
+    chunk_id: str
+    doc_id: str
+    title: str
+    source_id: str
+    path: str
+    heading: str
+    text: str
+    snippet: str
+    search_source: str              # text | vector | hybrid
+    fused_score: float
+    text_rank: int | None
+    text_score: float | None
+    vector_rank: int | None
+    vector_score: float | None      # cosine similarity
+    indexed_at: int
+    score: float = 0.0              # normalised to [0, 1] (see :class:`Query`)
+    kind: str = ""
+    category: str = ""
+    tags: tuple[str, ...] = ()
+    ordinal: int = 0                # the chunk's place in its document, from 1
+    mtime_ns: int = 0               # the file's modification time (0: pushed)
+    other_chunk_ids: tuple[str, ...] = ()  # with group_by_document: its other matches
+    document_date: int | None = None  # the document's own date, unix seconds (None: none)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    hits: list[Hit]
+    mode: str                       # hybrid | text | vector
+    warnings: list[str]
+    # Every fused candidate, best first: (chunk key, text rank, vector rank, fused score),
+    # before the score floor and k (for an audit of the search).
+    fused: tuple[tuple[int, int | None, int | None, float], ...] = ()
+    vector_model: str = ""          # whose vectors answered ("" : no vector search ran)
+
+
+MODES = ("hybrid", "text", "vector")
+
+
+@dataclass(frozen=True)
+class Query:
+    """What a caller may choose about one search; None takes the configured default.
+
+    Attributes:
+        mode: ``hybrid`` (both indexes, fused), ``text`` (BM25 only) or ``vector`` (HNSW
+            only: refused with :class:`VectorUnavailable` when it cannot run, never
+            degraded).
+        min_score: drop hits below it: the cosine similarity in vector mode; otherwise
+            the fused score normalised to [0, 1] by the score of a chunk every answering
+            index ranks first (so 1.0 is "first everywhere"; a BM25-only hybrid search
+            is normalised by the text index alone).
+        candidates: candidates each index contributes (at most
+            ``retrieval.max_candidates``).
+        text_weight, vector_weight: the rankings' weights in the fusion (RRF with weights
+            1 and 1 is plain RRF).
+        group_by_document: one hit per document (its best chunk; its other matching
+            chunks in ``other_chunk_ids``), ``k`` documents.
+    """
+
+    mode: str = "hybrid"
+    min_score: float | None = None
+    candidates: int | None = None
+    text_weight: float | None = None
+    vector_weight: float | None = None
+    group_by_document: bool = False
+
+
+def snippet(text: str, query: str, width: int = 240) -> str:
+    """A window of ``text`` around the first query term it contains."""
+    lowered = text.lower()
+    best = -1
+    for term in sorted(set(re.findall(r"\w{3,}", query.lower())), key=len, reverse=True):
+        best = lowered.find(term)
+        if best >= 0:
+            break
+    start = max(0, best - width // 3) if best >= 0 else 0
+    piece = " ".join(text[start:start + width].split())
+    return ("…" if start > 0 else "") + piece + ("…" if start + width < len(text) else "")
+
+
+class Search:
+    """Searches over a store backend (:mod:`retrieval._backend`; reads only, no writer
+    lock)."""
+
+    def __init__(self, indexes: Backend, embedder: EmbedderProvider,
+                 limits: RetrievalLimits, *, unavailable_reason: Callable[[], str],
+                 on_other_model: Callable[[], object],
+                 embedder_for: EmbedderLookup | None = None,
+                 backfill: Callable[[], BackfillStatus] = lambda: IDLE) -> None:
+        """Args:
+            indexes: the stores searched.
+            embedder: gives the current embedder, or None (search is then BM25-only).
+            limits: candidates, k, query length, RRF k, query embedding timeout.
+            unavailable_reason: says why ``embedder`` gave None, for warnings.
+            on_other_model: called when there is no vector index, or it belongs to
+                another model than the embedder's (it starts the background backfill).
+            embedder_for: gives an embedder of the vector index's model when it is not
+                the current one (a rebuild is under way); default: none but the current.
+            backfill: where the backfill stands (the rebuild's progress, for warnings).
+        """
+        self._indexes = indexes
+        self._embedder = embedder
+        self._embedder_for = embedder_for or current_only(embedder)
+        self._backfill = backfill
+        self.limits = limits
+        self._unavailable = unavailable_reason
+        self._on_other_model = on_other_model
+
+    async def search(self, query: str, *, k: int | None = None,
+                     filters: Filters | None = None, options: Query | None = None
+                     ) -> SearchResult:
+        """BM25 top-N ∥ HNSW top-N, fused by (weighted) RRF; top ``k`` hits (``options``:
+        mode, score floor, candidates, weights, grouping by document). A ``k`` above
+        ``retrieval.max_k`` is clamped to it, with a warning.
+
+        The query embedding is bounded by ``query_embed_timeout`` (past it, a hybrid
+        search is BM25-only, and says so). Cancellation stops waiting; an index read
+        already running in its thread finishes and is discarded.
+
+        Raises:
+            InvalidDocument: empty or oversized query, k below 1, bad options.
+            VectorUnavailable: a vector-mode search that cannot run now (says why).
+            RetrievalError: retrieval is not open.
+        """
+        limits = self.limits
+        store, _ = self._indexes.require()
+        q = options or Query()
+        warnings: list[str] = []
+        k = self._check(query, limits.default_k if k is None else k, q, warnings)
+        filters = await self._enabled_only(filters or Filters(), warnings)
+        if filters is not None:
+            filters = await self._dated(filters)
+        if filters is None:
+            return SearchResult([], q.mode if q.mode != "hybrid" else "text", warnings)
+        weights = (limits.text_weight if q.text_weight is None else q.text_weight,
+                   limits.vector_weight if q.vector_weight is None else q.vector_weight)
+        # The caller's depth as given; the configured one at least k deep.
+        n_text = q.candidates or max(limits.text_candidates, k)
+        n_vec = q.candidates or max(limits.vector_candidates, k)
+        vector_task = None
+        if q.mode != "text":
+            vector_task = asyncio.create_task(self._vector_search(
+                query, n_vec, filters, warnings, required=q.mode == "vector"))
+        text_hits: list[tuple[int, float]] = []
+        if q.mode != "vector":
+            text_hits = await asyncio.to_thread(self._indexes.text_ranked, query, filters,
+                                                n_text)
+        vector = await vector_task if vector_task is not None else None
+        vec_hits, vector_model = vector if vector is not None else (None, "")
+        mode = q.mode if q.mode != "hybrid" else ("hybrid" if vec_hits is not None else "text")
+        used = [(weights[0], [key for key, _ in text_hits])] if q.mode != "vector" else []
+        if vec_hits is not None:
+            used.append((weights[1], [key for key, _ in vec_hits]))
+        fused = rrf([ranking for _, ranking in used], k=limits.rrf_k,
+                    weights=[w for w, _ in used])
+        top = best_score([w for w, _ in used], limits.rrf_k) or 1.0
+        text_rank = {key: i for i, (key, _) in enumerate(text_hits, start=1)}
+        text_score = dict(text_hits)
+        vec_rank = {key: i for i, (key, _) in enumerate(vec_hits or [], start=1)}
+        vec_sim = {key: 1.0 - dist for key, dist in (vec_hits or [])}
+
+        def normalised(key: int, score: float) -> float:
+            return vec_sim[key] if mode == "vector" else score / top
+
+        kept = [(key, score) for key, score in fused
+                if q.min_score is None or normalised(key, score) >= q.min_score]
+        chunks = await asyncio.to_thread(
+            store.chunks_by_keys, [key for key, _ in (kept if q.group_by_document
+                                                      else kept[:k])])
+        hits = []
+        for key, score in kept:
+            c = chunks.get(key)
+            if c is None:  # deleted between the index read and now (or not fetched)
+                continue
+            in_text, in_vec = key in text_rank, key in vec_rank
+            hits.append(Hit(
+                c.chunk_id, c.doc_id, c.title, c.source_id, c.path, c.heading, c.text,
+                snippet(c.text, query),
+                "hybrid" if in_text and in_vec else ("text" if in_text else "vector"),
+                score, text_rank.get(key), text_score.get(key), vec_rank.get(key),
+                vec_sim.get(key), c.indexed_at, normalised(key, score), c.kind, c.category,
+                c.tags, c.ordinal, c.mtime_ns, document_date=c.document_date))
+        hits = _by_document(hits) if q.group_by_document else hits
+        candidates = tuple((key, text_rank.get(key), vec_rank.get(key), score)
+                           for key, score in fused)
+        return SearchResult(hits[:k], mode, warnings, candidates, vector_model)
+
+    async def _enabled_only(self, filters: Filters, warnings: list[str]) -> Filters | None:
+        """``filters`` narrowed to the enabled sources (a disabled one is kept but not
+        searched); None when only disabled sources were asked for. A disabled source
+        asked for by name is named in a warning, on either backend (:meth:`disabled`)."""
+        disabled = await self._indexes.disabled(filters.sources)
+        if not disabled:
+            return filters
+        asked = filters.sources
+        if not asked:
+            store, _ = self._indexes.require()
+            asked = tuple(s.id for s in await asyncio.to_thread(store.sources))
+        named = sorted(set(filters.sources) & disabled)
+        if named:
+            warnings.append(f"source {', '.join(named)} is disabled: not searched")
+        enabled = tuple(s for s in asked if s not in disabled)
+        return dataclasses.replace(filters, sources=enabled) if enabled else None
+
+    async def _dated(self, filters: Filters) -> Filters:
+        """``filters`` with their bounds on the documents' own dates turned into the
+        documents that pass them (what the text index can filter on)."""
+        if (filters.dated_since is None and filters.dated_until is None) or \
+                isinstance(self._indexes, PgIndexes):  # Postgres filters dates in its SQL
+            return filters
+        store, _ = self._indexes.require()
+        ids = await asyncio.to_thread(dated_documents, store, filters.dated_since,
+                                      filters.dated_until)
+        return dataclasses.replace(filters, doc_ids=frozenset(ids))
+
+    def _check(self, query: str, k: int, q: Query, warnings: list[str]) -> int:
+        """Refuse what cannot be searched; return ``k``, clamped to ``max_k`` (warned)."""
+        limits = self.limits
+        if k < 1:
+            raise InvalidDocument(f"k must be at least 1, got {k}")
+        if k > limits.max_k:
+            warnings.append(f"top_k {k} is above the maximum, retrieval.max_k = "
+                            f"{limits.max_k}: {limits.max_k} hits at most")
+            k = limits.max_k
+        if not query.strip():
+            raise InvalidDocument("query is empty")
+        if len(query) > limits.max_query_chars:
+            raise InvalidDocument(f"query has {len(query)} characters; the limit is "
+                                  f"{limits.max_query_chars} (retrieval.max_query_chars)")
+        if q.mode not in MODES:
+            raise InvalidDocument(f"mode must be one of {', '.join(MODES)}, got {q.mode!r}")
+        if q.candidates is not None and not 1 <= q.candidates <= limits.max_candidates:
+            raise InvalidDocument(f"candidates must be in 1..{limits.max_candidates} "
+                                  f"(retrieval.max_candidates), got {q.candidates}")
+        for name, w in (("text_weight", q.text_weight), ("vector_weight", q.vector_weight)):
+            if w is not None and not (math.isfinite(w) and 0 <= w <= 100):
+                raise InvalidDocument(f"{name} must be in 0..100, got {w}")
+        if q.text_weight == 0 and q.vector_weight == 0:
+            raise InvalidDocument("text_weight and vector_weight cannot both be 0")
+        if q.min_score is not None and not (math.isfinite(q.min_score)
+                                            and -1 <= q.min_score <= 1):
+            raise InvalidDocument(f"min_score must be in -1..1, got {q.min_score}")
+        return k
+
+    async def _vector_search(self, query: str, n: int, filters: Filters, warnings: list[str],
+                             *, required: bool = False
+                             ) -> tuple[list[tuple[int, float]], str] | None:
+        """The vector side: ``(key, distance)`` best first and the model whose vectors
+        answered, or None (and a warning) when it cannot answer; ``required`` (vector
+        mode) raises instead."""
+        def without(why: str) -> None:
+            if required:
+                raise VectorUnavailable(f"a vector search cannot run: {why}")
+            warnings.append(f"{why}: results are BM25-only")
+
+        indexes = self._indexes
+        if isinstance(indexes, PgIndexes):
+            return await self._pg_vector_search(indexes, query, n, filters, without)
+        current = self._embedder()
+        serving = indexes.vector_model if indexes.vectors is not None else ""
+        if current is not None and current.model_id != serving:
+            self._on_other_model()  # no index yet, or another model's: (re)built
+        if not serving:
+            without(self._unavailable() if current is None else
+                    "no vectors indexed yet (the backfill embeds what is indexed)")
+            return None
+        embedder: Embedder | None = current
+        if current is None or current.model_id != serving:
+            embedder = self._embedder_for(serving)  # the index's model, if still resident
+        if embedder is None:
+            without(self._unavailable() if current is None
+                    else self._rebuilding(serving, current.model_id))
+            return None
+        try:
+            vectors = await asyncio.wait_for(embedder.embed([query]),
+                                             self.limits.query_embed_timeout)
+        except Exception as exc:
+            without(f"query embedding failed ({type(exc).__name__})")
+            return None
+        allowed = await self._allowed_keys(indexes, filters)
+        vector = np.asarray(vectors[0], dtype=np.float32)
+        index = indexes.vectors
+        if index is None or indexes.vector_model != serving:
+            without("the vector index was replaced during the search")
+            return None
+        hits = await asyncio.to_thread(
+            index.search, vector, n, None if allowed is None else allowed.__contains__)
+        return hits, serving
+
+    def _rebuilding(self, previous: str, model: str) -> str:
+        """Why a search during a rebuild is BM25-only: the rebuild and its progress."""
+        status = self._backfill()
+        progress = "starting"
+        if status.running and status.model == model and status.pending + status.done:
+            progress = f"{status.done} of {status.pending + status.done} chunks embedded"
+        return (f"the vector index is being rebuilt for embedding model {model} "
+                f"({progress}); its vectors until then are of model {previous}, which is "
+                "not available to embed the query")
+
+    async def _pg_vector_search(self, indexes: PgIndexes, query: str, n: int,
+                                filters: Filters, without: Callable[[str], None]
+                                ) -> tuple[list[tuple[int, float]], str] | None:
+        """The vector side on Postgres: the corpus's space, searched only with a query
+        embedded by the corpus's model: this node's, or (while the corpus is switched to
+        this node's model) the previous one if it is still available here. A node
+        embedding with another model says so."""
+        current = self._embedder()
+        if current is None:
+            without(self._unavailable())
+            return None
+        corpus = await asyncio.to_thread(indexes.corpus_model)
+        if not corpus:
+            without("no vectors indexed yet")
+            return None
+        embedder: Embedder | None = current
+        if corpus != current.model_id:
+            embedder = self._embedder_for(corpus)  # the corpus's model, if resident here
+        if embedder is None:
+            if indexes.switch_model == current.model_id:
+                without(self._rebuilding(corpus, current.model_id))
+                return None
+            indexes.model_mismatch(current.model_id, corpus)
+            without(f"this node embeds with {current.model_id} but the shared corpus is "
+                    f"embedded with {corpus}: vectors of two models are not comparable")
+            return None
+        try:
+            vectors = await asyncio.wait_for(embedder.embed([query]),
+                                             self.limits.query_embed_timeout)
+        except Exception as exc:
+            without(f"query embedding failed ({type(exc).__name__})")
+            return None
+        vector = np.asarray(vectors[0], dtype=np.float32)
+        try:
+            hits = await asyncio.to_thread(indexes.vector_ranked, corpus, vector, filters, n)
+        except EmbeddingModelMismatch as exc:  # the corpus model was set meanwhile
+            without(str(exc))
+            return None
+        return hits, corpus
+
+    async def _allowed_keys(self, indexes: Indexes, filters: Filters) -> set[int] | None:
+        if filters == Filters():
+            return None
+        store, _ = indexes.require()
+        return await asyncio.to_thread(functools.partial(
+            store.keys_matching, sources=filters.sources, kinds=filters.kinds,
+            categories=filters.categories, tags=filters.tags, since=filters.since,
+            until=filters.until, dated_since=filters.dated_since,
+            dated_until=filters.dated_until))
+
+
+def _by_document(hits: list[Hit]) -> list[Hit]:
+    """One hit per document, in the order of each document's best chunk; the others'
+    chunk ids listed on it, best first."""
+    best: dict[str, Hit] = {}
+    others: dict[str, list[str]] = {}
+    for hit in hits:
+        if hit.doc_id in best:
+            others[hit.doc_id].append(hit.chunk_id)
+        else:
+            best[hit.doc_id], others[hit.doc_id] = hit, []
+    return [dataclasses.replace(h, other_chunk_ids=tuple(others[d])) for d, h in best.items()]

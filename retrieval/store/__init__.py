@@ -1,0 +1,3 @@
+"""The embedded store: SQLite metadata (the source of truth), a tantivy BM25 index and an
+hnswlib HNSW index, kept crash-consistent together.
+"""

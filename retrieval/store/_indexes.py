@@ -1,0 +1,489 @@
+"""The three stores and their crash consistency: invariant 7 lives here.
+
+Invariant 7 (ARCHITECTURE.md): *acknowledged writes survive a crash; indexes on disk
+are never left half-written.* SQLite (:mod:`retrieval.store._metadata`, ``synchronous=FULL``) is the
+truth; tantivy (:mod:`retrieval.store._bm25`) and hnswlib (:mod:`retrieval.store._vectors`) are
+derived from it. Every write follows one order, under one writer lock (tantivy allows one
+writer per index directory):
+
+1. SQLite transaction: the acknowledgement point (a group of documents, or a delete);
+2. tantivy commit (durable and atomic: its ``meta.json`` is replaced in one rename);
+3. hnswlib, in memory; saved on :meth:`Indexes.flush` and at close, written to a
+   temporary file and renamed, so the file on disk is always a whole index.
+
+A crash between those steps leaves SQLite ahead of the derived indexes: opening
+(:meth:`Indexes.open_sync`) reconciles them from SQLite (whatever is missing is re-added
+from stored text and cached vectors, whatever is extra is removed) and logs what it
+repaired. A write that SQLite took and tantivy or hnswlib failed to (a full disk, say)
+marks the indexes *behind*: the next write first runs the same reconciliation
+(:meth:`Indexes.catch_up`).
+
+Vectors of two embedding models never share an index: switching models
+(:meth:`Indexes.use_vector_model_sync`) builds a fresh index of one model from the cached
+vectors of every chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import structlog
+
+from ..errors import NotFound, RetrievalError, StorageFull, is_storage_full
+from ._bm25 import Filters, IndexedChunk, TextIndex
+from ._metadata import ChunkRow, DocumentRow, Replacement, Store, StoredChunk
+from ._vectors import VectorIndex
+
+_log = structlog.get_logger("llamad.retrieval")
+
+
+@dataclass(frozen=True)
+class PendingWrite:
+    """A document ready to commit: its chunks and their vectors."""
+
+    doc: DocumentRow
+    rows: list[ChunkRow]
+    model: str                          # the embedding model of the vectors ("" none)
+    cached: dict[str, np.ndarray]       # by content hash, from the embedding cache
+    fresh: dict[str, np.ndarray]        # embedded now; cached by this commit
+
+    @property
+    def has_vectors(self) -> bool:
+        return bool(self.model and (self.cached or self.fresh))
+
+
+@dataclass(frozen=True)
+class BackfillStatus:
+    """Where the backfill stands."""
+
+    running: bool
+    model: str               # the embedding model it embeds for ("" when idle)
+    pending: int             # chunks it still has to embed or index in this run
+    done: int                # chunks embedded or indexed so far in this run
+    failed: int              # chunks the model refused (left BM25-only)
+    last_error: str          # why the last run stopped early ("" when it did not)
+
+
+IDLE = BackfillStatus(running=False, model="", pending=0, done=0, failed=0, last_error="")
+
+
+@dataclass(frozen=True)
+class VectorRebuild:
+    """The vector index rebuilt for a new embedding model: until every chunk has a vector
+    of it, the previous model's index serves the searches its model can embed."""
+
+    running: bool            # a backfill run is rebuilding now
+    model: str               # the model rebuilt for ("" when no rebuild is due)
+    serving_model: str       # the previous model, answering meanwhile ("" : BM25-only)
+    pending: int             # chunks still to embed
+    done: int                # chunks embedded
+
+
+NO_REBUILD = VectorRebuild(running=False, model="", serving_model="", pending=0, done=0)
+
+
+@dataclass(frozen=True)
+class RetrievalStatus:
+    """What is indexed, and how the three stores stand."""
+
+    sources: int
+    chunks: int
+    documents_by_state: dict[str, int]  # pending .. rejected (six states) -> count
+    embedding_model: str                # the model of the vector index ("" none yet)
+    embedded_chunks: int                # chunks with a cached vector of the current model
+    vectors: int                        # vectors in the vector index
+    disk_bytes: int                     # every file of the indexes' directory
+    repaired: dict[str, int]            # what the last open repaired, by kind
+    backfill: BackfillStatus = IDLE     # the background embedding of chunks without vectors
+    rebuild: VectorRebuild = NO_REBUILD  # after an embedding-model change
+    store: str = "embedded"             # the backend: embedded | postgres
+    lexical_ranking: str = "bm25"       # the lexical list's ranking (postgres: ts_rank_cd)
+    store_target: str = ""              # postgres: user@host:port/db (never a password)
+
+
+PAGE = 4096
+"""Chunks read from SQLite at a time when an index is rebuilt or repaired: memory stays
+flat as the corpus grows (all at once, 100k chunks held about 1 GB)."""
+_PAGES_PER_COMMIT = 4
+"""A start-up repair commits tantivy every this many pages, rather than once at the end."""
+
+
+def documents_by_state(counts: dict[str, int], processing: int,
+                       pending: int) -> dict[str, int]:
+    """Documents by ingest state for Status: the store's ``documents_<state>`` counts,
+    plus the ``processing`` ones in flight and the ``pending`` ones queued in memory."""
+    by_state = {k.removeprefix("documents_"): v for k, v in counts.items()
+                if k.startswith("documents_")}
+    if processing:
+        by_state["processing"] = processing
+    if pending:
+        by_state["pending"] = by_state.get("pending", 0) + pending
+    return by_state
+
+
+def _indexed(c: StoredChunk) -> IndexedChunk:
+    return IndexedChunk(c.key, c.doc_id, c.source_id, c.kind, c.category, c.tags,
+                        c.indexed_at, c.title, c.heading, c.text)
+
+
+class Indexes:
+    """SQLite, tantivy and hnswlib in one directory (``root``), kept in agreement.
+
+    Methods named ``*_sync`` block (call them from a worker thread with :attr:`write`
+    held); the coroutines take :attr:`write` themselves unless they say otherwise.
+    """
+
+    kind = "embedded"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.write = asyncio.Lock()     # the one writer: every mutation of the indexes
+        self.store: Store | None = None
+        self.text: TextIndex | None = None
+        self.vectors: VectorIndex | None = None
+        self.vector_model = ""          # the embedding model of ``vectors``
+        self.disabled_sources: frozenset[str] = frozenset()  # kept, not searched
+        self.vectors_dirty = False      # ``vectors`` has changes not saved yet
+        self.repaired: dict[str, int] = {}   # what open() repaired (for Status)
+        # SQLite holds a write that tantivy or hnswlib failed to take (a full disk, say):
+        # the next write first brings them in line (see catch_up).
+        self.behind = False
+
+    # -- life cycle --------------------------------------------------------------------
+
+    def open_sync(self) -> None:
+        """Open (or create) the stores and reconcile the derived ones from SQLite."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        store = Store(self.root / "meta.sqlite3")
+        text = TextIndex(self.root / "bm25")
+        self.vector_model = store.get_meta("vector_model") or ""
+        self.disabled_sources = frozenset(s.id for s in store.sources() if s.disabled)
+        dim = int(store.get_meta("vector_dim") or 0)
+        vectors = VectorIndex(self.root / "vectors.hnsw", dim) if dim else None
+        self.store, self.text, self.vectors = store, text, vectors
+        self.repaired = self._reconcile()
+
+    def _reconcile(self) -> dict[str, int]:
+        """Make tantivy and hnswlib agree with SQLite; log and return what was repaired."""
+        store, text = self.require()
+        truth = store.chunk_keys()
+        in_text = text.keys()
+        extra, missing = in_text - truth, truth - in_text
+        if extra:
+            text.delete_keys(extra)
+        ordered = sorted(missing)
+        for i in range(0, len(ordered), PAGE):  # page by page: texts held per page only
+            text.add([_indexed(c) for c in store.chunks_by_keys(ordered[i:i + PAGE]).values()])
+            if (i // PAGE) % _PAGES_PER_COMMIT == _PAGES_PER_COMMIT - 1:
+                # Commit as it goes: tantivy's writer otherwise fills its whole memory
+                # budget before flushing (~40 MB more at 100k chunks, measured).
+                text.commit()
+        if extra or missing:
+            text.commit()
+        repaired = {"text_removed": len(extra), "text_added": len(missing)}
+        if self.vectors is not None:
+            in_vec = self.vectors.keys()
+            v_extra = in_vec - truth
+            if v_extra:
+                self.vectors.delete(v_extra)
+            v_missing = truth - in_vec
+            added = self.add_cached_vectors(v_missing) if v_missing else 0
+            if v_extra or added:
+                self.vectors.save()
+            repaired |= {"vectors_removed": len(v_extra), "vectors_added": added}
+        repaired = {k: v for k, v in repaired.items() if v}
+        if repaired:
+            _log.warning("indexes repaired from SQLite", **repaired)
+        return repaired
+
+    def add_cached_vectors(self, keys: Iterable[int]) -> int:
+        """Add to the vector index the cached vectors (of its model) of the chunks of
+        ``keys``; return how many it added. Page by page: only ``page`` chunks' hashes
+        and vectors are held at once, whatever the corpus size (no chunk text is read).
+        ``PAGE`` chunks at a time.
+        Blocking; the caller holds the writer lock (or is the start-up)."""
+        store, _ = self.require()
+        if self.vectors is None or not self.vector_model:
+            return 0
+        ordered = sorted(keys)
+        added = 0
+        for i in range(0, len(ordered), PAGE):
+            hashes = store.chunk_hashes(ordered[i:i + PAGE])
+            cached = store.cached_vectors(self.vector_model, hashes.values())
+            pairs = [(k, cached[h]) for k, h in hashes.items() if h in cached]
+            if pairs:
+                self.vectors.add([k for k, _ in pairs], np.stack([v for _, v in pairs]))
+                added += len(pairs)
+        return added
+
+    def close_sync(self) -> None:
+        """Close every store, each even if another fails (a full disk must not turn a
+        clean shutdown into a crash). An unsaved vector index is no loss: the previous
+        file is intact, and the next start re-adds what it lacks from SQLite's cache."""
+        for what, close in (
+                ("vector index not saved; the next start re-adds its vectors from SQLite",
+                 self._save_vectors),
+                ("text index not closed cleanly", self._text_close),
+                ("metadata store not closed cleanly", self._store_close)):
+            try:
+                close()
+            except Exception as exc:
+                _log.warning(what, error=str(exc)[:300])
+        self.store = self.text = self.vectors = None
+
+    def _save_vectors(self) -> None:
+        if self.vectors is not None and self.vectors_dirty:
+            self.vectors.save()
+
+    def _text_close(self) -> None:
+        if self.text is not None:
+            self.text.close()
+
+    def _store_close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+    def require(self) -> tuple[Store, TextIndex]:
+        """The metadata store and the text index.
+
+        Raises:
+            RetrievalError: the indexes are not open.
+        """
+        if self.store is None or self.text is None:
+            raise RetrievalError("retrieval is not open")
+        return self.store, self.text
+
+    def storage_full(self) -> StorageFull:
+        """The error for a write refused by a full disk, saying what to do."""
+        return StorageFull(f"no space left on the disk holding the retrieval indexes "
+                           f"({self.root}): free space, then retry; documents indexed "
+                           "before are intact")
+
+    async def flush(self) -> None:
+        """Persist the vector index now (it is also saved on close).
+
+        Waits for the writer lock; a cancelled caller may leave the save running in its
+        thread (it completes, whole, or leaves the previous file).
+        """
+        async with self.write:
+            if self.vectors is not None and self.vectors_dirty:
+                await asyncio.to_thread(self.vectors.save)
+                self.vectors_dirty = False
+
+    # -- catching up -------------------------------------------------------------------
+
+    def catch_up_sync(self) -> None:
+        """After a failed write left SQLite ahead: bring tantivy and hnswlib in line (the
+        start-up reconciliation, run again; :attr:`repaired` keeps the start-up's counts)."""
+        self._reconcile()
+        self.behind = False
+
+    async def catch_up(self) -> None:
+        """If a failed write left the indexes behind SQLite, reconcile them now (under the
+        writer lock), before a new write is compared with what is indexed.
+
+        Raises:
+            StorageFull: the disk is still full.
+        """
+        if not self.behind:
+            return
+        async with self.write:
+            try:
+                if self.behind:
+                    await asyncio.to_thread(self.catch_up_sync)
+            except Exception as exc:
+                if is_storage_full(exc):
+                    raise self.storage_full() from exc
+                raise
+
+    # -- writing -----------------------------------------------------------------------
+
+    async def commit(self, batch: list[PendingWrite]) -> list[DocumentRow]:
+        """Commit documents together (the caller holds :attr:`write`): one SQLite
+        transaction, one tantivy commit, one round of hnswlib updates.
+
+        Returns the documents as committed (state ``indexed``) once SQLite has them. If
+        tantivy or hnswlib then fail, the error is raised and the indexes are marked
+        behind: SQLite keeps the batch, and the next write (or start) indexes it.
+        Cancellation does not stop a step already running in its thread.
+        """
+        if self.behind:
+            await asyncio.to_thread(self.catch_up_sync)
+        now = int(time.time())
+        docs = [dataclasses.replace(p.doc, state="indexed", indexed_at=now) for p in batch]
+        replacements = await asyncio.to_thread(self._store_batch, docs, batch)
+        try:
+            await asyncio.to_thread(self._apply_batch, replacements, batch)
+        except Exception:
+            # SQLite (the truth) has the batch and tantivy or hnswlib does not: searches
+            # may miss it until the next write has caught them up.
+            self.behind = True
+            raise
+        return docs
+
+    def _store_batch(self, docs: list[DocumentRow],
+                     batch: list[PendingWrite]) -> list[Replacement]:
+        store, _ = self.require()
+        fresh: dict[str, dict[str, np.ndarray]] = {}
+        for p in batch:
+            if p.fresh:
+                fresh.setdefault(p.model, {}).update(p.fresh)
+        replacements = store.replace_documents(
+            [(d, p.rows) for d, p in zip(docs, batch, strict=True)], sorted(fresh.items()))
+        if self.vectors is None:
+            first = next((p for p in batch if p.has_vectors), None)
+            if first is not None:
+                dim = len(next(iter({**first.cached, **first.fresh}.values())))
+                self.use_vector_model_sync(first.model, dim)
+        return replacements
+
+    def _apply_batch(self, replacements: list[Replacement],
+                     batch: list[PendingWrite]) -> None:
+        """The derived indexes follow SQLite: net of every replacement, in order (a
+        document upserted twice in one batch keeps only its second version)."""
+        _, text = self.require()
+        removed: set[int] = set()
+        added: dict[int, StoredChunk] = {}
+        vectors: dict[str, np.ndarray] = {}
+        for replacement, pending in zip(replacements, batch, strict=True):
+            for key in replacement.removed:
+                removed.add(key)
+                added.pop(key, None)
+            for chunk in replacement.added:
+                added[chunk.key] = chunk
+            if pending.model == self.vector_model:
+                vectors.update(pending.cached)
+                vectors.update(pending.fresh)
+        if removed:
+            text.delete_keys(sorted(removed))
+        text.add([_indexed(c) for c in added.values()])
+        text.commit()
+        if self.vectors is not None:
+            if removed:
+                self.vectors.delete(sorted(removed))
+            pairs = [(c.key, vectors[c.content_hash]) for c in added.values()
+                     if c.content_hash in vectors]
+            if pairs:
+                self.vectors.add([k for k, _ in pairs], np.stack([v for _, v in pairs]))
+            self.vectors_dirty = True
+
+    def use_vector_model_sync(self, model: str, dim: int) -> None:
+        """Make the vector index ``model``'s: a fresh index built from the cached vectors
+        of every chunk (vectors of two models never share an index)."""
+        store, _ = self.require()
+        if self.vectors is not None and self.vector_model == model:
+            return
+        path = self.root / "vectors.hnsw"
+        for stale in (path, path.with_suffix(".hnsw.json")):
+            stale.unlink(missing_ok=True)
+        self.vectors = VectorIndex(path, dim)
+        self.vector_model = model
+        self.add_cached_vectors(store.chunk_keys())
+        self.vectors.save()
+        store.set_meta("vector_model", model)
+        store.set_meta("vector_dim", str(dim))
+
+    def _drop_keys(self, keys: Sequence[int]) -> None:
+        _, text = self.require()
+        if not keys:
+            return
+        text.delete_keys(keys)
+        text.commit()
+        if self.vectors is not None:
+            self.vectors.delete(keys)
+            self.vectors_dirty = True
+
+    async def delete_document(self, doc_id: str) -> bool:
+        """Remove a document from SQLite, then tantivy and hnswlib; False if it did not
+        exist. Once SQLite's delete returned, a cancelled caller no longer stops it."""
+        store, _ = self.require()
+        async with self.write:
+            keys = await asyncio.to_thread(store.delete_document, doc_id)
+            if keys is None:
+                return False
+            await asyncio.to_thread(self._drop_keys, keys)
+        return True
+
+    async def withdraw(self, change: Callable[[], list[int]]) -> list[int]:
+        """Run ``change``, a SQLite transaction that removes chunks and returns their
+        keys, then drop those keys from tantivy and hnswlib (the order of
+        :meth:`delete_document`, under the writer lock); returns the keys."""
+        self.require()
+        async with self.write:
+            keys = await asyncio.to_thread(change)
+            await asyncio.to_thread(self._drop_keys, keys)
+        return keys
+
+    async def delete_source(self, source_id: str) -> list[int]:
+        """Remove a source and its documents (as :meth:`delete_document`); return the
+        chunk keys removed.
+
+        Raises:
+            NotFound: the source does not exist.
+        """
+        store, _ = self.require()
+        async with self.write:
+            if await asyncio.to_thread(store.source, source_id) is None:
+                raise NotFound(f"no source {source_id!r}")
+            keys = await asyncio.to_thread(store.delete_source, source_id)
+            self.disabled_sources -= {source_id}
+            await asyncio.to_thread(self._drop_keys, keys)
+        return keys
+
+    async def disabled(self, named: Sequence[str]) -> frozenset[str]:
+        """The disabled sources a search leaves out itself: here every one of them (the
+        text and vector indexes do not know which are), whatever ``named``."""
+        return self.disabled_sources
+
+    def try_scan_lock_sync(self, source_id: str) -> bool:
+        """Always True: one node owns an embedded store (the per-retriever scan lock of
+        :mod:`retrieval._scan` serialises its own scans)."""
+        return True
+
+    def release_scan_lock_sync(self, source_id: str) -> None:
+        """Nothing to release (see :meth:`try_scan_lock_sync`)."""
+
+    @contextlib.asynccontextmanager
+    async def review_turn(self, doc_id: str) -> AsyncIterator[None]:
+        """Nothing to take: one node owns an embedded store (:mod:`retrieval._review`
+        serialises its own review operations of a document)."""
+        yield
+
+    def text_ranked(self, query: str, filters: Filters, limit: int
+                    ) -> list[tuple[int, float]]:
+        """The BM25 list (tantivy), filters applied inside: ``(key, score)``. Blocking."""
+        _, text = self.require()
+        return text.search(query, filters=filters, limit=limit)
+
+    # -- status ------------------------------------------------------------------------
+
+    async def status(self, model: str, processing: int, pending: int = 0) -> RetrievalStatus:
+        """Counts from SQLite and the vector index (reads only; no writer lock).
+
+        Args:
+            model: the embedding model whose cached vectors ``embedded_chunks`` counts.
+            processing: documents being processed now (SQLite keeps their last committed
+                version): shown as state ``processing`` when there are any.
+            pending: documents accepted to index in the background, not started yet.
+        """
+        store, _ = self.require()
+        counts = await asyncio.to_thread(store.counts)
+        embedded = await asyncio.to_thread(store.embedded_chunks, model) if model else 0
+        by_state = documents_by_state(counts, processing, pending)
+        return RetrievalStatus(
+            sources=counts["sources"], chunks=counts["chunks"], documents_by_state=by_state,
+            embedding_model=self.vector_model, embedded_chunks=embedded,
+            vectors=self.vectors.count() if self.vectors is not None else 0,
+            disk_bytes=await asyncio.to_thread(self.disk_bytes),
+            repaired=dict(self.repaired))
+
+    def disk_bytes(self) -> int:
+        """Bytes of every file under ``root``. Blocking."""
+        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())

@@ -1,0 +1,3 @@
+"""External OpenAI-compatible endpoints: their client, and how the supervisor "launches" and
+watches one.
+"""
