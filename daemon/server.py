@@ -108,7 +108,7 @@ def version() -> str:
 
 
 def _warn_unprotected_hard_links(config: Config) -> None:
-    """Directory sources read hard links like any file (README, "What a source can
+    """Directory sources read hard links like any file (docs/security.md, "What a source can
     read"); with the kernel's fs.protected_hardlinks off, anyone who can write in a source
     can link any file of the same filesystem into it."""
     r = config.retrieval

@@ -66,7 +66,7 @@ MODES = tuple(m.value for m in InferenceMode)
 values."""
 
 INSTALLED_MODELS_DIR = "/var/lib/llamad/models"
-"""Where the README's installation prepares the models (the unit's StateDirectory)."""
+"""Where the installation (docs/install.md) prepares the models (the unit's StateDirectory)."""
 
 
 @dataclass(frozen=True)

@@ -263,7 +263,7 @@ class AnswerConfig:
                                 reload="restart")
     audit_backups: int = setting(5, "Rotated audit logs kept.", minimum=0, reload="restart")
     # Ask's sampling when a request leaves it unset: chosen by bench/bench_answer_quality.py
-    # (bench/RESULTS.md, "Answer quality"); README "Generation defaults" says why.
+    # (bench/RESULTS.md, "Answer quality"); docs/generation.md, "Sampling defaults", says why.
     temperature: float = setting(
         ASK_TEMPERATURE, "Ask's sampling temperature when a request sets none (0: greedy).",
         minimum=0)
@@ -454,7 +454,8 @@ class Settings:
     state_dir: str = setting(
         "", "Directory for the retrieval indexes (default: $STATE_DIRECTORY, else ./var).")
     llama_bin: str = setting(
-        "", "llama-server binary (default: beside the daemon's Python, then PATH).",
+        "", "llama-server binary (default: beside the daemon's Python, then inside the "
+        "installed llama-cpp-python package, then PATH).",
         reload="new_child")
     models_dir: str = setting(
         "", "Directory of the prepared models (its manifest.json, written by `python -m "

@@ -33,7 +33,7 @@ def load(name: str) -> list[dict[str, str]]:
 
 
 ALL_SECRETS = load("secrets.jsonl")
-# The shapes the README promises; the others ("promised": false: prose, another script, a
+# The shapes docs/security.md promises; the others ("promised": false: prose, another script, a
 # split key) are measured by bench/bench_redact.py, not required here.
 SECRETS = [row for row in ALL_SECRETS if row.get("promised", True)]
 LOOKALIKES = load("lookalikes.jsonl")
