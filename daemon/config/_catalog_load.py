@@ -33,7 +33,6 @@ from typing import Any
 
 from supervisor import InvalidModelError, read_gguf_info
 
-from ..models._residency import device_budgets
 from ._catalog import RESERVED_ROLES, ROLES, Catalog, CatalogEntry, role_of
 from ._catalog_preset import read_preset
 from ._checks import check_child
@@ -48,6 +47,24 @@ _CHILD_KEYS = ("runtime", "ctx_size", "threads", "parallel", "queue_ahead", "bat
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,127}")
 _MAGIC = b"GGUF"
+
+
+def device_budgets(text: str) -> dict[str, int]:
+    """``[models] device_budgets_mb`` (``NAME=MiB,...``) as device -> bytes.
+
+    Raises:
+        ValueError: not such pairs (the message says what is wrong).
+    """
+    budgets: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, mib = part.partition("=")
+        name = name.strip()
+        if not sep or not name or not mib.strip().isdigit() or int(mib) <= 0:
+            raise ValueError(f"{part!r} is not NAME=MiB (a positive whole number of MiB)")
+        if name in budgets:
+            raise ValueError(f"device {name!r} is given twice")
+        budgets[name] = int(mib) * 1024 * 1024
+    return budgets
 
 
 def catalog_tables(data: MutableMapping[str, Any], where: str) -> dict[str, Mapping[str, Any]]:

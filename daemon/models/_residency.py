@@ -49,24 +49,6 @@ class Limits:
         return self.devices.get(device, 0) if device else self.budget
 
 
-def device_budgets(text: str) -> dict[str, int]:
-    """``[models] device_budgets_mb`` (``NAME=MiB,...``) as device -> bytes.
-
-    Raises:
-        ValueError: not such pairs (the message says what is wrong).
-    """
-    budgets: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, mib = part.partition("=")
-        name = name.strip()
-        if not sep or not name or not mib.strip().isdigit() or int(mib) <= 0:
-            raise ValueError(f"{part!r} is not NAME=MiB (a positive whole number of MiB)")
-        if name in budgets:
-            raise ValueError(f"device {name!r} is given twice")
-        budgets[name] = int(mib) * 1024 * 1024
-    return budgets
-
-
 def fits(residents: list[Resident], need: int, limits: Limits, device: str = "") -> bool:
     """Whether a model needing ``need`` bytes on ``device`` ("": RAM) fits beside
     ``residents``."""

@@ -41,13 +41,14 @@ from supervisor import (
 
 from ..config import ChildConfig
 from ..config._catalog import Catalog, CatalogEntry
+from ..config._catalog_load import device_budgets
 from ..config._sections import PoolSettings
 from ..config.inference_mode import InferenceMode
 from ..errors import FailedPrecondition, InvalidArgument, Overloaded, UnknownModel
 from ..telemetry.metrics import Metrics
 from . import memory
 from ._pool_reload import CatalogChange, compare
-from ._residency import Limits, Resident, device_budgets, make_room
+from ._residency import Limits, Resident, make_room
 from ._states import ModelState
 from .children import Setup, make_setup
 from .model import Model

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from daemon.config._catalog_load import device_budgets
 from daemon.config._sections import PoolSettings
 from daemon.errors import Overloaded
-from daemon.models._residency import Limits, Resident, device_budgets, make_room
+from daemon.models._residency import Limits, Resident, make_room
 from daemon.models.model import Model
 from supervisor import State
 from tests.support.scripted import settle
