@@ -1,7 +1,7 @@
-"""The child-argument policy (supervisor/_args.py): the API's allow-list, the operator
-files' deny-list, file options confined to the models directory, and the child variables
-that would set a refused option or reach the host; then the configuration refusing each
-at load, naming the argument.
+"""The child-argument policy (supervisor/_args.py, over supervisor/_options.py's tables):
+the API's allow-list, the operator files' deny-list, file options confined to the models
+directory, and the child variables that would set a refused option or reach the host; then
+the configuration refusing each at load, naming the argument.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 
 from daemon.config import ConfigError
 from supervisor import ArgumentRefused, check_api_args, check_child_env, check_operator_args
-from supervisor._args import (
-    _BUNDLED_LITERAL,
+from supervisor._options import (
     API,
     API_ALLOWED,
+    BUNDLED_LITERAL,
     BUNDLED_OPTIONS,
     FILE,
     LLAMA_SERVER_OPTIONS,
@@ -122,8 +122,8 @@ def test_argparse_abbreviations_are_judged_as_the_option_they_begin() -> None:
     """llama_cpp.server's argparse takes ``--rpc`` for ``--rpc_servers``: an unknown
     prefix is refused, and no allowed spelling is a prefix of a stricter bundled one."""
     for name in API_ALLOWED:
-        if name.startswith("--") and name not in _BUNDLED_LITERAL:
-            assert not [b for b in _BUNDLED_LITERAL if b.startswith(name)], name
+        if name.startswith("--") and name not in BUNDLED_LITERAL:
+            assert not [b for b in BUNDLED_LITERAL if b.startswith(name)], name
     with pytest.raises(ArgumentRefused):
         check_api_args(["--ssl_key", "x"])
 
