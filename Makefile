@@ -121,6 +121,9 @@ proto: install
 # other tools), plus the wheels the default models are prepared from, in one folder to carry
 # to an air-gapped machine.
 wheelhouse: install
+	# setuptools builds in ./build and never removes what it copied there before: a module
+	# moved or deleted since would ship in the wheel beside its new self.
+	rm -rf build
 	$(LLAMA_BUILD_ENV) $(BIN)/python -m pip wheel --quiet --wheel-dir $(WHEELHOUSE) .
 	$(BIN)/python packaging/client/build.py --wheel-dir $(WHEELHOUSE)
 	$(BIN)/python -m pip download --quiet --no-deps --only-binary :all: \
