@@ -4,6 +4,7 @@ of the kernel's socket tables (daemon.grpcapi.connlimits, daemon.grpcapi.peergua
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import socket
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from daemon.config import ConnectionSettings
+from daemon.grpcapi import peerguard
 from daemon.grpcapi.connlimits import (
     MIN_LISTENER,
     ConnectionCap,
@@ -19,7 +21,7 @@ from daemon.grpcapi.connlimits import (
     counted_listeners,
     grpc_options,
 )
-from daemon.grpcapi.peerguard import connections, enforce
+from daemon.grpcapi.peerguard import connections, descriptors_held, enforce, worth_a_look
 
 S = ConnectionSettings()
 
@@ -212,3 +214,53 @@ def test_counted_listeners_bind_every_address_on_one_port() -> None:
     finally:
         for s in socks:
             s.close()
+
+
+def test_the_guard_looks_at_the_tables_only_past_the_cap_in_descriptors() -> None:
+    """A process holding no more descriptors than the cap cannot have a peer over it (each
+    connection the guard can shut down is one of them): no table is read then; an
+    unknown count is looked at."""
+    assert not worth_a_look(128, 40)
+    assert not worth_a_look(128, 128)
+    assert worth_a_look(128, 129)
+    assert worth_a_look(128, -1)
+    held = descriptors_held()
+    with socket.socket() as extra:
+        assert descriptors_held() == held + 1 and extra.fileno() >= 0
+
+
+async def test_guard_loop_reads_the_tables_first_then_only_when_worth_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first look reads the tables (so an unreadable /proc is said at start); later
+    looks read them only while the descriptors held exceed the cap."""
+    reads: list[int] = []
+    looks: list[int] = []
+    held = [10]
+    quiet_looks, read_again = asyncio.Event(), asyncio.Event()
+
+    def count() -> int:
+        looks.append(held[0])
+        if len(looks) >= 5:
+            quiet_looks.set()
+        return held[0]
+
+    def enforce(port: int, per_peer: int) -> dict[str, int]:
+        reads.append(port)
+        if len(reads) >= 3:
+            read_again.set()
+        return {}
+
+    monkeypatch.setattr(peerguard, "enforce", enforce)
+    monkeypatch.setattr(peerguard, "descriptors_held", count)
+    task = asyncio.create_task(peerguard.guard_loop(7, 128, 0.01))
+    try:
+        async with asyncio.timeout(30):
+            await quiet_looks.wait()
+        assert reads == [7]  # the first look only
+        held[0] = 200
+        async with asyncio.timeout(30):
+            await read_again.wait()
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
