@@ -18,9 +18,9 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Unpack
 
 from grpc_health.v1 import health_pb2
 
@@ -31,7 +31,7 @@ from . import _generation as gen
 from . import _requests as rq
 from ._base import AsyncBase, serving, status_name, watch_ended
 from ._channel import DEFAULT, Timeout
-from ._generation import ResponseFormat
+from ._generation import GenerationControls
 from ._models import ModelInfo, model_info, model_list
 from ._stream import AsyncAskStream, AsyncStream, AsyncTextStream
 from ._types import (
@@ -45,11 +45,9 @@ from ._types import (
     Reprocessed,
     RetrievalStatus,
     Role,
-    SearchMode,
     SearchResult,
     Source,
     SwapProgress,
-    Task,
     Tokens,
 )
 from .errors import NotFound
@@ -67,58 +65,18 @@ class AsyncClient(AsyncBase):
 
     # --- InferenceService -----------------------------------------------------------------
 
-    def generate(self, prompt: str, *, max_tokens: int | None = None,
-                 temperature: float | None = None, top_p: float | None = None,
-                 top_k: int | None = None, seed: int | None = None, stop: Sequence[str] = (),
-                 min_p: float | None = None, repeat_penalty: float | None = None,
-                 repeat_last_n: int | None = None, presence_penalty: float | None = None,
-                 frequency_penalty: float | None = None,
-                 logit_bias: Mapping[int | str, float] | None = None, logprobs: bool = False,
-                 top_logprobs: int | None = None,
-                 response_format: ResponseFormat | None = None,
-                 json_schema: str | Mapping[str, Any] | None = None,
-                 grammar: str | None = None, dry_multiplier: float | None = None,
-                 dry_base: float | None = None, dry_allowed_length: int | None = None,
-                 dry_penalty_last_n: int | None = None,
-                 timeout: Timeout = DEFAULT) -> AsyncTextStream:
+    def generate(self, prompt: str, *, timeout: Timeout = DEFAULT,
+                 **controls: Unpack[GenerationControls]) -> AsyncTextStream:
         """Stream the completion of a raw prompt, with the generation controls of
         :meth:`Client.generate`."""
-        request = rq.generate(prompt, gen.sampling(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-            seed=seed, stop=stop, min_p=min_p, repeat_penalty=repeat_penalty,
-            repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty, logit_bias=logit_bias, logprobs=logprobs,
-            top_logprobs=top_logprobs, response_format=response_format,
-            json_schema=json_schema, grammar=grammar, dry_multiplier=dry_multiplier,
-            dry_base=dry_base, dry_allowed_length=dry_allowed_length,
-            dry_penalty_last_n=dry_penalty_last_n))
+        request = rq.generate(prompt, gen.sampling(**controls))
         return AsyncTextStream(self._call(self._inference.Generate, request, timeout),
                                cv.generate_chunk)
 
-    def chat(self, messages: Iterable[cv.ChatInput], *, max_tokens: int | None = None,
-             temperature: float | None = None, top_p: float | None = None,
-             top_k: int | None = None, seed: int | None = None, stop: Sequence[str] = (),
-             min_p: float | None = None, repeat_penalty: float | None = None,
-             repeat_last_n: int | None = None, presence_penalty: float | None = None,
-             frequency_penalty: float | None = None,
-             logit_bias: Mapping[int | str, float] | None = None, logprobs: bool = False,
-             top_logprobs: int | None = None,
-             response_format: ResponseFormat | None = None,
-             json_schema: str | Mapping[str, Any] | None = None,
-             grammar: str | None = None, dry_multiplier: float | None = None,
-             dry_base: float | None = None, dry_allowed_length: int | None = None,
-             dry_penalty_last_n: int | None = None,
-             timeout: Timeout = DEFAULT) -> AsyncTextStream:
+    def chat(self, messages: Iterable[cv.ChatInput], *, timeout: Timeout = DEFAULT,
+             **controls: Unpack[GenerationControls]) -> AsyncTextStream:
         """Stream a chat completion (see :meth:`Client.chat`)."""
-        request = rq.chat(messages, gen.sampling(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-            seed=seed, stop=stop, min_p=min_p, repeat_penalty=repeat_penalty,
-            repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty, logit_bias=logit_bias, logprobs=logprobs,
-            top_logprobs=top_logprobs, response_format=response_format,
-            json_schema=json_schema, grammar=grammar, dry_multiplier=dry_multiplier,
-            dry_base=dry_base, dry_allowed_length=dry_allowed_length,
-            dry_penalty_last_n=dry_penalty_last_n))
+        request = rq.chat(messages, gen.sampling(**controls))
         return AsyncTextStream(self._call(self._inference.Chat, request, timeout),
                                cv.generate_chunk)
 
@@ -203,35 +161,17 @@ class AsyncClient(AsyncBase):
 
     # --- RetrievalService -----------------------------------------------------------------
 
-    async def search(self, query: str, *, top_k: int = 0, sources: Sequence[str] = (),
-                     kinds: Sequence[str] = (), categories: Sequence[str] = (),
-                     tags: Sequence[str] = (), indexed_since: datetime | None = None,
-                     indexed_until: datetime | None = None, mode: SearchMode = "hybrid",
-                     min_score: float | None = None, candidates: int = 0,
-                     text_weight: float | None = None, vector_weight: float | None = None,
-                     group_by_document: bool = False, dated_since: datetime | None = None,
-                     dated_until: datetime | None = None,
-                     timeout: Timeout = DEFAULT) -> SearchResult:
+    async def search(self, query: str, *, timeout: Timeout = DEFAULT,
+                     **options: Unpack[rq.SearchOptions]) -> SearchResult:
         """Hybrid search (see :meth:`Client.search`)."""
-        request = rq.search(query, top_k=top_k, sources=sources, kinds=kinds,
-                            categories=categories, tags=tags, indexed_since=indexed_since,
-                            indexed_until=indexed_until, mode=mode, min_score=min_score,
-                            candidates=candidates, text_weight=text_weight,
-                            vector_weight=vector_weight, group_by_document=group_by_document,
-                            dated_since=dated_since, dated_until=dated_until)
+        request = rq.search(query, **options)
         return cv.search_result(await self._unary(self._retrieval.Search, request, timeout))
 
-    async def upsert_document(self, source_id: str, text: str = "", *, document_id: str = "",
-                              title: str = "", kind: str = "text", category: str = "",
-                              tags: Sequence[str] = (), content: bytes = b"",
-                              content_type: str = "", wait: bool = True,
-                              review: bool = False, document_date: datetime | None = None,
-                              timeout: Timeout = DEFAULT) -> Document:
+    async def upsert_document(self, source_id: str, text: str = "", *,
+                              timeout: Timeout = DEFAULT,
+                              **options: Unpack[rq.UpsertOptions]) -> Document:
         """Index a pushed document (see :meth:`Client.upsert_document`)."""
-        request = rq.upsert_document(source_id, text, document_id=document_id, title=title,
-                                     kind=kind, category=category, tags=tags,
-                                     content=content, content_type=content_type, wait=wait,
-                                     review=review, document_date=document_date)
+        request = rq.upsert_document(source_id, text, **options)
         resp = await self._unary(self._retrieval.UpsertDocument, request, timeout)
         return cv.document(resp.document)
 
@@ -325,20 +265,10 @@ class AsyncClient(AsyncBase):
 
     # --- AnswerService --------------------------------------------------------------------
 
-    def ask(self, question: str, *, top_k: int = 0, sources: Sequence[str] = (),
-            kinds: Sequence[str] = (), categories: Sequence[str] = (),
-            tags: Sequence[str] = (), history: Iterable[cv.ChatInput] = (),
-            task: Task = "answer", attachment: str = "", max_tokens: int | None = None,
-            temperature: float | None = None, seed: int | None = None, no_cache: bool = False,
-            mode: SearchMode = "hybrid", dated_since: datetime | None = None,
-            dated_until: datetime | None = None,
-            timeout: Timeout = DEFAULT) -> AsyncAskStream:
+    def ask(self, question: str, *, timeout: Timeout = DEFAULT,
+            **options: Unpack[rq.AskOptions]) -> AsyncAskStream:
         """A grounded answer, streamed, then its sources (see :meth:`Client.ask`)."""
-        request = rq.ask(question, top_k=top_k, sources=sources, kinds=kinds,
-                         categories=categories, tags=tags, history=history, task=task,
-                         attachment=attachment, max_tokens=max_tokens,
-                         temperature=temperature, seed=seed, no_cache=no_cache, mode=mode,
-                         dated_since=dated_since, dated_until=dated_until)
+        request = rq.ask(question, **options)
         return AsyncAskStream(self._call(self._answer.Ask, request, timeout), cv.ask_event)
 
     # --- health ---------------------------------------------------------------------------

@@ -13,8 +13,8 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Unpack
 
 from grpc_health.v1 import health_pb2
 
@@ -26,7 +26,7 @@ from . import _requests as rq
 from ._base import serving, status_name, watch_ended
 from ._channel import DEFAULT, Timeout
 from ._client_documents import DocumentCalls
-from ._generation import ResponseFormat
+from ._generation import GenerationControls
 from ._models import ModelInfo, model_info, model_list
 from ._stream import Stream, TextStream
 from ._types import DaemonStatus, Embeddings, LogLine, Mode, Role, SwapProgress, Tokens
@@ -79,31 +79,7 @@ class Client(DocumentCalls):
     # --- InferenceService -----------------------------------------------------------------
 
     def generate(
-        self,
-        prompt: str,
-        *,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: Sequence[str] = (),
-        min_p: float | None = None,
-        repeat_penalty: float | None = None,
-        repeat_last_n: int | None = None,
-        presence_penalty: float | None = None,
-        frequency_penalty: float | None = None,
-        logit_bias: Mapping[int | str, float] | None = None,
-        logprobs: bool = False,
-        top_logprobs: int | None = None,
-        response_format: ResponseFormat | None = None,
-        json_schema: str | Mapping[str, Any] | None = None,
-        grammar: str | None = None,
-        dry_multiplier: float | None = None,
-        dry_base: float | None = None,
-        dry_allowed_length: int | None = None,
-        dry_penalty_last_n: int | None = None,
-        timeout: Timeout = DEFAULT,
+        self, prompt: str, *, timeout: Timeout = DEFAULT, **controls: Unpack[GenerationControls]
     ) -> TextStream:
         """Stream the completion of a raw prompt.
 
@@ -112,8 +88,9 @@ class Client(DocumentCalls):
         them; the last one has ``finish_reason`` and ``usage``. Breaking out of the loop,
         closing the stream or its deadline passing stops the generation in the child.
 
-        Generation controls (all optional; the daemon refuses, naming it, one the serving
-        runtime cannot honour, and a value out of range):
+        Generation controls (keyword arguments, typed by
+        :class:`~clients._generation.GenerationControls`; all optional; the daemon refuses,
+        naming it, one the serving runtime cannot honour, and a value out of range):
 
         Args:
             seed: the sampler's seed: the same request and seed give the same text.
@@ -139,44 +116,13 @@ class Client(DocumentCalls):
             ...     result = llamad.generate("2 + 2 =", max_tokens=4).collect()
             ...     print(result.text, result.usage.completion_tokens)
         """
-        request = rq.generate(prompt, gen.sampling(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-            seed=seed, stop=stop, min_p=min_p, repeat_penalty=repeat_penalty,
-            repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty, logit_bias=logit_bias, logprobs=logprobs,
-            top_logprobs=top_logprobs, response_format=response_format,
-            json_schema=json_schema, grammar=grammar, dry_multiplier=dry_multiplier,
-            dry_base=dry_base, dry_allowed_length=dry_allowed_length,
-            dry_penalty_last_n=dry_penalty_last_n))
+        request = rq.generate(prompt, gen.sampling(**controls))
         return TextStream(self._call(self._inference.Generate, request, timeout),
                           cv.generate_chunk)
 
     def chat(
-        self,
-        messages: Iterable[cv.ChatInput],
-        *,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: Sequence[str] = (),
-        min_p: float | None = None,
-        repeat_penalty: float | None = None,
-        repeat_last_n: int | None = None,
-        presence_penalty: float | None = None,
-        frequency_penalty: float | None = None,
-        logit_bias: Mapping[int | str, float] | None = None,
-        logprobs: bool = False,
-        top_logprobs: int | None = None,
-        response_format: ResponseFormat | None = None,
-        json_schema: str | Mapping[str, Any] | None = None,
-        grammar: str | None = None,
-        dry_multiplier: float | None = None,
-        dry_base: float | None = None,
-        dry_allowed_length: int | None = None,
-        dry_penalty_last_n: int | None = None,
-        timeout: Timeout = DEFAULT,
+        self, messages: Iterable[cv.ChatInput], *, timeout: Timeout = DEFAULT,
+        **controls: Unpack[GenerationControls],
     ) -> TextStream:
         """Stream a chat completion; the model's chat template formats the messages.
 
@@ -194,15 +140,7 @@ class Client(DocumentCalls):
             >>> answer = Client().chat([("system", "Be terse."),            # doctest: +SKIP
             ...                         ("user", "Name a colour.")]).collect().text
         """
-        request = rq.chat(messages, gen.sampling(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-            seed=seed, stop=stop, min_p=min_p, repeat_penalty=repeat_penalty,
-            repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty, logit_bias=logit_bias, logprobs=logprobs,
-            top_logprobs=top_logprobs, response_format=response_format,
-            json_schema=json_schema, grammar=grammar, dry_multiplier=dry_multiplier,
-            dry_base=dry_base, dry_allowed_length=dry_allowed_length,
-            dry_penalty_last_n=dry_penalty_last_n))
+        request = rq.chat(messages, gen.sampling(**controls))
         return TextStream(self._call(self._inference.Chat, request, timeout),
                           cv.generate_chunk)
 

@@ -4,8 +4,9 @@ search) and AnswerService (grounded answers); :class:`clients.Client` inherits t
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
+from typing import Unpack
 
 from llamad_protocol.v1 import retrieval_pb2
 
@@ -20,10 +21,8 @@ from ._types import (
     ReindexProgress,
     Reprocessed,
     RetrievalStatus,
-    SearchMode,
     SearchResult,
     Source,
-    Task,
 )
 
 
@@ -33,25 +32,7 @@ class DocumentCalls(SyncBase):
     # --- RetrievalService -----------------------------------------------------------------
 
     def search(
-        self,
-        query: str,
-        *,
-        top_k: int = 0,
-        sources: Sequence[str] = (),
-        kinds: Sequence[str] = (),
-        categories: Sequence[str] = (),
-        tags: Sequence[str] = (),
-        indexed_since: datetime | None = None,
-        indexed_until: datetime | None = None,
-        mode: SearchMode = "hybrid",
-        min_score: float | None = None,
-        candidates: int = 0,
-        text_weight: float | None = None,
-        vector_weight: float | None = None,
-        group_by_document: bool = False,
-        dated_since: datetime | None = None,
-        dated_until: datetime | None = None,
-        timeout: Timeout = DEFAULT,
+        self, query: str, *, timeout: Timeout = DEFAULT, **options: Unpack[rq.SearchOptions]
     ) -> SearchResult:
         """Hybrid search (BM25 and vectors fused by RRF; BM25 only without embeddings).
 
@@ -81,30 +62,12 @@ class DocumentCalls(SyncBase):
             >>> for hit in Client().search("disk full web01").hits:          # doctest: +SKIP
             ...     print(hit.chunk_id, hit.title, round(hit.fused_score, 3))
         """
-        request = rq.search(query, top_k=top_k, sources=sources, kinds=kinds,
-                            categories=categories, tags=tags, indexed_since=indexed_since,
-                            indexed_until=indexed_until, mode=mode, min_score=min_score,
-                            candidates=candidates, text_weight=text_weight,
-                            vector_weight=vector_weight, group_by_document=group_by_document,
-                            dated_since=dated_since, dated_until=dated_until)
+        request = rq.search(query, **options)
         return cv.search_result(self._unary(self._retrieval.Search, request, timeout))
 
     def upsert_document(
-        self,
-        source_id: str,
-        text: str = "",
-        *,
-        document_id: str = "",
-        title: str = "",
-        kind: str = "text",
-        category: str = "",
-        tags: Sequence[str] = (),
-        content: bytes = b"",
-        content_type: str = "",
-        wait: bool = True,
-        review: bool = False,
-        document_date: datetime | None = None,
-        timeout: Timeout = DEFAULT,
+        self, source_id: str, text: str = "", *, timeout: Timeout = DEFAULT,
+        **options: Unpack[rq.UpsertOptions],
     ) -> Document:
         """Index a document of a push source, replacing its previous version atomically;
         returns once it is durable and searchable. Idempotent.
@@ -135,10 +98,7 @@ class DocumentCalls(SyncBase):
             >>> doc = llamad.upsert_document("notes", "web01 disk is full",   # doctest: +SKIP
             ...                              title="web01")
         """
-        request = rq.upsert_document(source_id, text, document_id=document_id, title=title,
-                                     kind=kind, category=category, tags=tags,
-                                     content=content, content_type=content_type, wait=wait,
-                                     review=review, document_date=document_date)
+        request = rq.upsert_document(source_id, text, **options)
         resp = self._unary(self._retrieval.UpsertDocument, request, timeout)
         return cv.document(resp.document)
 
@@ -281,25 +241,7 @@ class DocumentCalls(SyncBase):
     # --- AnswerService --------------------------------------------------------------------
 
     def ask(
-        self,
-        question: str,
-        *,
-        top_k: int = 0,
-        sources: Sequence[str] = (),
-        kinds: Sequence[str] = (),
-        categories: Sequence[str] = (),
-        tags: Sequence[str] = (),
-        history: Iterable[cv.ChatInput] = (),
-        task: Task = "answer",
-        attachment: str = "",
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        seed: int | None = None,
-        no_cache: bool = False,
-        mode: SearchMode = "hybrid",
-        dated_since: datetime | None = None,
-        dated_until: datetime | None = None,
-        timeout: Timeout = DEFAULT,
+        self, question: str, *, timeout: Timeout = DEFAULT, **options: Unpack[rq.AskOptions]
     ) -> AskStream:
         """A grounded answer about your documents, streamed, with its sources.
 
@@ -328,9 +270,5 @@ class DocumentCalls(SyncBase):
             >>> for c in result.citations:                                # doctest: +SKIP
             ...     print(f"[{c.label}] {c.title} — {c.path}")
         """
-        request = rq.ask(question, top_k=top_k, sources=sources, kinds=kinds,
-                         categories=categories, tags=tags, history=history, task=task,
-                         attachment=attachment, max_tokens=max_tokens,
-                         temperature=temperature, seed=seed, no_cache=no_cache, mode=mode,
-                         dated_since=dated_since, dated_until=dated_until)
+        request = rq.ask(question, **options)
         return AskStream(self._call(self._answer.Ask, request, timeout), cv.ask_event)

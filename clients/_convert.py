@@ -126,24 +126,6 @@ def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
 
 # --- requests ---------------------------------------------------------------------------
 
-def sampling(*, max_tokens: int | None, temperature: float | None, top_p: float | None,
-             top_k: int | None, seed: int | None,
-             stop: Sequence[str]) -> inference_pb2.SamplingParams:
-    """SamplingParams with only the fields given (unset means the daemon's default)."""
-    params = inference_pb2.SamplingParams(stop=list(stop))
-    if max_tokens is not None:
-        params.max_tokens = max_tokens
-    if temperature is not None:
-        params.temperature = temperature
-    if top_p is not None:
-        params.top_p = top_p
-    if top_k is not None:
-        params.top_k = top_k
-    if seed is not None:
-        params.seed = seed
-    return params
-
-
 def message(item: ChatInput) -> Message:
     """Normalise one chat message; the role must be system, user or assistant."""
     if isinstance(item, Message):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, TypedDict
 
 from llamad_protocol.v1 import inference_pb2
 
@@ -26,6 +26,34 @@ _FORMATS: dict[str, inference_pb2.ResponseFormatType.ValueType] = {
     "json_object": inference_pb2.RESPONSE_FORMAT_TYPE_JSON_OBJECT,
     "json_schema": inference_pb2.RESPONSE_FORMAT_TYPE_JSON_SCHEMA,
 }
+
+
+class GenerationControls(TypedDict, total=False):
+    """The generation controls ``generate`` and ``chat`` take (both clients), as keyword
+    arguments; each is :func:`sampling`'s parameter of the same name (one left out, or
+    None, is the daemon's default)."""
+
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    seed: int | None
+    stop: Sequence[str]
+    min_p: float | None
+    repeat_penalty: float | None
+    repeat_last_n: int | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
+    logit_bias: Mapping[int | str, float] | None
+    logprobs: bool
+    top_logprobs: int | None
+    response_format: ResponseFormat | None
+    json_schema: str | Mapping[str, Any] | None
+    grammar: str | None
+    dry_multiplier: float | None
+    dry_base: float | None
+    dry_allowed_length: int | None
+    dry_penalty_last_n: int | None
 
 
 def sampling(
@@ -62,17 +90,14 @@ def sampling(
     Raises:
         ValueError: an unknown ``response_format``, or ``json_schema`` with another one.
     """
-    params = inference_pb2.SamplingParams(stop=list(stop), logprobs=logprobs)
-    optional: dict[str, float | None] = {
-        "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-        "seed": seed, "min_p": min_p, "repeat_penalty": repeat_penalty,
-        "repeat_last_n": repeat_last_n, "presence_penalty": presence_penalty,
-        "frequency_penalty": frequency_penalty, "top_logprobs": top_logprobs,
-        "dry_multiplier": dry_multiplier, "dry_base": dry_base,
-        "dry_allowed_length": dry_allowed_length, "dry_penalty_last_n": dry_penalty_last_n}
-    for name, value in optional.items():
-        if value is not None:
-            setattr(params, name, value)
+    # None leaves an optional field unset: the daemon's default.
+    params = inference_pb2.SamplingParams(
+        stop=list(stop), logprobs=logprobs, max_tokens=max_tokens, temperature=temperature,
+        top_p=top_p, top_k=top_k, seed=seed, min_p=min_p, repeat_penalty=repeat_penalty,
+        repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty, top_logprobs=top_logprobs,
+        dry_multiplier=dry_multiplier, dry_base=dry_base,
+        dry_allowed_length=dry_allowed_length, dry_penalty_last_n=dry_penalty_last_n)
     for target, bias in (logit_bias or {}).items():
         entry = (inference_pb2.LogitBias(text=target, bias=bias) if isinstance(target, str)
                  else inference_pb2.LogitBias(token=target, bias=bias))

@@ -1,14 +1,23 @@
-"""Request messages from the clients' keyword arguments (shared by sync and asyncio)."""
+"""Request messages from the clients' keyword arguments (shared by sync and asyncio).
+
+The calls with many options (search, upsert_document, ask) take them in both clients as
+``**options`` typed by a TypedDict here (:class:`SearchOptions`, :class:`UpsertOptions`,
+:class:`AskOptions`), and forward them to the builder of the same name, whose signature
+holds the defaults and refuses a misspelt option (TypeError).
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import TypedDict
 
 from llamad_protocol.v1 import answer_pb2, control_pb2, inference_pb2, retrieval_pb2
 
 from . import _convert as cv
+from ._generation import sampling
+from ._types import SearchMode, Task
 
 
 def generate(prompt: str, sampling: inference_pb2.SamplingParams
@@ -59,11 +68,32 @@ def reset(role: str) -> control_pb2.ResetRequest:
     return control_pb2.ResetRequest(role=cv.role_enum(role))
 
 
-def search(query: str, *, top_k: int, sources: Sequence[str], kinds: Sequence[str],
-           categories: Sequence[str], tags: Sequence[str], indexed_since: datetime | None,
-           indexed_until: datetime | None, mode: str, min_score: float | None,
-           candidates: int, text_weight: float | None, vector_weight: float | None,
-           group_by_document: bool, dated_since: datetime | None = None,
+class SearchOptions(TypedDict, total=False):
+    """What :func:`search` takes besides the query: ``Client.search``'s options."""
+
+    top_k: int
+    sources: Sequence[str]
+    kinds: Sequence[str]
+    categories: Sequence[str]
+    tags: Sequence[str]
+    indexed_since: datetime | None
+    indexed_until: datetime | None
+    mode: SearchMode
+    min_score: float | None
+    candidates: int
+    text_weight: float | None
+    vector_weight: float | None
+    group_by_document: bool
+    dated_since: datetime | None
+    dated_until: datetime | None
+
+
+def search(query: str, *, top_k: int = 0, sources: Sequence[str] = (),
+           kinds: Sequence[str] = (), categories: Sequence[str] = (), tags: Sequence[str] = (),
+           indexed_since: datetime | None = None, indexed_until: datetime | None = None,
+           mode: SearchMode = "hybrid", min_score: float | None = None, candidates: int = 0,
+           text_weight: float | None = None, vector_weight: float | None = None,
+           group_by_document: bool = False, dated_since: datetime | None = None,
            dated_until: datetime | None = None) -> retrieval_pb2.SearchRequest:
     request = retrieval_pb2.SearchRequest(
         query=query, top_k=top_k, filters=cv.filters(
@@ -71,21 +101,33 @@ def search(query: str, *, top_k: int, sources: Sequence[str], kinds: Sequence[st
             indexed_since=indexed_since, indexed_until=indexed_until,
             dated_since=dated_since, dated_until=dated_until),
         mode=cv.search_mode_enum(mode), candidates=candidates,
-        group_by_document=group_by_document)
-    if min_score is not None:
-        request.min_score = min_score
-    if text_weight is not None:
-        request.text_weight = text_weight
-    if vector_weight is not None:
-        request.vector_weight = vector_weight
+        group_by_document=group_by_document,
+        # None leaves an optional field unset: the daemon's default.
+        min_score=min_score, text_weight=text_weight, vector_weight=vector_weight)
     return request
 
 
-def upsert_document(source_id: str, text: str, *, document_id: str, title: str, kind: str,
-                    category: str, tags: Sequence[str], content: bytes = b"",
-                    content_type: str = "", wait: bool = True,
+class UpsertOptions(TypedDict, total=False):
+    """What :func:`upsert_document` takes besides the source and the text:
+    ``Client.upsert_document``'s options."""
+
+    document_id: str
+    title: str
+    kind: str
+    category: str
+    tags: Sequence[str]
+    content: bytes
+    content_type: str
+    wait: bool
+    review: bool
+    document_date: datetime | None
+
+
+def upsert_document(source_id: str, text: str = "", *, document_id: str = "", title: str = "",
+                    kind: str = "text", category: str = "", tags: Sequence[str] = (),
+                    content: bytes = b"", content_type: str = "", wait: bool = True,
                     review: bool = False, document_date: datetime | None = None
-                    ) -> retrieval_pb2.UpsertDocumentRequest:
+    ) -> retrieval_pb2.UpsertDocumentRequest:
     request = retrieval_pb2.UpsertDocumentRequest(
         source_id=source_id, id=document_id, title=title, text=text, kind=kind,
         category=category, tags=list(tags), content=content, content_type=content_type,
@@ -104,17 +146,37 @@ def add_source(source_id: str, path: str | os.PathLike[str], *, category: str,
                                           max_age_days=max_age_days, max_items=max_items)
 
 
-def ask(question: str, *, top_k: int, sources: Sequence[str], kinds: Sequence[str],
-        categories: Sequence[str], tags: Sequence[str], history: Iterable[cv.ChatInput],
-        task: str, attachment: str, max_tokens: int | None, temperature: float | None,
-        seed: int | None, no_cache: bool, mode: str = "hybrid",
-        dated_since: datetime | None = None,
-        dated_until: datetime | None = None) -> answer_pb2.AskRequest:
+class AskOptions(TypedDict, total=False):
+    """What :func:`ask` takes besides the question: ``Client.ask``'s options."""
+
+    top_k: int
+    sources: Sequence[str]
+    kinds: Sequence[str]
+    categories: Sequence[str]
+    tags: Sequence[str]
+    history: Iterable[cv.ChatInput]
+    task: Task
+    attachment: str
+    max_tokens: int | None
+    temperature: float | None
+    seed: int | None
+    no_cache: bool
+    mode: SearchMode
+    dated_since: datetime | None
+    dated_until: datetime | None
+
+
+def ask(question: str, *, top_k: int = 0, sources: Sequence[str] = (),
+        kinds: Sequence[str] = (), categories: Sequence[str] = (), tags: Sequence[str] = (),
+        history: Iterable[cv.ChatInput] = (), task: Task = "answer", attachment: str = "",
+        max_tokens: int | None = None, temperature: float | None = None,
+        seed: int | None = None, no_cache: bool = False, mode: SearchMode = "hybrid",
+        dated_since: datetime | None = None, dated_until: datetime | None = None
+        ) -> answer_pb2.AskRequest:
     return answer_pb2.AskRequest(
         question=question, top_k=top_k, history=cv.turns(history),
         task=cv.task_enum(task), attachment=attachment, no_cache=no_cache,
         mode=cv.search_mode_enum(mode),
         filters=cv.filters(sources=sources, kinds=kinds, categories=categories, tags=tags,
                            dated_since=dated_since, dated_until=dated_until),
-        sampling=cv.sampling(max_tokens=max_tokens, temperature=temperature, top_p=None,
-                             top_k=None, seed=seed, stop=()))
+        sampling=sampling(max_tokens=max_tokens, temperature=temperature, seed=seed))

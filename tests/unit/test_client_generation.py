@@ -46,6 +46,13 @@ def test_keyword_arguments_become_sampling_params() -> None:
     assert sampling(grammar='root ::= "a"').grammar == 'root ::= "a"'
 
 
+def test_misspelt_control_is_a_type_error() -> None:
+    """A control generate does not know (forwarded to sampling) is a TypeError naming it,
+    raised before anything is sent."""
+    with Client("127.0.0.1:1") as client, pytest.raises(TypeError, match="max_token"):
+        client.generate("x", max_token=3)  # type: ignore[call-arg]
+
+
 def test_contradicting_formats_are_refused_before_sending() -> None:
     """An unknown response_format, or a schema with json_object, is a ValueError."""
     with pytest.raises(ValueError, match="response_format must be one of"):

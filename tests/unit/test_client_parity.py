@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from clients import AsyncClient, Client
+from clients import _requests as rq
+from clients._generation import GenerationControls, sampling
 
 # Members of one client with no counterpart of the same name in the other, with why.
 ONLY_SYNC = {
@@ -61,3 +63,17 @@ def test_same_member_kind(name: str) -> None:
     """A member that is a property on one client is a property on the other."""
     static = (inspect.getattr_static(Client, name), inspect.getattr_static(AsyncClient, name))
     assert isinstance(static[0], property) == isinstance(static[1], property)
+
+
+@pytest.mark.parametrize(("options", "builder", "positional"), [
+    (GenerationControls, sampling, {"schema_name"}),
+    (rq.SearchOptions, rq.search, {"query"}),
+    (rq.UpsertOptions, rq.upsert_document, {"source_id", "text"}),
+    (rq.AskOptions, rq.ask, {"question"}),
+], ids=["generate/chat", "search", "upsert_document", "ask"])
+def test_forwarded_options_are_the_builders(options: type, builder: Any,
+                                             positional: set[str]) -> None:
+    """The options both clients forward as ``**options`` (a TypedDict) are exactly the
+    keyword parameters of the request builder that takes them, which holds the defaults."""
+    keywords = set(inspect.signature(builder).parameters) - positional
+    assert set(options.__annotations__) == keywords
