@@ -55,7 +55,10 @@ anything else                 INTERNAL               no (no traceback is sent)
 ============================  =====================  ==========
 
 A retry hint is sent twice, for rich and for simple clients: as a ``google.rpc.RetryInfo``
-detail (``grpc-status-details-bin``) and as trailing metadata ``retry-after-ms``.
+detail (``grpc-status-details-bin``) and as trailing metadata ``retry-after-ms``. An
+invalid argument that names its field (:attr:`InvalidArgument.field`) carries it in a
+``google.rpc.BadRequest`` detail (one field violation: the field, the message), so a
+client reads the field from the status, never from the message's words.
 """
 
 from __future__ import annotations
@@ -157,26 +160,34 @@ class DeadlineUnmeetable(RequestError):
 
 @dataclass(frozen=True)
 class Mapped:
+    """A status: its code, message, retry hint (seconds) and the field at fault."""
+
     code: grpc.StatusCode
     message: str
     retry_after: float | None = None
+    field: str | None = None  # an invalid argument's field, as the request names it
 
     def trailing_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
-        """Metadata for ``context.abort``: the retry hint when there is one."""
-        if self.retry_after is None:
+        """Metadata for ``context.abort``: the status details (a retry hint, a field
+        violation) when there are any, and the retry hint for simple clients."""
+        if self.retry_after is None and self.field is None:
             return ()
-        delay = duration_pb2.Duration()
-        delay.FromMilliseconds(int(self.retry_after * 1000))
-        info = error_details_pb2.RetryInfo(retry_delay=delay)
         status = status_pb2.Status(code=_RPC_CODES[self.code], message=self.message)
-        status.details.add().Pack(info)
-        return (
-            (STATUS_DETAILS_KEY, status.SerializeToString()),
-            (RETRY_AFTER_KEY, str(int(self.retry_after * 1000))),
-        )
+        if self.field is not None:
+            status.details.add().Pack(error_details_pb2.BadRequest(field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(field=self.field,
+                                                            description=self.message)]))
+        metadata: list[tuple[str, str | bytes]] = []
+        if self.retry_after is not None:
+            delay = duration_pb2.Duration()
+            delay.FromMilliseconds(int(self.retry_after * 1000))
+            status.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+            metadata.append((RETRY_AFTER_KEY, str(int(self.retry_after * 1000))))
+        return ((STATUS_DETAILS_KEY, status.SerializeToString()), *metadata)
 
 
 _RPC_CODES = {
+    grpc.StatusCode.INVALID_ARGUMENT: code_pb2.INVALID_ARGUMENT,
     grpc.StatusCode.UNAVAILABLE: code_pb2.UNAVAILABLE,
     grpc.StatusCode.RESOURCE_EXHAUSTED: code_pb2.RESOURCE_EXHAUSTED,
 }
@@ -195,7 +206,9 @@ def _how_to_allow_roots() -> str:
 
 def map_error(exc: BaseException) -> Mapped:
     """The status code, message and retry hint for ``exc``."""
-    if isinstance(exc, InvalidArgument | UnsupportedParameterError):
+    if isinstance(exc, InvalidArgument):
+        return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc), field=exc.field)
+    if isinstance(exc, UnsupportedParameterError):
         return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
     if isinstance(exc, InvalidDocument | ExtractionError):
         return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

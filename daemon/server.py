@@ -266,7 +266,8 @@ class Daemon:
                 router=self.router, served=self.children, limits=lambda: self.config.limits,
                 settings=self.config.http, auth=self.auth, metrics=self.metrics,
                 tls=self.config.tls, drain_grace=self.config.drain_grace,
-                answer=self._answer, pool=self.pool,
+                answer=None if self._answer is None else self._answer.service,
+                pool=self.pool,
                 connections=ConnectionCap(conns.http, conns.per_peer),
                 handshake_timeout=cfg.settings.connections.handshake_timeout,
                 serving=self.health.serving)

@@ -64,7 +64,16 @@ class InvalidDocument(RetrievalError):
 
     A bad id, empty text, an unsupported file type, a document over the size limit.
     Permanent: retrying the same input cannot help.
+
+    Attributes:
+        field: the argument at fault as the call names it (``query``, ``k``,
+            ``min_score``), where one is; None otherwise. The daemon's APIs name it to
+            their callers, never reading it from the message.
     """
+
+    def __init__(self, reason: str, *, field: str | None = None) -> None:
+        super().__init__(reason)
+        self.field = field
 
 
 class ExtractionError(RetrievalError):

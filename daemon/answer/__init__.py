@@ -1,15 +1,27 @@
-"""Grounded answers (AnswerService/Ask): prompt assembly, response cache, audit log."""
+"""AnswerService/Ask over gRPC: the adapter over :mod:`daemon.services.ask` (where the
+grounded answer itself is made: retrieval, prompt assembly, response cache, audit)."""
 
+from ..services.ask import (
+    NO_CONTEXT_ANSWER,
+    TASKS,
+    AnswerSettings,
+    AskService,
+    Assembled,
+    CachedAnswer,
+    PromptTooLarge,
+    ResponseCache,
+    assemble,
+    load_template,
+)
 from ..telemetry.audit import AuditLog
-from ._cache import CachedAnswer, ResponseCache
-from ._prompt import TASKS, Assembled, PromptTooLarge, assemble, load_template
-from ._service import NO_CONTEXT_ANSWER, AnswerServicer, AnswerSettings
+from ._service import AnswerServicer
 
 __all__ = [
     "NO_CONTEXT_ANSWER",
     "TASKS",
     "AnswerServicer",
     "AnswerSettings",
+    "AskService",
     "Assembled",
     "AuditLog",
     "CachedAnswer",

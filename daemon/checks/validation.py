@@ -78,6 +78,18 @@ def answer_defaults(answer: AnswerConfig) -> SamplingDefaults:
         dry_multiplier=answer.dry_multiplier, frequency_penalty=answer.frequency_penalty)
 
 
+def ask_sampling(params: pb.SamplingParams, limits: Limits, answer: AnswerConfig) -> Sampling:
+    """Ask's sampling, as both APIs check it: ``answer.default_max_tokens`` when
+    max_tokens is unset, the ``answer.*`` defaults, and the controls that would break a
+    cited answer refused (:func:`sampling` with ``call="Ask"``)."""
+    if not params.HasField("max_tokens"):
+        filled = pb.SamplingParams()
+        filled.CopyFrom(params)
+        filled.max_tokens = answer.default_max_tokens
+        params = filled
+    return sampling(params, limits, call="Ask", defaults=answer_defaults(answer))
+
+
 def sampling(params: pb.SamplingParams, limits: Limits, *, call: str = "",
              defaults: SamplingDefaults | None = None) -> Sampling:
     """Validate sampling parameters and fill defaults.

@@ -1,28 +1,23 @@
 """RetrievalService: the gRPC face of :mod:`retrieval` (its messages in
 :mod:`daemon.grpcapi.retrieval_wire`, its links to the embedding role and its schedules in
-:mod:`daemon.services.retrieval_bridge`)."""
+:mod:`daemon.services.retrieval_bridge`). Search is an adapter over
+:class:`daemon.services.search.SearchService` (refresh, audit, field-naming refusals)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import grpc
-import structlog
 
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from llamad_protocol.v1 import retrieval_pb2_grpc
 from retrieval import (
-    Filters,
-    InvalidDocument,
-    Query,
     Retriever,
     ScanReport,
-    SearchResult,
     check_root,
     extract_bytes,
     scan_source,
@@ -31,6 +26,7 @@ from retrieval import (
 
 from ..errors import InvalidArgument
 from ..services.retrieval_bridge import _no_roots
+from ..services.search import SearchService
 from ..telemetry.audit import AuditLog
 from ..telemetry.metrics import Metrics
 from . import rpc
@@ -48,10 +44,6 @@ from .retrieval_wire import (
     vector_rebuild,
 )
 
-REFRESH_CHECK = 10.0
-"""Seconds between two looks at the sources' last scans by searches (lazy refresh): a
-stale source is noticed within this long of a search, and searches pay no read for it."""
-
 
 class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     """Documents, sources, reindex, search, status."""
@@ -64,19 +56,16 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         """Args:
             allowed_roots: where directory sources may live (retrieval.allowed_roots; read
                 at every AddSource and scan, so a reload applies at once).
-            audit: where Search calls are recorded (retrieval.search_audit_log), or None.
+            audit: where Search calls are recorded (retrieval.search_audit_log), or None
+                (these three and ``wall`` are the :class:`SearchService`'s).
             refresh_interval: retrieval.refresh_min_interval (0: no refresh on search).
             wall: the clock last scans are compared with (injected in tests).
         """
         self._r = retriever
         self.metrics = metrics
         self._allowed_roots = allowed_roots
-        self._audit = audit
-        self._refresh_interval = refresh_interval
-        self._wall = wall
-        self._refreshes: dict[str, asyncio.Task[None]] = {}
-        self._refreshed_at: dict[str, float] = {}
-        self._checked_at = float("-inf")  # when a search last looked at the sources
+        self.search_service = SearchService(retriever, allowed_roots, audit=audit,
+                                            refresh_interval=refresh_interval, wall=wall)
 
     @rpc.unary("UpsertDocument")
     async def UpsertDocument(
@@ -290,75 +279,16 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     async def Search(
         self, request: rpb.SearchRequest, context: grpc.aio.ServicerContext, call: rpc.Call,
     ) -> rpb.SearchResponse:
-        began = time.perf_counter()
-        filters, options = filters_from(request.filters), query_from(request)
-        await self._refresh(filters.sources)
-        try:
-            result = await self._r.search(request.query, k=request.top_k or None,
-                                          filters=filters, options=options)
-        except InvalidDocument as exc:
-            raise InvalidArgument(str(exc)) from None
-        call.note(query_chars=len(request.query), hits=len(result.hits), mode=result.mode)
-        response = rpb.SearchResponse(hits=[search_hit(h) for h in result.hits],
-                                      mode=MODES[result.mode], warnings=result.warnings,
-                                      vector_model=result.vector_model)
-        if self._audit is not None:
-            await self._record(self._audit, request, result, filters=filters,
-                               options=options, seconds=time.perf_counter() - began)
-        return response
-
-    async def _refresh(self, named: Sequence[str]) -> None:
-        """Lazy refresh: rescan, in the background, each enabled directory source the
-        search covers (those named, else all) whose last scan is older than
-        retrieval.refresh_min_interval; at most once per interval per source, never two
-        at once. The search itself does not wait: this one sees the index as it is. An
-        incremental rescan costs a stat per unchanged file, so it is the change check."""
-        interval = self._refresh_interval()
-        now = self._wall()
-        # The sources are read at most every REFRESH_CHECK seconds: not once per search.
-        if interval <= 0 or now - self._checked_at < min(REFRESH_CHECK, interval):
-            return
-        self._checked_at = now
-        for source in await self._r.sources():
-            if source.kind != "directory" or source.disabled \
-                    or (named and source.id not in named):
-                continue
-            last = max(source.last_scan or 0, self._refreshed_at.get(source.id, 0.0))
-            running = self._refreshes.get(source.id)
-            if now - last < interval or (running is not None and not running.done()):
-                continue
-            self._refreshed_at[source.id] = now
-            self._refreshes[source.id] = asyncio.create_task(
-                self._rescan(source.id), name=f"refresh-{source.id}")
-
-    async def _rescan(self, source_id: str) -> None:
-        try:
-            await scan_source(self._r, source_id, allowed_roots=self._allowed_roots())
-        except Exception as exc:  # recorded on the source by the scan; logged here
-            structlog.get_logger("llamad.retrieval").warning(
-                "refresh on search failed", source=source_id, error=str(exc)[:200])
+        result = await self.search_service.search(
+            request.query, top_k=request.top_k, filters=filters_from(request.filters),
+            options=query_from(request), note=call.note)
+        return rpb.SearchResponse(hits=[search_hit(h) for h in result.hits],
+                                  mode=MODES[result.mode], warnings=result.warnings,
+                                  vector_model=result.vector_model)
 
     async def close(self) -> None:
-        """Cancel the refreshes under way (a rescan cut short resumes at the next one)."""
-        tasks = [t for t in self._refreshes.values() if not t.done()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _record(self, audit: AuditLog, request: rpb.SearchRequest, result: SearchResult,
-                      *, filters: Filters, options: Query, seconds: float) -> None:
-        """One audit record: the query (redacted by the log), filters, options, mode, the
-        whole fused list with both ranks, what was returned, and the latency."""
-        ids = await self._r.chunk_ids([key for key, *_ in result.fused])
-        audit.record(
-            call="Search", query=request.query, top_k=request.top_k,
-            filters=dataclasses.asdict(filters), options=dataclasses.asdict(options),
-            mode=result.mode, vector_model=result.vector_model, warnings=result.warnings,
-            fused=[{"chunk_id": ids.get(key, f"#{key}"), "text_rank": tr,
-                    "vector_rank": vr, "score": round(score, 6)}
-                   for key, tr, vr, score in result.fused],
-            returned=[h.chunk_id for h in result.hits],
-            latency_ms=round(seconds * 1000, 2))
+        """Cancel the refreshes searches started (:meth:`SearchService.close`)."""
+        await self.search_service.close()
 
     @rpc.unary("Status")
     async def Status(

@@ -58,7 +58,7 @@ def mode_name(value: rpb.SearchMode.ValueType) -> str:
     """
     mode = value or rpb.SEARCH_MODE_HYBRID
     if mode not in _MODE_NAMES:
-        raise InvalidArgument(f"unknown search mode {mode}")
+        raise InvalidArgument(f"unknown search mode {mode}", field="mode")
     return _MODE_NAMES[mode]
 
 

@@ -19,7 +19,7 @@ from ..telemetry.metrics import Metrics
 from ._models import Catalog
 
 if TYPE_CHECKING:
-    from ..answer import AnswerServicer
+    from ..services.ask import AskService
 
 REQUEST_ID = web.RequestKey("request_id", str)
 """The request's id (``x-request-id``), echoed on every response."""
@@ -44,7 +44,7 @@ class Api:
     catalog: Catalog
     limits: Callable[[], Limits]
     metrics: Metrics | None
-    answer: AnswerServicer | None = None
+    answer: AskService | None = None
 
 
 def json_response(request: web.BaseRequest, data: object, status: int = 200

@@ -39,13 +39,13 @@ from aiohttp import HttpVersion11, web, web_protocol
 from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
 
-from ..answer import AnswerServicer
 from ..config import HttpSettings, Limits
 from ..config.access import TlsMaterial, server_ssl_context
 from ..grpcapi.auth import AuthInterceptor
 from ..grpcapi.connlimits import ConnectionCap, counted_listeners
 from ..grpcapi.rpc import Call, write_summary
 from ..models.router import InferenceRouter
+from ..services.ask import AskService
 from ..telemetry.metrics import Metrics
 from . import _parse
 from ._context import RECEIVED, REQUEST_ID, STREAM, Api
@@ -151,7 +151,8 @@ class HttpApi:
         tls: the TLS material (None: plaintext).
         drain_grace: seconds running requests get at :meth:`stop`.
         serving: whether the daemon serves (``GET /health``: gRPC health's overall).
-        answer: the gRPC Ask servicer, whose code answers ``/v1/llamad/ask``.
+        answer: the Ask service (gRPC's AnswerService adapts it too), which answers
+            ``/v1/llamad/ask``.
         connections: the listener's connection caps (default: 1024 in total, 128 per
             peer).
         handshake_timeout: seconds a TLS connection has to finish its handshake.
@@ -161,7 +162,7 @@ class HttpApi:
                  limits: Callable[[], Limits], settings: HttpSettings,
                  auth: AuthInterceptor, metrics: Metrics | None,
                  tls: TlsMaterial | None = None, drain_grace: float = 30.0,
-                 answer: AnswerServicer | None = None, pool: Pooled | None = None,
+                 answer: AskService | None = None, pool: Pooled | None = None,
                  connections: ConnectionCap | None = None,
                  handshake_timeout: float = 10.0,
                  serving: Callable[[], bool] = lambda: True) -> None:

@@ -256,29 +256,34 @@ class Search:
         """Refuse what cannot be searched; return ``k``, clamped to ``max_k`` (warned)."""
         limits = self.limits
         if k < 1:
-            raise InvalidDocument(f"k must be at least 1, got {k}")
+            raise InvalidDocument(f"k must be at least 1, got {k}", field="k")
         if k > limits.max_k:
             warnings.append(f"top_k {k} is above the maximum, retrieval.max_k = "
                             f"{limits.max_k}: {limits.max_k} hits at most")
             k = limits.max_k
         if not query.strip():
-            raise InvalidDocument("query is empty")
+            raise InvalidDocument("query is empty", field="query")
         if len(query) > limits.max_query_chars:
             raise InvalidDocument(f"query has {len(query)} characters; the limit is "
-                                  f"{limits.max_query_chars} (retrieval.max_query_chars)")
+                                  f"{limits.max_query_chars} (retrieval.max_query_chars)",
+                                  field="query")
         if q.mode not in MODES:
-            raise InvalidDocument(f"mode must be one of {', '.join(MODES)}, got {q.mode!r}")
+            raise InvalidDocument(f"mode must be one of {', '.join(MODES)}, got {q.mode!r}",
+                                  field="mode")
         if q.candidates is not None and not 1 <= q.candidates <= limits.max_candidates:
             raise InvalidDocument(f"candidates must be in 1..{limits.max_candidates} "
-                                  f"(retrieval.max_candidates), got {q.candidates}")
+                                  f"(retrieval.max_candidates), got {q.candidates}",
+                                  field="candidates")
         for name, w in (("text_weight", q.text_weight), ("vector_weight", q.vector_weight)):
             if w is not None and not (math.isfinite(w) and 0 <= w <= 100):
-                raise InvalidDocument(f"{name} must be in 0..100, got {w}")
+                raise InvalidDocument(f"{name} must be in 0..100, got {w}", field=name)
         if q.text_weight == 0 and q.vector_weight == 0:
-            raise InvalidDocument("text_weight and vector_weight cannot both be 0")
+            raise InvalidDocument("text_weight and vector_weight cannot both be 0",
+                                  field="text_weight")
         if q.min_score is not None and not (math.isfinite(q.min_score)
                                             and -1 <= q.min_score <= 1):
-            raise InvalidDocument(f"min_score must be in -1..1, got {q.min_score}")
+            raise InvalidDocument(f"min_score must be in -1..1, got {q.min_score}",
+                                  field="min_score")
         return k
 
     async def _vector_search(self, query: str, n: int, filters: Filters, warnings: list[str],

@@ -34,13 +34,14 @@ from google.protobuf.message import DecodeError, Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daemon.answer import AnswerSettings
-from daemon.answer._service import AnswerServicer
+from daemon.answer._service import question_from
 from daemon.checks import validation
 from daemon.errors import InvalidArgument
 from daemon.grpcapi.inference import _role
 from daemon.grpcapi.wire import Malformed, _guard_deserializer
 from daemon.models.swaps import check_plan_model
+from daemon.services.ask import AnswerSettings
+from daemon.services.ask._core import check as check_question
 from llamad_protocol.v1 import answer_pb2 as apb
 from llamad_protocol.v1 import control_pb2, retrieval_pb2
 from llamad_protocol.v1 import inference_pb2 as pb
@@ -143,10 +144,9 @@ def check_embed(texts: list[str]) -> None:
         assert text.strip() and len(text) <= LIMITS.max_embed_chars and "\x00" not in text
 
 
-_ANSWER = AnswerServicer.__new__(AnswerServicer)  # only _check is called: it needs settings
-_ANSWER._settings = AnswerSettings(max_question_chars=60, max_attachment_chars=80,
-                                   max_history_turns=2, default_max_tokens=16, default_k=5,
-                                   min_vector_score=0.3, min_text_score=3.0)
+_ANSWER_SETTINGS = AnswerSettings(max_question_chars=60, max_attachment_chars=80,
+                                 max_history_turns=2, default_max_tokens=16, default_k=5,
+                                 min_vector_score=0.3, min_text_score=3.0)
 
 
 def _invalid(check: Callable[[str], str], value: str) -> str | None:
@@ -183,8 +183,8 @@ def check_servicer_fields(value: tuple[str, str, str, int, str, str, list[tuple[
     assert name in (None, "generation", "embedding")
     request = apb.AskRequest(question=question, attachment=attachment, history=[
         apb.Turn(role=r, content=c) for r, c in history])  # type: ignore[arg-type]
-    checked = _refusal(lambda: _ANSWER._check(request), "question", "attachment", "history",
-                       f"{len(history)} history turns")
+    checked = _refusal(lambda: check_question(question_from(request), _ANSWER_SETTINGS),
+                       "question", "attachment", "history", f"{len(history)} history turns")
     if checked is not None:
         q, turns = checked
         assert q and len(q) <= 60 and "\x00" not in q and q == question.strip()

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 import httpx
 import orjson
 
-from daemon.answer import AnswerServicer
-from daemon.config import HttpSettings, Limits
+from daemon.config import HttpSettings, Limits, Role
 from daemon.config._resolved import ChildConfig
 from daemon.config.access import TlsMaterial, TokenTable
 from daemon.grpcapi.auth import AuthInterceptor
@@ -20,6 +19,7 @@ from daemon.httpapi import HttpApi
 from daemon.models.admission import Admission
 from daemon.models.backend import InferenceBackend
 from daemon.models.router import InferenceRouter
+from daemon.services.ask import AskService
 from daemon.telemetry.metrics import Metrics
 from tests.support.backend import FakeBackend, FakeRole
 
@@ -34,8 +34,10 @@ class Served:
 
     def __post_init__(self) -> None:
         # A child is named by its GGUF file, as a real one (supervisor's model_name).
-        self.config = ChildConfig(self.role, True, f"/models/{self.inner.served.model_name}",
-                                  "auto", 0, 1, 1, 0, ())
+        self.config = ChildConfig(role=Role(self.role),
+                                  model=f"/models/{self.inner.served.model_name}",
+                                  ctx_size=0, threads=1, parallel=1, batch=0, queue_ahead=0,
+                                  spin_count=-1)
 
     @property
     def admission(self) -> Admission:
@@ -66,7 +68,7 @@ class Harness:
 @contextlib.asynccontextmanager
 async def serving(*, tokens: TokenTable | None = None, queue: int = 4,
                   settings: HttpSettings | None = None,
-                  answer: Callable[[InferenceRouter], AnswerServicer] | None = None,
+                  answer: Callable[[InferenceRouter], AskService] | None = None,
                   pieces: list[str] | None = None,
                   tls: TlsMaterial | None = None, connections: ConnectionCap | None = None,
                   handshake_timeout: float = 10.0) -> AsyncIterator[Harness]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from daemon.answer import CachedAnswer, ResponseCache
-from daemon.answer._cache import sampling_key
+from daemon.services.ask import CachedAnswer, ResponseCache
+from daemon.services.ask._cache import sampling_key
 from supervisor import LogitBias, Sampling
 
 ANSWER = CachedAnswer("Rotate the logs [S1].", 6, 100, "stop")

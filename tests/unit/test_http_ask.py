@@ -1,6 +1,6 @@
-"""POST /v1/llamad/ask: Ask's grounded answer over HTTP, answered by gRPC Ask's own code
-(a real retriever over a small index, a scripted generation backend); and random bodies
-on every POST route."""
+"""POST /v1/llamad/ask: Ask's grounded answer over HTTP, answered by the Ask service gRPC
+adapts too (a real retriever over a small index, a scripted generation backend); and
+random bodies on every POST route."""
 
 from __future__ import annotations
 
@@ -12,22 +12,23 @@ from typing import Any
 
 import pytest
 
-from daemon.answer import AnswerServicer, AnswerSettings, AuditLog, ResponseCache
 from daemon.config import Limits
 from daemon.models.router import InferenceRouter
+from daemon.services.ask import AnswerSettings, AskService, ResponseCache
+from daemon.telemetry.audit import AuditLog
 from retrieval import Retriever
 from tests.support.embedder import HashEmbedder, filled
 from tests.support.httpapi import client, events, serving
 
-Make = Callable[[InferenceRouter], AnswerServicer]
+Make = Callable[[InferenceRouter], AskService]
 
 
 @pytest.fixture
 async def make(tmp_path: Path) -> AsyncIterator[Make]:
     retriever: Retriever = await filled(tmp_path / "index", HashEmbedder("hash"))
 
-    def build(router: InferenceRouter) -> AnswerServicer:
-        return AnswerServicer(
+    def build(router: InferenceRouter) -> AskService:
+        return AskService(
             router, retriever, Limits(), settings=AnswerSettings(),
             cache=ResponseCache(ttl=60, max_entries=8),
             audit=AuditLog(tmp_path / "audit.jsonl", max_bytes=1 << 20, backups=1))

@@ -1,4 +1,4 @@
-"""Prompt assembly for grounded answers (daemon.answer._prompt): every piece redacted at
+"""Prompt assembly for grounded answers (daemon.services.ask._prompt): every piece redacted at
 one boundary, sources fenced so a document cannot fake labels, fences or the question,
 and the prompt deterministic.
 
@@ -16,12 +16,10 @@ import string
 
 import pytest
 
-from daemon.answer import AnswerSettings, Assembled, assemble
-from daemon.answer._fence import fence_source, neutralise, skeleton
-from daemon.answer._pieces import PromptPieces, SourcePiece, TurnPiece
-from daemon.answer._service import AnswerServicer
-from llamad_protocol.v1 import answer_pb2 as apb
-from llamad_protocol.v1 import inference_pb2 as ipb
+from daemon.services.ask import AnswerSettings, Assembled, Question, Turn, assemble
+from daemon.services.ask._core import check
+from daemon.services.ask._fence import fence_source, neutralise, skeleton
+from daemon.services.ask._pieces import PromptPieces, SourcePiece, TurnPiece
 from retrieval import Hit
 from supervisor._templates import TEMPLATES_DIR
 
@@ -119,12 +117,10 @@ async def test_redacted_and_raw_inputs_give_the_same_prompt() -> None:
 def test_a_history_turn_is_cut_after_redaction_not_through_a_secret() -> None:
     """A history turn longer than answer.max_question_chars whose cut falls inside a key
     is redacted before it is cut: no head of the key survives."""
-    servicer = AnswerServicer.__new__(AnswerServicer)  # only _check is called
-    servicer._settings = AnswerSettings(max_question_chars=60)
+    settings = AnswerSettings(max_question_chars=60)
     key = SECRETS["source title"]  # an access key id: 20 characters
     content = "x" * 50 + f" {key} and more"
-    _, turns = servicer._check(apb.AskRequest(question="why?", history=[
-        apb.Turn(role=ipb.CHAT_ROLE_USER, content=content)]))
+    _, turns = check(Question("why?", history=(Turn("user", content),)), settings)
     assert turns == [("user", "x" * 50 + " [REDACTED")]
     assert key[:9] not in turns[0][1]
 
@@ -135,7 +131,7 @@ def test_a_prefix_shortened_by_placeholders_falls_back_to_the_whole_text(
     """redacted_head redacts only n plus a margin, unless placeholders shortened that
     prefix so much that the margin's own cut (through a key here) would land before n:
     then the whole text is redacted, and no head of that key survives."""
-    from daemon.answer import _service
+    from daemon.services.ask import _core as _service
 
     monkeypatch.setattr(_service, "_CUT_MARGIN", 200)
     key = SECRETS["source title"]                     # an access key id: 20 characters

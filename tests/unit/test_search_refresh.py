@@ -52,13 +52,13 @@ async def test_a_search_rescans_a_stale_source_at_most_once_per_interval(
     scans: list[str] = []
     servicer = RetrievalServicer(r, allowed_roots=lambda: (str(root.parent),),
                                  refresh_interval=lambda: 600.0, wall=wall)
-    original = servicer._rescan
+    original = servicer.search_service._rescan
 
     async def counted(source_id: str) -> None:
         scans.append(source_id)
         await original(source_id)
 
-    servicer._rescan = counted  # type: ignore[method-assign]
+    servicer.search_service._rescan = counted  # type: ignore[method-assign]
     async with serving(lambda s: retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(
             servicer, s)) as channel:
         stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
@@ -69,7 +69,7 @@ async def test_a_search_rescans_a_stale_source_at_most_once_per_interval(
         first = await stub.Search(rpb.SearchRequest(query="vpn tunnel"))
         assert scans == ["kb"]
         assert "kb/vpn.txt" not in [h.document_id for h in first.hits]  # it did not wait
-        await asyncio.wait_for(servicer._refreshes["kb"], 10)
+        await asyncio.wait_for(servicer.search_service._refreshes["kb"], 10)
         after = await stub.Search(rpb.SearchRequest(query="vpn tunnel"))
         assert after.hits[0].document_id == "kb/vpn.txt"
         wall.now += 599
@@ -92,4 +92,4 @@ async def test_no_refresh_when_the_interval_is_zero(kb: tuple[Retriever, Path]) 
             servicer, s)) as channel:
         await retrieval_pb2_grpc.RetrievalServiceStub(channel).Search(
             rpb.SearchRequest(query="disk"))
-    assert servicer._refreshes == {}
+    assert servicer.search_service._refreshes == {}

@@ -57,7 +57,7 @@ class Template:
 
 def load_template(name: str) -> Template:
     """Read ``templates/<name>.txt`` and check its header."""
-    raw = resources.files("daemon.answer").joinpath("templates", f"{name}.txt").read_text()
+    raw = resources.files("daemon.services.ask").joinpath("templates", f"{name}.txt").read_text()
     header: dict[str, str] = {}
     body: list[str] = []
     for line in raw.splitlines():
