@@ -90,7 +90,7 @@ async def _serve(args: argparse.Namespace) -> int:
     except config_mod.ConfigError as exc:
         print(f"llamad: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    logs.configure(config.log_format, config.log_level,
+    logs.configure(config.settings.log.format, config.settings.log.level,
                    rate_limit=config.settings.log.rate_limit,
                    rate_interval=config.settings.log.rate_interval)
     log = structlog.get_logger("llamad")

@@ -111,7 +111,7 @@ def _warn_unprotected_hard_links(config: Config) -> None:
     """Directory sources read hard links like any file (docs/security.md, "What a source can
     read"); with the kernel's fs.protected_hardlinks off, anyone who can write in a source
     can link any file of the same filesystem into it."""
-    r = config.retrieval
+    r = config.settings.retrieval
     if r.allowed_roots and not r.refuse_hard_links and protected_hardlinks() is False:
         _log.warning("hard links unprotected",
                      reason="fs.protected_hardlinks is 0: a user who can write in a "
@@ -174,13 +174,13 @@ class Daemon:
         self.router.attach(self.pool)
         self.swaps = SwapManager(self.children)
         self.cancel_watch = CancelWatch(self.swaps, self.metrics,
-                                        lambda: self.config.recycle_cancel_grace)
+                                        lambda: self.config.settings.recycle.cancel_grace)
         self.router.on_cancelled = self.cancel_watch.cancelled
         self.modes = ModeManager(self.children, lambda: self.config)
         self.retriever: Retriever | None = None
         self._answer: AnswerServicer | None = None
         self._retrieval: RetrievalServicer | None = None
-        if config.retrieval.enabled:
+        if config.settings.retrieval.enabled:
             provider = make_provider(self.router, self.children)
             self.retriever = Retriever(config.state_dir / "retrieval", provider,
                                        limits_from(config),
@@ -218,7 +218,7 @@ class Daemon:
 
     async def _start(self) -> str:
         _log_default_models(self.config)
-        limit, cfg = self.config.limits.max_message_bytes, self.config
+        limit, cfg = self.config.settings.limits.max_message_bytes, self.config
         # The listeners' share of the descriptors (issue 25: a flood must not take them).
         conns = budget_of(cfg)
         # Access first: a call without a valid token is refused before anything else.
@@ -230,7 +230,7 @@ class Daemon:
             *grpc_options(cfg.settings.connections, conns),
         ])
         # The generated *_grpc modules carry no type hints (grpcio-tools makes no .pyi).
-        self._inference = InferenceServicer(self.router, self.config.limits, self.metrics)
+        self._inference = InferenceServicer(self.router, self.config.settings.limits, self.metrics)
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(
             self._inference, server)
         control_pb2_grpc.add_ControlServiceServicer_to_server(
@@ -252,32 +252,33 @@ class Daemon:
         if self.retriever is not None:
             await self.retriever.open()
             _warn_unprotected_hard_links(self.config)
-        if self.config.metrics_listen:
-            host, _, mport = self.config.metrics_listen.rpartition(":")
+        if self.config.settings.metrics_listen:
+            host, _, mport = self.config.settings.metrics_listen.rpartition(":")
             try:
                 self._metrics_server = await serve_metrics(
                     self.metrics, host, int(mport), max_connections=conns.metrics)
             except OSError as exc:
-                raise OSError(f"cannot serve metrics on {self.config.metrics_listen}: "
+                raise OSError(f"cannot serve metrics on {self.config.settings.metrics_listen}: "
                               f"{exc.strerror or exc}") from None
         self.address = self._bound.address
-        if self.config.http_listen:
+        if self.config.settings.http_listen:
             self._http = HttpApi(
-                router=self.router, served=self.children, limits=lambda: self.config.limits,
-                settings=self.config.http, auth=self.auth, metrics=self.metrics,
-                tls=self.config.tls, drain_grace=self.config.drain_grace,
+                router=self.router, served=self.children,
+                limits=lambda: self.config.settings.limits,
+                settings=self.config.settings.http, auth=self.auth, metrics=self.metrics,
+                tls=self.config.tls, drain_grace=self.config.settings.drain_grace,
                 answer=None if self._answer is None else self._answer.service,
                 pool=self.pool,
                 connections=ConnectionCap(conns.http, conns.per_peer),
                 handshake_timeout=cfg.settings.connections.handshake_timeout,
                 serving=self.health.serving)
-            self.http_port = await self._http.start(self.config.http_listen)
-        if self.config.agent_listen:
+            self.http_port = await self._http.start(self.config.settings.http_listen)
+        if self.config.settings.agent_listen:
             self._agent = AgentServer(
                 lambda: agent_reply(self.pool.every_model(), draining=self.health.draining),
-                max_connections=self.config.agent.max_connections,
-                timeout=self.config.agent.timeout)
-            self.agent_port = await self._agent.start(self.config.agent_listen)
+                max_connections=self.config.settings.agent.max_connections,
+                timeout=self.config.settings.agent.timeout)
+            self.agent_port = await self._agent.start(self.config.settings.agent_listen)
         await self.health.start()
         await server.start()
         self._server = server
@@ -295,17 +296,18 @@ class Daemon:
                   connections={"fd_limit": conns.nofile, "grpc": conns.grpc,
                                "http": conns.http or None, "per_peer": conns.per_peer},
                   modes={r: describe_mode(c) for r, c in self.children.items()})
-        if cfg.recycle_after_requests or cfg.recycle_max_rss_mb:
+        recycle = cfg.settings.recycle
+        if recycle.after_requests or recycle.max_rss_mb:
             task = asyncio.create_task(recycle_loop(
-                self.children, self.swaps, after_requests=cfg.recycle_after_requests,
-                max_rss_mb=cfg.recycle_max_rss_mb, interval=cfg.recycle_check_interval,
-                min_uptime=cfg.recycle_min_uptime), name="recycle")
+                self.children, self.swaps, after_requests=recycle.after_requests,
+                max_rss_mb=recycle.max_rss_mb, interval=recycle.check_interval,
+                min_uptime=recycle.min_uptime), name="recycle")
             self._tasks.add(task)
-        rescan = self.config.retrieval.rescan_interval
+        rescan = self.config.settings.retrieval.rescan_interval
         if self.retriever is not None and rescan > 0:
             self._tasks.add(asyncio.create_task(
                 rescan_loop(self.retriever, rescan, self._allowed_roots), name="rescan"))
-        backfill = self.config.retrieval.backfill_interval
+        backfill = self.config.settings.retrieval.backfill_interval
         if self.retriever is not None and backfill > 0:
             self._tasks.add(asyncio.create_task(
                 backfill_loop(self.retriever, backfill), name="backfill"))
@@ -327,23 +329,23 @@ class Daemon:
     def _retrieval_servicer(self, retriever: Retriever) -> RetrievalServicer:
         self._retrieval = RetrievalServicer(
             retriever, self.metrics, self._allowed_roots, audit=self._search_audit(),
-            refresh_interval=lambda: self.config.retrieval.refresh_min_interval)
+            refresh_interval=lambda: self.config.settings.retrieval.refresh_min_interval)
         return self._retrieval
 
     def _search_audit(self) -> AuditLog | None:
         """The Search audit log (retrieval.search_audit_log), rotated like Ask's; None:
         off (the default)."""
-        path, a = self.config.retrieval.search_audit_log, self.config.answer
+        path, a = self.config.settings.retrieval.search_audit_log, self.config.settings.answer
         return AuditLog(Path(path), a.audit_max_mb * 1024 * 1024, a.audit_backups) \
             if path else None
 
     def _answer_servicer(self) -> AnswerServicer:
-        a = self.config.answer
+        a = self.config.settings.answer
         audit_path = Path(a.audit_log) if a.audit_log else (
             self.config.state_dir / "audit" / "answers.jsonl")
         return AnswerServicer(
-            self.router, self.retriever, self.config.limits,
-            settings=self.config.answer,
+            self.router, self.retriever, self.config.settings.limits,
+            settings=self.config.settings.answer,
             cache=ResponseCache(a.cache_ttl, a.cache_entries),
             audit=AuditLog(audit_path, a.audit_max_mb * 1024 * 1024, a.audit_backups),
             metrics=self.metrics,
@@ -351,7 +353,7 @@ class Daemon:
 
     def _allowed_roots(self) -> tuple[str, ...]:
         """Where directory sources may live (retrieval.allowed_roots, as reloaded)."""
-        return self.config.retrieval.allowed_roots
+        return self.config.settings.retrieval.allowed_roots
 
     def status_line(self) -> str:
         """One line for systemd's STATUS=: each role's state (and pid, or endpoint)."""
@@ -431,18 +433,18 @@ class Daemon:
                     pool=self.pool)
                 self.metrics.add_models(self.pool.names())
                 self._tasks.update(self.pool.preload())  # a reload's new preload models
-                self._inference.set_limits(self.config.limits)
+                self._inference.set_limits(self.config.settings.limits)
                 if self.retriever is not None:
                     self.retriever.limits = limits_from(self.config)
                 if self._answer is not None:
-                    self._answer.configure(self.config.limits, self.config.answer)
+                    self._answer.configure(self.config.settings.limits, self.config.settings.answer)
                 self.auth.set_tokens(self.config.tokens)
                 if self._tls is not None and self.config.tls is not None:
                     self._tls.update(self.config.tls)
                 if self._http is not None and self.config.tls is not None:
                     self._http.update_tls(self.config.tls)
                 for child in self.children.values():
-                    child.set_queue_size(self.config.limits.queue_size)
+                    child.set_queue_size(self.config.settings.limits.queue_size)
                 return report
             finally:
                 self._notifier.status(self.status_line())
@@ -463,18 +465,19 @@ class Daemon:
         if self._server is None:
             return
         server, self._server = self._server, None
-        _log.info("draining", grace_s=self.config.drain_grace)
+        _log.info("draining", grace_s=self.config.settings.drain_grace)
         for task in list(self._tasks):
             if task.get_name() in ("recycle", "rescan", "backfill", "model-ttl", "peer-guard"):
                 task.cancel()
         self._notifier.stopping()
         await self.health.drain()  # and the agent port answers "drain"
-        if self.config.drain_notice > 0:  # for load balancers to notice; calls still served
-            await asyncio.sleep(self.config.drain_notice)
+        # For load balancers to notice; calls still served.
+        if self.config.settings.drain_notice > 0:
+            await asyncio.sleep(self.config.settings.drain_notice)
         self.router.draining = True
         self._notifier.status(self.status_line())
         # HTTP calls drain beside gRPC's, for the same grace.
-        await asyncio.gather(server.stop(self.config.drain_grace),
+        await asyncio.gather(server.stop(self.config.settings.drain_grace),
                              self._http.stop() if self._http is not None else asyncio.sleep(0))
         for child in self.children.values():
             child.ring.close()

@@ -21,7 +21,6 @@ from ._help import add_arguments, example_config
 from ._load import load
 from ._options import (
     INSTALLED_MODELS_DIR,
-    MODES,
     ConfigError,
     Option,
     Reload,
@@ -45,6 +44,8 @@ from ._sections import (
     TlsSettings,
     option,
 )
+from .inference_mode import InferenceMode
+from .role import Role
 
 # Private, for the unit tests: they build a Config from raw values and coerce the example
 # configuration's values.
@@ -53,7 +54,6 @@ _coerce = _config_options._coerce
 
 __all__ = [
     "INSTALLED_MODELS_DIR",
-    "MODES",
     "OPTIONS",
     "AnswerConfig",
     "AuthSettings",
@@ -63,6 +63,7 @@ __all__ = [
     "ConfigError",
     "ConnectionSettings",
     "HttpSettings",
+    "InferenceMode",
     "Limits",
     "LogSettings",
     "Option",
@@ -70,6 +71,7 @@ __all__ = [
     "Reload",
     "RestartSettings",
     "RetrievalSettings",
+    "Role",
     "RoleSettings",
     "Settings",
     "SwapSettings",

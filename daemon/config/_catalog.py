@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING
 
 from supervisor import GGUFInfo
 
+from .role import Role
+
 if TYPE_CHECKING:
     from ._resolved import ChildConfig
-
-ROLES: tuple[str, ...] = ("generation", "embedding")
-"""The roles a catalog model may serve (a ``rerank`` role is reserved: refused today)."""
 
 RESERVED_ROLES: tuple[str, ...] = ("rerank",)
 """Roles a model may declare in the future; refused with a clear error today."""
@@ -32,14 +31,15 @@ _ENCODERS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2",
 _POOLING_RANK = 4
 
 
-def role_of(info: GGUFInfo) -> str:
-    """The role a GGUF file's metadata says it serves: ``rerank`` for rank pooling,
-    ``embedding`` for another pooling type or a BERT-like encoder, else ``generation``."""
+def role_of(info: GGUFInfo) -> Role | str:
+    """The role a GGUF file's metadata says it serves: ``rerank`` (a reserved role) for
+    rank pooling, embedding for another pooling type or a BERT-like encoder, else
+    generation."""
     if info.pooling_type == _POOLING_RANK:
         return "rerank"
     if info.pooling_type > 0 or info.architecture in _ENCODERS:
-        return "embedding"
-    return "generation"
+        return Role.EMBEDDING
+    return Role.GENERATION
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class CatalogEntry:
 
     Attributes:
         name: its catalog name (what a request's ``model`` names).
-        role: ``generation`` or ``embedding``.
+        role: what it serves.
         child: the settings its child runs with (``child.model`` is the GGUF path).
         aliases: other names a request may use for it.
         pin: never evicted to make room for another model, nor unloaded by its ttl
@@ -63,7 +63,7 @@ class CatalogEntry:
     """
 
     name: str
-    role: str
+    role: Role
     child: ChildConfig
     aliases: tuple[str, ...] = ()
     pin: bool = False

@@ -33,13 +33,16 @@ from typing import Any
 
 from supervisor import InvalidModelError, read_gguf_info
 
-from ._catalog import RESERVED_ROLES, ROLES, Catalog, CatalogEntry, role_of
+from ._catalog import RESERVED_ROLES, Catalog, CatalogEntry, role_of
 from ._catalog_preset import read_preset
 from ._checks import check_child
 from ._options import ConfigError, _coerce
 from ._resolved import ChildConfig
 from ._sections import _BY_KEY, RoleSettings, Settings
 from .inference_mode import InferenceMode
+from .role import Role
+
+_ROLES = ", ".join(Role)
 
 _OWN_KEYS = ("model", "role", "aliases", "pin", "ttl", "preload", "env", "device")
 _CHILD_KEYS = ("runtime", "ctx_size", "threads", "parallel", "queue_ahead", "batch",
@@ -91,7 +94,7 @@ def catalog_tables(data: MutableMapping[str, Any], where: str) -> dict[str, Mapp
 _DEVICE = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}")
 
 
-def build_catalog(settings: Settings, children: MutableMapping[str, ChildConfig],
+def build_catalog(settings: Settings, children: MutableMapping[Role, ChildConfig],
                   tables: Mapping[str, Mapping[str, Any]], models_dir: Path,
                   where: str = "config", *, share_cores: bool = False) -> Catalog:
     """The catalog of ``tables`` (the TOML file's), ``settings.models_preset``, the
@@ -135,7 +138,7 @@ def build_catalog(settings: Settings, children: MutableMapping[str, ChildConfig]
         given |= {name for name, table in (*with_model.items(), *overrides.items())
                   if "threads" in table}
     defaults: dict[str, str] = {}
-    for role in ROLES:
+    for role in Role:
         default = _role_default(role, children[role], entries, taken)
         if default is None:
             continue
@@ -153,14 +156,14 @@ def build_catalog(settings: Settings, children: MutableMapping[str, ChildConfig]
             raise ConfigError(f"models_preset [{name}]: no model of models_dir is called "
                               f"{name!r}; set model = PATH")
     for entry in entries.values():
-        check_child(entry.origin, entry.child.extra_args, entry.child.env, models_dir)
+        check_child(entry.origin, entry.child.extra_argv, entry.child.env, models_dir)
     if share_cores:
         _share_cores(entries, children, defaults, given, settings)
     return Catalog(tuple(entries.values()), defaults, tuple(skipped))
 
 
 def _share_cores(entries: MutableMapping[str, CatalogEntry],
-                 children: MutableMapping[str, ChildConfig], defaults: Mapping[str, str],
+                 children: MutableMapping[Role, ChildConfig], defaults: Mapping[str, str],
                  given: set[str], settings: Settings) -> None:
     """Give the generation models without a ``threads`` of their own the cores divided
     among the generation models that stay resident together: the pinned and preloaded
@@ -175,19 +178,19 @@ def _share_cores(entries: MutableMapping[str, CatalogEntry],
     """
     cores = settings.generation.threads  # the default: every core
     resident = sum(1 for e in entries.values()
-                   if e.role == "generation" and (e.pin or e.preload))
+                   if e.role is Role.GENERATION and (e.pin or e.preload))
     if settings.models.max_resident > 0:
         resident = min(resident, settings.models.max_resident)
     threads = max(1, cores // max(1, resident))
     if threads == cores:
         return
     for name, entry in entries.items():
-        if entry.role != "generation" or name in given:
+        if entry.role is not Role.GENERATION or name in given:
             continue
         entries[name] = dataclasses.replace(
             entry, child=dataclasses.replace(entry.child, threads=threads))
-        if defaults.get("generation") == name:
-            children["generation"] = entries[name].child
+        if defaults.get(Role.GENERATION) == name:
+            children[Role.GENERATION] = entries[name].child
 
 
 def _entry(name: str, table: Mapping[str, Any], settings: Settings, origin: str,
@@ -202,18 +205,19 @@ def _entry(name: str, table: Mapping[str, Any], settings: Settings, origin: str,
     if not isinstance(model, str) or not model:
         raise ConfigError(f"{where}: model must be the path of a GGUF file")
     path = Path(model).expanduser().absolute()
-    role = table.get("role")
-    if role is None:
-        role = role_of(_read(path, where))
-    elif role in RESERVED_ROLES:
-        raise ConfigError(f"{where}: role {role!r} is not served yet (roles: "
-                          f"{', '.join(ROLES)})")
-    elif role not in ROLES:
-        raise ConfigError(f"{where}: role {role!r} is not one of {', '.join(ROLES)}")
+    declared = table.get("role")
+    if declared is None:
+        read = role_of(_read(path, where))
+        if read not in tuple(Role):
+            raise ConfigError(f"{where}: {path} is a {read} model, which is not served yet")
+        role = Role(read)
+    elif declared in RESERVED_ROLES:
+        raise ConfigError(f"{where}: role {declared!r} is not served yet (roles: {_ROLES})")
+    elif declared not in tuple(Role):
+        raise ConfigError(f"{where}: role {declared!r} is not one of {_ROLES}")
     else:
+        role = Role(declared)
         _check_magic(path, where)
-    if role not in ROLES:
-        raise ConfigError(f"{where}: {path} is a {role} model, which is not served yet")
     aliases = table.get("aliases", [])
     if isinstance(aliases, str):
         aliases = [aliases]
@@ -240,14 +244,14 @@ def _entry(name: str, table: Mapping[str, Any], settings: Settings, origin: str,
                         preload, origin, device)
 
 
-def _pin_default(role: str, entry: CatalogEntry, table: Mapping[str, Any]) -> CatalogEntry:
+def _pin_default(role: Role, entry: CatalogEntry, table: Mapping[str, Any]) -> CatalogEntry:
     """A role's default model stays resident (pinned) unless its ``[models.NAME]`` table
     says ``pin = false``: then it loads on demand and is evicted like any other model.
     The embedding role's default stays pinned: the knowledge base embeds every ingest and
     every query with it."""
     if "pin" not in table:
         return dataclasses.replace(entry, pin=True)
-    if not entry.pin and role == "embedding":
+    if not entry.pin and role is Role.EMBEDDING:
         raise ConfigError(f"{entry.origin}: pin = false on the embedding role's default "
                           "model: it stays resident (retrieval embeds every ingest and "
                           "query with it); name another embedding model as the role's "
@@ -255,18 +259,15 @@ def _pin_default(role: str, entry: CatalogEntry, table: Mapping[str, Any]) -> Ca
     return entry
 
 
-def child_config(section: RoleSettings, role: str, model: str) -> ChildConfig:
+def child_config(section: RoleSettings, role: Role, model: str) -> ChildConfig:
     """The child settings of a catalog model: its role section's, embedded, running
     ``model``."""
-    fields = {f.name for f in dataclasses.fields(ChildConfig)}
-    values = {k: v for k, v in dataclasses.asdict(section).items() if k in fields}
-    return ChildConfig(**{**values, "role": role, "model": model, "enabled": True,
-                          "mode": InferenceMode.EMBEDDED, "endpoint_url": "",
-                          "endpoint_model": "", "api_key_file": "", "api_key_env": "",
-                          "extra_args": tuple(section.extra_args.split())})
+    return ChildConfig.of(section, role, model=model, enabled=True,
+                          mode=InferenceMode.EMBEDDED, endpoint_url="", endpoint_model="",
+                          api_key_file="", api_key_env="")
 
 
-def _role_default(role: str, child: ChildConfig, entries: Mapping[str, CatalogEntry],
+def _role_default(role: Role, child: ChildConfig, entries: Mapping[str, CatalogEntry],
                   taken: Mapping[str, str]) -> CatalogEntry | None:
     """The role section's default model: a catalog model it names, or its own entry."""
     if child.mode is InferenceMode.DISABLED:
@@ -309,7 +310,7 @@ def _scan(models_dir: Path, settings: Settings, *, entries: Mapping[str, Catalog
         except (InvalidModelError, OSError) as exc:
             skipped.append((str(path), str(exc)))
             continue
-        if role not in ROLES:
+        if role not in tuple(Role):
             skipped.append((str(path), f"a {role} model, which is not served yet"))
             continue
         table = {"model": str(path), "role": role, **overrides.get(name, {})}

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ._options import ConfigError
+from .role import Role
 
 _HEADER = re.compile(r"\[\s*([^\]]+?)\s*\]")
 _KEY_VALUE = re.compile(r"([A-Za-z_][A-Za-z0-9_.-]*)\s*=\s*(.*)")
@@ -130,7 +131,7 @@ def _table(settings: dict[str, str], where: str) -> dict[str, Any]:
             table["aliases"] = [a.strip() for a in value.split(",") if a.strip()]
         elif mapped == "embedding":
             if value.lower() in _TRUE:
-                table["role"] = "embedding"
+                table["role"] = Role.EMBEDDING
         elif mapped == "preload":
             table["preload"] = value.lower() in _TRUE
         elif mapped is not None:

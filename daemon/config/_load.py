@@ -33,6 +33,7 @@ from ._resolved import ChildConfig, Config
 from ._retrieval import check_store
 from ._sections import _BY_KEY, OPTIONS, RoleSettings, Settings
 from .inference_mode import InferenceMode
+from .role import Role
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -84,14 +85,11 @@ def load(
 
 
 def _child(settings: RoleSettings, sources: Mapping[str, str], env: Mapping[str, str],
-           role: str) -> ChildConfig:
+           role: Role) -> ChildConfig:
     mode = _mode(settings, sources, role)
     _check_endpoint(settings, env, role, mode)
-    # A ChildConfig has a field per option of the role, as resolved: the mode (for
-    # ``enabled``), the extra arguments split into words.
-    return ChildConfig(**{**dataclasses.asdict(settings), "role": role, "mode": mode,
-                          "enabled": mode is not InferenceMode.DISABLED,
-                          "extra_args": tuple(settings.extra_args.split())})
+    return ChildConfig.of(settings, role, mode=mode,
+                          enabled=mode is not InferenceMode.DISABLED)
 
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -127,15 +125,14 @@ def _build(
         # One child at a time: none shares the cores with another, and short OpenMP
         # spins only cost it (measured: 99 vs 74 calls in 66 s, 21 vs 25 ms a token,
         # 8 streaming clients switching two models). An explicit spin_count still wins.
-        s = with_values(s, {f"{role}.spin_count": -1 for role in ("generation", "embedding")
+        s = with_values(s, {f"{role}.spin_count": -1 for role in Role
                             if sources.get(f"{role}.spin_count", "default") == "default"})
     origins = dict(sources)
     models_dir = Path(s.models_dir).expanduser().absolute() if s.models_dir \
         else default_models_dir()
-    children = {role: _child(getattr(s, role), sources, env, role)
-                for role in ("generation", "embedding")}
+    children = {role: _child(getattr(s, role), sources, env, role) for role in Role}
     for role, child in children.items():
-        check_child(role, child.extra_args, child.env, models_dir)
+        check_child(role, child.extra_argv, child.env, models_dir)
     check_endpoint_keys(s.endpoint_keys)
     prepared: Manifest | None = None
     for role, child in children.items():
@@ -188,6 +185,6 @@ def _build(
     if socket is not None and len(os.fsencode(socket.absolute())) > _MAX_SOCKET_PATH:
         raise ConfigError(f"listen: the unix socket path {socket.absolute()} is longer than "
                           f"{_MAX_SOCKET_PATH} bytes")
-    return Config(settings=s, generation=children["generation"],
-                  embedding=children["embedding"], state_dir=state_dir, sources=origins,
+    return Config(settings=s, generation=children[Role.GENERATION],
+                  embedding=children[Role.EMBEDDING], state_dir=state_dir, sources=origins,
                   models_dir=models_dir, tls=tls, tokens=tokens, catalog=catalog)

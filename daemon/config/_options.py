@@ -11,14 +11,13 @@ reload kind the field's metadata. Its key is the path of the field from the root
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import os
 import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
-
-from .inference_mode import InferenceMode
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -61,10 +60,6 @@ class Option:
         return self.key.replace(".", "__")
 
 
-MODES = tuple(m.value for m in InferenceMode)
-"""The strings ``{role}.mode`` takes: :class:`~daemon.config.inference_mode.InferenceMode`'s
-values."""
-
 INSTALLED_MODELS_DIR = "/var/lib/llamad/models"
 """Where the installation (docs/install.md) prepares the models (the unit's StateDirectory)."""
 
@@ -102,7 +97,8 @@ _KINDS: dict[object, type] = {str: str, int: int, float: float, bool: bool,
 def options_of(root: DataclassInstance, prefix: str = "") -> Iterator[Option]:
     """The options declared on the fields of ``root`` and of its sections, in field order,
     with ``root``'s values as their defaults (so a section's default instance gives its
-    options' defaults).
+    options' defaults). A field typed with a :class:`enum.StrEnum` is a string option
+    whose choices are the enum's values (its section turns the string into the member).
 
     Raises:
         TypeError: a field that is neither an option nor a section, or of a type no
@@ -111,18 +107,25 @@ def options_of(root: DataclassInstance, prefix: str = "") -> Iterator[Option]:
     cls = type(root)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(root):
-        value = getattr(root, f.name)
+        value, hint = getattr(root, f.name), hints[f.name]
         meta = f.metadata.get(_OPTION)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             yield from options_of(value, f"{prefix}{f.name}.")
-        elif isinstance(meta, _Meta) and hints[f.name] in _KINDS:
+        elif isinstance(meta, _Meta) and (hint in _KINDS or _is_enum(hint)):
             reload: Reload = (meta.reload if meta.reload is not None
                               else getattr(cls, "RELOAD", "restart"))
-            yield Option(f"{prefix}{f.name}", _KINDS[hints[f.name]], value,
+            kind, choices = _KINDS.get(hint, str), meta.choices
+            if _is_enum(hint):
+                choices, value = choices or tuple(m.value for m in hint), value.value
+            yield Option(f"{prefix}{f.name}", kind, value,
                          meta.help.replace("{section}", prefix.removesuffix(".")),
-                         meta.choices, meta.minimum, reload)
+                         choices, meta.minimum, reload)
         else:
             raise TypeError(f"{cls.__name__}.{f.name} is neither an option nor a section")
+
+
+def _is_enum(hint: object) -> bool:
+    return isinstance(hint, type) and issubclass(hint, enum.StrEnum)
 
 
 _D = TypeVar("_D", bound="DataclassInstance")

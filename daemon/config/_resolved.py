@@ -1,7 +1,8 @@
 """The validated configuration of one daemon run: :class:`Config`, which holds the options
 as read (:class:`~daemon.config._sections.Settings`) and what load resolved from them (a
 role's :class:`ChildConfig`, directories, the TLS material and the tokens read from their
-files). Its other attributes read the settings: nothing is kept twice."""
+files). An option is read where it is declared, ``config.settings.child.request_timeout``:
+nothing is kept twice."""
 
 from __future__ import annotations
 
@@ -9,47 +10,49 @@ import dataclasses
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar, overload
+from typing import Any
 
 from supervisor import EndpointSpec, RestartPolicy, Timeouts
 
 from ._catalog import Catalog
 from ._options import INSTALLED_MODELS_DIR, value_of, with_values
-from ._retrieval import RetrievalSettings
-from ._sections import (
-    AgentSettings,
-    AnswerConfig,
-    HttpSettings,
-    Limits,
-    Settings,
-)
+from ._sections import RoleSettings, Settings
 from .access import TlsMaterial, TokenTable
-from .inference_mode import InferenceMode
+from .role import Role
 
 
-@dataclass(frozen=True)
-class ChildConfig:
-    role: str
-    enabled: bool
-    """False exactly when ``mode`` is "disabled"."""
-    model: str
-    runtime: str
-    ctx_size: int
-    threads: int
-    parallel: int
-    batch: int
-    extra_args: tuple[str, ...]
-    mode: InferenceMode = InferenceMode.EMBEDDED
-    spin_count: int = -1
-    queue_ahead: int = 0
-    endpoint_url: str = ""
-    endpoint_model: str = ""
-    api_key_file: str = ""
-    api_key_env: str = ""
+@dataclass(frozen=True, kw_only=True)
+class ChildConfig(RoleSettings):
+    """The settings one child runs with: its role section's options (a catalog model's
+    table overriding some), as load resolved them, with its role and environment.
+
+    ``mode`` is the mode in force and ``enabled`` is False exactly when it is disabled;
+    ``model`` is the GGUF path (the prepared default when the section names none);
+    ``extra_args`` is its words, single-spaced (:attr:`extra_argv` splits them).
+    """
+
+    role: Role
     env: tuple[tuple[str, str], ...] = ()
     """Environment of the child beyond the daemon's (a catalog model's ``env`` table)."""
-    chat_template: str = "auto"
-    """A generation model's chat template: "auto", or a name of llamad's templates."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # Single-spaced, so two configurations that give the child the same arguments
+        # compare equal (a reload relaunches nothing for a change of spacing).
+        object.__setattr__(self, "extra_args", " ".join(self.extra_args.split()))
+        object.__setattr__(self, "role", Role(self.role))
+
+    @classmethod
+    def of(cls, section: RoleSettings, role: Role | str, **resolved: Any) -> ChildConfig:
+        """The child of ``role`` that runs with the options of ``section``, but for those
+        ``resolved`` gives (by field name)."""
+        options = {f.name: getattr(section, f.name) for f in dataclasses.fields(RoleSettings)}
+        return cls(**{**options, **resolved}, role=Role(role))
+
+    @property
+    def extra_argv(self) -> tuple[str, ...]:
+        """The extra arguments, one word each (what the child's command line gets)."""
+        return tuple(self.extra_args.split())
 
     def endpoint(self) -> EndpointSpec | None:
         """The configured endpoint (None when no URL is configured)."""
@@ -59,28 +62,8 @@ class ChildConfig:
                             self.api_key_env)
 
 
-_T = TypeVar("_T")
-
 _FOLLOWS = "llamad.follows"
 """On a field of :class:`Config` resolved from one option alone: that option's key."""
-
-
-class _Read(Generic[_T]):
-    """An attribute of :class:`Config` that is the value of one option of its settings."""
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-    @overload
-    def __get__(self, config: None, owner: type[Config]) -> _Read[_T]: ...
-    @overload
-    def __get__(self, config: Config, owner: type[Config] | None = None) -> _T: ...
-    def __get__(self, config: Config | None,
-                owner: type[Config] | None = None) -> _T | _Read[_T]:
-        if config is None:
-            return self
-        value: _T = value_of(config.settings, self.key)
-        return value
 
 
 @dataclass(frozen=True)
@@ -104,33 +87,6 @@ class Config:
     catalog: Catalog = dataclasses.field(default_factory=Catalog)
     """Every model by name (:mod:`daemon.config._catalog_load`), each role's default among them."""
 
-    listen = _Read[str]("listen")
-    metrics_listen = _Read[str]("metrics_listen")
-    http_listen = _Read[str]("http_listen")
-    agent_listen = _Read[str]("agent_listen")
-    agent = _Read[AgentSettings]("agent")
-    drain_notice = _Read[float]("drain_notice")
-    http = _Read[HttpSettings]("http")
-    llama_bin = _Read[str]("llama_bin")
-    retrieval = _Read[RetrievalSettings]("retrieval")
-    answer = _Read[AnswerConfig]("answer")
-    limits = _Read[Limits]("limits")
-    drain_grace = _Read[float]("drain_grace")
-    log_format = _Read[str]("log.format")
-    log_level = _Read[str]("log.level")
-    request_timeout = _Read[float]("child.request_timeout")
-    log_lines = _Read[int]("child.log_lines")
-    child_slots = _Read[bool]("child.slots")
-    swap_ready_timeout = _Read[float]("swap.ready_timeout")
-    swap_drain_timeout = _Read[float]("swap.drain_timeout")
-    swap_handover_hold = _Read[float]("swap.handover_hold")
-    swap_launch_nice = _Read[int]("swap.launch_nice")
-    recycle_after_requests = _Read[int]("recycle.after_requests")
-    recycle_max_rss_mb = _Read[int]("recycle.max_rss_mb")
-    recycle_check_interval = _Read[float]("recycle.check_interval")
-    recycle_min_uptime = _Read[float]("recycle.min_uptime")
-    recycle_cancel_grace = _Read[float]("recycle.cancel_grace")
-
     @property
     def policy(self) -> RestartPolicy:
         """The supervisor's restart policy, of ``[restart]``."""
@@ -148,8 +104,9 @@ class Config:
                         probe_failures=c.probe_failures, stop_grace=c.stop_grace,
                         busy_silence=c.busy_silence)
 
-    def child(self, role: str) -> ChildConfig:
-        return self.generation if role == "generation" else self.embedding
+    def child(self, role: Role | str) -> ChildConfig:
+        """The child configuration of ``role``."""
+        return self.generation if role == Role.GENERATION else self.embedding
 
     def with_options(self, new: Config, keys: Collection[str]) -> Config:
         """This configuration with the options ``keys`` taken from ``new``, and with them

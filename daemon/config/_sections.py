@@ -19,7 +19,6 @@ from supervisor import KNOWN_TEMPLATES
 from ._connections import ConnectionSettings
 from ._options import (
     INSTALLED_MODELS_DIR,
-    MODES,
     PER_SECTION,
     Option,
     Reload,
@@ -27,6 +26,7 @@ from ._options import (
     setting,
 )
 from ._retrieval import RetrievalSettings
+from .inference_mode import InferenceMode
 
 # The chat templates a model may be given: "auto" (its own, else one known for it).
 _TEMPLATES = ("auto", *KNOWN_TEMPLATES)
@@ -40,9 +40,10 @@ class RoleSettings:
     RELOAD: ClassVar[Reload] = "new_child"
 
     enabled: bool = setting(True, "Serve {section} (false is {section}.mode = disabled).")
-    mode: str = setting(
-        "embedded", "Where {section} runs: embedded (a supervised llama.cpp child), endpoint "
-        "(an external OpenAI-compatible server), or disabled.", choices=MODES)
+    # An enum member is immutable (ruff cannot tell from the annotation).
+    mode: InferenceMode = setting(  # noqa: RUF009
+        InferenceMode.EMBEDDED, "Where {section} runs: embedded (a supervised llama.cpp "
+        "child), endpoint (an external OpenAI-compatible server), or disabled.")
     model: str = setting("", "Path of the {section} GGUF model (embedded mode).")
     endpoint_url: str = setting(
         "", "Endpoint mode: the server's base URL, with or without /v1 "
@@ -91,6 +92,11 @@ class RoleSettings:
         "auto", "Chat template of a generation model: auto (the GGUF's own, else one llamad "
         "knows for it), or one of llamad's: chatml, chatml-tools (ChatML that renders "
         "tools, for tool calling), gemma.", choices=_TEMPLATES)
+
+    def __post_init__(self) -> None:
+        # The option is read as a string (one of the choices, checked): its member, so
+        # ``is`` comparisons hold.
+        object.__setattr__(self, "mode", InferenceMode(self.mode))
 
 
 @dataclass(frozen=True)

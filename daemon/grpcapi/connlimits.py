@@ -85,9 +85,9 @@ def budget(s: ConnectionSettings, *, http: bool, metrics: bool, agent: int = 0,
 
 def budget_of(config: Config) -> Budget:
     """:func:`budget` of the listeners ``config`` turns on, at the limit in force now."""
-    return budget(config.settings.connections, http=bool(config.http_listen),
-                  metrics=bool(config.metrics_listen),
-                  agent=config.agent.max_connections if config.agent_listen else 0)
+    s = config.settings
+    return budget(s.connections, http=bool(s.http_listen), metrics=bool(s.metrics_listen),
+                  agent=s.agent.max_connections if s.agent_listen else 0)
 
 
 def _capped(key: str, asked: int, share: int) -> int:

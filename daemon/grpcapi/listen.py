@@ -70,7 +70,7 @@ def bind(server: grpc.aio.Server, config: Config, credentials: Any | None) -> Bo
     Raises:
         OSError: the address cannot be bound (one line naming it).
     """
-    listen = config.listen
+    listen = config.settings.listen
     path = unix_socket_path(listen, config.state_dir)
     target = listen
     if path is not None:

@@ -145,7 +145,7 @@ def make_setup(
         parallel=cc.parallel,
         batch=cc.batch,
         chat_template=template,
-        extra_args=cc.extra_args if extra_args is None else extra_args,
+        extra_args=cc.extra_argv if extra_args is None else extra_args,
         spin_count=cc.spin_count,
         env=cc.env,
     )
@@ -173,33 +173,35 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None,
     """
     clock = clock or SystemClock()
     cc = child or config.child(role)
+    settings = config.settings
     setup: Setup | None = None
     if cc.model:
         try:
-            runtime = pick_runtime(cc.runtime, config.llama_bin or None, slots=config.child_slots)
+            runtime = pick_runtime(cc.runtime, settings.llama_bin or None,
+                                   slots=settings.child.slots)
         except FileNotFoundError:
             if cc.mode is InferenceMode.EMBEDDED:
                 raise
         else:
             setup = make_setup(role, cc.model, runtime, cc)
-    ring = LogRing(config.log_lines)
+    ring = LogRing(settings.child.log_lines)
     sink = ChildLogForwarder(role)
 
     def launcher_for(s: Setup, timeouts: Timeouts = config.timeouts) -> ProcessLauncher:
         return ProcessLauncher(
             s.spec, s.runtime, clock=clock, ring=ring, timeouts=timeouts,
-            sink=sink, read_timeout=config.request_timeout,
+            sink=sink, read_timeout=settings.child.request_timeout,
         )
 
     def endpoint_for(spec: EndpointSpec, timeouts: Timeouts = config.timeouts) -> EndpointLauncher:
         return EndpointLauncher(spec, embedding=role == "embedding", clock=clock,
-                                timeouts=timeouts, read_timeout=config.request_timeout,
+                                timeouts=timeouts, read_timeout=settings.child.request_timeout,
                                 max_connections=max(8, cc.parallel * 2))
 
     swap_timeouts = dataclasses.replace(
         config.timeouts,
-        start=min(config.timeouts.start, config.swap_ready_timeout),
-        start_cap=config.swap_ready_timeout,
+        start=min(config.timeouts.start, settings.swap.ready_timeout),
+        start_cap=settings.swap.ready_timeout,
     )
     mode = Mode(cc.mode, cc.endpoint() if cc.mode is InferenceMode.ENDPOINT else None)
     launcher: Launcher
@@ -211,15 +213,15 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None,
     else:
         launcher = NoLauncher(role)
     sup = Supervisor(role, launcher, validate=validate, policy=config.policy, clock=clock)
-    admission = Admission(role, slots_for(mode, setup, cc), config.limits.queue_size,
+    admission = Admission(role, slots_for(mode, setup, cc), settings.limits.queue_size,
                           ahead=ahead_for(mode, setup, cc))
     return Model(role, cc, setup, ring, sup,
                  launchers=functools.partial(launcher_for, timeouts=swap_timeouts),
                  endpoints=functools.partial(endpoint_for, timeouts=swap_timeouts),
                  admission=admission, mode=mode, clock=clock,
-                 handover=handover_settings(config.swap_drain_timeout,
-                                            config.swap_handover_hold,
-                                            config.swap_launch_nice))
+                 handover=handover_settings(settings.swap.drain_timeout,
+                                            settings.swap.handover_hold,
+                                            settings.swap.launch_nice))
 
 
 ManagedChild = Model

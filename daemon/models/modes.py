@@ -156,8 +156,8 @@ class ModeManager:
         else:
             try:
                 config = self._config()
-                runtime = pick_runtime(model.config.runtime, config.llama_bin or None,
-                                       slots=config.child_slots)
+                runtime = pick_runtime(model.config.runtime, config.settings.llama_bin or None,
+                                       slots=config.settings.child.slots)
             except FileNotFoundError as exc:
                 raise FailedPrecondition(str(exc)) from None
         return make_setup(model.role, path, runtime, model.config)

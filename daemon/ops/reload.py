@@ -147,12 +147,13 @@ async def _apply_role(model: Model, current: Config, new: Config,
     old_cc, new_cc = current.child(model.role), new.child(model.role)
     target: Setup | None = None
     if new_cc.model:
-        runtime = pick_runtime(new_cc.runtime, new.llama_bin or None, slots=new.child_slots)
+        runtime = pick_runtime(new_cc.runtime, new.settings.llama_bin or None,
+                               slots=new.settings.child.slots)
         target = make_setup(model.role, new_cc.model, runtime, new_cc)
     live = model.mode.kind
     if new_cc.mode is InferenceMode.EMBEDDED and live is InferenceMode.EMBEDDED:
         changed = (_child_settings(old_cc) != _child_settings(new_cc)
-                   or current.llama_bin != new.llama_bin)
+                   or current.settings.llama_bin != new.settings.llama_bin)
         if changed and target is not None:
             await swaps.swap_to(model.role, target, reason="reload")
             return True, None
@@ -191,7 +192,8 @@ async def reload_config(
     for role in _ROLES:
         old_cc, new_cc = current.child(role), new.child(role)
         model = children.get(role)
-        if model is None or (old_cc == new_cc and current.llama_bin == new.llama_bin):
+        if model is None or (old_cc == new_cc
+                             and current.settings.llama_bin == new.settings.llama_bin):
             continue
         try:
             live, keep = await _apply_role(model, current, new, swaps, modes)
@@ -215,7 +217,7 @@ async def reload_config(
     done = [key for key, outcome in report.changes.items()
             if outcome in ("applied", "new child") and key != CATALOG]  # not an option
     applied = dataclasses.replace(applied.with_options(new, done), sources=new.sources)
-    report.limits_changed = applied.limits != current.limits
+    report.limits_changed = applied.settings.limits != current.settings.limits
     _log.info("reloaded", swapped=report.swapped, updated=report.updated, kept=report.kept,
               limits_changed=report.limits_changed, reloaded=report.reloaded,
               restart_needed=report.restart_needed, changes=report.changes)
@@ -226,8 +228,8 @@ async def _apply_catalog(pool: Pool, new: Config, applied: Config,
                          plan: dict[str, Reload], report: ReloadReport) -> Config:
     """The new catalog into the pool; the catalog in force into ``applied``."""
     def setup_for(entry: CatalogEntry) -> Setup:
-        runtime = pick_runtime(entry.child.runtime, new.llama_bin or None,
-                               slots=new.child_slots)
+        runtime = pick_runtime(entry.child.runtime, new.settings.llama_bin or None,
+                               slots=new.settings.child.slots)
         return make_setup(entry.role, entry.path, runtime, entry.child)
 
     change = await pool.reconfigure(new.catalog, setup_for)
@@ -246,7 +248,7 @@ def _apply_access(applied: Config, current: Config, new: Config,
     """Tokens, TLS material and allowed roots: what can change live, in ``applied``."""
     if new.tokens != current.tokens:
         mutual = current.tls is not None and current.tls.require_client_cert
-        if new.tokens is None and not is_loopback(current.listen) and not mutual:
+        if new.tokens is None and not is_loopback(current.settings.listen) and not mutual:
             report.kept["auth.token_file"] = (
                 "the daemon listens beyond loopback without mutual TLS: it keeps requiring "
                 "tokens until it is restarted")
@@ -266,7 +268,7 @@ def _apply_access(applied: Config, current: Config, new: Config,
             report.reloaded.append("tls")
     if "tls" in report.kept:
         _log.warning("reload kept the TLS material", why=report.kept["tls"])
-    if new.retrieval.allowed_roots != current.retrieval.allowed_roots:
+    if new.settings.retrieval.allowed_roots != current.settings.retrieval.allowed_roots:
         report.reloaded.append("retrieval.allowed_roots")
     return applied
 

@@ -38,7 +38,7 @@ from ..models.router import InferenceRouter
 
 
 def limits_from(config: Config) -> RetrievalLimits:
-    r = config.retrieval
+    r = config.settings.retrieval
     return RetrievalLimits(
         chunk_size=r.chunk_size, chunk_overlap=r.chunk_overlap,
         max_chunk_chars=r.max_chunk_chars, embed_batch=r.embed_batch,
@@ -68,7 +68,7 @@ def limits_from(config: Config) -> RetrievalLimits:
 def postgres_from(config: Config) -> PgOptions | None:
     """How to reach the PostgreSQL store (``retrieval.store = postgres``); None for the
     embedded store."""
-    r = config.retrieval
+    r = config.settings.retrieval
     return pg_options(r) if r.store == "postgres" else None
 
 

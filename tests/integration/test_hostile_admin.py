@@ -131,7 +131,7 @@ async def test_forbidden_arguments_in_files_are_refused_at_load_and_on_reload(
             assert report.swapped == []
         after = await c.child(GEN)
         assert (after.pid, after.state) == (before.pid, control_pb2.CHILD_STATE_RUNNING)
-        assert daemon.config.generation.extra_args == ()
+        assert daemon.config.generation.extra_argv == ()
         assert daemon.config.catalog.find("other") is None
         assert not written.exists()
         assert await _generate(c)

@@ -65,7 +65,7 @@ async def test_sighup_swaps_to_the_new_model_and_applies_limits(
         assert now.model_path.endswith(DEFAULT_MODEL)
         assert now.last_swap.reason == "reload"
         assert now.pid != before.pid
-        assert daemon.config.limits.max_tokens == 1000
+        assert daemon.config.settings.limits.max_tokens == 1000
         assert daemon.config.generation.model == str(model_path(DEFAULT_MODEL))
 
 
@@ -128,4 +128,4 @@ async def test_invalid_config_reload_changes_nothing(tmp_path: Path, llama_serve
         assert report.error == ""
         assert report.restart_needed == ["child.log_lines"]
         assert report.changes == {"child.log_lines": "restart needed"}
-        assert daemon.config.log_lines == 2000  # the running value is kept
+        assert daemon.config.settings.child.log_lines == 2000  # the running value is kept

@@ -13,6 +13,7 @@ from daemon.config._catalog import Catalog, CatalogEntry
 from daemon.config._catalog_load import child_config
 from daemon.config._sections import PoolSettings
 from daemon.config.inference_mode import InferenceMode, Mode
+from daemon.config.role import Role
 from daemon.models.admission import Admission
 from daemon.models.children import make_setup
 from daemon.models.model import Handover, Model
@@ -39,10 +40,10 @@ class Rig:
                                "LLAMAD_EMBEDDING_MODEL": "/m/emb.gguf",
                                "LLAMAD_MODELS_DIR": "/nonexistent"}).settings
         entries = []
-        for name, role in (("gen-a", "generation"), ("gen-b", "generation"),
-                           ("gen-c", "generation"), ("emb", "embedding")):
+        for name, role in (("gen-a", Role.GENERATION), ("gen-b", Role.GENERATION),
+                           ("gen-c", Role.GENERATION), ("emb", Role.EMBEDDING)):
             path = write_model(folder / f"{name}.gguf")
-            section = base.generation if role == "generation" else base.embedding
+            section = base.generation if role is Role.GENERATION else base.embedding
             entries.append(CatalogEntry(name, role, child_config(section, role, str(path)),
                                         aliases=("b",) if name == "gen-b" else (),
                                         pin=name in pinned or (name == "gen-a"

@@ -154,7 +154,7 @@ async def test_agent_port_names_an_address_in_use() -> None:
 def test_agent_listen_is_checked() -> None:
     """agent_listen takes any host:port (it reads nothing); a socket or junk is refused."""
     env = {"LLAMAD_GENERATION_ENABLED": "false", "LLAMAD_EMBEDDING_ENABLED": "false"}
-    assert load(None, env={**env, "LLAMAD_AGENT_LISTEN": "0.0.0.0:9777"}).agent_listen \
+    assert load(None, env={**env, "LLAMAD_AGENT_LISTEN": "0.0.0.0:9777"}).settings.agent_listen \
         == "0.0.0.0:9777"
     with pytest.raises(ConfigError, match="agent_listen: must be a host:port"):
         load(None, env={**env, "LLAMAD_AGENT_LISTEN": "unix:/tmp/agent.sock"})

@@ -89,7 +89,7 @@ model = "{models / 'emb.gguf'}"
                                                                 True)
     assert small.child.ctx_size == 1024
     assert small.child.threads == 3  # from [generation]
-    assert small.child.extra_args == ("--n-gpu-layers", "0")
+    assert small.child.extra_argv == ("--n-gpu-layers", "0")
     assert small.child.env == (("CUDA_VISIBLE_DEVICES", "1"), ("OMP_PROC_BIND", "close"))
     vectors = cat.find("vectors")
     assert vectors is not None and vectors.role == "embedding"
@@ -181,7 +181,7 @@ LLAMA_ARG_N_PARALLEL = 3
     qwen = cat.find("q4")
     assert qwen is not None and qwen.name == "qwen:Q4" and qwen.preload
     assert (qwen.role, qwen.child.ctx_size, qwen.child.threads) == ("generation", 2048, 2)
-    assert qwen.child.extra_args == ("--n-gpu-layers", "99", "--jinja", "--no-kv-offload")
+    assert qwen.child.extra_argv == ("--n-gpu-layers", "99", "--jinja", "--no-kv-offload")
     embedder = cat.find("embedder")
     assert embedder is not None and embedder.role == "embedding"
     assert embedder.child.parallel == 3
@@ -300,7 +300,7 @@ extra_args = "-ngl 99"
 """)
     cat = load(models=False, env=_env(models), file=toml).catalog
     big = next(e for e in cat.entries if e.name == "big")
-    assert big.device == "cuda0" and big.child.extra_args == ("-ngl", "99")
+    assert big.device == "cuda0" and big.child.extra_argv == ("-ngl", "99")
     assert next(e for e in cat.entries if e.name == "gen-a").device == ""
     bad = write_toml(tmp_path, '[models]\ndevice_budgets_mb = "cuda0:7500"\n')
     with pytest.raises(ConfigError, match=r"models\.device_budgets_mb: 'cuda0:7500'"):

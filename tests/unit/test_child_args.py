@@ -194,7 +194,7 @@ def test_role_extra_args_are_refused_at_load_naming_the_argument() -> None:
         load("--generation-extra-args=-ngl 0 --log-file /tmp/llamad-x")
     with pytest.raises(ConfigError, match=r"embedding\.extra_args: --host is refused"):
         load(env={"LLAMAD_EMBEDDING_EXTRA_ARGS": "--host 0.0.0.0"})
-    assert load("--generation-extra-args=-ngl 0 --flash-attn on").generation.extra_args == (
+    assert load("--generation-extra-args=-ngl 0 --flash-attn on").generation.extra_argv == (
         "-ngl", "0", "--flash-attn", "on")
 
 

@@ -65,7 +65,7 @@ def test_load_refuses_lan_listen_from_env() -> None:
     """The listen check runs on load, whatever the source of the value."""
     with pytest.raises(ConfigError, match="not a loopback address"):
         load(env={"LLAMAD_LISTEN": "0.0.0.0:50051"})
-    assert load(env={"LLAMAD_LISTEN": "unix:/tmp/l.sock"}).listen == "unix:/tmp/l.sock"
+    assert load(env={"LLAMAD_LISTEN": "unix:/tmp/l.sock"}).settings.listen == "unix:/tmp/l.sock"
 
 
 @pytest.mark.parametrize("listen", ["0.0.0.0:50051", "[::]:0", "192.168.1.10:50051",
@@ -87,7 +87,7 @@ def test_unix_socket_paths() -> None:
     assert config.unix_socket_path("unix:/run/l.sock", state) == Path("/run/l.sock")
     assert config.unix_socket_path("unix:///run/l.sock", state) == Path("/run/l.sock")
     assert config.unix_socket_path("127.0.0.1:1", state) is None
-    assert load(env={"LLAMAD_LISTEN": "unix:l.sock", "LLAMAD_STATE_DIR": "/s"}).listen == \
+    assert load(env={"LLAMAD_LISTEN": "unix:l.sock", "LLAMAD_STATE_DIR": "/s"}).settings.listen == \
         "unix:l.sock"
     with pytest.raises(ConfigError, match="longer than 107 bytes"):
         load(env={"LLAMAD_LISTEN": "unix:" + "x" * 120})
@@ -118,12 +118,12 @@ def test_tls_and_token_options_are_checked_at_load(tmp_path: Path) -> None:
 
 def test_allowed_roots(tmp_path: Path) -> None:
     """Empty by default; a TOML list, or ':'-separated in env and flags; absolute only."""
-    assert load().retrieval.allowed_roots == ()
+    assert load().settings.retrieval.allowed_roots == ()
     assert load(env={"LLAMAD_RETRIEVAL_ALLOWED_ROOTS": "/srv/docs:/srv/kb:"}
-                ).retrieval.allowed_roots == ("/srv/docs", "/srv/kb")
-    assert load("--retrieval-allowed-roots", "/a").retrieval.allowed_roots == ("/a",)
+                ).settings.retrieval.allowed_roots == ("/srv/docs", "/srv/kb")
+    assert load("--retrieval-allowed-roots", "/a").settings.retrieval.allowed_roots == ("/a",)
     file = write_toml(tmp_path, '[retrieval]\nallowed_roots = ["/srv/docs", "/srv/kb"]\n')
-    assert load(file=file).retrieval.allowed_roots == ("/srv/docs", "/srv/kb")
+    assert load(file=file).settings.retrieval.allowed_roots == ("/srv/docs", "/srv/kb")
     with pytest.raises(ConfigError, match=r"retrieval.allowed_roots: 'docs' is not an absolute"):
         load(env={"LLAMAD_RETRIEVAL_ALLOWED_ROOTS": "docs"})
     file = write_toml(tmp_path, "[retrieval]\nallowed_roots = [1]\n")

@@ -53,19 +53,19 @@ def test_precedence_is_per_option(tmp_path: Path) -> None:
 def test_config_file_from_flag_and_from_env(tmp_path: Path) -> None:
     """The file is found through --config, or through LLAMAD_CONFIG when no flag is given."""
     file = write_toml(tmp_path, "drain_grace = 7.5\n")
-    assert load("--config", str(file)).drain_grace == 7.5
-    assert load(env={"LLAMAD_CONFIG": str(file)}).drain_grace == 7.5
-    assert load().drain_grace == 30.0
+    assert load("--config", str(file)).settings.drain_grace == 7.5
+    assert load(env={"LLAMAD_CONFIG": str(file)}).settings.drain_grace == 7.5
+    assert load().settings.drain_grace == 30.0
 
 
 def test_defaults_when_nothing_is_set() -> None:
     """With only the models set, every value is its declared default."""
     cfg = load()
-    assert cfg.listen == "127.0.0.1:50051"
+    assert cfg.settings.listen == "127.0.0.1:50051"
     assert cfg.generation.parallel == 4
     assert cfg.embedding.ctx_size == 0
     assert cfg.generation.runtime == "auto"
-    assert cfg.log_format == "auto"
+    assert cfg.settings.log.format == "auto"
     assert {k for k, v in cfg.sources.items() if v != "default"} == {
         "generation.model", "embedding.model",
     }
@@ -115,8 +115,8 @@ def test_toml_booleans(tmp_path: Path) -> None:
 def test_extra_args_split_on_whitespace(raw: str, expected: tuple[str, ...]) -> None:
     """extra_args becomes a tuple of words split on any whitespace, empty words dropped."""
     cfg = load(f"--generation-extra-args={raw}")
-    assert cfg.generation.extra_args == expected
-    assert cfg.embedding.extra_args == ()
+    assert cfg.generation.extra_argv == expected
+    assert cfg.embedding.extra_argv == ()
 
 
 def test_values_land_in_the_typed_config(tmp_path: Path) -> None:
@@ -164,9 +164,9 @@ max_embed_chars = 500
 max_message_bytes = 4096
 """)
     cfg = config.load(None, env={}, file=file)
-    assert cfg.listen == "unix:/run/l.sock"
-    assert cfg.llama_bin == "/opt/llama-server"
-    assert cfg.drain_grace == 12.5
+    assert cfg.settings.listen == "unix:/run/l.sock"
+    assert cfg.settings.llama_bin == "/opt/llama-server"
+    assert cfg.settings.drain_grace == 12.5
     gen = cfg.child("generation")
     assert (gen.model, gen.runtime, gen.ctx_size, gen.threads, gen.parallel, gen.batch) == (
         "/m/g.gguf", "bundled", 2048, 3, 2, 128)
@@ -175,10 +175,10 @@ max_message_bytes = 4096
                                        cooldown=None)
     assert cfg.timeouts == Timeouts(start=11.0, start_cap=99.0, probe_interval=1.5,
                                     probe_timeout=0.5, probe_failures=4, stop_grace=2.0)
-    assert cfg.request_timeout == 120.0
-    assert cfg.log_lines == 50
-    assert (cfg.log_format, cfg.log_level) == ("json", "debug")
-    assert cfg.limits == config.Limits(
+    assert cfg.settings.child.request_timeout == 120.0
+    assert cfg.settings.child.log_lines == 50
+    assert (cfg.settings.log.format, cfg.settings.log.level) == ("json", "debug")
+    assert cfg.settings.limits == config.Limits(
         max_prompt_chars=1000, max_messages=10, default_max_tokens=20, max_tokens=200,
         max_stop=0, max_embed_batch=16, max_embed_chars=500, queue_size=32,
         max_message_bytes=4096,
@@ -206,7 +206,7 @@ def test_typed_sections_have_a_field_per_option(section: str, cls: type) -> None
     assert [f.name for f in dataclasses.fields(cls)] == list(kinds)
     for name, kind in kinds.items():
         assert hints[name] == (tuple[str, ...] if kind is list else kind), name
-    loaded = getattr(load(), section)
+    loaded = getattr(load().settings, section)
     assert isinstance(loaded, cls)
     assert {name: getattr(loaded, name) for name in kinds} == {
         name: o.default for o in OPTIONS for name in [o.key.removeprefix(section + ".")]

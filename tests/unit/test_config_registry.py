@@ -15,13 +15,14 @@ from daemon.config import (
     OPTIONS,
     ChildConfig,
     Config,
+    InferenceMode,
+    Role,
     RoleSettings,
     Settings,
     example_config,
     value_of,
 )
 from daemon.config._options import options_of, setting
-from daemon.config._resolved import _Read
 
 MODELS = {"LLAMAD_GENERATION_MODEL": "/m/gen.gguf", "LLAMAD_EMBEDDING_MODEL": "/m/emb.gguf"}
 
@@ -57,22 +58,56 @@ def test_a_section_takes_its_reload_kind_unless_the_option_says_otherwise() -> N
     assert set(kinds.values()) == {"new_child"}
 
 
-def test_a_child_config_has_a_field_per_role_option() -> None:
-    """A role's resolved ChildConfig has the role's options and its name, and the one
-    setting only a catalog model has (env: its child's environment), nothing else."""
+def test_a_child_config_is_its_role_settings_resolved() -> None:
+    """A role's ChildConfig is a RoleSettings (its options declared once, there) with the
+    role's name and the one setting only a catalog model has (env: its child's
+    environment); every option it does not resolve is the section's value."""
+    assert issubclass(ChildConfig, RoleSettings)
     assert {f.name for f in dataclasses.fields(ChildConfig)} == {
         f.name for f in dataclasses.fields(RoleSettings)} | {"role", "env"}
+    cfg = _load({"LLAMAD_GENERATION_CTX_SIZE": "1234", "LLAMAD_GENERATION_BATCH": "77",
+                 "LLAMAD_GENERATION_CHAT_TEMPLATE": "gemma",
+                 "LLAMAD_GENERATION_EXTRA_ARGS": "  -ngl\t0   --swa-full ",
+                 "LLAMAD_EMBEDDING_MODE": "disabled"})
+    resolved = {"mode", "enabled", "extra_args"}
+    for role in Role:
+        child, section = cfg.child(role), getattr(cfg.settings, role)
+        assert child.role is role
+        for f in dataclasses.fields(RoleSettings):
+            if f.name not in resolved:
+                assert getattr(child, f.name) == getattr(section, f.name), (role, f.name)
+    gen, emb = cfg.generation, cfg.embedding
+    assert (gen.ctx_size, gen.batch, gen.chat_template) == (1234, 77, "gemma")
+    assert (gen.extra_args, gen.extra_argv) == ("-ngl 0 --swa-full", ("-ngl", "0", "--swa-full"))
+    assert (gen.mode, gen.enabled) == (InferenceMode.EMBEDDED, True)
+    assert emb.mode is InferenceMode.DISABLED and emb.enabled is False
 
 
-def test_the_config_reads_its_settings() -> None:
-    """Each attribute of the configuration that is one option's value reads the settings."""
+def test_an_enum_option_is_a_string_of_its_values_read_as_its_member() -> None:
+    """A role's mode is declared with its enum: the option is a string whose choices and
+    default are the enum's values, and the settings hold the member."""
+    opt = config.option("embedding.mode")
+    assert (opt.kind, opt.choices) == (str, tuple(m.value for m in InferenceMode))
+    assert type(opt.default) is str and opt.default == "embedded"
+    cfg = _load({"LLAMAD_EMBEDDING_MODE": "disabled"})
+    assert cfg.settings.embedding.mode is InferenceMode.DISABLED
+    assert cfg.settings.generation.mode is InferenceMode.EMBEDDED
+
+
+def test_the_config_keeps_no_option_twice() -> None:
+    """The configuration holds its options once, in ``settings``: beside them only what
+    load resolved (a role's child, the directories, the TLS material, the tokens, the
+    catalog, the sources), and the supervisor's policy and timeouts built from them."""
+    assert [f.name for f in dataclasses.fields(Config)] == [
+        "settings", "generation", "embedding", "state_dir", "sources", "models_dir", "tls",
+        "tokens", "catalog"]
+    public = {n for n in vars(Config) if not n.startswith("_")} - {
+        f.name for f in dataclasses.fields(Config)}
+    assert public == {"policy", "timeouts", "child", "with_options"}
     cfg = _load({"LLAMAD_SWAP_READY_TIMEOUT": "12", "LLAMAD_LOG_LEVEL": "debug",
                  "LLAMAD_LIMITS_MAX_STOP": "3", "LLAMAD_RESTART_BREAKER_COOLDOWN": "0"})
-    reads = {name: attr.key for name, attr in vars(Config).items() if isinstance(attr, _Read)}
-    assert len(reads) == 26
-    for name, key in reads.items():
-        assert getattr(cfg, name) == value_of(cfg.settings, key), name
-    assert (cfg.swap_ready_timeout, cfg.log_level, cfg.limits.max_stop) == (12.0, "debug", 3)
+    assert (cfg.settings.swap.ready_timeout, cfg.settings.log.level,
+            cfg.settings.limits.max_stop) == (12.0, "debug", 3)
     assert cfg.policy.cooldown is None
 
 
@@ -83,8 +118,8 @@ def test_with_options_takes_exactly_the_named_options(tmp_path: Path) -> None:
     new = _load({"LLAMAD_RETRIEVAL_RRF_K": "61", "LLAMAD_RETRIEVAL_EMBED_BATCH": "64",
                  "LLAMAD_LLAMA_BIN": "/opt/llama-server", "LLAMAD_MODELS_DIR": str(tmp_path)})
     merged = current.with_options(new, ["retrieval.rrf_k", "llama_bin", "models_dir"])
-    assert (merged.retrieval.rrf_k, merged.retrieval.embed_batch) == (61, 32)
-    assert (merged.llama_bin, merged.models_dir) == ("/opt/llama-server", tmp_path)
+    assert (merged.settings.retrieval.rrf_k, merged.settings.retrieval.embed_batch) == (61, 32)
+    assert (merged.settings.llama_bin, merged.models_dir) == ("/opt/llama-server", tmp_path)
     assert merged.with_options(current, []) == merged
     assert current.with_options(new, []) == current
 

@@ -18,7 +18,7 @@ DSN = "postgresql://llamad@db.example.net:5432/kb"
 
 def test_the_embedded_store_is_the_default() -> None:
     cfg = load()
-    assert cfg.retrieval.store == "embedded"
+    assert cfg.settings.retrieval.store == "embedded"
     assert postgres_from(cfg) is None
 
 

@@ -330,7 +330,8 @@ def test_settings_are_named_options() -> None:
 def test_http_listen_follows_the_grpc_listen_rule(listen: str, match: str) -> None:
     """http_listen is loopback-only unless TLS and client authentication are configured,
     as listen is; off by default."""
-    assert config_load.load().http_listen == ""
-    assert config_load.load("--http-listen", "127.0.0.1:8080").http_listen == "127.0.0.1:8080"
+    assert config_load.load().settings.http_listen == ""
+    assert config_load.load("--http-listen", "127.0.0.1:8080").settings.http_listen == \
+        "127.0.0.1:8080"
     with pytest.raises(ConfigError, match=match):
         config_load.load("--http-listen", listen)

@@ -229,13 +229,13 @@ def test_example_config_loads_and_matches_the_unit(unit: Unit) -> None:
     for role in ("generation", "embedding"):
         assert cfg.child(role).enabled
         assert Path(cfg.child(role).model).is_relative_to(state_dir)
-    if cfg.listen.startswith("unix:"):
+    if cfg.settings.listen.startswith("unix:"):
         runtime_dir = Path("/run") / service(unit, "RuntimeDirectory")
-        assert Path(cfg.listen.removeprefix("unix:")).is_relative_to(runtime_dir)
+        assert Path(cfg.settings.listen.removeprefix("unix:")).is_relative_to(runtime_dir)
     else:
-        assert cfg.listen.rpartition(":")[0] in ("127.0.0.1", "::1", "[::1]", "localhost")
-    assert cfg.log_format == "json"
-    worst_stop = cfg.drain_grace + 2 * cfg.timeouts.stop_grace
+        assert cfg.settings.listen.rpartition(":")[0] in ("127.0.0.1", "::1", "[::1]", "localhost")
+    assert cfg.settings.log.format == "json"
+    worst_stop = cfg.settings.drain_grace + 2 * cfg.timeouts.stop_grace
     assert seconds(service(unit, "TimeoutStopSec")) > worst_stop
 
 
@@ -243,4 +243,4 @@ def test_example_config_loads_on_its_own() -> None:
     """No environment at all: the file alone is a complete configuration."""
     cfg = config.load(None, env={}, file=EXAMPLE)
     assert cfg.sources["generation.model"] == "file"
-    assert cfg.log_format == "auto"
+    assert cfg.settings.log.format == "auto"

@@ -149,9 +149,10 @@ async def test_a_reload_applies_retrieval_limits_and_reports_the_rest() -> None:
         "limits.max_stop": "applied", "limits.max_message_bytes": "restart needed"}
     assert report.restart_needed == ["state_dir", "retrieval.embed_batch", "answer.cache_ttl",
                                      "limits.max_message_bytes"]
-    assert (applied.retrieval.rrf_k, applied.retrieval.embed_batch) == (61, 32)
-    assert (applied.limits.max_stop, applied.limits.max_message_bytes) == (3, 16 * 1024**2)
-    assert (applied.answer.default_k, applied.answer.cache_ttl) == (7, 300.0)
+    s = applied.settings
+    assert (s.retrieval.rrf_k, s.retrieval.embed_batch) == (61, 32)
+    assert (s.limits.max_stop, s.limits.max_message_bytes) == (3, 16 * 1024**2)
+    assert (s.answer.default_k, s.answer.cache_ttl) == (7, 300.0)
     assert applied.state_dir == current.state_dir
     assert reload_plan(applied, _build(base | changed)) == {
         key: "restart" for key in report.restart_needed}
