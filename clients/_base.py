@@ -9,9 +9,8 @@ and :mod:`clients._aio`.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, Unpack
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -23,7 +22,7 @@ from llamad_protocol.v1 import (
     retrieval_pb2_grpc,
 )
 
-from ._channel import ChannelSettings, Timeout, _Default, settings
+from ._channel import ChannelSettings, ConnectionOptions, Timeout, _Default, settings
 from .errors import Unavailable, from_rpc_error
 
 
@@ -31,7 +30,8 @@ class BaseClient:
     """One channel to llamad, its service stubs and default deadlines.
 
     Subclasses set :attr:`_grpc` to the module whose channels they open (``grpc`` or
-    ``grpc.aio``); the arguments are :class:`clients.Client`'s.
+    ``grpc.aio``); the arguments are :class:`clients.Client`'s (``connection``: TLS, token
+    and channel options, :class:`~clients._channel.ConnectionOptions`).
     """
 
     _grpc: ClassVar[Any]
@@ -44,22 +44,13 @@ class BaseClient:
         *,
         timeout: float | None = 30.0,
         stream_timeout: float | None = None,
-        tls: bool = False,
-        ca_file: str | os.PathLike[str] | None = None,
-        cert_file: str | os.PathLike[str] | None = None,
-        key_file: str | os.PathLike[str] | None = None,
-        token: str | None = None,
-        token_file: str | os.PathLike[str] | None = None,
-        server_name: str | None = None,
-        options: Sequence[tuple[str, Any]] = (),
         addresses: Sequence[str] | None = None,
+        **connection: Unpack[ConnectionOptions],
     ) -> None:
         if addresses is not None and address is not None:
             raise ValueError("give address or addresses, not both")
         self._settings: ChannelSettings = settings(
-            address if addresses is None else list(addresses), tls=tls, ca_file=ca_file,
-            cert_file=cert_file, key_file=key_file, token=token, token_file=token_file,
-            server_name=server_name, options=options)
+            address if addresses is None else list(addresses), **connection)
         self.timeout = timeout
         self.stream_timeout = stream_timeout
         s = self._settings

@@ -38,7 +38,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, TypedDict
 
 import grpc
 
@@ -246,6 +246,20 @@ class ChannelSettings:
     @property
     def secure(self) -> bool:
         return self.credentials is not None
+
+
+class ConnectionOptions(TypedDict, total=False):
+    """How a client connects and authenticates: the clients' keyword arguments that
+    :func:`settings` takes (documented at :class:`clients.Client`)."""
+
+    tls: bool
+    ca_file: str | os.PathLike[str] | None
+    cert_file: str | os.PathLike[str] | None
+    key_file: str | os.PathLike[str] | None
+    token: str | None
+    token_file: str | os.PathLike[str] | None
+    server_name: str | None
+    options: Sequence[tuple[str, Any]]
 
 
 def settings(

@@ -11,6 +11,7 @@ import pytest
 
 from clients import AsyncClient, Client
 from clients import _requests as rq
+from clients._channel import ConnectionOptions, settings
 from clients._generation import GenerationControls, sampling
 
 # Members of one client with no counterpart of the same name in the other, with why.
@@ -66,11 +67,12 @@ def test_same_member_kind(name: str) -> None:
 
 
 @pytest.mark.parametrize(("options", "builder", "positional"), [
+    (ConnectionOptions, settings, {"address"}),
     (GenerationControls, sampling, {"schema_name"}),
     (rq.SearchOptions, rq.search, {"query"}),
     (rq.UpsertOptions, rq.upsert_document, {"source_id", "text"}),
     (rq.AskOptions, rq.ask, {"question"}),
-], ids=["generate/chat", "search", "upsert_document", "ask"])
+], ids=["connection", "generate/chat", "search", "upsert_document", "ask"])
 def test_forwarded_options_are_the_builders(options: type, builder: Any,
                                              positional: set[str]) -> None:
     """The options both clients forward as ``**options`` (a TypedDict) are exactly the
