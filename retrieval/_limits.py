@@ -1,6 +1,8 @@
 """Every limit of retrieval, named: what one document, query, scan or commit may cost.
 
 The daemon's config sets them (``retrieval.*`` options); error messages name the option.
+The defaults here are those options' defaults: tests/unit/test_config_retrieval_limits.py
+fails when one side changes alone, or when a limit has no option.
 """
 
 from __future__ import annotations

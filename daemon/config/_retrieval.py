@@ -1,6 +1,9 @@
 """``[retrieval]``: the options of the retrieval core (limits, schedules) and of its store
 (``store = embedded`` or ``postgres`` with its connection), a section of
 :class:`~daemon.config._sections.Settings` declared apart to keep that module short.
+
+The limits' defaults are also :class:`retrieval.RetrievalLimits`' (the core does not import
+the daemon); tests/unit/test_config_retrieval_limits.py ties the two.
 """
 
 from __future__ import annotations
