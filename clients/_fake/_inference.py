@@ -68,19 +68,21 @@ class FakeInference(inference_pb2_grpc.InferenceServiceServicer):
         yield inference_pb2.GenerateResponse(model=self.MODEL, finish_reason=reason,
                                              usage=usage(len(words)))
 
-    def Generate(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        if not request.prompt:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty")
+    def _complete(self, method: str, request: Any, context: grpc.ServicerContext,
+                  input_field: str) -> Iterator[Any]:
+        """Generate's and Chat's stream: refused when ``input_field`` (the prompt or the
+        messages) is empty or the sampling is contradictory, else the word list."""
+        if not getattr(request, input_field):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{input_field} is empty")
         _check_sampling(request.sampling, context)
-        return self.fake.stream("InferenceService/Generate", context,
+        return self.fake.stream(f"InferenceService/{method}", context,
                                 self._text(request.sampling, context))
 
+    def Generate(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        return self._complete("Generate", request, context, "prompt")
+
     def Chat(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        if not request.messages:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "messages is empty")
-        _check_sampling(request.sampling, context)
-        return self.fake.stream("InferenceService/Chat", context,
-                                self._text(request.sampling, context))
+        return self._complete("Chat", request, context, "messages")
 
     def Embed(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.enter("InferenceService/Embed", context)
