@@ -34,7 +34,7 @@ from supervisor import (
     read_api_key,
 )
 
-from ..config import Config
+from ..config import Config, Role
 from ..config.inference_mode import InferenceMode
 from ..errors import FailedPrecondition, InvalidArgument
 from ..models._key_sources import check_key_source
@@ -220,7 +220,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         call: rpc.Call,
     ) -> control_pb2.StatusResponse:
         return control_pb2.StatusResponse(
-            children=[child_status(self._children[r]) for r in ("generation", "embedding")
+            children=[child_status(self._children[r]) for r in Role
                       if r in self._children],
             version=self._version,
             daemon_uptime_seconds=time.monotonic() - self._started,

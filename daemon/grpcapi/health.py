@@ -45,6 +45,7 @@ from llamad_protocol.v1.wire import (
 )
 from supervisor import State, StateChange
 
+from ..config import Role
 from ..config.inference_mode import InferenceMode
 from ..models.model import Model
 
@@ -122,9 +123,9 @@ class HealthReporter:
                           if c.mode.kind is not InferenceMode.DISABLED)
         flag = {True: SERVING, False: NOT_SERVING}
         statuses = {
-            HEALTH_GENERATION: flag[up and running("generation")],
-            HEALTH_EMBEDDING: flag[up and running("embedding")],
-            INFERENCE_SERVICE: flag[up and running("generation")],
+            HEALTH_GENERATION: flag[up and running(Role.GENERATION)],
+            HEALTH_EMBEDDING: flag[up and running(Role.EMBEDDING)],
+            INFERENCE_SERVICE: flag[up and running(Role.GENERATION)],
             CONTROL_SERVICE: flag[up],
             RETRIEVAL_SERVICE: flag[up and self._retrieval],
             HEALTH_OVERALL: flag[up and all_running],

@@ -18,7 +18,7 @@ from llamad_protocol.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from supervisor import Chunk, Sampling, TokenLogprob, TokenLogprobs, ToolCallDelta
 
 from ..checks import tools, validation
-from ..config import Limits
+from ..config import Limits, Role
 from ..errors import InvalidArgument
 from ..models.backend import InferenceBackend
 from ..models.router import InferenceRouter
@@ -40,7 +40,7 @@ _FINISH = {
     "tool_calls": inference_pb2.FINISH_REASON_TOOL_CALLS,
 }
 
-def _role(value: int, default: str = "generation") -> str:
+def _role(value: int, default: str = Role.GENERATION) -> str:
     if value == common_pb2.CHILD_ROLE_UNSPECIFIED:
         return default
     try:
@@ -121,7 +121,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         sampling = validation.sampling(
             params, self._limits,
             defaults=validation.chat_defaults(self._limits) if chat else None)
-        name = self._router.model_name("generation", model)
+        name = self._router.model_name(Role.GENERATION, model)
         call.note(max_tokens=sampling.max_tokens, model=name)
         async with admitted_generation(self._router, sampling, context.time_remaining(),
                                        chat=chat, note=call.note, model=model) as backend:
@@ -173,7 +173,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         texts = validation.embed_texts(request.texts, self._limits)
         call.note(texts=len(texts))
         normalize = request.normalize if request.HasField("normalize") else True
-        name = self._router.model_name("embedding", request.model)
+        name = self._router.model_name(Role.EMBEDDING, request.model)
         result = await embed(self._router, texts, context.time_remaining(),
                              normalize=normalize, model=request.model)
         matrix = result.matrix

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from supervisor import ChildRequestError, Chunk, Message, Sampling, ToolCallDelta, ToolUse
 
+from ..config import Role
 from ..errors import InvalidArgument
 from ..grpcapi.rpc import Call
 from ..services.inference import Meter, Usage, admitted_generation
@@ -61,7 +62,7 @@ def prepare(api: Api, call: Call, chat_body: dict[str, Any], route: str, *,
         InvalidArgument, ApiError: naming the field at fault.
     """
     limits = api.limits()
-    listed = api.catalog.resolve(_parse.model_name(chat_body), "generation", route)
+    listed = api.catalog.resolve(_parse.model_name(chat_body), Role.GENERATION, route)
     sampling = _parse.sampling(chat_body, limits, chat=True)
     try:
         messages, offered = _parse.chat_messages(chat_body, limits)

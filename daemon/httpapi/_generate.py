@@ -18,7 +18,7 @@ from aiohttp import web
 
 from supervisor import ChildRequestError, Chunk, Sampling, TokenLogprobs
 
-from ..config import Limits
+from ..config import Limits, Role
 from ..grpcapi.rpc import Call
 from ..models.backend import InferenceBackend
 from ..services.inference import Meter, Usage, admitted_generation
@@ -53,7 +53,7 @@ def _start(body: _parse.Body, limits: Limits, call: Call, *, chat: bool) -> Star
 async def _generate(api: Api, request: web.BaseRequest, call: Call, body: _parse.Body, *,
                     chat: bool) -> web.StreamResponse:
     limits = api.limits()
-    listed = api.catalog.resolve(_parse.model_name(body), "generation",
+    listed = api.catalog.resolve(_parse.model_name(body), Role.GENERATION,
                                  "/v1/chat/completions" if chat else "/v1/completions")
     sampling = _parse.sampling(body, limits, chat=chat)
     start = _start(body, limits, call, chat=chat)

@@ -31,6 +31,7 @@ from aiohttp import web
 
 from supervisor import ToolCallDelta, Turn
 
+from ..config import Role
 from ..grpcapi.rpc import Call
 from ..services.inference import Usage
 from . import _parse
@@ -327,7 +328,7 @@ async def count_tokens(api: Api, request: web.BaseRequest, call: Call,
     translated = chat_body(body, counting=True)
     prepared = prepare(api, call, translated, "/v1/messages/count_tokens",
                        messages_param="messages")
-    backend = await api.router.backend_of("generation", prepared.listed.route,
+    backend = await api.router.backend_of(Role.GENERATION, prepared.listed.route,
                                           time_remaining(call))
     parts: list[str] = []
     for message in prepared.messages:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from aiohttp import web
 
+from ..config import Role
 from ..grpcapi.rpc import Call
 from ..services.inference import embed
 from . import _ask, _generate, _messages, _parse, _responses
@@ -81,7 +82,7 @@ async def embeddings(api: Api, request: web.BaseRequest, call: Call,
     (``float``: JSON numbers, the float32 values exactly; ``base64``: little-endian
     float32 bytes)."""
     limits = api.limits()
-    listed = api.catalog.resolve(_parse.model_name(body), "embedding", "/v1/embeddings")
+    listed = api.catalog.resolve(_parse.model_name(body), Role.EMBEDDING, "/v1/embeddings")
     inputs = _parse.embedding_inputs(body, limits)
     fmt = _parse.encoding_format(body)
     wanted = _parse.dimensions(body)

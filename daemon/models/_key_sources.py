@@ -22,10 +22,8 @@ import os
 
 from supervisor import EndpointSpec
 
-from ..config import Config
+from ..config import Config, Role
 from ..errors import InvalidArgument
-
-_ROLES = ("generation", "embedding")
 
 
 def check_key_source(endpoint: EndpointSpec, config: Config) -> None:
@@ -35,7 +33,7 @@ def check_key_source(endpoint: EndpointSpec, config: Config) -> None:
         InvalidArgument: naming the field and the rule.
     """
     keys = config.settings.endpoint_keys
-    configured = [config.child(role) for role in _ROLES]
+    configured = [config.child(role) for role in Role]
     if endpoint.api_key_file:
         real = os.path.realpath(os.path.expanduser(endpoint.api_key_file))
         named = {os.path.realpath(os.path.expanduser(c.api_key_file))

@@ -48,7 +48,7 @@ from supervisor import (
     sha256_file,
 )
 
-from ..config import ChildConfig, Config
+from ..config import ChildConfig, Config, Role
 from ..config.inference_mode import InferenceMode, Mode
 from ..telemetry.logs import ChildLogForwarder
 from .admission import Admission
@@ -132,14 +132,14 @@ def make_setup(
     with contextlib.suppress(InvalidModelError):
         facts.validate()
     template = None
-    if role == "generation" and cc.chat_template not in ("", "auto"):
+    if role == Role.GENERATION and cc.chat_template not in ("", "auto"):
         template = cc.chat_template  # the model's setting, whatever its GGUF carries
-    elif role == "generation" and facts.info is not None:
+    elif role == Role.GENERATION and facts.info is not None:
         template = choose_chat_template(facts.info).name or None
     spec = LaunchSpec(
         role=role,
         model=path,
-        embedding=role == "embedding",
+        embedding=role == Role.EMBEDDING,
         ctx_size=cc.ctx_size if ctx_size is None else ctx_size,
         threads=cc.threads,
         parallel=cc.parallel,
@@ -194,7 +194,7 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None,
         )
 
     def endpoint_for(spec: EndpointSpec, timeouts: Timeouts = config.timeouts) -> EndpointLauncher:
-        return EndpointLauncher(spec, embedding=role == "embedding", clock=clock,
+        return EndpointLauncher(spec, embedding=role == Role.EMBEDDING, clock=clock,
                                 timeouts=timeouts, read_timeout=settings.child.request_timeout,
                                 max_connections=max(8, cc.parallel * 2))
 

@@ -106,7 +106,7 @@ class Model:
     """One model (today: one role's), the only writer of its state.
 
     Args:
-        role: "generation" or "embedding".
+        role: what it serves (a :class:`~daemon.config.Role`).
         config: the role's configuration in force.
         setup: the embedded child's setup (None while no model was ever configured).
         ring: the child's log lines.

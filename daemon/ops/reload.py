@@ -47,7 +47,16 @@ import structlog
 
 from supervisor import SupervisorError, pick_runtime
 
-from ..config import OPTIONS, ChildConfig, Config, ConfigError, Reload, is_loopback, value_of
+from ..config import (
+    OPTIONS,
+    ChildConfig,
+    Config,
+    ConfigError,
+    Reload,
+    Role,
+    is_loopback,
+    value_of,
+)
 from ..config._catalog import CatalogEntry
 from ..config.inference_mode import InferenceMode
 from ..errors import RequestError
@@ -80,7 +89,7 @@ class ReloadReport:
     error: str = ""
 
 
-_ROLES = ("generation", "embedding")
+_ROLES = tuple(Role)
 
 
 CATALOG = "models.*"
@@ -202,7 +211,7 @@ async def reload_config(
             _log.warning("reload kept the running child", role=role, error=str(exc))
             continue
         model.configure(new_cc, keep)
-        if role == "generation":
+        if role is Role.GENERATION:
             applied = dataclasses.replace(applied, generation=new_cc)
         else:
             applied = dataclasses.replace(applied, embedding=new_cc)

@@ -25,6 +25,7 @@ import numpy as np
 
 from supervisor import ChildRequestError, Chunk, Sampling, TokenizeUnavailableError
 
+from ..config import Role
 from ..errors import InvalidArgument
 from ..models.backend import InferenceBackend
 from ..models.router import InferenceRouter
@@ -55,10 +56,10 @@ async def admitted_generation(router: InferenceRouter, sampling: Sampling,
     requested = sampling.requested()
     if requested:
         note(controls=",".join(requested))
-        if router.fixed("generation", model):  # another may not be loaded yet: checked
+        if router.fixed(Role.GENERATION, model):  # another may not be loaded yet: checked
             # once admitted
-            sampling.check(router.backend("generation").dialect, chat=chat)
-    async with router.admit("generation", time_remaining, model=model) as backend:
+            sampling.check(router.backend(Role.GENERATION).dialect, chat=chat)
+    async with router.admit(Role.GENERATION, time_remaining, model=model) as backend:
         if requested:
             sampling.check(backend.dialect, chat=chat)
         yield backend
@@ -96,11 +97,11 @@ class Meter:
         now = time.perf_counter()
         metrics = self._metrics
         if metrics is not None:
-            metrics.tokens("generation", item.tokens)
+            metrics.tokens(Role.GENERATION, item.tokens)
             if self._first is None:
-                metrics.time_to_first_token("generation", now - self._received)
+                metrics.time_to_first_token(Role.GENERATION, now - self._received)
             else:
-                metrics.inter_token("generation", now - self._last)
+                metrics.inter_token(Role.GENERATION, now - self._last)
         self._last = now
         if self._first is None:
             self._first = now
@@ -139,7 +140,7 @@ async def embed(router: InferenceRouter, inputs: Sequence[EmbedInput],
             :meth:`daemon.models.router.InferenceRouter.admit`.
         ChildRequestError: the child failed.
     """
-    async with router.admit("embedding", time_remaining, model=model) as backend:
+    async with router.admit(Role.EMBEDDING, time_remaining, model=model) as backend:
         ctx = backend.context_tokens
         await _check_context(backend, inputs, ctx)
         try:

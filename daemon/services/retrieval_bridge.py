@@ -29,7 +29,7 @@ from retrieval import (
 )
 from supervisor import ChildRequestError, State, SupervisorError, TokenizeUnavailableError
 
-from ..config import Config
+from ..config import Config, InferenceMode, Role
 from ..config._retrieval import RetrievalSettings
 from ..errors import RequestError
 from ..models.backend import InferenceBackend
@@ -101,7 +101,7 @@ class ChildEmbedder:
         # in_flight: an ingest or search already running when a shutdown begins is let
         # finish by the drain; refused embeddings would leave its documents without
         # vectors for good (nothing embeds them later), its search BM25-only.
-        async with self._router.admit("embedding", None, in_flight=True) as backend:
+        async with self._router.admit(Role.EMBEDDING, None, in_flight=True) as backend:
             if backend.identity != self.model_id:
                 # Swapped or switched since: these vectors would carry the wrong identity.
                 raise ChildRequestError("the embedding model changed; retry")
@@ -128,13 +128,13 @@ def make_provider(router: InferenceRouter, children: dict[str, ManagedChild]
     """The embedder provider the retriever calls: None unless the embedding role is ready
     and what serves it has a known identity (a child's model SHA-256, an endpoint's model
     id and URL)."""
-    child = children.get("embedding")
+    child = children.get(Role.EMBEDDING)
 
     def provider() -> ChildEmbedder | None:
         if child is None or child.supervisor.state is not State.RUNNING:
             return None
         try:
-            backend = router.backend("embedding", in_flight=True)
+            backend = router.backend(Role.EMBEDDING, in_flight=True)
         except (RequestError, SupervisorError):
             return None
         return ChildEmbedder(router, backend) if backend.identity else None
@@ -159,10 +159,10 @@ def make_lookup(provider: Callable[[], ChildEmbedder | None]
 def unavailable_reason(children: dict[str, ManagedChild]) -> Callable[[], str]:
     """Why the embedder provider has nothing (for search warnings)."""
     def reason() -> str:
-        child = children.get("embedding")
-        if child is None or child.mode.kind == "disabled":
+        child = children.get(Role.EMBEDDING)
+        if child is None or child.mode.kind is InferenceMode.DISABLED:
             return "embedding is disabled"
-        where = ("the embedding endpoint" if child.mode.kind == "endpoint"
+        where = ("the embedding endpoint" if child.mode.kind is InferenceMode.ENDPOINT
                  else "the embedding child")
         error = child.last_error or (child.supervisor.last_exit.message
                                      if child.supervisor.last_exit else "")

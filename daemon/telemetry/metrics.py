@@ -42,12 +42,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from ..config import InferenceMode, Role
+
 _log = structlog.get_logger("llamad.metrics")
 
 OTHER = "other"
 """The label value that stands for anything outside an allowed set."""
 
-ROLES: tuple[str, ...] = ("generation", "embedding")
+ROLES: tuple[str, ...] = tuple(r.value for r in Role)
 CHILD_STATES: tuple[str, ...] = ("idle", "starting", "running", "backoff", "failed", "stopped")
 EXIT_KINDS: tuple[str, ...] = (
     "crash", "signal", "oom", "port_in_use", "usage_error", "model_error", "invalid_model",
@@ -56,7 +58,7 @@ EXIT_KINDS: tuple[str, ...] = (
     "refused", "unreachable", "timeout", "endpoint_error", "tls", "auth", "api_key",
     "not_openai", "unknown_model", "not_chat", "no_embeddings",
 )
-MODES: tuple[str, ...] = ("embedded", "endpoint", "disabled")
+MODES: tuple[str, ...] = tuple(m.value for m in InferenceMode)
 METHODS: tuple[str, ...] = (
     "Generate", "Chat", "Embed", "Tokenize", "Status", "TailLogs", "Swap", "Reset", "SetMode",
     "SetDraining", "UpsertDocument", "DeleteDocument", "GetDocument", "ListDocuments",

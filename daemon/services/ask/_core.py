@@ -23,7 +23,7 @@ from typing import Any
 from retrieval import Filters, Hit, Query, Retriever, VectorUnavailable, redact
 from supervisor import Sampling, TokenizeUnavailableError
 
-from ...config import AnswerConfig, Limits
+from ...config import AnswerConfig, Limits, Role
 from ...errors import InvalidArgument, OutOfRange
 from ...models.router import InferenceRouter
 from ...telemetry.audit import AuditLog
@@ -260,9 +260,9 @@ class AskService:
         k = q.top_k or settings.default_k
         # Fail fast: an unknown or embedding model (issue 14), or the default's child down
         # (UNAVAILABLE with a retry hint); a named model loads below, once needed.
-        name = self._router.model_name("generation", q.model)
-        if self._router.fixed("generation", q.model):
-            self._router.backend("generation")
+        name = self._router.model_name(Role.GENERATION, q.model)
+        if self._router.fixed(Role.GENERATION, q.model):
+            self._router.backend(Role.GENERATION)
         note(task=task, question_chars=len(question), k=k, model=name)
 
         hits, mode, warnings = await self._retrieve(q, question, k, settings)
@@ -278,9 +278,9 @@ class AskService:
             return
 
         # From here on the call is under way: a shutdown's drain lets it finish.
-        backend = (self._router.backend("generation", in_flight=True)
-                   if self._router.fixed("generation", q.model)
-                   else await self._router.backend_of("generation", q.model,
+        backend = (self._router.backend(Role.GENERATION, in_flight=True)
+                   if self._router.fixed(Role.GENERATION, q.model)
+                   else await self._router.backend_of(Role.GENERATION, q.model,
                                                       time_remaining()))
 
         async def count(text: str) -> int:
@@ -324,7 +324,7 @@ class AskService:
         else:
             pieces: list[str] = []
             completion, prompt_tokens, finish = 0, assembled.prompt_tokens, "stop"
-            async with self._router.admit("generation", time_remaining(),
+            async with self._router.admit(Role.GENERATION, time_remaining(),
                                           in_flight=True, model=q.model) as backend:
                 async for chunk in backend.stream_chat(assembled.messages, sampling):
                     if chunk.finish_reason is None:
