@@ -41,7 +41,7 @@ from retrieval import Retriever, protected_hardlinks
 from supervisor import Clock, State, StateChange, SystemClock
 
 from .answer import AnswerServicer, AuditLog, ResponseCache
-from .config import Config
+from .config import Config, Role
 from .config._catalog import CatalogEntry
 from .config.inference_mode import InferenceMode
 from .grpcapi.auth import AuthInterceptor, TlsCredentials
@@ -122,7 +122,7 @@ def _warn_unprotected_hard_links(config: Config) -> None:
 
 def _log_default_models(config: Config) -> None:
     """Say which role runs the prepared default model because none was configured."""
-    for role in ("generation", "embedding"):
+    for role in Role:
         if config.sources.get(f"{role}.model") == "models_dir":
             _log.info(f"{role}.model not set: using the prepared default",
                       model=config.child(role).model, models_dir=str(config.models_dir))
@@ -149,7 +149,7 @@ class Daemon:
         # Every role exists whatever its mode, so a mode can be switched live.
         self.children: dict[str, Model] = {
             role: build_child(config, role, clock=self._clock)
-            for role in ("generation", "embedding")
+            for role in Role
         }
         self.metrics = Metrics(version=version(), models=config.catalog.names())
         for child in self.children.values():
@@ -487,7 +487,7 @@ class Daemon:
             await self.retriever.close()
         await self.cancel_watch.aclose()
         await self.pool.stop()
-        for role in ("generation", "embedding"):
+        for role in Role:
             await self.children[role].stop()
         await self.health.close()
         if self._agent is not None:
