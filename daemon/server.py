@@ -54,7 +54,6 @@ from .grpcapi.peerguard import guard_loop
 from .grpcapi.retrieval import RetrievalServicer
 from .grpcapi.wire import DecodeGuard
 from .httpapi import HttpApi
-from .models.admission import Admission
 from .models.cancel_watch import CancelWatch
 from .models.children import build_child
 from .models.model import Model
@@ -67,7 +66,7 @@ from .ops.balancing import AgentServer, Drainer, agent_reply
 from .ops.metrics_http import MetricsServer, serve_metrics
 from .ops.reload import ReloadReport, reload_config
 from .ops.statelock import StateLock
-from .ops.systemd import Notifier, watchdog_loop
+from .ops.systemd import Notifier, status_line, watchdog_loop
 from .services.retrieval_bridge import (
     backfill_loop,
     limits_from,
@@ -157,8 +156,6 @@ class Daemon:
             self.metrics.mode(child.role, child.mode.kind)
             child.supervisor.subscribe(self._observe_child)
             child.subscribe(self._after_change)
-            child.admission.set_hooks(on_change=self._observe_admission,
-                                      on_reject=self.metrics.rejected)
         self._metrics_server: MetricsServer | None = None
         self._http: HttpApi | None = None
         self.http_port = 0
@@ -169,6 +166,8 @@ class Daemon:
         # Every catalog model by name: the roles' models are its defaults (issue 14).
         self.pool = Pool(config.catalog, self.children, self._pool_model, clock=self._clock,
                          settings=config.settings.models, metrics=self.metrics)
+        # Any model's state or what serves it changed: systemd's status line says so.
+        self.pool.subscribe(self._tell_status)
         for name in config.catalog.defaults.values():  # the roles' models serve
             self.metrics.model_resident(name, True)
         self.router.attach(self.pool)
@@ -356,23 +355,12 @@ class Daemon:
         return self.config.settings.retrieval.allowed_roots
 
     def status_line(self) -> str:
-        """One line for systemd's STATUS=: each role's state (and pid, or endpoint)."""
-        parts = ["draining"] if self.router.draining else []
-        for role, child in self.children.items():
-            sup = child.supervisor
-            if child.mode.kind is InferenceMode.DISABLED:
-                parts.append(f"{role}: disabled")
-            elif child.mode.endpoint is not None:
-                parts.append(f"{role}: endpoint {child.mode.endpoint.display_url} "
-                             f"{sup.state.value}")
-            else:
-                parts.append(f"{role}: {sup.state.value}"
-                             + (f" (pid {sup.pid})" if sup.pid else ""))
-        return ", ".join(parts)
+        """One line for systemd's STATUS=: every model of the registry, its state (and
+        pid, or endpoint)."""
+        return status_line(self.pool.every_model(), draining=self.router.draining)
 
-    def _observe_admission(self, admission: Admission) -> None:
-        self.metrics.queue_depth(admission.role, admission.queued)
-        self.metrics.in_flight(admission.role, admission.in_flight)
+    def _tell_status(self) -> None:
+        self._notifier.status(self.status_line())
 
     def _observe_child(self, change: StateChange) -> None:
         m = self.metrics
@@ -383,13 +371,11 @@ class Daemon:
             m.child_restart(change.role)
         if change.new is State.FAILED:  # entered only when the breaker opens
             m.breaker_opened(change.role)
-        self._notifier.status(self.status_line())
 
     def _after_change(self, child: Model) -> None:
         """What serves a model changed (a swap's or switch's cut-over, an unload)."""
         self.metrics.mode(child.role, child.mode.kind)
         self.health.refresh()
-        self._notifier.status(self.status_line())
         if child.mode.kind is InferenceMode.EMBEDDED:
             self._tasks.add(asyncio.create_task(child.hash_model(), name=f"hash-{child.role}"))
 

@@ -50,6 +50,7 @@ from . import memory
 from ._pool_reload import CatalogChange, compare
 from ._residency import Limits, Resident, make_room
 from ._states import ModelState
+from .admission import Admission
 from .children import Setup, make_setup
 from .model import Model
 
@@ -136,7 +137,7 @@ class Pool:
         self._joined: dict[str, int] = {}
         self._entering: dict[str, int] = {}
         self._listeners: list[Callable[[], None]] = []
-        for model in self._models.values():
+        for model in self._every():
             self._watch(model)
 
     def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
@@ -152,6 +153,24 @@ class Pool:
     def _watch(self, model: Model) -> None:
         model.subscribe(lambda _: self._changed())
         model.supervisor.subscribe(lambda _: self._changed())
+        if self._metrics is not None:
+            model.admission.set_hooks(on_change=self._admitted,
+                                      on_reject=self._metrics.rejected)
+
+    def _every(self) -> list[Model]:
+        """Every Model built: the roles' (a role without a catalog default too) and the
+        pool's, each once."""
+        every = {id(m): m for m in (*self._roles.values(), *self._models.values())}
+        return list(every.values())
+
+    def _admitted(self, admission: Admission) -> None:
+        """A model's queue changed: its role's gauges add up every model of the role."""
+        if self._metrics is None:
+            return
+        role = admission.role
+        of_role = [m.admission for m in self._every() if m.admission.role == role]
+        self._metrics.queue_depth(role, sum(a.queued for a in of_role))
+        self._metrics.in_flight(role, sum(a.in_flight for a in of_role))
 
     def _changed(self) -> None:
         for listener in list(self._listeners):

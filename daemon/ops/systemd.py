@@ -42,10 +42,16 @@ import re
 import socket
 import time
 from collections.abc import Mapping, MutableMapping
+from typing import TYPE_CHECKING
 
 import structlog
 
-__all__ = ["ENV_VARS", "STATUS_MAX_BYTES", "Notifier", "watchdog_loop"]
+from ..config.inference_mode import InferenceMode
+
+if TYPE_CHECKING:
+    from ..models.model import Model
+
+__all__ = ["ENV_VARS", "STATUS_MAX_BYTES", "Notifier", "status_line", "watchdog_loop"]
 
 STATUS_MAX_BYTES = 1024
 """Longest ``STATUS=`` text sent, in UTF-8 bytes (systemd drops datagrams over 4096)."""
@@ -261,3 +267,22 @@ async def watchdog_loop(notifier: Notifier, interval: float) -> None:
         if late > interval / 2:
             log.warning("event loop stalled; systemd watchdog pings were late",
                         late_s=round(late, 3), interval_s=interval)
+
+
+def status_line(models: Mapping[str, Model], *, draining: bool) -> str:
+    """The ``STATUS=`` line: each model that may have calls (the registry's
+    :meth:`~daemon.models.pool.Pool.every_model`: the roles' by role, then each one loaded
+    on demand by name) with its child's state and pid, or its endpoint; "draining" first
+    while the daemon drains."""
+    parts = ["draining"] if draining else []
+    for name, model in models.items():
+        sup = model.supervisor
+        if model.mode.kind is InferenceMode.DISABLED:
+            parts.append(f"{name}: disabled" if model.busy() == 0 else f"{name}: draining")
+        elif model.mode.endpoint is not None:
+            parts.append(f"{name}: endpoint {model.mode.endpoint.display_url} "
+                         f"{sup.state.value}")
+        else:
+            parts.append(f"{name}: {sup.state.value}"
+                         + (f" (pid {sup.pid})" if sup.pid else ""))
+    return ", ".join(parts)

@@ -1,6 +1,7 @@
 """Draining counts every model (issue 26): a call streaming from a model the pool loaded on
 demand is a call in flight, for SetDraining's count and ``llamad drain --wait``, like a
-call on a role's default model; the agent check counts its busy slot; Status shows it."""
+call on a role's default model; the agent check counts its busy slot; Status, the metrics
+and systemd's status line show it."""
 
 from __future__ import annotations
 
@@ -39,6 +40,12 @@ async def test_drain_wait_waits_for_an_on_demand_models_stream(llama_server: str
         assert daemon.children["generation"].busy() == 0  # nothing on the roles' models
         status = await clients.control.Status(control_pb2.StatusRequest())
         assert {m.name: m.in_flight for m in status.models if m.in_flight} == {GEMMA: 1}
+        # The metrics count it under its role, systemd's status line names its child.
+        assert daemon.metrics.registry.get_sample_value(
+            "llamad_requests_in_flight", {"role": "generation"}) == 1
+        gemma = daemon.pool.model(GEMMA)
+        assert gemma is not None
+        assert f"{GEMMA}: running (pid {gemma.serving_pid})" in daemon.status_line()
         # The agent check weighs gemma's busy slot with the roles' free ones.
         reader, writer = await asyncio.open_connection("127.0.0.1", daemon.agent_port)
         reply = (await reader.read()).decode()

@@ -19,7 +19,11 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from daemon.ops.systemd import STATUS_MAX_BYTES, Notifier, watchdog_loop
+from daemon.config.inference_mode import InferenceMode
+from daemon.ops.systemd import STATUS_MAX_BYTES, Notifier, status_line, watchdog_loop
+from supervisor import State
+from tests.support.scripted import settle
+from tests.support.scripted_pool import Rig, until
 
 # SO_TIMESTAMP (asm-generic value; the socket module does not export it): the kernel stamps
 # each datagram with CLOCK_REALTIME when it is sent, which time.time() reads too.
@@ -374,3 +378,45 @@ async def test_watchdog_loop_refuses_a_bad_interval(
     with pytest.raises(ValueError, match="positive"):
         await watchdog_loop(notifier, interval)
     assert receiver.drain() == []
+
+
+async def test_status_line_names_every_model_of_the_registry(tmp_path: Path) -> None:
+    """The status line shows a model loaded on demand (its name, state and pid) beside
+    the roles' models, and a model being unloaded while it still serves calls as
+    draining (issue 26: the line read only the roles' models)."""
+    rig = Rig(tmp_path)
+    rig.default.start()
+    await settle(rig.default.supervisor, State.RUNNING)
+    pid_a = rig.default.serving_pid
+    assert status_line(rig.pool.every_model(), draining=False) == (
+        f"generation: running (pid {pid_a})")
+    gen_b = await rig.pool.load("gen-b")
+    pid_b = gen_b.serving_pid
+    assert pid_b not in (0, pid_a)
+    assert status_line(rig.pool.every_model(), draining=True) == (
+        f"draining, generation: running (pid {pid_a}), gen-b: running (pid {pid_b})")
+    async with gen_b.admission.slot():  # a call the unload lets finish
+        unloading = asyncio.create_task(rig.pool.unload("gen-b"))
+        await until(lambda: gen_b.mode.kind is InferenceMode.DISABLED)
+        assert status_line(rig.pool.every_model(), draining=False) == (
+            f"generation: running (pid {pid_a}), gen-b: draining")
+    while not unloading.done():  # the drain looks again every few (manual) moments
+        await rig.clock.advance(0.05)
+        await asyncio.sleep(0)
+    await unloading
+    assert status_line(rig.pool.every_model(), draining=False) == (
+        f"generation: running (pid {pid_a})")
+
+
+async def test_the_registry_tells_its_listeners_of_an_on_demand_models_changes(
+        tmp_path: Path) -> None:
+    """What the daemon re-sends its status line on: the pool's listeners hear a model
+    loaded on demand start, serve and stop."""
+    rig = Rig(tmp_path)
+    heard: list[str] = []
+    rig.pool.subscribe(lambda: heard.append(
+        status_line(rig.pool.every_model(), draining=False)))
+    gen_b = await rig.pool.load("gen-b")
+    assert f"gen-b: running (pid {gen_b.serving_pid})" in heard[-1]
+    await rig.pool.unload("gen-b")
+    assert "gen-b" not in heard[-1]
