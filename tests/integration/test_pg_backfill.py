@@ -3,7 +3,8 @@ real PostgreSQL 18 + pgvector (tests/support/postgres.py): the embedded store's 
 (tests/unit/test_backfill.py, test_rebuild_serving.py) on a database two nodes share, and
 what sharing adds: one node backfills a model at a time, no chunk is embedded twice or
 lost, a node dying mid-run leaves the rest to the next, and a switch asked on one node is
-carried out while the other keeps searching the previous model's vectors."""
+carried out while the other keeps searching the previous model's vectors. The scenarios
+both stores share are tests/support/backfill.py's."""
 
 from __future__ import annotations
 
@@ -35,37 +36,9 @@ from retrieval.postgres._schema import (
 from retrieval.postgres._store import PostgresStore
 from retrieval.postgres._vectors import Space
 from retrieval.store._metadata import ChunkRow, DocumentRow, SourceRow
+from tests.support import backfill
+from tests.support.backfill import Switchable, finished
 from tests.support.embedder import DOCS, HashEmbedder, fill
-
-
-class Switchable(HashEmbedder):
-    """A hash embedder that can be unavailable (the provider gives None), fail, refuse any
-    text containing ``refuse``, or hold its batches after the first ``free`` until ``gate``
-    opens; it records the texts it embedded."""
-
-    def __init__(self, model_id: str) -> None:
-        super().__init__(model_id)
-        self.available = True
-        self.failing = False
-        self.refuse = ""
-        self.gate: asyncio.Event | None = None
-        self.free = 0
-        self.texts: list[str] = []
-
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        if self.gate is not None:
-            if self.free <= 0:
-                await self.gate.wait()
-            self.free -= 1
-        if self.failing:
-            raise ConnectionError("embedding child went away")
-        if self.refuse and any(self.refuse in t for t in texts):
-            raise ValueError("input is too large to process")
-        self.texts.extend(texts)
-        return await super().embed(texts)
-
-    def provider(self) -> Embedder | None:
-        return self if self.available else None
 
 
 def node(tmp_path: Path, name: str, dsn: str, embedder: Switchable, *, batch: int = 32,
@@ -86,11 +59,6 @@ async def opened(tmp_path: Path, pg_dsn: str) -> AsyncIterator[tuple[Retriever, 
         await r.close()
 
 
-async def finished(r: Retriever) -> None:
-    assert r.backfill_task is not None
-    await asyncio.wait_for(r.backfill_task, 30)
-
-
 def vector_counts(dsn: str) -> dict[str, int]:
     """Vectors stored per model, and chunks without a vector of the corpus's model."""
     with psycopg.connect(dsn) as conn:
@@ -109,24 +77,8 @@ async def test_documents_ingested_without_embeddings_get_vectors_when_they_retur
     """Ingested while the embedding model is down: BM25-only. Once it is back, the
     backfill embeds every chunk (the first vectors set the corpus's model) and search is
     hybrid, with the counts in Status."""
-    r, embedder = opened
-    embedder.available = False
-    await fill(r)
-    before = await r.status()
-    assert (before.chunks, before.vectors, before.embedded_chunks) == (3, 0, 0)
-    assert not r.backfill()  # nothing to embed with
-    embedder.available = True
-    assert r.backfill()
-    assert not r.backfill()  # one run at a time
-    await finished(r)
-    after = await r.status()
-    assert (after.vectors, after.embedded_chunks, after.embedding_model) == (3, 3, "model-a")
-    assert (after.backfill.done, after.backfill.pending, after.backfill.failed) == (3, 0, 0)
-    assert not after.backfill.running
-    result = await r.search("nginx logs disk")
-    assert result.mode == "hybrid" and result.vector_model == "model-a"
-    assert result.hits[0].vector_rank is not None
-    assert not r.backfill()  # nothing left
+    result = await backfill.vectors_when_back(*opened)
+    assert result.vector_model == "model-a"
     assert vector_counts(pg_dsn) == {"model-a": 3, "without": 0}
 
 
@@ -134,14 +86,7 @@ async def test_the_daemons_periodic_check_asks_in_a_thread_and_starts_a_run(
         opened: tuple[Retriever, Switchable], pg_dsn: str) -> None:
     """backfill_soon (the daemon's periodic check): nothing to do without an embedder or
     with every chunk embedded; otherwise it starts the run."""
-    r, embedder = opened
-    embedder.available = False
-    await fill(r)
-    assert not await r.backfill_soon()
-    embedder.available = True
-    assert await r.backfill_soon()
-    await finished(r)
-    assert not await r.backfill_soon()
+    await backfill.periodic_check(*opened)
     assert vector_counts(pg_dsn) == {"model-a": 3, "without": 0}
 
 
@@ -149,39 +94,14 @@ async def test_chunks_that_missed_their_vector_are_added_to_the_corpus(
         opened: tuple[Retriever, Switchable]) -> None:
     """With the corpus's model set, only the chunks without a vector are embedded;
     those with one are not embedded again."""
-    r, embedder = opened
-    await fill(r)
-    embedder.failing = True  # the child fails: this document is indexed BM25-only
-    await r.upsert("docs", "printer", "printer queue stuck on floor two", doc_id="docs/p")
-    assert (await r.status()).vectors == 3
-    embedder.failing = False
-    texts = len(embedder.texts)
-    assert r.backfill()
-    await finished(r)
-    assert embedder.texts[texts:] == ["printer queue stuck on floor two"]
-    status = await r.status()
-    assert (status.chunks, status.vectors) == (4, 4)
-    hits = (await r.search("printer queue floor")).hits
-    assert hits[0].doc_id == "docs/p" and hits[0].vector_rank is not None
+    await backfill.missed_vectors_added(*opened)
 
 
 async def test_a_text_the_model_refuses_is_counted_and_not_retried(
         opened: tuple[Retriever, Switchable]) -> None:
     """A chunk the model refuses even alone stays BM25-only, counted in Status; the rest
     are embedded; the backfill is then not needed again until asked to retry."""
-    r, embedder = opened
-    embedder.available = False
-    await fill(r)
-    embedder.available, embedder.refuse = True, "replication"
-    assert r.backfill()
-    await finished(r)
-    status = await r.status()
-    assert (status.vectors, status.backfill.failed) == (2, 1)
-    assert not r.backfill()
-    embedder.refuse = ""
-    assert r.backfill(retry_failed=True)
-    await finished(r)
-    assert (await r.status()).vectors == 3
+    await backfill.refused_text_counted(*opened)
 
 
 async def test_an_interrupted_backfill_resumes_without_embedding_twice(
@@ -192,33 +112,7 @@ async def test_an_interrupted_backfill_resumes_without_embedding_twice(
     r = node(tmp_path, "a", pg_dsn, embedder, batch=1)
     await r.open()
     try:
-        embedder.available = False
-        await fill(r)
-        embedder.available = True
-        calls = 0
-        original = embedder.embed
-
-        async def two_then_gone(texts: Sequence[str]) -> list[list[float]]:
-            nonlocal calls
-            calls += 1
-            if calls > 2:
-                embedder.available = False
-                raise ConnectionError("embedding child went away")
-            return await original(texts)
-
-        embedder.embed = two_then_gone  # type: ignore[method-assign]
-        assert r.backfill()
-        await finished(r)
-        status = await r.status()
-        assert "unavailable" in status.backfill.last_error
-        assert status.vectors == 2
-        embedder.embed = original  # type: ignore[method-assign]
-        embedder.available = True
-        texts = len(embedder.texts)
-        assert r.backfill()
-        await finished(r)
-        assert len(embedder.texts) == texts + 1  # only the chunk the first run missed
-        assert (await r.status()).vectors == len(DOCS)
+        await backfill.interrupted_run_resumes(r, embedder)
     finally:
         await r.close()
 
