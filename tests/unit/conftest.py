@@ -1,6 +1,7 @@
 """Fixtures shared by unit-directory modules (the global ones are in tests/conftest.py): the
-fake child spawner of the fake child's tests (process tier), and the logging configuration
-put back after a test that configures it."""
+fake child spawner of the fake child's tests (process tier), the logging configuration
+put back after a test that configures it, and the fake daemon the client tests call with
+the ``llamad`` command run in-process against it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 import structlog
 
+from clients.testing import FakeLlamad
+from tests.support.cli_run import Run, runner
 from tests.support.fake_children import Spawner
 
 
@@ -36,3 +39,19 @@ def restore_logging() -> Iterator[None]:
     root.handlers[:], root.level = handlers, level
     for name, lvl in noisy.items():
         logging.getLogger(name).setLevel(lvl)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeLlamad]:
+    """A fake llamad (clients.testing) on a loopback port, stopped after the test."""
+    with FakeLlamad() as server:
+        yield server
+
+
+@pytest.fixture
+def llamad(fake: FakeLlamad, capsys: pytest.CaptureFixture[str],
+           monkeypatch: pytest.MonkeyPatch) -> Run:
+    """Run ``llamad ARGS`` in-process against :func:`fake` ($LLAMAD_ADDRESS); return
+    (status, stdout, stderr)."""
+    monkeypatch.setenv("LLAMAD_ADDRESS", fake.address)
+    return runner(capsys, monkeypatch)

@@ -4,39 +4,21 @@ and one daemon only."""
 
 from __future__ import annotations
 
-import io
 import json
-from collections.abc import Callable, Iterator
 
 import pytest
 
 from clients import Client
 from clients._channel import balanced_target, settings
 from clients.testing import FakeLlamad
-from daemon.cli import main
+from tests.support.cli_run import Run, runner
 from tests.support.procs import free_port
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeLlamad]:
-    with FakeLlamad() as server:
-        yield server
-
-
-Run = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
 def llamad(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Run:
-    """Run ``llamad ARGS``; return (status, stdout, stderr)."""
-    monkeypatch.setattr("sys.stdin", io.StringIO(""))
-
-    def run(*args: str) -> tuple[int, str, str]:
-        status = main(list(args))
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    return run
+    """Run ``llamad ARGS`` (each names its --address); return (status, stdout, stderr)."""
+    return runner(capsys, monkeypatch)
 
 
 def test_several_addresses_make_one_balanced_target() -> None:

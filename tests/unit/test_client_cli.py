@@ -3,40 +3,14 @@ stream, and the documented exit codes."""
 
 from __future__ import annotations
 
-import io
 import json
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
 from clients.testing import FakeLlamad
-from daemon.cli import main
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeLlamad]:
-    with FakeLlamad() as server:
-        yield server
-
-
-Run = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def llamad(fake: FakeLlamad, capsys: pytest.CaptureFixture[str],
-           monkeypatch: pytest.MonkeyPatch) -> Run:
-    """Run ``llamad ARGS`` against the fake; return (status, stdout, stderr)."""
-    monkeypatch.setenv("LLAMAD_ADDRESS", fake.address)
-
-    def run(*args: str, stdin: str = "") -> tuple[int, str, str]:
-        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
-        status = main(list(args))
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    return run
+from tests.support.cli_run import Run
 
 
 def corpus(root: Path) -> Path:

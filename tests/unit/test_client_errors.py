@@ -3,8 +3,6 @@ with the daemon's message and its retry hint; the CLI turns them into exit codes
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import grpc
 import pytest
 from google.protobuf import duration_pb2
@@ -42,12 +40,6 @@ def retry_info(ms: int) -> bytes:
     status.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=delay))
     blob: bytes = status.SerializeToString()
     return blob
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeLlamad]:
-    with FakeLlamad() as server:
-        yield server
 
 
 @pytest.mark.parametrize(("code", "cls"), [

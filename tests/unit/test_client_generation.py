@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,12 +58,6 @@ def test_contradicting_formats_are_refused_before_sending() -> None:
         sampling(response_format="yaml")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="json_schema needs response_format 'json_schema'"):
         sampling(response_format="json_object", json_schema=SCHEMA)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeLlamad]:
-    with FakeLlamad() as server:
-        yield server
 
 
 def test_logprobs_come_back_per_chunk_and_collected(fake: FakeLlamad) -> None:

@@ -5,8 +5,7 @@ daemon."""
 
 from __future__ import annotations
 
-import io
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,12 +13,11 @@ import grpc
 import pytest
 
 from clients import AsyncClient
-from clients.testing import FakeLlamad
-from daemon.cli import main
 from daemon.grpcapi.retrieval import RetrievalServicer
 from llamad_protocol.v1 import retrieval_pb2_grpc
 from retrieval import RetrievalLimits, Retriever
 from supervisor import ManualClock
+from tests.support.cli_run import Run
 from tests.support.embedder import HashEmbedder
 
 # --- the client library against the real service ---------------------------------------
@@ -75,30 +73,6 @@ async def test_the_async_client_adds_history_pushes_dated_records_and_filters(
 
 
 # --- the llamad verbs against the fake ------------------------------------------------------
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeLlamad]:
-    with FakeLlamad() as server:
-        yield server
-
-
-Run = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def llamad(fake: FakeLlamad, capsys: pytest.CaptureFixture[str],
-           monkeypatch: pytest.MonkeyPatch) -> Run:
-    """Run ``llamad ARGS`` against the fake; return (status, stdout, stderr)."""
-    monkeypatch.setenv("LLAMAD_ADDRESS", fake.address)
-
-    def run(*args: str, stdin: str = "") -> tuple[int, str, str]:
-        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
-        status = main(list(args))
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    return run
 
 
 def local(text: str) -> str:

@@ -10,7 +10,7 @@ import asyncio
 import gc
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -54,12 +54,6 @@ async def flaky() -> AsyncIterator[tuple[FlakyControl, str]]:
         yield servicer, f"127.0.0.1:{port}"
     finally:
         await server.stop(None)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeLlamad]:
-    with FakeLlamad() as server:
-        yield server
 
 
 async def test_unary_unavailable_is_retried_by_grpc(flaky: tuple[FlakyControl, str]) -> None:

@@ -5,39 +5,14 @@ client library's calls (both clients) with their states filter."""
 from __future__ import annotations
 
 import asyncio
-import io
 import json
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from clients import AsyncClient, Client, errors
 from clients.testing import FakeLlamad
-from daemon.cli import main
-
-Run = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeLlamad]:
-    with FakeLlamad() as server:
-        yield server
-
-
-@pytest.fixture
-def llamad(fake: FakeLlamad, capsys: pytest.CaptureFixture[str],
-           monkeypatch: pytest.MonkeyPatch) -> Run:
-    """Run ``llamad ARGS`` against the fake; return (status, stdout, stderr)."""
-    monkeypatch.setenv("LLAMAD_ADDRESS", fake.address)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        monkeypatch.setattr("sys.stdin", io.StringIO(""))
-        status = main(list(args))
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    return run
+from tests.support.cli_run import Run
 
 
 def test_ingest_review_then_list_approve_and_reject(llamad: Run, tmp_path: Path) -> None:
