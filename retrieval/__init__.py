@@ -40,7 +40,7 @@ from .extraction._extract import Extracted, ExtractLimits, extract_bytes, extrac
 from .extraction._kinds import KINDS, kind_for
 from .postgres._connect import PgOptions, check_dsn
 from .redaction._redactor import PLACEHOLDER_PREFIX, Redacted, redact
-from .search._search import MODES, Hit, Query, SearchResult, snippet
+from .search._search import MODES, Hit, Query, SearchMode, SearchResult, snippet
 from .store._bm25 import Filters
 from .store._group import Vector
 from .store._indexes import BackfillStatus, RetrievalStatus, VectorRebuild
@@ -77,6 +77,7 @@ __all__ = [
     "Retriever",
     "ScanReport",
     "SchemaTooNew",
+    "SearchMode",
     "SearchResult",
     "SourceChanged",
     "SourceDisabled",

@@ -17,7 +17,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from llamad_protocol.v1 import answer_pb2 as apb
 from llamad_protocol.v1 import answer_pb2_grpc
 from llamad_protocol.v1 import inference_pb2 as ipb
-from retrieval import Retriever
+from retrieval import Retriever, SearchMode
 from supervisor import Sampling
 
 from ..checks import validation
@@ -58,7 +58,7 @@ def _role(value: int) -> str:
 
 def question_from(request: apb.AskRequest) -> Question:
     """The question an ``AskRequest`` asks; its fields are checked by the service."""
-    mode = request.mode or MODES["hybrid"]
+    mode = request.mode or MODES[SearchMode.HYBRID]
     return Question(
         question=request.question, task=_TASKS.get(request.task, str(request.task)),
         attachment=request.attachment,

@@ -8,7 +8,16 @@ from collections.abc import Iterable
 from google.protobuf import timestamp_pb2
 
 from llamad_protocol.v1 import retrieval_pb2 as rpb
-from retrieval import DocumentRow, Filters, Hit, Query, ScanReport, SourceRow, VectorRebuild
+from retrieval import (
+    DocumentRow,
+    Filters,
+    Hit,
+    Query,
+    ScanReport,
+    SearchMode,
+    SourceRow,
+    VectorRebuild,
+)
 
 from ..errors import InvalidArgument
 
@@ -33,8 +42,8 @@ CONTENT_TYPES = {
 """The media types a pushed document's bytes may have, and the kind each is read as."""
 
 MODES: dict[str, rpb.SearchMode.ValueType] = {
-    "hybrid": rpb.SEARCH_MODE_HYBRID, "text": rpb.SEARCH_MODE_TEXT,
-    "vector": rpb.SEARCH_MODE_VECTOR}
+    m: rpb.SearchMode.Value(f"SEARCH_MODE_{m.name}") for m in SearchMode}
+"""Each :class:`retrieval.SearchMode` as the wire's."""
 _MODE_NAMES = {v: k for k, v in MODES.items()}
 
 

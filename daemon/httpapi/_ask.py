@@ -24,7 +24,7 @@ from aiohttp import web
 from google.protobuf import json_format
 
 from llamad_protocol.v1 import inference_pb2 as ipb
-from retrieval import Filters
+from retrieval import Filters, SearchMode
 from supervisor import Sampling
 
 from ..checks import validation
@@ -43,8 +43,8 @@ _FILTERS = ("sources", "kinds", "categories", "tags", "indexed_since", "indexed_
 _TASKS = {"TASK_TYPE_UNSPECIFIED": "answer", "TASK_TYPE_ANSWER": "answer",
           "TASK_TYPE_EXPLAIN_OUTPUT": "explain_output", "TASK_TYPE_DIAGNOSE": "diagnose",
           "TASK_TYPE_SUMMARIZE": "summarize"}
-_MODES = {"SEARCH_MODE_UNSPECIFIED": "hybrid", "SEARCH_MODE_HYBRID": "hybrid",
-          "SEARCH_MODE_TEXT": "text", "SEARCH_MODE_VECTOR": "vector"}
+_MODES = {"SEARCH_MODE_UNSPECIFIED": SearchMode.HYBRID,
+          **{f"SEARCH_MODE_{m.name}": m for m in SearchMode}}
 _ROLES = {"CHAT_ROLE_UNSPECIFIED": "unspecified", "CHAT_ROLE_SYSTEM": "system",
           "CHAT_ROLE_USER": "user", "CHAT_ROLE_ASSISTANT": "assistant",
           "CHAT_ROLE_TOOL": "tool"}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import functools
 import math
 import re
@@ -73,7 +74,20 @@ class SearchResult:
     vector_model: str = ""          # whose vectors answered ("" : no vector search ran)
 
 
-MODES = ("hybrid", "text", "vector")
+class SearchMode(enum.StrEnum):
+    """Which indexes a search asks (a :class:`enum.StrEnum`: its values are the strings
+    the wire's names, the audit log and :attr:`SearchResult.mode` carry)."""
+
+    HYBRID = "hybrid"
+    """Both indexes, their rankings fused (BM25-only when vectors cannot be searched)."""
+    TEXT = "text"
+    """The BM25 index only."""
+    VECTOR = "vector"
+    """The vector index only: refused when it cannot run, never degraded."""
+
+
+MODES: tuple[str, ...] = tuple(m.value for m in SearchMode)
+"""The values of :class:`SearchMode`."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +110,7 @@ class Query:
             chunks in ``other_chunk_ids``), ``k`` documents.
     """
 
-    mode: str = "hybrid"
+    mode: str = SearchMode.HYBRID
     min_score: float | None = None
     candidates: int | None = None
     text_weight: float | None = None

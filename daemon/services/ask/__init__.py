@@ -6,7 +6,6 @@ from ._cache import CachedAnswer, ResponseCache
 from ._core import (
     NO_CONTEXT_ANSWER,
     ROLES,
-    SEARCH_MODES,
     AnswerSettings,
     AskEvent,
     AskService,
@@ -23,7 +22,6 @@ from ._prompt import TASKS, Assembled, PromptTooLarge, assemble, load_template
 __all__ = [
     "NO_CONTEXT_ANSWER",
     "ROLES",
-    "SEARCH_MODES",
     "TASKS",
     "AnswerSettings",
     "AskEvent",

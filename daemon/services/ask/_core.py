@@ -20,7 +20,16 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from retrieval import Filters, Hit, Query, Retriever, VectorUnavailable, redact
+from retrieval import (
+    MODES,
+    Filters,
+    Hit,
+    Query,
+    Retriever,
+    SearchMode,
+    VectorUnavailable,
+    redact,
+)
 from supervisor import Sampling, TokenizeUnavailableError
 
 from ...config import AnswerConfig, Limits, Role
@@ -37,7 +46,6 @@ NO_CONTEXT_ANSWER = (
 )
 ROLES = ("user", "assistant")
 """The roles a history turn may have."""
-SEARCH_MODES = ("hybrid", "text", "vector")
 _CUT_MARGIN = 8192
 
 AnswerSettings = AnswerConfig
@@ -84,7 +92,7 @@ class Question:
     attachment: str = ""
     history: tuple[Turn, ...] = ()
     top_k: int = 0
-    mode: str = "hybrid"
+    mode: str = SearchMode.HYBRID
     filters: Filters = field(default_factory=Filters)
     model: str = ""
     no_cache: bool = False
@@ -191,7 +199,7 @@ def check(q: Question, settings: AnswerSettings) -> tuple[str, list[tuple[str, s
                               field="question" if "\x00" in question else "attachment")
     if q.task not in TASKS:
         raise InvalidArgument(f"unknown task {q.task}", field="task")
-    if q.mode not in SEARCH_MODES:
+    if q.mode not in MODES:
         raise InvalidArgument(f"unknown search mode {q.mode}", field="mode")
     return question, history
 
