@@ -73,8 +73,7 @@ def retriever(kind: str, root: Path, dsn: str, embedder: HashEmbedder | None,
 def pg_store(r: Retriever) -> PostgresStore:
     backend = r._backend
     assert isinstance(backend, PgIndexes)
-    store, _ = backend.require()
-    return store
+    return backend.require()
 
 
 # -- (a) ingest -------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from ._migrate import Migration, MigrationProgress, MigrationRefused, migrate_st
 from ._retriever import Retriever
 from ._scan import check_root, scan_source
 from ._scan_report import ScanReport
+from ._status import BackfillStatus, RetrievalStatus, VectorRebuild
 from .errors import (
     Busy,
     EmbeddingModelMismatch,
@@ -43,8 +44,7 @@ from .redaction._redactor import PLACEHOLDER_PREFIX, Redacted, redact
 from .search._search import MODES, Hit, Query, SearchMode, SearchResult, snippet
 from .store._bm25 import Filters
 from .store._group import Vector
-from .store._indexes import BackfillStatus, RetrievalStatus, VectorRebuild
-from .store._metadata import DocumentRow, SourceRow
+from .store._rows import DocumentRow, SourceRow
 
 __all__ = [
     "KINDS",

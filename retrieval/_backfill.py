@@ -25,6 +25,7 @@ an explicit :meth:`Backfill.start` with ``retry_failed``.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import time
 from collections.abc import Callable, Sequence
@@ -34,14 +35,18 @@ import structlog
 
 from ._embedder import Embedder, EmbedderLookup, EmbedderProvider, current_only
 from ._limits import RetrievalLimits
-from .store._indexes import NO_REBUILD, BackfillStatus, Indexes, VectorRebuild
+from ._status import NO_REBUILD, BackfillStatus, VectorRebuild
+from .store._indexes import Indexes
 
 _log = structlog.get_logger("llamad.retrieval")
 
-class BackfillRun:
+
+class BackfillRun(abc.ABC):
     """What the two backends' backfills share (:class:`Backfill`,
     :class:`retrieval.postgres._backfill.PgBackfill`): the embedder they embed with, the run's
-    task and its progress (:attr:`status`), and the texts the model refused."""
+    task and its progress (:attr:`status`), and the texts the model refused; and the calls
+    each answers its own way (the factory, :func:`retrieval._backend.backend`, builds the
+    store's)."""
 
     def __init__(self, embedder: EmbedderProvider, limits: RetrievalLimits,
                  embedder_for: EmbedderLookup | None = None) -> None:
@@ -79,6 +84,53 @@ class BackfillRun:
         if self.task is not None and not self.task.done():
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
+
+    def rebuilding(self, previous: str, model: str) -> str:
+        """Why a search is BM25-only while the vectors are rebuilt for ``model``: the
+        rebuild and its progress (``previous``, the model of the vectors until then, is
+        not available to embed the query)."""
+        status = self.status
+        progress = "starting"
+        if status.running and status.model == model and status.pending + status.done:
+            progress = f"{status.done} of {status.pending + status.done} chunks embedded"
+        return (f"the vector index is being rebuilt for embedding model {model} "
+                f"({progress}); its vectors until then are of model {previous}, which is "
+                "not available to embed the query")
+
+    @abc.abstractmethod
+    def needed(self) -> bool:
+        """Whether some chunk lacks a vector of the current embedding model where one is
+        wanted (False while no embedder is available). Blocking."""
+
+    @abc.abstractmethod
+    def rebuild(self, chunks: int, embedded: int) -> VectorRebuild:
+        """Where a rebuild of the vectors for this node's embedding model stands
+        (``chunks`` in the store, ``embedded`` of them with its vector)."""
+
+    @abc.abstractmethod
+    def start(self, *, retry_failed: bool = False, only: set[int] | None = None,
+              needed: bool | None = None) -> bool:
+        """Start a run unless one is under way or nothing is missing; True if started."""
+
+    @abc.abstractmethod
+    def missing(self, keys: set[int]) -> set[int]:
+        """Those of ``keys`` a run for the current embedding model would embed. Blocking."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop a run (what it stored stays; the next run resumes)."""
+
+    @abc.abstractmethod
+    def on_other_model(self) -> bool:
+        """A search or a commit met vectors of another model than this node's embedding
+        model (or none yet): start what brings them to this node's model, if this backend
+        does that by itself; True if a run started."""
+
+    @abc.abstractmethod
+    def refusal(self, node_model: str, serving: str) -> str:
+        """Why a query embedded with ``node_model`` cannot search the store's vectors of
+        ``serving``, when no embedder of ``serving`` is available here (for a search's
+        warnings)."""
 
     def _current(self, model: str) -> Embedder:
         """The current embedder, still of ``model``.
@@ -163,6 +215,15 @@ class Backfill(BackfillRun):
         self.task = asyncio.create_task(self._run(only), name="vector-backfill")
         return True
 
+    def on_other_model(self) -> bool:
+        """The index follows this node's embedding model: another model's (or none) is
+        rebuilt for it, by a run started now."""
+        return self.start()
+
+    def refusal(self, node_model: str, serving: str) -> str:
+        """The index is being rebuilt for this node's model (:meth:`on_other_model`)."""
+        return self.rebuilding(serving, node_model)
+
     def missing(self, keys: set[int]) -> set[int]:
         """Those of ``keys`` without a vector of the current embedding model in the
         index (all of them when the index is another model's, or there is none).
@@ -183,7 +244,7 @@ class Backfill(BackfillRun):
         if embedder is None:
             return
         indexes = self._indexes
-        store, _ = indexes.require()
+        store = indexes.require()
         model = embedder.model_id
         if self._failed_model != model:
             self._failed, self._failed_model = set(), model
@@ -230,7 +291,7 @@ class Backfill(BackfillRun):
     async def _embed_page(self, keys: Sequence[int], model: str) -> int:
         """Cache a vector of ``model`` for each chunk of ``keys`` that has none; return
         the vectors' dimension (0 when nothing was embedded or cached)."""
-        store, _ = self._indexes.require()
+        store = self._indexes.require()
         chunks = await asyncio.to_thread(store.chunks_by_keys, keys)
         texts = {c.content_hash: c.text for c in chunks.values()}
         cached = await asyncio.to_thread(store.cached_vectors, model, texts)

@@ -24,8 +24,8 @@ from pathlib import PurePosixPath
 import numpy as np
 import structlog
 
-from ._backend import Backend
 from ._embedder import Embedder, EmbedderProvider
+from ._interface import StoreBackend
 from ._limits import RetrievalLimits
 from ._review import Review
 from .chunking._chunker import Chunk, chunk_text
@@ -37,8 +37,7 @@ from .extraction._kinds import check_kind, kind_for
 from .redaction._names import redact_name
 from .redaction._redactor import redact
 from .store._group import EmbedBatcher, GroupCommitter, Vector
-from .store._indexes import PendingWrite
-from .store._metadata import ChunkRow, DocumentRow, SourceRow
+from .store._rows import ChunkRow, DocumentRow, PendingWrite, SourceRow
 
 _log = structlog.get_logger("llamad.retrieval")
 
@@ -48,9 +47,9 @@ def content_hash(text: str) -> str:
 
 
 class Ingest:
-    """The ingest pipeline over a store backend (:mod:`retrieval._backend`)."""
+    """The ingest pipeline over a store backend (:mod:`retrieval._interface`)."""
 
-    def __init__(self, indexes: Backend, embedder: EmbedderProvider,
+    def __init__(self, indexes: StoreBackend, embedder: EmbedderProvider,
                  limits: RetrievalLimits, *, on_other_model: Callable[[], object]) -> None:
         """Args:
             on_other_model: called when a commit brings vectors of another model than
@@ -85,7 +84,7 @@ class Ingest:
         review (``review``, or its source requires it); see
         :meth:`retrieval.Retriever.upsert`."""
         limits = self.limits
-        store, _ = self._indexes.require()
+        store = self._indexes.require()
         source = await self.check(source_id, text, kind)
         doc_id = validate_document_id(
             doc_id or f"{source_id}/{content_hash(title + chr(0) + text)[:16]}")
@@ -138,7 +137,7 @@ class Ingest:
         """Show ``doc`` as ``processing`` for the body (indexing it, or holding it for
         review); a failure leaves it ``failed`` with the reason (a full disk raised as
         :class:`StorageFull`, saying what to do)."""
-        store, _ = self._indexes.require()
+        store = self._indexes.require()
         self.inflight[doc.id] = doc
         try:
             yield
@@ -159,7 +158,7 @@ class Ingest:
         Raises:
             InvalidDocument, NotFound: the refusal, saying why.
         """
-        store, _ = self._indexes.require()
+        store = self._indexes.require()
         check_kind(kind)
         if not text.strip():
             raise InvalidDocument("document text is empty")
@@ -215,7 +214,7 @@ class Ingest:
         """The group committer's commit (the writer lock is held)."""
         indexes = self._indexes
         models = {p.model for p in batch if p.has_vectors}
-        if indexes.vectors is not None and models - {indexes.vector_model}:
+        if indexes.vector_model and models - {indexes.vector_model}:
             # Vectors of another model than the index's: they stay cached (this commit
             # stores them) for the background re-embedding, and never enter this index.
             # With no index yet, the commit makes the first one.
@@ -267,7 +266,7 @@ class Ingest:
         across concurrent ingests). Empty when the embedding child is unavailable or
         fails: the document is then BM25-only until reindexed."""
         embedder = self._embedder()
-        store, _ = self._indexes.require()
+        store = self._indexes.require()
         if embedder is None or not rows:
             return "", {}, {}
         model = embedder.model_id

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import structlog
 
 from .errors import Busy, validate_document_id
-from .store._metadata import DocumentRow
+from .store._rows import DocumentRow
 
 _log = structlog.get_logger("llamad.retrieval")
 

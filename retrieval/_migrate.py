@@ -37,7 +37,8 @@ import structlog
 from .errors import EmbeddingModelMismatch, RetrievalError
 from .postgres._connect import PgOptions
 from .postgres._store import PostgresStore
-from .store._metadata import ChunkRow, DocumentRow, Store
+from .store._metadata import Store
+from .store._rows import ChunkRow, DocumentRow
 
 _log = structlog.get_logger("llamad.retrieval")
 

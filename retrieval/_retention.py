@@ -27,10 +27,8 @@ from typing import Protocol
 
 import structlog
 
-from ._backend import Backend
+from ._interface import DocumentStore, StoreBackend
 from ._limits import RetrievalLimits
-from .postgres._indexes import PgDocumentStore
-from .store._metadata import Store
 
 _log = structlog.get_logger("llamad.retrieval")
 
@@ -66,7 +64,7 @@ class SystemClock:
 class Retention:
     """The retention passes of one retriever, and the task that runs them."""
 
-    def __init__(self, indexes: Backend, clock: RetentionClock,
+    def __init__(self, indexes: StoreBackend, clock: RetentionClock,
                  limits: Callable[[], RetrievalLimits]) -> None:
         self._indexes = indexes
         self._clock = clock
@@ -113,7 +111,7 @@ class Retention:
     async def run_once(self) -> int:
         """One pass over every history source; return how many records it removed (at
         most ``retrieval.retention_batch``)."""
-        store, _ = self._indexes.require()
+        store = self._indexes.require()
         budget = self._limits().retention_batch
         now = int(self._clock.wall())
         removed: dict[str, int] = {}
@@ -144,7 +142,7 @@ class Retention:
         return sum(removed.values())
 
 
-def _prune(store: Store | PgDocumentStore, source_id: str, ids: list[str],
+def _prune(store: DocumentStore, source_id: str, ids: list[str],
            counted: list[int]) -> list[int]:
     """The store's ``prune_records`` for the backend's ``withdraw``: the chunk keys, and
     the count of deleted records appended to ``counted``."""

@@ -1,7 +1,8 @@
 """The retriever: one facade over a store backend, the ingest pipeline and search.
 
-* :mod:`retrieval._backend`: the store interface and its two backends, ``embedded``
-  (below) and ``postgres`` (:mod:`retrieval.postgres._indexes`, a store shared by nodes);
+* :mod:`retrieval._interface`: the store interface; :mod:`retrieval._backend` builds one
+  of its two backends, ``embedded`` (below) and ``postgres``
+  (:mod:`retrieval.postgres._indexes`, a store shared by nodes);
 * :mod:`retrieval.store._indexes`: SQLite, tantivy and hnswlib, their write order, reconciliation
   at open and catch-up after a failed write (invariant 7: acknowledged writes survive a
   crash; indexes on disk are never half-written);
@@ -22,7 +23,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ._backend import backend, backfill_for
+from ._backend import backend
 from ._embedder import EmbedderLookup, EmbedderProvider
 from ._ingest import Ingest, content_hash
 from ._later import Later
@@ -30,6 +31,7 @@ from ._limits import RetrievalLimits
 from ._retention import Retention, RetentionClock, SystemClock
 from ._retriever_sources import RetrieverSources
 from ._review import Review
+from ._status import RetrievalStatus
 from .errors import (
     NotFound,
     WrongState,
@@ -41,8 +43,8 @@ from .postgres._connect import PgOptions
 from .postgres._indexes import not_supported
 from .search._search import Query, Search, SearchResult
 from .store._bm25 import Filters
-from .store._indexes import Indexes, RetrievalStatus
-from .store._metadata import DocumentRow, SourceRow
+from .store._indexes import Indexes
+from .store._rows import DocumentRow, SourceRow
 
 
 class Retriever(RetrieverSources):
@@ -75,16 +77,16 @@ class Retriever(RetrieverSources):
         self.root = root
         limits = limits or RetrievalLimits()
         self._embedder = embedder
-        self._backend = backend(root, postgres)
-        self._backfill = backfill_for(self._backend, embedder, limits, embedder_for)
+        built = backend(root, postgres, embedder, limits, embedder_for)
+        self._backend, self._backfill, self._embedded = built.store, built.backfill, \
+            built.embedded
         self._ingest = Ingest(self._backend, embedder, limits,
                               on_other_model=self._start_backfill)
         self._later = Later(self.upsert, self._ingest.check, lambda: self.limits.max_pending)
         self._search = Search(
             self._backend, embedder, limits,
             unavailable_reason=unavailable_reason or (lambda: "embedding child unavailable"),
-            on_other_model=self._start_backfill, embedder_for=embedder_for,
-            backfill=lambda: self._backfill.status)
+            backfill=self._backfill, embedder_for=embedder_for)
         self._clock: RetentionClock = clock or SystemClock()
         self._retention = Retention(self._backend, self._clock, lambda: self.limits)
 
@@ -95,9 +97,9 @@ class Retriever(RetrieverSources):
         Raises:
             NotSupported: the store is PostgreSQL.
         """
-        if not isinstance(self._backend, Indexes):
+        if self._embedded is None:
             raise not_supported("looking inside the embedded indexes")
-        return self._backend
+        return self._embedded
 
     @property
     def store_kind(self) -> str:
@@ -105,7 +107,7 @@ class Retriever(RetrieverSources):
         return self._backend.kind
 
     def _start_backfill(self) -> bool:
-        return self._backfill.start()
+        return self._backfill.on_other_model()
 
     @property
     def limits(self) -> RetrievalLimits:
@@ -134,7 +136,7 @@ class Retriever(RetrieverSources):
         Raises:
             IndexCorrupt: a store cannot be opened.
         """
-        if self._backend.store is not None:
+        if self._backend.is_open:
             return
         await asyncio.to_thread(self._backend.open_sync)
         self._retention.start()
@@ -257,7 +259,7 @@ class Retriever(RetrieverSources):
     async def document(self, doc_id: str) -> DocumentRow | None:
         """A document (state ``processing`` while an upsert of it runs; one awaiting
         review shows the version held, its ``indexed_at`` the searchable version's)."""
-        store, _ = self._backend.require()
+        store = self._backend.require()
         current = self._ingest.inflight.get(doc_id) or self._later.pending.get(doc_id)
         if current is not None:
             return current
@@ -270,7 +272,7 @@ class Retriever(RetrieverSources):
                         states: Sequence[str] = ()) -> list[DocumentRow]:
         """Documents by id (of one source; in one of ``states`` when given), those being
         processed included, those awaiting review as :meth:`document` shows them."""
-        store, _ = self._backend.require()
+        store = self._backend.require()
         rows = {d.id: d for d in await asyncio.to_thread(store.documents, source_id)}
         if any(d.state == "review_required" for d in rows.values()):
             rows.update(await asyncio.to_thread(store.held_documents, source_id))
@@ -345,7 +347,7 @@ class Retriever(RetrieverSources):
 
     async def chunk_ids(self, keys: Sequence[int]) -> dict[int, str]:
         """Chunk key -> chunk id, for the keys of a :attr:`SearchResult.fused` list."""
-        store, _ = self._backend.require()
+        store = self._backend.require()
         return await asyncio.to_thread(store.chunk_ids, keys)
 
     # -- vectors for every chunk -------------------------------------------------------
@@ -384,7 +386,7 @@ class Retriever(RetrieverSources):
             NotFound: an unknown document or source.
             InvalidDocument: a malformed id.
         """
-        store, _ = self._backend.require()
+        store = self._backend.require()
         if document_id:
             validate_document_id(document_id)
             if await asyncio.to_thread(store.document, document_id) is None:

@@ -14,16 +14,16 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
-from ._backend import Backend
+from ._interface import StoreBackend
 from ._retention import Retention
 from .errors import InvalidDocument, NotFound, validate_source_id
-from .store._metadata import SourceRow
+from .store._rows import SourceRow
 
 
 class RetrieverSources:
     """Sources over the retriever's backend (``_backend``)."""
 
-    _backend: Backend
+    _backend: StoreBackend
     _retention: Retention
 
     # -- sources -----------------------------------------------------------------------
@@ -57,13 +57,13 @@ class RetrieverSources:
         row = SourceRow(source_id, kind, str(root) if root is not None else "", category,
                         tuple(tags), int(time.time()), review_required=review_required,
                         max_age_days=max_age_days, max_items=max_items)
-        store, _ = self._backend.require()
+        store = self._backend.require()
         await asyncio.to_thread(store.upsert_source, row)
         return row
 
     async def sources(self) -> list[SourceRow]:
         """Every source, by id."""
-        store, _ = self._backend.require()
+        store = self._backend.require()
         return await asyncio.to_thread(store.sources)
 
     async def set_source_disabled(self, source_id: str, disabled: bool) -> SourceRow:
@@ -73,11 +73,9 @@ class RetrieverSources:
         Raises:
             NotFound: unknown source.
         """
-        store, _ = self._backend.require()
-        if not await asyncio.to_thread(store.set_source_disabled, source_id, disabled):
+        store = self._backend.require()
+        if not await self._backend.set_source_disabled(source_id, disabled):
             raise NotFound(f"no source {source_id!r}")
-        ids = self._backend.disabled_sources
-        self._backend.disabled_sources = ids | {source_id} if disabled else ids - {source_id}
         row = await asyncio.to_thread(store.source, source_id)
         if row is None:  # removed meanwhile
             raise NotFound(f"no source {source_id!r}")
@@ -87,7 +85,7 @@ class RetrieverSources:
         """Record that a new version of a document failed (extraction, say): the last
         indexed version stays searchable, and the document shows state ``failed`` with
         ``error`` until a later version is indexed (see :meth:`upsert`)."""
-        store, _ = self._backend.require()
+        store = self._backend.require()
         doc = await asyncio.to_thread(store.document, doc_id)
         if doc is not None:
             await asyncio.to_thread(store.set_state, doc, "failed", error[:500])
@@ -106,7 +104,7 @@ class RetrieverSources:
 
     async def mark_scanned(self, source_id: str, error: str = "") -> None:
         """Record that a source was just scanned (and its error, if the scan failed)."""
-        store, _ = self._backend.require()
+        store = self._backend.require()
         await asyncio.to_thread(store.mark_scanned, source_id, error)
 
     async def remove_source(self, source_id: str) -> int:

@@ -15,7 +15,7 @@ indexed stays searchable meanwhile. Then:
 
 The same content as the version indexed needs no review (a file changed back releases the
 held version). One review operation per document runs at a time (on a PostgreSQL store
-shared by nodes, across the nodes: the backend's ``review_turn``), so an approval never
+shared by nodes, across the nodes: the store's ``review_turn``), so an approval never
 indexes a version a newer one has replaced meanwhile.
 """
 
@@ -29,11 +29,10 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 
-from ._backend import Backend
+from ._interface import DocumentStore, StoreBackend
 from .errors import InvalidDocument, NotFound, WrongState
-from .postgres._indexes import PgDocumentStore
 from .redaction._redactor import redact
-from .store._metadata import DocumentRow, Store
+from .store._rows import DocumentRow
 
 MAX_NOTE_CHARS = 2000
 """Longest reviewer's note, in characters (docs/retrieval.md, "Review")."""
@@ -66,7 +65,7 @@ def check_note(note: str) -> str:
 class Review:
     """Held versions of one retriever's documents, and the reviewer's decisions."""
 
-    def __init__(self, indexes: Backend, index: Index, processing: Processing) -> None:
+    def __init__(self, indexes: StoreBackend, index: Index, processing: Processing) -> None:
         """Args:
             index: the ingest's indexing of a document and its text.
             processing: the ingest's bookkeeping around work on a document (shown
@@ -79,14 +78,14 @@ class Review:
             weakref.WeakValueDictionary()
 
     @contextlib.asynccontextmanager
-    async def _exclusive(self, doc_id: str) -> AsyncIterator[Store | PgDocumentStore]:
+    async def _exclusive(self, doc_id: str) -> AsyncIterator[DocumentStore]:
         """One review operation (hold, approve, reject) of a document at a time (across
         the nodes sharing a PostgreSQL store too)."""
         lock = self._locks.get(doc_id)
         if lock is None:
             lock = self._locks[doc_id] = asyncio.Lock()
         async with lock, self._indexes.review_turn(doc_id):
-            store, _ = self._indexes.require()
+            store = self._indexes.require()
             yield store
 
     async def hold(self, doc: DocumentRow, text: str) -> DocumentRow:
@@ -154,7 +153,7 @@ class Review:
         return row
 
     @staticmethod
-    async def _awaiting(store: Store | PgDocumentStore, doc_id: str) -> None:
+    async def _awaiting(store: DocumentStore, doc_id: str) -> None:
         row = await asyncio.to_thread(store.document, doc_id)
         if row is None:
             raise NotFound(f"no document {doc_id!r}")

@@ -44,7 +44,7 @@ from .errors import NotFound, RetrievalError, SourceChanged, SourceDisabled, Sou
 from .extraction._confine import SourceRoot, display_name
 from .extraction._kinds import kind_for
 from .redaction._names import redact_name
-from .store._metadata import DocumentRow, SourceRow
+from .store._rows import DocumentRow, SourceRow
 
 _log = structlog.get_logger("llamad.retrieval")
 

@@ -42,7 +42,7 @@ import structlog
 from .._backfill import BackfillRun, embed_refusing
 from .._embedder import EmbedderLookup, EmbedderProvider
 from .._limits import RetrievalLimits
-from ..store._indexes import NO_REBUILD, VectorRebuild
+from .._status import NO_REBUILD, VectorRebuild
 from ._indexes import PgIndexes
 from ._locks import backfill_lock_key, backfill_lock_name
 from ._vectors import Space
@@ -144,7 +144,7 @@ class PgBackfill(BackfillRun):
                 self.needed() if needed is None else needed)):
             return False
         model = embedder.model_id
-        store, _ = self._indexes.require()
+        store = self._indexes.require()
         if not store.try_lock(backfill_lock_name(model), backfill_lock_key(model)):
             _log.debug("vector backfill under way on another node", model=model)
             return False
@@ -155,12 +155,27 @@ class PgBackfill(BackfillRun):
         self.task = asyncio.create_task(self._run(model, only), name="vector-backfill")
         return True
 
+    def on_other_model(self) -> bool:
+        """Nothing: the shared corpus's model changes only when a switch is asked for
+        (a ``Reprocess``, :meth:`start` with ``only``), never because one node embeds
+        with another model."""
+        return False
+
+    def refusal(self, node_model: str, serving: str) -> str:
+        """The switch of the corpus to ``node_model`` under way, if it was asked for;
+        else that the node embeds with another model than the corpus's (logged once)."""
+        if self._indexes.switch_model == node_model:
+            return self.rebuilding(serving, node_model)
+        self._indexes.model_mismatch(node_model, serving)
+        return (f"this node embeds with {node_model} but the shared corpus is embedded "
+                f"with {serving}: vectors of two models are not comparable")
+
     def missing(self, keys: set[int]) -> set[int]:
         """Those of ``keys`` without a vector of this node's model where one is wanted;
         every chunk when this node's model is another than the corpus's (a Reprocess
         then switches the whole corpus). Blocking."""
         embedder = self._embedder()
-        store, _ = self._indexes.require()
+        store = self._indexes.require()
         if embedder is None:
             return set(keys)
         space, switching = self._space(embedder.model_id)
@@ -197,7 +212,7 @@ class PgBackfill(BackfillRun):
             self._unlock()
 
     async def _sweeps(self, model: str, only: set[int] | None) -> None:
-        store, _ = self._indexes.require()
+        store = self._indexes.require()
         if self._failed_model != model:
             self._failed, self._failed_model = set(), model
         space, switching = await asyncio.to_thread(self._space, model)
@@ -232,7 +247,7 @@ class PgBackfill(BackfillRun):
         """Embed the chunks lacking a vector of ``space`` in key order, then once more
         from the start for those committed behind the cursor, until a sweep finds none;
         return the space (made by the first vectors when there was none)."""
-        store, _ = self._indexes.require()
+        store = self._indexes.require()
         step = max(1, self.limits.embed_batch)  # one embedding request per page at most
         after, found = 0, False
         while True:
@@ -253,7 +268,7 @@ class PgBackfill(BackfillRun):
                           space: Space | None, switching: bool) -> Space | None:
         """Embed a page (reusing vectors of ``model`` stored for the same texts) and store
         its vectors in one transaction; return the space (made now if there was none)."""
-        store, _ = self._indexes.require()
+        store = self._indexes.require()
         texts = {h: t for _, h, t in page}
         cached = await asyncio.to_thread(store.cached_vectors, model, texts)
         todo = [(h, t) for h, t in texts.items() if h not in cached and h not in self._failed]
@@ -277,7 +292,7 @@ class PgBackfill(BackfillRun):
         Raises:
             EmbeddingModelMismatch: another node set the corpus's model first.
         """
-        store, _ = self._indexes.require()
+        store = self._indexes.require()
         if switching:
             _log.warning("switching the shared corpus to another embedding model",
                          model=model, corpus=self._indexes.vector_model,

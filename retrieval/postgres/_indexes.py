@@ -1,7 +1,7 @@
 """The PostgreSQL backend behind the store interface (``retrieval.store = postgres``).
 
-:class:`PgIndexes` answers the calls :class:`~retrieval.store._indexes.Indexes` answers for the
-embedded backend (see :mod:`retrieval._backend`), over one
+:class:`PgIndexes` answers the store interface (:class:`retrieval._interface.StoreBackend`),
+as :class:`~retrieval.store._indexes.Indexes` does for the embedded backend, over one
 :class:`~retrieval.postgres._store.PostgresStore`. Postgres is both the truth and the index:
 there is no tantivy or hnswlib beside it, nothing to reconcile at open and nothing to
 catch up after a failed write (a write is one transaction: all of it or none). Several
@@ -25,11 +25,11 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import structlog
 
+from .._status import RetrievalStatus, documents_by_state
 from ..errors import (
     EmbeddingModelMismatch,
     NotFound,
@@ -38,15 +38,11 @@ from ..errors import (
     StorageFull,
 )
 from ..store._bm25 import Filters
-from ..store._indexes import PendingWrite, RetrievalStatus, documents_by_state
-from ..store._metadata import DocumentRow
+from ..store._rows import DocumentRow, PendingWrite
 from ._connect import PgOptions
 from ._locks import review_lock_key, review_lock_name
 from ._store import PgInfo, PostgresStore
 from ._vectors import Space
-
-if TYPE_CHECKING:
-    from ..store._vectors import VectorIndex
 
 BACKEND = "postgres"
 REVIEW_LOCK_POLL = 0.05
@@ -91,7 +87,6 @@ class PgIndexes:
         self.options = options
         self.write = asyncio.Lock()
         self.store: PgDocumentStore | None = None
-        self.vectors: VectorIndex | None = None   # never: the vectors live in Postgres
         self.vector_model = ""          # the corpus's embedding model once checked
         self.switch_model = ""          # the model the corpus is being switched to
         self.repaired: dict[str, int] = {}        # nothing is ever repaired
@@ -99,15 +94,12 @@ class PgIndexes:
         self._info: PgInfo | None = None
         self._warned: set[tuple[str, str]] = set()  # (node model, corpus model) logged
 
-    @property
-    def disabled_sources(self) -> frozenset[str]:
-        """Always empty: a disabled source is left out inside the SQL of both lists, as
-        another node may have disabled it (or enabled it again) a moment ago."""
-        return frozenset()
-
-    @disabled_sources.setter
-    def disabled_sources(self, value: frozenset[str]) -> None:
-        """Ignored (see the getter): the database holds whether a source is disabled."""
+    async def set_source_disabled(self, source_id: str, disabled: bool) -> bool:
+        """Disable or enable a source, for every node (nothing is kept here: a disabled
+        source is left out inside the SQL of both lists, as another node may disable it,
+        or enable it again, at any moment); False when there is no such source."""
+        store = self.require()
+        return await asyncio.to_thread(store.set_source_disabled, source_id, disabled)
 
     async def disabled(self, named: Sequence[str]) -> frozenset[str]:
         """The disabled sources a search leaves out itself: those of ``named`` (the
@@ -115,7 +107,7 @@ class PgIndexes:
         so. Every other disabled source is left out inside the SQL of both lists."""
         if not named:
             return frozenset()
-        store, _ = self.require()
+        store = self.require()
         return await asyncio.to_thread(store.disabled_among, named)
 
     # -- life cycle --------------------------------------------------------------------
@@ -139,15 +131,19 @@ class PgIndexes:
             self.store.close()
         self.store = None
 
-    def require(self) -> tuple[PgDocumentStore, None]:
-        """The store (and no separate text index).
+    @property
+    def is_open(self) -> bool:
+        return self.store is not None
+
+    def require(self) -> PgDocumentStore:
+        """The store.
 
         Raises:
             RetrievalError: the backend is not open.
         """
         if self.store is None:
             raise RetrievalError("retrieval is not open")
-        return self.store, None
+        return self.store
 
     def storage_full(self) -> StorageFull:
         """The error for a write refused by a full disk."""
@@ -177,7 +173,7 @@ class PgIndexes:
         return docs
 
     def _store_batch(self, docs: list[DocumentRow], batch: list[PendingWrite]) -> None:
-        store, _ = self.require()
+        store = self.require()
         vectors: dict[str, dict[str, np.ndarray]] = {}
         for p in batch:
             if p.has_vectors:
@@ -208,7 +204,7 @@ class PgIndexes:
     def spaces_sync(self) -> tuple[Space | None, Space | None]:
         """The corpus's vector space and the one it is being switched to, read now (and
         remembered in :attr:`vector_model` and :attr:`switch_model`). Blocking."""
-        store, _ = self.require()
+        store = self.require()
         corpus, switch = store.spaces()
         self.vector_model = corpus.model if corpus is not None else ""
         self.switch_model = switch.model if switch is not None else ""
@@ -216,7 +212,7 @@ class PgIndexes:
 
     async def delete_document(self, doc_id: str) -> bool:
         """Delete a document with its chunks and vectors; False if it did not exist."""
-        store, _ = self.require()
+        store = self.require()
         return await asyncio.to_thread(store.delete_document, doc_id) is not None
 
     async def withdraw(self, change: Callable[[], list[int]]) -> list[int]:
@@ -230,7 +226,7 @@ class PgIndexes:
         Raises:
             NotFound: the source does not exist.
         """
-        store, _ = self.require()
+        store = self.require()
         if await asyncio.to_thread(store.source, source_id) is None:
             raise NotFound(f"no source {source_id!r}")
         return await asyncio.to_thread(store.delete_source, source_id)
@@ -251,11 +247,11 @@ class PgIndexes:
     def try_scan_lock_sync(self, source_id: str) -> bool:
         """Take the source's scan lock unless another node holds it (released by
         :meth:`release_scan_lock_sync`, at close, or by this node's death). Blocking."""
-        store, _ = self.require()
+        store = self.require()
         return store.try_scan_lock(source_id)
 
     def release_scan_lock_sync(self, source_id: str) -> None:
-        store, _ = self.require()
+        store = self.require()
         store.release_scan_lock(source_id)
 
     @contextlib.asynccontextmanager
@@ -264,7 +260,7 @@ class PgIndexes:
         the nodes, for the block: its session advisory lock, polled every
         :data:`REVIEW_LOCK_POLL` seconds while another node holds it (released after the
         block, or by the server when this node dies)."""
-        store, _ = self.require()
+        store = self.require()
         name, key = review_lock_name(doc_id), review_lock_key(doc_id)
         # Polled: the holder is another process, which no event here can announce.
         while True:
@@ -281,13 +277,17 @@ class PgIndexes:
 
     # -- the ranked lists --------------------------------------------------------------
 
+    def narrow(self, filters: Filters) -> Filters:
+        """``filters`` unchanged: both lists filter on the documents' dates in SQL."""
+        return filters
+
     def text_ranked(self, query: str, filters: Filters, limit: int
                     ) -> list[tuple[int, float]]:
         """The lexical list (``ts_rank_cd``), filters inside the SQL. Blocking."""
-        store, _ = self.require()
+        store = self.require()
         return store.text_search(query, filters=filters, limit=limit)
 
-    def corpus_model(self) -> str:
+    def serving_model(self) -> str:
         """The corpus's embedding model, read now ("" before the first vector; the model
         it is being switched to is read too: :attr:`switch_model`). Blocking."""
         self.spaces_sync()
@@ -301,7 +301,7 @@ class PgIndexes:
         Raises:
             EmbeddingModelMismatch: ``model`` is not the corpus's.
         """
-        store, _ = self.require()
+        store = self.require()
         return store.vector_search(model, vector, filters=filters, limit=limit)
 
     # -- status ------------------------------------------------------------------------
@@ -309,7 +309,7 @@ class PgIndexes:
     async def status(self, model: str, processing: int, pending: int = 0) -> RetrievalStatus:
         """Counts from Postgres (as the embedded backend's; ``vectors`` counts the
         corpus model's, ``disk_bytes`` is 0: the server's disk is not this node's)."""
-        store, _ = self.require()
+        store = self.require()
         counts = await asyncio.to_thread(store.counts)
         info = await asyncio.to_thread(store.info)
         self.vector_model, self.switch_model = info.corpus_model, info.switch_model

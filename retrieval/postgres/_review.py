@@ -21,7 +21,7 @@ import time
 
 from psycopg.rows import TupleRow
 
-from ..store._metadata import DocumentRow
+from ..store._rows import DocumentRow
 from ._connect import Connection, PgConnected
 from ._locks import document_lock_key
 from ._rows import DOCUMENT_COLUMNS, document_row

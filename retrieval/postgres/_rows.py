@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from psycopg.rows import TupleRow
 
-from ..store._metadata import DocumentRow, SourceRow, StoredChunk
+from ..store._rows import DocumentRow, SourceRow, StoredChunk
 
 SOURCE_COLUMNS = ("id, kind, root, category, tags, created_at, last_scan, last_error, "
                   "disabled, review_required, max_age_days, max_items, pruned")

@@ -40,7 +40,7 @@ from ..errors import (
     StoreUnavailable,
 )
 from ..store._bm25 import Filters
-from ..store._metadata import ChunkRow, DocumentRow, Replacement, SourceRow, StoredChunk
+from ..store._rows import ChunkRow, DocumentRow, Replacement, SourceRow, StoredChunk
 from ._bm25 import delete_terms, fill_missing, write_terms
 from ._connect import (
     Connection,

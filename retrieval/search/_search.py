@@ -15,23 +15,23 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
-import functools
 import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._backend import Backend
 from .._embedder import Embedder, EmbedderLookup, EmbedderProvider, current_only
+from .._interface import StoreBackend
 from .._limits import RetrievalLimits
 from ..errors import EmbeddingModelMismatch, InvalidDocument, VectorUnavailable
-from ..postgres._indexes import PgIndexes
 from ..store._bm25 import Filters
-from ..store._history import dated_documents
-from ..store._indexes import IDLE, BackfillStatus, Indexes
 from ._fusion import best_score, rrf
+
+if TYPE_CHECKING:
+    from .._backfill import BackfillRun
 
 
 @dataclass(frozen=True)
@@ -132,24 +132,23 @@ def snippet(text: str, query: str, width: int = 240) -> str:
 
 
 class Search:
-    """Searches over a store backend (:mod:`retrieval._backend`; reads only, no writer
+    """Searches over a store backend (:mod:`retrieval._interface`; reads only, no writer
     lock)."""
 
-    def __init__(self, indexes: Backend, embedder: EmbedderProvider,
+    def __init__(self, indexes: StoreBackend, embedder: EmbedderProvider,
                  limits: RetrievalLimits, *, unavailable_reason: Callable[[], str],
-                 on_other_model: Callable[[], object],
-                 embedder_for: EmbedderLookup | None = None,
-                 backfill: Callable[[], BackfillStatus] = lambda: IDLE) -> None:
+                 backfill: BackfillRun,
+                 embedder_for: EmbedderLookup | None = None) -> None:
         """Args:
-            indexes: the stores searched.
+            indexes: the store searched.
             embedder: gives the current embedder, or None (search is then BM25-only).
             limits: candidates, k, query length, RRF k, query embedding timeout.
             unavailable_reason: says why ``embedder`` gave None, for warnings.
-            on_other_model: called when there is no vector index, or it belongs to
-                another model than the embedder's (it starts the background backfill).
-            embedder_for: gives an embedder of the vector index's model when it is not
+            backfill: the store's backfill: told when the store has no vectors, or
+                another model's than the embedder's (:meth:`BackfillRun.on_other_model`);
+                it says why those cannot answer meanwhile (:meth:`BackfillRun.refusal`).
+            embedder_for: gives an embedder of the store's vectors' model when it is not
                 the current one (a rebuild is under way); default: none but the current.
-            backfill: where the backfill stands (the rebuild's progress, for warnings).
         """
         self._indexes = indexes
         self._embedder = embedder
@@ -157,7 +156,6 @@ class Search:
         self._backfill = backfill
         self.limits = limits
         self._unavailable = unavailable_reason
-        self._on_other_model = on_other_model
 
     async def search(self, query: str, *, k: int | None = None,
                      filters: Filters | None = None, options: Query | None = None
@@ -176,13 +174,13 @@ class Search:
             RetrievalError: retrieval is not open.
         """
         limits = self.limits
-        store, _ = self._indexes.require()
+        store = self._indexes.require()
         q = options or Query()
         warnings: list[str] = []
         k = self._check(query, limits.default_k if k is None else k, q, warnings)
         filters = await self._enabled_only(filters or Filters(), warnings)
         if filters is not None:
-            filters = await self._dated(filters)
+            filters = await asyncio.to_thread(self._indexes.narrow, filters)
         if filters is None:
             return SearchResult([], q.mode if q.mode != "hybrid" else "text", warnings)
         weights = (limits.text_weight if q.text_weight is None else q.text_weight,
@@ -247,24 +245,13 @@ class Search:
             return filters
         asked = filters.sources
         if not asked:
-            store, _ = self._indexes.require()
+            store = self._indexes.require()
             asked = tuple(s.id for s in await asyncio.to_thread(store.sources))
         named = sorted(set(filters.sources) & disabled)
         if named:
             warnings.append(f"source {', '.join(named)} is disabled: not searched")
         enabled = tuple(s for s in asked if s not in disabled)
         return dataclasses.replace(filters, sources=enabled) if enabled else None
-
-    async def _dated(self, filters: Filters) -> Filters:
-        """``filters`` with their bounds on the documents' own dates turned into the
-        documents that pass them (what the text index can filter on)."""
-        if (filters.dated_since is None and filters.dated_until is None) or \
-                isinstance(self._indexes, PgIndexes):  # Postgres filters dates in its SQL
-            return filters
-        store, _ = self._indexes.require()
-        ids = await asyncio.to_thread(dated_documents, store, filters.dated_since,
-                                      filters.dated_until)
-        return dataclasses.replace(filters, doc_ids=frozenset(ids))
 
     def _check(self, query: str, k: int, q: Query, warnings: list[str]) -> int:
         """Refuse what cannot be searched; return ``k``, clamped to ``max_k`` (warned)."""
@@ -312,74 +299,20 @@ class Search:
             warnings.append(f"{why}: results are BM25-only")
 
         indexes = self._indexes
-        if isinstance(indexes, PgIndexes):
-            return await self._pg_vector_search(indexes, query, n, filters, without)
         current = self._embedder()
-        serving = indexes.vector_model if indexes.vectors is not None else ""
+        serving = await asyncio.to_thread(indexes.serving_model)
         if current is not None and current.model_id != serving:
-            self._on_other_model()  # no index yet, or another model's: (re)built
+            self._backfill.on_other_model()  # no vectors yet, or another model's
         if not serving:
             without(self._unavailable() if current is None else
                     "no vectors indexed yet (the backfill embeds what is indexed)")
             return None
         embedder: Embedder | None = current
         if current is None or current.model_id != serving:
-            embedder = self._embedder_for(serving)  # the index's model, if still resident
+            embedder = self._embedder_for(serving)  # the vectors' model, if still resident
         if embedder is None:
             without(self._unavailable() if current is None
-                    else self._rebuilding(serving, current.model_id))
-            return None
-        try:
-            vectors = await asyncio.wait_for(embedder.embed([query]),
-                                             self.limits.query_embed_timeout)
-        except Exception as exc:
-            without(f"query embedding failed ({type(exc).__name__})")
-            return None
-        allowed = await self._allowed_keys(indexes, filters)
-        vector = np.asarray(vectors[0], dtype=np.float32)
-        index = indexes.vectors
-        if index is None or indexes.vector_model != serving:
-            without("the vector index was replaced during the search")
-            return None
-        hits = await asyncio.to_thread(
-            index.search, vector, n, None if allowed is None else allowed.__contains__)
-        return hits, serving
-
-    def _rebuilding(self, previous: str, model: str) -> str:
-        """Why a search during a rebuild is BM25-only: the rebuild and its progress."""
-        status = self._backfill()
-        progress = "starting"
-        if status.running and status.model == model and status.pending + status.done:
-            progress = f"{status.done} of {status.pending + status.done} chunks embedded"
-        return (f"the vector index is being rebuilt for embedding model {model} "
-                f"({progress}); its vectors until then are of model {previous}, which is "
-                "not available to embed the query")
-
-    async def _pg_vector_search(self, indexes: PgIndexes, query: str, n: int,
-                                filters: Filters, without: Callable[[str], None]
-                                ) -> tuple[list[tuple[int, float]], str] | None:
-        """The vector side on Postgres: the corpus's space, searched only with a query
-        embedded by the corpus's model: this node's, or (while the corpus is switched to
-        this node's model) the previous one if it is still available here. A node
-        embedding with another model says so."""
-        current = self._embedder()
-        if current is None:
-            without(self._unavailable())
-            return None
-        corpus = await asyncio.to_thread(indexes.corpus_model)
-        if not corpus:
-            without("no vectors indexed yet")
-            return None
-        embedder: Embedder | None = current
-        if corpus != current.model_id:
-            embedder = self._embedder_for(corpus)  # the corpus's model, if resident here
-        if embedder is None:
-            if indexes.switch_model == current.model_id:
-                without(self._rebuilding(corpus, current.model_id))
-                return None
-            indexes.model_mismatch(current.model_id, corpus)
-            without(f"this node embeds with {current.model_id} but the shared corpus is "
-                    f"embedded with {corpus}: vectors of two models are not comparable")
+                    else self._backfill.refusal(current.model_id, serving))
             return None
         try:
             vectors = await asyncio.wait_for(embedder.embed([query]),
@@ -389,21 +322,11 @@ class Search:
             return None
         vector = np.asarray(vectors[0], dtype=np.float32)
         try:
-            hits = await asyncio.to_thread(indexes.vector_ranked, corpus, vector, filters, n)
-        except EmbeddingModelMismatch as exc:  # the corpus model was set meanwhile
+            hits = await asyncio.to_thread(indexes.vector_ranked, serving, vector, filters, n)
+        except EmbeddingModelMismatch as exc:  # the vectors' model changed meanwhile
             without(str(exc))
             return None
-        return hits, corpus
-
-    async def _allowed_keys(self, indexes: Indexes, filters: Filters) -> set[int] | None:
-        if filters == Filters():
-            return None
-        store, _ = indexes.require()
-        return await asyncio.to_thread(functools.partial(
-            store.keys_matching, sources=filters.sources, kinds=filters.kinds,
-            categories=filters.categories, tags=filters.tags, since=filters.since,
-            until=filters.until, dated_since=filters.dated_since,
-            dated_until=filters.dated_until))
+        return hits, serving
 
 
 def _by_document(hits: list[Hit]) -> list[Hit]:

@@ -30,82 +30,26 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import structlog
 
-from ..errors import NotFound, RetrievalError, StorageFull, is_storage_full
+from .._status import RetrievalStatus, documents_by_state
+from ..errors import (
+    EmbeddingModelMismatch,
+    NotFound,
+    RetrievalError,
+    StorageFull,
+    is_storage_full,
+)
 from ._bm25 import Filters, IndexedChunk, TextIndex
-from ._metadata import ChunkRow, DocumentRow, Replacement, Store, StoredChunk
+from ._history import dated_documents
+from ._metadata import Store
+from ._rows import DocumentRow, PendingWrite, Replacement, StoredChunk
 from ._vectors import VectorIndex
 
 _log = structlog.get_logger("llamad.retrieval")
-
-
-@dataclass(frozen=True)
-class PendingWrite:
-    """A document ready to commit: its chunks and their vectors."""
-
-    doc: DocumentRow
-    rows: list[ChunkRow]
-    model: str                          # the embedding model of the vectors ("" none)
-    cached: dict[str, np.ndarray]       # by content hash, from the embedding cache
-    fresh: dict[str, np.ndarray]        # embedded now; cached by this commit
-
-    @property
-    def has_vectors(self) -> bool:
-        return bool(self.model and (self.cached or self.fresh))
-
-
-@dataclass(frozen=True)
-class BackfillStatus:
-    """Where the backfill stands."""
-
-    running: bool
-    model: str               # the embedding model it embeds for ("" when idle)
-    pending: int             # chunks it still has to embed or index in this run
-    done: int                # chunks embedded or indexed so far in this run
-    failed: int              # chunks the model refused (left BM25-only)
-    last_error: str          # why the last run stopped early ("" when it did not)
-
-
-IDLE = BackfillStatus(running=False, model="", pending=0, done=0, failed=0, last_error="")
-
-
-@dataclass(frozen=True)
-class VectorRebuild:
-    """The vector index rebuilt for a new embedding model: until every chunk has a vector
-    of it, the previous model's index serves the searches its model can embed."""
-
-    running: bool            # a backfill run is rebuilding now
-    model: str               # the model rebuilt for ("" when no rebuild is due)
-    serving_model: str       # the previous model, answering meanwhile ("" : BM25-only)
-    pending: int             # chunks still to embed
-    done: int                # chunks embedded
-
-
-NO_REBUILD = VectorRebuild(running=False, model="", serving_model="", pending=0, done=0)
-
-
-@dataclass(frozen=True)
-class RetrievalStatus:
-    """What is indexed, and how the three stores stand."""
-
-    sources: int
-    chunks: int
-    documents_by_state: dict[str, int]  # pending .. rejected (six states) -> count
-    embedding_model: str                # the model of the vector index ("" none yet)
-    embedded_chunks: int                # chunks with a cached vector of the current model
-    vectors: int                        # vectors in the vector index
-    disk_bytes: int                     # every file of the indexes' directory
-    repaired: dict[str, int]            # what the last open repaired, by kind
-    backfill: BackfillStatus = IDLE     # the background embedding of chunks without vectors
-    rebuild: VectorRebuild = NO_REBUILD  # after an embedding-model change
-    store: str = "embedded"             # the backend: embedded | postgres
-    lexical_ranking: str = "bm25"       # the lexical list's ranking (postgres: ts_rank_cd)
-    store_target: str = ""              # postgres: user@host:port/db (never a password)
 
 
 PAGE = 4096
@@ -115,26 +59,14 @@ _PAGES_PER_COMMIT = 4
 """A start-up repair commits tantivy every this many pages, rather than once at the end."""
 
 
-def documents_by_state(counts: dict[str, int], processing: int,
-                       pending: int) -> dict[str, int]:
-    """Documents by ingest state for Status: the store's ``documents_<state>`` counts,
-    plus the ``processing`` ones in flight and the ``pending`` ones queued in memory."""
-    by_state = {k.removeprefix("documents_"): v for k, v in counts.items()
-                if k.startswith("documents_")}
-    if processing:
-        by_state["processing"] = processing
-    if pending:
-        by_state["pending"] = by_state.get("pending", 0) + pending
-    return by_state
-
-
 def _indexed(c: StoredChunk) -> IndexedChunk:
     return IndexedChunk(c.key, c.doc_id, c.source_id, c.kind, c.category, c.tags,
                         c.indexed_at, c.title, c.heading, c.text)
 
 
 class Indexes:
-    """SQLite, tantivy and hnswlib in one directory (``root``), kept in agreement.
+    """SQLite, tantivy and hnswlib in one directory (``root``), kept in agreement: the
+    embedded backend of the store interface (:class:`retrieval._interface.StoreBackend`).
 
     Methods named ``*_sync`` block (call them from a worker thread with :attr:`write`
     held); the coroutines take :attr:`write` themselves unless they say otherwise.
@@ -172,7 +104,7 @@ class Indexes:
 
     def _reconcile(self) -> dict[str, int]:
         """Make tantivy and hnswlib agree with SQLite; log and return what was repaired."""
-        store, text = self.require()
+        store, text = self.require(), self._text()
         truth = store.chunk_keys()
         in_text = text.keys()
         extra, missing = in_text - truth, truth - in_text
@@ -209,7 +141,7 @@ class Indexes:
         and vectors are held at once, whatever the corpus size (no chunk text is read).
         ``PAGE`` chunks at a time.
         Blocking; the caller holds the writer lock (or is the start-up)."""
-        store, _ = self.require()
+        store = self.require()
         if self.vectors is None or not self.vector_model:
             return 0
         ordered = sorted(keys)
@@ -250,15 +182,29 @@ class Indexes:
         if self.store is not None:
             self.store.close()
 
-    def require(self) -> tuple[Store, TextIndex]:
-        """The metadata store and the text index.
+    @property
+    def is_open(self) -> bool:
+        return self.store is not None
+
+    def require(self) -> Store:
+        """The metadata store.
 
         Raises:
             RetrievalError: the indexes are not open.
         """
-        if self.store is None or self.text is None:
+        if self.store is None:
             raise RetrievalError("retrieval is not open")
-        return self.store, self.text
+        return self.store
+
+    def _text(self) -> TextIndex:
+        """The text index.
+
+        Raises:
+            RetrievalError: the indexes are not open.
+        """
+        if self.text is None:
+            raise RetrievalError("retrieval is not open")
+        return self.text
 
     def storage_full(self) -> StorageFull:
         """The error for a write refused by a full disk, saying what to do."""
@@ -330,7 +276,7 @@ class Indexes:
 
     def _store_batch(self, docs: list[DocumentRow],
                      batch: list[PendingWrite]) -> list[Replacement]:
-        store, _ = self.require()
+        store = self.require()
         fresh: dict[str, dict[str, np.ndarray]] = {}
         for p in batch:
             if p.fresh:
@@ -348,7 +294,7 @@ class Indexes:
                      batch: list[PendingWrite]) -> None:
         """The derived indexes follow SQLite: net of every replacement, in order (a
         document upserted twice in one batch keeps only its second version)."""
-        _, text = self.require()
+        text = self._text()
         removed: set[int] = set()
         added: dict[int, StoredChunk] = {}
         vectors: dict[str, np.ndarray] = {}
@@ -377,7 +323,7 @@ class Indexes:
     def use_vector_model_sync(self, model: str, dim: int) -> None:
         """Make the vector index ``model``'s: a fresh index built from the cached vectors
         of every chunk (vectors of two models never share an index)."""
-        store, _ = self.require()
+        store = self.require()
         if self.vectors is not None and self.vector_model == model:
             return
         path = self.root / "vectors.hnsw"
@@ -391,7 +337,7 @@ class Indexes:
         store.set_meta("vector_dim", str(dim))
 
     def _drop_keys(self, keys: Sequence[int]) -> None:
-        _, text = self.require()
+        text = self._text()
         if not keys:
             return
         text.delete_keys(keys)
@@ -403,7 +349,7 @@ class Indexes:
     async def delete_document(self, doc_id: str) -> bool:
         """Remove a document from SQLite, then tantivy and hnswlib; False if it did not
         exist. Once SQLite's delete returned, a cancelled caller no longer stops it."""
-        store, _ = self.require()
+        store = self.require()
         async with self.write:
             keys = await asyncio.to_thread(store.delete_document, doc_id)
             if keys is None:
@@ -428,7 +374,7 @@ class Indexes:
         Raises:
             NotFound: the source does not exist.
         """
-        store, _ = self.require()
+        store = self.require()
         async with self.write:
             if await asyncio.to_thread(store.source, source_id) is None:
                 raise NotFound(f"no source {source_id!r}")
@@ -436,6 +382,16 @@ class Indexes:
             self.disabled_sources -= {source_id}
             await asyncio.to_thread(self._drop_keys, keys)
         return keys
+
+    async def set_source_disabled(self, source_id: str, disabled: bool) -> bool:
+        """Disable or enable a source in SQLite, and in the set searches leave out
+        (:meth:`disabled`); False when there is no such source."""
+        store = self.require()
+        if not await asyncio.to_thread(store.set_source_disabled, source_id, disabled):
+            return False
+        ids = self.disabled_sources
+        self.disabled_sources = ids | {source_id} if disabled else ids - {source_id}
+        return True
 
     async def disabled(self, named: Sequence[str]) -> frozenset[str]:
         """The disabled sources a search leaves out itself: here every one of them (the
@@ -456,11 +412,41 @@ class Indexes:
         serialises its own review operations of a document)."""
         yield
 
+    def narrow(self, filters: Filters) -> Filters:
+        """``filters`` with bounds on the documents' own dates turned into the documents
+        that pass them (tantivy does not index those dates). Blocking."""
+        if filters.dated_since is None and filters.dated_until is None:
+            return filters
+        ids = dated_documents(self.require(), filters.dated_since, filters.dated_until)
+        return dataclasses.replace(filters, doc_ids=frozenset(ids))
+
     def text_ranked(self, query: str, filters: Filters, limit: int
                     ) -> list[tuple[int, float]]:
         """The BM25 list (tantivy), filters applied inside: ``(key, score)``. Blocking."""
-        _, text = self.require()
-        return text.search(query, filters=filters, limit=limit)
+        return self._text().search(query, filters=filters, limit=limit)
+
+    def serving_model(self) -> str:
+        """The model of the vector index ("" while there is none)."""
+        return self.vector_model if self.vectors is not None else ""
+
+    def vector_ranked(self, model: str, vector: np.ndarray, filters: Filters, limit: int
+                      ) -> list[tuple[int, float]]:
+        """The HNSW list of ``model``'s index, filters applied inside (as the keys of the
+        chunks SQLite finds passing them): ``(key, cosine distance)``. Blocking.
+
+        Raises:
+            EmbeddingModelMismatch: the index is not ``model``'s (it was replaced since
+                the query was embedded).
+        """
+        store = self.require()
+        allowed = None if filters == Filters() else store.keys_matching(
+            sources=filters.sources, kinds=filters.kinds, categories=filters.categories,
+            tags=filters.tags, since=filters.since, until=filters.until,
+            dated_since=filters.dated_since, dated_until=filters.dated_until)
+        index = self.vectors
+        if index is None or self.vector_model != model:
+            raise EmbeddingModelMismatch("the vector index was replaced during the search")
+        return index.search(vector, limit, None if allowed is None else allowed.__contains__)
 
     # -- status ------------------------------------------------------------------------
 
@@ -473,7 +459,7 @@ class Indexes:
                 version): shown as state ``processing`` when there are any.
             pending: documents accepted to index in the background, not started yet.
         """
-        store, _ = self.require()
+        store = self.require()
         counts = await asyncio.to_thread(store.counts)
         embedded = await asyncio.to_thread(store.embedded_chunks, model) if model else 0
         by_state = documents_by_state(counts, processing, pending)

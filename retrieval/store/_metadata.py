@@ -15,13 +15,16 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ._embeddings import EmbeddingCache
 from ._history import HistoryStore
 from ._review import REVIEW_SCHEMA, ReviewStore
+from ._rows import ChunkRow, DocumentRow, Replacement, SourceRow, StoredChunk
+
+__all__ = ["ChunkRow", "DocumentRow", "Replacement", "SourceRow", "Store", "StoredChunk"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -90,93 +93,16 @@ _ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
 """Columns added since the first schema, in order: (table, column, declaration)."""
 
 
-@dataclass(frozen=True)
-class SourceRow:
-    id: str
-    kind: str
-    root: str = ""
-    category: str = ""
-    tags: tuple[str, ...] = ()
-    created_at: int = 0
-    last_scan: int | None = None
-    last_error: str = ""
-    disabled: bool = False          # kept, but neither searched nor rescanned
-    review_required: bool = False   # every new version waits in review_required
-    max_age_days: int = 0           # history retention (0: unlimited)
-    max_items: int = 0
-    pruned: int = 0                 # records deleted by retention, ever
-
-
-@dataclass(frozen=True)
-class DocumentRow:
-    id: str
-    source_id: str
-    path: str = ""
-    title: str = ""
-    kind: str = "text"
-    category: str = ""
-    tags: tuple[str, ...] = ()
-    content_hash: str = ""
-    mtime_ns: int = 0
-    size: int = 0
-    state: str = "pending"
-    error: str = ""
-    indexed_at: int = 0
-    redactions: int = 0
-    document_date: int | None = None  # the document's own date, unix seconds
-    review_note: str = ""
-
-
-@dataclass(frozen=True)
-class ChunkRow:
-    """A chunk to store (``key`` is assigned by the store)."""
-
-    chunk_id: str
-    ordinal: int
-    heading: str
-    text: str
-    content_hash: str
-
-
-@dataclass(frozen=True)
-class StoredChunk:
-    """A stored chunk joined with its document, as search hits need it."""
-
-    key: int
-    chunk_id: str
-    doc_id: str
-    ordinal: int
-    heading: str
-    text: str
-    content_hash: str
-    title: str
-    source_id: str
-    path: str
-    kind: str
-    category: str
-    tags: tuple[str, ...]
-    indexed_at: int
-    mtime_ns: int = 0               # the file's modification time (0: a pushed document)
-    document_date: int | None = None  # the document's own date, unix seconds
-
-
-@dataclass
-class Replacement:
-    """What a document replacement changed, for the derived indexes."""
-
-    removed: list[int] = field(default_factory=list)
-    added: list[StoredChunk] = field(default_factory=list)
-
-
 def _tags(raw: str) -> tuple[str, ...]:
     value = json.loads(raw or "[]")
     return tuple(str(t) for t in value) if isinstance(value, list) else ()
 
 
-class Store(ReviewStore, HistoryStore):
+class Store(ReviewStore, HistoryStore, EmbeddingCache):
     """Thread-safe access to the SQLite database (one connection, one lock); versions
     held for review are :class:`~retrieval.store._review.ReviewStore`'s, retention's
-    queries :class:`~retrieval.store._history.HistoryStore`'s."""
+    queries :class:`~retrieval.store._history.HistoryStore`'s, the embedding cache
+    :class:`~retrieval.store._embeddings.EmbeddingCache`'s."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -508,31 +434,6 @@ class Store(ReviewStore, HistoryStore):
         with self._lock:
             return {int(r[0]) for r in self._db.execute(sql, args)}
 
-    # -- embeddings cache --------------------------------------------------------------
-
-    def cached_vectors(self, model: str, hashes: Iterable[str]) -> dict[str, np.ndarray]:
-        wanted = list(set(hashes))
-        out: dict[str, np.ndarray] = {}
-        with self._lock:
-            for i in range(0, len(wanted), 500):
-                part = wanted[i:i + 500]
-                marks = ",".join("?" * len(part))
-                for h, blob in self._db.execute(
-                        f"SELECT content_hash, vector FROM embeddings WHERE model = ? "  # noqa: S608 - placeholders only
-                        f"AND content_hash IN ({marks})", [model, *part]):
-                    out[str(h)] = np.frombuffer(blob, dtype=np.float32)
-        return out
-
-    def put_vectors(self, model: str, vectors: dict[str, np.ndarray]) -> None:
-        with self._lock:
-            self._put_vectors(model, vectors)
-
-    def _put_vectors(self, model: str, vectors: dict[str, np.ndarray]) -> None:
-        self._db.executemany(
-            "INSERT OR REPLACE INTO embeddings(model, content_hash, vector) VALUES (?, ?, ?)",
-            [(model, h, np.asarray(v, dtype=np.float32).tobytes())
-             for h, v in vectors.items()])
-
     # -- stats -------------------------------------------------------------------------
 
     def counts(self) -> dict[str, int]:
@@ -544,15 +445,3 @@ class Store(ReviewStore, HistoryStore):
         return {"sources": sources, "chunks": chunks, **{f"documents_{k}": v
                                                          for k, v in docs.items()}}
 
-    def vector_models(self) -> dict[str, int]:
-        """Embedding model -> how many vectors of it are cached."""
-        with self._lock:
-            return {str(m): int(n) for m, n in self._db.execute(
-                "SELECT model, COUNT(*) FROM embeddings GROUP BY model")}
-
-    def embedded_chunks(self, model: str) -> int:
-        """Chunks whose text has a cached vector for ``model``."""
-        with self._lock:
-            return int(self._db.execute(
-                "SELECT COUNT(*) FROM chunks c JOIN embeddings e ON e.content_hash = "
-                "c.content_hash AND e.model = ?", (model,)).fetchone()[0])

@@ -26,7 +26,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._metadata import DocumentRow
+    from ._rows import DocumentRow
 
 REVIEW_SCHEMA = """
 CREATE TABLE IF NOT EXISTS held_documents (   -- versions awaiting review: never chunked

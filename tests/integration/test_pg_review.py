@@ -53,7 +53,7 @@ def on_postgres(monkeypatch: pytest.MonkeyPatch, pg_dsn: str) -> None:
 
     monkeypatch.setattr(embedded, "filled", filled)
     monkeypatch.setattr(embedded, "Retriever", pg_retriever)
-    monkeypatch.setattr(embedded, "store_of", lambda r: r._backend.require()[0])
+    monkeypatch.setattr(embedded, "store_of", lambda r: r._backend.require())
     monkeypatch.setattr(embedded, "Store", PgDocumentStore)
     monkeypatch.setattr(embedded, "Indexes", PgIndexes)
 
@@ -126,7 +126,7 @@ async def test_a_version_pushed_through_another_node_during_an_approval_waits(
     gate.set()
     assert (await approving).state == "indexed"
     assert (await pushing).state == "review_required"
-    held_version = b._backend.require()[0].held_document("inbox/a")
+    held_version = b._backend.require().held_document("inbox/a")
     assert held_version is not None and "kerberos" in held_version[1]
     assert await found(b, "printer jammed floor") == {"inbox/a"}
     assert await found(a, "kerberos tickets") == set()

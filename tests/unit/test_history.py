@@ -251,8 +251,8 @@ async def test_closing_lets_the_deletion_under_way_finish_whole(
     r._indexes.write.release()
     await asyncio.wait_for(closing, 10)
     assert (r.pruned, await ids_of(r, "h")) == (2, ids[2:])
-    store, text = r._indexes.require()
-    assert text.keys() == store.chunk_keys()
+    text = r._indexes.text
+    assert text is not None and text.keys() == r._indexes.require().chunk_keys()
     await r.close()
 
 

@@ -24,10 +24,10 @@ MAX_MODULES_PER_FOLDER = 25
 LAYERS = {
     "daemon": ("config", "telemetry", "errors", "checks", "models", "services", "ops",
                "grpcapi", "answer", "httpapi", "server", "cli", "__main__", ""),
-    "retrieval": ("errors", "redaction", "extraction", "chunking", "_limits", "store",
-                  "_embedder", "_backfill", "postgres", "_backend", "search", "_later",
-                  "_review", "_retention", "_retriever_sources", "_ingest", "_retriever",
-                  "_scan_report", "_scan", "_migrate", ""),
+    "retrieval": ("errors", "redaction", "extraction", "chunking", "_limits", "_status",
+                  "store", "_interface", "_embedder", "_backfill", "postgres", "_backend",
+                  "search", "_later", "_review", "_retention", "_retriever_sources",
+                  "_ingest", "_retriever", "_scan_report", "_scan", "_migrate", ""),
 }
 
 

@@ -44,8 +44,7 @@ async def anywhere(r: Retriever, query: str) -> set[str]:
 
 
 def store_of(r: Retriever) -> Store:
-    store, _ = r._indexes.require()
-    return store
+    return r._indexes.require()
 
 
 async def test_a_held_document_is_stored_but_neither_chunked_embedded_nor_searchable(
