@@ -66,11 +66,8 @@ _SWAP_STAGES = {
     "done": control_pb2.SWAP_STAGE_DONE,
     "failed": control_pb2.SWAP_STAGE_FAILED,
 }
-MODES = {
-    InferenceMode.EMBEDDED: control_pb2.INFERENCE_MODE_EMBEDDED,
-    InferenceMode.ENDPOINT: control_pb2.INFERENCE_MODE_ENDPOINT,
-    InferenceMode.DISABLED: control_pb2.INFERENCE_MODE_DISABLED,
-}
+MODES = {m: control_pb2.InferenceMode.Value(f"INFERENCE_MODE_{m.name}") for m in InferenceMode}
+"""Each :class:`~daemon.config.InferenceMode` as the wire's."""
 _MODE_NAMES = {v: k for k, v in MODES.items()}
 
 
