@@ -391,8 +391,8 @@ class AskService:
         except Exception as exc:
             if isinstance(exc, InvalidArgument | VectorUnavailable):
                 raise  # the caller asked for what cannot be: said, not degraded
-            return [], "text", [f"retrieval failed ({type(exc).__name__}): answering "
-                                "without sources"]
+            return [], SearchMode.TEXT, [f"retrieval failed ({type(exc).__name__}): "
+                                         "answering without sources"]
         return ([h for h in result.hits if relevant(h, settings)], result.mode,
                 list(result.warnings))
 
