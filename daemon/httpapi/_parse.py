@@ -108,10 +108,10 @@ def _string(body: Body, name: str) -> str | None:
     return None if value is None else str(value)
 
 
-def _typed(body: Body, name: str, kind: type, what: str) -> object:
-    """``body[name]`` when it is a ``kind`` (None when absent or null)."""
+def _typed(body: Body, name: str, expected: type, what: str) -> object:
+    """``body[name]`` when it is an ``expected`` (None when absent or null)."""
     value = body.get(name)
-    if value is not None and not isinstance(value, kind):
+    if value is not None and not isinstance(value, expected):
         raise ParamError(name, f"{name} must be {what}, not {kind(value)}")
     return value
 

@@ -94,3 +94,17 @@ async def test_random_bodies_never_cause_a_5xx() -> None:
             assert resp.status_code < 500, (body, resp.text)
             if resp.status_code >= 400:
                 assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
+
+
+async def test_a_parameter_of_the_wrong_type_is_named_with_its_json_kind(make: Make) -> None:
+    """A string where true/false or a string is expected is refused naming the parameter
+    and the kind of value given (not the value converted to the expected type)."""
+    async with serving(answer=make) as h, client() as http:
+        stream = await http.post(h.url + "/v1/llamad/ask", json={"question": "x",
+                                                                 "stream": "yes"})
+        model = await http.post(h.url + "/v1/chat/completions", json={
+            "model": 5, "messages": [{"role": "user", "content": "hi"}]})
+    assert stream.status_code == 400 and stream.json()["error"]["param"] == "stream"
+    assert stream.json()["error"]["message"] == "stream must be true or false, not a string"
+    assert model.status_code == 400 and model.json()["error"]["param"] == "model"
+    assert model.json()["error"]["message"] == "model must be a string, not a number"
