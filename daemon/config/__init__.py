@@ -9,10 +9,11 @@ key (``[generation] model``), its ``--help`` text, its validation and its reload
 naming the option and where the value came from.
 """
 
-# The implementation is split by concept: the registry's machinery (_config_options), the
-# options' declarations (_config_sections), the validated configuration (_config_resolved),
-# loading (_config_load), validation (_config_checks), and the flags, --help and example
-# configuration rendered from the declarations (_config_help).
+# The implementation is split by concept: the registry's machinery (_options), the
+# options' declarations (_sections, _retrieval, _connections), the validated configuration
+# (_resolved), loading (_load), validation (_checks), the flags, --help and example
+# configuration rendered from the declarations (_help), the model catalog (_catalog*),
+# access (TLS and tokens), and the enums the options take (Role, InferenceMode).
 from . import _load as _config_load
 from . import _options as _config_options
 from ._checks import check_listen, default_models_dir, is_loopback, unix_socket_path

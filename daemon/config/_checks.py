@@ -35,7 +35,7 @@ from .inference_mode import InferenceMode
 
 def _mode(settings: RoleSettings, sources: Mapping[str, str], role: str) -> InferenceMode:
     """The role's mode; ``enabled = false`` is the older spelling of "disabled"."""
-    mode = InferenceMode(settings.mode)  # one of MODES: the option's choices checked it
+    mode = settings.mode
     if not settings.enabled:
         if sources[f"{role}.mode"] != "default" and mode is not InferenceMode.DISABLED:
             raise ConfigError(f"{role}.enabled = false conflicts with {role}.mode = {mode}: "
