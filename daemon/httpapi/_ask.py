@@ -40,6 +40,8 @@ _FIELDS = ("question", "filters", "top_k", "history", "task", "attachment", "sam
            "no_cache", "mode", "model")
 _FILTERS = ("sources", "kinds", "categories", "tags", "indexed_since", "indexed_until",
             "dated_since", "dated_until")
+# Each enum's names in the order of their numbers (0, 1, ...): a number given is read by
+# its position (a test holds these to the proto's enums).
 _TASKS = {"TASK_TYPE_UNSPECIFIED": "answer", "TASK_TYPE_ANSWER": "answer",
           "TASK_TYPE_EXPLAIN_OUTPUT": "explain_output", "TASK_TYPE_DIAGNOSE": "diagnose",
           "TASK_TYPE_SUMMARIZE": "summarize"}

@@ -240,3 +240,15 @@ async def test_http_reads_the_json_mapping_and_writes_it_back(
     nothing = none.json()  # indexed before 2000: nothing, so nothing generated
     assert nothing["done"] == {"no_context": True, "finish_reason": "FINISH_REASON_STOP"}
     assert len(h.gen.chats) == 1
+
+
+def test_the_http_enum_tables_follow_the_proto() -> None:
+    """HTTP reads an enum given by number by its position in its table of names: each
+    table lists the proto's names in the order of their numbers."""
+    from daemon.httpapi import _ask
+
+    for table, enum in ((_ask._TASKS, apb.TaskType), (_ask._MODES, rpb.SearchMode),
+                        (_ask._ROLES, ipb.ChatRole)):
+        pairs = sorted(enum.items(), key=lambda pair: pair[1])
+        assert list(table) == [name for name, _ in pairs]
+        assert [number for _, number in pairs] == list(range(len(table)))
