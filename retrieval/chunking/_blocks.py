@@ -22,6 +22,7 @@ Blocks
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
@@ -55,6 +56,16 @@ def tidy(lines: Iterable[str]) -> Iterator[Line]:
             blank = False
         else:
             blank = True
+
+
+def string_end(line: str, pos: int, close: re.Pattern[str], quote: str) -> int | None:
+    """Where a string opened by ``quote`` closes in ``line``, reading from ``pos``: just
+    after its closing quote (``close`` matches that quote and the escapes it skips), or
+    None when the string goes on past the line."""
+    for m in close.finditer(line, pos):
+        if m.group() == quote:
+            return m.end()
+    return None
 
 
 def block_of(lines: list[Line], start: int, end: int, *, heading: str = "",

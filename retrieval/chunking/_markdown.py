@@ -43,7 +43,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ._pack import CODE, STRETCH, WORDS, Unit, pack, split
+from ._pack import CODE, STRETCH, WORDS, Unit, heading_prefix, pack, split
 
 __all__ = ["markdown_chunks"]
 
@@ -192,15 +192,6 @@ def _fold(sections: Iterable[_Section]) -> Iterator[_Section]:
         yield prev
 
 
-def _prefix(heading: str, size: int) -> str:
-    cap = size // 2
-    if not heading or cap < 4:
-        return ""
-    if len(heading) + 2 <= cap:
-        return heading + "\n\n"
-    return heading[:cap - 3] + "…\n\n"
-
-
 def _length(blocks: list[_Block]) -> int:
     if len(blocks) == 1:
         return len(blocks[0].text)
@@ -235,7 +226,7 @@ def _fence_units(fence: _Fence, sep: str, target: int) -> Iterator[Unit]:
 
 def _group_chunks(blocks: list[_Block], heading: str, size: int, overlap: int,
                   max_chars: int) -> Iterator[tuple[str, str]]:
-    prefix = _prefix(heading, size)
+    prefix = heading_prefix(heading, size)
     target = size - len(prefix)
     limit = max_chars - len(prefix)
 
@@ -273,7 +264,7 @@ def markdown_chunks(text: str, size: int, overlap: int,
             yield from _group_chunks(group, _path(first[:-1] if sibling else first), size,
                                      overlap, max_chars)
         group, first, length, sibling = list(section.blocks), path, n, False
-        target = size - len(_prefix(_path(path), size))
+        target = size - len(heading_prefix(_path(path), size))
     if group:
         yield from _group_chunks(group, _path(first[:-1] if sibling else first), size,
                                  overlap, max_chars)

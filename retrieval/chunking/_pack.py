@@ -164,3 +164,15 @@ def pack(units: Iterable[Unit], target: int, overlap: int, limit: int) -> list[s
     if items:
         out.append(_join(items))
     return out
+
+
+def heading_prefix(heading: str, size: int) -> str:
+    """What a chunk of at most ``size`` characters starts with to say where it stands:
+    its heading (or path) and a blank line, cut to half the chunk with "…"; nothing when
+    there is no heading or no room."""
+    cap = size // 2
+    if not heading or cap < 4:
+        return ""
+    if len(heading) + 2 <= cap:
+        return heading + "\n\n"
+    return heading[:cap - 3] + "…\n\n"

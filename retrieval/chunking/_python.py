@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from ._blocks import Block, Line, block_chunks, block_of, tidy
+from ._blocks import Block, Line, block_chunks, block_of, string_end, tidy
 
 __all__ = ["python_chunks"]
 
@@ -51,12 +51,10 @@ def _starts(lines: list[Line]) -> list[bool]:
         pos = 0
         while True:
             if quote:
-                for q in _CLOSE[quote].finditer(line, pos):
-                    if q.group() == quote:
-                        pos, quote = q.end(), ""
-                        break
-                else:
+                end = string_end(line, pos, _CLOSE[quote], quote)
+                if end is None:
                     break  # the string goes on past this line
+                pos, quote = end, ""
             m = _TOKEN.search(line, pos)
             if m is None:
                 break
@@ -72,12 +70,10 @@ def _starts(lines: list[Line]) -> list[bool]:
             elif len(tok) == 3:
                 quote = tok
             else:  # a one-line string: closed on this line, else it ends with it
-                for c in _CLOSE[tok].finditer(line, pos):
-                    if c.group() == tok:
-                        pos = c.end()
-                        break
-                else:
+                end = string_end(line, pos, _CLOSE[tok], tok)
+                if end is None:
                     break
+                pos = end
     return starts
 
 

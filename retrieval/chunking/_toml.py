@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from ._blocks import tidy
+from ._blocks import string_end, tidy
 from ._tree import Node, Path, Tree, tree_chunks
 
 __all__ = ["toml_chunks"]
@@ -33,12 +33,10 @@ def _scan(line: str, depth: int, quote: str) -> tuple[int, str]:
     pos = 0
     while True:
         if quote:
-            for q in _CLOSE[quote].finditer(line, pos):
-                if q.group() == quote:
-                    pos, quote = q.end(), ""
-                    break
-            else:
+            end = string_end(line, pos, _CLOSE[quote], quote)
+            if end is None:
                 return depth, quote
+            pos, quote = end, ""
         m = _TOKEN.search(line, pos)
         if m is None or m.group() == "#":
             return depth, quote

@@ -34,7 +34,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from ._pack import WORDS, split
+from ._pack import WORDS, heading_prefix, split
 
 __all__ = ["MAX_DEPTH", "Node", "Path", "Tree", "dotted", "tree_chunks"]
 
@@ -129,15 +129,6 @@ def dotted(path: Path) -> str:
     return text if path[0][:1] == "[" else text[1:]
 
 
-def _prefix(heading: str, size: int) -> str:
-    cap = size // 2
-    if not heading or cap < 4:
-        return ""
-    if len(heading) + 2 <= cap:
-        return heading + "\n\n"
-    return heading[:cap - 3] + "…\n\n"
-
-
 def _cut(line: str, room: int) -> Iterator[tuple[str, str]]:
     """(separator, piece) of a line: whole if it fits, else cut after commas, then at
     whitespace, then hard."""
@@ -171,7 +162,7 @@ class _Frame:
     def __init__(self, node: Node, size: int, render: Callable[[Path], str]) -> None:
         self.node = node
         self.items = iter(node.items)
-        self.room = size - len(_prefix(render(node.path), size))
+        self.room = size - len(heading_prefix(render(node.path), size))
         self.lead = node.nodes > 0
 
 
@@ -190,7 +181,7 @@ def _units(root: Node, size: int, max_chars: int,
                 yield _Unit(frame.node.path, sep, piece, frame.lead, scope)
         else:
             frame.lead = False
-            if item.length + len(_prefix(render(item.path), size)) <= max_chars:
+            if item.length + len(heading_prefix(render(item.path), size)) <= max_chars:
                 yield _Unit(item.path, "\n", "\n".join(item.lines()), False, scope)
             else:
                 stack.append(_Frame(item, size, render))
@@ -234,7 +225,7 @@ class _Chunk:
         elif shared == self._path:  # the same path as last time: most of the time
             top = self._top
         else:
-            top = len(_prefix(self.render(shared), self.size))
+            top = len(heading_prefix(self.render(shared), self.size))
             self._path, self._top = shared, top
         return top + self.length + len(unit.sep) + len(unit.text) <= self.size
 
@@ -259,7 +250,7 @@ class _Chunk:
                 parts += (u.sep, u.text)
         heading = self.render(shared) if shared is not None else ""
         self.units, self.shared, self.scope, self.length = [], None, None, 0
-        return (heading, _prefix(heading, self.size) + "".join(parts)), carried
+        return (heading, heading_prefix(heading, self.size) + "".join(parts)), carried
 
 
 def tree_chunks(root: Node, size: int, max_chars: int,
