@@ -182,24 +182,26 @@ class Search:
         if filters is not None:
             filters = await asyncio.to_thread(self._indexes.narrow, filters)
         if filters is None:
-            return SearchResult([], q.mode if q.mode != "hybrid" else "text", warnings)
+            mode = SearchMode.TEXT if q.mode == SearchMode.HYBRID else q.mode
+            return SearchResult([], mode, warnings)
         weights = (limits.text_weight if q.text_weight is None else q.text_weight,
                    limits.vector_weight if q.vector_weight is None else q.vector_weight)
         # The caller's depth as given; the configured one at least k deep.
         n_text = q.candidates or max(limits.text_candidates, k)
         n_vec = q.candidates or max(limits.vector_candidates, k)
         vector_task = None
-        if q.mode != "text":
+        if q.mode != SearchMode.TEXT:
             vector_task = asyncio.create_task(self._vector_search(
-                query, n_vec, filters, warnings, required=q.mode == "vector"))
+                query, n_vec, filters, warnings, required=q.mode == SearchMode.VECTOR))
         text_hits: list[tuple[int, float]] = []
-        if q.mode != "vector":
+        if q.mode != SearchMode.VECTOR:
             text_hits = await asyncio.to_thread(self._indexes.text_ranked, query, filters,
                                                 n_text)
         vector = await vector_task if vector_task is not None else None
         vec_hits, vector_model = vector if vector is not None else (None, "")
-        mode = q.mode if q.mode != "hybrid" else ("hybrid" if vec_hits is not None else "text")
-        used = [(weights[0], [key for key, _ in text_hits])] if q.mode != "vector" else []
+        mode = (q.mode if q.mode != SearchMode.HYBRID
+                else SearchMode.HYBRID if vec_hits is not None else SearchMode.TEXT)
+        used = [(weights[0], [key for key, _ in text_hits])] if q.mode != SearchMode.VECTOR else []
         if vec_hits is not None:
             used.append((weights[1], [key for key, _ in vec_hits]))
         fused = rrf([ranking for _, ranking in used], k=limits.rrf_k,
@@ -211,7 +213,7 @@ class Search:
         vec_sim = {key: 1.0 - dist for key, dist in (vec_hits or [])}
 
         def normalised(key: int, score: float) -> float:
-            return vec_sim[key] if mode == "vector" else score / top
+            return vec_sim[key] if mode == SearchMode.VECTOR else score / top
 
         kept = [(key, score) for key, score in fused
                 if q.min_score is None or normalised(key, score) >= q.min_score]
