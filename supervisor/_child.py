@@ -26,7 +26,7 @@ import os
 import secrets
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -267,40 +267,42 @@ class ProcessChild:
             await self.client.aclose()
 
 
+@dataclass(eq=False, repr=False)
 class ProcessLauncher:
-    """Launches real child processes for one role."""
+    """Launches real child processes for one role.
 
-    def __init__(
-        self,
-        spec: LaunchSpec,
-        runtime: Runtime,
-        *,
-        clock: Clock,
-        ring: LogRing,
-        timeouts: Timeouts = Timeouts(),
-        sink: LineSink | None = None,
-        env: dict[str, str] | None = None,
-        socket_picker: Callable[[], Path] = socket_path,
-        read_timeout: float = 300.0,
-    ) -> None:
-        self.spec = spec
-        self.runtime = runtime
-        self.timeouts = timeouts
-        self._clock = clock
-        self._ring = ring
-        self._sink = sink
-        self._env = env
-        self._socket_picker = socket_picker
-        self._read_timeout = read_timeout
-        self.launch_nice = 0
-        """Added to the child's nice value at launch (a swap's incoming child), 0: none."""
+    Attributes:
+        spec: what to launch (model, arguments, environment).
+        runtime: llama-server or the bundled runtime.
+        clock: the clock of readiness deadlines and exit times.
+        ring: where the child's output lines go.
+        timeouts: readiness and stop deadlines.
+        sink: also given each output line (None: only the ring).
+        env: the environment the child's is built on (None: this process's).
+        socket_picker: the path of each launch's private socket.
+        read_timeout: seconds a call to the child may wait for its answer.
+        launch_nice: added to the child's nice value at launch (a swap's incoming child),
+            0: none.
+    """
+
+    spec: LaunchSpec
+    runtime: Runtime
+    _: KW_ONLY
+    clock: Clock
+    ring: LogRing
+    timeouts: Timeouts = Timeouts()
+    sink: LineSink | None = None
+    env: dict[str, str] | None = None
+    socket_picker: Callable[[], Path] = socket_path
+    read_timeout: float = 300.0
+    launch_nice: int = field(default=0, init=False)
 
     @property
     def api(self) -> ApiShape:
         return self.runtime.api
 
     def _child_env(self, key: str, private: Path) -> dict[str, str]:
-        base = os.environ if self._env is None else self._env
+        base = os.environ if self.env is None else self.env
         spin = {} if self.spec.spin_count < 0 else {"GOMP_SPINCOUNT": str(self.spec.spin_count)}
         env = self.runtime.environment({**base, **spin, **dict(self.spec.env)}, key)
         # llama.cpp reads ${XDG_CONFIG_HOME:-~/.config}/llama.cpp/config.ini before its
@@ -321,16 +323,16 @@ class ProcessLauncher:
     async def launch(self, on_stage: StageSink | None = None) -> ProcessChild:
         alias = f"llamad-{self.spec.role}-{secrets.token_hex(6)}"
         try:
-            sock = self._socket_picker()
+            sock = self.socket_picker()
         except OSError as exc:  # no private directory: never fall back to a shared one
             raise StartFailure(ExitCause(
                 "spawn_error", True, f"no private directory for the child's socket: {exc}",
-                at=self._clock.wall())) from exc
+                at=self.clock.wall())) from exc
         try:
             argv = self.runtime.command(self.spec, socket=sock, alias=alias)
         except ValueError as exc:
             raise StartFailure(ExitCause(
-                "usage_error", True, str(exc), at=self._clock.wall())) from exc
+                "usage_error", True, str(exc), at=self.clock.wall())) from exc
         nice = shutil.which("nice") if self.launch_nice else None
         if nice:
             argv = [nice, "-n", str(self.launch_nice), *argv]
@@ -343,7 +345,7 @@ class ProcessLauncher:
         # the process may exist already, and nobody would stop it (it would outlive this
         # supervisor until the daemon itself exits).
         spawning = asyncio.ensure_future(ChildProcess.spawn(
-            argv, ring=self._ring, env=self._child_env(key, sock.parent), sink=self._sink))
+            argv, ring=self.ring, env=self._child_env(key, sock.parent), sink=self.sink))
         try:
             process = await asyncio.shield(spawning)
         except asyncio.CancelledError:
@@ -355,18 +357,18 @@ class ProcessLauncher:
             remove_socket(sock)
             raise StartFailure(ExitCause(
                 "spawn_error", True, f"cannot start {argv[0]}: {exc.strerror or exc}",
-                at=self._clock.wall(),
+                at=self.clock.wall(),
             )) from exc
         client = InferenceClient(
             ChildAddress.BASE_URL,
             model_id=alias,
             model_name=self.spec.model.name,
             api=self.runtime.api,
-            read_timeout=self._read_timeout,
+            read_timeout=self.read_timeout,
             child=ChildAddress(str(sock), key),
-            now=self._clock.monotonic,
+            now=self.clock.monotonic,
         )
-        child = ProcessChild(process, client, sock, self._clock, self.timeouts)
+        child = ProcessChild(process, client, sock, self.clock, self.timeouts)
         if on_stage is not None:
             on_stage("loading")
         await child.wait_ready(self.spec, on_stage)

@@ -316,7 +316,7 @@ async def test_a_stale_socket_is_never_used(
     path, connections = stale
     daemon = in_process(config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false"))
     launcher = daemon.children["generation"].supervisor.launcher
-    launcher._socket_picker = lambda: path  # type: ignore[attr-defined]
+    launcher.socket_picker = lambda: path  # type: ignore[attr-defined]
     c = Clients(await daemon.start())
     try:
         await c.wait_serving("generation")
