@@ -1,7 +1,8 @@
 """Fixtures shared by integration modules (the global ones are in tests/conftest.py): daemon
 processes (the fault matrix), the daemon of the hostile-input modules (one per module), the
 CA and in-process daemons of the access modules, and the unsupervised llama-servers and
-daemons of the inference-mode modules."""
+daemons of the inference-mode modules, and a stale server at a child's socket path (the fault
+matrices)."""
 
 from __future__ import annotations
 
@@ -131,3 +132,22 @@ async def daemon_for(tmp_path: Path) -> AsyncIterator[MakeDaemon]:
         for daemon, c in made:
             await c.close()
             await daemon.shutdown()
+
+
+@pytest.fixture
+async def stale(tmp_path: Path) -> AsyncIterator[tuple[Path, list[int]]]:
+    """A server still listening on a socket path (a crashed daemon's child that lived on):
+    yields the path and the list its connections are counted in."""
+    path = tmp_path / "stale.sock"
+    connections: list[int] = []
+
+    async def count(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        writer.close()
+
+    server = await asyncio.start_unix_server(count, str(path))
+    try:
+        yield path, connections
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -227,25 +227,6 @@ async def test_exit_while_idle_restarts(harness_factory: Factory) -> None:
     assert h.sup.last_exit.kind == "crash"
 
 
-@pytest.fixture
-async def stale(tmp_path: Path) -> AsyncIterator[tuple[Path, list[int]]]:
-    """A server still listening on a socket path (a crashed daemon's child): yields the
-    path and the list its connections are counted in."""
-    path = tmp_path / "stale.sock"
-    connections: list[int] = []
-
-    async def count(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections.append(1)
-        writer.close()
-
-    server = await asyncio.start_unix_server(count, str(path))
-    try:
-        yield path, connections
-    finally:
-        server.close()
-        await server.wait_closed()
-
-
 async def test_a_stale_socket_at_the_childs_path_never_confuses_it(
     model: Path, stale: tuple[Path, list[int]]
 ) -> None:

@@ -289,25 +289,6 @@ async def test_never_healthy_child_times_out_then_opens_breaker(
 # -- a stale socket at the child's path ---------------------------------------------------
 
 
-@pytest.fixture
-async def stale(tmp_path: Path) -> AsyncIterator[tuple[Path, list[int]]]:
-    """A server still listening on a socket path (a crashed daemon's child that lived on):
-    yields the path and the list its connections are counted in."""
-    path = tmp_path / "stale.sock"
-    connections: list[int] = []
-
-    async def count(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections.append(1)
-        writer.close()
-
-    server = await asyncio.start_unix_server(count, str(path))
-    try:
-        yield path, connections
-    finally:
-        server.close()
-        await server.wait_closed()
-
-
 async def test_a_stale_socket_is_never_used(
         in_process: Callable[..., Daemon], stale: tuple[Path, list[int]]) -> None:
     """A server still listens on the socket path the real child is given: the path is
