@@ -259,29 +259,26 @@ def test_a_roles_default_is_pinned_unless_its_table_says_otherwise(
     cat = load(models=False, env=_env(models)).catalog
     pins = {e.name: e.pin for e in cat.entries}
     assert pins["gen-a"] and pins["emb"] and not pins["gen-b"]
-    env = _env(models)
-    del env["LLAMAD_GENERATION_MODEL"]
-    toml = write_toml(tmp_path, f"""
-[generation]
-model = "small"
 
-[models.small]
-model = "{models / 'gen-b.gguf'}"
+    def unpinned_default(role: str, name: str, gguf: str) -> tuple[dict[str, str], Path]:
+        """The environment and file making ``[models.NAME]`` (``pin = false``) the role's
+        default."""
+        env = _env(models)
+        del env[f"LLAMAD_{role.upper()}_MODEL"]
+        return env, write_toml(tmp_path, f"""
+[{role}]
+model = "{name}"
+
+[models.{name}]
+model = "{models / gguf}"
 pin = false
 """)
+
+    env, toml = unpinned_default("generation", "small", "gen-b.gguf")
     cat = load(env=env, file=toml, models=False).catalog
     assert cat.defaults["generation"] == "small"
     assert not next(e for e in cat.entries if e.name == "small").pin
-    env = _env(models)
-    del env["LLAMAD_EMBEDDING_MODEL"]
-    toml = write_toml(tmp_path, f"""
-[embedding]
-model = "vectors"
-
-[models.vectors]
-model = "{models / 'emb.gguf'}"
-pin = false
-""")
+    env, toml = unpinned_default("embedding", "vectors", "emb.gguf")
     with pytest.raises(ConfigError, match="pin = false on the embedding role's default"):
         load(env=env, file=toml, models=False)
 
