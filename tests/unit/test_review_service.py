@@ -21,6 +21,7 @@ from retrieval import Retriever
 from retrieval.store._indexes import Indexes
 from tests.support.access import ADMIN_TOKEN, READ_TOKEN, token_files
 from tests.support.embedder import HashEmbedder
+from tests.support.held import hold_later_upserts
 from tests.support.inprocess import serving
 
 Stub = retrieval_pb2_grpc.RetrievalServiceStub
@@ -110,14 +111,7 @@ async def test_review_on_one_push_and_every_state_shown(
     plain = await stub.UpsertDocument(rpb.UpsertDocumentRequest(
         source_id="inbox", id="inbox/plain", text="nginx logs rotate"))
     seen.add(plain.document.state)
-    gate = asyncio.Event()
-    upsert = retriever.upsert
-
-    async def slow(*args: object, **kwargs: object) -> object:
-        await gate.wait()
-        return await upsert(*args, **kwargs)  # type: ignore[arg-type]
-
-    retriever._later._upsert = slow  # type: ignore[assignment]
+    gate = hold_later_upserts(retriever)
     accepted = await stub.UpsertDocument(rpb.UpsertDocumentRequest(
         source_id="inbox", id="inbox/later", text="vpn tunnel flapping", review=True,
         wait=False))

@@ -13,6 +13,7 @@ import pytest
 from retrieval import Busy, InvalidDocument, NotFound, Query, RetrievalLimits, Retriever
 from retrieval.store._indexes import Indexes
 from tests.support.embedder import HashEmbedder
+from tests.support.held import hold_later_upserts
 
 
 @pytest.fixture
@@ -50,14 +51,7 @@ async def test_a_document_goes_pending_processing_indexed(
         return await commit(self, batch)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Indexes, "commit", held)
-    hold = asyncio.Event()
-    upsert = r.upsert
-
-    async def slow_start(*args: object, **kwargs: object) -> object:
-        await hold.wait()
-        return await upsert(*args, **kwargs)  # type: ignore[arg-type]
-
-    r._later._upsert = slow_start  # type: ignore[assignment]
+    hold = hold_later_upserts(r)
     doc = await r.upsert_later("inbox", "vpn", "vpn tunnel flapping: tune dpd",
                                doc_id="inbox/vpn")
     assert doc.state == "pending"
@@ -103,14 +97,7 @@ async def test_the_queue_is_bounded_and_versions_land_in_order(r: Retriever) -> 
     """Past max_pending, Busy says to retry; two versions of one document are indexed in
     the order they came (the last one wins); close finishes what was accepted."""
     r.limits = RetrievalLimits(max_pending=2)
-    hold = asyncio.Event()
-    upsert = r.upsert
-
-    async def held(*args: object, **kwargs: object) -> object:
-        await hold.wait()
-        return await upsert(*args, **kwargs)  # type: ignore[arg-type]
-
-    r._later._upsert = held  # type: ignore[assignment]
+    hold = hold_later_upserts(r)
     await r.upsert_later("inbox", "a", "first version about printers", doc_id="inbox/a")
     await r.upsert_later("inbox", "a", "second version about routers", doc_id="inbox/a")
     with pytest.raises(Busy, match=r"retrieval\.max_pending_upserts"):
