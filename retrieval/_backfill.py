@@ -107,10 +107,31 @@ class BackfillRun(abc.ABC):
         """Where a rebuild of the vectors for this node's embedding model stands
         (``chunks`` in the store, ``embedded`` of them with its vector)."""
 
-    @abc.abstractmethod
     def start(self, *, retry_failed: bool = False, only: set[int] | None = None,
               needed: bool | None = None) -> bool:
-        """Start a run unless one is under way or nothing is missing; True if started."""
+        """Start a run unless one is under way, nothing is missing or no embedder is
+        available; True if started.
+
+        Args:
+            retry_failed: embed again the texts the model refused before.
+            only: the chunk keys to consider (a document's, a source's); None: all.
+            needed: what :meth:`needed` answered, when the caller asked it already (in
+                a worker thread); None: asked here.
+        """
+        if self.running:
+            return False
+        if retry_failed:
+            self._failed.clear()
+        embedder = self._embedder()
+        if embedder is None or (only is None and not (
+                self.needed() if needed is None else needed)):
+            return False
+        return self._start(embedder.model_id, only)
+
+    @abc.abstractmethod
+    def _start(self, model: str, only: set[int] | None) -> bool:
+        """Start a run for ``model`` (the checks of :meth:`start` passed); True if
+        started."""
 
     @abc.abstractmethod
     def missing(self, keys: set[int]) -> set[int]:
@@ -191,27 +212,11 @@ class Backfill(BackfillRun):
         serving = previous if previous and self._embedder_for(previous) is not None else ""
         return VectorRebuild(running, model, serving, pending, done)
 
-    def start(self, *, retry_failed: bool = False, only: set[int] | None = None,
-              needed: bool | None = None) -> bool:
-        """Start a run unless one is under way or nothing is missing; True if started.
-
-        Args:
-            retry_failed: embed again the texts the model refused before.
-            only: the chunk keys to consider (a document's, a source's); None: all.
-            needed: what :meth:`needed` answered, when the caller asked it already (in
-                a worker thread); None: asked here.
-        """
-        if self.running:
-            return False
-        if retry_failed:
-            self._failed.clear()
-        if only is None and not (self.needed() if needed is None else needed):
-            return False
-        embedder = self._embedder()
-        if embedder is not None:  # what the run will do, known before its first step
-            self._model, self._pending, self._done = embedder.model_id, 0, 0
-            self._switching = self._indexes.vectors is not None and \
-                self._indexes.vector_model != embedder.model_id
+    def _start(self, model: str, only: set[int] | None) -> bool:
+        # What the run will do, known before its first step.
+        self._model, self._pending, self._done = model, 0, 0
+        self._switching = self._indexes.vectors is not None and \
+            self._indexes.vector_model != model
         self.task = asyncio.create_task(self._run(only), name="vector-backfill")
         return True
 

@@ -81,7 +81,7 @@ class Retriever(RetrieverSources):
         self._backend, self._backfill, self._embedded = built.store, built.backfill, \
             built.embedded
         self._ingest = Ingest(self._backend, embedder, limits,
-                              on_other_model=self._start_backfill)
+                              on_other_model=self._backfill.on_other_model)
         self._later = Later(self.upsert, self._ingest.check, lambda: self.limits.max_pending)
         self._search = Search(
             self._backend, embedder, limits,
@@ -105,9 +105,6 @@ class Retriever(RetrieverSources):
     def store_kind(self) -> str:
         """The store backend: ``embedded`` or ``postgres``."""
         return self._backend.kind
-
-    def _start_backfill(self) -> bool:
-        return self._backfill.on_other_model()
 
     @property
     def limits(self) -> RetrievalLimits:

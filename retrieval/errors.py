@@ -40,6 +40,7 @@ import errno
 import re
 import sqlite3
 import unicodedata
+from typing import TypeVar
 
 MAX_DOCUMENT_ID_CHARS = 512
 """Longest valid document id, in characters (docs/retrieval.md, "Identifiers")."""
@@ -261,3 +262,17 @@ def _show(doc_id: str, limit: int = 80) -> str:
     """The id quoted for a message: escaped (no raw control characters) and shortened."""
     text = doc_id if len(doc_id) <= limit else doc_id[:limit] + "..."
     return repr(text)
+
+
+T = TypeVar("T")
+
+
+def opened(part: T | None) -> T:
+    """``part`` of an open store.
+
+    Raises:
+        RetrievalError: it is None: the store is not open.
+    """
+    if part is None:
+        raise RetrievalError("retrieval is not open")
+    return part

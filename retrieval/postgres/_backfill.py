@@ -119,31 +119,13 @@ class PgBackfill(BackfillRun):
         serving = corpus if corpus and self._embedder_for(corpus) is not None else ""
         return VectorRebuild(self.running and self._switching, model, serving, pending, done)
 
-    def start(self, *, retry_failed: bool = False, only: set[int] | None = None,
-              needed: bool | None = None) -> bool:
-        """Start a run unless one is under way (here, or on another node for this model),
-        nothing is missing or no embedder is available; True if started. Blocking: one
-        short query (the lock), and :meth:`needed`'s unless ``needed`` or ``only`` is
-        given (it reads every chunk's key: about 30 ms at 100k chunks; the daemon asks
-        it in a worker thread, :meth:`retrieval.Retriever.backfill_soon`).
-
-        Args:
-            retry_failed: embed again the texts the model refused before.
-            only: the chunk keys to consider (a Reprocess's scope); None: all. Given on a
-                node whose model is not the corpus's, the run asks for the corpus to be
-                switched to it and embeds every chunk.
-            needed: what :meth:`needed` answered, when the caller asked it already (in
-                a worker thread); None: asked here.
-        """
-        if self.running:
-            return False
-        if retry_failed:
-            self._failed.clear()
-        embedder = self._embedder()
-        if embedder is None or (only is None and not (
-                self.needed() if needed is None else needed)):
-            return False
-        model = embedder.model_id
+    def _start(self, model: str, only: set[int] | None) -> bool:
+        """Start a run unless another node runs one for ``model`` (its lock). Blocking:
+        one short query, after :meth:`start`'s :meth:`needed` unless ``needed`` or
+        ``only`` was given (it reads every chunk's key: about 30 ms at 100k chunks; the
+        daemon asks it in a worker thread, :meth:`retrieval.Retriever.backfill_soon`).
+        ``only`` (a Reprocess's scope), given on a node whose model is not the corpus's,
+        asks for the corpus to be switched to it: the run embeds every chunk."""
         store = self._indexes.require()
         if not store.try_lock(backfill_lock_name(model), backfill_lock_key(model)):
             _log.debug("vector backfill under way on another node", model=model)

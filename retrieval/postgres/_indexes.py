@@ -34,8 +34,8 @@ from ..errors import (
     EmbeddingModelMismatch,
     NotFound,
     NotSupported,
-    RetrievalError,
     StorageFull,
+    opened,
 )
 from ..store._bm25 import Filters
 from ..store._rows import DocumentRow, PendingWrite
@@ -136,14 +136,8 @@ class PgIndexes:
         return self.store is not None
 
     def require(self) -> PgDocumentStore:
-        """The store.
-
-        Raises:
-            RetrievalError: the backend is not open.
-        """
-        if self.store is None:
-            raise RetrievalError("retrieval is not open")
-        return self.store
+        """The store (:func:`~retrieval.errors.opened`)."""
+        return opened(self.store)
 
     def storage_full(self) -> StorageFull:
         """The error for a write refused by a full disk."""

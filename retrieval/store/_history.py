@@ -37,16 +37,21 @@ class HistoryStore:
         return prune_records(cast("Store", self), source_id, ids)
 
 
+def bounded(where: list[str], args: list[object], *bounds: tuple[str, int | None]) -> None:
+    """Add to ``where`` (and its value to ``args``) each bound's clause, one ``?`` each,
+    whose value is given (None: unbounded)."""
+    for clause, value in bounds:
+        if value is not None:
+            where.append(clause)
+            args.append(value)
+
+
 def dated_documents(store: Store, since: int | None, until: int | None) -> set[str]:
     """Ids of the documents whose own date lies in ``[since, until]`` (either bound may be
     None; a document without a date is never in it)."""
-    where, args = ["document_date IS NOT NULL"], []
-    if since is not None:
-        where.append("document_date >= ?")
-        args.append(since)
-    if until is not None:
-        where.append("document_date <= ?")
-        args.append(until)
+    where: list[str] = ["document_date IS NOT NULL"]
+    args: list[object] = []
+    bounded(where, args, ("document_date >= ?", since), ("document_date <= ?", until))
     with store._lock:
         return {str(r[0]) for r in store._db.execute(
             f"SELECT id FROM documents WHERE {' AND '.join(where)}", args)}  # noqa: S608 - fixed clauses, placeholders

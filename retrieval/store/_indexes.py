@@ -39,9 +39,9 @@ from .._status import RetrievalStatus, documents_by_state
 from ..errors import (
     EmbeddingModelMismatch,
     NotFound,
-    RetrievalError,
     StorageFull,
     is_storage_full,
+    opened,
 )
 from ._bm25 import Filters, IndexedChunk, TextIndex
 from ._history import dated_documents
@@ -187,24 +187,11 @@ class Indexes:
         return self.store is not None
 
     def require(self) -> Store:
-        """The metadata store.
-
-        Raises:
-            RetrievalError: the indexes are not open.
-        """
-        if self.store is None:
-            raise RetrievalError("retrieval is not open")
-        return self.store
+        """The metadata store (:func:`~retrieval.errors.opened`)."""
+        return opened(self.store)
 
     def _text(self) -> TextIndex:
-        """The text index.
-
-        Raises:
-            RetrievalError: the indexes are not open.
-        """
-        if self.text is None:
-            raise RetrievalError("retrieval is not open")
-        return self.text
+        return opened(self.text)
 
     def storage_full(self) -> StorageFull:
         """The error for a write refused by a full disk, saying what to do."""

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from ._embeddings import EmbeddingCache
-from ._history import HistoryStore
-from ._review import REVIEW_SCHEMA, ReviewStore
+from ._history import HistoryStore, bounded
+from ._review import INSERT_DOCUMENT, REVIEW_SCHEMA, ReviewStore, document_head
 from ._rows import ChunkRow, DocumentRow, Replacement, SourceRow, StoredChunk
 
 __all__ = ["ChunkRow", "DocumentRow", "Replacement", "SourceRow", "Store", "StoredChunk"]
@@ -279,10 +279,7 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache):
         # A version indexed now supersedes one held for review (an approval indexes it).
         self._db.execute("DELETE FROM held_documents WHERE doc_id = ?", (doc.id,))
         self._db.execute(
-            "INSERT INTO documents(id, source_id, path, title, kind, category, tags, "
-            "content_hash, mtime_ns, size, state, error, indexed_at, redactions, "
-            "document_date, review_note) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'indexed', '', ?, ?, ?, ?) "
+            INSERT_DOCUMENT + "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'indexed', '', ?, ?, ?, ?) "
             "ON CONFLICT(id) DO UPDATE SET source_id = excluded.source_id, "
             "path = excluded.path, title = excluded.title, kind = excluded.kind, "
             "category = excluded.category, tags = excluded.tags, "
@@ -290,9 +287,8 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache):
             "size = excluded.size, state = 'indexed', error = '', "
             "indexed_at = excluded.indexed_at, redactions = excluded.redactions, "
             "document_date = excluded.document_date, review_note = excluded.review_note",
-            (doc.id, doc.source_id, doc.path, doc.title, doc.kind, doc.category,
-             json.dumps(list(doc.tags)), doc.content_hash, doc.mtime_ns, doc.size,
-             doc.indexed_at, doc.redactions, doc.document_date, doc.review_note),
+            (*document_head(doc), doc.indexed_at, doc.redactions, doc.document_date,
+             doc.review_note),
         )
         for c in chunks:
             cur = self._db.execute(
@@ -332,17 +328,18 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache):
                            r[11], _tags(r[12]), r[13], int(r[14] or 0),
                            None if r[15] is None else int(r[15]))
 
-    def chunks_by_keys(self, keys: Iterable[int]) -> dict[int, StoredChunk]:
+    def _by_keys(self, select: str, keys: Iterable[int]) -> Iterator[sqlite3.Row]:
+        """The rows of ``select`` (ending in ``IN``) for ``keys``, 500 keys a statement
+        (SQLite's limit on placeholders); the caller holds the lock."""
         wanted = list(keys)
-        out: dict[int, StoredChunk] = {}
+        for i in range(0, len(wanted), 500):
+            part = wanted[i:i + 500]
+            yield from self._db.execute(f"{select} ({','.join('?' * len(part))})", part)
+
+    def chunks_by_keys(self, keys: Iterable[int]) -> dict[int, StoredChunk]:
         with self._lock:
-            for i in range(0, len(wanted), 500):
-                part = wanted[i:i + 500]
-                marks = ",".join("?" * len(part))
-                for r in self._db.execute(f"{self._CHUNK_SELECT} WHERE c.key IN ({marks})",
-                                          part):
-                    out[int(r[0])] = self._chunk(r)
-        return out
+            return {int(r[0]): self._chunk(r)
+                    for r in self._by_keys(f"{self._CHUNK_SELECT} WHERE c.key IN", keys)}
 
     def chunk_count(self) -> int:
         with self._lock:
@@ -357,15 +354,9 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache):
         return self._chunk_column("chunk_id", keys)
 
     def _chunk_column(self, column: str, keys: Iterable[int]) -> dict[int, str]:
-        wanted = list(keys)
-        out: dict[int, str] = {}
         with self._lock:
-            for i in range(0, len(wanted), 500):
-                part = wanted[i:i + 500]
-                marks = ",".join("?" * len(part))
-                out.update((int(k), str(v)) for k, v in self._db.execute(
-                    f"SELECT key, {column} FROM chunks WHERE key IN ({marks})", part))  # noqa: S608 - a fixed column, placeholders
-        return out
+            return {int(k): str(v) for k, v in self._by_keys(
+                f"SELECT key, {column} FROM chunks WHERE key IN", keys)}  # noqa: S608 - a fixed column, placeholders
 
     def document_chunk_keys(self, doc_id: str) -> set[int]:
         """The chunk keys of one document."""
@@ -416,18 +407,8 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache):
             where.append("EXISTS (SELECT 1 FROM json_each(d.tags) t WHERE t.value IN "  # noqa: S608 - placeholders only
                          f"({','.join('?' * len(tags))}))")
             args.extend(tags)
-        if since is not None:
-            where.append("d.indexed_at >= ?")
-            args.append(since)
-        if until is not None:
-            where.append("d.indexed_at <= ?")
-            args.append(until)
-        if dated_since is not None:
-            where.append("d.document_date >= ?")
-            args.append(dated_since)
-        if dated_until is not None:
-            where.append("d.document_date <= ?")
-            args.append(dated_until)
+        bounded(where, args, ("d.indexed_at >= ?", since), ("d.indexed_at <= ?", until),
+                ("d.document_date >= ?", dated_since), ("d.document_date <= ?", dated_until))
         sql = "SELECT c.key FROM chunks c JOIN documents d ON d.id = c.doc_id"
         if where:
             sql += " WHERE " + " AND ".join(where)

@@ -47,6 +47,20 @@ CREATE TABLE IF NOT EXISTS held_documents (   -- versions awaiting review: never
 """
 """The table of held versions (part of the store's schema)."""
 
+INSERT_DOCUMENT = (
+    "INSERT INTO documents(id, source_id, path, title, kind, category, tags, "
+    "content_hash, mtime_ns, size, state, error, indexed_at, redactions, "
+    "document_date, review_note) "
+)
+"""The start of an insert of a whole document row (VALUES and ON CONFLICT follow)."""
+
+
+def document_head(doc: DocumentRow) -> tuple[object, ...]:
+    """The values of a document row's first ten columns, ``id`` to ``size``."""
+    return (doc.id, doc.source_id, doc.path, doc.title, doc.kind, doc.category,
+            json.dumps(list(doc.tags)), doc.content_hash, doc.mtime_ns, doc.size)
+
+
 _HELD_SELECT = (
     "SELECT d.*, h.path AS h_path, h.title AS h_title, h.kind AS h_kind, "
     "h.category AS h_category, h.tags AS h_tags, h.content_hash AS h_content_hash, "
@@ -88,15 +102,10 @@ class ReviewStore:
         row is created). The note of an earlier decision is cleared; chunks are kept."""
         with self._transaction():
             self._db.execute(
-                "INSERT INTO documents(id, source_id, path, title, kind, category, tags, "
-                "content_hash, mtime_ns, size, state, error, indexed_at, redactions, "
-                "document_date, review_note) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'review_required', '', 0, ?, ?, '') "
-                "ON CONFLICT(id) DO UPDATE SET state = 'review_required', error = '', "
-                "review_note = ''",
-                (doc.id, doc.source_id, doc.path, doc.title, doc.kind, doc.category,
-                 json.dumps(list(doc.tags)), doc.content_hash, doc.mtime_ns, doc.size,
-                 doc.redactions, doc.document_date))
+                INSERT_DOCUMENT + "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'review_required', "
+                "'', 0, ?, ?, '') ON CONFLICT(id) DO UPDATE SET state = 'review_required', "
+                "error = '', review_note = ''",
+                (*document_head(doc), doc.redactions, doc.document_date))
             self._db.execute(
                 "INSERT OR REPLACE INTO held_documents(doc_id, path, title, kind, category, "
                 "tags, content_hash, mtime_ns, size, redactions, document_date, held_at, "

@@ -12,6 +12,8 @@ import numpy as np
 
 @dataclass(frozen=True)
 class SourceRow:
+    """A source: a directory scanned, pushed documents, or history records."""
+
     id: str
     kind: str
     root: str = ""
@@ -29,6 +31,9 @@ class SourceRow:
 
 @dataclass(frozen=True)
 class DocumentRow:
+    """A document as stored: the searchable version's metadata and its state (a version
+    held for review is read apart: ``held_version``)."""
+
     id: str
     source_id: str
     path: str = ""
