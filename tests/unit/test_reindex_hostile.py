@@ -128,17 +128,24 @@ async def test_a_root_swapped_during_a_reindex_fails_cleanly_and_deletes_nothing
     assert source.last_error == ""
 
 
+async def reindex_once_root_is(s: Served, target: Path) -> grpc.aio.AioRpcError:
+    """Index the source, replace its root by a symlink to ``target``, and return the
+    error of the Reindex that follows (one must come)."""
+    await reindex(s.stub)
+    os.rename(s.kb, s.allowed / "kb.old")
+    s.kb.symlink_to(target)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await reindex(s.stub)
+    return info.value
+
+
 async def test_a_root_made_a_symlink_loop_is_failed_precondition(served: Served) -> None:
     """A root replaced by a symlink to itself before the Reindex: FAILED_PRECONDITION
     saying it cannot be resolved, not INTERNAL; the documents stay."""
     s = served
-    await reindex(s.stub)
-    os.rename(s.kb, s.allowed / "kb.old")
-    s.kb.symlink_to(s.kb)
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await reindex(s.stub)
-    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "cannot be resolved" in (info.value.details() or "")
+    error = await reindex_once_root_is(s, s.kb)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "cannot be resolved" in (error.details() or "")
     assert len(await s.r.documents("kb")) == len(WORDS)
 
 
@@ -146,12 +153,8 @@ async def test_a_root_replaced_by_a_symlink_outside_is_refused(served: Served) -
     """A root replaced by a symlink out of the allowed roots between two Reindexes is
     refused as outside them (PERMISSION_DENIED, as before); nothing outside is read."""
     s = served
-    await reindex(s.stub)
-    os.rename(s.kb, s.allowed / "kb.old")
-    s.kb.symlink_to(s.outside)
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await reindex(s.stub)
-    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    error = await reindex_once_root_is(s, s.outside)
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
     assert (await s.r.search(OUTSIDE_DIR_WORD)).hits == []
     assert len(await s.r.documents("kb")) == len(WORDS)
 
