@@ -10,6 +10,7 @@ import asyncio
 import pytest
 
 from daemon.config.inference_mode import InferenceMode, Mode
+from daemon.models._replace import ProgressSink
 from daemon.models._states import ModelState
 from daemon.models.backend import DisabledBackend
 from daemon.models.model import Target
@@ -17,6 +18,7 @@ from supervisor import (
     State,
     SwapFailedError,
     SwapInProgressError,
+    SwapRecord,
     SwapRefusedError,
 )
 from tests.support.scripted import PERMANENT, ScriptedLauncher, settle, until
@@ -31,6 +33,18 @@ def untouched(r: Rig) -> None:
     assert r.model.mode.kind is InferenceMode.EMBEDDED
     assert (r.model.previous, r.model.last_swap) == (None, None)
     assert r.model.state is ModelState.SERVING
+
+
+async def hung_replace(r: Rig, progress: ProgressSink | None = None
+                       ) -> tuple[asyncio.Task[SwapRecord | None], ScriptedLauncher]:
+    """Start replacing ``r``'s child with one whose launch hangs; once it hangs, return the
+    replace's task and that child's launcher (``launcher.hanging`` lets it go on)."""
+    slow = r.target(["hang"])
+    assert isinstance(slow.launcher, ScriptedLauncher)
+    launcher = slow.launcher
+    task = asyncio.create_task(r.model.replace(slow, progress=progress))
+    await until(lambda: launcher.hanging is not None)
+    return task, launcher
 
 
 async def test_new_model_failing_validation_leaves_old_untouched() -> None:
@@ -111,11 +125,7 @@ async def test_drain_that_exceeds_its_timeout_is_bounded() -> None:
 async def test_concurrent_replace_is_rejected() -> None:
     """A second operation while one runs fails at once; the first completes."""
     r = await rig()
-    slow = r.target(["hang"])
-    first = asyncio.create_task(r.model.replace(slow))
-    assert isinstance(slow.launcher, ScriptedLauncher)
-    launcher = slow.launcher
-    await until(lambda: launcher.hanging is not None)
+    first, launcher = await hung_replace(r)
     assert r.model.switching
     with pytest.raises(SwapInProgressError):
         await r.model.replace(r.target(["ok"]))
@@ -131,11 +141,7 @@ async def test_concurrent_replace_is_rejected() -> None:
 async def test_cancelled_replace_keeps_old() -> None:
     """Cancelling before the cut-over drops the new child; the old one serves on."""
     r = await rig()
-    slow = r.target(["hang"])
-    assert isinstance(slow.launcher, ScriptedLauncher)
-    launcher = slow.launcher
-    task = asyncio.create_task(r.model.replace(slow))
-    await until(lambda: launcher.hanging is not None)
+    task, _ = await hung_replace(r)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -188,11 +194,7 @@ async def test_stop_old_first_failure_restarts_the_old_model() -> None:
 async def test_load_from_unloaded_serves_only_once_ready() -> None:
     """A disabled model switched on refuses calls while it loads, then serves."""
     r = await rig(mode=InferenceMode.DISABLED, start=False)
-    slow = r.target(["hang"])
-    assert isinstance(slow.launcher, ScriptedLauncher)
-    launcher = slow.launcher
-    task = asyncio.create_task(r.model.replace(slow, progress=r.events.append))
-    await until(lambda: launcher.hanging is not None)
+    task, launcher = await hung_replace(r, progress=r.events.append)
     assert r.model.state is ModelState.LOADING
     assert isinstance(r.model.backend(), DisabledBackend)
     assert launcher.hanging is not None
@@ -236,11 +238,7 @@ async def test_shutdown_mid_swap_leaves_the_model_stopped() -> None:
     """The daemon stopping a model while a swap loads: the swap fails and the model stays
     stopped (no illegal transition back to serving)."""
     r = await rig()
-    slow = r.target(["hang"])
-    assert isinstance(slow.launcher, ScriptedLauncher)
-    launcher = slow.launcher
-    swap = asyncio.create_task(r.model.replace(slow))
-    await until(lambda: launcher.hanging is not None)
+    swap, launcher = await hung_replace(r)
     await r.model.stop()
     assert launcher.hanging is not None
     launcher.hanging.set_result(None)
