@@ -21,7 +21,7 @@ from retrieval import Retriever
 from retrieval.store._indexes import Indexes
 from tests.support.access import ADMIN_TOKEN, READ_TOKEN, token_files
 from tests.support.embedder import HashEmbedder
-from tests.support.held import hold_later_upserts
+from tests.support.held import hold_commits, hold_later_upserts
 from tests.support.inprocess import serving
 
 Stub = retrieval_pb2_grpc.RetrievalServiceStub
@@ -129,14 +129,8 @@ async def test_review_on_one_push_and_every_state_shown(
     assert order[-1] == S.DOCUMENT_STATE_REVIEW_REQUIRED
     seen.update(order)
     # processing, shown while an approval indexes: its commit is held back.
-    commit_gate = asyncio.Event()
     commit = Indexes.commit
-
-    async def held(self: Indexes, batch: list[object]) -> object:
-        await commit_gate.wait()
-        return await commit(self, batch)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Indexes, "commit", held)
+    commit_gate = hold_commits(monkeypatch)
     approving = asyncio.ensure_future(stub.ApproveDocument(
         rpb.ReviewDocumentRequest(id="inbox/later")))
     for _ in range(2000):

@@ -13,7 +13,7 @@ import pytest
 from retrieval import Busy, InvalidDocument, NotFound, Query, RetrievalLimits, Retriever
 from retrieval.store._indexes import Indexes
 from tests.support.embedder import HashEmbedder
-from tests.support.held import hold_later_upserts
+from tests.support.held import hold_commits, hold_later_upserts
 
 
 @pytest.fixture
@@ -43,14 +43,7 @@ async def test_a_document_goes_pending_processing_indexed(
         r: Retriever, monkeypatch: pytest.MonkeyPatch) -> None:
     """Accepted at once in state pending; then processing while its upsert runs; then
     indexed and searchable. Status counts it in each state."""
-    gate = asyncio.Event()
-    commit = Indexes.commit
-
-    async def held(self: Indexes, batch: list[object]) -> object:
-        await gate.wait()
-        return await commit(self, batch)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Indexes, "commit", held)
+    gate = hold_commits(monkeypatch)
     hold = hold_later_upserts(r)
     doc = await r.upsert_later("inbox", "vpn", "vpn tunnel flapping: tune dpd",
                                doc_id="inbox/vpn")
