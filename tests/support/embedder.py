@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from retrieval import Embedder, RetrievalLimits, Retriever
+from supervisor import ManualClock
 
 
 class FixedEmbedder:
@@ -75,3 +76,13 @@ async def filled(root: Path, embedder: Embedder | None, limits: RetrievalLimits 
     await r.open()
     await fill(r)
     return r
+
+
+async def history_retriever(root: Path) -> tuple[Retriever, ManualClock]:
+    """A Retriever at ``root``/index on a manual clock, opened, embedding with
+    ``HashEmbedder("m")``, its retention run every 60 s: for history sources' tests."""
+    clock = ManualClock()
+    r = Retriever(root / "index", lambda: HashEmbedder("m"),
+                  RetrievalLimits(retention_interval=60), clock=clock)
+    await r.open()
+    return r, clock

@@ -15,10 +15,10 @@ import pytest
 from clients import AsyncClient
 from daemon.grpcapi.retrieval import RetrievalServicer
 from llamad_protocol.v1 import retrieval_pb2_grpc
-from retrieval import RetrievalLimits, Retriever
+from retrieval import Retriever
 from supervisor import ManualClock
 from tests.support.cli_run import Run
-from tests.support.embedder import HashEmbedder
+from tests.support.embedder import history_retriever
 
 # --- the client library against the real service ---------------------------------------
 
@@ -26,10 +26,7 @@ from tests.support.embedder import HashEmbedder
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[tuple[str, Retriever, ManualClock]]:
     """The real RetrievalService on a loopback port: (address, retriever, clock)."""
-    clock = ManualClock()
-    r = Retriever(tmp_path / "index", lambda: HashEmbedder("m"),
-                  RetrievalLimits(retention_interval=60), clock=clock)
-    await r.open()
+    r, clock = await history_retriever(tmp_path)
     server = grpc.aio.server()
     retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(RetrievalServicer(r), server)
     port = server.add_insecure_port("127.0.0.1:0")

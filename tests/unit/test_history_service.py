@@ -19,10 +19,10 @@ from daemon.models.router import InferenceRouter
 from llamad_protocol.v1 import answer_pb2 as apb
 from llamad_protocol.v1 import answer_pb2_grpc, retrieval_pb2_grpc
 from llamad_protocol.v1 import retrieval_pb2 as rpb
-from retrieval import RetrievalLimits, Retriever
+from retrieval import Retriever
 from supervisor import ManualClock
 from tests.support.backend import FakeBackend, FakeRole
-from tests.support.embedder import HashEmbedder
+from tests.support.embedder import HashEmbedder, history_retriever
 from tests.support.inprocess import serving
 
 DAY = 86_400
@@ -31,10 +31,7 @@ Stub = retrieval_pb2_grpc.RetrievalServiceStub
 
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[tuple[Stub, Retriever, ManualClock]]:
-    clock = ManualClock()
-    r = Retriever(tmp_path / "index", lambda: HashEmbedder("m"),
-                  RetrievalLimits(retention_interval=60), clock=clock)
-    await r.open()
+    r, clock = await history_retriever(tmp_path)
     servicer = RetrievalServicer(r, allowed_roots=lambda: (str(tmp_path),))
     async with serving(lambda s: retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(
             servicer, s)) as channel:
