@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-import grpc
 import orjson
 
 from llamad_protocol.v1 import inference_pb2, inference_pb2_grpc
@@ -153,7 +152,7 @@ class Round:
         return self.tokens / self.wall if self.wall > 0 else 0.0
 
 
-async def measure(path: Path, concurrency: int, per_worker: int, max_tokens: int,
+async def measure(path: Path, concurrency: int, per_worker: int, max_tokens: int, *,
                   tag: str, every: dict[str, int]) -> Round:
     """``concurrency`` workers, each streaming ``per_worker`` requests back to back (each
     prompt different: ``tag``, the worker and the request); the CPU of every process in

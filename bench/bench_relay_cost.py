@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import contextlib
 import math
-import os
 import sys
 import tempfile
 import time
@@ -130,7 +129,7 @@ async def daemon(binary: str, slots: int, threads: int, tmp: str, tag: str
         await proc.stop()
 
 
-async def rounds(paths: Sequence[Path], levels: Sequence[int], n: int, max_tokens: int,
+async def rounds(paths: Sequence[Path], levels: Sequence[int], n: int, max_tokens: int, *,
                  per_round: int, every: dict[str, int], tag: str) -> list[Round]:
     """``n`` measured rounds (after one warm-up) of every path at every level."""
     kept: list[Round] = []
@@ -141,7 +140,7 @@ async def rounds(paths: Sequence[Path], levels: Sequence[int], n: int, max_token
             for k in range(len(paths)):
                 path = paths[(k + rnd) % len(paths)]
                 got = await measure(path, level, per_worker, max_tokens,
-                                    f"{tag} r{rnd} x{level}", every)
+                                    tag=f"{tag} r{rnd} x{level}", every=every)
                 if rnd:
                     kept.append(got)
         what = "warm-up" if rnd == 0 else f"round {rnd}/{n}"
@@ -210,8 +209,8 @@ async def source_run(args: argparse.Namespace, tmp: str, kind: str) -> list[str]
             paths.append(http_path(ROUTER, routed, name, every))
         max_tokens = args.fake_tokens if fake else args.model_tokens
         per_round = args.fake_round if fake else args.model_round
-        kept = await rounds(paths, args.levels, args.rounds, max_tokens, per_round, every,
-                            kind)
+        kept = await rounds(paths, args.levels, args.rounds, max_tokens,
+                            per_round=per_round, every=every, tag=kind)
         what = (f"the fake child at token delay {args.token_delay:g} s, one slot per "
                 f"stream, max_tokens {max_tokens}" if fake else
                 f"llama-server on SmolLM2-135M, {args.slots} slots, 2 threads, greedy, "
@@ -220,8 +219,8 @@ async def source_run(args: argparse.Namespace, tmp: str, kind: str) -> list[str]
                   f"{args.rounds} rounds (medians):", "",
                   *support.table(COST_HEADER, cost_rows(kept, paths, args.levels))]
         if fake and args.curve:
-            curve = await rounds(paths[:3], args.curve, 1, max_tokens, per_round, every,
-                                 "ceiling")
+            curve = await rounds(paths[:3], args.curve, 1, max_tokens,
+                                 per_round=per_round, every=every, tag="ceiling")
             lines += ["", "Relay ceiling (the same fake source; one round per level):", "",
                       *support.table(["streams", *(f"{p.name} tokens/s" for p in paths[:3]),
                                       "daemon cores HTTP / gRPC",

@@ -27,7 +27,14 @@ import orjson
 
 from ._http import Response
 from ._sampling import LLAMA_CPP, Dialect, Sampling, TokenLogprobs, parse_logprobs
-from ._tools import Message, ToolCallDelta, ToolUse, messages_json, parse_tool_deltas
+from ._tools import (
+    Message,
+    ToolCallDelta,
+    ToolUse,
+    join_tool_deltas,
+    messages_json,
+    parse_tool_deltas,
+)
 from ._transport import (
     Activity,
     ChildAddress,
@@ -86,6 +93,14 @@ class Chunk:
     completion_tokens: int | None = None
     logprobs: tuple[TokenLogprobs, ...] = ()
     tool_calls: tuple[ToolCallDelta, ...] = ()
+
+
+def join_chunks(chunks: Sequence[Chunk]) -> Chunk:
+    """Chunks without a finish reason that came together, as one: their texts, tokens
+    and logprobs in order, their tool-call pieces joined (:func:`join_tool_deltas`)."""
+    return Chunk("".join(c.text for c in chunks), sum(c.tokens for c in chunks),
+                 logprobs=tuple(p for c in chunks for p in c.logprobs),
+                 tool_calls=join_tool_deltas([d for c in chunks for d in c.tool_calls]))
 
 
 @dataclass(frozen=True)
@@ -430,9 +445,14 @@ class InferenceClient:
         # Bytes, split here: httpx's text and line decoders cost more per event than the
         # JSON parse itself (SSE is UTF-8, and orjson takes bytes). Measured in
         # bench/bench_generation.py: part of the added time to first token.
+        # The events of one piece (what came while the consumer was busy: a relay that
+        # lags behind a fast child) are yielded as one chunk, so that they cost the relay
+        # one write or one message, not one each (issue 27). A child that sends one token
+        # at a time is relayed token by token, without waiting for more.
         async for piece in data:
             activity.heard()
             *lines, pending = (pending + piece).split(b"\n")
+            got: list[Chunk] = []
             for line in lines:
                 if not line.startswith(b"data:"):
                     continue
@@ -445,6 +465,8 @@ class InferenceClient:
                 except ValueError as exc:
                     raise ChildRequestError(f"{path}: malformed stream event") from exc
                 if "error" in event:
+                    if got:  # what came before the error is the caller's
+                        yield join_chunks(got)
                     raise ChildRequestError(f"{path}: {event['error']}")
                 usage = event.get("usage")
                 if isinstance(usage, dict):
@@ -458,10 +480,12 @@ class InferenceClient:
                     if top is not None:
                         probs = parse_logprobs(choice.get("logprobs"), top)
                         if text or probs or calls:
-                            yield Chunk(text, max(1, len(probs)), logprobs=probs,
-                                        tool_calls=calls)
+                            got.append(Chunk(text, max(1, len(probs)), logprobs=probs,
+                                             tool_calls=calls))
                     elif text or calls:
-                        yield Chunk(text, 1, tool_calls=calls)
+                        got.append(Chunk(text, 1, tool_calls=calls))
+            if got:
+                yield got[0] if len(got) == 1 else join_chunks(got)
             if done:
                 break
         yield Chunk("", 0, finish or "stop", prompt_tokens, completion_tokens)

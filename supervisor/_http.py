@@ -359,44 +359,56 @@ async def _pieces(reader: asyncio.StreamReader, headers: dict[str, str]
 
 
 async def _dechunk(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
-    """A chunked body's data as it arrives: one read per arrival, whatever the chunk
-    boundaries (a token's event is usually one chunk in one segment)."""
+    """A chunked body's data as it arrives: per read, the data of every chunk the read
+    brought, as one piece, whatever the chunk boundaries (a token's event is usually one
+    chunk in one segment; what a fast server sent while the consumer was busy is many,
+    taken at once: issue 27)."""
     buf = b""
-    size = -1  # bytes of data left in the current chunk (-1: a size line is next)
+    pos = 0  # buf[pos:] is not parsed yet
+    size = -1  # bytes left of the current chunk, its data's CRLF included (-1: a size line)
     while True:
-        if size < 0:
-            end = buf.find(b"\r\n")
-            if end < 0:
-                if len(buf) > _LIMIT:
-                    raise asyncio.LimitOverrunError("chunk size line too long", len(buf))
-                buf += await _more(reader)
+        out: list[bytes] = []
+        end = len(buf)
+        while True:
+            if size < 0:
+                eol = buf.find(b"\r\n", pos)
+                if eol < 0:
+                    if end - pos > _LIMIT:
+                        raise asyncio.LimitOverrunError("chunk size line too long", end - pos)
+                    break
+                line = buf[pos:eol].split(b";", 1)[0].strip()
+                try:
+                    size = int(line, 16)
+                except ValueError:
+                    size = -1
+                if size < 0:
+                    raise HTTPTransportError("protocol", f"bad chunk size {line[:40]!r}")
+                pos = eol + 2
+                if size == 0:  # the last chunk: trailers, if any, are not read
+                    if out:
+                        yield b"".join(out)
+                    return
+                size += 2  # the data's CRLF
+            if pos >= end:
+                break
+            if size > 2:
+                taken = min(size - 2, end - pos)
+                out.append(buf[pos:pos + taken])
+                pos += taken
+                size -= taken
                 continue
-            line = buf[:end].split(b";", 1)[0].strip()
-            try:
-                size = int(line, 16)
-            except ValueError:
-                raise HTTPTransportError(
-                    "protocol", f"bad chunk size {line[:40]!r}") from None
-            buf = buf[end + 2:]
-            if size == 0:  # the last chunk: trailers, if any, are not read
-                return
-            size += 2  # the data's CRLF
-        if not buf:
-            buf = await _more(reader)
-        if size > 2:
-            data = buf[:size - 2]
-            buf = buf[len(data):]
-            size -= len(data)
-            yield data
-            continue
-        crlf = b"\r\n"[2 - size:]
-        if not buf.startswith(crlf[:len(buf)]):
-            raise HTTPTransportError("protocol", "chunk not followed by CRLF")
-        taken = min(len(buf), size)
-        buf = buf[taken:]
-        size -= taken
-        if size == 0:
-            size = -1
+            crlf = b"\r\n"[2 - size:]
+            seen = buf[pos:pos + size]
+            if not crlf.startswith(seen):
+                raise HTTPTransportError("protocol", "chunk not followed by CRLF")
+            pos += len(seen)
+            size -= len(seen)
+            if size == 0:
+                size = -1
+        if out:
+            yield out[0] if len(out) == 1 else b"".join(out)
+        buf = buf[pos:] + await _more(reader)
+        pos = 0
 
 
 async def _more(reader: asyncio.StreamReader) -> bytes:

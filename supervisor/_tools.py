@@ -147,5 +147,21 @@ def parse_tool_deltas(value: object) -> tuple[ToolCallDelta, ...]:
     return tuple(out)
 
 
+def join_tool_deltas(deltas: Sequence[ToolCallDelta]) -> tuple[ToolCallDelta, ...]:
+    """``deltas`` in order, a piece that only continues the arguments of the call just
+    before it (same index, no id, no name) joined to it: what several events streamed,
+    as one event would have."""
+    out: list[ToolCallDelta] = []
+    for delta in deltas:
+        last = out[-1] if out else None
+        if last is not None and last.index == delta.index and not delta.id \
+                and not delta.name:
+            out[-1] = ToolCallDelta(last.index, last.id, last.name,
+                                    last.arguments + delta.arguments)
+        else:
+            out.append(delta)
+    return tuple(out)
+
+
 def _text(value: object) -> str:
     return value if isinstance(value, str) else ""

@@ -135,9 +135,10 @@ async def test_a_silent_server_times_out_a_slow_reader_does_not(
         serve: Callable[[], Awaitable[Server]]) -> None:
     server = await serve()
     http = LoopbackHTTP("127.0.0.1", server.port)
-    server.pieces.put_nowait(CHUNKED_HEAD + b"1\r\na\r\n1\r\nb\r\n")
+    server.pieces.put_nowait(CHUNKED_HEAD + b"1\r\na\r\n")
     async with http.stream("POST", "/", b"{}", 0.3) as answer:
         assert await next_piece(answer.body) == b"a"
+        server.pieces.put_nowait(b"1\r\nb\r\n")
         await asyncio.sleep(0.6)  # the reader is busy elsewhere: no read is waiting
         assert await next_piece(answer.body) == b"b"
         with pytest.raises(HTTPTransportError) as err:  # now the server says nothing
@@ -214,4 +215,91 @@ async def test_a_childs_chat_stream_goes_through_the_loopback_client(
     with pytest.raises(ChildRequestError, match="dropped by the child"):
         async for _ in client.stream_chat([("user", "hi")], Sampling(max_tokens=2)):
             pass
+    await client.aclose()
+
+
+async def test_chunks_that_came_while_the_reader_was_busy_are_one_piece(
+        serve: Callable[[], Awaitable[Server]]) -> None:
+    """A fast server's chunks that wait in the socket while the reader is busy elsewhere
+    are taken in one read, as one piece (one write or message downstream, issue 27)."""
+    server = await serve()
+    http = LoopbackHTTP("127.0.0.1", server.port)
+    server.pieces.put_nowait(CHUNKED_HEAD + chunk(b"data:1\n\n"))
+    async with http.stream("POST", "/", b"{}", 5) as answer:
+        assert await next_piece(answer.body) == b"data:1\n\n"
+        # 39 chunks in one write, waiting in the socket while the reader is elsewhere.
+        server.pieces.put_nowait(b"".join(chunk(b"data:%d\n\n" % i) for i in range(2, 41))
+                                 + b"0\r\n\r\n")
+        await asyncio.sleep(0.2)
+        pieces = [piece async for piece in answer.body]
+        assert b"".join(pieces) == b"".join(b"data:%d\n\n" % i for i in range(2, 41))
+        assert len(pieces) == 1  # one read, one piece: not one per chunk
+    await http.aclose()
+
+
+def delta(content: str | None = None, **more: object) -> bytes:
+    body: dict[str, object] = {} if content is None else {"content": content}
+    choice = {"delta": body | more, "finish_reason": None}
+    return sse({"choices": [choice]})
+
+
+def logprob(token: str, value: float) -> dict[str, object]:
+    return {"token": token, "logprob": value, "bytes": list(token.encode()),
+            "top_logprobs": [{"token": token, "logprob": value, "bytes": []}]}
+
+
+async def test_events_that_came_together_are_relayed_as_one_chunk(
+        serve: Callable[[], Awaitable[Server]]) -> None:
+    """Several events in one piece (a relay lagging behind its child) are one Chunk: the
+    texts and logprobs in order, the tokens counted, the pieces of a tool call's arguments
+    joined; the next event alone is a chunk of its own; usage and finish come last."""
+    server = await serve()
+    client = InferenceClient(f"http://127.0.0.1:{server.port}", model_id="m",
+                             api=LLAMA_SERVER_API, loopback=True)
+    sampling = Sampling(max_tokens=9, logprobs=True, top_logprobs=1)
+    stream = client.stream_chat([("user", "hi")], sampling)
+    call = {"index": 0, "id": "c1", "type": "function",
+            "function": {"name": "f", "arguments": "{\"a\""}}
+    together = b"".join([
+        sse({"choices": [{"delta": {"content": "A"}, "finish_reason": None,
+                          "logprobs": {"content": [logprob("A", -0.5)]}}]}),
+        sse({"choices": [{"delta": {"content": " b"}, "finish_reason": None,
+                          "logprobs": {"content": [logprob(" b", -1.5)]}}]}),
+        delta(tool_calls=[call]),
+        delta(tool_calls=[{"index": 0, "function": {"arguments": ": 1}"}}]),
+    ])
+    async with contextlib.aclosing(stream):  # type: ignore[type-var]
+        server.pieces.put_nowait(CHUNKED_HEAD + chunk(together))
+        first = await asyncio.wait_for(anext(stream), 5)
+        server.pieces.put_nowait(chunk(delta("!")))
+        second = await asyncio.wait_for(anext(stream), 5)
+        last = sse({"choices": [{"delta": {}, "finish_reason": "tool_calls"}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 5}})
+        server.pieces.put_nowait(chunk(last + b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        rest = [c async for c in stream]
+    assert (first.text, first.tokens, first.finish_reason) == ("A b", 4, None)
+    assert [(p.chosen.token, p.chosen.logprob) for p in first.logprobs] == [
+        ("A", -0.5), (" b", -1.5)]
+    assert [(d.index, d.id, d.name, d.arguments) for d in first.tool_calls] == [
+        (0, "c1", "f", "{\"a\": 1}")]
+    assert (second.text, second.tokens) == ("!", 1)
+    assert [(c.text, c.finish_reason, c.completion_tokens) for c in rest] == [
+        ("", "tool_calls", 5)]
+    await client.aclose()
+
+
+async def test_an_error_after_tokens_in_one_piece_comes_after_them(
+        serve: Callable[[], Awaitable[Server]]) -> None:
+    """A child's error event in the same piece as tokens: the tokens are relayed first,
+    then the error is raised (as when each came alone)."""
+    server = await serve()
+    client = InferenceClient(f"http://127.0.0.1:{server.port}", model_id="m",
+                             api=LLAMA_SERVER_API, loopback=True)
+    error = sse({"error": {"code": 500, "message": "boom", "type": "server_error"}})
+    server.pieces.put_nowait(CHUNKED_HEAD + chunk(delta("x") + delta("y") + error))
+    got: list[str] = []
+    with pytest.raises(ChildRequestError, match="boom"):
+        async for piece in client.stream_chat([("user", "hi")], Sampling(max_tokens=9)):
+            got.append(piece.text)
+    assert got == ["xy"]
     await client.aclose()

@@ -37,7 +37,7 @@ from supervisor import (
 )
 from supervisor._runtime import BUNDLED_API, LLAMA_SERVER_API
 from supervisor._templates import template_file
-from supervisor._tools import messages_json, parse_tool_deltas
+from supervisor._tools import join_tool_deltas, messages_json, parse_tool_deltas
 from tests.support.config_load import load, write_toml
 from tests.support.models import write_model
 
@@ -230,9 +230,10 @@ async def test_a_child_is_sent_the_tools_and_its_calls_come_back() -> None:
     assert sent["tool_choice"] == "required" and sent["parallel_tool_calls"] is False
     assert sent["tools"][0]["function"]["name"] == "get_weather"
     assert sent["messages"][2] == {"role": "tool", "content": "18 C", "tool_call_id": "a"}
-    assert [c.tool_calls for c in chunks[:-1]] == [
-        (ToolCallDelta(0, "x1", "get_weather", "{"),),
-        (ToolCallDelta(0, "", "", '"city": "Paris"}'),)]
+    # The canned answer comes in one piece: its events are one chunk (issue 27), the
+    # pieces of the call's arguments joined; read apart, they would join the same.
+    assert join_tool_deltas([d for c in chunks[:-1] for d in c.tool_calls]) == (
+        ToolCallDelta(0, "x1", "get_weather", '{"city": "Paris"}'),)
     assert chunks[-1].finish_reason == "tool_calls"
 
 
@@ -345,3 +346,14 @@ def test_a_models_table_gives_it_the_tool_template(tmp_path: Path) -> None:
                                'chat_template = "hermes"\n')
     with pytest.raises(ConfigError, match="chat_template"):
         load(models=False, env=env, file=bad)
+
+
+def test_pieces_of_one_call_join_those_of_another_stay_apart() -> None:
+    """Joined deltas: a piece that continues the call just before it (same index, no id or
+    name) is appended to it; a new call, or another index, stays its own delta."""
+    joined = join_tool_deltas([
+        ToolCallDelta(0, "a", "f", "{"), ToolCallDelta(0, "", "", "}"),
+        ToolCallDelta(1, "b", "g", "["), ToolCallDelta(1, "", "", "]"),
+        ToolCallDelta(0, "", "", "x")])
+    assert joined == (ToolCallDelta(0, "a", "f", "{}"), ToolCallDelta(1, "b", "g", "[]"),
+                      ToolCallDelta(0, "", "", "x"))
