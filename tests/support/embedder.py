@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from retrieval import Embedder, RetrievalLimits, Retriever
+from retrieval import Embedder, RetrievalLimits, Retriever, scan_source
 from supervisor import ManualClock
 
 
@@ -76,6 +76,21 @@ async def filled(root: Path, embedder: Embedder | None, limits: RetrievalLimits 
     await r.open()
     await fill(r)
     return r
+
+
+async def scanned(root: Path, files: dict[str, str]) -> tuple[Retriever, Path]:
+    """A Retriever at ``root``/index embedding with ``HashEmbedder("m")``, opened, with a
+    directory source ``kb`` (``root``/kb, holding ``files``: name to text) scanned once;
+    returns it and the source's directory."""
+    kb = root / "kb"
+    kb.mkdir()
+    for name, text in files.items():
+        (kb / name).write_text(text)
+    r = Retriever(root / "index", lambda: HashEmbedder("m"))
+    await r.open()
+    await r.add_source("kb", root=kb)
+    await scan_source(r, "kb")
+    return r, kb
 
 
 async def history_retriever(root: Path) -> tuple[Retriever, ManualClock]:

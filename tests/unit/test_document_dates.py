@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from retrieval import Filters, Query, Retriever, scan_source
+from retrieval import Filters, Query, Retriever
 from retrieval.extraction import _pdf as _extract_pdf
 from retrieval.extraction import _pdf_worker
 from retrieval.extraction._dates import (
@@ -21,7 +21,7 @@ from retrieval.extraction._dates import (
     parse_pdf_date,
 )
 from retrieval.extraction._extract import extract_bytes
-from tests.support.embedder import HashEmbedder
+from tests.support.embedder import HashEmbedder, scanned
 from tests.support.pdf import text_pdf
 
 
@@ -141,14 +141,9 @@ async def test_dates_are_stored_the_callers_winning_and_hits_carry_them(
     """A scanned Markdown file is dated by its front matter; a pushed one by the caller
     when given (over its front matter), else by its front matter; a text without either
     has none; hits carry each document's date; a re-push with a new date re-dates it."""
-    root = tmp_path / "kb"
-    root.mkdir()
-    (root / "a.md").write_text("---\ndate: 2022-01-01\n---\n# A\nnginx reload steps\n")
-    r = Retriever(tmp_path / "index", lambda: HashEmbedder("m"))
-    await r.open()
-    await r.add_source("kb", root=root)
+    r, _ = await scanned(tmp_path,
+                         {"a.md": "---\ndate: 2022-01-01\n---\n# A\nnginx reload steps\n"})
     await r.add_source("push")
-    await scan_source(r, "kb")
     front = "---\ndate: 2022-06-01\n---\nnginx reload for pushed docs\n"
     await r.upsert("push", "B", front, doc_id="push/b", kind="markdown",
                    document_date=ts("2023-03-03T03:03:03"))

@@ -13,8 +13,8 @@ import pytest
 from daemon.grpcapi.retrieval import RetrievalServicer
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from llamad_protocol.v1 import retrieval_pb2_grpc
-from retrieval import Retriever, scan_source
-from tests.support.embedder import HashEmbedder
+from retrieval import Retriever
+from tests.support.embedder import scanned
 from tests.support.inprocess import serving
 
 
@@ -30,13 +30,7 @@ class Wall:
 
 @pytest.fixture
 async def kb(tmp_path: Path) -> AsyncIterator[tuple[Retriever, Path]]:
-    root = tmp_path / "kb"
-    root.mkdir()
-    (root / "disk.txt").write_text("web01 disk full: rotate the nginx logs\n")
-    r = Retriever(tmp_path / "index", lambda: HashEmbedder("m"))
-    await r.open()
-    await r.add_source("kb", root=root)
-    await scan_source(r, "kb")
+    r, root = await scanned(tmp_path, {"disk.txt": "web01 disk full: rotate the nginx logs\n"})
     yield r, root
     await r.close()
 
