@@ -124,18 +124,27 @@ def _strings(value: object, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+_MIN_SECONDS, _MAX_SECONDS = -62_135_596_800, 253_402_300_799
+"""0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z: the range of a protobuf Timestamp."""
+
+
 def _seconds(value: object, where: str) -> int:
-    """An RFC 3339 time (``2026-01-31T00:00:00Z``) in unix seconds."""
+    """An RFC 3339 time (``2026-01-31T00:00:00Z``) in unix seconds, within the years 1
+    to 9999 (UTC), as a protobuf Timestamp."""
     try:
         if not isinstance(value, str):
             raise ValueError
         when = dt.datetime.fromisoformat(value)
         if when.tzinfo is None:
             raise ValueError
-    except ValueError:
-        raise ParamError(where, f"{where} must be an RFC 3339 time with its offset "
-                                f"(2026-01-31T00:00:00Z), not {value!r}"[:300]) from None
-    return int(when.timestamp())
+        seconds = int(when.timestamp())
+        if not _MIN_SECONDS <= seconds <= _MAX_SECONDS:
+            raise ValueError
+    except (ValueError, OverflowError):
+        raise ParamError(where, f"{where} must be an RFC 3339 time with its offset, within "
+                                f"the years 1 to 9999 (2026-01-31T00:00:00Z), not "
+                                f"{value!r}"[:300]) from None
+    return seconds
 
 
 def _filters(value: object) -> Filters:

@@ -185,7 +185,8 @@ async def test_http_names_the_field_of_a_refusal_in_param(
         retriever: Retriever, tmp_path: Path) -> None:
     """Over HTTP: the same refusals give error.param history and attachment (never the
     message's first word, "3" or "question"); a history turn's bad role and a field the
-    body reads itself (an unknown filter, a time without its offset) name theirs."""
+    body reads itself (an unknown filter, a time without its offset or before the year 1)
+    name theirs."""
     def build(router: InferenceRouter) -> AskService:
         return service(router, retriever, tmp_path / "audit.jsonl")
 
@@ -199,6 +200,8 @@ async def test_http_names_the_field_of_a_refusal_in_param(
         ({"question": "why?", "filters": {"colour": ["red"]}}, "filters.colour", "unknown"),
         ({"question": "why?", "filters": {"indexedSince": "2026-01-01T00:00:00"}},
          "filters.indexed_since", "filters.indexed_since"),
+        ({"question": "why?", "filters": {"dated_until": "0001-01-01T00:00:00+01:00"}},
+         "filters.dated_until", "filters.dated_until"),  # before a Timestamp's year 1
         ({"question": "why?", "sampling": {"maxTokens": 0}}, "max_tokens", "max_tokens"),
     ]
     async with serving(answer=build) as h, client() as http:
