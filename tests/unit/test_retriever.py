@@ -104,16 +104,22 @@ async def test_an_embedder_that_fails_at_ingest_leaves_the_document_bm25_only(
     await r.close()
 
 
+async def answered_by_bm25(r: Retriever, query: str, top: str, warning: str) -> None:
+    """``query`` is answered by BM25 alone (text mode), ``top`` first, saying ``warning``."""
+    result = await r.search(query)
+    assert result.mode == "text"
+    assert result.hits[0].doc_id == top
+    assert result.warnings == [warning]
+
+
 async def test_an_embedder_failing_from_the_start_never_fails_search(tmp_path: Path) -> None:
     """With every embedding failing, upserts still index and search says no vectors exist."""
     embedder = FlakyEmbedder("m")
     embedder.failing = True
     r = await filled(tmp_path, embedder)
-    result = await r.search("dead peer detection")
-    assert result.mode == "text"
-    assert result.hits[0].doc_id == "docs/vpn"
-    assert result.warnings == ["no vectors indexed yet (the backfill embeds what is indexed): "
-                               "results are BM25-only"]
+    await answered_by_bm25(r, "dead peer detection", "docs/vpn",
+                           "no vectors indexed yet (the backfill embeds what is indexed): "
+                           "results are BM25-only")
     await r.close()
 
 
@@ -122,11 +128,8 @@ async def test_a_failing_query_embedding_falls_back_to_bm25_and_says_so(tmp_path
     embedder = FlakyEmbedder("m")
     r = await filled(tmp_path, embedder)
     embedder.failing = True
-    result = await r.search("nginx logs")
-    assert result.mode == "text"
-    assert result.hits[0].doc_id == "docs/disk"
-    assert result.warnings == ["query embedding failed (ConnectionError): results are "
-                               "BM25-only"]
+    await answered_by_bm25(r, "nginx logs", "docs/disk",
+                           "query embedding failed (ConnectionError): results are BM25-only")
     await r.close()
 
 
