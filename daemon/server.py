@@ -18,8 +18,7 @@ import contextlib
 import faulthandler
 import signal
 import time
-from collections.abc import Callable
-from importlib import metadata
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import grpc
@@ -37,7 +36,7 @@ from llamad_protocol.v1 import (
     retrieval_pb2,
     retrieval_pb2_grpc,
 )
-from retrieval import Retriever, protected_hardlinks
+from retrieval import Retriever
 from supervisor import Clock, State, StateChange, SystemClock
 
 from .answer import AnswerServicer, AuditLog, ResponseCache
@@ -65,6 +64,12 @@ from .models.swaps import SwapManager
 from .ops.balancing import AgentServer, Drainer, agent_reply
 from .ops.metrics_http import MetricsServer, serve_metrics
 from .ops.reload import ReloadReport, reload_config
+from .ops.startup import (
+    describe_mode,
+    log_default_models,
+    version,
+    warn_unprotected_hard_links,
+)
 from .ops.statelock import StateLock
 from .ops.systemd import Notifier, status_line, watchdog_loop
 from .services.retrieval_bridge import (
@@ -90,43 +95,6 @@ SERVICE_NAMES = (
 )
 
 
-def describe_mode(child: Model) -> str:
-    """A role's mode in a few words, for logs: never an endpoint's credentials."""
-    if child.mode.endpoint is not None:
-        return f"endpoint {child.mode.endpoint.display_url}"
-    if child.mode.kind is InferenceMode.EMBEDDED and child.current is not None:
-        return f"embedded {child.spec.model} ({child.runtime.name})"
-    return child.mode.kind.value
-
-
-def version() -> str:
-    try:
-        return metadata.version("llamad")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
-
-
-def _warn_unprotected_hard_links(config: Config) -> None:
-    """Directory sources read hard links like any file (docs/security.md, "What a source can
-    read"); with the kernel's fs.protected_hardlinks off, anyone who can write in a source
-    can link any file of the same filesystem into it."""
-    r = config.settings.retrieval
-    if r.allowed_roots and not r.refuse_hard_links and protected_hardlinks() is False:
-        _log.warning("hard links unprotected",
-                     reason="fs.protected_hardlinks is 0: a user who can write in a "
-                            "directory source can hard-link any file of its filesystem "
-                            "into it, and it would be indexed; set the sysctl to 1 or "
-                            "retrieval.refuse_hard_links = true")
-
-
-def _log_default_models(config: Config) -> None:
-    """Say which role runs the prepared default model because none was configured."""
-    for role in Role:
-        if config.sources.get(f"{role}.model") == "models_dir":
-            _log.info(f"{role}.model not set: using the prepared default",
-                      model=config.child(role).model, models_dir=str(config.models_dir))
-
-
 class Daemon:
     """One llamad instance. ``await start()``, then ``await run_until_stopped()``."""
 
@@ -145,13 +113,11 @@ class Daemon:
         self._reload_source = reload
         self._reloading = asyncio.Lock()
         self._clock = clock or SystemClock()
-        # Every role exists whatever its mode, so a mode can be switched live.
-        self.children: dict[str, Model] = {
-            role: build_child(config, role, clock=self._clock)
-            for role in Role
-        }
+        # Every role has its model whatever its mode, so a mode can be switched live.
+        roles: dict[str, Model] = {role: build_child(config, role, clock=self._clock)
+                                   for role in Role}
         self.metrics = Metrics(version=version(), models=config.catalog.names())
-        for child in self.children.values():
+        for child in roles.values():
             self.metrics.child_state(child.role, child.supervisor.state.value)
             self.metrics.mode(child.role, child.mode.kind)
             child.supervisor.subscribe(self._observe_child)
@@ -162,32 +128,32 @@ class Daemon:
         self.auth = AuthInterceptor(config.tokens, self.metrics)
         self._tls = TlsCredentials(config.tls) if config.tls is not None else None
         self._bound: Bound | None = None
-        self.router = InferenceRouter(self.children)
-        # Every catalog model by name: the roles' models are its defaults (issue 14).
-        self.pool = Pool(config.catalog, self.children, self._pool_model, clock=self._clock,
+        # The model registry: every catalog model by name, the roles' models its pinned
+        # defaults (issues 14 and 26); whoever needs a role's model asks it.
+        self.pool = Pool(config.catalog, roles, self._pool_model, clock=self._clock,
                          settings=config.settings.models, metrics=self.metrics)
+        self.router = InferenceRouter(self.pool.roles())
         # Any model's state or what serves it changed: systemd's status line says so.
         self.pool.subscribe(self._tell_status)
         for name in config.catalog.defaults.values():  # the roles' models serve
             self.metrics.model_resident(name, True)
         self.router.attach(self.pool)
-        self.swaps = SwapManager(self.children)
+        self.swaps = SwapManager(self.pool)
         self.cancel_watch = CancelWatch(self.swaps, self.metrics,
                                         lambda: self.config.settings.recycle.cancel_grace)
         self.router.on_cancelled = self.cancel_watch.cancelled
-        self.modes = ModeManager(self.children, lambda: self.config)
+        self.modes = ModeManager(self.pool, lambda: self.config)
         self.retriever: Retriever | None = None
         self._answer: AnswerServicer | None = None
         self._retrieval: RetrievalServicer | None = None
         if config.settings.retrieval.enabled:
-            provider = make_provider(self.router, self.children)
+            provider = make_provider(self.router, dict(self.pool.roles()))
             self.retriever = Retriever(config.state_dir / "retrieval", provider,
                                        limits_from(config),
-                                       unavailable_reason=unavailable_reason(self.children),
+                                       unavailable_reason=unavailable_reason(dict(self.pool.roles())),
                                        embedder_for=make_lookup(provider),
                                        clock=self._clock, postgres=postgres_from(config))
-        self.health = HealthReporter(self.children, retrieval=self.retriever is not None,
-                                     pool=self.pool)
+        self.health = HealthReporter(self.pool, retrieval=self.retriever is not None)
         self.drainer = Drainer(self.pool.every_model, self.health.set_drained)
         self._agent: AgentServer | None = None
         self.agent_port = 0
@@ -216,7 +182,7 @@ class Daemon:
             raise
 
     async def _start(self) -> str:
-        _log_default_models(self.config)
+        log_default_models(self.config)
         limit, cfg = self.config.settings.limits.max_message_bytes, self.config
         # The listeners' share of the descriptors (issue 25: a flood must not take them).
         conns = budget_of(cfg)
@@ -233,10 +199,9 @@ class Daemon:
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(
             self._inference, server)
         control_pb2_grpc.add_ControlServiceServicer_to_server(
-            ControlServicer(self.children, version(), self._started,
+            ControlServicer(self.pool, version(), self._started,
                             lambda: self.router.draining, swaps=self.swaps,
-                            modes=self.modes, metrics=self.metrics, drainer=self.drainer,
-                            pool=self.pool),
+                            modes=self.modes, metrics=self.metrics, drainer=self.drainer),
             server)
         if self.retriever is not None:
             retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(
@@ -250,7 +215,7 @@ class Daemon:
                            self._tls.server_credentials() if self._tls is not None else None)
         if self.retriever is not None:
             await self.retriever.open()
-            _warn_unprotected_hard_links(self.config)
+            warn_unprotected_hard_links(self.config)
         if self.config.settings.metrics_listen:
             host, _, mport = self.config.settings.metrics_listen.rpartition(":")
             try:
@@ -262,7 +227,7 @@ class Daemon:
         self.address = self._bound.address
         if self.config.settings.http_listen:
             self._http = HttpApi(
-                router=self.router, served=self.children,
+                router=self.router, served=self.pool.roles(),
                 limits=lambda: self.config.settings.limits,
                 settings=self.config.settings.http, auth=self.auth, metrics=self.metrics,
                 tls=self.config.tls, drain_grace=self.config.settings.drain_grace,
@@ -294,11 +259,11 @@ class Daemon:
                   agent_port=self.agent_port or None,
                   connections={"fd_limit": conns.nofile, "grpc": conns.grpc,
                                "http": conns.http or None, "per_peer": conns.per_peer},
-                  modes={r: describe_mode(c) for r, c in self.children.items()})
+                  modes={r: describe_mode(c) for r, c in self.pool.roles().items()})
         recycle = cfg.settings.recycle
         if recycle.after_requests or recycle.max_rss_mb:
             task = asyncio.create_task(recycle_loop(
-                self.children, self.swaps, after_requests=recycle.after_requests,
+                self.pool, self.swaps, after_requests=recycle.after_requests,
                 max_rss_mb=recycle.max_rss_mb, interval=recycle.check_interval,
                 min_uptime=recycle.min_uptime), name="recycle")
             self._tasks.add(task)
@@ -310,7 +275,7 @@ class Daemon:
         if self.retriever is not None and backfill > 0:
             self._tasks.add(asyncio.create_task(
                 backfill_loop(self.retriever, backfill), name="backfill"))
-        for child in self.children.values():
+        for child in self.pool.roles().values():  # a model loaded on demand starts then
             if child.mode.kind is InferenceMode.DISABLED:
                 continue
             child.start()
@@ -353,6 +318,12 @@ class Daemon:
     def _allowed_roots(self) -> tuple[str, ...]:
         """Where directory sources may live (retrieval.allowed_roots, as reloaded)."""
         return self.config.settings.retrieval.allowed_roots
+
+    @property
+    def children(self) -> Mapping[str, Model]:
+        """Each role's model by role: the registry's :meth:`~daemon.models.pool.Pool.roles`
+        (a read-only view)."""
+        return self.pool.roles()
 
     def status_line(self) -> str:
         """One line for systemd's STATUS=: every model of the registry, its state (and
@@ -415,7 +386,7 @@ class Daemon:
             self._notifier.status("reloading configuration")
             try:
                 self.config, report = await reload_config(
-                    self.config, self._reload_source, self.children, self.swaps, self.modes,
+                    self.config, self._reload_source, self.pool.roles(), self.swaps, self.modes,
                     pool=self.pool)
                 self.metrics.add_models(self.pool.names())
                 self._tasks.update(self.pool.preload())  # a reload's new preload models
@@ -429,8 +400,8 @@ class Daemon:
                     self._tls.update(self.config.tls)
                 if self._http is not None and self.config.tls is not None:
                     self._http.update_tls(self.config.tls)
-                for child in self.children.values():
-                    child.set_queue_size(self.config.settings.limits.queue_size)
+                for model in self.pool.built():  # one loaded later keeps it too
+                    model.set_queue_size(self.config.settings.limits.queue_size)
                 return report
             finally:
                 self._notifier.status(self.status_line())
@@ -465,16 +436,14 @@ class Daemon:
         # HTTP calls drain beside gRPC's, for the same grace.
         await asyncio.gather(server.stop(self.config.settings.drain_grace),
                              self._http.stop() if self._http is not None else asyncio.sleep(0))
-        for child in self.children.values():
-            child.ring.close()
+        for model in self.pool.built():  # TailLogs' followers end
+            model.ring.close()
         if self._retrieval is not None:
             await self._retrieval.close()  # refreshes first: they write to the retriever
         if self.retriever is not None:
             await self.retriever.close()
         await self.cancel_watch.aclose()
-        await self.pool.stop()
-        for role in Role:
-            await self.children[role].stop()
+        await self.pool.stop()  # every model, the roles' last (generation, then embedding)
         await self.health.close()
         if self._agent is not None:
             await self._agent.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
@@ -188,7 +188,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
 
     def __init__(
         self,
-        children: Mapping[str, Model],
+        pool: Pool,
         version: str,
         started: float,
         draining: Callable[[], bool],
@@ -197,10 +197,8 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         modes: ModeManager,
         metrics: Metrics | None = None,
         drainer: Drainer | None = None,
-        pool: Pool | None = None,
     ) -> None:
-        self._children = children
-        self._pool = pool
+        self._pool = pool  # the model registry: the roles' models and every other
         self._drainer = drainer
         self._version = version
         self._started = started
@@ -217,14 +215,13 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         call: rpc.Call,
     ) -> control_pb2.StatusResponse:
         return control_pb2.StatusResponse(
-            children=[child_status(self._children[r]) for r in Role
-                      if r in self._children],
+            children=[child_status(self._pool.of_role(r)) for r in Role
+                      if r in self._pool.roles()],
             version=self._version,
             daemon_uptime_seconds=time.monotonic() - self._started,
             draining=self._draining(),
             drained=self._drainer is not None and self._drainer.drained,
-            models=([model_info(v) for v in self._pool.models()]
-                    if self._pool is not None else []),
+            models=[model_info(v) for v in self._pool.models()],
         )
 
     @rpc.unary("SetDraining")
@@ -241,11 +238,6 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         return control_pb2.SetDrainingResponse(draining=self._drainer.drained,
                                                in_flight=self._drainer.in_flight())
 
-    def _models(self) -> Pool:
-        if self._pool is None:
-            raise FailedPrecondition("this daemon has no model pool")
-        return self._pool
-
     @rpc.unary("ListModels")
     async def ListModels(
         self,
@@ -253,7 +245,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         context: grpc.aio.ServicerContext,
         call: rpc.Call,
     ) -> control_pb2.ListModelsResponse:
-        pool = self._models()
+        pool = self._pool
         return control_pb2.ListModelsResponse(
             models=[model_info(v) for v in pool.models()],
             skipped=[f"{path}: {why}" for path, why in pool.catalog.skipped])
@@ -265,7 +257,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         context: grpc.aio.ServicerContext,
         call: rpc.Call,
     ) -> control_pb2.LoadModelResponse:
-        pool = self._models()
+        pool = self._pool
         entry = pool.entry(request.name)
         call.note(model=entry.name)
         try:
@@ -282,7 +274,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         context: grpc.aio.ServicerContext,
         call: rpc.Call,
     ) -> control_pb2.UnloadModelResponse:
-        pool = self._models()
+        pool = self._pool
         entry = pool.entry(request.name)
         call.note(model=entry.name, reason=request.reason[:200])
         await pool.unload(entry.name)
@@ -338,7 +330,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         role = _role(request.role)
         pooled: Model | None = None
         if request.model:
-            pool = self._models()
+            pool = self._pool
             entry = pool.entry(request.model)
             role = entry.role
             if entry.name != pool.catalog.defaults.get(role):
@@ -378,7 +370,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         call: rpc.Call,
     ) -> AsyncIterator[control_pb2.SwapProgress]:
         role = _role(request.role)
-        wanted = mode_request(self._children[role], request, self._modes.config())
+        wanted = mode_request(self._pool.of_role(role), request, self._modes.config())
         call.note(role=role, mode=wanted.kind,
                   endpoint=wanted.endpoint.display_url if wanted.endpoint else None)
         async for msg in self._progress(
@@ -393,7 +385,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         call: rpc.Call,
     ) -> control_pb2.ResetResponse:
         role = _role(request.role)
-        child = self._children[role]
+        child = self._pool.of_role(role)
         child.reset()  # Disabled when the role is disabled
         call.note(role=role)
         return control_pb2.ResetResponse(state=_STATES[child.supervisor.state])
@@ -406,7 +398,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         call: rpc.Call,
     ) -> AsyncIterator[control_pb2.LogLine]:
         role = _role(request.role)
-        child = self._children[role]
+        child = self._pool.of_role(role)
         call.note(role=role, follow=request.follow)
         if request.follow:
             async for line in child.ring.follow(request.lines):

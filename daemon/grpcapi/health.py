@@ -43,7 +43,7 @@ from llamad_protocol.v1.wire import (
     INFERENCE_SERVICE,
     RETRIEVAL_SERVICE,
 )
-from supervisor import State, StateChange
+from supervisor import State
 
 from ..config import Role
 from ..config.inference_mode import InferenceMode
@@ -51,7 +51,6 @@ from ..models.model import Model
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
 
 
 class _View(Protocol):
@@ -72,7 +71,9 @@ class _View(Protocol):
 
 
 class Pooled(Protocol):
-    """What health needs of the model pool (:class:`daemon.models.pool.Pool`)."""
+    """What health needs of the model registry (:class:`daemon.models.pool.Pool`)."""
+
+    def roles(self) -> Mapping[str, Model]: ...
 
     def models(self) -> Sequence[_View]: ...
 
@@ -80,25 +81,19 @@ class Pooled(Protocol):
 
 
 class HealthReporter:
-    def __init__(self, children: Mapping[str, Model], *, retrieval: bool = False,
-                 pool: Pooled | None = None) -> None:
+    """The health entries, from the model registry ``pool`` (None: no models at all)."""
+
+    def __init__(self, pool: Pooled | None = None, *, retrieval: bool = False) -> None:
         self.servicer = health_aio.HealthServicer()
         self._retrieval = retrieval
         self._pool = pool
-        self._children = children
         self._draining = False
         self._drained = False  # by an admin (SetDraining)
         self._set: set[str] = set()  # the service names given a status so far
         self._queue: asyncio.Queue[None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
-        self._unsubscribe = [
-            c.supervisor.subscribe(self._on_change) for c in children.values()
-        ]
-        if pool is not None:
-            self._unsubscribe.append(pool.subscribe(self.refresh))
-
-    def _on_change(self, _: StateChange) -> None:
-        self.refresh()
+        # The registry tells of every model's child state and of what serves it.
+        self._unsubscribe = [pool.subscribe(self.refresh)] if pool is not None else []
 
     def refresh(self) -> None:
         """Re-evaluate every status soon (after a mode switch)."""
@@ -107,10 +102,11 @@ class HealthReporter:
     def statuses(self) -> dict[str, int]:
         """The status each service name should have now."""
         views = list(self._pool.models()) if self._pool is not None else []
+        roles = self._pool.roles() if self._pool is not None else {}
         on_demand = {v.role for v in views if v.is_default and not v.pinned}
 
         def running(role: str) -> bool:
-            child = self._children.get(role)
+            child = roles.get(role)
             if child is None:
                 return False
             if role in on_demand and child.unloaded_by_pool:
@@ -119,7 +115,7 @@ class HealthReporter:
                     and child.supervisor.state is State.RUNNING)
 
         up = not self.draining
-        all_running = all(running(role) for role, c in self._children.items()
+        all_running = all(running(role) for role, c in roles.items()
                           if c.mode.kind is not InferenceMode.DISABLED)
         flag = {True: SERVING, False: NOT_SERVING}
         statuses = {

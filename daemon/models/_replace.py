@@ -31,6 +31,7 @@ from supervisor import (
     SwapProgress,
     SwapRefusedError,
     can_lower_niceness,
+    drain,
     renice,
 )
 
@@ -269,3 +270,17 @@ def _restore_priority(sup: Supervisor, nice: int, base: int) -> None:
     pid = sup.pid
     if nice and pid and not renice(pid, base):
         _log.warning("could not restore the child's priority", role=sup.role, pid=pid)
+
+
+async def serve_waiting(busy: Callable[[], int], admission: Admission,
+                        more: Callable[[], int], report: ProgressSink, *, timeout: float,
+                        clock: Clock) -> None:
+    """Before an eviction takes a model out of service: let it serve, within ``timeout``,
+    the calls running (``busy``), waiting in its queue and the ``more()`` on their way
+    into it (a woken waiter counts as running at once)."""
+    def waiting() -> int:
+        return busy() + admission.queued + more()
+
+    if waiting():
+        report(SwapProgress("draining", f"{waiting()} calls to serve"))
+        await drain(waiting, timeout, clock)

@@ -21,7 +21,11 @@ from __future__ import annotations
 
 import enum
 
-from supervisor import IllegalTransitionError
+import structlog
+
+from supervisor import IllegalTransitionError, State
+
+_log = structlog.get_logger("llamad.model")
 
 
 class ModelState(enum.Enum):
@@ -79,3 +83,32 @@ def check_transition(old: ModelState, new: ModelState) -> None:
     table."""
     if new not in TRANSITIONS[old]:
         raise IllegalTransitionError(f"illegal model transition {old.value} -> {new.value}")
+
+
+def moved(role: str, old: ModelState, new: ModelState) -> ModelState:
+    """``new``, once ``old -> new`` is checked against the table (an illegal move is
+    logged as an error and raised) and logged: the one way a model's state changes."""
+    try:
+        check_transition(old, new)
+    except IllegalTransitionError:
+        _log.error("illegal model transition", role=role, old=old.value, new=new.value)
+        raise
+    _log.info("model state", role=role, old=old.value, new=new.value)
+    return new
+
+
+def status_of(state: ModelState, child: State) -> str:
+    """What an operator is told of a model in ``state`` whose child is in ``child``:
+    unloaded, loading, ready, draining or failed (while it serves, its child's state
+    decides)."""
+    if state in (ModelState.UNLOADED, ModelState.STOPPED):
+        return "unloaded"
+    if state is ModelState.LOADING:
+        return "loading"
+    if state is ModelState.DRAINING:
+        return "draining"
+    if child is State.RUNNING:
+        return "ready"
+    if child is State.FAILED:
+        return "failed"
+    return "unloaded" if child in (State.IDLE, State.STOPPED) else "loading"

@@ -22,15 +22,11 @@ On any failure before the cut-over the old one keeps serving, untouched. The pat
 have no old child to keep — a disabled role switched on — or no room beside it — a swap
 asked to stop the old child first — run the same steps minus the overlap (the steps, which
 drive the model's supervisor for it, are in :mod:`daemon.models._replace`). Going out of service
-(a switch to disabled, and later the pool's eviction) is :meth:`Model.unload`, with the
-same drain (:func:`supervisor.drain`).
+(a switch to disabled, the pool's eviction) is :meth:`Model.unload`, with the same drain
+(:func:`supervisor.drain`).
 
-Why this class is the old ``ManagedChild`` evolved in place rather than a new object
-beside it: a second object holding the mode, setup or admission would leave two owners
-of the same facts, which is the problem being fixed; the data is the same, only who may
-write it changes. It is named after what it becomes: the coming pool holds one
-``Model`` per catalog entry (``daemon.models.children.ManagedChild`` remains an alias for the
-modules that still use the old name).
+The registry (:class:`daemon.models.pool.Pool`) holds one ``Model`` per catalog model, each
+role's own among them; ``daemon.models.children.ManagedChild`` is an old alias.
 """
 
 from __future__ import annotations
@@ -39,7 +35,7 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import structlog
 
@@ -77,11 +73,12 @@ from ._replace import (
     fits,
     handover_settings,
     load,
+    serve_waiting,
     slots_for,
     stop_first,
     validate,
 )
-from ._states import ModelState, check_transition
+from ._states import ModelState, moved, status_of
 from .admission import Admission
 from .backend import ChildBackend, DisabledBackend, EndpointBackend, InferenceBackend
 
@@ -94,12 +91,11 @@ __all__ = ["Handover", "Model", "Target", "ahead_for", "handover_settings", "slo
 _log = structlog.get_logger("llamad.model")
 
 
+Listener = Callable[["Model"], None]
+
 
 def _ignore(_: SwapProgress) -> None:
     return None
-
-
-Listener = Callable[["Model"], None]
 
 
 class Model:
@@ -144,11 +140,11 @@ class Model:
         self._previous: Setup | None = None
         self._last_swap: SwapRecord | None = None
         self._last_error = ""
-        self._ring = ring
-        self._supervisor = supervisor
+        self.ring: Final = ring
+        self.supervisor: Final = supervisor  # others observe it; only the model drives it
         self._launchers = launchers
         self._endpoints = endpoints
-        self._admission = admission
+        self.admission: Final = admission
         self._mode = mode
         self._handover = handover or Handover()
         self._clock = clock or SystemClock()
@@ -170,18 +166,7 @@ class Model:
     def status(self) -> str:
         """What an operator is told: unloaded, loading, ready, draining or failed (the
         model's own state, and while it serves, its supervisor's)."""
-        if self._state in (ModelState.UNLOADED, ModelState.STOPPED):
-            return "unloaded"
-        if self._state is ModelState.LOADING:
-            return "loading"
-        if self._state is ModelState.DRAINING:
-            return "draining"
-        child = self._supervisor.state
-        if child is State.RUNNING:
-            return "ready"
-        if child is State.FAILED:
-            return "failed"
-        return "unloaded" if child in (State.IDLE, State.STOPPED) else "loading"
+        return status_of(self._state, self.supervisor.state)
 
     @property
     def unloaded_by_pool(self) -> bool:
@@ -217,19 +202,6 @@ class Model:
         return self._last_error
 
     @property
-    def ring(self) -> LogRing:
-        return self._ring
-
-    @property
-    def supervisor(self) -> Supervisor:
-        """Its supervisor, for observation (state, pid, breaker, subscribe)."""
-        return self._supervisor
-
-    @property
-    def admission(self) -> Admission:
-        return self._admission
-
-    @property
     def switching(self) -> bool:
         """A swap, mode switch or unload is running."""
         return self._switching.locked()
@@ -262,7 +234,7 @@ class Model:
     @property
     def serving_pid(self) -> int:
         """The child process serving now (0: none, or an endpoint)."""
-        return self._supervisor.pid
+        return self.supervisor.pid
 
     def backend(self) -> InferenceBackend:
         """What serves the model now: the one place a mode becomes an implementation.
@@ -272,7 +244,7 @@ class Model:
         """
         if self._mode.kind is InferenceMode.DISABLED:
             return DisabledBackend(self.role, self._unloaded_for)
-        client = self._supervisor.client
+        client = self.supervisor.client
         if isinstance(client, EndpointClient):
             return EndpointBackend(client)
         return ChildBackend(client, self._current)
@@ -280,10 +252,10 @@ class Model:
     def busy(self) -> int:
         """Calls running on the model: admitted ones, or HTTP requests on its client."""
         requests = 0
-        if self._supervisor.state is State.RUNNING:
+        if self.supervisor.state is State.RUNNING:
             with contextlib.suppress(ChildNotReadyError):  # stopped in between: none
-                requests = self._supervisor.client.in_flight
-        return max(self._admission.in_flight, requests)
+                requests = self.supervisor.client.in_flight
+        return max(self.admission.in_flight, requests)
 
     def subscribe(self, listener: Listener) -> None:
         """Call ``listener`` after each change of what serves the model (a cut-over, an
@@ -303,14 +275,14 @@ class Model:
         if self._mode.kind is InferenceMode.DISABLED:
             return
         self._move(ModelState.SERVING)
-        self._supervisor.start()
+        self.supervisor.start()
 
     async def stop(self) -> None:
         """Shut down with the daemon: stop and reap the child. Idempotent and final; an
         operation still running finds the model stopped and ends without changing it."""
         if self._state is not ModelState.STOPPED:
             self._move(ModelState.STOPPED)
-        await self._supervisor.stop()
+        await self.supervisor.stop()
 
     def reset(self) -> None:
         """Close the breaker and retry now (:meth:`supervisor.Supervisor.reset`).
@@ -320,7 +292,7 @@ class Model:
         """
         if self._mode.kind is InferenceMode.DISABLED:
             raise Disabled(f"{self.role} is disabled; ControlService/SetMode enables it")
-        self._supervisor.reset()
+        self.supervisor.reset()
 
     def configure(self, config: ChildConfig, setup: Setup | None = None) -> None:
         """Take new settings that need no new child: the configuration in force (its
@@ -332,16 +304,19 @@ class Model:
                 setup changes only through :meth:`replace`).
         """
         if setup is not None and self._mode.kind is InferenceMode.EMBEDDED:
-            raise self._illegal("the embedded setup changes only through replace()")
+            what = "the embedded setup changes only through replace()"
+            _log.error("illegal model change", role=self.role, state=self._state.value,
+                       error=what)
+            raise IllegalTransitionError(f"{self.role}: {what}")
         self._config = config
         if setup is not None:
             self._current = setup
-        self._admission.resize(self._admission.limit,
+        self.admission.resize(self.admission.limit,
                                ahead_for(self._mode, self._current, config))
 
     def set_queue_size(self, size: int) -> None:
         """Calls that may wait for a slot (``limits.queue_size``)."""
-        self._admission.queue_size = size
+        self.admission.queue_size = size
 
     # -- the make-before-break primitive ----------------------------------------------
 
@@ -397,7 +372,7 @@ class Model:
             side_by_side = fits(target, role=self.role, swap=swap and not fresh,
                                 stop_old_first=stop_old_first, available=available)
             self._move(ModelState.LOADING if fresh else ModelState.SWAPPING)
-            sup = self._supervisor
+            sup = self.supervisor
 
             def cut_over(resize: bool) -> None:
                 self._cut_over(target, resize=resize)
@@ -408,7 +383,7 @@ class Model:
                     await load(sup, target, report=report, cut_over=cut_over,
                                clock=self._clock)
                 elif side_by_side:
-                    await beside(sup, self._admission, target, local=swap,
+                    await beside(sup, self.admission, target, local=swap,
                                  handover=self._handover, report=report,
                                  cut_over=cut_over, resize=self._resize)
                 else:
@@ -453,14 +428,8 @@ class Model:
                                       "already running")
         async with self._switching:
             if queued is not None:
-                more = queued
-
-                def waiting() -> int:  # a woken waiter counts as running at once
-                    return self.busy() + self._admission.queued + more()
-
-                if waiting():
-                    report(SwapProgress("draining", f"{waiting()} calls to serve"))
-                    await drain(waiting, self._handover.drain_timeout, self._clock)
+                await serve_waiting(self.busy, self.admission, queued, report,
+                                    timeout=self._handover.drain_timeout, clock=self._clock)
             self._move(ModelState.DRAINING)
             self._mode = Mode(InferenceMode.DISABLED)
             self._unloaded_for = why
@@ -476,7 +445,7 @@ class Model:
         left = await drain(self.busy, self._handover.drain_timeout, self._clock)
         if left:
             _log.warning("drain timed out; stopping anyway", role=self.role, in_flight=left)
-        await self._supervisor.stop()
+        await self.supervisor.stop()
         if self._state is ModelState.DRAINING:  # else the daemon shut it down meanwhile
             self._move(ModelState.UNLOADED)
 
@@ -512,27 +481,14 @@ class Model:
             self._move(ModelState.UNLOADED)
 
     def _resize(self) -> None:
-        self._admission.resize(slots_for(self._mode, self._current, self._config),
+        self.admission.resize(slots_for(self._mode, self._current, self._config),
                                ahead_for(self._mode, self._current, self._config))
 
     # -- state --------------------------------------------------------------------------
 
     def _move(self, new: ModelState) -> None:
         """The one way the state changes: checked against the table, logged."""
-        old = self._state
-        try:
-            check_transition(old, new)
-        except IllegalTransitionError:
-            _log.error("illegal model transition", role=self.role, old=old.value,
-                       new=new.value)
-            raise
-        self._state = new
-        _log.info("model state", role=self.role, old=old.value, new=new.value)
-
-    def _illegal(self, what: str) -> IllegalTransitionError:
-        _log.error("illegal model change", role=self.role, state=self._state.value,
-                   error=what)
-        return IllegalTransitionError(f"{self.role}: {what}")
+        self._state = moved(self.role, self._state, new)
 
     def _notify(self) -> None:
         for listener in list(self._listeners):

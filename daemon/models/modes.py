@@ -30,8 +30,9 @@ once (:attr:`daemon.models.model.Model.switching`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -48,6 +49,9 @@ from ..config.inference_mode import InferenceMode
 from ..errors import FailedPrecondition, InvalidArgument
 from .children import Setup, make_setup
 from .model import Model, Target
+
+if TYPE_CHECKING:
+    from .pool import Pool
 
 _log = structlog.get_logger("llamad.modes")
 
@@ -78,13 +82,13 @@ class ModeManager:
     """Switches roles between modes.
 
     Args:
-        models: every role's model, by name.
+        registry: the model registry, asked for the model serving a role at each switch.
         config: the configuration in force (re-read at each switch: a reload may change
             the llama-server binary).
     """
 
-    def __init__(self, models: Mapping[str, Model], config: Callable[[], Config]) -> None:
-        self._models = models
+    def __init__(self, registry: Pool, config: Callable[[], Config]) -> None:
+        self._registry = registry
         self._config = config
 
     def config(self) -> Config:
@@ -107,7 +111,7 @@ class ModeManager:
             supervisor.SwapFailedError: the new mode never became ready; nothing changed.
         """
         report = progress or (lambda _: None)
-        model = self._models[role]
+        model = self._registry.of_role(role)
         if model.switching:
             raise SwapInProgressError(f"a swap or mode switch of the {role} role is already "
                                       "running")

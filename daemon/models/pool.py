@@ -22,24 +22,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from types import MappingProxyType
 
 import structlog
 
 from supervisor import (
-    BreakerState,
     Clock,
-    LlamaServerRuntime,
     SwapInProgressError,
     SwapRefusedError,
     SystemClock,
     drain,
 )
 
-from ..config import ChildConfig
 from ..config._catalog import Catalog, CatalogEntry
 from ..config._catalog_load import device_budgets
 from ..config._sections import PoolSettings
@@ -47,12 +43,14 @@ from ..config.inference_mode import InferenceMode
 from ..errors import FailedPrecondition, InvalidArgument, Overloaded, UnknownModel
 from ..telemetry.metrics import Metrics
 from . import memory
-from ._pool_reload import CatalogChange, compare
+from ._pool_reload import PoolReloads, pooled_config
+from ._pool_view import ModelView, PoolViews
 from ._residency import Limits, Resident, make_room
 from ._states import ModelState
 from .admission import Admission
-from .children import Setup, make_setup
 from .model import Model
+
+__all__ = ["ModelView", "Pool", "pooled_config"]
 
 _log = structlog.get_logger("llamad.pool")
 
@@ -62,36 +60,7 @@ _RETRY_AFTER = 5.0
 """The retry hint of a call refused because nothing can make room for its model."""
 
 
-@dataclass(frozen=True)
-class ModelView:
-    """What an operator (or a client listing models) sees of one catalog model.
-
-    Attributes:
-        state: ``unloaded``, ``loading``, ``ready``, ``draining`` or ``failed``.
-        memory_estimate: bytes it is estimated to hold resident (0: unknown).
-        last_used: wall-clock time of the last call it was given (None: never).
-        in_flight: calls running on it or waiting for its slots.
-        breaker_open: its circuit breaker is open.
-    """
-
-    name: str
-    role: str
-    aliases: tuple[str, ...]
-    state: str
-    memory_estimate: int
-    last_used: float | None
-    in_flight: int
-    pinned: bool
-    ttl: float
-    breaker_open: bool
-    last_error: str
-    path: str
-    is_default: bool
-    preload: bool
-    origin: str
-
-
-class Pool:
+class Pool(PoolViews, PoolReloads):
     """Every model of ``catalog`` by name.
 
     Args:
@@ -116,7 +85,7 @@ class Pool:
         self._clock = clock or SystemClock()
         self._models: dict[str, Model] = {}
         self._defaults: set[str] = set()
-        self._roles = defaults  # served even when the catalog names no default for a role
+        self._roles = dict(defaults)  # kept even when the catalog names no default for a role
         for role, model in defaults.items():
             name = catalog.defaults.get(role)
             if name is not None:
@@ -137,7 +106,7 @@ class Pool:
         self._joined: dict[str, int] = {}
         self._entering: dict[str, int] = {}
         self._listeners: list[Callable[[], None]] = []
-        for model in self._every():
+        for model in self.built():
             self._watch(model)
 
     def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
@@ -157,9 +126,9 @@ class Pool:
             model.admission.set_hooks(on_change=self._admitted,
                                       on_reject=self._metrics.rejected)
 
-    def _every(self) -> list[Model]:
-        """Every Model built: the roles' (a role without a catalog default too) and the
-        pool's, each once."""
+    def built(self) -> list[Model]:
+        """Every Model built: each role's (a role without a catalog default too), then
+        each one the pool built on demand (resident or not), each once."""
         every = {id(m): m for m in (*self._roles.values(), *self._models.values())}
         return list(every.values())
 
@@ -168,7 +137,7 @@ class Pool:
         if self._metrics is None:
             return
         role = admission.role
-        of_role = [m.admission for m in self._every() if m.admission.role == role]
+        of_role = [m.admission for m in self.built() if m.admission.role == role]
         self._metrics.queue_depth(role, sum(a.queued for a in of_role))
         self._metrics.in_flight(role, sum(a.in_flight for a in of_role))
 
@@ -208,6 +177,19 @@ class Pool:
             raise InvalidArgument(f"model {name!r} is a {entry.role} model, not a {role} "
                                   "model", field="model")
         return entry
+
+    def roles(self) -> Mapping[str, Model]:
+        """Each role's own model by role, whatever its mode (it serves the role's default,
+        and is what Swap, SetMode, Reset, TailLogs, reload and recycling act on)."""
+        return MappingProxyType(self._roles)
+
+    def of_role(self, role: str) -> Model:
+        """The model serving ``role``'s calls that name no model.
+
+        Raises:
+            KeyError: no such role.
+        """
+        return self._roles[role]
 
     def model(self, name: str) -> Model | None:
         """The Model of the catalog model ``name`` if one was built (None: never needed)."""
@@ -357,49 +339,6 @@ class Pool:
         self._loaded_at[entry.name] = self._clock.wall()
         return model
 
-    async def reconfigure(self, catalog: Catalog,
-                          setup_for: Callable[[CatalogEntry], Setup]) -> CatalogChange:
-        """Take the catalog of a reload (:mod:`daemon.models._pool_reload`): removed models are
-        unloaded (drained) and forgotten; a resident model whose file or settings changed
-        gets a new child make-before-break (``setup_for`` makes its setup), and keeps its
-        old entry if that fails (``kept`` of the change says why); other changes are in
-        force at once. Runs between loads, never during one.
-        """
-        change = compare(self._catalog, catalog)
-        if change.defaults_renamed:  # the roles' defaults stay until a restart
-            catalog = Catalog(catalog.entries, self._catalog.defaults, catalog.skipped)
-        kept: dict[str, CatalogEntry] = {}
-        async with self._room:
-            for name in change.removed:
-                model = self._models.pop(name, None)
-                if model is not None and model.state is not ModelState.UNLOADED:
-                    _log.info("model removed by a reload", model=name)
-                    await model.unload(why="removed from the catalog by a reload")
-                    self._unloaded(name, "admin")
-            for name in change.relaunch:
-                model = self._models.get(name)
-                entry = catalog.find(name)
-                if model is None or entry is None:
-                    continue
-                if not self.is_resident(name):
-                    self._models.pop(name)  # rebuilt from the new entry when next loaded
-                    continue
-                try:
-                    await model.replace(model.target_for(setup_for(entry)),
-                                        reason="reload")
-                    model.configure(pooled_config(entry))
-                except Exception as exc:  # the old child serves on, as for a role
-                    _log.warning("reload kept the running model", model=name,
-                                 error=str(exc))
-                    change.kept[name] = str(exc)
-                    old = self._catalog.find(name)
-                    if old is not None:
-                        kept[name] = old
-            entries = tuple(kept.get(e.name, e) for e in catalog.entries)
-            self._catalog = Catalog(entries, catalog.defaults, catalog.skipped)
-        self._changed()
-        return change
-
     def _unloaded(self, name: str, reason: str) -> None:
         if self._metrics is not None:
             self._metrics.model_unload(name, reason)
@@ -513,47 +452,6 @@ class Pool:
         self._unloaded(entry.name, "admin")
         return model
 
-    def views(self) -> list[ModelView]:
-        """Every model, in catalog order (see :meth:`models`)."""
-        return [self._view(e) for e in self._catalog.entries]
-
-    def models(self) -> list[ModelView]:
-        """Every catalog model with its residency and health: what ListModels answers and
-        the HTTP API's model list shows (their ``name`` is what a request names)."""
-        return self.views()
-
-    def view(self, name: str) -> ModelView:
-        """One model's view.
-
-        Raises:
-            UnknownModel: no such model.
-        """
-        return self._view(self.entry(name))
-
-    def _view(self, entry: CatalogEntry) -> ModelView:
-        model = self._models.get(entry.name)
-        estimate = 0
-        if model is not None and model.current is not None:
-            estimate = memory.memory_needed(model.current)
-        elif entry.path:
-            if entry.name not in self._estimates:
-                self._estimates[entry.name] = estimate_file(entry)
-            estimate = self._estimates[entry.name]
-        state, busy, breaker, error = "unloaded", 0, False, ""
-        if model is not None:
-            state = model.status
-            if entry.name in self._closing and state == "ready":
-                state = "draining"  # evicted: serving its last calls, taking no new ones
-            busy = model.busy()
-            breaker = model.supervisor.breaker.state is BreakerState.OPEN
-            error = model.last_error
-        return ModelView(
-            name=entry.name, role=entry.role, aliases=entry.aliases, state=state,
-            memory_estimate=estimate, last_used=self._last_used.get(entry.name),
-            in_flight=busy, pinned=entry.pin, ttl=entry.ttl, breaker_open=breaker,
-            last_error=error, path=entry.path, is_default=entry.name in self._defaults,
-            preload=entry.preload, origin=entry.origin)
-
     def preload(self) -> list[asyncio.Task[None]]:
         """Start loading every ``preload`` model that is not a role's (a role's starts
         with the daemon anyway); a failure is logged (the model's breaker and last error
@@ -572,24 +470,14 @@ class Pool:
             _log.warning("preload failed", model=name, error=str(exc))
 
     async def stop(self) -> None:
-        """Shut down with the daemon: stop every model the pool started (the roles'
-        models are the server's to stop)."""
+        """Shut down with the daemon: stop every model, those loaded on demand together,
+        then each role's in role order (generation, then embedding), and reap their
+        children. Idempotent."""
         self._closed = True
         for task in list(self._loads.values()):
             task.cancel()
-        await asyncio.gather(*(m.stop() for n, m in self._models.items()
-                               if n not in self._defaults), return_exceptions=True)
-
-
-def pooled_config(entry: CatalogEntry) -> ChildConfig:
-    """The configuration the Model of a pool model holds: its entry's, unloaded until the
-    pool loads it (the pool's ``build`` and a reload's relaunch both use it)."""
-    return dataclasses.replace(entry.child, mode=InferenceMode.DISABLED, enabled=False)
-
-
-def estimate_file(entry: CatalogEntry) -> int:
-    """The memory estimate of a catalog model not built yet (0 if its header is
-    unreadable)."""
-    setup = make_setup(entry.role, entry.path, LlamaServerRuntime("llama-server"),
-                       entry.child)
-    return memory.memory_needed(setup)
+        roles = list(self._roles.values())
+        await asyncio.gather(*(m.stop() for m in self.built() if m not in roles),
+                             return_exceptions=True)
+        for model in roles:
+            await model.stop()

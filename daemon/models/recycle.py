@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -19,6 +20,9 @@ from supervisor import State, SupervisorError
 from ..config.inference_mode import InferenceMode
 from .model import Model
 from .swaps import SwapManager
+
+if TYPE_CHECKING:
+    from .pool import Pool
 
 _log = structlog.get_logger("llamad.recycle")
 
@@ -54,14 +58,14 @@ def recycle_reason(child: Model, after_requests: int, max_rss: int,
     return None
 
 
-async def recycle_loop(children: dict[str, Model], swaps: SwapManager, *,
+async def recycle_loop(registry: Pool, swaps: SwapManager, *,
                        after_requests: int, max_rss_mb: int, interval: float,
                        min_uptime: float) -> None:
     """Check every ``interval`` seconds; recycle through the swap path. Runs until cancelled."""
     max_rss = max_rss_mb * 1024 * 1024
     while True:
         await asyncio.sleep(interval)
-        for role, child in children.items():
+        for role, child in registry.roles().items():  # each role's own model
             reason = recycle_reason(child, after_requests, max_rss, min_uptime)
             if reason is None:
                 continue

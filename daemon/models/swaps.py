@@ -12,8 +12,9 @@ needed) and records it for Status.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -23,6 +24,9 @@ from ..config.inference_mode import InferenceMode
 from ..errors import InvalidArgument
 from .children import Setup, make_setup
 from .model import Model
+
+if TYPE_CHECKING:
+    from .pool import Pool
 
 _log = structlog.get_logger("llamad.swaps")
 
@@ -42,8 +46,8 @@ class SwapPlan:
 class SwapManager:
     """Runs swaps for the daemon's models."""
 
-    def __init__(self, models: Mapping[str, Model]) -> None:
-        self._models = models
+    def __init__(self, registry: Pool) -> None:
+        self._registry = registry  # asked for the model serving a role, at each swap
 
     @staticmethod
     def _check(model: Model) -> None:
@@ -87,7 +91,7 @@ class SwapManager:
             supervisor.SwapInProgressError, supervisor.SwapRefusedError,
             supervisor.SwapFailedError: see :meth:`daemon.models.model.Model.replace`.
         """
-        target_model = self._models[role] if model is None else model
+        target_model = self._registry.of_role(role) if model is None else model
         self._check(target_model)
         target = self._target(target_model, plan)
         reason = plan.reason or ("rollback" if plan.rollback else "")
@@ -114,7 +118,7 @@ class SwapManager:
                 :meth:`daemon.models.model.Model.replace`.
         """
         if model is None:
-            model = self._models[role]
+            model = self._registry.of_role(role)
         self._check(model)
         record = await model.replace(model.target_for(target), reason=reason,
                                      stop_old_first=stop_old_first, progress=progress)

@@ -261,16 +261,16 @@ def test_start_warns_when_hard_links_are_unprotected(
     refused, the daemon logs a warning naming both fixes; otherwise it says nothing."""
     from structlog.testing import capture_logs
 
-    from daemon import server
     from daemon.config import load
+    from daemon.ops import startup
 
     config = load(None, env={"LLAMAD_GENERATION_ENABLED": "false",
                              "LLAMAD_EMBEDDING_ENABLED": "false",
                              "LLAMAD_RETRIEVAL_ALLOWED_ROOTS": roots,
                              "LLAMAD_RETRIEVAL_REFUSE_HARD_LINKS": str(refuse).lower()})
-    monkeypatch.setattr(server, "protected_hardlinks", lambda: protected)
+    monkeypatch.setattr(startup, "protected_hardlinks", lambda: protected)
     with capture_logs() as logs:
-        server._warn_unprotected_hard_links(config)
+        startup.warn_unprotected_hard_links(config)
     events = [e for e in logs if e["event"] == "hard links unprotected"]
     assert len(events) == (1 if warned else 0)
     if warned:

@@ -22,7 +22,7 @@ async def test_one_entry_per_catalog_model_follows_its_residency(tmp_path: Path)
     rig = Rig(tmp_path)
     rig.default.start()
     await settle(rig.default.supervisor, State.RUNNING)
-    health = HealthReporter({"generation": rig.default}, pool=rig.pool)
+    health = HealthReporter(rig.pool)
     queued = health._queue  # re-evaluations asked for, applied by its loop once started
     assert _models(health.statuses()) == {"gen-a": SERVING, "gen-b": NOT_SERVING,
                                           "gen-c": NOT_SERVING, "emb": NOT_SERVING}
@@ -39,4 +39,4 @@ async def test_one_entry_per_catalog_model_follows_its_residency(tmp_path: Path)
 
 
 def test_without_a_pool_there_are_no_model_entries() -> None:
-    assert _models(HealthReporter({}).statuses()) == {}
+    assert _models(HealthReporter().statuses()) == {}

@@ -14,9 +14,11 @@ from daemon import errors
 from daemon.config._catalog import Catalog, CatalogEntry
 from daemon.config.inference_mode import InferenceMode
 from daemon.errors import FailedPrecondition, InvalidArgument, ModelUnloaded, UnknownModel
+from daemon.models.model import Model
 from daemon.models.pool import Pool
 from supervisor import (
     State,
+    StateChange,
     SwapFailedError,
 )
 from tests.support.scripted import PERMANENT, settle
@@ -127,14 +129,27 @@ async def test_unknown_model_cannot_be_loaded(rig: Rig) -> None:
         await rig.pool.load("nope")
 
 
-async def test_stop_stops_the_pool_models_only(rig: Rig) -> None:
+async def test_stop_stops_every_model_the_roles_last(rig: Rig) -> None:
+    """Shutdown goes through the registry (issue 26): the models loaded on demand stop,
+    then the role's own model; nothing loads after."""
     model = await rig.pool.load("gen-b")
+    stopped: list[str] = []
+
+    def watch(name: str, watched: Model) -> None:
+        def heard(change: StateChange) -> None:
+            if change.new is State.STOPPED:
+                stopped.append(name)
+        watched.supervisor.subscribe(heard)
+
+    watch("gen-a", rig.default)
+    watch("gen-b", model)
     await rig.pool.stop()
     assert model.supervisor.state is State.STOPPED
-    assert rig.default.supervisor.state is State.RUNNING  # the server's to stop
+    assert rig.default.supervisor.state is State.STOPPED
+    assert stopped == ["gen-b", "gen-a"]
     with pytest.raises(FailedPrecondition, match="shutting down"):
         await rig.pool.load("gen-c")
-    await rig.default.stop()
+    await rig.pool.stop()  # idempotent
 
 
 async def test_preload_starts_the_preload_models(tmp_path: Path) -> None:

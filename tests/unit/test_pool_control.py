@@ -28,10 +28,9 @@ async def test_list_load_unload(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     rig.default.start()
     await settle(rig.default.supervisor, State.RUNNING)
-    children = {"generation": rig.default}
-    servicer = ControlServicer(children, "test", time.monotonic(), lambda: False,
-                               swaps=SwapManager(children),
-                               modes=ModeManager(children, _no_config), pool=rig.pool)
+    servicer = ControlServicer(rig.pool, "test", time.monotonic(), lambda: False,
+                               swaps=SwapManager(rig.pool),
+                               modes=ModeManager(rig.pool, _no_config))
     rig.outcomes["gen-c"] = [PERMANENT]
     async with serving(
             lambda s: control_pb2_grpc.add_ControlServiceServicer_to_server(servicer, s)
@@ -84,10 +83,9 @@ async def test_swap_of_a_named_model(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     rig.default.start()
     await settle(rig.default.supervisor, State.RUNNING)
-    children = {"generation": rig.default}
-    servicer = ControlServicer(children, "test", time.monotonic(), lambda: False,
-                               swaps=SwapManager(children),
-                               modes=ModeManager(children, _no_config), pool=rig.pool)
+    servicer = ControlServicer(rig.pool, "test", time.monotonic(), lambda: False,
+                               swaps=SwapManager(rig.pool),
+                               modes=ModeManager(rig.pool, _no_config))
     async with serving(
             lambda s: control_pb2_grpc.add_ControlServiceServicer_to_server(servicer, s)
     ) as channel:

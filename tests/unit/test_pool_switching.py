@@ -123,7 +123,7 @@ async def test_an_unpinned_default_is_evicted_and_loaded_on_demand(tmp_path: Pat
     pool has it unloaded (it loads on demand), its model entry says it is not resident."""
     rig = Rig(tmp_path, PoolSettings(max_resident=1), default_pinned=False)
     router = await started(rig)
-    health = HealthReporter({"generation": rig.default}, pool=rig.pool)
+    health = HealthReporter(rig.pool)
     assert not router.fixed("generation", "")
     async with ticking(rig), router.admit("generation", None, model="gen-b"):
         assert rig.state("gen-a") == "unloaded"

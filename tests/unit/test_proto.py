@@ -211,7 +211,7 @@ def test_wire_service_names_match_the_protos() -> None:
 
 def test_daemon_reports_exactly_the_wire_health_names() -> None:
     """``daemon/grpcapi/health.py`` reports every name of ``wire.HEALTH_NAMES`` and no other."""
-    assert set(HealthReporter({}).statuses()) == set(wire.HEALTH_NAMES)
+    assert set(HealthReporter().statuses()) == set(wire.HEALTH_NAMES)
 
 
 @pytest.mark.process
