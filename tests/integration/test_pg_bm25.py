@@ -11,6 +11,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -212,6 +213,19 @@ BEGIN
 END $f$"""
 
 
+def _add_chunk(conn: psycopg.Connection[Any], doc_id: str) -> None:
+    """Insert (uncommitted) a document with one chunk of the terms alpha, beta and gamma,
+    and its BM25 rows, as the store writes them; the statistics trigger runs."""
+    conn.execute("INSERT INTO documents(id, source_id) VALUES (%s, 'docs')", (doc_id,))
+    key = conn.execute("INSERT INTO chunks(chunk_id, doc_id, ordinal, text, content_hash) "
+                       "VALUES (%s, %s, 1, 'alpha beta gamma', 'h') RETURNING key",
+                       (f"{doc_id}#1", doc_id)).fetchone()
+    assert key is not None
+    conn.execute("INSERT INTO bm25_docs VALUES (%s, 3, 3)", key)
+    conn.execute("INSERT INTO bm25_postings SELECT t, %s, 1, 3, 0.5 FROM "
+                 "unnest(ARRAY['b:alpha', 'b:beta', 'b:gamma']) t", key)
+
+
 def _race(store: PostgresStore, dsn: str) -> None:
     """Two transactions add a chunk with the same terms; the second's statistics update
     runs while the first holds its rows, and waits for the first's commit."""
@@ -219,26 +233,10 @@ def _race(store: PostgresStore, dsn: str) -> None:
     first = psycopg.connect(dsn)
     second = psycopg.connect(dsn)
     try:
-        first.execute("INSERT INTO documents(id, source_id) VALUES ('one', 'docs')")
-        key = first.execute("INSERT INTO chunks(chunk_id, doc_id, ordinal, text, "
-                            "content_hash) VALUES ('one#1', 'one', 1, 'alpha beta gamma', "
-                            "'h') "
-                            "RETURNING key").fetchone()
-        assert key is not None
-        first.execute("INSERT INTO bm25_docs VALUES (%s, 3, 3)", key)
-        first.execute("INSERT INTO bm25_postings SELECT t, %s, 1, 3, 0.5 FROM "
-                      "unnest(ARRAY['b:alpha', 'b:beta', 'b:gamma']) t", key)
+        _add_chunk(first, "one")
 
         def other() -> None:
-            second.execute("INSERT INTO documents(id, source_id) VALUES ('two', 'docs')")
-            k = second.execute("INSERT INTO chunks(chunk_id, doc_id, ordinal, text, "
-                               "content_hash) VALUES ('two#1', 'two', 1, 'alpha beta gamma', "
-                               "'h') "
-                               "RETURNING key").fetchone()
-            assert k is not None
-            second.execute("INSERT INTO bm25_docs VALUES (%s, 3, 3)", k)
-            second.execute("INSERT INTO bm25_postings SELECT t, %s, 1, 3, 0.5 FROM "
-                           "unnest(ARRAY['b:alpha', 'b:beta', 'b:gamma']) t", k)
+            _add_chunk(second, "two")
             second.commit()
 
         thread = threading.Thread(target=other)
