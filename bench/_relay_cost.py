@@ -22,16 +22,18 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
+import grpc
 import orjson
 
 from llamad_protocol.v1 import inference_pb2, inference_pb2_grpc
-from supervisor._http import LoopbackHTTP
+from supervisor._http import HTTPTransportError, LoopbackHTTP
 
 DIRECT = "direct"
 HTTP = "HTTP chat"
 CHAT = "gRPC Chat"
 GENERATE = "gRPC Generate"
 ROUTER = "router"
+RETRIES = 2  # a request dropped before any answer is sent again (counted)
 
 
 def cpu_ns(pid: int) -> int:
@@ -139,6 +141,7 @@ class Round:
     cpu: dict[str, float]  # process name -> CPU s during the round
     client_cpu: float  # this process's CPU s
     ttfts: list[float]
+    retried: int = 0  # requests dropped before any answer and sent again
 
     def per_1k(self, process: str) -> float:
         """CPU ms of ``process`` per 1,000 tokens."""
@@ -158,9 +161,22 @@ async def measure(path: Path, concurrency: int, per_worker: int, max_tokens: int
     prompt different: ``tag``, the worker and the request); the CPU of every process in
     ``every`` (name -> pid) over the whole round."""
 
+    retried: list[str] = []
+
+    async def one(prompt: str) -> Stream:
+        for attempt in range(RETRIES + 1):
+            try:
+                return await path.stream(prompt, max_tokens)
+            except (HTTPTransportError, grpc.aio.AioRpcError) as exc:
+                if attempt == RETRIES:
+                    raise
+                retried.append(f"{path.name}: {exc}")
+                print(f"  {path.name}: {str(exc)[:200]}; once more", flush=True)
+        raise AssertionError("unreachable")
+
     async def worker(w: int) -> list[Stream]:
-        return [await path.stream(f"{tag} worker {w} request {k}: tell a long story",
-                                  max_tokens) for k in range(per_worker)]
+        return [await one(f"{tag} worker {w} request {k}: tell a long story")
+                for k in range(per_worker)]
 
     before = {name: cpu_ns(pid) for name, pid in every.items()}
     own = time.process_time()
@@ -170,7 +186,7 @@ async def measure(path: Path, concurrency: int, per_worker: int, max_tokens: int
     cpu = {name: (cpu_ns(pid) - before[name]) / 1e9 for name, pid in every.items()}
     streams = [s for batch in done for s in batch]
     return Round(path.name, concurrency, sum(s.tokens for s in streams), wall, cpu,
-                 time.process_time() - own, [s.ttft for s in streams])
+                 time.process_time() - own, [s.ttft for s in streams], len(retried))
 
 
 def med(values: Sequence[float]) -> float:

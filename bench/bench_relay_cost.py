@@ -1,6 +1,6 @@
 """Relay cost: llamad's own CPU per 1,000 relayed tokens, and its relay ceiling (issue 27).
 
-    .venv/bin/python -m bench.bench_relay_cost [--source fake|model|both]
+    .venv/bin/python -m bench.bench_relay_cost [--source fake|model|both] [--floor]
         [--concurrency 1,8,32] [--rounds N] [--ceiling 1,2,4,8,16,32,64] [--slots N]
         [--no-router] [--llama-bin FILE] [--out bench/RESULTS.md]
 
@@ -65,6 +65,7 @@ from bench._relay_cost import (
     measure,
     med,
 )
+from bench._relay_floor import floor_lines, floors
 from bench.bench_http_relay import generation_child, router
 from llamad_protocol.v1 import inference_pb2_grpc
 from supervisor._http import LoopbackHTTP
@@ -93,6 +94,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--llama-bin", default=str(support.ROOT / ".venv" / "bin" / "llama-server"))
     p.add_argument("--out", type=FilePath, default=support.ROOT / "bench" / "RESULTS.md")
     p.add_argument("--no-write", action="store_true", help="print, do not write --out")
+    p.add_argument("--floor", action="store_true",
+                   help="also measure the floor: an asyncio process's CPU per wake-up")
     args = p.parse_args(argv)
     args.levels = [int(x) for x in args.concurrency.split(",") if x]
     args.curve = [int(x) for x in args.ceiling.split(",") if x]
@@ -215,8 +218,10 @@ async def source_run(args: argparse.Namespace, tmp: str, kind: str) -> list[str]
                 f"stream, max_tokens {max_tokens}" if fake else
                 f"llama-server on SmolLM2-135M, {args.slots} slots, 2 threads, greedy, "
                 f"max_tokens {max_tokens}")
+        retried = sum(r.retried for r in kept)
         lines += ["", f"Source: {what}; at least {per_round} tokens per path and round, "
-                  f"{args.rounds} rounds (medians):", "",
+                  f"{args.rounds} rounds (medians); {retried} requests dropped before any "
+                  "answer and sent again:", "",
                   *support.table(COST_HEADER, cost_rows(kept, paths, args.levels))]
         if fake and args.curve:
             curve = await rounds(paths[:3], args.curve, 1, max_tokens,
@@ -248,6 +253,8 @@ async def run(args: argparse.Namespace, command: str) -> list[str]:
     began = time.perf_counter()
     load = support.uptime()
     body: list[str] = []
+    if args.floor:
+        body += floor_lines(await floors(interval=0.014), 0.014)
     with tempfile.TemporaryDirectory(prefix="llamad-relay-cost-") as tmp:
         for kind in (("fake", "model") if args.source == "both" else (args.source,)):
             body += await source_run(args, tmp, kind)
