@@ -25,6 +25,7 @@ from tests.conftest import SMALL_MODEL, model_path
 from tests.support.child_http import generation_idle
 from tests.support.daemon import Clients, config_env, make_daemon, serving
 from tests.support.endless import never_end
+from tests.support.hostile import deep_schema
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -39,13 +40,6 @@ HOSTILE = "root ::= ([a-z]* [a-z]* [a-z]* [a-z]* [a-z]* [a-z]* [a-z]* [a-z]* )+"
 # and the 3 s grace on any machine, not only on one as slow as this one.
 AMBIGUOUS = "root ::= (" + " | ".join(["[a-z]"] * 16) + ")+"
 COUNT = "Count from 1 to 1000: 1, 2, 3, 4, 5,"
-
-
-def _deep(levels: int) -> dict[str, object]:
-    schema: dict[str, object] = {"type": "string"}
-    for _ in range(levels):
-        schema = {"type": "array", "items": schema}
-    return schema
 
 
 def _chat(text: str, **sampling: object) -> pb.ChatRequest:
@@ -121,7 +115,7 @@ async def test_deep_schemas_are_invalid_argument(two_slots: tuple[Daemon, Client
             messages=[pb.ChatMessage(role=pb.CHAT_ROLE_USER, content="hi")],
             sampling=pb.SamplingParams(max_tokens=4, response_format=pb.ResponseFormat(
                 type=pb.RESPONSE_FORMAT_TYPE_JSON_SCHEMA,
-                json_schema=json.dumps(_deep(300))))), metadata=_md(), timeout=30)]
+                json_schema=json.dumps(deep_schema(300))))), metadata=_md(), timeout=30)]
     assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "sampling.response_format.json_schema nests deeper than 64 levels" in str(
         err.value.details())
@@ -131,10 +125,10 @@ async def test_deep_schemas_are_invalid_argument(two_slots: tuple[Daemon, Client
     async with httpx.AsyncClient(trust_env=False, timeout=30) as http:
         fmt = await http.post(url, headers={"Authorization": f"Bearer {READ}"}, json={
             **base, "response_format": {"type": "json_schema", "json_schema": {
-                "name": "deep", "schema": _deep(300)}}})
+                "name": "deep", "schema": deep_schema(300)}}})
         tool = await http.post(url, headers={"Authorization": f"Bearer {READ}"}, json={
             **base, "tools": [{"type": "function", "function": {
-                "name": "f", "parameters": _deep(300)}}]})
+                "name": "f", "parameters": deep_schema(300)}}]})
     assert fmt.status_code == 400, fmt.text
     assert fmt.json()["error"]["param"] == "response_format.json_schema"
     assert "nests deeper than 64" in fmt.json()["error"]["message"]

@@ -23,6 +23,14 @@ from tests.support.daemon import Clients
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 
+def deep_schema(levels: int) -> dict[str, object]:
+    """A JSON schema of strings nested ``levels`` arrays deep (a grammar too deep to build)."""
+    schema: dict[str, object] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
 # Each stored document carries a word found nowhere else: its search key.
 PUSHED = {
     "seed/web01-disk": ("web01 disk full", "When web01 reports No space left on device, the "

@@ -15,15 +15,9 @@ from daemon.errors import InvalidArgument
 from daemon.httpapi import _parse
 from daemon.httpapi._errors import ParamError
 from llamad_protocol.v1 import inference_pb2 as pb
+from tests.support.hostile import deep_schema
 
 HOSTILE = "root ::= ([a-z]* [a-z]* [a-z]* [a-z]* [a-z]* [a-z]* [a-z]* [a-z]* )+"
-
-
-def _deep(levels: int) -> dict[str, object]:
-    schema: dict[str, object] = {"type": "string"}
-    for _ in range(levels):
-        schema = {"type": "array", "items": schema}
-    return schema
 
 
 def test_grpc_validation_refuses_the_hostile_grammar() -> None:
@@ -46,17 +40,17 @@ def test_walk_limit_is_the_option() -> None:
 def test_grpc_deep_schema_is_invalid_argument() -> None:
     """300 levels: refused by max_schema_depth, naming the field; 20 levels pass."""
     fmt = pb.ResponseFormat(type=pb.RESPONSE_FORMAT_TYPE_JSON_SCHEMA,
-                            json_schema=json.dumps(_deep(300)))
+                            json_schema=json.dumps(deep_schema(300)))
     with pytest.raises(InvalidArgument, match=r"^sampling.response_format.json_schema nests "
                                               r"deeper than 64 levels"):
         validation.sampling(pb.SamplingParams(response_format=fmt), Limits())
-    fmt.json_schema = json.dumps(_deep(20))
+    fmt.json_schema = json.dumps(deep_schema(20))
     assert validation.sampling(pb.SamplingParams(response_format=fmt), Limits()).json_schema
 
 
 def test_grpc_tool_parameters_are_checked() -> None:
     """A tool's parameters get the schema checks, named tools[i].parameters."""
-    request = pb.ChatRequest(tools=[pb.Tool(name="f", parameters=json.dumps(_deep(300)))])
+    request = pb.ChatRequest(tools=[pb.Tool(name="f", parameters=json.dumps(deep_schema(300)))])
     with pytest.raises(InvalidArgument, match=r"^tools\[0\].parameters nests deeper"):
         tools.chat_tools(request, Limits())
     request = pb.ChatRequest(tools=[pb.Tool(name="f", parameters=json.dumps(
@@ -73,17 +67,17 @@ def test_http_parse_refuses_by_param() -> None:
         _parse.sampling({**base, "grammar": HOSTILE}, Limits(), chat=True)
     with pytest.raises(ParamError, match="nests deeper than 64") as err:
         _parse.sampling({**base, "response_format": {"type": "json_schema", "json_schema": {
-            "name": "x", "schema": _deep(300)}}}, Limits(), chat=True)
+            "name": "x", "schema": deep_schema(300)}}}, Limits(), chat=True)
     assert err.value.param == "response_format.json_schema"
     with pytest.raises(ParamError) as err:
         _parse.chat_messages({**base, "tools": [{"type": "function", "function": {
-            "name": "f", "parameters": _deep(300)}}]}, Limits())
+            "name": "f", "parameters": deep_schema(300)}}]}, Limits())
     assert err.value.param == "tools[0].function.parameters"
     with pytest.raises(ParamError) as err:
         _parse.chat_messages({"messages": [
             {"role": "user", "content": "hi"},
             {"role": "assistant", "content": "", "tool_calls": [{"id": "1", "type": "function",
-             "function": {"name": "f", "arguments": _deep(300)}}]},
+             "function": {"name": "f", "arguments": deep_schema(300)}}]},
             {"role": "tool", "tool_call_id": "1", "content": "x"},
             {"role": "user", "content": "hi"}]}, Limits())
     assert err.value.param == "messages[1].tool_calls[0].function.arguments"
