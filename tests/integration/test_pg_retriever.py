@@ -29,6 +29,7 @@ from retrieval.errors import EmbeddingModelMismatch, NotSupported
 from retrieval.postgres._connect import PgOptions
 from tests.support.embedder import HashEmbedder
 from tests.support.inprocess import serving
+from tests.support.postgres import two_nodes
 
 Nodes = tuple[Retriever, Retriever]
 
@@ -40,14 +41,8 @@ def node(tmp_path: Path, name: str, dsn: str, embedder: Embedder | None = None
 
 @pytest.fixture
 async def nodes(tmp_path: Path, pg_dsn: str) -> AsyncIterator[Nodes]:
-    a, b = node(tmp_path, "a", pg_dsn), node(tmp_path, "b", pg_dsn)
-    await a.open()
-    await b.open()
-    try:
-        yield a, b
-    finally:
-        await a.close()
-        await b.close()
+    async with two_nodes(tmp_path, pg_dsn, provider=lambda: None) as pair:  # BM25 only
+        yield pair
 
 
 def ids(result: object) -> set[str]:

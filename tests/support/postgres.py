@@ -17,7 +17,7 @@ import contextlib
 import itertools
 import time
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import psycopg
 import pytest
 from psycopg import conninfo, sql
 
-from retrieval import Retriever
+from retrieval import Embedder, Retriever
 from retrieval.postgres._connect import PgOptions
 from tests.support.embedder import HashEmbedder
 
@@ -130,13 +130,14 @@ def pg_dsn(pg_server: PgServer) -> Iterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def two_nodes(tmp_path: Path, dsn: str, **kwargs: Any
-                    ) -> AsyncIterator[tuple[Retriever, Retriever]]:
+async def two_nodes(tmp_path: Path, dsn: str,
+                    provider: Callable[[], Embedder | None] = lambda: HashEmbedder("m"),
+                    **kwargs: Any) -> AsyncIterator[tuple[Retriever, Retriever]]:
     """Two retrievers, nodes ``a`` and ``b`` (state under ``tmp_path``), on the database of
-    ``dsn``, embedding with ``HashEmbedder("m")``, opened; ``kwargs`` go to both (limits,
-    clock); closed at the end."""
-    a, b = (Retriever(tmp_path / n, lambda: HashEmbedder("m"), postgres=PgOptions(dsn),
-                      **kwargs) for n in ("a", "b"))
+    ``dsn``, embedding with what ``provider`` gives (default ``HashEmbedder("m")``), opened;
+    ``kwargs`` go to both (limits, clock); closed at the end."""
+    a, b = (Retriever(tmp_path / n, provider, postgres=PgOptions(dsn), **kwargs)
+            for n in ("a", "b"))
     await a.open()
     await b.open()
     try:
