@@ -185,6 +185,13 @@ _REFUSALS: list[tuple[str, dict[str, Any], str]] = [
     ("/v1/embeddings", {"input": ["ok", " "]}, "input[1]"),
     ("/v1/responses", {"input": "hi", "temperature": 9}, "temperature"),
     ("/v1/llamad/ask", {"question": ""}, "question"),
+    ("/v1/llamad/ask", {"question": "why?", "history": [
+        {"role": "CHAT_ROLE_USER", "content": "a"}] * 11}, "history"),  # "11 history turns"
+    ("/v1/llamad/ask", {"question": "why?", "task": "TASK_TYPE_DIAGNOSE",
+                        "attachment": "a\x00b"}, "attachment"),  # "question or attachment ..."
+    ("/v1/llamad/ask", {"question": "why?", "history": [
+        {"role": "CHAT_ROLE_SYSTEM", "content": "a"}]}, "history[0].role"),
+    ("/v1/llamad/ask", {"question": "why?", "sampling": {"logprobs": True}}, "logprobs"),
 ]
 
 
