@@ -11,12 +11,14 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2, status_pb2
 
 from daemon import Daemon
 from llamad_protocol.v1 import answer_pb2 as apb
 from llamad_protocol.v1 import answer_pb2_grpc, retrieval_pb2_grpc
 from llamad_protocol.v1 import inference_pb2 as ipb
 from llamad_protocol.v1 import retrieval_pb2 as rpb
+from llamad_protocol.v1.wire import STATUS_DETAILS_KEY
 from tests.support.corpus import write_corpus
 from tests.support.daemon import Clients, config_env, serving
 
@@ -136,6 +138,24 @@ async def test_ask_degrades_and_fails_clearly(ready) -> None:  # type: ignore[no
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await ask(stub, "")
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # The field at fault is in a BadRequest detail, not to be read off the message.
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await ask(stub, "why?", history=[apb.Turn(role=ipb.CHAT_ROLE_USER, content="a")] * 11)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (err.value.details() or "").startswith("11 history turns")
+    assert bad_request_fields(err.value) == ["history"]
+
+
+def bad_request_fields(error: grpc.aio.AioRpcError) -> list[str]:
+    """The fields of the google.rpc.BadRequest detail in an error's status."""
+    details = dict(error.trailing_metadata() or ())[STATUS_DETAILS_KEY]
+    assert isinstance(details, bytes)
+    fields = []
+    for detail in status_pb2.Status.FromString(details).details:
+        bad = error_details_pb2.BadRequest()
+        if detail.Unpack(bad):
+            fields += [v.field for v in bad.field_violations]
+    return fields
 
 
 async def test_an_ask_under_way_when_the_drain_begins_finishes(ready) -> None:  # type: ignore[no-untyped-def]
