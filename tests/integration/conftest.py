@@ -1,8 +1,8 @@
 """Fixtures shared by integration modules (the global ones are in tests/conftest.py): daemon
-processes (the fault matrix), the daemon of the hostile-input modules (one per module), the
-CA and in-process daemons of the access modules, and the unsupervised llama-servers and
-daemons of the inference-mode modules, and a stale server at a child's socket path (the fault
-matrices)."""
+processes (the fault matrix; the ``daemon serve`` processes of the signal tests), the daemon
+of the hostile-input modules (one per module), the CA and in-process daemons of the access
+modules, the unsupervised llama-servers and daemons of the inference-mode modules, and a
+stale server at a child's socket path (the fault matrices)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from tests.support.daemon_process import DaemonProcess
 from tests.support.hostile import FILES, KEYS, PUSHED, Hostile, intact, listed
 from tests.support.modes import KEY, MakeDaemon, Server, start_server
 from tests.support.pki import Pki
+from tests.support.serve_process import ServeProcess
 
 
 @pytest.fixture
@@ -38,6 +39,20 @@ def processes() -> Iterator[Callable[..., DaemonProcess]]:
     yield start
     for d in started:
         d.kill()
+
+
+@pytest.fixture
+def spawned() -> Iterator[list[ServeProcess]]:
+    """The ``daemon serve`` processes a test appends: killed if still running, reaped and
+    their logs closed at the end."""
+    procs: list[ServeProcess] = []
+    yield procs
+    for d in procs:
+        if d.proc.poll() is None:
+            d.proc.kill()
+        d.proc.wait()
+        if d.proc.stderr is not None:
+            d.proc.stderr.close()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

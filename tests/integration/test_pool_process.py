@@ -3,35 +3,21 @@ a child the pool started for a catalog model all go with it (parent-death signal
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import grpc
 import pytest
 
 from llamad_protocol.v1 import control_pb2, control_pb2_grpc
 from tests.conftest import models_dir
-from tests.integration.test_process import DaemonProcess, child_pids
 from tests.support.daemon import config_env
 from tests.support.procs import descendants, gone
+from tests.support.serve_process import ServeProcess, child_pids
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def spawned() -> Iterator[list[DaemonProcess]]:
-    procs: list[DaemonProcess] = []
-    yield procs
-    for d in procs:
-        if d.proc.poll() is None:
-            d.proc.kill()
-        d.proc.wait()
-        if d.proc.stderr is not None:
-            d.proc.stderr.close()
-
-
 def test_sigkill_of_daemon_leaves_no_child_of_any_model(
-        llama_server: str, spawned: list[DaemonProcess]) -> None:
-    d = DaemonProcess(config_env("llama-server", LLAMAD_MODELS_DIR=str(models_dir())))
+        llama_server: str, spawned: list[ServeProcess]) -> None:
+    d = ServeProcess(config_env("llama-server", LLAMAD_MODELS_DIR=str(models_dir())))
     spawned.append(d)
     address = str(d.wait_event("listening")["address"])
     d.wait_running(2)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -21,44 +19,9 @@ from tests.conftest import PREPARED_DEFAULT, ROOT, model_path, models_dir
 from tests.support.daemon import config_env
 from tests.support.endless import never_end
 from tests.support.procs import gone
+from tests.support.serve_process import ServeProcess, child_pids
 
 pytestmark = pytest.mark.integration
-
-
-class DaemonProcess:
-    def __init__(self, env: dict[str, str], *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "daemon", "serve", *args],
-            cwd=ROOT, env={**os.environ, **env},
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )
-        self.lines: list[str] = []
-
-    def wait_event(self, event: str, timeout: float = 60.0) -> dict[str, object]:
-        """Read log lines until one with ``event``; return it parsed."""
-        deadline = time.monotonic() + timeout
-        assert self.proc.stderr is not None
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                raise AssertionError(f"daemon exited before {event!r}: {self.lines[-20:]}")
-            self.lines.append(line)
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if record.get("event") == event:
-                return dict(record)
-        raise AssertionError(f"no {event!r} within {timeout}s")
-
-    def wait_running(self, roles: int) -> None:
-        for _ in range(roles):
-            while self.wait_event("child state").get("new") != "running":
-                pass
-
-    def rest_of_log(self) -> list[str]:
-        assert self.proc.stderr is not None
-        return self.lines + self.proc.stderr.readlines()
 
 
 @pytest.fixture
@@ -66,31 +29,12 @@ def daemon_env(llama_server: str) -> dict[str, str]:
     return config_env("llama-server", LLAMAD_EMBEDDING_ENABLED="false")
 
 
-@pytest.fixture
-def spawned() -> Iterator[list[DaemonProcess]]:
-    procs: list[DaemonProcess] = []
-    yield procs
-    for d in procs:
-        if d.proc.poll() is None:
-            d.proc.kill()
-        d.proc.wait()
-        if d.proc.stderr is not None:
-            d.proc.stderr.close()
-
-
-def child_pids(address: str) -> list[int]:
-    with grpc.insecure_channel(address) as ch:
-        stub = control_pb2_grpc.ControlServiceStub(ch)
-        status = stub.Status(control_pb2.StatusRequest(), timeout=5)
-        return [int(c.pid) for c in status.children if c.pid]
-
-
 def test_sigterm_drains_in_flight_stream_and_exits_zero(
-    daemon_env: dict[str, str], spawned: list[DaemonProcess]
+    daemon_env: dict[str, str], spawned: list[ServeProcess]
 ) -> None:
     """SIGTERM: the running stream completes, new calls are refused, children stop, exit 0."""
     # A grace far above the stream's length, so a loaded machine cannot cut it short.
-    d = DaemonProcess({**daemon_env, "LLAMAD_DRAIN_GRACE": "60"})
+    d = ServeProcess({**daemon_env, "LLAMAD_DRAIN_GRACE": "60"})
     spawned.append(d)
     address = str(d.wait_event("listening")["address"])
     d.wait_running(1)
@@ -128,10 +72,10 @@ def test_sigterm_drains_in_flight_stream_and_exits_zero(
 
 
 def test_sigkill_of_daemon_leaves_no_child(
-    daemon_env: dict[str, str], spawned: list[DaemonProcess]
+    daemon_env: dict[str, str], spawned: list[ServeProcess]
 ) -> None:
     """kill -9 of the daemon takes its children down too (parent-death signal)."""
-    d = DaemonProcess(config_env("llama-server"))
+    d = ServeProcess(config_env("llama-server"))
     spawned.append(d)
     address = str(d.wait_event("listening")["address"])
     d.wait_running(2)
@@ -143,14 +87,14 @@ def test_sigkill_of_daemon_leaves_no_child(
 
 
 def test_second_daemon_on_same_port_fails_with_one_line(
-    daemon_env: dict[str, str], spawned: list[DaemonProcess], tmp_path: Path
+    daemon_env: dict[str, str], spawned: list[ServeProcess], tmp_path: Path
 ) -> None:
     """A fatal start error exits non-zero with one clear line, and no traceback."""
-    first = DaemonProcess(daemon_env)
+    first = ServeProcess(daemon_env)
     spawned.append(first)
     address = str(first.wait_event("listening")["address"])
     # Its own state directory: the address is what clashes here.
-    second = DaemonProcess({**daemon_env, "LLAMAD_LISTEN": address,
+    second = ServeProcess({**daemon_env, "LLAMAD_LISTEN": address,
                             "LLAMAD_STATE_DIR": str(tmp_path / "state")})
     spawned.append(second)
     assert second.proc.wait(timeout=30) == 1
@@ -160,16 +104,16 @@ def test_second_daemon_on_same_port_fails_with_one_line(
 
 
 def test_second_daemon_on_same_state_dir_is_refused_naming_the_first(
-    daemon_env: dict[str, str], spawned: list[DaemonProcess]
+    daemon_env: dict[str, str], spawned: list[ServeProcess]
 ) -> None:
     """A second daemon on a state directory a live one holds exits 2 saying "state
     directory <path> in use by pid <first's pid>" (one line, no traceback), the first
     serving on; after kill -9 of the first, a new daemon starts on it."""
     state = daemon_env["LLAMAD_STATE_DIR"]
-    first = DaemonProcess(daemon_env)
+    first = ServeProcess(daemon_env)
     spawned.append(first)
     address = str(first.wait_event("listening")["address"])
-    second = DaemonProcess(daemon_env)  # port 0: only the state directory clashes
+    second = ServeProcess(daemon_env)  # port 0: only the state directory clashes
     spawned.append(second)
     assert second.proc.wait(timeout=30) == 2
     err = "".join(second.rest_of_log())
@@ -182,7 +126,7 @@ def test_second_daemon_on_same_state_dir_is_refused_naming_the_first(
 
     first.proc.kill()
     first.proc.wait()
-    third = DaemonProcess(daemon_env)
+    third = ServeProcess(daemon_env)
     spawned.append(third)
     address = str(third.wait_event("listening")["address"])
     with grpc.insecure_channel(address) as ch:
@@ -206,12 +150,12 @@ def test_config_error_exits_2(tmp_path: Path) -> None:
 
 
 def test_serve_without_a_model_runs_the_prepared_default(
-    daemon_env: dict[str, str], spawned: list[DaemonProcess]
+    daemon_env: dict[str, str], spawned: list[ServeProcess]
 ) -> None:
     """`llamad serve` with no model set runs the default model of the prepared models
     directory, and its start log says so."""
     env = {k: v for k, v in daemon_env.items() if k != "LLAMAD_GENERATION_MODEL"}
-    d = DaemonProcess({**env, "LLAMAD_MODELS_DIR": str(models_dir())})
+    d = ServeProcess({**env, "LLAMAD_MODELS_DIR": str(models_dir())})
     spawned.append(d)
     record = d.wait_event("generation.model not set: using the prepared default")
     assert record["model"] == str(model_path(PREPARED_DEFAULT).absolute())
@@ -221,11 +165,11 @@ def test_serve_without_a_model_runs_the_prepared_default(
 
 
 def test_one_json_summary_line_per_rpc_without_the_prompt(
-    daemon_env: dict[str, str], spawned: list[DaemonProcess]
+    daemon_env: dict[str, str], spawned: list[ServeProcess]
 ) -> None:
     """Each call logs one JSON 'rpc' line (method, code, duration, tokens); the prompt never
     appears in the log at info level."""
-    d = DaemonProcess(daemon_env)
+    d = ServeProcess(daemon_env)
     spawned.append(d)
     address = str(d.wait_event("listening")["address"])
     d.wait_running(1)
@@ -252,7 +196,7 @@ def test_one_json_summary_line_per_rpc_without_the_prompt(
 
 
 def test_systemd_notify_protocol_end_to_end(
-    daemon_env: dict[str, str], spawned: list[DaemonProcess], tmp_path: Path
+    daemon_env: dict[str, str], spawned: list[ServeProcess], tmp_path: Path
 ) -> None:
     """Under a (socket standing in for) systemd: READY=1 once listening, STATUS lines with
     child states, WATCHDOG=1 pings, STOPPING=1 on SIGTERM; children don't inherit it."""
@@ -262,7 +206,7 @@ def test_systemd_notify_protocol_end_to_end(
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(path)
     sock.settimeout(0.2)
-    d = DaemonProcess({**daemon_env, "NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"})
+    d = ServeProcess({**daemon_env, "NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"})
     spawned.append(d)
     messages: list[str] = []
 
