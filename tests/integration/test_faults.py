@@ -24,6 +24,7 @@ from supervisor import (
     SystemClock,
     Timeouts,
 )
+from supervisor.testing.fake_child import generate_tokens
 from supervisor.testing.fake_runtime import FakeRuntime
 from tests.support.procs import alive
 
@@ -92,6 +93,35 @@ async def test_healthy_child_streams(harness_factory: Factory) -> None:
     assert chunks[-1].finish_reason == "length"
 
 
+async def test_a_lagging_reader_gets_what_came_in_one_chunk_all_of_it(
+        harness_factory: Factory) -> None:
+    """At token delay 0 the child outruns a busy reader: what came meanwhile is one chunk
+    (issue 27), and nothing is lost: the text is the child's, every token counted, the
+    usage the child's. A reader that leaves mid-stream stops the child's generation."""
+    h = harness_factory(FakeRuntime(token_delay=0.0))
+    h.sup.start()
+    await h.until("starting,running")
+    prompt = "user: tell\nassistant:"
+    chunks = []
+    async for chunk in h.sup.client.stream_chat([("user", "tell")], Sampling(max_tokens=400)):
+        chunks.append(chunk)
+        time.sleep(0.002)  # noqa: ASYNC251 (a busy relay: the loop is held on purpose)
+    body, last = chunks[:-1], chunks[-1]
+    assert "".join(c.text for c in body) == "".join(generate_tokens(prompt, 400))
+    assert sum(c.tokens for c in body) == 400 == last.completion_tokens
+    assert len(body) < 400  # coalesced, not one chunk per token
+    assert last.finish_reason == "length"
+
+    stream = h.sup.client.stream_chat([("user", "again")], Sampling(max_tokens=2000))
+    first = await anext(stream)
+    assert first.text
+    await stream.aclose()  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 10
+    while not any("cancel task" in line.text for line in h.ring.tail()):
+        assert time.monotonic() < deadline, "the child never stopped the generation"
+        await asyncio.sleep(0.05)
+
+
 async def test_crash_at_start_backs_off_then_breaker_opens(harness_factory: Factory) -> None:
     """Crashing at every start backs off, then opens the breaker after 3 failures."""
     h = harness_factory(FakeRuntime(fault="crash-at-start"))
@@ -109,11 +139,11 @@ async def test_crash_mid_stream_fails_the_call_and_restarts(harness_factory: Fac
     h.sup.start()
     await h.until("starting,running")
     first_pid = h.sup.pid
-    got: list[str] = []
+    tokens = 0
     with pytest.raises(ChildRequestError):
         async for chunk in h.sup.client.stream_completion("x", Sampling(max_tokens=50)):
-            got.append(chunk.text)
-    assert len(got) == 2
+            tokens += chunk.tokens  # two events that came together are one chunk
+    assert tokens == 2
     await h.until("running,backoff,starting,running")
     assert h.sup.last_exit is not None
     assert h.sup.last_exit.signal == "SIGSEGV"
