@@ -28,47 +28,22 @@ from daemon import Daemon
 from llamad_protocol.v1 import inference_pb2, inference_pb2_grpc
 from tests.conftest import EMBED_MODEL, SMALL_MODEL, model_path
 from tests.support.child_http import generation_idle
-from tests.support.daemon import config_env, make_daemon
 from tests.support.endless import never_end_openai
+from tests.support.http_daemon import READ, auth, http_daemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
-READ = "read-token-0123456789abcdef"
-ADMIN = "admin-token-0123456789abcdef"
 LONG = "Count from 1 to 1000: 1, 2, 3, 4, 5,"  # greedy: never ends early
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def running(llama_server: str, tmp_path_factory: pytest.TempPathFactory
                   ) -> AsyncIterator[Daemon]:
-    """One daemon with the HTTP API on a free loopback port, tokens required."""
-    state = tmp_path_factory.mktemp("state")
-    tokens = state / "tokens"
-    tokens.write_text(f"read {READ}\nadmin {ADMIN}\n")
-    tokens.chmod(0o600)
-    daemon = make_daemon(config_env(
-        "llama-server", LLAMAD_STATE_DIR=str(state), LLAMAD_HTTP_LISTEN="127.0.0.1:0",
-        LLAMAD_AUTH_TOKEN_FILE=str(tokens), LLAMAD_GENERATION_PARALLEL="1",
-        LLAMAD_LIMITS_QUEUE_SIZE="0", LLAMAD_CHILD_SLOTS="true"))
-    await daemon.start()
-    try:
-        url = f"http://127.0.0.1:{daemon.http_port}"
-        async with httpx.AsyncClient(trust_env=False) as http:
-            deadline = time.monotonic() + 120
-            roles = {SMALL_MODEL.removesuffix(".gguf"), EMBED_MODEL.removesuffix(".gguf")}
-            while True:  # both roles' models loaded (models_dir's others are listed too)
-                page = (await http.get(url + "/v1/models", headers=_auth())).json()
-                if all(m["loaded"] for m in page["data"] if m["id"] in roles):
-                    break
-                assert time.monotonic() < deadline, page
-                await asyncio.sleep(0.2)
+    """One daemon with the HTTP API on a free loopback port, tokens required, one slot and
+    no queue (a second call is refused at once), the children serving /slots."""
+    async with http_daemon(tmp_path_factory.mktemp("state"), LLAMAD_GENERATION_PARALLEL="1",
+                           LLAMAD_LIMITS_QUEUE_SIZE="0", LLAMAD_CHILD_SLOTS="true") as daemon:
         yield daemon
-    finally:
-        await daemon.shutdown()
-
-
-def _auth(token: str = READ) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def _sdk(daemon: Daemon, key: str = READ) -> openai.AsyncOpenAI:
@@ -114,7 +89,7 @@ async def test_embeddings_equal_grpc_embeds_vectors(running: Daemon) -> None:
                                                 encoding_format="float")
         async with httpx.AsyncClient(trust_env=False) as http:
             raw = (await http.post(
-                f"http://127.0.0.1:{running.http_port}/v1/embeddings", headers=_auth(),
+                f"http://127.0.0.1:{running.http_port}/v1/embeddings", headers=auth(),
                 json={"model": EMBED_MODEL, "input": texts, "encoding_format": "base64"}
             )).json()
     async with grpc.aio.insecure_channel(running.address) as channel:
@@ -165,14 +140,14 @@ async def test_busy_slot_is_429_and_a_disconnect_stops_the_child(running: Daemon
     body = {"model": SMALL_MODEL, "prompt": LONG, "max_tokens": 3000, "stream": True,
             "logit_bias": never_end_openai(model_path(SMALL_MODEL))}
     async with httpx.AsyncClient(trust_env=False, timeout=30) as http:
-        async with http.stream("POST", url, json=body, headers=_auth()) as stream:
+        async with http.stream("POST", url, json=body, headers=auth()) as stream:
             lines = stream.aiter_lines()
             got = 0
             async for line in lines:
                 got += line.startswith("data: ")
                 if got == 5:
                     break
-            refused = await http.post(url, json={**body, "stream": False}, headers=_auth())
+            refused = await http.post(url, json={**body, "stream": False}, headers=auth())
         assert refused.status_code == 429
         assert int(refused.headers["Retry-After"]) >= 1
     sup = running.children["generation"].supervisor
@@ -210,7 +185,7 @@ async def test_a_child_killed_mid_stream_ends_the_stream_with_an_error(running: 
     pid = running.children["generation"].supervisor.pid
     async with httpx.AsyncClient(trust_env=False, timeout=30) as http:
         async with http.stream("POST", url + "/v1/completions", json=body,
-                               headers=_auth()) as stream:
+                               headers=auth()) as stream:
             lines: list[str] = []
             async for line in stream.aiter_lines():
                 lines.append(line)
@@ -220,12 +195,12 @@ async def test_a_child_killed_mid_stream_ends_the_stream_with_an_error(running: 
         assert events[-1] != "data: [DONE]"
         error = json.loads(events[-1].removeprefix("data: "))["error"]
         assert error["code"] == "unavailable", error
-        after = await http.post(url + "/v1/completions", headers=_auth(),
+        after = await http.post(url + "/v1/completions", headers=auth(),
                                 json={"model": SMALL_MODEL, "prompt": "Hi", "max_tokens": 2})
         assert after.status_code == 503, after.text
         assert int(after.headers["Retry-After"]) >= 1
         deadline = time.monotonic() + 60
-        while (await http.post(url + "/v1/completions", headers=_auth(), json={
+        while (await http.post(url + "/v1/completions", headers=auth(), json={
                 "model": SMALL_MODEL, "prompt": "Hi", "max_tokens": 2})).status_code != 200:
             assert time.monotonic() < deadline, "the child never served again"
             await asyncio.sleep(0.2)

@@ -5,9 +5,7 @@ unless declared the model's own, and ``GET /health`` follows the daemon's servin
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,48 +18,22 @@ import pytest_asyncio
 from daemon import Daemon
 from llamad_protocol.v1 import control_pb2, control_pb2_grpc
 from tests.conftest import EMBED_MODEL, SMALL_MODEL
-from tests.support.daemon import config_env, make_daemon
+from tests.support.http_daemon import ADMIN, EMB_ID, GEN_ID, READ, auth, http_daemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
-READ = "read-token-0123456789abcdef"
-ADMIN = "admin-token-0123456789abcdef"
-GEN_ID = SMALL_MODEL.removesuffix(".gguf")
-EMB_ID = EMBED_MODEL.removesuffix(".gguf")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def running(llama_server: str, tmp_path_factory: pytest.TempPathFactory
                   ) -> AsyncIterator[Daemon]:
     """One daemon with the HTTP API on a free loopback port, tokens required."""
-    state = tmp_path_factory.mktemp("state")
-    tokens = state / "tokens"
-    tokens.write_text(f"read {READ}\nadmin {ADMIN}\n")
-    tokens.chmod(0o600)
-    daemon = make_daemon(config_env(
-        "llama-server", LLAMAD_STATE_DIR=str(state), LLAMAD_HTTP_LISTEN="127.0.0.1:0",
-        LLAMAD_AUTH_TOKEN_FILE=str(tokens)))
-    await daemon.start()
-    try:
-        async with httpx.AsyncClient(trust_env=False) as http:
-            deadline = time.monotonic() + 120
-            while True:  # both roles' models loaded
-                page = (await http.get(_url(daemon, "/v1/models"), headers=_auth())).json()
-                if all(m["loaded"] for m in page["data"] if m["id"] in (GEN_ID, EMB_ID)):
-                    break
-                assert time.monotonic() < deadline, page
-                await asyncio.sleep(0.2)
+    async with http_daemon(tmp_path_factory.mktemp("state")) as daemon:
         yield daemon
-    finally:
-        await daemon.shutdown()
 
 
 def _url(daemon: Daemon, path: str) -> str:
     return f"http://127.0.0.1:{daemon.http_port}{path}"
-
-
-def _auth(token: str = READ) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def _sdk(daemon: Daemon) -> openai.AsyncOpenAI:
@@ -87,7 +59,7 @@ async def test_model_is_the_listed_id_whatever_name_was_asked(running: Daemon) -
         response = await client.responses.create(model=SMALL_MODEL, input="Hi",
                                                  max_output_tokens=16)
     async with httpx.AsyncClient(trust_env=False, timeout=60) as http:
-        message = (await http.post(_url(running, "/v1/messages"), headers=_auth(), json={
+        message = (await http.post(_url(running, "/v1/messages"), headers=auth(), json={
             "model": SMALL_MODEL, "max_tokens": 3,
             "messages": [{"role": "user", "content": "Hi"}]})).json()
     assert chat.model == GEN_ID
@@ -203,7 +175,7 @@ async def test_each_refusal_names_the_field_its_check_named(running: Daemon) -> 
         for route, body, _ in _REFUSALS:
             model = {"/v1/embeddings": EMB_ID, "/v1/llamad/ask": None}.get(route, GEN_ID)
             sent = {**body, "model": model} if model else body
-            resp = await http.post(_url(running, route), headers=_auth(), json=sent)
+            resp = await http.post(_url(running, route), headers=auth(), json=sent)
             error = resp.json()["error"]
             got[f"{route} {json.dumps(body)[:60]}"] = (resp.status_code, error["param"],
                                                       error["message"])
