@@ -69,16 +69,7 @@ class InferenceRouter:
             UnknownModel: no model is called ``model``.
             InvalidArgument: ``model`` is a model of another role.
         """
-        pool = self._pool
-        if pool is None:
-            if model:
-                raise UnknownModel(f"model {model!r} does not exist: this daemon serves "
-                                   "only its roles' models")
-            return role
-        if not model:
-            default = pool.catalog.defaults.get(role)
-            return default if default is not None else role
-        return pool.entry(model, role).name
+        return self._resolve(role, model)[0]
 
     def fixed(self, role: str, model: str) -> bool:
         """Whether a call of ``role`` naming ``model`` is served by the role's own model,
@@ -88,15 +79,21 @@ class InferenceRouter:
         Raises:
             UnknownModel, InvalidArgument: see :meth:`model_name`.
         """
+        return self._resolve(role, model)[1]
+
+    def _resolve(self, role: str, model: str) -> tuple[str, bool]:
+        """:meth:`model_name` and :meth:`fixed` at once: what a call resolves, once."""
         pool = self._pool
         if pool is None:
-            self.model_name(role, model)
-            return True
+            if model:
+                raise UnknownModel(f"model {model!r} does not exist: this daemon serves "
+                                   "only its roles' models")
+            return role, True
         default = pool.catalog.defaults.get(role)
-        if not model and default is None:  # disabled at start, switched on since: its own
-            return True
-        name = self.model_name(role, model)
-        return name == default and pool.entry(name).pin
+        if not model:  # disabled at start and switched on since: its own model
+            return (role, True) if default is None else (default, pool.entry(default).pin)
+        entry = pool.entry(model, role)
+        return entry.name, entry.name == default and entry.pin
 
     def role_of(self, model: str) -> str:
         """The role of the catalog model ``model``.
@@ -109,17 +106,14 @@ class InferenceRouter:
                                "its roles' models")
         return self._pool.entry(model).role
 
-    async def _served(self, role: str, model: str,
+    async def _served(self, role: str, name: str,
                       time_remaining: float | None) -> tuple[Role, float | None, bool]:
-        """What serves a call naming ``model``, loaded first if it is not resident, the
-        time left to the call's deadline after that, and whether it was loaded for the
-        call (then the call tells the pool once it is in the model's queue:
-        :meth:`daemon.models.pool.Pool.entered`)."""
-        name = self.model_name(role, model)
+        """What serves a call of ``role`` that the pool serves (the resolved catalog
+        ``name``), loaded first if it is not resident, the time left to the call's
+        deadline after that, and whether it was loaded for the call (then the call tells
+        the pool once it is in the model's queue: :meth:`daemon.models.pool.Pool.entered`)."""
         pool = self._pool
-        if pool is None or self.fixed(role, model):
-            if pool is not None:
-                pool.touch(name)
+        if pool is None:  # never: only a call the pool serves comes here
             return self._roles[role], time_remaining, False
         served = pool.model(name)
         loaded = False
@@ -185,13 +179,14 @@ class InferenceRouter:
             UnknownModel, InvalidArgument: see :meth:`model_name`.
             Draining, Disabled, supervisor.ChildNotReadyError: see :meth:`backend`.
         """
-        if self.fixed(role, model):
+        name, fixed = self._resolve(role, model)
+        if fixed:
             return self.backend(role)
         if self.draining:
             raise Draining("llamad is shutting down; retry on another instance or later")
-        served, _, loaded = await self._served(role, model, time_remaining)
+        served, _, loaded = await self._served(role, name, time_remaining)
         if loaded and self._pool is not None:  # a call without a slot: in at once
-            self._pool.entered(self.model_name(role, model))
+            self._pool.entered(name)
         backend = served.backend()
         if (refusal := backend.refusal) is not None:
             raise refusal
@@ -214,7 +209,7 @@ class InferenceRouter:
             Draining, Disabled, supervisor.ChildNotReadyError: see :meth:`backend`.
             Overloaded, DeadlineUnmeetable: see :class:`daemon.models.admission.Admission`.
         """
-        fixed = self.fixed(role, model)
+        name, fixed = self._resolve(role, model)  # once: a reload may change the catalog
         loaded = False
         if fixed:
             self.backend(role, in_flight=in_flight)
@@ -222,14 +217,14 @@ class InferenceRouter:
         else:
             if self.draining and not in_flight:
                 raise Draining("llamad is shutting down; retry on another instance or later")
-            served, time_remaining, loaded = await self._served(role, model, time_remaining)
+            served, time_remaining, loaded = await self._served(role, name, time_remaining)
         try:
             if not fixed:
                 self._check(served)
             async with served.admission.slot(time_remaining):
                 if loaded:
                     loaded = False
-                    self._entered(role, model)
+                    self._entered(name)
                 pid = served.serving_pid
                 try:
                     yield (self.backend(role, in_flight=in_flight) if fixed
@@ -241,11 +236,11 @@ class InferenceRouter:
                 served.admission.count_served(pid)
         finally:
             if loaded:
-                self._entered(role, model)
+                self._entered(name)
 
-    def _entered(self, role: str, model: str) -> None:
+    def _entered(self, name: str) -> None:
         if self._pool is not None:
-            self._pool.entered(self.model_name(role, model))
+            self._pool.entered(name)
 
     @staticmethod
     def _check(served: Role) -> InferenceBackend:

@@ -5,14 +5,18 @@ that model's own slots; scripted models, no processes."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
 
+from daemon.config._catalog import Catalog
 from daemon.errors import DeadlineUnmeetable, FailedPrecondition, InvalidArgument, UnknownModel
+from daemon.models.children import make_setup
 from daemon.models.router import InferenceRouter
 from supervisor import State
 from tests.support.scripted import PERMANENT, settle
+from tests.support.scripted_model import RUNTIME
 from tests.support.scripted_pool import Rig, until
 
 
@@ -108,3 +112,43 @@ async def test_without_a_pool_only_the_roles_serve(rig: Rig) -> None:
     assert router.model_name("generation") == "generation"
     with pytest.raises(UnknownModel):
         router.model_name("generation", "gen-b")
+
+
+async def test_a_call_resolves_its_model_once_a_reload_meanwhile_changes_nothing(
+        rig: Rig) -> None:
+    """Calls naming gen-b by its alias wait for its load, a reload takes the alias away
+    meanwhile: every call is still served by gen-b, and the pool knows each entered its
+    queue (issue 26: the router named the model again on the way in, and those calls
+    failed with NOT_FOUND)."""
+    router = router_of(rig)
+    rig.outcomes["gen-b"] = ["hang"]
+    release = asyncio.Event()
+    served: list[str] = []
+
+    async def call() -> None:
+        async with router.admit("generation", None, model="b") as backend:
+            served.append(backend.model_name)
+            await release.wait()
+
+    calls = [asyncio.create_task(call()) for _ in range(6)]  # more than gen-b's slots
+    await until(lambda: rig.launchers.get("gen-b") is not None
+                and rig.launchers["gen-b"][-1].hanging is not None)
+    entries = tuple(dataclasses.replace(e, aliases=()) if e.name == "gen-b" else e
+                    for e in rig.catalog.entries)
+    reload = asyncio.create_task(rig.pool.reconfigure(
+        Catalog(entries, rig.catalog.defaults),
+        lambda e: make_setup(e.role, e.path, RUNTIME, e.child)))
+    hanging = rig.launchers["gen-b"][-1].hanging
+    assert hanging is not None
+    hanging.set_result(None)
+    assert (await reload).updated == ["gen-b"]
+    gen_b = rig.pool.model("gen-b")
+    assert gen_b is not None
+    await until(lambda: len(served) > 0 and len(served) + gen_b.admission.queued == 6)
+    assert gen_b.admission.queued  # some wait their turn, after the reload
+    release.set()
+    await asyncio.gather(*calls)
+    assert len(served) == 6 and gen_b.admission.served_by(gen_b.serving_pid) == 6
+    with pytest.raises(UnknownModel):  # the alias is gone for the calls after the reload
+        router.model_name("generation", "b")
+    assert rig.pool._entering_calls("gen-b") == 0
