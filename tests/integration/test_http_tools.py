@@ -23,20 +23,17 @@ import pytest_asyncio
 
 from daemon import Daemon
 from llamad_protocol.v1 import inference_pb2, inference_pb2_grpc
-from tests.conftest import DEFAULT_MODEL, SMALL_MODEL, models_dir
-from tests.support.daemon import config_env, serving
+from tests.conftest import DEFAULT_MODEL
+from tests.support.daemon import serving
+from tests.support.tools_daemon import GEMMA, OPEN_A_CALL, SMOL, tools_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
-SMOL = "smol"
-GEMMA = "gemma"
 WEATHER: Any = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather of a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}
 QUESTION: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
-# "<", "tool", "_", "call", ">" of SmolLM2's vocabulary: the model opens a call.
-OPEN_A_CALL = {"44": 6, "19324": 6, "79": 4, "4350": 6, "46": 4}
 GREEDY: Any = {"temperature": 0, "max_tokens": 60, "frequency_penalty": 0,
                "extra_body": {"repeat_penalty": 1.0, "dry_multiplier": 0}}
 
@@ -47,19 +44,7 @@ async def running(llama_server: str, tmp_path_factory: pytest.TempPathFactory
     """A daemon whose generation model, smol (SmolLM2), runs with the chatml-tools
     template its [models.smol] table names; gemma (gemma-3-270m) loads on demand with its
     usual template."""
-    folder = tmp_path_factory.mktemp("tools")
-    config = folder / "llamad.toml"
-    config.write_text(
-        f'[generation]\nmodel = "{SMOL}"\n\n'
-        f'[models.{SMOL}]\nmodel = "{models_dir() / SMALL_MODEL}"\n'
-        'chat_template = "chatml-tools"\n\n'
-        f'[models.{GEMMA}]\nmodel = "{models_dir() / DEFAULT_MODEL}"\n')
-    empty = folder / "no-models"
-    empty.mkdir()
-    env = config_env("llama-server", LLAMAD_CONFIG=str(config), LLAMAD_MODELS_DIR=str(empty),
-                     LLAMAD_HTTP_LISTEN="127.0.0.1:0", LLAMAD_GENERATION_PARALLEL="1",
-                     LLAMAD_EMBEDDING_MODE="disabled")
-    del env["LLAMAD_GENERATION_MODEL"]  # the file's [generation] names it
+    env = tools_env(tmp_path_factory.mktemp("tools"))
     async with serving(env, "generation") as (daemon, _):
         yield daemon
 

@@ -22,11 +22,11 @@ OPEN_A_CALL = {"44": 6, "19324": 6, "79": 4, "4350": 6, "46": 4}
 NO_REPEAT_GUARD = {"repeat_penalty": 1.0, "dry_multiplier": 0, "frequency_penalty": 0}
 
 
-@contextlib.asynccontextmanager
-async def tools_daemon(folder: Path) -> AsyncIterator[Daemon]:
-    tokens = folder / "tokens"
-    tokens.write_text(f"read {READ}\n")
-    tokens.chmod(0o600)
+def tools_env(folder: Path, **extra: str) -> dict[str, str]:
+    """The configuration (a file and environment, ``extra`` added) of a daemon whose
+    generation model ``smol`` has the chatml-tools template and whose ``gemma`` loads on
+    demand, the HTTP API on a free loopback port, one generation slot, no embedding; its
+    files under ``folder``."""
     config = folder / "llamad.toml"
     config.write_text(
         f'[generation]\nmodel = "{SMOL}"\n\n'
@@ -37,8 +37,19 @@ async def tools_daemon(folder: Path) -> AsyncIterator[Daemon]:
     empty.mkdir()
     env = config_env("llama-server", LLAMAD_CONFIG=str(config), LLAMAD_MODELS_DIR=str(empty),
                      LLAMAD_HTTP_LISTEN="127.0.0.1:0", LLAMAD_GENERATION_PARALLEL="1",
-                     LLAMAD_EMBEDDING_MODE="disabled", LLAMAD_STATE_DIR=str(folder),
-                     LLAMAD_AUTH_TOKEN_FILE=str(tokens), LLAMAD_CHILD_SLOTS="true")
+                     LLAMAD_EMBEDDING_MODE="disabled", **extra)
     del env["LLAMAD_GENERATION_MODEL"]  # the file's [generation] names it
+    return env
+
+
+@contextlib.asynccontextmanager
+async def tools_daemon(folder: Path) -> AsyncIterator[Daemon]:
+    """The daemon of :func:`tools_env` with a read token required and the children serving
+    /slots, started and serving generation."""
+    tokens = folder / "tokens"
+    tokens.write_text(f"read {READ}\n")
+    tokens.chmod(0o600)
+    env = tools_env(folder, LLAMAD_STATE_DIR=str(folder), LLAMAD_AUTH_TOKEN_FILE=str(tokens),
+                    LLAMAD_CHILD_SLOTS="true")
     async with serving(env, "generation") as (daemon, _):
         yield daemon
