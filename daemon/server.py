@@ -18,7 +18,7 @@ import contextlib
 import faulthandler
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -39,10 +39,10 @@ from llamad_protocol.v1 import (
 from retrieval import Retriever
 from supervisor import Clock, State, StateChange, SystemClock
 
-from .answer import AnswerServicer, AuditLog, ResponseCache
 from .config import Config, Role
 from .config._catalog import CatalogEntry
 from .config.inference_mode import InferenceMode
+from .grpcapi.answer import AnswerServicer
 from .grpcapi.auth import AuthInterceptor, TlsCredentials
 from .grpcapi.connlimits import ConnectionCap, budget_of, grpc_options
 from .grpcapi.control import ControlServicer
@@ -72,6 +72,7 @@ from .ops.startup import (
 )
 from .ops.statelock import StateLock
 from .ops.systemd import Notifier, status_line, watchdog_loop
+from .services.ask import ResponseCache
 from .services.retrieval_bridge import (
     backfill_loop,
     limits_from,
@@ -81,6 +82,7 @@ from .services.retrieval_bridge import (
     rescan_loop,
     unavailable_reason,
 )
+from .telemetry.audit import AuditLog
 from .telemetry.metrics import Metrics
 
 _log = structlog.get_logger("llamad.daemon")
@@ -147,10 +149,10 @@ class Daemon:
         self._answer: AnswerServicer | None = None
         self._retrieval: RetrievalServicer | None = None
         if config.settings.retrieval.enabled:
-            provider = make_provider(self.router, dict(self.pool.roles()))
+            provider = make_provider(self.router, self.children)
             self.retriever = Retriever(config.state_dir / "retrieval", provider,
                                        limits_from(config),
-                                       unavailable_reason=unavailable_reason(dict(self.pool.roles())),
+                                       unavailable_reason=unavailable_reason(self.children),
                                        embedder_for=make_lookup(provider),
                                        clock=self._clock, postgres=postgres_from(config))
         self.health = HealthReporter(self.pool, retrieval=self.retriever is not None)
@@ -320,10 +322,10 @@ class Daemon:
         return self.config.settings.retrieval.allowed_roots
 
     @property
-    def children(self) -> Mapping[str, Model]:
-        """Each role's model by role: the registry's :meth:`~daemon.models.pool.Pool.roles`
-        (a read-only view)."""
-        return self.pool.roles()
+    def children(self) -> dict[str, Model]:
+        """Each role's model by role, from the registry (:meth:`~daemon.models.pool.Pool.roles`;
+        a copy: the registry holds them)."""
+        return dict(self.pool.roles())
 
     def status_line(self) -> str:
         """One line for systemd's STATUS=: every model of the registry, its state (and

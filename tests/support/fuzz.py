@@ -34,9 +34,9 @@ from google.protobuf.message import DecodeError, Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daemon.answer._service import question_from
 from daemon.checks import validation
 from daemon.errors import InvalidArgument
+from daemon.grpcapi.answer import question_from
 from daemon.grpcapi.inference import _role
 from daemon.grpcapi.wire import Malformed, _guard_deserializer
 from daemon.models.swaps import check_plan_model

@@ -13,9 +13,9 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
-from daemon.answer import AnswerServicer
 from daemon.config import Limits
 from daemon.errors import InvalidArgument
+from daemon.grpcapi.answer import AnswerServicer
 from daemon.grpcapi.retrieval import RetrievalServicer
 from daemon.models.router import InferenceRouter
 from daemon.services.ask import (

@@ -12,10 +12,12 @@ import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from daemon.answer import AnswerServicer, AnswerSettings, AuditLog, ResponseCache
 from daemon.config import Limits
+from daemon.grpcapi.answer import AnswerServicer
 from daemon.grpcapi.retrieval import RetrievalServicer
 from daemon.models.router import InferenceRouter
+from daemon.services.ask import AnswerSettings, ResponseCache
+from daemon.telemetry.audit import AuditLog
 from llamad_protocol.v1 import answer_pb2 as apb
 from llamad_protocol.v1 import answer_pb2_grpc, retrieval_pb2_grpc
 from llamad_protocol.v1 import retrieval_pb2 as rpb

@@ -23,7 +23,7 @@ MAX_MODULES_PER_FOLDER = 25
 # before it. "" is the package's own __init__.
 LAYERS = {
     "daemon": ("config", "telemetry", "errors", "checks", "models", "services", "ops",
-               "grpcapi", "answer", "httpapi", "server", "cli", "__main__", ""),
+               "grpcapi", "httpapi", "server", "cli", "__main__", ""),
     "retrieval": ("errors", "redaction", "extraction", "chunking", "_limits", "_status",
                   "store", "_interface", "_embedder", "_backfill", "postgres", "_backend",
                   "search", "_later", "_review", "_retention", "_retriever_sources",

@@ -12,12 +12,14 @@ import grpc
 import numpy as np
 import pytest
 
-from daemon.answer import AnswerServicer, AnswerSettings, AuditLog, ResponseCache
 from daemon.config import Limits
+from daemon.grpcapi.answer import AnswerServicer
 from daemon.grpcapi.inference import InferenceServicer
 from daemon.models.admission import Admission
 from daemon.models.backend import DisabledBackend
 from daemon.models.router import InferenceRouter
+from daemon.services.ask import AnswerSettings, ResponseCache
+from daemon.telemetry.audit import AuditLog
 from llamad_protocol.v1 import answer_pb2 as apb
 from llamad_protocol.v1 import answer_pb2_grpc, common_pb2, inference_pb2_grpc
 from llamad_protocol.v1 import inference_pb2 as ipb

@@ -7,7 +7,7 @@ keep hits above the relevance floor → nothing relevant: answer that the knowle
 nothing on it, without generating → assemble the prompt (redacted again) → response cache
 hit: replay it → else stream the generation → sources → done → audit record.
 
-gRPC's AnswerService (:mod:`daemon.answer`) and HTTP's ``/v1/llamad/ask``
+gRPC's AnswerService (:mod:`daemon.grpcapi.answer`) and HTTP's ``/v1/llamad/ask``
 (:mod:`daemon.httpapi`) translate their requests into a :class:`Question` and a checked
 :class:`~supervisor.Sampling`, and the events of :meth:`AskService.ask` back into theirs.
 """

@@ -22,8 +22,6 @@ from supervisor import Sampling
 
 from ..checks import validation
 from ..config import Limits
-from ..grpcapi import rpc
-from ..grpcapi.retrieval_wire import MODES, SOURCES, filters_from
 from ..models.router import InferenceRouter
 from ..services.ask import (
     AnswerSettings,
@@ -37,6 +35,8 @@ from ..services.ask import (
 )
 from ..telemetry.audit import AuditLog
 from ..telemetry.metrics import Metrics
+from . import rpc
+from .retrieval_wire import MODES, SOURCES, filters_from
 
 _TASKS = {
     apb.TASK_TYPE_UNSPECIFIED: "answer",
