@@ -50,10 +50,12 @@ CSV = 'root ::= row ("\\n" row){0,99}\nrow ::= field ("," field){0,15}\nfield ::
     'root ::= ("x" | "y")? "z"',
 ])
 def test_usual_grammars_pass_quickly(grammar: str) -> None:
-    """What people write passes, each checked in well under a second."""
-    started = time.perf_counter()
+    """What people write passes, each checked in well under a second of CPU."""
+    # The check's own CPU time (it runs in this thread alone): a busy machine's wait for
+    # a core is not the check's cost, and it failed the wall-clock bound of a loaded run.
+    started = time.process_time()
     check_grammar(grammar, LIMITS)
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0
 
 
 @pytest.mark.parametrize(("grammar", "why"), [
@@ -123,11 +125,12 @@ def test_rules_are_built_as_llama_cpp_builds_them() -> None:
      "\n".join(f'r{i} ::= "{i}" (root | [a-z]{{1,4}})' for i in range(100)), "too ambiguous"),
 ])
 def test_hostile_sizes_stay_cheap_to_check(grammar: str, why: str) -> None:
-    """Grammars built to make the check itself slow are refused within seconds."""
-    started = time.perf_counter()
+    """Grammars built to make the check itself slow are refused within seconds of CPU (its
+    own, as above)."""
+    started = time.process_time()
     with pytest.raises(GrammarRefused, match=why):
         check_grammar(grammar, LIMITS)
-    assert time.perf_counter() - started < 5.0
+    assert time.process_time() - started < 5.0
 
 
 SCHEMA = {"type": "object", "properties": {

@@ -360,7 +360,11 @@ async def test_watchdog_pings_stop_while_the_loop_is_blocked(
     assert [s for s in stamps if blocked_from < s < blocked_until] == []
     assert any(s <= blocked_from for s in stamps) and any(s >= blocked_until for s in stamps)
     stalls = [e for e in logs if e["event"].startswith("event loop stalled")]
-    assert stalls and stalls[0]["log_level"] == "warning" and stalls[0]["late_s"] >= 0.2
+    # The wedge's stall, not the first one logged: on a busy machine the loop can also
+    # wake up a little late (over half an interval, which is logged too) before the wedge.
+    wedged = [e for e in stalls if e["late_s"] >= 0.2]
+    assert wedged and wedged[0]["log_level"] == "warning"
+    assert all(e["log_level"] == "warning" for e in stalls)
 
 
 async def test_watchdog_loop_returns_at_once_when_disabled(notifiers: Make) -> None:
