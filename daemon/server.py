@@ -73,6 +73,7 @@ from .ops.startup import (
 from .ops.statelock import StateLock
 from .ops.systemd import Notifier, status_line, watchdog_loop
 from .services.ask import ResponseCache
+from .services.knowledge import Knowledge
 from .services.retrieval_bridge import (
     backfill_loop,
     limits_from,
@@ -237,7 +238,7 @@ class Daemon:
                 pool=self.pool,
                 connections=ConnectionCap(conns.http, conns.per_peer),
                 handshake_timeout=cfg.settings.connections.handshake_timeout,
-                serving=self.health.serving)
+                serving=self.health.serving, knowledge=self._knowledge())
             self.http_port = await self._http.start(self.config.settings.http_listen)
         if self.config.settings.agent_listen:
             self._agent = AgentServer(
@@ -316,6 +317,12 @@ class Daemon:
             audit=AuditLog(audit_path, a.audit_max_mb * 1024 * 1024, a.audit_backups),
             metrics=self.metrics,
         )
+
+    def _knowledge(self) -> Knowledge | None:
+        """The knowledge base as the HTTP API serves it (None: retrieval is off)."""
+        if self.retriever is None or self._retrieval is None:
+            return None
+        return Knowledge(self.retriever, self._retrieval.search_service, self._allowed_roots)
 
     def _allowed_roots(self) -> tuple[str, ...]:
         """Where directory sources may live (retrieval.allowed_roots, as reloaded)."""

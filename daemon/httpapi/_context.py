@@ -19,13 +19,18 @@ from ..telemetry.metrics import Metrics
 from ._models import Catalog
 
 if TYPE_CHECKING:
+    from ..models.pool import Pool
     from ..services.ask import AskService
+    from ..services.knowledge import Knowledge
 
 REQUEST_ID = web.RequestKey("request_id", str)
 """The request's id (``x-request-id``), echoed on every response."""
 RECEIVED = web.RequestKey("received", float)
 """When the request arrived (:func:`time.perf_counter`): time to first token counts
 from here."""
+RAW_BODY = web.RequestKey("raw_body", bytes)
+"""The body of a route that takes raw bytes (:attr:`daemon.httpapi._routes.Route.raw_body`),
+read within the same limits as a JSON body."""
 STREAM = web.RequestKey("stream", web.StreamResponse)
 """The response, once a stream has sent its headers (a deadline then ends it with an
 error event)."""
@@ -45,6 +50,10 @@ class Api:
     limits: Callable[[], Limits]
     metrics: Metrics | None
     answer: AskService | None = None
+    knowledge: Knowledge | None = None
+    """The knowledge base (None: the daemon has none, retrieval off)."""
+    pool: Pool | None = None
+    """The model pool (admin load and unload)."""
 
 
 def json_response(request: web.BaseRequest, data: object, status: int = 200

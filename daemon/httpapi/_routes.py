@@ -14,16 +14,26 @@ route                        method  stands for (auth)     counted as
 /v1/embeddings               POST    InferenceService/Embed  Embed
 /v1/rerank                   POST    InferenceService/Embed  Rerank (other)
 /v1/llamad/ask               POST    AnswerService/Ask      Ask
+/tokenize                    POST    InferenceService/Tokenize  Tokenize
+/openapi.json                GET     ControlService/Status  OpenAPI
 ===========================  ======  ====================  =====================
 
-Every route needs the ``read`` role when tokens are configured; the ``/v1/messages``
-routes also take the token as ``x-api-key`` and answer errors in Anthropic's shape.
+and the knowledge base and model residency (:data:`KB_ROUTES`, :mod:`._kb`,
+:mod:`._admin`): each ``/v1/llamad/...`` route stands for the RetrievalService or
+ControlService RPC of its name, and needs that RPC's role (``admin`` for those that
+change state).
+
+Every route above needs the ``read`` role when tokens are configured; the ``/v1/messages``
+routes also take the token as ``x-api-key`` and answer errors in Anthropic's shape. Each
+route carries its OpenAPI :class:`~._openapi.Doc`; ``GET /openapi.json`` is made from this
+table (:func:`routes`).
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Awaitable, Callable
+import functools
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,9 +42,10 @@ from aiohttp import web
 from ..config import Role
 from ..grpcapi.rpc import Call
 from ..services.inference import embed
-from . import _ask, _generate, _messages, _parse, _responses
+from . import _admin, _ask, _docs, _generate, _kb, _messages, _openapi, _parse, _responses
 from ._context import Api, json_response, time_remaining
 from ._errors import ApiError, ParamError, same_style
+from ._openapi import Doc
 
 Handler = Callable[[Api, web.BaseRequest, Call, _parse.Body], Awaitable[web.StreamResponse]]
 
@@ -53,6 +64,10 @@ class Route:
     api_key: bool = False
     """``x-api-key: <token>`` is taken as ``Authorization: Bearer <token>`` (Anthropic's
     SDKs send it)."""
+    doc: Doc | None = None
+    """What ``/openapi.json`` says of it (every route has one: a test holds them)."""
+    raw_body: bool = False
+    """The body is raw bytes (``RAW_BODY``), not a JSON object."""
 
 
 async def models(api: Api, request: web.BaseRequest, call: Call,
@@ -115,31 +130,113 @@ async def rerank(api: Api, request: web.BaseRequest, call: Call,
                    param="model", code="model_not_found")
 
 
+async def openapi(api: Api, request: web.BaseRequest, call: Call,
+                  body: _parse.Body) -> web.StreamResponse:
+    """The OpenAPI 3.1 document of every route (:mod:`._openapi`)."""
+    return json_response(request, _openapi.document(routes()))
+
+
 _INFERENCE = "/llamad.v1.InferenceService/"
 _STATUS = "/llamad.v1.ControlService/Status"
+_RETRIEVAL = "/llamad.v1.RetrievalService/"
+_CONTROL = "/llamad.v1.ControlService/"
 
 ROUTES: dict[str, Route] = {
-    "/v1/models": Route("GET", _STATUS, "ListModels", models, reads_body=False),
-    "/v1/chat/completions": Route("POST", _INFERENCE + "Chat", "Chat", _generate.chat),
+    "/v1/models": Route("GET", _STATUS, "ListModels", models, reads_body=False,
+                        doc=_docs.MODELS),
+    "/v1/chat/completions": Route("POST", _INFERENCE + "Chat", "Chat", _generate.chat,
+                                  doc=_docs.CHAT),
     "/v1/completions": Route("POST", _INFERENCE + "Generate", "Generate",
-                             _generate.completions),
+                             _generate.completions, doc=_docs.COMPLETIONS),
     "/v1/responses": Route("POST", _INFERENCE + "Chat", "Chat", _responses.create,
-                           restyle=_responses.responses_style),
+                           restyle=_responses.responses_style, doc=_docs.RESPONSES),
     "/v1/messages": Route("POST", _INFERENCE + "Chat", "Chat", _messages.create,
-                          restyle=_messages.restyle, api_key=True),
+                          restyle=_messages.restyle, api_key=True, doc=_docs.MESSAGES),
     "/v1/messages/count_tokens": Route("POST", _INFERENCE + "Tokenize", "Tokenize",
                                        _messages.count_tokens, restyle=_messages.restyle,
-                                       api_key=True),
-    "/v1/embeddings": Route("POST", _INFERENCE + "Embed", "Embed", embeddings),
-    "/v1/rerank": Route("POST", _INFERENCE + "Embed", "Rerank", rerank),
-    "/v1/llamad/ask": Route("POST", "/llamad.v1.AnswerService/Ask", "Ask", _ask.ask),
+                                       api_key=True, doc=_docs.COUNT_TOKENS),
+    "/v1/embeddings": Route("POST", _INFERENCE + "Embed", "Embed", embeddings,
+                            doc=_docs.EMBEDDINGS),
+    "/v1/rerank": Route("POST", _INFERENCE + "Embed", "Rerank", rerank, doc=_docs.RERANK),
+    "/v1/llamad/ask": Route("POST", "/llamad.v1.AnswerService/Ask", "Ask", _ask.ask,
+                            doc=_docs.ASK),
+    "/tokenize": Route("POST", _INFERENCE + "Tokenize", "Tokenize", _admin.tokenize,
+                       doc=_admin.TOKENIZE),
+    "/openapi.json": Route("GET", _STATUS, "OpenAPI", openapi, reads_body=False,
+                           doc=_docs.OPENAPI),
 }
-MODEL_ROUTE = Route("GET", _STATUS, "ListModels", model, reads_body=False)
+MODEL_ROUTE = Route("GET", _STATUS, "ListModels", model, reads_body=False, doc=_docs.MODEL)
+MODEL_PATH = "/v1/models/{id}"
 
 
-def route_of(path: str) -> Route | None:
-    """The route serving ``path`` (None: no such route)."""
-    found = ROUTES.get(path)
-    if found is None and path.startswith("/v1/models/") and len(path) > len("/v1/models/"):
-        return MODEL_ROUTE
-    return found
+def _rpc(method: str, rpc: str, handler: Handler, doc: Doc, *, service: str = _RETRIEVAL,
+        raw_body: bool = False) -> Route:
+    return Route(method, service + rpc, rpc, handler, doc=doc, raw_body=raw_body,
+                 reads_body=method == "POST")
+
+
+KB_ROUTES: tuple[tuple[str, Route], ...] = (
+    ("/v1/llamad/search", _rpc("POST", "Search", _kb.search, _kb.SEARCH)),
+    ("/v1/llamad/documents", _rpc("GET", "ListDocuments", _kb.list_documents,
+                                 _kb.LIST_DOCUMENTS)),
+    ("/v1/llamad/documents", _rpc("POST", "UpsertDocument", _kb.push, _kb.PUSH)),
+    ("/v1/llamad/documents/content", _rpc("POST", "UpsertDocument", _kb.push_raw,
+                                         _kb.PUSH_RAW, raw_body=True)),
+    ("/v1/llamad/document", _rpc("GET", "GetDocument", _kb.get_document,
+                                _kb.GET_DOCUMENT)),
+    ("/v1/llamad/document", _rpc("DELETE", "DeleteDocument", _kb.delete_document,
+                                _kb.DELETE_DOCUMENT)),
+    ("/v1/llamad/review", _rpc("GET", "ListDocuments", _kb.review, _kb.REVIEW)),
+    ("/v1/llamad/review/approve", _rpc("POST", "ApproveDocument", _kb.approve,
+                                      _kb.APPROVE)),
+    ("/v1/llamad/review/reject", _rpc("POST", "RejectDocument", _kb.reject, _kb.REJECT)),
+    ("/v1/llamad/reprocess", _rpc("POST", "Reprocess", _kb.reprocess, _kb.REPROCESS)),
+    ("/v1/llamad/sources", _rpc("GET", "ListSources", _kb.list_sources,
+                               _kb.LIST_SOURCES)),
+    ("/v1/llamad/sources", _rpc("POST", "AddSource", _kb.add_source, _kb.ADD_SOURCE)),
+    ("/v1/llamad/sources/disabled", _rpc("POST", "SetSourceDisabled", _kb.disable_source,
+                                        _kb.DISABLE_SOURCE)),
+    ("/v1/llamad/sources/remove", _rpc("POST", "RemoveSource", _kb.remove_source,
+                                      _kb.REMOVE_SOURCE)),
+    ("/v1/llamad/reindex", _rpc("POST", "Reindex", _kb.reindex, _kb.REINDEX)),
+    ("/v1/llamad/models/load", _rpc("POST", "LoadModel", _admin.load, _admin.LOAD,
+                                   service=_CONTROL)),
+    ("/v1/llamad/models/unload", _rpc("POST", "UnloadModel", _admin.unload, _admin.UNLOAD,
+                                     service=_CONTROL)),
+)
+"""The knowledge base's and the admin routes (path, route): a path may take several
+methods, one route each."""
+
+
+def routes() -> Iterator[tuple[str, Route]]:
+    """Every route the server has, as (path template, route)."""
+    yield from ROUTES.items()
+    yield MODEL_PATH, MODEL_ROUTE
+    yield from KB_ROUTES
+
+
+@functools.cache
+def _by_path() -> dict[str, dict[str, Route]]:
+    table: dict[str, dict[str, Route]] = {}
+    for path, route in (*ROUTES.items(), *KB_ROUTES):
+        table.setdefault(path, {})[route.http_method] = route
+    return table
+
+
+def route_of(path: str, method: str = "") -> Route | None:
+    """The route serving ``method`` on ``path``; when none serves that method, a route of
+    the path (its caller answers 405 naming :func:`methods_of`); None: no such path."""
+    by_method = _by_path().get(path)
+    if by_method is None:
+        if path.startswith("/v1/models/") and len(path) > len("/v1/models/"):
+            return MODEL_ROUTE
+        return None
+    return by_method.get(method) or next(iter(by_method.values()))
+
+
+def methods_of(path: str) -> tuple[str, ...]:
+    """The methods ``path`` takes."""
+    by_method = _by_path().get(path)
+    if by_method is None:
+        return (MODEL_ROUTE.http_method,) if route_of(path) is MODEL_ROUTE else ()
+    return tuple(by_method)

@@ -44,14 +44,16 @@ from ..config.access import TlsMaterial, server_ssl_context
 from ..grpcapi.auth import AuthInterceptor
 from ..grpcapi.connlimits import ConnectionCap, counted_listeners
 from ..grpcapi.rpc import Call, write_summary
+from ..models.pool import Pool
 from ..models.router import InferenceRouter
 from ..services.ask import AskService
+from ..services.knowledge import Knowledge
 from ..telemetry.metrics import Metrics
 from . import _parse
-from ._context import RECEIVED, REQUEST_ID, STREAM, Api
+from ._context import RAW_BODY, RECEIVED, REQUEST_ID, STREAM, Api
 from ._errors import ApiError, api_error
 from ._models import Catalog, Pooled, Served
-from ._routes import route_of
+from ._routes import Route, methods_of, route_of
 
 _log = structlog.get_logger("llamad.http")
 
@@ -156,6 +158,8 @@ class HttpApi:
         connections: the listener's connection caps (default: 1024 in total, 128 per
             peer).
         handshake_timeout: seconds a TLS connection has to finish its handshake.
+        knowledge: the knowledge base (``/v1/llamad/search``, documents, sources...;
+            None: those routes answer 404).
     """
 
     def __init__(self, *, router: InferenceRouter, served: Mapping[str, Served],
@@ -165,10 +169,12 @@ class HttpApi:
                  answer: AskService | None = None, pool: Pooled | None = None,
                  connections: ConnectionCap | None = None,
                  handshake_timeout: float = 10.0,
-                 serving: Callable[[], bool] = lambda: True) -> None:
+                 serving: Callable[[], bool] = lambda: True,
+                 knowledge: Knowledge | None = None) -> None:
         self._serving = serving
         self._api = Api(router, Catalog(served, int(time.time()), pool), limits, metrics,
-                        answer)
+                        answer, knowledge=knowledge,
+                        pool=pool if isinstance(pool, Pool) else None)
         self._settings = settings
         self._auth = auth
         self._metrics = metrics
@@ -252,7 +258,7 @@ class HttpApi:
         request[RECEIVED] = received
         if request.path == "/health" and request.method in ("GET", "HEAD"):
             return self._health(request_id)
-        route = route_of(request.path)
+        route = route_of(request.path, request.method)
         call = Call({"peer": request.remote or "", "request_id": request_id,
                      "route": request.path[:100], "http_method": request.method})
         label = route.label if route is not None else "other"
@@ -261,9 +267,11 @@ class HttpApi:
                 raise ApiError(404, f"no route {request.method} {request.path[:100]}; llamad "
                                "serves /v1/models, /v1/chat/completions, /v1/completions, "
                                "/v1/responses, /v1/messages, /v1/embeddings, "
-                               "/v1/llamad/ask and GET /health", code="not_found")
+                               "/v1/llamad/ask and GET /health; GET /openapi.json lists "
+                               "every route", code="not_found")
             if request.method != route.http_method:
-                raise ApiError(405, f"{request.path} takes {route.http_method}, not "
+                raise ApiError(405, f"{request.path} takes "
+                               f"{' or '.join(methods_of(request.path))}, not "
                                f"{request.method[:20]}", code="method_not_allowed")
             authorization = request.headers.get("Authorization")
             if authorization is None and route.api_key:  # Anthropic's SDKs send x-api-key
@@ -277,7 +285,7 @@ class HttpApi:
                 return _error_response(request_id,
                                        route.restyle(api_error_for_denial(denial)))
             timeout = _timeout(request.headers.get("x-request-timeout"))
-            body = await self._body(request) if route.reads_body else {}
+            body = await self._body(request, route) if route.reads_body else {}
             if timeout is not None:
                 call.deadline = time.monotonic() + timeout
             try:
@@ -315,7 +323,7 @@ class HttpApi:
             content_type="application/json",
             headers={"Cache-Control": "no-store", "x-request-id": request_id})
 
-    async def _body(self, request: web.BaseRequest) -> _parse.Body:
+    async def _body(self, request: web.BaseRequest, route: Route) -> _parse.Body:
         s = self._settings
         expect = request.headers.get("Expect")
         if expect is not None and request.version == HttpVersion11:
@@ -333,6 +341,9 @@ class HttpApi:
         except web.HTTPRequestEntityTooLarge:
             raise ApiError(413, f"the request body is larger than {s.max_body_bytes} bytes "
                            "(http.max_body_bytes)", code="request_too_large") from None
+        if route.raw_body:  # the handler reads the bytes themselves
+            request[RAW_BODY] = raw
+            return {}
         return _parse.json_body(raw)
 
 
