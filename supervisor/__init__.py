@@ -29,12 +29,14 @@ from ._exits import ExitCause, classify_exit
 from ._logring import LogLine, LogRing
 from ._process import ChildProcess, can_lower_niceness, renice
 from ._runtime import (
+    DEFAULT_CACHE_RAM_MIB,
     BundledRuntime,
     LaunchSpec,
     LlamaServerRuntime,
     Runtime,
     find_llama_server,
     pick_runtime,
+    prompt_cache_bytes,
 )
 from ._sampling import (
     BUNDLED,
@@ -88,6 +90,7 @@ from .gguf._check import GGUFInfo, read_gguf_info, sha256_file
 
 __all__ = [
     "BUNDLED",
+    "DEFAULT_CACHE_RAM_MIB",
     "ENDPOINT_KINDS",
     "KNOWN_TEMPLATES",
     "LLAMA_CPP",
@@ -170,6 +173,7 @@ __all__ = [
     "normalise_url",
     "pick_model",
     "pick_runtime",
+    "prompt_cache_bytes",
     "read_api_key",
     "read_gguf_info",
     "renice",

@@ -58,7 +58,7 @@ api 1 --keep
 api 0 --swa-full LLAMA_ARG_SWA_FULL
 api 1 -ctxcp --ctx-checkpoints --swa-checkpoints LLAMA_ARG_CTX_CHECKPOINTS
 api 1 -cms --checkpoint-min-step LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT
-api 1 -cram --cache-ram LLAMA_ARG_CACHE_RAM
+owned 1 -cram --cache-ram LLAMA_ARG_CACHE_RAM
 api 0 -kvu --kv-unified -no-kvu --no-kv-unified LLAMA_ARG_KV_UNIFIED
 api 0 --cache-idle-slots --no-cache-idle-slots LLAMA_ARG_CACHE_IDLE_SLOTS
 api 0 --context-shift --no-context-shift LLAMA_ARG_CONTEXT_SHIFT

@@ -38,6 +38,16 @@ from ._client import ApiShape
 from ._sampling import BUNDLED, LLAMA_CPP
 from ._templates import BUNDLED_FORMATS, template_file
 
+DEFAULT_CACHE_RAM_MIB = 256
+"""llama-server's host-RAM prompt cache per child, MiB, unless configured (its own default
+is 8192: up to 8 GiB per child beyond weights and KV cache)."""
+
+
+def prompt_cache_bytes(spec: LaunchSpec, runtime_name: str) -> int:
+    """Host RAM a child of ``spec`` may fill with its prompt cache: ``--cache-ram``, which
+    only llama-server has (the bundled runtime keeps no prompt cache unless asked)."""
+    return max(0, spec.cache_ram_mib) * 1024 * 1024 if runtime_name == "llama-server" else 0
+
 
 @dataclass(frozen=True)
 class LaunchSpec:
@@ -68,6 +78,9 @@ class LaunchSpec:
             (Sleeping at once, OMP_WAIT_POLICY=PASSIVE, cost a lone child 2.7x.)
         env: environment variables of the child beyond the daemon's (a catalog
             model's ``env``, e.g. ``CUDA_VISIBLE_DEVICES``); they win over spin_count.
+        cache_ram_mib: host RAM llama-server may keep for its prompt cache, MiB (passed
+            as ``--cache-ram``; 0 disables it). llama-server's own default is 8192 per
+            child, which no memory estimate saw.
     """
 
     role: str
@@ -81,6 +94,7 @@ class LaunchSpec:
     extra_args: tuple[str, ...] = ()
     spin_count: int = -1
     env: tuple[tuple[str, str], ...] = ()
+    cache_ram_mib: int = DEFAULT_CACHE_RAM_MIB
 
 
 class Runtime(Protocol):
@@ -157,6 +171,8 @@ LLAMA_SERVER_OWNED = {
     "--no-cors-credentials": "LLAMA_ARG_NO_CORS_CREDENTIALS",
     "--api-prefix": "LLAMA_ARG_API_PREFIX", "--path": "LLAMA_ARG_STATIC_PATH",
     "--ssl-key-file": "LLAMA_ARG_SSL_KEY_FILE", "--ssl-cert-file": "LLAMA_ARG_SSL_CERT_FILE",
+    # The prompt cache's bound is counted in the memory estimate: only llamad sets it.
+    "-cram": "", "--cache-ram": "LLAMA_ARG_CACHE_RAM",
 }
 # The bundled server's (llama_cpp.server's settings, and uvicorn's through our launcher).
 _BUNDLED_OWNED = {
@@ -231,6 +247,9 @@ class LlamaServerRuntime:
             "--threads", str(spec.threads),
             "--threads-batch", str(spec.threads),
             "--parallel", str(parallel),
+            # Its host-RAM prompt cache, bounded and counted in the memory estimate
+            # (daemon.models.memory): llama-server's default is up to 8 GiB per child.
+            "--cache-ram", str(max(0, spec.cache_ram_mib)),
         ]
         if spec.embedding:
             # An embedding input must fit one micro-batch (llama.cpp answers HTTP 500

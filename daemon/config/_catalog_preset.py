@@ -11,7 +11,7 @@ by its file stem) needs no ``model``: it sets that model's settings.
 
 Each section becomes the same table a ``[models.NAME]`` of the TOML file is
 (:mod:`daemon.config._catalog_load` validates both the same way): the arguments llamad has a
-setting for map to it (model, ctx_size, threads, parallel, batch, aliases, the role of
+setting for map to it (model, ctx_size, threads, parallel, batch, cache_ram, aliases, the role of
 ``embedding``, preload); the arguments the daemon owns (host, port, API key) are left out
 as llama-server's router leaves them out; every other argument is passed to the child as
 it is written (``n-gpu-layers = 99`` -> ``--n-gpu-layers 99``; ``jinja = true`` ->
@@ -38,6 +38,7 @@ for _key, _names in {
     "threads": ("threads", "t", "LLAMA_ARG_THREADS"),
     "parallel": ("parallel", "np", "LLAMA_ARG_N_PARALLEL"),
     "batch": ("batch-size", "b", "LLAMA_ARG_BATCH"),
+    "cache_ram": ("cache-ram", "cram", "LLAMA_ARG_CACHE_RAM"),
     "aliases": ("alias", "a", "LLAMA_ARG_ALIAS"),
     "embedding": ("embedding", "embeddings", "LLAMA_ARG_EMBEDDINGS"),
     "preload": ("load-on-startup",),

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import ClassVar
 
-from supervisor import KNOWN_TEMPLATES
+from supervisor import DEFAULT_CACHE_RAM_MIB, KNOWN_TEMPLATES
 
 from ._connections import ConnectionSettings
 from ._options import (
@@ -75,6 +75,10 @@ class RoleSettings:
         "the round trip to llamad and back (short calls such as embeddings); 0 sends "
         "exactly as many calls as there are slots.", minimum=0, reload="apply")
     batch: int = setting(512, "Logical batch size in tokens.", minimum=1)
+    cache_ram: int = setting(
+        DEFAULT_CACHE_RAM_MIB, "Host RAM a llama-server child may keep for its prompt "
+        "cache, MiB (its --cache-ram; llama-server's own default is 8192 per child), "
+        "counted in the model's memory estimate; 0 disables the cache.", minimum=0)
     spin_count: int = setting(
         PER_SECTION, "GOMP_SPINCOUNT of the child: how long llama.cpp's OpenMP threads spin "
         "at a barrier before they sleep. Short spins let the two children, a swap's overlap "

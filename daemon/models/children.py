@@ -144,6 +144,7 @@ def make_setup(
         threads=cc.threads,
         parallel=cc.parallel,
         batch=cc.batch,
+        cache_ram_mib=cc.cache_ram,
         chat_template=template,
         extra_args=cc.extra_argv if extra_args is None else extra_args,
         spin_count=cc.spin_count,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from supervisor import prompt_cache_bytes
+
 if TYPE_CHECKING:
     from .children import Setup
 
@@ -45,11 +47,14 @@ def memory_available() -> int | None:
 
 
 def memory_needed(setup: Setup) -> int:
-    """An estimate of a child's resident memory: weights, KV cache, overhead (0 when the
-    GGUF header could not be read: the validation that follows refuses such a file)."""
+    """An estimate of a child's resident memory: weights, KV cache, its host-RAM prompt
+    cache (llama-server's ``--cache-ram``, which llamad always passes: ``cache_ram``),
+    overhead (0 when the GGUF header could not be read: the validation that follows
+    refuses such a file)."""
     info = setup.model.info
     if info is None:
         return 0
     slots = max(1, setup.runtime.max_concurrency(setup.spec))
     ctx = setup.spec.ctx_size or info.context_length or 2048
-    return info.size + info.kv_cache_bytes(ctx * slots) + OVERHEAD_BYTES
+    return (info.size + info.kv_cache_bytes(ctx * slots)
+            + prompt_cache_bytes(setup.spec, setup.runtime.name) + OVERHEAD_BYTES)
