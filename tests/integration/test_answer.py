@@ -3,9 +3,7 @@ written for the test, real clients."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,11 +13,11 @@ from google.rpc import error_details_pb2, status_pb2
 
 from daemon import Daemon
 from llamad_protocol.v1 import answer_pb2 as apb
-from llamad_protocol.v1 import answer_pb2_grpc, retrieval_pb2_grpc
+from llamad_protocol.v1 import answer_pb2_grpc
 from llamad_protocol.v1 import inference_pb2 as ipb
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from llamad_protocol.v1.wire import STATUS_DETAILS_KEY
-from tests.support.corpus import write_corpus
+from tests.support.corpus import index_corpus, write_corpus
 from tests.support.daemon import Clients, config_env, serving
 
 pytestmark = pytest.mark.integration
@@ -41,13 +39,7 @@ async def ready(tmp_path: Path, llama_server: str
     write_corpus(corpus)
     async with serving(config_env("llama-server", LLAMAD_STATE_DIR=str(tmp_path / "state"),
                                   LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(tmp_path))) as (daemon, c):
-        deadline = time.monotonic() + 20
-        while not daemon.children["embedding"].model.sha256:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
-        r = retrieval_pb2_grpc.RetrievalServiceStub(c.channel)
-        await r.AddSource(rpb.AddSourceRequest(id="docs", path=str(corpus)))
-        _ = [m async for m in r.Reindex(rpb.ReindexRequest(source_id="docs"))]
+        await index_corpus(c, corpus)
         yield daemon, c, answer_pb2_grpc.AnswerServiceStub(c.channel)
 
 

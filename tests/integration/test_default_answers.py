@@ -4,8 +4,6 @@ without degenerate repetition; and the chat template the real child formats with
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,13 +11,12 @@ import pytest
 
 from daemon import Daemon
 from llamad_protocol.v1 import answer_pb2 as apb
-from llamad_protocol.v1 import answer_pb2_grpc, control_pb2, retrieval_pb2_grpc
+from llamad_protocol.v1 import answer_pb2_grpc, control_pb2
 from llamad_protocol.v1 import common_pb2 as cpb
 from llamad_protocol.v1 import inference_pb2 as ipb
-from llamad_protocol.v1 import retrieval_pb2 as rpb
 from tests.conftest import model_path, models_dir
 from tests.support.child_http import child_http
-from tests.support.corpus import write_corpus
+from tests.support.corpus import index_corpus, write_corpus
 from tests.support.daemon import Clients, config_env, serving
 from tests.support.repetition import degenerate
 
@@ -45,13 +42,7 @@ async def default_model(tmp_path: Path, llama_server: str
                      LLAMAD_MODELS_DIR=str(models_dir()), LLAMAD_GENERATION_PARALLEL="1")
     del env["LLAMAD_GENERATION_MODEL"]
     async with serving(env) as (daemon, c):
-        deadline = time.monotonic() + 20
-        while not daemon.children["embedding"].model.sha256:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
-        r = retrieval_pb2_grpc.RetrievalServiceStub(c.channel)
-        await r.AddSource(rpb.AddSourceRequest(id="docs", path=str(corpus)))
-        _ = [m async for m in r.Reindex(rpb.ReindexRequest(source_id="docs"))]
+        await index_corpus(c, corpus)
         yield daemon, c
 
 

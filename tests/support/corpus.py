@@ -3,7 +3,13 @@ daemon."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
+
+from llamad_protocol.v1 import retrieval_pb2 as rpb
+from llamad_protocol.v1 import retrieval_pb2_grpc
+from tests.support.daemon import EMB, Clients
 
 RUNBOOKS = {
     "runbooks/web01.md": """# web01
@@ -55,3 +61,15 @@ def write_corpus(root: Path) -> None:
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
+
+
+async def index_corpus(c: Clients, corpus: Path) -> None:
+    """Index ``corpus`` as the directory source ``docs`` of the serving daemon ``c`` calls,
+    once Status shows its embedding model's SHA-256 (vectors need it)."""
+    deadline = time.monotonic() + 20
+    while not (await c.child(EMB)).model_sha256:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    r = retrieval_pb2_grpc.RetrievalServiceStub(c.channel)
+    await r.AddSource(rpb.AddSourceRequest(id="docs", path=str(corpus)))
+    _ = [m async for m in r.Reindex(rpb.ReindexRequest(source_id="docs"))]
