@@ -9,6 +9,7 @@ both stores share are tests/support/backfill.py's."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -46,6 +47,24 @@ def node(tmp_path: Path, name: str, dsn: str, embedder: Switchable, *, batch: in
     return Retriever(tmp_path / name, embedder.provider, RetrievalLimits(embed_batch=batch),
                      postgres=PgOptions(dsn),
                      embedder_for=None if lookup is None else lookup.get)
+
+
+@contextlib.asynccontextmanager
+async def same_model_nodes(tmp_path: Path, dsn: str, *, batch: int
+                           ) -> AsyncIterator[tuple[Retriever, Switchable, Retriever, Switchable]]:
+    """Nodes ``a`` and ``b`` of model-a on one database, each embedding ``batch`` chunks a
+    call, opened, with their embedders; both closed at the end (closing one again is
+    harmless)."""
+    ea, eb = Switchable("model-a"), Switchable("model-a")
+    a = node(tmp_path, "a", dsn, ea, batch=batch)
+    b = node(tmp_path, "b", dsn, eb, batch=batch)
+    await a.open()
+    await b.open()
+    try:
+        yield a, ea, b, eb
+    finally:
+        await a.close()
+        await b.close()
 
 
 @pytest.fixture
@@ -150,12 +169,7 @@ async def test_two_nodes_backfill_one_database_once(tmp_path: Path, pg_dsn: str)
     """Two nodes with the same model on one database: while one backfills, the other does
     not start a run; chunks the other ingests meanwhile (without an embedder) are picked
     up by the same run; no chunk is embedded twice and none is left without a vector."""
-    ea, eb = Switchable("model-a"), Switchable("model-a")
-    a = node(tmp_path, "a", pg_dsn, ea, batch=2)
-    b = node(tmp_path, "b", pg_dsn, eb, batch=2)
-    await a.open()
-    await b.open()
-    try:
+    async with same_model_nodes(tmp_path, pg_dsn, batch=2) as (a, ea, b, eb):
         ea.available = eb.available = False
         await a.add_source("docs")
         for i in range(6):
@@ -176,24 +190,14 @@ async def test_two_nodes_backfill_one_database_once(tmp_path: Path, pg_dsn: str)
         assert len(ea.texts) == 9 and len(set(ea.texts)) == 9 and eb.texts == []
         assert vector_counts(pg_dsn) == {"model-a": 9, "without": 0}
         assert (await b.search("db7 replication")).hits[0].vector_rank is not None
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_a_node_stopped_mid_run_leaves_the_rest_to_the_other(
         tmp_path: Path, pg_dsn: str) -> None:
     """A node closed in the middle of a backfill releases its lock: the other node's run
     embeds only what the first did not store."""
-    ea, eb = Switchable("model-a"), Switchable("model-a")
-    a = node(tmp_path, "a", pg_dsn, ea, batch=1)
-    b = node(tmp_path, "b", pg_dsn, eb, batch=1)
-    await a.open()
-    await b.open()
-    try:
-        ea.available = False
-        await fill(a)
-        ea.available = True
+    async with same_model_nodes(tmp_path, pg_dsn, batch=1) as (a, ea, b, eb):
+        await backfill.filled_without_vectors(a, ea)
         stored = 0
         original = ea.embed
 
@@ -217,8 +221,6 @@ async def test_a_node_stopped_mid_run_leaves_the_rest_to_the_other(
         assert len(ea.texts) + len(eb.texts) == len(DOCS)
         assert len(eb.texts) == len(DOCS) - 1
         assert vector_counts(pg_dsn) == {"model-a": 3, "without": 0}
-    finally:
-        await b.close()
 
 
 async def test_a_reprocess_on_a_node_of_another_model_switches_the_corpus(

@@ -49,6 +49,14 @@ async def finished(r: Retriever, timeout: float = 30) -> None:
     await asyncio.wait_for(r.backfill_task, timeout)
 
 
+async def filled_without_vectors(r: Retriever, embedder: Switchable) -> None:
+    """Index the corpus while ``embedder`` is unavailable (BM25-only), then make it
+    available again (the backfill has every chunk to embed)."""
+    embedder.available = False
+    await fill(r)
+    embedder.available = True
+
+
 async def vectors_when_back(r: Retriever, embedder: Switchable) -> SearchResult:
     """Ingested while the embedding model is down: BM25-only; once it is back, the backfill
     embeds every chunk, one run at a time, and search is hybrid, with the counts in
@@ -125,9 +133,7 @@ async def interrupted_run_resumes(r: Retriever, embedder: Switchable) -> None:
     """The embedding model going away mid-run (``r`` embeds one chunk a batch) stops the
     run with the reason in Status; what it stored stays, and the next run embeds only the
     rest."""
-    embedder.available = False
-    await fill(r)
-    embedder.available = True
+    await filled_without_vectors(r, embedder)
     calls = 0
     original = embedder.embed
 
