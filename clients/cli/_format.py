@@ -6,7 +6,10 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from .._types import Document
 
 
 def _default(obj: Any) -> Any:
@@ -82,3 +85,10 @@ def basename(path: str) -> str:
 def when(value: datetime | None) -> str:
     """Local time, to the second; ``-`` when unset."""
     return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def document_outcome(doc: Document, as_json: bool, detail: str = "") -> int:
+    """Print the document a verb wrote or decided: as JSON, or ``ID: STATE`` and ``detail``;
+    return the verb's exit status (1: the document failed)."""
+    print(to_json(doc) if as_json else f"{doc.id}: {doc.state}{detail}")
+    return 0 if doc.state != "failed" else 1

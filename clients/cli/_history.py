@@ -82,12 +82,8 @@ def push(client: Client, args: argparse.Namespace) -> int:
                                  kind=args.kind, category=args.category, tags=args.tags,
                                  document_date=args.date, wait=not args.no_wait,
                                  review=args.review)
-    if args.json:
-        print(fmt.to_json(doc))
-    else:
-        dated = f", dated {fmt.when(doc.document_date)}" if doc.document_date else ""
-        print(f"{doc.id}: {doc.state}{dated}")
-    return 0 if doc.state != "failed" else 1
+    dated = f", dated {fmt.when(doc.document_date)}" if doc.document_date else ""
+    return fmt.document_outcome(doc, args.json, dated)
 
 
 def add_source(client: Client, args: argparse.Namespace) -> Source:

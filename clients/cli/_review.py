@@ -69,12 +69,7 @@ def documents(client: Client, args: argparse.Namespace) -> int:
 
 
 def _decided(doc: Document, as_json: bool) -> int:
-    if as_json:
-        print(fmt.to_json(doc))
-    else:
-        detail = f": {doc.error}" if doc.error else ""
-        print(f"{doc.id}: {doc.state}{detail}")
-    return 0 if doc.state != "failed" else 1
+    return fmt.document_outcome(doc, as_json, f": {doc.error}" if doc.error else "")
 
 
 def approve(client: Client, args: argparse.Namespace) -> int:
