@@ -41,9 +41,10 @@ async def direct_start(runtime: str, model: Path, threads: int) -> float:
     child = Daemon(load(None, env=daemon_env(runtime, model, threads))).children["generation"]
     sock = socket_path()
     key = child_key()
-    argv = child.runtime.command(child.spec, socket=sock, alias="bench-direct")
-    env = child.runtime.environment(os.environ, key)
-    health = child.runtime.api.health_path or "/v1/models"
+    setup = child.setup
+    argv = setup.runtime.command(setup.spec, socket=sock, alias="bench-direct")
+    env = setup.runtime.environment(os.environ, key)
+    health = setup.runtime.api.health_path or "/v1/models"
     began = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
         *argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env,

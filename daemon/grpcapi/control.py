@@ -112,14 +112,15 @@ def child_status(child: Model) -> control_pb2.ChildStatus:
         queue_ahead=child.admission.ahead,
         last_error=child.last_error,
     )
-    if mode is InferenceMode.EMBEDDED and child.current is not None:
-        info = child.model.info
-        status.model_path = str(child.spec.model)
-        status.model_sha256 = child.model.sha256
-        status.runtime = child.runtime.name
+    setup = child.current
+    if mode is InferenceMode.EMBEDDED and setup is not None:
+        info = setup.model.info
+        status.model_path = str(setup.spec.model)
+        status.model_sha256 = setup.model.sha256
+        status.runtime = setup.runtime.name
         status.model_architecture = info.architecture if info else ""
         status.model_context_length = info.context_length if info else 0
-        if info is not None and not child.spec.embedding:
+        if info is not None and not setup.spec.embedding:
             status.chat_template = choose_chat_template(
                 info, child.config.chat_template).describe()
     elif mode is InferenceMode.ENDPOINT and child.mode.endpoint is not None:

@@ -46,9 +46,7 @@ from supervisor import (
     EndpointSpec,
     IllegalTransitionError,
     Launcher,
-    LaunchSpec,
     LogRing,
-    Runtime,
     State,
     StateChange,
     Supervisor,
@@ -84,7 +82,7 @@ from .backend import ChildBackend, DisabledBackend, EndpointBackend, InferenceBa
 
 if TYPE_CHECKING:
     from ..config import ChildConfig
-    from .children import ModelFacts, Setup
+    from .children import Setup
 
 __all__ = ["Handover", "Model", "Target", "ahead_for", "handover_settings", "slots_for"]
 
@@ -218,18 +216,6 @@ class Model:
                 f"no {self.role} model is configured: set {self.role}.model, or give "
                 "model_path")
         return self._current
-
-    @property
-    def spec(self) -> LaunchSpec:
-        return self.setup.spec
-
-    @property
-    def runtime(self) -> Runtime:
-        return self.setup.runtime
-
-    @property
-    def model(self) -> ModelFacts:
-        return self.setup.model
 
     @property
     def serving_pid(self) -> int:

@@ -30,7 +30,7 @@ def describe_mode(child: Model) -> str:
     if child.mode.endpoint is not None:
         return f"endpoint {child.mode.endpoint.display_url}"
     if child.mode.kind is InferenceMode.EMBEDDED and child.current is not None:
-        return f"embedded {child.spec.model} ({child.runtime.name})"
+        return f"embedded {child.current.spec.model} ({child.current.runtime.name})"
     return child.mode.kind.value
 
 

@@ -70,7 +70,7 @@ async def hostile(llama_server: str, tmp_path_factory: pytest.TempPathFactory
     async with serving(config_env("llama-server", LLAMAD_STATE_DIR=str(root / "state"),
                                   LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(root))) as (daemon, c):
         deadline = time.monotonic() + 30  # vectors need the embedding model's SHA-256
-        while not daemon.children["embedding"].model.sha256:
+        while not daemon.children["embedding"].setup.model.sha256:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
         r = retrieval_pb2_grpc.RetrievalServiceStub(c.channel)

@@ -198,7 +198,7 @@ env = {{ LLAMAD_TEST_MARK = "seven" }}
                                                  timeout=120)
         assert loaded.model.origin == "models.g"
         model = daemon.pool.model("g")
-        assert model is not None and model.spec.ctx_size == 1024
+        assert model is not None and model.setup.spec.ctx_size == 1024
         environ = Path(f"/proc/{model.serving_pid}/environ").read_bytes().split(b"\0")
         assert b"LLAMAD_TEST_MARK=seven" in environ
         assert b"GOMP_SPINCOUNT=300" in environ

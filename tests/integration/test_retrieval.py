@@ -55,7 +55,7 @@ async def daemon_with_corpus(tmp_path: Path, llama_server: str
     try:
         await c.wait_serving("")
         deadline = time.monotonic() + 20  # vectors need the embedding model's SHA-256
-        while not daemon.children["embedding"].model.sha256:
+        while not daemon.children["embedding"].setup.model.sha256:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
         await r.stub.AddSource(rpb.AddSourceRequest(id="docs", path=str(corpus),
