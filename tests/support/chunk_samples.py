@@ -6,6 +6,8 @@ chunks under one heading.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from retrieval.chunking._chunker import Chunk
 
 # --- fixtures ----------------------------------------------------------------------------
@@ -275,66 +277,63 @@ INVENTORY = inventory()
 PYPROJECT = pyproject()
 
 
-def data_files(size: int) -> str:
-    """A YAML file of about ``size`` characters: many services, each with nested keys."""
-    parts: list[str] = ["services:\n"]
+def grown(size: int, piece: Callable[[int], str], head: str = "", tail: str = "") -> str:
+    """``head``, then ``piece(0)``, ``piece(1)``, ... until the pieces reach ``size``
+    characters, then ``tail``: a sample of about that size."""
+    parts = [head]
     total, n = 0, 0
     while total < size:
-        parts.append(f"  # service {n}\n  svc{n}:\n    image: app:{n}\n    ports:\n"
-                     f"    - {8000 + n}\n    env:\n      LEVEL: debug\n      ID: '{n}'\n")
+        parts.append(piece(n))
         total += len(parts[-1])
         n += 1
+    parts.append(tail)
     return "".join(parts)
+
+
+def data_files(size: int) -> str:
+    """A YAML file of about ``size`` characters: many services, each with nested keys."""
+    def piece(n: int) -> str:
+        return (f"  # service {n}\n  svc{n}:\n    image: app:{n}\n    ports:\n"
+                f"    - {8000 + n}\n    env:\n      LEVEL: debug\n      ID: '{n}'\n")
+
+    return grown(size, piece, head="services:\n")
 
 
 def json_files(size: int) -> str:
     """A JSON document of about ``size`` characters: an array of objects."""
-    parts: list[str] = ['{"items": [\n']
-    total, n = 0, 0
-    while total < size:
-        parts.append(f'  {{"id": {n}, "name": "item{n}",\n   "tags": ["a", "b"]}},\n')
-        total += len(parts[-1])
-        n += 1
-    parts.append('  {}\n]}\n')
-    return "".join(parts)
+    def piece(n: int) -> str:
+        return f'  {{"id": {n}, "name": "item{n}",\n   "tags": ["a", "b"]}},\n'
+
+    return grown(size, piece, head='{"items": [\n', tail='  {}\n]}\n')
 
 
 def toml_files(size: int) -> str:
     """A TOML document of about ``size`` characters: many tables."""
-    parts: list[str] = ['title = "x"\n']
-    total, n = 0, 0
-    while total < size:
-        parts.append(f'# table {n}\n[svc.s{n}]\nport = {n}\nhosts = [\n  "a",\n  "b",\n]\n\n')
-        total += len(parts[-1])
-        n += 1
-    return "".join(parts)
+    def piece(n: int) -> str:
+        return f'# table {n}\n[svc.s{n}]\nport = {n}\nhosts = [\n  "a",\n  "b",\n]\n\n'
+
+    return grown(size, piece, head='title = "x"\n')
 
 
 def python_files(size: int) -> str:
     """Python modules of about ``size`` characters: functions, classes, statements."""
-    parts: list[str] = []
-    total, n = 0, 0
-    while total < size:
-        parts.append(f"# helper {n}\n@cache\ndef helper_{n}(x: int) -> int:\n"
-                     f'    """Double {n}."""\n    return x * 2 + {n}\n\n\n'
-                     f"VALUE_{n} = helper_{n}({n})\n\n\nclass Thing{n}:\n"
-                     f"    def a(self):\n        return {n}\n\n"
-                     f"    def b(self):\n        return [\n{n},\n]\n\n\n")
-        total += len(parts[-1])
-        n += 1
-    return "".join(parts)
+    def piece(n: int) -> str:
+        return (f"# helper {n}\n@cache\ndef helper_{n}(x: int) -> int:\n"
+                f'    """Double {n}."""\n    return x * 2 + {n}\n\n\n'
+                f"VALUE_{n} = helper_{n}({n})\n\n\nclass Thing{n}:\n"
+                f"    def a(self):\n        return {n}\n\n"
+                f"    def b(self):\n        return [\n{n},\n]\n\n\n")
+
+    return grown(size, piece)
 
 
 def shell_scripts(size: int) -> str:
     """Shell scripts of about ``size`` characters: functions and top-level commands."""
-    parts: list[str] = ["#!/bin/sh\nset -e\n"]
-    total, n = 0, 0
-    while total < size:
-        parts.append(f"# step {n}\nstep_{n}() {{\n    echo \"step {n} ${{HOST}}\"\n"
-                     f"    cat <<EOF\n{n} }}\nEOF\n}}\n\nstep_{n}\n\n")
-        total += len(parts[-1])
-        n += 1
-    return "".join(parts)
+    def piece(n: int) -> str:
+        return (f"# step {n}\nstep_{n}() {{\n    echo \"step {n} ${{HOST}}\"\n"
+                f"    cat <<EOF\n{n} }}\nEOF\n}}\n\nstep_{n}\n\n")
+
+    return grown(size, piece, head="#!/bin/sh\nset -e\n")
 
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
 PLAIN = "\n\n".join(
@@ -381,24 +380,15 @@ Look at `free -m` and the OOM killer in `dmesg`. The usual suspect is the JVM he
 
 def sessions(size: int) -> str:
     """Transcripts of about ``size`` characters: many short commands, long outputs."""
-    parts: list[str] = []
-    total, n = 0, 0
-    while total < size:
+    def piece(n: int) -> str:
         lines = [f"ops@web{n:05d}:~$ journalctl -u app --since today | tail -{n % 50}"]
         lines += [f"Mar 04 10:{k % 60:02d} web app[{k}]: request {k} served in {k % 9} ms"
                   for k in range(n % 50)]
-        parts.append("\n".join(lines) + "\n")
-        total += len(parts[-1])
-        n += 1
-    return "".join(parts)
+        return "\n".join(lines) + "\n"
+
+    return grown(size, piece)
 
 
 def runbooks(size: int) -> str:
     """Markdown runbooks of about ``size`` characters."""
-    parts = ["# Runbooks\n\n"]
-    total, n = 0, 0
-    while total < size:
-        parts.append(SECTION.format(n=n))
-        total += len(parts[-1])
-        n += 1
-    return "".join(parts)
+    return grown(size, lambda n: SECTION.format(n=n), head="# Runbooks\n\n")
