@@ -158,6 +158,13 @@ def test_the_daemon_refuses_to_start_on_a_forbidden_argument(tmp_path: Path) -> 
 # --- SetMode's endpoint keys ------------------------------------------------------------
 
 
+def _key_file(path: Path, text: str, mode: int = 0o600) -> Path:
+    """``path`` holding ``text``, its permissions ``mode``."""
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
 async def _set_endpoint(c: Clients, url: str, *, key_file: str = "", key_env: str = ""
                         ) -> list[control_pb2.SwapProgress]:
     request = control_pb2.SetModeRequest(role=GEN, mode=ENDPOINT,
@@ -176,18 +183,10 @@ async def test_set_mode_takes_keys_only_from_configured_places(
     keys = tmp_path / "keys"
     keys.mkdir(mode=0o700)
     os.symlink("/etc/passwd", keys / "escape.key")
-    loose = keys / "loose.key"
-    loose.write_text(f"{KEY}\n")
-    loose.chmod(0o644)
-    group = keys / "group.key"
-    group.write_text(f"{KEY}\n")
-    group.chmod(0o640)
-    copied = keys / "passwd.key"
-    copied.write_text(Path("/etc/passwd").read_text())
-    copied.chmod(0o600)
-    good = keys / "gateway.key"
-    good.write_text(f"# the gateway\n{KEY}\n")
-    good.chmod(0o600)
+    loose = _key_file(keys / "loose.key", f"{KEY}\n", 0o644)
+    group = _key_file(keys / "group.key", f"{KEY}\n", 0o640)
+    copied = _key_file(keys / "passwd.key", Path("/etc/passwd").read_text())
+    good = _key_file(keys / "gateway.key", f"# the gateway\n{KEY}\n")
     monkeypatch.setenv("SECRET_OF_THE_DAEMON", "sk-not-for-you")
     with serve_fake_openai(key=KEY) as (url, seen):
         _, c = await daemon_for(
@@ -231,12 +230,8 @@ async def test_set_mode_without_a_key_dir_takes_only_the_configured_file(
         daemon_for: MakeDaemon, tmp_path: Path) -> None:
     """With endpoint_keys.dir unset, a key file is refused unless the configuration names
     it (a file beside it, closed to others, is still refused)."""
-    named = tmp_path / "named.key"
-    named.write_text(f"{KEY}\n")
-    named.chmod(0o600)
-    beside = tmp_path / "beside.key"
-    beside.write_text(f"{KEY}\n")
-    beside.chmod(0o600)
+    named = _key_file(tmp_path / "named.key", f"{KEY}\n")
+    beside = _key_file(tmp_path / "beside.key", f"{KEY}\n")
     with serve_fake_openai(key=KEY) as (url, seen):
         _, c = await daemon_for(
             LLAMAD_GENERATION_MODE="endpoint", LLAMAD_GENERATION_ENDPOINT_URL=url,
