@@ -1,37 +1,28 @@
 """RetrievalService: the gRPC face of :mod:`retrieval` (its messages in
 :mod:`daemon.grpcapi.retrieval_wire`, its links to the embedding role and its schedules in
-:mod:`daemon.services.retrieval_bridge`). Search is an adapter over
-:class:`daemon.services.search.SearchService` (refresh, audit, field-naming refusals)."""
+:mod:`daemon.services.retrieval_bridge`). An adapter over the wire-free services the HTTP
+API adapts too: :class:`daemon.services.search.SearchService` (refresh, audit,
+field-naming refusals), :mod:`daemon.services.documents` (push, get, delete, review,
+reprocess) and :mod:`daemon.services.sources` (add, disable, remove, reindex)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 import grpc
 
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from llamad_protocol.v1 import retrieval_pb2_grpc
-from retrieval import (
-    Retriever,
-    ScanReport,
-    check_root,
-    extract_bytes,
-    scan_source,
-    validate_document_id,
-)
+from retrieval import Retriever
 
-from ..errors import InvalidArgument
+from ..services import documents, sources
 from ..services.retrieval_bridge import _no_roots
 from ..services.search import SearchService
 from ..telemetry.audit import AuditLog
 from ..telemetry.metrics import Metrics
 from . import rpc
 from .retrieval_wire import (
-    CONTENT_TYPES,
     MODES,
     _document,
     _progress,
@@ -74,78 +65,37 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
     ) -> rpb.UpsertDocumentResponse:
         call.note(source=request.source_id, chars=len(request.text),
                   content_bytes=len(request.content) or None)
-        if request.id:
-            validate_document_id(request.id)  # before the work, not after
-        date = document_date_from(request)  # the caller's wins over what is extracted
-        title, text, kind, extracted_date = await self._document_text(request)
-        wait = request.wait if request.HasField("wait") else True
-        upsert = self._r.upsert if wait else self._r.upsert_later
-        doc = await upsert(request.source_id, title, text, doc_id=request.id or None,
-                           kind=kind, category=request.category, tags=tuple(request.tags),
-                           review=request.review,
-                           document_date=extracted_date if date is None else date)
+        doc = await documents.push(self._r, documents.Push(
+            source_id=request.source_id, id=request.id, title=request.title,
+            text=request.text, content=bytes(request.content),
+            content_type=request.content_type, kind=request.kind,
+            category=request.category, tags=tuple(request.tags), review=request.review,
+            document_date=document_date_from(request),
+            wait=request.wait if request.HasField("wait") else True))
         call.note(document=doc.id, state=doc.state)
         return rpb.UpsertDocumentResponse(document=_document(doc))
-
-    async def _document_text(self, request: rpb.UpsertDocumentRequest
-                             ) -> tuple[str, str, str, int | None]:
-        """The title, text, kind and date found to index: pushed text as it is (NULs
-        dropped, as from files; a Markdown text's front matter date is found by the
-        ingest); HTML and a file's bytes extracted as such a file would be (with the date
-        their metadata carries, if any)."""
-        if request.content:
-            if request.text:
-                raise InvalidArgument("give text or content, not both")
-            media = request.content_type.split(";")[0].strip().lower()
-            if media and media not in CONTENT_TYPES:
-                raise InvalidArgument(
-                    f"content_type {request.content_type!r} is not one of "
-                    f"{', '.join(sorted(CONTENT_TYPES))}")
-            kind, data = CONTENT_TYPES[media] if media else (request.kind or "text"), \
-                bytes(request.content)
-        else:
-            kind, data = request.kind or "text", b""
-        # NULs go, as they do from files: no store, index or prompt should carry them.
-        title, text = request.title.replace("\x00", ""), request.text.replace("\x00", "")
-        date = None
-        if request.content or kind == "html":
-            # Pushed markup and files are extracted like files of their kind: HTML
-            # without tags, scripts and styles, its nesting bounded; PDF by the worker.
-            extracted = await asyncio.to_thread(
-                extract_bytes, data or text.encode("utf-8"),
-                request.id or title or "document", kind, self._r.limits.extract)
-            title, text, kind = title or extracted.title, extracted.text, extracted.kind
-            date = extracted.date
-        return title, text, kind, date
 
     @rpc.unary("DeleteDocument")
     async def DeleteDocument(
         self, request: rpb.DeleteDocumentRequest, context: grpc.aio.ServicerContext,
         call: rpc.Call,
     ) -> rpb.DeleteDocumentResponse:
-        validate_document_id(request.id)  # an id no document can have says why
-        return rpb.DeleteDocumentResponse(deleted=await self._r.delete(request.id))
+        return rpb.DeleteDocumentResponse(deleted=await documents.delete(self._r, request.id))
 
     @rpc.unary("GetDocument")
     async def GetDocument(
         self, request: rpb.GetDocumentRequest, context: grpc.aio.ServicerContext,
         call: rpc.Call,
     ) -> rpb.Document:
-        from retrieval import NotFound  # noqa: PLC0415
-
-        validate_document_id(request.id)  # an id no document can have says why
-        doc = await self._r.document(request.id)
-        if doc is None:
-            raise NotFound(f"no document {request.id!r}")
-        return _document(doc)
+        return _document(await documents.get(self._r, request.id))
 
     @rpc.unary("ListDocuments")
     async def ListDocuments(
         self, request: rpb.ListDocumentsRequest, context: grpc.aio.ServicerContext,
         call: rpc.Call,
     ) -> rpb.ListDocumentsResponse:
-        docs = await self._r.documents(request.source_id or None,
-                                       states_from(request.states))
+        docs = await documents.listed(self._r, request.source_id,
+                                      states_from(request.states))
         return rpb.ListDocumentsResponse(documents=[_document(d) for d in docs])
 
     @rpc.unary("ApproveDocument")
@@ -154,7 +104,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         call: rpc.Call,
     ) -> rpb.Document:
         call.note(document=request.id)
-        doc = await self._r.approve(request.id, request.note)
+        doc = await documents.approve(self._r, request.id, request.note)
         call.note(state=doc.state)
         return _document(doc)
 
@@ -164,34 +114,17 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         call: rpc.Call,
     ) -> rpb.Document:
         call.note(document=request.id)
-        return _document(await self._r.reject(request.id, request.note))
+        return _document(await documents.reject(self._r, request.id, request.note))
 
     @rpc.unary("AddSource")
     async def AddSource(
         self, request: rpb.AddSourceRequest, context: grpc.aio.ServicerContext, call: rpc.Call,
     ) -> rpb.Source:
-        root = None
-        if request.history and request.path:
-            raise InvalidArgument("a history source holds pushed records: give no path")
-        if not request.history and (request.max_age_days or request.max_items):
-            raise InvalidArgument("max_age_days and max_items apply to history sources "
-                                  "only (set history)")
-        if "\x00" in request.path:
-            raise InvalidArgument("path contains a NUL character")
-        if request.path:
-            root = Path(request.path)
-            if not root.is_absolute():
-                raise InvalidArgument("path must be absolute")
-            # Confinement first: a caller learns nothing about paths outside the roots.
-            await asyncio.to_thread(check_root, root, self._allowed_roots())
-            if not root.is_dir():
-                raise InvalidArgument(f"{root} is not a directory")
-        row = await self._r.add_source(request.id, root=root, category=request.category,
-                                       tags=tuple(request.tags),
-                                       review_required=request.review_required,
-                                       history=request.history,
-                                       max_age_days=request.max_age_days,
-                                       max_items=request.max_items)
+        row = await sources.add(self._r, sources.NewSource(
+            id=request.id, path=request.path, category=request.category,
+            tags=tuple(request.tags), review_required=request.review_required,
+            history=request.history, max_age_days=request.max_age_days,
+            max_items=request.max_items), self._allowed_roots())
         call.note(source=row.id, kind=row.kind)
         return _source(row)
 
@@ -200,7 +133,8 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         self, request: rpb.RemoveSourceRequest, context: grpc.aio.ServicerContext,
         call: rpc.Call,
     ) -> rpb.RemoveSourceResponse:
-        return rpb.RemoveSourceResponse(chunks_removed=await self._r.remove_source(request.id))
+        return rpb.RemoveSourceResponse(chunks_removed=await sources.remove(self._r,
+                                                                           request.id))
 
     @rpc.unary("SetSourceDisabled")
     async def SetSourceDisabled(
@@ -208,9 +142,8 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         call: rpc.Call,
     ) -> rpb.Source:
         call.note(source=request.id, disabled=request.disabled)
-        row = await self._r.set_source_disabled(request.id, request.disabled)
-        documents = len(await self._r.documents(request.id))
-        return _source(row, documents)
+        row, count = await sources.set_disabled(self._r, request.id, request.disabled)
+        return _source(row, count)
 
     @rpc.unary("ListSources")
     async def ListSources(
@@ -220,60 +153,27 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         return rpb.ListSourcesResponse(sources=await self._sources())
 
     async def _sources(self) -> list[rpb.Source]:
-        docs = await self._r.documents()
-        counts: dict[str, int] = {}
-        for d in docs:
-            counts[d.source_id] = counts.get(d.source_id, 0) + 1
-        return [_source(s, counts.get(s.id, 0)) for s in await self._r.sources()]
+        return [_source(s, n) for s, n in await sources.listed(self._r)]
 
     @rpc.stream("Reindex")
     async def Reindex(
         self, request: rpb.ReindexRequest, context: grpc.aio.ServicerContext, call: rpc.Call,
     ) -> AsyncIterator[rpb.ReindexProgress]:
-        sources = [s for s in await self._r.sources() if s.kind == "directory"]
-        if request.source_id:
-            sources = [s for s in sources if s.id == request.source_id]
-            if not sources:
-                raise InvalidArgument(f"no directory source {request.source_id!r}")
-        else:  # all: the disabled ones are not rescanned (one named is refused, saying so)
-            sources = [s for s in sources if not s.disabled]
-        for source in sources:
-            queue: asyncio.Queue[ScanReport] = asyncio.Queue()
-            last = 0.0
-
-            def progress(report: ScanReport, q: asyncio.Queue[ScanReport] = queue) -> None:
-                nonlocal last
-                now = time.monotonic()
-                if now - last >= 0.5:  # at most two progress messages a second
-                    last = now
-                    q.put_nowait(report)
-
-            since = request.since.ToNanoseconds() if request.HasField("since") else None
-            task = asyncio.create_task(scan_source(self._r, source.id, progress,
-                                                   allowed_roots=self._allowed_roots(),
-                                                   since_ns=since))
-            try:
-                while not task.done():
-                    getter = asyncio.ensure_future(queue.get())
-                    try:
-                        await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        getter.cancel()
-                    if getter.done() and not getter.cancelled():
-                        yield _progress(getter.result(), done=False)
-            finally:
-                if not task.done():
-                    # The call ended first (its client cancelled, its deadline passed, or
-                    # the shutdown drain cut it): the scan stops with it, rather than run
-                    # on unobserved into an index the shutdown is closing.
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
-            report = task.result()
-            call.note(source=source.id, added=report.added, changed=report.changed,
-                      deleted=report.deleted, failed=report.failed_total,
-                      limit_reached=bool(report.limit_reached))
-            yield _progress(report, done=True)
+        since = request.since.ToNanoseconds() if request.HasField("since") else None
+        reports = sources.reindex(self._r, self._allowed_roots, source_id=request.source_id,
+                                  since_ns=since)
+        try:
+            async for report, done in reports:
+                if done:
+                    call.note(source=report.source_id, added=report.added,
+                              changed=report.changed, deleted=report.deleted,
+                              failed=report.failed_total,
+                              limit_reached=bool(report.limit_reached))
+                yield _progress(report, done=done)
+        finally:
+            # The call ended first (its client cancelled, its deadline passed, or the
+            # shutdown drain cut it): the scan stops with it (sources.reindex).
+            await reports.aclose()  # type: ignore[attr-defined]
 
     @rpc.unary("Search")
     async def Search(
@@ -322,10 +222,8 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         self, request: rpb.ReprocessRequest, context: grpc.aio.ServicerContext,
         call: rpc.Call,
     ) -> rpb.ReprocessResponse:
-        if request.document_id and request.source_id:
-            raise InvalidArgument("give document_id or source_id, not both")
-        chunks, reason = await self._r.reprocess(document_id=request.document_id,
-                                                 source_id=request.source_id)
+        chunks, reason = await documents.reprocess(self._r, document_id=request.document_id,
+                                                   source_id=request.source_id)
         call.note(document=request.document_id or None, source=request.source_id or None,
                   chunks=chunks)
         return rpb.ReprocessResponse(chunks=chunks, reason=reason)

@@ -34,13 +34,6 @@ SOURCES = {"text": rpb.SEARCH_SOURCE_TEXT, "vector": rpb.SEARCH_SOURCE_VECTOR,
             "hybrid": rpb.SEARCH_SOURCE_HYBRID}
 
 
-CONTENT_TYPES = {
-    "application/pdf": "pdf", "text/html": "html", "application/xhtml+xml": "html",
-    "text/markdown": "markdown", "text/plain": "text", "application/json": "json",
-    "application/yaml": "yaml", "text/yaml": "yaml", "application/toml": "toml",
-    "text/x-shellscript": "shell", "application/x-sh": "shell", "text/x-python": "python"}
-"""The media types a pushed document's bytes may have, and the kind each is read as."""
-
 MODES: dict[str, rpb.SearchMode.ValueType] = {
     m: rpb.SearchMode.Value(f"SEARCH_MODE_{m.name}") for m in SearchMode}
 """Each :class:`retrieval.SearchMode` as the wire's."""
