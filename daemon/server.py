@@ -395,8 +395,7 @@ class Daemon:
             self._notifier.status("reloading configuration")
             try:
                 self.config, report = await reload_config(
-                    self.config, self._reload_source, self.pool.roles(), self.swaps, self.modes,
-                    pool=self.pool)
+                    self.config, self._reload_source, self.swaps, self.modes, pool=self.pool)
                 self.metrics.add_models(self.pool.names())
                 self._tasks.update(self.pool.preload())  # a reload's new preload models
                 self._inference.set_limits(self.config.settings.limits)

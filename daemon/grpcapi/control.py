@@ -24,7 +24,6 @@ from supervisor import (
     ExitCause,
     LogLine,
     State,
-    SwapFailedError,
     SwapInProgressError,
     SwapProgress,
     SwapRefusedError,
@@ -43,6 +42,7 @@ from ..models.modes import ModeManager, ModeRequest
 from ..models.pool import Pool
 from ..models.swaps import SwapManager, SwapPlan, check_plan_model
 from ..ops.balancing import Drainer
+from ..services import residency
 from ..telemetry.metrics import Metrics
 from . import rpc
 from ._pool_wire import model_info
@@ -258,15 +258,10 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         context: grpc.aio.ServicerContext,
         call: rpc.Call,
     ) -> control_pb2.LoadModelResponse:
-        pool = self._pool
-        entry = pool.entry(request.name)
-        call.note(model=entry.name)
-        try:
-            await pool.load(entry.name)
-        except SwapFailedError as exc:  # not ABORTED "the old child keeps serving": none
-            raise FailedPrecondition(f"model {entry.name!r} could not be loaded: "
-                                     f"{exc.cause.message}") from None
-        return control_pb2.LoadModelResponse(model=model_info(pool.view(entry.name)))
+        name = self._pool.entry(request.name).name
+        call.note(model=name)
+        return control_pb2.LoadModelResponse(
+            model=model_info(await residency.load(self._pool, name)))
 
     @rpc.unary("UnloadModel")
     async def UnloadModel(
@@ -275,11 +270,10 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         context: grpc.aio.ServicerContext,
         call: rpc.Call,
     ) -> control_pb2.UnloadModelResponse:
-        pool = self._pool
-        entry = pool.entry(request.name)
-        call.note(model=entry.name, reason=request.reason[:200])
-        await pool.unload(entry.name)
-        return control_pb2.UnloadModelResponse(model=model_info(pool.view(entry.name)))
+        name = self._pool.entry(request.name).name
+        call.note(model=name, reason=request.reason[:200])
+        return control_pb2.UnloadModelResponse(
+            model=model_info(await residency.unload(self._pool, name)))
 
     async def _progress(
         self, role: str, work: Callable[[Callable[[SwapProgress], None]], Awaitable[object]],

@@ -48,26 +48,10 @@ from supervisor import State
 from ..config import Role
 from ..config.inference_mode import InferenceMode
 from ..models.model import Model
+from ..models.pool import ModelView
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-class _View(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def state(self) -> str: ...
-
-    @property
-    def pinned(self) -> bool: ...
-
-    @property
-    def is_default(self) -> bool: ...
-
-    @property
-    def role(self) -> str: ...
 
 
 class Pooled(Protocol):
@@ -75,7 +59,7 @@ class Pooled(Protocol):
 
     def roles(self) -> Mapping[str, Model]: ...
 
-    def models(self) -> Sequence[_View]: ...
+    def models(self) -> Sequence[ModelView]: ...
 
     def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]: ...
 

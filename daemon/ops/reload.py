@@ -40,7 +40,7 @@ options that were applied or brought to a new child taken from the new one
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -179,15 +179,15 @@ async def _apply_role(model: Model, current: Config, new: Config,
 async def reload_config(
     current: Config,
     load: Callable[[], Config],
-    children: Mapping[str, Model],
     swaps: SwapManager,
     modes: ModeManager,
     *,
     pool: Pool | None = None,
 ) -> tuple[Config, ReloadReport]:
     """Apply a fresh configuration; return the configuration now in force and a report.
-    With ``pool``, a changed catalog is applied to it (models added, removed, relaunched
-    with new settings)."""
+    The model registry ``pool`` gives each role's model (a changed role section swaps or
+    switches it) and takes a changed catalog (models added, removed, relaunched with new
+    settings); None: no models to change."""
     report = ReloadReport()
     try:
         new = load()
@@ -200,7 +200,7 @@ async def reload_config(
     applied = current
     for role in _ROLES:
         old_cc, new_cc = current.child(role), new.child(role)
-        model = children.get(role)
+        model = pool.roles().get(role) if pool is not None else None
         if model is None or (old_cc == new_cc
                              and current.settings.llama_bin == new.settings.llama_bin):
             continue

@@ -140,7 +140,7 @@ async def test_a_reload_applies_retrieval_limits_and_reports_the_rest() -> None:
                "answer.default_k": 7, "state_dir": "/srv/state", "limits.max_message_bytes": 2048,
                "limits.max_stop": 3}
     current = _build(base)
-    applied, report = await reload_config(current, lambda: _build(base | changed), {},
+    applied, report = await reload_config(current, lambda: _build(base | changed),
                                           cast(Any, None), cast(Any, None))
     assert report.changes == {
         "state_dir": "restart needed", "retrieval.embed_batch": "restart needed",
