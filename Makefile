@@ -83,8 +83,17 @@ typecheck: install
 # runs every tier but unit. Prerequisites are made in order, left to right.
 check: lint typecheck unit
 
+# The unit tier is CPU-bound (~110 CPU-seconds), so it runs on one pytest-xdist worker per
+# core, at most 8 (each worker collects the whole tier itself, a few CPU-seconds). Workers
+# take whole files (--dist loadfile), so a module's fixtures (test_vectors' 20k-vector
+# index) are built once. Only tests/unit is collected: tests/tiers.py refuses a unit test
+# anywhere else. Bytecode is cached even under PYTHONDONTWRITEBYTECODE: without the cache
+# every worker compiles the project and rewrites the test modules' asserts, each run.
+UNIT_JOBS ?= $(shell n=$$(nproc); echo $$((n < 8 ? n : 8)))
+
 unit: install
-	$(BIN)/python -m pytest -m unit
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -m unit -n $(UNIT_JOBS) --dist loadfile \
+	  tests/unit
 
 test: check test-tools llama-server models wheelhouse
 	LLAMAD_MODELS_DIR=$(abspath $(MODELS_DIR)) LLAMAD_WHEELHOUSE=$(abspath $(WHEELHOUSE)) \

@@ -3,7 +3,8 @@
 Every test is in exactly one tier, marked so that ``-m`` selects it:
 
 * ``unit``: in-process only (fakes, tmp files, loopback servers in this process); the
-  default for ``tests/unit``. It may start no OS process: one that does fails and is told
+  default for ``tests/unit``, and refused elsewhere in ``tests/`` (``make check`` collects
+  ``tests/unit`` alone). It may start no OS process: one that does fails and is told
   to mark itself ``process``. ``make check`` runs this tier.
 * ``process``: starts real OS processes that are not llama.cpp (the fake child, ``python
   -c`` snippets, the PDF worker, openssl, pip); the default for ``tests/integration``
@@ -32,7 +33,8 @@ TIERS = (UNIT, PROCESS, INTEGRATION)
 # (the fake child's slow start); integration keeps pyproject's 300 s (a model's load).
 TIMEOUTS = {UNIT: 20, PROCESS: 60, INTEGRATION: 300}
 
-_UNIT_DIR = Path(__file__).resolve().parent / "unit"
+_TESTS_DIR = Path(__file__).resolve().parent
+_UNIT_DIR = _TESTS_DIR / "unit"
 _STARTED = pytest.StashKey[list[str]]()
 
 
@@ -41,9 +43,15 @@ def tier(item: pytest.Item) -> str:
     marked = [name for name in (INTEGRATION, PROCESS, UNIT) if item.get_closest_marker(name)]
     if len(marked) > 1:
         raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(marked)}: one tier")
+    in_unit_dir = _UNIT_DIR in item.path.parents
+    if marked == [UNIT] and not in_unit_dir and _TESTS_DIR in item.path.parents:
+        # `make check` collects tests/unit alone, and `make test` runs every tier but unit:
+        # a unit test elsewhere in tests/ would run in neither.
+        raise pytest.UsageError(f"{item.nodeid} is marked unit outside tests/unit: move it "
+                                "there, or mark it process")
     if marked:
         return marked[0]
-    return UNIT if _UNIT_DIR in item.path.parents else PROCESS
+    return UNIT if in_unit_dir else PROCESS
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -3,9 +3,14 @@ gets one tier and its timeout, and a unit test that starts a process fails."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
+
 import pytest
 
-from tests.tiers import TIMEOUTS
+from tests import tiers
+from tests.tiers import TIMEOUTS, tier
 
 SPAWNS = "import subprocess\n@pytest.mark.unit\ndef test_it():\n    {body}\n"
 
@@ -60,3 +65,23 @@ def test_two_tiers_are_refused(pytester: pytest.Pytester) -> None:
     result = run(pytester, "@pytest.mark.unit\n@pytest.mark.process\ndef test_it():\n    pass\n")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*test_it is marked process and unit: one tier*"])
+
+
+def _item(path: Path, *markers: str) -> pytest.Item:
+    """What tier() reads of an item: its path, node id and markers."""
+    marks = {name: getattr(pytest.mark, name) for name in markers}
+    return cast(pytest.Item, SimpleNamespace(
+        path=path, nodeid=f"{path.name}::test_it", get_closest_marker=marks.get))
+
+
+def test_a_unit_test_outside_tests_unit_is_refused() -> None:
+    """`make check` collects tests/unit alone and `make test` runs every tier but unit, so a
+    test marked unit elsewhere in tests/ stops the session; a file outside tests/ (an inner
+    session's) may be unit, and a test in tests/unit is unit unmarked."""
+    tests = Path(tiers.__file__).resolve().parent
+    with pytest.raises(pytest.UsageError, match="test_it is marked unit outside tests/unit"):
+        tier(_item(tests / "integration" / "test_x.py", "unit"))
+    assert tier(_item(tests / "integration" / "test_x.py")) == "process"
+    assert tier(_item(tests.parent.parent / "elsewhere" / "test_x.py", "unit")) == "unit"
+    assert tier(_item(tests / "unit" / "test_x.py")) == "unit"
+    assert tier(_item(tests / "unit" / "test_x.py", "process")) == "process"
