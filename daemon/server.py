@@ -23,18 +23,15 @@ from pathlib import Path
 
 import grpc
 import structlog
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from llamad_protocol.v1 import (
-    answer_pb2,
     answer_pb2_grpc,
-    control_pb2,
     control_pb2_grpc,
-    inference_pb2,
     inference_pb2_grpc,
-    retrieval_pb2,
     retrieval_pb2_grpc,
+    wire,
 )
 from retrieval import Retriever
 from supervisor import Clock, State, StateChange, SystemClock
@@ -88,12 +85,9 @@ from .telemetry.metrics import Metrics
 
 _log = structlog.get_logger("llamad.daemon")
 
-SERVICE_NAMES = (
-    inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name,
-    control_pb2.DESCRIPTOR.services_by_name["ControlService"].full_name,
-    retrieval_pb2.DESCRIPTOR.services_by_name["RetrievalService"].full_name,
-    answer_pb2.DESCRIPTOR.services_by_name["AnswerService"].full_name,
-    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+SERVICE_NAMES = (  # what reflection lists (test_proto ties the names to the descriptors)
+    wire.INFERENCE_SERVICE, wire.CONTROL_SERVICE, wire.RETRIEVAL_SERVICE,
+    wire.ANSWER_SERVICE, wire.HEALTH_SERVICE,
     reflection.SERVICE_NAME,
 )
 

@@ -162,25 +162,21 @@ def run_retrieval(args: argparse.Namespace, env: Mapping[str, str] | None = None
     lock = StateLock(state_dir)
     try:
         lock.acquire()
-    except StateDirInUse as exc:
-        print(f"llamad: migrate: {exc} (stop the daemon before migrating)", file=sys.stderr)
-        return EXIT_CONFIG
     except OSError as exc:
-        print(f"llamad: migrate: {exc}", file=sys.stderr)
+        hint = " (stop the daemon before migrating)" if isinstance(exc, StateDirInUse) else ""
+        print(f"llamad: migrate: {exc}{hint}", file=sys.stderr)
         return EXIT_CONFIG
     reporter = _Reporter()
     try:
         result = migrate_store(state_dir / "retrieval", postgres,
                          batch_documents=args.batch_documents, max_batches=args.max_batches,
                          on_progress=reporter)
-    except MigrationRefused as exc:
-        print(f"llamad: migrate: refused: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except StoreUnavailable as exc:
-        print(f"llamad: migrate: {exc} (rerun to resume)", file=sys.stderr)
-        return EXIT_FAILED
     except RetrievalError as exc:
-        print(f"llamad: migrate: failed: {exc} (rerun to resume)", file=sys.stderr)
+        if isinstance(exc, MigrationRefused):
+            print(f"llamad: migrate: refused: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        failed = "" if isinstance(exc, StoreUnavailable) else "failed: "
+        print(f"llamad: migrate: {failed}{exc} (rerun to resume)", file=sys.stderr)
         return EXIT_FAILED
     finally:
         lock.release()
