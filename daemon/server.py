@@ -1,4 +1,6 @@
-"""The daemon: composition root. Builds the children, serves gRPC, drains on SIGTERM.
+"""The daemon: composition root. Builds each role's model and the model registry that owns
+them and every other model (:class:`daemon.models.pool.Pool`), serves gRPC, drains on
+SIGTERM.
 
 Start-up order: the state directory is locked first (one daemon per state directory,
 :mod:`daemon.ops.statelock`), then the gRPC server listens (health answers NOT_SERVING while
@@ -7,8 +9,9 @@ the children load, so clients can Watch), then the supervisors start the childre
 Shutdown (SIGTERM or SIGINT): health turns NOT_SERVING everywhere and the agent-check port
 answers ``drain``; after ``drain_notice`` seconds (0 by default; calls arriving meanwhile
 are served) gRPC sends GOAWAY and new calls are refused with UNAVAILABLE, in-flight calls
-get ``drain_grace`` seconds to finish, then the children are stopped (generation first,
-then embedding) and reaped, and the process exits with status 0 (docs/scale-out.md).
+get ``drain_grace`` seconds to finish (on every model, those loaded on demand too), then
+the registry stops every model's child (those loaded on demand, then generation, then
+embedding) and they are reaped, and the process exits with status 0 (docs/scale-out.md).
 """
 
 from __future__ import annotations
