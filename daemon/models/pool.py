@@ -1,4 +1,5 @@
-"""The model pool: every model of the catalog by name, and which of them are resident.
+"""The model pool, the daemon's one model registry: every model of the catalog by name,
+each role's own model, and which of them are resident.
 
 The pool owns one :class:`~daemon.models.model.Model` per catalog model: each role's default model
 is the role's own (built by the server from ``[generation]``/``[embedding]``, which Swap,
@@ -15,7 +16,12 @@ What it offers:
 * :meth:`Pool.entry`: a request's ``model`` name resolved (NOT_FOUND naming the models
   that exist; a model of another role is INVALID_ARGUMENT);
 * :meth:`Pool.load` and :meth:`Pool.unload`: make a model resident (concurrent loads of
-  one model share one start) or take it out of residency (its calls drain first).
+  one model share one start) or take it out of residency (its calls drain first);
+* :meth:`Pool.roles` and :meth:`Pool.of_role`: the model serving a role (Swap, SetMode,
+  Reset, TailLogs, Status, reload, recycling ask here);
+* :meth:`Pool.every_model` (drain, the agent check, systemd's status line) and
+  :meth:`Pool.built` (a reload's queue size, log rings at shutdown); the metrics of each
+  model's queue (:meth:`Pool._admitted`); :meth:`Pool.stop` (shutdown, every model).
 """
 
 from __future__ import annotations
@@ -198,7 +204,8 @@ class Pool(PoolViews, PoolReloads):
     def every_model(self) -> dict[str, Model]:
         """Every model that may have calls: each role's by role, then each model the pool
         loaded on demand by name while it serves or still has calls (being unloaded). What
-        drain, the agent check and in-flight counts read, so none misses a model."""
+        drain, the agent check, in-flight counts and systemd's status line read, so none
+        misses a model."""
         every = dict(self._roles)
         for name, model in self._models.items():
             if name in self._defaults:
