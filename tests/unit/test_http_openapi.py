@@ -12,6 +12,8 @@ from typing import Any
 import jsonschema
 import pytest
 from google.protobuf.message import Message
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from multidict import MultiDict
 from openapi_spec_validator import validate
 
@@ -183,3 +185,32 @@ def test_query_parameters_read_repeated_fields_and_refuse_unknown_ones() -> None
                        rpb.UpsertDocumentRequest)
     assert dated.HasField("wait") and not dated.wait
     assert dated.document_date.seconds == 1769817600
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12)
+_BODIES = [rpb.SearchRequest, rpb.UpsertDocumentRequest, rpb.AddSourceRequest,
+           rpb.ReindexRequest, rpb.ReprocessRequest, rpb.ReviewDocumentRequest,
+           rpb.SetSourceDisabledRequest, cpb.UnloadModelRequest]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(_BODIES), st.data())
+def test_any_json_is_read_or_refused_naming_a_field(cls: type[Message],
+                                                    data: st.DataObject) -> None:
+    """Any JSON object, with the message's own field names among random ones, is read or
+    refused as a ParamError naming a field; never another exception."""
+    names = [f.name for f in cls.DESCRIPTOR.fields] + [f.json_name
+                                                       for f in cls.DESCRIPTOR.fields]
+    body = data.draw(st.dictionaries(st.sampled_from(names) | st.text(max_size=5), _JSON,
+                                     max_size=5))
+    refused: ParamError | None = None
+    try:
+        read_body(body, cls)
+    except ParamError as exc:
+        refused = exc
+    if refused is not None:  # an unknown key itself, or a path from a field's name
+        root = re.split(r"[.\[]", refused.param, maxsplit=1)[0]
+        assert refused.param in body or root in names, (refused.param, body)
