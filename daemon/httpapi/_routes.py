@@ -35,6 +35,7 @@ import base64
 import functools
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from aiohttp import web
@@ -133,7 +134,13 @@ async def rerank(api: Api, request: web.BaseRequest, call: Call,
 async def openapi(api: Api, request: web.BaseRequest, call: Call,
                   body: _parse.Body) -> web.StreamResponse:
     """The OpenAPI 3.1 document of every route (:mod:`._openapi`)."""
-    return json_response(request, _openapi.document(routes()))
+    return json_response(request, _openapi_document())
+
+
+@functools.cache
+def _openapi_document() -> dict[str, Any]:
+    """Made once: the route table is fixed once imported."""
+    return _openapi.document(routes())
 
 
 _INFERENCE = "/llamad.v1.InferenceService/"
