@@ -19,7 +19,7 @@ from llamad_protocol.v1 import control_pb2, inference_pb2
 from llamad_protocol.v1.wire import RETRY_AFTER_KEY
 from supervisor import State
 from tests.conftest import models_dir
-from tests.support.daemon import GEN, Clients, config_env, serving
+from tests.support.daemon import GEN, Clients, catalog_env, config_env, serving
 from tests.support.procs import alive
 
 pytestmark = pytest.mark.integration
@@ -214,17 +214,12 @@ async def test_two_models_with_room_for_one_serve_every_call(llama_server: str,
     other: six concurrent streams alternating between them all complete, each served by
     the model it named, without a refusal (a switch serves the queued calls first; calls
     arriving meanwhile wait for the next load); at most one child runs at any time."""
-    config = tmp_path / "llamad.toml"
-    config.write_text(
+    env = catalog_env(
+        tmp_path,
         f'[generation]\nmodel = "smol"\n\n'
         f'[models.smol]\nmodel = "{models_dir() / (SMOL + ".gguf")}"\npin = false\n\n'
-        f'[models.gemma]\nmodel = "{models_dir() / (GEMMA + ".gguf")}"\n')
-    empty = tmp_path / "no-models"
-    empty.mkdir()
-    env = config_env("llama-server", LLAMAD_CONFIG=str(config), LLAMAD_MODELS_DIR=str(empty),
-                     LLAMAD_EMBEDDING_MODE="disabled", LLAMAD_MODELS_MAX_RESIDENT="1",
-                     LLAMAD_MODELS_TURN="1")
-    del env["LLAMAD_GENERATION_MODEL"]  # the file's [generation] names it
+        f'[models.gemma]\nmodel = "{models_dir() / (GEMMA + ".gguf")}"\n',
+        LLAMAD_MODELS_MAX_RESIDENT="1", LLAMAD_MODELS_TURN="1")
     async with serving(env) as (daemon, clients):
         most = 0
 
@@ -296,15 +291,12 @@ async def test_shared_first_start_ttl_unload_and_a_broken_file_alone(
     broken = tmp_path / "cut.gguf"
     with (models_dir() / f"{SMOL}.gguf").open("rb") as whole:
         broken.write_bytes(whole.read(256 * 1024))  # the header, then nothing
-    config = tmp_path / "llamad.toml"
-    config.write_text(
+    env = catalog_env(
+        tmp_path,
         f'[models]\nttl_check_interval = 0.2\n\n'
         f'[models.gemma]\nmodel = "{models_dir() / (GEMMA + ".gguf")}"\nttl = 2\n\n'
-        f'[models.cut]\nmodel = "{broken}"\nrole = "generation"\n')
-    empty = tmp_path / "no-models"
-    empty.mkdir()
-    env = config_env("llama-server", LLAMAD_CONFIG=str(config), LLAMAD_MODELS_DIR=str(empty),
-                     LLAMAD_EMBEDDING_MODE="disabled", LLAMAD_GENERATION_PARALLEL="2")
+        f'[models.cut]\nmodel = "{broken}"\nrole = "generation"\n',
+        LLAMAD_GENERATION_PARALLEL="2")
     async with serving(env) as (daemon, clients):
         registry = daemon.metrics.registry
 

@@ -12,7 +12,7 @@ import pytest
 from daemon.models import memory
 from llamad_protocol.v1 import control_pb2, inference_pb2
 from tests.conftest import models_dir
-from tests.support.daemon import config_env, make_daemon, served
+from tests.support.daemon import catalog_env, make_daemon, served
 
 pytestmark = pytest.mark.integration
 
@@ -33,20 +33,14 @@ def _rss(pid: int) -> int:
 
 
 def _env(tmp_path: Path, budget_mb: int) -> dict[str, str]:
-    config = tmp_path / "llamad.toml"
-    config.write_text(
+    return catalog_env(
+        tmp_path,
         f'[generation]\nmodel = "smol"\n\n'
         f'[models.smol]\nmodel = "{models_dir() / (SMOL + ".gguf")}"\npin = false\n'
         f'cache_ram = {CACHE["smol"]}\n\n'
         f'[models.gemma]\nmodel = "{models_dir() / (GEMMA + ".gguf")}"\n'
-        f'cache_ram = {CACHE["gemma"]}\n')
-    empty = tmp_path / "no-models"
-    empty.mkdir(exist_ok=True)
-    env = config_env("llama-server", LLAMAD_CONFIG=str(config), LLAMAD_MODELS_DIR=str(empty),
-                     LLAMAD_EMBEDDING_MODE="disabled",
-                     LLAMAD_MODELS_MEMORY_BUDGET_MB=str(budget_mb))
-    del env["LLAMAD_GENERATION_MODEL"]  # the file's [generation] names it
-    return env
+        f'cache_ram = {CACHE["gemma"]}\n',
+        LLAMAD_MODELS_MEMORY_BUDGET_MB=str(budget_mb))
 
 
 async def _generate(stub: object, model: str) -> str:

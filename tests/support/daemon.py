@@ -6,6 +6,7 @@ import contextlib
 import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -41,6 +42,21 @@ def config_env(runtime: str, **overrides: str) -> dict[str, str]:
         "LLAMAD_LOG_FORMAT": "json",
     }
     env.update(overrides)
+    return env
+
+
+def catalog_env(folder: Path, toml: str, **overrides: str) -> dict[str, str]:
+    """:func:`config_env` (llama-server, embedding disabled, ``overrides``) whose models are
+    only the ``[models.NAME]`` tables of ``toml``, written as ``folder``/llamad.toml (its
+    models directory is empty); a ``[generation]`` table in it names the generation model."""
+    config = folder / "llamad.toml"
+    config.write_text(toml)
+    empty = folder / "no-models"
+    empty.mkdir(exist_ok=True)
+    env = config_env("llama-server", LLAMAD_CONFIG=str(config), LLAMAD_MODELS_DIR=str(empty),
+                     LLAMAD_EMBEDDING_MODE="disabled", **overrides)
+    if "[generation]" in toml:
+        del env["LLAMAD_GENERATION_MODEL"]  # the file's [generation] names it
     return env
 
 

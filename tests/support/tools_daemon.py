@@ -11,7 +11,7 @@ from pathlib import Path
 
 from daemon import Daemon
 from tests.conftest import DEFAULT_MODEL, SMALL_MODEL, models_dir
-from tests.support.daemon import config_env, serving
+from tests.support.daemon import catalog_env, serving
 
 SMOL = "smol"
 GEMMA = "gemma"
@@ -27,19 +27,13 @@ def tools_env(folder: Path, **extra: str) -> dict[str, str]:
     generation model ``smol`` has the chatml-tools template and whose ``gemma`` loads on
     demand, the HTTP API on a free loopback port, one generation slot, no embedding; its
     files under ``folder``."""
-    config = folder / "llamad.toml"
-    config.write_text(
+    return catalog_env(
+        folder,
         f'[generation]\nmodel = "{SMOL}"\n\n'
         f'[models.{SMOL}]\nmodel = "{models_dir() / SMALL_MODEL}"\n'
         'chat_template = "chatml-tools"\n\n'
-        f'[models.{GEMMA}]\nmodel = "{models_dir() / DEFAULT_MODEL}"\n')
-    empty = folder / "no-models"
-    empty.mkdir()
-    env = config_env("llama-server", LLAMAD_CONFIG=str(config), LLAMAD_MODELS_DIR=str(empty),
-                     LLAMAD_HTTP_LISTEN="127.0.0.1:0", LLAMAD_GENERATION_PARALLEL="1",
-                     LLAMAD_EMBEDDING_MODE="disabled", **extra)
-    del env["LLAMAD_GENERATION_MODEL"]  # the file's [generation] names it
-    return env
+        f'[models.{GEMMA}]\nmodel = "{models_dir() / DEFAULT_MODEL}"\n',
+        LLAMAD_HTTP_LISTEN="127.0.0.1:0", LLAMAD_GENERATION_PARALLEL="1", **extra)
 
 
 @contextlib.asynccontextmanager
