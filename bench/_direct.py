@@ -1,23 +1,14 @@
 """Talking to a llamad child directly, as the benches that compare llamad with the child it
 runs do: over the child's private UNIX socket (Status shows it), with the per-launch key
-read from the child's environment (``/proc/PID/environ``: the daemon's user or root only).
+read from the child's environment (``/proc/PID/environ``: the daemon's user or root only;
+tests/support/child_http.py's ``child_key``).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import httpx
 
-_KEY = b"LLAMA_API_KEY="
-
-
-def child_key(pid: int) -> str:
-    """The API key the child ``pid`` was started with."""
-    for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-        if item.startswith(_KEY):
-            return item[len(_KEY):].decode()
-    raise LookupError(f"pid {pid} has no LLAMA_API_KEY in its environment")
+from tests.support.child_http import child_key
 
 
 def child_http(socket: str, pid: int, *, timeout: float | httpx.Timeout = 300.0,
