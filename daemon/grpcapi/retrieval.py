@@ -30,9 +30,9 @@ from .retrieval_wire import (
     document_date_from,
     filters_from,
     query_from,
+    retrieval_status,
     search_hit,
     states_from,
-    vector_rebuild,
 )
 
 
@@ -195,27 +195,8 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         self, request: rpb.RetrievalStatusRequest, context: grpc.aio.ServicerContext,
         call: rpc.Call,
     ) -> rpb.RetrievalStatusResponse:
-        s = await self._r.status()
-        return rpb.RetrievalStatusResponse(
-            sources=s.sources,
-            chunks=s.chunks,
-            documents_by_state=s.documents_by_state,
-            embedded_chunks=s.embedded_chunks,
-            vectors=s.vectors,
-            embedding_model=s.embedding_model,
-            disk_bytes=s.disk_bytes,
-            repaired=s.repaired,
-            source_list=await self._sources(),
-            backfill=rpb.VectorBackfill(
-                running=s.backfill.running, model=s.backfill.model,
-                pending=s.backfill.pending, done=s.backfill.done,
-                failed=s.backfill.failed, last_error=s.backfill.last_error),
-            rebuild=vector_rebuild(s.rebuild),
-            pruned=self._r.pruned,
-            store=s.store,
-            lexical_ranking=s.lexical_ranking,
-            store_target=s.store_target,
-        )
+        return retrieval_status(await self._r.status(), await self._sources(),
+                                self._r.pruned)
 
     @rpc.unary("Reprocess")
     async def Reprocess(

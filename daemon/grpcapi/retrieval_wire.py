@@ -13,6 +13,7 @@ from retrieval import (
     Filters,
     Hit,
     Query,
+    RetrievalStatus,
     ScanReport,
     SearchMode,
     SourceRow,
@@ -120,6 +121,23 @@ def document_date_from(request: rpb.UpsertDocumentRequest) -> int | None:
         raise InvalidArgument(f"document_date is out of range ({ts.seconds} s, {ts.nanos} "
                               "ns): it must lie within years 1 to 9999")
     return ts.seconds
+
+
+def retrieval_status(s: RetrievalStatus, sources: list[rpb.Source], pruned: int
+                     ) -> rpb.RetrievalStatusResponse:
+    """The knowledge base's status (``sources``: each with its document count;
+    ``pruned``: records retention removed since the start)."""
+    return rpb.RetrievalStatusResponse(
+        sources=s.sources, chunks=s.chunks, documents_by_state=s.documents_by_state,
+        embedded_chunks=s.embedded_chunks, vectors=s.vectors,
+        embedding_model=s.embedding_model, disk_bytes=s.disk_bytes, repaired=s.repaired,
+        source_list=sources,
+        backfill=rpb.VectorBackfill(
+            running=s.backfill.running, model=s.backfill.model, pending=s.backfill.pending,
+            done=s.backfill.done, failed=s.backfill.failed,
+            last_error=s.backfill.last_error),
+        rebuild=vector_rebuild(s.rebuild), pruned=pruned, store=s.store,
+        lexical_ranking=s.lexical_ranking, store_target=s.store_target)
 
 
 def vector_rebuild(r: VectorRebuild) -> rpb.VectorRebuild:

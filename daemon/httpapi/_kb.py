@@ -1,6 +1,6 @@
 """The knowledge base over HTTP, llamad's own extension beside ``/v1/llamad/ask``: search,
 documents (push text or a file's bytes, get, delete, list), review (list held, approve,
-reject), sources (list, add, disable, remove), reindex and reprocess.
+reject), sources (list, add, disable, remove), reindex, reprocess and status.
 
 Each route stands for one RetrievalService RPC (its access role, its metrics label) and
 takes that RPC's request message in protobuf's JSON mapping (a JSON body, or for the GET
@@ -26,6 +26,7 @@ from ..grpcapi.retrieval_wire import (
     _source,
     filters_from,
     query_from,
+    retrieval_status,
     search_hit,
     states_from,
 )
@@ -211,6 +212,18 @@ async def reprocess(api: Api, request: web.BaseRequest, call: Call,
     call.note(document=msg.document_id or None, source=msg.source_id or None, chunks=chunks)
     return json_response(request, to_json(rpb.ReprocessResponse(chunks=chunks,
                                                                 reason=reason)))
+
+
+STATUS = Doc("The knowledge base's status: counts by state, vectors, backfill, rebuild, "
+             "store", tag="knowledge", response=rpb.RetrievalStatusResponse)
+
+
+async def status(api: Api, request: web.BaseRequest, call: Call,
+                 body: _parse.Body) -> web.StreamResponse:
+    retriever = _kb(api).retriever
+    counted = [_source(s, n) for s, n in await sources.listed(retriever)]
+    return json_response(request, to_json(retrieval_status(
+        await retriever.status(), counted, retriever.pruned)))
 
 
 LIST_SOURCES = Doc("Every source with its number of documents", tag="knowledge",

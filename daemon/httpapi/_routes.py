@@ -198,6 +198,7 @@ KB_ROUTES: tuple[tuple[str, Route], ...] = (
                                       _kb.APPROVE)),
     ("/v1/llamad/review/reject", _rpc("POST", "RejectDocument", _kb.reject, _kb.REJECT)),
     ("/v1/llamad/reprocess", _rpc("POST", "Reprocess", _kb.reprocess, _kb.REPROCESS)),
+    ("/v1/llamad/status", _rpc("GET", "Status", _kb.status, _kb.STATUS)),
     ("/v1/llamad/sources", _rpc("GET", "ListSources", _kb.list_sources,
                                _kb.LIST_SOURCES)),
     ("/v1/llamad/sources", _rpc("POST", "AddSource", _kb.add_source, _kb.ADD_SOURCE)),

@@ -168,6 +168,9 @@ async def test_sources_reindex_disable_reprocess_and_delete(
                                json={"source_id": "ops", "stream": True}) as streamed:
         lines = [line async for line in streamed.aiter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]" and '"done":true' in lines[-2]
+    status = await api.call("Status", path="/v1/llamad/status", token=READ)
+    assert status["documents_by_state"]["indexed"] and int(status["chunks"]) >= 1
+    assert "ops" in [s["id"] for s in status["source_list"]]
     listed = await api.call("ListSources", token=READ)
     assert {s["id"]: s.get("documents", 0) for s in listed["sources"]}["ops"] == 1
     found = await api.call("Search", token=READ, json={"query": "wombat backups",

@@ -75,7 +75,8 @@ def test_each_operation_needs_its_grpc_methods_role() -> None:
     for read in [("/v1/llamad/search", "post"), ("/v1/llamad/documents", "get"),
                  ("/v1/llamad/document", "get"), ("/v1/llamad/review", "get"),
                  ("/v1/llamad/sources", "get"), ("/v1/llamad/ask", "post"),
-                 ("/tokenize", "post"), ("/openapi.json", "get")]:
+                 ("/tokenize", "post"), ("/openapi.json", "get"),
+                 ("/v1/llamad/status", "get")]:
         assert roles[read] == "read", read
 
 
