@@ -10,7 +10,10 @@ Modules: :mod:`._server` (listener, per-request frame, aiohttp's own errors in J
 :mod:`._routes` (the route table, models, embeddings, rerank), :mod:`._generate` (chat
 and completions, whole and streamed), :mod:`._parse` (request bodies), :mod:`._shapes`
 (response bodies), :mod:`._models` (the catalog), :mod:`._errors` (statuses and OpenAI's
-error object).
+error object), :mod:`._kb` (the knowledge base: search, documents, review, sources,
+reindex, reprocess, status), :mod:`._admin` (``/tokenize``, model load and unload),
+:mod:`._protojson` (gRPC messages read from and written as JSON, and their JSON Schema),
+:mod:`._openapi` and :mod:`._docs` (``GET /openapi.json``, made from the route table).
 """
 
 from ._errors import ApiError
