@@ -15,10 +15,9 @@ from typing import Any
 import pytest
 
 from retrieval import Query, RetrievalLimits, Retriever
-from retrieval.postgres._connect import PgOptions
 from supervisor import ManualClock
 from tests.support.embedder import HashEmbedder
-from tests.support.postgres import two_nodes
+from tests.support.postgres import on_postgres, two_nodes
 from tests.unit import test_history as embedded
 
 EMBEDDED_TESTS = [
@@ -42,10 +41,7 @@ async def test_the_embedded_history_behaviour_on_postgres(
         test: Callable[..., Awaitable[None]], tmp_path: Path, pg_dsn: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Each embedded history test, its retrievers on the PostgreSQL store."""
-    def pg_retriever(root: Path, *args: Any, **kwargs: Any) -> Retriever:
-        return Retriever(root, *args, postgres=PgOptions(pg_dsn), **kwargs)
-
-    monkeypatch.setattr(embedded, "Retriever", pg_retriever)
+    pg_retriever = on_postgres(monkeypatch, embedded, pg_dsn)
     clock = ManualClock()
     wanted = inspect.signature(test).parameters
     given: dict[str, Any] = {"clock": clock, "tmp_path": tmp_path}

@@ -9,14 +9,12 @@ from __future__ import annotations
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from retrieval import Embedder, Filters, Query, RetrievalLimits, Retriever
-from retrieval.postgres._connect import PgOptions
+from retrieval import Filters, Query, Retriever
 from tests.support.embedder import fill
-from tests.support.postgres import two_nodes
+from tests.support.postgres import on_postgres, two_nodes
 from tests.unit import test_sources as embedded
 
 EMBEDDED_TESTS = [
@@ -30,18 +28,7 @@ async def test_the_embedded_source_behaviour_on_postgres(
         test: Callable[..., Awaitable[None]], tmp_path: Path, pg_dsn: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Each embedded source test, its retrievers on the PostgreSQL store."""
-    def pg_retriever(root: Path, *args: Any, **kwargs: Any) -> Retriever:
-        return Retriever(root, *args, postgres=PgOptions(pg_dsn), **kwargs)
-
-    async def filled(root: Path, embedder: Embedder | None,
-                     limits: RetrievalLimits | None = None, **kwargs: Any) -> Retriever:
-        r = pg_retriever(root, lambda: embedder, limits, **kwargs)
-        await r.open()
-        await fill(r)
-        return r
-
-    monkeypatch.setattr(embedded, "Retriever", pg_retriever)
-    monkeypatch.setattr(embedded, "filled", filled)
+    on_postgres(monkeypatch, embedded, pg_dsn)
     assert list(inspect.signature(test).parameters) == ["tmp_path"]
     await test(tmp_path)
 

@@ -19,15 +19,16 @@ import time
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import conninfo, sql
 
-from retrieval import Embedder, Retriever
+from retrieval import Embedder, RetrievalLimits, Retriever
 from retrieval.postgres._connect import PgOptions
-from tests.support.embedder import HashEmbedder
+from tests.support.embedder import HashEmbedder, fill
 
 SUPERUSER = "postgres"
 _names = itertools.count(1)
@@ -145,3 +146,24 @@ async def two_nodes(tmp_path: Path, dsn: str,
     finally:
         await a.close()
         await b.close()
+
+
+def on_postgres(monkeypatch: pytest.MonkeyPatch, module: ModuleType, dsn: str
+                ) -> Callable[..., Retriever]:
+    """Make the embedded store's tests in ``module`` open their retrievers on the database
+    of ``dsn``: its ``Retriever`` and, where it has one, its ``filled``
+    (tests/support/embedder.py's) are replaced; returns the replacing ``Retriever``."""
+    def pg_retriever(root: Path, *args: Any, **kwargs: Any) -> Retriever:
+        return Retriever(root, *args, postgres=PgOptions(dsn), **kwargs)
+
+    async def filled(root: Path, embedder: Embedder | None,
+                     limits: RetrievalLimits | None = None, **kwargs: Any) -> Retriever:
+        r = pg_retriever(root, lambda: embedder, limits, **kwargs)
+        await r.open()
+        await fill(r)
+        return r
+
+    monkeypatch.setattr(module, "Retriever", pg_retriever)
+    if hasattr(module, "filled"):
+        monkeypatch.setattr(module, "filled", filled)
+    return pg_retriever
