@@ -43,6 +43,7 @@ from ._runtime import LaunchSpec, Runtime
 from ._sampling import Sampling
 from ._transport import ChildAddress
 from .errors import SupervisorError
+from .outcomes import OUTCOME_KINDS, OutcomePolicy, WatchedClient, watch_outcomes
 
 _log = structlog.get_logger("llamad.supervisor")
 
@@ -62,6 +63,18 @@ class Timeouts:
         busy_silence: while requests run, probes are skipped (a child serving one
             request at a time cannot answer them); only this long without a byte from
             the child makes a busy child suspect again.
+        failed_calls: calls in a row that fail on the child (a 5xx, a dropped
+            connection, a timeout, a stream with no token and no usage) before it is
+            taken out of service and replaced; 0: never (:mod:`supervisor.outcomes`).
+        token_probe_interval: seconds between looks at its outcomes; a stream silent
+            this long (or a failed call) gets the child a 1-token probe.
+        token_probe_timeout: seconds a 1-token probe may go unanswered before the child
+            is taken out of service (unless it answered other calls meanwhile, or its
+            serving loop answered); 0: no probes.
+        token_probe_per_gib: seconds added to ``token_probe_timeout`` per GiB of model
+            file (one step of a bigger model takes longer).
+        unresponsive_grace: seconds between SIGTERM and SIGKILL for a child taken out of
+            service (a stuck llama-server may ignore SIGTERM).
     """
 
     start: float = 60.0
@@ -71,11 +84,25 @@ class Timeouts:
     probe_failures: int = 3
     stop_grace: float = 10.0
     busy_silence: float = 120.0
+    failed_calls: int = 3
+    token_probe_interval: float = 1.0
+    token_probe_timeout: float = 4.0
+    token_probe_per_gib: float = 5.0
+    unresponsive_grace: float = 2.0
 
     @property
     def probes(self) -> ProbePolicy:
         """What the liveness loop (:func:`supervisor._liveness.watch_liveness`) needs."""
         return ProbePolicy(self.probe_interval, self.probe_failures, self.busy_silence)
+
+    def outcomes(self, model_bytes: int = 0) -> OutcomePolicy:
+        """What the outcome watch (:func:`supervisor.outcomes.watch_outcomes`) needs, for
+        a model file of ``model_bytes``."""
+        timeout = self.token_probe_timeout
+        if timeout > 0:
+            timeout += self.token_probe_per_gib * model_bytes / 2**30
+        return OutcomePolicy(self.failed_calls, self.token_probe_interval, timeout,
+                             self.busy_silence)
 
 
 class StartFailure(SupervisorError):
@@ -128,9 +155,15 @@ class ProcessChild:
         socket: Path,
         clock: Clock,
         timeouts: Timeouts,
+        *,
+        model_bytes: int = 0,
+        embedding: bool = False,
     ) -> None:
         self.process = process
         self.client = client
+        self._model_bytes = model_bytes
+        self._embedding = embedding
+        self._grace = timeouts.stop_grace
         self.socket = str(socket)
         self._socket = socket
         self.pid = process.pid
@@ -226,8 +259,50 @@ class ProcessChild:
             sleeper.cancel()
 
     async def watch(self) -> ExitCause:
-        """Return why the child stopped serving: it exited, or it hangs (then it is
-        stopped first)."""
+        """Return why the child stopped serving: it exited, it hangs (its ``/health``), or
+        its outcomes took it out of service (:mod:`supervisor.outcomes`). A child that
+        hangs or was taken out of service is condemned first: calls waiting on it end
+        as soon as it is stopped, with the cause. The supervisor marks it not ready, then
+        stops it."""
+        client = self.client
+        liveness = asyncio.ensure_future(self._watch_health())
+        watches = {liveness}
+        if isinstance(client, WatchedClient):
+            loop_check = client.loop_answers if client.dialect.llama_cpp else None
+            watches.add(asyncio.ensure_future(watch_outcomes(
+                client.outcomes, lambda: self._token_probe(client), clock=self._clock,
+                policy=self._timeouts.outcomes(self._model_bytes), loop_answers=loop_check)))
+        try:
+            done, _ = await asyncio.wait(watches, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in watches:
+                task.cancel()
+        # An exit the liveness loop saw is the cause, whatever the outcomes said.
+        cause = (liveness if liveness in done else next(iter(done))).result()
+        if cause.kind in OUTCOME_KINDS and self._exit_task.done():
+            cause = self._cause(self._exit_task.result())
+        if cause.kind in OUTCOME_KINDS:
+            gone = self._exit_task.done()
+            if not gone:
+                self._grace = self._timeouts.unresponsive_grace
+                _log.warning("child taken out of service", pid=self.pid, cause=cause.kind,
+                             reason=cause.message)
+        if isinstance(client, WatchedClient) and cause.kind in (*OUTCOME_KINDS, "hung"):
+            client.outcomes.condemn(cause)
+        return cause
+
+    async def _token_probe(self, client: WatchedClient) -> str | None:
+        """The outcome watch's probe; a probe that failed because the process is dying is
+        no verdict (the liveness loop reports the exit, with its signal or status)."""
+        failure = await client.probe(self._embedding)
+        if failure is not None:
+            await asyncio.wait({self._exit_task}, timeout=0.5)
+            if self._exit_task.done():
+                return None
+        return failure
+
+    async def _watch_health(self) -> ExitCause:
+        """The ``/health`` liveness loop: why the child exited or hangs."""
 
         async def probe() -> ProbeFailure | None:
             health = await self.client.health(timeout=self._timeouts.probe_timeout)
@@ -237,12 +312,9 @@ class ProcessChild:
             done = self._exit_task.done()
             return self._cause(self._exit_task.result()) if done else None
 
-        cause = await watch_liveness(probe, activity=self.client.activity, clock=self._clock,
-                                     policy=self._timeouts.probes, exited=exited,
-                                     pause=self._sleep_or_exit)
-        if cause.kind == "hung":
-            await self.stop()
-        return cause
+        return await watch_liveness(probe, activity=self.client.activity, clock=self._clock,
+                                    policy=self._timeouts.probes, exited=exited,
+                                    pause=self._sleep_or_exit)
 
     async def stop(self) -> None:
         """Terminate and reap the child, close its client and remove its socket.
@@ -250,6 +322,11 @@ class ProcessChild:
         Cancelling the caller still kills and reaps the child (``terminate`` shields
         that) and still removes the socket; the caller's ``CancelledError`` propagates.
         """
+        client = self.client
+        if isinstance(client, WatchedClient):
+            # Taken out of service: its waiting calls end now, naming why, not when the
+            # killed child drops their connections (a stuck one ignores SIGTERM).
+            client.outcomes.interrupt()
         try:
             if self.client.in_flight == 0:
                 # Idle (a drained child): close our keep-alive connections first, so
@@ -257,7 +334,7 @@ class ProcessChild:
                 # 62 ms to exit without one open, 162 ms with one; a switch between
                 # models with room for one waits for this exit).
                 await self.client.aclose()
-            await self.process.terminate(self._timeouts.stop_grace)
+            await self.process.terminate(self._grace)
             # The exit task ends with the reaped process; wait() neither raises its
             # result's exception nor swallows our own cancellation.
             await asyncio.wait({self._exit_task})
@@ -359,7 +436,7 @@ class ProcessLauncher:
                 "spawn_error", True, f"cannot start {argv[0]}: {exc.strerror or exc}",
                 at=self.clock.wall(),
             )) from exc
-        client = InferenceClient(
+        client = WatchedClient(
             ChildAddress.BASE_URL,
             model_id=alias,
             model_name=self.spec.model.name,
@@ -368,7 +445,12 @@ class ProcessLauncher:
             child=ChildAddress(str(sock), key),
             now=self.clock.monotonic,
         )
-        child = ProcessChild(process, client, sock, self.clock, self.timeouts)
+        try:
+            model_bytes = self.spec.model.stat().st_size
+        except OSError:
+            model_bytes = 0
+        child = ProcessChild(process, client, sock, self.clock, self.timeouts,
+                             model_bytes=model_bytes, embedding=self.spec.embedding)
         if on_stage is not None:
             on_stage("loading")
         await child.wait_ready(self.spec, on_stage)

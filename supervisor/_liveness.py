@@ -5,6 +5,9 @@ and heard from the server within ``busy_silence`` (a busy llama.cpp server may n
 a probe while it works on a long prompt: its progress is the proof of life). After
 ``probe_failures`` failed probes in a row it returns why, and the supervisor restarts or
 reconnects. Time is the injected clock's, so the tests drive every edge without sleeping.
+
+``/health`` is answered by llama-server's HTTP threads even while its serving loop is stuck:
+a child's calls are judged too, by :mod:`supervisor.outcomes`, beside this loop.
 """
 
 from __future__ import annotations

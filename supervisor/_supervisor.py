@@ -3,10 +3,15 @@
 Life of a child (see :mod:`supervisor._states` for the table)::
 
     idle ─► starting ─► running ─┐
-               ▲  │              │ crash / hang
+               ▲  │              │ crash / hang / taken out of service by its outcomes
                │  ├─(transient)─►backoff ──(delay)──► starting
                │  └─(permanent or breaker trips)─► failed ──(reset / cool-down)──► starting
     any ─(stop)─► stopped ─(start)─► starting
+
+A child that failed is marked not ready (backoff or failed) *before* it is stopped, so no
+call reaches it during its stop grace (a stuck child may ignore SIGTERM); the child's
+watch (:meth:`~supervisor._child.ProcessChild.watch`) judges it by ``/health`` and by
+its outcomes (:mod:`supervisor.outcomes`).
 
 Every state change is published as a :class:`StateChange` to subscribers (health,
 metrics, logs). Time comes from an injected :class:`Clock`, randomness from an injected
@@ -252,21 +257,24 @@ class Supervisor:
                 self._starting_since = self._clock.monotonic()
                 self._set(State.STARTING)
                 cause = await self._one_life()
-                self._child = None
                 self.running_since = None
                 self.last_exit = cause
                 now = self._clock.monotonic()
                 if self.breaker.record_failure(now, permanent=cause.permanent):
                     self.retry_at = self.breaker.half_open_at()
                     self._set(State.FAILED, cause)
-                    woken = await self._wait(None if self.retry_at is None else self.retry_at - now)
+                    await self._stop_child()
+                    woken = await self._wait(
+                        None if self.retry_at is None
+                        else self.retry_at - self._clock.monotonic())
                     if not woken:
                         self.breaker.half_open()
                 else:
                     delay = self.policy.delay(self.breaker.failures - 1, self._rng)
                     self.retry_at = now + delay
                     self._set(State.BACKOFF, cause)
-                    await self._wait(delay)
+                    await self._stop_child()
+                    await self._wait(max(0.0, self.retry_at - self._clock.monotonic()))
                 self.retry_at = None
                 if self._adopt is None:
                     self.restarts += 1
@@ -282,6 +290,15 @@ class Supervisor:
                 self._stopping = False
                 self._set(State.STOPPED)
 
+    async def _stop_child(self) -> None:
+        """Stop and reap the child that just failed, once it is no longer served: the
+        state change before this already refuses new calls (a child that ignores SIGTERM
+        is not given calls during its grace)."""
+        child = self._child
+        if child is not None:
+            await child.stop()
+        self._child = None
+
     def _take_adopted(self) -> LiveChild | None:
         if self._adopt is None:
             return None
@@ -295,7 +312,8 @@ class Supervisor:
             self._adopted.set_result(old)
 
     async def _one_life(self) -> ExitCause:
-        """Start (or adopt) a child, run it until it fails; return why it failed."""
+        """Start (or adopt) a child, run it until it fails; return why it failed. The
+        child is left to the caller to stop, after it marked it not ready."""
         adopted = self._take_adopted()
         if adopted is not None:
             self._child = adopted
@@ -344,8 +362,7 @@ class Supervisor:
             self._log.info("child swapped", old_pid=old.pid, new_pid=new.pid)
         if self._clock.monotonic() - self.running_since >= self.policy.stable_after:
             self.breaker.record_stable()
-        await self._child.stop()
-        return cause
+        return cause  # the child is stopped by the caller, once it is marked not ready
 
     # -- swaps ----------------------------------------------------------------------------
 

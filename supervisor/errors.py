@@ -7,6 +7,8 @@ The tree::
     ├── ChildNotReadyError       no running child to serve a request (retry later)
     ├── ChildRequestError        the child answered a request with an error
     │   ├── ChildBadRequestError the child rejected the request itself (4xx): do not retry
+    │   ├── ChildUnresponsiveError the child was taken out of service by its outcomes
+    │   │                        (calls failing, a 1-token probe failed or stalled)
     │   └── EndpointError        an external endpoint failed, with a named reason (``kind``):
     │                            refused, unreachable, timeout, tls, auth, api_key,
     │                            not_openai, unknown_model, not_chat, no_embeddings,
@@ -72,6 +74,20 @@ class ChildRequestError(SupervisorError):
 
 class ChildBadRequestError(ChildRequestError):
     """The child refused the request as invalid (HTTP 4xx); retrying will not help."""
+
+
+class ChildUnresponsiveError(ChildRequestError):
+    """The child serving the call was taken out of service while it said it was healthy
+    (its calls failed in a row, or its 1-token probe failed or got no answer): the call
+    is ended at once, naming why; the child is being replaced, so a retry may succeed.
+
+    Attributes:
+        kind: the cause's kind (``calls_failing``, ``probe_failed``, ``probe_stalled``).
+    """
+
+    def __init__(self, message: str, *, kind: str = "") -> None:
+        self.kind = kind
+        super().__init__(message)
 
 
 class IllegalTransitionError(SupervisorError):

@@ -102,7 +102,11 @@ class Config:
         return Timeouts(start=c.start_timeout, start_cap=c.start_cap,
                         probe_interval=c.probe_interval, probe_timeout=c.probe_timeout,
                         probe_failures=c.probe_failures, stop_grace=c.stop_grace,
-                        busy_silence=c.busy_silence)
+                        busy_silence=c.busy_silence, failed_calls=c.failed_calls,
+                        token_probe_interval=c.token_probe_interval,
+                        token_probe_timeout=c.token_probe_timeout,
+                        token_probe_per_gib=c.token_probe_per_gib,
+                        unresponsive_grace=c.unresponsive_grace)
 
     def child(self, role: Role | str) -> ChildConfig:
         """The child configuration of ``role``."""

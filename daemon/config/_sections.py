@@ -178,6 +178,24 @@ class ChildSettings:
     busy_silence: float = setting(
         120.0, "While calls run, seconds without a byte from the child before probes count "
         "again (a busy child may not answer them).", minimum=1)
+    failed_calls: int = setting(
+        3, "Calls in a row that fail on a child (a server error, a dropped connection, a "
+        "timeout, a stream with no token and no usage) before it is taken out of service "
+        "and replaced, however its /health answers; 0: never.", minimum=0)
+    token_probe_interval: float = setting(
+        1.0, "Seconds between looks at a child's outcomes: a stream silent this long, or "
+        "a failed call, gets the child a 1-token probe of llamad's own.", minimum=0.05)
+    token_probe_timeout: float = setting(
+        4.0, "Seconds a 1-token probe may go unanswered (plus token_probe_per_gib per GiB "
+        "of model) before the child is taken out of service and replaced, unless it "
+        "answered other calls meanwhile or its serving loop answered; 0: no probes.",
+        minimum=0)
+    token_probe_per_gib: float = setting(
+        5.0, "Seconds added to token_probe_timeout per GiB of model file: one step of a "
+        "healthy child (a prompt batch) must fit in the allowance.", minimum=0)
+    unresponsive_grace: float = setting(
+        2.0, "Seconds between SIGTERM and SIGKILL for a child taken out of service by its "
+        "outcomes (a stuck llama-server may ignore SIGTERM).", minimum=0)
     request_timeout: float = setting(
         600.0, "Longest silence from a child during a request, s.", minimum=1)
     log_lines: int = setting(2000, "Output lines kept per child for TailLogs.", minimum=10)

@@ -54,6 +54,8 @@ CHILD_STATES: tuple[str, ...] = ("idle", "starting", "running", "backoff", "fail
 EXIT_KINDS: tuple[str, ...] = (
     "crash", "signal", "oom", "port_in_use", "usage_error", "model_error", "invalid_model",
     "hung", "never_ready", "start_timeout", "spawn_error", "stranger", "stopped",
+    # Taken out of service by its outcomes while its /health answered (issue 28).
+    "calls_failing", "probe_failed", "probe_stalled",
     # An external endpoint's failures (supervisor.ENDPOINT_KINDS).
     "refused", "unreachable", "timeout", "endpoint_error", "tls", "auth", "api_key",
     "not_openai", "unknown_model", "not_chat", "no_embeddings",

@@ -113,6 +113,20 @@ Faults (``--fault NAME``) and what ``--fault-after N`` counts:
     completion, chat completion and embedding request answers 500 ``{"error": {"code":
     500, "message": "fake: inference failed", "type": "server_error"}}``: up, yet unusable
     (a model that loads but cannot compute).
+``wedge-hang``
+    Healthy for the first N inference requests (completions, chat completions,
+    embeddings; default 1: the supervisor's readiness request), then stuck as llama.cpp
+    #27388 reports a real one: every later inference request is read and never answered
+    (its connection stays open), and so is ``GET /lora-adapters`` (a request only the
+    serving loop answers); ``/health`` and ``/v1/models`` still answer 200. SIGTERM and
+    SIGINT are ignored: only SIGKILL stops it.
+``wedge-fail``
+    Healthy for the first N inference requests (default 1), then every later one answers
+    500 ``{"error": {"code": 500, "message": "fake: wedged", "type": "server_error"}}``
+    while ``/health`` answers 200. SIGTERM and SIGINT are ignored.
+
+``GET /lora-adapters`` answers ``[]`` (llama-server's list of adapters, none), from the
+serving loop in llama-server.
 """
 
 from __future__ import annotations
@@ -148,13 +162,17 @@ FAULTS: tuple[str, ...] = (
     "model-error",
     "exit-after-ready",
     "probe-fails",
+    "wedge-hang",
+    "wedge-fail",
 )
 
 N_CTX = 2048
 """Context size the fake claims (``n_ctx_train`` in ``/v1/models``)."""
 BOS_ID = 1
 N_VOCAB = 32000
-_DEFAULT_FAULT_AFTER = {"crash-mid-stream": 3, "hang": 0, "exit-after-ready": 1}
+_DEFAULT_FAULT_AFTER = {"crash-mid-stream": 3, "hang": 0, "exit-after-ready": 1,
+                        "wedge-hang": 1, "wedge-fail": 1}
+_WEDGES = frozenset({"wedge-hang", "wedge-fail"})
 _SLOW_START_SECONDS = 3.0
 _PROGRESS_INTERVAL = 0.1
 _USAGE = "usage: python -m supervisor.testing.fake_child --port N -m PATH [options]"
@@ -280,6 +298,7 @@ class _State:
         self.lock = threading.Lock()
         self.ready = False
         self.requests = 0
+        self.inferences = 0
         self.completions = 0
         self.cancelled = 0
         self.active_streams = 0
@@ -390,6 +409,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._error(401, "Invalid API Key", "authentication_error")
             elif config.fault == "probe-fails" and path in _INFERENCE_PATHS:
                 self._error(500, "fake: inference failed", "server_error")
+            elif config.fault in _WEDGES and self._wedged(path):
+                if config.fault == "wedge-fail":
+                    self._error(500, "fake: wedged", "server_error")
+                else:
+                    threading.Event().wait()  # stuck: never answered, connection open
             elif route is None:
                 self._error(*_NOT_FOUND)
             else:
@@ -398,6 +422,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(400, str(exc), "invalid_request_error")
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+    def _wedged(self, path: str) -> bool:
+        """Whether this request finds the child wedged (counting inference requests)."""
+        state, config = self.server.state, self.server.config
+        if path == "/lora-adapters":
+            with state.lock:
+                return config.fault == "wedge-hang" and state.inferences >= config.fault_after
+        if path not in _INFERENCE_PATHS:
+            return False
+        with state.lock:
+            state.inferences += 1
+            return state.inferences > config.fault_after
 
     def _keyed(self) -> bool:
         given = self.headers.get("Authorization") or self.headers.get("X-Api-Key") or ""
@@ -443,6 +479,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _health(self, _body: bytes) -> None:
         self._send_json(200, {"status": "ok"})
+
+    def _lora_adapters(self, _body: bytes) -> None:
+        body = b"[]"
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def _models(self, _body: bytes) -> None:
         config = self.server.config
@@ -655,6 +699,7 @@ _ROUTES = {
     for prefix in ("", "/v1")
 } | {
     ("GET", "/fake/stats"): _Handler._stats,
+    ("GET", "/lora-adapters"): _Handler._lora_adapters,
     ("POST", "/tokenize"): _Handler._tokenize,
     ("POST", "/detokenize"): _Handler._detokenize,
 }
@@ -799,7 +844,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     config = _Config(args)
-    if config.fault == "ignore-sigterm":
+    if config.fault in ("ignore-sigterm", *_WEDGES):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     else:
