@@ -19,9 +19,9 @@ from daemon.models.children import make_setup
 from daemon.models.model import Handover, Model
 from daemon.models.pool import Pool
 from daemon.telemetry.metrics import Metrics
-from supervisor import ExitCause, LogRing, ManualClock, RestartPolicy, Supervisor
+from supervisor import ExitCause, LogRing, ManualClock, RestartPolicy, State, Supervisor
 from tests.support.models import write_model
-from tests.support.scripted import ScriptedLauncher
+from tests.support.scripted import ScriptedLauncher, settle
 from tests.support.scripted_model import RUNTIME
 
 
@@ -55,6 +55,12 @@ class Rig:
         self.pool = Pool(self.catalog, {"generation": self.default},
                          self.build_pooled, clock=self.clock, settings=settings,
                          metrics=metrics)
+
+    async def started(self) -> Rig:
+        """This rig once its generation default serves (started, and running)."""
+        self.default.start()
+        await settle(self.default.supervisor, State.RUNNING)
+        return self
 
     def launcher(self, name: str) -> ScriptedLauncher:
         launcher = ScriptedLauncher(self.outcomes.setdefault(name, []))

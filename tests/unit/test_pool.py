@@ -21,16 +21,13 @@ from supervisor import (
     StateChange,
     SwapFailedError,
 )
-from tests.support.scripted import PERMANENT, settle
+from tests.support.scripted import PERMANENT
 from tests.support.scripted_pool import Rig, until
 
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> Rig:
-    r = Rig(tmp_path)
-    r.default.start()
-    await settle(r.default.supervisor, State.RUNNING)
-    return r
+    return await Rig(tmp_path).started()
 
 
 async def test_names_resolve_to_catalog_models(rig: Rig) -> None:
@@ -61,12 +58,18 @@ async def test_models_lists_every_catalog_model(rig: Rig) -> None:
     assert rig.pool.view("gen-b").last_used is None
 
 
-async def test_concurrent_first_loads_share_one_start(rig: Rig) -> None:
+async def loads_of_one_hanging_start(rig: Rig, *names: str) -> list[asyncio.Task[Model]]:
+    """Loads of gen-b, one per name (or alias) in ``names``, started at once; returned once
+    gen-b's one launch hangs."""
     rig.outcomes["gen-b"] = ["hang"]
-    first = asyncio.create_task(rig.pool.load("gen-b"))
-    second = asyncio.create_task(rig.pool.load("b"))
+    loads = [asyncio.create_task(rig.pool.load(name)) for name in names]
     await until(lambda: rig.launches("gen-b") == 1 and
                 rig.launchers["gen-b"][-1].hanging is not None)
+    return loads
+
+
+async def test_concurrent_first_loads_share_one_start(rig: Rig) -> None:
+    first, second = await loads_of_one_hanging_start(rig, "gen-b", "b")
     assert rig.state("gen-b") == "loading"
     hanging = rig.launchers["gen-b"][-1].hanging
     assert hanging is not None
@@ -81,11 +84,7 @@ async def test_concurrent_first_loads_share_one_start(rig: Rig) -> None:
 
 
 async def test_a_cancelled_waiter_does_not_cancel_the_shared_start(rig: Rig) -> None:
-    rig.outcomes["gen-b"] = ["hang"]
-    impatient = asyncio.create_task(rig.pool.load("gen-b"))
-    patient = asyncio.create_task(rig.pool.load("gen-b"))
-    await until(lambda: rig.launches("gen-b") == 1 and
-                rig.launchers["gen-b"][-1].hanging is not None)
+    impatient, patient = await loads_of_one_hanging_start(rig, "gen-b", "gen-b")
     impatient.cancel()
     hanging = rig.launchers["gen-b"][-1].hanging
     assert hanging is not None

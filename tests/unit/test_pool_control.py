@@ -14,9 +14,8 @@ from daemon.grpcapi.control import ControlServicer
 from daemon.models.modes import ModeManager
 from daemon.models.swaps import SwapManager
 from llamad_protocol.v1 import common_pb2, control_pb2, control_pb2_grpc
-from supervisor import State
 from tests.support.inprocess import serving
-from tests.support.scripted import PERMANENT, settle
+from tests.support.scripted import PERMANENT
 from tests.support.scripted_pool import Rig
 
 
@@ -24,13 +23,14 @@ def _no_config() -> Config:
     raise AssertionError("not used")
 
 
+def _servicer(rig: Rig) -> ControlServicer:
+    return ControlServicer(rig.pool, "test", time.monotonic(), lambda: False,
+                           swaps=SwapManager(rig.pool), modes=ModeManager(rig.pool, _no_config))
+
+
 async def test_list_load_unload(tmp_path: Path) -> None:
-    rig = Rig(tmp_path)
-    rig.default.start()
-    await settle(rig.default.supervisor, State.RUNNING)
-    servicer = ControlServicer(rig.pool, "test", time.monotonic(), lambda: False,
-                               swaps=SwapManager(rig.pool),
-                               modes=ModeManager(rig.pool, _no_config))
+    rig = await Rig(tmp_path).started()
+    servicer = _servicer(rig)
     rig.outcomes["gen-c"] = [PERMANENT]
     async with serving(
             lambda s: control_pb2_grpc.add_ControlServiceServicer_to_server(servicer, s)
@@ -80,12 +80,8 @@ async def test_swap_of_a_named_model(tmp_path: Path) -> None:
     """Swap with ``model`` replaces what serves that resident pool model, make-before-break
     (a new child launched beside it), the role's default untouched; a model that is not
     resident is refused, naming LoadModel."""
-    rig = Rig(tmp_path)
-    rig.default.start()
-    await settle(rig.default.supervisor, State.RUNNING)
-    servicer = ControlServicer(rig.pool, "test", time.monotonic(), lambda: False,
-                               swaps=SwapManager(rig.pool),
-                               modes=ModeManager(rig.pool, _no_config))
+    rig = await Rig(tmp_path).started()
+    servicer = _servicer(rig)
     async with serving(
             lambda s: control_pb2_grpc.add_ControlServiceServicer_to_server(servicer, s)
     ) as channel:

@@ -14,18 +14,14 @@ from daemon.config._catalog import Catalog
 from daemon.errors import DeadlineUnmeetable, FailedPrecondition, InvalidArgument, UnknownModel
 from daemon.models.children import make_setup
 from daemon.models.router import InferenceRouter
-from supervisor import State
-from tests.support.scripted import PERMANENT, settle
+from tests.support.scripted import PERMANENT
 from tests.support.scripted_model import RUNTIME
 from tests.support.scripted_pool import Rig, until
 
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> Rig:
-    r = Rig(tmp_path)
-    r.default.start()
-    await settle(r.default.supervisor, State.RUNNING)
-    return r
+    return await Rig(tmp_path).started()
 
 
 def router_of(rig: Rig) -> InferenceRouter:
