@@ -270,6 +270,13 @@ async def test_a_reload_adds_and_removes_catalog_models(llama_server: str,
         gemma = daemon.pool.model("gemma")
         assert gemma is not None and gemma.serving_pid
         pid = gemma.serving_pid
+        # A reload's queue size reaches the model loaded on demand, as the role's.
+        file.write_text("[limits]\nqueue_size = 3\n\n[models]\nmax_resident = 3\n\n"
+                        f'[models.gemma]\nmodel = "{models_dir() / (GEMMA + ".gguf")}"\n')
+        report = await daemon.reload()
+        assert report.changes.get("limits.queue_size") == "applied", report
+        assert (gemma.admission.queue_size, daemon.children["generation"].admission.queue_size,
+                gemma.serving_pid) == (3, 3, pid)
         file.write_text("[models]\nmax_resident = 3\n")
         report = await daemon.reload()
         assert report.changes.get("models.*") == "applied", report
