@@ -9,15 +9,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from retrieval import Embedder, Query, RetrievalLimits, Retriever
-from retrieval.postgres._connect import PgOptions
+from retrieval import Query, Retriever
 from retrieval.postgres._indexes import PgDocumentStore, PgIndexes
-from tests.support.embedder import fill
-from tests.support.postgres import two_nodes
+from tests.support.held import hold_commits
+from tests.support.postgres import on_postgres, two_nodes
 from tests.unit import test_review as embedded
 
 EMBEDDED_TESTS = [
@@ -37,22 +35,10 @@ EMBEDDED_TESTS = [
 
 
 @pytest.fixture
-def on_postgres(monkeypatch: pytest.MonkeyPatch, pg_dsn: str) -> None:
+def review_on_postgres(monkeypatch: pytest.MonkeyPatch, pg_dsn: str) -> None:
     """The embedded review tests' retrievers made on the PostgreSQL store: the same
     calls, the store and backend classes they gate being Postgres's."""
-    def pg_retriever(root: Path, embedder: Callable[[], Embedder | None],
-                     limits: RetrievalLimits | None = None, **kwargs: Any) -> Retriever:
-        return Retriever(root, embedder, limits, postgres=PgOptions(pg_dsn), **kwargs)
-
-    async def filled(root: Path, embedder: Embedder | None,
-                     limits: RetrievalLimits | None = None, **kwargs: Any) -> Retriever:
-        r = pg_retriever(root, lambda: embedder, limits, **kwargs)
-        await r.open()
-        await fill(r)
-        return r
-
-    monkeypatch.setattr(embedded, "filled", filled)
-    monkeypatch.setattr(embedded, "Retriever", pg_retriever)
+    on_postgres(monkeypatch, embedded, pg_dsn)
     monkeypatch.setattr(embedded, "store_of", lambda r: r._backend.require())
     monkeypatch.setattr(embedded, "Store", PgDocumentStore)
     monkeypatch.setattr(embedded, "Indexes", PgIndexes)
@@ -60,7 +46,7 @@ def on_postgres(monkeypatch: pytest.MonkeyPatch, pg_dsn: str) -> None:
 
 @pytest.mark.parametrize("test", EMBEDDED_TESTS, ids=lambda t: t.__name__)
 async def test_the_embedded_review_behaviour_on_postgres(
-        test: Callable[..., Awaitable[None]], on_postgres: None, tmp_path: Path,
+        test: Callable[..., Awaitable[None]], review_on_postgres: None, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Each embedded review test, its retrievers on the PostgreSQL store."""
     if "monkeypatch" in test.__code__.co_varnames[:test.__code__.co_argcount]:
@@ -108,15 +94,8 @@ async def test_a_version_pushed_through_another_node_during_an_approval_waits(
     a, b = nodes
     await a.add_source("inbox", review_required=True)
     await a.upsert("inbox", "a", "printer jammed on floor two", doc_id="inbox/a")
-    entered, gate = asyncio.Event(), asyncio.Event()
-    commit = PgIndexes.commit
-
-    async def held(self: PgIndexes, batch: list[Any]) -> Any:
-        entered.set()
-        await gate.wait()
-        return await commit(self, batch)
-
-    monkeypatch.setattr(PgIndexes, "commit", held)
+    entered = asyncio.Event()
+    gate = hold_commits(monkeypatch, PgIndexes, entered=entered)
     approving = asyncio.create_task(a.approve("inbox/a", note="ok"))
     await entered.wait()  # A's approval is committing
     pushing = asyncio.create_task(b.upsert("inbox", "a", "kerberos tickets expire",

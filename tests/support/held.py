@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -24,15 +25,20 @@ def hold_later_upserts(r: Retriever) -> asyncio.Event:
     return gate
 
 
-def hold_commits(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
-    """Make every commit of the embedded store's indexes wait until the returned event is
-    set (undone with ``monkeypatch``), so a document shows ``processing``."""
+def hold_commits(monkeypatch: pytest.MonkeyPatch, indexes: type[Any] = Indexes,
+                 entered: asyncio.Event | None = None) -> asyncio.Event:
+    """Make every commit of a store's indexes (``indexes``: the embedded store's, or
+    PostgreSQL's ``PgIndexes``) wait until the returned event is set, undone with
+    ``monkeypatch``, so a document shows ``processing``; ``entered`` is set when a commit
+    reaches the gate."""
     gate = asyncio.Event()
-    commit = Indexes.commit
+    commit = indexes.commit
 
-    async def held(self: Indexes, batch: list[object]) -> object:
+    async def held(self: Any, batch: list[Any]) -> Any:
+        if entered is not None:
+            entered.set()
         await gate.wait()
-        return await commit(self, batch)  # type: ignore[arg-type]
+        return await commit(self, batch)
 
-    monkeypatch.setattr(Indexes, "commit", held)
+    monkeypatch.setattr(indexes, "commit", held)
     return gate

@@ -25,6 +25,7 @@ from retrieval import (
 from retrieval.store._indexes import Indexes
 from retrieval.store._metadata import Store
 from tests.support.embedder import HashEmbedder, filled
+from tests.support.held import hold_commits
 
 
 def doc_ids(hits: Sequence[Hit]) -> set[str]:
@@ -96,17 +97,24 @@ async def test_approval_indexes_the_held_text_and_keeps_the_note(tmp_path: Path)
     await r.close()
 
 
-async def test_approving_a_file_indexes_what_was_reviewed_even_after_it_changed(
-        tmp_path: Path) -> None:
-    """A directory source requiring review: a new file waits; approval indexes the text
-    held at the scan, not the file's newer content; the next scan holds the newer
-    content for review while the approved version stays searchable."""
+async def reviewed_wiki(tmp_path: Path) -> tuple[Retriever, Path]:
+    """A retriever with the corpus and a directory source ``wiki`` requiring review,
+    holding one page (not scanned yet); returns it and the page's file."""
     root = tmp_path / "wiki"
     root.mkdir()
     page = root / "page.txt"
     page.write_text("printer queue stuck on floor two\n")
     r = await filled(tmp_path / "index", HashEmbedder("m"))
     await r.add_source("wiki", root=root, review_required=True)
+    return r, page
+
+
+async def test_approving_a_file_indexes_what_was_reviewed_even_after_it_changed(
+        tmp_path: Path) -> None:
+    """A directory source requiring review: a new file waits; approval indexes the text
+    held at the scan, not the file's newer content; the next scan holds the newer
+    content for review while the approved version stays searchable."""
+    r, page = await reviewed_wiki(tmp_path)
     assert (await scan_source(r, "wiki")).added == 1
     assert (await r.document("wiki/page.txt")).state == "review_required"  # type: ignore[union-attr]
     assert (await scan_source(r, "wiki")).unchanged == 1  # held, unchanged: not read again
@@ -134,12 +142,7 @@ async def test_rejection_withdraws_the_document_and_sticks_until_it_changes(
     """Rejecting a new version withdraws the document (its approved version too), drops
     the held text and keeps the note; a rescan of the unchanged file (even touched) leaves
     it rejected; changed content goes back to review; a changed-back file releases."""
-    root = tmp_path / "wiki"
-    root.mkdir()
-    page = root / "page.txt"
-    page.write_text("printer queue stuck on floor two\n")
-    r = await filled(tmp_path / "index", HashEmbedder("m"))
-    await r.add_source("wiki", root=root, review_required=True)
+    r, page = await reviewed_wiki(tmp_path)
     await scan_source(r, "wiki")
     await r.approve("wiki/page.txt")
     page.write_text("customer list: alice bob carol\n")
@@ -169,12 +172,7 @@ async def test_a_file_changed_back_to_the_approved_content_needs_no_review(
         tmp_path: Path) -> None:
     """A held version is released, the document indexed again, when its file comes back
     to the content already approved and indexed."""
-    root = tmp_path / "wiki"
-    root.mkdir()
-    page = root / "page.txt"
-    page.write_text("printer queue stuck on floor two\n")
-    r = await filled(tmp_path / "index", HashEmbedder("m"))
-    await r.add_source("wiki", root=root, review_required=True)
+    r, page = await reviewed_wiki(tmp_path)
     await scan_source(r, "wiki")
     await r.approve("wiki/page.txt")
     page.write_text("something else entirely\n")
@@ -305,15 +303,8 @@ async def test_a_version_pushed_during_an_approval_waits_for_its_own_review(
     r = await filled(tmp_path / "index", HashEmbedder("m"))
     await r.add_source("inbox", review_required=True)
     await r.upsert("inbox", "a", "printer jammed on floor two", doc_id="inbox/a")
-    entered, gate = asyncio.Event(), asyncio.Event()
-    commit = Indexes.commit
-
-    async def held(self: Indexes, batch: list[object]) -> object:
-        entered.set()
-        await gate.wait()
-        return await commit(self, batch)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Indexes, "commit", held)
+    entered = asyncio.Event()
+    gate = hold_commits(monkeypatch, Indexes, entered=entered)  # PgIndexes on PostgreSQL
     approving = asyncio.create_task(r.approve("inbox/a", note="ok"))
     await entered.wait()  # the approval is committing
     pushing = asyncio.create_task(r.upsert("inbox", "a", "kerberos tickets expire",
