@@ -277,7 +277,7 @@ async def _probe_once(outcomes: Outcomes, probe: Probe, clock: Clock, policy: Ou
                 return None
         return ExitCause(
             PROBE_STALLED, False,
-            f"its 1-token probe got no answer within {timeout:g} s while its /health "
+            f"its 1-token probe got no answer within {timeout:.1f} s while its /health "
             "answered" + (" and its calls waited in silence" if outcomes.waiting else ""),
             at=clock.wall())
     finally:

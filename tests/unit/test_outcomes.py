@@ -157,7 +157,7 @@ async def test_a_silent_stream_gets_a_probe_and_a_stalled_one_condemns_the_child
     await clock.advance(0.5)
     cause = await asyncio.wait_for(watch, 1)
     assert cause.kind == "probe_stalled"
-    assert "no answer within 4 s" in cause.message and "waited in silence" in cause.message
+    assert "no answer within 4.0 s" in cause.message and "waited in silence" in cause.message
     child.client.outcomes.condemn(cause)  # what ProcessChild.watch does with the cause
     await asyncio.sleep(0)
     assert not reader.done()  # waiting calls end when the child is stopped:
@@ -165,7 +165,7 @@ async def test_a_silent_stream_gets_a_probe_and_a_stalled_one_condemns_the_child
     with pytest.raises(ChildUnresponsiveError, match="taken out of service") as ended:
         await asyncio.wait_for(reader, 1)
     assert ended.value.kind == "probe_stalled"
-    assert "probe got no answer within 4 s" in str(ended.value)
+    assert "probe got no answer within 4.0 s" in str(ended.value)
     # A later call is refused at once, naming the same cause.
     with pytest.raises(ChildUnresponsiveError, match="probe got no answer"):
         await child.client.embed(["a"])
