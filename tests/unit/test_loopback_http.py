@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from supervisor._http import HTTPTransportError, LoopbackHTTP
+from tests.support.loopback import loopback_servers
 
 Reply = Callable[[int, bytes], Awaitable[bytes | None]]  # (request number, body) -> raw answer
 HANG_UP = b"\x00hang up"  # at the end of an answer: close the connection once it is sent
@@ -40,8 +41,6 @@ def ok(body: bytes, *extra: str) -> bytes:
 
 @pytest.fixture
 async def serve() -> AsyncIterator[Callable[[Reply], Awaitable[Server]]]:
-    servers: list[asyncio.Server] = []
-
     async def start(reply: Reply) -> Server:
         state = Server()
 
@@ -85,15 +84,11 @@ async def serve() -> AsyncIterator[Callable[[Reply], Awaitable[Server]]]:
             finally:
                 writer.close()
 
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        servers.append(server)
-        state.port = server.sockets[0].getsockname()[1]
+        state.port = await listen(handle)
         return state
 
-    yield start
-    for server in servers:
-        server.close()
-        await server.wait_closed()
+    async with loopback_servers() as listen:
+        yield start
 
 
 async def echo(n: int, body: bytes) -> bytes:

@@ -17,6 +17,7 @@ import pytest
 from supervisor import ChildRequestError, InferenceClient, Sampling
 from supervisor._http import HTTPTransportError, LoopbackHTTP
 from supervisor._runtime import LLAMA_SERVER_API
+from tests.support.loopback import loopback_servers
 
 CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n" \
     b"Transfer-Encoding: chunked\r\n\r\n"
@@ -34,8 +35,6 @@ class Server:
 
 @pytest.fixture
 async def serve() -> AsyncIterator[Callable[[], Awaitable[Server]]]:
-    servers: list[asyncio.Server] = []
-
     async def start() -> Server:
         state = Server()
 
@@ -62,15 +61,23 @@ async def serve() -> AsyncIterator[Callable[[], Awaitable[Server]]]:
                 closed.cancel()
                 writer.close()
 
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        servers.append(server)
-        state.port = server.sockets[0].getsockname()[1]
+        state.port = await listen(handle)
         return state
 
-    yield start
-    for server in servers:
-        server.close()
-        await server.wait_closed()
+    async with loopback_servers() as listen:
+        yield start
+
+
+@pytest.fixture
+async def served(serve: Callable[[], Awaitable[Server]]
+                 ) -> AsyncIterator[tuple[Server, LoopbackHTTP]]:
+    """A server of :func:`serve` and a LoopbackHTTP to it (closed at the end)."""
+    server = await serve()
+    http = LoopbackHTTP("127.0.0.1", server.port)
+    try:
+        yield server, http
+    finally:
+        await http.aclose()
 
 
 async def next_piece(body: AsyncIterator[bytes]) -> bytes:
@@ -78,9 +85,8 @@ async def next_piece(body: AsyncIterator[bytes]) -> bytes:
 
 
 async def test_a_chunked_body_is_read_piece_by_piece_whatever_the_boundaries(
-        serve: Callable[[], Awaitable[Server]]) -> None:
-    server = await serve()
-    http = LoopbackHTTP("127.0.0.1", server.port)
+        served: tuple[Server, LoopbackHTTP]) -> None:
+    server, http = served
     server.pieces.put_nowait(CHUNKED_HEAD + b"6\r\ndata:1\r\n")
     async with http.stream("POST", "/v1/completions", b'{"stream": true}', 5) as answer:
         assert answer.status == 200
@@ -98,7 +104,6 @@ async def test_a_chunked_body_is_read_piece_by_piece_whatever_the_boundaries(
     assert server.requests[0].startswith(b"POST /v1/completions HTTP/1.1\r\n")
     assert b"Accept: text/event-stream" in server.requests[0]
     assert server.requests[0].endswith(b'\r\n\r\n{"stream": true}')
-    await http.aclose()
 
 
 @pytest.mark.parametrize("head", [
@@ -106,9 +111,8 @@ async def test_a_chunked_body_is_read_piece_by_piece_whatever_the_boundaries(
     b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n",  # the body ends with the connection
 ])
 async def test_a_sized_or_close_delimited_body_is_read_as_it_comes(
-        serve: Callable[[], Awaitable[Server]], head: bytes) -> None:
-    server = await serve()
-    http = LoopbackHTTP("127.0.0.1", server.port)
+        served: tuple[Server, LoopbackHTTP], head: bytes) -> None:
+    server, http = served
     server.pieces.put_nowait(head + b"01234")
     async with http.stream("GET", "/", None, 5) as answer:
         assert await next_piece(answer.body) == b"01234"
@@ -116,25 +120,21 @@ async def test_a_sized_or_close_delimited_body_is_read_as_it_comes(
         if b"Connection: close" in head:
             server.pieces.put_nowait(None)
         assert b"".join([piece async for piece in answer.body]) == b"56789"
-    await http.aclose()
 
 
-async def test_an_error_status_comes_with_its_body(serve: Callable[[], Awaitable[Server]]
+async def test_an_error_status_comes_with_its_body(served: tuple[Server, LoopbackHTTP]
                                                    ) -> None:
-    server = await serve()
-    http = LoopbackHTTP("127.0.0.1", server.port)
+    server, http = served
     error = b'{"error": {"message": "bad grammar"}}'
     server.pieces.put_nowait(b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n%s"
                              % (len(error), error))
     async with http.stream("POST", "/v1/completions", b"{}", 5) as answer:
         assert (answer.status, await answer.read()) == (400, error)
-    await http.aclose()
 
 
 async def test_a_silent_server_times_out_a_slow_reader_does_not(
-        serve: Callable[[], Awaitable[Server]]) -> None:
-    server = await serve()
-    http = LoopbackHTTP("127.0.0.1", server.port)
+        served: tuple[Server, LoopbackHTTP]) -> None:
+    server, http = served
     server.pieces.put_nowait(CHUNKED_HEAD + b"1\r\na\r\n")
     async with http.stream("POST", "/", b"{}", 0.3) as answer:
         assert await next_piece(answer.body) == b"a"
@@ -145,18 +145,15 @@ async def test_a_silent_server_times_out_a_slow_reader_does_not(
             await next_piece(answer.body)
     assert err.value.kind == "timeout" and "0.3 s" in str(err.value)
     await asyncio.wait_for(server.eof.wait(), 5)
-    await http.aclose()
 
 
 async def test_leaving_a_stream_early_closes_its_connection(
-        serve: Callable[[], Awaitable[Server]]) -> None:
-    server = await serve()
-    http = LoopbackHTTP("127.0.0.1", server.port)
+        served: tuple[Server, LoopbackHTTP]) -> None:
+    server, http = served
     server.pieces.put_nowait(CHUNKED_HEAD + b"1\r\na\r\n")
     async with http.stream("POST", "/", b"{}", 5) as answer:
         assert await next_piece(answer.body) == b"a"
     await asyncio.wait_for(server.eof.wait(), 5)  # how llama.cpp learns to stop
-    await http.aclose()
 
 
 @pytest.mark.parametrize(("rest", "kind", "words"), [
@@ -164,17 +161,15 @@ async def test_leaving_a_stream_early_closes_its_connection(
     (b"zz\r\n", "protocol", "bad chunk size"),
     (b"1\r\naXY", "protocol", "not followed by CRLF"),
 ])
-async def test_a_broken_body_is_named(serve: Callable[[], Awaitable[Server]], rest: bytes,
+async def test_a_broken_body_is_named(served: tuple[Server, LoopbackHTTP], rest: bytes,
                                       kind: str, words: str) -> None:
-    server = await serve()
-    http = LoopbackHTTP("127.0.0.1", server.port)
+    server, http = served
     server.pieces.put_nowait(CHUNKED_HEAD + rest)
     server.pieces.put_nowait(None)
     async with http.stream("POST", "/", b"{}", 5) as answer:
         with pytest.raises(HTTPTransportError) as err:
             await answer.read()
     assert err.value.kind == kind and words in str(err.value)
-    await http.aclose()
 
 
 def sse(event: dict[str, object]) -> bytes:
@@ -219,11 +214,10 @@ async def test_a_childs_chat_stream_goes_through_the_loopback_client(
 
 
 async def test_chunks_that_came_while_the_reader_was_busy_are_one_piece(
-        serve: Callable[[], Awaitable[Server]]) -> None:
+        served: tuple[Server, LoopbackHTTP]) -> None:
     """A fast server's chunks that wait in the socket while the reader is busy elsewhere
     are taken in one read, as one piece (one write or message downstream, issue 27)."""
-    server = await serve()
-    http = LoopbackHTTP("127.0.0.1", server.port)
+    server, http = served
     server.pieces.put_nowait(CHUNKED_HEAD + chunk(b"data:1\n\n"))
     async with http.stream("POST", "/", b"{}", 5) as answer:
         assert await next_piece(answer.body) == b"data:1\n\n"
@@ -234,7 +228,6 @@ async def test_chunks_that_came_while_the_reader_was_busy_are_one_piece(
         pieces = [piece async for piece in answer.body]
         assert b"".join(pieces) == b"".join(b"data:%d\n\n" % i for i in range(2, 41))
         assert len(pieces) == 1  # one read, one piece: not one per chunk
-    await http.aclose()
 
 
 def delta(content: str | None = None, **more: object) -> bytes:
