@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from supervisor import ChildRequestError, InferenceClient, Sampling
-from supervisor._http import HTTPTransportError, LoopbackHTTP
+from supervisor._http import HTTPTransportError, LoopbackHTTP, Streamed
 from supervisor._runtime import LLAMA_SERVER_API
 from tests.support.loopback import loopback_servers
 
@@ -132,12 +132,22 @@ async def test_an_error_status_comes_with_its_body(served: tuple[Server, Loopbac
         assert (answer.status, await answer.read()) == (400, error)
 
 
-async def test_a_silent_server_times_out_a_slow_reader_does_not(
-        served: tuple[Server, LoopbackHTTP]) -> None:
+@contextlib.asynccontextmanager
+async def past_the_first_piece(served: tuple[Server, LoopbackHTTP], timeout: float
+                               ) -> AsyncIterator[Streamed]:
+    """A chunked stream (``timeout``: its silence bound) whose first piece, ``a``, has
+    been read."""
     server, http = served
     server.pieces.put_nowait(CHUNKED_HEAD + b"1\r\na\r\n")
-    async with http.stream("POST", "/", b"{}", 0.3) as answer:
+    async with http.stream("POST", "/", b"{}", timeout) as answer:
         assert await next_piece(answer.body) == b"a"
+        yield answer
+
+
+async def test_a_silent_server_times_out_a_slow_reader_does_not(
+        served: tuple[Server, LoopbackHTTP]) -> None:
+    server, _ = served
+    async with past_the_first_piece(served, 0.3) as answer:
         server.pieces.put_nowait(b"1\r\nb\r\n")
         await asyncio.sleep(0.6)  # the reader is busy elsewhere: no read is waiting
         assert await next_piece(answer.body) == b"b"
@@ -149,10 +159,9 @@ async def test_a_silent_server_times_out_a_slow_reader_does_not(
 
 async def test_leaving_a_stream_early_closes_its_connection(
         served: tuple[Server, LoopbackHTTP]) -> None:
-    server, http = served
-    server.pieces.put_nowait(CHUNKED_HEAD + b"1\r\na\r\n")
-    async with http.stream("POST", "/", b"{}", 5) as answer:
-        assert await next_piece(answer.body) == b"a"
+    server, _ = served
+    async with past_the_first_piece(served, 5):
+        pass
     await asyncio.wait_for(server.eof.wait(), 5)  # how llama.cpp learns to stop
 
 
