@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from typing import Any
 
 import grpc
 import pytest
 
 from llamad_protocol.v1 import control_pb2, inference_pb2
 from tests.conftest import models_dir
-from tests.support.daemon import config_env, serving
+from tests.support.daemon import Clients, config_env, serving
 from tests.support.endless import never_end
 from tests.support.procs import alive
 
@@ -24,17 +25,22 @@ GEMMA = "gemma-3-270m-q4_k_m"  # not a role's default: loaded when a call names 
 WAITING = 3.0  # seconds ``drain --wait`` is watched for returning early (6 of its polls)
 
 
+def endless_gemma(clients: Clients) -> Any:
+    """A Generate stream on gemma (loaded on demand) that cannot end by itself: every
+    end-of-generation token banned, far more tokens asked for than it can make before it
+    is cancelled."""
+    return clients.inference.Generate(inference_pb2.GenerateRequest(
+        prompt="Count to one thousand:", model=GEMMA,
+        sampling=inference_pb2.SamplingParams(
+            max_tokens=8192, temperature=0.0,
+            logit_bias=never_end(models_dir() / f"{GEMMA}.gguf"))), timeout=300)
+
+
 async def test_drain_wait_waits_for_an_on_demand_models_stream(llama_server: str) -> None:
     env = config_env("llama-server", LLAMAD_MODELS_DIR=str(models_dir()),
                      LLAMAD_GENERATION_PARALLEL="1", LLAMAD_AGENT_LISTEN="127.0.0.1:0")
     async with serving(env) as (daemon, clients):
-        # A stream that cannot end by itself: every end-of-generation token of gemma
-        # banned, far more tokens asked for than it can make before it is cancelled.
-        stream = clients.inference.Generate(inference_pb2.GenerateRequest(
-            prompt="Count to one thousand:", model=GEMMA,
-            sampling=inference_pb2.SamplingParams(
-                max_tokens=8192, temperature=0.0,
-                logit_bias=never_end(models_dir() / f"{GEMMA}.gguf"))), timeout=300)
+        stream = endless_gemma(clients)
         first = await stream.read()
         assert first.model_name == GEMMA and first.text
         assert daemon.children["generation"].busy() == 0  # nothing on the roles' models
@@ -86,11 +92,7 @@ async def test_shutdown_serves_an_on_demand_models_stream_through_the_drain(
     env = config_env("llama-server", LLAMAD_MODELS_DIR=str(models_dir()),
                      LLAMAD_GENERATION_PARALLEL="1", LLAMAD_DRAIN_GRACE="3")
     async with serving(env) as (daemon, clients):
-        stream = clients.inference.Generate(inference_pb2.GenerateRequest(
-            prompt="Count to one thousand:", model=GEMMA,
-            sampling=inference_pb2.SamplingParams(
-                max_tokens=8192, temperature=0.0,
-                logit_bias=never_end(models_dir() / f"{GEMMA}.gguf"))), timeout=300)
+        stream = endless_gemma(clients)
         assert (await stream.read()).text
         gemma = daemon.pool.model(GEMMA)
         assert gemma is not None and alive(pid := gemma.serving_pid)
