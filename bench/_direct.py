@@ -10,6 +10,8 @@ import httpx
 
 from tests.support.child_http import child_key
 
+__all__ = ["child_http", "child_key"]
+
 
 def child_http(socket: str, pid: int, *, timeout: float | httpx.Timeout = 300.0,
                limits: httpx.Limits | None = None) -> httpx.AsyncClient:
