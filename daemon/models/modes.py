@@ -47,6 +47,7 @@ from supervisor import (
 from ..config import Config
 from ..config.inference_mode import InferenceMode
 from ..errors import FailedPrecondition, InvalidArgument
+from ._replace import ProgressSink
 from .children import Setup, make_setup
 from .model import Model, Target
 
@@ -54,8 +55,6 @@ if TYPE_CHECKING:
     from .pool import Pool
 
 _log = structlog.get_logger("llamad.modes")
-
-ProgressSink = Callable[[SwapProgress], None]
 
 
 @dataclass(frozen=True)
