@@ -143,7 +143,11 @@ async def one_slot(llama_server: str) -> AsyncIterator[tuple[Daemon, Clients]]:
     env = config_env("llama-server", LLAMAD_EMBEDDING_MODE="disabled",
                      LLAMAD_GENERATION_PARALLEL="1", LLAMAD_CHILD_SLOTS="true",
                      LLAMAD_LIMITS_MAX_GRAMMAR_WALKS=str(10**18),
-                     LLAMAD_RECYCLE_CANCEL_GRACE="3", LLAMAD_SWAP_DRAIN_TIMEOUT="2")
+                     LLAMAD_RECYCLE_CANCEL_GRACE="3", LLAMAD_SWAP_DRAIN_TIMEOUT="2",
+                     # The cancel watch's path alone: with token probes a stuck child that a
+                     # call waits on is taken out of service first (issue 28, tested in
+                     # test_outcomes_real.py).
+                     LLAMAD_CHILD_TOKEN_PROBE_TIMEOUT="0")
     daemon = make_daemon(env)
     clients = Clients(await daemon.start())
     try:
