@@ -181,7 +181,8 @@ class ChildSettings:
     failed_calls: int = setting(
         3, "Calls in a row that fail on a child (a server error, a dropped connection, a "
         "timeout, a stream with no token and no usage) before it is taken out of service "
-        "and replaced, however its /health answers; 0: never.", minimum=0)
+        "and replaced, however its /health answers, once a 1-token probe fails too (one it "
+        "answers clears the count); 0: never.", minimum=0)
     token_probe_interval: float = setting(
         1.0, "Seconds between looks at a child's outcomes: a stream silent this long, or "
         "a failed call, gets the child a 1-token probe of llamad's own.", minimum=0.05)

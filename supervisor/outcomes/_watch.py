@@ -8,7 +8,9 @@ calls. So, beside the ``/health`` liveness loop (:mod:`supervisor._liveness`):
 
 * every call on a child is recorded (:class:`Outcomes`): ``failures`` calls in a row that
   fail (a 5xx, a dropped connection, a read timeout, a llama-server stream that ended with
-  no token and no usage) take it out of service at once;
+  no token and no usage) take it out of service at once, once a 1-token probe confirms it
+  (a probe it answers clears the count: calls a hostile client makes fail on purpose
+  never get a child that computes replaced; with probes off, the count alone decides);
 * :func:`watch_outcomes` looks every ``interval``: when calls on it are silent (a stream
   without a byte for ``interval``, a whole request without an answer for
   ``busy_silence``, and nothing else heard from the child meanwhile) or the last call
@@ -218,10 +220,20 @@ async def watch_outcomes(outcomes: Outcomes, probe: Probe, *, clock: Clock,
     while True:
         await _pause(outcomes, clock, policy.interval)
         if policy.failures and outcomes.failures >= policy.failures:
-            return ExitCause(
-                CALLS_FAILING, False,
-                f"{outcomes.failures} calls in a row failed on it while its /health "
-                f"answered (last: {outcomes.last_failure})", at=clock.wall())
+            failing = (f"{outcomes.failures} calls in a row failed on it while its /health "
+                       f"answered (last: {outcomes.last_failure})")
+            if policy.probe_timeout <= 0:
+                return ExitCause(CALLS_FAILING, False, failing, at=clock.wall())
+            # Confirmed by a probe: calls a hostile client makes fail on purpose must not
+            # get a child that computes replaced.
+            outcomes.failed_since_probe = False
+            cause = await _probe_once(outcomes, probe, clock, policy, loop_answers)
+            if cause is not None and cause.kind == PROBE_FAILED:
+                return ExitCause(CALLS_FAILING, False, f"{failing}; {cause.message}",
+                                 at=clock.wall())
+            if cause is not None:
+                return cause
+            continue
         if policy.probe_timeout <= 0:
             continue
         now = clock.monotonic()
@@ -264,6 +276,7 @@ async def _probe_once(outcomes: Outcomes, probe: Probe, clock: Clock, policy: Ou
         if asked.done():
             failure = asked.result()
             if failure is None:
+                outcomes.succeeded()  # it computes: the failed calls were theirs
                 return None
             return ExitCause(PROBE_FAILED, False,
                              f"its 1-token probe failed while its /health answered ({failure})",

@@ -94,6 +94,7 @@ async def test_three_failed_calls_in_a_row_take_the_child_out_at_once() -> None:
     request itself (4xx) is not the child's failure and does not count."""
     clock = ManualClock()
     child = Child(clock)
+    child.probe_answer = "HTTP 500: boom"  # the confirming probe fails too
     watch = await watching(child, clock)
     errors = [ChildRequestError("HTTP 500: boom", status=500),
               ChildBadRequestError("HTTP 400: bad", status=400),
@@ -108,7 +109,27 @@ async def test_three_failed_calls_in_a_row_take_the_child_out_at_once() -> None:
     assert cause.kind == "calls_failing" and not cause.permanent
     assert cause.message.startswith("3 calls in a row failed on it while its /health")
     assert "timed out (ReadTimeout)" in cause.message
-    assert child.client.outcomes.failures == 3
+    assert cause.message.endswith("its 1-token probe failed while its /health answered "
+                                  "(HTTP 500: boom)")
+    assert child.client.outcomes.failures == 3 and child.probes == 1
+
+
+async def test_failed_calls_do_not_condemn_a_child_that_answers_its_probe() -> None:
+    """Calls a hostile client makes fail on purpose (three in a row, faster than a probe)
+    never get a child that computes replaced: its probe answers, the count is cleared."""
+    clock = ManualClock()
+    child = Child(clock)
+    child.probe_answer = None
+    watch = await watching(child, clock)
+    for _ in range(2):
+        for _ in range(3):
+            child.chunks.put_nowait(ChildRequestError("HTTP 500: hostile", status=500))
+            with pytest.raises(ChildRequestError):
+                await stream_text(child)
+        await clock.advance(1.0)
+        assert child.client.outcomes.failures == 0
+    assert child.probes == 2 and not watch.done()
+    watch.cancel()
 
 
 async def test_a_success_resets_the_count_and_an_idle_child_is_never_probed() -> None:
@@ -299,3 +320,19 @@ async def test_no_failure_count_means_never() -> None:
     assert not watch.done()
     assert isinstance(child.client.outcomes, Outcomes)
     watch.cancel()
+
+
+async def test_with_probes_off_the_count_alone_decides() -> None:
+    """token_probe_timeout = 0: three failed calls in a row take the child out, unprobed."""
+    clock = ManualClock()
+    child = Child(clock)
+    watch = await watching(child, clock, OutcomePolicy(failures=3, interval=1.0,
+                                                       probe_timeout=0, busy_silence=120.0))
+    for _ in range(3):
+        child.chunks.put_nowait(ChildRequestError("HTTP 500: boom", status=500))
+        with pytest.raises(ChildRequestError):
+            await stream_text(child)
+    cause = await asyncio.wait_for(watch, 1)
+    assert cause.kind == "calls_failing" and child.probes == 0
+    assert cause.message == ("3 calls in a row failed on it while its /health answered "
+                             "(last: HTTP 500: boom)")
