@@ -224,11 +224,13 @@ class Metrics:
             ["role"], registry=r)
 
         self._queue_depth = Gauge(
-            "llamad_queue_depth", "Calls waiting for a slot of the child.",
+            "llamad_queue_depth", "Calls waiting for a slot, every model of the role (its "
+            "default and those loaded on demand).",
             ["role"], registry=r)
         self._in_flight = Gauge(
             "llamad_requests_in_flight",
-            "Calls sent to the child now (running, or waiting in its queue: queue_ahead).",
+            "Calls sent to the role's models now (running, or waiting in a child's queue: "
+            "queue_ahead), every model of the role.",
             ["role"], registry=r)
         self._rejections = Counter(
             "llamad_rejections", "Calls refused by admission control, by reason.",
@@ -372,11 +374,11 @@ class Metrics:
     # -- admission control ---------------------------------------------------------------
 
     def queue_depth(self, role: str, n: int) -> None:
-        """Set how many calls wait for the role's child."""
+        """Set how many calls wait for a slot of the role's models (all of them)."""
         self._series(self._queue_depth, self._role(role)).set(max(0, n))
 
     def in_flight(self, role: str, n: int) -> None:
-        """Set how many calls the role's child serves now."""
+        """Set how many calls the role's models serve now (all of them)."""
         self._series(self._in_flight, self._role(role)).set(max(0, n))
 
     def rejected(self, role: str, reason: str) -> None:
