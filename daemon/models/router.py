@@ -49,7 +49,7 @@ class Role(Protocol):
 
 class InferenceRouter:
     def __init__(self, roles: Mapping[str, Role]) -> None:
-        self._roles = dict(roles)
+        self._roles: Mapping[str, Role] = dict(roles)
         self._pool: Pool | None = None
         self.draining = False
         self.on_cancelled: Callable[[Role, int], None] | None = None
@@ -57,9 +57,11 @@ class InferenceRouter:
         the child process it ran on (:class:`daemon.models.cancel_watch.CancelWatch`)."""
 
     def attach(self, pool: Pool) -> None:
-        """Route calls that name a model through ``pool`` (issue 14): the roles' models
-        are its defaults."""
+        """Route calls that name a model through ``pool`` (issue 14), and ask it for the
+        model serving a role (the registry's :meth:`~daemon.models.pool.Pool.roles`, the
+        roles' models given here)."""
         self._pool = pool
+        self._roles = pool.roles()
 
     def model_name(self, role: str, model: str = "") -> str:
         """The catalog name of the model a call of ``role`` naming ``model`` ("": the
