@@ -4,7 +4,6 @@ relays' own CPU time."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import socket
 import subprocess
@@ -16,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from bench._generation.common import Guard, Sample
+from bench._generation.common import Guard, Sample, Texts, sse_choices
 from bench._support import CLK_TCK, cpu_snap
 from llamad_protocol.v1 import inference_pb2, inference_pb2_grpc
 
@@ -73,30 +72,11 @@ def chat_body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
 async def via_http(relay: Relay, prompt: str, max_tokens: int, rnd: int, i: int) -> Sample:
     """The same client code for the child, llamad's HTTP API and the router."""
     assert relay.http is not None
-    parts: list[str] = []
-    first = last = 0.0
-    sent = time.perf_counter()
-    async with relay.http.stream("POST", "/v1/chat/completions",
-                                 json=chat_body(relay.model, prompt, max_tokens)) as resp:
-        if resp.status_code != 200:
-            await resp.aread()
-            raise RuntimeError(f"{relay.name}: HTTP {resp.status_code}: {resp.text[:200]}")
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == "[DONE]":
-                break
-            for choice in json.loads(payload).get("choices") or ():
-                text = (choice.get("delta") or {}).get("content") or ""
-                if text:
-                    last = time.perf_counter()
-                    if not parts:
-                        first = last
-                    parts.append(text)
-    if not parts:
-        raise RuntimeError(f"{relay.name} streamed no text for prompt {i}")
-    return Sample(relay.name, rnd, i, first - sent, len(parts), last - first, "".join(parts))
+    texts = Texts()
+    async for choice in sse_choices(relay.http, "/v1/chat/completions",
+                                    chat_body(relay.model, prompt, max_tokens), relay.name):
+        texts.add((choice.get("delta") or {}).get("content") or "")
+    return texts.sample(relay.name, rnd, i)
 
 
 async def via_grpc(relay: Relay, prompt: str, max_tokens: int, rnd: int, i: int) -> Sample:
@@ -104,18 +84,10 @@ async def via_grpc(relay: Relay, prompt: str, max_tokens: int, rnd: int, i: int)
     request = inference_pb2.ChatRequest(
         messages=[inference_pb2.ChatMessage(role=inference_pb2.CHAT_ROLE_USER, content=prompt)],
         sampling=inference_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0))
-    parts: list[str] = []
-    first = last = 0.0
-    sent = time.perf_counter()
+    texts = Texts()
     async for msg in relay.stub.Chat(request, timeout=300):
-        if msg.text:
-            last = time.perf_counter()
-            if not parts:
-                first = last
-            parts.append(msg.text)
-    if not parts:
-        raise RuntimeError(f"llamad gRPC streamed no text for prompt {i}")
-    return Sample(GRPC, rnd, i, first - sent, len(parts), last - first, "".join(parts))
+        texts.add(msg.text)
+    return texts.sample(GRPC, rnd, i)
 
 
 async def stream_one(relay: Relay, prompt: str, max_tokens: int, rnd: int, i: int) -> Sample:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 from bench._daemon import Running
 from bench._support import (
@@ -48,6 +52,49 @@ class Sample:
     def rate(self) -> float:
         """Decode rate, tokens/s: the tokens after the first over the time they took."""
         return (self.tokens - 1) / self.stream if self.tokens > 1 and self.stream > 0 else 0.0
+
+
+class Texts:
+    """The texts of one streamed request as they arrive, timed on the client from the
+    moment it is made (just before the request is sent)."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.sent = time.perf_counter()
+        self.first = self.last = 0.0
+
+    def add(self, text: str) -> None:
+        """One message or event's text (empty ones do not count as tokens)."""
+        if text:
+            self.last = time.perf_counter()
+            if not self.parts:
+                self.first = self.last
+            self.parts.append(text)
+
+    def sample(self, path: str, rnd: int, i: int, server: float | None = None) -> Sample:
+        """The request's :class:`Sample`; an error if nothing streamed."""
+        if not self.parts:
+            raise RuntimeError(f"{path} streamed no text for prompt {i}")
+        return Sample(path, rnd, i, self.first - self.sent, len(self.parts),
+                      self.last - self.first, "".join(self.parts), server)
+
+
+async def sse_choices(http: httpx.AsyncClient, url: str, body: dict[str, Any],
+                      name: str) -> AsyncIterator[dict[str, Any]]:
+    """The ``choices`` of an OpenAI-style event stream (``data:`` lines up to ``[DONE]``);
+    an error naming ``name`` on a status other than 200."""
+    async with http.stream("POST", url, json=body) as resp:
+        if resp.status_code != 200:
+            await resp.aread()
+            raise RuntimeError(f"{name}: HTTP {resp.status_code}: {resp.text[:200]}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                break
+            for choice in json.loads(payload).get("choices") or ():
+                yield choice
 
 
 @dataclass

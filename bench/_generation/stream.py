@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,7 +12,7 @@ import httpx
 
 from bench._daemon import Running
 from bench._direct import child_http
-from bench._generation.common import Guard, Sample, StreamResult, started
+from bench._generation.common import Guard, Sample, StreamResult, Texts, sse_choices, started
 from bench._support import (
     cpu_snap,
 )
@@ -33,50 +32,22 @@ async def via_llamad(running: Running, prompt: str, max_tokens: int, rnd: int, i
         prompt=prompt,
         sampling=inference_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0),
     )
-    parts: list[str] = []
-    first = last = 0.0
+    texts = Texts()
     server: float | None = None
-    sent = time.perf_counter()
     async for msg in running.inference.Generate(request, timeout=300):
-        if msg.text:
-            last = time.perf_counter()
-            if not parts:
-                first = last
-            parts.append(msg.text)
+        texts.add(msg.text)
         if msg.HasField("usage"):
             server = msg.usage.time_to_first_token_ms / 1000
-    if not parts:
-        raise RuntimeError(f"llamad streamed no text for prompt {i}")
-    return Sample("llamad", rnd, i, first - sent, len(parts), last - first, "".join(parts),
-                  server)
+    return texts.sample("llamad", rnd, i, server)
 
 
 async def via_direct(http: httpx.AsyncClient, prompt: str, max_tokens: int, rnd: int,
                      i: int) -> Sample:
-    parts: list[str] = []
-    first = last = 0.0
-    sent = time.perf_counter()
-    async with http.stream("POST", "/v1/completions",
-                           json=completion_body(prompt, max_tokens)) as resp:
-        if resp.status_code != 200:
-            await resp.aread()
-            raise RuntimeError(f"direct: HTTP {resp.status_code}: {resp.text[:200]}")
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == "[DONE]":
-                break
-            for choice in json.loads(payload).get("choices") or ():
-                text = choice.get("text") or ""
-                if text:
-                    last = time.perf_counter()
-                    if not parts:
-                        first = last
-                    parts.append(text)
-    if not parts:
-        raise RuntimeError(f"the child streamed no text for prompt {i}")
-    return Sample("direct", rnd, i, first - sent, len(parts), last - first, "".join(parts))
+    texts = Texts()
+    async for choice in sse_choices(http, "/v1/completions",
+                                    completion_body(prompt, max_tokens), "direct"):
+        texts.add(choice.get("text") or "")
+    return texts.sample("direct", rnd, i)
 
 
 class Direct:
