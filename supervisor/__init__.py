@@ -22,9 +22,10 @@ from ._child import (
     StartFailure,
     Timeouts,
 )
-from ._client import ApiShape, Chunk, EmbedResult, Health, InferenceClient
+from ._client import ApiShape, EmbedResult, Health, InferenceClient
 from ._clock import Clock, ManualClock, SystemClock
 from ._drain import drain
+from ._events import Chunk
 from ._exits import ExitCause, classify_exit
 from ._logring import LogLine, LogRing
 from ._process import ChildProcess, can_lower_niceness, renice

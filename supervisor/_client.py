@@ -25,15 +25,13 @@ import httpx
 import numpy as np
 import orjson
 
+from ._events import Chunk, int_or_none, sse_chunks
 from ._http import Response
-from ._sampling import LLAMA_CPP, Dialect, Sampling, TokenLogprobs, parse_logprobs
+from ._sampling import LLAMA_CPP, Dialect, Sampling
 from ._tools import (
     Message,
-    ToolCallDelta,
     ToolUse,
-    join_tool_deltas,
     messages_json,
-    parse_tool_deltas,
 )
 from ._transport import (
     Activity,
@@ -73,34 +71,6 @@ class Health(enum.Enum):
     READY = "ready"
     LOADING = "loading"
     DOWN = "down"
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """A piece of a streamed completion.
-
-    ``tokens`` is the number of tokens this chunk carries (runtimes send one event per
-    token; a held-back multi-byte character can make it more). The last chunk has a
-    ``finish_reason`` and, when the runtime reports it, the usage counts. ``logprobs``
-    has the chunk's tokens when the request asked for them. ``tool_calls`` has the pieces
-    of tool calls a chat with tools streamed in this chunk.
-    """
-
-    text: str
-    tokens: int
-    finish_reason: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    logprobs: tuple[TokenLogprobs, ...] = ()
-    tool_calls: tuple[ToolCallDelta, ...] = ()
-
-
-def join_chunks(chunks: Sequence[Chunk]) -> Chunk:
-    """Chunks without a finish reason that came together, as one: their texts, tokens
-    and logprobs in order, their tool-call pieces joined (:func:`join_tool_deltas`)."""
-    return Chunk("".join(c.text for c in chunks), sum(c.tokens for c in chunks),
-                 logprobs=tuple(p for c in chunks for p in c.logprobs),
-                 tool_calls=join_tool_deltas([d for c in chunks for d in c.tool_calls]))
 
 
 @dataclass(frozen=True)
@@ -431,64 +401,11 @@ class InferenceClient:
         async with self._http.stream("POST", path, json=body) as resp:
             yield resp.status_code, resp.aiter_bytes()
 
-    async def _events(
+    def _events(
         self, data: AsyncIterator[bytes], path: str, *, chat: bool, top: int | None
     ) -> AsyncGenerator[Chunk, None]:
-        """The chunks of one server-sent-events answer, its body's bytes ``data`` (with
-        their tokens' logprobs and ``top`` alternatives each, unless ``top`` is None)."""
-        activity = self.activity
-        finish: str | None = None
-        prompt_tokens: int | None = None
-        completion_tokens: int | None = None
-        pending = b""
-        done = False
-        # Bytes, split here: httpx's text and line decoders cost more per event than the
-        # JSON parse itself (SSE is UTF-8, and orjson takes bytes). Measured in
-        # bench/bench_generation.py: part of the added time to first token.
-        # The events of one piece (what came while the consumer was busy: a relay that
-        # lags behind a fast child) are yielded as one chunk, so that they cost the relay
-        # one write or one message, not one each (issue 27). A child that sends one token
-        # at a time is relayed token by token, without waiting for more.
-        async for piece in data:
-            activity.heard()
-            *lines, pending = (pending + piece).split(b"\n")
-            got: list[Chunk] = []
-            for line in lines:
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    done = True
-                    break
-                try:
-                    event = orjson.loads(payload)
-                except ValueError as exc:
-                    raise ChildRequestError(f"{path}: malformed stream event") from exc
-                if "error" in event:
-                    if got:  # what came before the error is the caller's
-                        yield join_chunks(got)
-                    raise ChildRequestError(f"{path}: {event['error']}")
-                usage = event.get("usage")
-                if isinstance(usage, dict):
-                    prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
-                    completion_tokens = _int_or_none(usage.get("completion_tokens"))
-                for choice in event.get("choices") or ():
-                    text = _choice_text(choice, chat)
-                    finish = choice.get("finish_reason") or finish
-                    calls = parse_tool_deltas((choice.get("delta") or {}).get("tool_calls")) \
-                        if chat else ()
-                    if top is not None:
-                        probs = parse_logprobs(choice.get("logprobs"), top)
-                        if text or probs or calls:
-                            got.append(Chunk(text, max(1, len(probs)), logprobs=probs,
-                                             tool_calls=calls))
-                    elif text or calls:
-                        got.append(Chunk(text, 1, tool_calls=calls))
-            if got:
-                yield got[0] if len(got) == 1 else join_chunks(got)
-            if done:
-                break
-        yield Chunk("", 0, finish or "stop", prompt_tokens, completion_tokens)
+        """The chunks of one server-sent-events answer (:func:`._events.sse_chunks`)."""
+        return sse_chunks(data, path, chat=chat, top=top, heard=self.activity.heard)
 
     async def embed(self, texts: Sequence[str | Sequence[int]]) -> EmbedResult:
         """Embed ``texts`` (one vector each, in order); an item may be token ids (sent
@@ -510,7 +427,7 @@ class InferenceClient:
             raise ChildRequestError("/v1/embeddings: vectors of different dimensions")
         matrix = np.stack(rows) if rows else np.zeros((0, 0), dtype=np.float32)
         usage = data.get("usage") or {}
-        return EmbedResult(matrix, _int_or_none(usage.get("prompt_tokens")) or 0)
+        return EmbedResult(matrix, int_or_none(usage.get("prompt_tokens")) or 0)
 
     async def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
         """Token ids of ``text`` from the child's own tokenizer."""
@@ -524,13 +441,6 @@ class InferenceClient:
             raise ChildRequestError(f"{self._api.tokenize_path}: malformed answer") from exc
 
 
-def _choice_text(choice: dict[str, Any], chat: bool) -> str:
-    if chat:
-        delta = choice.get("delta") or {}
-        return str(delta.get("content") or "")
-    return str(choice.get("text") or "")
-
-
 def _vector(value: object) -> np.ndarray[Any, np.dtype[np.float32]]:
     """An embedding as JSON numbers, or as base64 of little-endian float32."""
     if isinstance(value, str):
@@ -541,10 +451,6 @@ def _vector(value: object) -> np.ndarray[Any, np.dtype[np.float32]]:
     if not isinstance(value, list):
         raise TypeError(f"embedding is a {type(value).__name__}")
     return np.array([float(x) for x in value], dtype=np.float32)
-
-
-def _int_or_none(value: object) -> int | None:
-    return int(value) if isinstance(value, int | float) else None
 
 
 def _describe(exc: httpx.HTTPError) -> str:

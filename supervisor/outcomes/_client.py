@@ -19,7 +19,8 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
 from typing import Any, TypeVar
 
-from .._client import Chunk, EmbedResult, InferenceClient
+from .._client import EmbedResult, InferenceClient
+from .._events import Chunk
 from .._sampling import Sampling
 from .._tools import Message, ToolUse
 from ..errors import ChildBadRequestError, ChildRequestError

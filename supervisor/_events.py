@@ -1,0 +1,120 @@
+"""A child's streamed answer as chunks: the server-sent events of an OpenAI-compatible
+stream (``data: {json}`` lines, ``data: [DONE]``) parsed from its body's bytes into
+:class:`Chunk` (text, token count, logprobs, tool-call pieces; the finish reason and
+usage last). Split from :mod:`supervisor._client`, which sends the requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ._sampling import TokenLogprobs, parse_logprobs
+from ._tools import ToolCallDelta, join_tool_deltas, parse_tool_deltas
+from .errors import ChildRequestError
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of a streamed completion.
+
+    ``tokens`` is the number of tokens this chunk carries (runtimes send one event per
+    token; a held-back multi-byte character can make it more). The last chunk has a
+    ``finish_reason`` and, when the runtime reports it, the usage counts. ``logprobs``
+    has the chunk's tokens when the request asked for them. ``tool_calls`` has the pieces
+    of tool calls a chat with tools streamed in this chunk.
+    """
+
+    text: str
+    tokens: int
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+
+
+def join_chunks(chunks: Sequence[Chunk]) -> Chunk:
+    """Chunks without a finish reason that came together, as one: their texts, tokens
+    and logprobs in order, their tool-call pieces joined (:func:`join_tool_deltas`)."""
+    return Chunk("".join(c.text for c in chunks), sum(c.tokens for c in chunks),
+                 logprobs=tuple(p for c in chunks for p in c.logprobs),
+                 tool_calls=join_tool_deltas([d for c in chunks for d in c.tool_calls]))
+
+
+async def sse_chunks(data: AsyncIterator[bytes], path: str, *, chat: bool, top: int | None,
+                     heard: Callable[[], None]) -> AsyncGenerator[Chunk, None]:
+    """The chunks of one server-sent-events answer, its body's bytes ``data`` (with their
+    tokens' logprobs and ``top`` alternatives each, unless ``top`` is None); ``heard``
+    is called as each piece arrives (the client's activity record).
+
+    Raises:
+        ChildRequestError: a malformed event, or the child's error event (after the
+            chunks that came before it).
+    """
+    finish: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    pending = b""
+    done = False
+    # Bytes, split here: httpx's text and line decoders cost more per event than the
+    # JSON parse itself (SSE is UTF-8, and orjson takes bytes). Measured in
+    # bench/bench_generation.py: part of the added time to first token.
+    # The events of one piece (what came while the consumer was busy: a relay that lags
+    # behind a fast child) are yielded as one chunk, so that they cost the relay one write
+    # or one message, not one each (issue 27). A child that sends one token at a time is
+    # relayed token by token, without waiting for more.
+    async for piece in data:
+        heard()
+        *lines, pending = (pending + piece).split(b"\n")
+        got: list[Chunk] = []
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                done = True
+                break
+            try:
+                event = orjson.loads(payload)
+            except ValueError as exc:
+                raise ChildRequestError(f"{path}: malformed stream event") from exc
+            if "error" in event:
+                if got:  # what came before the error is the caller's
+                    yield join_chunks(got)
+                raise ChildRequestError(f"{path}: {event['error']}")
+            usage = event.get("usage")
+            if isinstance(usage, dict):
+                prompt_tokens = int_or_none(usage.get("prompt_tokens"))
+                completion_tokens = int_or_none(usage.get("completion_tokens"))
+            for choice in event.get("choices") or ():
+                text = _choice_text(choice, chat)
+                finish = choice.get("finish_reason") or finish
+                calls = parse_tool_deltas((choice.get("delta") or {}).get("tool_calls")) \
+                    if chat else ()
+                if top is not None:
+                    probs = parse_logprobs(choice.get("logprobs"), top)
+                    if text or probs or calls:
+                        got.append(Chunk(text, max(1, len(probs)), logprobs=probs,
+                                         tool_calls=calls))
+                elif text or calls:
+                    got.append(Chunk(text, 1, tool_calls=calls))
+        if got:
+            yield got[0] if len(got) == 1 else join_chunks(got)
+        if done:
+            break
+    yield Chunk("", 0, finish or "stop", prompt_tokens, completion_tokens)
+
+
+def _choice_text(choice: dict[str, Any], chat: bool) -> str:
+    if chat:
+        delta = choice.get("delta") or {}
+        return str(delta.get("content") or "")
+    return str(choice.get("text") or "")
+
+
+def int_or_none(value: object) -> int | None:
+    return int(value) if isinstance(value, int | float) else None
