@@ -277,16 +277,15 @@ class ProcessChild:
         finally:
             for task in watches:
                 task.cancel()
+            await asyncio.wait(watches)  # their probes are cancelled with them
         # An exit the liveness loop saw is the cause, whatever the outcomes said.
         cause = (liveness if liveness in done else next(iter(done))).result()
         if cause.kind in OUTCOME_KINDS and self._exit_task.done():
             cause = self._cause(self._exit_task.result())
         if cause.kind in OUTCOME_KINDS:
-            gone = self._exit_task.done()
-            if not gone:
-                self._grace = self._timeouts.unresponsive_grace
-                _log.warning("child taken out of service", pid=self.pid, cause=cause.kind,
-                             reason=cause.message)
+            self._grace = self._timeouts.unresponsive_grace
+            _log.warning("child taken out of service", pid=self.pid, cause=cause.kind,
+                         reason=cause.message)
         if isinstance(client, WatchedClient) and cause.kind in (*OUTCOME_KINDS, "hung"):
             client.outcomes.condemn(cause)
         return cause
