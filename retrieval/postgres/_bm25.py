@@ -11,14 +11,15 @@ tantivy's own analyzers, so both stores see the same terms:
 Each field has its own lengths (the body's count of ``en_stem`` tokens, the exact field's
 count of every ``llamad_exact`` token), as tantivy keeps a field norm per field.
 
-Tables (schema version 4, :mod:`retrieval.postgres._schema`):
+Tables (schema versions 4 to 6, :mod:`retrieval.postgres._schema`):
 
 ================  ==========================================================================
 table             holds
 ================  ==========================================================================
 bm25_docs         one row per chunk: ``body_len``, ``exact_len`` (cascade-deleted with it)
 bm25_postings     ``(term, chunk_key)`` -> ``tf``, the field's length ``dl`` and ``impact``
-                  (the tf part of BM25 when written), indexed by ``(term, impact DESC)``
+                  (the tf part of BM25 when written), indexed by ``(term, impact DESC)``;
+                  deleted with the chunk's ``bm25_docs`` row (a trigger, migration 6)
 bm25_df           ``(term, slot)`` -> a part of the term's document frequency
 bm25_corpus       ``slot`` -> a part of the chunk count and of each field's total length
 ================  ==========================================================================
@@ -252,6 +253,25 @@ MIGRATION_STATEMENTS: tuple[str, ...] = (
 """Migration 4: the tables, the slot function and the triggers that keep the statistics.
 (The terms of chunks written before it are added at open: :func:`fill_missing`.)"""
 
+MIGRATION_6_STATEMENTS: tuple[str, ...] = (
+    # The foreign key checked every posting written against bm25_docs, one lookup and one
+    # queued trigger event a posting (a third of the postings' write time); a statement
+    # trigger removes a chunk's postings with its bm25_docs row instead, in the same
+    # statement's transaction, however the row goes (delete_terms, a chunk's cascade).
+    "ALTER TABLE bm25_postings DROP CONSTRAINT bm25_postings_chunk_key_fkey",
+    """CREATE FUNCTION llamad_bm25_postings_of_removed() RETURNS trigger LANGUAGE plpgsql
+    AS $f$
+    BEGIN
+        DELETE FROM bm25_postings p USING removed r WHERE p.chunk_key = r.chunk_key;
+        RETURN NULL;
+    END $f$""",
+    """CREATE TRIGGER bm25_docs_postings_removed AFTER DELETE ON bm25_docs
+        REFERENCING OLD TABLE AS removed FOR EACH STATEMENT
+        EXECUTE FUNCTION llamad_bm25_postings_of_removed()""",
+)
+"""Migration 6: a chunk's postings leave with its ``bm25_docs`` row by a trigger, not a
+foreign key (postings are written by ``COPY`` without a check each)."""
+
 
 # -- writing -----------------------------------------------------------------------------
 
@@ -274,27 +294,17 @@ def write_terms(conn: Connection, chunks: Sequence[tuple[int, str, str, str]]) -
     body_total += sum(a.body_len for _, a in analysed)
     exact_total += sum(a.exact_len for _, a in analysed)
     averages = {BODY: body_total / n, EXACT: exact_total / n}
-    conn.execute("INSERT INTO bm25_docs(chunk_key, body_len, exact_len) SELECT * FROM "
-                 "unnest(%s::bigint[], %s::int[], %s::int[])",
-                 ([k for k, _ in analysed], [a.body_len for _, a in analysed],
-                  [a.exact_len for _, a in analysed]))
-    terms: list[str] = []
-    keys: list[int] = []
-    tfs: list[int] = []
-    dls: list[int] = []
-    impacts: list[float] = []
-    for key, a in analysed:
-        for term, tf in a.tf.items():
-            dl = a.exact_len if term.startswith(EXACT) else a.body_len
-            terms.append(term)
-            keys.append(key)
-            tfs.append(tf)
-            dls.append(dl)
-            impacts.append(_impact(tf, dl, averages[term[:2]]))
-    if terms:
-        conn.execute("INSERT INTO bm25_postings(term, chunk_key, tf, dl, impact) SELECT * "
-                     "FROM unnest(%s::text[], %s::bigint[], %s::int[], %s::int[], "
-                     "%s::real[])", (terms, keys, tfs, dls, impacts))
+    with conn.cursor() as cur:
+        # COPY: no array to build and parse, and one run of each statistics trigger.
+        with cur.copy("COPY bm25_docs(chunk_key, body_len, exact_len) FROM STDIN") as copy:
+            for key, a in analysed:
+                copy.write_row((key, a.body_len, a.exact_len))
+        with cur.copy("COPY bm25_postings(term, chunk_key, tf, dl, impact) FROM STDIN"
+                      ) as copy:
+            for key, a in analysed:
+                for term, tf in a.tf.items():
+                    dl = a.exact_len if term.startswith(EXACT) else a.body_len
+                    copy.write_row((term, key, tf, dl, _impact(tf, dl, averages[term[:2]])))
 
 
 FILL_BATCH = 500
@@ -421,8 +431,8 @@ def reference_scores(chunks: Iterable[tuple[int, str, str, str]], query: str
 
 
 def delete_terms(conn: Connection, keys: Sequence[int]) -> None:
-    """Remove the BM25 rows of chunks about to be deleted, one statement per table (the
-    foreign keys' cascade would also do it, but one statement per chunk)."""
+    """Remove the BM25 rows of chunks about to be deleted in one statement (the chunks'
+    cascade would also do it, but one statement, and one run of each trigger, per
+    chunk); their postings go with them (``bm25_docs_postings_removed``)."""
     if keys:
-        conn.execute("DELETE FROM bm25_postings WHERE chunk_key = ANY(%s)", (list(keys),))
         conn.execute("DELETE FROM bm25_docs WHERE chunk_key = ANY(%s)", (list(keys),))

@@ -51,6 +51,7 @@ import psycopg
 from psycopg import sql
 
 from ..errors import EmbeddingModelMismatch, SchemaTooNew, StoreUnavailable
+from ._bm25 import MIGRATION_6_STATEMENTS
 from ._bm25 import MIGRATION_STATEMENTS as BM25_STATEMENTS
 from ._connect import Connection
 
@@ -176,6 +177,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         # write_terms writes a (term, chunk) once, and every index costs each ingest.
         "ALTER TABLE bm25_postings DROP CONSTRAINT bm25_postings_pkey",
     )),
+    Migration(6, "BM25 postings removed with their chunk by a trigger, not a foreign key",
+              MIGRATION_6_STATEMENTS),
 )
 """Every migration, in order; a new one is appended (never edited once released)."""
 

@@ -36,7 +36,6 @@ import structlog
 
 from ..errors import (
     EmbeddingModelMismatch,
-    InvalidDocument,
     StoreUnavailable,
 )
 from ..store._bm25 import Filters
@@ -58,10 +57,8 @@ from ._review import PgReview
 from ._rows import (
     CHUNK_SELECT,
     DOCUMENT_SELECT,
-    DOCUMENT_UPSERT,
     SOURCE_SELECT,
     chunk_row,
-    document_args,
     document_row,
     source_row,
 )
@@ -73,7 +70,8 @@ from ._schema import (
     model_mismatch,
 )
 from ._search import bm25_extension, filter_sql, vector_search
-from ._vectors import PgVectors, Space, locked_spaces
+from ._vectors import PgVectors, locked_spaces
+from ._write import replace_round, rounds
 
 _log = structlog.get_logger("llamad.retrieval")
 
@@ -274,79 +272,23 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
             if models - {s.model for s in spaces}:
                 raise self._mismatch(", ".join(sorted(models - {s.model for s in spaces})),
                                      None if corpus is None else (corpus.model, corpus.dim))
-            for key in sorted({document_lock_key(doc.id) for doc, _ in items}):
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+            # One statement takes every document's lock, in key order (as every writer).
+            conn.execute("SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) AS k",
+                         (sorted({document_lock_key(doc.id) for doc, _ in items}),))
             given: dict[int, dict[str, np.ndarray]] = {s.id: {} for s in spaces}
             for model, vecs in vectors:
                 for space in spaces:
                     if space.model == model:
                         given[space.id].update(vecs)
-            results = [self._replace(conn, doc, chunks, spaces=spaces, given=given)
-                       for doc, chunks in items]
-            # The BM25 rows of every document at once: one insert per table, so one run
+            results = [result for part in rounds(items) for result in replace_round(
+                conn, part, spaces=spaces, given=given)]
+            # The BM25 rows of every document at once: one write per table, so one run
             # of each statistics trigger for the whole batch. A document listed twice
             # replaced its first chunks here already (keys are never reused).
             gone = {k for r in results for k in r.removed}
             write_terms(conn, [(c.key, c.title, c.heading, c.text) for r in results
                                for c in r.added if c.key not in gone])
             return results
-
-    def _replace(self, conn: Connection, doc: DocumentRow, chunks: Sequence[ChunkRow], *,
-                 spaces: list[Space], given: dict[int, dict[str, np.ndarray]]
-                 ) -> Replacement:
-        result = Replacement()
-        # Under the document's lock (replace_documents): a concurrent replacement of it
-        # by another node waits, then sees these chunks and replaces them, instead of
-        # colliding on their chunk ids.
-        conn.execute(DOCUMENT_UPSERT, document_args(doc))
-        # A version indexed now supersedes one held for review (an approval indexes it).
-        conn.execute("DELETE FROM held_documents WHERE doc_id = %s", (doc.id,))
-        kept: dict[int, dict[str, list[float]]] = {}
-        for space in spaces:  # the corpus's, and the one it is being switched to
-            kept[space.id] = {str(h): list(v) for h, v in conn.execute(
-                "SELECT c.content_hash, v.embedding::float4[] FROM chunks c JOIN "
-                "chunk_vectors v ON v.chunk_key = c.key AND v.space_id = %s "
-                "WHERE c.doc_id = %s", (space.id, doc.id))}
-        delete_terms(conn, [int(r[0]) for r in conn.execute(
-            "SELECT key FROM chunks WHERE doc_id = %s", (doc.id,))])
-        result.removed = [int(r[0]) for r in conn.execute(
-            "DELETE FROM chunks WHERE doc_id = %s RETURNING key", (doc.id,))]
-        rows = conn.execute(
-            "INSERT INTO chunks(chunk_id, doc_id, ordinal, title, heading, text, "
-            "content_hash) SELECT u.chunk_id, %s, u.ordinal, %s, u.heading, u.text, u.hash "
-            "FROM unnest(%s::text[], %s::int[], %s::text[], %s::text[], %s::text[]) "
-            "WITH ORDINALITY AS u(chunk_id, ordinal, heading, text, hash, n) ORDER BY u.n "
-            "RETURNING key, chunk_id",
-            (doc.id, doc.title, [c.chunk_id for c in chunks], [c.ordinal for c in chunks],
-             [c.heading for c in chunks], [c.text for c in chunks],
-             [c.content_hash for c in chunks])).fetchall()
-        keys = {str(chunk_id): int(key) for key, chunk_id in rows}
-        pending: list[tuple[int, int, int, list[float]]] = []
-        for c in chunks:
-            key = keys[c.chunk_id]
-            result.added.append(StoredChunk(
-                key, c.chunk_id, doc.id, c.ordinal, c.heading, c.text, c.content_hash,
-                doc.title, doc.source_id, doc.path, doc.kind, doc.category, doc.tags,
-                doc.indexed_at, doc.mtime_ns, doc.document_date))
-            for space in spaces:
-                vector = given[space.id].get(c.content_hash)
-                values = (np.asarray(vector, dtype=np.float32).reshape(-1).tolist()
-                          if vector is not None else kept[space.id].get(c.content_hash))
-                if values is None:
-                    continue
-                if len(values) != space.dim:
-                    # Inside the transaction, after the old chunks went: raising rolls it
-                    # all back, and the previous version stays whole.
-                    raise InvalidDocument(f"document {doc.id!r}: the vector of chunk "
-                                          f"{c.chunk_id} has {len(values)} dimensions; the "
-                                          f"corpus's embedding model has {space.dim}")
-                pending.append((key, space.id, space.dim, values))
-        if pending:
-            with conn.cursor() as cur:
-                cur.executemany("INSERT INTO chunk_vectors(chunk_key, space_id, dim, "
-                                "embedding) VALUES (%s, %s, %s, %s::float4[]::vector)",
-                                pending)
-        return result
 
     def delete_document(self, doc_id: str) -> list[int] | None:
         """Delete a document with its chunks and vectors; return its chunk keys, or None

@@ -161,10 +161,18 @@ def _ingest(dsn: str, node: str, count: int, seed: int, start: threading.Barrier
     rng = random.Random(seed)
     try:
         start.wait()
-        for i in range(count):
-            store.replace_documents([_vocabulary_doc(rng, node, i)])
-            if i % 7 == 3:  # replace an earlier one, changing its terms
-                store.replace_documents([_vocabulary_doc(rng, node, i // 2)])
+        i = 0
+        while i < count:
+            # Batches of one to four documents, as the group committer makes them; some
+            # replace an earlier one (changing its terms), in the batch or alone.
+            batch = [_vocabulary_doc(rng, node, j) for j in range(i, min(count, i + 1 +
+                                                                       rng.randrange(4)))]
+            if i % 7 == 3:
+                batch.append(_vocabulary_doc(rng, node, i // 2))
+            store.replace_documents(batch)
+            i += len(batch) - (i % 7 == 3)
+            if i % 5 == 1:
+                store.replace_documents([_vocabulary_doc(rng, node, i // 3)])
     finally:
         store.close()
 
