@@ -17,7 +17,6 @@ from daemon.grpcapi.auth import AuthInterceptor
 from daemon.grpcapi.connlimits import ConnectionCap
 from daemon.httpapi import HttpApi
 from daemon.models.admission import Admission
-from daemon.models.backend import InferenceBackend
 from daemon.models.router import InferenceRouter
 from daemon.services.ask import AskService
 from daemon.telemetry.metrics import Metrics
@@ -25,30 +24,19 @@ from tests.support.backend import FakeBackend, FakeRole
 
 
 @dataclass
-class Served:
-    """A role as the router and the catalog see it."""
+class Served(FakeRole):
+    """A scripted role as the router and the catalog see it: a :class:`FakeRole` with the
+    role's name and its child's configuration."""
 
-    role: str
-    inner: FakeRole
+    role: str = "generation"
     config: ChildConfig = field(init=False)
 
     def __post_init__(self) -> None:
         # A child is named by its GGUF file, as a real one (supervisor's model_name).
         self.config = ChildConfig(role=Role(self.role),
-                                  model=f"/models/{self.inner.served.model_name}",
+                                  model=f"/models/{self.served.model_name}",
                                   ctx_size=0, threads=1, parallel=1, batch=0, queue_ahead=0,
                                   spin_count=-1)
-
-    @property
-    def admission(self) -> Admission:
-        return self.inner.admission
-
-    @property
-    def serving_pid(self) -> int:
-        return self.inner.serving_pid
-
-    def backend(self) -> InferenceBackend:
-        return self.inner.backend()
 
 
 @dataclass
@@ -80,9 +68,9 @@ async def serving(*, tokens: TokenTable | None = None, queue: int = 4,
         gen.pieces = pieces
     emb = FakeBackend(model_name="emb.gguf", dimension=4)
     gen_admission = Admission("generation", 1, queue)
-    gen_role = FakeRole(gen, gen_admission)
-    served = {"generation": Served("generation", gen_role),
-              "embedding": Served("embedding", FakeRole(emb, Admission("embedding", 1, 4)))}
+    gen_role = Served(gen, gen_admission, role="generation")
+    served = {"generation": gen_role,
+              "embedding": Served(emb, Admission("embedding", 1, 4), role="embedding")}
     router = InferenceRouter(served)
     metrics = Metrics()
     api = HttpApi(router=router, served=served, limits=Limits, settings=settings or
