@@ -70,24 +70,7 @@ from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from llamad_protocol.v1.wire import RETRY_AFTER_KEY, STATUS_DETAILS_KEY
-from retrieval.errors import (
-    Busy,
-    EmbeddingModelMismatch,
-    ExtractionError,
-    IndexCorrupt,
-    InvalidDocument,
-    NotFound,
-    NotSupported,
-    SchemaTooNew,
-    SourceChanged,
-    SourceDisabled,
-    SourceNotAllowed,
-    StorageFull,
-    StoreUnavailable,
-    VectorUnavailable,
-    WrongState,
-    is_storage_full,
-)
+from retrieval import errors as store  # the store's errors, qualified in map_error
 from supervisor import SwapFailedError, SwapInProgressError, SwapRefusedError
 from supervisor.errors import (
     ChildBadRequestError,
@@ -210,18 +193,19 @@ def map_error(exc: BaseException) -> Mapped:
         return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc), field=exc.field)
     if isinstance(exc, UnsupportedParameterError):
         return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-    if isinstance(exc, InvalidDocument | ExtractionError):
+    if isinstance(exc, store.InvalidDocument | store.ExtractionError):
         return Mapped(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-    if isinstance(exc, NotFound | UnknownModel):
+    if isinstance(exc, store.NotFound | UnknownModel):
         return Mapped(grpc.StatusCode.NOT_FOUND, str(exc))
-    if isinstance(exc, VectorUnavailable | SourceDisabled | SourceChanged | WrongState):
+    if isinstance(exc, store.VectorUnavailable | store.SourceDisabled | store.SourceChanged
+                  | store.WrongState):
         return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-    if isinstance(exc, EmbeddingModelMismatch | NotSupported | SchemaTooNew):
+    if isinstance(exc, store.EmbeddingModelMismatch | store.NotSupported | store.SchemaTooNew):
         return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-    if isinstance(exc, StoreUnavailable):
+    if isinstance(exc, store.StoreUnavailable):
         # The shared store's server is down or unreachable: it may come back.
         return Mapped(grpc.StatusCode.UNAVAILABLE, str(exc), DEFAULT_RETRY_AFTER)
-    if isinstance(exc, SourceNotAllowed):
+    if isinstance(exc, store.SourceNotAllowed):
         if exc.configured:
             return Mapped(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         return Mapped(grpc.StatusCode.FAILED_PRECONDITION, f"{exc}: {_how_to_allow_roots()}")
@@ -254,15 +238,15 @@ def map_error(exc: BaseException) -> Mapped:
     if isinstance(exc, ChildRequestError):
         return Mapped(grpc.StatusCode.UNAVAILABLE, f"inference child failed: {exc}",
                       DEFAULT_RETRY_AFTER)
-    if isinstance(exc, StorageFull):
+    if isinstance(exc, store.StorageFull):
         return Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-    if isinstance(exc, Busy):
+    if isinstance(exc, store.Busy):
         return Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), DEFAULT_RETRY_AFTER)
-    if isinstance(exc, IndexCorrupt):
+    if isinstance(exc, store.IndexCorrupt):
         # Internal, but not unexplained: the message names the index and what is wrong
         # with it, which is what the operator needs to act on.
         return Mapped(grpc.StatusCode.INTERNAL, f"retrieval index damaged: {exc}")
-    if is_storage_full(exc):  # a write outside ingest (add a source, delete, ...)
+    if store.is_storage_full(exc):  # a write outside ingest (add a source, delete, ...)
         return Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED,
                       "no space left on the disk holding llamad's state: free space, "
                       "then retry")
