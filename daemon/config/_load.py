@@ -32,6 +32,7 @@ from ._options import ConfigError, _coerce, with_values
 from ._resolved import ChildConfig, Config
 from ._retrieval import check_store
 from ._sections import _BY_KEY, OPTIONS, RoleSettings, Settings
+from .answer_templates import load_templates
 from .inference_mode import InferenceMode
 from .role import Role
 
@@ -134,6 +135,7 @@ def _build(
     for role, child in children.items():
         check_child(role, child.extra_argv, child.env, models_dir)
     check_endpoint_keys(s.endpoint_keys)
+    load_templates(s.answer.templates_dir)  # refused here, at load and on reload
     prepared: Manifest | None = None
     for role, child in children.items():
         if child.mode is InferenceMode.EMBEDDED and not child.model:

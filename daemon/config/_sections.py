@@ -285,6 +285,10 @@ class AnswerConfig:
         minimum=0, reload="restart")
     cache_entries: int = setting(256, "Answers kept in the response cache.", minimum=0,
                                  reload="restart")
+    templates_dir: str = setting(
+        "", "Directory of operator answer templates (system.txt, answer.txt, "
+        "no_context.txt, ...) replacing the packaged ones of the same name; checked at "
+        "load and on reload (docs/answers.md). Empty: the packaged templates.")
     audit_log: str = setting(
         "", "Audit log file (JSON lines; default: <state_dir>/audit/answers.jsonl).",
         reload="restart")

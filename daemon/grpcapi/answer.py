@@ -28,6 +28,7 @@ from ..services.ask import (
     AskEvent,
     AskService,
     Done,
+    Plan,
     Question,
     ResponseCache,
     Sources,
@@ -66,7 +67,7 @@ def question_from(request: apb.AskRequest) -> Question:
         top_k=request.top_k,
         mode=_MODE_NAMES.get(mode, str(mode)),
         filters=filters_from(request.filters), model=request.model,
-        no_cache=request.no_cache)
+        no_cache=request.no_cache, dry_run=request.dry_run)
 
 
 def _timestamp(seconds: int) -> Timestamp:
@@ -81,14 +82,14 @@ def _sources(s: Sources) -> apb.AskSources:
             search_source=SOURCES[c.search_source], indexed_at=_timestamp(c.indexed_at),
             kind=c.kind, source_id=c.source_id,
             document_date=None if c.document_date is None
-            else _timestamp(c.document_date)) for c in s.citations],
+            else _timestamp(c.document_date), chunk_ids=c.chunk_ids) for c in s.citations],
         retrieval_mode=MODES[s.retrieval_mode], warnings=s.warnings)
 
 
 def _done(d: Done) -> apb.AskDone:
     finish = _FINISH.get(d.finish_reason, ipb.FINISH_REASON_STOP)
     if d.no_context:  # nothing was generated: no usage, no model
-        return apb.AskDone(no_context=True, finish_reason=finish)
+        return apb.AskDone(no_context=True, finish_reason=finish, dry_run=d.dry_run)
     return apb.AskDone(
         usage=ipb.Usage(prompt_tokens=d.prompt_tokens, completion_tokens=d.completion_tokens,
                         total_tokens=d.total_tokens,
@@ -96,7 +97,26 @@ def _done(d: Done) -> apb.AskDone:
                         tokens_per_second=d.tokens_per_second),
         prompt_sha256=d.prompt_sha256, cached=d.cached, finish_reason=finish,
         chunks_dropped=d.chunks_dropped, attachment_clipped=d.attachment_clipped,
-        template_version=d.template_version, model_name=d.model_name)
+        template_version=d.template_version, model_name=d.model_name,
+        history_turns_dropped=d.history_turns_dropped, dry_run=d.dry_run)
+
+
+_VERDICTS = {"kept": apb.HIT_VERDICT_KEPT, "below_floor": apb.HIT_VERDICT_BELOW_FLOOR,
+             "over_budget": apb.HIT_VERDICT_OVER_BUDGET}
+_ROLES = {"system": ipb.CHAT_ROLE_SYSTEM, "user": ipb.CHAT_ROLE_USER,
+          "assistant": ipb.CHAT_ROLE_ASSISTANT}
+
+
+def _plan(p: Plan) -> apb.AskPlan:
+    return apb.AskPlan(
+        hits=[apb.PlannedHit(
+            chunk_id=h.chunk_id, document_id=h.document_id, title=h.title, path=h.path,
+            ordinal=h.ordinal, score=h.score, text_score=h.text_score,
+            vector_score=h.vector_score, verdict=_VERDICTS[h.verdict], label=h.label)
+            for h in p.hits],
+        sections=[apb.PromptSection(role=_ROLES[s.role], content=s.content, tokens=s.tokens)
+                  for s in p.sections],
+        prompt_tokens=p.prompt_tokens, budget=max(0, p.budget))
 
 
 def response(event: AskEvent) -> apb.AskResponse:
@@ -105,6 +125,8 @@ def response(event: AskEvent) -> apb.AskResponse:
         return apb.AskResponse(text=event)
     if isinstance(event, Sources):
         return apb.AskResponse(sources=_sources(event))
+    if isinstance(event, Plan):
+        return apb.AskResponse(plan=_plan(event))
     return apb.AskResponse(done=_done(event))
 
 

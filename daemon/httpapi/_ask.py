@@ -9,8 +9,10 @@ proto or in lowerCamelCase, enums by name or number, times as RFC 3339: ``{"ques
 the service gRPC's AnswerService/Ask adapts too, so both APIs answer alike. Streamed, each
 event is one ``AskResponse`` in the same JSON mapping: ``data: {"text": ...}`` pieces,
 then ``data: {"sources": {...}}`` (the citations), then ``data: {"done": {...}}``, then
-``data: [DONE]``. Whole: ``{"text", "sources", "done"}`` in one object. A refusal names
-its field in ``error.param`` (``history``, ``sampling.max_tokens`` as ``max_tokens``...).
+``data: [DONE]``. Whole: ``{"text", "sources", "done"}`` in one object. With ``"dry_run":
+true`` a ``plan`` (an ``AskPlan``) comes instead of the text, and nothing is generated.
+A refusal names its field in ``error.param`` (``history``, ``sampling.max_tokens`` as
+``max_tokens``...).
 """
 
 from __future__ import annotations
@@ -30,14 +32,14 @@ from supervisor import Sampling
 from ..checks import validation
 from ..config import Limits
 from ..grpcapi.rpc import Call
-from ..services.ask import AnswerSettings, AskEvent, Done, Question, Sources, Turn
+from ..services.ask import AnswerSettings, AskEvent, Done, Plan, Question, Sources, Turn
 from . import _parse
 from ._context import Api, json_response, open_stream, time_remaining
 from ._errors import ApiError, ParamError
 from ._shapes import DONE, sse
 
 _FIELDS = ("question", "filters", "top_k", "history", "task", "attachment", "sampling",
-           "no_cache", "mode", "model")
+           "no_cache", "mode", "model", "dry_run")
 _FILTERS = ("sources", "kinds", "categories", "tags", "indexed_since", "indexed_until",
             "dated_since", "dated_until")
 # Each enum's names in the order of their numbers (0, 1, ...): a number given is read by
@@ -199,7 +201,7 @@ def read(body: _parse.Body) -> tuple[Question, ipb.SamplingParams]:
         mode=_enum(fields.get("mode", 0), _MODES, "mode", "SearchMode"),
         filters=_filters(fields.get("filters", {})),
         model=_text(fields, "model"),
-        no_cache=_flag(fields, "no_cache"))
+        no_cache=_flag(fields, "no_cache"), dry_run=_flag(fields, "dry_run"))
     return question, _sampling(fields.get("sampling", {}))
 
 
@@ -227,25 +229,43 @@ def event_json(event: AskEvent) -> dict[str, Any]:
                  title=c.title, path=c.path, score=c.score, snippet=c.snippet,
                  search_source=_SOURCE_NAMES[c.search_source],
                  indexed_at=_time(c.indexed_at), kind=c.kind, source_id=c.source_id,
-                 document_date=None if c.document_date is None else _time(c.document_date))
+                 document_date=None if c.document_date is None else _time(c.document_date),
+                 chunk_ids=list(c.chunk_ids))
             for c in event.citations]
         return {"sources": _set(citations=citations,
                                 retrieval_mode=f"SEARCH_MODE_{event.retrieval_mode.upper()}",
                                 warnings=list(event.warnings))}
+    if isinstance(event, Plan):
+        return {"plan": _plan(event)}
     return {"done": _done(event)}
+
+
+def _plan(p: Plan) -> dict[str, Any]:
+    hits = [{**_set(chunk_id=h.chunk_id, document_id=h.document_id, title=h.title,
+                    path=h.path, ordinal=h.ordinal, score=h.score, label=h.label,
+                    verdict=f"HIT_VERDICT_{h.verdict.upper()}"),
+             # optional fields: present when set, even at 0
+             **({} if h.text_score is None else {"text_score": h.text_score}),
+             **({} if h.vector_score is None else {"vector_score": h.vector_score})}
+            for h in p.hits]
+    sections = [_set(role=f"CHAT_ROLE_{s.role.upper()}", content=s.content, tokens=s.tokens)
+                for s in p.sections]
+    return _set(hits=hits, sections=sections, prompt_tokens=p.prompt_tokens,
+                budget=max(0, p.budget))
 
 
 def _done(d: Done) -> dict[str, Any]:
     finish = _FINISH_NAMES.get(d.finish_reason, "FINISH_REASON_STOP")
     if d.no_context:  # nothing was generated: no usage, no model
-        return {"no_context": True, "finish_reason": finish}
+        return {"no_context": True, "finish_reason": finish, **_set(dry_run=d.dry_run)}
     usage = _set(prompt_tokens=d.prompt_tokens, completion_tokens=d.completion_tokens,
                  total_tokens=d.total_tokens, time_to_first_token_ms=d.time_to_first_token_ms,
                  tokens_per_second=d.tokens_per_second)
     return {"usage": usage, **_set(
         prompt_sha256=d.prompt_sha256, cached=d.cached, finish_reason=finish,
         chunks_dropped=d.chunks_dropped, attachment_clipped=d.attachment_clipped,
-        template_version=d.template_version, model_name=d.model_name)}
+        template_version=d.template_version, model_name=d.model_name,
+        history_turns_dropped=d.history_turns_dropped, dry_run=d.dry_run)}
 
 
 async def ask(api: Api, request: web.BaseRequest, call: Call,

@@ -50,6 +50,32 @@ TASK_TYPE_DIAGNOSE: TaskType.ValueType  # 3
 TASK_TYPE_SUMMARIZE: TaskType.ValueType  # 4
 Global___TaskType: _TypeAlias = TaskType  # noqa: Y015
 
+class _HitVerdict:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _HitVerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_HitVerdict.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    HIT_VERDICT_UNSPECIFIED: _HitVerdict.ValueType  # 0
+    HIT_VERDICT_KEPT: _HitVerdict.ValueType  # 1
+    """In the prompt, under its document's label."""
+    HIT_VERDICT_BELOW_FLOOR: _HitVerdict.ValueType  # 2
+    """Under the relevance floor (answer.min_vector_score / answer.min_text_score)."""
+    HIT_VERDICT_OVER_BUDGET: _HitVerdict.ValueType  # 3
+    """Relevant, but left out to fit the token budget."""
+
+class HitVerdict(_HitVerdict, metaclass=_HitVerdictEnumTypeWrapper):
+    """What became of a retrieved chunk in an Ask."""
+
+HIT_VERDICT_UNSPECIFIED: HitVerdict.ValueType  # 0
+HIT_VERDICT_KEPT: HitVerdict.ValueType  # 1
+"""In the prompt, under its document's label."""
+HIT_VERDICT_BELOW_FLOOR: HitVerdict.ValueType  # 2
+"""Under the relevance floor (answer.min_vector_score / answer.min_text_score)."""
+HIT_VERDICT_OVER_BUDGET: HitVerdict.ValueType  # 3
+"""Relevant, but left out to fit the token budget."""
+Global___HitVerdict: _TypeAlias = HitVerdict  # noqa: Y015
+
 @_typing.final
 class Turn(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -86,6 +112,7 @@ class AskRequest(_message.Message):
     NO_CACHE_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
     question: _builtins.str
     top_k: _builtins.int
     """Sources to retrieve (default 5; above retrieval.max_k clamped, with a warning)."""
@@ -102,6 +129,10 @@ class AskRequest(_message.Message):
     """The catalog name or alias of the model to use (ControlService/ListModels); empty:
     the generation default model. An unknown name is NOT_FOUND naming the models that
     exist; an embedding model is INVALID_ARGUMENT.
+    """
+    dry_run: _builtins.bool
+    """Retrieve and assemble the prompt only: the response is an AskPlan, the sources and
+    done (dry_run set), with no generation and no response cache.
     """
     @_builtins.property
     def filters(self) -> _retrieval_pb2.SearchFilters: ...
@@ -124,10 +155,11 @@ class AskRequest(_message.Message):
         no_cache: _builtins.bool = ...,
         mode: _retrieval_pb2.SearchMode.ValueType = ...,
         model: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["filters", b"filters", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment", b"attachment", "filters", b"filters", "history", b"history", "mode", b"mode", "model", b"model", "no_cache", b"no_cache", "question", b"question", "sampling", b"sampling", "task", b"task", "top_k", b"top_k"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment", b"attachment", "dry_run", b"dry_run", "filters", b"filters", "history", b"history", "mode", b"mode", "model", b"model", "no_cache", b"no_cache", "question", b"question", "sampling", b"sampling", "task", b"task", "top_k", b"top_k"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -149,6 +181,7 @@ class Citation(_message.Message):
     DOCUMENT_DATE_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
     SOURCE_ID_FIELD_NUMBER: _builtins.int
+    CHUNK_IDS_FIELD_NUMBER: _builtins.int
     label: _builtins.str
     """"S1", "S2", ... in rank order; the answer cites these."""
     chunk_id: _builtins.str
@@ -167,6 +200,12 @@ class Citation(_message.Message):
     def document_date(self) -> _timestamp_pb2.Timestamp:
         """The document's own date (unset when it has none)."""
 
+    @_builtins.property
+    def chunk_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Every chunk of this document the prompt holds, in document order (chunk_id, score and
+        snippet are its best chunk's).
+        """
+
     def __init__(
         self,
         *,
@@ -182,10 +221,11 @@ class Citation(_message.Message):
         document_date: _timestamp_pb2.Timestamp | None = ...,
         kind: _builtins.str = ...,
         source_id: _builtins.str = ...,
+        chunk_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["document_date", b"document_date", "indexed_at", b"indexed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_id", b"chunk_id", "document_date", b"document_date", "document_id", b"document_id", "indexed_at", b"indexed_at", "kind", b"kind", "label", b"label", "path", b"path", "score", b"score", "search_source", b"search_source", "snippet", b"snippet", "source_id", b"source_id", "title", b"title"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_id", b"chunk_id", "chunk_ids", b"chunk_ids", "document_date", b"document_date", "document_id", b"document_id", "indexed_at", b"indexed_at", "kind", b"kind", "label", b"label", "path", b"path", "score", b"score", "search_source", b"search_source", "snippet", b"snippet", "source_id", b"source_id", "title", b"title"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -231,6 +271,8 @@ class AskDone(_message.Message):
     ATTACHMENT_CLIPPED_FIELD_NUMBER: _builtins.int
     TEMPLATE_VERSION_FIELD_NUMBER: _builtins.int
     MODEL_NAME_FIELD_NUMBER: _builtins.int
+    HISTORY_TURNS_DROPPED_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
     prompt_sha256: _builtins.str
     """SHA-256 of the exact prompt sent to the model (also in the audit log)."""
     cached: _builtins.bool
@@ -246,6 +288,10 @@ class AskDone(_message.Message):
     """The catalog name of the generation model that answered (or whose cached answer this
     is); empty with no_context, when no model ran.
     """
+    history_turns_dropped: _builtins.int
+    """Conversation turns left out, oldest first, to fit the model's context."""
+    dry_run: _builtins.bool
+    """This was a dry run: nothing was generated (usage holds the prompt tokens only)."""
     @_builtins.property
     def usage(self) -> _inference_pb2.Usage: ...
     def __init__(
@@ -260,14 +306,136 @@ class AskDone(_message.Message):
         attachment_clipped: _builtins.bool = ...,
         template_version: _builtins.str = ...,
         model_name: _builtins.str = ...,
+        history_turns_dropped: _builtins.int = ...,
+        dry_run: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment_clipped", b"attachment_clipped", "cached", b"cached", "chunks_dropped", b"chunks_dropped", "finish_reason", b"finish_reason", "model_name", b"model_name", "no_context", b"no_context", "prompt_sha256", b"prompt_sha256", "template_version", b"template_version", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attachment_clipped", b"attachment_clipped", "cached", b"cached", "chunks_dropped", b"chunks_dropped", "dry_run", b"dry_run", "finish_reason", b"finish_reason", "history_turns_dropped", b"history_turns_dropped", "model_name", b"model_name", "no_context", b"no_context", "prompt_sha256", b"prompt_sha256", "template_version", b"template_version", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AskDone: _TypeAlias = AskDone  # noqa: Y015
+
+@_typing.final
+class PlannedHit(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHUNK_ID_FIELD_NUMBER: _builtins.int
+    DOCUMENT_ID_FIELD_NUMBER: _builtins.int
+    TITLE_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    ORDINAL_FIELD_NUMBER: _builtins.int
+    SCORE_FIELD_NUMBER: _builtins.int
+    TEXT_SCORE_FIELD_NUMBER: _builtins.int
+    VECTOR_SCORE_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    LABEL_FIELD_NUMBER: _builtins.int
+    chunk_id: _builtins.str
+    document_id: _builtins.str
+    title: _builtins.str
+    path: _builtins.str
+    ordinal: _builtins.int
+    """The chunk's place in its document, from 1."""
+    score: _builtins.float
+    """The fused score, and each index's own (unset when that index did not find it)."""
+    text_score: _builtins.float
+    vector_score: _builtins.float
+    verdict: Global___HitVerdict.ValueType
+    label: _builtins.str
+    """Its document's source label when kept ("S1"...)."""
+    def __init__(
+        self,
+        *,
+        chunk_id: _builtins.str = ...,
+        document_id: _builtins.str = ...,
+        title: _builtins.str = ...,
+        path: _builtins.str = ...,
+        ordinal: _builtins.int = ...,
+        score: _builtins.float = ...,
+        text_score: _builtins.float | None = ...,
+        vector_score: _builtins.float | None = ...,
+        verdict: Global___HitVerdict.ValueType = ...,
+        label: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_text_score", b"_text_score", "_vector_score", b"_vector_score", "text_score", b"text_score", "vector_score", b"vector_score"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_text_score", b"_text_score", "_vector_score", b"_vector_score", "chunk_id", b"chunk_id", "document_id", b"document_id", "label", b"label", "ordinal", b"ordinal", "path", b"path", "score", b"score", "text_score", b"text_score", "title", b"title", "vector_score", b"vector_score", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__text_score: _TypeAlias = _typing.Literal["text_score"]  # noqa: Y015
+    _WhichOneofArgType__text_score: _TypeAlias = _typing.Literal["_text_score", b"_text_score"]  # noqa: Y015
+    _WhichOneofReturnType__vector_score: _TypeAlias = _typing.Literal["vector_score"]  # noqa: Y015
+    _WhichOneofArgType__vector_score: _TypeAlias = _typing.Literal["_vector_score", b"_vector_score"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__text_score) -> _WhichOneofReturnType__text_score | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__vector_score) -> _WhichOneofReturnType__vector_score | None: ...
+
+Global___PlannedHit: _TypeAlias = PlannedHit  # noqa: Y015
+
+@_typing.final
+class PromptSection(_message.Message):
+    """One message of the assembled prompt, as the model would get it (redacted)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    role: _inference_pb2.ChatRole.ValueType
+    content: _builtins.str
+    tokens: _builtins.int
+    def __init__(
+        self,
+        *,
+        role: _inference_pb2.ChatRole.ValueType = ...,
+        content: _builtins.str = ...,
+        tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "role", b"role", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PromptSection: _TypeAlias = PromptSection  # noqa: Y015
+
+@_typing.final
+class AskPlan(_message.Message):
+    """A dry run's account of an Ask: every hit retrieved, in rank order, with its verdict,
+    and the prompt that would be sent.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HITS_FIELD_NUMBER: _builtins.int
+    SECTIONS_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
+    prompt_tokens: _builtins.int
+    """The whole prompt's tokens (the sections plus the chat template's overhead) and the
+    budget it was assembled under (the model's context minus max_tokens).
+    """
+    budget: _builtins.int
+    @_builtins.property
+    def hits(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlannedHit]: ...
+    @_builtins.property
+    def sections(self) -> _containers.RepeatedCompositeFieldContainer[Global___PromptSection]: ...
+    def __init__(
+        self,
+        *,
+        hits: _abc.Iterable[Global___PlannedHit] | None = ...,
+        sections: _abc.Iterable[Global___PromptSection] | None = ...,
+        prompt_tokens: _builtins.int = ...,
+        budget: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "hits", b"hits", "prompt_tokens", b"prompt_tokens", "sections", b"sections"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AskPlan: _TypeAlias = AskPlan  # noqa: Y015
 
 @_typing.final
 class AskResponse(_message.Message):
@@ -276,24 +444,30 @@ class AskResponse(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     SOURCES_FIELD_NUMBER: _builtins.int
     DONE_FIELD_NUMBER: _builtins.int
+    PLAN_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     """A piece of the answer, as generated."""
     @_builtins.property
     def sources(self) -> Global___AskSources: ...
     @_builtins.property
     def done(self) -> Global___AskDone: ...
+    @_builtins.property
+    def plan(self) -> Global___AskPlan:
+        """A dry run's plan (instead of text), before the sources."""
+
     def __init__(
         self,
         *,
         text: _builtins.str = ...,
         sources: Global___AskSources | None = ...,
         done: Global___AskDone | None = ...,
+        plan: Global___AskPlan | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "event", b"event", "sources", b"sources", "text", b"text"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "event", b"event", "plan", b"plan", "sources", b"sources", "text", b"text"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "event", b"event", "sources", b"sources", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "event", b"event", "plan", b"plan", "sources", b"sources", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["text", "sources", "done"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["text", "sources", "done", "plan"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 

@@ -50,7 +50,11 @@ class AnswerServiceServicer:
         the answer; then the sources it was given (S1..Sn in rank order), then a summary
         (usage, prompt SHA-256, cache and retrieval mode). With nothing relevant retrieved
         the answer says the knowledge base has nothing on it and the sources are empty.
-        OUT_OF_RANGE when even the question, template and task cannot fit the context.
+        Each source is a document: its retrieved chunks joined in document order under one
+        label. An over-long conversation loses its oldest turns (AskDone.history_turns_dropped,
+        and a warning); OUT_OF_RANGE only when even the question, template and task cannot
+        fit the context. With dry_run: an AskPlan (the hits and what became of each, the
+        prompt's sections and tokens), then the sources and done; nothing is generated.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

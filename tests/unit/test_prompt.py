@@ -153,14 +153,16 @@ def test_every_piece_is_redacted_by_construction() -> None:
     above seeds (a new piece must be added there too)."""
     assert [f.name for f in dataclasses.fields(PromptPieces)] == [
         "question", "attachment", "history", "sources"]
-    assert [f.name for f in dataclasses.fields(SourcePiece)] == ["title", "heading", "text"]
+    assert [f.name for f in dataclasses.fields(SourcePiece)] == [
+        "title", "heading", "text", "document", "ordinal"]
     assert [f.name for f in dataclasses.fields(TurnPiece)] == ["role", "content"]
     pieces = PromptPieces(
         question=SECRETS["question"], attachment=SECRETS["attachment"],
         history=(TurnPiece("user", SECRETS["history user"]),),
         sources=(SourcePiece(SECRETS["source title"], SECRETS["source heading"],
-                             SECRETS["source text"]),))
+                             SECRETS["source text"], SECRETS["source title"], 3),))
     assert secret_value("question") not in repr(pieces)
+    assert pieces.sources[0].ordinal == 3  # a position: kept as it is
     for name in ("attachment", "history user", "source title", "source heading",
                  "source text"):
         assert secret_value(name) not in repr(pieces), name

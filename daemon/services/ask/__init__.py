@@ -17,10 +17,14 @@ from ._core import (
     redacted_head,
     relevant,
 )
-from ._prompt import TASKS, Assembled, PromptTooLarge, assemble, load_template
+from ._plan import BELOW_FLOOR, KEPT, OVER_BUDGET, Plan, PlannedHit, Section
+from ._prompt import TASKS, Assembled, PromptTooLarge, assemble, documents, load_template
 
 __all__ = [
+    "BELOW_FLOOR",
+    "KEPT",
     "NO_CONTEXT_ANSWER",
+    "OVER_BUDGET",
     "ROLES",
     "TASKS",
     "AnswerSettings",
@@ -30,12 +34,16 @@ __all__ = [
     "CachedAnswer",
     "Citation",
     "Done",
+    "Plan",
+    "PlannedHit",
     "PromptTooLarge",
     "Question",
     "ResponseCache",
+    "Section",
     "Sources",
     "Turn",
     "assemble",
+    "documents",
     "load_template",
     "redacted_head",
     "relevant",

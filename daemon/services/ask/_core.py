@@ -5,7 +5,14 @@ generation model is unknown or the default's child is down (UNAVAILABLE with a r
 hint) → retrieve (BM25-only when the embedding child is down, and the sources say so) →
 keep hits above the relevance floor → nothing relevant: answer that the knowledge base has
 nothing on it, without generating → assemble the prompt (redacted again) → response cache
-hit: replay it → else stream the generation → sources → done → audit record.
+hit: replay it → else stream the generation → sources → done → audit record. A dry run
+(:attr:`Question.dry_run`) stops after assembly: a :class:`~._plan.Plan` (every hit and
+what became of it, the prompt's sections and tokens), the sources, done; nothing generated.
+
+A document is one source (its chunks joined under one label, :mod:`._prompt`); an
+over-long conversation loses its oldest turns, said in the sources' warnings and
+:attr:`Done.history_turns_dropped`, and is refused (OUT_OF_RANGE) only when the question
+and templates alone do not fit.
 
 gRPC's AnswerService (:mod:`daemon.grpcapi.answer`) and HTTP's ``/v1/llamad/ask``
 (:mod:`daemon.httpapi`) translate their requests into a :class:`Question` and a checked
@@ -20,6 +27,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 from retrieval import (
     MODES,
     Filters,
@@ -32,18 +41,21 @@ from retrieval import (
 )
 from supervisor import Sampling, TokenizeUnavailableError
 
-from ...config import AnswerConfig, Limits, Role
+from ...config import AnswerConfig, ConfigError, Limits, Role
+from ...config.answer_templates import TemplateSet, load_templates
 from ...errors import InvalidArgument, OutOfRange
 from ...models.router import InferenceRouter
 from ...telemetry.audit import AuditLog
 from ..retrieval_bridge import estimate_tokens
 from ._cache import CachedAnswer, ResponseCache
-from ._prompt import TASKS, PromptTooLarge, assemble
+from ._plan import Plan, planned, sections
+from ._prompt import TASKS, Assembled, PromptTooLarge, assemble
 
 NO_CONTEXT_ANSWER = (
     "The knowledge base has nothing on this. No indexed document matched the question "
     "closely enough to answer from it."
 )
+"""The packaged ``no_context`` template's answer (an operator's may replace it)."""
 ROLES = ("user", "assistant")
 """The roles a history turn may have."""
 _CUT_MARGIN = 8192
@@ -85,6 +97,7 @@ class Question:
         filters: what the sources may be.
         model: the generation model ("": the role's default).
         no_cache: generate even if the response cache holds the answer.
+        dry_run: retrieve and assemble only: a :class:`Plan` instead of an answer.
     """
 
     question: str
@@ -96,11 +109,14 @@ class Question:
     filters: Filters = field(default_factory=Filters)
     model: str = ""
     no_cache: bool = False
+    dry_run: bool = False
 
 
 @dataclass(frozen=True)
 class Citation:
-    """One source of the answer: ``label`` (S1, S2, ...) is how the answer cites it."""
+    """One source of the answer, a document: ``label`` (S1, S2, ...) is how the answer
+    cites it; ``chunk_id``, ``score`` and ``snippet`` are its best chunk's, ``chunk_ids``
+    every chunk of it the prompt holds, in document order."""
 
     label: str
     chunk_id: str
@@ -114,6 +130,7 @@ class Citation:
     kind: str
     source_id: str
     document_date: int | None  # the document's own date, unix seconds (None: none)
+    chunk_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,15 +158,17 @@ class Done:
     attachment_clipped: bool = False
     template_version: str = ""
     model_name: str = ""
+    history_turns_dropped: int = 0
+    dry_run: bool = False
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
 
-AskEvent = str | Sources | Done
-"""What :meth:`AskService.ask` yields: the answer's text in pieces (``str``), then its
-:class:`Sources`, then :class:`Done`."""
+AskEvent = str | Plan | Sources | Done
+"""What :meth:`AskService.ask` yields: the answer's text in pieces (``str``), or a dry
+run's :class:`Plan`; then its :class:`Sources`, then :class:`Done`."""
 
 
 def relevant(hit: Hit, settings: AnswerSettings) -> bool:
@@ -215,6 +234,7 @@ class AskService:
         self._settings = settings
         self._cache = cache
         self._audit = audit
+        self._templates = load_templates(settings.templates_dir)
 
     @property
     def limits(self) -> Limits:
@@ -228,8 +248,18 @@ class AskService:
 
     def configure(self, limits: Limits, settings: AnswerSettings) -> None:
         """New request limits and settings (a reload): the Asks that start after this
-        call use them; those running keep theirs."""
+        call use them; those running keep theirs. The templates are read again (the
+        configuration's load checked them; one broken since keeps the set in force)."""
+        try:
+            self._templates = load_templates(settings.templates_dir)
+        except ConfigError as exc:
+            structlog.get_logger("llamad.ask").warning("answer templates kept", error=str(exc))
         self._limits, self._settings = limits, settings
+
+    @property
+    def templates(self) -> TemplateSet:
+        """The answer templates in force."""
+        return self._templates
 
     async def ask(self, q: Question, sampling: Sampling | SamplingCheck, *,
                   time_remaining: Callable[[], float | None] = lambda: None,
@@ -261,7 +291,8 @@ class AskService:
         """
         received = time.perf_counter()
         limits, settings = self._limits, self._settings  # this call's, whatever a reload
-        question, history = check(q, settings)             # does meanwhile
+        templates = self._templates                        # does meanwhile
+        question, history = check(q, settings)
         if not isinstance(sampling, Sampling):
             sampling = sampling(limits, settings)
         task = q.task
@@ -271,17 +302,22 @@ class AskService:
         name = self._router.model_name(Role.GENERATION, q.model)
         if self._router.fixed(Role.GENERATION, q.model):
             self._router.backend(Role.GENERATION)
-        note(task=task, question_chars=len(question), k=k, model=name)
+        note(task=task, question_chars=len(question), k=k, model=name, dry_run=q.dry_run)
 
-        hits, mode, warnings = await self._retrieve(q, question, k, settings)
+        retrieved, mode, warnings = await self._retrieve(q, question, k)
+        hits = [h for h in retrieved if relevant(h, settings)]
         if not hits and q.attachment and task != "answer":
             warnings.append("no relevant sources: answering from the attachment alone")
         elif not hits:
-            yield NO_CONTEXT_ANSWER
+            if q.dry_run:
+                yield Plan(planned(retrieved, lambda h: relevant(h, settings), None))
+            else:
+                yield templates["no_context"].text.format(question=question)
             yield Sources((), mode, tuple(warnings))
-            yield Done(no_context=True)
+            yield Done(no_context=True, dry_run=q.dry_run)
             self._audit.record(task=task, question=question, no_context=True, hits=[],
-                               retrieval_mode=mode)
+                               retrieval_mode=mode, dry_run=q.dry_run,
+                               template_set=templates.sha256)
             note(no_context=True)
             return
 
@@ -310,15 +346,31 @@ class AskService:
                 question=question, task=task, hits=hits, history=history,
                 attachment=q.attachment,
                 budget=(backend.context_tokens or 2048) - sampling.max_tokens,
-                count_tokens=count)
+                count_tokens=count, templates=templates)
         except PromptTooLarge as exc:
             raise OutOfRange(str(exc)) from None
-        citations = tuple(
-            Citation(label=f"S{i}", chunk_id=h.chunk_id, document_id=h.doc_id,
-                     title=h.title, path=h.path, score=h.fused_score, snippet=h.snippet,
-                     search_source=h.search_source, indexed_at=h.indexed_at, kind=h.kind,
-                     source_id=h.source_id, document_date=h.document_date)
-            for i, h in enumerate(assembled.hits, start=1))
+        if assembled.turns_dropped:
+            warnings.append(f"the conversation was trimmed: its {assembled.turns_dropped} "
+                            "oldest turns were left out to fit the model's context")
+        citations = cite(assembled)
+        if q.dry_run:
+            yield Plan(planned(retrieved, lambda h: relevant(h, settings), assembled),
+                       await sections(assembled, count), assembled.prompt_tokens,
+                       assembled.budget)
+            yield Sources(citations, mode, tuple(warnings))
+            yield Done(prompt_tokens=assembled.prompt_tokens, prompt_sha256=assembled.sha256,
+                       chunks_dropped=assembled.dropped,
+                       attachment_clipped=assembled.attachment_clipped,
+                       template_version=assembled.template_version, model_name=name,
+                       history_turns_dropped=assembled.turns_dropped, dry_run=True)
+            await asyncio.to_thread(
+                self._audit.record, task=task, question=question, dry_run=True,
+                prompt_sha256=assembled.sha256, retrieval_mode=mode,
+                prompt_tokens=assembled.prompt_tokens, template=assembled.template_version,
+                template_set=templates.sha256,
+                hits=[{"label": c.label, "chunk_ids": list(c.chunk_ids)} for c in citations])
+            note(prompt_tokens=assembled.prompt_tokens, sources=len(citations))
+            return
         model = backend.provisional_identity  # the cache key's model part (sampling another)
         cached = None if q.no_cache else self._cache.get(model, assembled.sha256, sampling)
         first: float | None = None
@@ -362,20 +414,23 @@ class AskService:
                    cached=cached is not None, finish_reason=finish,
                    chunks_dropped=assembled.dropped,
                    attachment_clipped=assembled.attachment_clipped,
-                   template_version=assembled.template_version, model_name=name)
+                   template_version=assembled.template_version, model_name=name,
+                   history_turns_dropped=assembled.turns_dropped)
         await asyncio.to_thread(
             self._audit.record, task=task, question=question, model=model,
             prompt_sha256=assembled.sha256, cached=cached is not None,
             retrieval_mode=mode, prompt_tokens=prompt_tokens, completion_tokens=completion,
-            hits=[{"label": c.label, "chunk_id": c.chunk_id, "score": round(c.score, 6)}
-                  for c in citations],
-            dropped=assembled.dropped, template=assembled.template_version)
+            hits=[{"label": c.label, "chunk_id": c.chunk_id, "chunk_ids": list(c.chunk_ids),
+                   "score": round(c.score, 6)} for c in citations],
+            dropped=assembled.dropped, turns_dropped=assembled.turns_dropped,
+            template=assembled.template_version, template_set=templates.sha256)
         note(tokens=completion, cached=cached is not None, sources=len(citations),
              prompt_sha256=assembled.sha256[:16])
 
-    async def _retrieve(self, q: Question, question: str, k: int, settings: AnswerSettings
+    async def _retrieve(self, q: Question, question: str, k: int
                         ) -> tuple[list[Hit], str, list[str]]:
-        """The relevant hits, the search mode that found them, and the warnings."""
+        """The hits (before the relevance floor), the search mode that found them, and
+        the warnings."""
         if self._retriever is None:
             return [], "text", ["retrieval is disabled: answering without sources"]
         # The query leaves the process too (to the embedding child or endpoint), so it is
@@ -393,8 +448,23 @@ class AskService:
                 raise  # the caller asked for what cannot be: said, not degraded
             return [], SearchMode.TEXT, [f"retrieval failed ({type(exc).__name__}): "
                                          "answering without sources"]
-        return ([h for h in result.hits if relevant(h, settings)], result.mode,
-                list(result.warnings))
+        return list(result.hits), result.mode, list(result.warnings)
+
+
+def cite(assembled: Assembled) -> tuple[Citation, ...]:
+    """One citation per document of the prompt, labelled as the prompt labels it: its best
+    chunk's id, score and snippet, and every chunk of it the prompt holds."""
+    rank = {h.chunk_id: i for i, h in enumerate(assembled.hits)}
+    citations = []
+    for i, chunks in enumerate(assembled.documents, start=1):
+        h = min(chunks, key=lambda c: rank[c.chunk_id])
+        citations.append(Citation(
+            label=f"S{i}", chunk_id=h.chunk_id, document_id=h.doc_id, title=h.title,
+            path=h.path, score=h.fused_score, snippet=h.snippet,
+            search_source=h.search_source, indexed_at=h.indexed_at, kind=h.kind,
+            source_id=h.source_id, document_date=h.document_date,
+            chunk_ids=tuple(c.chunk_id for c in chunks)))
+    return tuple(citations)
 
 
 def redacted_head(text: str, n: int) -> str:

@@ -37,6 +37,8 @@ class SourcePiece:
     title: str
     heading: str
     text: str
+    document: str = ""  # the document's id: a document's chunks are one source
+    ordinal: int = 0    # the chunk's place in its document (document order)
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,8 @@ class PromptPieces:
             question=question,
             attachment=attachment,
             history=tuple(TurnPiece(role, content) for role, content in history),
-            sources=tuple(SourcePiece(hit.title or hit.doc_id, hit.heading or "", hit.text)
+            sources=tuple(SourcePiece(hit.title or hit.doc_id, hit.heading or "", hit.text,
+                                      hit.doc_id, hit.ordinal)
                           for hit in hits),
         )
 
@@ -95,6 +98,8 @@ def _redacted(value: object, where: str) -> object:
     """
     if isinstance(value, str):
         return redact(value).text if value else value
+    if isinstance(value, int):  # a position: no text to redact
+        return value
     if isinstance(value, tuple):
         return tuple(_redacted(item, f"{where}[{i}]") for i, item in enumerate(value))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -102,4 +107,4 @@ def _redacted(value: object, where: str) -> object:
             f.name: _redacted(getattr(value, f.name), f"{where}.{f.name}")
             for f in dataclasses.fields(value)})
     raise TypeError(f"prompt piece {where} is a {type(value).__name__}: only strings, "
-                    "tuples and dataclasses of them can be redacted")
+                    "integers, tuples and dataclasses of them can be redacted")

@@ -2,9 +2,14 @@
 
 The prompt is one system template plus one per task type (answer, explain-output,
 diagnose, summarize); templates are versioned data files (``templates/*.txt``) whose
-header names the template and its version. Over budget, assembly drops the lowest-ranked
-sources first, then clips the attachment head-and-tail; the question, the templates and
-the task are never truncated; if even they do not fit, :class:`PromptTooLarge` carries the
+header names the template and its version, or an operator's directory over them
+(:mod:`daemon.config.answer_templates`). A document is one source: its retrieved chunks
+are joined in document order under one label (:func:`documents`), the documents in the
+rank of their best chunk. Over budget, assembly first trims the conversation, oldest turn
+first, until the question and templates fit with the best source; then drops the
+lowest-ranked chunks (a document whose chunks are all dropped drops out), then clips the
+attachment head-and-tail; the question, the templates and the task are never truncated;
+if even they do not fit without any history, :class:`PromptTooLarge` carries the
 numbers. Token counts come from the generation model's own tokenizer (a callable), never
 a word-count guess.
 
@@ -19,14 +24,19 @@ same SHA-256.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable, Sequence
+import itertools
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
-from importlib import resources
+from typing import TypeVar
 
 from retrieval import Hit
 
+from ...config.answer_templates import Template, TemplateSet, load_templates
 from ._fence import fence_source, neutralise
-from ._pieces import PromptPieces
+from ._pieces import PromptPieces, SourcePiece
+
+_T = TypeVar("_T")
+_PACKAGED = load_templates()
 
 TASKS = ("answer", "explain_output", "diagnose", "summarize")
 # Per chat message, the template adds role markers and separators; measured on ChatML and
@@ -48,27 +58,25 @@ class PromptTooLarge(Exception):
         )
 
 
-@dataclass(frozen=True)
-class Template:
-    name: str
-    version: str
-    text: str
-
-
 def load_template(name: str) -> Template:
-    """Read ``templates/<name>.txt`` and check its header."""
-    raw = resources.files("daemon.services.ask").joinpath("templates", f"{name}.txt").read_text()
-    header: dict[str, str] = {}
-    body: list[str] = []
-    for line in raw.splitlines():
-        if line.startswith("# ") and ":" in line and not body:
-            key, _, value = line[2:].partition(":")
-            header[key.strip()] = value.strip()
-        else:
-            body.append(line)
-    if header.get("llamad-template") != name or "version" not in header:
-        raise ValueError(f"template {name}.txt lacks its 'llamad-template'/'version' header")
-    return Template(name, header["version"], "\n".join(body).strip())
+    """The packaged template ``name`` (``templates/<name>.txt``), its header checked."""
+    return _PACKAGED[name]
+
+
+def group(items: Sequence[_T], key: Callable[[_T], Hashable],
+          ordinal: Callable[[_T], int]) -> list[tuple[_T, ...]]:
+    """``items`` (in rank order) grouped by ``key``: the groups in the rank of their first
+    (best) item, each group's items in ``ordinal`` order (their document's)."""
+    groups: dict[Hashable, list[_T]] = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return [tuple(sorted(g, key=ordinal)) for g in groups.values()]
+
+
+def documents(hits: Sequence[Hit]) -> list[tuple[Hit, ...]]:
+    """``hits`` as documents: one per document id, in the rank of its best chunk, each
+    document's chunks in document order."""
+    return group(hits, lambda h: h.doc_id, lambda h: h.ordinal)
 
 
 @dataclass(frozen=True)
@@ -77,19 +85,38 @@ class Assembled:
 
     messages: list[tuple[str, str]]
     sha256: str
-    hits: list[Hit]              # the sources actually included, in rank order (S1..)
-    dropped: int
+    hits: list[Hit]              # the chunks actually included, in rank order
+    dropped: int                 # chunks left out for the budget
     attachment_clipped: bool
     prompt_tokens: int
     template_version: str
+    turns_dropped: int = 0       # history turns left out, oldest first, for the budget
+    budget: int = 0
+
+    @property
+    def documents(self) -> list[tuple[Hit, ...]]:
+        """The sources as labelled: ``S1`` first, each a document's included chunks."""
+        return documents(self.hits)
+
+
+def _joined(chunks: tuple[SourcePiece, ...]) -> SourcePiece:
+    """One document's chunks (in document order) as one source: their texts joined, a gap
+    mark between chunks that are not adjacent, their distinct headings joined."""
+    text = chunks[0].text
+    for before, chunk in itertools.pairwise(chunks):
+        text += ("\n" if chunk.ordinal == before.ordinal + 1 else "\n[…]\n") + chunk.text
+    headings = list(dict.fromkeys(c.heading for c in chunks if c.heading.strip()))
+    return SourcePiece(chunks[0].title, " / ".join(headings), text)
 
 
 def render_sources(pieces: PromptPieces, count: int) -> str:
-    """The first ``count`` sources of ``pieces``, fenced and labelled ``S1``…"""
+    """The first ``count`` chunks of ``pieces``, one fenced source per document, labelled
+    ``S1``… in the rank of each document's best chunk."""
     if count <= 0:
         return "(none)"
+    grouped = group(pieces.sources[:count], lambda p: p.document, lambda p: p.ordinal)
     return "\n\n".join(fence_source(f"S{i}", source.title, source.heading, source.text)
-                         for i, source in enumerate(pieces.sources[:count], start=1))
+                         for i, source in enumerate(map(_joined, grouped), start=1))
 
 
 def prompt_sha256(messages: Sequence[tuple[str, str]]) -> str:
@@ -120,14 +147,16 @@ async def assemble(
     attachment: str,
     budget: int,
     count_tokens: Callable[[str], Awaitable[int]],
+    templates: TemplateSet | None = None,
 ) -> Assembled:
     """Build the chat messages within ``budget`` prompt tokens.
 
     Every argument's text is redacted before it can reach a message (see the module doc);
-    the caller passes them as received.
+    the caller passes them as received. ``templates``: the set in force (None: the
+    packaged one).
 
     Raises:
-        PromptTooLarge: the question, templates and history alone do not fit.
+        PromptTooLarge: the question and templates alone (no history) do not fit.
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}")
@@ -136,9 +165,10 @@ async def assemble(
                              attachment=attachment)
     ranked = list(hits)  # for Assembled.hits (the citations), never for a message
     del question, hits, history, attachment
-    system = load_template("system")
-    body = load_template(task)
-    version = f"system/{system.version}+{task}/{body.version}"
+    templates = templates or _PACKAGED
+    system = templates["system"]
+    body = templates[task]
+    version = f"system/{system.version}+{task}/{body.version}@{templates.sha256[:12]}"
     turns = [(turn.role, turn.content) for turn in pieces.history]
 
     def build(count: int, attach: str) -> list[tuple[str, str]]:
@@ -154,7 +184,16 @@ async def assemble(
             total += await count_tokens(content) + _PER_MESSAGE_TOKENS
         return total + _MARGIN_TOKENS
 
+    # An over-long conversation loses its oldest turns first: until the question and
+    # templates fit, and then, while any turn is left, until the best source fits too (an
+    # answer from the sources matters more than what was said long ago).
+    turns_dropped = 0
+    needed = min(1, len(pieces.sources))
     fixed = await size(build(0, ""))
+    while turns and (fixed > budget or await size(build(needed, "")) > budget):
+        turns.pop(0)
+        turns_dropped += 1
+        fixed = await size(build(0, ""))
     if fixed > budget:
         raise PromptTooLarge(fixed, budget)
     included = len(pieces.sources)
@@ -162,7 +201,7 @@ async def assemble(
     clipped = False
     messages = build(included, attach)
     tokens = await size(messages)
-    # Drop the lowest-ranked sources first (but keep the attachment whole while possible).
+    # Drop the lowest-ranked chunks first (but keep the attachment whole while possible).
     while tokens > budget and included:
         included -= 1
         messages = build(included, attach)
@@ -181,4 +220,4 @@ async def assemble(
         messages = build(included, attach)
         tokens = await size(messages)
     return Assembled(messages, prompt_sha256(messages), list(ranked[:included]),
-                     len(ranked) - included, clipped, tokens, version)
+                     len(ranked) - included, clipped, tokens, version, turns_dropped, budget)
