@@ -284,20 +284,61 @@ def test_the_check_sees_a_lost_document_frequency_update(store: PostgresStore,
     assert kept["b:alpha"] == 2  # one of the two concurrent increments was lost
 
 
-def test_a_database_made_before_bm25_gets_its_statistics_at_open(pg_dsn: str) -> None:
-    """A schema-3 database with chunks (ranked by tsvector then) upgrades in place at
-    open: the statistics are built for its chunks, its ``fts`` column goes, and searches
-    rank them by BM25."""
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+def _old_node_chunk(conn: psycopg.Connection[Any], doc_id: str, ordinal: int, text: str
+                    ) -> None:
+    """A chunk written as a llamad of schema version 3 wrote it (no BM25 rows)."""
+    conn.execute("INSERT INTO chunks(chunk_id, doc_id, ordinal, title, heading, text, "
+                 "content_hash) VALUES (%s, %s, %s, %s, '', %s, %s)",
+                 (f"{doc_id}#{ordinal}", doc_id, ordinal, f"title of {doc_id}", text,
+                  f"{doc_id}:{ordinal}"))
+
+
+def _schema_3(dsn: str) -> None:
+    """A database of schema version 3 (before BM25) holding a chunk of each of TEXTS."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         assert migrate(conn, "test", upto=3) == [1, 2, 3]
         conn.execute("INSERT INTO sources(id, kind, created_at) VALUES ('docs', 'push', 0)")
         for i, text in enumerate(TEXTS):
             conn.execute("INSERT INTO documents(id, source_id, title, state) VALUES "
-                         "(%s, 'docs', %s, 'indexed')", (f"d{i}", f"title {i}"))
-            conn.execute("INSERT INTO chunks(chunk_id, doc_id, ordinal, title, heading, "
-                         "text, content_hash) VALUES (%s, %s, 1, %s, '', %s, %s)",
-                         (f"d{i}#1", f"d{i}", f"title {i}", text, f"h{i}"))
+                         "(%s, 'docs', %s, 'indexed')", (f"d{i}", f"title of d{i}"))
+            _old_node_chunk(conn, f"d{i}", 1, text)
+
+
+def test_a_node_from_before_bm25_still_writing_after_the_upgrade(pg_dsn: str) -> None:
+    """A node of a llamad before BM25 (schema 3) still running when a new node upgraded
+    the database: what it deletes keeps the statistics exact (the chunks' cascade runs
+    the triggers), but a chunk it adds gets no BM25 rows (it cannot analyse text) until
+    a new node opens again, and its own text search fails (the ``fts`` column is gone).
+    Hence the upgrade procedure in docs/scale-out.md: stop such nodes first."""
+    _schema_3(pg_dsn)
+    store = PostgresStore.open(PgOptions(pg_dsn))
+    try:
+        assert_exact(pg_dsn)
+        with psycopg.connect(pg_dsn, autocommit=True) as old:
+            old.execute("DELETE FROM chunks WHERE doc_id = 'd0'")  # its replacement's delete
+            assert_exact(pg_dsn)
+            old.execute("DELETE FROM documents WHERE id = 'd1'")
+            assert_exact(pg_dsn)
+            _old_node_chunk(old, "d2", 2, "a zebra crossing near web01.example.net")
+            with pytest.raises(psycopg.errors.UndefinedColumn):
+                old.execute("SELECT key FROM chunks WHERE fts @@ plainto_tsquery('zebra')")
+        with psycopg.connect(pg_dsn) as conn:
+            kept, (chunks, _, _) = statistics(conn)
+            assert chunks == len(TEXTS) - 2  # the old node's chunk is not counted
+            assert "b:zebra" not in kept
+        assert store.text_search("zebra", filters=Filters(), limit=5) == []
+    finally:
+        store.close()
+    PostgresStore.open(PgOptions(pg_dsn)).close()  # a new node's next open fills it in
+    assert_exact(pg_dsn)
+
+
+def test_a_database_made_before_bm25_gets_its_statistics_at_open(pg_dsn: str) -> None:
+    """A schema-3 database with chunks (ranked by tsvector then) upgrades in place at
+    open: the statistics are built for its chunks, its ``fts`` column goes, and searches
+    rank them by BM25."""
+    _schema_3(pg_dsn)
     store = PostgresStore.open(PgOptions(pg_dsn))
     try:
         assert store.info().schema_version == SCHEMA_VERSION
