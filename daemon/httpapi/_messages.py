@@ -47,6 +47,7 @@ from ._chat import (
 from ._context import Api, json_response, time_remaining
 from ._errors import ApiError, ParamError
 from ._parse import kind
+from ._translated import EventBuffer, prepare_translated
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
@@ -80,14 +81,7 @@ def _system(value: object) -> str | None:
     if not isinstance(value, list):
         raise ParamError("system", f"system must be a string or an array of text blocks, "
                          f"not {kind(value)}")
-    texts = []
-    for i, block in enumerate(value):
-        if not isinstance(block, dict) or block.get("type") != "text" or \
-                not isinstance(block.get("text"), str):
-            raise ParamError(f"system[{i}]", f'system[{i}] must be {{"type": "text", '
-                             '"text": ...}')
-        texts.append(block["text"])
-    return "\n".join(texts)
+    return "\n".join(_parse.text_blocks(value, "system", '{"type": "text", "text": ...}'))
 
 
 def _blocks(message: Mapping[str, Any], where: str) -> list[dict[str, Any]]:
@@ -223,17 +217,16 @@ def _arguments(text: str) -> Any:
     return value if isinstance(value, dict) else {}
 
 
-class _Message:
+class _Message(EventBuffer):
     """The content blocks of one answer and, when streaming, their events."""
 
     def __init__(self, model: str, *, stream: bool) -> None:
+        super().__init__(stream=stream)
         self.id = "msg_" + secrets.token_hex(12)
         self.model = model
-        self.stream = stream
         self.blocks: list[dict[str, Any]] = []
         self.text_block: dict[str, Any] | None = None
         self.calls: dict[int, dict[str, Any]] = {}
-        self.events: list[bytes] = []
 
     def _emit(self, name: str, data: dict[str, Any]) -> None:
         if self.stream:
@@ -304,18 +297,13 @@ class _Message:
         self._emit("message_stop", {})
         return self.whole(content, stop, usage)
 
-    def take(self) -> bytes:
-        out, self.events = b"".join(self.events), []
-        return out
-
 
 async def create(api: Api, request: web.BaseRequest, call: Call,
                  body: _parse.Body) -> web.StreamResponse:
     """``POST /v1/messages``."""
     translated = chat_body(body)
-    stream = _parse.streaming({"stream": body.get("stream")}).stream
-    prepared = prepare(api, call, translated, "/v1/messages", messages_param="messages")
-    call.note(stream=stream)
+    prepared, stream = prepare_translated(api, call, body, translated, "/v1/messages",
+                                          messages_param="messages")
     message = _Message(prepared.listed.name, stream=stream)
     return await generate(api, request, call, prepared,
                           relay_answer(request, call, message, stream=stream))

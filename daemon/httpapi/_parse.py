@@ -299,14 +299,20 @@ def _content(value: object, where: str) -> str:
     if not isinstance(value, list):
         raise ParamError(f"{where}.content", f"{where}.content must be a string or an array "
                          "of text parts")
+    return "".join(text_blocks(value, f"{where}.content",
+                               'a {"type": "text", "text": ...} part (only text is accepted)'))
+
+
+def text_blocks(value: list[Any], where: str, wanted: str) -> list[str]:
+    """The texts of ``value``'s text blocks; the first other item is refused as
+    ``where[i] must be`` ``wanted``."""
     texts: list[str] = []
-    for j, part in enumerate(value):
-        if not isinstance(part, dict) or part.get("type") != "text" or \
-                not isinstance(part.get("text"), str):
-            raise ParamError(f"{where}.content[{j}]", f"{where}.content[{j}] must be a "
-                             '{"type": "text", "text": ...} part (only text is accepted)')
-        texts.append(part["text"])
-    return "".join(texts)
+    for i, block in enumerate(value):
+        if not isinstance(block, dict) or block.get("type") != "text" or \
+                not isinstance(block.get("text"), str):
+            raise ParamError(f"{where}[{i}]", f"{where}[{i}] must be {wanted}")
+        texts.append(block["text"])
+    return texts
 
 
 def prompt(body: Body, limits: Limits) -> str:

@@ -43,12 +43,12 @@ from ._chat import (
     event,
     generate,
     integer,
-    prepare,
     relay_answer,
 )
 from ._context import Api
 from ._errors import ApiError, ParamError
 from ._parse import kind
+from ._translated import EventBuffer, prepare_translated
 
 SEQUENCE = web.RequestKey("responses_sequence", list)
 """The next ``sequence_number`` of a Responses stream (a one-item list), for its error
@@ -229,21 +229,20 @@ def chat_body(body: _parse.Body) -> dict[str, Any]:
     return out
 
 
-class _Output:
+class _Output(EventBuffer):
     """The output items of one response, built from the chunks (text first as it came,
     then each tool call), and the events that announce them when streaming."""
 
     def __init__(self, body: _parse.Body, model: str, *, stream: bool) -> None:
+        super().__init__(stream=stream)
         self.id = "resp_" + secrets.token_hex(12)
         self.model = model
         self.body = body
         self.created = int(time.time())
-        self.stream = stream
         self.items: list[dict[str, Any]] = []
         self.message: dict[str, Any] | None = None
         self.calls: dict[int, dict[str, Any]] = {}
         self.sequence = [0]
-        self.events: list[bytes] = []
 
     def _emit(self, name: str, data: dict[str, Any]) -> None:
         if self.stream:
@@ -342,18 +341,13 @@ class _Output:
             self._emit("response.completed", {"response": final})
         return final
 
-    def take(self) -> bytes:
-        out, self.events = b"".join(self.events), []
-        return out
-
 
 async def create(api: Api, request: web.BaseRequest, call: Call,
                  body: _parse.Body) -> web.StreamResponse:
     """``POST /v1/responses``."""
     translated = chat_body(body)
-    stream = _parse.streaming({"stream": body.get("stream")}).stream
-    prepared = prepare(api, call, translated, "/v1/responses", messages_param="input")
-    call.note(stream=stream)
+    prepared, stream = prepare_translated(api, call, body, translated, "/v1/responses",
+                                          messages_param="input")
     output = _Output(body, prepared.listed.name, stream=stream)
 
     def opened() -> None:
