@@ -18,16 +18,8 @@ from daemon.errors import InvalidArgument
 from daemon.grpcapi.answer import AnswerServicer
 from daemon.grpcapi.retrieval import RetrievalServicer
 from daemon.models.router import InferenceRouter
-from daemon.services.ask import (
-    AnswerSettings,
-    AskEvent,
-    AskService,
-    Done,
-    Question,
-    ResponseCache,
-    Sources,
-    Turn,
-)
+from daemon.services import ask as asking
+from daemon.services.ask import Question, Turn
 from daemon.services.search import SearchService
 from daemon.telemetry.audit import AuditLog
 from llamad_protocol.v1 import answer_pb2 as apb
@@ -42,7 +34,7 @@ from tests.support.embedder import HashEmbedder, filled
 from tests.support.httpapi import client, serving
 from tests.support.inprocess import serving as grpc_serving
 
-SETTINGS = AnswerSettings(max_history_turns=2)
+SETTINGS = asking.AnswerSettings(max_history_turns=2)
 
 
 @pytest.fixture
@@ -54,13 +46,13 @@ async def retriever(tmp_path: Path) -> AsyncIterator[Retriever]:
         await r.close()
 
 
-def service(router: InferenceRouter, retriever: Retriever, audit: Path) -> AskService:
-    return AskService(router, retriever, Limits(), settings=SETTINGS,
-                      cache=ResponseCache(ttl=60, max_entries=8),
-                      audit=AuditLog(audit, max_bytes=1 << 20, backups=1))
+def service(router: InferenceRouter, retriever: Retriever, audit: Path) -> asking.AskService:
+    return asking.AskService(router, retriever, Limits(), settings=SETTINGS,
+                             cache=asking.ResponseCache(ttl=60, max_entries=8),
+                             audit=AuditLog(audit, max_bytes=1 << 20, backups=1))
 
 
-async def collect(events: AsyncIterator[AskEvent]) -> list[AskEvent]:
+async def collect(events: AsyncIterator[asking.AskEvent]) -> list[asking.AskEvent]:
     return [e async for e in events]
 
 
@@ -79,7 +71,7 @@ async def test_ask_takes_plain_arguments_and_yields_plain_events(
         Sampling(max_tokens=32), note=noted.update))
     *pieces, sources, done = events
     assert pieces == ["Rotate", " the logs", " [S1]."]
-    assert isinstance(sources, Sources) and isinstance(done, Done)
+    assert isinstance(sources, asking.Sources) and isinstance(done, asking.Done)
     assert sources.retrieval_mode == "text"
     assert sources.citations[0].label == "S1"
     assert sources.citations[0].document_id == "docs/disk"
@@ -156,7 +148,7 @@ async def test_grpc_names_the_field_of_a_refusal_in_a_bad_request_detail(
     text_weight."""
     servicer = AnswerServicer(
         InferenceRouter({"generation": FakeRole(FakeBackend())}), retriever, Limits(),
-        settings=SETTINGS, cache=ResponseCache(ttl=60, max_entries=8),
+        settings=SETTINGS, cache=asking.ResponseCache(ttl=60, max_entries=8),
         audit=AuditLog(tmp_path / "audit.jsonl", max_bytes=1 << 20, backups=1))
     turn = apb.Turn(role=ipb.CHAT_ROLE_USER, content="a")
     async with grpc_serving(lambda s: answer_pb2_grpc.add_AnswerServiceServicer_to_server(
@@ -187,7 +179,7 @@ async def test_http_names_the_field_of_a_refusal_in_param(
     message's first word, "3" or "question"); a history turn's bad role and a field the
     body reads itself (an unknown filter, a time without its offset or before the year 1)
     name theirs."""
-    def build(router: InferenceRouter) -> AskService:
+    def build(router: InferenceRouter) -> asking.AskService:
         return service(router, retriever, tmp_path / "audit.jsonl")
 
     cases = [
@@ -219,7 +211,7 @@ async def test_http_reads_the_json_mapping_and_writes_it_back(
     """lowerCamelCase names, enums by name and by number, and RFC 3339 times are read as
     protobuf's JSON mapping reads them; the answer is written in it (enum names, times,
     no default-valued fields)."""
-    def build(router: InferenceRouter) -> AskService:
+    def build(router: InferenceRouter) -> asking.AskService:
         return service(router, retriever, tmp_path / "audit.jsonl")
 
     async with serving(answer=build, pieces=["Rotate", " [S1]."]) as h, client() as http:
