@@ -18,9 +18,9 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Unpack
+from typing import Any, Unpack
 
 from grpc_health.v1 import health_pb2
 
@@ -34,6 +34,7 @@ from ._channel import DEFAULT, Timeout
 from ._generation import GenerationControls
 from ._models import ModelInfo, model_info, model_list
 from ._stream import AsyncAskStream, AsyncStream, AsyncTextStream
+from ._tools import ToolInput
 from ._types import (
     DaemonStatus,
     Document,
@@ -49,6 +50,7 @@ from ._types import (
     Source,
     SwapProgress,
     Tokens,
+    ToolChoice,
 )
 from .errors import NotFound
 
@@ -65,31 +67,37 @@ class AsyncClient(AsyncBase):
 
     # --- InferenceService -----------------------------------------------------------------
 
-    def generate(self, prompt: str, *, timeout: Timeout = DEFAULT,
+    def generate(self, prompt: str, *, model: str = "", timeout: Timeout = DEFAULT,
                  **controls: Unpack[GenerationControls]) -> AsyncTextStream:
-        """Stream the completion of a raw prompt, with the generation controls of
-        :meth:`Client.generate`."""
-        request = rq.generate(prompt, gen.sampling(**controls))
+        """Stream the completion of a raw prompt by ``model`` (a catalog name or alias;
+        empty: the default), with the generation controls of :meth:`Client.generate`."""
+        request = rq.generate(prompt, gen.sampling(**controls), model)
         return AsyncTextStream(self._call(self._inference.Generate, request, timeout),
                                cv.generate_chunk)
 
-    def chat(self, messages: Iterable[cv.ChatInput], *, timeout: Timeout = DEFAULT,
+    def chat(self, messages: Iterable[cv.ChatInput], *, model: str = "",
+             tools: Iterable[ToolInput] = (),
+             tool_choice: ToolChoice | Mapping[str, Any] | None = None,
+             parallel_tool_calls: bool | None = None, timeout: Timeout = DEFAULT,
              **controls: Unpack[GenerationControls]) -> AsyncTextStream:
-        """Stream a chat completion (see :meth:`Client.chat`)."""
-        request = rq.chat(messages, gen.sampling(**controls))
+        """Stream a chat completion, tools and all (see :meth:`Client.chat`)."""
+        request = rq.chat(messages, gen.sampling(**controls), model, tools=tools,
+                          tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls)
         return AsyncTextStream(self._call(self._inference.Chat, request, timeout),
                                cv.generate_chunk)
 
     async def embed(self, texts: str | Sequence[str], *, normalize: bool | None = None,
-                    timeout: Timeout = DEFAULT) -> Embeddings:
+                    model: str = "", timeout: Timeout = DEFAULT) -> Embeddings:
         """Embed texts, one vector per text (see :meth:`Client.embed`)."""
-        resp = await self._unary(self._inference.Embed, rq.embed(texts, normalize), timeout)
+        request = rq.embed(texts, normalize, model)
+        resp = await self._unary(self._inference.Embed, request, timeout)
         return cv.embeddings(resp)
 
     async def tokenize(self, text: str, *, role: Role = "generation",
-                       add_special: bool = False, timeout: Timeout = DEFAULT) -> Tokens:
+                       add_special: bool = False, model: str = "",
+                       timeout: Timeout = DEFAULT) -> Tokens:
         """Tokenize with the ``role`` model's tokenizer (see :meth:`Client.tokenize`)."""
-        request = rq.tokenize(text, role, add_special)
+        request = rq.tokenize(text, role, add_special, model)
         return cv.tokens(await self._unary(self._inference.Tokenize, request, timeout))
 
     # --- ControlService -------------------------------------------------------------------

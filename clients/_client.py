@@ -13,8 +13,8 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
-from typing import Unpack
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Unpack
 
 from grpc_health.v1 import health_pb2
 
@@ -29,7 +29,17 @@ from ._client_documents import DocumentCalls
 from ._generation import GenerationControls
 from ._models import ModelInfo, model_info, model_list
 from ._stream import Stream, TextStream
-from ._types import DaemonStatus, Embeddings, LogLine, Mode, Role, SwapProgress, Tokens
+from ._tools import ToolInput
+from ._types import (
+    DaemonStatus,
+    Embeddings,
+    LogLine,
+    Mode,
+    Role,
+    SwapProgress,
+    Tokens,
+    ToolChoice,
+)
 from .errors import NotFound
 
 __all__ = ["DEFAULT", "Client"]
@@ -79,7 +89,8 @@ class Client(DocumentCalls):
     # --- InferenceService -----------------------------------------------------------------
 
     def generate(
-        self, prompt: str, *, timeout: Timeout = DEFAULT, **controls: Unpack[GenerationControls]
+        self, prompt: str, *, model: str = "", timeout: Timeout = DEFAULT,
+        **controls: Unpack[GenerationControls],
     ) -> TextStream:
         """Stream the completion of a raw prompt.
 
@@ -93,6 +104,11 @@ class Client(DocumentCalls):
         naming it, one the serving runtime cannot honour, and a value out of range):
 
         Args:
+            model: the catalog name or an alias of the model to use (``llamad models ps``
+                lists them; empty: the generation default). It is loaded on demand; an
+                unknown name raises :class:`~clients.errors.NotFound` naming the models
+                that exist, an embedding model :class:`~clients.errors.InvalidArgument`.
+                Each chunk's ``model_name`` says which model served.
             seed: the sampler's seed: the same request and seed give the same text.
             stop: strings that end the generation (not included).
             min_p: drop tokens less likely than ``min_p`` times the likeliest (0..1).
@@ -116,12 +132,14 @@ class Client(DocumentCalls):
             ...     result = llamad.generate("2 + 2 =", max_tokens=4).collect()
             ...     print(result.text, result.usage.completion_tokens)
         """
-        request = rq.generate(prompt, gen.sampling(**controls))
+        request = rq.generate(prompt, gen.sampling(**controls), model)
         return TextStream(self._call(self._inference.Generate, request, timeout),
                           cv.generate_chunk)
 
     def chat(
-        self, messages: Iterable[cv.ChatInput], *, timeout: Timeout = DEFAULT,
+        self, messages: Iterable[cv.ChatInput], *, model: str = "",
+        tools: Iterable[ToolInput] = (), tool_choice: ToolChoice | Mapping[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None, timeout: Timeout = DEFAULT,
         **controls: Unpack[GenerationControls],
     ) -> TextStream:
         """Stream a chat completion; the model's chat template formats the messages.
@@ -129,45 +147,58 @@ class Client(DocumentCalls):
         Takes the generation controls of :meth:`generate`.
 
         Args:
-            messages: :class:`~clients.Message` s, ``(role, content)`` tuples or
-                ``{"role": ..., "content": ...}`` dicts; roles are ``system``, ``user``
-                and ``assistant``.
+            messages: :class:`~clients.Message` s, ``(role, content)`` tuples or dicts in
+                OpenAI's shape (``role``, ``content``, ``tool_calls``, ``tool_call_id``);
+                roles are ``system``, ``user``, ``assistant`` and ``tool``.
+            model: the catalog name or an alias of the model (see :meth:`generate`).
+            tools: functions the model may call: :class:`~clients.Tool` s or mappings
+                (OpenAI's ``{"type": "function", "function": {...}}`` too). The daemon
+                refuses them, naming the model, when its chat template cannot render
+                tools. The calls stream in each chunk's ``tool_calls``; ``collect()``
+                joins them (``GenerateResult.tool_calls``).
+            tool_choice: ``auto`` (default), ``none``, ``required``, or a tool's name.
+            parallel_tool_calls: whether the model may call several tools at once.
 
         Raises:
-            ValueError: an unknown role or response_format (before anything is sent).
+            ValueError: an unknown role, response_format, tool or tool_choice (before
+                anything is sent).
 
         Example:
             >>> answer = Client().chat([("system", "Be terse."),            # doctest: +SKIP
             ...                         ("user", "Name a colour.")]).collect().text
         """
-        request = rq.chat(messages, gen.sampling(**controls))
+        request = rq.chat(messages, gen.sampling(**controls), model, tools=tools,
+                          tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls)
         return TextStream(self._call(self._inference.Chat, request, timeout),
                           cv.generate_chunk)
 
     def embed(self, texts: str | Sequence[str], *, normalize: bool | None = None,
-              timeout: Timeout = DEFAULT) -> Embeddings:
+              model: str = "", timeout: Timeout = DEFAULT) -> Embeddings:
         """Embed texts with the embedding model, one vector per text, in order.
 
         Args:
             texts: the texts (a single string is one text).
             normalize: L2-normalise the vectors (the daemon's default is true).
+            model: the catalog name or an alias of an embedding model (empty: the
+                default); ``Embeddings.model_name`` says which served.
 
         Example:
             >>> Client().embed(["disk full", "no space left"]).dimension    # doctest: +SKIP
             384
         """
-        request = rq.embed(texts, normalize)
+        request = rq.embed(texts, normalize, model)
         return cv.embeddings(self._unary(self._inference.Embed, request, timeout))
 
     def tokenize(self, text: str, *, role: Role = "generation", add_special: bool = False,
-                 timeout: Timeout = DEFAULT) -> Tokens:
-        """Tokenize ``text`` with the ``role`` model's own tokenizer.
+                 model: str = "", timeout: Timeout = DEFAULT) -> Tokens:
+        """Tokenize ``text`` with the ``role`` model's own tokenizer, or ``model``'s (a
+        catalog name or alias).
 
         Example:
             >>> Client().tokenize("hello world").count                      # doctest: +SKIP
             2
         """
-        request = rq.tokenize(text, role, add_special)
+        request = rq.tokenize(text, role, add_special, model)
         return cv.tokens(self._unary(self._inference.Tokenize, request, timeout))
 
     # --- ControlService -------------------------------------------------------------------

@@ -255,6 +255,8 @@ class DocumentCalls(SyncBase):
             task: ``answer``, ``explain_output``, ``diagnose`` or ``summarize``.
             attachment: text the question is about (e.g. a command's output).
             no_cache: skip the daemon's response cache.
+            model: the catalog name or an alias of the generation model that answers
+                (empty: the default); ``AskDone.model_name`` says which did.
             mode: how the sources are searched (see :meth:`search`).
             dated_since, dated_until: only sources whose document's own date is within
                 this window (see :meth:`search`).

@@ -13,7 +13,7 @@ from google.protobuf import timestamp_pb2
 
 from llamad_protocol.v1 import answer_pb2, common_pb2, control_pb2, inference_pb2, retrieval_pb2
 
-from . import _generation
+from . import _generation, _tools
 from ._types import (
     AskDone,
     AskEvent,
@@ -43,8 +43,9 @@ from ._types import (
     VectorRebuild,
 )
 
-ChatInput = Message | tuple[str, str] | Mapping[str, str]
-"""A chat message as callers may give it: a Message, ``(role, content)`` or a dict."""
+ChatInput = Message | tuple[str, str] | Mapping[str, Any]
+"""A chat message as callers may give it: a Message, ``(role, content)`` or a dict
+(OpenAI's shape: ``role``, ``content``, and ``tool_calls`` or ``tool_call_id``)."""
 
 _ROLES: dict[str, common_pb2.ChildRole.ValueType] = {
     "generation": common_pb2.CHILD_ROLE_GENERATION,
@@ -54,6 +55,7 @@ _CHAT_ROLES: dict[str, inference_pb2.ChatRole.ValueType] = {
     "system": inference_pb2.CHAT_ROLE_SYSTEM,
     "user": inference_pb2.CHAT_ROLE_USER,
     "assistant": inference_pb2.CHAT_ROLE_ASSISTANT,
+    "tool": inference_pb2.CHAT_ROLE_TOOL,
 }
 _MODES: dict[str, control_pb2.InferenceMode.ValueType] = {
     "embedded": control_pb2.INFERENCE_MODE_EMBEDDED,
@@ -127,26 +129,35 @@ def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
 # --- requests ---------------------------------------------------------------------------
 
 def message(item: ChatInput) -> Message:
-    """Normalise one chat message; the role must be system, user or assistant."""
+    """Normalise one chat message; the role must be system, user, assistant or tool."""
     if isinstance(item, Message):
         msg = item
     elif isinstance(item, tuple):
         msg = Message(item[0], item[1])  # type: ignore[arg-type]
     else:
-        msg = Message(item["role"], item["content"])  # type: ignore[arg-type]
+        msg = _tools.message_from_mapping(item)
     if msg.role not in _CHAT_ROLES:
-        raise ValueError(f"chat role must be system, user or assistant, not {msg.role!r}")
+        raise ValueError(f"chat role must be system, user, assistant or tool, not "
+                         f"{msg.role!r}")
     return msg
 
 
 def chat_messages(items: Iterable[ChatInput]) -> list[inference_pb2.ChatMessage]:
-    return [inference_pb2.ChatMessage(role=_CHAT_ROLES[m.role], content=m.content)
+    return [inference_pb2.ChatMessage(role=_CHAT_ROLES[m.role], content=m.content,
+                                      tool_calls=_tools.wire_calls(m.tool_calls),
+                                      tool_call_id=m.tool_call_id)
             for m in map(message, items)]
 
 
 def turns(items: Iterable[ChatInput]) -> list[answer_pb2.Turn]:
-    return [answer_pb2.Turn(role=_CHAT_ROLES[m.role], content=m.content)
-            for m in map(message, items)]
+    """Ask's history: system, user and assistant turns (no tool calls)."""
+    out = []
+    for m in map(message, items):
+        if m.role == "tool" or m.tool_calls:
+            raise ValueError("history: Ask's turns are system, user or assistant text, "
+                             "without tool calls")
+        out.append(answer_pb2.Turn(role=_CHAT_ROLES[m.role], content=m.content))
+    return out
 
 
 def filters(*, sources: Sequence[str] = (), kinds: Sequence[str] = (),
@@ -180,16 +191,19 @@ def generate_chunk(msg: inference_pb2.GenerateResponse) -> GenerateChunk:
         finish_reason=finish_reason(msg.finish_reason) if last else None,
         usage=usage(msg.usage) if msg.HasField("usage") else None,
         logprobs=_generation.logprobs(msg) if msg.logprobs else (),
+        model_name=msg.model_name, tool_calls=_tools.deltas(msg) if msg.tool_calls else (),
     )
 
 
 def embeddings(msg: inference_pb2.EmbedResponse) -> Embeddings:
     return Embeddings(vectors=tuple(tuple(e.values) for e in msg.embeddings), model=msg.model,
-                      dimension=msg.dimension, prompt_tokens=msg.prompt_tokens)
+                      dimension=msg.dimension, prompt_tokens=msg.prompt_tokens,
+                      model_name=msg.model_name)
 
 
 def tokens(msg: inference_pb2.TokenizeResponse) -> Tokens:
-    return Tokens(ids=tuple(msg.tokens), count=msg.count, model=msg.model)
+    return Tokens(ids=tuple(msg.tokens), count=msg.count, model=msg.model,
+                  model_name=msg.model_name)
 
 
 def role_name(value: int) -> str:

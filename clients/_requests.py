@@ -9,35 +9,44 @@ holds the defaults and refuses a misspelt option (TypeError).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from llamad_protocol.v1 import answer_pb2, control_pb2, inference_pb2, retrieval_pb2
 
 from . import _convert as cv
+from . import _tools
 from ._generation import sampling
+from ._tools import ToolInput
 from ._types import SearchMode, Task
 
 
-def generate(prompt: str, sampling: inference_pb2.SamplingParams
+def generate(prompt: str, sampling: inference_pb2.SamplingParams, model: str = ""
              ) -> inference_pb2.GenerateRequest:
-    return inference_pb2.GenerateRequest(prompt=prompt, sampling=sampling)
+    return inference_pb2.GenerateRequest(prompt=prompt, sampling=sampling, model=model)
 
 
-def chat(messages: Iterable[cv.ChatInput],
-         sampling: inference_pb2.SamplingParams) -> inference_pb2.ChatRequest:
-    return inference_pb2.ChatRequest(messages=cv.chat_messages(messages), sampling=sampling)
+def chat(messages: Iterable[cv.ChatInput], sampling: inference_pb2.SamplingParams,
+         model: str = "", *, tools: Iterable[ToolInput] = (),
+         tool_choice: str | Mapping[str, Any] | None = None,
+         parallel_tool_calls: bool | None = None) -> inference_pb2.ChatRequest:
+    return inference_pb2.ChatRequest(
+        messages=cv.chat_messages(messages), sampling=sampling, model=model,
+        tools=_tools.tools(tools), tool_choice=_tools.tool_choice(tool_choice),
+        parallel_tool_calls=parallel_tool_calls)
 
 
-def embed(texts: str | Sequence[str], normalize: bool | None) -> inference_pb2.EmbedRequest:
+def embed(texts: str | Sequence[str], normalize: bool | None, model: str = ""
+          ) -> inference_pb2.EmbedRequest:
     batch = [texts] if isinstance(texts, str) else list(texts)
-    return inference_pb2.EmbedRequest(texts=batch, normalize=normalize)
+    return inference_pb2.EmbedRequest(texts=batch, normalize=normalize, model=model)
 
 
-def tokenize(text: str, role: str, add_special: bool) -> inference_pb2.TokenizeRequest:
+def tokenize(text: str, role: str, add_special: bool, model: str = ""
+             ) -> inference_pb2.TokenizeRequest:
     return inference_pb2.TokenizeRequest(text=text, role=cv.role_enum(role),
-                                         add_special=add_special)
+                                         add_special=add_special, model=model)
 
 
 def tail_logs(role: str, lines: int, follow: bool) -> control_pb2.TailLogsRequest:
@@ -164,6 +173,7 @@ class AskOptions(TypedDict, total=False):
     mode: SearchMode
     dated_since: datetime | None
     dated_until: datetime | None
+    model: str
 
 
 def ask(question: str, *, top_k: int = 0, sources: Sequence[str] = (),
@@ -171,10 +181,10 @@ def ask(question: str, *, top_k: int = 0, sources: Sequence[str] = (),
         history: Iterable[cv.ChatInput] = (), task: Task = "answer", attachment: str = "",
         max_tokens: int | None = None, temperature: float | None = None,
         seed: int | None = None, no_cache: bool = False, mode: SearchMode = "hybrid",
-        dated_since: datetime | None = None, dated_until: datetime | None = None
-        ) -> answer_pb2.AskRequest:
+        dated_since: datetime | None = None, dated_until: datetime | None = None,
+        model: str = "") -> answer_pb2.AskRequest:
     return answer_pb2.AskRequest(
-        question=question, top_k=top_k, history=cv.turns(history),
+        question=question, top_k=top_k, history=cv.turns(history), model=model,
         task=cv.task_enum(task), attachment=attachment, no_cache=no_cache,
         mode=cv.search_mode_enum(mode),
         filters=cv.filters(sources=sources, kinds=kinds, categories=categories, tags=tags,

@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
+from . import _tools
 from ._types import (
     AskDone,
     AskEvent,
@@ -88,6 +89,8 @@ def _generate_result(chunks: list[GenerateChunk]) -> GenerateResult:
         finish_reason=(last.finish_reason if last else None) or "unspecified",
         usage=(last.usage if last else None) or Usage(),
         logprobs=tuple(entry for c in chunks for entry in c.logprobs),
+        model_name=next((c.model_name for c in reversed(chunks) if c.model_name), ""),
+        tool_calls=_tools.joined(d for c in chunks for d in c.tool_calls),
     )
 
 

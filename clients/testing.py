@@ -61,6 +61,8 @@ class FakeLlamad:
         answer: the text Ask streams.
         log_lines: what TailLogs sends.
         last_set_mode: the last SetModeRequest received.
+        requests: the latest request message per method key of Generate, Chat, Embed,
+            Tokenize, Search and Ask (what a client sent: its model, tools, options).
     """
 
     def __init__(self, listen: str = "127.0.0.1:0", *,
@@ -77,6 +79,7 @@ class FakeLlamad:
         self.answer = "Rotate the nginx logs [S1]."
         self.log_lines = [f"line {i}" for i in range(1, 31)]
         self.last_set_mode: control_pb2.SetModeRequest | None = None
+        self.requests: dict[str, Any] = {}
         self.docs: dict[str, Doc] = {}
         self.sources: dict[str, retrieval_pb2.Source] = {}
         self.pruned = 0  # history records pruned (the fake's Status.pruned)

@@ -1,6 +1,7 @@
 """The ``llamad`` command.
 
     llamad serve [options]      run the daemon (``llamad serve --help`` lists every option)
+    llamad --version            the installed llamad's version
 
 ``serve`` exit status: 0 after a clean shutdown; 2 for a configuration error (including a
 state directory another daemon holds); 1 for any other fatal start error. Fatal errors
@@ -12,7 +13,7 @@ which documents them in full)::
     llamad status | generate PROMPT | chat | ask QUESTION | search QUERY
     llamad ingest PATH [--source ID] | sources | reindex [--source ID]
     llamad swap ROLE MODEL|--rollback | logs ROLE [-f] [-n N]
-    llamad models prepare|list|verify
+    llamad models prepare|list|verify | models ps|load|unload
 
 ``llamad retrieval migrate --to postgres`` is local (no daemon is called; stop the
 daemon first): it copies the embedded store into PostgreSQL (:mod:`daemon.ops.migrate_cli`).
@@ -49,6 +50,16 @@ def _check_packages() -> str | None:
     return None
 
 
+def version() -> str:
+    """The installed llamad's version (``0+unknown`` from a checkout not installed)."""
+    from importlib import metadata  # noqa: PLC0415
+
+    try:
+        return metadata.version("llamad")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
     from clients.cli._commands import add_commands  # noqa: PLC0415
 
@@ -56,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     from .ops.migrate_cli import add_retrieval_command  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(prog="llamad", description="llama.cpp inference daemon")
+    parser.add_argument("--version", action="version", version=f"llamad {version()}",
+                        help="print the installed llamad's version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser(
         "serve",

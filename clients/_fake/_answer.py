@@ -23,6 +23,7 @@ class FakeAnswer(answer_pb2_grpc.AnswerServiceServicer):
         self.retrieval = retrieval or FakeRetrieval(fake)
 
     def Ask(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        self.fake.requests["AnswerService/Ask"] = request
         if not request.question.strip():
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "question is empty")
         hits = self.retrieval.hits(request.question, request.top_k, request.filters)
@@ -38,7 +39,7 @@ class FakeAnswer(answer_pb2_grpc.AnswerServiceServicer):
             yield answer_pb2.AskResponse(sources=answer_pb2.AskSources(
                 citations=[answer_pb2.Citation(label=f"S{i}", chunk_id=h.chunk_id,
                                                document_id=h.document_id, title=h.title,
-                                               path=h.path, score=h.fused_score,
+                                               path=h.path, score=h.score,
                                                snippet=h.snippet, source_id=h.source_id,
                                                kind=h.kind,
                                                document_date=h.document_date
@@ -48,6 +49,7 @@ class FakeAnswer(answer_pb2_grpc.AnswerServiceServicer):
             yield answer_pb2.AskResponse(done=answer_pb2.AskDone(
                 usage=usage(len(answer.split())), prompt_sha256="0" * 64,
                 no_context=not hits, finish_reason=inference_pb2.FINISH_REASON_STOP,
-                template_version="fake-1", model_name="" if not hits else "fake-model"))
+                template_version="fake-1",
+                model_name="" if not hits else request.model or "fake-model"))
 
         return self.fake.stream("AnswerService/Ask", context, items())

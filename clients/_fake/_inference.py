@@ -51,7 +51,8 @@ class FakeInference(inference_pb2_grpc.InferenceServiceServicer):
     def __init__(self, fake: FakeLlamad) -> None:
         self.fake = fake
 
-    def _text(self, sampling: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+    def _text(self, sampling: Any, context: grpc.ServicerContext,
+              name: str = "") -> Iterator[Any]:
         max_tokens = sampling.max_tokens
         if self.fake.endless:
             for _ in self.fake.until_cancelled(context):
@@ -65,18 +66,22 @@ class FakeInference(inference_pb2_grpc.InferenceServiceServicer):
             yield msg
         reason = (inference_pb2.FINISH_REASON_LENGTH if max_tokens
                   else inference_pb2.FINISH_REASON_STOP)
+        # The model that served: the one asked for (the fake serves any name), else its
+        # default.
         yield inference_pb2.GenerateResponse(model=self.MODEL, finish_reason=reason,
-                                             usage=usage(len(words)))
+                                             usage=usage(len(words)),
+                                             model_name=name or "fake-model")
 
     def _complete(self, method: str, request: Any, context: grpc.ServicerContext,
                   input_field: str) -> Iterator[Any]:
         """Generate's and Chat's stream: refused when ``input_field`` (the prompt or the
         messages) is empty or the sampling is contradictory, else the word list."""
+        self.fake.requests[f"InferenceService/{method}"] = request
         if not getattr(request, input_field):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{input_field} is empty")
         _check_sampling(request.sampling, context)
         return self.fake.stream(f"InferenceService/{method}", context,
-                                self._text(request.sampling, context))
+                                self._text(request.sampling, context, request.model))
 
     def Generate(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         return self._complete("Generate", request, context, "prompt")
@@ -86,13 +91,17 @@ class FakeInference(inference_pb2_grpc.InferenceServiceServicer):
 
     def Embed(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.enter("InferenceService/Embed", context)
+        self.fake.requests["InferenceService/Embed"] = request
         vectors = [inference_pb2.Embedding(values=[b / 255 for b in
                                                    hashlib.sha256(t.encode()).digest()[:8]])
                    for t in request.texts]
         return inference_pb2.EmbedResponse(embeddings=vectors, model="fake-embed.gguf",
-                                           dimension=8, prompt_tokens=len(request.texts))
+                                           dimension=8, prompt_tokens=len(request.texts),
+                                           model_name=request.model or "fake-embed")
 
     def Tokenize(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.enter("InferenceService/Tokenize", context)
+        self.fake.requests["InferenceService/Tokenize"] = request
         ids = [len(w) for w in request.text.split()]
-        return inference_pb2.TokenizeResponse(tokens=ids, count=len(ids), model=self.MODEL)
+        return inference_pb2.TokenizeResponse(tokens=ids, count=len(ids), model=self.MODEL,
+                                              model_name=request.model or "fake-model")

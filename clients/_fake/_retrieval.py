@@ -225,13 +225,16 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
                 path=d.path, text=d.text, snippet=d.text[:80],
                 search_source=retrieval_pb2.SEARCH_SOURCE_HYBRID, fused_score=1 / (60 + rank),
                 text_rank=rank, text_score=float(score), vector_rank=rank,
-                vector_score=0.5))
+                vector_score=0.5, heading=_heading(d.text),
+                # The daemon's scale: the fused score over the best it could be.
+                score=(1 / (60 + rank)) / (1 / 61)))
             if d.date is not None:
                 hits[-1].document_date.FromSeconds(d.date)
         return hits
 
     def Search(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.enter("RetrievalService/Search", context)
+        self.fake.requests["RetrievalService/Search"] = request
         if not request.query.strip():
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "query is empty")
         return retrieval_pb2.SearchResponse(
@@ -273,3 +276,10 @@ def _dated(d: Doc, filters: retrieval_pb2.SearchFilters | None) -> bool:
     return d.date is not None and \
         (not filters.HasField("dated_since") or d.date >= filters.dated_since.seconds) and \
         (not filters.HasField("dated_until") or d.date <= filters.dated_until.seconds)
+
+
+def _heading(text: str) -> str:
+    """The section a fake hit is in: its document's last Markdown heading ("" for none)."""
+    headings = [line.lstrip("#").strip() for line in text.splitlines()
+                if line.startswith("#")]
+    return headings[-1] if headings else ""

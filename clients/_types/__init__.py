@@ -40,6 +40,10 @@ from ._inference import (
     TokenLogprob,
     TokenLogprobs,
     Tokens,
+    Tool,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoice,
     Usage,
 )
 
@@ -76,6 +80,10 @@ __all__ = [
     "TokenLogprob",
     "TokenLogprobs",
     "Tokens",
+    "Tool",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolChoice",
     "Usage",
     "VectorBackfill",
     "VectorRebuild",

@@ -22,6 +22,8 @@ class Citation:
     title: str
     path: str
     score: float
+    """On search's scale: the fused score normalised to [0, 1] (the cosine similarity in
+    vector mode), as :attr:`SearchHit.score`."""
     snippet: str
     search_source: str = ""
     """Which index found it: ``text``, ``vector`` or ``hybrid``."""
@@ -30,6 +32,8 @@ class Citation:
     """The document's own date (None when it has none)."""
     kind: str = ""
     source_id: str = ""
+    heading: str = ""
+    """The section of the document the best chunk came from (its heading; "" for none)."""
 
 
 @dataclass(frozen=True, slots=True)

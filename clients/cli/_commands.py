@@ -5,8 +5,10 @@ Every verb talks to a running daemon through :class:`clients.Client`::
     llamad status                     children, models, breaker, slots, queue, retrieval
     llamad generate PROMPT            stream a completion to stdout
     llamad chat [--system S] [--user U ...]   one exchange, or a conversation from stdin
+    llamad embed TEXT ...             embed texts (--json: the vectors)
     llamad ask QUESTION               stream a grounded answer, then its numbered sources
-    llamad search QUERY               hits: citation, title, path, found by, scores
+    llamad search QUERY               hits: citation, title and section, path, found by,
+                                      score
     llamad ingest PATH [--source ID]  add a directory source and index it
     llamad sources [--disable|--enable ID]   list sources; disable or enable one
     llamad documents [--state STATE]  documents and their state (review_required: awaiting
@@ -24,6 +26,14 @@ Every verb talks to a running daemon through :class:`clients.Client`::
     llamad models prepare|list|verify the default models (``python -m models``)
     llamad models ps|load|unload      the daemon's models: state, memory, last use; make
                                       one resident or unload it (clients/cli/_models.py)
+
+``generate``, ``chat``, ``embed`` and ``ask`` take ``--model NAME``: a catalog name or
+alias that ``llamad models ps`` lists (default: the role's default model); the daemon
+loads it on demand. ``llamad --version`` prints the installed version.
+
+Scores: ``search`` and ``ask`` print one scale, ``score`` in [0, 1]: the fused RRF score
+divided by the best score fusion can give (1: ranked first by every index that
+answered); the cosine similarity in vector mode. ``--min-score`` compares it.
 
 Common options: ``--address`` (default ``$LLAMAD_ADDRESS``, else ``127.0.0.1:50051``;
 ``host:port`` or ``unix:/path``; several IP ``host:port`` separated by commas balance the
@@ -74,6 +84,7 @@ from ._balancing import add_balancing_commands
 from ._generation import add_controls
 from ._history import add_push_command, add_source_flags
 from ._review import add_review_commands
+from ._search import add_search_commands
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -85,7 +96,8 @@ EXIT_BUSY = 6
 EXIT_INTERRUPTED = 130
 EXIT_PIPE = 141
 
-VERBS = ("status", "generate", "chat", "ask", "search", "ingest", "sources", "documents",
+VERBS = ("status", "generate", "chat", "embed", "ask", "search", "ingest", "sources",
+         "documents",
          "approve", "reject", "reindex",
          "reprocess", "swap", "mode", "logs", "health", "drain", "undrain")
 
@@ -168,6 +180,13 @@ def _json_flag(p: argparse.ArgumentParser, what: str = "JSON") -> None:
     p.add_argument("--json", action="store_true", help=f"print {what} for scripts")
 
 
+def _model_flag(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--model", default="", metavar="NAME",
+                   help=f"the catalog name or an alias of the {what} model to use, loaded "
+                        "on demand (llamad models ps lists them; default: the role's "
+                        "default model)")
+
+
 def _sampling(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument("--max-tokens", type=int, metavar="N", help="tokens to generate at most")
@@ -178,27 +197,6 @@ def _sampling(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop string (repeatable)")
     add_controls(g)
-
-
-def _filters(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("filters")
-    g.add_argument("--source", dest="sources", action="append", default=[], metavar="ID",
-                   help="only this source (repeatable)")
-    g.add_argument("--kind", dest="kinds", action="append", default=[], metavar="KIND",
-                   help="only this kind: markdown, text, html, pdf, config, yaml, json, "
-                        "toml, shell, python, session (repeatable)")
-    g.add_argument("--category", dest="categories", action="append", default=[], metavar="NAME",
-                   help="only this category (repeatable)")
-    g.add_argument("--tag", dest="tags", action="append", default=[], metavar="TAG",
-                   help="only documents with any of these tags (repeatable)")
-
-
-def _dated(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("by the document's own date (undated ones left out)")
-    g.add_argument("--dated-since", type=_moment, default=None, metavar="TIME",
-                   help="only documents dated TIME or later (ISO 8601, e.g. 2026-11-30)")
-    g.add_argument("--dated-until", type=_moment, default=None, metavar="TIME",
-                   help="only documents dated TIME or earlier")
 
 
 def _moment(text: str) -> datetime:
@@ -233,6 +231,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser("generate", parents=common, help="stream a completion",
                        description="Stream the completion of a raw prompt to stdout.")
     p.add_argument("prompt", metavar="PROMPT", help="the prompt; - reads it from stdin")
+    _model_flag(p, "generation")
     _sampling(p)
     _json_flag(p, "JSON lines (one per chunk)")
 
@@ -244,38 +243,26 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     for role in ("system", "user", "assistant"):
         p.add_argument(f"--{role}", dest="messages", action=_Message, metavar="TEXT",
                        help=f"a {role} message (repeatable)")
+    _model_flag(p, "generation")
+    p.add_argument("--tools", metavar="FILE",
+                   help="functions the model may call: a JSON array of tools (OpenAI's "
+                        "{\"type\": \"function\", \"function\": {...}} or {\"name\", "
+                        "\"description\", \"parameters\"}); its calls are printed as JSON "
+                        "lines")
+    p.add_argument("--tool-choice", metavar="CHOICE",
+                   help="with --tools: auto (default), none, required, or a tool's name")
     _sampling(p)
     _json_flag(p, "JSON lines (one per chunk)")
 
-    p = sub.add_parser("ask", parents=common, help="a grounded answer with sources",
-                       description="Stream an answer grounded in the indexed documents, "
-                                   "then its numbered sources.")
-    p.add_argument("question", metavar="QUESTION", help="the question; - reads it from stdin")
-    p.add_argument("--top-k", type=int, default=0, metavar="K", help="sources to retrieve")
-    p.add_argument("--task", choices=("answer", "explain_output", "diagnose", "summarize"),
-                   default="answer")
-    p.add_argument("--attach", metavar="FILE",
-                   help="text the question is about (e.g. a command's output); - is stdin")
-    p.add_argument("--max-tokens", type=int, metavar="N")
-    p.add_argument("--temperature", type=float, metavar="T")
-    p.add_argument("--no-cache", action="store_true", help="skip the response cache")
-    _filters(p)
-    _dated(p)
-    _json_flag(p, "JSON lines (text, sources and done events)")
+    add_search_commands(sub, common, _json_flag, _moment, _model_flag)
 
-    p = sub.add_parser("search", parents=common, help="hybrid search of the documents",
-                       description="Search the indexed documents (BM25 and vectors).")
-    p.add_argument("query", metavar="QUERY")
-    p.add_argument("--top-k", type=int, default=0, metavar="K", help="hits (default 5)")
-    p.add_argument("--mode", choices=("hybrid", "text", "vector"), default="hybrid",
-                   help="which indexes answer (default hybrid)")
-    p.add_argument("--min-score", type=float, default=None, metavar="S",
-                   help="drop hits scoring below S (0..1; cosine in vector mode)")
-    p.add_argument("--by-document", action="store_true",
-                   help="one hit per document (its best chunk)")
-    _filters(p)
-    _dated(p)
-    _json_flag(p)
+    p = sub.add_parser("embed", parents=common, help="embed texts",
+                       description="Embed each TEXT with the embedding model; print each "
+                                   "vector's dimension and first values, or with --json "
+                                   "the vectors.")
+    p.add_argument("texts", nargs="+", metavar="TEXT", help="a text; - reads one from stdin")
+    _model_flag(p, "embedding")
+    _json_flag(p, "one JSON document (the vectors)")
 
     p = sub.add_parser("ingest", parents=common, help="add a directory source and index it",
                        description="Add (or update) a directory source, then index it, "
@@ -390,7 +377,10 @@ def run_models(argv: Sequence[str]) -> int:
 
     from . import _models as _cli_models  # noqa: PLC0415
 
-    if argv[:1] and argv[0] in _cli_models.VERBS:
+    if not argv or argv[0] in ("-h", "--help"):
+        (sys.stdout if argv else sys.stderr).write(_cli_models.HELP)
+        return EXIT_OK if argv else EXIT_USAGE
+    if argv[0] in _cli_models.VERBS:
         try:
             args = _cli_models.parser([_connection_options()]).parse_args(list(argv))
         except SystemExit as exc:  # usage errors and --help

@@ -19,6 +19,23 @@ from . import _format as fmt
 
 VERBS = ("ps", "load", "unload")
 
+HELP = """\
+usage: llamad models COMMAND ...
+
+The daemon's models (these ask a running daemon; connection options as every verb's):
+  ps        every model of the daemon's catalog: state, role, memory, last use, calls
+  load      make a model resident; returns once it serves (admin)
+  unload    take a model out of residency; its running calls finish first (admin)
+
+The default model files on this machine (python -m models, run in this process):
+  prepare   fetch, assemble, convert and verify the models
+  list      show the catalog and what is prepared
+  verify    rehash every prepared file against the manifest
+
+`llamad models COMMAND --help` shows a command's options. The names `ps` lists are what
+--model (generate, chat, embed, ask) and model= (the Python clients) take.
+"""
+
 
 def parser(parents: Sequence[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """The parser of ``llamad models ps|load|unload`` (with the connection options)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -20,15 +21,15 @@ from typing import Any
 from .. import errors
 from .._client import Client
 from .._stream import Stream, TextStream
+from .._tools import joined
 from .._types import (
-    AskDone,
-    AskSources,
-    AskText,
     ChildStatus,
+    Message,
     ReindexProgress,
     RetrievalStatus,
     SwapProgress,
     TokenLogprobs,
+    ToolCallDelta,
     VectorBackfill,
     VectorRebuild,
 )
@@ -38,6 +39,7 @@ from ._balancing import drain, health, undrain  # noqa: F401 - verbs, run by nam
 from ._history import add_source, push, retention  # noqa: F401 - push: a verb
 from ._models import models_table
 from ._review import approve, documents, reject  # noqa: F401 - verbs, run by name
+from ._search import ask, search  # noqa: F401 - verbs, run by name
 
 
 class UsageError(Exception):
@@ -64,8 +66,9 @@ def _stream_text(stream: TextStream, as_json: bool) -> str:
     out = sys.stdout
     parts: list[str] = []
     logprobs: list[TokenLogprobs] = []
+    pieces: list[ToolCallDelta] = []
     usage = None
-    finish = ""
+    finish = model = ""
     with stream:
         for chunk in stream:
             if as_json:
@@ -75,6 +78,8 @@ def _stream_text(stream: TextStream, as_json: bool) -> str:
                 out.flush()
             parts.append(chunk.text)
             logprobs.extend(chunk.logprobs)
+            pieces.extend(chunk.tool_calls)
+            model = chunk.model_name or model
             if chunk.usage is not None:
                 usage, finish = chunk.usage, chunk.finish_reason or ""
     text = "".join(parts)
@@ -83,8 +88,12 @@ def _stream_text(stream: TextStream, as_json: bool) -> str:
         out.flush()
     if logprobs and not as_json:
         gen.print_logprobs(out, tuple(logprobs))
+    if pieces and not as_json:  # the whole calls, one JSON line each
+        for call in joined(pieces):
+            fmt.json_line(out, {"tool_call": call})
     if usage is not None and not as_json and sys.stderr.isatty():
-        print(f"[{usage.completion_tokens} tokens, {usage.tokens_per_second:.1f} tokens/s, "
+        print(f"[{model + ', ' if model else ''}{usage.completion_tokens} tokens, "
+              f"{usage.tokens_per_second:.1f} tokens/s, "
               f"first after {usage.time_to_first_token_ms:.0f} ms, {finish}]", file=sys.stderr)
     return text
 
@@ -191,14 +200,47 @@ def status(client: Client, args: argparse.Namespace) -> int:
 # --- inference --------------------------------------------------------------------------
 
 def generate(client: Client, args: argparse.Namespace) -> int:
-    _stream_text(client.generate(_text_arg(args.prompt), **_sampling(args)), args.json)
+    _stream_text(client.generate(_text_arg(args.prompt), model=args.model,
+                                 **_sampling(args)), args.json)
+    return 0
+
+
+def _tool_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``tools`` and ``tool_choice`` of ``--tools FILE`` and ``--tool-choice``."""
+    if args.tools is None:
+        if args.tool_choice is not None:
+            raise UsageError("--tool-choice goes with --tools FILE")
+        return {}
+    try:
+        tools = json.loads(Path(args.tools).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UsageError(f"--tools {args.tools}: {why}") from None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise UsageError(f"--tools {args.tools}: give a JSON array of tool objects")
+    return {"tools": tools, "tool_choice": args.tool_choice}
+
+
+def embed(client: Client, args: argparse.Namespace) -> int:
+    texts = [_text_arg(t) for t in args.texts]
+    result = client.embed(texts, model=args.model)
+    if args.json:
+        print(fmt.to_json(result))
+        return 0
+    for text, vector in zip(texts, result.vectors, strict=True):
+        head = ", ".join(f"{v:.4f}" for v in vector[:4])
+        print(f"{fmt.clip(text, 40)}: [{head}, ...] ({result.dimension} dimensions)")
+    if sys.stderr.isatty():
+        print(f"[{result.model_name or result.model}, {result.prompt_tokens} tokens]",
+              file=sys.stderr)
     return 0
 
 
 def chat(client: Client, args: argparse.Namespace) -> int:
-    messages: list[tuple[str, str]] = list(args.messages or [])
-    if any(role == "user" for role, _ in messages):
-        _stream_text(client.chat(messages, **_sampling(args)), args.json)
+    messages: list[Message] = [Message(role, text) for role, text in args.messages or []]
+    options = {"model": args.model, **_tool_options(args), **_sampling(args)}
+    if any(m.role == "user" for m in messages):
+        _stream_text(client.chat(messages, **options), args.json)
         return 0
     prompt = sys.stdin.isatty() and sys.stderr.isatty()
     while True:
@@ -209,95 +251,9 @@ def chat(client: Client, args: argparse.Namespace) -> int:
             return 0
         if not line.strip():
             continue
-        messages.append(("user", line.rstrip("\n")))
-        reply = _stream_text(client.chat(messages, **_sampling(args)), args.json)
-        messages.append(("assistant", reply))
-
-
-# --- answers and search -----------------------------------------------------------------
-
-def _filters(args: argparse.Namespace) -> dict[str, Any]:
-    return {"sources": args.sources, "kinds": args.kinds, "categories": args.categories,
-            "tags": args.tags}
-
-
-def ask(client: Client, args: argparse.Namespace) -> int:
-    attachment = ""
-    if args.attach:
-        try:
-            attachment = (sys.stdin.read() if args.attach == "-"
-                          else Path(args.attach).read_text(errors="replace"))
-        except OSError as exc:
-            raise UsageError(f"cannot read {args.attach}: {exc.strerror or exc}") from None
-    stream = client.ask(_text_arg(args.question), top_k=args.top_k, task=args.task,
-                        attachment=attachment, max_tokens=args.max_tokens,
-                        temperature=args.temperature, no_cache=args.no_cache,
-                        dated_since=args.dated_since, dated_until=args.dated_until,
-                        **_filters(args))
-    out = sys.stdout
-    sources: AskSources | None = None
-    done: AskDone | None = None
-    text = ""
-    with stream:
-        for event in stream:
-            if args.json:
-                kind = {AskText: "text", AskSources: "sources", AskDone: "done"}[type(event)]
-                fmt.json_line(out, {"event": kind, **dataclasses.asdict(event)})
-                continue
-            if isinstance(event, AskText):
-                out.write(event.text)
-                out.flush()
-                text += event.text
-            elif isinstance(event, AskSources):
-                sources = event
-            else:
-                done = event
-    if args.json:
-        return 0
-    if text and not text.endswith("\n"):
-        out.write("\n")
-    if sources is not None and sources.citations:
-        out.write("\nSources:\n")
-        for c in sources.citations:
-            where = f" — {c.path}" if c.path else ""
-            dated = f", dated {fmt.when(c.document_date)}" if c.document_date else ""
-            out.write(f"[{c.label}] {c.title or c.document_id}{where} ({c.score:.3f}"
-                      f"{dated})\n")
-    out.flush()
-    for warning in sources.warnings if sources is not None else ():
-        print(f"llamad: ask: warning: {warning}", file=sys.stderr)
-    if done is not None and sys.stderr.isatty():
-        notes = [f"{done.usage.completion_tokens} tokens", f"retrieval {sources.retrieval_mode}"
-                 if sources is not None else "", "cached" if done.cached else "",
-                 f"{done.chunks_dropped} sources left out" if done.chunks_dropped else ""]
-        print("[" + ", ".join(n for n in notes if n) + "]", file=sys.stderr)
-    return 0
-
-
-def _rank(rank: int | None, score: float | None) -> str:
-    return "-" if rank is None else f"#{rank} {score or 0.0:.3f}"
-
-
-def search(client: Client, args: argparse.Namespace) -> int:
-    result = client.search(args.query, top_k=args.top_k, mode=args.mode,
-                           min_score=args.min_score, group_by_document=args.by_document,
-                           dated_since=args.dated_since, dated_until=args.dated_until,
-                           **_filters(args))
-    if args.json:
-        print(fmt.to_json({"mode": result.mode, "vector_model": result.vector_model,
-                           "warnings": result.warnings, "hits": result.hits}, indent=2))
-        return 0
-    for warning in result.warnings:
-        print(f"llamad: search: warning: {warning}", file=sys.stderr)
-    if not result.hits:
-        print("llamad: search: no hits", file=sys.stderr)
-        return 0
-    rows = [[h.chunk_id, fmt.clip(h.title, 40), h.path or "-", fmt.when(h.document_date),
-             h.search_source, f"{h.score:.3f}", _rank(h.text_rank, h.text_score),
-             _rank(h.vector_rank, h.vector_score)] for h in result.hits]
-    print(fmt.table(rows, ("CITATION", "TITLE", "PATH", "DATED", "FOUND BY", "SCORE", "BM25",
-                           "VECTOR")))
-    return 0
+        messages.append(Message("user", line.rstrip("\n")))
+        reply = _stream_text(client.chat(messages, **options), args.json)
+        messages.append(Message("assistant", reply))
 
 
 # --- documents --------------------------------------------------------------------------

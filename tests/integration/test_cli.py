@@ -151,7 +151,7 @@ def test_ingest_then_search(address: str, tmp_path: Path) -> None:
     result = llamad(address, "search", "web01 no space left on device")
     assert result.returncode == 0, result.stderr
     header, first = result.stdout.splitlines()[:2]
-    assert header.split()[:3] == ["CITATION", "TITLE", "PATH"]
+    assert header.split()[:4] == ["CITATION", "TITLE:", "SECTION", "PATH"]
     assert first.startswith("runbooks/runbooks/web01.md#")
     result = llamad(address, "search", "nginx logrotate", "--json", "--top-k", "2")
     doc = json.loads(result.stdout)

@@ -71,7 +71,7 @@ def test_ask_prints_answer_then_numbered_sources(llamad: Run, tmp_path: Path) ->
     assert err == ""
     answer, sources = out.split("\n\nSources:\n")
     assert answer.strip() == "Rotate the nginx logs [S1]."
-    assert sources.splitlines() == ["[S1] web01 — runbooks/web01.md (0.016)"]
+    assert sources.splitlines() == ["[S1] web01 — runbooks/web01.md (1.000)"]
     status, out, _ = llamad("ask", "disk", "--json")
     events = [json.loads(line) for line in out.splitlines()]
     assert {e["event"] for e in events[:-2]} == {"text"}
@@ -91,8 +91,8 @@ def test_ingest_then_search_and_sources(llamad: Run, tmp_path: Path) -> None:
     assert "files/s" in out
     status, out, _ = llamad("search", "nginx logs")
     header, row = out.splitlines()
-    assert header.split() == ["CITATION", "TITLE", "PATH", "DATED", "FOUND", "BY", "SCORE",
-                              "BM25", "VECTOR"]
+    assert header.split() == ["CITATION", "TITLE:", "SECTION", "PATH", "DATED", "FOUND", "BY",
+                              "SCORE", "BM25", "VECTOR"]
     assert row.split()[:5] == ["docs:runbooks/web01.md#0", "web01", "runbooks/web01.md", "-",
                                "hybrid"]
     status, out, _ = llamad("search", "nginx", "--json")

@@ -137,7 +137,7 @@ def test_ask_dated_since_cites_only_dated_sources_with_their_date(llamad: Run) -
     status, out, _ = llamad("ask", "nginx logs", "--dated-since", "2026-01-01")
     assert status == 0
     sources = out.split("Sources:\n", 1)[1].splitlines()
-    assert sources == [f"[S1] New (0.016, dated {local('2026-06-01T10:00')})"]
+    assert sources == [f"[S1] New (1.000, dated {local('2026-06-01T10:00')})"]
 
 
 def test_history_flags_need_add_and_retention_needs_history(llamad: Run) -> None:
