@@ -385,7 +385,8 @@ def ask_event(msg: answer_pb2.AskResponse) -> AskEvent | None:
                                          "SEARCH_SOURCE_"),
                                      indexed_at=_time(c, "indexed_at"),
                                      document_date=_time(c, "document_date"),
-                                     kind=c.kind, source_id=c.source_id)
+                                     kind=c.kind, source_id=c.source_id,
+                                     heading=c.heading)
                             for c in s.citations),
             retrieval_mode=search_mode(s.retrieval_mode), warnings=tuple(s.warnings))
     if kind == "done":

@@ -41,7 +41,7 @@ class FakeAnswer(answer_pb2_grpc.AnswerServiceServicer):
                                                document_id=h.document_id, title=h.title,
                                                path=h.path, score=h.score,
                                                snippet=h.snippet, source_id=h.source_id,
-                                               kind=h.kind,
+                                               kind=h.kind, heading=h.heading,
                                                document_date=h.document_date
                                                if h.HasField("document_date") else None)
                            for i, h in enumerate(hits, 1)],

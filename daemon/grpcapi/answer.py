@@ -82,7 +82,8 @@ def _sources(s: Sources) -> apb.AskSources:
             search_source=SOURCES[c.search_source], indexed_at=_timestamp(c.indexed_at),
             kind=c.kind, source_id=c.source_id,
             document_date=None if c.document_date is None
-            else _timestamp(c.document_date), chunk_ids=c.chunk_ids) for c in s.citations],
+            else _timestamp(c.document_date), chunk_ids=c.chunk_ids, heading=c.heading)
+            for c in s.citations],
         retrieval_mode=MODES[s.retrieval_mode], warnings=s.warnings)
 
 

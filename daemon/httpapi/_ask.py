@@ -230,7 +230,7 @@ def event_json(event: AskEvent) -> dict[str, Any]:
                  search_source=_SOURCE_NAMES[c.search_source],
                  indexed_at=_time(c.indexed_at), kind=c.kind, source_id=c.source_id,
                  document_date=None if c.document_date is None else _time(c.document_date),
-                 chunk_ids=list(c.chunk_ids))
+                 chunk_ids=list(c.chunk_ids), heading=c.heading)
             for c in event.citations]
         return {"sources": _set(citations=citations,
                                 retrieval_mode=f"SEARCH_MODE_{event.retrieval_mode.upper()}",

@@ -28,35 +28,35 @@ from . import inference_pb2 as llamad_dot_v1_dot_inference__pb2
 from . import retrieval_pb2 as llamad_dot_v1_dot_retrieval__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16llamad/v1/answer.proto\x12\tllamad.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19llamad/v1/inference.proto\x1a\x19llamad/v1/retrieval.proto\":\n\x04Turn\x12!\n\x04role\x18\x01 \x01(\x0e\x32\x13.llamad.v1.ChatRole\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xb5\x02\n\nAskRequest\x12\x10\n\x08question\x18\x01 \x01(\t\x12)\n\x07\x66ilters\x18\x02 \x01(\x0b\x32\x18.llamad.v1.SearchFilters\x12\r\n\x05top_k\x18\x03 \x01(\r\x12 \n\x07history\x18\x04 \x03(\x0b\x32\x0f.llamad.v1.Turn\x12!\n\x04task\x18\x05 \x01(\x0e\x32\x13.llamad.v1.TaskType\x12\x12\n\nattachment\x18\x06 \x01(\t\x12+\n\x08sampling\x18\x07 \x01(\x0b\x32\x19.llamad.v1.SamplingParams\x12\x10\n\x08no_cache\x18\x08 \x01(\x08\x12#\n\x04mode\x18\t \x01(\x0e\x32\x15.llamad.v1.SearchMode\x12\r\n\x05model\x18\n \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x0b \x01(\x08\"\xc4\x02\n\x08\x43itation\x12\r\n\x05label\x18\x01 \x01(\t\x12\x10\n\x08\x63hunk_id\x18\x02 \x01(\t\x12\x13\n\x0b\x64ocument_id\x18\x03 \x01(\t\x12\r\n\x05title\x18\x04 \x01(\t\x12\x0c\n\x04path\x18\x05 \x01(\t\x12\r\n\x05score\x18\x06 \x01(\x01\x12\x0f\n\x07snippet\x18\x07 \x01(\t\x12.\n\rsearch_source\x18\x08 \x01(\x0e\x32\x17.llamad.v1.SearchSource\x12.\n\nindexed_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rdocument_date\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04kind\x18\x0b \x01(\t\x12\x11\n\tsource_id\x18\x0c \x01(\t\x12\x11\n\tchunk_ids\x18\r \x03(\t\"u\n\nAskSources\x12&\n\tcitations\x18\x01 \x03(\x0b\x32\x13.llamad.v1.Citation\x12-\n\x0eretrieval_mode\x18\x02 \x01(\x0e\x32\x15.llamad.v1.SearchMode\x12\x10\n\x08warnings\x18\x03 \x03(\t\"\xa7\x02\n\x07\x41skDone\x12\x1f\n\x05usage\x18\x01 \x01(\x0b\x32\x10.llamad.v1.Usage\x12\x15\n\rprompt_sha256\x18\x02 \x01(\t\x12\x0e\n\x06\x63\x61\x63hed\x18\x03 \x01(\x08\x12\x12\n\nno_context\x18\x04 \x01(\x08\x12.\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x17.llamad.v1.FinishReason\x12\x16\n\x0e\x63hunks_dropped\x18\x06 \x01(\r\x12\x1a\n\x12\x61ttachment_clipped\x18\x07 \x01(\x08\x12\x18\n\x10template_version\x18\x08 \x01(\t\x12\x12\n\nmodel_name\x18\t \x01(\t\x12\x1d\n\x15history_turns_dropped\x18\n \x01(\r\x12\x0f\n\x07\x64ry_run\x18\x0b \x01(\x08\"\xfb\x01\n\nPlannedHit\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64ocument_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\x0f\n\x07ordinal\x18\x05 \x01(\r\x12\r\n\x05score\x18\x06 \x01(\x01\x12\x17\n\ntext_score\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x19\n\x0cvector_score\x18\x08 \x01(\x01H\x01\x88\x01\x01\x12&\n\x07verdict\x18\t \x01(\x0e\x32\x15.llamad.v1.HitVerdict\x12\r\n\x05label\x18\n \x01(\tB\r\n\x0b_text_scoreB\x0f\n\r_vector_score\"S\n\rPromptSection\x12!\n\x04role\x18\x01 \x01(\x0e\x32\x13.llamad.v1.ChatRole\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0e\n\x06tokens\x18\x03 \x01(\r\"\x81\x01\n\x07\x41skPlan\x12#\n\x04hits\x18\x01 \x03(\x0b\x32\x15.llamad.v1.PlannedHit\x12*\n\x08sections\x18\x02 \x03(\x0b\x32\x18.llamad.v1.PromptSection\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x0e\n\x06\x62udget\x18\x04 \x01(\r\"\x98\x01\n\x0b\x41skResponse\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12(\n\x07sources\x18\x02 \x01(\x0b\x32\x15.llamad.v1.AskSourcesH\x00\x12\"\n\x04\x64one\x18\x03 \x01(\x0b\x32\x12.llamad.v1.AskDoneH\x00\x12\"\n\x04plan\x18\x04 \x01(\x0b\x32\x12.llamad.v1.AskPlanH\x00\x42\x07\n\x05\x65vent*\x8a\x01\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10TASK_TYPE_ANSWER\x10\x01\x12\x1c\n\x18TASK_TYPE_EXPLAIN_OUTPUT\x10\x02\x12\x16\n\x12TASK_TYPE_DIAGNOSE\x10\x03\x12\x17\n\x13TASK_TYPE_SUMMARIZE\x10\x04*y\n\nHitVerdict\x12\x1b\n\x17HIT_VERDICT_UNSPECIFIED\x10\x00\x12\x14\n\x10HIT_VERDICT_KEPT\x10\x01\x12\x1b\n\x17HIT_VERDICT_BELOW_FLOOR\x10\x02\x12\x1b\n\x17HIT_VERDICT_OVER_BUDGET\x10\x03\x32G\n\rAnswerService\x12\x36\n\x03\x41sk\x12\x15.llamad.v1.AskRequest\x1a\x16.llamad.v1.AskResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16llamad/v1/answer.proto\x12\tllamad.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19llamad/v1/inference.proto\x1a\x19llamad/v1/retrieval.proto\":\n\x04Turn\x12!\n\x04role\x18\x01 \x01(\x0e\x32\x13.llamad.v1.ChatRole\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xb5\x02\n\nAskRequest\x12\x10\n\x08question\x18\x01 \x01(\t\x12)\n\x07\x66ilters\x18\x02 \x01(\x0b\x32\x18.llamad.v1.SearchFilters\x12\r\n\x05top_k\x18\x03 \x01(\r\x12 \n\x07history\x18\x04 \x03(\x0b\x32\x0f.llamad.v1.Turn\x12!\n\x04task\x18\x05 \x01(\x0e\x32\x13.llamad.v1.TaskType\x12\x12\n\nattachment\x18\x06 \x01(\t\x12+\n\x08sampling\x18\x07 \x01(\x0b\x32\x19.llamad.v1.SamplingParams\x12\x10\n\x08no_cache\x18\x08 \x01(\x08\x12#\n\x04mode\x18\t \x01(\x0e\x32\x15.llamad.v1.SearchMode\x12\r\n\x05model\x18\n \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x0b \x01(\x08\"\xd5\x02\n\x08\x43itation\x12\r\n\x05label\x18\x01 \x01(\t\x12\x10\n\x08\x63hunk_id\x18\x02 \x01(\t\x12\x13\n\x0b\x64ocument_id\x18\x03 \x01(\t\x12\r\n\x05title\x18\x04 \x01(\t\x12\x0c\n\x04path\x18\x05 \x01(\t\x12\r\n\x05score\x18\x06 \x01(\x01\x12\x0f\n\x07snippet\x18\x07 \x01(\t\x12.\n\rsearch_source\x18\x08 \x01(\x0e\x32\x17.llamad.v1.SearchSource\x12.\n\nindexed_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rdocument_date\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04kind\x18\x0b \x01(\t\x12\x11\n\tsource_id\x18\x0c \x01(\t\x12\x11\n\tchunk_ids\x18\r \x03(\t\x12\x0f\n\x07heading\x18\x0e \x01(\t\"u\n\nAskSources\x12&\n\tcitations\x18\x01 \x03(\x0b\x32\x13.llamad.v1.Citation\x12-\n\x0eretrieval_mode\x18\x02 \x01(\x0e\x32\x15.llamad.v1.SearchMode\x12\x10\n\x08warnings\x18\x03 \x03(\t\"\xa7\x02\n\x07\x41skDone\x12\x1f\n\x05usage\x18\x01 \x01(\x0b\x32\x10.llamad.v1.Usage\x12\x15\n\rprompt_sha256\x18\x02 \x01(\t\x12\x0e\n\x06\x63\x61\x63hed\x18\x03 \x01(\x08\x12\x12\n\nno_context\x18\x04 \x01(\x08\x12.\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x17.llamad.v1.FinishReason\x12\x16\n\x0e\x63hunks_dropped\x18\x06 \x01(\r\x12\x1a\n\x12\x61ttachment_clipped\x18\x07 \x01(\x08\x12\x18\n\x10template_version\x18\x08 \x01(\t\x12\x12\n\nmodel_name\x18\t \x01(\t\x12\x1d\n\x15history_turns_dropped\x18\n \x01(\r\x12\x0f\n\x07\x64ry_run\x18\x0b \x01(\x08\"\xfb\x01\n\nPlannedHit\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64ocument_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\x0f\n\x07ordinal\x18\x05 \x01(\r\x12\r\n\x05score\x18\x06 \x01(\x01\x12\x17\n\ntext_score\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x19\n\x0cvector_score\x18\x08 \x01(\x01H\x01\x88\x01\x01\x12&\n\x07verdict\x18\t \x01(\x0e\x32\x15.llamad.v1.HitVerdict\x12\r\n\x05label\x18\n \x01(\tB\r\n\x0b_text_scoreB\x0f\n\r_vector_score\"S\n\rPromptSection\x12!\n\x04role\x18\x01 \x01(\x0e\x32\x13.llamad.v1.ChatRole\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0e\n\x06tokens\x18\x03 \x01(\r\"\x81\x01\n\x07\x41skPlan\x12#\n\x04hits\x18\x01 \x03(\x0b\x32\x15.llamad.v1.PlannedHit\x12*\n\x08sections\x18\x02 \x03(\x0b\x32\x18.llamad.v1.PromptSection\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x0e\n\x06\x62udget\x18\x04 \x01(\r\"\x98\x01\n\x0b\x41skResponse\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12(\n\x07sources\x18\x02 \x01(\x0b\x32\x15.llamad.v1.AskSourcesH\x00\x12\"\n\x04\x64one\x18\x03 \x01(\x0b\x32\x12.llamad.v1.AskDoneH\x00\x12\"\n\x04plan\x18\x04 \x01(\x0b\x32\x12.llamad.v1.AskPlanH\x00\x42\x07\n\x05\x65vent*\x8a\x01\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10TASK_TYPE_ANSWER\x10\x01\x12\x1c\n\x18TASK_TYPE_EXPLAIN_OUTPUT\x10\x02\x12\x16\n\x12TASK_TYPE_DIAGNOSE\x10\x03\x12\x17\n\x13TASK_TYPE_SUMMARIZE\x10\x04*y\n\nHitVerdict\x12\x1b\n\x17HIT_VERDICT_UNSPECIFIED\x10\x00\x12\x14\n\x10HIT_VERDICT_KEPT\x10\x01\x12\x1b\n\x17HIT_VERDICT_BELOW_FLOOR\x10\x02\x12\x1b\n\x17HIT_VERDICT_OVER_BUDGET\x10\x03\x32G\n\rAnswerService\x12\x36\n\x03\x41sk\x12\x15.llamad.v1.AskRequest\x1a\x16.llamad.v1.AskResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llamad.v1.answer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TASKTYPE']._serialized_start=1867
-  _globals['_TASKTYPE']._serialized_end=2005
-  _globals['_HITVERDICT']._serialized_start=2007
-  _globals['_HITVERDICT']._serialized_end=2128
+  _globals['_TASKTYPE']._serialized_start=1884
+  _globals['_TASKTYPE']._serialized_end=2022
+  _globals['_HITVERDICT']._serialized_start=2024
+  _globals['_HITVERDICT']._serialized_end=2145
   _globals['_TURN']._serialized_start=124
   _globals['_TURN']._serialized_end=182
   _globals['_ASKREQUEST']._serialized_start=185
   _globals['_ASKREQUEST']._serialized_end=494
   _globals['_CITATION']._serialized_start=497
-  _globals['_CITATION']._serialized_end=821
-  _globals['_ASKSOURCES']._serialized_start=823
-  _globals['_ASKSOURCES']._serialized_end=940
-  _globals['_ASKDONE']._serialized_start=943
-  _globals['_ASKDONE']._serialized_end=1238
-  _globals['_PLANNEDHIT']._serialized_start=1241
-  _globals['_PLANNEDHIT']._serialized_end=1492
-  _globals['_PROMPTSECTION']._serialized_start=1494
-  _globals['_PROMPTSECTION']._serialized_end=1577
-  _globals['_ASKPLAN']._serialized_start=1580
-  _globals['_ASKPLAN']._serialized_end=1709
-  _globals['_ASKRESPONSE']._serialized_start=1712
-  _globals['_ASKRESPONSE']._serialized_end=1864
-  _globals['_ANSWERSERVICE']._serialized_start=2130
-  _globals['_ANSWERSERVICE']._serialized_end=2201
+  _globals['_CITATION']._serialized_end=838
+  _globals['_ASKSOURCES']._serialized_start=840
+  _globals['_ASKSOURCES']._serialized_end=957
+  _globals['_ASKDONE']._serialized_start=960
+  _globals['_ASKDONE']._serialized_end=1255
+  _globals['_PLANNEDHIT']._serialized_start=1258
+  _globals['_PLANNEDHIT']._serialized_end=1509
+  _globals['_PROMPTSECTION']._serialized_start=1511
+  _globals['_PROMPTSECTION']._serialized_end=1594
+  _globals['_ASKPLAN']._serialized_start=1597
+  _globals['_ASKPLAN']._serialized_end=1726
+  _globals['_ASKRESPONSE']._serialized_start=1729
+  _globals['_ASKRESPONSE']._serialized_end=1881
+  _globals['_ANSWERSERVICE']._serialized_start=2147
+  _globals['_ANSWERSERVICE']._serialized_end=2218
 # @@protoc_insertion_point(module_scope)

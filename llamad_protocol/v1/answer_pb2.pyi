@@ -182,6 +182,7 @@ class Citation(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     SOURCE_ID_FIELD_NUMBER: _builtins.int
     CHUNK_IDS_FIELD_NUMBER: _builtins.int
+    HEADING_FIELD_NUMBER: _builtins.int
     label: _builtins.str
     """"S1", "S2", ... in rank order; the answer cites these."""
     chunk_id: _builtins.str
@@ -189,11 +190,19 @@ class Citation(_message.Message):
     title: _builtins.str
     path: _builtins.str
     score: _builtins.float
+    """Its best chunk's score on SearchHit.score's scale: the fused score normalised to
+    [0, 1] (1: ranked first by every index that answered), the cosine similarity in
+    vector mode.
+    """
     snippet: _builtins.str
     search_source: _retrieval_pb2.SearchSource.ValueType
     """Which index found it, and when its document was indexed."""
     kind: _builtins.str
     source_id: _builtins.str
+    heading: _builtins.str
+    """The section of the document its best chunk came from (SearchHit.heading; empty when
+    the chunk has no heading).
+    """
     @_builtins.property
     def indexed_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -222,10 +231,11 @@ class Citation(_message.Message):
         kind: _builtins.str = ...,
         source_id: _builtins.str = ...,
         chunk_ids: _abc.Iterable[_builtins.str] | None = ...,
+        heading: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["document_date", b"document_date", "indexed_at", b"indexed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_id", b"chunk_id", "chunk_ids", b"chunk_ids", "document_date", b"document_date", "document_id", b"document_id", "indexed_at", b"indexed_at", "kind", b"kind", "label", b"label", "path", b"path", "score", b"score", "search_source", b"search_source", "snippet", b"snippet", "source_id", b"source_id", "title", b"title"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_id", b"chunk_id", "chunk_ids", b"chunk_ids", "document_date", b"document_date", "document_id", b"document_id", "heading", b"heading", "indexed_at", b"indexed_at", "kind", b"kind", "label", b"label", "path", b"path", "score", b"score", "search_source", b"search_source", "snippet", b"snippet", "source_id", b"source_id", "title", b"title"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

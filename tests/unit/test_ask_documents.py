@@ -28,6 +28,7 @@ def chunk(doc: int, ordinal: int, text: str, *, score: float = 0.5, heading: str
     return Hit(chunk_id=f"kb/doc{doc}.md#{ordinal}", doc_id=f"kb/doc{doc}.md",
                title=f"doc {doc}", source_id="kb", path=f"doc{doc}.md", heading=heading,
                text=text, snippet=text[:40], search_source="hybrid", fused_score=score,
+               score=score,
                text_rank=1, text_score=5.0, vector_rank=1, vector_score=score,
                indexed_at=1_700_000_000, ordinal=ordinal)
 

@@ -131,6 +131,7 @@ class Citation:
     source_id: str
     document_date: int | None  # the document's own date, unix seconds (None: none)
     chunk_ids: tuple[str, ...] = ()
+    heading: str = ""  # the section the best chunk came from ("" for none)
 
 
 @dataclass(frozen=True)
@@ -460,10 +461,11 @@ def cite(assembled: Assembled) -> tuple[Citation, ...]:
         h = min(chunks, key=lambda c: rank[c.chunk_id])
         citations.append(Citation(
             label=f"S{i}", chunk_id=h.chunk_id, document_id=h.doc_id, title=h.title,
-            path=h.path, score=h.fused_score, snippet=h.snippet,
+            # Search's scale (normalised, 1: ranked first by every index), not raw RRF.
+            path=h.path, score=h.score, snippet=h.snippet,
             search_source=h.search_source, indexed_at=h.indexed_at, kind=h.kind,
             source_id=h.source_id, document_date=h.document_date,
-            chunk_ids=tuple(c.chunk_id for c in chunks)))
+            chunk_ids=tuple(c.chunk_id for c in chunks), heading=h.heading))
     return tuple(citations)
 
 
