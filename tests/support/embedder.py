@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -19,16 +19,8 @@ class FixedEmbedder:
     (read-only, as the protocol has them); subclasses add ``embed`` and ``count_tokens``."""
 
     def __init__(self, model_id: str, context: int) -> None:
-        self._model_id = model_id
-        self._context = context
-
-    @property
-    def model_id(self) -> str:
-        return self._model_id
-
-    @property
-    def context(self) -> int:
-        return self._context
+        self.model_id: Final = model_id
+        self.context: Final = context
 
 
 class HashEmbedder(FixedEmbedder):
@@ -45,7 +37,7 @@ class HashEmbedder(FixedEmbedder):
         for text in texts:
             v = np.zeros(self._dim, dtype=np.float32)
             for word in text.lower().split():
-                h = hashlib.sha256((self._model_id + word).encode()).digest()
+                h = hashlib.sha256((self.model_id + word).encode()).digest()
                 v[h[0] % self._dim] += 1.0
             v /= max(float(np.linalg.norm(v)), 1e-6)
             out.append([float(x) for x in v])
