@@ -37,7 +37,7 @@ from ._clock import Clock
 from ._exits import ExitCause, cgroup_oom_kills, classify_exit
 from ._liveness import ProbeFailure, ProbePolicy, watch_liveness
 from ._logring import LogRing
-from ._process import ChildProcess, LineSink
+from ._process import ChildProcess, LineSink, process_cpu_seconds
 from ._rundir import child_key, remove_socket, socket_path
 from ._runtime import LaunchSpec, Runtime
 from ._sampling import Sampling
@@ -73,6 +73,8 @@ class Timeouts:
             serving loop answered); 0: no probes.
         token_probe_per_gib: seconds added to ``token_probe_timeout`` per GiB of model
             file (one step of a bigger model takes longer).
+        token_probe_busy_max: longest a probe may go unanswered while the child's
+            process gets CPU time (computing, not stuck) before it is judged stuck anyway.
         unresponsive_grace: seconds between SIGTERM and SIGKILL for a child taken out of
             service (a stuck llama-server may ignore SIGTERM).
     """
@@ -88,6 +90,7 @@ class Timeouts:
     token_probe_interval: float = 1.0
     token_probe_timeout: float = 4.0
     token_probe_per_gib: float = 5.0
+    token_probe_busy_max: float = 60.0
     unresponsive_grace: float = 2.0
 
     @property
@@ -102,7 +105,7 @@ class Timeouts:
         if timeout > 0:
             timeout += self.token_probe_per_gib * model_bytes / 2**30
         return OutcomePolicy(self.failed_calls, self.token_probe_interval, timeout,
-                             self.busy_silence)
+                             self.busy_silence, max(timeout, self.token_probe_busy_max))
 
 
 class StartFailure(SupervisorError):
@@ -271,7 +274,8 @@ class ProcessChild:
             loop_check = client.loop_answers if client.dialect.llama_cpp else None
             watches.add(asyncio.ensure_future(watch_outcomes(
                 client.outcomes, lambda: self._token_probe(client), clock=self._clock,
-                policy=self._timeouts.outcomes(self._model_bytes), loop_answers=loop_check)))
+                policy=self._timeouts.outcomes(self._model_bytes), loop_answers=loop_check,
+                cpu_seconds=lambda: process_cpu_seconds(self.pid))))
         try:
             done, _ = await asyncio.wait(watches, return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -92,6 +92,26 @@ def can_lower_niceness(to: int) -> bool:
     return bool(int(caps, 16) & (1 << 23))  # CAP_SYS_NICE
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user and system, every thread) process ``pid`` has used, in seconds;
+    None when it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    # After the command name (in parentheses, which may hold anything): state is the
+    # first field, utime and stime the 12th and 13th.
+    fields = stat[stat.rfind(b")") + 2:].split()
+    try:
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+    except (IndexError, ValueError):
+        return None
+
+
 def renice(pid: int, value: int) -> bool:
     """Set the nice value of every thread of ``pid`` (niceness is per thread on Linux).
 

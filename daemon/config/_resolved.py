@@ -106,6 +106,7 @@ class Config:
                         token_probe_interval=c.token_probe_interval,
                         token_probe_timeout=c.token_probe_timeout,
                         token_probe_per_gib=c.token_probe_per_gib,
+                        token_probe_busy_max=c.token_probe_busy_max,
                         unresponsive_grace=c.unresponsive_grace)
 
     def child(self, role: Role | str) -> ChildConfig:

@@ -189,11 +189,17 @@ class ChildSettings:
     token_probe_timeout: float = setting(
         4.0, "Seconds a 1-token probe may go unanswered (plus token_probe_per_gib per GiB "
         "of model) before the child is taken out of service and replaced, unless it "
-        "answered other calls meanwhile or its serving loop answered; 0: no probes.",
+        "answered other calls meanwhile, its serving loop answered, or its process is "
+        "computing (see token_probe_busy_max); 0: no probes.",
         minimum=0)
     token_probe_per_gib: float = setting(
         5.0, "Seconds added to token_probe_timeout per GiB of model file: one step of a "
         "healthy child (a prompt batch) must fit in the allowance.", minimum=0)
+    token_probe_busy_max: float = setting(
+        60.0, "Longest a 1-token probe may go unanswered while the child's process is "
+        "computing (its CPU time advances: a long prompt step on a loaded machine) before "
+        "the child is judged stuck anyway; a child with no CPU time over "
+        "token_probe_timeout is judged at once.", minimum=0)
     unresponsive_grace: float = setting(
         2.0, "Seconds between SIGTERM and SIGKILL for a child taken out of service by its "
         "outcomes (a stuck llama-server may ignore SIGTERM).", minimum=0)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .._clock import Clock
 from .._exits import ExitCause
@@ -58,12 +59,16 @@ class OutcomePolicy:
         probe_timeout: seconds a 1-token probe may take (0: no probes).
         busy_silence: seconds a whole (unstreamed) request may go unanswered before the
             child is probed (an embedding batch answers only at its end).
+        busy_max: seconds a probe may go unanswered while the child's process gets CPU
+            time (a long prompt step, a loaded machine) before it is judged stalled
+            anyway (a child spinning in a stuck step burns CPU too).
     """
 
     failures: int = 3
     interval: float = 1.0
     probe_timeout: float = 4.0
     busy_silence: float = 120.0
+    busy_max: float = 60.0
 
 
 class _Call:
@@ -205,17 +210,26 @@ Probe = Callable[[], Awaitable[str | None]]
 """A 1-token request of the watch's own: None when it was answered, else why it failed."""
 LoopCheck = Callable[[float], Awaitable[bool]]
 """Whether the child's serving loop answers within the given seconds."""
+CpuSeconds = Callable[[], float | None]
+"""The CPU time the child's process has used so far (None: not known, e.g. it is gone)."""
+
+BUSY_CPU = 0.05
+"""CPU seconds a child must use during a probe's allowance to count as computing: far
+above what a stopped or blocked process shows (its HTTP threads answering /health use
+microseconds), far below a step of any model."""
 
 
 async def watch_outcomes(outcomes: Outcomes, probe: Probe, *, clock: Clock,
-                         policy: OutcomePolicy, loop_answers: LoopCheck | None = None
-                         ) -> ExitCause:
+                         policy: OutcomePolicy, loop_answers: LoopCheck | None = None,
+                         cpu_seconds: CpuSeconds | None = None) -> ExitCause:
     """Return why the child must be taken out of service (see the module docstring);
     runs until then. Cancellable at any point (a probe running is cancelled with it).
 
     Args:
         loop_answers: asks the child's serving loop (llama-server's); None: the runtime
             has no such question, and a child with calls waiting is not probed.
+        cpu_seconds: the child process's CPU time; a probe unanswered while it grows
+            waits on, up to ``policy.busy_max`` (None: not known, no such allowance).
     """
     while True:
         await _pause(outcomes, clock, policy.interval)
@@ -227,7 +241,8 @@ async def watch_outcomes(outcomes: Outcomes, probe: Probe, *, clock: Clock,
             # Confirmed by a probe: calls a hostile client makes fail on purpose must not
             # get a child that computes replaced.
             outcomes.failed_since_probe = False
-            cause = await _probe_once(outcomes, probe, clock, policy, loop_answers)
+            cause = await _probe_once(outcomes, probe, clock, policy, loop_answers,
+                                  cpu_seconds=cpu_seconds)
             if cause is not None and cause.kind == PROBE_FAILED:
                 return ExitCause(CALLS_FAILING, False, f"{failing}; {cause.message}",
                                  at=clock.wall())
@@ -244,9 +259,36 @@ async def watch_outcomes(outcomes: Outcomes, probe: Probe, *, clock: Clock,
             # at a time): a probe behind a running call tells nothing.
             continue
         outcomes.failed_since_probe = False
-        cause = await _probe_once(outcomes, probe, clock, policy, loop_answers)
+        cause = await _probe_once(outcomes, probe, clock, policy, loop_answers,
+                                  cpu_seconds=cpu_seconds)
         if cause is not None:
             return cause
+
+
+async def _while_computing(asked: asyncio.Future[str | None], cpu_seconds: CpuSeconds,
+                           last: float | None, clock: Clock, *, window: float,
+                           busy_max: float) -> None:
+    """Return once ``asked`` is answered, the child used less than :data:`BUSY_CPU` of
+    CPU over the last window (``last``: its CPU time when the window already waited
+    began), or ``busy_max`` seconds of waiting have passed (that window counted)."""
+    waited = window
+    now = cpu_seconds()
+    if last is None or now is None or now - last < BUSY_CPU:
+        return
+    last = now
+    while not asked.done() and waited < busy_max:
+        step = min(window, busy_max - waited)
+        timer = asyncio.ensure_future(clock.sleep(step))
+        either: set[asyncio.Future[Any]] = {asked, timer}
+        try:
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+        waited += step
+        now = cpu_seconds()
+        if now is None or now - last < BUSY_CPU * step / window:
+            return
+        last = now
 
 
 async def _pause(outcomes: Outcomes, clock: Clock, seconds: float) -> None:
@@ -261,7 +303,8 @@ async def _pause(outcomes: Outcomes, clock: Clock, seconds: float) -> None:
 
 
 async def _probe_once(outcomes: Outcomes, probe: Probe, clock: Clock, policy: OutcomePolicy,
-                      loop_answers: LoopCheck | None) -> ExitCause | None:
+                      loop_answers: LoopCheck | None, *,
+                      cpu_seconds: CpuSeconds | None = None) -> ExitCause | None:
     """One probe: the cause to take the child out of service, or None."""
     beats = outcomes.beats
     timeout = policy.probe_timeout
@@ -271,8 +314,14 @@ async def _probe_once(outcomes: Outcomes, probe: Probe, clock: Clock, policy: Ou
     loop = (asyncio.ensure_future(loop_answers(timeout))
             if loop_answers is not None and outcomes.waiting else None)
     timer = asyncio.ensure_future(clock.sleep(timeout))
+    cpu_start = cpu_seconds() if cpu_seconds is not None else None
     try:
         await asyncio.wait({asked, timer}, return_when=asyncio.FIRST_COMPLETED)
+        if not asked.done() and outcomes.beats == beats and cpu_seconds is not None:
+            # Unanswered, but a child whose process computes is slow (a long prompt step
+            # on a loaded machine), not stuck: wait on while its CPU time grows.
+            await _while_computing(asked, cpu_seconds, cpu_start, clock, window=timeout,
+                                   busy_max=policy.busy_max)
         if asked.done():
             failure = asked.result()
             if failure is None:

@@ -41,8 +41,7 @@ async def running(llama_server: str, tmp_path_factory: pytest.TempPathFactory
     (docs / "backup.md").write_text("# Backups\n\nThe wombat backups run nightly at 02:00.\n")
     async with http_daemon(tmp_path_factory.mktemp("state"),
                            LLAMAD_HTTP_MAX_BODY_BYTES=str(MAX_BODY),
-                           LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(docs),
-                           LLAMAD_CHILD_TOKEN_PROBE_TIMEOUT="0") as daemon:
+                           LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(docs)) as daemon:
         yield daemon, docs
 
 

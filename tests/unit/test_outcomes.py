@@ -215,6 +215,85 @@ async def test_a_busy_child_is_not_condemned_for_a_slow_probe() -> None:
     silent.cancel()
 
 
+class Cpu:
+    """The child process's CPU time, as the test sets it (seconds)."""
+
+    def __init__(self) -> None:
+        self.used: float | None = 0.0
+
+    def __call__(self) -> float | None:
+        return self.used
+
+
+async def test_a_computing_child_gets_time_and_a_stuck_one_does_not() -> None:
+    """A probe unanswered while the child's process gets CPU time (a long prompt step on
+    a loaded machine) waits on, window by window, and an answer then clears the child;
+    one whose CPU time stops growing is judged at the end of that window; one that
+    computes without ever answering is judged at busy_max all the same."""
+    policy = OutcomePolicy(failures=3, interval=1.0, probe_timeout=4.0, busy_silence=120.0,
+                           busy_max=20.0)
+
+    async def watched(cpu: Cpu) -> tuple[Child, ManualClock, asyncio.Task[Any], Any]:
+        clock = ManualClock()
+        child = Child(clock)
+        child.probe_hangs = True
+        watch = asyncio.ensure_future(watch_outcomes(
+            child.client.outcomes, child.probe, clock=clock, policy=policy,
+            loop_answers=child.loop, cpu_seconds=cpu))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        reader = await running(stream_text(child))
+        await clock.advance(1.0)
+        assert child.probes == 1
+        return child, clock, watch, reader
+
+    # Computing through three windows, then it answers: never condemned.
+    cpu = Cpu()
+    child, clock, watch, reader = await watched(cpu)
+    for _ in range(3):
+        cpu.used = (cpu.used or 0) + 2.0
+        await clock.advance(4.0)
+        assert not watch.done()
+    child.probe_hangs = False
+    child.chunks.put_nowait(Chunk("w", 1, finish_reason="length"))
+    await clock.advance(4.0)
+    assert not watch.done()
+    assert await asyncio.wait_for(reader, 1) == "w"
+    watch.cancel()
+
+    # Computing for one window, then frozen (SIGSTOP): judged at the end of the next one.
+    cpu = Cpu()
+    child, clock, watch, reader = await watched(cpu)
+    cpu.used = 1.0
+    await clock.advance(4.0)
+    assert not watch.done()
+    await clock.advance(3.9)
+    assert not watch.done()
+    await clock.advance(0.1)
+    assert (await asyncio.wait_for(watch, 1)).kind == "probe_stalled"
+    reader.cancel()
+
+    # No CPU time at all over the probe's allowance: judged at once, as without the check.
+    cpu = Cpu()
+    child, clock, watch, reader = await watched(cpu)
+    cpu.used = 0.001
+    await clock.advance(4.0)
+    assert (await asyncio.wait_for(watch, 1)).kind == "probe_stalled"
+    reader.cancel()
+
+    # Spinning (CPU time grows) but never answering: judged at busy_max.
+    cpu = Cpu()
+    child, clock, watch, reader = await watched(cpu)
+    for _ in range(4):
+        cpu.used = (cpu.used or 0) + 4.0
+        await clock.advance(4.0)
+        assert not watch.done()
+    cpu.used = (cpu.used or 0) + 4.0
+    await clock.advance(4.0)
+    assert (await asyncio.wait_for(watch, 1)).kind == "probe_stalled"
+    reader.cancel()
+
+
 async def test_a_failing_probe_condemns_at_once() -> None:
     """A failed call gets the child probed at the next look; the probe fails too:
     probe_failed, naming the probe's error."""
@@ -287,6 +366,8 @@ def test_the_probe_allowance_grows_with_the_model() -> None:
     assert t.outcomes(2 * 2**30).probe_timeout == 14.0
     assert Timeouts(token_probe_timeout=0).outcomes(2**30).probe_timeout == 0
     assert t.outcomes().interval == 1.0 and t.outcomes().failures == 3
+    assert t.outcomes().busy_max == 60.0  # token_probe_busy_max
+    assert t.outcomes(20 * 2**30).busy_max == 104.0  # never below the probe's allowance
 
 
 async def test_without_a_loop_question_a_busy_child_is_not_probed() -> None:
