@@ -11,7 +11,9 @@ import datetime
 import math
 import os
 import platform
+import shlex
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -118,6 +120,21 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return lines
+
+
+def command_line(module: str, argv: Sequence[str] | None) -> str:
+    """How a bench was run, for its report: ``.venv/bin/python -m MODULE`` and its
+    arguments (``argv``, or the process's own when None), quoted for a shell."""
+    return shlex.join([".venv/bin/python", "-m", module,
+                       *(sys.argv[1:] if argv is None else argv)])
+
+
+def publish(path: Path, sections: Sequence[list[str]]) -> None:
+    """Print ``sections`` and write them to ``path`` (:func:`write_sections`)."""
+    for section in sections:
+        print("\n".join(section), end="\n\n")
+    write_sections(path, sections)
+    print(f"written to {path}", flush=True)
 
 
 def write_sections(path: Path, sections: Sequence[list[str]]) -> None:

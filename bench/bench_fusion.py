@@ -42,7 +42,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import shlex
 import statistics
 import subprocess
 import sys
@@ -502,8 +501,7 @@ def workdir() -> Iterator[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    command = ".venv/bin/python -m bench.bench_fusion " + shlex.join(
-        sys.argv[1:] if argv is None else list(argv))
+    command = support.command_line("bench.bench_fusion", argv)
     with workdir() as work, daemon_log():
         raw = asyncio.run(run(args, command, work))
     if args.raw is not None:

@@ -42,7 +42,6 @@ import argparse
 import asyncio
 import json
 import os
-import shlex
 import sys
 import tempfile
 import time
@@ -127,10 +126,7 @@ async def run(args: argparse.Namespace, command: str) -> None:
                                max_foreign=args.max_foreign)]
     if starts:
         sections.append(start_section(starts, env, args.starts, args.threads))
-    for section in sections:
-        print("\n".join(section), end="\n\n")
-    support.write_sections(args.out, sections)
-    print(f"written to {args.out}")
+    support.publish(args.out, sections)
     if args.raw:
         raw = {"command": command, "streams": [asdict(r) for r in streams],
                "starts": [asdict(r) for r in starts]}
@@ -140,8 +136,7 @@ async def run(args: argparse.Namespace, command: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    shown = sys.argv[1:] if argv is None else list(argv)
-    command = " ".join([".venv/bin/python -m bench.bench_generation", *map(shlex.quote, shown)])
+    command = support.command_line("bench.bench_generation", argv)
     with daemon_log(), tempfile.TemporaryDirectory(prefix="llamad-bench-state-") as state:
         EXTRA_ENV["LLAMAD_STATE_DIR"] = state
         if args.llama_bin:

@@ -261,15 +261,12 @@ async def run(args: argparse.Namespace, command: str, state: str, logdir: Path) 
                      model=model.name, guard=guard,
                      load=f"{load_before} before, {loadavg()} after",
                      minutes=total / 60)
-    print("\n".join(section), end="\n\n")
-    support.write_sections(args.out, [section])
-    print(f"written to {args.out}")
+    support.publish(args.out, [section])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    shown = sys.argv[1:] if argv is None else list(argv)
-    command = " ".join([".venv/bin/python -m bench.bench_http_relay", *map(shlex.quote, shown)])
+    command = support.command_line("bench.bench_http_relay", argv)
     with tempfile.TemporaryDirectory(prefix="llamad-bench-state-") as state:
         logdir = Path(tempfile.mkdtemp(prefix="llamad-bench-relay-"))
         print(f"logs in {logdir}", flush=True)

@@ -558,15 +558,12 @@ async def run(args: argparse.Namespace, command: str, logdir: Path) -> None:
     env = support.environment(command, args.llama_bin)
     section = report(runs, (through, direct), args, env,
                      minutes=(time.perf_counter() - began) / 60, threads="; ".join(used))
-    print("\n".join(section), end="\n\n")
-    support.write_sections(args.out, [section])
-    print(f"written to {args.out}")
+    support.publish(args.out, [section])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    shown = sys.argv[1:] if argv is None else list(argv)
-    command = " ".join([".venv/bin/python -m bench.bench_pool", *map(shlex.quote, shown)])
+    command = support.command_line("bench.bench_pool", argv)
     logdir = Path(tempfile.mkdtemp(prefix="llamad-bench-pool-"))
     print(f"logs in {logdir}", flush=True)
     asyncio.run(run(args, command, logdir))

@@ -64,9 +64,7 @@ import contextlib
 import dataclasses
 import gc
 import json
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -109,7 +107,8 @@ from bench._retrieval_bench.report import (
 from bench._support import (
     ROOT,
     bench_parser,
-    write_sections,
+    command_line,
+    publish,
 )
 from daemon.telemetry import logs
 from retrieval import RetrievalLimits
@@ -358,17 +357,13 @@ async def run(args: argparse.Namespace, command: str, work: Path) -> dict[str, A
         latency_section(lat, scale, env, data_note),
         ingest_section(live, bm25_only, build, embed_rate=embed_rate, env=env, limits=limits),
     ]
-    for section in sections:
-        print("\n".join(section) + "\n")
-    write_sections(args.out, sections)
-    print(f"written to {args.out}", flush=True)
+    publish(args.out, sections)
     return raw
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    command = ".venv/bin/python -m bench.bench_retrieval " + shlex.join(
-        sys.argv[1:] if argv is None else list(argv))
+    command = command_line("bench.bench_retrieval", argv)
     wait_quiet(args.wait)
     with workdir_for(args) as work, daemon_log(work.parent / f"{work.name}.daemon.log"):
         print(f"work directory {work}; daemon log {work.parent / (work.name + '.daemon.log')}",

@@ -58,7 +58,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shlex
 import sys
 import tempfile
 import time
@@ -78,6 +77,7 @@ from bench._support import (
     add_quiet_options,
     begin_part,
     bench_parser,
+    command_line,
     end_part,
     environment,
     model_file,
@@ -193,8 +193,7 @@ async def run(args: argparse.Namespace, command: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    shown = sys.argv[1:] if argv is None else list(argv)
-    command = " ".join([".venv/bin/python -m bench.bench_swap", *map(shlex.quote, shown)])
+    command = command_line("bench.bench_swap", argv)
     with daemon_log():
         asyncio.run(run(args, command))
     return 0

@@ -51,7 +51,6 @@ import argparse
 import asyncio
 import json
 import os
-import shlex
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -174,8 +173,7 @@ async def run(args: argparse.Namespace, command: str, log_path: Path) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    shown = sys.argv[1:] if argv is None else list(argv)
-    command = " ".join([".venv/bin/python -m bench.soak", *map(shlex.quote, shown)])
+    command = support.command_line("bench.soak", argv)
     fd, name = tempfile.mkstemp(prefix="llamad-soak-", suffix=".log")
     os.close(fd)
     print(f"daemon log: {name}", flush=True)
