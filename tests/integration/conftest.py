@@ -1,8 +1,9 @@
 """Fixtures shared by integration modules (the global ones are in tests/conftest.py): daemon
 processes (the fault matrix; the ``daemon serve`` processes of the signal tests), the daemon
-of the hostile-input modules (one per module), the CA and in-process daemons of the access
-modules, the unsupervised llama-servers and daemons of the inference-mode modules, and a
-stale server at a child's socket path (the fault matrices)."""
+of the hostile-input modules and the one of the translated-API modules (one per module),
+the CA and in-process daemons of the access modules, the unsupervised llama-servers and
+daemons of the inference-mode modules, and a stale server at a child's socket path (the
+fault matrices)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from tests.support.hostile import FILES, KEYS, PUSHED, Hostile, intact, listed
 from tests.support.modes import KEY, MakeDaemon, Server, start_server
 from tests.support.pki import Pki
 from tests.support.serve_process import ServeProcess
+from tests.support.tools_daemon import tools_daemon
 
 
 @pytest.fixture
@@ -90,6 +92,15 @@ async def hostile(llama_server: str, tmp_path_factory: pytest.TempPathFactory
         assert h.status.chunks >= 5 and h.status.vectors == h.status.chunks
         await intact(h)
         yield h
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def tools_running(llama_server: str, tmp_path_factory: pytest.TempPathFactory
+                        ) -> AsyncIterator[Daemon]:
+    """The daemon of :func:`tests.support.tools_daemon.tools_daemon` (one per module): the
+    ``/v1/messages`` and ``/v1/responses`` modules'."""
+    async with tools_daemon(tmp_path_factory.mktemp("tools")) as daemon:
+        yield daemon
 
 
 @pytest.fixture(scope="module")

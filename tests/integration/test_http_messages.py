@@ -8,26 +8,18 @@ tests/integration/test_http_tools.py does), and errors in Anthropic's shape.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
-import pytest_asyncio
 
 from daemon import Daemon
 from tests.conftest import SMALL_MODEL, models_dir
+from tests.support import tools_daemon as td
 from tests.support.child_http import generation_idle
 from tests.support.endless import never_end_openai
-from tests.support.tools_daemon import (
-    GEMMA,
-    NO_REPEAT_GUARD,
-    OPEN_A_CALL,
-    READ,
-    SMOL,
-    tools_daemon,
-)
+from tests.support.tools_daemon import SMOL
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -38,26 +30,19 @@ WEATHER: Any = {"name": "get_weather", "description": "The current weather of a 
 QUESTION: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
 HELLO: Any = [{"role": "user", "content": "Say hello."}]
 # Greedy (this SDK version types no temperature), the call opened by a logit bias.
-FORCED: Any = {"temperature": 0, "logit_bias": OPEN_A_CALL, **NO_REPEAT_GUARD}
+FORCED: Any = {"temperature": 0, "logit_bias": td.OPEN_A_CALL, **td.NO_REPEAT_GUARD}
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def running(llama_server: str, tmp_path_factory: pytest.TempPathFactory
-                  ) -> AsyncIterator[Daemon]:
-    async with tools_daemon(tmp_path_factory.mktemp("messages")) as daemon:
-        yield daemon
-
-
-def _sdk(daemon: Daemon, key: str = READ) -> anthropic.AsyncAnthropic:
+def _sdk(daemon: Daemon, key: str = td.READ) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(
         base_url=f"http://127.0.0.1:{daemon.http_port}", api_key=key, max_retries=0,
         timeout=120, http_client=anthropic.DefaultAsyncHttpxClient(trust_env=False))
 
 
-async def test_create_answers_with_text_and_usage(running: Daemon) -> None:
+async def test_create_answers_with_text_and_usage(tools_running: Daemon) -> None:
     """A message with a text block, the model as /v1/models lists it, a stop reason and
     real usage; the system prompt is rendered (more input tokens)."""
-    async with _sdk(running) as sdk:
+    async with _sdk(tools_running) as sdk:
         bare = await sdk.messages.create(model=SMOL, max_tokens=8, messages=HELLO)
         told = await sdk.messages.create(
             model=SMOL, max_tokens=8, messages=HELLO,
@@ -70,10 +55,10 @@ async def test_create_answers_with_text_and_usage(running: Daemon) -> None:
     assert told.usage.input_tokens > bare.usage.input_tokens + 8
 
 
-async def test_stop_sequences_end_the_text(running: Daemon) -> None:
+async def test_stop_sequences_end_the_text(tools_running: Daemon) -> None:
     """stop_sequences reach the child: whatever the model writes, the text holds none
     of them (it stopped before the first, or never wrote one)."""
-    async with _sdk(running) as sdk:
+    async with _sdk(tools_running) as sdk:
         answer = await sdk.messages.create(
             model=SMOL, max_tokens=40, stop_sequences=["e", "E"],
             messages=[{"role": "user", "content": "Describe the sea."}])
@@ -82,22 +67,22 @@ async def test_stop_sequences_end_the_text(running: Daemon) -> None:
     assert answer.usage.output_tokens < 40 or answer.stop_reason == "max_tokens"
 
 
-async def test_max_tokens_is_the_stop_reason_when_reached(running: Daemon) -> None:
+async def test_max_tokens_is_the_stop_reason_when_reached(tools_running: Daemon) -> None:
     """With the end of generation banned (llamad's logit_bias extension), the answer
     stops at max_tokens with exactly that many tokens."""
-    async with _sdk(running) as sdk:
+    async with _sdk(tools_running) as sdk:
         answer = await sdk.messages.create(
             model=SMOL, max_tokens=5, messages=[{"role": "user", "content": "Count."}],
             extra_body={"logit_bias": never_end_openai(models_dir() / SMALL_MODEL)})
     assert answer.stop_reason == "max_tokens" and answer.usage.output_tokens == 5
 
 
-async def test_stream_events_join_into_the_final_message(running: Daemon) -> None:
+async def test_stream_events_join_into_the_final_message(tools_running: Daemon) -> None:
     """messages.stream: message_start, a text block's start, deltas and stop, then
     message_delta (stop reason, usage) and message_stop; the text deltas are the final
     message's text."""
     names: list[str] = []
-    async with _sdk(running) as sdk, sdk.messages.stream(model=SMOL, max_tokens=8,
+    async with _sdk(tools_running) as sdk, sdk.messages.stream(model=SMOL, max_tokens=8,
                                                          messages=HELLO) as stream:
         async for ev in stream:
             names.append(ev.type)
@@ -112,28 +97,28 @@ async def test_stream_events_join_into_the_final_message(running: Daemon) -> Non
     assert final.usage.output_tokens > 0 and final.usage.input_tokens > 5
 
 
-async def test_count_tokens_uses_the_models_tokenizer(running: Daemon) -> None:
+async def test_count_tokens_uses_the_models_tokenizer(tools_running: Daemon) -> None:
     """count_tokens grows with the text, counts the system prompt and tools, and equals
     the model's own tokenizer's count of the text (SmolLM2: 'What is the weather in
     Paris?' is 7 tokens)."""
-    async with _sdk(running) as sdk:
+    async with _sdk(tools_running) as sdk:
         plain = await sdk.messages.count_tokens(model=SMOL, messages=QUESTION)
         more = await sdk.messages.count_tokens(model=SMOL, messages=QUESTION,
                                                system="Answer briefly.", tools=[WEATHER])
     async with httpx.AsyncClient(trust_env=False) as http:
-        own = await http.post(f"http://127.0.0.1:{running.http_port}/v1/chat/completions",
-                              headers={"Authorization": f"Bearer {READ}"},
+        own = await http.post(f"http://127.0.0.1:{tools_running.http_port}/v1/chat/completions",
+                              headers={"Authorization": f"Bearer {td.READ}"},
                               json={"model": SMOL, "max_tokens": 1,
                                     "messages": QUESTION})
     assert 5 <= plain.input_tokens < own.json()["usage"]["prompt_tokens"]
     assert more.input_tokens > plain.input_tokens + 20
 
 
-async def test_a_tool_use_round_trip(running: Daemon) -> None:
+async def test_a_tool_use_round_trip(tools_running: Daemon) -> None:
     """The model's call is a tool_use block (id, name, input object) with stop_reason
     tool_use; sent back with a tool_result, the model answers; streamed, the call's
     input arrives as input_json_delta pieces."""
-    async with _sdk(running) as sdk:
+    async with _sdk(tools_running) as sdk:
         first = await sdk.messages.create(
             model=SMOL, max_tokens=60, messages=QUESTION, tools=[WEATHER],
             tool_choice={"type": "any"}, extra_body=FORCED)
@@ -163,20 +148,20 @@ async def test_a_tool_use_round_trip(running: Daemon) -> None:
     assert partial and streamed_uses[0].input == {"city": "Paris"}
 
 
-async def test_errors_have_anthropics_shape(running: Daemon) -> None:
+async def test_errors_have_anthropics_shape(tools_running: Daemon) -> None:
     """A missing max_tokens is a 400 invalid_request_error naming it; an unknown model
     404 not_found_error; tools on a template without them 400; a wrong key 401
     authentication_error: each as the SDK raises it."""
     no_max_tokens: Any = {"max_tokens": None}  # sent as null: the SDK requires the name
-    async with _sdk(running) as sdk:
+    async with _sdk(tools_running) as sdk:
         with pytest.raises(anthropic.BadRequestError) as missing:
             await sdk.messages.create(model=SMOL, messages=HELLO, **no_max_tokens)
         with pytest.raises(anthropic.NotFoundError) as unknown:
             await sdk.messages.create(model="no-such-model", max_tokens=4, messages=HELLO)
         with pytest.raises(anthropic.BadRequestError) as tools:
-            await sdk.messages.create(model=GEMMA, max_tokens=4, messages=QUESTION,
+            await sdk.messages.create(model=td.GEMMA, max_tokens=4, messages=QUESTION,
                                       tools=[WEATHER])
-    async with _sdk(running, key="wrong-token-0123456789") as sdk:
+    async with _sdk(tools_running, key="wrong-token-0123456789") as sdk:
         with pytest.raises(anthropic.AuthenticationError) as denied:
             await sdk.messages.create(model=SMOL, max_tokens=4, messages=HELLO)
     body: Any = missing.value.body
@@ -190,13 +175,13 @@ async def test_errors_have_anthropics_shape(running: Daemon) -> None:
 
 
 async def test_a_disconnect_stops_the_child_and_a_deadline_ends_the_stream(
-        running: Daemon) -> None:
+        tools_running: Daemon) -> None:
     """A client that leaves an endless stream stops the child's generation; a stream
     that runs past x-request-timeout ends with Anthropic's error event, which the SDK
     raises (timeout_error)."""
     endless: Any = {"logit_bias": never_end_openai(models_dir() / SMALL_MODEL)}
     count: Any = [{"role": "user", "content": "Count to one thousand."}]
-    async with _sdk(running) as sdk:
+    async with _sdk(tools_running) as sdk:
         async with sdk.messages.stream(model=SMOL, max_tokens=3000, messages=count,
                                        extra_body=endless) as stream:
             deltas = 0
@@ -204,7 +189,7 @@ async def test_a_disconnect_stops_the_child_and_a_deadline_ends_the_stream(
                 deltas += ev.type == "content_block_delta"
                 if deltas == 5:
                     break
-        sup = running.children["generation"].supervisor
+        sup = tools_running.children["generation"].supervisor
         assert await generation_idle(sup.socket, sup.pid, timeout=10), "still generating"
         with pytest.raises(anthropic.APIStatusError) as late:
             async with sdk.messages.stream(
@@ -215,15 +200,15 @@ async def test_a_disconnect_stops_the_child_and_a_deadline_ends_the_stream(
     assert late.value.body["error"]["type"] == "timeout_error"  # type: ignore[index]
 
 
-async def test_x_api_key_is_taken_only_on_the_messages_routes(running: Daemon) -> None:
+async def test_x_api_key_is_taken_only_on_the_messages_routes(tools_running: Daemon) -> None:
     """x-api-key with the read token answers /v1/messages; on /v1/chat/completions it is
     no credential (401 in OpenAI's shape): the other routes take Authorization only."""
-    url = f"http://127.0.0.1:{running.http_port}/v1"
+    url = f"http://127.0.0.1:{tools_running.http_port}/v1"
     body = {"model": SMOL, "max_tokens": 2, "messages": HELLO}
     async with httpx.AsyncClient(trust_env=False, timeout=60) as http:
-        ok = await http.post(url + "/messages", json=body, headers={"x-api-key": READ})
+        ok = await http.post(url + "/messages", json=body, headers={"x-api-key": td.READ})
         chat = await http.post(url + "/chat/completions", json=body,
-                               headers={"x-api-key": READ})
+                               headers={"x-api-key": td.READ})
         empty = await http.post(url + "/messages", json=body, headers={"x-api-key": ""})
     assert ok.status_code == 200 and ok.json()["type"] == "message"
     assert chat.status_code == 401 and chat.json()["error"]["type"] == "authentication_error"

@@ -10,27 +10,19 @@ their field.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import jsonschema
 import openai
 import pytest
-import pytest_asyncio
 
 from daemon import Daemon
 from tests.conftest import SMALL_MODEL, models_dir
+from tests.support import tools_daemon as td
 from tests.support.child_http import generation_idle
 from tests.support.endless import never_end_openai
-from tests.support.tools_daemon import (
-    GEMMA,
-    NO_REPEAT_GUARD,
-    OPEN_A_CALL,
-    READ,
-    SMOL,
-    tools_daemon,
-)
+from tests.support.tools_daemon import SMOL
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -46,23 +38,16 @@ PERSON: Any = {"type": "object", "properties": {"name": {"type": "string"},
                "required": ["name", "age"], "additionalProperties": False}
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def running(llama_server: str, tmp_path_factory: pytest.TempPathFactory
-                  ) -> AsyncIterator[Daemon]:
-    async with tools_daemon(tmp_path_factory.mktemp("responses")) as daemon:
-        yield daemon
-
-
-def _sdk(daemon: Daemon, key: str = READ) -> openai.AsyncOpenAI:
+def _sdk(daemon: Daemon, key: str = td.READ) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{daemon.http_port}/v1",
                               api_key=key, max_retries=0, timeout=120,
                               http_client=openai.DefaultAsyncHttpxClient(trust_env=False))
 
 
-async def test_create_with_only_model_and_input(running: Daemon) -> None:
+async def test_create_with_only_model_and_input(tools_running: Daemon) -> None:
     """The SDK's plainest call: a completed response with one assistant message, its
     text, the model as /v1/models lists it, and real usage."""
-    async with _sdk(running) as sdk:
+    async with _sdk(tools_running) as sdk:
         response = await sdk.responses.create(model=SMOL, input="Say hello.",
                                               max_output_tokens=8)
     assert response.object == "response" and response.id.startswith("resp_")
@@ -76,10 +61,10 @@ async def test_create_with_only_model_and_input(running: Daemon) -> None:
     assert usage.total_tokens == usage.input_tokens + usage.output_tokens
 
 
-async def test_instructions_and_input_items_reach_the_prompt(running: Daemon) -> None:
+async def test_instructions_and_input_items_reach_the_prompt(tools_running: Daemon) -> None:
     """instructions and a conversation of input items (text parts, an assistant turn)
     are all rendered: the prompt grows by their tokens."""
-    async with _sdk(running) as sdk:
+    async with _sdk(tools_running) as sdk:
         bare = await sdk.responses.create(model=SMOL, input="Hi", max_output_tokens=1)
         full = await sdk.responses.create(
             model=SMOL, instructions="You are a terse assistant who answers in French.",
@@ -91,10 +76,10 @@ async def test_instructions_and_input_items_reach_the_prompt(running: Daemon) ->
     assert full.usage.input_tokens > bare.usage.input_tokens + 15
 
 
-async def test_max_output_tokens_makes_an_incomplete_response(running: Daemon) -> None:
+async def test_max_output_tokens_makes_an_incomplete_response(tools_running: Daemon) -> None:
     """With the end of generation banned, the response stops at max_output_tokens:
     status incomplete, reason max_output_tokens, exactly that many tokens."""
-    async with _sdk(running) as sdk:
+    async with _sdk(tools_running) as sdk:
         response = await sdk.responses.create(
             model=SMOL, input="Count to one thousand.", max_output_tokens=6,
             extra_body={"logit_bias": never_end_openai(models_dir() / SMALL_MODEL)})
@@ -104,10 +89,10 @@ async def test_max_output_tokens_makes_an_incomplete_response(running: Daemon) -
     assert response.usage is not None and response.usage.output_tokens == 6
 
 
-async def test_json_schema_through_text_format(running: Daemon) -> None:
+async def test_json_schema_through_text_format(tools_running: Daemon) -> None:
     """text.format json_schema constrains the output to the schema (a validator
     accepts it)."""
-    async with _sdk(running) as sdk:
+    async with _sdk(tools_running) as sdk:
         response = await sdk.responses.create(
             model=SMOL, input="Invent a person.", max_output_tokens=60, temperature=0,
             text={"format": {"type": "json_schema", "name": "person", "schema": PERSON,
@@ -115,14 +100,14 @@ async def test_json_schema_through_text_format(running: Daemon) -> None:
     jsonschema.validate(json.loads(response.output_text), PERSON)
 
 
-async def test_a_function_call_round_trip(running: Daemon) -> None:
+async def test_a_function_call_round_trip(tools_running: Daemon) -> None:
     """The model's call comes back as a function_call item (name, call_id, JSON
     arguments); sent back with its output as input items, the model answers."""
-    async with _sdk(running) as sdk:
+    async with _sdk(tools_running) as sdk:
         first = await sdk.responses.create(
             model=SMOL, input=QUESTION, tools=[WEATHER], tool_choice="required",
             temperature=0, max_output_tokens=60,
-            extra_body={"logit_bias": OPEN_A_CALL, **NO_REPEAT_GUARD})
+            extra_body={"logit_bias": td.OPEN_A_CALL, **td.NO_REPEAT_GUARD})
         calls = [item for item in first.output if item.type == "function_call"]
         assert calls, first.output
         call = calls[0]
@@ -141,13 +126,13 @@ async def test_a_function_call_round_trip(running: Daemon) -> None:
     assert second.usage.input_tokens > first.usage.input_tokens
 
 
-async def test_stream_events_in_order(running: Daemon) -> None:
+async def test_stream_events_in_order(tools_running: Daemon) -> None:
     """responses.stream: the events the Responses API defines, in its order, numbered;
     the deltas join into the final response's text."""
     names: list[str] = []
     numbers: list[int] = []
     deltas: list[str] = []
-    async with _sdk(running) as sdk, sdk.responses.stream(model=SMOL, input="Say hello.",
+    async with _sdk(tools_running) as sdk, sdk.responses.stream(model=SMOL, input="Say hello.",
                                     max_output_tokens=8) as stream:
         async for ev in stream:
             names.append(ev.type)
@@ -169,14 +154,14 @@ async def test_stream_events_in_order(running: Daemon) -> None:
     assert final.usage is not None and final.usage.output_tokens > 0
 
 
-async def test_a_streamed_function_call(running: Daemon) -> None:
+async def test_a_streamed_function_call(tools_running: Daemon) -> None:
     """A streamed call: its item added, argument deltas that join into the final
     arguments, then done."""
     pieces: dict[str, str] = {}
-    async with _sdk(running) as sdk, sdk.responses.stream(
+    async with _sdk(tools_running) as sdk, sdk.responses.stream(
             model=SMOL, input=QUESTION, tools=[WEATHER], tool_choice="required",
             temperature=0, max_output_tokens=60,
-            extra_body={"logit_bias": OPEN_A_CALL, **NO_REPEAT_GUARD}) as stream:
+            extra_body={"logit_bias": td.OPEN_A_CALL, **td.NO_REPEAT_GUARD}) as stream:
         async for ev in stream:
             if ev.type == "response.function_call_arguments.delta":
                 pieces[ev.item_id] = pieces.get(ev.item_id, "") + ev.delta
@@ -188,10 +173,10 @@ async def test_a_streamed_function_call(running: Daemon) -> None:
         {"city": "Paris"}
 
 
-async def test_stored_responses_are_refused_by_name(running: Daemon) -> None:
+async def test_stored_responses_are_refused_by_name(tools_running: Daemon) -> None:
     """store: true and previous_response_id are a 400 naming the field and saying that
     llamad stores no responses."""
-    async with _sdk(running) as sdk:
+    async with _sdk(tools_running) as sdk:
         with pytest.raises(openai.BadRequestError) as stored:
             await sdk.responses.create(model=SMOL, input="Hi", store=True)
         with pytest.raises(openai.BadRequestError) as chained:
@@ -202,12 +187,12 @@ async def test_stored_responses_are_refused_by_name(running: Daemon) -> None:
     assert chained.value.body["param"] == "previous_response_id"  # type: ignore[index]
 
 
-async def test_refusals_name_their_field(running: Daemon) -> None:
+async def test_refusals_name_their_field(tools_running: Daemon) -> None:
     """Bad fields are a 400 naming them; tools on a model whose template renders none
     are refused as chat refuses them; no token is a 401."""
-    async with _sdk(running) as sdk:
+    async with _sdk(tools_running) as sdk:
         with pytest.raises(openai.BadRequestError) as tools:
-            await sdk.responses.create(model=GEMMA, input=QUESTION, tools=[WEATHER],
+            await sdk.responses.create(model=td.GEMMA, input=QUESTION, tools=[WEATHER],
                                        max_output_tokens=4)
         with pytest.raises(openai.BadRequestError) as item:
             await sdk.responses.create(model=SMOL, input=IMAGE)
@@ -230,19 +215,19 @@ async def test_refusals_name_their_field(running: Daemon) -> None:
     assert empty.value.body["message"] == "input[1].content is empty"  # type: ignore[index]
     assert name.value.body["param"] == "text.format.name"  # type: ignore[index]
     async with httpx.AsyncClient(trust_env=False) as http:
-        denied = await http.post(f"http://127.0.0.1:{running.http_port}/v1/responses",
+        denied = await http.post(f"http://127.0.0.1:{tools_running.http_port}/v1/responses",
                                  json={"model": SMOL, "input": "Hi"})
     assert denied.status_code == 401 and denied.json()["error"]["type"] == \
         "authentication_error"
 
 
 async def test_a_disconnect_stops_the_child_and_a_deadline_ends_the_stream(
-        running: Daemon) -> None:
+        tools_running: Daemon) -> None:
     """A client that leaves an endless stream stops the child's generation; a stream
     that runs past x-request-timeout ends with an error event (deadline_exceeded, the
     next sequence number), which the SDK yields as the last event."""
     endless: Any = {"logit_bias": never_end_openai(models_dir() / SMALL_MODEL)}
-    async with _sdk(running) as sdk:
+    async with _sdk(tools_running) as sdk:
         async with sdk.responses.stream(model=SMOL, input="Count to one thousand.",
                                         max_output_tokens=3000, extra_body=endless) as stream:
             deltas = 0
@@ -250,7 +235,7 @@ async def test_a_disconnect_stops_the_child_and_a_deadline_ends_the_stream(
                 deltas += ev.type == "response.output_text.delta"
                 if deltas == 5:
                     break
-        sup = running.children["generation"].supervisor
+        sup = tools_running.children["generation"].supervisor
         assert await generation_idle(sup.socket, sup.pid, timeout=10), "still generating"
         events: list[Any] = []
         async with sdk.responses.stream(
