@@ -126,9 +126,6 @@ def verdict(good: bool, value: float) -> str:
 
 
 def common_prefix(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    """How many leading characters ``a`` and ``b`` share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                min(len(a), len(b)))
