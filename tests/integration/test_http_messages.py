@@ -17,7 +17,6 @@ import pytest
 from daemon import Daemon
 from tests.conftest import SMALL_MODEL, models_dir
 from tests.support import tools_daemon as td
-from tests.support.child_http import generation_idle
 from tests.support.endless import never_end_openai
 from tests.support.tools_daemon import SMOL
 
@@ -184,13 +183,8 @@ async def test_a_disconnect_stops_the_child_and_a_deadline_ends_the_stream(
     async with _sdk(tools_running) as sdk:
         async with sdk.messages.stream(model=SMOL, max_tokens=3000, messages=count,
                                        extra_body=endless) as stream:
-            deltas = 0
-            async for ev in stream:
-                deltas += ev.type == "content_block_delta"
-                if deltas == 5:
-                    break
-        sup = tools_running.children["generation"].supervisor
-        assert await generation_idle(sup.socket, sup.pid, timeout=10), "still generating"
+            await td.read_deltas(stream, "content_block_delta")
+        assert await td.generation_stops(tools_running), "still generating"
         with pytest.raises(anthropic.APIStatusError) as late:
             async with sdk.messages.stream(
                     model=SMOL, max_tokens=3000, messages=count, extra_body=endless,

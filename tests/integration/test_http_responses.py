@@ -20,7 +20,6 @@ import pytest
 from daemon import Daemon
 from tests.conftest import SMALL_MODEL, models_dir
 from tests.support import tools_daemon as td
-from tests.support.child_http import generation_idle
 from tests.support.endless import never_end_openai
 from tests.support.tools_daemon import SMOL
 
@@ -230,13 +229,8 @@ async def test_a_disconnect_stops_the_child_and_a_deadline_ends_the_stream(
     async with _sdk(tools_running) as sdk:
         async with sdk.responses.stream(model=SMOL, input="Count to one thousand.",
                                         max_output_tokens=3000, extra_body=endless) as stream:
-            deltas = 0
-            async for ev in stream:
-                deltas += ev.type == "response.output_text.delta"
-                if deltas == 5:
-                    break
-        sup = tools_running.children["generation"].supervisor
-        assert await generation_idle(sup.socket, sup.pid, timeout=10), "still generating"
+            await td.read_deltas(stream, "response.output_text.delta")
+        assert await td.generation_stops(tools_running), "still generating"
         events: list[Any] = []
         async with sdk.responses.stream(
                 model=SMOL, input="Count to one thousand.", max_output_tokens=3000,

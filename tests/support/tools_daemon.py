@@ -6,11 +6,13 @@ renders none) loads on demand: for the tests of the other APIs' shapes over HTTP
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from daemon import Daemon
 from tests.conftest import DEFAULT_MODEL, SMALL_MODEL, models_dir
+from tests.support.child_http import generation_idle
 from tests.support.daemon import catalog_env, serving
 
 SMOL = "smol"
@@ -47,3 +49,20 @@ async def tools_daemon(folder: Path) -> AsyncIterator[Daemon]:
                     LLAMAD_CHILD_SLOTS="true")
     async with serving(env, "generation") as (daemon, _):
         yield daemon
+
+
+async def read_deltas(stream: AsyncIterable[Any], delta_type: str, deltas: int = 5) -> None:
+    """Read an SDK's event stream until ``deltas`` events of type ``delta_type`` came, and
+    no further (the caller then leaves the stream)."""
+    seen = 0
+    async for event in stream:
+        seen += event.type == delta_type
+        if seen == deltas:
+            return
+
+
+async def generation_stops(daemon: Daemon) -> bool:
+    """Whether ``daemon``'s generation child is idle within 10 s (a stream a client left
+    stops its generation)."""
+    sup = daemon.children["generation"].supervisor
+    return await generation_idle(sup.socket, sup.pid, timeout=10)
