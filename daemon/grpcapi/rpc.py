@@ -8,7 +8,7 @@ import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 import structlog
@@ -34,6 +34,14 @@ class Call:
     def note(self, **kw: Any) -> None:
         self.fields.update(kw)
 
+
+
+Context: TypeAlias = grpc.aio.ServicerContext
+# A handler as written (``call`` last) and as gRPC calls it, unary and server-streaming.
+UnaryFn: TypeAlias = Callable[[Self, Req, Context, Call], Awaitable[Resp]]
+Unary: TypeAlias = Callable[[Self, Req, Context], Awaitable[Resp]]
+StreamFn: TypeAlias = Callable[[Self, Req, Context, Call], AsyncIterator[Resp]]
+Stream: TypeAlias = Callable[[Self, Req, Context], AsyncIterator[Resp]]
 
 def _code_on_cancel(call: Call) -> str:
     if call.deadline is not None and time.monotonic() >= call.deadline - 0.001:
@@ -111,19 +119,12 @@ async def _handled(method: str, servicer: object, request: object,
         _summary(method, started, call, servicer)
 
 
-def unary(
-    method: str,
-) -> Callable[
-    [Callable[[Self, Req, grpc.aio.ServicerContext, Call], Awaitable[Resp]]],
-    Callable[[Self, Req, grpc.aio.ServicerContext], Awaitable[Resp]],
-]:
+def unary(method: str) -> Callable[[UnaryFn[Self, Req, Resp]], Unary[Self, Req, Resp]]:
     """Wrap a unary handler ``(self, request, context, call)``."""
 
-    def wrap(
-        fn: Callable[[Self, Req, grpc.aio.ServicerContext, Call], Awaitable[Resp]],
-    ) -> Callable[[Self, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:
+    def wrap(fn: UnaryFn[Self, Req, Resp]) -> Unary[Self, Req, Resp]:
         @functools.wraps(fn)
-        async def handler(self: Self, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+        async def handler(self: Self, request: Req, context: Context) -> Resp:
             async with _handled(method, self, request, context) as call:
                 return await fn(self, request, context, call)
             raise AssertionError("unreachable: an error aborts the call")
@@ -134,21 +135,12 @@ def unary(
     return wrap
 
 
-def stream(
-    method: str,
-) -> Callable[
-    [Callable[[Self, Req, grpc.aio.ServicerContext, Call], AsyncIterator[Resp]]],
-    Callable[[Self, Req, grpc.aio.ServicerContext], AsyncIterator[Resp]],
-]:
+def stream(method: str) -> Callable[[StreamFn[Self, Req, Resp]], Stream[Self, Req, Resp]]:
     """Wrap a server-streaming handler (an async generator ``(self, request, context, call)``)."""
 
-    def wrap(
-        fn: Callable[[Self, Req, grpc.aio.ServicerContext, Call], AsyncIterator[Resp]],
-    ) -> Callable[[Self, Req, grpc.aio.ServicerContext], AsyncIterator[Resp]]:
+    def wrap(fn: StreamFn[Self, Req, Resp]) -> Stream[Self, Req, Resp]:
         @functools.wraps(fn)
-        async def handler(
-            self: Self, request: Req, context: grpc.aio.ServicerContext
-        ) -> AsyncIterator[Resp]:
+        async def handler(self: Self, request: Req, context: Context) -> AsyncIterator[Resp]:
             async with _handled(method, self, request, context) as call:
                 gen = fn(self, request, context, call)
                 try:
