@@ -1,0 +1,125 @@
+"""Lanes: which waiting call a model's admission lets in next.
+
+Every call to a model travels in one of three lanes:
+
+- ``interactive``: a person waits (Chat, Generate, Embed, Search's and Ask's query
+  embedding, the HTTP API) — the default;
+- ``batch``: a client asked for it (gRPC metadata or HTTP header ``x-llamad-lane: batch``)
+  because nobody waits on each answer;
+- ``background``: llamad's own work — the retriever's embeddings for ingest, backfill,
+  Reprocess and re-embedding after review.
+
+Each lane has its own bounded queue. A free slot goes to the interactive lane first, with
+ageing so batch and background always progress: a lower-lane call at the head of its
+queue is *promoted* (goes first) once ``promote_after`` interactive calls were admitted
+while it waited, or once it waited ``promote_seconds``. Under a steady interactive stream a
+lower lane so gets at least one slot per ``promote_after + 1`` admissions. Where a child has
+two or more slots, batch and background together may hold at most all but one of them and
+are never sent ahead into the child's own queue, so an interactive call finds a free slot
+instead of waiting inside the child behind a batch (``reserve_interactive``).
+
+The lane of the running task is a context variable (:func:`using`, :func:`current`): the
+retriever's embedder reads it, so the one query embedding a Search makes travels in its
+caller's lane while the same embedder's ingest batches travel in the background lane.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ..errors import InvalidArgument
+
+LANE_HEADER = "x-llamad-lane"
+"""The HTTP header and gRPC metadata key a client names its lane with."""
+
+
+class Lane(enum.StrEnum):
+    """A call's lane, highest priority first."""
+
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+    BACKGROUND = "background"
+
+
+CLIENT_LANES = (Lane.INTERACTIVE, Lane.BATCH)
+"""The lanes a client may ask for (background is llamad's own)."""
+
+
+@dataclass(frozen=True)
+class LanePolicy:
+    """How a model's admission orders its lanes (``[limits]`` options).
+
+    Attributes:
+        enabled: off: every call is interactive (one FIFO, as before lanes).
+        batch_queue: calls that may wait in the batch lane.
+        background_queue: calls that may wait in the background lane.
+        promote_after: interactive admissions a waiting lower-lane call lets pass before
+            it goes first.
+        promote_seconds: seconds after which a waiting lower-lane call goes first.
+        reserve_interactive: keep one of a multi-slot child's slots for interactive calls.
+    """
+
+    enabled: bool = True
+    batch_queue: int = 64
+    background_queue: int = 256
+    promote_after: int = 4
+    promote_seconds: float = 2.0
+    reserve_interactive: bool = True
+
+    def __post_init__(self) -> None:
+        if self.batch_queue < 0 or self.background_queue < 0:
+            raise ValueError("lane queue sizes must be >= 0")
+        if self.promote_after < 1 or self.promote_seconds <= 0:
+            raise ValueError("promote_after must be >= 1 and promote_seconds > 0")
+
+    def lane_of(self, lane: Lane) -> Lane:
+        """The lane a call asking for ``lane`` travels in (interactive when lanes are off)."""
+        return lane if self.enabled else Lane.INTERACTIVE
+
+    def lower_limit(self, slots: int, capacity: int) -> int:
+        """Most batch and background calls let through at once to a child with ``slots``
+        slots and ``capacity`` calls let through in all (slots plus those sent ahead)."""
+        if self.reserve_interactive and slots >= 2:
+            return slots - 1
+        return capacity
+
+
+def parse_lane(text: str, *, field: str = LANE_HEADER) -> Lane:
+    """The lane a client named (case and surrounding blanks ignored; empty: interactive).
+
+    Raises:
+        InvalidArgument: not a lane a client may ask for, naming ``field``.
+    """
+    value = text.strip().lower()
+    if not value:
+        return Lane.INTERACTIVE
+    for lane in CLIENT_LANES:
+        if value == lane.value:
+            return lane
+    raise InvalidArgument(
+        f"{field} must be one of {', '.join(lane.value for lane in CLIENT_LANES)}, "
+        f"not {text.strip()[:32]!r}", field=field)
+
+
+_current: contextvars.ContextVar[Lane | None] = contextvars.ContextVar(
+    "llamad_lane", default=None)
+
+
+def current(default: Lane) -> Lane:
+    """The lane the running task was given by :func:`using`, else ``default``."""
+    lane = _current.get()
+    return default if lane is None else lane
+
+
+@contextlib.contextmanager
+def using(lane: Lane) -> Iterator[None]:
+    """Run the body (and the tasks it creates) in ``lane``."""
+    token = _current.set(lane)
+    try:
+        yield
+    finally:
+        _current.reset(token)
