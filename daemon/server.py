@@ -55,6 +55,7 @@ from .grpcapi.wire import DecodeGuard
 from .httpapi import HttpApi
 from .models.cancel_watch import CancelWatch
 from .models.children import build_child
+from .models.lanes import policy_from
 from .models.model import Model
 from .models.modes import ModeManager
 from .models.pool import Pool, pooled_config
@@ -405,8 +406,10 @@ class Daemon:
                     self._tls.update(self.config.tls)
                 if self._http is not None and self.config.tls is not None:
                     self._http.update_tls(self.config.tls)
+                lanes = policy_from(self.config.settings.limits)
                 for model in self.pool.built():  # one loaded later keeps it too
                     model.set_queue_size(self.config.settings.limits.queue_size)
+                    model.admission.configure(lanes)
                 return report
             finally:
                 self._notifier.status(self.status_line())

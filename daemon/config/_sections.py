@@ -446,8 +446,27 @@ class Limits:
     max_embed_batch: int = setting(256, "Most texts per Embed call.", minimum=1)
     max_embed_chars: int = setting(32768, "Longest text to embed, characters.", minimum=1)
     queue_size: int = setting(
-        32, "Calls that may wait for a busy child's slot; past it: RESOURCE_EXHAUSTED.",
+        32, "Interactive calls that may wait for a busy child's slot; past it: RESOURCE_EXHAUSTED.",
         minimum=0)
+    lanes: bool = setting(
+        True, "Lanes per model: interactive calls first, then batch (a client's "
+        "x-llamad-lane: batch), then background (the retriever's embeddings); false: one "
+        "FIFO for all.")
+    batch_queue_size: int = setting(
+        64, "Batch calls that may wait for a child's slot; past it: RESOURCE_EXHAUSTED.",
+        minimum=0)
+    background_queue_size: int = setting(
+        256, "Background calls (ingest, backfill, Reprocess embeddings) that may wait for "
+        "a child's slot; past it: RESOURCE_EXHAUSTED.", minimum=0)
+    lane_promote_after: int = setting(
+        4, "Interactive calls admitted while a batch or background call waits before it "
+        "goes first.", minimum=1)
+    lane_promote_seconds: float = setting(
+        2.0, "Seconds a batch or background call waits before it goes first.",
+        minimum=0.001)
+    interactive_reserved_slot: bool = setting(
+        True, "Keep one slot of a child with two or more for interactive calls (batch and "
+        "background are also never sent ahead into the child's own queue).")
     max_message_bytes: int = setting(
         16 * 1024 * 1024, "Largest gRPC message received or sent, bytes.", minimum=1024,
         reload="restart")

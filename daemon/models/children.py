@@ -52,6 +52,7 @@ from ..config import ChildConfig, Config, Role
 from ..config.inference_mode import InferenceMode, Mode
 from ..telemetry.logs import ChildLogForwarder
 from .admission import Admission
+from .lanes import policy_from
 from .model import Model, ahead_for, handover_settings, slots_for
 
 _log = structlog.get_logger("llamad.children")
@@ -215,7 +216,8 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None,
         launcher = NoLauncher(role)
     sup = Supervisor(role, launcher, validate=validate, policy=config.policy, clock=clock)
     admission = Admission(role, slots_for(mode, setup, cc), settings.limits.queue_size,
-                          ahead=ahead_for(mode, setup, cc))
+                          ahead=ahead_for(mode, setup, cc),
+                          lanes=policy_from(settings.limits))
     return Model(role, cc, setup, ring, sup,
                  launchers=functools.partial(launcher_for, timeouts=swap_timeouts),
                  endpoints=functools.partial(endpoint_for, timeouts=swap_timeouts),

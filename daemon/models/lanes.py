@@ -31,6 +31,7 @@ import enum
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..config import Limits
 from ..errors import InvalidArgument
 
 LANE_HEADER = "x-llamad-lane"
@@ -86,6 +87,15 @@ class LanePolicy:
         if self.reserve_interactive and slots >= 2:
             return slots - 1
         return capacity
+
+
+def policy_from(limits: Limits) -> LanePolicy:
+    """The lane options of ``[limits]``."""
+    return LanePolicy(enabled=limits.lanes, batch_queue=limits.batch_queue_size,
+                      background_queue=limits.background_queue_size,
+                      promote_after=limits.lane_promote_after,
+                      promote_seconds=limits.lane_promote_seconds,
+                      reserve_interactive=limits.interactive_reserved_slot)
 
 
 def parse_lane(text: str, *, field: str = LANE_HEADER) -> Lane:
