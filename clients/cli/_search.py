@@ -105,8 +105,13 @@ def titled(title: str, heading: str, width: int = 0) -> str:
     """``Title: Section``: the document's title and the section of it (either may be
     empty), clipped to ``width`` when one is given."""
     title, heading = title.strip(), " ".join(heading.split())
-    # A document's first heading is often its title too: said once.
-    text = ": ".join(part for part in (title, "" if heading == title else heading) if part)
+    # A chunk's heading is its path of headings ("Runbook > Disk full"), and a document's
+    # first heading is often its title too: the title is said once.
+    if heading == title:
+        heading = ""
+    elif title and heading.startswith(title + " > "):
+        heading = heading[len(title) + 3:]
+    text = ": ".join(part for part in (title, heading) if part)
     return fmt.clip(text, width) if width else text
 
 

@@ -13,6 +13,7 @@ import pytest
 from clients import AsyncClient, Client, Message, Tool, ToolCall, ToolCallDelta
 from clients._convert import ChatInput
 from clients._tools import joined, tool_choice
+from clients.cli._search import titled
 from clients.testing import FakeLlamad
 from daemon.cli import version
 from llamad_protocol.v1 import inference_pb2
@@ -208,3 +209,12 @@ def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) 
     with pytest.raises(SystemExit):
         main(["--version"])
     assert capsys.readouterr().out.strip() == f"llamad {metadata.version('llamad')}"
+
+
+def test_a_hit_is_titled_by_its_section() -> None:
+    """Title and section once each: the heading path's leading title is not repeated."""
+    assert titled("Runbook", "Runbook > Disk full > nginx") == "Runbook: Disk full > nginx"
+    assert titled("Runbook", "Runbook") == "Runbook"
+    assert titled("notes.txt", "") == "notes.txt"
+    assert titled("", "Disk full") == "Disk full"
+    assert titled("A long title", "and a long   section", 20) == "A long title: and a…"
