@@ -22,6 +22,7 @@ from ..errors import DeadlineUnmeetable, Draining, FailedPrecondition, UnknownMo
 from ._states import ModelState
 from .admission import Admission
 from .backend import InferenceBackend
+from .lanes import Lane
 
 if TYPE_CHECKING:
     from .pool import Pool
@@ -197,11 +198,12 @@ class InferenceRouter:
     @contextlib.asynccontextmanager
     async def admit(
         self, role: str, time_remaining: float | None, *, in_flight: bool = False,
-        model: str = "",
+        model: str = "", lane: Lane = Lane.INTERACTIVE,
     ) -> AsyncIterator[InferenceBackend]:
         """Wait for a slot on ``role``'s model ``model`` ("": the role's default; another
         is loaded first if it is not resident, within the call's deadline), then yield its
-        current backend (``in_flight``: see :meth:`backend`).
+        current backend (``in_flight``: see :meth:`backend`), the call waiting in
+        ``lane`` (:mod:`daemon.models.lanes`).
 
         Fails fast (before queueing) when the role is not ready; the backend is taken
         after the wait, so a call queued across a swap or a mode switch goes to the new
@@ -223,7 +225,7 @@ class InferenceRouter:
         try:
             if not fixed:
                 self._check(served)
-            async with served.admission.slot(time_remaining):
+            async with served.admission.slot(time_remaining, lane):
                 if loaded:
                     loaded = False
                     self._entered(name)

@@ -28,6 +28,7 @@ from supervisor import ChildRequestError, Chunk, Sampling, TokenizeUnavailableEr
 from ..config import Role
 from ..errors import InvalidArgument
 from ..models.backend import InferenceBackend
+from ..models.lanes import Lane
 from ..models.router import InferenceRouter
 from ..telemetry.metrics import Metrics
 
@@ -40,9 +41,10 @@ EmbedInput = str | Sequence[int]
 async def admitted_generation(router: InferenceRouter, sampling: Sampling,
                               time_remaining: float | None, *, chat: bool,
                               note: Callable[..., None],
-                              model: str = "") -> AsyncIterator[InferenceBackend]:
-    """Hold a slot of the generation model ``model`` ("": the role's default) for the
-    body; yield the backend to stream from.
+                              model: str = "",
+                              lane: Lane = Lane.INTERACTIVE) -> AsyncIterator[InferenceBackend]:
+    """Hold a slot of the generation model ``model`` ("": the role's default), waiting
+    in ``lane``, for the body; yield the backend to stream from.
 
     The controls the request sets (``sampling.requested()``, noted as ``controls``) are
     checked against the runtime before queueing, and again once admitted, since a swap or
@@ -59,7 +61,8 @@ async def admitted_generation(router: InferenceRouter, sampling: Sampling,
         if router.fixed(Role.GENERATION, model):  # another may not be loaded yet: checked
             # once admitted
             sampling.check(router.backend(Role.GENERATION).dialect, chat=chat)
-    async with router.admit(Role.GENERATION, time_remaining, model=model) as backend:
+    async with router.admit(Role.GENERATION, time_remaining, model=model,
+                            lane=lane) as backend:
         if requested:
             sampling.check(backend.dialect, chat=chat)
         yield backend
@@ -80,13 +83,17 @@ class Usage:
 
 
 class Meter:
-    """Times and counts one generation stream (from ``received``, a
-    :func:`time.perf_counter` reading when the call arrived) in ``metrics``."""
+    """Times and counts one generation stream of the catalog model ``model`` (from
+    ``received``, a :func:`time.perf_counter` reading when the call arrived) in
+    ``metrics``.
 
-    __slots__ = ("_first", "_last", "_metrics", "_received", "_tokens")
+    The model's series are resolved here, once per call: a streamed token costs two
+    plain updates of them (issue 27 measured the lookups at most of a token's cost)."""
 
-    def __init__(self, metrics: Metrics | None, received: float) -> None:
-        self._metrics = metrics
+    __slots__ = ("_first", "_last", "_received", "_series", "_tokens")
+
+    def __init__(self, metrics: Metrics | None, received: float, model: str = "") -> None:
+        self._series = None if metrics is None else metrics.stream(Role.GENERATION, model)
         self._received = received
         self._first: float | None = None
         self._last = 0.0
@@ -95,13 +102,14 @@ class Meter:
     def piece(self, item: Chunk) -> None:
         """Count a chunk that carries text (one without a finish reason)."""
         now = time.perf_counter()
-        metrics = self._metrics
-        if metrics is not None:
-            metrics.tokens(Role.GENERATION, item.tokens)
+        series = self._series
+        if series is not None:
+            if item.tokens > 0:
+                series.tokens.inc(item.tokens)
             if self._first is None:
-                metrics.time_to_first_token(Role.GENERATION, now - self._received)
+                series.ttft.observe(max(0.0, now - self._received))
             else:
-                metrics.inter_token(Role.GENERATION, now - self._last)
+                series.inter_token.observe(now - self._last)
         self._last = now
         if self._first is None:
             self._first = now
@@ -130,9 +138,9 @@ class Embedded:
 
 async def embed(router: InferenceRouter, inputs: Sequence[EmbedInput],
                 time_remaining: float | None, *, normalize: bool = True,
-                model: str = "") -> Embedded:
+                model: str = "", lane: Lane = Lane.INTERACTIVE) -> Embedded:
     """Embed ``inputs`` (already validated) with the embedding model ``model`` ("": the
-    role's default).
+    role's default), waiting in ``lane``.
 
     Raises:
         InvalidArgument: an input longer than the model's context (naming its index).
@@ -140,7 +148,8 @@ async def embed(router: InferenceRouter, inputs: Sequence[EmbedInput],
             :meth:`daemon.models.router.InferenceRouter.admit`.
         ChildRequestError: the child failed.
     """
-    async with router.admit(Role.EMBEDDING, time_remaining, model=model) as backend:
+    async with router.admit(Role.EMBEDDING, time_remaining, model=model,
+                            lane=lane) as backend:
         ctx = backend.context_tokens
         await _check_context(backend, inputs, ctx)
         try:

@@ -32,8 +32,10 @@ from supervisor import ChildRequestError, State, SupervisorError, TokenizeUnavai
 from ..config import Config, InferenceMode, Role
 from ..config._retrieval import RetrievalSettings
 from ..errors import RequestError
+from ..models import lanes
 from ..models.backend import InferenceBackend
 from ..models.children import ManagedChild
+from ..models.lanes import Lane
 from ..models.router import InferenceRouter
 
 
@@ -101,7 +103,12 @@ class ChildEmbedder:
         # in_flight: an ingest or search already running when a shutdown begins is let
         # finish by the drain; refused embeddings would leave its documents without
         # vectors for good (nothing embeds them later), its search BM25-only.
-        async with self._router.admit(Role.EMBEDDING, None, in_flight=True) as backend:
+        # The lane: a search's query embedding runs in its caller's (set around the
+        # retriever's search); everything else the retriever embeds (ingest, backfill,
+        # Reprocess, re-embedding after review) is background work.
+        lane = lanes.current(Lane.BACKGROUND)
+        async with self._router.admit(Role.EMBEDDING, None, in_flight=True,
+                                      lane=lane) as backend:
             if backend.identity != self.model_id:
                 # Swapped or switched since: these vectors would carry the wrong identity.
                 raise ChildRequestError("the embedding model changed; retry")

@@ -21,6 +21,8 @@ import structlog
 from retrieval import Filters, InvalidDocument, Query, Retriever, SearchResult, scan_source
 
 from ..errors import InvalidArgument
+from ..models import lanes
+from ..models.lanes import Lane
 from ..telemetry.audit import AuditLog
 from .retrieval_bridge import _no_roots
 
@@ -78,8 +80,12 @@ class SearchService:
         filters, options = filters or Filters(), options or Query()
         await self._refresh(filters.sources)
         try:
-            result = await self._r.search(query, k=top_k or None, filters=filters,
-                                          options=options)
+            # The query's embedding waits in the caller's lane (interactive unless it asked
+            # for batch), not in the background lane of the retriever's own embeddings;
+            # set here, not around the rescans above, which are background work.
+            with lanes.using(lanes.current(Lane.INTERACTIVE)):
+                result = await self._r.search(query, k=top_k or None, filters=filters,
+                                              options=options)
         except InvalidDocument as exc:
             field = None if exc.field is None else _FIELDS.get(exc.field, exc.field)
             raise InvalidArgument(str(exc), field=field) from None

@@ -44,6 +44,8 @@ from supervisor import Sampling, TokenizeUnavailableError
 from ...config import AnswerConfig, ConfigError, Limits, Role
 from ...config.answer_templates import TemplateSet, load_templates
 from ...errors import InvalidArgument, OutOfRange
+from ...models import lanes
+from ...models.lanes import Lane
 from ...models.router import InferenceRouter
 from ...telemetry.audit import AuditLog
 from ..retrieval_bridge import estimate_tokens
@@ -386,7 +388,8 @@ class AskService:
             pieces: list[str] = []
             completion, prompt_tokens, finish = 0, assembled.prompt_tokens, "stop"
             async with self._router.admit(Role.GENERATION, time_remaining(),
-                                          in_flight=True, model=q.model) as backend:
+                                          in_flight=True, model=q.model,
+                                          lane=lanes.current(Lane.INTERACTIVE)) as backend:
                 async for chunk in backend.stream_chat(assembled.messages, sampling):
                     if chunk.finish_reason is None:
                         if first is None:
@@ -442,8 +445,10 @@ class AskService:
             query = f"{query}\n{redacted_head(q.attachment, 600)}"
         query = query[:self._retriever.limits.max_query_chars]
         try:
-            result = await self._retriever.search(query, k=k, filters=q.filters,
-                                                  options=Query(mode=q.mode))
+            # The query's embedding waits in the asker's lane, not the retriever's own.
+            with lanes.using(lanes.current(Lane.INTERACTIVE)):
+                result = await self._retriever.search(query, k=k, filters=q.filters,
+                                                      options=Query(mode=q.mode))
         except Exception as exc:
             if isinstance(exc, InvalidArgument | VectorUnavailable):
                 raise  # the caller asked for what cannot be: said, not degraded
