@@ -117,11 +117,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         the controls its runtime cannot take:
         :func:`daemon.services.inference.admitted_generation`), start its stream there and relay it
         (time to first token counts from here)."""
-        meter = Meter(self.metrics, time.perf_counter())
+        received = time.perf_counter()
         sampling = validation.sampling(
             params, self._limits,
             defaults=validation.chat_defaults(self._limits) if chat else None)
         name = self._router.model_name(Role.GENERATION, model)
+        meter = Meter(self.metrics, received, name)
         call.note(max_tokens=sampling.max_tokens, model=name)
         async with admitted_generation(self._router, sampling, context.time_remaining(),
                                        chat=chat, note=call.note, model=model) as backend:

@@ -95,7 +95,8 @@ async def generate(api: Api, request: web.BaseRequest, call: Call, prepared: Pre
                    relay: Relay) -> web.StreamResponse:
     """Hold a generation slot of the model, stream the chat from it and hand the chunks
     to ``relay`` (which writes the whole answer or the stream)."""
-    meter = Meter(api.metrics, request[RECEIVED])
+    meter = Meter(api.metrics, request[RECEIVED],
+                  api.router.model_name(Role.GENERATION, prepared.listed.route))
     async with admitted_generation(api.router, prepared.sampling, time_remaining(call),
                                    chat=True, note=call.note,
                                    model=prepared.listed.route) as backend:

@@ -58,7 +58,8 @@ async def _generate(api: Api, request: web.BaseRequest, call: Call, body: _parse
     sampling = _parse.sampling(body, limits, chat=chat)
     start = _start(body, limits, call, chat=chat)
     mode = _parse.streaming(body)
-    meter = Meter(api.metrics, request[RECEIVED])
+    meter = Meter(api.metrics, request[RECEIVED],
+                  api.router.model_name(Role.GENERATION, listed.route))
     call.note(max_tokens=sampling.max_tokens, stream=mode.stream)
     async with admitted_generation(api.router, sampling, time_remaining(call), chat=chat,
                                    note=call.note, model=listed.route) as backend:

@@ -12,6 +12,10 @@ shows up as an ``other`` series instead of an unbounded number of new ones. The 
 label      allowed values (anything else becomes ``other``)
 =========  ===========================================================================
 role       :data:`ROLES` (``generation``, ``embedding``), or the ``roles`` argument
+model      the catalog's model names (the ``models`` argument: the ids ``/v1/models``
+           lists); a series labelled by model carries its ``role`` too (the model's
+           role, so it adds no series), and one of a name outside the catalog is
+           ``model="other"``
 state      :data:`CHILD_STATES`: idle starting running backoff failed stopped
 mode       :data:`MODES`: embedded endpoint disabled
 kind       :data:`EXIT_KINDS`: the :class:`supervisor.ExitCause` kinds
@@ -20,10 +24,15 @@ code       :data:`CODES`: the ``grpc.StatusCode`` names (OK, CANCELLED, ...)
 outcome    :data:`SWAP_OUTCOMES`: ok failed rejected
 reason     :data:`REJECT_REASONS`: queue_full deadline
 protocol   :data:`PROTOCOLS`: grpc http (the API a call came in on)
-model      the catalog's model names (the ``models`` argument)
-outcome    of a model load: ok failed rejected
+outcome    of a model load: ok failed rejected; of a call: ok error cancelled
 reason     of a model unload (:data:`UNLOAD_REASONS`): room ttl admin
 =========  ===========================================================================
+
+Per call and per model (issue 28): calls, time to first token, inter-token gaps, tokens,
+queue depth, slots busy, rejections, child state, exits, restarts and breaker openings
+are labelled ``role`` and ``model``; the role's totals are ``sum by (role)``. The
+lifecycle gauges (loading, last used) are read from the pool when scraped
+(:mod:`daemon.telemetry.model_gauges`): a scrape never loads or wakes a model.
 
 Prompts, pids, model paths and peers are never labels. The only free-form label is
 ``llamad_build_info{version}``, which has one series per process.
@@ -33,7 +42,7 @@ The HTTP endpoint is in :mod:`daemon.ops.metrics_http`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from importlib import metadata
 from typing import Any
 
@@ -43,6 +52,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from ..config import InferenceMode, Role
+from .model_gauges import ModelGauges, ModelLife, StreamSeries
 
 _log = structlog.get_logger("llamad.metrics")
 
@@ -79,6 +89,8 @@ CODES: tuple[str, ...] = (
     "UNAUTHENTICATED",
 )
 SWAP_OUTCOMES: tuple[str, ...] = ("ok", "failed", "rejected")
+CALL_OUTCOMES: tuple[str, ...] = ("ok", "error", "cancelled")
+"""How a call admitted to a model (or refused on its way there) ended."""
 REJECT_REASONS: tuple[str, ...] = ("queue_full", "deadline")
 PROTOCOLS: tuple[str, ...] = ("grpc", "http")
 """The APIs a call can come in on: gRPC, or the OpenAI-compatible HTTP API (whose calls
@@ -140,6 +152,9 @@ class Metrics:
         roles: child roles kept as ``role`` label values (default :data:`ROLES`); their
             counters and gauges are exported at 0 from the start, so ``rate()`` and
             ``increase()`` see the first event.
+        models: the catalog's model names kept as ``model`` label values; given as a
+            mapping of name to role, each model's per-call series are exported at 0 from
+            the start too (a role with none of its models known: under ``model="other"``).
     """
 
     def __init__(
@@ -148,7 +163,7 @@ class Metrics:
         version: str | None = None,
         methods: Iterable[str] = METHODS,
         roles: Iterable[str] = ROLES,
-        models: Iterable[str] = (),
+        models: Iterable[str] | Mapping[str, str] = (),
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._exposed = _WithoutCreated(self.registry)
@@ -159,10 +174,12 @@ class Metrics:
         self._outcomes = frozenset(SWAP_OUTCOMES)
         self._reasons = frozenset(REJECT_REASONS)
         self._protocols = frozenset(PROTOCOLS)
-        self._models = frozenset(models)
+        self._models: frozenset[str] = frozenset()
+        self._role_of: dict[str, str] = {}  # catalog model -> its role (when given)
         self._states = frozenset(CHILD_STATES)
-        # Roles whose state gauge has an "other" series (set only after a bad state value).
-        self._other_state: set[str] = set()
+        self._call_outcomes = frozenset(CALL_OUTCOMES)
+        # Children whose state gauge has an "other" series (only after a bad state value).
+        self._other_state: set[tuple[str, str]] = set()
         self._series_cache: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
 
@@ -174,19 +191,19 @@ class Metrics:
         self._child_state = Gauge(
             "llamad_child_state",
             "1 for the state the child is in now, 0 for the other states.",
-            ["role", "state"], registry=r)
+            ["role", "model", "state"], registry=r)
         self._child_exits = Counter(
             "llamad_child_exits",
             "Child exits and failed starts, by classified cause (see ExitCause.kind).",
-            ["role", "kind"], registry=r)
+            ["role", "model", "kind"], registry=r)
         self._child_restarts = Counter(
             "llamad_child_restarts",
             "Starts after a backoff delay or a failed state (what Status calls restarts).",
-            ["role"], registry=r)
+            ["role", "model"], registry=r)
         self._breaker_opens = Counter(
             "llamad_breaker_opens",
             "Times the circuit breaker opened (the child entered the failed state).",
-            ["role"], registry=r)
+            ["role", "model"], registry=r)
         self._mode = Gauge(
             "llamad_inference_mode",
             "1 for the role's inference mode now (embedded, endpoint, disabled), 0 for the "
@@ -214,27 +231,31 @@ class Metrics:
         self._ttft = Histogram(
             "llamad_time_to_first_token_seconds",
             "Time from a Generate or Chat call's arrival to its first streamed token.",
-            ["role"], buckets=TTFT_BUCKETS, registry=r)
+            ["role", "model"], buckets=TTFT_BUCKETS, registry=r)
         self._inter_token = Histogram(
             "llamad_inter_token_latency_seconds",
             "Time between consecutive streamed chunks of one call.",
-            ["role"], buckets=INTER_TOKEN_BUCKETS, registry=r)
+            ["role", "model"], buckets=INTER_TOKEN_BUCKETS, registry=r)
         self._tokens = Counter(
             "llamad_tokens_generated", "Tokens streamed to clients.",
-            ["role"], registry=r)
+            ["role", "model"], registry=r)
+        self._calls = Counter(
+            "llamad_model_calls", "Calls given to a model (admitted, or refused on the way "
+            "to its slots), by outcome: ok, error, cancelled.",
+            ["role", "model", "outcome"], registry=r)
 
         self._queue_depth = Gauge(
-            "llamad_queue_depth", "Calls waiting for a slot, every model of the role (its "
-            "default and those loaded on demand).",
-            ["role"], registry=r)
+            "llamad_queue_depth", "Calls waiting for a slot of the model (sum by (role): "
+            "every model of the role).",
+            ["role", "model"], registry=r)
         self._in_flight = Gauge(
             "llamad_requests_in_flight",
-            "Calls sent to the role's models now (running, or waiting in a child's queue: "
-            "queue_ahead), every model of the role.",
-            ["role"], registry=r)
+            "Calls holding one of the model's slots now (slots busy; running, or waiting "
+            "in the child's queue: queue_ahead).",
+            ["role", "model"], registry=r)
         self._rejections = Counter(
-            "llamad_rejections", "Calls refused by admission control, by reason.",
-            ["role", "reason"], registry=r)
+            "llamad_rejections", "Calls refused by the model's admission control, by "
+            "reason.", ["role", "model", "reason"], registry=r)
 
         self._model_resident = Gauge(
             "llamad_model_resident", "1 while the catalog model is resident (loaded by the "
@@ -247,24 +268,35 @@ class Metrics:
             "llamad_model_unloads", "Unloads of catalog models by the pool, by reason: room "
             "(evicted for another), ttl (idle), admin (UnloadModel).",
             ["model", "reason"], registry=r)
-        self.add_models(self._models)
+        self._gauges: Collector | None = None
 
         for role in sorted(self._roles):
-            self._child_restarts.labels(role=role)
-            self._breaker_opens.labels(role=role)
             self._stuck.labels(role=role)
-            self._tokens.labels(role=role)
-            self._queue_depth.labels(role=role)
-            self._in_flight.labels(role=role)
-            for kind in EXIT_KINDS:
-                self._child_exits.labels(role=role, kind=kind)
             for outcome in SWAP_OUTCOMES:
                 self._swaps.labels(role=role, outcome=outcome)
-            for reason in REJECT_REASONS:
-                self._rejections.labels(role=role, reason=reason)
+        self.add_models(models)
+        for role in sorted(self._roles - set(self._role_of.values())):
+            self._per_model_zeros(role, OTHER)  # a role none of whose models is known
 
     def _role(self, role: str) -> str:
         return _fold(role, self._roles)
+
+    def _model(self, model: str) -> str:
+        return _fold(model, self._models)
+
+    def _per_model_zeros(self, role: str, model: str) -> None:
+        """Export a model's counters and gauges at 0 (``rate()`` sees the first event)."""
+        self._child_restarts.labels(role, model)
+        self._breaker_opens.labels(role, model)
+        self._tokens.labels(role, model)
+        self._queue_depth.labels(role, model)
+        self._in_flight.labels(role, model)
+        for kind in EXIT_KINDS:
+            self._child_exits.labels(role, model, kind)
+        for reason in REJECT_REASONS:
+            self._rejections.labels(role, model, reason)
+        for outcome in CALL_OUTCOMES:
+            self._calls.labels(role, model, outcome)
 
     def _series(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, looked up once per label set: the hot paths (every
@@ -278,15 +310,16 @@ class Metrics:
 
     # -- children ------------------------------------------------------------------------
 
-    def child_state(self, role: str, state: str) -> None:
-        """Make ``state`` the role's current state: its series 1, the other states 0."""
-        role = self._role(role)
+    def child_state(self, role: str, state: str, model: str = "") -> None:
+        """Make ``state`` the current state of the child serving ``model`` (a catalog
+        name) in ``role``: its series 1, the other states 0."""
+        role, model = self._role(role), self._model(model)
         state = _fold(state, self._states)
         if state == OTHER:
-            self._other_state.add(role)
-        names = (*CHILD_STATES, OTHER) if role in self._other_state else CHILD_STATES
+            self._other_state.add((role, model))
+        names = (*CHILD_STATES, OTHER) if (role, model) in self._other_state else CHILD_STATES
         for name in names:
-            self._child_state.labels(role=role, state=name).set(1 if name == state else 0)
+            self._child_state.labels(role, model, name).set(1 if name == state else 0)
 
     def mode(self, role: str, mode: str) -> None:
         """Make ``mode`` the role's inference mode: its series 1, the other modes 0."""
@@ -294,17 +327,19 @@ class Metrics:
         for name in MODES:
             self._mode.labels(role=role, mode=name).set(1 if name == mode else 0)
 
-    def child_exit(self, role: str, kind: str) -> None:
-        """Count a child exit or failed start classified as ``kind``."""
-        self._child_exits.labels(role=self._role(role), kind=_fold(kind, self._kinds)).inc()
+    def child_exit(self, role: str, kind: str, model: str = "") -> None:
+        """Count an exit or failed start of ``model``'s child classified as ``kind``."""
+        self._child_exits.labels(self._role(role), self._model(model),
+                                 _fold(kind, self._kinds)).inc()
 
-    def child_restart(self, role: str) -> None:
-        """Count a restart (a start after backoff or after the failed state)."""
-        self._child_restarts.labels(role=self._role(role)).inc()
+    def child_restart(self, role: str, model: str = "") -> None:
+        """Count a restart of ``model``'s child (a start after backoff or after the failed
+        state)."""
+        self._child_restarts.labels(self._role(role), self._model(model)).inc()
 
-    def breaker_opened(self, role: str) -> None:
-        """Count an opening of the role's circuit breaker."""
-        self._breaker_opens.labels(role=self._role(role)).inc()
+    def breaker_opened(self, role: str, model: str = "") -> None:
+        """Count an opening of ``model``'s circuit breaker."""
+        self._breaker_opens.labels(self._role(role), self._model(model)).inc()
 
     def swap(self, role: str, outcome: str, seconds: float) -> None:
         """Count a finished swap or mode switch (``ok``, ``failed`` or ``rejected``) and
@@ -319,9 +354,15 @@ class Metrics:
 
     # -- the model pool ------------------------------------------------------------------
 
-    def add_models(self, models: Iterable[str]) -> None:
+    def add_models(self, models: Iterable[str] | Mapping[str, str]) -> None:
         """Catalog names that may label the model series from now on (a reload's new
-        models), each series exported from 0; names already known are kept."""
+        models), each series exported from 0; names already known are kept. Given as a
+        mapping of name to role, the per-call series of each are exported from 0 too."""
+        if isinstance(models, Mapping):
+            for model, role in models.items():
+                if self._role_of.get(model) != role:
+                    self._role_of[model] = self._role(role)
+                    self._per_model_zeros(self._role(role), model)
         self._models = self._models | frozenset(models)
         for model in sorted(self._models):
             self._model_resident.labels(model=model)
@@ -359,31 +400,59 @@ class Metrics:
         self._series(self._requests, protocol, method, _fold(code, self._codes)).inc()
         self._series(self._request_seconds, protocol, method).observe(max(0.0, seconds))
 
-    def time_to_first_token(self, role: str, seconds: float) -> None:
+    def stream(self, role: str, model: str) -> StreamSeries:
+        """The series one generation stream of ``model`` counts in, resolved once per call
+        (:class:`daemon.services.inference.Meter` uses them for every token)."""
+        role, model = self._role(role), self._model(model)
+        return StreamSeries(self._series(self._tokens, role, model),
+                            self._series(self._ttft, role, model),
+                            self._series(self._inter_token, role, model))
+
+    def time_to_first_token(self, role: str, seconds: float, model: str = "") -> None:
         """Observe the time from a call's arrival to its first token."""
-        self._series(self._ttft, self._role(role)).observe(max(0.0, seconds))
+        self._series(self._ttft, self._role(role), self._model(model)).observe(
+            max(0.0, seconds))
 
-    def inter_token(self, role: str, seconds: float) -> None:
+    def inter_token(self, role: str, seconds: float, model: str = "") -> None:
         """Observe the gap between two consecutive streamed chunks."""
-        self._series(self._inter_token, self._role(role)).observe(max(0.0, seconds))
+        self._series(self._inter_token, self._role(role), self._model(model)).observe(
+            max(0.0, seconds))
 
-    def tokens(self, role: str, n: int) -> None:
+    def tokens(self, role: str, n: int, model: str = "") -> None:
         """Add ``n`` streamed tokens (a negative ``n`` is ignored)."""
-        self._series(self._tokens, self._role(role)).inc(max(0, n))
+        self._series(self._tokens, self._role(role), self._model(model)).inc(max(0, n))
+
+    def call(self, role: str, model: str, outcome: str) -> None:
+        """Count a call given to ``model``: ``ok``, ``error`` or ``cancelled``."""
+        self._series(self._calls, self._role(role), self._model(model),
+                     _fold(outcome, self._call_outcomes)).inc()
 
     # -- admission control ---------------------------------------------------------------
 
-    def queue_depth(self, role: str, n: int) -> None:
-        """Set how many calls wait for a slot of the role's models (all of them)."""
-        self._series(self._queue_depth, self._role(role)).set(max(0, n))
+    def queue_depth(self, role: str, n: int, model: str = "") -> None:
+        """Set how many calls wait for a slot of ``model``."""
+        self._series(self._queue_depth, self._role(role), self._model(model)).set(max(0, n))
 
-    def in_flight(self, role: str, n: int) -> None:
-        """Set how many calls the role's models serve now (all of them)."""
-        self._series(self._in_flight, self._role(role)).set(max(0, n))
+    def in_flight(self, role: str, n: int, model: str = "") -> None:
+        """Set how many of ``model``'s slots are busy."""
+        self._series(self._in_flight, self._role(role), self._model(model)).set(max(0, n))
 
-    def rejected(self, role: str, reason: str) -> None:
-        """Count a call refused by admission control (``queue_full`` or ``deadline``)."""
-        self._rejections.labels(role=self._role(role), reason=_fold(reason, self._reasons)).inc()
+    def rejected(self, role: str, reason: str, model: str = "") -> None:
+        """Count a call refused by ``model``'s admission control (``queue_full`` or
+        ``deadline``)."""
+        self._rejections.labels(self._role(role), self._model(model),
+                                _fold(reason, self._reasons)).inc()
+
+    # -- lifecycle, read when scraped -----------------------------------------------------
+
+    def watch_models(self, source: Callable[[], Iterable[ModelLife]]) -> None:
+        """Export each catalog model's lifecycle gauges from ``source`` (called at every
+        scrape, on the scraping thread; it must only read). Names outside the catalog are
+        left out. A second call replaces the first source."""
+        if self._gauges is not None:
+            self.registry.unregister(self._gauges)
+        self._gauges = ModelGauges(source, lambda: self._models, self._role)
+        self.registry.register(self._gauges)
 
     # -- exposition ----------------------------------------------------------------------
 
