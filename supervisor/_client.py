@@ -42,6 +42,10 @@ from ._transport import (
 )
 from .errors import ChildBadRequestError, ChildRequestError
 
+_END_WITHIN = 1.0
+"""Seconds a loopback child's stream may take, after ``[DONE]``, to end its body before
+its connection is closed instead of reused (llama-server ends it at once)."""
+
 
 @dataclass(frozen=True)
 class ApiShape:
@@ -369,9 +373,10 @@ class InferenceClient:
         top = sampling.top_logprobs if sampling.logprobs else None
         try:
             while True:  # each retry drops a field: bounded by the body's size
-                async with self._post_stream(path, body) as (status, data):
+                async with self._post_stream(path, body) as (status, data, reusable):
                     if status == 200:
-                        events = self._events(data, path, chat=chat, top=top)
+                        events = self._events(data, path, chat=chat, top=top,
+                                              end_within=_END_WITHIN if reusable else None)
                         async with contextlib.aclosing(events) as it:
                             async for chunk in it:
                                 yield chunk
@@ -390,22 +395,26 @@ class InferenceClient:
 
     @contextlib.asynccontextmanager
     async def _post_stream(self, path: str, body: dict[str, Any]
-                           ) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
-        """POST ``body`` for a streamed answer; yield its status and its body's bytes as
-        they come: through the lean loopback client for a child llamad launched (httpx
-        cost as much CPU per streamed token as the rest of the relay), else httpx."""
+                           ) -> AsyncIterator[tuple[int, AsyncIterator[bytes], bool]]:
+        """POST ``body`` for a streamed answer; yield its status, its body's bytes as
+        they come and whether its connection is reused once the body was read to its
+        end: through the lean loopback client for a child llamad launched (httpx cost as
+        much CPU per streamed token as the rest of the relay; its connection is reused),
+        else httpx (an endpoint's stream: its connection is closed after ``[DONE]``)."""
         if isinstance(self._unary, LoopbackTransport):
             async with self._unary.stream(path, body, self._read_timeout) as answer:
-                yield answer.status, answer.body
+                yield answer.status, answer.body, True
             return
         async with self._http.stream("POST", path, json=body) as resp:
-            yield resp.status_code, resp.aiter_bytes()
+            yield resp.status_code, resp.aiter_bytes(), False
 
     def _events(
-        self, data: AsyncIterator[bytes], path: str, *, chat: bool, top: int | None
+        self, data: AsyncIterator[bytes], path: str, *, chat: bool, top: int | None,
+        end_within: float | None = None,
     ) -> AsyncGenerator[Chunk, None]:
         """The chunks of one server-sent-events answer (:func:`._events.sse_chunks`)."""
-        return sse_chunks(data, path, chat=chat, top=top, heard=self.activity.heard)
+        return sse_chunks(data, path, chat=chat, top=top, heard=self.activity.heard,
+                          end_within=end_within)
 
     async def embed(self, texts: Sequence[str | Sequence[int]]) -> EmbedResult:
         """Embed ``texts`` (one vector each, in order); an item may be token ids (sent

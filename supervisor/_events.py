@@ -6,6 +6,7 @@ usage last). Split from :mod:`supervisor._client`, which sends the requests.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,10 +47,16 @@ def join_chunks(chunks: Sequence[Chunk]) -> Chunk:
 
 
 async def sse_chunks(data: AsyncIterator[bytes], path: str, *, chat: bool, top: int | None,
-                     heard: Callable[[], None]) -> AsyncGenerator[Chunk, None]:
+                     heard: Callable[[], None], end_within: float | None = None
+                     ) -> AsyncGenerator[Chunk, None]:
     """The chunks of one server-sent-events answer, its body's bytes ``data`` (with their
     tokens' logprobs and ``top`` alternatives each, unless ``top`` is None); ``heard``
     is called as each piece arrives (the client's activity record).
+
+    With ``end_within`` (seconds), what follows ``data: [DONE]`` is read before the last
+    chunk, up to the body's end, so that the connection can serve the next request (a
+    loopback child's: see :mod:`supervisor._http`); more events, or no end within that
+    time, leave it unread (the connection is then closed, as without ``end_within``).
 
     Raises:
         ChildRequestError: a malformed event, or the child's error event (after the
@@ -59,7 +66,7 @@ async def sse_chunks(data: AsyncIterator[bytes], path: str, *, chat: bool, top: 
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     pending = b""
-    done = False
+    done: bool | str = False  # "clean": [DONE] was the last of its piece
     # Bytes, split here: httpx's text and line decoders cost more per event than the
     # JSON parse itself (SSE is UTF-8, and orjson takes bytes). Measured in
     # bench/bench_generation.py: part of the added time to first token.
@@ -71,12 +78,14 @@ async def sse_chunks(data: AsyncIterator[bytes], path: str, *, chat: bool, top: 
         heard()
         *lines, pending = (pending + piece).split(b"\n")
         got: list[Chunk] = []
-        for line in lines:
+        for i, line in enumerate(lines):
             if not line.startswith(b"data:"):
                 continue
             payload = line[5:].strip()
             if payload == b"[DONE]":
-                done = True
+                # Anything after it in this piece is not an SSE stream's end.
+                done = True if any(x.strip() for x in lines[i + 1:]) or pending.strip() \
+                    else "clean"
                 break
             try:
                 event = orjson.loads(payload)
@@ -105,8 +114,21 @@ async def sse_chunks(data: AsyncIterator[bytes], path: str, *, chat: bool, top: 
         if got:
             yield got[0] if len(got) == 1 else join_chunks(got)
         if done:
+            if end_within is not None and done == "clean":
+                await _read_end(data, end_within)
             break
     yield Chunk("", 0, finish or "stop", prompt_tokens, completion_tokens)
+
+
+async def _read_end(data: AsyncIterator[bytes], within: float) -> None:
+    """Read ``data`` to its end if nothing but whitespace comes within ``within`` s."""
+    try:
+        async with asyncio.timeout(within):
+            async for extra in data:
+                if extra.strip():
+                    return
+    except (TimeoutError, ChildRequestError):
+        return
 
 
 def _choice_text(choice: dict[str, Any], chat: bool) -> str:

@@ -13,7 +13,10 @@ scope, h11's parser, the pause and resume of the socket), as much as the rest of
 Health probes and endpoints keep httpx.
 
 A connection whose request was cancelled or failed is closed, never reused: closing it
-is how llama.cpp learns that nobody waits for the answer any more.
+is how llama.cpp learns that nobody waits for the answer any more. A streamed answer read
+to its very end (the chunked body's terminator) gives its connection back to the pool like
+a unary one: a new UNIX connection per stream cost the daemon ~15% of its CPU per request
+(connect and close, issue 27). At most ``max_idle`` connections wait in the pool.
 
 A child listens on a UNIX socket (``unix_path``) and wants its per-launch key: the
 ``Authorization`` header is built once, into the same bytes every request's head starts
@@ -25,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 MAX_HEADER_LINES = 100
@@ -96,11 +99,12 @@ class LoopbackHTTP:
         port: its TCP port (ignored with ``unix_path``).
         unix_path: connect to this UNIX socket instead of ``host:port``.
         api_key: sent as ``Authorization: Bearer <key>`` with every request.
+        max_idle: connections kept open for reuse between requests (0: none).
     """
 
     def __init__(self, host: str, port: int, *, connect_timeout: float = 2.0,
-                 max_connections: int = 64, unix_path: str | None = None,
-                 api_key: str | None = None) -> None:
+                 max_connections: int = 64, max_idle: int = 16,
+                 unix_path: str | None = None, api_key: str | None = None) -> None:
         self._host = host
         self._port = port
         self._unix_path = unix_path
@@ -114,6 +118,7 @@ class LoopbackHTTP:
         self._connect_timeout = connect_timeout
         self._slots = asyncio.Semaphore(max_connections)
         self._idle: list[_Connection] = []
+        self._max_idle = max_idle
         self._closed = False
 
     async def aclose(self) -> None:
@@ -146,7 +151,9 @@ class LoopbackHTTP:
 
         The connection is closed when the body leaves, read to its end or not (a stream
         left early is how llama.cpp learns that nobody reads it any more): it holds one
-        of the ``max_connections`` until then.
+        of the ``max_connections`` until then; one whose body was read to its end (the
+        chunked terminator or the whole ``Content-Length``) goes back to the pool as the
+        body ends, for the next request.
 
         Raises:
             HTTPTransportError: no (complete) head, or, while ``body`` is read, the body
@@ -156,15 +163,18 @@ class LoopbackHTTP:
         async with self._slots:
             try:
                 async with asyncio.timeout(timeout):
-                    conn, (status, headers, _) = await self._send(message)
+                    conn, (status, headers, keep) = await self._send(message)
             except TimeoutError:
                 raise HTTPTransportError("timeout", f"timed out after {timeout:g} s") from None
-            watch = _Silence(conn, timeout)
+            if keep:
+                conn.expires = _expiry(headers.get("keep-alive", ""))
+            watch = _Silence(conn, timeout, self._keep if keep else None)
             try:
-                yield Streamed(status, headers, watch.body(_pieces(conn.reader, headers)))
+                yield Streamed(status, headers, watch.body(_pieces(conn.reader, headers, watch)))
             finally:
                 watch.stop()
-                conn.close()
+                if not watch.kept:  # left early, failed or cancelled: never reused
+                    conn.close()
 
     def _message(self, method: str, path: str, body: bytes | None,
                  accept: bytes = b"application/json") -> bytes:
@@ -202,11 +212,16 @@ class LoopbackHTTP:
         except BaseException:  # cancelled, timed out or failed: never reuse it
             conn.close()
             raise
-        if keep and not self._closed:
-            self._idle.append(conn)
-        else:
+        if not (keep and self._keep(conn)):
             conn.close()
         return response
+
+    def _keep(self, conn: _Connection) -> bool:
+        """Put ``conn``, its answer read to the end, in the pool if there is room."""
+        if self._closed or len(self._idle) >= self._max_idle or not conn.usable():
+            return False
+        self._idle.append(conn)
+        return True
 
     def _reuse(self) -> _Connection | None:
         while self._idle:
@@ -294,10 +309,18 @@ class _Silence:
     """The read timeout of one stream: the connection is aborted once a read waited
     ``timeout`` seconds, then the body raises HTTPTransportError("timeout"). One timer,
     re-armed when it fires early, instead of one per read; the time the consumer spends
-    between pieces (a slow client downstream) is not a read's."""
+    between pieces (a slow client downstream) is not a read's.
 
-    def __init__(self, conn: _Connection, timeout: float | None) -> None:
+    Also the body's end: ``complete`` once it was read to its end (set by :func:`_pieces`),
+    ``kept`` once its connection went back to the pool (``keep``, None: never).
+    """
+
+    def __init__(self, conn: _Connection, timeout: float | None,
+                 keep: Callable[[_Connection], bool] | None = None) -> None:
         self._conn = conn
+        self._keep = keep
+        self.complete = False
+        self.kept = False
         self._timeout = float("inf") if timeout is None else timeout
         self._loop = asyncio.get_running_loop()
         self.last = self._loop.time()
@@ -328,6 +351,9 @@ class _Silence:
                 self.last = -1.0
                 yield piece
                 self.last = loop.time()
+            self.stop()  # before the connection may serve another request
+            if self.complete and not self.expired and self._keep is not None:
+                self.kept = self._keep(self._conn)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             if self.expired:
                 raise HTTPTransportError(
@@ -339,15 +365,17 @@ class _Silence:
             self.stop()
 
 
-async def _pieces(reader: asyncio.StreamReader, headers: dict[str, str]
+async def _pieces(reader: asyncio.StreamReader, headers: dict[str, str], end: _Silence
                   ) -> AsyncIterator[bytes]:
-    """A body's bytes as they arrive: de-chunked, up to its Content-Length, or to EOF.
-    A body cut short raises IncompleteReadError."""
+    """A body's bytes as they arrive: de-chunked, up to its Content-Length, or to EOF;
+    ``end.complete`` set once it was read to its end with nothing after it (then its
+    connection may be reused). A body cut short raises IncompleteReadError."""
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        async for piece in _dechunk(reader):
+        async for piece in _dechunk(reader, end):
             yield piece
         return
     left = _length(headers["content-length"]) if "content-length" in headers else -1
+    end.complete = left == 0
     while left:
         piece = await reader.read(65536 if left < 0 else min(left, 65536))
         if not piece:
@@ -355,10 +383,11 @@ async def _pieces(reader: asyncio.StreamReader, headers: dict[str, str]
                 return
             raise asyncio.IncompleteReadError(b"", left)
         left -= len(piece) if left > 0 else 0
+        end.complete = left == 0
         yield piece
 
 
-async def _dechunk(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+async def _dechunk(reader: asyncio.StreamReader, state: _Silence) -> AsyncIterator[bytes]:
     """A chunked body's data as it arrives: per read, the data of every chunk the read
     brought, as one piece, whatever the chunk boundaries (a token's event is usually one
     chunk in one segment; what a fast server sent while the consumer was busy is many,
@@ -384,9 +413,10 @@ async def _dechunk(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
                 if size < 0:
                     raise HTTPTransportError("protocol", f"bad chunk size {line[:40]!r}")
                 pos = eol + 2
-                if size == 0:  # the last chunk: trailers, if any, are not read
+                if size == 0:  # the last chunk, then trailers (ignored) up to a CRLF
                     if out:
                         yield b"".join(out)
+                    state.complete = await _trailers(reader, buf[pos:])
                     return
                 size += 2  # the data's CRLF
             if pos >= end:
@@ -409,6 +439,21 @@ async def _dechunk(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
             yield out[0] if len(out) == 1 else b"".join(out)
         buf = buf[pos:] + await _more(reader)
         pos = 0
+
+
+async def _trailers(reader: asyncio.StreamReader, buf: bytes) -> bool:
+    """Read a chunked body's trailer section (``buf``: what came of it already) to its
+    empty line; whether nothing came after it (else the connection is not reusable)."""
+    while True:
+        eol = buf.find(b"\r\n")
+        if eol < 0:
+            if len(buf) > _LIMIT:
+                raise asyncio.LimitOverrunError("trailer line too long", len(buf))
+            buf += await _more(reader)
+            continue
+        if eol == 0:
+            return len(buf) == 2
+        buf = buf[eol + 2:]
 
 
 async def _more(reader: asyncio.StreamReader) -> bytes:

@@ -212,7 +212,14 @@ async def test_a_childs_chat_stream_goes_through_the_loopback_client(
     body = orjson.loads(server.requests[0].split(b"\r\n\r\n", 1)[1])
     assert body["stream"] is True and body["messages"] == [{"role": "user", "content": "hi"}]
     assert client.in_flight == 0
-    await asyncio.wait_for(server.eof.wait(), 5)  # the first stream's connection closed
+    # Read to its end: its connection waits for the next request (issue 27) until the
+    # client closes.
+    await asyncio.sleep(0.05)
+    assert not server.eof.is_set()
+    await client.aclose()
+    await asyncio.wait_for(server.eof.wait(), 5)
+    client = InferenceClient(f"http://127.0.0.1:{server.port}", model_id="m",
+                             api=LLAMA_SERVER_API, loopback=True)
 
     server.pieces.put_nowait(CHUNKED_HEAD + chunk(b"data: {\"choices\": [{\"delta\""))
     server.pieces.put_nowait(None)  # the child died mid-event
