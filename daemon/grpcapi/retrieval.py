@@ -104,7 +104,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         call: rpc.Call,
     ) -> rpb.Document:
         call.note(document=request.id)
-        doc = await documents.approve(self._r, request.id, request.note)
+        doc = await documents.review(self._r, request.id, request.note, approve=True)
         call.note(state=doc.state)
         return _document(doc)
 
@@ -114,7 +114,8 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         call: rpc.Call,
     ) -> rpb.Document:
         call.note(document=request.id)
-        return _document(await documents.reject(self._r, request.id, request.note))
+        return _document(await documents.review(self._r, request.id, request.note,
+                                                approve=False))
 
     @rpc.unary("AddSource")
     async def AddSource(

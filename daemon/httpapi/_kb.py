@@ -185,7 +185,7 @@ async def approve(api: Api, request: web.BaseRequest, call: Call,
                   body: _parse.Body) -> web.StreamResponse:
     msg = read_body(body, rpb.ReviewDocumentRequest)
     call.note(document=msg.id)
-    row = await documents.approve(_kb(api).retriever, msg.id, msg.note)
+    row = await documents.review(_kb(api).retriever, msg.id, msg.note, approve=True)
     call.note(state=row.state)
     return json_response(request, to_json(_document(row)))
 
@@ -194,7 +194,7 @@ async def reject(api: Api, request: web.BaseRequest, call: Call,
                  body: _parse.Body) -> web.StreamResponse:
     msg = read_body(body, rpb.ReviewDocumentRequest)
     call.note(document=msg.id)
-    row = await documents.reject(_kb(api).retriever, msg.id, msg.note)
+    row = await documents.review(_kb(api).retriever, msg.id, msg.note, approve=False)
     return json_response(request, to_json(_document(row)))
 
 

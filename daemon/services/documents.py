@@ -143,8 +143,10 @@ async def listed(retriever: Retriever, source_id: str = "",
     return list(await retriever.documents(source_id or None, states))
 
 
-async def approve(retriever: Retriever, doc_id: str, note: str = "") -> DocumentRow:
-    """Index a document held for review (``note``: why, kept on it).
+async def review(retriever: Retriever, doc_id: str, note: str = "", *,
+                 approve: bool) -> DocumentRow:
+    """Decide on a document held for review: approved, it is indexed; rejected, it is
+    kept but never indexed (``note``: why, kept on it either way).
 
     Raises:
         InvalidArgument: an id no document can have (id).
@@ -152,19 +154,8 @@ async def approve(retriever: Retriever, doc_id: str, note: str = "") -> Document
         FailedPrecondition: it is not held for review.
     """
     check_id(doc_id)
-    return await retriever.approve(doc_id, note)
-
-
-async def reject(retriever: Retriever, doc_id: str, note: str = "") -> DocumentRow:
-    """Refuse a document held for review: it is kept, never indexed (``note``: why).
-
-    Raises:
-        InvalidArgument: an id no document can have (id).
-        NotFound: no such document.
-        FailedPrecondition: it is not held for review.
-    """
-    check_id(doc_id)
-    return await retriever.reject(doc_id, note)
+    decide = retriever.approve if approve else retriever.reject
+    return await decide(doc_id, note)
 
 
 async def reprocess(retriever: Retriever, *, document_id: str = "",
