@@ -14,6 +14,8 @@ import grpc
 import structlog
 
 from ..errors import InvalidArgument, map_error
+from ..models import lanes
+from ..models.lanes import LANE_HEADER, Lane, parse_lane
 from ..telemetry.metrics import Metrics
 from .wire import RPC_MARKER, Malformed
 
@@ -65,6 +67,18 @@ def _start(context: grpc.aio.ServicerContext) -> Call:
     return Call({"peer": context.peer()}, deadline)
 
 
+def _lane(context: grpc.aio.ServicerContext) -> Lane:
+    """The lane the call's metadata asks for (``x-llamad-lane``; none: interactive).
+
+    Raises:
+        InvalidArgument: a value that is not a lane a client may ask for.
+    """
+    for key, value in context.invocation_metadata() or ():
+        if key == LANE_HEADER:
+            return parse_lane(value if isinstance(value, str) else "")
+    return Lane.INTERACTIVE
+
+
 def _summary(method: str, started: float, call: Call, servicer: object) -> None:
     """Count the call and log its summary line, just after its answer is on its way.
 
@@ -106,7 +120,11 @@ async def _handled(method: str, servicer: object, request: object,
     try:
         if isinstance(request, Malformed):  # see daemon.grpcapi.wire
             raise InvalidArgument(request.message)
-        yield call
+        lane = _lane(context)
+        if lane is not Lane.INTERACTIVE:
+            call.note(lane=lane.value)
+        with lanes.asking(lane):
+            yield call
     except asyncio.CancelledError:
         call.note(code=_code_on_cancel(call))
         raise

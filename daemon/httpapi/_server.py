@@ -44,6 +44,8 @@ from ..config.access import TlsMaterial, server_ssl_context
 from ..grpcapi.auth import AuthInterceptor
 from ..grpcapi.connlimits import ConnectionCap, counted_listeners
 from ..grpcapi.rpc import Call, write_summary
+from ..models import lanes
+from ..models.lanes import LANE_HEADER, Lane, parse_lane
 from ..models.pool import Pool
 from ..models.router import InferenceRouter
 from ..services.ask import AskService
@@ -285,12 +287,16 @@ class HttpApi:
                 return _error_response(request_id,
                                        route.restyle(api_error_for_denial(denial)))
             timeout = _timeout(request.headers.get("x-request-timeout"))
+            lane = parse_lane(request.headers.get(LANE_HEADER, ""))
+            if lane is not Lane.INTERACTIVE:
+                call.note(lane=lane.value)
             body = await self._body(request, route) if route.reads_body else {}
             if timeout is not None:
                 call.deadline = time.monotonic() + timeout
             try:
                 async with asyncio.timeout(timeout):
-                    response = await route.handler(self._api, request, call, body)
+                    with lanes.asking(lane):
+                        response = await route.handler(self._api, request, call, body)
             except TimeoutError:
                 response = await _deadline_passed(request, call, timeout, route.restyle)
             call.note(status=response.status)

@@ -18,9 +18,12 @@ two or more slots, batch and background together may hold at most all but one of
 are never sent ahead into the child's own queue, so an interactive call finds a free slot
 instead of waiting inside the child behind a batch (``reserve_interactive``).
 
-The lane of the running task is a context variable (:func:`using`, :func:`current`): the
-retriever's embedder reads it, so the one query embedding a Search makes travels in its
-caller's lane while the same embedder's ingest batches travel in the background lane.
+Two context variables carry lanes through a call: the lane its client asked for
+(:func:`asking`, set by the transport from the header; :func:`asked`), and the lane the
+retriever's embeddings run in (:func:`using`, :func:`current`): Search and Ask put their
+retriever search in the asked lane, so the one query embedding they make travels there,
+while the same embedder's ingest, backfill and Reprocess batches stay in the background
+lane whatever the client asked for.
 """
 
 from __future__ import annotations
@@ -115,19 +118,43 @@ def parse_lane(text: str, *, field: str = LANE_HEADER) -> Lane:
         f"not {text.strip()[:32]!r}", field=field)
 
 
+_asked: contextvars.ContextVar[Lane] = contextvars.ContextVar(
+    "llamad_asked_lane", default=Lane.INTERACTIVE)
 _current: contextvars.ContextVar[Lane | None] = contextvars.ContextVar(
     "llamad_lane", default=None)
 
 
+def asked() -> Lane:
+    """The lane the client of the running call asked for (:func:`asking`): interactive
+    unless it named batch."""
+    return _asked.get()
+
+
+@contextlib.contextmanager
+def asking(lane: Lane) -> Iterator[None]:
+    """Run a client's call (the body) in the lane it asked for (a transport sets it)."""
+    token = _asked.set(lane)
+    try:
+        yield
+    finally:
+        # A streaming handler's generator may be closed from another context (finalized
+        # by the loop): there, nothing of ours was set.
+        with contextlib.suppress(ValueError):
+            _asked.reset(token)
+
+
 def current(default: Lane) -> Lane:
-    """The lane the running task was given by :func:`using`, else ``default``."""
+    """The lane the running task was put in by :func:`using`, else ``default``. Only the
+    retriever's embedder reads it: the client's own lane (:func:`asked`) never moves
+    llamad's background work (an ingest a client started) out of the background lane."""
     lane = _current.get()
     return default if lane is None else lane
 
 
 @contextlib.contextmanager
 def using(lane: Lane) -> Iterator[None]:
-    """Run the body (and the tasks it creates) in ``lane``."""
+    """Run the body (and the tasks it creates) in ``lane``: the retriever's embeddings
+    made in it wait there (a search's query embedding)."""
     token = _current.set(lane)
     try:
         yield

@@ -27,6 +27,7 @@ from supervisor import ChildRequestError, Chunk, Sampling, TokenizeUnavailableEr
 
 from ..config import Role
 from ..errors import InvalidArgument
+from ..models import lanes
 from ..models.backend import InferenceBackend
 from ..models.lanes import Lane
 from ..models.router import InferenceRouter
@@ -42,9 +43,10 @@ async def admitted_generation(router: InferenceRouter, sampling: Sampling,
                               time_remaining: float | None, *, chat: bool,
                               note: Callable[..., None],
                               model: str = "",
-                              lane: Lane = Lane.INTERACTIVE) -> AsyncIterator[InferenceBackend]:
+                              lane: Lane | None = None) -> AsyncIterator[InferenceBackend]:
     """Hold a slot of the generation model ``model`` ("": the role's default), waiting
-    in ``lane``, for the body; yield the backend to stream from.
+    in ``lane`` (None: the one the client asked for, :func:`daemon.models.lanes.asked`),
+    for the body; yield the backend to stream from.
 
     The controls the request sets (``sampling.requested()``, noted as ``controls``) are
     checked against the runtime before queueing, and again once admitted, since a swap or
@@ -62,7 +64,7 @@ async def admitted_generation(router: InferenceRouter, sampling: Sampling,
             # once admitted
             sampling.check(router.backend(Role.GENERATION).dialect, chat=chat)
     async with router.admit(Role.GENERATION, time_remaining, model=model,
-                            lane=lane) as backend:
+                            lane=lane or lanes.asked()) as backend:
         if requested:
             sampling.check(backend.dialect, chat=chat)
         yield backend
@@ -138,9 +140,9 @@ class Embedded:
 
 async def embed(router: InferenceRouter, inputs: Sequence[EmbedInput],
                 time_remaining: float | None, *, normalize: bool = True,
-                model: str = "", lane: Lane = Lane.INTERACTIVE) -> Embedded:
+                model: str = "", lane: Lane | None = None) -> Embedded:
     """Embed ``inputs`` (already validated) with the embedding model ``model`` ("": the
-    role's default), waiting in ``lane``.
+    role's default), waiting in ``lane`` (None: the one the client asked for).
 
     Raises:
         InvalidArgument: an input longer than the model's context (naming its index).
@@ -149,7 +151,7 @@ async def embed(router: InferenceRouter, inputs: Sequence[EmbedInput],
         ChildRequestError: the child failed.
     """
     async with router.admit(Role.EMBEDDING, time_remaining, model=model,
-                            lane=lane) as backend:
+                            lane=lane or lanes.asked()) as backend:
         ctx = backend.context_tokens
         await _check_context(backend, inputs, ctx)
         try:

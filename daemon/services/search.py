@@ -22,7 +22,6 @@ from retrieval import Filters, InvalidDocument, Query, Retriever, SearchResult, 
 
 from ..errors import InvalidArgument
 from ..models import lanes
-from ..models.lanes import Lane
 from ..telemetry.audit import AuditLog
 from .retrieval_bridge import _no_roots
 
@@ -83,7 +82,7 @@ class SearchService:
             # The query's embedding waits in the caller's lane (interactive unless it asked
             # for batch), not in the background lane of the retriever's own embeddings;
             # set here, not around the rescans above, which are background work.
-            with lanes.using(lanes.current(Lane.INTERACTIVE)):
+            with lanes.using(lanes.asked()):
                 result = await self._r.search(query, k=top_k or None, filters=filters,
                                               options=options)
         except InvalidDocument as exc:

@@ -45,7 +45,6 @@ from ...config import AnswerConfig, ConfigError, Limits, Role
 from ...config.answer_templates import TemplateSet, load_templates
 from ...errors import InvalidArgument, OutOfRange
 from ...models import lanes
-from ...models.lanes import Lane
 from ...models.router import InferenceRouter
 from ...telemetry.audit import AuditLog
 from ..retrieval_bridge import estimate_tokens
@@ -389,7 +388,7 @@ class AskService:
             completion, prompt_tokens, finish = 0, assembled.prompt_tokens, "stop"
             async with self._router.admit(Role.GENERATION, time_remaining(),
                                           in_flight=True, model=q.model,
-                                          lane=lanes.current(Lane.INTERACTIVE)) as backend:
+                                          lane=lanes.asked()) as backend:
                 async for chunk in backend.stream_chat(assembled.messages, sampling):
                     if chunk.finish_reason is None:
                         if first is None:
@@ -446,7 +445,7 @@ class AskService:
         query = query[:self._retriever.limits.max_query_chars]
         try:
             # The query's embedding waits in the asker's lane, not the retriever's own.
-            with lanes.using(lanes.current(Lane.INTERACTIVE)):
+            with lanes.using(lanes.asked()):
                 result = await self._retriever.search(query, k=k, filters=q.filters,
                                                       options=Query(mode=q.mode))
         except Exception as exc:
