@@ -66,7 +66,8 @@ ASK = Doc("A grounded answer with citations, whole or streamed",
           body_extra={"stream": _STREAM},
           response=_body("The answer in one object", ("text",), text={"type": "string"},
                          sources={"$ref": "#/components/schemas/llamad.v1.AskSources"},
-                         done={"$ref": "#/components/schemas/llamad.v1.AskDone"}),
+                         done={"$ref": "#/components/schemas/llamad.v1.AskDone"},
+                         plan={"$ref": "#/components/schemas/llamad.v1.AskPlan"}),
           events=apb.AskResponse)
 OPENAPI = Doc("This document (OpenAPI 3.1)", tag="admin",
               response={"type": "object", "required": ["openapi", "paths"]})

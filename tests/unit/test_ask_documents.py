@@ -15,7 +15,7 @@ import pytest
 
 from daemon.config import ConfigError, load
 from daemon.config.answer_templates import load_templates
-from daemon.services.ask import PromptTooLarge, assemble, documents
+from daemon.services.ask import Assembled, PromptTooLarge, assemble, documents
 from daemon.services.ask._core import cite
 from daemon.services.ask._plan import BELOW_FLOOR, KEPT, OVER_BUDGET, planned, sections
 from retrieval import Hit
@@ -38,7 +38,7 @@ async def chars(text: str) -> int:
 
 
 async def build(hits: list[Hit], *, budget: int = 100_000, question: str = "Why?",
-                history: tuple[tuple[str, str], ...] = ()):  # type: ignore[no-untyped-def]
+                history: tuple[tuple[str, str], ...] = ()) -> Assembled:
     return await assemble(question=question, task="answer", hits=hits, history=history,
                           attachment="", budget=budget, count_tokens=chars)
 
