@@ -11,11 +11,13 @@ as ``ollama ps`` is beside ``ollama list``.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 from .._client import Client
 from .._models import ModelInfo
 from . import _format as fmt
+from ._progress import Elapsed
 
 VERBS = ("ps", "load", "unload")
 
@@ -63,7 +65,9 @@ def run(client: Client, args: argparse.Namespace) -> int:
         print(models_table(models))
         return 0
     if args.verb == "load":
-        model = client.load_model(args.name, timeout=None)
+        with Elapsed(sys.stderr, f"loading {args.name}",
+                     shown=sys.stderr.isatty() and not args.json):
+            model = client.load_model(args.name, timeout=None)
     else:
         model = client.unload_model(args.name, reason=args.reason, timeout=None)
     if args.json:

@@ -38,6 +38,7 @@ from . import _generation as gen
 from ._balancing import drain, health, undrain  # noqa: F401 - verbs, run by name
 from ._history import add_source, push, retention  # noqa: F401 - push: a verb
 from ._models import models_table
+from ._progress import ScanBars, count_files
 from ._review import approve, documents, reject  # noqa: F401 - verbs, run by name
 from ._search import ask, search  # noqa: F401 - verbs, run by name
 
@@ -265,22 +266,30 @@ def _counts(p: ReindexProgress, seconds: float) -> str:
             f"{p.skipped_total} skipped — {seconds:.1f}s, {rate:.1f} files/s")
 
 
+def _scan_totals(client: Client, source_id: str) -> dict[str, int | None]:
+    """The files of each directory source to scan, counted here (None: not here)."""
+    return {s.id: count_files(s.path) for s in client.list_sources()
+            if s.kind == "directory" and s.path and not s.disabled
+            and source_id in ("", s.id)}
+
+
 def _reindex(client: Client, source_id: str, as_json: bool, verb: str,
-             since: datetime | None = None) -> int:
-    tty = sys.stderr.isatty()
+             since: datetime | None = None, *, totals: dict[str, int | None] | None = None
+             ) -> int:
+    shown = sys.stderr.isatty() and not as_json
+    if shown and totals is None:
+        totals = _scan_totals(client, source_id)
+    bars = ScanBars(sys.stderr, totals or {}, shown=shown)
     began = time.monotonic()
     finished = 0
     with client.reindex(source_id, since=since) as stream:
         for p in stream:
             seconds = time.monotonic() - began
             if not p.done:
-                if tty:
-                    sys.stderr.write("\r\x1b[K" + _counts(p, seconds))
-                    sys.stderr.flush()
+                bars.update(p)
                 continue
             finished += 1
-            if tty:
-                sys.stderr.write("\r\x1b[K")
+            bars.close()
             if as_json:
                 fmt.json_line(sys.stdout, {**dataclasses.asdict(p), "seconds": seconds})
             else:
@@ -335,7 +344,9 @@ def ingest(client: Client, args: argparse.Namespace) -> int:
                              "own id with --source ID")
     client.add_source(source_id, path, category=args.category, tags=args.tags,
                       review_required=args.review)
-    return _reindex(client, source_id, args.json, "ingest")
+    totals = ({source_id: count_files(path)} if sys.stderr.isatty() and not args.json
+              else {})
+    return _reindex(client, source_id, args.json, "ingest", totals=totals)
 
 
 def reindex(client: Client, args: argparse.Namespace) -> int:

@@ -4,7 +4,9 @@ what reaches the (fake) daemon, and what the CLI prints of it."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -13,7 +15,8 @@ import pytest
 from clients import AsyncClient, Client, Message, Tool, ToolCall, ToolCallDelta
 from clients._convert import ChatInput
 from clients._tools import joined, tool_choice
-from clients.cli._search import titled
+from clients.cli._progress import count_files
+from clients.cli._search import Waiting, titled
 from clients.testing import FakeLlamad
 from daemon.cli import version
 from llamad_protocol.v1 import inference_pb2
@@ -218,3 +221,70 @@ def test_a_hit_is_titled_by_its_section() -> None:
     assert titled("notes.txt", "") == "notes.txt"
     assert titled("", "Disk full") == "Disk full"
     assert titled("A long title", "and a long   section", 20) == "A long title: and a…"
+
+
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_scan_progress_on_a_terminal_only(llamad: Run, fake: FakeLlamad, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """ingest on a terminal draws a bar with the total (counted here, hidden files left
+    out), the rate and the ETA on stderr; with --json, or off a terminal, nothing."""
+    for i in range(3):
+        (tmp_path / f"n{i}.md").write_text(f"# note {i}\n\nnginx {i}\n")
+    assert count_files(tmp_path) == 3
+    assert count_files(tmp_path / "n0.md") is None
+    hidden = tmp_path.parent / f"{tmp_path.name}-hidden"
+    (hidden / ".git").mkdir(parents=True)
+    (hidden / ".git" / "HEAD").write_text("x")
+    (hidden / ".env").write_text("x")
+    (hidden / "a.md").write_text("x")
+    assert count_files(hidden) == 1
+    term = _Terminal()
+    monkeypatch.setattr("sys.stderr", term)
+    status, out, _ = llamad("ingest", str(tmp_path), "--source", "notes")
+    assert status == 0 and out.startswith("notes: 3 files")
+    drawn = term.getvalue()
+    assert "notes:" in drawn and "/3" in drawn and "files/s" in drawn  # total and rate
+    assert "<" in drawn  # tqdm's elapsed<remaining: the ETA
+    term.seek(0)
+    term.truncate()
+    status, out, _ = llamad("reindex", "--source", "notes", "--json")
+    assert status == 0 and json.loads(out.splitlines()[-1])["source_id"] == "notes"
+    assert term.getvalue() == ""
+
+
+def test_model_load_shows_elapsed_on_a_terminal(llamad: Run, fake: FakeLlamad,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    term = _Terminal()
+    monkeypatch.setattr("sys.stderr", term)
+    fake.delay["ControlService/LoadModel"] = 1.2
+    status, out, _ = llamad("models", "load", "fake-model")
+    assert status == 0
+    assert "loading fake-model: 00:0" in term.getvalue()
+    term.seek(0)
+    term.truncate()
+    status, out, _ = llamad("models", "load", "fake-model", "--json")
+    assert status == 0 and json.loads(out)["name"]
+    assert term.getvalue() == ""
+
+
+def test_ask_says_what_it_waits_for_on_a_terminal_only() -> None:
+    term = _Terminal()
+    with Waiting(term, "searching the documents, then waiting for the model",
+                 interval=0.05) as waiting:
+        time.sleep(0.2)  # the line is redrawn while nothing has come
+        waiting.done()
+        drawn = term.getvalue()
+    assert drawn.startswith("\r\x1b[Ksearching the documents, then waiting for the model (0s)")
+    assert drawn.endswith("\r\x1b[K")  # erased before the answer
+    quiet = io.StringIO()
+    with Waiting(quiet, "x", interval=0.01):
+        time.sleep(0.05)
+    assert quiet.getvalue() == ""
+    with Waiting(None, "x", interval=0.01):  # --json
+        pass
