@@ -59,6 +59,10 @@ class Admission:
         self._waiters: dict[Lane, collections.deque[_Waiter]] = {
             lane: collections.deque() for lane in Lane}
         self._interactive_admitted = 0  # ever; a waiter's share of it ages it
+        # Per lane, (_interactive_admitted, clock) when it last let a call in: a waiter ages
+        # from then at the earliest, so one promotion lets one call in, not the queue.
+        self._lane_mark: dict[Lane, tuple[int, float]] = {
+            lane: (0, float("-inf")) for lane in Lane}
         self._clock = clock
         self._on_change = on_change
         self._on_reject = on_reject
@@ -112,8 +116,12 @@ class Admission:
                 or self._lower_in_flight < self.lanes.lower_limit(self.limit, self.capacity))
 
     def _promoted(self, waiter: _Waiter, now: float) -> bool:
-        return (self._interactive_admitted - waiter.passed_at >= self.lanes.promote_after
-                or now - waiter.since >= self.lanes.promote_seconds)
+        """Whether ``waiter`` (a lower lane's head) has aged enough to go first: counted
+        from when it came or its lane last let a call in, whichever is later."""
+        admitted, at = self._lane_mark[waiter.lane]
+        passed = self._interactive_admitted - max(waiter.passed_at, admitted)
+        return (passed >= self.lanes.promote_after
+                or now - max(waiter.since, at) >= self.lanes.promote_seconds)
 
     def _next(self) -> _Waiter | None:
         """The waiter to let in next, or None: a promoted lower-lane head (the one waiting
@@ -134,6 +142,7 @@ class Admission:
             self._interactive_admitted += 1
         else:
             self._lower_in_flight += 1
+            self._lane_mark[lane] = (self._interactive_admitted, self._clock())
 
     def _position(self, lane: Lane) -> int:
         """Calls that would go before a new call of ``lane`` (ageing aside)."""
