@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import faulthandler
+import functools
 import signal
 import time
 from collections.abc import Callable
@@ -40,7 +41,7 @@ from retrieval import Retriever
 from supervisor import Clock, State, StateChange, SystemClock
 
 from .config import Config, Role
-from .config._catalog import CatalogEntry
+from .config._catalog import Catalog, CatalogEntry
 from .config.inference_mode import InferenceMode
 from .grpcapi.answer import AnswerServicer
 from .grpcapi.auth import AuthInterceptor, TlsCredentials
@@ -86,6 +87,7 @@ from .services.retrieval_bridge import (
 )
 from .telemetry.audit import AuditLog
 from .telemetry.metrics import Metrics
+from .telemetry.model_gauges import ModelLife
 
 _log = structlog.get_logger("llamad.daemon")
 
@@ -117,11 +119,13 @@ class Daemon:
         # Every role has its model whatever its mode, so a mode can be switched live.
         roles: dict[str, Model] = {role: build_child(config, role, clock=self._clock)
                                    for role in Role}
-        self.metrics = Metrics(version=version(), models=config.catalog.names())
+        self.metrics = Metrics(version=version(), models=_model_roles(config.catalog))
         for child in roles.values():
-            self.metrics.child_state(child.role, child.supervisor.state.value)
+            # A role's series carry the catalog name of the model it serves (its default).
+            name = config.catalog.defaults.get(child.role, child.role)
+            self.metrics.child_state(child.role, child.supervisor.state.value, name)
             self.metrics.mode(child.role, child.mode.kind)
-            child.supervisor.subscribe(self._observe_child)
+            child.supervisor.subscribe(functools.partial(self._observe_child, name))
             child.subscribe(self._after_change)
         self._metrics_server: MetricsServer | None = None
         self._http: HttpApi | None = None
@@ -134,6 +138,8 @@ class Daemon:
         self.pool = Pool(config.catalog, roles, self._pool_model, clock=self._clock,
                          settings=config.settings.models, metrics=self.metrics)
         self.router = InferenceRouter(self.pool.roles())
+        self.router.metrics = self.metrics
+        self.metrics.watch_models(self._model_lives)
         # Any model's state or what serves it changed: systemd's status line says so.
         self.pool.subscribe(self._tell_status)
         for name in config.catalog.defaults.values():  # the roles' models serve
@@ -340,15 +346,23 @@ class Daemon:
     def _tell_status(self) -> None:
         self._notifier.status(self.status_line())
 
-    def _observe_child(self, change: StateChange) -> None:
+    def _observe_child(self, model: str, change: StateChange) -> None:
+        """The child of the catalog model ``model`` changed state: its series say so."""
         m = self.metrics
-        m.child_state(change.role, change.new.value)
+        m.child_state(change.role, change.new.value, model)
         if change.cause is not None:  # set on the way into backoff or failed
-            m.child_exit(change.role, change.cause.kind)
+            m.child_exit(change.role, change.cause.kind, model)
         if change.new is State.STARTING and change.old in (State.BACKOFF, State.FAILED):
-            m.child_restart(change.role)
+            m.child_restart(change.role, model)
         if change.new is State.FAILED:  # entered only when the breaker opens
-            m.breaker_opened(change.role)
+            m.breaker_opened(change.role, model)
+
+    def _model_lives(self) -> list[ModelLife]:
+        """Each catalog model's lifecycle for a scrape: read from the pool's views (which
+        never build, load or touch a model)."""
+        return [ModelLife(v.name, v.role, v.state, v.last_used,
+                          self.pool.expected_load(v.name) if v.state == "loading" else None)
+                for v in self.pool.views()]
 
     def _after_change(self, child: Model) -> None:
         """What serves a model changed (a swap's or switch's cut-over, an unload)."""
@@ -394,7 +408,7 @@ class Daemon:
             try:
                 self.config, report = await reload_config(
                     self.config, self._reload_source, self.swaps, self.modes, pool=self.pool)
-                self.metrics.add_models(self.pool.names())
+                self.metrics.add_models(_model_roles(self.pool.catalog))
                 self._tasks.update(self.pool.preload())  # a reload's new preload models
                 self._inference.set_limits(self.config.settings.limits)
                 if self.retriever is not None:
@@ -421,9 +435,12 @@ class Daemon:
         await self.shutdown()
 
     def _pool_model(self, entry: CatalogEntry) -> Model:
-        """The Model of a catalog model the pool loads on demand: unloaded until then."""
-        return build_child(self.config, entry.role, clock=self._clock,
-                           child=pooled_config(entry))
+        """The Model of a catalog model the pool loads on demand: unloaded until then
+        (its child's states counted under its name)."""
+        model = build_child(self.config, entry.role, clock=self._clock,
+                            child=pooled_config(entry))
+        model.supervisor.subscribe(functools.partial(self._observe_child, entry.name))
+        return model
 
     async def shutdown(self) -> None:
         """Drain and stop everything. Idempotent."""
@@ -474,3 +491,8 @@ class Daemon:
     async def __aexit__(self, *exc: object) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await self.shutdown()
+
+
+def _model_roles(catalog: Catalog) -> dict[str, str]:
+    """Each catalog model's role by name: the ``model`` label values of the metrics."""
+    return {entry.name: entry.role for entry in catalog.entries}

@@ -112,8 +112,8 @@ class Pool(PoolViews, PoolReloads):
         self._joined: dict[str, int] = {}
         self._entering: dict[str, int] = {}
         self._listeners: list[Callable[[], None]] = []
-        for model in self.built():
-            self._watch(model)
+        for role, model in self._roles.items():
+            self._watch(model, catalog.defaults.get(role, role))
 
     def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
         """Call ``listener`` (no arguments, on the event loop) whenever any model's state
@@ -125,12 +125,14 @@ class Pool(PoolViews, PoolReloads):
                 self._listeners.remove(listener)
         return unsubscribe
 
-    def _watch(self, model: Model) -> None:
+    def _watch(self, model: Model, name: str) -> None:
         model.subscribe(lambda _: self._changed())
         model.supervisor.subscribe(lambda _: self._changed())
-        if self._metrics is not None:
-            model.admission.set_hooks(on_change=self._admitted,
-                                      on_reject=self._metrics.rejected)
+        metrics = self._metrics
+        if metrics is not None:
+            model.admission.set_hooks(
+                on_change=functools.partial(self._admitted, name),
+                on_reject=lambda role, reason: metrics.rejected(role, reason, name))
 
     def built(self) -> list[Model]:
         """Every Model built: each role's (a role without a catalog default too), then
@@ -138,14 +140,13 @@ class Pool(PoolViews, PoolReloads):
         every = {id(m): m for m in (*self._roles.values(), *self._models.values())}
         return list(every.values())
 
-    def _admitted(self, admission: Admission) -> None:
-        """A model's queue changed: its role's gauges add up every model of the role."""
+    def _admitted(self, name: str, admission: Admission) -> None:
+        """The queue of the model ``name`` changed: its gauges say so (issue 28; the
+        role's totals are their sum by role)."""
         if self._metrics is None:
             return
-        role = admission.role
-        of_role = [m.admission for m in self.built() if m.admission.role == role]
-        self._metrics.queue_depth(role, sum(a.queued for a in of_role))
-        self._metrics.in_flight(role, sum(a.in_flight for a in of_role))
+        self._metrics.queue_depth(admission.role, admission.queued, name)
+        self._metrics.in_flight(admission.role, admission.in_flight, name)
 
     def _changed(self) -> None:
         for listener in list(self._listeners):
@@ -308,7 +309,7 @@ class Pool(PoolViews, PoolReloads):
                 model = self._models.get(entry.name)
                 if model is None:
                     model = self._models[entry.name] = self._build(entry)
-                    self._watch(model)
+                    self._watch(model, entry.name)
                 if model.current is None:
                     raise FailedPrecondition(f"model {entry.name!r} has no model file")
                 need = memory.memory_needed(model.setup)

@@ -25,6 +25,7 @@ from .backend import InferenceBackend
 from .lanes import Lane
 
 if TYPE_CHECKING:
+    from ..telemetry.metrics import Metrics
     from .pool import Pool
 
 
@@ -53,6 +54,8 @@ class InferenceRouter:
         self._roles: Mapping[str, Role] = dict(roles)
         self._pool: Pool | None = None
         self.draining = False
+        self.metrics: Metrics | None = None
+        """Counts each admitted call (or refusal on its way in) by model and outcome."""
         self.on_cancelled: Callable[[Role, int], None] | None = None
         """Told of every admitted call cancelled (deadline, client gone) with the role and
         the child process it ran on (:class:`daemon.models.cancel_watch.CancelWatch`)."""
@@ -215,14 +218,17 @@ class InferenceRouter:
         """
         name, fixed = self._resolve(role, model)  # once: a reload may change the catalog
         loaded = False
-        if fixed:
-            self.backend(role, in_flight=in_flight)
-            served: Role = self._roles[role]
-        else:
-            if self.draining and not in_flight:
-                raise Draining("llamad is shutting down; retry on another instance or later")
-            served, time_remaining, loaded = await self._served(role, name, time_remaining)
+        outcome = "error"  # counted per model: a refusal on the way in is an error too
         try:
+            if fixed:
+                self.backend(role, in_flight=in_flight)
+                served: Role = self._roles[role]
+            else:
+                if self.draining and not in_flight:
+                    raise Draining("llamad is shutting down; retry on another instance or "
+                                   "later")
+                served, time_remaining, loaded = await self._served(role, name,
+                                                                    time_remaining)
             if not fixed:
                 self._check(served)
             async with served.admission.slot(time_remaining, lane):
@@ -238,9 +244,15 @@ class InferenceRouter:
                         self.on_cancelled(served, pid)
                     raise
                 served.admission.count_served(pid)
+                outcome = "ok"
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
         finally:
             if loaded:
                 self._entered(name)
+            if self.metrics is not None:
+                self.metrics.call(role, name, outcome)
 
     def _entered(self, name: str) -> None:
         if self._pool is not None:

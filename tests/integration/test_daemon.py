@@ -363,14 +363,17 @@ async def test_metrics_endpoint_counts_what_happened(llama_server: str) -> None:
         def v(name: str, **labels: str) -> float:
             return values.get((name, frozenset(labels.items())), 0.0)
 
+        # Per-call series carry the model (its catalog name) beside the role (issue 28).
+        model = daemon.config.catalog.defaults["generation"]
+        labels = {"role": "generation", "model": model}
         assert v("llamad_requests_total", protocol="grpc", method="Generate", code="OK") == 1
-        assert v("llamad_tokens_generated_total", role="generation") == \
-            msgs[-1].usage.completion_tokens
-        assert v("llamad_time_to_first_token_seconds_count", role="generation") == 1
-        assert v("llamad_child_restarts_total", role="generation") == 1
-        assert v("llamad_child_exits_total", role="generation", kind="signal") == 1
-        assert v("llamad_child_state", role="generation", state="running") == 1
-        assert v("llamad_child_state", role="generation", state="backoff") == 0
+        assert v("llamad_tokens_generated_total", **labels) == msgs[-1].usage.completion_tokens
+        assert v("llamad_time_to_first_token_seconds_count", **labels) == 1
+        assert v("llamad_model_calls_total", **labels, outcome="ok") == 1
+        assert v("llamad_child_restarts_total", **labels) == 1
+        assert v("llamad_child_exits_total", **labels, kind="signal") == 1
+        assert v("llamad_child_state", **labels, state="running") == 1
+        assert v("llamad_child_state", **labels, state="backoff") == 0
 
 
 async def test_roles_fail_independently(llama_server: str) -> None:

@@ -182,7 +182,9 @@ async def test_through_the_daemon_callers_get_unavailable_naming_the_cause(
         assert "probe got no answer" in child.last_error
         assert child.last_exit.kind == "probe_stalled"
         exits = daemon.metrics.registry.get_sample_value(
-            "llamad_child_exits_total", {"role": "generation", "kind": "probe_stalled"})
+            "llamad_child_exits_total",
+            {"role": "generation", "model": daemon.config.catalog.defaults["generation"],
+             "kind": "probe_stalled"})
         assert exits == 1
         assert isinstance(daemon.metrics, Metrics)
 

@@ -46,9 +46,13 @@ async def test_drain_wait_waits_for_an_on_demand_models_stream(llama_server: str
         assert daemon.children["generation"].busy() == 0  # nothing on the roles' models
         status = await clients.control.Status(control_pb2.StatusRequest())
         assert {m.name: m.in_flight for m in status.models if m.in_flight} == {GEMMA: 1}
-        # The metrics count it under its role, systemd's status line names its child.
+        # The metrics count it under its model (issue 28), systemd's status line names
+        # its child.
         assert daemon.metrics.registry.get_sample_value(
-            "llamad_requests_in_flight", {"role": "generation"}) == 1
+            "llamad_requests_in_flight", {"role": "generation", "model": GEMMA}) == 1
+        assert daemon.metrics.registry.get_sample_value(
+            "llamad_requests_in_flight",
+            {"role": "generation", "model": daemon.config.catalog.defaults["generation"]}) == 0
         gemma = daemon.pool.model(GEMMA)
         assert gemma is not None
         assert f"{GEMMA}: running (pid {gemma.serving_pid})" in daemon.status_line()

@@ -52,15 +52,16 @@ def test_counters_count_calls() -> None:
     m.request("Generate", "OK", 0.1, protocol="http")
     m.swap("generation", "ok", 4.0)
 
-    assert value(m, "llamad_child_exits_total", role="generation", kind="oom") == 2
-    assert value(m, "llamad_child_exits_total", role="embedding", kind="crash") == 1
-    assert value(m, "llamad_child_exits_total", role="embedding", kind="oom") == 0
-    assert value(m, "llamad_child_restarts_total", role="generation") == 1
-    assert value(m, "llamad_child_restarts_total", role="embedding") == 0
-    assert value(m, "llamad_breaker_opens_total", role="embedding") == 1
-    assert value(m, "llamad_tokens_generated_total", role="generation") == 7
-    assert value(m, "llamad_rejections_total", role="generation", reason="queue_full") == 1
-    assert value(m, "llamad_rejections_total", role="generation", reason="deadline") == 0
+    assert value(m, "llamad_child_exits_total", role="generation", model="other", kind="oom") == 2
+    assert value(m, "llamad_child_exits_total", role="embedding", model="other", kind="crash") == 1
+    assert value(m, "llamad_child_exits_total", role="embedding", model="other", kind="oom") == 0
+    assert value(m, "llamad_child_restarts_total", role="generation", model="other") == 1
+    assert value(m, "llamad_child_restarts_total", role="embedding", model="other") == 0
+    assert value(m, "llamad_breaker_opens_total", role="embedding", model="other") == 1
+    assert value(m, "llamad_tokens_generated_total", role="generation", model="other") == 7
+    rejections = "llamad_rejections_total"
+    assert value(m, rejections, role="generation", model="other", reason="queue_full") == 1
+    assert value(m, rejections, role="generation", model="other", reason="deadline") == 0
     grpc_ = {"protocol": "grpc"}
     assert value(m, "llamad_requests_total", **grpc_, method="Generate", code="OK") == 2
     assert value(m, "llamad_requests_total", **grpc_, method="Embed", code="UNAVAILABLE") == 1
@@ -79,10 +80,10 @@ def test_role_series_start_at_zero() -> None:
     """A fresh registry already exports the per-role counters and gauges at 0."""
     m = Metrics()
     for role in ("generation", "embedding"):
-        assert value(m, "llamad_child_restarts_total", role=role) == 0
-        assert value(m, "llamad_queue_depth", role=role) == 0
+        assert value(m, "llamad_child_restarts_total", role=role, model="other") == 0
+        assert value(m, "llamad_queue_depth", role=role, model="other") == 0
         for kind in EXIT_KINDS:
-            assert value(m, "llamad_child_exits_total", role=role, kind=kind) == 0
+            assert value(m, "llamad_child_exits_total", role=role, model="other", kind=kind) == 0
 
 
 def test_gauges_are_set_not_added() -> None:
@@ -92,9 +93,9 @@ def test_gauges_are_set_not_added() -> None:
     m.queue_depth("generation", 1)
     m.in_flight("generation", 4)
     m.in_flight("embedding", 2)
-    assert value(m, "llamad_queue_depth", role="generation") == 1
-    assert value(m, "llamad_requests_in_flight", role="generation") == 4
-    assert value(m, "llamad_requests_in_flight", role="embedding") == 2
+    assert value(m, "llamad_queue_depth", role="generation", model="other") == 1
+    assert value(m, "llamad_requests_in_flight", role="generation", model="other") == 4
+    assert value(m, "llamad_requests_in_flight", role="embedding", model="other") == 2
 
 
 def test_odd_numbers_are_clamped_not_raised() -> None:
@@ -103,8 +104,8 @@ def test_odd_numbers_are_clamped_not_raised() -> None:
     m.tokens("generation", -3)
     m.queue_depth("generation", -1)
     m.request("Status", "OK", -0.5)
-    assert value(m, "llamad_tokens_generated_total", role="generation") == 0
-    assert value(m, "llamad_queue_depth", role="generation") == 0
+    assert value(m, "llamad_tokens_generated_total", role="generation", model="other") == 0
+    assert value(m, "llamad_queue_depth", role="generation", model="other") == 0
     assert value(m, "llamad_request_duration_seconds_sum", protocol="grpc", method="Status") == 0
     assert value(m, "llamad_request_duration_seconds_bucket", protocol="grpc", method="Status",
                  le="0.005") == 1
@@ -140,11 +141,11 @@ def test_unknown_child_state_is_other_and_one_hot() -> None:
     m = Metrics()
     m.child_state("generation", "running")
     m.child_state("generation", "exploded")
-    assert value(m, "llamad_child_state", role="generation", state="other") == 1
-    assert value(m, "llamad_child_state", role="generation", state="running") == 0
+    assert value(m, "llamad_child_state", role="generation", model="other", state="other") == 1
+    assert value(m, "llamad_child_state", role="generation", model="other", state="running") == 0
     m.child_state("generation", "backoff")
-    assert value(m, "llamad_child_state", role="generation", state="other") == 0
-    assert value(m, "llamad_child_state", role="generation", state="backoff") == 1
+    assert value(m, "llamad_child_state", role="generation", model="other", state="other") == 0
+    assert value(m, "llamad_child_state", role="generation", model="other", state="backoff") == 1
 
 
 # -- cardinality -------------------------------------------------------------------------
@@ -159,13 +160,14 @@ def test_unknown_label_values_fold_to_other() -> None:
     m.swap("generation", "maybe", 1.0)
     m.child_restart("reranker-17")
     m.tokens("pid-4242", 3)
-    assert value(m, "llamad_child_exits_total", role="generation", kind="other") == 1
+    assert value(m, "llamad_child_exits_total", role="generation", model="other", kind="other") == 1
     assert value(m, "llamad_requests_total", protocol="grpc", method="other", code="other") == 1
     assert value(m, "llamad_request_duration_seconds_count", protocol="grpc", method="other") == 1
-    assert value(m, "llamad_rejections_total", role="generation", reason="other") == 1
+    assert value(m, "llamad_rejections_total", role="generation", model="other",
+                 reason="other") == 1
     assert value(m, "llamad_swaps_total", role="generation", outcome="other") == 1
-    assert value(m, "llamad_child_restarts_total", role="other") == 1
-    assert value(m, "llamad_tokens_generated_total", role="other") == 3
+    assert value(m, "llamad_child_restarts_total", role="other", model="other") == 1
+    assert value(m, "llamad_tokens_generated_total", role="other", model="other") == 3
     text = m.render().decode()
     for leaked in ("exploded", "Frobnicate", "TEAPOT", "because", "maybe", "reranker", "4242"):
         assert leaked not in text
@@ -179,7 +181,7 @@ def test_many_distinct_bad_values_add_one_series() -> None:
         m.child_exit("generation", f"weird-{i}")
     after = series(m, "llamad_child_exits_total")
     assert len(after) == before + 1
-    assert after[frozenset({("role", "generation"), ("kind", "other")})] == 1000
+    assert after[frozenset({("role", "generation"), ("model", "other"), ("kind", "other")})] == 1000
 
 
 def test_methods_can_be_extended() -> None:
@@ -221,8 +223,8 @@ def test_registries_are_separate_from_each_other_and_the_global_one() -> None:
     """Two Metrics in one process do not share values, and nothing lands in REGISTRY."""
     a, b = Metrics(), Metrics()
     a.child_restart("generation")
-    assert value(a, "llamad_child_restarts_total", role="generation") == 1
-    assert value(b, "llamad_child_restarts_total", role="generation") == 0
+    assert value(a, "llamad_child_restarts_total", role="generation", model="other") == 1
+    assert value(b, "llamad_child_restarts_total", role="generation", model="other") == 0
     assert b"llamad_" not in prometheus_client.generate_latest(prometheus_client.REGISTRY)
 
 
@@ -239,12 +241,12 @@ def test_time_to_first_token_buckets() -> None:
     name = "llamad_time_to_first_token_seconds"
     for seconds in (0.007, 20.0, 45.0):
         m.time_to_first_token("generation", seconds)
-    assert bucket(m, name, "0.005", role="generation") == 0
-    assert bucket(m, name, "0.01", role="generation") == 1
-    assert bucket(m, name, "10.0", role="generation") == 1
-    assert bucket(m, name, "30.0", role="generation") == 2
-    assert bucket(m, name, "+Inf", role="generation") == 3
-    assert value(m, f"{name}_count", role="generation") == 3
+    assert bucket(m, name, "0.005", role="generation", model="other") == 0
+    assert bucket(m, name, "0.01", role="generation", model="other") == 1
+    assert bucket(m, name, "10.0", role="generation", model="other") == 1
+    assert bucket(m, name, "30.0", role="generation", model="other") == 2
+    assert bucket(m, name, "+Inf", role="generation", model="other") == 3
+    assert value(m, f"{name}_count", role="generation", model="other") == 3
 
 
 def test_inter_token_buckets() -> None:
@@ -259,10 +261,10 @@ def test_inter_token_buckets() -> None:
     assert bounds[0] == 0.001
     assert bounds[-2] == 2.0
     assert math.isinf(bounds[-1])
-    assert bucket(m, name, "0.001", role="generation") == 1
-    assert bucket(m, name, "0.0025", role="generation") == 2
-    assert bucket(m, name, "2.0", role="generation") == 2
-    assert bucket(m, name, "+Inf", role="generation") == 3
+    assert bucket(m, name, "0.001", role="generation", model="other") == 1
+    assert bucket(m, name, "0.0025", role="generation", model="other") == 2
+    assert bucket(m, name, "2.0", role="generation", model="other") == 2
+    assert bucket(m, name, "+Inf", role="generation", model="other") == 3
 
 
 def test_request_and_swap_buckets() -> None:

@@ -57,7 +57,7 @@ async def test_get_metrics(server: MetricsServer) -> None:
     assert resp.headers["connection"] == "close"
     names = {f.name for f in text_string_to_metric_families(resp.text)}
     assert {"llamad_build_info", "llamad_child_state", "llamad_requests"} <= names
-    assert 'llamad_child_state{role="generation",state="running"} 1.0' in resp.text
+    assert 'llamad_child_state{model="other",role="generation",state="running"} 1.0' in resp.text
     assert 'llamad_build_info{version="9.9.9"} 1.0' in resp.text
 
 

@@ -1,5 +1,6 @@
 """The pool's metrics (issue 14): loads by outcome, unloads by reason and residency, one
-series per catalog model name (never anything else)."""
+series per catalog model name (never anything else); each model's slots, queue,
+refusals and calls under its own name (issue 28)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ from supervisor import State
 from tests.support.scripted import settle
 from tests.support.scripted_pool import Rig, until
 
+MODELS = {"gen-a": "generation", "gen-b": "generation", "gen-c": "generation",
+          "emb": "embedding"}
+"""The Rig's catalog: each model's role."""
+
 
 def value(metrics: Metrics, name: str, **labels: str) -> float:
     sample = metrics.registry.get_sample_value(name, labels)
@@ -24,7 +29,7 @@ def value(metrics: Metrics, name: str, **labels: str) -> float:
 
 
 async def test_loads_unloads_and_residency_are_counted_per_model(tmp_path: Path) -> None:
-    metrics = Metrics(version="test", models=["gen-a", "gen-b", "gen-c", "emb"])
+    metrics = Metrics(version="test", models=MODELS)
     rig = Rig(tmp_path, PoolSettings(max_resident=2), metrics=metrics, pinned=("gen-c",))
     rig.default.start()
     await settle(rig.default.supervisor, State.RUNNING)
@@ -46,43 +51,59 @@ async def test_loads_unloads_and_residency_are_counted_per_model(tmp_path: Path)
     assert names == {"gen-a", "gen-b", "gen-c", "emb"}
 
 
-async def test_in_flight_queue_depth_and_rejections_count_every_model_of_a_role(
+async def test_slots_queue_rejections_and_calls_are_counted_per_model(
         tmp_path: Path) -> None:
-    """A call on a model loaded on demand is in flight (and one waiting for its slots is
-    queued, one refused is counted) under its role, beside the calls on the role's
-    default: the role's series add up every model of the role (issue 26)."""
-    metrics = Metrics(version="test", models=["gen-a", "gen-b", "gen-c", "emb"])
+    """A call on a model loaded on demand is in flight (one waiting for its slots queued,
+    one refused counted, each call counted by outcome) under that model's name, apart
+    from the calls on the role's default; the role's totals are the sum by role."""
+    metrics = Metrics(version="test", models=MODELS)
     rig = Rig(tmp_path, metrics=metrics)
     rig.default.start()
     await settle(rig.default.supervisor, State.RUNNING)
     router = InferenceRouter({"generation": rig.default})
     router.attach(rig.pool)
+    router.metrics = metrics
 
-    def gauges() -> tuple[float, float]:
-        return (value(metrics, "llamad_requests_in_flight", role="generation"),
-                value(metrics, "llamad_queue_depth", role="generation"))
+    def gauges(model: str) -> tuple[float, float]:
+        return (value(metrics, "llamad_requests_in_flight", role="generation", model=model),
+                value(metrics, "llamad_queue_depth", role="generation", model=model))
 
-    async with contextlib.AsyncExitStack() as calls:
-        await calls.enter_async_context(router.admit("generation", None, model="b"))
+    def role_totals() -> tuple[float, float]:
+        each = [gauges(name) for name, role in MODELS.items() if role == "generation"]
+        return (sum(busy for busy, _ in each), sum(queued for _, queued in each))
+
+    def calls(model: str, outcome: str) -> float:
+        return value(metrics, "llamad_model_calls_total", role="generation", model=model,
+                     outcome=outcome)
+
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(router.admit("generation", None, model="b"))
         gen_b = rig.pool.model("gen-b")
         assert gen_b is not None and gen_b.admission.capacity > 1
         slots = gen_b.admission.capacity
         for _ in range(slots - 1):  # every slot of gen-b taken
-            await calls.enter_async_context(router.admit("generation", None, model="b"))
-        assert gauges() == (slots, 0)
-        await calls.enter_async_context(router.admit("generation", None))  # gen-a's
-        assert gauges() == (slots + 1, 0)
-        waiting = asyncio.create_task(calls.enter_async_context(
+            await stack.enter_async_context(router.admit("generation", None, model="b"))
+        assert gauges("gen-b") == (slots, 0)
+        assert gauges("gen-a") == (0, 0)
+        await stack.enter_async_context(router.admit("generation", None))  # gen-a's
+        assert gauges("gen-a") == (1, 0)
+        assert role_totals() == (slots + 1, 0)
+        waiting = asyncio.create_task(stack.enter_async_context(
             router.admit("generation", None, model="gen-b")))
-        await until(lambda: gauges() == (slots + 1, 1))
+        await until(lambda: gauges("gen-b") == (slots, 1))
         gen_b.set_queue_size(1)
         with pytest.raises(Overloaded):  # its queue is full
             async with router.admit("generation", None, model="gen-b"):
                 pass
-        assert value(metrics, "llamad_rejections_total", role="generation",
+        assert value(metrics, "llamad_rejections_total", role="generation", model="gen-b",
                      reason="queue_full") == 1
+        assert value(metrics, "llamad_rejections_total", role="generation", model="gen-a",
+                     reason="queue_full") == 0
+        assert calls("gen-b", "error") == 1
         waiting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await waiting
-        assert gauges() == (slots + 1, 0)
-    assert gauges() == (0, 0)
+        assert calls("gen-b", "cancelled") == 1
+        assert gauges("gen-b") == (slots, 0)
+    assert role_totals() == (0, 0)
+    assert (calls("gen-b", "ok"), calls("gen-a", "ok"), calls("gen-c", "ok")) == (slots, 1, 0)
