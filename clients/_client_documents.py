@@ -260,6 +260,9 @@ class DocumentCalls(SyncBase):
             mode: how the sources are searched (see :meth:`search`).
             dated_since, dated_until: only sources whose document's own date is within
                 this window (see :meth:`search`).
+            dry_run: generate nothing: the stream yields an :class:`~clients.AskPlan`
+                (every hit and whether it was kept, the prompt's sections, redacted, and
+                its tokens) instead of text, then the sources and done.
 
         Raises:
             OutOfRange: the question, template and task cannot fit the context.

@@ -17,6 +17,7 @@ from . import _generation, _tools
 from ._types import (
     AskDone,
     AskEvent,
+    AskPlan,
     AskSources,
     AskText,
     ChildStatus,
@@ -29,6 +30,8 @@ from ._types import (
     GenerateChunk,
     LogLine,
     Message,
+    PlannedHit,
+    PromptSection,
     ReindexProgress,
     Reprocessed,
     RetrievalStatus,
@@ -386,6 +389,7 @@ def ask_event(msg: answer_pb2.AskResponse) -> AskEvent | None:
                                      indexed_at=_time(c, "indexed_at"),
                                      document_date=_time(c, "document_date"),
                                      kind=c.kind, source_id=c.source_id,
+                                     chunk_ids=tuple(c.chunk_ids),
                                      heading=c.heading)
                             for c in s.citations),
             retrieval_mode=search_mode(s.retrieval_mode), warnings=tuple(s.warnings))
@@ -395,5 +399,24 @@ def ask_event(msg: answer_pb2.AskResponse) -> AskEvent | None:
                        no_context=d.no_context, finish_reason=finish_reason(d.finish_reason),
                        chunks_dropped=d.chunks_dropped,
                        attachment_clipped=d.attachment_clipped,
-                       template_version=d.template_version, model_name=d.model_name)
+                       template_version=d.template_version, model_name=d.model_name,
+                       history_turns_dropped=d.history_turns_dropped, dry_run=d.dry_run)
+    if kind == "plan":
+        return ask_plan(msg.plan)
     return None
+
+
+def ask_plan(p: answer_pb2.AskPlan) -> AskPlan:
+    """A dry run's plan; verdicts and roles by their short names (kept, user...)."""
+    return AskPlan(
+        hits=tuple(PlannedHit(
+            chunk_id=h.chunk_id, document_id=h.document_id, title=h.title, path=h.path,
+            ordinal=h.ordinal, score=h.score,
+            text_score=h.text_score if h.HasField("text_score") else None,
+            vector_score=h.vector_score if h.HasField("vector_score") else None,
+            verdict=enum_name(answer_pb2.HitVerdict, h.verdict, "HIT_VERDICT_"),
+            label=h.label) for h in p.hits),
+        sections=tuple(PromptSection(
+            role=enum_name(inference_pb2.ChatRole, s.role, "CHAT_ROLE_"), content=s.content,
+            tokens=s.tokens) for s in p.sections),
+        prompt_tokens=p.prompt_tokens, budget=p.budget)

@@ -174,6 +174,7 @@ class AskOptions(TypedDict, total=False):
     dated_since: datetime | None
     dated_until: datetime | None
     model: str
+    dry_run: bool
 
 
 def ask(question: str, *, top_k: int = 0, sources: Sequence[str] = (),
@@ -182,9 +183,10 @@ def ask(question: str, *, top_k: int = 0, sources: Sequence[str] = (),
         max_tokens: int | None = None, temperature: float | None = None,
         seed: int | None = None, no_cache: bool = False, mode: SearchMode = "hybrid",
         dated_since: datetime | None = None, dated_until: datetime | None = None,
-        model: str = "") -> answer_pb2.AskRequest:
+        model: str = "", dry_run: bool = False) -> answer_pb2.AskRequest:
     return answer_pb2.AskRequest(
         question=question, top_k=top_k, history=cv.turns(history), model=model,
+        dry_run=dry_run,
         task=cv.task_enum(task), attachment=attachment, no_cache=no_cache,
         mode=cv.search_mode_enum(mode),
         filters=cv.filters(sources=sources, kinds=kinds, categories=categories, tags=tags,

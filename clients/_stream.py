@@ -20,6 +20,7 @@ from . import _tools
 from ._types import (
     AskDone,
     AskEvent,
+    AskPlan,
     AskResult,
     AskSources,
     AskText,
@@ -98,7 +99,8 @@ def _ask_result(events: list[AskEvent]) -> AskResult:
     text = "".join(e.text for e in events if isinstance(e, AskText))
     sources = next((e for e in events if isinstance(e, AskSources)), None)
     done = next((e for e in events if isinstance(e, AskDone)), None)
-    return AskResult(answer=text, sources=sources, done=done)
+    plan = next((e for e in events if isinstance(e, AskPlan)), None)
+    return AskResult(answer=text, sources=sources, done=done, plan=plan)
 
 
 class TextStream(Stream[GenerateChunk]):

@@ -7,7 +7,18 @@ rather than an error, so an older client keeps working against a newer daemon.
 Timestamps become timezone-aware :class:`datetime.datetime` objects, or None when unset.
 """
 
-from ._answer import AskDone, AskEvent, AskResult, AskSources, AskText, Citation, Task
+from ._answer import (
+    AskDone,
+    AskEvent,
+    AskPlan,
+    AskResult,
+    AskSources,
+    AskText,
+    Citation,
+    PlannedHit,
+    PromptSection,
+    Task,
+)
 from ._control import (
     ChildStatus,
     DaemonStatus,
@@ -50,6 +61,7 @@ from ._inference import (
 __all__ = [
     "AskDone",
     "AskEvent",
+    "AskPlan",
     "AskResult",
     "AskSources",
     "AskText",
@@ -66,6 +78,8 @@ __all__ = [
     "LogLine",
     "Message",
     "Mode",
+    "PlannedHit",
+    "PromptSection",
     "ReindexProgress",
     "Reprocessed",
     "RetrievalStatus",

@@ -34,6 +34,9 @@ class Citation:
     source_id: str = ""
     heading: str = ""
     """The section of the document the best chunk came from (its heading; "" for none)."""
+    chunk_ids: tuple[str, ...] = ()
+    """Every chunk of the document the prompt holds, in document order (a document is one
+    source; ``chunk_id``, ``score`` and ``snippet`` are its best chunk's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +68,55 @@ class AskDone:
     attachment_clipped: bool
     template_version: str
     model_name: str = ""  # the catalog name of the model that answered ("": none ran)
+    history_turns_dropped: int = 0
+    """Conversation turns left out, oldest first, to fit the model's context."""
+    dry_run: bool = False
+    """A dry run: nothing was generated (the usage holds the prompt's tokens only)."""
 
 
-AskEvent: TypeAlias = AskText | AskSources | AskDone
-"""What an Ask stream yields: text events, then one AskSources, then one AskDone."""
+@dataclass(frozen=True, slots=True)
+class PlannedHit:
+    """A chunk a dry run retrieved and what became of it: ``verdict`` is ``kept`` (in the
+    prompt under ``label``), ``below_floor`` (under the relevance floor) or
+    ``over_budget`` (left out to fit the token budget)."""
+
+    chunk_id: str
+    document_id: str
+    title: str
+    path: str
+    ordinal: int
+    score: float
+    text_score: float | None
+    vector_score: float | None
+    verdict: str
+    label: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSection:
+    """One message of the prompt a dry run assembled (redacted, as the model would get
+    it): ``role`` system, user or assistant."""
+
+    role: str
+    content: str
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class AskPlan:
+    """A dry run's account (``ask(..., dry_run=True)``): every hit in rank order with its
+    verdict, the prompt's sections, its tokens and the budget it fit (the model's context
+    less max_tokens). Sent instead of the text."""
+
+    hits: tuple[PlannedHit, ...]
+    sections: tuple[PromptSection, ...]
+    prompt_tokens: int
+    budget: int
+
+
+AskEvent: TypeAlias = AskText | AskPlan | AskSources | AskDone
+"""What an Ask stream yields: text events (or, in a dry run, one AskPlan), then one
+AskSources, then one AskDone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +126,8 @@ class AskResult:
     answer: str
     sources: AskSources | None
     done: AskDone | None
+    plan: AskPlan | None = None
+    """A dry run's plan (None for an answer)."""
 
     @property
     def citations(self) -> tuple[Citation, ...]:

@@ -4,6 +4,8 @@ Both print one score scale, ``score`` in [0, 1]: the fused RRF score divided by 
 chunk could get from the indexes that answered (1: ranked first by each of them), or the
 cosine similarity in vector mode; ``--min-score`` compares the same number. Each hit and
 source shows the section it came from (its chunk's heading) beside the document's title.
+``llamad ask --dry-run`` prints what the answer's prompt would be instead of an answer:
+each hit and what became of it, the prompt's sections (redacted) and their tokens.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .._client import Client
-from .._types import AskDone, AskSources, AskText
+from .._types import AskDone, AskPlan, AskSources, AskText
 from . import _format as fmt
 
 
@@ -61,12 +63,16 @@ def add_search_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument("--max-tokens", type=int, metavar="N")
     p.add_argument("--temperature", type=float, metavar="T")
     p.add_argument("--no-cache", action="store_true", help="skip the response cache")
+    p.add_argument("--dry-run", action="store_true",
+                   help="generate nothing: print the hits and which were kept (under the "
+                        "relevance floor and the token budget), the prompt's sections as "
+                        "the model would get them (redacted) and their tokens")
     p.add_argument("--mode", choices=("hybrid", "text", "vector"), default="hybrid",
                    help="how the sources are searched (default hybrid)")
     model_flag(p, "generation")
     _filter_flags(p)
     _dated_flags(p, moment)
-    json_flag(p, "JSON lines (text, sources and done events)")
+    json_flag(p, "JSON lines (text or plan, sources and done events)")
 
     p = sub.add_parser("search", parents=common, help="hybrid search of the documents",
                        description="Search the indexed documents (BM25 and vectors).")
@@ -171,30 +177,36 @@ def ask(client: Client, args: argparse.Namespace) -> int:
     stream = client.ask(_text_arg(args.question), top_k=args.top_k, task=args.task,
                         attachment=attachment, max_tokens=args.max_tokens,
                         temperature=args.temperature, no_cache=args.no_cache,
-                        mode=args.mode, model=args.model, **_filters(args))
+                        mode=args.mode, model=args.model, dry_run=args.dry_run,
+                        **_filters(args))
     out = sys.stdout
     sources: AskSources | None = None
     done: AskDone | None = None
+    plan: AskPlan | None = None
     text = ""
     what = ("searching the documents, then waiting for "
             + (f"the model {args.model}" if args.model else "the model"))
+    kinds = {AskText: "text", AskPlan: "plan", AskSources: "sources", AskDone: "done"}
     with stream, Waiting(None if args.json else sys.stderr, what) as waiting:
         for event in stream:
             waiting.done()
             if args.json:
-                kind = {AskText: "text", AskSources: "sources", AskDone: "done"}[type(event)]
-                fmt.json_line(out, {"event": kind, **dataclasses.asdict(event)})
+                fmt.json_line(out, {"event": kinds[type(event)], **dataclasses.asdict(event)})
                 continue
             if isinstance(event, AskText):
                 out.write(event.text)
                 out.flush()
                 text += event.text
+            elif isinstance(event, AskPlan):
+                plan = event
             elif isinstance(event, AskSources):
                 sources = event
             else:
                 done = event
     if args.json:
         return 0
+    if plan is not None:
+        print_plan(plan, done, out)
     if text and not text.endswith("\n"):
         out.write("\n")
     if sources is not None and sources.citations:
@@ -214,6 +226,29 @@ def ask(client: Client, args: argparse.Namespace) -> int:
                  f"{done.chunks_dropped} sources left out" if done.chunks_dropped else ""]
         print("[" + ", ".join(n for n in notes if n) + "]", file=sys.stderr)
     return 0
+
+
+_VERDICTS = {"kept": "kept", "below_floor": "below floor", "over_budget": "over budget"}
+
+
+def print_plan(plan: AskPlan, done: AskDone | None, out: TextIO) -> None:
+    """A dry run: each hit with its verdict, then the prompt's sections with their text."""
+    out.write("Hits (rank order):\n")
+    for h in plan.hits:
+        out.write(f"  {h.label or '-':<4} {_VERDICTS.get(h.verdict, h.verdict):<12} "
+                  f"{h.score:.3f}  {h.chunk_id}  {fmt.clip(h.title or h.document_id, 40)}\n")
+    if not plan.hits:
+        out.write("  (none)\n")
+    if not plan.sections:
+        out.write("\nNo prompt: nothing relevant was retrieved (Ask answers that the "
+                  "knowledge base has nothing on it).\n")
+        return
+    template = f", templates {done.template_version}" if done is not None else ""
+    out.write(f"\nPrompt: {plan.prompt_tokens} tokens of a {plan.budget}-token budget"
+              f"{template}\n")
+    for s in plan.sections:
+        out.write(f"\n--- {s.role} ({s.tokens} tokens) ---\n{s.content}\n")
+    out.flush()
 
 
 def _rank(rank: int | None, score: float | None) -> str:
