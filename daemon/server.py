@@ -87,7 +87,7 @@ from .services.retrieval_bridge import (
 )
 from .telemetry.audit import AuditLog
 from .telemetry.metrics import Metrics
-from .telemetry.model_gauges import ModelLife
+from .telemetry.model_gauges import model_lives
 
 _log = structlog.get_logger("llamad.daemon")
 
@@ -139,7 +139,7 @@ class Daemon:
                          settings=config.settings.models, metrics=self.metrics)
         self.router = InferenceRouter(self.pool.roles())
         self.router.metrics = self.metrics
-        self.metrics.watch_models(self._model_lives)
+        self.metrics.watch_models(functools.partial(model_lives, self.pool))
         # Any model's state or what serves it changed: systemd's status line says so.
         self.pool.subscribe(self._tell_status)
         for name in config.catalog.defaults.values():  # the roles' models serve
@@ -356,14 +356,6 @@ class Daemon:
             m.child_restart(change.role, model)
         if change.new is State.FAILED:  # entered only when the breaker opens
             m.breaker_opened(change.role, model)
-
-    def _model_lives(self) -> list[ModelLife]:
-        """Each catalog model's lifecycle for a scrape: read from the pool's views (which
-        never build, load or touch a model)."""
-        return [ModelLife(v.name, v.role, v.state, v.last_used,
-                          self.pool.expected_load(v.name) if v.state == "loading" else None)
-                for v in self.pool.views()]
-
     def _after_change(self, child: Model) -> None:
         """What serves a model changed (a swap's or switch's cut-over, an unload)."""
         self.metrics.mode(child.role, child.mode.kind)

@@ -297,6 +297,9 @@ class Metrics:
             self._rejections.labels(role, model, reason)
         for outcome in CALL_OUTCOMES:
             self._calls.labels(role, model, outcome)
+        if role == Role.GENERATION:  # only generation streams tokens
+            self._ttft.labels(role, model)
+            self._inter_token.labels(role, model)
 
     def _series(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, looked up once per label set: the hot paths (every

@@ -13,9 +13,9 @@ resolved once per call so that each streamed token costs two plain updates.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -50,6 +50,36 @@ class ModelLife:
     state: str
     last_used: float | None = None
     load_expected: float | None = None
+
+
+class _Views(Protocol):
+    """What :func:`model_lives` reads of the pool (:class:`daemon.models.pool.Pool`)."""
+
+    def views(self) -> Sequence[_View]: ...
+
+    def expected_load(self, name: str) -> float | None: ...
+
+
+class _View(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def last_used(self) -> float | None: ...
+
+
+def model_lives(pool: _Views) -> list[ModelLife]:
+    """Each catalog model's lifecycle, read from ``pool``'s views (ListModels' own, which
+    never build, load or touch a model)."""
+    return [ModelLife(v.name, v.role, v.state, v.last_used,
+                      pool.expected_load(v.name) if v.state == "loading" else None)
+            for v in pool.views()]
 
 
 class ModelGauges(Collector):
