@@ -348,7 +348,10 @@ class PlannedHit(_message.Message):
     ordinal: _builtins.int
     """The chunk's place in its document, from 1."""
     score: _builtins.float
-    """The fused score, and each index's own (unset when that index did not find it)."""
+    """Its score on SearchHit.score's scale (as Citation.score), and each index's own (BM25,
+    cosine similarity; unset when that index did not find it): the relevance floor is
+    on those.
+    """
     text_score: _builtins.float
     vector_score: _builtins.float
     verdict: Global___HitVerdict.ValueType

@@ -66,7 +66,7 @@ def planned(hits: Sequence[Hit], relevant: Callable[[Hit], bool],
     for h in hits:
         verdict = (KEPT if h.chunk_id in labels else
                    BELOW_FLOOR if not relevant(h) else OVER_BUDGET)
-        out.append(PlannedHit(h.chunk_id, h.doc_id, h.title, h.path, h.ordinal, h.fused_score,
+        out.append(PlannedHit(h.chunk_id, h.doc_id, h.title, h.path, h.ordinal, h.score,
                               h.text_score, h.vector_score, verdict,
                               labels.get(h.chunk_id, "")))
     return tuple(out)
