@@ -12,6 +12,7 @@ from daemon.errors import InvalidArgument, Overloaded
 from daemon.models import lanes
 from daemon.models.admission import Admission
 from daemon.models.lanes import Lane, LanePolicy, parse_lane, policy_from
+from tests.support.httpapi import client, serving
 
 INT, B, G = Lane.INTERACTIVE, Lane.BATCH, Lane.BACKGROUND
 
@@ -239,3 +240,40 @@ def test_policy_from_limits_defaults() -> None:
     assert policy.lower_limit(slots=1, capacity=2) == 2
     with pytest.raises(ValueError, match="promote_after"):
         LanePolicy(promote_after=0)
+
+
+async def test_http_a_full_batch_lane_is_429_while_interactive_calls_still_queue() -> None:
+    """Over the HTTP API (real router and admission, a scripted backend): with the slot
+    busy, a call sent with x-llamad-lane: batch to a batch lane of size 0 is 429 with
+    Retry-After naming its option; an interactive one waits and is served; a lane that
+    is not a client's is 400 naming the header."""
+    async with serving(queue=4) as h:
+        h.gen_admission.configure(LanePolicy(batch_queue=0))
+        h.gen.gate = asyncio.Event()
+        busy, waiting = asyncio.Event(), asyncio.Event()
+
+        def changed(adm: Admission) -> None:
+            if adm.in_flight:
+                busy.set()
+            if adm.queued_in(INT):
+                waiting.set()
+
+        h.gen_admission.set_hooks(changed, None)
+        async with client() as http:
+            body = {"model": "gen", "prompt": "x"}
+            first = asyncio.create_task(http.post(h.url + "/v1/completions", json=body))
+            await busy.wait()
+            batch = await http.post(h.url + "/v1/completions", json=body,
+                                    headers={"X-Llamad-Lane": "batch"})
+            queued = asyncio.create_task(http.post(h.url + "/v1/completions", json=body))
+            await waiting.wait()
+            bad = await http.post(h.url + "/v1/completions", json=body,
+                                  headers={"X-Llamad-Lane": "urgent"})
+            h.gen.gate.set()
+            assert (await first).status_code == 200
+            assert (await queued).status_code == 200
+    assert batch.status_code == 429
+    assert int(batch.headers["retry-after"]) >= 1
+    assert "limits.batch_queue_size = 0" in batch.json()["error"]["message"]
+    assert bad.status_code == 400
+    assert "x-llamad-lane" in bad.json()["error"]["message"]
