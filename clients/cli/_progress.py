@@ -48,16 +48,22 @@ class ScanBars:
         self._bar: Any = None  # a tqdm
         self._source = ""
 
+    def start(self, source_id: str) -> None:
+        """Draw ``source_id``'s bar at 0 before its first report (the daemon reports at
+        most every second, none before a short scan ends)."""
+        if not self._shown or (self._bar is not None and source_id == self._source):
+            return
+        self.close()
+        self._source = source_id
+        self._bar = tqdm(total=self._totals.get(source_id), file=self._out,
+                         desc=source_id, unit=" files", dynamic_ncols=True, leave=False,
+                         mininterval=0.2)
+
     def update(self, p: ReindexProgress) -> None:
         """Show ``p``'s counts (the files it has gone through: taken in or skipped)."""
         if not self._shown:
             return
-        if self._bar is None or p.source_id != self._source:
-            self.close()
-            self._source = p.source_id
-            self._bar = tqdm(total=self._totals.get(p.source_id), file=self._out,
-                             desc=p.source_id, unit=" files", dynamic_ncols=True,
-                             leave=False, mininterval=0.2)
+        self.start(p.source_id)
         done = p.seen + p.skipped_total
         total = self._bar.total
         self._bar.n = min(done, total) if total else done

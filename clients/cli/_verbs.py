@@ -280,6 +280,8 @@ def _reindex(client: Client, source_id: str, as_json: bool, verb: str,
     if shown and totals is None:
         totals = _scan_totals(client, source_id)
     bars = ScanBars(sys.stderr, totals or {}, shown=shown)
+    if source_id:
+        bars.start(source_id)
     began = time.monotonic()
     finished = 0
     with client.reindex(source_id, since=since) as stream:

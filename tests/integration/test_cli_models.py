@@ -7,6 +7,9 @@ search's score scale and name their section; ``llamad --version`` and ``llamad m
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import subprocess
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
@@ -14,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from clients import AsyncClient, Client
-from tests.conftest import models_dir
-from tests.integration.test_cli import Daemon, llamad, one_line_error
+from tests.conftest import ROOT, models_dir
+from tests.integration.test_cli import COMMAND, Daemon, llamad, one_line_error
 from tests.support.daemon import config_env
 
 pytestmark = pytest.mark.integration
@@ -130,3 +133,36 @@ def test_version_and_models_help(address: str) -> None:
     assert result.returncode == 0
     verbs = {line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ")}
     assert {"ps", "load", "unload", "prepare", "list", "verify"} <= verbs
+
+
+def _in_a_terminal(address: str, tmp: Path, *args: str) -> str:
+    """Run ``llamad ARGS`` on a pseudo-terminal (``script``) 160 columns wide (script's
+    own pty has no size); return all it drew there."""
+    log = tmp / "terminal.log"
+    command = "stty cols 160 rows 40; " + " ".join(shlex.quote(a) for a in (*COMMAND, *args))
+    subprocess.run(["script", "-qefc", command, str(log)], cwd=ROOT,
+                   env={**os.environ, "LLAMAD_ADDRESS": address},
+                   stdin=subprocess.DEVNULL, capture_output=True, timeout=180, check=True)
+    return log.read_text(errors="replace")
+
+
+def test_progress_in_a_real_terminal_not_with_json(address: str, tmp_path: Path) -> None:
+    """On a terminal: ingest's bar (total counted here, rate, ETA) and ask's waiting line;
+    with --json on the same terminal: none of it, only the JSON lines."""
+    corpus = tmp_path / "many"
+    corpus.mkdir()
+    for i in range(40):
+        (corpus / f"note{i:02d}.md").write_text(f"# Note {i}\n\nhost web{i:02d} disk {i}\n")
+    drawn = _in_a_terminal(address, tmp_path, "ingest", str(corpus), "--source", "many")
+    assert "many:" in drawn and "/40" in drawn and "files/s" in drawn, drawn
+    assert "many: 40 files: 40 added" in drawn  # the final counts
+    drawn = _in_a_terminal(address, tmp_path, "reindex", "--source", "many", "--json")
+    assert "/40" not in drawn and "files/s" not in drawn
+    lines = [line.strip() for line in drawn.splitlines() if line.startswith("{")]
+    assert [json.loads(line)["source_id"] for line in lines] == ["many"]
+    drawn = _in_a_terminal(address, tmp_path, "ask", "disk of web07", "--source", "many",
+                           "--max-tokens", "4")
+    assert "searching the documents, then waiting for the model (" in drawn
+    drawn = _in_a_terminal(address, tmp_path, "ask", "disk of web07", "--source", "many",
+                           "--max-tokens", "4", "--json")
+    assert "searching the documents" not in drawn
