@@ -8,9 +8,13 @@ Generations are short (max_tokens 16) and nothing here depends on how fast the m
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import random
+import re
 import string
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,7 @@ from daemon.config.answer_templates import load_templates
 from llamad_protocol.v1 import answer_pb2 as apb
 from llamad_protocol.v1 import answer_pb2_grpc
 from llamad_protocol.v1 import inference_pb2 as ipb
+from tests.conftest import ROOT
 from tests.support.corpus import index_corpus, write_corpus
 from tests.support.daemon import config_env, served
 
@@ -183,6 +188,36 @@ async def test_the_dry_run_over_http(running) -> None:  # type: ignore[no-untype
         assert [next(iter(e)) for e in events] == ["plan", "sources", "done"]
         refused = await http.post("/v1/llamad/ask", json={"question": "q", "dry_run": "yes"})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "dry_run"
+
+
+async def llamad(address: str, *args: str) -> tuple[int, str, str]:
+    """The ``llamad`` CLI run as a subprocess (the event loop keeps serving meanwhile)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", *args, cwd=ROOT,
+        env={**os.environ, "LLAMAD_ADDRESS": address}, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_the_dry_run_from_the_command_line(running) -> None:  # type: ignore[no-untyped-def]
+    """``llamad ask --dry-run``: the hits with their verdicts, the prompt's tokens and
+    sections, the sources; no answer. ``--json`` gives the plan event."""
+    daemon, _, _ = running
+    code, out, err = await llamad(daemon.address, "ask", QUESTION, "--dry-run", "--top-k", "8")
+    assert code == 0, err
+    assert out.startswith("Hits (rank order):\n")
+    assert re.search(r"^  S1 +kept +[01]\.\d{3}  docs/runbooks/db01\.md#", out, re.M), out
+    assert re.search(r"^Prompt: \d+ tokens of a \d+-token budget, templates system/", out,
+                     re.M)
+    assert "--- system (" in out and PREAMBLE in out and "--- user (" in out
+    assert "\nSources:\n[S1] " in out
+    code, out, err = await llamad(daemon.address, "ask", QUESTION, "--dry-run", "--json")
+    assert code == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    assert [e["event"] for e in events] == ["plan", "sources", "done"]
+    assert events[0]["hits"][0]["verdict"] in ("kept", "below_floor", "over_budget")
+    assert events[-1]["dry_run"] is True
 
 
 async def test_an_over_long_conversation_is_trimmed_not_refused(running) -> None:  # type: ignore[no-untyped-def]
