@@ -154,7 +154,7 @@ class Metrics:
             ``increase()`` see the first event.
         models: the catalog's model names kept as ``model`` label values; given as a
             mapping of name to role, each model's per-call series are exported at 0 from
-            the start too (a role with none of its models known: under ``model="other"``).
+            the start too (without one, each role's under ``model="other"``).
     """
 
     def __init__(
@@ -275,8 +275,9 @@ class Metrics:
             for outcome in SWAP_OUTCOMES:
                 self._swaps.labels(role=role, outcome=outcome)
         self.add_models(models)
-        for role in sorted(self._roles - set(self._role_of.values())):
-            self._per_model_zeros(role, OTHER)  # a role none of whose models is known
+        if not self._role_of:  # no catalog given: each role's series under "other"
+            for role in sorted(self._roles):
+                self._per_model_zeros(role, OTHER)
 
     def _role(self, role: str) -> str:
         return _fold(role, self._roles)
