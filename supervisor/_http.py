@@ -255,14 +255,16 @@ class LoopbackHTTP:
         be kept."""
         reader = conn.reader
         try:
-            conn.writer.write(message)
-            await conn.writer.drain()
             try:
+                conn.writer.write(message)
+                await conn.writer.drain()
                 status_line = await reader.readuntil(b"\r\n")
             except asyncio.IncompleteReadError as exc:
                 if not exc.partial:
                     raise _Stale from None
                 raise
+            except ConnectionError:  # closed or reset before any answer: as EOF
+                raise _Stale from None
             version, status = _status(status_line)
             headers: dict[str, str] = {}
             for _ in range(MAX_HEADER_LINES):

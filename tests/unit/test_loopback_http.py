@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +23,7 @@ from tests.support.loopback import loopback_servers
 
 Reply = Callable[[int, bytes], Awaitable[bytes | None]]  # (request number, body) -> raw answer
 HANG_UP = b"\x00hang up"  # at the end of an answer: close the connection once it is sent
+RESET = b"\x00reset"  # instead of an answer: reset the connection
 
 
 @dataclass
@@ -75,6 +78,12 @@ async def serve() -> AsyncIterator[Callable[[Reply], Awaitable[Server]]]:
                         await hangup
                     answer = replying.result()
                     if answer is None:  # hang up without answering
+                        return
+                    if answer == RESET:  # hang up with a TCP reset
+                        sock = writer.get_extra_info("socket")
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                        struct.pack("ii", 1, 0))
+                        writer.transport.abort()
                         return
                     writer.write(answer.removesuffix(HANG_UP))
                     await writer.drain()
@@ -131,6 +140,21 @@ async def test_an_idle_connection_the_server_closed_is_retried_once_afresh(
     http = LoopbackHTTP("127.0.0.1", server.port)
     assert (await http.request("POST", "/x", b"{}", 5)).status == 200
     # Reused connection closed before any answer: sent again on a new one, transparently.
+    assert json.loads((await http.request("POST", "/x", b"{}", 5)).body) == {"ok": True}
+    assert server.connections == 2 and server.requests == 3
+    await http.aclose()
+
+
+async def test_a_reused_connection_reset_unanswered_is_retried_once_afresh(
+        serve: Callable[[Reply], Awaitable[Server]]) -> None:
+    """A kept connection reset by the server (an idle timeout racing the request) is
+    stale, as one closed: the request goes once more on a new connection."""
+    async def reply(n: int, body: bytes) -> bytes | None:
+        return RESET if n == 2 else ok(b'{"ok": true}')
+
+    server = await serve(reply)
+    http = LoopbackHTTP("127.0.0.1", server.port)
+    assert (await http.request("POST", "/x", b"{}", 5)).status == 200
     assert json.loads((await http.request("POST", "/x", b"{}", 5)).body) == {"ok": True}
     assert server.connections == 2 and server.requests == 3
     await http.aclose()

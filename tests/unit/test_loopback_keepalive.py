@@ -51,6 +51,7 @@ class Server:
     requests: list[int] = field(default_factory=list)  # the connection of each request
     hung_up: list[int] = field(default_factory=list)  # connections the client closed
     gone: asyncio.Event = field(default_factory=asyncio.Event)  # a connection closed
+    hanging: asyncio.Event = field(default_factory=asyncio.Event)  # a "hang" answer began
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
                      ) -> None:
@@ -85,6 +86,7 @@ class Server:
         writer.write(HEAD + chunk(TOKENS))
         await writer.drain()
         if what == "hang":  # until the client hangs up
+            self.hanging.set()
             await reader.read(1)
             return False
         if what == "error":
@@ -154,9 +156,8 @@ async def test_a_cancelled_failed_or_overlong_stream_is_never_reused(
     await relay(client)  # connection 1, kept
     if what == "hang":
         task = asyncio.ensure_future(relay(client))
-        while len(server.requests) < 2:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(server.hanging.wait(), 5)
+        await asyncio.sleep(0.05)  # its first tokens read
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
