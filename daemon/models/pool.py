@@ -54,6 +54,7 @@ from ._pool_view import ModelView, PoolViews
 from ._residency import Limits, Resident, make_room
 from ._states import ModelState
 from .admission import Admission
+from .lanes import Lane
 from .model import Model
 
 __all__ = ["ModelView", "Pool", "pooled_config"]
@@ -146,6 +147,9 @@ class Pool(PoolViews, PoolReloads):
         if self._metrics is None:
             return
         self._metrics.queue_depth(admission.role, admission.queued, name)
+        for lane in Lane:
+            self._metrics.lane_queue_depth(admission.role, name, lane.value,
+                                           admission.queued_in(lane))
         self._metrics.in_flight(admission.role, admission.in_flight, name)
 
     def _changed(self) -> None:

@@ -23,6 +23,7 @@ method     :data:`METHODS` (the gRPC method names), or the ``methods`` argument
 code       :data:`CODES`: the ``grpc.StatusCode`` names (OK, CANCELLED, ...)
 outcome    :data:`SWAP_OUTCOMES`: ok failed rejected
 reason     :data:`REJECT_REASONS`: queue_full deadline
+lane       :data:`LANES`: interactive batch background
 protocol   :data:`PROTOCOLS`: grpc http (the API a call came in on)
 outcome    of a model load: ok failed rejected; of a call: ok error cancelled
 reason     of a model unload (:data:`UNLOAD_REASONS`): room ttl admin
@@ -92,6 +93,8 @@ SWAP_OUTCOMES: tuple[str, ...] = ("ok", "failed", "rejected")
 CALL_OUTCOMES: tuple[str, ...] = ("ok", "error", "cancelled")
 """How a call admitted to a model (or refused on its way there) ended."""
 REJECT_REASONS: tuple[str, ...] = ("queue_full", "deadline")
+LANES: tuple[str, ...] = ("interactive", "batch", "background")
+"""The admission lanes (:class:`daemon.models.lanes.Lane`)."""
 PROTOCOLS: tuple[str, ...] = ("grpc", "http")
 """The APIs a call can come in on: gRPC, or the OpenAI-compatible HTTP API (whose calls
 are counted under the gRPC method they correspond to, and the code gRPC would give)."""
@@ -173,6 +176,7 @@ class Metrics:
         self._codes = frozenset(CODES)
         self._outcomes = frozenset(SWAP_OUTCOMES)
         self._reasons = frozenset(REJECT_REASONS)
+        self._lanes = frozenset(LANES)
         self._protocols = frozenset(PROTOCOLS)
         self._models: frozenset[str] = frozenset()
         self._role_of: dict[str, str] = {}  # catalog model -> its role (when given)
@@ -248,6 +252,10 @@ class Metrics:
             "llamad_queue_depth", "Calls waiting for a slot of the model (sum by (role): "
             "every model of the role).",
             ["role", "model"], registry=r)
+        self._lane_depth = Gauge(
+            "llamad_lane_queue_depth", "Calls waiting for a slot of the model, by lane "
+            "(sum by (role, model): llamad_queue_depth).",
+            ["role", "model", "lane"], registry=r)
         self._in_flight = Gauge(
             "llamad_requests_in_flight",
             "Calls holding one of the model's slots now (slots busy; running, or waiting "
@@ -292,6 +300,8 @@ class Metrics:
         self._tokens.labels(role, model)
         self._queue_depth.labels(role, model)
         self._in_flight.labels(role, model)
+        for lane in LANES:
+            self._lane_depth.labels(role, model, lane)
         for kind in EXIT_KINDS:
             self._child_exits.labels(role, model, kind)
         for reason in REJECT_REASONS:
@@ -436,6 +446,11 @@ class Metrics:
     def queue_depth(self, role: str, n: int, model: str = "") -> None:
         """Set how many calls wait for a slot of ``model``."""
         self._series(self._queue_depth, self._role(role), self._model(model)).set(max(0, n))
+
+    def lane_queue_depth(self, role: str, model: str, lane: str, n: int) -> None:
+        """Set how many calls wait for a slot of ``model`` in ``lane``."""
+        self._series(self._lane_depth, self._role(role), self._model(model),
+                     _fold(lane, self._lanes)).set(max(0, n))
 
     def in_flight(self, role: str, n: int, model: str = "") -> None:
         """Set how many of ``model``'s slots are busy."""

@@ -4,6 +4,8 @@ bounded queue per lane, the slot kept for interactive calls (on an injected cloc
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +14,12 @@ from daemon.errors import InvalidArgument, Overloaded
 from daemon.models import lanes
 from daemon.models.admission import Admission
 from daemon.models.lanes import Lane, LanePolicy, parse_lane, policy_from
+from daemon.models.router import InferenceRouter
+from daemon.telemetry.metrics import Metrics
+from supervisor import State
 from tests.support.httpapi import client, serving
+from tests.support.scripted import settle
+from tests.support.scripted_pool import Rig, until
 
 INT, B, G = Lane.INTERACTIVE, Lane.BATCH, Lane.BACKGROUND
 
@@ -277,3 +284,32 @@ async def test_http_a_full_batch_lane_is_429_while_interactive_calls_still_queue
     assert "limits.batch_queue_size = 0" in batch.json()["error"]["message"]
     assert bad.status_code == 400
     assert "x-llamad-lane" in bad.json()["error"]["message"]
+
+
+async def test_each_models_queue_depth_is_exported_by_lane(tmp_path: Path) -> None:
+    """llamad_lane_queue_depth{model, lane}: a pooled model's calls waiting in each lane
+    (its slots all taken by interactive calls), at 0 again once they leave."""
+    metrics = Metrics(version="test", models={"gen-a": "generation", "gen-b": "generation",
+                                              "gen-c": "generation", "emb": "embedding"})
+    rig = Rig(tmp_path, metrics=metrics)
+    rig.default.start()
+    await settle(rig.default.supervisor, State.RUNNING)
+    router = InferenceRouter({"generation": rig.default})
+    router.attach(rig.pool)
+
+    def depth(lane: str, model: str = "gen-a") -> float | None:
+        return metrics.registry.get_sample_value(
+            "llamad_lane_queue_depth", {"role": "generation", "model": model, "lane": lane})
+
+    async with contextlib.AsyncExitStack() as stack:
+        for _ in range(rig.default.admission.capacity):
+            await stack.enter_async_context(router.admit("generation", None))
+        waiting = [asyncio.create_task(stack.enter_async_context(
+            router.admit("generation", None, lane=lane))) for lane in (B, G, G)]
+        await until(lambda: rig.default.admission.queued == 3)
+        assert (depth("interactive"), depth("batch"), depth("background")) == (0, 1, 2)
+        assert depth("batch", "gen-b") in (None, 0)
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        assert (depth("batch"), depth("background")) == (0, 0)
