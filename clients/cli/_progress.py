@@ -79,8 +79,9 @@ class ScanBars:
 
 
 class Elapsed:
-    """``what`` and the seconds spent on it, redrawn on ``out`` while a call without
-    progress of its own (a model load) runs; erased when it returns."""
+    """``what (mm:ss)``, the time spent on it, redrawn on ``out`` while a call without
+    progress of its own runs (a model load; an Ask until its answer starts); erased by
+    :meth:`done` or when the ``with`` block ends."""
 
     def __init__(self, out: TextIO, what: str, *, shown: bool, interval: float = 0.5) -> None:
         self._out = out
@@ -98,6 +99,10 @@ class Elapsed:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.done()
+
+    def done(self) -> None:
+        """Stop and erase the line; idempotent."""
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
@@ -105,6 +110,6 @@ class Elapsed:
 
     def _run(self) -> None:
         with tqdm(total=None, file=self._out, desc=self._what, leave=False,
-                  bar_format="{desc}: {elapsed}", mininterval=0) as bar:
+                  bar_format="{desc} ({elapsed})", mininterval=0) as bar:
             while not self._stop.wait(self._interval):
                 bar.refresh()

@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import threading
-import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Any, TextIO
 from .._client import Client
 from .._types import AskDone, AskPlan, AskSources, AskText
 from . import _format as fmt
+from ._progress import Elapsed
 
 
 def _filter_flags(p: argparse.ArgumentParser) -> None:
@@ -121,49 +120,6 @@ def titled(title: str, heading: str, width: int = 0) -> str:
     return fmt.clip(text, width) if width else text
 
 
-class Waiting:
-    """A line on a terminal saying what an Ask waits for, with the seconds it has waited,
-    until the first answer event (then it is erased). Nothing when ``out`` is not a
-    terminal, or with ``out`` None (``--json``)."""
-
-    def __init__(self, out: TextIO | None, what: str, *, interval: float = 0.5) -> None:
-        self._out = out or sys.stderr
-        self._shown = out is not None and out.isatty()
-        self._what = what
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._began = time.monotonic()
-
-    def __enter__(self) -> Waiting:
-        if self._shown:
-            self._thread = threading.Thread(target=self._run, name="llamad-waiting",
-                                            daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.done()
-
-    def _run(self) -> None:
-        while True:
-            seconds = time.monotonic() - self._began
-            self._out.write(f"\r\x1b[K{self._what} ({seconds:.0f}s)")
-            self._out.flush()
-            if self._stop.wait(self._interval):
-                return
-
-    def done(self) -> None:
-        """Erase the line (once the answer starts); idempotent."""
-        if self._thread is None:
-            return
-        self._stop.set()
-        self._thread.join()
-        self._thread = None
-        self._out.write("\r\x1b[K")
-        self._out.flush()
-
-
 def ask(client: Client, args: argparse.Namespace) -> int:
     from ._verbs import UsageError, _text_arg  # noqa: PLC0415 - _verbs imports this module
 
@@ -187,7 +143,8 @@ def ask(client: Client, args: argparse.Namespace) -> int:
     what = ("searching the documents, then waiting for "
             + (f"the model {args.model}" if args.model else "the model"))
     kinds = {AskText: "text", AskPlan: "plan", AskSources: "sources", AskDone: "done"}
-    with stream, Waiting(None if args.json else sys.stderr, what) as waiting:
+    shown = sys.stderr.isatty() and not args.json
+    with stream, Elapsed(sys.stderr, what, shown=shown) as waiting:
         for event in stream:
             waiting.done()
             if args.json:

@@ -15,8 +15,8 @@ import pytest
 from clients import AsyncClient, Client, Message, Tool, ToolCall, ToolCallDelta
 from clients._convert import ChatInput
 from clients._tools import joined, tool_choice
-from clients.cli._progress import count_files
-from clients.cli._search import Waiting, titled
+from clients.cli._progress import Elapsed, count_files
+from clients.cli._search import titled
 from clients.testing import FakeLlamad
 from daemon.cli import version
 from llamad_protocol.v1 import inference_pb2
@@ -265,7 +265,7 @@ def test_model_load_shows_elapsed_on_a_terminal(llamad: Run, fake: FakeLlamad,
     fake.delay["ControlService/LoadModel"] = 1.2
     status, out, _ = llamad("models", "load", "fake-model")
     assert status == 0
-    assert "loading fake-model: 00:0" in term.getvalue()
+    assert "loading fake-model (00:0" in term.getvalue()
     term.seek(0)
     term.truncate()
     status, out, _ = llamad("models", "load", "fake-model", "--json")
@@ -275,16 +275,13 @@ def test_model_load_shows_elapsed_on_a_terminal(llamad: Run, fake: FakeLlamad,
 
 def test_ask_says_what_it_waits_for_on_a_terminal_only() -> None:
     term = _Terminal()
-    with Waiting(term, "searching the documents, then waiting for the model",
+    with Elapsed(term, "searching the documents, then waiting for the model", shown=True,
                  interval=0.05) as waiting:
         time.sleep(0.2)  # the line is redrawn while nothing has come
         waiting.done()
         drawn = term.getvalue()
-    assert drawn.startswith("\r\x1b[Ksearching the documents, then waiting for the model (0s)")
-    assert drawn.endswith("\r\x1b[K")  # erased before the answer
-    quiet = io.StringIO()
-    with Waiting(quiet, "x", interval=0.01):
+    assert "searching the documents, then waiting for the model (00:00)" in drawn
+    assert drawn.endswith("\r")  # erased (leave=False) before the answer
+    with Elapsed(term, "x", shown=False, interval=0.01):  # --json, or not a terminal
         time.sleep(0.05)
-    assert quiet.getvalue() == ""
-    with Waiting(None, "x", interval=0.01):  # --json
-        pass
+    assert term.getvalue() == drawn
