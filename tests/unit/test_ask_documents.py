@@ -203,3 +203,22 @@ def test_the_configuration_refuses_a_broken_template_directory(tmp_path: Path) -
         load(env={**env, "LLAMAD_ANSWER_TEMPLATES_DIR": str(tmp_path / "missing")})
     (tmp_path / "answer.txt").write_text("{sources}\n{question}")
     assert load(env=env).settings.answer.templates_dir == str(tmp_path)
+
+
+async def test_adjacent_chunks_lose_the_overlap_and_heading_they_repeat() -> None:
+    """The chunker repeats the tail of a chunk at the head of the next (the overlap) and
+    starts each with its heading: joined, the document's text is in the prompt once."""
+    words = " ".join(f"word{i}" for i in range(300))
+    first = "Disk\n\n" + words[:1200]
+    second = "Disk\n\n" + words[1000:2200]  # 200 characters of overlap
+    other = "Logs\n\n" + words[2000:2400]     # another section: its heading stays
+    user = (await build([chunk(1, 1, first, heading="Disk"),
+                         chunk(1, 2, second, heading="Disk"),
+                         chunk(1, 3, other, heading="Logs")])).messages[-1][1]
+    assert words[:1200] + "\n" + words[1200:2200].lstrip() in user
+    assert user.count(words[1000:1200]) == 1 and user.count("Disk\n\n") == 1
+    assert "Logs\n\n" in user
+    # Text that merely shares a few words is not taken for an overlap.
+    short = (await build([chunk(2, 1, "alpha beta gamma"),
+                          chunk(2, 2, "gamma delta")])).messages[-1][1]
+    assert "alpha beta gamma\ngamma delta" in short

@@ -99,12 +99,40 @@ class Assembled:
         return documents(self.hits)
 
 
+_MIN_OVERLAP = 40
+"""Shorter shared text between adjacent chunks is not taken for the chunker's overlap."""
+_MAX_OVERLAP = 4000
+
+
+def _continuation(before: SourcePiece, chunk: SourcePiece) -> str:
+    """``chunk``'s text after the chunk ``before`` it in its document: without the heading
+    line it repeats (the fence's ``section`` says it) and without the chunker's overlap
+    (the head of its text that ``before`` ends with), so the prompt holds the text once."""
+    text = chunk.text
+    prefix = f"{chunk.heading}\n\n"
+    if chunk.heading and chunk.heading == before.heading and text.startswith(prefix):
+        text = text[len(prefix):]
+    head = text[:_MIN_OVERLAP]
+    tail_from = max(0, len(before.text) - _MAX_OVERLAP)
+    at = before.text.find(head, tail_from) if len(head) == _MIN_OVERLAP else -1
+    while at != -1:  # the earliest match that runs to the end of `before` is the longest
+        if text.startswith(before.text[at:]):
+            return text[len(before.text) - at:].lstrip()
+        at = before.text.find(head, at + 1)
+    return text
+
+
 def _joined(chunks: tuple[SourcePiece, ...]) -> SourcePiece:
-    """One document's chunks (in document order) as one source: their texts joined, a gap
-    mark between chunks that are not adjacent, their distinct headings joined."""
+    """One document's chunks (in document order) as one source: adjacent chunks joined
+    without what they repeat of each other (:func:`_continuation`), a gap mark between
+    chunks that are not adjacent, their distinct headings joined."""
     text = chunks[0].text
     for before, chunk in itertools.pairwise(chunks):
-        text += ("\n" if chunk.ordinal == before.ordinal + 1 else "\n[…]\n") + chunk.text
+        if chunk.ordinal == before.ordinal + 1:
+            rest = _continuation(before, chunk)
+            text += ("\n" + rest) if rest else ""
+        else:
+            text += "\n[…]\n" + chunk.text
     headings = list(dict.fromkeys(c.heading for c in chunks if c.heading.strip()))
     return SourcePiece(chunks[0].title, " / ".join(headings), text)
 
