@@ -26,8 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "llamad-client"
 PACKAGES = ("clients", "llamad_protocol")
-# What the client needs at run time (the health client; google.rpc comes with grpcio-status).
-DEPENDENCIES = ("grpcio", "grpcio-health-checking", "grpcio-status", "protobuf")
+# What the client needs at run time (the health client; google.rpc comes with grpcio-status;
+# tqdm for the progress of the CLI verbs the wheel ships in clients/cli).
+DEPENDENCIES = ("grpcio", "grpcio-health-checking", "grpcio-status", "protobuf", "tqdm")
 
 
 def pyproject() -> str:

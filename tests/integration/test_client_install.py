@@ -23,6 +23,7 @@ present = [m for m in absent if importlib.util.find_spec(m) is not None]
 import clients, llamad_protocol
 from clients import Client
 from clients.testing import FakeLlamad
+from clients.cli import _progress  # the CLI verbs the wheel ships: their imports resolve
 from llamad_protocol.v1 import inference_pb2, inference_pb2_grpc, wire
 with FakeLlamad() as fake, Client(fake.address) as llamad:
     state = llamad.status().child("generation").state
