@@ -105,11 +105,12 @@ async def _stream(request: web.BaseRequest, call: Call, chunks: AsyncIterator[Ch
         else:
             usage = meter.finish(item)
             _note_usage(call, usage, item.finish_reason)
-            await response.write(shape.piece(item.text, item.logprobs, item.finish_reason))
+            # The last event, the usage, [DONE] and the body's end in one send (were
+            # four: a write each, woken client each; issue 27).
+            tail = shape.piece(item.text, item.logprobs, item.finish_reason)
             if shape.usage_in_chunks:
-                await response.write(shape.usage_chunk(usage))
-            await response.write(DONE)
-            await response.write_eof()
+                tail += shape.usage_chunk(usage)
+            await response.write_eof(tail + DONE)
             return response
         item = await anext(chunks, None)
     raise ChildRequestError("the stream ended without a finish reason")
