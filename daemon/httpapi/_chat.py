@@ -144,8 +144,7 @@ def relay_answer(request: web.BaseRequest, call: Call, answer: Answer, *, stream
                 whole = answer.finish(usage, item.finish_reason)
                 if response is None:
                     return json_response(request, whole)
-                await response.write(answer.take())
-                await response.write_eof()
+                await response.write_eof(answer.take())  # one send (issue 27)
                 return response
             meter.piece(item)
             if response is not None:
