@@ -90,9 +90,15 @@ def parse(raw: str, name: str, where: str, *, packaged: bool) -> Template:
                           f"{header['llamad-template']!r}, its file name {name!r}")
     text = "\n".join(body).strip()
     try:
-        slots = {field for _, field, _, _ in string.Formatter().parse(text) if field is not None}
+        parsed = [(field, spec, conversion) for _, field, spec, conversion
+                  in string.Formatter().parse(text) if field is not None]
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc} (write a literal brace as {{{{ or }}}})") from None
+    for field, spec, conversion in parsed:
+        if spec or conversion:  # a slot is filled as it is: no padding, no repr
+            raise ConfigError(f"{where}: slot {{{field}}} takes no format spec or "
+                              "conversion (write a literal brace as {{ or }})")
+    slots = {field for field, _, _ in parsed}
     for slot in sorted(slots):
         if slot not in _ALLOWED[name]:
             allowed = ", ".join("{" + s + "}" for s in _ALLOWED[name]) or "none"

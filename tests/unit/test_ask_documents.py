@@ -157,6 +157,8 @@ def test_packaged_templates_load_and_hash_stably() -> None:
     ("summarize.txt", "{sources} {question} {", "literal brace"),
     ("answers.txt", "{sources} {question}", "unknown template answers.txt"),
     ("no_context.txt", "", "is empty"),
+    ("answer.txt", "{sources:>99999999} {question}", "no format spec"),
+    ("answer.txt", "{sources} {question.__class__}", "unknown slot {question.__class__}"),
 ])
 def test_a_broken_template_is_refused_naming_it(tmp_path: Path, name: str, body: str,
                                                  message: str) -> None:
