@@ -10,9 +10,9 @@ naming the option and where the value came from.
 """
 
 # The implementation is split by concept: the registry's machinery (_options), the
-# options' declarations (_sections, _retrieval, _connections), the validated configuration
-# (_resolved), loading (_load), validation (_checks), the flags, --help and example
-# configuration rendered from the declarations (_help), the model catalog (_catalog*),
+# options' declarations (_sections, _retrieval, _supervision, _connections), the validated
+# configuration (_resolved), loading (_load), validation (_checks), the flags, --help and
+# example configuration rendered from the declarations (_help), the model catalog (_catalog*),
 # access (TLS and tokens), and the enums the options take (Role, InferenceMode).
 from . import _load as _config_load
 from . import _options as _config_options
@@ -33,18 +33,15 @@ from ._sections import (
     OPTIONS,
     AnswerConfig,
     AuthSettings,
-    ChildSettings,
     HttpSettings,
     Limits,
     LogSettings,
-    RecycleSettings,
-    RestartSettings,
     RoleSettings,
     Settings,
-    SwapSettings,
     TlsSettings,
     option,
 )
+from ._supervision import ChildSettings, RecycleSettings, RestartSettings, SwapSettings
 from .inference_mode import InferenceMode
 from .role import Role
 

@@ -79,9 +79,6 @@ async def running(llama_server: str, tmp_path_factory: pytest.TempPathFactory
     env = config_env("llama-server", LLAMAD_STATE_DIR=str(root / "state"),
                      LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(root),
                      LLAMAD_HTTP_LISTEN="127.0.0.1:0",
-                     # No 1-token probes: a loaded machine may read a long prompt for longer
-                     # than a probe's allowance; this module tests Ask, not the machine.
-                     LLAMAD_CHILD_TOKEN_PROBE_TIMEOUT="0",
                      LLAMAD_ANSWER_TEMPLATES_DIR=str(templates))
     daemon = Daemon(load(None, env=env), reload=lambda: load(None, env=env))
     async with served(daemon) as c:

@@ -71,6 +71,10 @@ def _candidates(opt: Option, tmp_path: Path) -> list[Any]:
         folder.mkdir()
         write_model(folder / "other.gguf")
         return [str(folder)]
+    if opt.key == "answer.templates_dir":  # an operator's directory (empty: every
+        folder = tmp_path / "templates"    # template the packaged one)
+        folder.mkdir()
+        return [str(folder)]
     if opt.key == "models_preset":
         preset = tmp_path / "models.ini"
         preset.write_text("version = 1\n")
