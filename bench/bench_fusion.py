@@ -39,7 +39,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import statistics
@@ -50,8 +49,6 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from bench import _support as support
 from bench._daemon import daemon_log
@@ -66,9 +63,10 @@ from bench._retrieval import (
     start_child,
     upsert_all,
 )
-from bench._retrieval_bench.common import DEEP, TableEmbedder, embed_batched
+from bench._retrieval_bench.common import DEEP, TableEmbedder
 from bench._retrieval_bench.metrics import doc_ranking, ndcg, recall
 from bench._retrieval_bench.quality import chunk_docs
+from bench._vector_cache import vectors_for
 from retrieval import Filters, RetrievalLimits, Retriever
 from retrieval import Query as Options
 from retrieval.search._fusion import rrf
@@ -115,47 +113,6 @@ class Scores:
 
     def mean(self, method: str, metric: str = "ndcg") -> float:
         return statistics.fmean(getattr(self, metric)[method])
-
-
-def hashed(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def read_cache(cache: Path | None, model: str, wanted: Sequence[str]) -> dict[str, Vec] | None:
-    """The vectors of ``wanted`` from ``cache``, if it holds them all, made by ``model``."""
-    if cache is None or not cache.exists():
-        return None
-    with np.load(cache) as data:
-        if str(data["model"]) != model:
-            return None
-        row = {str(h): i for i, h in enumerate(data["hashes"])}
-        matrix = data["vectors"]
-        table = {t: matrix[row[hashed(t)]] for t in wanted if hashed(t) in row}
-    return table if len(table) == len(wanted) else None
-
-
-def write_cache(cache: Path, model: str, table: dict[str, Vec]) -> None:
-    keys = list(table)
-    np.savez(cache, model=np.array(model), hashes=np.array([hashed(t) for t in keys]),
-             vectors=np.stack([table[t] for t in keys]).astype(np.float32))
-
-
-async def vectors_for(texts: Sequence[str], child: Child, cache: Path | None,
-                      batch: int) -> tuple[dict[str, Vec], str]:
-    """Every text's vector (texts the model refuses are left out), through the child or
-    from ``cache`` (written when it did not hold them); and a sentence saying which."""
-    wanted = list(dict.fromkeys(texts))
-    model = child.embedder.model_id
-    cached = read_cache(cache, model, wanted)
-    if cached is not None:
-        return cached, (f"{len(wanted)} distinct chunk and query texts, vectors read from "
-                        f"`{cache}` (made by the same model earlier)")
-    table, failed, took = await embed_batched(child.embedder, wanted, batch)
-    if cache is not None:
-        write_cache(cache, model, table)
-    return table, (f"{len(wanted)} distinct chunk and query texts embedded through "
-                   f"ChildEmbedder in batches of {batch}: {took:.0f} s "
-                   f"({len(wanted) / took:.1f} texts/s), {len(failed)} refused")
 
 
 async def measure(col: Collection, table: dict[str, Vec], child: Child, *, root: Path,
