@@ -156,7 +156,8 @@ async def run(args: argparse.Namespace, work: Path, server: PgServer | PgembedSe
                 per_query = measured[slow_mode][1]
                 slowest = queries[max(range(len(queries)), key=per_query.__getitem__)]
                 try:
-                    plan = explain(store, slow_mode, slowest)
+                    # In a thread: explain embeds the query with asyncio.run.
+                    plan = await asyncio.to_thread(explain, store, slow_mode, slowest)
                 except RetrievalError as exc:  # statement_timeout, say
                     plan = [f"(EXPLAIN ANALYZE failed: {exc})"]
                 raw["explain"] = {"mode": slow_mode, "query": slowest, "plan": plan}
