@@ -202,8 +202,8 @@ def test_a_filter_inside_the_hnsw_scan_still_gets_k_vector_hits(pg_dsn: str) -> 
 def test_replace_swaps_chunks_and_a_failed_one_keeps_the_old_version(
         store: PostgresStore) -> None:
     """A replacement removes the old chunks with their vectors; a vector of the wrong
-    dimension, found after the old chunks were deleted inside the transaction, leaves the
-    previous version whole (chunks, text list, vectors)."""
+    dimension or not finite, found after the old chunks were deleted inside the
+    transaction, leaves the previous version whole (chunks, text list, vectors)."""
     store.use_embedding_model(MODEL, DIM)
     store.upsert_source(SourceRow("docs", "push"))
     put(store, doc("docs/a"), chunks("docs/a", "alpha one", "alpha two"),
@@ -223,6 +223,11 @@ def test_replace_swaps_chunks_and_a_failed_one_keeps_the_old_version(
             [(doc("docs/a", title="changed"), chunks("docs/a", "charlie", "delta"))],
             [(MODEL, {"docs/a:charlie": unit(1, 0, 0, 0),
                       "docs/a:delta": np.ones(3, dtype=np.float32)})])
+    with pytest.raises(InvalidDocument, match="chunk docs/a#2 is not finite"):
+        store.replace_documents(
+            [(doc("docs/a", title="changed"), chunks("docs/a", "charlie", "delta"))],
+            [(MODEL, {"docs/a:charlie": unit(1, 0, 0, 0),
+                      "docs/a:delta": np.array([0, np.nan, 1, 0], dtype=np.float32)})])
     assert store.document_chunk_keys("docs/a") == new
     assert store.document("docs/a").title == "title of docs/a"  # type: ignore[union-attr]
     assert chunk_ids(store, store.text_search("bravo", filters=Filters(), limit=5)) == \
