@@ -7,7 +7,7 @@ utime + stime that ``/proc/<pid>/stat`` shows, of every thread, in nanoseconds i
 10 ms ticks, so that a short round is still measured exactly.
 
 The clients cost little per token themselves (the HTTP ones are llamad's own lean loopback
-client, :class:`supervisor._http.LoopbackHTTP`; the bench process's own CPU is reported
+client, :class:`supervisor.http._loopback.LoopbackHTTP`; the bench process's own CPU is reported
 beside), so that on 2 cores they do not take the CPU the relay needs. Tokens are the
 counts the stream reports in its usage (the child's, relayed), not events: a relay that
 puts several tokens in one event or message is counted right.
@@ -26,7 +26,7 @@ import grpc
 import orjson
 
 from llamad_protocol.v1 import inference_pb2, inference_pb2_grpc
-from supervisor._http import HTTPTransportError, LoopbackHTTP
+from supervisor.http import HTTPTransportError, LoopbackHTTP
 
 DIRECT = "direct"
 HTTP = "HTTP chat"

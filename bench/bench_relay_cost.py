@@ -68,7 +68,7 @@ from bench._relay_cost import (
 from bench._relay_floor import floor_lines, floors
 from bench.bench_http_relay import generation_child, router
 from llamad_protocol.v1 import inference_pb2_grpc
-from supervisor._http import LoopbackHTTP
+from supervisor.http import LoopbackHTTP
 
 HEADING = "## Relay cost: llamad's CPU per token"
 FAKE_CHILD = support.ROOT / "supervisor" / "testing" / "fake_child.py"

@@ -25,7 +25,6 @@ from ._child import (
 from ._client import ApiShape, EmbedResult, Health, InferenceClient
 from ._clock import Clock, ManualClock, SystemClock
 from ._drain import drain
-from ._events import Chunk
 from ._exits import ExitCause, classify_exit
 from ._logring import LogLine, LogRing
 from ._process import ChildProcess, can_lower_niceness, renice
@@ -89,6 +88,7 @@ from .errors import (
     UnsupportedParameterError,
 )
 from .gguf._check import GGUFInfo, read_gguf_info, sha256_file
+from .http._events import Chunk
 
 __all__ = [
     "BUNDLED",

@@ -2,7 +2,7 @@
 
 Both runtimes speak the OpenAI-compatible API on loopback; what differs (where health and
 tokenization live) is described by :class:`ApiShape`, owned by the runtime adapter.
-Foreign exceptions (httpx's, and :mod:`supervisor._http`'s for a launched child's unary
+Foreign exceptions (httpx's, and :mod:`supervisor.http._loopback`'s for a launched child's unary
 requests) are mapped here, at the boundary, into :mod:`supervisor.errors`.
 """
 
@@ -25,8 +25,6 @@ import httpx
 import numpy as np
 import orjson
 
-from ._events import Chunk, int_or_none, sse_chunks
-from ._http import Response
 from ._sampling import LLAMA_CPP, Dialect, Sampling
 from ._tools import (
     Message,
@@ -41,6 +39,8 @@ from ._transport import (
     UnaryTransport,
 )
 from .errors import ChildBadRequestError, ChildRequestError
+from .http import Response
+from .http._events import Chunk, int_or_none, sse_chunks
 
 _END_WITHIN = 1.0
 """Seconds a loopback child's stream may take, after ``[DONE]``, to end its body before

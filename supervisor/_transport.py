@@ -17,8 +17,8 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
-from ._http import HTTPTransportError, LoopbackHTTP, Response, Streamed
 from .errors import ChildRequestError
+from .http import HTTPTransportError, LoopbackHTTP, Response, Streamed
 
 
 @dataclass
@@ -92,7 +92,7 @@ class ChildAddress:
 
 class LoopbackTransport:
     """Unary requests to a child llamad launched, through the lean
-    :class:`supervisor._http.LoopbackHTTP` (a third of httpx's CPU per call): to its
+    :class:`supervisor.http._loopback.LoopbackHTTP` (a third of httpx's CPU per call): to its
     :class:`ChildAddress`, or to ``http://host:port`` (a test's server) without one."""
 
     def __init__(self, base_url: str, *, connect_timeout: float, max_connections: int,

@@ -267,7 +267,7 @@ def embed_section(r: EmbedResult, env: list[str], note: PartNote, command: str) 
            "(httpx) to the child's port from Status, the texts as llamad sends them, JSON "
            "numbers parsed into lists (a client's default). direct base64: the same with "
            "`encoding_format: base64`, decoded with numpy: what llamad itself asks the child "
-           "for (with its lean keep-alive client, supervisor/_http.py).",
+           "for (with its lean keep-alive client, supervisor/http/_loopback.py).",
            f"- Texts: {r.sentences} distinct sentences of 20-60 tokens (the child's tokenizer) "
            "cut from the CISI corpus; each round sends the same batches the three ways, each "
            "way as a block of back-to-back calls ("

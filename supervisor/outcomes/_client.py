@@ -20,10 +20,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
 from typing import Any, TypeVar
 
 from .._client import EmbedResult, InferenceClient
-from .._events import Chunk
 from .._sampling import Sampling
 from .._tools import Message, ToolUse
 from ..errors import ChildBadRequestError, ChildRequestError
+from ..http._events import Chunk
 from ._watch import Outcomes
 
 T = TypeVar("T")

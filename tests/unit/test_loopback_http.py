@@ -1,4 +1,4 @@
-"""supervisor._http.LoopbackHTTP against a real asyncio TCP (or UNIX) server that answers
+"""supervisor.http._loopback.LoopbackHTTP against a real asyncio TCP (or UNIX) server that answers
 the way it is told: keep-alive reuse, the server's Connection: close and Keep-Alive
 timeout, chunked bodies, an idle connection the server closed (retried once), the key
 sent to a UNIX socket child, and every failure named: refused, timeout, dropped,
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor._http import HTTPTransportError, LoopbackHTTP
+from supervisor.http import HTTPTransportError, LoopbackHTTP
 from tests.support.loopback import loopback_servers
 
 Reply = Callable[[int, bytes], Awaitable[bytes | None]]  # (request number, body) -> raw answer

@@ -19,9 +19,9 @@ import orjson
 import pytest
 
 from supervisor import ChildRequestError, InferenceClient, Sampling
-from supervisor._http import LoopbackHTTP
 from supervisor._runtime import LLAMA_SERVER_API
 from supervisor._transport import ChildAddress
+from supervisor.http import LoopbackHTTP
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 KEY = "k" * 32

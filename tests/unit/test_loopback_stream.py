@@ -1,4 +1,4 @@
-"""Streamed answers through supervisor._http.LoopbackHTTP (and InferenceClient's streams
+"""Streamed answers through supervisor.http._loopback.LoopbackHTTP (and InferenceClient's streams
 to a child, which use it) against a real asyncio TCP server that sends its answer in the
 pieces it is told, waiting for the test between them: each piece is read as it comes,
 whatever the chunk boundaries; a silent server times out, a slow reader does not; leaving
@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from supervisor import ChildRequestError, InferenceClient, Sampling
-from supervisor._http import HTTPTransportError, LoopbackHTTP, Streamed
 from supervisor._runtime import LLAMA_SERVER_API
+from supervisor.http import HTTPTransportError, LoopbackHTTP, Streamed
 from tests.support.loopback import loopback_servers
 
 CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n" \

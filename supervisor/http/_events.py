@@ -13,9 +13,9 @@ from typing import Any
 
 import orjson
 
-from ._sampling import TokenLogprobs, parse_logprobs
-from ._tools import ToolCallDelta, join_tool_deltas, parse_tool_deltas
-from .errors import ChildRequestError
+from .._sampling import TokenLogprobs, parse_logprobs
+from .._tools import ToolCallDelta, join_tool_deltas, parse_tool_deltas
+from ..errors import ChildRequestError
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -73,7 +73,7 @@ async def sse_chunks(data: AsyncIterator[bytes], path: str, *, chat: bool, top: 
 
     With ``end_within`` (seconds), what follows ``data: [DONE]`` is read before the last
     chunk, up to the body's end, so that the connection can serve the next request (a
-    loopback child's: see :mod:`supervisor._http`); more events, or no end within that
+    loopback child's: see :mod:`supervisor.http._loopback`); more events, or no end within that
     time, leave it unread (the connection is then closed, as without ``end_within``).
 
     Raises:

@@ -1,0 +1,8 @@
+"""The HTTP/1.1 llamad speaks to its own children over their private sockets: a lean loopback
+client with kept connections, the reading of its answers and of their server-sent events.
+"""
+
+from ._loopback import LoopbackHTTP, Response, Streamed
+from ._read import HTTPTransportError
+
+__all__ = ["HTTPTransportError", "LoopbackHTTP", "Response", "Streamed"]
