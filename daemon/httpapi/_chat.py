@@ -25,7 +25,7 @@ from ..errors import InvalidArgument
 from ..grpcapi.rpc import Call
 from ..services.inference import Meter, Usage, admitted_generation
 from . import _parse
-from ._context import RECEIVED, REQUEST_ID, STREAM, Api, json_response, time_remaining
+from ._context import RECEIVED, Api, json_response, open_stream, time_remaining
 from ._errors import ParamError, http_param
 from ._models import Listed
 
@@ -128,10 +128,11 @@ def relay_answer(request: web.BaseRequest, call: Call, answer: Answer, *, stream
     the event stream's headers are sent) or as one JSON body."""
 
     async def relay(chunks: AsyncIterator[Chunk], meter: Meter) -> web.StreamResponse:
-        item: Chunk | None = await anext(chunks, None)  # before the headers (open_events)
+        # The first chunk before the headers: a refusal before any token is still a status.
+        item: Chunk | None = await anext(chunks, None)
         response: web.StreamResponse | None = None
         if stream:
-            response = await open_events(request)
+            response = await open_stream(request)
             if opened is not None:
                 opened()
             answer.start()
@@ -158,17 +159,6 @@ def relay_answer(request: web.BaseRequest, call: Call, answer: Answer, *, stream
 def note_usage(call: Call, usage: Usage, finish: str) -> None:
     call.note(tokens=usage.completion_tokens, prompt_tokens=usage.prompt_tokens,
               ttft_ms=round(usage.ttft_ms, 2), finish=finish)
-
-
-async def open_events(request: web.BaseRequest) -> web.StreamResponse:
-    """Send the headers of an event stream (after the first chunk came from the child,
-    so a refusal before any token is still an HTTP status)."""
-    response = web.StreamResponse(headers={
-        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-        "X-Accel-Buffering": "no", "x-request-id": request[REQUEST_ID]})
-    await response.prepare(request)
-    request[STREAM] = response
-    return response
 
 
 EXTENSIONS = ("logit_bias", "seed", "top_k", "min_p", "repeat_penalty", "repeat_last_n",
