@@ -13,6 +13,7 @@ for ``pg_server`` or ``pg_dsn``.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import itertools
 import time
@@ -34,13 +35,14 @@ SUPERUSER = "postgres"
 _names = itertools.count(1)
 
 
-class DatabaseServer:
+class DatabaseServer(abc.ABC):
     """A test server's databases, reached through :meth:`dsn` (each server's own): superuser
     connections, and databases made for a test and dropped after it (:class:`PgServer`,
     and tests/support/pgembed.py's server)."""
 
+    @abc.abstractmethod
     def dsn(self, dbname: str = "postgres") -> str:
-        raise NotImplementedError
+        """A connection string for ``dbname`` as the superuser."""
 
     def admin(self, dbname: str = "postgres") -> psycopg.Connection[Any]:
         """A superuser connection in autocommit (the caller closes it)."""
