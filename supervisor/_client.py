@@ -38,7 +38,7 @@ from ._transport import (
     LoopbackTransport,
     UnaryTransport,
 )
-from .errors import ChildBadRequestError, ChildRequestError
+from .errors import ChildBadRequestError, ChildRequestError, TokenizeUnavailableError
 from .http import Response
 from .http._events import Chunk, int_or_none, sse_chunks
 
@@ -57,6 +57,10 @@ class ApiShape:
         tokenize_path: the tokenizer endpoint.
         tokenize_field: the JSON field that carries the text.
         tokenize_special_field: the JSON field for "add special tokens", or None.
+        detokenize_path: the endpoint that turns token ids back into text.
+        detokenize_field: the JSON field of its answer that carries the text.
+        apply_template_path: the endpoint that renders the chat template for a chat
+            body, or None when the runtime has none.
         embed_base64: ``/v1/embeddings`` answers ``encoding_format: base64`` (raw
             little-endian float32): no float printed as text by the child nor parsed
             here, and the child's exact values.
@@ -67,6 +71,9 @@ class ApiShape:
     tokenize_path: str
     tokenize_field: str
     tokenize_special_field: str | None
+    detokenize_path: str = "/detokenize"
+    detokenize_field: str = "content"
+    apply_template_path: str | None = "/apply-template"
     embed_base64: bool = False
     dialect: Dialect = LLAMA_CPP
 
@@ -182,11 +189,6 @@ class InferenceClient:
     def in_flight(self) -> int:
         """Requests running now."""
         return self.activity.in_flight
-
-    @property
-    def last_progress(self) -> float:
-        """When (on the client's clock) the last byte came from the server."""
-        return self.activity.last_progress
 
     async def aclose(self) -> None:
         await self._unary.aclose()
@@ -448,6 +450,37 @@ class InferenceClient:
             return [int(t) for t in data["tokens"]]
         except (KeyError, TypeError, ValueError) as exc:
             raise ChildRequestError(f"{self._api.tokenize_path}: malformed answer") from exc
+
+    async def detokenize(self, tokens: Sequence[int]) -> str:
+        """The text of token ids of the child's own tokenizer (ids the caller checked:
+        llama-server answers an id outside its vocabulary with a 500)."""
+        path = self._api.detokenize_path
+        text = (await self._json("POST", path, {"tokens": list(tokens)})).get(
+            self._api.detokenize_field)
+        if not isinstance(text, str):
+            raise ChildRequestError(f"{path}: malformed answer")
+        return text
+
+    async def apply_template(self, messages: Sequence[Message],
+                             tools: ToolUse | None = None) -> str:
+        """The prompt the child's chat template renders for ``messages`` and ``tools``
+        (llama-server's ``/apply-template``: what ``/v1/chat/completions`` would
+        tokenize).
+
+        Raises:
+            TokenizeUnavailableError: the runtime renders no template on request.
+        """
+        path = self._api.apply_template_path
+        if path is None:
+            raise TokenizeUnavailableError(
+                "this runtime does not render its chat template on request (llama-server's "
+                "/apply-template; the bundled llama-cpp-python runtime has none)")
+        body = {"messages": messages_json(messages),
+                **(tools.to_json() if tools is not None else {})}
+        prompt = (await self._json("POST", path, body)).get("prompt")
+        if not isinstance(prompt, str):
+            raise ChildRequestError(f"{path}: malformed answer")
+        return prompt
 
 
 def _vector(value: object) -> np.ndarray[Any, np.dtype[np.float32]]:
