@@ -14,12 +14,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import Message
 
 from ..grpcapi.auth import METHOD_ROLES
 from ._protojson import field_schema, message_schema, ref
+
+if TYPE_CHECKING:  # _routes imports Doc from here at run time
+    from ._routes import Route
 
 Schema = type[Message] | Mapping[str, Any]
 """A gRPC message (its JSON mapping) or a JSON Schema."""
@@ -54,22 +57,6 @@ class Doc:
     response: Schema | None = None
     events: Schema | None = None
     error: str = "Error"
-
-
-class Documented(Protocol):
-    """What the document needs of a route (:class:`daemon.httpapi._routes.Route`)."""
-
-    @property
-    def http_method(self) -> str: ...
-
-    @property
-    def grpc_method(self) -> str: ...
-
-    @property
-    def label(self) -> str: ...
-
-    @property
-    def doc(self) -> Doc | None: ...
 
 
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
@@ -114,7 +101,7 @@ def _schema(given: Schema, components: dict[str, Any], *, skip: tuple[str, ...] 
     return dict(given)
 
 
-def _operation(path: str, route: Documented, doc: Doc,
+def _operation(path: str, route: Route, doc: Doc,
                components: dict[str, Any]) -> dict[str, Any]:
     role = METHOD_ROLES.get(route.grpc_method, "none")
     operation: dict[str, Any] = {
@@ -165,7 +152,7 @@ def _operation(path: str, route: Documented, doc: Doc,
     return operation
 
 
-def document(routes: Iterable[tuple[str, Documented]]) -> dict[str, Any]:
+def document(routes: Iterable[tuple[str, Route]]) -> dict[str, Any]:
     """The OpenAPI 3.1 document of ``routes`` (path template, route).
 
     Raises:
