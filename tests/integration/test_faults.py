@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,10 +17,8 @@ from supervisor import (
     LaunchSpec,
     LogRing,
     ProcessLauncher,
-    RestartPolicy,
     Sampling,
     State,
-    StateChange,
     Supervisor,
     SystemClock,
     Timeouts,
@@ -27,37 +26,12 @@ from supervisor import (
 from supervisor.testing.fake_child import generate_tokens
 from supervisor.testing.fake_runtime import FakeRuntime
 from tests.support.procs import alive
-
-FAST = Timeouts(start=2.0, start_cap=4.0, probe_interval=0.2, probe_timeout=0.3,
-                probe_failures=2, stop_grace=1.0)
-POLICY = RestartPolicy(base=0.05, cap=0.2, max_failures=3, stable_after=60.0, cooldown=None)
+from tests.support.supervised import FAST, POLICY, Harness, fake_model, supervise
 
 
 @pytest.fixture
 def model(tmp_path: Path) -> Path:
-    path = tmp_path / "fake.gguf"
-    path.write_bytes(b"GGUF fake")
-    return path
-
-
-class Harness:
-    def __init__(self, sup: Supervisor, ring: LogRing, runtime: FakeRuntime) -> None:
-        self.sup = sup
-        self.ring = ring
-        self.runtime = runtime
-        self.changes: list[StateChange] = []
-        sup.subscribe(self.changes.append)
-
-    def states(self) -> list[str]:
-        return [c.new.value for c in self.changes]
-
-    async def until(self, predicate: str, timeout: float = 10.0) -> None:
-        """Wait until the state sequence contains ``predicate`` (a comma-joined run)."""
-        deadline = time.monotonic() + timeout
-        while predicate not in ",".join(self.states()):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"never saw {predicate!r}; saw {self.states()}")
-            await asyncio.sleep(0.02)
+    return fake_model(tmp_path)
 
 
 Factory = Callable[..., Harness]
@@ -67,14 +41,8 @@ Factory = Callable[..., Harness]
 async def harness_factory(model: Path) -> AsyncIterator[Callable[..., Harness]]:
     made: list[Harness] = []
 
-    def make(runtime: FakeRuntime, *, timeouts: Timeouts = FAST,
-             policy: RestartPolicy = POLICY, ring_lines: int = 200) -> Harness:
-        ring = LogRing(ring_lines)
-        spec = LaunchSpec(role="generation", model=model)
-        launcher = ProcessLauncher(spec, runtime, clock=SystemClock(), ring=ring,
-                                   timeouts=timeouts)
-        sup = Supervisor("generation", launcher, policy=policy)
-        h = Harness(sup, ring, runtime)
+    def make(runtime: FakeRuntime, **options: Any) -> Harness:
+        h = supervise(model, runtime, **options)
         made.append(h)
         return h
 
@@ -268,17 +236,12 @@ async def test_a_stale_socket_at_the_childs_path_never_confuses_it(
     replaced before the child starts: the child starts at once, serves on that path, and
     the stale server never gets a connection."""
     path, connections = stale
-    ring = LogRing(200)
-    launcher = ProcessLauncher(LaunchSpec(role="generation", model=model), FakeRuntime(),
-                               clock=SystemClock(), ring=ring, timeouts=FAST,
-                               socket_picker=lambda: path)
-    sup = Supervisor("generation", launcher, policy=POLICY)
-    changes: list[StateChange] = []
-    sup.subscribe(changes.append)
+    h = supervise(model, FakeRuntime(), socket_picker=lambda: path)
+    sup = h.sup
     sup.start()
     try:
         await sup.wait_for(State.RUNNING, timeout=10)
-        assert [c.new.value for c in changes] == ["starting", "running"]
+        assert h.states() == ["starting", "running"]
         assert sup.socket == str(path)
         assert await sup.client.complete("hello", Sampling(max_tokens=2))
         assert connections == []

@@ -8,6 +8,7 @@ counted. Timings use the default outcome options (probe every 1 s, 4 s allowance
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,30 +19,14 @@ import pytest
 from daemon.telemetry.metrics import Metrics
 from llamad_protocol.v1 import common_pb2, control_pb2, inference_pb2
 from llamad_protocol.v1.wire import RETRY_AFTER_KEY
-from supervisor import (
-    ChildRequestError,
-    LaunchSpec,
-    LogRing,
-    ProcessLauncher,
-    RestartPolicy,
-    Sampling,
-    State,
-    StateChange,
-    Supervisor,
-    SystemClock,
-    Timeouts,
-)
+from supervisor import ChildRequestError, Sampling, State, StateChange, Supervisor
 from supervisor.errors import ChildUnresponsiveError
 from supervisor.testing import fake_child_command
 from supervisor.testing.fake_runtime import FakeRuntime
 from tests.support.daemon import config_env, serving
 from tests.support.models import write_model
 from tests.support.procs import alive
-
-# Fast /health probing and start; the outcome options are left at their defaults.
-TIMEOUTS = Timeouts(start=2.0, start_cap=4.0, probe_interval=0.2, probe_timeout=0.3,
-                    probe_failures=2, stop_grace=10.0)
-POLICY = RestartPolicy(base=0.05, cap=0.2, max_failures=3, stable_after=60.0, cooldown=None)
+from tests.support.supervised import FAST, fake_model, supervise
 
 
 @pytest.fixture
@@ -54,16 +39,13 @@ async def supervised(tmp_path: Path) -> AsyncIterator[list[Supervisor]]:
 
 def start(made: list[Supervisor], tmp_path: Path, runtime: FakeRuntime
           ) -> tuple[Supervisor, list[StateChange]]:
-    model = tmp_path / "fake.gguf"
-    model.write_bytes(b"GGUF fake")
-    launcher = ProcessLauncher(LaunchSpec(role="generation", model=model), runtime,
-                               clock=SystemClock(), ring=LogRing(200), timeouts=TIMEOUTS)
-    sup = Supervisor("generation", launcher, policy=POLICY)
-    changes: list[StateChange] = []
-    sup.subscribe(changes.append)
-    made.append(sup)
-    sup.start()
-    return sup, changes
+    """A started supervisor of ``runtime``'s child: fast /health probing and start, a 10 s
+    stop grace; the outcome options are left at their defaults."""
+    h = supervise(fake_model(tmp_path), runtime,
+                  timeouts=dataclasses.replace(FAST, stop_grace=10.0))
+    made.append(h.sup)
+    h.sup.start()
+    return h.sup, h.changes
 
 
 async def until_gone(pid: int, timeout: float) -> float:
