@@ -89,6 +89,7 @@ from .errors import (
 )
 from .gguf._check import GGUFInfo, read_gguf_info, sha256_file
 from .http._events import Chunk
+from .http._json import NotAJsonObject, json_object
 
 __all__ = [
     "BUNDLED",
@@ -134,6 +135,7 @@ __all__ = [
     "LogitBias",
     "ManualClock",
     "Message",
+    "NotAJsonObject",
     "ProcessChild",
     "ProcessLauncher",
     "RestartPolicy",
@@ -173,6 +175,7 @@ __all__ = [
     "drain",
     "fallback_chat_template",
     "find_llama_server",
+    "json_object",
     "normalise_url",
     "pick_model",
     "pick_runtime",

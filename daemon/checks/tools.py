@@ -16,10 +16,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import orjson
-
 from llamad_protocol.v1 import inference_pb2 as pb
-from supervisor import Tool, ToolCall, ToolUse
+from supervisor import NotAJsonObject, Tool, ToolCall, ToolUse, json_object
 
 from ..config import Limits
 from ..errors import InvalidArgument
@@ -30,16 +28,13 @@ _MODES = {pb.TOOL_CHOICE_MODE_UNSPECIFIED: "auto", pb.TOOL_CHOICE_MODE_AUTO: "au
           pb.TOOL_CHOICE_MODE_NONE: "none", pb.TOOL_CHOICE_MODE_REQUIRED: "required"}
 
 
-def _json_object(name: str, text: str, field: str) -> Any:
+def _json_object(name: str, text: str, field: str) -> dict[str, Any]:
     """``text`` parsed, refused unless it is a JSON object (``name`` says what it is,
     ``field`` is where)."""
     try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"{name} is not valid JSON: {exc}", field=field) from None
-    if not isinstance(value, dict):
-        raise InvalidArgument(f"{name} must be a JSON object", field=field)
-    return value
+        return json_object(text)
+    except NotAJsonObject as exc:
+        raise InvalidArgument(f"{name} {exc}", field=field) from None
 
 
 def _no_nul(name: str, text: str) -> None:
