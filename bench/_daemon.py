@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -108,6 +108,20 @@ async def wait_ready(channel: grpc.aio.Channel, timeout: float = 300.0) -> None:
                     return
         await asyncio.sleep(0.5)
     raise SystemExit(f"bench: the daemon was not ready within {timeout:.0f}s")
+
+
+@contextlib.asynccontextmanager
+async def serving(env: dict[str, str], log_path: Path
+                  ) -> AsyncIterator[tuple[DaemonProcess, grpc.aio.Channel]]:
+    """``python -m daemon serve`` with ``env``, its log in ``log_path``: yields it and a
+    channel to it once :func:`wait_ready`; closes the channel and stops it after."""
+    proc = DaemonProcess(env, log_path)
+    try:
+        async with grpc.aio.insecure_channel(await proc.address()) as channel:
+            await wait_ready(channel)
+            yield proc, channel
+    finally:
+        await proc.stop()
 
 
 # -- the daemon in this process ---------------------------------------------------------------

@@ -20,7 +20,7 @@ import httpx
 import orjson
 
 from bench import _support as support
-from bench._daemon import DaemonProcess, wait_ready
+from bench._daemon import serving
 from bench._relay import GREEDY_CHAT, free_port, spawn
 from daemon import config
 from daemon.config._sections import Settings
@@ -184,17 +184,9 @@ async def llamad(args: argparse.Namespace, folder: Path, room: int, logdir: Path
                  ) -> AsyncIterator[tuple[int, httpx.AsyncClient, grpc.aio.Channel]]:
     port = free_port()
     env = llamad_env(args, folder, room, logdir, port)
-    proc = DaemonProcess(env, logdir / f"llamad-{room}.log")
-    try:
-        channel = grpc.aio.insecure_channel(await proc.address())
-        try:
-            await wait_ready(channel)
-            async with client(port) as http:
-                yield proc.pid, http, channel
-        finally:
-            await channel.close()
-    finally:
-        await proc.stop()
+    async with (serving(env, logdir / f"llamad-{room}.log") as (proc, channel),
+                client(port) as http):
+        yield proc.pid, http, channel
 
 
 @contextlib.asynccontextmanager

@@ -56,7 +56,7 @@ import grpc
 import httpx
 
 from bench import _support as support
-from bench._daemon import DaemonProcess, wait_ready
+from bench._daemon import DaemonProcess, serving
 from bench._direct import child_http
 from bench._generation.common import DEFAULT_THREADS, Guard, Sample, daemon_env
 from bench._relay import (
@@ -116,16 +116,8 @@ async def daemon(args: argparse.Namespace, model: Path, state: str, log: Path
     env = {**daemon_env("llama-server", model, args.threads), **GREEDY_CHAT,
            "LLAMAD_STATE_DIR": state, "LLAMAD_LLAMA_BIN": args.llama_bin,
            "LLAMAD_HTTP_LISTEN": f"127.0.0.1:{port}"}
-    proc = DaemonProcess(env, log)
-    try:
-        channel = grpc.aio.insecure_channel(await proc.address())
-        try:
-            await wait_ready(channel)
-            yield proc, channel, port
-        finally:
-            await channel.close()
-    finally:
-        await proc.stop()
+    async with serving(env, log) as (proc, channel):
+        yield proc, channel, port
 
 
 async def generation_child(channel: grpc.aio.Channel) -> control_pb2.ChildStatus:

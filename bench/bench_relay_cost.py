@@ -48,7 +48,7 @@ import grpc
 import httpx
 
 from bench import _support as support
-from bench._daemon import DaemonProcess, wait_ready
+from bench._daemon import DaemonProcess, serving
 from bench._direct import child_key
 from bench._generation.common import daemon_env
 from bench._relay import GREEDY_CHAT, free_port
@@ -120,16 +120,8 @@ async def daemon(binary: str, slots: int, threads: int, tmp: str, tag: str
            "LLAMAD_LLAMA_BIN": binary, "LLAMAD_HTTP_LISTEN": f"127.0.0.1:{port}",
            "LLAMAD_GENERATION_PARALLEL": str(slots), "LLAMAD_LIMITS_QUEUE_SIZE": "128",
            "LLAMAD_GENERATION_CTX_SIZE": "2048"}
-    proc = DaemonProcess(env, FilePath(tmp) / f"daemon-{tag}.log")
-    try:
-        channel = grpc.aio.insecure_channel(await proc.address())
-        try:
-            await wait_ready(channel)
-            yield proc, channel, port
-        finally:
-            await channel.close()
-    finally:
-        await proc.stop()
+    async with serving(env, FilePath(tmp) / f"daemon-{tag}.log") as (proc, channel):
+        yield proc, channel, port
 
 
 async def rounds(paths: Sequence[Path], levels: Sequence[int], n: int, max_tokens: int, *,

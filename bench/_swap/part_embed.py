@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
 import numpy as np
 
-from bench._daemon import DaemonProcess, wait_ready
+from bench._daemon import serving
 from bench._direct import child_http
 from bench._support import EMBED_MODEL, MONITOR, PartNote, model_file, table
 from bench._swap.common import (
@@ -127,17 +126,11 @@ async def daemon_process(env: dict[str, str], state_dir: Path
     """``python -m daemon serve`` as operators run it (its own process; log in
     ``state_dir``); yield ``(inference stub, control stub, seconds until ready)``."""
     began = time.perf_counter()
-    proc = DaemonProcess(env, state_dir / "daemon.log")
-    try:
-        address = await proc.address()
-        async with grpc.aio.insecure_channel(address) as channel:
-            await wait_ready(channel)
-            ready = time.perf_counter() - began
-            yield (inference_pb2_grpc.InferenceServiceStub(channel),
-                   control_pb2_grpc.ControlServiceStub(channel),
-                   ready)
-    finally:
-        await proc.stop()
+    async with serving(env, state_dir / "daemon.log") as (_, channel):
+        ready = time.perf_counter() - began
+        yield (inference_pb2_grpc.InferenceServiceStub(channel),
+               control_pb2_grpc.ControlServiceStub(channel),
+               ready)
 
 
 @contextlib.asynccontextmanager
