@@ -7,16 +7,12 @@ tests/unit/test_loopback_keepalive.py."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import pytest
 
 from llamad_protocol.v1 import inference_pb2 as pb
-from tests.conftest import SMALL_MODEL, model_path
-from tests.support.child_http import child_http
+from tests.support.abandoned import abandon_a_long_generation
+from tests.support.child_http import generation_idle
 from tests.support.daemon import GEN, Clients, config_env, serving
-from tests.support.endless import never_end
 
 pytestmark = pytest.mark.integration
 
@@ -41,22 +37,9 @@ async def test_kept_connections_carry_exact_answers_and_a_cancel_still_stops_the
         for _ in range(3):  # each on the connection the one before gave back
             assert await chat(c) == first
 
-        call = c.inference.Generate(pb.GenerateRequest(
-            prompt="Write a very long story about the sea.",
-            sampling=pb.SamplingParams(max_tokens=3000,
-                                       logit_bias=never_end(model_path(SMALL_MODEL)))))
-        got = 0
-        async for _ in call:
-            got += 1
-            if got == 5:
-                break
-        call.cancel()
+        await abandon_a_long_generation(c)
         gen = await c.child(GEN)
-        async with child_http(gen.socket, gen.pid) as http:
-            deadline = time.monotonic() + 10
-            while any(s.get("is_processing") for s in (await http.get("/slots")).json()):
-                assert time.monotonic() < deadline, "the child kept generating"
-                await asyncio.sleep(0.1)
+        assert await generation_idle(gen.socket, gen.pid, timeout=10), "the child kept generating"
 
         for _ in range(2):  # nothing of the cancelled stream reaches a later call
             assert await chat(c) == first

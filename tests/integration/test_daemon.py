@@ -20,7 +20,8 @@ from daemon import Daemon
 from llamad_protocol.v1 import control_pb2
 from llamad_protocol.v1 import inference_pb2 as pb
 from tests.conftest import RUNTIMES, SMALL_MODEL, model_path
-from tests.support.child_http import child_http
+from tests.support.abandoned import abandon_a_long_generation
+from tests.support.child_http import generation_idle
 from tests.support.daemon import (
     EMB,
     GEN,
@@ -172,27 +173,10 @@ async def test_cancel_stops_generation_in_the_child(running: tuple[Daemon, Clien
                                                    runtime: str) -> None:
     """A client cancelling a stream makes the child stop generating for it."""
     _, c = running
-    call = c.inference.Generate(pb.GenerateRequest(
-        prompt="Write a very long story about the sea.",
-        sampling=pb.SamplingParams(max_tokens=3000,
-                                   logit_bias=never_end(model_path(SMALL_MODEL)))))
-    got = 0
-    async for _ in call:
-        got += 1
-        if got == 5:
-            break
-    assert got == 5
-    call.cancel()
+    await abandon_a_long_generation(c)
     gen = await c.child(GEN)
     if runtime == "llama-server":
-        async with child_http(gen.socket, gen.pid) as http:
-            deadline = time.monotonic() + 5
-            while True:
-                slots = (await http.get("/slots")).json()
-                if not any(s.get("is_processing") for s in slots):
-                    break
-                assert time.monotonic() < deadline, "the child kept generating"
-                await asyncio.sleep(0.1)
+        assert await generation_idle(gen.socket, gen.pid), "the child kept generating"
     # The bundled runtime serves one request at a time: if the abandoned generation went
     # on (3000 tokens), this call would wait behind it for tens of seconds.
     began = time.monotonic()
