@@ -23,11 +23,11 @@ MAX_MODULES_PER_FOLDER = 25
 # before it. "" is the package's own __init__.
 LAYERS = {
     "daemon": ("config", "telemetry", "errors", "checks", "models", "services", "ops",
-               "grpcapi", "httpapi", "server", "cli", "__main__", ""),
+               "grpcapi", "httpapi", "console", "server", "cli", "__main__", ""),
     "retrieval": ("errors", "redaction", "extraction", "chunking", "_limits", "_status",
                   "store", "_interface", "_embedder", "_backfill", "postgres", "_backend",
                   "search", "_later", "_review", "_retention", "_retriever_sources",
-                  "_ingest", "_retriever", "_scan_report", "_scan", "_migrate", ""),
+                  "_ingest", "_retriever", "_scan_report", "_scan", "_watch", "_migrate", ""),
 }
 
 
