@@ -17,17 +17,7 @@ from typing import Any, Generic, TypeVar
 import grpc
 
 from . import _tools
-from ._types import (
-    AskDone,
-    AskEvent,
-    AskPlan,
-    AskResult,
-    AskSources,
-    AskText,
-    GenerateChunk,
-    GenerateResult,
-    Usage,
-)
+from ._types import AskEvent, AskResult, GenerateChunk, GenerateResult, Usage
 from .errors import Cancelled, from_rpc_error
 
 T = TypeVar("T")
@@ -95,14 +85,6 @@ def _generate_result(chunks: list[GenerateChunk]) -> GenerateResult:
     )
 
 
-def _ask_result(events: list[AskEvent]) -> AskResult:
-    text = "".join(e.text for e in events if isinstance(e, AskText))
-    sources = next((e for e in events if isinstance(e, AskSources)), None)
-    done = next((e for e in events if isinstance(e, AskDone)), None)
-    plan = next((e for e in events if isinstance(e, AskPlan)), None)
-    return AskResult(answer=text, sources=sources, done=done, plan=plan)
-
-
 class TextStream(Stream[GenerateChunk]):
     """A Generate or Chat stream: :class:`GenerateChunk` s as the model produces them."""
 
@@ -119,7 +101,7 @@ class AskStream(Stream[AskEvent]):
     def collect(self) -> AskResult:
         """Read the rest of the stream and return the whole answer and its sources."""
         with self:
-            return _ask_result(list(self))
+            return AskResult.of(self)
 
 
 class AsyncStream(Generic[T]):
@@ -201,4 +183,4 @@ class AsyncAskStream(AsyncStream[AskEvent]):
     async def collect(self) -> AskResult:
         """Read the rest of the stream and return the whole answer and its sources."""
         async with self:
-            return _ask_result([e async for e in self])
+            return AskResult.of([e async for e in self])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, TypeAlias
@@ -128,6 +129,15 @@ class AskResult:
     done: AskDone | None
     plan: AskPlan | None = None
     """A dry run's plan (None for an answer)."""
+
+    @classmethod
+    def of(cls, events: Iterable[AskEvent]) -> AskResult:
+        """The whole answer the ``events`` of an Ask stream make (its ``collect()``)."""
+        events = list(events)
+        return cls(answer="".join(e.text for e in events if isinstance(e, AskText)),
+                   sources=next((e for e in events if isinstance(e, AskSources)), None),
+                   done=next((e for e in events if isinstance(e, AskDone)), None),
+                   plan=next((e for e in events if isinstance(e, AskPlan)), None))
 
     @property
     def citations(self) -> tuple[Citation, ...]:
