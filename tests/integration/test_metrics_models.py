@@ -11,11 +11,11 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from llamad_protocol.v1 import control_pb2, inference_pb2
 from tests.conftest import models_dir
 from tests.support.daemon import catalog_env, serving
+from tests.support.model_metrics import models_of, parse
 
 pytestmark = pytest.mark.integration
 
@@ -23,21 +23,6 @@ SMOL, GEMMA = "SmolLM2-135M-Instruct.Q4_1", "gemma-3-270m-q4_k_m"
 MODELS = ("smol", "gemma", "cold")
 """smol: the generation default; gemma: loaded when a call names it; cold: never asked
 for (SmolLM2's file under another name)."""
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def parse(text: str) -> Samples:
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def models_of(samples: Samples, name: str) -> set[str]:
-    return {dict(labels)["model"] for n, labels in samples if n == name}
-
 
 async def test_a_scrape_shows_each_models_series_and_leaves_an_unloaded_one_unloaded(
         llama_server: str, tmp_path: Path) -> None:

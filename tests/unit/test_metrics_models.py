@@ -9,21 +9,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.errors import UnknownModel
-from daemon.models.router import InferenceRouter
 from daemon.ops.metrics_http import serve_metrics
 from daemon.services.inference import Meter
 from daemon.telemetry.metrics import EXIT_KINDS, Metrics
 from daemon.telemetry.model_gauges import MODEL_STATES, ModelLife, model_lives
-from supervisor import Chunk, State
-from tests.support.scripted import settle
+from supervisor import Chunk
+from tests.support.model_metrics import RIG_MODELS, get, models_of, parse, routed
 from tests.support.scripted_pool import Rig
-
-MODELS = {"gen-a": "generation", "gen-b": "generation", "gen-c": "generation",
-          "emb": "embedding"}
-"""The Rig's catalog: each model's role."""
 
 PER_MODEL = ("llamad_child_state", "llamad_child_exits_total", "llamad_child_restarts_total",
              "llamad_breaker_opens_total", "llamad_tokens_generated_total",
@@ -32,37 +26,17 @@ PER_MODEL = ("llamad_child_state", "llamad_child_exits_total", "llamad_child_res
              "llamad_inter_token_latency_seconds_count", "llamad_model_state",
              "llamad_model_last_used_timestamp_seconds")
 
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def parse(text: str) -> Samples:
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def models_of(samples: Samples, name: str) -> set[str]:
-    """The model label values of ``name``'s samples."""
-    return {dict(labels)["model"] for n, labels in samples if n == name}
-
-
-def get(samples: Samples, name: str, **labels: str) -> float | None:
-    return samples.get((name, frozenset(labels.items())))
-
-
 # -- label sets --------------------------------------------------------------------------
 
 
 def test_each_catalog_model_has_its_series_at_zero_under_its_role() -> None:
     """Given the catalog (name -> role), each model's counters and gauges exist at 0
     under its own role, and no "other" model series exists."""
-    samples = parse(Metrics(version="t", models=MODELS).render().decode())
+    samples = parse(Metrics(version="t", models=RIG_MODELS).render().decode())
     for name in ("llamad_child_restarts_total", "llamad_tokens_generated_total",
                  "llamad_queue_depth", "llamad_requests_in_flight"):
-        assert models_of(samples, name) == set(MODELS), name
-    for model, role in MODELS.items():
+        assert models_of(samples, name) == set(RIG_MODELS), name
+    for model, role in RIG_MODELS.items():
         assert get(samples, "llamad_queue_depth", role=role, model=model) == 0
         assert get(samples, "llamad_model_calls_total", role=role, model=model,
                    outcome="error") == 0
@@ -75,7 +49,7 @@ def test_each_catalog_model_has_its_series_at_zero_under_its_role() -> None:
 def test_a_name_outside_the_catalog_is_never_a_series() -> None:
     """Every per-model method given a name outside the catalog counts it under
     model="other"; the name itself appears nowhere, whatever number of them comes."""
-    m = Metrics(version="t", models=MODELS)
+    m = Metrics(version="t", models=RIG_MODELS)
     for i in range(200):
         ghost = f"ghost-{i}"
         m.tokens("generation", 1, ghost)
@@ -95,15 +69,15 @@ def test_a_name_outside_the_catalog_is_never_a_series() -> None:
     assert get(samples, "llamad_tokens_generated_total", role="generation",
                model="other") == 200
     for name in PER_MODEL[:-2]:
-        assert models_of(samples, name) <= set(MODELS) | {"other"}, name
+        assert models_of(samples, name) <= set(RIG_MODELS) | {"other"}, name
 
 
 def test_a_reloads_new_model_gets_its_series() -> None:
     """add_models with a new catalog name (a reload) gives it series from 0; until then
     it was "other"."""
-    m = Metrics(version="t", models=MODELS)
+    m = Metrics(version="t", models=RIG_MODELS)
     m.tokens("generation", 2, "gen-d")
-    m.add_models({**MODELS, "gen-d": "generation"})
+    m.add_models({**RIG_MODELS, "gen-d": "generation"})
     m.tokens("generation", 3, "gen-d")
     samples = parse(m.render().decode())
     assert get(samples, "llamad_tokens_generated_total", role="generation", model="gen-d") == 3
@@ -113,7 +87,7 @@ def test_a_reloads_new_model_gets_its_series() -> None:
 
 def test_the_meter_counts_a_stream_under_its_model() -> None:
     """A stream's tokens, its first token and its gaps land in its model's series only."""
-    m = Metrics(version="t", models=MODELS)
+    m = Metrics(version="t", models=RIG_MODELS)
     meter = Meter(m, time.perf_counter(), "gen-b")
     for _ in range(3):
         meter.piece(Chunk(text="x", tokens=2))
@@ -141,7 +115,7 @@ def test_lifecycle_gauges_leave_out_names_outside_the_catalog() -> None:
                 ModelLife("intruder", "generation", "ready", 1.0),
                 ModelLife("emb", "embedding", "exploded")]
 
-    m = Metrics(version="t", models=MODELS)
+    m = Metrics(version="t", models=RIG_MODELS)
     m.watch_models(source)
     assert calls == []
     samples = parse(m.render().decode())
@@ -166,13 +140,9 @@ async def test_a_scrape_shows_every_model_and_wakes_none(tmp_path: Path) -> None
     """With the role's default serving, gen-b loaded on demand by a call, and gen-c and
     emb never asked for: a scrape of the endpoint shows each one's series (gen-b's call
     under gen-b), and gen-c stays unloaded: never built, never launched."""
-    metrics = Metrics(version="t", models=MODELS)
+    metrics = Metrics(version="t", models=RIG_MODELS)
     rig = Rig(tmp_path, metrics=metrics)
-    rig.default.start()
-    await settle(rig.default.supervisor, State.RUNNING)
-    router = InferenceRouter({"generation": rig.default})
-    router.attach(rig.pool)
-    router.metrics = metrics
+    router = await routed(rig, metrics)
     metrics.watch_models(lambda: model_lives(rig.pool))
     async with router.admit("generation", None, model="gen-b"):
         pass
@@ -188,10 +158,10 @@ async def test_a_scrape_shows_every_model_and_wakes_none(tmp_path: Path) -> None
     finally:
         await server.close()
     samples = parse(resp.text)
-    generation = {name for name, role in MODELS.items() if role == "generation"}
+    generation = {name for name, role in RIG_MODELS.items() if role == "generation"}
     for name in PER_MODEL[1:-1]:  # child state: set by the server as each child moves
         streamed = "token" in name and "tokens_generated" not in name  # the histograms
-        assert models_of(samples, name) == (generation if streamed else set(MODELS)), name
+        assert models_of(samples, name) == (generation if streamed else set(RIG_MODELS)), name
     assert models_of(samples, "llamad_model_last_used_timestamp_seconds") == {"gen-b"}
     state = "llamad_model_state"
     assert get(samples, state, role="generation", model="gen-a", state="ready") == 1

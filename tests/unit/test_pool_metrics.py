@@ -12,15 +12,9 @@ import pytest
 
 from daemon.config._sections import PoolSettings
 from daemon.errors import Overloaded
-from daemon.models.router import InferenceRouter
 from daemon.telemetry.metrics import Metrics
-from supervisor import State
-from tests.support.scripted import settle
+from tests.support.model_metrics import RIG_MODELS, routed
 from tests.support.scripted_pool import Rig, until
-
-MODELS = {"gen-a": "generation", "gen-b": "generation", "gen-c": "generation",
-          "emb": "embedding"}
-"""The Rig's catalog: each model's role."""
 
 
 def value(metrics: Metrics, name: str, **labels: str) -> float:
@@ -29,10 +23,9 @@ def value(metrics: Metrics, name: str, **labels: str) -> float:
 
 
 async def test_loads_unloads_and_residency_are_counted_per_model(tmp_path: Path) -> None:
-    metrics = Metrics(version="test", models=MODELS)
-    rig = Rig(tmp_path, PoolSettings(max_resident=2), metrics=metrics, pinned=("gen-c",))
-    rig.default.start()
-    await settle(rig.default.supervisor, State.RUNNING)
+    metrics = Metrics(version="test", models=RIG_MODELS)
+    rig = await Rig(tmp_path, PoolSettings(max_resident=2), metrics=metrics,
+                    pinned=("gen-c",)).started()
     assert value(metrics, "llamad_model_resident", model="gen-b") == 0
     await rig.pool.load("gen-b")
     assert value(metrics, "llamad_model_loads_total", model="gen-b", outcome="ok") == 1
@@ -56,20 +49,16 @@ async def test_slots_queue_rejections_and_calls_are_counted_per_model(
     """A call on a model loaded on demand is in flight (one waiting for its slots queued,
     one refused counted, each call counted by outcome) under that model's name, apart
     from the calls on the role's default; the role's totals are the sum by role."""
-    metrics = Metrics(version="test", models=MODELS)
+    metrics = Metrics(version="test", models=RIG_MODELS)
     rig = Rig(tmp_path, metrics=metrics)
-    rig.default.start()
-    await settle(rig.default.supervisor, State.RUNNING)
-    router = InferenceRouter({"generation": rig.default})
-    router.attach(rig.pool)
-    router.metrics = metrics
+    router = await routed(rig, metrics)
 
     def gauges(model: str) -> tuple[float, float]:
         return (value(metrics, "llamad_requests_in_flight", role="generation", model=model),
                 value(metrics, "llamad_queue_depth", role="generation", model=model))
 
     def role_totals() -> tuple[float, float]:
-        each = [gauges(name) for name, role in MODELS.items() if role == "generation"]
+        each = [gauges(name) for name, role in RIG_MODELS.items() if role == "generation"]
         return (sum(busy for busy, _ in each), sum(queued for _, queued in each))
 
     def calls(model: str, outcome: str) -> float:
