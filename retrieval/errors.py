@@ -40,7 +40,7 @@ import errno
 import re
 import sqlite3
 import unicodedata
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 MAX_DOCUMENT_ID_CHARS = 512
 """Longest valid document id, in characters (docs/retrieval.md, "Identifiers")."""
@@ -276,3 +276,19 @@ def opened(part: T | None) -> T:
     if part is None:
         raise RetrievalError("retrieval is not open")
     return part
+
+
+class StoreHolder(Generic[T]):
+    """What both store backends (:class:`~retrieval._interface.StoreBackend`) derive from
+    the store they hold while open (``store``: None when closed)."""
+
+    store: T | None
+
+    @property
+    def is_open(self) -> bool:
+        """Whether :meth:`open_sync` ran and :meth:`close_sync` did not since."""
+        return self.store is not None
+
+    def require(self) -> T:
+        """The store (:func:`opened`)."""
+        return opened(self.store)

@@ -35,7 +35,7 @@ from ..errors import (
     NotFound,
     NotSupported,
     StorageFull,
-    opened,
+    StoreHolder,
 )
 from ..store._bm25 import Filters
 from ..store._rows import DocumentRow, PendingWrite
@@ -72,7 +72,7 @@ def not_supported(what: str) -> NotSupported:
                         "(use the embedded store for it)")
 
 
-class PgIndexes:
+class PgIndexes(StoreHolder[PgDocumentStore]):
     """The PostgreSQL store as the retriever's backend.
 
     Methods named ``*_sync`` block (call them from a worker thread); the coroutines run
@@ -130,14 +130,6 @@ class PgIndexes:
         if self.store is not None:
             self.store.close()
         self.store = None
-
-    @property
-    def is_open(self) -> bool:
-        return self.store is not None
-
-    def require(self) -> PgDocumentStore:
-        """The store (:func:`~retrieval.errors.opened`)."""
-        return opened(self.store)
 
     def storage_full(self) -> StorageFull:
         """The error for a write refused by a full disk."""

@@ -40,6 +40,7 @@ from ..errors import (
     EmbeddingModelMismatch,
     NotFound,
     StorageFull,
+    StoreHolder,
     is_storage_full,
     opened,
 )
@@ -64,7 +65,7 @@ def _indexed(c: StoredChunk) -> IndexedChunk:
                         c.indexed_at, c.title, c.heading, c.text)
 
 
-class Indexes:
+class Indexes(StoreHolder[Store]):
     """SQLite, tantivy and hnswlib in one directory (``root``), kept in agreement: the
     embedded backend of the store interface (:class:`retrieval._interface.StoreBackend`).
 
@@ -181,14 +182,6 @@ class Indexes:
     def _store_close(self) -> None:
         if self.store is not None:
             self.store.close()
-
-    @property
-    def is_open(self) -> bool:
-        return self.store is not None
-
-    def require(self) -> Store:
-        """The metadata store (:func:`~retrieval.errors.opened`)."""
-        return opened(self.store)
 
     def _text(self) -> TextIndex:
         return opened(self.text)
