@@ -84,6 +84,7 @@ from .services.retrieval_bridge import (
     postgres_from,
     rescan_loop,
     unavailable_reason,
+    watch_sources,
 )
 from .telemetry.audit import AuditLog
 from .telemetry.metrics import Metrics
@@ -278,6 +279,10 @@ class Daemon:
         if self.retriever is not None and rescan > 0:
             self._tasks.add(asyncio.create_task(
                 rescan_loop(self.retriever, rescan, self._allowed_roots), name="rescan"))
+        if self.retriever is not None and self.config.settings.retrieval.watch:
+            self._tasks.add(asyncio.create_task(
+                watch_sources(self.retriever, self.config.settings.retrieval,
+                              self._allowed_roots), name="watch-sources"))
         backfill = self.config.settings.retrieval.backfill_interval
         if self.retriever is not None and backfill > 0:
             self._tasks.add(asyncio.create_task(

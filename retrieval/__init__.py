@@ -15,6 +15,7 @@ from ._retriever import Retriever
 from ._scan import check_root, scan_source
 from ._scan_report import ScanReport
 from ._status import BackfillStatus, RetrievalStatus, VectorRebuild
+from ._watch import SourceWatcher
 from .errors import (
     Busy,
     EmbeddingModelMismatch,
@@ -84,6 +85,7 @@ __all__ = [
     "SourceNotAllowed",
     "SourceRoot",
     "SourceRow",
+    "SourceWatcher",
     "StorageFull",
     "StoreUnavailable",
     "Vector",

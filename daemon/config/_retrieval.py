@@ -94,6 +94,24 @@ class RetrievalSettings:
     rescan_interval: float = setting(
         3600.0, "Seconds between scheduled rescans of directory sources; 0: on demand only.",
         minimum=0, reload="restart")
+    watch: bool = setting(
+        True, "Watch directory sources for changes (inotify) and scan a source once its "
+        "changes settle: a saved file is searchable within seconds; the scheduled rescan "
+        "stays the safety net.", reload="restart")
+    watch_debounce: float = setting(
+        0.5, "Seconds without a new change before a changed source is scanned (a burst "
+        "of changes is one scan).", minimum=0.01, reload="restart")
+    watch_max_delay: float = setting(
+        5.0, "Seconds from a source's first unscanned change to its scan at the latest, "
+        "however busy its directory stays.", minimum=0.01, reload="restart")
+    watch_retry: float = setting(
+        5.0, "Seconds between looks for added or removed sources and for a source root "
+        "that was renamed or removed (watched again once it is back).", minimum=0.1,
+        reload="restart")
+    watch_max_dirs: int = setting(
+        8192, "Most directories watched over all sources (each an inotify watch, also "
+        "bounded by the kernel's fs.inotify.max_user_watches); past it the rest is "
+        "rescanned on schedule, with a warning.", minimum=1, reload="restart")
     search_audit_log: str = setting(
         "", "Audit log of Search calls (JSON lines: the redacted query, filters, mode, the "
         "whole fused candidate list with both ranks, latency; rotated like answer.audit_log"

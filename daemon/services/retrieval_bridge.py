@@ -24,6 +24,7 @@ from retrieval import (
     PgOptions,
     RetrievalLimits,
     Retriever,
+    SourceWatcher,
     Vector,
     scan_source,
 )
@@ -215,3 +216,13 @@ async def backfill_loop(retriever: Retriever, interval: float) -> None:
         except Exception as exc:
             structlog.get_logger("llamad.retrieval").warning(
                 "backfill check failed", error=str(exc)[:200])
+
+
+async def watch_sources(retriever: Retriever, settings: RetrievalSettings,
+                        allowed_roots: Callable[[], Sequence[str]] = _no_roots) -> None:
+    """Live change detection (``retrieval.watch``): scan each directory source once its
+    changes settle (:class:`retrieval.SourceWatcher`). Runs until cancelled; without
+    inotify it logs why and returns, leaving the scheduled rescan."""
+    await SourceWatcher(retriever, allowed_roots, debounce=settings.watch_debounce,
+                        max_delay=settings.watch_max_delay, retry=settings.watch_retry,
+                        max_dirs=settings.watch_max_dirs).run()

@@ -40,6 +40,10 @@ def config_env(runtime: str, **overrides: str) -> dict[str, str]:
         "LLAMAD_CHILD_STOP_GRACE": "3",
         "LLAMAD_DRAIN_GRACE": "5",
         "LLAMAD_LOG_FORMAT": "json",
+        # Sources are scanned when a test asks (AddSource, Reindex): the live watcher would
+        # race a test's counts of what its scan added. tests/integration/test_watch_daemon.py
+        # turns it on (and tests/unit/test_watch.py tests the watcher itself).
+        "LLAMAD_RETRIEVAL_WATCH": "false",
     }
     env.update(overrides)
     return env
