@@ -25,7 +25,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 
@@ -225,6 +225,14 @@ def check(q: Question, settings: AnswerSettings) -> tuple[str, list[tuple[str, s
     return question, history
 
 
+class _InForce(NamedTuple):
+    """What a reload replaces, as one: an Ask takes all three as they are when it starts."""
+
+    limits: Limits
+    settings: AnswerSettings
+    templates: TemplateSet
+
+
 class AskService:
     """Grounded answers with citations (module docstring): one instance per daemon."""
 
@@ -232,36 +240,20 @@ class AskService:
                  *, settings: AnswerSettings, cache: ResponseCache, audit: AuditLog) -> None:
         self._router = router
         self._retriever = retriever
-        self._limits = limits
-        self._settings = settings
         self._cache = cache
         self._audit = audit
-        self._templates = load_templates(settings.templates_dir)
-
-    @property
-    def limits(self) -> Limits:
-        """The request limits in force (a call's sampling is checked against them)."""
-        return self._limits
-
-    @property
-    def settings(self) -> AnswerSettings:
-        """The ``[answer]`` settings in force."""
-        return self._settings
+        self._in_force = _InForce(limits, settings, load_templates(settings.templates_dir))
 
     def configure(self, limits: Limits, settings: AnswerSettings) -> None:
         """New request limits and settings (a reload): the Asks that start after this
         call use them; those running keep theirs. The templates are read again (the
         configuration's load checked them; one broken since keeps the set in force)."""
+        templates = self._in_force.templates
         try:
-            self._templates = load_templates(settings.templates_dir)
+            templates = load_templates(settings.templates_dir)
         except ConfigError as exc:
             structlog.get_logger("llamad.ask").warning("answer templates kept", error=str(exc))
-        self._limits, self._settings = limits, settings
-
-    @property
-    def templates(self) -> TemplateSet:
-        """The answer templates in force."""
-        return self._templates
+        self._in_force = _InForce(limits, settings, templates)
 
     async def ask(self, q: Question, sampling: Sampling | SamplingCheck, *,
                   time_remaining: Callable[[], float | None] = lambda: None,
@@ -292,8 +284,7 @@ class AskService:
             OutOfRange: even the question and templates exceed the model's context.
         """
         received = time.perf_counter()
-        limits, settings = self._limits, self._settings  # this call's, whatever a reload
-        templates = self._templates                        # does meanwhile
+        limits, settings, templates = self._in_force  # this call's, whatever a reload does
         question, history = check(q, settings)
         if not isinstance(sampling, Sampling):
             sampling = sampling(limits, settings)
