@@ -36,7 +36,9 @@ class GrammarRefused(ValueError):
 
 @dataclass(frozen=True)
 class GrammarLimits:
-    """The limits (``[limits]`` options of the same names)."""
+    """The limits a grammar is checked against: the ``[limits]`` options
+    ``max_grammar_rules``, ``max_grammar_depth``, ``max_grammar_repetition`` and
+    ``max_grammar_walks`` (:meth:`of`); the defaults are theirs."""
 
     max_rules: int = 1024
     max_depth: int = 32
