@@ -40,6 +40,8 @@ def _kind(name: str) -> str | None:
     return None if kw is None else kind_for_keyword(kw)
 
 
+# A variable's name (group "k").
+_NAME = r"(?P<k>[A-Za-z_][A-Za-z0-9_]{0,100}+)"
 # A quoted value (the quotes kept) or one shell word.
 _VALUE = r"(?:(?P<q>[\"'])|)(?P<v>(?(q)[^\"'\n]++|[^\s\"';|&#]++))"
 
@@ -62,32 +64,29 @@ def _named_kind(m: re.Match[str]) -> str:
     return _kind(m.group("k")) or "secret"
 
 
+def _named(pattern: str, needles: tuple[str, ...]) -> Rule:
+    """A case-blind rule for a variable set by its name (:data:`_NAME`) to a value (group
+    ``v``): a secret when the name names one and the value is not a reference."""
+    return rule(pattern, _named_kind, needles, flags=CI, accept=_named_accept)
+
+
 # fish: set [-g|-U|-l] [-x|--export] NAME VALUE...
 _FISH_SET = rule(
     # (without a flag, only an environment-style NAME: "set the value" is prose)
     r"set(?<![\w$.-]set)(?:(?P<flags>(?:[ \t]++-{1,2}[A-Za-z-]++)++)|(?=[ \t]++[A-Z][A-Z0-9]*+_))"
-    r"[ \t]++(?P<k>[A-Za-z_][A-Za-z0-9_]{0,100}+)[ \t]++" + _VALUE,
+    r"[ \t]++" + _NAME + r"[ \t]++" + _VALUE,
     _named_kind, ("set",), accept=_fish_accept,
 )
 # csh: setenv NAME VALUE; launchctl setenv NAME VALUE; cmd.exe: setx NAME VALUE [/M].
-_SETENV = rule(
-    r"set(?:env|x)(?<![\w.-]setenv)(?<![\w.-]setx)[ \t]++(?P<k>[A-Za-z_][A-Za-z0-9_]{0,100}+)"
-    r"[ \t]++" + _VALUE,
-    _named_kind, ("set",), flags=CI, accept=_named_accept,
-)
+_SETENV = _named(r"set(?:env|x)(?<![\w.-]setenv)(?<![\w.-]setx)[ \t]++" + _NAME
+                 + r"[ \t]++" + _VALUE, ("set",))
 # PowerShell: [Environment]::SetEnvironmentVariable("NAME", "VALUE"[, "User"]);
 # Set-Item [-Path] env:NAME [-Value] "VALUE".
-_PS_SET_ENV = rule(
-    r"setenvironmentvariable[ \t]*+\([ \t]*+[\"'](?P<k>[A-Za-z_][A-Za-z0-9_]{0,100}+)[\"']"
-    r"[ \t]*+,[ \t]*+[\"'](?P<v>[^\"'\n]++)[\"']",
-    _named_kind, ("set",), flags=CI, accept=_named_accept,
-)
-_PS_SET_ITEM = rule(
-    r"(?:set|new)-item(?<![\w-]set-item)(?<![\w-]new-item)"
-    r"(?:[ \t]++-path)?[ \t]++env:(?P<k>[A-Za-z_][A-Za-z0-9_]{0,100}+)"
-    r"(?:[ \t]++-value)?[ \t]++" + _VALUE,
-    _named_kind, ("-item",), flags=CI, accept=_named_accept,
-)
+_PS_SET_ENV = _named(r"setenvironmentvariable[ \t]*+\([ \t]*+[\"']" + _NAME
+                     + r"[\"'][ \t]*+,[ \t]*+[\"'](?P<v>[^\"'\n]++)[\"']", ("set",))
+_PS_SET_ITEM = _named(r"(?:set|new)-item(?<![\w-]set-item)(?<![\w-]new-item)"
+                      r"(?:[ \t]++-path)?[ \t]++env:" + _NAME
+                      + r"(?:[ \t]++-value)?[ \t]++" + _VALUE, ("-item",))
 # PowerShell: ConvertTo-SecureString [-String] "VALUE" -AsPlainText [-Force]
 _PS_SECURE_STRING = rule(
     r"convertto-securestring(?:[ \t]++-string)?[ \t]++[\"'](?P<v>[^\"'\n]++)[\"']"
