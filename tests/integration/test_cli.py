@@ -3,6 +3,7 @@ run as a subprocess against a real daemon subprocess (real llama-server children
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -61,16 +62,15 @@ class Daemon:
                 self.proc.wait()
 
 
-@pytest.fixture(scope="module")
-def address(llama_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A running daemon (both children) for the module; its address."""
+@contextlib.contextmanager
+def daemon_serving(tmp_path_factory: pytest.TempPathFactory, **env: str) -> Iterator[str]:
+    """A daemon subprocess (llama-server children, settings ``env`` on top), serving; its
+    address. Its state and log are in a fresh temporary directory; directory sources
+    (ingest) may live anywhere under pytest's temporary directory."""
     tmp = tmp_path_factory.mktemp("daemon")
-    # Directory sources (ingest) may live anywhere under pytest's temporary directory.
-    # History retention runs every second (not 60 s), so its test need not wait long.
     daemon = Daemon(config_env("llama-server", LLAMAD_STATE_DIR=str(tmp / "state"),
                                LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(
-                                   tmp_path_factory.getbasetemp()),
-                               LLAMAD_RETRIEVAL_RETENTION_INTERVAL="1"),
+                                   tmp_path_factory.getbasetemp()), **env),
                     tmp / "daemon.log")
     try:
         addr = daemon.address()
@@ -79,6 +79,14 @@ def address(llama_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield addr
     finally:
         daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def address(llama_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A running daemon (both children) for the module; its address."""
+    # History retention runs every second (not 60 s), so its test need not wait long.
+    with daemon_serving(tmp_path_factory, LLAMAD_RETRIEVAL_RETENTION_INTERVAL="1") as addr:
+        yield addr
 
 
 def llamad(address: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

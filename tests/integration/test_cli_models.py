@@ -18,8 +18,7 @@ import pytest
 
 from clients import AsyncClient, Client
 from tests.conftest import ROOT, models_dir
-from tests.integration.test_cli import COMMAND, Daemon, llamad, one_line_error
-from tests.support.daemon import config_env
+from tests.integration.test_cli import COMMAND, daemon_serving, llamad, one_line_error
 
 pytestmark = pytest.mark.integration
 
@@ -31,20 +30,9 @@ SMOL, GEMMA, MINILM = ("SmolLM2-135M-Instruct.Q4_1", "gemma-3-270m-q4_k_m",
 def address(llama_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A running daemon whose catalog is every model of the models directory (SmolLM2 the
     generation default, gemma not resident until named)."""
-    tmp = tmp_path_factory.mktemp("daemon")
-    daemon = Daemon(config_env("llama-server", LLAMAD_STATE_DIR=str(tmp / "state"),
-                               LLAMAD_MODELS_DIR=str(models_dir()),
-                               LLAMAD_GENERATION_PARALLEL="1",
-                               LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(
-                                   tmp_path_factory.getbasetemp())),
-                    tmp / "daemon.log")
-    try:
-        addr = daemon.address()
-        with Client(addr) as client:
-            client.wait_serving("", timeout=120)
+    with daemon_serving(tmp_path_factory, LLAMAD_MODELS_DIR=str(models_dir()),
+                        LLAMAD_GENERATION_PARALLEL="1") as addr:
         yield addr
-    finally:
-        daemon.stop()
 
 
 def _models(address: str) -> dict[str, str]:
