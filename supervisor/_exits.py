@@ -37,26 +37,28 @@ class ExitCause:
     at: float = 0.0
 
 
-# Lines that llama.cpp runtimes print when the model cannot be loaded. Examples:
-#   llama_model_load: error loading model: ...           (llama.cpp, both runtimes)
-#   main: exiting due to model loading error              (llama-server)
-#   ValueError: Failed to load model from file: ...       (llama-cpp-python)
-_MODEL_ERROR = re.compile(
-    r"error loading model|exiting due to model loading error|failed to load model"
-    r"|gguf_init_from_file|invalid magic|unknown model architecture",
-    re.IGNORECASE,
-)
-# Argument errors: llama-server's "error: invalid argument: --x", argparse's "usage: ...
-# error: unrecognized arguments" (exit 2) and pydantic-settings validation errors.
-_USAGE_ERROR = re.compile(
-    r"invalid argument|unrecognized argument|error: argument|validation error",
-    re.IGNORECASE,
-)
-# argparse prints its (long) usage before the error line: the usage line is only the
-# fallback message, so the cause names the bad argument.
-_USAGE_LINE = re.compile(r"^usage:", re.IGNORECASE)
-_PORT_IN_USE = re.compile(
-    r"couldn't bind|address already in use|error while attempting to bind", re.IGNORECASE
+# What a child's last lines say of why it exited, in order of precedence: the first of
+# these patterns (case-blind) that a line matches names the cause, the line its message.
+_TOLD_IN_OUTPUT: tuple[tuple[str, bool, re.Pattern[str]], ...] = tuple(
+    (kind, permanent, re.compile(pattern, re.IGNORECASE)) for kind, permanent, pattern in (
+        # The model cannot be loaded. Examples:
+        #   llama_model_load: error loading model: ...       (llama.cpp, both runtimes)
+        #   main: exiting due to model loading error          (llama-server)
+        #   ValueError: Failed to load model from file: ...   (llama-cpp-python)
+        ("model_error", True,
+         r"error loading model|exiting due to model loading error|failed to load model"
+         r"|gguf_init_from_file|invalid magic|unknown model architecture"),
+        ("port_in_use", False,
+         r"couldn't bind|address already in use|error while attempting to bind"),
+        # Argument errors: llama-server's "error: invalid argument: --x", argparse's
+        # "usage: ... error: unrecognized arguments" (exit 2) and pydantic-settings
+        # validation errors.
+        ("usage_error", True,
+         r"invalid argument|unrecognized argument|error: argument|validation error"),
+        # argparse prints its (long) usage before the error line: the usage line is only
+        # the fallback message, so the cause names the bad argument.
+        ("usage_error", True, r"^usage:"),
+    )
 )
 
 
@@ -133,12 +135,9 @@ def classify_exit(
             )
         return ExitCause("signal", False, f"killed by {name}", signal=name, at=at)
 
-    if (line := _first_match(_MODEL_ERROR, tail)) is not None:
-        return ExitCause("model_error", True, line, exit_code=returncode, at=at)
-    if (line := _first_match(_PORT_IN_USE, tail)) is not None:
-        return ExitCause("port_in_use", False, line, exit_code=returncode, at=at)
-    if (line := _first_match(_USAGE_ERROR, tail) or _first_match(_USAGE_LINE, tail)) is not None:
-        return ExitCause("usage_error", True, line, exit_code=returncode, at=at)
+    for kind, permanent, pattern in _TOLD_IN_OUTPUT:
+        if (line := _first_match(pattern, tail)) is not None:
+            return ExitCause(kind, permanent, line, exit_code=returncode, at=at)
     if returncode == 0:
         return ExitCause(
             "crash", False, "exited with status 0 without being asked to stop",
