@@ -9,6 +9,7 @@ The daemon's own errors::
     ├── Draining               the daemon is shutting down (retry on another instance)
     ├── OutOfRange             even the question and templates exceed the token budget
     ├── Overloaded             the child's slots and wait queue are full
+    ├── QuotaExceeded          the caller's token used its requests or tokens per window
     └── DeadlineUnmeetable     the expected queue wait exceeds the call's deadline
 
 Mapping (everything else in :mod:`supervisor.errors` included):
@@ -26,6 +27,7 @@ EndpointError, transient      UNAVAILABLE            yes
 Draining                      UNAVAILABLE            yes
 OutOfRange                    OUT_OF_RANGE           no
 Overloaded                    RESOURCE_EXHAUSTED     yes
+QuotaExceeded                 RESOURCE_EXHAUSTED     yes (when the window frees enough)
 DeadlineUnmeetable            DEADLINE_EXCEEDED      no
 ChildNotReadyError            UNAVAILABLE            when known
 ChildBadRequestError          INVALID_ARGUMENT       no
@@ -137,6 +139,23 @@ class Overloaded(RequestError):
         super().__init__(message)
 
 
+class QuotaExceeded(RequestError):
+    """The caller's token used its requests or tokens of the quota window
+    (:mod:`daemon.services.quotas`).
+
+    Attributes:
+        retry_after: seconds until the window frees enough for one more call.
+        limit: which limit: ``requests`` or ``tokens``.
+    """
+
+    api_code = "rate_limit_exceeded"  # OpenAI's code for a rate limit (the HTTP body)
+
+    def __init__(self, message: str, *, retry_after: float, limit: str) -> None:
+        self.retry_after = retry_after
+        self.limit = limit
+        super().__init__(message)
+
+
 class DeadlineUnmeetable(RequestError):
     """The call would wait in the queue past its deadline: refused early."""
 
@@ -213,7 +232,7 @@ def map_error(exc: BaseException) -> Mapped:
         return Mapped(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
     if isinstance(exc, OutOfRange):
         return Mapped(grpc.StatusCode.OUT_OF_RANGE, str(exc))
-    if isinstance(exc, Overloaded):
+    if isinstance(exc, Overloaded | QuotaExceeded):
         return Mapped(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), exc.retry_after)
     if isinstance(exc, DeadlineUnmeetable):
         return Mapped(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))

@@ -131,7 +131,7 @@ class Daemon:
         self._metrics_server: MetricsServer | None = None
         self._http: HttpApi | None = None
         self.http_port = 0
-        self.auth = AuthInterceptor(config.tokens, self.metrics)
+        self.auth = AuthInterceptor(config.tokens, self.metrics, config.settings.auth)
         self._tls = TlsCredentials(config.tls) if config.tls is not None else None
         self._bound: Bound | None = None
         # The model registry: every catalog model by name, the roles' models its pinned
@@ -412,7 +412,7 @@ class Daemon:
                     self.retriever.limits = limits_from(self.config)
                 if self._answer is not None:
                     self._answer.configure(self.config.settings.limits, self.config.settings.answer)
-                self.auth.set_tokens(self.config.tokens)
+                self.auth.set_tokens(self.config.tokens, self.config.settings.auth)
                 if self._tls is not None and self.config.tls is not None:
                     self._tls.update(self.config.tls)
                 if self._http is not None and self.config.tls is not None:

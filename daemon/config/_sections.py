@@ -126,9 +126,18 @@ class AuthSettings:
     """``[auth]``."""
 
     token_file: str = setting(
-        "", "Bearer tokens, one '<role> <token>' per line (roles: read, admin); when set, "
-        "every RPC but health needs one. Must not be readable by others; re-read on "
-        "SIGHUP.", reload="apply")
+        "", "Bearer tokens, one '<role> <token>' per line (roles: read, admin), each "
+        "optionally followed by class=NAME lane=interactive|batch rpm=N tpm=N (its quotas "
+        "per auth.quota_window); when set, every RPC but health needs one. Must not be "
+        "readable by others; re-read on SIGHUP.", reload="apply")
+    quota_mode: str = setting(
+        "enforce", "What the tokens' rpm and tpm do: enforce (a call past them is refused, "
+        "RESOURCE_EXHAUSTED / HTTP 429 with a retry hint), shadow (never refused; counted "
+        "and logged as it would have been), off.", choices=("enforce", "shadow", "off"),
+        reload="apply")
+    quota_window: float = setting(
+        60.0, "Seconds of the sliding window the tokens' rpm and tpm count in (a token's "
+        "rpm is its calls per this window).", minimum=1.0, reload="apply")
 
 
 @dataclass(frozen=True)

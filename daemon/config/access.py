@@ -18,6 +18,22 @@ ASCII characters (no spaces); ``#`` starts a comment line; blank lines are ignor
 file must be a regular file that nobody but its owner and group can read or write (the
 daemon refuses to start otherwise, naming the file and its mode).
 
+After the token, a line may give the token a class, a lane and quotas, as ``key=value``
+terms in any order (issue 28; enforced by :mod:`daemon.services.quotas`)::
+
+    read  9c0e...  class=nightly-etl lane=batch rpm=120 tpm=200000
+
+* ``class``: the name its calls are counted and logged under (metrics, log lines: never
+  the token); 1 to 32 of ``A-Z a-z 0-9 _ . -``, at most :data:`MAX_CLASSES` different
+  names in a file; default ``default``.
+* ``lane``: the highest lane its model calls travel in (``interactive``, the default, or
+  ``batch``): a batch token's calls wait in the batch lane even when they ask for
+  interactive; any token may ask for batch.
+* ``rpm``: its calls that spend model time per quota window (``auth.quota_window``,
+  60 s), ``tpm``: the prompt and generated tokens of those calls per window, counted when
+  each call ends; 0 or absent: no limit. Limits are the token's own: two tokens of one
+  class each have theirs.
+
 Tokens are kept only as SHA-256 digests. A presented token is hashed and compared with
 every configured digest by :func:`hmac.compare_digest`, without stopping at a match, so
 the time taken says nothing about which token (or how much of one) matched. Logs show a
@@ -48,6 +64,13 @@ MIN_TOKEN_CHARS = 16
 MAX_TOKEN_CHARS = 4096
 MAX_TOKEN_FILE_BYTES = 1024 * 1024
 MAX_PEM_FILE_BYTES = 1024 * 1024
+MAX_CLASSES = 32
+"""Class names a token file may use: they are a metrics label (bounded cardinality)."""
+DEFAULT_CLASS = "default"
+TOKEN_LANES = ("interactive", "batch")
+"""The lanes a token may be given (:data:`daemon.models.lanes.CLIENT_LANES`)."""
+MAX_QUOTA = 10**12
+_CLASS_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 
 _FINGERPRINT_KEY = secrets.token_bytes(32)
 
@@ -71,10 +94,17 @@ def _digest(token: str) -> bytes:
 
 @dataclass(frozen=True)
 class TokenEntry:
+    """One line of the token file: the role, the digest (never the token), and the
+    class, lane and quotas its terms give (module docstring)."""
+
     role: str
     digest: bytes = field(repr=False)
     fingerprint: str
     line: int = field(compare=False)
+    klass: str = DEFAULT_CLASS
+    lane: str = "interactive"
+    rpm: int = 0
+    tpm: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,12 +119,22 @@ class TokenTable:
 
         Constant time in the token: every configured digest is compared, always.
         """
+        entry = self.entry_of(token)
+        return None if entry is None else entry.role
+
+    def entry_of(self, token: str) -> TokenEntry | None:
+        """The line of ``token`` (role, class, lane, quotas), None when it is not
+        configured; constant time in the token, as :meth:`role_of`."""
         presented = _digest(token)
-        role: str | None = None
+        found: TokenEntry | None = None
         for entry in self.entries:
             if hmac.compare_digest(presented, entry.digest):
-                role = entry.role
-        return role
+                found = entry
+        return found
+
+    def classes(self) -> frozenset[str]:
+        """The class names the file uses (the metrics' label values)."""
+        return frozenset(entry.klass for entry in self.entries)
 
     def roles(self) -> dict[str, list[str]]:
         """Fingerprints of the configured tokens by role, for the log."""
@@ -150,6 +190,36 @@ def _visible_ascii(token: str) -> bool:
     return all(0x21 <= ord(ch) <= 0x7E for ch in token)
 
 
+def _terms(terms: list[str], where: str) -> tuple[str, str, int, int]:
+    """A line's ``key=value`` terms after its token (module docstring), checked: its
+    class, lane, rpm and tpm.
+
+    Raises:
+        AccessError: an unknown or repeated key, or a bad value, naming the line.
+    """
+    # No value is ever quoted back: a token written in the wrong place must not reach
+    # the log through its error.
+    out: dict[str, str] = {}
+    for n, term in enumerate(terms, start=1):
+        key, eq, value = term.partition("=")
+        if not eq or key not in ("class", "lane", "rpm", "tpm"):
+            raise AccessError(f"{where}: term {n} after the token is not one of class=NAME "
+                              "lane=interactive|batch rpm=N tpm=N")
+        if key in out:
+            raise AccessError(f"{where}: {key} given twice")
+        if key == "class" and not (1 <= len(value) <= 32 and set(value) <= _CLASS_CHARS):
+            raise AccessError(f"{where}: class must be 1 to 32 of A-Z a-z 0-9 _ . -")
+        if key == "lane" and value not in TOKEN_LANES:
+            raise AccessError(f"{where}: lane must be {' or '.join(TOKEN_LANES)}")
+        if key in ("rpm", "tpm") and not (value.isascii() and value.isdigit()
+                                          and len(value) <= 13 and int(value) <= MAX_QUOTA):
+            raise AccessError(f"{where}: {key} must be a whole number from 0 to "
+                              f"{MAX_QUOTA} (0: no limit)")
+        out[key] = value
+    return (out.get("class", DEFAULT_CLASS), out.get("lane", TOKEN_LANES[0]),
+            int(out.get("rpm", "0")), int(out.get("tpm", "0")))
+
+
 def load_tokens(path: str | os.PathLike[str]) -> TokenTable:
     """Read and check a token file (format in the module docstring).
 
@@ -172,10 +242,10 @@ def load_tokens(path: str | os.PathLike[str]) -> TokenTable:
         if not stripped or stripped.startswith("#"):
             continue
         fields = stripped.split()
-        if len(fields) != 2:
+        if len(fields) < 2:
             raise AccessError(f"{what} {p}, line {number}: expected '<role> <token>' "
                               f"(roles: {', '.join(ROLES)})")
-        role, token = fields
+        role, token = fields[:2]
         if role not in ROLES:
             raise AccessError(f"{what} {p}, line {number}: unknown role {role[:20]!r} "
                               f"(roles: {', '.join(ROLES)})")
@@ -191,9 +261,15 @@ def load_tokens(path: str | os.PathLike[str]) -> TokenTable:
             raise AccessError(f"{what} {p}, line {number}: the same token as line "
                               f"{seen[digest]}")
         seen[digest] = number
-        entries.append(TokenEntry(role, digest, fingerprint(token), number))
+        klass, lane, rpm, tpm = _terms(fields[2:], f"{what} {p}, line {number}")
+        entries.append(TokenEntry(role, digest, fingerprint(token), number, klass, lane,
+                                  rpm, tpm))
     if not entries:
         raise AccessError(f"{what} {p} holds no token (one '<role> <token>' per line)")
+    classes = {entry.klass for entry in entries}
+    if len(classes) > MAX_CLASSES:
+        raise AccessError(f"{what} {p} names {len(classes)} classes; at most {MAX_CLASSES} "
+                          "(a class is a metrics label)")
     return TokenTable(str(p), tuple(entries))
 
 

@@ -21,6 +21,12 @@ reason, the token's fingerprint (:func:`daemon.config.access.fingerprint`) — n
 at most :data:`DENIAL_LOG_BURST` lines per :data:`DENIAL_LOG_WINDOW` seconds, the rest
 counted. The tokens are swapped in atomically on reload (:meth:`AuthInterceptor.set_tokens`).
 
+Quotas. A call of a method that spends model time
+(:data:`daemon.services.quotas.QUOTA_METHODS`) by a token runs under its quotas and lane
+(:func:`daemon.services.quotas.calling`): the handler's frame
+(:mod:`daemon.grpcapi.rpc`) admits it or refuses it with RESOURCE_EXHAUSTED and a retry
+hint, and counts its tokens when it ends.
+
 TLS. :class:`TlsCredentials` makes ``grpc.dynamic_ssl_server_credentials`` whose fetcher,
 called by gRPC before each new handshake, hands over the certificate loaded by the last
 reload. Connections already open keep the certificate they were made with.
@@ -30,7 +36,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +45,9 @@ import structlog
 
 from llamad_protocol.v1.wire import AUTHORIZATION_KEY, BEARER_SCHEME, HEALTH_SERVICE
 
-from ..config.access import ADMIN, READ, TlsMaterial, TokenTable, fingerprint
+from ..config import AuthSettings
+from ..config.access import ADMIN, READ, TlsMaterial, TokenEntry, TokenTable, fingerprint
+from ..services.quotas import QUOTA_METHODS, Quotas, calling
 from ..telemetry.metrics import Metrics
 from .wire import HandlerInterceptor
 
@@ -153,28 +161,48 @@ class AuthInterceptor(HandlerInterceptor):
     With no tokens configured, every call passes untouched.
     """
 
-    def __init__(self, tokens: TokenTable | None, metrics: Metrics | None = None) -> None:
+    def __init__(self, tokens: TokenTable | None, metrics: Metrics | None = None,
+                 settings: AuthSettings | None = None) -> None:
         self._tokens = tokens
         self._metrics = metrics
         self._denials = _DenialLog()
+        s = settings or AuthSettings()
+        self.quotas = Quotas(s.quota_mode, s.quota_window, metrics=metrics)
+        self.quotas.keep(tokens.entries if tokens is not None else ())
 
     @property
     def tokens(self) -> TokenTable | None:
         return self._tokens
 
-    def set_tokens(self, tokens: TokenTable | None) -> None:
-        """Use these tokens from the next call on (a reload)."""
+    def set_tokens(self, tokens: TokenTable | None,
+                   settings: AuthSettings | None = None) -> None:
+        """Use these tokens (and, given, these quota settings) from the next call on (a
+        reload): the quota windows of tokens still configured go on."""
         self._tokens = tokens
+        if settings is not None:
+            self.quotas.configure(settings.quota_mode, settings.quota_window)
+        self.quotas.keep(tokens.entries if tokens is not None else ())
 
     def handler_for(self, handler: grpc.RpcMethodHandler,
                     details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
-        denial = self.check(details.method, details.invocation_metadata)
-        return handler if denial is None else self._deny(handler, details.method, denial)
+        found = self.resolve(details.method, details.invocation_metadata)
+        if isinstance(found, Denial):
+            return self._deny(handler, details.method, found)
+        if found is not None and details.method in QUOTA_METHODS:
+            return self._under_quota(handler, details.method, found)
+        return handler
 
     def check(self, method: str, metadata: Any) -> Denial | None:
         """Why a call of ``method`` (a full gRPC method name) with ``metadata`` (its
         ``(key, value)`` pairs: ``authorization`` is read) is refused; None when it may
-        go on. The HTTP API asks the same, naming the method its route stands for."""
+        go on."""
+        found = self.resolve(method, metadata)
+        return found if isinstance(found, Denial) else None
+
+    def resolve(self, method: str, metadata: Any) -> Denial | TokenEntry | None:
+        """As :meth:`check`, but a call that may go on gets its token's line (class,
+        lane, quotas); None when no token is needed. The HTTP API asks the same, naming
+        the method its route stands for."""
         tokens = self._tokens
         if tokens is None or method.startswith(_PUBLIC_PREFIXES):
             return None
@@ -183,10 +211,11 @@ class AuthInterceptor(HandlerInterceptor):
             message = _MISSING if why == "no token" else (
                 "malformed authorization metadata: expected 'Bearer <token>'")
             return Denial(grpc.StatusCode.UNAUTHENTICATED, message, why)
-        role = tokens.role_of(token)
-        if role is None:
+        entry = tokens.entry_of(token)
+        if entry is None:
             return Denial(grpc.StatusCode.UNAUTHENTICATED, "the bearer token is not valid",
                           "unknown token", fingerprint(token))
+        role = entry.role
         needed = METHOD_ROLES.get(method)
         if needed is None:
             return Denial(grpc.StatusCode.PERMISSION_DENIED,
@@ -196,7 +225,7 @@ class AuthInterceptor(HandlerInterceptor):
             return Denial(grpc.StatusCode.PERMISSION_DENIED,
                           f"{_short(method)} needs a token with the admin role; this "
                           f"token has the {role} role", "needs admin", fingerprint(token))
-        return None
+        return entry
 
     def denied(self, method: str, peer: str, denial: Denial, *,
                protocol: str = "grpc") -> None:
@@ -210,6 +239,32 @@ class AuthInterceptor(HandlerInterceptor):
         self._denials.log(**fields)
         if self._metrics is not None:
             self._metrics.request(method.rpartition("/")[2], denial.code.name, 0.0, protocol)
+
+    def _under_quota(self, handler: grpc.RpcMethodHandler, method: str,
+                     entry: TokenEntry) -> grpc.RpcMethodHandler:
+        """``handler`` (unary or server-streaming) run under ``entry``'s quota and lane."""
+        quotas = self.quotas
+        shapes = {"request_deserializer": handler.request_deserializer,
+                  "response_serializer": handler.response_serializer}
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def unary(request: object, context: grpc.aio.ServicerContext) -> object:
+                with calling(quotas, entry, method):
+                    return await inner(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(unary, **shapes)
+        if handler.unary_stream is not None:
+            streamed = handler.unary_stream
+
+            async def stream(request: object,
+                             context: grpc.aio.ServicerContext) -> AsyncIterator[object]:
+                with calling(quotas, entry, method):
+                    async for item in streamed(request, context):
+                        yield item
+
+            return grpc.unary_stream_rpc_method_handler(stream, **shapes)
+        return handler
 
     def _deny(self, handler: grpc.RpcMethodHandler, method: str,
               denial: Denial) -> grpc.RpcMethodHandler:

@@ -16,6 +16,7 @@ import structlog
 from ..errors import InvalidArgument, map_error
 from ..models import lanes
 from ..models.lanes import LANE_HEADER, Lane, parse_lane
+from ..services import quotas
 from ..telemetry.metrics import Metrics
 from .wire import RPC_MARKER, Malformed
 
@@ -120,11 +121,16 @@ async def _handled(method: str, servicer: object, request: object,
     try:
         if isinstance(request, Malformed):  # see daemon.grpcapi.wire
             raise InvalidArgument(request.message)
-        lane = _lane(context)
+        # A token's quota and lane (daemon.services.quotas): refused here when past it.
+        lane, ticket = quotas.enter_current(_lane(context), call.note)
         if lane is not Lane.INTERACTIVE:
             call.note(lane=lane.value)
-        with lanes.asking(lane):
-            yield call
+        try:
+            with lanes.asking(lane):
+                yield call
+        finally:
+            if ticket is not None:
+                ticket.finish(call.fields)
     except asyncio.CancelledError:
         call.note(code=_code_on_cancel(call))
         raise

@@ -153,5 +153,6 @@ def api_error(exc: BaseException) -> ApiError:
             param = str(params[0]).removesuffix("_text")
     if mapped.code is grpc.StatusCode.INVALID_ARGUMENT:
         message = message.replace("sampling.", "")
-    return ApiError(status, message, param=param, code=mapped.code.name.lower(),
+    code = getattr(exc, "api_code", None) or mapped.code.name.lower()
+    return ApiError(status, message, param=param, code=code,
                     retry_after=mapped.retry_after, grpc_code=mapped.code.name)

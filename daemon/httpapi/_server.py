@@ -41,13 +41,14 @@ from aiohttp.streams import StreamReader
 
 from ..config import HttpSettings, Limits
 from ..config.access import TlsMaterial, server_ssl_context
-from ..grpcapi.auth import AuthInterceptor
+from ..grpcapi.auth import AuthInterceptor, Denial
 from ..grpcapi.connlimits import ConnectionCap, counted_listeners
 from ..grpcapi.rpc import Call, write_summary
 from ..models import lanes
 from ..models.lanes import LANE_HEADER, Lane, parse_lane
 from ..models.pool import Pool
 from ..models.router import InferenceRouter
+from ..services import quotas
 from ..services.ask import AskService
 from ..services.knowledge import Knowledge
 from ..telemetry.metrics import Metrics
@@ -264,6 +265,7 @@ class HttpApi:
         call = Call({"peer": request.remote or "", "request_id": request_id,
                      "route": request.path[:100], "http_method": request.method})
         label = route.label if route is not None else "other"
+        ticket: quotas.Ticket | None = None
         try:
             if route is None:
                 raise ApiError(404, f"no route {request.method} {request.path[:100]}; llamad "
@@ -279,15 +281,18 @@ class HttpApi:
             if authorization is None and route.api_key:  # Anthropic's SDKs send x-api-key
                 key = request.headers.get("x-api-key")
                 authorization = None if key is None else f"Bearer {key}"
-            denial = self._auth.check(route.grpc_method, [("authorization", authorization)]
-                                      if authorization is not None else [])
-            if denial is not None:
-                self._auth.denied(route.grpc_method, call.fields["peer"], denial,
+            found = self._auth.resolve(route.grpc_method, [("authorization", authorization)]
+                                       if authorization is not None else [])
+            if isinstance(found, Denial):
+                self._auth.denied(route.grpc_method, call.fields["peer"], found,
                                   protocol="http")
                 return _error_response(request_id,
-                                       route.restyle(api_error_for_denial(denial)))
+                                       route.restyle(api_error_for_denial(found)))
             timeout = _timeout(request.headers.get("x-request-timeout"))
-            lane = parse_lane(request.headers.get(LANE_HEADER, ""))
+            # The token's quota and lane (daemon.services.quotas): a 429 here when past it.
+            lane, ticket = quotas.enter(self._auth.quotas, found, route.grpc_method,
+                                        parse_lane(request.headers.get(LANE_HEADER, "")),
+                                        call.note)
             if lane is not Lane.INTERACTIVE:
                 call.note(lane=lane.value)
             body = await self._body(request, route) if route.reads_body else {}
@@ -316,6 +321,8 @@ class HttpApi:
             call.note(code=error.grpc_code, status=error.status, error=error.message[:200])
             return await _answer_error(request, error)
         finally:
+            if ticket is not None:  # its tokens count when it ends
+                ticket.finish(call.fields)
             if "code" in call.fields or "status" in call.fields:
                 write_summary(label, time.perf_counter() - received, call.fields,
                               self._metrics, protocol="http")

@@ -59,10 +59,12 @@ async def serving(*, tokens: TokenTable | None = None, queue: int = 4,
                   answer: Callable[[InferenceRouter], AskService] | None = None,
                   pieces: list[str] | None = None,
                   tls: TlsMaterial | None = None, connections: ConnectionCap | None = None,
-                  handshake_timeout: float = 10.0) -> AsyncIterator[Harness]:
+                  handshake_timeout: float = 10.0,
+                  auth: AuthInterceptor | None = None) -> AsyncIterator[Harness]:
     """The API on port 0: generation and embedding served by scripted backends (one slot
     each; ``queue`` calls may wait for generation's), Ask by ``answer`` if given, with
-    ``connections`` and ``handshake_timeout`` (HttpApi's) if given."""
+    ``connections`` and ``handshake_timeout`` (HttpApi's) if given, and ``auth`` in
+    place of an interceptor over ``tokens``."""
     gen = FakeBackend(model_name="gen.gguf")
     if pieces is not None:
         gen.pieces = pieces
@@ -75,7 +77,7 @@ async def serving(*, tokens: TokenTable | None = None, queue: int = 4,
     metrics = Metrics()
     api = HttpApi(router=router, served=served, limits=Limits, settings=settings or
                   HttpSettings(body_timeout=0.5, idle_timeout=1.0),
-                  auth=AuthInterceptor(tokens, metrics), metrics=metrics,
+                  auth=auth or AuthInterceptor(tokens, metrics), metrics=metrics,
                   answer=answer(router) if answer is not None else None, tls=tls,
                   connections=connections, handshake_timeout=handshake_timeout)
     port = await api.start("127.0.0.1:0")

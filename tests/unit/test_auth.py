@@ -113,7 +113,7 @@ def test_every_token_is_compared_without_early_exit(
         (f"read {TOKEN_A}\n", 0o602, r"writable by everyone \(mode 0602\)"),
         ("# nothing\n\n", 0o600, "holds no token"),
         (f"reader {TOKEN_A}\n", 0o600, "line 1: unknown role 'reader'"),
-        (f"# c\nread {TOKEN_A} extra\n", 0o600, "line 2: expected '<role> <token>'"),
+        (f"# c\nread {TOKEN_A} extra\n", 0o600, "line 2: term 1 after the token is not one"),
         (f"{TOKEN_A}\n", 0o600, "line 1: expected '<role> <token>'"),
         ("read short\n", 0o600, "line 1: a token must be 16 to 4096 characters long"),
         (f"read {TOKEN_A}\nadmin {TOKEN_A}\n", 0o600, "line 2: the same token as line 1"),
