@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -104,25 +105,27 @@ class Server:
         return True
 
 
+Start = Callable[[], Awaitable[tuple[Server, InferenceClient]]]
+"""Starts a server on a fresh UNIX socket; it and a child's client of it."""
+
+
 @pytest.fixture
-async def child() -> AsyncIterator[Callable[[], Awaitable[tuple[Server, InferenceClient]]]]:
-    made: list[tuple[asyncio.Server, InferenceClient]] = []
-    with tempfile.TemporaryDirectory() as tmp:
+async def child() -> AsyncIterator[Start]:
+    """A :data:`Start`; every client and server it made is closed at the end."""
+    async with contextlib.AsyncExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        made = itertools.count()
+
         async def start() -> tuple[Server, InferenceClient]:
-            state = Server(str(Path(tmp) / f"c{len(made)}.sock"))
-            server = await asyncio.start_unix_server(state.handle, state.path)
+            state = Server(str(tmp / f"c{next(made)}.sock"))
+            await stack.enter_async_context(
+                await asyncio.start_unix_server(state.handle, state.path))
             client = InferenceClient(ChildAddress.BASE_URL, model_id="m",
                                      api=LLAMA_SERVER_API, child=ChildAddress(state.path, KEY))
-            made.append((server, client))
+            stack.push_async_callback(client.aclose)
             return state, client
 
-        try:
-            yield start
-        finally:
-            for server, client in made:
-                await client.aclose()
-                server.close()
-                await server.wait_closed()
+        yield start
 
 
 async def relay(client: InferenceClient) -> list[tuple[str, str | None]]:
@@ -138,7 +141,7 @@ async def relay(client: InferenceClient) -> list[tuple[str, str | None]]:
 
 
 async def test_streams_read_to_the_end_and_unary_calls_share_one_connection(
-        child: Callable[[], Awaitable[tuple[Server, InferenceClient]]]) -> None:
+        child: Start) -> None:
     server, client = await child()
     server.script = {2: "unary"}
     assert await relay(client) == [("Hello", None), ("", "stop")]
@@ -150,7 +153,7 @@ async def test_streams_read_to_the_end_and_unary_calls_share_one_connection(
 
 @pytest.mark.parametrize("what", ["hang", "error", "after-done"])
 async def test_a_cancelled_failed_or_overlong_stream_is_never_reused(
-        child: Callable[[], Awaitable[tuple[Server, InferenceClient]]], what: str) -> None:
+        child: Start, what: str) -> None:
     server, client = await child()
     server.script = {2: what}
     await relay(client)  # connection 1, kept
@@ -173,7 +176,7 @@ async def test_a_cancelled_failed_or_overlong_stream_is_never_reused(
 
 
 async def test_closing_the_client_closes_its_pooled_connections(
-        child: Callable[[], Awaitable[tuple[Server, InferenceClient]]]) -> None:
+        child: Start) -> None:
     """A child stopped or restarted closes its client (supervisor._child.stop); the new
     child's client, on its new socket, starts with an empty pool."""
     server, client = await child()
@@ -189,7 +192,7 @@ async def test_closing_the_client_closes_its_pooled_connections(
 
 
 async def test_the_pool_keeps_at_most_max_idle_connections(
-        child: Callable[[], Awaitable[tuple[Server, InferenceClient]]]) -> None:
+        child: Start) -> None:
     server, _ = await child()
     http = LoopbackHTTP("localhost", 0, unix_path=server.path, api_key=KEY, max_idle=1)
 
