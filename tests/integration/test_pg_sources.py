@@ -7,12 +7,12 @@ in that warning, on the other."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
-from retrieval import Filters, Query, Retriever
+from retrieval import Filters, Query
 from tests.support.embedder import fill
 from tests.support.postgres import on_postgres, two_nodes
 from tests.unit import test_sources as embedded
@@ -33,35 +33,26 @@ async def test_the_embedded_source_behaviour_on_postgres(
     await test(tmp_path)
 
 
-Nodes = tuple[Retriever, Retriever]
-
-
-@pytest.fixture
-async def nodes(tmp_path: Path, pg_dsn: str) -> AsyncIterator[Nodes]:
-    async with two_nodes(tmp_path, pg_dsn) as both:
-        yield both
-
-
 async def test_a_source_disabled_through_one_node_is_named_by_the_others_search(
-        nodes: Nodes) -> None:
+        tmp_path: Path, pg_dsn: str) -> None:
     """Disabled through A: B's search naming it and an enabled source finds only the
     enabled one's documents and names the disabled one; naming it alone finds nothing
     and says so; a search naming no source leaves it out without a warning; enabled
     again through B, A finds it."""
-    a, b = nodes
-    await fill(a)
-    await a.add_source("wiki")
-    await a.upsert("wiki", "printer", "printer queue stuck on web01 disk", doc_id="wiki/p")
-    await a.set_source_disabled("wiki", True)
-    both = await b.search("web01 disk", filters=Filters(sources=("docs", "wiki")),
-                          options=Query(mode="text"))
-    assert {h.doc_id for h in both.hits} == {"docs/disk"}
-    assert both.warnings == ["source wiki is disabled: not searched"]
-    alone = await b.search("printer queue", filters=Filters(sources=("wiki",)))
-    assert (alone.hits, alone.warnings) == ([], ["source wiki is disabled: not searched"])
-    unnamed = await b.search("printer queue web01")
-    assert "wiki/p" not in {h.doc_id for h in unnamed.hits}
-    assert not [w for w in unnamed.warnings if "disabled" in w]
-    await b.set_source_disabled("wiki", False)
-    again = await a.search("printer queue", filters=Filters(sources=("wiki",)))
-    assert ({h.doc_id for h in again.hits}, again.warnings) == ({"wiki/p"}, [])
+    async with two_nodes(tmp_path, pg_dsn) as (a, b):
+        await fill(a)
+        await a.add_source("wiki")
+        await a.upsert("wiki", "printer", "printer queue stuck on web01 disk", doc_id="wiki/p")
+        await a.set_source_disabled("wiki", True)
+        both = await b.search("web01 disk", filters=Filters(sources=("docs", "wiki")),
+                              options=Query(mode="text"))
+        assert {h.doc_id for h in both.hits} == {"docs/disk"}
+        assert both.warnings == ["source wiki is disabled: not searched"]
+        alone = await b.search("printer queue", filters=Filters(sources=("wiki",)))
+        assert (alone.hits, alone.warnings) == ([], ["source wiki is disabled: not searched"])
+        unnamed = await b.search("printer queue web01")
+        assert "wiki/p" not in {h.doc_id for h in unnamed.hits}
+        assert not [w for w in unnamed.warnings if "disabled" in w]
+        await b.set_source_disabled("wiki", False)
+        again = await a.search("printer queue", filters=Filters(sources=("wiki",)))
+        assert ({h.doc_id for h in again.hits}, again.warnings) == ({"wiki/p"}, [])
