@@ -43,6 +43,7 @@ from supervisor import Clock, State, StateChange, SystemClock
 from .config import Config, Role
 from .config._catalog import Catalog, CatalogEntry
 from .config.inference_mode import InferenceMode
+from .console import console
 from .grpcapi.answer import AnswerServicer
 from .grpcapi.auth import AuthInterceptor, TlsCredentials
 from .grpcapi.connlimits import ConnectionCap, budget_of, grpc_options
@@ -243,7 +244,10 @@ class Daemon:
                 pool=self.pool,
                 connections=ConnectionCap(conns.http, conns.per_peer),
                 handshake_timeout=cfg.settings.connections.handshake_timeout,
-                serving=self.health.serving, knowledge=self._knowledge())
+                serving=self.health.serving, knowledge=self._knowledge(),
+                mount=console(self.pool, version(), started=self._started, drainer=self.drainer,
+                              draining=lambda: self.router.draining, auth=self.auth,
+                              metrics=self.metrics, settings=cfg.settings.console))
             self.http_port = await self._http.start(self.config.settings.http_listen)
         if self.config.settings.agent_listen:
             self._agent = AgentServer(

@@ -265,6 +265,17 @@ class Retriever(RetrieverSources):
             return await asyncio.to_thread(store.held_version, doc_id) or row
         return row
 
+    async def review_texts(self, doc_id: str) -> tuple[str | None, str]:
+        """The text held for review of ``doc_id`` (None: none is held) and the text of
+        its searchable version, as its chunks say it in order ("" when none is indexed):
+        what a reviewer compares."""
+        store = self._backend.require()
+        held = await asyncio.to_thread(store.held_document, doc_id)
+        keys = await asyncio.to_thread(store.document_chunk_keys, doc_id)
+        chunks = await asyncio.to_thread(store.chunks_by_keys, keys) if keys else {}
+        ordered = sorted(chunks.values(), key=lambda c: c.ordinal)
+        return (None if held is None else held[1]), "\n".join(c.text for c in ordered)
+
     async def documents(self, source_id: str | None = None,
                         states: Sequence[str] = ()) -> list[DocumentRow]:
         """Documents by id (of one source; in one of ``states`` when given), those being

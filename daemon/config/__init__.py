@@ -18,6 +18,7 @@ from . import _load as _config_load
 from . import _options as _config_options
 from ._checks import check_listen, default_models_dir, is_loopback, unix_socket_path
 from ._connections import ConnectionSettings
+from ._console import ConsoleSettings
 from ._help import add_arguments, example_config
 from ._load import load
 from ._options import (
@@ -60,6 +61,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "ConnectionSettings",
+    "ConsoleSettings",
     "HttpSettings",
     "InferenceMode",
     "Limits",

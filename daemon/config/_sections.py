@@ -17,6 +17,7 @@ from typing import ClassVar
 from supervisor import DEFAULT_CACHE_RAM_MIB, KNOWN_TEMPLATES
 
 from ._connections import ConnectionSettings
+from ._console import ConsoleSettings
 from ._options import (
     INSTALLED_MODELS_DIR,
     PER_SECTION,
@@ -456,6 +457,7 @@ class Settings:
     http: HttpSettings = field(default_factory=HttpSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
     connections: ConnectionSettings = field(default_factory=ConnectionSettings)
+    console: ConsoleSettings = field(default_factory=ConsoleSettings)
     models: PoolSettings = field(default_factory=PoolSettings)
 
 

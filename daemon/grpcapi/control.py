@@ -146,6 +146,17 @@ def child_status(child: Model) -> control_pb2.ChildStatus:
     return status
 
 
+def status_response(pool: Pool, version: str, started: float, *, draining: bool,
+                    drainer: Drainer | None) -> control_pb2.StatusResponse:
+    """Status's answer: each role's child, each catalog model, the node's drain state
+    (the operator console shows it too: :mod:`daemon.console`)."""
+    return control_pb2.StatusResponse(
+        children=[child_status(pool.of_role(r)) for r in Role if r in pool.roles()],
+        version=version, daemon_uptime_seconds=time.monotonic() - started,
+        draining=draining, drained=drainer is not None and drainer.drained,
+        models=[model_info(v) for v in pool.models()])
+
+
 def mode_request(child: Model, request: control_pb2.SetModeRequest,
                  config: Config) -> ModeRequest:
     """Check a SetMode request before anything starts (INVALID_ARGUMENT otherwise): an
@@ -215,15 +226,8 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         context: grpc.aio.ServicerContext,
         call: rpc.Call,
     ) -> control_pb2.StatusResponse:
-        return control_pb2.StatusResponse(
-            children=[child_status(self._pool.of_role(r)) for r in Role
-                      if r in self._pool.roles()],
-            version=self._version,
-            daemon_uptime_seconds=time.monotonic() - self._started,
-            draining=self._draining(),
-            drained=self._drainer is not None and self._drainer.drained,
-            models=[model_info(v) for v in self._pool.models()],
-        )
+        return status_response(self._pool, self._version, self._started,
+                               draining=self._draining(), drainer=self._drainer)
 
     @rpc.unary("SetDraining")
     async def SetDraining(

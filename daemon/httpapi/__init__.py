@@ -13,11 +13,18 @@ and completions, whole and streamed), :mod:`._parse` (request bodies), :mod:`._s
 error object), :mod:`._kb` (the knowledge base: search, documents, review, sources,
 reindex, reprocess, status), :mod:`._admin` (``/tokenize``, model load and unload),
 :mod:`._protojson` (gRPC messages read from and written as JSON, and their JSON Schema),
-:mod:`._openapi` and :mod:`._docs` (``GET /openapi.json``, made from the route table).
+:mod:`._openapi` and :mod:`._docs` (``GET /openapi.json``, made from the route table),
+:mod:`._mount` (pages and routes of a part above this package served beside the API: the
+operator console).
 """
 
-from ._errors import ApiError
+from ._context import Api, json_response
+from ._errors import ApiError, ParamError
 from ._models import Catalog, Listed, Served
+from ._mount import Mount
+from ._protojson import to_json
+from ._routes import Route
 from ._server import HttpApi
 
-__all__ = ["ApiError", "Catalog", "HttpApi", "Listed", "Served"]
+__all__ = ["Api", "ApiError", "Catalog", "HttpApi", "Listed", "Mount", "ParamError", "Route",
+           "Served", "json_response", "to_json"]

@@ -56,6 +56,7 @@ from . import _parse
 from ._context import RAW_BODY, RECEIVED, REQUEST_ID, STREAM, Api
 from ._errors import ApiError, api_error
 from ._models import Catalog, Pooled, Served
+from ._mount import Mount, owns
 from ._routes import Route, methods_of, route_of
 
 _log = structlog.get_logger("llamad.http")
@@ -163,6 +164,8 @@ class HttpApi:
         handshake_timeout: seconds a TLS connection has to finish its handshake.
         knowledge: the knowledge base (``/v1/llamad/search``, documents, sources...;
             None: those routes answer 404).
+        mount: pages and routes served under a path of their own (the operator console:
+            :mod:`._mount`); started and stopped with the listener.
     """
 
     def __init__(self, *, router: InferenceRouter, served: Mapping[str, Served],
@@ -173,7 +176,7 @@ class HttpApi:
                  connections: ConnectionCap | None = None,
                  handshake_timeout: float = 10.0,
                  serving: Callable[[], bool] = lambda: True,
-                 knowledge: Knowledge | None = None) -> None:
+                 knowledge: Knowledge | None = None, mount: Mount | None = None) -> None:
         self._serving = serving
         self._api = Api(router, Catalog(served, int(time.time()), pool), limits, metrics,
                         answer, knowledge=knowledge,
@@ -187,6 +190,7 @@ class HttpApi:
         self._runner: web.ServerRunner | None = None
         self.connections = connections or ConnectionCap(1024, 128)
         self._handshake_timeout = handshake_timeout
+        self._mount = mount
         self.port = 0
 
     async def start(self, listen: str) -> int:
@@ -235,6 +239,8 @@ class HttpApi:
             raise OSError(f"cannot serve the HTTP API on {listen}: {exc.strerror or exc}"
                           ) from None
         self._runner = runner
+        if self._mount is not None:
+            await self._mount.start()
         sockets = server_sockets(runner)
         self.port = sockets[0] if sockets else int(port)
         return self.port
@@ -253,6 +259,8 @@ class HttpApi:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+            if self._mount is not None:
+                await self._mount.stop()
 
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         received = time.perf_counter()
@@ -261,7 +269,14 @@ class HttpApi:
         request[RECEIVED] = received
         if request.path == "/health" and request.method in ("GET", "HEAD"):
             return self._health(request_id)
-        route = route_of(request.path, request.method)
+        mount = self._mount
+        if mount is not None and owns(mount, request.path):
+            page = mount.page(request)
+            if page is not None:  # the same static files for everyone: no token, no line
+                return page
+            route = mount.route(request.path, request.method)
+        else:
+            route = route_of(request.path, request.method)
         call = Call({"peer": request.remote or "", "request_id": request_id,
                      "route": request.path[:100], "http_method": request.method})
         label = route.label if route is not None else "other"
@@ -275,7 +290,7 @@ class HttpApi:
                                "every route", code="not_found")
             if request.method != route.http_method:
                 raise ApiError(405, f"{request.path} takes "
-                               f"{' or '.join(methods_of(request.path))}, not "
+                               f"{' or '.join(self._methods_of(request.path))}, not "
                                f"{request.method[:20]}", code="method_not_allowed")
             authorization = request.headers.get("Authorization")
             if authorization is None and route.api_key:  # Anthropic's SDKs send x-api-key
@@ -326,6 +341,11 @@ class HttpApi:
             if "code" in call.fields or "status" in call.fields:
                 write_summary(label, time.perf_counter() - received, call.fields,
                               self._metrics, protocol="http")
+
+    def _methods_of(self, path: str) -> tuple[str, ...]:
+        if self._mount is not None and owns(self._mount, path):
+            return self._mount.methods(path)
+        return methods_of(path)
 
     def _health(self, request_id: str) -> web.Response:
         """``GET /health``: 200 while the daemon serves, else 503 (module docstring)."""
