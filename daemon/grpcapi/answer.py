@@ -111,7 +111,7 @@ _ROLES = {"system": ipb.CHAT_ROLE_SYSTEM, "user": ipb.CHAT_ROLE_USER,
 def _plan(p: Plan) -> apb.AskPlan:
     return apb.AskPlan(
         hits=[apb.PlannedHit(
-            chunk_id=h.chunk_id, document_id=h.document_id, title=h.title, path=h.path,
+            chunk_id=h.chunk_id, document_id=h.doc_id, title=h.title, path=h.path,
             ordinal=h.ordinal, score=h.score, text_score=h.text_score,
             vector_score=h.vector_score, verdict=_VERDICTS[h.verdict], label=h.label)
             for h in p.hits],

@@ -241,7 +241,7 @@ def event_json(event: AskEvent) -> dict[str, Any]:
 
 
 def _plan(p: Plan) -> dict[str, Any]:
-    hits = [{**_set(chunk_id=h.chunk_id, document_id=h.document_id, title=h.title,
+    hits = [{**_set(chunk_id=h.chunk_id, document_id=h.doc_id, title=h.title,
                     path=h.path, ordinal=h.ordinal, score=h.score, label=h.label,
                     verdict=f"HIT_VERDICT_{h.verdict.upper()}"),
              # optional fields: present when set, even at 0

@@ -18,19 +18,11 @@ from ._prompt import Assembled
 KEPT, BELOW_FLOOR, OVER_BUDGET = "kept", "below_floor", "over_budget"
 
 
-@dataclass(frozen=True)
-class PlannedHit:
-    """One retrieved chunk and what became of it (``verdict``: kept, below_floor or
+@dataclass(frozen=True, kw_only=True)
+class PlannedHit(Hit):
+    """A retrieved hit and what became of it (``verdict``: kept, below_floor or
     over_budget); ``label`` is its document's source label when kept."""
 
-    chunk_id: str
-    document_id: str
-    title: str
-    path: str
-    ordinal: int
-    score: float
-    text_score: float | None
-    vector_score: float | None
     verdict: str
     label: str = ""
 
@@ -66,9 +58,7 @@ def planned(hits: Sequence[Hit], relevant: Callable[[Hit], bool],
     for h in hits:
         verdict = (KEPT if h.chunk_id in labels else
                    BELOW_FLOOR if not relevant(h) else OVER_BUDGET)
-        out.append(PlannedHit(h.chunk_id, h.doc_id, h.title, h.path, h.ordinal, h.score,
-                              h.text_score, h.vector_score, verdict,
-                              labels.get(h.chunk_id, "")))
+        out.append(PlannedHit(**vars(h), verdict=verdict, label=labels.get(h.chunk_id, "")))
     return tuple(out)
 
 
