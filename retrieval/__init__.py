@@ -10,7 +10,7 @@ assembly); document kinds; errors and id rules. See docs/retrieval.md for the de
 
 from ._embedder import Embedder, EmbedderLookup, current_only
 from ._limits import RetrievalLimits
-from ._migrate import Migration, MigrationProgress, MigrationRefused, migrate_store
+from ._migrate import Migration, MigrationRefused, migrate_store
 from ._retriever import Retriever
 from ._scan import check_root, scan_source
 from ._scan_report import ScanReport
@@ -65,7 +65,6 @@ __all__ = [
     "IndexCorrupt",
     "InvalidDocument",
     "Migration",
-    "MigrationProgress",
     "MigrationRefused",
     "NotFound",
     "NotSupported",

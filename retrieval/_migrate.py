@@ -52,44 +52,33 @@ class MigrationRefused(RetrievalError):
 
 
 @dataclass
-class MigrationProgress:
-    """Where a migration is: documents and chunks done of the totals to copy."""
-
-    documents_done: int = 0
-    documents_total: int = 0
-    chunks_done: int = 0
-    chunks_total: int = 0
-    elapsed: float = 0.0
-
-    @property
-    def chunks_per_second(self) -> float:
-        return self.chunks_done / self.elapsed if self.elapsed > 0 else 0.0
-
-
-@dataclass
 class Migration:
-    """What a migration did.
+    """What a migration did, and while it runs what it has done so far (``on_progress``
+    is given it after each batch).
 
     Attributes:
         target: the Postgres store (``user@host:port/db``).
         model: the embedding model whose vectors were copied ("" none).
         sources: sources written (upserted).
-        documents: indexed documents written, with ``chunks`` chunks and ``vectors``
-            vectors; ``states``: documents not indexed whose state was written (held
-            for review and rejected ones included).
+        documents: indexed documents written, of ``documents_total`` to write, with
+            ``chunks`` chunks (of ``chunks_total``) and ``vectors`` vectors; ``states``:
+            documents not indexed whose state was written (held for review and rejected
+            ones included).
         present: indexed documents already in Postgres with the same content (skipped).
         without_vector: chunks copied without a vector (none cached for the model).
         left_alone: documents in Postgres that the embedded store does not have.
         skipped: one line per kind of thing not copied, saying why.
         complete: False when ``max_batches`` stopped the run early (rerun to finish).
-        progress: the final counts.
+        elapsed: seconds the batches have taken.
     """
 
     target: str
     model: str = ""
     sources: int = 0
     documents: int = 0
+    documents_total: int = 0
     chunks: int = 0
+    chunks_total: int = 0
     vectors: int = 0
     states: int = 0
     present: int = 0
@@ -97,7 +86,11 @@ class Migration:
     left_alone: int = 0
     skipped: list[str] = field(default_factory=list)
     complete: bool = True
-    progress: MigrationProgress = field(default_factory=MigrationProgress)
+    elapsed: float = 0.0
+
+    @property
+    def chunks_per_second(self) -> float:
+        return self.chunks / self.elapsed if self.elapsed > 0 else 0.0
 
 
 def open_embedded(root: Path) -> Store:
@@ -115,7 +108,7 @@ def open_embedded(root: Path) -> Store:
 
 def migrate_store(root: Path, postgres: PgOptions, *, batch_documents: int = 50,
             max_batches: int = 0,
-            on_progress: Callable[[MigrationProgress], None] | None = None) -> Migration:
+            on_progress: Callable[[Migration], None] | None = None) -> Migration:
     """Copy the embedded store in ``root`` into the PostgreSQL store (see the module).
 
     Args:
@@ -125,7 +118,7 @@ def migrate_store(root: Path, postgres: PgOptions, *, batch_documents: int = 50,
         batch_documents: indexed documents per transaction.
         max_batches: stop after this many batches (0: run to the end); the result then
             says ``complete=False``.
-        on_progress: called after each batch with the counts so far.
+        on_progress: called after each batch with the migration so far.
 
     Raises:
         MigrationRefused: no embedded store; the Postgres corpus is embedded with
@@ -148,7 +141,7 @@ def migrate_store(root: Path, postgres: PgOptions, *, batch_documents: int = 50,
 
 
 def _copy(store: Store, pg: PostgresStore, batch_documents: int, max_batches: int,
-          on_progress: Callable[[MigrationProgress], None] | None) -> Migration:
+          on_progress: Callable[[Migration], None] | None) -> Migration:
     result = Migration(pg.target)
     model = store.get_meta("vector_model") or ""
     dim = int(store.get_meta("vector_dim") or 0)
@@ -193,8 +186,8 @@ def _copy(store: Store, pg: PostgresStore, batch_documents: int, max_batches: in
         else:
             to_index.append(doc)
     chunk_keys = {d.id: store.document_chunk_keys(d.id) for d in to_index}
-    progress = MigrationProgress(documents_total=len(to_index),
-                        chunks_total=sum(len(k) for k in chunk_keys.values()))
+    result.documents_total = len(to_index)
+    result.chunks_total = sum(len(k) for k in chunk_keys.values())
     start = time.monotonic()
     for batches, i in enumerate(range(0, len(to_index), batch_documents)):
         if max_batches and batches >= max_batches:
@@ -219,13 +212,10 @@ def _copy(store: Store, pg: PostgresStore, batch_documents: int, max_batches: in
         result.chunks += n_chunks
         result.vectors += with_vector
         result.without_vector += n_chunks - with_vector
-        progress.documents_done += len(items)
-        progress.chunks_done += n_chunks
-        progress.elapsed = time.monotonic() - start
+        result.elapsed = time.monotonic() - start
         if on_progress is not None:
-            on_progress(progress)
-    progress.elapsed = time.monotonic() - start
-    result.progress = progress
+            on_progress(result)
+    result.elapsed = time.monotonic() - start
     if result.complete:  # a replacement drops a held version: holds come after them all
         result.states += sum(_copy_review(store, pg, doc, present.get(doc.id))
                              for doc in reviewed)

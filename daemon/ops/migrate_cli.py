@@ -30,7 +30,6 @@ from typing import Any
 
 from retrieval import (
     Migration,
-    MigrationProgress,
     MigrationRefused,
     PgOptions,
     RetrievalError,
@@ -114,13 +113,13 @@ class _Reporter:
     def __init__(self) -> None:
         self._last = 0.0
 
-    def __call__(self, p: MigrationProgress, *, final: bool = False) -> None:
+    def __call__(self, m: Migration, *, final: bool = False) -> None:
         now = time.monotonic()
         if not final and now - self._last < 1.0:
             return
         self._last = now
-        print(f"llamad: migrate: {p.documents_done}/{p.documents_total} documents, "
-              f"{p.chunks_done}/{p.chunks_total} chunks, {p.chunks_per_second:.0f} chunks/s",
+        print(f"llamad: migrate: {m.documents}/{m.documents_total} documents, "
+              f"{m.chunks}/{m.chunks_total} chunks, {m.chunks_per_second:.0f} chunks/s",
               file=sys.stderr, flush=True)
 
 
@@ -134,7 +133,7 @@ def summary(m: Migration) -> str:
         f" of {m.model or 'no model'}, {m.without_vector} without)",
         f"  already present (same content): {m.present}",
         f"  states of documents not indexed written: {m.states}",
-        f"  time: {m.progress.elapsed:.1f} s ({m.progress.chunks_per_second:.0f} chunks/s)",
+        f"  time: {m.elapsed:.1f} s ({m.chunks_per_second:.0f} chunks/s)",
     ]
     if m.left_alone:
         lines.append(f"  documents in Postgres the embedded store lacks (left alone): "
@@ -180,6 +179,6 @@ def run_retrieval(args: argparse.Namespace, env: Mapping[str, str] | None = None
         return EXIT_FAILED
     finally:
         lock.release()
-    reporter(result.progress, final=True)
+    reporter(result, final=True)
     sys.stdout.write(summary(result))
     return EXIT_OK if result.complete else EXIT_INCOMPLETE
