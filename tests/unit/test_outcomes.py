@@ -88,6 +88,15 @@ async def stream_text(child: Child) -> str:
     return "".join([c.text async for c in child.client.stream_completion("p", SAMPLING)])
 
 
+async def silent_stream(clock: ManualClock
+                        ) -> tuple[Child, asyncio.Task[Any], asyncio.Task[Any]]:
+    """A watched child whose probes hang, with a stream on it that got nothing yet: the
+    child, its watch and the stream's reader."""
+    child = Child(clock)
+    child.probe_hangs = True
+    return child, await watching(child, clock), await running(stream_text(child))
+
+
 async def test_three_failed_calls_in_a_row_take_the_child_out_at_once() -> None:
     """A 5xx, a dropped connection and a timeout in a row: condemned without waiting for
     the next look, the cause naming the count and the last error; a refusal of the
@@ -165,10 +174,7 @@ async def test_a_silent_stream_gets_a_probe_and_a_stalled_one_condemns_the_child
     (probe_stalled) at interval + probe_timeout, and the stream waiting on it ends at
     once with ChildUnresponsiveError naming the cause (it does not hang)."""
     clock = ManualClock()
-    child = Child(clock)
-    child.probe_hangs = True
-    watch = await watching(child, clock)
-    reader = await running(stream_text(child))
+    child, watch, reader = await silent_stream(clock)
     await clock.advance(0.5)
     assert child.probes == 0
     await clock.advance(0.5)
@@ -196,10 +202,7 @@ async def test_a_busy_child_is_not_condemned_for_a_slow_probe() -> None:
     """The probe waits behind other calls: a child heard from meanwhile (another stream's
     chunk), or whose serving loop answers, is busy, not stuck."""
     clock = ManualClock()
-    child = Child(clock)
-    child.probe_hangs = True
-    watch = await watching(child, clock)
-    silent = await running(stream_text(child))
+    child, watch, silent = await silent_stream(clock)
     await clock.advance(1.0)
     assert child.probes == 1
     await clock.advance(2.0)
@@ -247,13 +250,19 @@ async def test_a_computing_child_gets_time_and_a_stuck_one_does_not() -> None:
         assert child.probes == 1
         return child, clock, watch, reader
 
+    async def computing(cpu: Cpu, clock: ManualClock, watch: asyncio.Task[Any], windows: int,
+                        seconds: float) -> None:
+        """``windows`` probe windows in each of which the child computes ``seconds``: not
+        judged meanwhile."""
+        for _ in range(windows):
+            cpu.used = (cpu.used or 0) + seconds
+            await clock.advance(4.0)
+            assert not watch.done()
+
     # Computing through three windows, then it answers: never condemned.
     cpu = Cpu()
     child, clock, watch, reader = await watched(cpu)
-    for _ in range(3):
-        cpu.used = (cpu.used or 0) + 2.0
-        await clock.advance(4.0)
-        assert not watch.done()
+    await computing(cpu, clock, watch, 3, 2.0)
     child.probe_hangs = False
     child.chunks.put_nowait(Chunk("w", 1, finish_reason="length"))
     await clock.advance(4.0)
@@ -264,9 +273,7 @@ async def test_a_computing_child_gets_time_and_a_stuck_one_does_not() -> None:
     # Computing for one window, then frozen (SIGSTOP): judged at the end of the next one.
     cpu = Cpu()
     child, clock, watch, reader = await watched(cpu)
-    cpu.used = 1.0
-    await clock.advance(4.0)
-    assert not watch.done()
+    await computing(cpu, clock, watch, 1, 1.0)
     await clock.advance(3.9)
     assert not watch.done()
     await clock.advance(0.1)
@@ -284,10 +291,7 @@ async def test_a_computing_child_gets_time_and_a_stuck_one_does_not() -> None:
     # Spinning (CPU time grows) but never answering: judged at busy_max.
     cpu = Cpu()
     child, clock, watch, reader = await watched(cpu)
-    for _ in range(4):
-        cpu.used = (cpu.used or 0) + 4.0
-        await clock.advance(4.0)
-        assert not watch.done()
+    await computing(cpu, clock, watch, 4, 4.0)
     cpu.used = (cpu.used or 0) + 4.0
     await clock.advance(4.0)
     assert (await asyncio.wait_for(watch, 1)).kind == "probe_stalled"
