@@ -361,6 +361,8 @@ class ProcessLauncher:
         env: the environment the child's is built on (None: this process's).
         socket_picker: the path of each launch's private socket.
         read_timeout: seconds a call to the child may wait for its answer.
+        max_connections: requests open to the child at once (its socket's connections).
+        max_idle: connections kept open between requests for reuse (0: none).
         launch_nice: added to the child's nice value at launch (a swap's incoming child),
             0: none.
     """
@@ -375,6 +377,8 @@ class ProcessLauncher:
     env: dict[str, str] | None = None
     socket_picker: Callable[[], Path] = socket_path
     read_timeout: float = 300.0
+    max_connections: int = 64
+    max_idle: int = 16
     launch_nice: int = field(default=0, init=False)
 
     @property
@@ -445,6 +449,8 @@ class ProcessLauncher:
             model_name=self.spec.model.name,
             api=self.runtime.api,
             read_timeout=self.read_timeout,
+            max_connections=self.max_connections,
+            max_idle=self.max_idle,
             child=ChildAddress(str(sock), key),
             now=self.clock.monotonic,
         )

@@ -118,6 +118,7 @@ class InferenceClient:
         connect_timeout: float = 2.0,
         read_timeout: float = 300.0,
         max_connections: int = 64,
+        max_idle: int = 16,
         loopback: bool = False,
         child: ChildAddress | None = None,
         now: Callable[[], float] = time.monotonic,
@@ -135,6 +136,8 @@ class InferenceClient:
                 ``base_url`` is then only the Host header (see
                 :attr:`ChildAddress.BASE_URL`).
             now: the monotonic clock activity is recorded on (the supervisor's).
+            max_connections: requests open at once.
+            max_idle: the lean transport's connections kept open between requests.
         """
         self.base_url = base_url
         self.model_id = model_id
@@ -181,7 +184,8 @@ class InferenceClient:
             if headers:
                 raise ValueError("a loopback child takes no headers")
             self._unary = LoopbackTransport(base_url, connect_timeout=connect_timeout,
-                                            max_connections=max_connections, child=child)
+                                            max_connections=max_connections, max_idle=max_idle,
+                                            child=child)
         else:
             self._unary = HttpxTransport(self._http, self._transport_error)
 

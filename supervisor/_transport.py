@@ -96,18 +96,18 @@ class LoopbackTransport:
     :class:`ChildAddress`, or to ``http://host:port`` (a test's server) without one."""
 
     def __init__(self, base_url: str, *, connect_timeout: float, max_connections: int,
-                 child: ChildAddress | None = None) -> None:
+                 max_idle: int = 16, child: ChildAddress | None = None) -> None:
         url = urllib.parse.urlsplit(base_url)
         if child is not None:
             self._http = LoopbackHTTP(url.hostname or "localhost", 0,
                                       connect_timeout=connect_timeout,
-                                      max_connections=max_connections,
+                                      max_connections=max_connections, max_idle=max_idle,
                                       unix_path=child.socket, api_key=child.key)
             return
         if url.scheme != "http" or not url.hostname or not url.port:
             raise ValueError(f"loopback needs http://host:port: {base_url}")
         self._http = LoopbackHTTP(url.hostname, url.port, connect_timeout=connect_timeout,
-                                  max_connections=max_connections)
+                                  max_connections=max_connections, max_idle=max_idle)
 
     async def request(self, method: str, path: str, body: dict[str, Any] | None,
                       timeout: float) -> Response:

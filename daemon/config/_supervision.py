@@ -69,6 +69,13 @@ class ChildSettings:
     request_timeout: float = setting(
         600.0, "Longest silence from a child during a request, s.", minimum=1)
     log_lines: int = setting(2000, "Output lines kept per child for TailLogs.", minimum=10)
+    max_connections: int = setting(
+        64, "Requests llamad has open to one launched child at once (connections to its "
+        "private socket); more wait for one to free.", minimum=1)
+    max_idle_connections: int = setting(
+        16, "Connections to a launched child kept open between requests for reuse (a "
+        "stream read to its end gives its connection back); 0: a connection per "
+        "request.", minimum=0)
     slots: bool = setting(
         False, "llama-server children serve /slots (each slot's prompt and parameters), for "
         "debugging: still only on their private socket and with their per-launch key "

@@ -193,6 +193,8 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None,
         return ProcessLauncher(
             s.spec, s.runtime, clock=clock, ring=ring, timeouts=timeouts,
             sink=sink, read_timeout=settings.child.request_timeout,
+            max_connections=settings.child.max_connections,
+            max_idle=settings.child.max_idle_connections,
         )
 
     def endpoint_for(spec: EndpointSpec, timeouts: Timeouts = config.timeouts) -> EndpointLauncher:

@@ -105,8 +105,9 @@ class Server:
         return True
 
 
-Start = Callable[[], Awaitable[tuple[Server, InferenceClient]]]
-"""Starts a server on a fresh UNIX socket; it and a child's client of it."""
+Start = Callable[..., Awaitable[tuple[Server, InferenceClient]]]
+"""Starts a server on a fresh UNIX socket; it and a child's client of it (``max_idle``:
+the client's)."""
 
 
 @pytest.fixture
@@ -116,12 +117,13 @@ async def child() -> AsyncIterator[Start]:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         made = itertools.count()
 
-        async def start() -> tuple[Server, InferenceClient]:
+        async def start(max_idle: int = 16) -> tuple[Server, InferenceClient]:
             state = Server(str(tmp / f"c{next(made)}.sock"))
             await stack.enter_async_context(
                 await asyncio.start_unix_server(state.handle, state.path))
             client = InferenceClient(ChildAddress.BASE_URL, model_id="m",
-                                     api=LLAMA_SERVER_API, child=ChildAddress(state.path, KEY))
+                                     api=LLAMA_SERVER_API, child=ChildAddress(state.path, KEY),
+                                     max_idle=max_idle)
             stack.push_async_callback(client.aclose)
             return state, client
 
@@ -213,3 +215,18 @@ async def test_the_pool_keeps_at_most_max_idle_connections(
         assert server.connections == 3 and server.requests[-1] not in server.hung_up
     finally:
         await http.aclose()
+
+
+async def test_a_child_client_with_max_idle_0_keeps_no_connection(child: Start) -> None:
+    """``[child] max_idle_connections = 0`` reaches the child's lean transport: every
+    request on a connection of its own, each closed after its answer."""
+    server, client = await child(max_idle=0)
+    server.script = {2: "unary"}
+    assert await relay(client) == [("Hello", None), ("", "stop")]
+    assert await client.complete("hi", Sampling(max_tokens=1)) == "ok"
+    assert await relay(client) == [("Hello", None), ("", "stop")]
+    assert server.requests == [1, 2, 3]
+    while len(server.hung_up) < 3:
+        await asyncio.wait_for(server.gone.wait(), 5)
+        server.gone.clear()
+    assert sorted(server.hung_up) == [1, 2, 3]
