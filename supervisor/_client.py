@@ -23,7 +23,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-import orjson
 
 from ._sampling import LLAMA_CPP, Dialect, Sampling
 from ._tools import (
@@ -39,7 +38,7 @@ from ._transport import (
     UnaryTransport,
 )
 from .errors import ChildBadRequestError, ChildRequestError, TokenizeUnavailableError
-from .http import Response
+from .http import NotAJsonObject, Response, json_object
 from .http._events import Chunk, int_or_none, sse_chunks
 
 _END_WITHIN = 1.0
@@ -118,7 +117,6 @@ class InferenceClient:
         connect_timeout: float = 2.0,
         read_timeout: float = 300.0,
         max_connections: int = 64,
-        max_idle: int = 16,
         loopback: bool = False,
         child: ChildAddress | None = None,
         now: Callable[[], float] = time.monotonic,
@@ -136,8 +134,6 @@ class InferenceClient:
                 ``base_url`` is then only the Host header (see
                 :attr:`ChildAddress.BASE_URL`).
             now: the monotonic clock activity is recorded on (the supervisor's).
-            max_connections: requests open at once.
-            max_idle: the lean transport's connections kept open between requests.
         """
         self.base_url = base_url
         self.model_id = model_id
@@ -184,8 +180,7 @@ class InferenceClient:
             if headers:
                 raise ValueError("a loopback child takes no headers")
             self._unary = LoopbackTransport(base_url, connect_timeout=connect_timeout,
-                                            max_connections=max_connections, max_idle=max_idle,
-                                            child=child)
+                                            max_connections=max_connections, child=child)
         else:
             self._unary = HttpxTransport(self._http, self._transport_error)
 
@@ -299,12 +294,9 @@ class InferenceClient:
         if status >= 400:
             raise self._status_error(status, content, path)
         try:
-            data = orjson.loads(content)
-        except orjson.JSONDecodeError as exc:
-            raise ChildRequestError(f"{path}: answer is not JSON", status=status) from exc
-        if not isinstance(data, dict):
-            raise ChildRequestError(f"{path}: answer is not a JSON object", status=status)
-        return data
+            return json_object(content)
+        except NotAJsonObject as exc:
+            raise ChildRequestError(f"{path}: the answer {exc}", status=status) from exc
 
     async def _request(
         self, method: str, path: str, body: dict[str, Any] | None, timeout: float | None
