@@ -54,8 +54,10 @@ class DocumentStore(Protocol):
     def sources(self) -> list[SourceRow]:
         """Every source, by id."""
 
-    def mark_scanned(self, source_id: str, error: str = "") -> None:
-        """Record that a source was scanned now (with the scan's error, if any)."""
+    def mark_scanned(self, source_id: str, error: str = "", excluded: int | None = None,
+                     ) -> None:
+        """Record that a source was scanned now (with the scan's error, if any, and, when
+        given, how much its exclude patterns left out)."""
 
     # -- documents
 

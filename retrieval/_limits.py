@@ -43,6 +43,9 @@ class RetrievalLimits:
     redact_hostnames: bool = False
     redact_ips: bool = False
     refuse_hard_links: bool = False  # files with more than one link (see _confine)
+    exclude_defaults: bool = True   # key and credential files out of directory sources
+    max_exclude_patterns: int = 256  # a source's exclude patterns, at most
+    max_exclude_chars: int = 16384  # ... and their characters in all
     retention_interval: float = 60.0  # seconds between history retention passes (0: off)
     retention_batch: int = 500      # most records one retention pass removes
     extract: ExtractLimits = field(default_factory=ExtractLimits)

@@ -15,8 +15,10 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from ._interface import StoreBackend
+from ._limits import RetrievalLimits
 from ._retention import Retention
 from .errors import InvalidDocument, NotFound, validate_source_id
+from .extraction._exclude import ExcludeError, check_patterns
 from .store._rows import SourceRow
 
 
@@ -25,13 +27,14 @@ class RetrieverSources:
 
     _backend: StoreBackend
     _retention: Retention
+    limits: RetrievalLimits
 
     # -- sources -----------------------------------------------------------------------
 
     async def add_source(self, source_id: str, *, root: Path | None = None, category: str = "",
                          tags: Sequence[str] = (), review_required: bool = False,
                          history: bool = False, max_age_days: int = 0,
-                         max_items: int = 0) -> SourceRow:
+                         max_items: int = 0, exclude: Sequence[str] = ()) -> SourceRow:
         """Add (or update) a source: a directory to scan, or (root None) pushed documents,
         or (``history``) time-ordered records pushed by other tools, each dated (when it
         was received unless its upsert says), kept within ``max_age_days`` and
@@ -40,6 +43,11 @@ class RetrieverSources:
         With ``review_required``, every new or changed document of it waits in state
         ``review_required`` until approved (:meth:`approve`); updating a source turns that
         on or off for what comes next (documents indexed already stay indexed).
+
+        ``exclude``: gitignore-style patterns of files and directories a directory
+        source's scans leave out, after the built-in defaults while
+        ``limits.exclude_defaults`` (:mod:`retrieval.extraction._exclude`); the next scan
+        removes documents they now exclude.
 
         Raises:
             InvalidDocument: a bad source id; a history source with a root; a retention
@@ -53,10 +61,18 @@ class RetrieverSources:
                                   "only (add it with history)")
         if max_age_days < 0 or max_items < 0:
             raise InvalidDocument("max_age_days and max_items cannot be negative")
+        if exclude and root is None:
+            raise InvalidDocument("exclude patterns apply to directory sources only")
+        try:
+            check_patterns(exclude, max_patterns=self.limits.max_exclude_patterns,
+                           max_chars=self.limits.max_exclude_chars)
+        except ExcludeError as exc:
+            raise InvalidDocument(str(exc)) from None
         kind = "history" if history else "directory" if root is not None else "push"
         row = SourceRow(source_id, kind, str(root) if root is not None else "", category,
                         tuple(tags), int(time.time()), review_required=review_required,
-                        max_age_days=max_age_days, max_items=max_items)
+                        max_age_days=max_age_days, max_items=max_items,
+                        exclude=tuple(exclude))
         store = self._backend.require()
         await asyncio.to_thread(store.upsert_source, row)
         return row
@@ -102,10 +118,12 @@ class RetrieverSources:
             if taken:
                 await asyncio.to_thread(self._backend.release_scan_lock_sync, source_id)
 
-    async def mark_scanned(self, source_id: str, error: str = "") -> None:
-        """Record that a source was just scanned (and its error, if the scan failed)."""
+    async def mark_scanned(self, source_id: str, error: str = "",
+                           excluded: int | None = None) -> None:
+        """Record that a source was just scanned (and its error, if the scan failed, and
+        what its exclude patterns left out, if it ran to its end)."""
         store = self._backend.require()
-        await asyncio.to_thread(store.mark_scanned, source_id, error)
+        await asyncio.to_thread(store.mark_scanned, source_id, error, excluded)
 
     async def remove_source(self, source_id: str) -> int:
         """Remove a source and everything indexed from it; return the chunks removed.

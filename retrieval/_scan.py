@@ -42,6 +42,7 @@ from ._retriever import Retriever
 from ._scan_report import ScanReport
 from .errors import NotFound, RetrievalError, SourceChanged, SourceDisabled, SourceNotAllowed
 from .extraction._confine import SourceRoot, display_name
+from .extraction._exclude import DEFAULT_EXCLUDES, ExcludeRules
 from .extraction._kinds import kind_for
 from .redaction._names import redact_name
 from .store._rows import DocumentRow, SourceRow
@@ -324,9 +325,19 @@ async def _scan(retriever: Retriever, source_id: str,
         room["bytes"] += size
         return True
 
+    rules = ExcludeRules([*(DEFAULT_EXCLUDES if limits.exclude_defaults else ()),
+                          *source.exclude])
+
+    def skip_dir(rel: str) -> bool:
+        """An excluded directory is never entered (counted once)."""
+        if rules.excluded(rel, is_dir=True):
+            report.excluded += 1
+            return True
+        return False
+
     opened = await _open_root(retriever, source_id, root, limits.refuse_hard_links)
     moved: str | None = None
-    walk = opened.walk()
+    walk = opened.walk(skip_dir if rules else None)
     try:
         for dir_rel, dir_fd, names, problems in walk:
             # One stat per directory: a root renamed or swapped meanwhile stops the scan
@@ -337,6 +348,9 @@ async def _scan(retriever: Retriever, source_id: str,
                 report.skip(path, why)
             for name in names:
                 rel = f"{dir_rel}/{name}" if dir_rel else name
+                if rules and rules.excluded(rel):  # before any stat or open
+                    report.excluded += 1
+                    continue
                 if kind_for(PurePosixPath(name)) is None:
                     continue
                 found = _look(root, rel, name, dir_fd)
@@ -391,9 +405,11 @@ async def _scan(retriever: Retriever, source_id: str,
                      max_bytes_per_source=limits.max_bytes_per_source)
     status = [f"{report.failed_total} files failed"] if report.failed_total else []
     await retriever.mark_scanned(source_id, "; ".join(
-        [*status, *([report.limit_reached] if report.limit_reached else [])]))
+        [*status, *([report.limit_reached] if report.limit_reached else [])]),
+        excluded=report.excluded)
     _log.info("scanned source", source=source_id, seen=report.seen, added=report.added,
               changed=report.changed, unchanged=report.unchanged, deleted=report.deleted,
               failed=report.failed_total, skipped=report.skipped_total,
+              excluded=report.excluded,
               limit_reached=bool(report.limit_reached))
     return report

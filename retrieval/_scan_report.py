@@ -40,6 +40,8 @@ class ScanReport:
             which and how many; every document it held is kept.
         elsewhere: another node holds the source's scan lock (a shared PostgreSQL
             store): this one skipped it this round, and nothing else was counted.
+        excluded: files and directories the source's exclude patterns (and the built-in
+            defaults) left out, unopened; a directory counts once, its contents not at all.
     """
 
     source_id: str
@@ -54,6 +56,7 @@ class ScanReport:
     skipped_omitted: int = 0
     limit_reached: str = ""
     elsewhere: bool = False
+    excluded: int = 0
     _listed_bytes: int = field(default=0, repr=False, compare=False)
 
     @property

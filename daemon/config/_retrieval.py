@@ -137,6 +137,15 @@ class RetrievalSettings:
     refuse_hard_links: bool = setting(
         False, "Refuse files of directory sources that have more than one hard link (a hard "
         "link inside a root may be a file from outside it).")
+    exclude_defaults: bool = setting(
+        True, "Leave key and credential files out of every directory source (*.pem, "
+        "*.key, id_rsa*, .env, *.kdbx, ...: docs/knowledge-base.md lists them), before "
+        "they are opened; a source's own patterns can include one again with !pattern.")
+    max_exclude_patterns: int = setting(
+        256, "Most exclude patterns a directory source may have.", minimum=0)
+    max_exclude_chars: int = setting(
+        16384, "Most characters of a directory source's exclude patterns, in all.",
+        minimum=0)
     store: str = setting(
         "embedded", "Where documents, chunks and vectors live: embedded (SQLite, tantivy and "
         "hnswlib in the state directory, this node's own) or postgres (a PostgreSQL + "

@@ -27,7 +27,7 @@ import errno
 import os
 import stat
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 from ..errors import ExtractionError, SourceNotAllowed
@@ -196,15 +196,17 @@ class SourceRoot:
             raise
         return fd
 
-    def walk(self) -> Generator[tuple[str, int, list[str], list[tuple[str, str]]], None, None]:
+    def walk(self, skip_dir: Callable[[str], bool] | None = None,
+             ) -> Generator[tuple[str, int, list[str], list[tuple[str, str]]], None, None]:
         """Every directory beneath the root, depth first in name order, as
         ``(relative path, its descriptor, file names, problems)``. Hidden entries (a
-        leading ``.``) are left out. Directories are entered through :meth:`open_file`'s
-        walk, so a symlink to a directory, or a directory swapped for a symlink or a FIFO
-        meanwhile, is never entered. File names include symlinks and special files: the
-        caller ``lstat``-s them at the descriptor. Problems are ``(escaped path, reason)``
-        for directories that could not be entered or whose names are not UTF-8. The
-        descriptor is valid until the next item is asked for.
+        leading ``.``) are left out, and so is a directory (relative path) for which
+        ``skip_dir`` says True: it is never entered. Directories are entered through
+        :meth:`open_file`'s walk, so a symlink to a directory, or a directory swapped for
+        a symlink or a FIFO meanwhile, is never entered. File names include symlinks and
+        special files: the caller ``lstat``-s them at the descriptor. Problems are
+        ``(escaped path, reason)`` for directories that could not be entered or whose names
+        are not UTF-8. The descriptor is valid until the next item is asked for.
         """
         pending = [""]
         while pending:
@@ -233,7 +235,8 @@ class SourceRoot:
                             problems.append((display_name(path), f"{what} name is not valid "
                                              "UTF-8; rename it to index it"))
                         elif is_dir:
-                            dirs.append(path)
+                            if skip_dir is None or not skip_dir(path):
+                                dirs.append(path)
                         else:
                             files.append(entry.name)
                 pending.extend(sorted(dirs, reverse=True))

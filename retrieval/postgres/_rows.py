@@ -14,7 +14,8 @@ from psycopg.rows import TupleRow
 from ..store._rows import DocumentRow, SourceRow, StoredChunk
 
 SOURCE_COLUMNS = ("id, kind, root, category, tags, created_at, last_scan, last_error, "
-                  "disabled, review_required, max_age_days, max_items, pruned")
+                  "disabled, review_required, max_age_days, max_items, pruned, exclude, "
+                  "excluded")
 SOURCE_SELECT = f"SELECT {SOURCE_COLUMNS} FROM sources"  # noqa: S608 - fixed column list
 
 DOCUMENT_COLUMNS = ("id, source_id, path, title, kind, category, tags, content_hash, "
@@ -54,7 +55,7 @@ def _tags(value: object) -> tuple[str, ...]:
 def source_row(r: TupleRow) -> SourceRow:
     return SourceRow(r[0], r[1], r[2], r[3], _tags(r[4]), int(r[5]),
                      None if r[6] is None else int(r[6]), r[7], bool(r[8]), bool(r[9]),
-                     int(r[10]), int(r[11]), int(r[12]))
+                     int(r[10]), int(r[11]), int(r[12]), _tags(r[13]), int(r[14]))
 
 
 def document_row(r: TupleRow) -> DocumentRow:

@@ -2,7 +2,7 @@
 
 Tables (schema version 1; version 2 adds ``corpus_switch``, version 3 ``held_documents``,
 version 4 the BM25 tables of :mod:`retrieval.postgres._bm25` and drops ``chunks.fts``, version 5
-drops the postings' primary key):
+drops the postings' primary key, version 7 adds ``sources.exclude`` and ``sources.excluded``):
 
 ==================  ==========================================================================
 table               holds
@@ -179,6 +179,10 @@ MIGRATIONS: tuple[Migration, ...] = (
     )),
     Migration(6, "BM25 postings removed with their chunk by a trigger, not a foreign key",
               MIGRATION_6_STATEMENTS),
+    Migration(7, "a directory source's exclude patterns and what its last scan left out", (
+        "ALTER TABLE sources ADD COLUMN exclude text[] NOT NULL DEFAULT '{}'",
+        "ALTER TABLE sources ADD COLUMN excluded integer NOT NULL DEFAULT 0",
+    )),
 )
 """Every migration, in order; a new one is appended (never edited once released)."""
 

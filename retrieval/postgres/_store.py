@@ -167,16 +167,17 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
         with self._conn() as conn:
             conn.execute(
                 "INSERT INTO sources(id, kind, root, category, tags, created_at, "
-                "review_required, max_age_days, max_items) "
+                "review_required, max_age_days, max_items, exclude) "
                 "VALUES (%s, %s, %s, %s, %s, coalesce(%s, extract(epoch FROM now())::bigint), "
-                "%s, %s, %s) "
+                "%s, %s, %s, %s) "
                 "ON CONFLICT (id) DO UPDATE SET kind = excluded.kind, root = excluded.root, "
                 "category = excluded.category, tags = excluded.tags, "
                 "review_required = excluded.review_required, "
-                "max_age_days = excluded.max_age_days, max_items = excluded.max_items",
+                "max_age_days = excluded.max_age_days, max_items = excluded.max_items, "
+                "exclude = excluded.exclude",
                 (source.id, source.kind, source.root, source.category, list(source.tags),
                  source.created_at or None, source.review_required,
-                 source.max_age_days, source.max_items))
+                 source.max_age_days, source.max_items, list(source.exclude)))
 
     def source(self, source_id: str) -> SourceRow | None:
         with self._conn() as conn:
@@ -193,10 +194,12 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
             return conn.execute("UPDATE sources SET disabled = %s WHERE id = %s",
                                 (disabled, source_id)).rowcount > 0
 
-    def mark_scanned(self, source_id: str, error: str = "") -> None:
+    def mark_scanned(self, source_id: str, error: str = "", excluded: int | None = None,
+                     ) -> None:
         with self._conn() as conn:
             conn.execute("UPDATE sources SET last_scan = extract(epoch FROM now())::bigint, "
-                         "last_error = %s WHERE id = %s", (error, source_id))
+                         "last_error = %s, excluded = coalesce(%s, excluded) WHERE id = %s",
+                         (error, excluded, source_id))
 
     def delete_source(self, source_id: str) -> list[int]:
         """Delete a source, its documents, chunks and vectors (one transaction); return

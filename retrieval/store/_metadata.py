@@ -41,7 +41,9 @@ CREATE TABLE IF NOT EXISTS sources (
     review_required INTEGER NOT NULL DEFAULT 0,  -- 1: every new version waits for review
     max_age_days INTEGER NOT NULL DEFAULT 0,     -- history retention (0: unlimited)
     max_items INTEGER NOT NULL DEFAULT 0,
-    pruned INTEGER NOT NULL DEFAULT 0            -- records deleted by retention, ever
+    pruned INTEGER NOT NULL DEFAULT 0,           -- records deleted by retention, ever
+    exclude TEXT NOT NULL DEFAULT '[]',          -- gitignore-style patterns (directory)
+    excluded INTEGER NOT NULL DEFAULT 0          -- what the last scan left out by them
 );
 CREATE TABLE IF NOT EXISTS documents (
     id TEXT PRIMARY KEY,
@@ -89,6 +91,8 @@ _ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("sources", "pruned", "INTEGER NOT NULL DEFAULT 0"),
     ("documents", "document_date", "INTEGER"),
     ("documents", "review_note", "TEXT NOT NULL DEFAULT ''"),
+    ("sources", "exclude", "TEXT NOT NULL DEFAULT '[]'"),
+    ("sources", "excluded", "INTEGER NOT NULL DEFAULT 0"),
 )
 """Columns added since the first schema, in order: (table, column, declaration)."""
 
@@ -169,14 +173,17 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache):
         with self._lock:
             self._db.execute(
                 "INSERT INTO sources(id, kind, root, category, tags, created_at, "
-                "review_required, max_age_days, max_items) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "review_required, max_age_days, max_items, exclude) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT(id) DO UPDATE SET kind = excluded.kind,"
                 " root = excluded.root, category = excluded.category, tags = excluded.tags,"
                 " review_required = excluded.review_required,"
-                " max_age_days = excluded.max_age_days, max_items = excluded.max_items",
+                " max_age_days = excluded.max_age_days, max_items = excluded.max_items,"
+                " exclude = excluded.exclude",
                 (source.id, source.kind, source.root, source.category,
                  json.dumps(list(source.tags)), source.created_at or int(time.time()),
-                 int(source.review_required), source.max_age_days, source.max_items),
+                 int(source.review_required), source.max_age_days, source.max_items,
+                 json.dumps(list(source.exclude))),
             )
 
     def source(self, source_id: str) -> SourceRow | None:
@@ -196,10 +203,13 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache):
                                       (int(disabled), source_id))
         return cursor.rowcount > 0
 
-    def mark_scanned(self, source_id: str, error: str = "") -> None:
+    def mark_scanned(self, source_id: str, error: str = "", excluded: int | None = None,
+                     ) -> None:
         with self._lock:
-            self._db.execute("UPDATE sources SET last_scan = ?, last_error = ? WHERE id = ?",
-                             (int(time.time()), error, source_id))
+            self._db.execute(
+                "UPDATE sources SET last_scan = ?, last_error = ?, "
+                "excluded = coalesce(?, excluded) WHERE id = ?",
+                (int(time.time()), error, excluded, source_id))
 
     def delete_source(self, source_id: str) -> list[int]:
         """Delete a source and its documents; return the removed chunk keys."""
@@ -216,7 +226,8 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache):
                          _tags(row["tags"]), row["created_at"], row["last_scan"],
                          row["last_error"], bool(row["disabled"]),
                          bool(row["review_required"]), int(row["max_age_days"]),
-                         int(row["max_items"]), int(row["pruned"]))
+                         int(row["max_items"]), int(row["pruned"]),
+                         _tags(row["exclude"]), int(row["excluded"]))
 
     # -- documents ---------------------------------------------------------------------
 

@@ -27,6 +27,8 @@ class SourceRow:
     max_age_days: int = 0           # history retention (0: unlimited)
     max_items: int = 0
     pruned: int = 0                 # records deleted by retention, ever
+    exclude: tuple[str, ...] = ()   # a directory source's gitignore-style patterns
+    excluded: int = 0               # files and directories its last scan left out by them
 
 
 @dataclass(frozen=True)

@@ -287,6 +287,17 @@ async def test_sources_rows(store: StoreBackend) -> None:
     logs = rows.source("logs")
     assert logs is not None and logs.last_scan and logs.last_error == "permission denied"
     assert rows.source("none") is None
+    # A directory source's exclude patterns, and what its last full scan left out (a
+    # scan that stopped early records no count: the last one stays).
+    rows.upsert_source(SourceRow("tree", "directory", "/srv/kb",
+                                 exclude=("private/", "!keep.pem")))
+    rows.mark_scanned("tree", "", 7)
+    rows.mark_scanned("tree", "root changed")
+    tree = rows.source("tree")
+    assert tree is not None and (tree.exclude, tree.excluded) == (("private/", "!keep.pem"), 7)
+    rows.upsert_source(SourceRow("tree", "directory", "/srv/kb"))
+    tree = rows.source("tree")
+    assert tree is not None and (tree.exclude, tree.excluded) == ((), 7)
 
 
 async def test_set_source_disabled_and_disabled(filled: StoreBackend) -> None:
