@@ -28,34 +28,34 @@ def unchanged(*texts: str) -> None:
         assert redact(text).text == text, text
 
 
+def in_place(kind: str, secret: str, *templates: str) -> None:
+    """Each template with ``secret`` at its ``{}`` is redacted to the template with the
+    placeholder of ``kind`` there: one secret found, nothing else changed."""
+    for template in templates:
+        check(template.format(secret), template.format(P(kind)), {kind: 1})
+
+
 def test_database_client_options() -> None:
     """mysql, psql's environment, mongosh/mongodump -p, redis-cli -a/--pass, sqlcmd/bcp -P,
     mysqladmin password and influx -password lose the password."""
     pw = P("password")
-    for text, expected in (
-        (f"mysql -h db01 -u app -p'{PW}' app", f"mysql -h db01 -u app -p{pw} app"),
-        (f'mysql --user=app --password="{PW}" app', f'mysql --user=app --password="{pw}" app'),
-        (f"mongodump -u backup -p {PW} --out /b", f"mongodump -u backup -p {pw} --out /b"),
-        (f"mongosh -u ops -p '{PW}' --host db", f"mongosh -u ops -p '{pw}' --host db"),
-        (f"redis-cli -h c -a '{PW}' info", f"redis-cli -h c -a {pw} info"),
-        (f"redis-cli --user default --pass {PW}", f"redis-cli --user default --pass {pw}"),
-        (f'sqlcmd -S db -U sa -P {PW} -Q "SELECT 1"', f'sqlcmd -S db -U sa -P {pw} -Q "SELECT 1"'),
-        (f"bcp dbo.t out t.dat -S db -U l -P{PW} -c", f"bcp dbo.t out t.dat -S db -U l -P{pw} -c"),
-        (f"mysqladmin -u root password {PW}", f"mysqladmin -u root password {pw}"),
-        (f"influx -username admin -password {PW} -ssl",
-         f"influx -username admin -password {pw} -ssl"),
-    ):
-        check(text, expected, {"password": 1})
+    in_place("password", PW,
+             'mysql --user=app --password="{}" app', "mongodump -u backup -p {} --out /b",
+             "mongosh -u ops -p '{}' --host db", "redis-cli --user default --pass {}",
+             'sqlcmd -S db -U sa -P {} -Q "SELECT 1"', "bcp dbo.t out t.dat -S db -U l -P{} -c",
+             "mysqladmin -u root password {}", "influx -username admin -password {} -ssl")
+    # The quotes glued to mysql's -p and after redis-cli's -a go with the password.
+    check(f"mysql -h db01 -u app -p'{PW}' app", f"mysql -h db01 -u app -p{pw} app",
+          {"password": 1})
+    check(f"redis-cli -h c -a '{PW}' info", f"redis-cli -h c -a {pw} info", {"password": 1})
 
 
 def test_directory_client_options() -> None:
     """ldapsearch/ldapmodify -w (also on a continued line) and ldappasswd -a/-s lose the
     password; -W (a prompt), -y FILE, -s SCOPE and -a DEREF of a search stay."""
     pw = P("password")
-    check(f"ldapsearch -x -D cn=svc,dc=corp -w {PW} -b dc=corp",
-          f"ldapsearch -x -D cn=svc,dc=corp -w {pw} -b dc=corp", {"password": 1})
-    check(f"ldapadd -x \\\n  -D cn=admin -w '{PW}' -f a.ldif",
-          f"ldapadd -x \\\n  -D cn=admin -w '{pw}' -f a.ldif", {"password": 1})
+    in_place("password", PW, "ldapsearch -x -D cn=svc,dc=corp -w {} -b dc=corp",
+             "ldapadd -x \\\n  -D cn=admin -w '{}' -f a.ldif")
     check(f"ldappasswd -x -D cn=admin -w {PW} -a Old{PW} -s New{PW} uid=bob",
           f"ldappasswd -x -D cn=admin -w {pw} -a {pw} -s {pw} uid=bob", {"password": 3})
     unchanged("ldapsearch -x -W -D cn=admin,dc=ex -b dc=ex",
@@ -66,16 +66,11 @@ def test_directory_client_options() -> None:
 def test_environment_variables_named_for_passwords() -> None:
     """PGPASSWORD, MYSQL_PWD, SSHPASS, REDISCLI_AUTH, *_PASS, *_PWD, *_PW and glued
     *PASSWORD names are secrets; a Kubernetes env entry (name, then value) too."""
-    pw = P("password")
-    for name in ("PGPASSWORD", "MYSQL_PWD", "SSHPASS", "REDISCLI_AUTH", "SMTP_PASS",
-                 "LDAP_BIND_PWD", "DB_PW", "ROOTPASSWORD", "MSSQL_SA_PASSWORD"):
-        check(f"{name}={PW}", f"{name}={pw}", {"password": 1})
-    check(f"PGPASSWORD='{PW}' pg_dump -h db app", f"PGPASSWORD='{pw}' pg_dump -h db app",
-          {"password": 1})
-    check(f'  - name: PGPASSWORD\n    value: "{PW}"', f'  - name: PGPASSWORD\n    value: "{pw}"',
-          {"password": 1})
-    check(f'{{"name": "DB_PASSWORD", "value": "{PW}"}}',
-          f'{{"name": "DB_PASSWORD", "value": "{pw}"}}', {"password": 1})
+    in_place("password", PW, *(f"{name}={{}}" for name in (
+        "PGPASSWORD", "MYSQL_PWD", "SSHPASS", "REDISCLI_AUTH", "SMTP_PASS", "LDAP_BIND_PWD",
+        "DB_PW", "ROOTPASSWORD", "MSSQL_SA_PASSWORD")))
+    in_place("password", PW, "PGPASSWORD='{}' pg_dump -h db app",
+             '  - name: PGPASSWORD\n    value: "{}"', '{{"name": "DB_PASSWORD", "value": "{}"}}')
     unchanged("PGPASSFILE=~/.pgpass psql -h db01", "bypass=1", "PASS: test_login",
               "- name: LOG_LEVEL\n  value: debug", "PGPASSWORD=$PGPASSWORD psql -h db",
               "SSHPASS=${SSHPASS} sshpass -e ssh ops@bastion")
@@ -84,28 +79,13 @@ def test_environment_variables_named_for_passwords() -> None:
 def test_other_shells_setters() -> None:
     """fish set -x/-gx/-Ux/--export, csh setenv, launchctl setenv, cmd setx, PowerShell
     $env:, SetEnvironmentVariable, Set-Item env: and ConvertTo-SecureString -AsPlainText."""
-    token = body(ALNUM, 24)
-    s, pw = P("secret"), P("password")
-    for text, expected in (
-        (f"set -x API_TOKEN {token}", f"set -x API_TOKEN {s}"),
-        (f"set -gx DEPLOY_TOKEN {token}", f"set -gx DEPLOY_TOKEN {s}"),
-        (f"set --export SLACK_TOKEN {token}", f"set --export SLACK_TOKEN {s}"),
-        (f"setenv SECRET_KEY {token}", f"setenv SECRET_KEY {s}"),
-        (f"launchctl setenv GH_TOKEN {token}", f"launchctl setenv GH_TOKEN {s}"),
-        (f'$env:API_TOKEN = "{token}"', f'$env:API_TOKEN = "{s}"'),
-        (f'Set-Item -Path env:API_TOKEN -Value "{token}"',
-         f'Set-Item -Path env:API_TOKEN -Value "{s}"'),
-    ):
-        check(text, expected, {"secret": 1})
-    for text, expected in (
-        (f"set -Ux DB_PASSWORD '{PW}'", f"set -Ux DB_PASSWORD '{pw}'"),
-        (f"setx SMTP_PASSWORD {PW} /M", f"setx SMTP_PASSWORD {pw} /M"),
-        (f"[Environment]::SetEnvironmentVariable('DB_PASSWORD', '{PW}', 'Machine')",
-         f"[Environment]::SetEnvironmentVariable('DB_PASSWORD', '{pw}', 'Machine')"),
-        (f"$s = ConvertTo-SecureString '{PW}' -AsPlainText -Force",
-         f"$s = ConvertTo-SecureString '{pw}' -AsPlainText -Force"),
-    ):
-        check(text, expected, {"password": 1})
+    in_place("secret", body(ALNUM, 24),
+             "set -x API_TOKEN {}", "set -gx DEPLOY_TOKEN {}", "set --export SLACK_TOKEN {}",
+             "setenv SECRET_KEY {}", "launchctl setenv GH_TOKEN {}", '$env:API_TOKEN = "{}"',
+             'Set-Item -Path env:API_TOKEN -Value "{}"')
+    in_place("password", PW, "set -Ux DB_PASSWORD '{}'", "setx SMTP_PASSWORD {} /M",
+             "[Environment]::SetEnvironmentVariable('DB_PASSWORD', '{}', 'Machine')",
+             "$s = ConvertTo-SecureString '{}' -AsPlainText -Force")
     unchanged("set -gx PATH $HOME/.local/bin $PATH", "setenv EDITOR vim", "setx PATH C:\\tools",
               "set password policy to strict", "set -x API_TOKEN $API_TOKEN",
               '$env:PATH = "C:\\tools;" + $env:PATH', "setenv DB_PASSWORD changeme",
@@ -115,23 +95,14 @@ def test_other_shells_setters() -> None:
 def test_connection_strings_of_other_databases() -> None:
     """JDBC, ODBC and ADO.NET passwords (to the ";", spaces and {...} included); Oracle
     user/password after its tools, CONNECT, userid= and jdbc:oracle:thin:, or before @//."""
-    pw = P("password")
-    for text, expected in (
-        (f"jdbc:sqlserver://db:1433;databaseName=app;user=sa;password={PW};encrypt=true",
-         f"jdbc:sqlserver://db:1433;databaseName=app;user=sa;password={pw};encrypt=true"),
-        (f"jdbc:postgresql://db/app?user=app&password={PW}&ssl=true",
-         f"jdbc:postgresql://db/app?user=app&password={pw}&ssl=true"),
-        ("Server=db;Database=app;User Id=sa;Password=two words 9;",
-         f"Server=db;Database=app;User Id=sa;Password={pw};"),
-        ("DSN=dw;UID=etl;PWD={a;b c9};", f"DSN=dw;UID=etl;PWD={pw};"),
-        (f"sqlplus scott/{PW}@//db01:1521/ORCLPDB1", f"sqlplus scott/{pw}@//db01:1521/ORCLPDB1"),
-        (f"expdp hr/{PW}@pdb1 directory=DP", f"expdp hr/{pw}@pdb1 directory=DP"),
-        (f"CONNECT app_owner/{PW}@devdb", f"CONNECT app_owner/{pw}@devdb"),
-        (f"sqlldr userid=loader/{PW} control=l.ctl", f"sqlldr userid=loader/{pw} control=l.ctl"),
-        (f"batch/{PW}@//10.1.2.3:1521/svc", f"batch/{pw}@//10.1.2.3:1521/svc"),
-        (f"jdbc:oracle:thin:app/{PW}@//h:1521/s", f"jdbc:oracle:thin:app/{pw}@//h:1521/s"),
-    ):
-        check(text, expected, {"password": 1})
+    in_place("password", PW,
+             "jdbc:sqlserver://db:1433;databaseName=app;user=sa;password={};encrypt=true",
+             "jdbc:postgresql://db/app?user=app&password={}&ssl=true",
+             "sqlplus scott/{}@//db01:1521/ORCLPDB1", "expdp hr/{}@pdb1 directory=DP",
+             "CONNECT app_owner/{}@devdb", "sqlldr userid=loader/{} control=l.ctl",
+             "batch/{}@//10.1.2.3:1521/svc", "jdbc:oracle:thin:app/{}@//h:1521/s")
+    in_place("password", "two words 9", "Server=db;Database=app;User Id=sa;Password={};")
+    in_place("password", "{a;b c9}", "DSN=dw;UID=etl;PWD={};")
     unchanged("sqlplus / as sysdba", "sqlplus /nolog @setup.sql", "rman target /",
               "uses: actions/checkout@v4", "npm install @scope/pkg@1.2.3",
               "Server=db01;Database=app;Integrated Security=SSPI;",
@@ -143,9 +114,10 @@ def test_urls_with_passwords_and_key_ids() -> None:
     """Mongo, Redis, AMQP URLs lose the password (an unencoded "/", "?" or "#" in it
     included); when the user is a recognised key id the whole user part goes."""
     c = P("connection_string")
-    for scheme in ("mongodb+srv", "redis", "rediss", "amqp", "amqps", "mysql", "mssql", "nats"):
-        check(f"{scheme}://svc:{PW}@h1.example.net:1/x", f"{scheme}://svc:{c}@h1.example.net:1/x",
-              {"connection_string": 1})
+    in_place("connection_string", PW, *(
+        f"{scheme}://svc:{{}}@h1.example.net:1/x"
+        for scheme in ("mongodb+srv", "redis", "rediss", "amqp", "amqps", "mysql", "mssql",
+                       "nats")))
     check(f"mongodb://app:ab/cd#{PW}@db01:27017/app", f"mongodb://app:{c}@db01:27017/app",
           {"connection_string": 1})
     key, secret = "AK" + "IA" + body("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", 16), body(ALNUM + "/+", 40)
