@@ -100,6 +100,12 @@ class AsyncClient(AsyncBase):
         request = rq.tokenize(text, role, add_special, model)
         return cv.tokens(await self._unary(self._inference.Tokenize, request, timeout))
 
+    async def detokenize(self, tokens: Sequence[int], *, role: Role = "generation",
+                         model: str = "", timeout: Timeout = DEFAULT) -> str:
+        """The text of token ids (see :meth:`Client.detokenize`)."""
+        request = rq.detokenize(tokens, role, model)
+        return cv.text(await self._unary(self._inference.Detokenize, request, timeout))
+
     # --- ControlService -------------------------------------------------------------------
 
     async def status(self, *, timeout: Timeout = DEFAULT) -> DaemonStatus:

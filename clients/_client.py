@@ -201,6 +201,18 @@ class Client(DocumentCalls):
         request = rq.tokenize(text, role, add_special, model)
         return cv.tokens(self._unary(self._inference.Tokenize, request, timeout))
 
+    def detokenize(self, tokens: Sequence[int], *, role: Role = "generation",
+                   model: str = "", timeout: Timeout = DEFAULT) -> str:
+        """The text of ``tokens``, ids of the ``role`` model's own tokenizer or ``model``'s
+        (:meth:`tokenize` gives them); an id outside its vocabulary is InvalidArgument.
+
+        Example:
+            >>> c = Client(); c.detokenize(c.tokenize("hello world").ids)    # doctest: +SKIP
+            'hello world'
+        """
+        request = rq.detokenize(tokens, role, model)
+        return cv.text(self._unary(self._inference.Detokenize, request, timeout))
+
     # --- ControlService -------------------------------------------------------------------
 
     def status(self, *, timeout: Timeout = DEFAULT) -> DaemonStatus:

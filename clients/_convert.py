@@ -209,6 +209,10 @@ def tokens(msg: inference_pb2.TokenizeResponse) -> Tokens:
                   model_name=msg.model_name)
 
 
+def text(msg: inference_pb2.DetokenizeResponse) -> str:
+    return msg.text
+
+
 def role_name(value: int) -> str:
     return enum_name(common_pb2.ChildRole, value, "CHILD_ROLE_")
 

@@ -49,6 +49,12 @@ def tokenize(text: str, role: str, add_special: bool, model: str = ""
                                          add_special=add_special, model=model)
 
 
+def detokenize(tokens: Sequence[int], role: str, model: str
+               ) -> inference_pb2.DetokenizeRequest:
+    return inference_pb2.DetokenizeRequest(tokens=tokens, role=cv.role_enum(role),
+                                           model=model)
+
+
 def tail_logs(role: str, lines: int, follow: bool) -> control_pb2.TailLogsRequest:
     return control_pb2.TailLogsRequest(role=cv.role_enum(role), lines=lines,
                                        follow=follow)

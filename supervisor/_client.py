@@ -25,6 +25,7 @@ import httpx
 import numpy as np
 
 from ._sampling import LLAMA_CPP, Dialect, Sampling
+from ._tokenizer import TokenizerCalls
 from ._tools import (
     Message,
     ToolUse,
@@ -37,7 +38,7 @@ from ._transport import (
     LoopbackTransport,
     UnaryTransport,
 )
-from .errors import ChildBadRequestError, ChildRequestError, TokenizeUnavailableError
+from .errors import ChildBadRequestError, ChildRequestError
 from .http import NotAJsonObject, Response, json_object
 from .http._events import Chunk, int_or_none, sse_chunks
 
@@ -99,12 +100,14 @@ def _tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-class InferenceClient:
+class InferenceClient(TokenizerCalls):
     """HTTP client for one child (or any OpenAI-compatible server at ``base_url``).
 
     Every coroutine is cancellable: cancelling closes the HTTP connection, which makes a
     llama.cpp server stop the generation it was running for that request.
     """
+
+    _api: ApiShape
 
     def __init__(
         self,
@@ -117,6 +120,7 @@ class InferenceClient:
         connect_timeout: float = 2.0,
         read_timeout: float = 300.0,
         max_connections: int = 64,
+        max_idle: int = 16,
         loopback: bool = False,
         child: ChildAddress | None = None,
         now: Callable[[], float] = time.monotonic,
@@ -134,6 +138,8 @@ class InferenceClient:
                 ``base_url`` is then only the Host header (see
                 :attr:`ChildAddress.BASE_URL`).
             now: the monotonic clock activity is recorded on (the supervisor's).
+            max_connections: requests open at once.
+            max_idle: the lean transport's connections kept open between requests.
         """
         self.base_url = base_url
         self.model_id = model_id
@@ -180,7 +186,8 @@ class InferenceClient:
             if headers:
                 raise ValueError("a loopback child takes no headers")
             self._unary = LoopbackTransport(base_url, connect_timeout=connect_timeout,
-                                            max_connections=max_connections, child=child)
+                                            max_connections=max_connections, max_idle=max_idle,
+                                            child=child)
         else:
             self._unary = HttpxTransport(self._http, self._transport_error)
 
@@ -435,48 +442,6 @@ class InferenceClient:
         matrix = np.stack(rows) if rows else np.zeros((0, 0), dtype=np.float32)
         usage = data.get("usage") or {}
         return EmbedResult(matrix, int_or_none(usage.get("prompt_tokens")) or 0)
-
-    async def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
-        """Token ids of ``text`` from the child's own tokenizer."""
-        body: dict[str, Any] = {self._api.tokenize_field: text}
-        if self._api.tokenize_special_field:
-            body[self._api.tokenize_special_field] = add_special
-        data = await self._json("POST", self._api.tokenize_path, body)
-        try:
-            return [int(t) for t in data["tokens"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ChildRequestError(f"{self._api.tokenize_path}: malformed answer") from exc
-
-    async def detokenize(self, tokens: Sequence[int]) -> str:
-        """The text of token ids of the child's own tokenizer (ids the caller checked:
-        llama-server answers an id outside its vocabulary with a 500)."""
-        path = self._api.detokenize_path
-        text = (await self._json("POST", path, {"tokens": list(tokens)})).get(
-            self._api.detokenize_field)
-        if not isinstance(text, str):
-            raise ChildRequestError(f"{path}: malformed answer")
-        return text
-
-    async def apply_template(self, messages: Sequence[Message],
-                             tools: ToolUse | None = None) -> str:
-        """The prompt the child's chat template renders for ``messages`` and ``tools``
-        (llama-server's ``/apply-template``: what ``/v1/chat/completions`` would
-        tokenize).
-
-        Raises:
-            TokenizeUnavailableError: the runtime renders no template on request.
-        """
-        path = self._api.apply_template_path
-        if path is None:
-            raise TokenizeUnavailableError(
-                "this runtime does not render its chat template on request (llama-server's "
-                "/apply-template; the bundled llama-cpp-python runtime has none)")
-        body = {"messages": messages_json(messages),
-                **(tools.to_json() if tools is not None else {})}
-        prompt = (await self._json("POST", path, body)).get("prompt")
-        if not isinstance(prompt, str):
-            raise ChildRequestError(f"{path}: malformed answer")
-        return prompt
 
 
 def _vector(value: object) -> np.ndarray[Any, np.dtype[np.float32]]:

@@ -148,6 +148,9 @@ BUNDLED_API = ApiShape(
     tokenize_path="/extras/tokenize",
     tokenize_field="input",
     tokenize_special_field=None,
+    detokenize_path="/extras/detokenize",
+    detokenize_field="text",
+    apply_template_path=None,
     dialect=BUNDLED,
 )
 

@@ -105,3 +105,11 @@ class FakeInference(inference_pb2_grpc.InferenceServiceServicer):
         ids = [len(w) for w in request.text.split()]
         return inference_pb2.TokenizeResponse(tokens=ids, count=len(ids), model=self.MODEL,
                                               model_name=request.model or "fake-model")
+
+    def Detokenize(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """A word of ``n`` x's per id ``n`` (Tokenize's ids are word lengths)."""
+        self.fake.enter("InferenceService/Detokenize", context)
+        self.fake.requests["InferenceService/Detokenize"] = request
+        return inference_pb2.DetokenizeResponse(
+            text=" ".join("x" * t for t in request.tokens), model=self.MODEL,
+            model_name=request.model or "fake-model")

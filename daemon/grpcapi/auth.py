@@ -62,6 +62,7 @@ METHOD_ROLES: Mapping[str, str] = {
     "/llamad.v1.InferenceService/Chat": READ,
     "/llamad.v1.InferenceService/Embed": READ,
     "/llamad.v1.InferenceService/Tokenize": READ,
+    "/llamad.v1.InferenceService/Detokenize": READ,
     # llamad.v1.ControlService
     "/llamad.v1.ControlService/Status": READ,
     "/llamad.v1.ControlService/TailLogs": ADMIN,  # child output may hold prompts

@@ -195,21 +195,45 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         context: grpc.aio.ServicerContext,
         call: rpc.Call,
     ) -> inference_pb2.TokenizeResponse:
-        # A model named without a role: its own role.
-        role = (self._router.role_of(request.model) if request.model and not request.role
-                else _role(request.role))
-        if len(request.text) > self._limits.max_prompt_chars:
-            raise InvalidArgument(
-                f"text has {len(request.text)} characters; the limit is "
-                f"{self._limits.max_prompt_chars} (limits.max_prompt_chars)", field="text")
-        name = self._router.model_name(role, request.model)
-        backend = await self._router.backend_of(role, request.model,
-                                                context.time_remaining())
+        self._within_limit(len(request.text), "characters", "text")
+        role, name, backend = await self._tokenizer(request, context)
         tokens = await backend.tokenize(request.text, add_special=request.add_special)
         call.note(role=role, tokens=len(tokens), model=name)
         return inference_pb2.TokenizeResponse(
             tokens=tokens, count=len(tokens), model=backend.model_name, model_name=name
         )
+
+    @rpc.unary("Detokenize")
+    async def Detokenize(
+        self,
+        request: inference_pb2.DetokenizeRequest,
+        context: grpc.aio.ServicerContext,
+        call: rpc.Call,
+    ) -> inference_pb2.DetokenizeResponse:
+        self._within_limit(len(request.tokens), "ids", "tokens")
+        role, name, backend = await self._tokenizer(request, context)
+        text = await backend.detokenize(list(request.tokens))
+        call.note(role=role, tokens=len(request.tokens), model=name)
+        return inference_pb2.DetokenizeResponse(text=text, model=backend.model_name,
+                                                model_name=name)
+
+    def _within_limit(self, size: int, unit: str, field: str) -> None:
+        if size > self._limits.max_prompt_chars:
+            raise InvalidArgument(f"{field} has {size} {unit}; the limit is "
+                                  f"{self._limits.max_prompt_chars} (limits.max_prompt_chars)",
+                                  field=field)
+
+    async def _tokenizer(
+        self, request: inference_pb2.TokenizeRequest | inference_pb2.DetokenizeRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> tuple[str, str, InferenceBackend]:
+        """The role, served name and backend whose tokenizer the request names."""
+        # A model named without a role: its own role.
+        role = (self._router.role_of(request.model) if request.model and not request.role
+                else _role(request.role))
+        name = self._router.model_name(role, request.model)
+        return role, name, await self._router.backend_of(role, request.model,
+                                                         context.time_remaining())
 
 
 def _token(token: TokenLogprob) -> inference_pb2.TokenLogprob:

@@ -1,5 +1,6 @@
-"""Tokenizers and model residency over HTTP: ``POST /tokenize`` (llama-server's shape,
-answered by the model's own child, as gRPC's InferenceService/Tokenize is) and the admin
+"""Tokenizers and model residency over HTTP: ``POST /tokenize`` and ``POST /detokenize``
+(llama-server's shapes, answered by the model's own child, as gRPC's
+InferenceService/Tokenize is) and the admin
 routes ``POST /v1/llamad/models/load`` and ``/unload`` (ControlService/LoadModel and
 UnloadModel: their messages in protobuf's JSON mapping, the work
 :mod:`daemon.services.residency`'s)."""
@@ -13,6 +14,7 @@ from llamad_protocol.v1 import control_pb2 as cpb
 from ..config import Role
 from ..grpcapi._pool_wire import model_info
 from ..grpcapi.rpc import Call
+from ..models.backend import InferenceBackend
 from ..models.pool import Pool
 from ..services import residency
 from . import _parse
@@ -22,6 +24,9 @@ from ._openapi import Doc
 from ._protojson import read_body, to_json
 
 _TOKENIZE_FIELDS = ("content", "add_special", "model")
+_DETOKENIZE_FIELDS = ("tokens", "model")
+_MODEL = {"type": "string",
+          "description": "A model of GET /v1/models (default: the generation model)"}
 
 TOKENIZE = Doc(
     "Token ids of a text from a model's own tokenizer (llama-server's /tokenize)",
@@ -32,20 +37,25 @@ TOKENIZE = Doc(
               "add_special": {"type": "boolean",
                               "description": "Add the model's special tokens (BOS) as a "
                                              "prompt would"},
-              "model": {"type": "string",
-                        "description": "A model of GET /v1/models (default: the "
-                                       "generation model)"}}},
+              "model": _MODEL}},
     response={"type": "object", "required": ["tokens", "model"], "properties": {
         "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}},
         "model": {"type": "string"}}})
+DETOKENIZE = Doc(
+    "The text of token ids of a model's own tokenizer (llama-server's /detokenize); an id "
+    "outside the model's vocabulary is a 400 naming it",
+    tag="admin",
+    body={"type": "object", "required": ["tokens"], "additionalProperties": False,
+          "properties": {
+              "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+              "model": _MODEL}},
+    response={"type": "object", "required": ["content", "model"], "properties": {
+        "content": {"type": "string"}, "model": {"type": "string"}}})
 
 
 async def tokenize(api: Api, request: web.BaseRequest, call: Call,
                    body: _parse.Body) -> web.StreamResponse:
-    for key in body:
-        if key not in _TOKENIZE_FIELDS:
-            raise ParamError(key, f'unknown field "{key[:100]}": /tokenize takes '
-                                  f"{', '.join(_TOKENIZE_FIELDS)}")
+    _only(body, _TOKENIZE_FIELDS, "/tokenize")
     content, add_special, name = (body.get("content"), body.get("add_special", False),
                                   body.get("model") or "")
     if not isinstance(content, str):
@@ -53,12 +63,50 @@ async def tokenize(api: Api, request: web.BaseRequest, call: Call,
     if not isinstance(add_special, bool):
         raise ParamError("add_special", "add_special must be true or false, not "
                                         f"{_parse.kind(add_special)}")
-    if not isinstance(name, str):
-        raise ParamError("model", f"model must be a string, not {_parse.kind(name)}")
     limit = api.limits().max_prompt_chars
     if len(content) > limit:
         raise ParamError("content", f"content has {len(content)} characters; the limit is "
                                     f"{limit} (limits.max_prompt_chars)")
+    backend, role, served = await _tokenizer_of(api, call, name)
+    tokens = await backend.tokenize(content, add_special=add_special)
+    call.note(role=role, tokens=len(tokens), model=served)
+    return json_response(request, {"tokens": tokens, "model": served})
+
+
+async def detokenize(api: Api, request: web.BaseRequest, call: Call,
+                     body: _parse.Body) -> web.StreamResponse:
+    _only(body, _DETOKENIZE_FIELDS, "/detokenize")
+    tokens, name = body.get("tokens"), body.get("model") or ""
+    if not isinstance(tokens, list):
+        raise ParamError("tokens", f"tokens must be an array of token ids, not "
+                                   f"{_parse.kind(tokens)}")
+    limit = api.limits().max_prompt_chars
+    if len(tokens) > limit:
+        raise ParamError("tokens", f"tokens has {len(tokens)} ids; the limit is {limit} "
+                                   "(limits.max_prompt_chars)")
+    for i, token in enumerate(tokens):
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ParamError("tokens", f"tokens[{i}] must be a token id (an integer from "
+                                       f"0), not {str(token)[:40]}")
+    backend, role, served = await _tokenizer_of(api, call, name)
+    content = await backend.detokenize(tokens)
+    call.note(role=role, tokens=len(tokens), model=served)
+    return json_response(request, {"content": content, "model": served})
+
+
+def _only(body: _parse.Body, fields: tuple[str, ...], route: str) -> None:
+    for key in body:
+        if key not in fields:
+            raise ParamError(key, f'unknown field "{key[:100]}": {route} takes '
+                                  f"{', '.join(fields)}")
+
+
+async def _tokenizer_of(api: Api, call: Call,
+                        name: object) -> tuple[InferenceBackend, str, str]:
+    """The backend whose tokenizer ``model`` names (none: the generation model's), its
+    role, and the name it is served as."""
+    if not isinstance(name, str):
+        raise ParamError("model", f"model must be a string, not {_parse.kind(name)}")
     listed = api.catalog.find(name) if name else None
     if name and listed is None:
         known = ", ".join(e.name for e in api.catalog.models())
@@ -66,11 +114,9 @@ async def tokenize(api: Api, request: web.BaseRequest, call: Call,
                             f"the models ({known})", param="model", code="model_not_found")
     role, route = (listed.role, listed.route) if listed is not None else (Role.GENERATION, "")
     backend = await api.router.backend_of(role, route, time_remaining(call))
-    tokens = await backend.tokenize(content, add_special=add_special)
     served = api.catalog.served_name(listed, backend.model_name) if listed is not None \
         else api.router.model_name(role, "")
-    call.note(role=role, tokens=len(tokens), model=served)
-    return json_response(request, {"tokens": tokens, "model": served})
+    return backend, role, served
 
 
 def _pool(api: Api) -> Pool:

@@ -16,8 +16,11 @@ and usage) and ``message_stop``. A failure after the stream began is an ``error`
 ``stop_reason`` is ``end_turn`` whether the model ended or a stop sequence did (the
 child does not say which), ``max_tokens`` or ``tool_use``.
 
-``count_tokens`` counts the text of the system prompt, the messages and the tools with
-the model's own tokenizer; the chat template's markup around them is not counted.
+``count_tokens`` is exact: the prompt the model's chat template renders for the system
+prompt, the messages and the tools (the child's ``/apply-template``), tokenized as a
+chat's prompt is (with the model's special tokens): the ``input_tokens`` a
+``/v1/messages`` call of the same body reports. A runtime that renders no template on
+request (the bundled one, an endpoint that is not llama-server) is a 400 saying so.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from supervisor import ToolCallDelta, Turn
+from supervisor import ToolCallDelta
 
 from ..config import Role
 from ..grpcapi.rpc import Call
@@ -311,23 +314,15 @@ async def create(api: Api, request: web.BaseRequest, call: Call,
 
 async def count_tokens(api: Api, request: web.BaseRequest, call: Call,
                        body: _parse.Body) -> web.StreamResponse:
-    """``POST /v1/messages/count_tokens``: the model's own tokenizer on the text of the
-    system prompt, the messages and the tools (read and checked as ``/v1/messages``)."""
+    """``POST /v1/messages/count_tokens``: the tokens of the prompt ``/v1/messages`` would
+    give the model (read and checked as ``/v1/messages``): rendered by the model's own chat
+    template with its tools, tokenized as a chat's prompt is."""
     translated = chat_body(body, counting=True)
     prepared = prepare(api, call, translated, "/v1/messages/count_tokens",
                        messages_param="messages")
     backend = await api.router.backend_of(Role.GENERATION, prepared.listed.route,
                                           time_remaining(call))
-    parts: list[str] = []
-    for message in prepared.messages:
-        if isinstance(message, Turn):
-            parts.append(message.content)
-            parts += [c.name + c.arguments for c in message.tool_calls]
-        else:
-            parts.append(message[1])
-    parts += [orjson.dumps(t).decode() for t in translated.get("tools", ())]
-    total = 0
-    for part in filter(None, parts):
-        total += len(await backend.tokenize(part))
+    prompt = await backend.apply_template(prepared.messages, prepared.offered)
+    total = len(await backend.tokenize(prompt, add_special=True))
     call.note(prompt_tokens=total)
     return json_response(request, {"input_tokens": total})

@@ -15,6 +15,7 @@ route                        method  stands for (auth)     counted as
 /v1/rerank                   POST    InferenceService/Embed  Rerank (other)
 /v1/llamad/ask               POST    AnswerService/Ask      Ask
 /tokenize                    POST    InferenceService/Tokenize  Tokenize
+/detokenize                  POST    InferenceService/Detokenize  Detokenize
 /openapi.json                GET     ControlService/Status  OpenAPI
 ===========================  ======  ====================  =====================
 
@@ -169,6 +170,8 @@ ROUTES: dict[str, Route] = {
                             doc=_docs.ASK),
     "/tokenize": Route("POST", _INFERENCE + "Tokenize", "Tokenize", _admin.tokenize,
                        doc=_admin.TOKENIZE),
+    "/detokenize": Route("POST", _INFERENCE + "Detokenize", "Detokenize", _admin.detokenize,
+                         doc=_admin.DETOKENIZE),
     "/openapi.json": Route("GET", _STATUS, "OpenAPI", openapi, reads_body=False,
                            doc=_docs.OPENAPI),
 }

@@ -102,6 +102,25 @@ class InferenceBackend(Protocol):
         """
         ...
 
+    async def detokenize(self, tokens: Sequence[int]) -> str:
+        """The text of token ids of the model's own tokenizer.
+
+        Raises:
+            InvalidArgument: an id outside the model's vocabulary (known for a child).
+            supervisor.TokenizeUnavailableError: the server has no tokenizer (endpoints).
+        """
+        ...
+
+    async def apply_template(self, messages: Messages, tools: ToolUse | None = None) -> str:
+        """The prompt the model's chat template renders for a chat (what a chat call
+        tokenizes).
+
+        Raises:
+            supervisor.TokenizeUnavailableError: the runtime renders no template on
+                request (the bundled runtime, endpoints that are not llama-server).
+        """
+        ...
+
 
 class _ClientBackend:
     """The calls of a backend that has an HTTP client: passed straight to it."""
@@ -124,6 +143,10 @@ class _ClientBackend:
 
     def stream_chat(self, messages: Messages, sampling: Sampling,
                     tools: ToolUse | None = None) -> AsyncIterator[Chunk]:
+        self._check_chat(messages, tools)
+        return self.client.stream_chat(messages, sampling, tools)
+
+    def _check_chat(self, messages: Messages, tools: ToolUse | None) -> None:
         """Refuses ``tools`` when the server cannot take them (its chat template renders
         none, or its runtime passes none): never sent to be dropped silently."""
         refusal = self.client.tools_refusal
@@ -133,13 +156,19 @@ class _ClientBackend:
         if refusal and any(isinstance(m, Turn) for m in messages):
             raise InvalidArgument(f"messages: the model {self.model_name!r} cannot take tool "
                                   f"calls or tool messages: {refusal}", field="messages")
-        return self.client.stream_chat(messages, sampling, tools)
 
     async def embed(self, texts: Sequence[str | Sequence[int]]) -> EmbedResult:
         return await self.client.embed(texts)
 
     async def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
         return await self.client.tokenize(text, add_special=add_special)
+
+    async def detokenize(self, tokens: Sequence[int]) -> str:
+        return await self.client.detokenize(tokens)
+
+    async def apply_template(self, messages: Messages, tools: ToolUse | None = None) -> str:
+        self._check_chat(messages, tools)
+        return await self.client.apply_template(messages, tools)
 
 
 class ChildBackend(_ClientBackend):
@@ -149,11 +178,10 @@ class ChildBackend(_ClientBackend):
         super().__init__(client)
         self._setup = setup
 
-    def stream_chat(self, messages: Messages, sampling: Sampling,
-                    tools: ToolUse | None = None) -> AsyncIterator[Chunk]:
-        """The chat, unless the model has no chat template llamad can trust (its GGUF
-        carries none and none is known for it): then FAILED_PRECONDITION naming the
-        problem, never a generic template's guess.
+    def _check_chat(self, messages: Messages, tools: ToolUse | None) -> None:
+        """A chat (or its template rendered), unless the model has no chat template llamad
+        can trust (its GGUF carries none and none is known for it): then
+        FAILED_PRECONDITION naming the problem, never a generic template's guess.
 
         Raises:
             FailedPrecondition: the model has no usable chat template.
@@ -164,7 +192,19 @@ class ChildBackend(_ClientBackend):
             if not template.usable:
                 raise FailedPrecondition(f"Chat and Ask need a chat template: "
                                          f"{template.reason}")
-        return super().stream_chat(messages, sampling, tools)
+        super()._check_chat(messages, tools)
+
+    async def detokenize(self, tokens: Sequence[int]) -> str:
+        """Checks the ids against the GGUF's vocabulary first: llama-server answers an id
+        outside it with a 500, which would count against the child."""
+        info = self._setup.model.info if self._setup is not None else None
+        size = info.vocab_size if info is not None else 0
+        bad = next((t for t in tokens if size and not 0 <= t < size), None)
+        if bad is not None:
+            raise InvalidArgument(f"tokens: {bad} is not a token id of the model "
+                                  f"{self.model_name!r} (its ids run from 0 to {size - 1})",
+                                  field="tokens")
+        return await super().detokenize(tokens)
 
     @property
     def identity(self) -> str:
@@ -251,4 +291,10 @@ class DisabledBackend:
         raise self.refusal
 
     async def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
+        raise self.refusal
+
+    async def detokenize(self, tokens: Sequence[int]) -> str:
+        raise self.refusal
+
+    async def apply_template(self, messages: Messages, tools: ToolUse | None = None) -> str:
         raise self.refusal

@@ -73,10 +73,10 @@ EXIT_KINDS: tuple[str, ...] = (
 )
 MODES: tuple[str, ...] = tuple(m.value for m in InferenceMode)
 METHODS: tuple[str, ...] = (
-    "Generate", "Chat", "Embed", "Tokenize", "Status", "TailLogs", "Swap", "Reset", "SetMode",
-    "SetDraining", "UpsertDocument", "DeleteDocument", "GetDocument", "ListDocuments",
-    "AddSource", "RemoveSource", "ListSources", "Reindex", "Search", "Ask", "ListModels",
-    "LoadModel", "UnloadModel",
+    "Generate", "Chat", "Embed", "Tokenize", "Detokenize", "Status", "TailLogs", "Swap",
+    "Reset", "SetMode", "SetDraining", "UpsertDocument", "DeleteDocument", "GetDocument",
+    "ListDocuments", "AddSource", "RemoveSource", "ListSources", "Reindex", "Search", "Ask",
+    "ListModels", "LoadModel", "UnloadModel",
 )
 """gRPC method names counted under their own label; extend it (or pass ``methods=``)."""
 UNLOAD_REASONS: tuple[str, ...] = ("room", "ttl", "admin")

@@ -55,6 +55,11 @@ class InferenceServiceStub:
                 request_serializer=llamad_dot_v1_dot_inference__pb2.TokenizeRequest.SerializeToString,
                 response_deserializer=llamad_dot_v1_dot_inference__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/llamad.v1.InferenceService/Detokenize',
+                request_serializer=llamad_dot_v1_dot_inference__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=llamad_dot_v1_dot_inference__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServiceServicer:
@@ -90,6 +95,13 @@ class InferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Detokenize(self, request, context):
+        """Turns token ids of the chosen model's own tokenizer back into text.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -112,6 +124,11 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     servicer.Tokenize,
                     request_deserializer=llamad_dot_v1_dot_inference__pb2.TokenizeRequest.FromString,
                     response_serializer=llamad_dot_v1_dot_inference__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=llamad_dot_v1_dot_inference__pb2.DetokenizeRequest.FromString,
+                    response_serializer=llamad_dot_v1_dot_inference__pb2.DetokenizeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -222,6 +239,33 @@ class InferenceService:
             '/llamad.v1.InferenceService/Tokenize',
             llamad_dot_v1_dot_inference__pb2.TokenizeRequest.SerializeToString,
             llamad_dot_v1_dot_inference__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llamad.v1.InferenceService/Detokenize',
+            llamad_dot_v1_dot_inference__pb2.DetokenizeRequest.SerializeToString,
+            llamad_dot_v1_dot_inference__pb2.DetokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -54,6 +54,8 @@ class InferenceServiceStub:
     """Embeds a batch of texts with the embedding model."""
     Tokenize: _grpc.UnaryUnaryMultiCallable[_inference_pb2.TokenizeRequest, _inference_pb2.TokenizeResponse]
     """Tokenizes text with the chosen model's own tokenizer."""
+    Detokenize: _grpc.UnaryUnaryMultiCallable[_inference_pb2.DetokenizeRequest, _inference_pb2.DetokenizeResponse]
+    """Turns token ids of the chosen model's own tokenizer back into text."""
 
 @_typing.type_check_only
 class InferenceServiceAsyncStub(InferenceServiceStub):
@@ -69,6 +71,8 @@ class InferenceServiceAsyncStub(InferenceServiceStub):
     """Embeds a batch of texts with the embedding model."""
     Tokenize: _aio.UnaryUnaryMultiCallable[_inference_pb2.TokenizeRequest, _inference_pb2.TokenizeResponse]  # type: ignore[assignment]
     """Tokenizes text with the chosen model's own tokenizer."""
+    Detokenize: _aio.UnaryUnaryMultiCallable[_inference_pb2.DetokenizeRequest, _inference_pb2.DetokenizeResponse]  # type: ignore[assignment]
+    """Turns token ids of the chosen model's own tokenizer back into text."""
 
 class InferenceServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -105,5 +109,13 @@ class InferenceServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_inference_pb2.TokenizeResponse, _abc.Awaitable[_inference_pb2.TokenizeResponse]]:
         """Tokenizes text with the chosen model's own tokenizer."""
+
+    @_abc_1.abstractmethod
+    def Detokenize(
+        self,
+        request: _inference_pb2.DetokenizeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_inference_pb2.DetokenizeResponse, _abc.Awaitable[_inference_pb2.DetokenizeResponse]]:
+        """Turns token ids of the chosen model's own tokenizer back into text."""
 
 def add_InferenceServiceServicer_to_server(servicer: InferenceServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

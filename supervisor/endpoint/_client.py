@@ -34,15 +34,16 @@ import ssl
 import stat
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import structlog
 
 from .._client import ApiShape, InferenceClient, error_message
 from .._sampling import LLAMA_CPP, OPENAI
+from .._tools import Message, ToolUse
 from ..errors import (
     ChildBadRequestError,
     ChildRequestError,
@@ -51,6 +52,7 @@ from ..errors import (
 )
 
 _log = structlog.get_logger("llamad.endpoint")
+_T = TypeVar("_T")
 
 ENDPOINT_KINDS: dict[str, bool] = {
     # kind: permanent (retrying the same settings cannot help; the breaker opens at once)
@@ -273,7 +275,7 @@ class EndpointClient(InferenceClient):
         self.has_key = api_key is not None
         self.model_meta: dict[str, Any] = {}
         self._rejected: set[str] = set()
-        self._no_tokenizer = ""
+        self._no_tokenizer: dict[str, str] = {}  # path: why it is not there
         # Tools are passed through: the endpoint's own API takes or refuses them.
         self.tools_refusal = ""
 
@@ -391,10 +393,28 @@ class EndpointClient(InferenceClient):
             TokenizeUnavailableError: the endpoint has no (compatible) tokenizer; known
                 after the first try, so later calls fail at once.
         """
-        if self._no_tokenizer:
-            raise TokenizeUnavailableError(self._no_tokenizer)
+        return await self._tokenizer(
+            "/tokenize", lambda: super(EndpointClient, self).tokenize(
+                text, add_special=add_special))
+
+    async def detokenize(self, tokens: Sequence[int]) -> str:
+        """Text from llama-server's ``/detokenize`` (unavailable as :meth:`tokenize`)."""
+        return await self._tokenizer(
+            "/detokenize", lambda: super(EndpointClient, self).detokenize(tokens))
+
+    async def apply_template(self, messages: Sequence[Message],
+                             tools: ToolUse | None = None) -> str:
+        """The prompt from llama-server's ``/apply-template`` (unavailable as
+        :meth:`tokenize`)."""
+        return await self._tokenizer(
+            "/apply-template", lambda: super(EndpointClient, self).apply_template(
+                messages, tools))
+
+    async def _tokenizer(self, path: str, send: Callable[[], Awaitable[_T]]) -> _T:
+        if path in self._no_tokenizer:
+            raise TokenizeUnavailableError(self._no_tokenizer[path])
         try:
-            return await super().tokenize(text, add_special=add_special)
+            return await send()
         except EndpointError:
             raise
         except ChildRequestError as exc:
@@ -403,10 +423,10 @@ class EndpointClient(InferenceClient):
             missing = exc.status is not None and (exc.status < 500 or exc.status == 501)
             if not missing:
                 raise
-            self._no_tokenizer = (f"tokenization not available from this endpoint "
-                                  f"({self.display_url}: POST /tokenize answered HTTP "
-                                  f"{exc.status})")
-            raise TokenizeUnavailableError(self._no_tokenizer) from exc
+            why = self._no_tokenizer[path] = (
+                f"tokenization not available from this endpoint ({self.display_url}: "
+                f"POST {path} answered HTTP {exc.status})")
+            raise TokenizeUnavailableError(why) from exc
 
 
 def _context_length(meta: Mapping[str, Any]) -> int:

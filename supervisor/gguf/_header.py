@@ -80,6 +80,8 @@ class GGUFInfo:
             ``head_count``).
         pooling_type: ``{architecture}.pooling_type`` (llama.cpp's enum: 1 mean, 2 cls,
             3 last, 4 rank), or 0 when absent (a model that pools nothing: generation).
+        vocab_size: the tokens of ``tokenizer.ggml.tokens`` (token ids run from 0 to
+            one less), or 0 when absent.
     """
 
     path: str
@@ -96,6 +98,7 @@ class GGUFInfo:
     head_count: int = 0
     head_count_kv: int = 0
     pooling_type: int = 0
+    vocab_size: int = 0
 
     def kv_cache_bytes(self, tokens: int) -> int:
         """Bytes of an f16 KV cache holding ``tokens`` tokens (an estimate: 2 tensors,
@@ -106,6 +109,9 @@ class GGUFInfo:
         kv_heads = self.head_count_kv or heads
         per_token = 2 * self.block_count * self.embedding_length * kv_heads // heads
         return per_token * 2 * tokens
+
+
+_VOCAB = "tokenizer.ggml.tokens"
 
 
 def parse_header(cur: Cursor, realpath: str) -> GGUFInfo:
@@ -170,6 +176,7 @@ def parse_header(cur: Cursor, realpath: str) -> GGUFInfo:
         head_count=ints.get(f"{architecture}.attention.head_count", 0),
         head_count_kv=ints.get(f"{architecture}.attention.head_count_kv", 0),
         pooling_type=ints.get(f"{architecture}.pooling_type", 0),
+        vocab_size=ints.get(_VOCAB, 0),
     )
 
 
@@ -207,7 +214,9 @@ def _read_metadata(
         ):
             ints[key] = int(cur.unpack(_SCALARS[vtype][1], label)[0])
         else:
-            _skip_value(cur, vtype, label)
+            items = _skip_value(cur, vtype, label)
+            if key == _VOCAB:
+                ints[key] = items
     return strings, ints, seen
 
 
@@ -222,7 +231,8 @@ def _type_name(vtype: int) -> str:
     return {_T_STRING: "string", _T_ARRAY: "array"}.get(vtype, f"unknown ({vtype})")
 
 
-def _skip_value(cur: Cursor, vtype: int, label: str) -> None:
+def _skip_value(cur: Cursor, vtype: int, label: str) -> int:
+    """Skip one value; returns an array's item count (0 for a scalar or a string)."""
     if vtype in _SCALARS:
         cur.skip(_SCALARS[vtype][1].size, label)
     elif vtype == _T_STRING:
@@ -246,8 +256,10 @@ def _skip_value(cur: Cursor, vtype: int, label: str) -> None:
             raise cur.fail(f"{label} is a nested array, which llama.cpp does not support")
         else:
             raise cur.fail(f"{label} is an array of unknown type {etype}")
+        return count
     else:
         raise cur.fail(f"{label} has unknown type {vtype}")
+    return 0
 
 
 def _read_tensor_infos(cur: Cursor, tensor_count: int, alignment: int) -> int:

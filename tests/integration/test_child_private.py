@@ -12,6 +12,7 @@ import stat
 import subprocess
 from pathlib import Path
 
+import grpc
 import pytest
 
 from llamad_protocol.v1 import inference_pb2 as pb
@@ -70,7 +71,8 @@ async def test_a_child_answers_only_the_daemon(runtime: str) -> None:
     another uid can neither list that directory, nor reach the socket, nor read the key
     from the child's environment; the key is not on its command line; without it our own
     request is 401; with it /slots, the web UI (or the bundled server's API docs) and CORS
-    stay closed; llamad's Generate, Chat and Tokenize are served; the socket is gone with
+    stay closed; llamad's Generate, Chat, Tokenize and Detokenize (a round trip; an id
+    outside the vocabulary refused before the child) are served; the socket is gone with
     the child."""
     env = config_env(runtime, LLAMAD_EMBEDDING_ENABLED="false")
     async with serving(env, "generation") as (_, c):
@@ -119,8 +121,15 @@ async def test_a_child_answers_only_the_daemon(runtime: str) -> None:
             messages=[pb.ChatMessage(role=pb.CHAT_ROLE_USER, content="Hi")],
             sampling=pb.SamplingParams(max_tokens=4)))]
         assert "".join(m.text for m in chat)
-        tokens = await c.inference.Tokenize(pb.TokenizeRequest(text="hello world"))
+        tokens = await c.inference.Tokenize(pb.TokenizeRequest(text="Héllo wörld 🎉"))
         assert tokens.count >= 2
+        text = await c.inference.Detokenize(pb.DetokenizeRequest(tokens=tokens.tokens))
+        assert text.text == "Héllo wörld 🎉"
+        with pytest.raises(grpc.aio.AioRpcError) as refused:  # never sent to the child
+            await c.inference.Detokenize(pb.DetokenizeRequest(tokens=[1, 4_000_000_000]))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "4000000000 is not a token id" in str(refused.value.details())
+        assert (await c.inference.Tokenize(pb.TokenizeRequest(text="still"))).count
     assert not sock.exists()
 
 

@@ -128,6 +128,10 @@ async def test_embed_tokenize_status_and_health(running: tuple[Daemon, str]) -> 
         sims = vectors @ vectors.T
         assert sims[0, 1] > sims[0, 2] + 0.2
         assert (await client.tokenize("hello world")).count >= 2
+        ids = (await client.tokenize("Héllo wörld 🎉, 42 ≠ 43")).ids
+        assert await client.detokenize(ids) == "Héllo wörld 🎉, 42 ≠ 43"
+        with pytest.raises(errors.InvalidArgument, match="4000000000 is not a token id"):
+            await client.detokenize([1, 4_000_000_000])
         status = await client.status()
         gen, embedding = status.child("generation"), status.child("embedding")
         assert gen is not None and embedding is not None

@@ -262,7 +262,37 @@ async def test_tokenize_and_model_residency(api: Api) -> None:
     own = await api.call("Tokenize", path="/tokenize", token=READ,
                          json={"content": "Hello world", "model": embedder})
     assert own["model"] == embedder and own["tokens"] != plain["tokens"]
+    await _detokenize_round_trip(api, embedder)
     loaded = await api.call("LoadModel", json={"name": embedder})
     assert loaded["model"]["state"] == "MODEL_STATE_READY"
     missing = await api.call("LoadModel", json={"name": "no-such-model"}, status=404)
     assert "no-such-model" in missing["error"]["message"]
+
+
+async def _detokenize_round_trip(api: Api, embedder: str) -> None:
+    """/detokenize gives the generation model's text back from its /tokenize ids (accents,
+    an emoji, symbols); the embedding model's ids give its own (lowercased) text; ids
+    that are no token of the model, negative, or not integers are a 400 naming tokens,
+    and never reach the child (it answers such ids with a 500): it still serves."""
+    text = "Héllo wörld 🎉, 42 ≠ 43 — «quoted»"
+    ids = (await api.call("Tokenize", path="/tokenize", token=READ,
+                          json={"content": text}))["tokens"]
+    back = await api.call("Detokenize", path="/detokenize", token=READ, json={"tokens": ids})
+    assert back["content"] == text and back["model"]
+    own = await api.call("Tokenize", path="/tokenize", token=READ,
+                         json={"content": "Hello world", "model": embedder})
+    words = await api.call("Detokenize", path="/detokenize", token=READ,
+                           json={"tokens": own["tokens"], "model": embedder})
+    # WordPiece's pieces: lowercased, each word with its leading space.
+    assert (words["content"].strip(), words["model"]) == ("hello world", embedder)
+    for bad, says in (([5, 10**9], "1000000000 is not a token id"), ([-1], "tokens[0]"),
+                      (["7"], "tokens[0]"), ([True], "tokens[0]"), ("1 2", "an array")):
+        refused = await api.call("Detokenize", path="/detokenize", token=READ,
+                                 json={"tokens": bad}, status=400)
+        assert refused["error"]["param"] == "tokens", refused
+        assert says in refused["error"]["message"], refused
+    unknown = await api.call("Detokenize", path="/detokenize", token=READ,
+                             json={"tokens": [1], "text": "x"}, status=400)
+    assert unknown["error"]["param"] == "text"
+    assert (await api.call("Detokenize", path="/detokenize", token=READ,
+                           json={"tokens": ids}))["content"] == text

@@ -96,21 +96,21 @@ async def test_stream_events_join_into_the_final_message(tools_running: Daemon) 
     assert final.usage.output_tokens > 0 and final.usage.input_tokens > 5
 
 
-async def test_count_tokens_uses_the_models_tokenizer(tools_running: Daemon) -> None:
-    """count_tokens grows with the text, counts the system prompt and tools, and equals
-    the model's own tokenizer's count of the text (SmolLM2: 'What is the weather in
-    Paris?' is 7 tokens)."""
+async def test_count_tokens_is_what_the_call_reads(tools_running: Daemon) -> None:
+    """count_tokens is exact: for a plain question, and with a system prompt and tools
+    (rendered by llamad's chatml-tools template), it equals the input_tokens that
+    messages.create reports for the same body; the template's markup counts (more than
+    the question's 7 tokens of text), and so do the tools."""
     async with _sdk(tools_running) as sdk:
         plain = await sdk.messages.count_tokens(model=SMOL, messages=QUESTION)
+        answered = await sdk.messages.create(model=SMOL, max_tokens=1, messages=QUESTION)
+        assert plain.input_tokens == answered.usage.input_tokens
         more = await sdk.messages.count_tokens(model=SMOL, messages=QUESTION,
                                                system="Answer briefly.", tools=[WEATHER])
-    async with httpx.AsyncClient(trust_env=False) as http:
-        own = await http.post(f"http://127.0.0.1:{tools_running.http_port}/v1/chat/completions",
-                              headers={"Authorization": f"Bearer {td.READ}"},
-                              json={"model": SMOL, "max_tokens": 1,
-                                    "messages": QUESTION})
-    assert 5 <= plain.input_tokens < own.json()["usage"]["prompt_tokens"]
-    assert more.input_tokens > plain.input_tokens + 20
+        answered = await sdk.messages.create(model=SMOL, max_tokens=1, messages=QUESTION,
+                                             system="Answer briefly.", tools=[WEATHER])
+        assert more.input_tokens == answered.usage.input_tokens
+    assert plain.input_tokens > 7 and more.input_tokens > plain.input_tokens + 20
 
 
 async def test_a_tool_use_round_trip(tools_running: Daemon) -> None:

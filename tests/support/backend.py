@@ -109,6 +109,14 @@ class FakeBackend:
         words = [len(w) for w in text.split()]
         return [1, *words, 2] if add_special else words
 
+    async def detokenize(self, tokens: Sequence[int]) -> str:
+        return " ".join("x" * t for t in tokens)
+
+    async def apply_template(self, messages: Sequence[Message],
+                             tools: ToolUse | None = None) -> str:
+        return "".join(f"<{m[0]}>{m[1]}" if isinstance(m, tuple) else f"<{m.role}>{m.content}"
+                       for m in messages)
+
 
 @dataclass
 class FakeRole:

@@ -285,3 +285,43 @@ def test_ask_says_what_it_waits_for_on_a_terminal_only() -> None:
     with Elapsed(term, "x", shown=False, interval=0.01):  # --json, or not a terminal
         time.sleep(0.05)
     assert term.getvalue() == drawn
+
+
+def test_fake_ask_dry_run_plans_without_generating(client: Client, fake: FakeLlamad) -> None:
+    """FakeLlamad answers ask(dry_run=True) as the daemon does: a plan (every hit kept
+    under its label, the prompt's sections and tokens, the budget) instead of text, the
+    sources, and done marked dry_run with the prompt's tokens and none generated; a
+    question nothing matches plans no sections and is no_context."""
+    with client:
+        client.add_source("notes")
+        client.upsert_document("notes", "# Disk\n\nThe zanzibar disk fills at night.",
+                               document_id="disk", title="Disk")
+        result = client.ask("zanzibar disk", dry_run=True, model="smol").collect()
+        assert fake.requests["AnswerService/Ask"].dry_run
+        plan, done = result.plan, result.done
+        assert result.answer == "" and plan is not None and done is not None
+        assert [(h.document_id, h.verdict, h.label) for h in plan.hits] == [
+            ("disk", "kept", "S1")]
+        assert [s.role for s in plan.sections] == ["system", "user"]
+        assert "zanzibar disk fills" in plan.sections[1].content
+        assert plan.prompt_tokens == sum(s.tokens for s in plan.sections) > 0
+        assert plan.budget > plan.prompt_tokens
+        assert result.sources is not None and [c.label for c in result.sources.citations] \
+            == ["S1"]
+        assert done.dry_run and done.model_name == "smol"
+        assert done.usage is not None
+        assert (done.usage.prompt_tokens, done.usage.completion_tokens) == (
+            plan.prompt_tokens, 0)
+        nothing = client.ask("quokka", dry_run=True).collect()
+        assert nothing.plan is not None and nothing.plan.sections == ()
+        assert nothing.done is not None and nothing.done.no_context and nothing.done.dry_run
+
+
+def test_detokenize_through_the_clients(client: Client, fake: FakeLlamad) -> None:
+    """detokenize sends the ids and the model named, and answers the text (the fake's
+    words of x's for its word-length ids)."""
+    with client:
+        ids = client.tokenize("ab cde", model="smol").ids
+        assert client.detokenize(ids, model="smol") == "xx xxx"
+        sent = fake.requests["InferenceService/Detokenize"]
+        assert (list(sent.tokens), sent.model) == ([2, 3], "smol")

@@ -111,6 +111,7 @@ def test_valid_model_fields(tmp_path: Path) -> None:
         embedding_length=8,
         tensor_count=3,
         file_type="Q8_0",
+        vocab_size=300,  # the tokens of tokenizer.ggml.tokens
     )
 
 
