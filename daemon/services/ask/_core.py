@@ -146,7 +146,23 @@ class Sources:
 
 @dataclass(frozen=True)
 class Done:
-    """The end of an answer: usage, and what the prompt was."""
+    """The end of an answer: usage, and what the prompt was.
+
+    Attributes:
+        time_to_first_token_ms: from the call's arrival to the first piece of text.
+        tokens_per_second: completion tokens over the time from the first piece to the
+            last (0 for an answer from the response cache: nothing was generated).
+        prompt_sha256: the assembled prompt's SHA-256 (with the model and sampling, the
+            response cache's key).
+        no_context: nothing relevant was retrieved: the no_context template answered and
+            no model ran.
+        chunks_dropped: relevant chunks left out of the prompt to fit its token budget.
+        template_version: the system and task templates' versions and the template
+            set's hash (``system/<v>+<task>/<v>@<hash>``).
+        model_name: the catalog name of the model that answered ("" when none ran).
+        history_turns_dropped: conversation turns left out, oldest first, to fit.
+        dry_run: a dry run: nothing was generated (the usage is the prompt's tokens).
+    """
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
