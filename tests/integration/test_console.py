@@ -143,6 +143,14 @@ class Watched:
         await self.page.locator(f"#nav a[href='#/{page_id}']").click()
         await self.ready(page_id)
 
+    async def search(self, query: str, mode: str = "") -> None:
+        """Search from the Search page, by the keyboard's Enter."""
+        await self.open("search")
+        await self.page.locator("#q").fill(query)
+        if mode:
+            await self.page.locator("#mode").select_option(mode)
+        await self.page.keyboard.press("Enter")
+
     def check_clean(self, token: str) -> None:
         """Nothing ran that the page did not: no dialog, no CSP violation, no script
         error; every request to this daemon, none with the token in its URL, none with a
@@ -194,9 +202,7 @@ async def test_pages_render_real_data(admin_page: Watched, tmp_path: Path) -> No
     await expect(main).to_contain_text("review_required")
     await page.screenshot(path=shots / "kb.png")
 
-    await admin_page.open("search")
-    await page.locator("#q").fill("wombat backups nightly")
-    await page.keyboard.press("Enter")
+    await admin_page.search("wombat backups nightly")
     hit = page.locator(".hit[data-doc='runbooks/backup.md']")
     await expect(hit).to_contain_text("text rank #")
     await expect(hit).to_contain_text("vector rank #")
@@ -230,9 +236,7 @@ async def test_hostile_document_renders_as_text(admin_page: Watched) -> None:
     image shows them as text on the Search, Knowledge base and Review pages, and none
     runs; its 2 MB line is shown cut, the page still usable."""
     page = admin_page.page
-    await admin_page.open("search")
-    await page.locator("#q").fill("quetzal hostile marker")
-    await page.keyboard.press("Enter")
+    await admin_page.search("quetzal hostile marker")
     hit = page.locator(".hit[data-doc='hostile/page.md']")
     await expect(hit).to_contain_text("<script>window.__pwned = 'script'")
     await expect(hit).to_contain_text("javascript:window.__pwned='link'")
@@ -263,10 +267,7 @@ async def test_review_approval_makes_the_document_searchable(
                     "# Disk full\n\nWhen the zanzibar partition fills, rotate the logs.\n",
                     review=True)
     page = admin_page.page
-    await admin_page.open("search")
-    await page.locator("#q").fill("zanzibar")
-    await page.locator("#mode").select_option("SEARCH_MODE_TEXT")
-    await page.keyboard.press("Enter")
+    await admin_page.search("zanzibar", "SEARCH_MODE_TEXT")
     await expect(page.locator("#results")).to_contain_text("0 hits")
 
     await admin_page.open("review")
@@ -276,10 +277,7 @@ async def test_review_approval_makes_the_document_searchable(
     await held.locator("button", has_text="Approve").click()
     await expect(page.locator("article[data-doc='runbooks/disk.md']")).to_have_count(0)
 
-    await admin_page.open("search")
-    await page.locator("#q").fill("zanzibar")
-    await page.locator("#mode").select_option("SEARCH_MODE_TEXT")
-    await page.keyboard.press("Enter")
+    await admin_page.search("zanzibar", "SEARCH_MODE_TEXT")
     await expect(page.locator(".hit[data-doc='runbooks/disk.md']")).to_be_visible()
 
 
