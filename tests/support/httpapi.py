@@ -15,7 +15,7 @@ from daemon.config._resolved import ChildConfig
 from daemon.config.access import TlsMaterial, TokenTable
 from daemon.grpcapi.auth import AuthInterceptor
 from daemon.grpcapi.connlimits import ConnectionCap
-from daemon.httpapi import HttpApi
+from daemon.httpapi import HttpApi, Mount
 from daemon.models.admission import Admission
 from daemon.models.router import InferenceRouter
 from daemon.services.ask import AskService
@@ -60,11 +60,12 @@ async def serving(*, tokens: TokenTable | None = None, queue: int = 4,
                   pieces: list[str] | None = None,
                   tls: TlsMaterial | None = None, connections: ConnectionCap | None = None,
                   handshake_timeout: float = 10.0,
-                  auth: AuthInterceptor | None = None) -> AsyncIterator[Harness]:
+                  auth: AuthInterceptor | None = None,
+                  mount: Mount | None = None) -> AsyncIterator[Harness]:
     """The API on port 0: generation and embedding served by scripted backends (one slot
     each; ``queue`` calls may wait for generation's), Ask by ``answer`` if given, with
     ``connections`` and ``handshake_timeout`` (HttpApi's) if given, and ``auth`` in
-    place of an interceptor over ``tokens``."""
+    place of an interceptor over ``tokens``, and ``mount`` served beside the API."""
     gen = FakeBackend(model_name="gen.gguf")
     if pieces is not None:
         gen.pieces = pieces
@@ -79,7 +80,8 @@ async def serving(*, tokens: TokenTable | None = None, queue: int = 4,
                   HttpSettings(body_timeout=0.5, idle_timeout=1.0),
                   auth=auth or AuthInterceptor(tokens, metrics), metrics=metrics,
                   answer=answer(router) if answer is not None else None, tls=tls,
-                  connections=connections, handshake_timeout=handshake_timeout)
+                  connections=connections, handshake_timeout=handshake_timeout,
+                  mount=mount)
     port = await api.start("127.0.0.1:0")
     try:
         scheme = "https" if tls is not None else "http"

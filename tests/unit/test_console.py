@@ -1,7 +1,8 @@
 """The console's server side without a browser: its static files and their headers
 (:mod:`daemon.console._pages`), the metric history its Metrics page draws
-(:mod:`daemon.telemetry.history`), and the bounded diff its Review page shows
-(:mod:`daemon.services.review`). The pages in a browser: tests/integration/test_console.py.
+(:mod:`daemon.telemetry.history`), the bounded diff its Review page shows
+(:mod:`daemon.services.review`), and a mount in the HTTP listener's frame. The pages in
+a browser: tests/integration/test_console.py.
 """
 
 from __future__ import annotations
@@ -15,10 +16,15 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
+from daemon.config.access import load_tokens
 from daemon.console import _pages
+from daemon.grpcapi.rpc import Call
+from daemon.httpapi import Api, Route, json_response
+from daemon.httpapi._parse import Body
 from daemon.services import review
 from daemon.telemetry.history import MetricHistory, quantile
 from daemon.telemetry.metrics import Metrics
+from tests.support.httpapi import client, serving
 
 # -- the static files ---------------------------------------------------------------------
 
@@ -171,3 +177,73 @@ def test_every_static_file_is_package_data() -> None:
             name = path.relative_to(package).as_posix()
             assert any(fnmatch.fnmatch(name, g) and name.count("/") == g.count("/")
                        for g in globs), name
+
+
+# -- the mount in the HTTP listener's frame -----------------------------------------------
+
+
+class _Mount:
+    """A mount of one page and one admin route (TailLogs'), counting its starts."""
+
+    prefix = "/console"
+
+    def __init__(self) -> None:
+        self.pages = _pages.Pages(self.prefix, {"index.html": b"<!doctype html>"})
+        self.running = 0
+
+        async def handler(api: Api, request: web.BaseRequest, call: Call,
+                          body: Body) -> web.StreamResponse:
+            return json_response(request, {"ok": True})
+
+        self.admin = Route("GET", "/llamad.v1.ControlService/TailLogs", "TailLogs", handler,
+                           reads_body=False)
+
+    def page(self, request: web.BaseRequest) -> web.StreamResponse | None:
+        return self.pages.answer(request)
+
+    def route(self, path: str, method: str) -> Route | None:
+        return self.admin if path == "/console/api/logs" else None
+
+    def methods(self, path: str) -> tuple[str, ...]:
+        return ("GET",) if path == "/console/api/logs" else ()
+
+    async def start(self) -> None:
+        self.running += 1
+
+    async def stop(self) -> None:
+        self.running -= 1
+
+
+async def test_the_frame_serves_a_mount_beside_the_api(tmp_path: Path) -> None:
+    """Its pages need no token; its routes need the role of the RPC they stand for (a
+    read token is refused 403, admin passes), a wrong method is 405 naming the right one,
+    an unknown path under it 404; it runs while the listener does."""
+    path = tmp_path / "tokens"
+    path.write_text(f"read {'r' * 20}\nadmin {'a' * 20}\n")
+    path.chmod(0o600)
+    mount = _Mount()
+    async with serving(tokens=load_tokens(path), mount=mount) as h, client() as http:
+        assert mount.running == 1
+        page = await http.get(h.url + "/console/")
+        none = await http.get(h.url + "/console/api/logs")
+        read = await http.get(h.url + "/console/api/logs", headers={
+            "Authorization": f"Bearer {'r' * 20}"})
+        admin = await http.get(h.url + "/console/api/logs", headers={
+            "Authorization": f"Bearer {'a' * 20}"})
+        post = await http.post(h.url + "/console/api/logs", headers={
+            "Authorization": f"Bearer {'a' * 20}"})
+        other = await http.get(h.url + "/console/api/other", headers={
+            "Authorization": f"Bearer {'a' * 20}"})
+        api = await http.get(h.url + "/v1/models", headers={
+            "Authorization": f"Bearer {'r' * 20}"})
+    assert mount.running == 0
+    assert page.status_code == 200 and page.headers["content-security-policy"] == _pages.CSP
+    assert (none.status_code, read.status_code, admin.status_code) == (401, 403, 200)
+    assert post.status_code == 405 and "GET" in post.json()["error"]["message"]
+    assert other.status_code == 404 and api.status_code == 200
+
+
+async def test_without_a_mount_there_is_no_console() -> None:
+    """A listener without the console (console.enabled off) answers /console 404."""
+    async with serving() as h, client() as http:
+        assert (await http.get(h.url + "/console/")).status_code == 404
