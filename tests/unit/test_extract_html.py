@@ -119,8 +119,16 @@ def test_gigantic_html_within_max_bytes() -> None:
 
 # --- hidden text ---------------------------------------------------------------------------
 
-# Each hiding trick hides a word found nowhere else; none may reach the text.
-HIDDEN_PAGE = """<!DOCTYPE html><html><head><title>Backup runbook</title>
+# Each inline style that hides an element, however written.
+HIDING_STYLES = (
+    "display:none", "DISPLAY : None !important", "color:red; display:none",
+    "disp\\6c ay: none", "display&colon;none", "display:/* sneaky */none", "visibility:hidden",
+    "visibility: collapse", "font-size:0", "font-size: 0.0em", "opacity:0", "color: transparent",
+    "content-visibility:hidden")
+
+# Each hiding trick hides a word found nowhere else (hiddenword01 to 29); none may reach the
+# text.
+HIDDEN_PAGE = ("""<!DOCTYPE html><html><head><title>Backup runbook</title>
 <style>.x { display: none }</style></head><body>
 <h1 hidden>Fake title hiddenword01</h1>
 <p>Check the nightly backup log first.</p>
@@ -128,20 +136,10 @@ HIDDEN_PAGE = """<!DOCTYPE html><html><head><title>Backup runbook</title>
 <div hidden="until-found">hiddenword03</div>
 <span aria-hidden="true">hiddenword04</span>
 <span aria-hidden=TRUE>hiddenword05</span>
-<div style="display:none">hiddenword06</div>
-<div style="DISPLAY : None !important">hiddenword07</div>
-<div style="color:red; display:none">hiddenword08</div>
-<div style="disp\\6c ay: none">hiddenword09</div>
-<div style="display&colon;none">hiddenword10</div>
-<div style="display:/* sneaky */none">hiddenword11</div>
-<div style="visibility:hidden">hiddenword12</div>
-<div style="visibility: collapse">hiddenword13</div>
-<div style="font-size:0">hiddenword14</div>
-<div style="font-size: 0.0em">hiddenword15</div>
-<div style="opacity:0">hiddenword16</div>
-<div style="color: transparent">hiddenword17</div>
-<div style="content-visibility:hidden">hiddenword18</div>
-<template><p>hiddenword19</p></template>
+"""
+    + "".join(f'<div style="{style}">hiddenword{n:02}</div>\n'
+              for n, style in enumerate(HIDING_STYLES, start=6))
+    + """<template><p>hiddenword19</p></template>
 <noscript>hiddenword20</noscript>
 <script>var s = "hiddenword21";</script>
 <dialog>hiddenword22</dialog>
@@ -156,7 +154,7 @@ HIDDEN_PAGE = """<!DOCTYPE html><html><head><title>Backup runbook</title>
 <span aria-hidden="false">aria shown</span>
 <dialog open>open dialog shown</dialog>
 <div data-state="hidden" class="hidden">class words shown</div>
-</body></html>"""
+</body></html>""")
 
 
 def test_hidden_html_text_is_dropped() -> None:
