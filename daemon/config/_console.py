@@ -15,13 +15,12 @@ from ._options import setting
 class ConsoleSettings:
     """``[console]``: fixed when the HTTP listener starts."""
 
-    enabled: bool = setting(
-        True, "Serve the operator console under /console on the HTTP listener "
-        "(http_listen): static pages that call the HTTP API with the token typed into "
-        "them.")
-    sample_interval: float = setting(
-        5.0, "Seconds between two samples of the per-model metrics the console's Metrics "
-        "page draws (tokens/s, time to first token, queue depth, errors).", minimum=1.0)
-    history: float = setting(
-        900.0, "Seconds of metric samples kept in memory for the Metrics page (a ring of "
-        "history / sample_interval samples; a restart starts it empty).", minimum=60.0)
+    enabled: bool = setting(True, help="""
+        Serve the operator console under /console on the HTTP listener (http_listen): static
+        pages that call the HTTP API with the token typed into them.""")
+    sample_interval: float = setting(5.0, minimum=1.0, help="""
+        Seconds between two samples of the per-model metrics the console's Metrics page draws
+        (tokens/s, time to first token, queue depth, errors).""")
+    history: float = setting(900.0, minimum=60.0, help="""
+        Seconds of metric samples kept in memory for the Metrics page (a ring of history /
+        sample_interval samples; a restart starts it empty).""")

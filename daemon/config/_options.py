@@ -84,9 +84,13 @@ def setting(default: Any, help: str, *, choices: tuple[str, ...] = (),
     """A section field that is an option: its ``default`` (or :data:`PER_SECTION`), its
     ``--help`` text (``{section}`` stands for the section's name), its ``choices``, its
     ``minimum``, and what a ``reload`` does with a change (default: the section's
-    ``RELOAD``, else "restart"). A field whose value is a dataclass is a section."""
-    return dataclasses.field(
-        default=default, metadata={_OPTION: _Meta(help, choices, minimum, reload)})
+    ``RELOAD``, else "restart"). A field whose value is a dataclass is a section.
+
+    The sections declare an option facts first and its help last, by keyword: on one line
+    where it fits, else with the help as a triple-quoted paragraph on the lines below (its
+    white space is folded to single spaces here, as ``--help`` reflows it anyway)."""
+    return dataclasses.field(default=default, metadata={
+        _OPTION: _Meta(" ".join(help.split()), choices, minimum, reload)})
 
 
 _KINDS: dict[object, type] = {str: str, int: int, float: float, bool: bool,

@@ -28,165 +28,146 @@ class RetrievalSettings:
 
     RELOAD: ClassVar[Reload] = "apply"
 
-    enabled: bool = setting(True, "Serve RetrievalService (ingest and search).",
-                            reload="restart")
-    allowed_roots: tuple[str, ...] = setting(
-        (), "Absolute directories that directory sources must lie under (symlinks and .. "
-        "resolved); several are separated by ':' in a flag or env. Empty: directory "
-        "sources are refused.")
-    chunk_size: int = setting(1200, "Target chunk size, characters.", minimum=200)
-    chunk_overlap: int = setting(200, "Overlap between chunks, characters.", minimum=0)
-    max_chunk_chars: int = setting(2000, "Hard cap of a chunk, characters.", minimum=200)
-    embed_batch: int = setting(32, "Texts per embedding request.", minimum=1,
-                               reload="restart")
-    embed_concurrency: int = setting(
-        2, "Embedding requests ingest keeps in flight (the embedding child's slots).",
-        minimum=1, reload="restart")
-    ingest_workers: int = setting(
-        128, "Files of a directory scan in flight at once (their chunks share embedding "
-        "requests of up to embed_batch texts, their writes share commits): enough small "
-        "files that embedding requests fill up.", minimum=1)
-    ingest_inflight_mb: int = setting(
-        64, "File bytes a directory scan has in flight at once, MiB (bounds its memory "
-        "whatever ingest_workers is; one file larger than this goes alone).", minimum=1)
-    max_pending_upserts: int = setting(
-        1000, "Documents pushed with wait=false that may wait to be indexed at once; "
-        "beyond, UpsertDocument is RESOURCE_EXHAUSTED.", minimum=1)
-    max_commit_batch: int = setting(
-        256, "Most documents one group commit writes (concurrent ingests share commits).",
-        minimum=1, reload="restart")
-    query_embed_timeout: float = setting(
-        5.0, "Seconds a search waits for its query's embedding before answering BM25-only.",
-        minimum=0.1)
+    enabled: bool = setting(True, reload="restart", help="""
+        Serve RetrievalService (ingest and search).""")
+    allowed_roots: tuple[str, ...] = setting((), help="""
+        Absolute directories that directory sources must lie under (symlinks and .. resolved);
+        several are separated by ':' in a flag or env. Empty: directory sources are refused.""")
+    chunk_size: int = setting(1200, minimum=200, help="Target chunk size, characters.")
+    chunk_overlap: int = setting(200, minimum=0, help="Overlap between chunks, characters.")
+    max_chunk_chars: int = setting(2000, minimum=200, help="Hard cap of a chunk, characters.")
+    embed_batch: int = setting(32, minimum=1, reload="restart", help="Texts per embedding request.")
+    embed_concurrency: int = setting(2, minimum=1, reload="restart", help="""
+        Embedding requests ingest keeps in flight (the embedding child's slots).""")
+    ingest_workers: int = setting(128, minimum=1, help="""
+        Files of a directory scan in flight at once (their chunks share embedding requests of up
+        to embed_batch texts, their writes share commits): enough small files that embedding
+        requests fill up.""")
+    ingest_inflight_mb: int = setting(64, minimum=1, help="""
+        File bytes a directory scan has in flight at once, MiB (bounds its memory whatever
+        ingest_workers is; one file larger than this goes alone).""")
+    max_pending_upserts: int = setting(1000, minimum=1, help="""
+        Documents pushed with wait=false that may wait to be indexed at once; beyond,
+        UpsertDocument is RESOURCE_EXHAUSTED.""")
+    max_commit_batch: int = setting(256, minimum=1, reload="restart", help="""
+        Most documents one group commit writes (concurrent ingests share commits).""")
+    query_embed_timeout: float = setting(5.0, minimum=0.1, help="""
+        Seconds a search waits for its query's embedding before answering BM25-only.""")
     # 100/100 beats 25/25 by +0.011 mean nDCG@10 (bench/RESULTS.md, Fusion weights and depth)
-    text_candidates: int = setting(100, "BM25 candidates fused per search.", minimum=1)
-    vector_candidates: int = setting(100, "HNSW candidates fused per search.", minimum=1)
-    max_candidates: int = setting(
-        200, "Most candidates a search may ask each index for (SearchRequest.candidates).",
-        minimum=1)
-    rrf_k: int = setting(60, "Reciprocal Rank Fusion constant k.", minimum=1)
-    text_weight: float = setting(
-        1.0, "Weight of the BM25 ranking in the fusion (weighted RRF; 1 and 1: plain RRF).",
-        minimum=0)
-    vector_weight: float = setting(
-        1.0, "Weight of the vector ranking in the fusion (weighted RRF).", minimum=0)
-    default_k: int = setting(5, "Hits returned when a search asks for none.", minimum=1)
-    max_k: int = setting(20, "Most hits a search returns (a larger top_k is clamped to it, "
-                         "with a warning).", minimum=1)
-    max_query_chars: int = setting(2000, "Longest search query, characters.", minimum=1)
-    max_document_chars: int = setting(
-        5_000_000, "Longest document text (after extraction), characters.", minimum=1)
-    max_file_mb: int = setting(20, "Largest file a scan reads, MiB.", minimum=1)
-    max_files_per_source: int = setting(
-        20000, "Documents a directory source holds: past it a scan adds no new file (and "
-        "says so); none indexed is dropped, and skipped files take no room.", minimum=1)
-    max_source_mb: int = setting(
-        2048, "File bytes a directory source holds, MiB: past it a scan adds no new file "
-        "(and says so); none indexed is dropped.", minimum=1)
-    pdf_timeout: float = setting(30.0, "Seconds to extract one PDF.", minimum=1)
-    pdf_max_pages: int = setting(2000, "Most pages a PDF may have.", minimum=1)
-    pdf_max_memory_mb: int = setting(
-        1024, "Address space of the process that parses a PDF, MiB (bounds decompression "
-        "bombs).", minimum=64)
-    pdf_max_output_mb: int = setting(64, "Most text one PDF may yield, MiB.", minimum=1)
-    html_max_depth: int = setting(
-        500, "Deepest nesting of HTML elements a page may have.", minimum=1)
-    rescan_interval: float = setting(
-        3600.0, "Seconds between scheduled rescans of directory sources; 0: on demand only.",
-        minimum=0, reload="restart")
-    watch: bool = setting(
-        True, "Watch directory sources for changes (inotify) and scan a source once its "
-        "changes settle: a saved file is searchable within seconds; the scheduled rescan "
-        "stays the safety net.", reload="restart")
-    watch_debounce: float = setting(
-        0.5, "Seconds without a new change before a changed source is scanned (a burst "
-        "of changes is one scan).", minimum=0.01, reload="restart")
-    watch_max_delay: float = setting(
-        5.0, "Seconds from a source's first unscanned change to its scan at the latest, "
-        "however busy its directory stays.", minimum=0.01, reload="restart")
-    watch_retry: float = setting(
-        5.0, "Seconds between looks for added or removed sources and for a source root "
-        "that was renamed or removed (watched again once it is back).", minimum=0.1,
-        reload="restart")
-    watch_max_dirs: int = setting(
-        8192, "Most directories watched over all sources (each an inotify watch, also "
-        "bounded by the kernel's fs.inotify.max_user_watches); past it the rest is "
-        "rescanned on schedule, with a warning.", minimum=1, reload="restart")
-    search_audit_log: str = setting(
-        "", "Audit log of Search calls (JSON lines: the redacted query, filters, mode, the "
-        "whole fused candidate list with both ranks, latency; rotated like answer.audit_log"
-        "); empty: off.", reload="restart")
-    refresh_min_interval: float = setting(
-        600.0, "A Search rescans, in the background, each directory source it covers "
-        "whose last scan is older than this many seconds (at most once per interval); 0: "
-        "no refresh on search.", minimum=0)
-    backfill_interval: float = setting(
-        30.0, "Seconds between checks for chunks without a vector of the current embedding "
-        "model (indexed while it was unavailable), which are then embedded in the "
-        "background; 0: on demand only (RetrievalService/Reprocess).", minimum=0,
-        reload="restart")
-    retention_interval: float = setting(
-        60.0, "Seconds between passes of history retention: each removes the records of "
-        "history sources past their max_age_days or beyond their max_items; 0: none.",
-        minimum=0)
-    retention_batch: int = setting(
-        500, "Most history records one retention pass removes (the rest go in the next "
-        "passes).", minimum=1)
-    redact_hostnames: bool = setting(False, "Also redact hostnames (FQDNs) at ingest.")
-    redact_ips: bool = setting(False, "Also redact IP addresses at ingest.")
-    refuse_hard_links: bool = setting(
-        False, "Refuse files of directory sources that have more than one hard link (a hard "
-        "link inside a root may be a file from outside it).")
-    exclude_defaults: bool = setting(
-        True, "Leave key and credential files out of every directory source (*.pem, "
-        "*.key, id_rsa*, .env, *.kdbx, ...: docs/knowledge-base.md lists them), before "
-        "they are opened; a source's own patterns can include one again with !pattern.")
-    max_exclude_patterns: int = setting(
-        256, "Most exclude patterns a directory source may have.", minimum=0)
-    max_exclude_chars: int = setting(
-        16384, "Most characters of a directory source's exclude patterns, in all.",
-        minimum=0)
-    store: str = setting(
-        "embedded", "Where documents, chunks and vectors live: embedded (SQLite, tantivy and "
-        "hnswlib in the state directory, this node's own) or postgres (a PostgreSQL + "
-        "pgvector database at postgres_dsn, shared by every node configured with it; no "
-        "review holds or history sources there yet).", choices=STORES,
-        reload="restart")
-    postgres_dsn: str = setting(
-        "", "With store = postgres: the database, as a libpq URI or key=value string "
-        "without a password (postgresql://llamad@db.example.net:5432/kb).",
-        reload="restart")
-    postgres_password_file: str = setting(
-        "", "With store = postgres: a file whose first line is the password (read at each "
-        "connection; never logged). Empty: postgres_password_env, else none (peer or "
-        "certificate authentication).", reload="restart")
-    postgres_password_env: str = setting(
-        "", "With store = postgres: the name of an environment variable holding the "
-        "password, when postgres_password_file is empty (never logged).", reload="restart")
-    postgres_connect_timeout: float = setting(
-        10.0, "Seconds to wait for a connection to the PostgreSQL store.", minimum=1,
-        reload="restart")
-    postgres_max_connections: int = setting(
-        8, "Connections this node opens to the PostgreSQL store at most (plus one for "
-        "scan locks).", minimum=1, reload="restart")
-    postgres_statement_timeout: float = setting(
-        30.0, "Seconds the PostgreSQL server lets one statement of llamad run before "
-        "cancelling it; 0: no limit.", minimum=0, reload="restart")
-    postgres_ef_search: int = setting(
-        100, "HNSW candidates a PostgreSQL vector search examines (hnsw.ef_search; at "
-        "least the candidates asked for).", minimum=1, reload="restart")
-    postgres_max_scan_tuples: int = setting(
-        20000, "How far a filtered PostgreSQL vector search walks the HNSW graph for enough "
-        "hits (hnsw.max_scan_tuples).", minimum=1, reload="restart")
+    text_candidates: int = setting(100, minimum=1, help="BM25 candidates fused per search.")
+    vector_candidates: int = setting(100, minimum=1, help="HNSW candidates fused per search.")
+    max_candidates: int = setting(200, minimum=1, help="""
+        Most candidates a search may ask each index for (SearchRequest.candidates).""")
+    rrf_k: int = setting(60, minimum=1, help="Reciprocal Rank Fusion constant k.")
+    text_weight: float = setting(1.0, minimum=0, help="""
+        Weight of the BM25 ranking in the fusion (weighted RRF; 1 and 1: plain RRF).""")
+    vector_weight: float = setting(1.0, minimum=0, help="""
+        Weight of the vector ranking in the fusion (weighted RRF).""")
+    default_k: int = setting(5, minimum=1, help="Hits returned when a search asks for none.")
+    max_k: int = setting(20, minimum=1, help="""
+        Most hits a search returns (a larger top_k is clamped to it, with a warning).""")
+    max_query_chars: int = setting(2000, minimum=1, help="Longest search query, characters.")
+    max_document_chars: int = setting(5_000_000, minimum=1, help="""
+        Longest document text (after extraction), characters.""")
+    max_file_mb: int = setting(20, minimum=1, help="Largest file a scan reads, MiB.")
+    max_files_per_source: int = setting(20000, minimum=1, help="""
+        Documents a directory source holds: past it a scan adds no new file (and says so); none
+        indexed is dropped, and skipped files take no room.""")
+    max_source_mb: int = setting(2048, minimum=1, help="""
+        File bytes a directory source holds, MiB: past it a scan adds no new file (and says so);
+        none indexed is dropped.""")
+    pdf_timeout: float = setting(30.0, minimum=1, help="Seconds to extract one PDF.")
+    pdf_max_pages: int = setting(2000, minimum=1, help="Most pages a PDF may have.")
+    pdf_max_memory_mb: int = setting(1024, minimum=64, help="""
+        Address space of the process that parses a PDF, MiB (bounds decompression bombs).""")
+    pdf_max_output_mb: int = setting(64, minimum=1, help="Most text one PDF may yield, MiB.")
+    html_max_depth: int = setting(500, minimum=1, help="""
+        Deepest nesting of HTML elements a page may have.""")
+    rescan_interval: float = setting(3600.0, minimum=0, reload="restart", help="""
+        Seconds between scheduled rescans of directory sources; 0: on demand only.""")
+    watch: bool = setting(True, reload="restart", help="""
+        Watch directory sources for changes (inotify) and scan a source once its changes settle:
+        a saved file is searchable within seconds; the scheduled rescan stays the safety
+        net.""")
+    watch_debounce: float = setting(0.5, minimum=0.01, reload="restart", help="""
+        Seconds without a new change before a changed source is scanned (a burst of changes is
+        one scan).""")
+    watch_max_delay: float = setting(5.0, minimum=0.01, reload="restart", help="""
+        Seconds from a source's first unscanned change to its scan at the latest, however busy
+        its directory stays.""")
+    watch_retry: float = setting(5.0, minimum=0.1, reload="restart", help="""
+        Seconds between looks for added or removed sources and for a source root that was
+        renamed or removed (watched again once it is back).""")
+    watch_max_dirs: int = setting(8192, minimum=1, reload="restart", help="""
+        Most directories watched over all sources (each an inotify watch, also bounded by the
+        kernel's fs.inotify.max_user_watches); past it the rest is rescanned on schedule, with a
+        warning.""")
+    search_audit_log: str = setting("", reload="restart", help="""
+        Audit log of Search calls (JSON lines: the redacted query, filters, mode, the whole
+        fused candidate list with both ranks, latency; rotated like answer.audit_log); empty:
+        off.""")
+    refresh_min_interval: float = setting(600.0, minimum=0, help="""
+        A Search rescans, in the background, each directory source it covers whose last scan is
+        older than this many seconds (at most once per interval); 0: no refresh on search.""")
+    backfill_interval: float = setting(30.0, minimum=0, reload="restart", help="""
+        Seconds between checks for chunks without a vector of the current embedding model
+        (indexed while it was unavailable), which are then embedded in the background; 0: on
+        demand only (RetrievalService/Reprocess).""")
+    retention_interval: float = setting(60.0, minimum=0, help="""
+        Seconds between passes of history retention: each removes the records of history sources
+        past their max_age_days or beyond their max_items; 0: none.""")
+    retention_batch: int = setting(500, minimum=1, help="""
+        Most history records one retention pass removes (the rest go in the next passes).""")
+    redact_hostnames: bool = setting(False, help="Also redact hostnames (FQDNs) at ingest.")
+    redact_ips: bool = setting(False, help="Also redact IP addresses at ingest.")
+    refuse_hard_links: bool = setting(False, help="""
+        Refuse files of directory sources that have more than one hard link (a hard link inside
+        a root may be a file from outside it).""")
+    exclude_defaults: bool = setting(True, help="""
+        Leave key and credential files out of every directory source (*.pem, *.key, id_rsa*,
+        .env, *.kdbx, ...: docs/knowledge-base.md lists them), before they are opened; a
+        source's own patterns can include one again with !pattern.""")
+    max_exclude_patterns: int = setting(256, minimum=0, help="""
+        Most exclude patterns a directory source may have.""")
+    max_exclude_chars: int = setting(16384, minimum=0, help="""
+        Most characters of a directory source's exclude patterns, in all.""")
+    store: str = setting("embedded", choices=STORES, reload="restart", help="""
+        Where documents, chunks and vectors live: embedded (SQLite, tantivy and hnswlib in the
+        state directory, this node's own) or postgres (a PostgreSQL + pgvector database at
+        postgres_dsn, shared by every node configured with it; no review holds or history
+        sources there yet).""")
+    postgres_dsn: str = setting("", reload="restart", help="""
+        With store = postgres: the database, as a libpq URI or key=value string without a
+        password (postgresql://llamad@db.example.net:5432/kb).""")
+    postgres_password_file: str = setting("", reload="restart", help="""
+        With store = postgres: a file whose first line is the password (read at each connection;
+        never logged). Empty: postgres_password_env, else none (peer or certificate
+        authentication).""")
+    postgres_password_env: str = setting("", reload="restart", help="""
+        With store = postgres: the name of an environment variable holding the password, when
+        postgres_password_file is empty (never logged).""")
+    postgres_connect_timeout: float = setting(10.0, minimum=1, reload="restart", help="""
+        Seconds to wait for a connection to the PostgreSQL store.""")
+    postgres_max_connections: int = setting(8, minimum=1, reload="restart", help="""
+        Connections this node opens to the PostgreSQL store at most (plus one for scan
+        locks).""")
+    postgres_statement_timeout: float = setting(30.0, minimum=0, reload="restart", help="""
+        Seconds the PostgreSQL server lets one statement of llamad run before cancelling it; 0:
+        no limit.""")
+    postgres_ef_search: int = setting(100, minimum=1, reload="restart", help="""
+        HNSW candidates a PostgreSQL vector search examines (hnsw.ef_search; at least the
+        candidates asked for).""")
+    postgres_max_scan_tuples: int = setting(20000, minimum=1, reload="restart", help="""
+        How far a filtered PostgreSQL vector search walks the HNSW graph for enough hits
+        (hnsw.max_scan_tuples).""")
     postgres_lexical_ranker: str = setting(
-        "auto", "How the PostgreSQL store ranks the lexical list: auto (a BM25 extension "
-        "the server offers, pg_textsearch then pg_search, else BM25 in plain SQL), or one "
-        "by name (the store refuses to open without it).", choices=LEXICAL_RANKERS,
-        reload="restart")
-    postgres_bm25_candidates: int = setting(
-        1000, "With the plain-SQL BM25 ranker: postings read per query term, highest "
-        "impact first, when a search has no filter (bounds a query's cost; rarer terms "
-        "are read whole).", minimum=1, reload="restart")
+        "auto", choices=LEXICAL_RANKERS, reload="restart", help="""
+        How the PostgreSQL store ranks the lexical list: auto (a BM25 extension the server
+        offers, pg_textsearch then pg_search, else BM25 in plain SQL), or one by name (the store
+        refuses to open without it).""")
+    postgres_bm25_candidates: int = setting(1000, minimum=1, reload="restart", help="""
+        With the plain-SQL BM25 ranker: postings read per query term, highest impact first, when
+        a search has no filter (bounds a query's cost; rarer terms are read whole).""")
 
 
 def check_store(r: RetrievalSettings) -> None:

@@ -41,63 +41,62 @@ class RoleSettings:
     # A role's settings go through the swap or mode-switch path, but for its queue ahead.
     RELOAD: ClassVar[Reload] = "new_child"
 
-    enabled: bool = setting(True, "Serve {section} (false is {section}.mode = disabled).")
+    enabled: bool = setting(True, help="Serve {section} (false is {section}.mode = disabled).")
     # An enum member is immutable (ruff cannot tell from the annotation).
-    mode: InferenceMode = setting(  # noqa: RUF009
-        InferenceMode.EMBEDDED, "Where {section} runs: embedded (a supervised llama.cpp "
-        "child), endpoint (an external OpenAI-compatible server), or disabled.")
-    model: str = setting("", "Path of the {section} GGUF model (embedded mode).")
-    endpoint_url: str = setting(
-        "", "Endpoint mode: the server's base URL, with or without /v1 "
-        "(e.g. http://10.0.0.5:8080/v1).")
-    endpoint_model: str = setting(
-        "", "Endpoint mode: the model id to use (default: the only one it offers).")
-    api_key_file: str = setting(
-        "", "Endpoint mode: file holding the API key (a regular file owned by the daemon's "
-        "user or root, not readable or writable by group or others).")
-    api_key_env: str = setting(
-        "", "Endpoint mode: name of the environment variable holding the API key.")
-    runtime: str = setting(
-        "auto", "Runtime: llama-server, bundled (python -m llama_cpp.server), or auto "
-        "(llama-server when found).", choices=("auto", "llama-server", "bundled"))
-    ctx_size: int = setting(
-        PER_SECTION, "Context tokens per slot (0: the model's training context).", minimum=0)
-    threads: int = setting(
-        os.cpu_count() or 2, "CPU threads for the child (default: every core). Left at "
-        "its default, the generation models that stay resident together (pinned or "
-        "preloaded, at most [models] max_resident) divide the cores among them, and so "
-        "does every generation model without a threads setting of its own: two children "
-        "on the same cores wait on each other's threads.", minimum=1)
-    parallel: int = setting(
-        PER_SECTION, "Concurrent request slots (llama-server; the bundled runtime serves "
-        "one; calls llamad sends an endpoint at once).", minimum=1)
-    queue_ahead: int = setting(
-        PER_SECTION, "Calls sent to a llama-server child beyond its slots, to wait in its "
-        "own queue: a slot that finishes starts the next one at once instead of idling for "
-        "the round trip to llamad and back (short calls such as embeddings); 0 sends "
-        "exactly as many calls as there are slots.", minimum=0, reload="apply")
-    batch: int = setting(512, "Logical batch size in tokens.", minimum=1)
-    cache_ram: int = setting(
-        DEFAULT_CACHE_RAM_MIB, "Host RAM a llama-server child may keep for its prompt "
-        "cache, MiB (its --cache-ram; llama-server's own default is 8192 per child), "
-        "counted in the model's memory estimate; 0 disables the cache.", minimum=0)
-    spin_count: int = setting(
-        PER_SECTION, "GOMP_SPINCOUNT of the child: how long llama.cpp's OpenMP threads spin "
-        "at a barrier before they sleep. Short spins let the two children, a swap's overlap "
-        "or other load share the cores instead of starving each other; -1 keeps the "
-        "daemon's environment (OpenMP's default spins long), which is the default when "
-        "[models] max_resident = 1 (one child at a time).", minimum=-1)
-    extra_args: str = setting(
-        "", "Extra runtime arguments, space separated, appended to the child's command "
-        "line. Refused at load: what llamad sets itself (address, port, key, model, alias, "
-        "threads, context, batch, slots, embedding), what reaches the host (TLS, log and "
-        "slot files, static files and the web UI, tools and MCP, RPC, downloads), options "
-        "unknown to llama-server and llama_cpp.server, and file options outside "
-        "models_dir. Swap's extra_args take performance and model-behaviour options only.")
-    chat_template: str = setting(
-        "auto", "Chat template of a generation model: auto (the GGUF's own, else one llamad "
-        "knows for it), or one of llamad's: chatml, chatml-tools (ChatML that renders "
-        "tools, for tool calling), gemma.", choices=_TEMPLATES)
+    mode: InferenceMode = setting(InferenceMode.EMBEDDED, help="""
+        Where {section} runs: embedded (a supervised llama.cpp child), endpoint (an external
+        OpenAI-compatible server), or disabled.""")  # noqa: RUF009
+    model: str = setting("", help="Path of the {section} GGUF model (embedded mode).")
+    endpoint_url: str = setting("", help="""
+        Endpoint mode: the server's base URL, with or without /v1 (e.g.
+        http://10.0.0.5:8080/v1).""")
+    endpoint_model: str = setting("", help="""
+        Endpoint mode: the model id to use (default: the only one it offers).""")
+    api_key_file: str = setting("", help="""
+        Endpoint mode: file holding the API key (a regular file owned by the daemon's user or
+        root, not readable or writable by group or others).""")
+    api_key_env: str = setting("", help="""
+        Endpoint mode: name of the environment variable holding the API key.""")
+    runtime: str = setting("auto", choices=("auto", "llama-server", "bundled"), help="""
+        Runtime: llama-server, bundled (python -m llama_cpp.server), or auto (llama-server when
+        found).""")
+    ctx_size: int = setting(PER_SECTION, minimum=0, help="""
+        Context tokens per slot (0: the model's training context).""")
+    threads: int = setting(os.cpu_count() or 2, minimum=1, help="""
+        CPU threads for the child (default: every core). Left at its default, the generation
+        models that stay resident together (pinned or preloaded, at most [models] max_resident)
+        divide the cores among them, and so does every generation model without a threads
+        setting of its own: two children on the same cores wait on each other's threads.""")
+    parallel: int = setting(PER_SECTION, minimum=1, help="""
+        Concurrent request slots (llama-server; the bundled runtime serves one; calls llamad
+        sends an endpoint at once).""")
+    queue_ahead: int = setting(PER_SECTION, minimum=0, reload="apply", help="""
+        Calls sent to a llama-server child beyond its slots, to wait in its own queue: a slot
+        that finishes starts the next one at once instead of idling for the round trip to llamad
+        and back (short calls such as embeddings); 0 sends exactly as many calls as there are
+        slots.""")
+    batch: int = setting(512, minimum=1, help="Logical batch size in tokens.")
+    cache_ram: int = setting(DEFAULT_CACHE_RAM_MIB, minimum=0, help="""
+        Host RAM a llama-server child may keep for its prompt cache, MiB (its --cache-ram;
+        llama-server's own default is 8192 per child), counted in the model's memory estimate; 0
+        disables the cache.""")
+    spin_count: int = setting(PER_SECTION, minimum=-1, help="""
+        GOMP_SPINCOUNT of the child: how long llama.cpp's OpenMP threads spin at a barrier
+        before they sleep. Short spins let the two children, a swap's overlap or other load
+        share the cores instead of starving each other; -1 keeps the daemon's environment
+        (OpenMP's default spins long), which is the default when [models] max_resident = 1 (one
+        child at a time).""")
+    extra_args: str = setting("", help="""
+        Extra runtime arguments, space separated, appended to the child's command line. Refused
+        at load: what llamad sets itself (address, port, key, model, alias, threads, context,
+        batch, slots, embedding), what reaches the host (TLS, log and slot files, static files
+        and the web UI, tools and MCP, RPC, downloads), options unknown to llama-server and
+        llama_cpp.server, and file options outside models_dir. Swap's extra_args take
+        performance and model-behaviour options only.""")
+    chat_template: str = setting("auto", choices=_TEMPLATES, help="""
+        Chat template of a generation model: auto (the GGUF's own, else one llamad knows for
+        it), or one of llamad's: chatml, chatml-tools (ChatML that renders tools, for tool
+        calling), gemma.""")
 
     def __post_init__(self) -> None:
         # The option is read as a string (one of the choices, checked): its member, so
@@ -111,34 +110,33 @@ class TlsSettings:
 
     RELOAD: ClassVar[Reload] = "apply"
 
-    cert_file: str = setting(
-        "", "PEM certificate chain the daemon presents; with tls.key_file, gRPC is served "
-        "over TLS only. Re-read on SIGHUP.")
-    key_file: str = setting(
-        "", "PEM private key of tls.cert_file (unencrypted; must not be readable by "
-        "others).")
-    client_ca_file: str = setting(
-        "", "PEM CA certificates for mutual TLS: clients must present a certificate signed "
-        "by one of them.")
+    cert_file: str = setting("", help="""
+        PEM certificate chain the daemon presents; with tls.key_file, gRPC is served over TLS
+        only. Re-read on SIGHUP.""")
+    key_file: str = setting("", help="""
+        PEM private key of tls.cert_file (unencrypted; must not be readable by others).""")
+    client_ca_file: str = setting("", help="""
+        PEM CA certificates for mutual TLS: clients must present a certificate signed by one of
+        them.""")
 
 
 @dataclass(frozen=True)
 class AuthSettings:
     """``[auth]``."""
 
-    token_file: str = setting(
-        "", "Bearer tokens, one '<role> <token>' per line (roles: read, admin), each "
-        "optionally followed by class=NAME lane=interactive|batch rpm=N tpm=N (its quotas "
-        "per auth.quota_window); when set, every RPC but health needs one. Must not be "
-        "readable by others; re-read on SIGHUP.", reload="apply")
+    token_file: str = setting("", reload="apply", help="""
+        Bearer tokens, one '<role> <token>' per line (roles: read, admin), each optionally
+        followed by class=NAME lane=interactive|batch rpm=N tpm=N (its quotas per
+        auth.quota_window); when set, every RPC but health needs one. Must not be readable by
+        others; re-read on SIGHUP.""")
     quota_mode: str = setting(
-        "enforce", "What the tokens' rpm and tpm do: enforce (a call past them is refused, "
-        "RESOURCE_EXHAUSTED / HTTP 429 with a retry hint), shadow (never refused; counted "
-        "and logged as it would have been), off.", choices=("enforce", "shadow", "off"),
-        reload="apply")
-    quota_window: float = setting(
-        60.0, "Seconds of the sliding window the tokens' rpm and tpm count in (a token's "
-        "rpm is its calls per this window).", minimum=1.0, reload="apply")
+        "enforce", choices=("enforce", "shadow", "off"), reload="apply", help="""
+        What the tokens' rpm and tpm do: enforce (a call past them is refused,
+        RESOURCE_EXHAUSTED / HTTP 429 with a retry hint), shadow (never refused; counted and
+        logged as it would have been), off.""")
+    quota_window: float = setting(60.0, minimum=1.0, reload="apply", help="""
+        Seconds of the sliding window the tokens' rpm and tpm count in (a token's rpm is its
+        calls per this window).""")
 
 
 @dataclass(frozen=True)
@@ -148,15 +146,15 @@ class EndpointKeySettings:
 
     RELOAD: ClassVar[Reload] = "apply"
 
-    dir: str = setting(
-        "", "Directory of the key files SetMode may name as an endpoint's api_key_file "
-        "(a file inside it, symbolic links resolved; each must be a regular file owned by "
-        "the daemon's user or root and not readable or writable by group or others). "
-        "Empty: SetMode may name only the key files the configuration names.")
-    env_prefix: str = setting(
-        "LLAMAD_ENDPOINT_KEY_", "Prefix of the daemon's environment variables SetMode may "
-        "name as an endpoint's api_key_env (besides those the configuration names). "
-        "Empty: only those. It may not begin any of llamad's own option variables.")
+    dir: str = setting("", help="""
+        Directory of the key files SetMode may name as an endpoint's api_key_file (a file inside
+        it, symbolic links resolved; each must be a regular file owned by the daemon's user or
+        root and not readable or writable by group or others). Empty: SetMode may name only the
+        key files the configuration names.""")
+    env_prefix: str = setting("LLAMAD_ENDPOINT_KEY_", help="""
+        Prefix of the daemon's environment variables SetMode may name as an endpoint's
+        api_key_env (besides those the configuration names). Empty: only those. It may not begin
+        any of llamad's own option variables.""")
 
 
 # Chat's and Ask's sampling defaults (limits.chat_*, answer.*), measured by
@@ -179,69 +177,60 @@ class AnswerConfig:
 
     RELOAD: ClassVar[Reload] = "apply"
 
-    max_question_chars: int = setting(4000, "Longest Ask question, characters.", minimum=1)
-    max_attachment_chars: int = setting(
-        100_000, "Longest Ask attachment, characters.", minimum=0)
-    max_history_turns: int = setting(
-        10, "Most conversation turns an Ask may carry.", minimum=0)
-    default_max_tokens: int = setting(512, "Answer length when an Ask sets none.", minimum=1)
-    default_k: int = setting(5, "Sources retrieved when an Ask sets none.", minimum=1)
-    min_vector_score: float = setting(
-        0.30, "Relevance floor: a source needs this cosine similarity (or a BM25 match).",
-        minimum=-1)
-    min_text_score: float = setting(
-        3.0, "Relevance floor for sources without a close vector match: this BM25 score.",
-        minimum=0)
-    cache_ttl: float = setting(
-        300.0, "Seconds an identical Ask is served from the response cache; 0: no cache.",
-        minimum=0, reload="restart")
-    cache_entries: int = setting(256, "Answers kept in the response cache.", minimum=0,
-                                 reload="restart")
-    templates_dir: str = setting(
-        "", "Directory of operator answer templates (system.txt, answer.txt, "
-        "no_context.txt, ...) replacing the packaged ones of the same name; checked at "
-        "load and on reload (docs/answers.md). Empty: the packaged templates.")
-    audit_log: str = setting(
-        "", "Audit log file (JSON lines; default: <state_dir>/audit/answers.jsonl).",
-        reload="restart")
-    audit_max_mb: int = setting(10, "Audit log size before rotation, MiB.", minimum=1,
-                                reload="restart")
-    audit_backups: int = setting(5, "Rotated audit logs kept.", minimum=0, reload="restart")
+    max_question_chars: int = setting(4000, minimum=1, help="Longest Ask question, characters.")
+    max_attachment_chars: int = setting(100_000, minimum=0, help="""
+        Longest Ask attachment, characters.""")
+    max_history_turns: int = setting(10, minimum=0, help="""
+        Most conversation turns an Ask may carry.""")
+    default_max_tokens: int = setting(512, minimum=1, help="Answer length when an Ask sets none.")
+    default_k: int = setting(5, minimum=1, help="Sources retrieved when an Ask sets none.")
+    min_vector_score: float = setting(0.30, minimum=-1, help="""
+        Relevance floor: a source needs this cosine similarity (or a BM25 match).""")
+    min_text_score: float = setting(3.0, minimum=0, help="""
+        Relevance floor for sources without a close vector match: this BM25 score.""")
+    cache_ttl: float = setting(300.0, minimum=0, reload="restart", help="""
+        Seconds an identical Ask is served from the response cache; 0: no cache.""")
+    cache_entries: int = setting(256, minimum=0, reload="restart", help="""
+        Answers kept in the response cache.""")
+    templates_dir: str = setting("", help="""
+        Directory of operator answer templates (system.txt, answer.txt, no_context.txt, ...)
+        replacing the packaged ones of the same name; checked at load and on reload
+        (docs/answers.md). Empty: the packaged templates.""")
+    audit_log: str = setting("", reload="restart", help="""
+        Audit log file (JSON lines; default: <state_dir>/audit/answers.jsonl).""")
+    audit_max_mb: int = setting(10, minimum=1, reload="restart", help="""
+        Audit log size before rotation, MiB.""")
+    audit_backups: int = setting(5, minimum=0, reload="restart", help="Rotated audit logs kept.")
     # Ask's sampling when a request leaves it unset: chosen by bench/bench_answer_quality.py
     # (bench/RESULTS.md, "Answer quality"); docs/generation.md, "Sampling defaults", says why.
-    temperature: float = setting(
-        ASK_TEMPERATURE, "Ask's sampling temperature when a request sets none (0: greedy).",
-        minimum=0)
-    top_p: float = setting(
-        TOP_P, "Ask's top_p when a request sets none (1: off).", minimum=0)
-    min_p: float = setting(
-        MIN_P, "Ask's min_p when a request sets none (0: off).", minimum=0)
-    repeat_penalty: float = setting(
-        ASK_REPEAT_PENALTY, "Ask's repeat_penalty when a request sets none (1: off).",
-        minimum=0)
-    dry_multiplier: float = setting(
-        ASK_DRY_MULTIPLIER, "Ask's DRY repetition penalty multiplier when a request sets "
-        "none (0: off; llama-server only, left out for other runtimes).", minimum=0)
-    frequency_penalty: float = setting(
-        FREQUENCY_PENALTY, "Ask's frequency_penalty when a request sets none (0: off).",
-        minimum=0)
+    temperature: float = setting(ASK_TEMPERATURE, minimum=0, help="""
+        Ask's sampling temperature when a request sets none (0: greedy).""")
+    top_p: float = setting(TOP_P, minimum=0, help="Ask's top_p when a request sets none (1: off).")
+    min_p: float = setting(MIN_P, minimum=0, help="Ask's min_p when a request sets none (0: off).")
+    repeat_penalty: float = setting(ASK_REPEAT_PENALTY, minimum=0, help="""
+        Ask's repeat_penalty when a request sets none (1: off).""")
+    dry_multiplier: float = setting(ASK_DRY_MULTIPLIER, minimum=0, help="""
+        Ask's DRY repetition penalty multiplier when a request sets none (0: off; llama-server
+        only, left out for other runtimes).""")
+    frequency_penalty: float = setting(FREQUENCY_PENALTY, minimum=0, help="""
+        Ask's frequency_penalty when a request sets none (0: off).""")
 
 
 @dataclass(frozen=True)
 class LogSettings:
     """``[log]``."""
 
-    format: str = setting("auto", "Log format: auto (JSON unless a terminal), json, console.",
-                          choices=("auto", "json", "console"))
-    level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
-    rate_limit: int = setting(
-        20, "Identical warning and error lines (same logger, level, event and exception "
-        "type) written per rate_interval; past it they are counted, and one 'log lines "
-        "suppressed' line says how many (the first ones are always written; the calls' "
-        "own summary lines, a child's output and access denials, which have limits of "
-        "their own, are not limited here). 0: no limit.", minimum=0)
-    rate_interval: float = setting(
-        10.0, "Seconds of the log rate limit's window.", minimum=0.1)
+    format: str = setting("auto", choices=("auto", "json", "console"), help="""
+        Log format: auto (JSON unless a terminal), json, console.""")
+    level: str = setting("info", choices=("debug", "info", "warning", "error"), help="Log level.")
+    rate_limit: int = setting(20, minimum=0, help="""
+        Identical warning and error lines (same logger, level, event and exception type) written
+        per rate_interval; past it they are counted, and one 'log lines suppressed' line says
+        how many (the first ones are always written; the calls' own summary lines, a child's
+        output and access denials, which have limits of their own, are not limited here). 0: no
+        limit.""")
+    rate_interval: float = setting(10.0, minimum=0.1, help="""
+        Seconds of the log rate limit's window.""")
 
 
 @dataclass(frozen=True)
@@ -249,18 +238,16 @@ class HttpSettings:
     """``[http]``: the limits of the OpenAI-compatible HTTP listener (``http_listen``),
     fixed when it starts."""
 
-    max_body_bytes: int = setting(
-        8 * 1024 * 1024, "Largest HTTP request body, bytes; past it: 413.", minimum=1024)
-    max_header_bytes: int = setting(
-        8190, "Longest HTTP request line or header field, bytes; past it: 400 (431 for a "
-        "field).", minimum=256)
-    max_headers: int = setting(64, "Most HTTP request headers; past it: 400.", minimum=8)
-    idle_timeout: float = setting(
-        15.0, "Seconds an HTTP connection may go without a complete request head (idle "
-        "between requests, or sending its head slowly) before it is closed.", minimum=0.5)
-    body_timeout: float = setting(
-        30.0, "Seconds an HTTP client has to send its request body; past it: 408.",
-        minimum=0.5)
+    max_body_bytes: int = setting(8 * 1024 * 1024, minimum=1024, help="""
+        Largest HTTP request body, bytes; past it: 413.""")
+    max_header_bytes: int = setting(8190, minimum=256, help="""
+        Longest HTTP request line or header field, bytes; past it: 400 (431 for a field).""")
+    max_headers: int = setting(64, minimum=8, help="Most HTTP request headers; past it: 400.")
+    idle_timeout: float = setting(15.0, minimum=0.5, help="""
+        Seconds an HTTP connection may go without a complete request head (idle between
+        requests, or sending its head slowly) before it is closed.""")
+    body_timeout: float = setting(30.0, minimum=0.5, help="""
+        Seconds an HTTP client has to send its request body; past it: 408.""")
 
 
 @dataclass(frozen=True)
@@ -268,12 +255,12 @@ class AgentSettings:
     """``[agent]``: the limits of the HAProxy agent-check listener (``agent_listen``),
     fixed when it starts."""
 
-    max_connections: int = setting(
-        16, "Agent-check connections answered at once; more are closed unanswered (HAProxy "
-        "takes that as no news, not as a failure).", minimum=1)
-    timeout: float = setting(
-        2.0, "Seconds an agent-check connection has to take its one-line reply before it is "
-        "closed.", minimum=0.1)
+    max_connections: int = setting(16, minimum=1, help="""
+        Agent-check connections answered at once; more are closed unanswered (HAProxy takes that
+        as no news, not as a failure).""")
+    timeout: float = setting(2.0, minimum=0.1, help="""
+        Seconds an agent-check connection has to take its one-line reply before it is
+        closed.""")
 
 
 @dataclass(frozen=True)
@@ -281,32 +268,31 @@ class PoolSettings:
     """``[models]``: the model pool's residency policy (the ``[models.NAME]`` tables under
     it are the catalog's models: :mod:`daemon.config._catalog_load`)."""
 
-    max_resident: int = setting(
-        0, "Most models resident at once, the roles' default models included; a model "
-        "that would exceed it unloads the least recently used idle model that is not "
-        "pinned first (a role's default is pinned unless its table says pin = false; 0: no "
-        "limit).", minimum=0)
-    memory_budget_mb: int = setting(
-        0, "Memory the resident models may hold together, MiB, each estimated from its "
-        "GGUF metadata (weights, KV cache for ctx_size x slots, runtime overhead); a model "
-        "that would exceed it unloads others as for max_resident (0: only what the system "
-        "has available when a model loads).", minimum=0)
-    device_budgets_mb: str = setting(
-        "", "Memory budgets of the devices models are placed on ([models.NAME] device, "
-        "e.g. a GPU the model is offloaded to with -ngl), as NAME=MiB pairs separated by "
-        "commas (cuda0=7500,cuda1=7500): a model on a device counts against that device's "
-        "budget instead of memory_budget_mb (a device not named here has no budget).")
-    ttl_check_interval: float = setting(
-        5.0, "Seconds between looks for models idle longer than their ttl.", minimum=0.1)
-    on_demand: bool = setting(
-        True, "A call naming a model that is not resident loads it (and may evict others); "
-        "false: only LoadModel (admin) or preload loads a model, and such a call is "
-        "refused (FAILED_PRECONDITION) unless it is a role's default.")
-    turn: float = setting(
-        10.0, "Seconds a busy model that must make room for another keeps taking new calls "
-        "while it has work, before it stops taking them, serves its queue and unloads "
-        "(fewer switches, each serving a larger batch; the waiting model's calls wait up "
-        "to this much longer; 0: it stops taking them at once).", minimum=0)
+    max_resident: int = setting(0, minimum=0, help="""
+        Most models resident at once, the roles' default models included; a model that would
+        exceed it unloads the least recently used idle model that is not pinned first (a role's
+        default is pinned unless its table says pin = false; 0: no limit).""")
+    memory_budget_mb: int = setting(0, minimum=0, help="""
+        Memory the resident models may hold together, MiB, each estimated from its GGUF metadata
+        (weights, KV cache for ctx_size x slots, runtime overhead); a model that would exceed it
+        unloads others as for max_resident (0: only what the system has available when a model
+        loads).""")
+    device_budgets_mb: str = setting("", help="""
+        Memory budgets of the devices models are placed on ([models.NAME] device, e.g. a GPU the
+        model is offloaded to with -ngl), as NAME=MiB pairs separated by commas
+        (cuda0=7500,cuda1=7500): a model on a device counts against that device's budget instead
+        of memory_budget_mb (a device not named here has no budget).""")
+    ttl_check_interval: float = setting(5.0, minimum=0.1, help="""
+        Seconds between looks for models idle longer than their ttl.""")
+    on_demand: bool = setting(True, help="""
+        A call naming a model that is not resident loads it (and may evict others); false: only
+        LoadModel (admin) or preload loads a model, and such a call is refused
+        (FAILED_PRECONDITION) unless it is a role's default.""")
+    turn: float = setting(10.0, minimum=0, help="""
+        Seconds a busy model that must make room for another keeps taking new calls while it has
+        work, before it stops taking them, serves its queue and unloads (fewer switches, each
+        serving a larger batch; the waiting model's calls wait up to this much longer; 0: it
+        stops taking them at once).""")
 
 
 @dataclass(frozen=True)
@@ -316,85 +302,75 @@ class Limits:
 
     RELOAD: ClassVar[Reload] = "apply"
 
-    max_prompt_chars: int = setting(
-        262144, "Longest prompt or chat text, characters.", minimum=1)
-    max_messages: int = setting(256, "Most chat messages per call.", minimum=1)
-    max_tools: int = setting(
-        128, "Most tools a chat call may offer, and tool calls one message may hold.",
-        minimum=1)
-    default_max_tokens: int = setting(256, "max_tokens when a call sets none.", minimum=1)
-    max_tokens: int = setting(8192, "Largest max_tokens a call may ask.", minimum=1)
-    max_stop: int = setting(8, "Most stop strings per call.", minimum=0)
-    max_grammar_chars: int = setting(
-        65536, "Longest GBNF grammar or JSON schema a call may constrain its output with, "
-        "characters.", minimum=1)
-    max_grammar_rules: int = setting(
-        1024, "Most rules a GBNF grammar (or a JSON schema's pattern) may expand to, as "
-        "llama.cpp builds them (groups and repetitions count as rules).", minimum=1)
-    max_grammar_depth: int = setting(
-        32, "Deepest nesting of groups in a GBNF grammar.", minimum=1)
-    max_grammar_repetition: int = setting(
-        1000, "Largest count in a grammar's {m,n} and a JSON schema's minLength, minItems "
-        "or minProperties.", minimum=1)
-    max_grammar_walks: int = setting(
-        20000, "Most walks through its parse stacks a GBNF grammar (or a JSON schema's "
-        "pattern) may cost the child for one 12-character token: an upper bound computed "
-        "before the call. Grammars that can match the same text in several ways multiply "
-        "it: a JSON grammar costs ~200, ([a-z]+ [a-z]+)+ 4095 (0.2 s per token on a 128k "
-        "vocabulary), x+ over y+ over [a-z]+ 265720 (10 s per token).", minimum=1)
-    max_schema_depth: int = setting(
-        64, "Deepest nesting (objects and arrays) of a JSON schema a call constrains its "
-        "output or a tool's parameters with.", minimum=1)
-    max_logit_bias: int = setting(1024, "Most logit_bias entries per call.", minimum=0)
-    max_top_logprobs: int = setting(
-        20, "Most alternatives per token a call may ask logprobs for (OpenAI's limit is "
-        "20).", minimum=0)
-    max_embed_batch: int = setting(256, "Most texts per Embed call.", minimum=1)
-    max_embed_chars: int = setting(32768, "Longest text to embed, characters.", minimum=1)
-    queue_size: int = setting(
-        32, "Interactive calls that may wait for a busy child's slot; past it: RESOURCE_EXHAUSTED.",
-        minimum=0)
-    lanes: bool = setting(
-        True, "Lanes per model: interactive calls first, then batch (a client's "
-        "x-llamad-lane: batch), then background (the retriever's embeddings); false: one "
-        "FIFO for all.")
-    batch_queue_size: int = setting(
-        64, "Batch calls that may wait for a child's slot; past it: RESOURCE_EXHAUSTED.",
-        minimum=0)
-    background_queue_size: int = setting(
-        256, "Background calls (ingest, backfill, Reprocess embeddings) that may wait for "
-        "a child's slot; past it: RESOURCE_EXHAUSTED.", minimum=0)
-    lane_promote_after: int = setting(
-        4, "Interactive calls admitted while a batch or background call waits before it "
-        "goes first.", minimum=1)
-    lane_promote_seconds: float = setting(
-        2.0, "Seconds a batch or background call waits before it goes first.",
-        minimum=0.001)
-    interactive_reserved_slot: bool = setting(
-        True, "Keep one slot of a child with two or more for interactive calls (batch and "
-        "background are also never sent ahead into the child's own queue).")
-    max_message_bytes: int = setting(
-        16 * 1024 * 1024, "Largest gRPC message received or sent, bytes.", minimum=1024,
-        reload="restart")
+    max_prompt_chars: int = setting(262144, minimum=1, help="""
+        Longest prompt or chat text, characters.""")
+    max_messages: int = setting(256, minimum=1, help="Most chat messages per call.")
+    max_tools: int = setting(128, minimum=1, help="""
+        Most tools a chat call may offer, and tool calls one message may hold.""")
+    default_max_tokens: int = setting(256, minimum=1, help="max_tokens when a call sets none.")
+    max_tokens: int = setting(8192, minimum=1, help="Largest max_tokens a call may ask.")
+    max_stop: int = setting(8, minimum=0, help="Most stop strings per call.")
+    max_grammar_chars: int = setting(65536, minimum=1, help="""
+        Longest GBNF grammar or JSON schema a call may constrain its output with,
+        characters.""")
+    max_grammar_rules: int = setting(1024, minimum=1, help="""
+        Most rules a GBNF grammar (or a JSON schema's pattern) may expand to, as llama.cpp
+        builds them (groups and repetitions count as rules).""")
+    max_grammar_depth: int = setting(32, minimum=1, help="""
+        Deepest nesting of groups in a GBNF grammar.""")
+    max_grammar_repetition: int = setting(1000, minimum=1, help="""
+        Largest count in a grammar's {m,n} and a JSON schema's minLength, minItems or
+        minProperties.""")
+    max_grammar_walks: int = setting(20000, minimum=1, help="""
+        Most walks through its parse stacks a GBNF grammar (or a JSON schema's pattern) may cost
+        the child for one 12-character token: an upper bound computed before the call. Grammars
+        that can match the same text in several ways multiply it: a JSON grammar costs ~200,
+        ([a-z]+ [a-z]+)+ 4095 (0.2 s per token on a 128k vocabulary), x+ over y+ over [a-z]+
+        265720 (10 s per token).""")
+    max_schema_depth: int = setting(64, minimum=1, help="""
+        Deepest nesting (objects and arrays) of a JSON schema a call constrains its output or a
+        tool's parameters with.""")
+    max_logit_bias: int = setting(1024, minimum=0, help="Most logit_bias entries per call.")
+    max_top_logprobs: int = setting(20, minimum=0, help="""
+        Most alternatives per token a call may ask logprobs for (OpenAI's limit is 20).""")
+    max_embed_batch: int = setting(256, minimum=1, help="Most texts per Embed call.")
+    max_embed_chars: int = setting(32768, minimum=1, help="Longest text to embed, characters.")
+    queue_size: int = setting(32, minimum=0, help="""
+        Interactive calls that may wait for a busy child's slot; past it:
+        RESOURCE_EXHAUSTED.""")
+    lanes: bool = setting(True, help="""
+        Lanes per model: interactive calls first, then batch (a client's x-llamad-lane: batch),
+        then background (the retriever's embeddings); false: one FIFO for all.""")
+    batch_queue_size: int = setting(64, minimum=0, help="""
+        Batch calls that may wait for a child's slot; past it: RESOURCE_EXHAUSTED.""")
+    background_queue_size: int = setting(256, minimum=0, help="""
+        Background calls (ingest, backfill, Reprocess embeddings) that may wait for a child's
+        slot; past it: RESOURCE_EXHAUSTED.""")
+    lane_promote_after: int = setting(4, minimum=1, help="""
+        Interactive calls admitted while a batch or background call waits before it goes
+        first.""")
+    lane_promote_seconds: float = setting(2.0, minimum=0.001, help="""
+        Seconds a batch or background call waits before it goes first.""")
+    interactive_reserved_slot: bool = setting(True, help="""
+        Keep one slot of a child with two or more for interactive calls (batch and background
+        are also never sent ahead into the child's own queue).""")
+    max_message_bytes: int = setting(16 * 1024 * 1024, minimum=1024, reload="restart", help="""
+        Largest gRPC message received or sent, bytes.""")
     # Chat's sampling when a request leaves it unset (Generate stays greedy): chosen by
     # bench/bench_answer_quality.py (bench/RESULTS.md, "Answer quality").
-    chat_temperature: float = setting(
-        CHAT_TEMPERATURE, "Chat's sampling temperature when a request sets none (0: "
-        "greedy).",
-        minimum=0)
-    chat_top_p: float = setting(
-        TOP_P, "Chat's top_p when a request sets none (1: off).", minimum=0)
-    chat_min_p: float = setting(
-        MIN_P, "Chat's min_p when a request sets none (0: off).", minimum=0)
-    chat_repeat_penalty: float = setting(
-        CHAT_REPEAT_PENALTY, "Chat's repeat_penalty when a request sets none (1: off).",
-        minimum=0)
-    chat_dry_multiplier: float = setting(
-        CHAT_DRY_MULTIPLIER, "Chat's DRY repetition penalty multiplier when a request sets "
-        "none (0: off; llama-server only, left out for other runtimes).", minimum=0)
-    chat_frequency_penalty: float = setting(
-        FREQUENCY_PENALTY, "Chat's frequency_penalty when a request sets none (0: off).",
-        minimum=0)
+    chat_temperature: float = setting(CHAT_TEMPERATURE, minimum=0, help="""
+        Chat's sampling temperature when a request sets none (0: greedy).""")
+    chat_top_p: float = setting(TOP_P, minimum=0, help="""
+        Chat's top_p when a request sets none (1: off).""")
+    chat_min_p: float = setting(MIN_P, minimum=0, help="""
+        Chat's min_p when a request sets none (0: off).""")
+    chat_repeat_penalty: float = setting(CHAT_REPEAT_PENALTY, minimum=0, help="""
+        Chat's repeat_penalty when a request sets none (1: off).""")
+    chat_dry_multiplier: float = setting(CHAT_DRY_MULTIPLIER, minimum=0, help="""
+        Chat's DRY repetition penalty multiplier when a request sets none (0: off; llama-server
+        only, left out for other runtimes).""")
+    chat_frequency_penalty: float = setting(FREQUENCY_PENALTY, minimum=0, help="""
+        Chat's frequency_penalty when a request sets none (0: off).""")
 
 
 @dataclass(frozen=True)
@@ -402,35 +378,32 @@ class Settings:
     """Every option as read (flag > environment > file > default): the top-level ones and
     a field per section, in ``--help`` order."""
 
-    listen: str = setting(
-        "127.0.0.1:50051", "gRPC address: host:port (loopback by default; port 0 picks a "
-        "free one) or unix:/path/to.sock.")
-    metrics_listen: str = setting(
-        "", "Serve Prometheus metrics over HTTP on this loopback host:port (off when "
-        "empty).")
-    http_listen: str = setting(
-        "", "Serve the OpenAI-compatible HTTP API on this host:port (off when empty; "
-        "beyond loopback only with TLS and client authentication, as for listen).")
-    agent_listen: str = setting(
-        "", "Answer HAProxy agent checks on this host:port (off when empty): one line, 'up "
-        "ready' with a weight from the free slots, 'drain' or 'down#reason'. Any address may "
-        "be given: the port reads nothing and tells only that state and weight.")
-    state_dir: str = setting(
-        "", "Directory for the retrieval indexes (default: $STATE_DIRECTORY, else ./var).")
-    llama_bin: str = setting(
-        "", "llama-server binary (default: beside the daemon's Python, then inside the "
-        "installed llama-cpp-python package, then PATH).",
-        reload="new_child")
-    models_dir: str = setting(
-        "", "Directory of the prepared models (its manifest.json, written by `python -m "
-        "models prepare`): an embedded role whose model is not set runs the manifest's "
-        "default model for it (default: models/gguf in a source checkout once prepared, "
-        f"else {INSTALLED_MODELS_DIR}). Every other GGUF file directly in it is a model of "
-        "the catalog too, named after its file stem, its role from its metadata.",
-        reload="new_child")
-    models_preset: str = setting(
-        "", "llama-server's router preset INI (its --models-preset format): each section "
-        "is a model of the catalog, beside the [models.NAME] tables.")
+    listen: str = setting("127.0.0.1:50051", help="""
+        gRPC address: host:port (loopback by default; port 0 picks a free one) or
+        unix:/path/to.sock.""")
+    metrics_listen: str = setting("", help="""
+        Serve Prometheus metrics over HTTP on this loopback host:port (off when empty).""")
+    http_listen: str = setting("", help="""
+        Serve the OpenAI-compatible HTTP API on this host:port (off when empty; beyond loopback
+        only with TLS and client authentication, as for listen).""")
+    agent_listen: str = setting("", help="""
+        Answer HAProxy agent checks on this host:port (off when empty): one line, 'up ready'
+        with a weight from the free slots, 'drain' or 'down#reason'. Any address may be given:
+        the port reads nothing and tells only that state and weight.""")
+    state_dir: str = setting("", help="""
+        Directory for the retrieval indexes (default: $STATE_DIRECTORY, else ./var).""")
+    llama_bin: str = setting("", reload="new_child", help="""
+        llama-server binary (default: beside the daemon's Python, then inside the installed
+        llama-cpp-python package, then PATH).""")
+    models_dir: str = setting("", reload="new_child", help=f"""
+        Directory of the prepared models (its manifest.json, written by `python -m models
+        prepare`): an embedded role whose model is not set runs the manifest's default model
+        for it (default: models/gguf in a source checkout once prepared, else
+        {INSTALLED_MODELS_DIR}). Every other GGUF file directly in it is a model of the
+        catalog too, named after its file stem, its role from its metadata.""")
+    models_preset: str = setting("", help="""
+        llama-server's router preset INI (its --models-preset format): each section is a model
+        of the catalog, beside the [models.NAME] tables.""")
     tls: TlsSettings = field(default_factory=TlsSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
     endpoint_keys: EndpointKeySettings = field(default_factory=EndpointKeySettings)
@@ -445,13 +418,12 @@ class Settings:
     recycle: RecycleSettings = field(default_factory=RecycleSettings)
     retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
     answer: AnswerConfig = field(default_factory=AnswerConfig)
-    drain_grace: float = setting(
-        30.0, "On SIGTERM, seconds in-flight calls get to finish before they are cancelled.",
-        minimum=0)
-    drain_notice: float = setting(
-        0.0, "On SIGTERM, seconds between reporting the drain (health NOT_SERVING, agent "
-        "'drain') and refusing new calls, for load balancers to notice; calls arriving "
-        "meanwhile are served.", minimum=0)
+    drain_grace: float = setting(30.0, minimum=0, help="""
+        On SIGTERM, seconds in-flight calls get to finish before they are cancelled.""")
+    drain_notice: float = setting(0.0, minimum=0, help="""
+        On SIGTERM, seconds between reporting the drain (health NOT_SERVING, agent 'drain') and
+        refusing new calls, for load balancers to notice; calls arriving meanwhile are
+        served.""")
     log: LogSettings = field(default_factory=LogSettings)
     limits: Limits = field(default_factory=Limits)
     http: HttpSettings = field(default_factory=HttpSettings)

@@ -51,6 +51,21 @@ def test_a_section_field_that_is_no_option_is_refused() -> None:
         list(options_of(Section()))
 
 
+def test_a_help_paragraph_reads_as_one_line() -> None:
+    """A help declared as a triple-quoted paragraph has its white space folded, as every
+    declared option's help has (``--help`` and the example configuration reflow it)."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Section:
+        size: int = setting(1, minimum=0, help="""
+            A size, declared over
+            two lines.""")
+
+    assert [o.help for o in options_of(Section())] == ["A size, declared over two lines."]
+    for opt in OPTIONS:
+        assert opt.help == " ".join(opt.help.split()), opt.key
+
+
 def test_a_section_takes_its_reload_kind_unless_the_option_says_otherwise() -> None:
     """A role's options go through a new child but for its queue ahead, which applies."""
     kinds = {o.key: o.reload for o in OPTIONS if o.key.startswith("generation.")}
