@@ -27,6 +27,7 @@ from ._options import (
     setting,
 )
 from ._retrieval import RetrievalSettings
+from ._sampling import sampling
 from ._supervision import ChildSettings, RecycleSettings, RestartSettings, SwapSettings
 from .inference_mode import InferenceMode
 
@@ -157,19 +158,6 @@ class EndpointKeySettings:
         any of llamad's own option variables.""")
 
 
-# Chat's and Ask's sampling defaults (limits.chat_*, answer.*), measured by
-# bench/bench_answer_quality.py on the default-model candidates (bench/RESULTS.md).
-CHAT_TEMPERATURE = 0.7
-ASK_TEMPERATURE = 0.3
-TOP_P = 0.9
-MIN_P = 0.05
-CHAT_REPEAT_PENALTY = 1.0
-CHAT_DRY_MULTIPLIER = 0.8
-ASK_REPEAT_PENALTY = 1.0
-ASK_DRY_MULTIPLIER = 0.8
-FREQUENCY_PENALTY = 0.5
-
-
 @dataclass(frozen=True)
 class AnswerConfig:
     """``[answer]``: the Ask settings apply to the Asks that start after a reload; the
@@ -201,19 +189,13 @@ class AnswerConfig:
     audit_max_mb: int = setting(10, minimum=1, reload="restart", help="""
         Audit log size before rotation, MiB.""")
     audit_backups: int = setting(5, minimum=0, reload="restart", help="Rotated audit logs kept.")
-    # Ask's sampling when a request leaves it unset: chosen by bench/bench_answer_quality.py
-    # (bench/RESULTS.md, "Answer quality"); docs/generation.md, "Sampling defaults", says why.
-    temperature: float = setting(ASK_TEMPERATURE, minimum=0, help="""
-        Ask's sampling temperature when a request sets none (0: greedy).""")
-    top_p: float = setting(TOP_P, minimum=0, help="Ask's top_p when a request sets none (1: off).")
-    min_p: float = setting(MIN_P, minimum=0, help="Ask's min_p when a request sets none (0: off).")
-    repeat_penalty: float = setting(ASK_REPEAT_PENALTY, minimum=0, help="""
-        Ask's repeat_penalty when a request sets none (1: off).""")
-    dry_multiplier: float = setting(ASK_DRY_MULTIPLIER, minimum=0, help="""
-        Ask's DRY repetition penalty multiplier when a request sets none (0: off; llama-server
-        only, left out for other runtimes).""")
-    frequency_penalty: float = setting(FREQUENCY_PENALTY, minimum=0, help="""
-        Ask's frequency_penalty when a request sets none (0: off).""")
+    # Ask's sampling when a request leaves it unset (see daemon.config._sampling).
+    temperature: float = sampling("Ask", "temperature")
+    top_p: float = sampling("Ask", "top_p")
+    min_p: float = sampling("Ask", "min_p")
+    repeat_penalty: float = sampling("Ask", "repeat_penalty")
+    dry_multiplier: float = sampling("Ask", "dry_multiplier")
+    frequency_penalty: float = sampling("Ask", "frequency_penalty")
 
 
 @dataclass(frozen=True)
@@ -356,21 +338,14 @@ class Limits:
         are also never sent ahead into the child's own queue).""")
     max_message_bytes: int = setting(16 * 1024 * 1024, minimum=1024, reload="restart", help="""
         Largest gRPC message received or sent, bytes.""")
-    # Chat's sampling when a request leaves it unset (Generate stays greedy): chosen by
-    # bench/bench_answer_quality.py (bench/RESULTS.md, "Answer quality").
-    chat_temperature: float = setting(CHAT_TEMPERATURE, minimum=0, help="""
-        Chat's sampling temperature when a request sets none (0: greedy).""")
-    chat_top_p: float = setting(TOP_P, minimum=0, help="""
-        Chat's top_p when a request sets none (1: off).""")
-    chat_min_p: float = setting(MIN_P, minimum=0, help="""
-        Chat's min_p when a request sets none (0: off).""")
-    chat_repeat_penalty: float = setting(CHAT_REPEAT_PENALTY, minimum=0, help="""
-        Chat's repeat_penalty when a request sets none (1: off).""")
-    chat_dry_multiplier: float = setting(CHAT_DRY_MULTIPLIER, minimum=0, help="""
-        Chat's DRY repetition penalty multiplier when a request sets none (0: off; llama-server
-        only, left out for other runtimes).""")
-    chat_frequency_penalty: float = setting(FREQUENCY_PENALTY, minimum=0, help="""
-        Chat's frequency_penalty when a request sets none (0: off).""")
+    # Chat's sampling when a request leaves it unset (Generate stays greedy; see
+    # daemon.config._sampling).
+    chat_temperature: float = sampling("Chat", "temperature")
+    chat_top_p: float = sampling("Chat", "top_p")
+    chat_min_p: float = sampling("Chat", "min_p")
+    chat_repeat_penalty: float = sampling("Chat", "repeat_penalty")
+    chat_dry_multiplier: float = sampling("Chat", "dry_multiplier")
+    chat_frequency_penalty: float = sampling("Chat", "frequency_penalty")
 
 
 @dataclass(frozen=True)

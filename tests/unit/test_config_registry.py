@@ -20,6 +20,7 @@ from daemon.config import (
     RoleSettings,
     Settings,
     example_config,
+    option,
     value_of,
 )
 from daemon.config._options import options_of, setting
@@ -64,6 +65,18 @@ def test_a_help_paragraph_reads_as_one_line() -> None:
     assert [o.help for o in options_of(Section())] == ["A size, declared over two lines."]
     for opt in OPTIONS:
         assert opt.help == " ".join(opt.help.split()), opt.key
+
+
+@pytest.mark.parametrize("name", ["temperature", "top_p", "min_p", "repeat_penalty",
+                                  "dry_multiplier", "frequency_penalty"])
+def test_chat_and_ask_sampling_options_differ_only_in_their_call(name: str) -> None:
+    """Chat's (limits.chat_*) and Ask's (answer.*) sampling options come from one table:
+    the same type, minimum, reload and help but for the call's name."""
+    chat, ask = option(f"limits.chat_{name}"), option(f"answer.{name}")
+    assert (chat.kind, chat.minimum, chat.reload) == (ask.kind, ask.minimum, ask.reload) \
+        == (float, 0, "apply")
+    assert chat.help.startswith("Chat's ") and ask.help.startswith("Ask's ")
+    assert chat.help.removeprefix("Chat's ") == ask.help.removeprefix("Ask's ")
 
 
 def test_a_section_takes_its_reload_kind_unless_the_option_says_otherwise() -> None:
