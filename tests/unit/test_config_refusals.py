@@ -17,54 +17,48 @@ from tests.support.config_load import load, parse, write_toml
 # --- bad values ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("argv", "env", "toml", "key", "source", "why"),
-    [
-        ([], {"LLAMAD_GENERATION_THREADS": "four"}, None,
-         "generation.threads", "env LLAMAD_GENERATION_THREADS", "four"),
-        (["--generation-threads", "2.5"], {}, None,
-         "generation.threads", "flag --generation-threads", "2.5"),
-        ([], {}, "[generation]\nthreads = 2.5\n",
-         "generation.threads", "file", "not an integer"),
-        ([], {}, "[generation]\nthreads = true\n",
-         "generation.threads", "file", "not an integer"),
-        ([], {"LLAMAD_EMBEDDING_ENABLED": "maybe"}, None,
-         "embedding.enabled", "env LLAMAD_EMBEDDING_ENABLED", "not a boolean"),
-        ([], {}, '[embedding]\nenabled = "maybe"\n',
-         "embedding.enabled", "file", "not a boolean"),
-        ([], {"LLAMAD_RESTART_BACKOFF_BASE": "nan"}, None,
-         "restart.backoff_base", "env LLAMAD_RESTART_BACKOFF_BASE", "not a finite number"),
-        ([], {"LLAMAD_CHILD_STOP_GRACE": "inf"}, None,
-         "child.stop_grace", "env LLAMAD_CHILD_STOP_GRACE", "not a finite number"),
-        (["--drain-grace=-inf"], {}, None,
-         "drain_grace", "flag --drain-grace", "not a finite number"),
-        ([], {}, "[restart]\nbackoff_cap = nan\n",
-         "restart.backoff_cap", "file", "not a finite number"),
-        ([], {}, "[generation]\nthreads = inf\n",
-         "generation.threads", "file", "not an integer"),
-        ([], {"LLAMAD_GENERATION_PARALLEL": "0"}, None,
-         "generation.parallel", "env LLAMAD_GENERATION_PARALLEL", "below the minimum 1"),
-        (["--limits-max-message-bytes", "1000"], {}, None,
-         "limits.max_message_bytes", "flag --limits-max-message-bytes",
-         "below the minimum 1024"),
-        ([], {}, "[child]\nprobe_interval = 0.01\n",
-         "child.probe_interval", "file", "below the minimum 0.05"),
-        ([], {"LLAMAD_LOG_FORMAT": "xml"}, None,
-         "log.format", "env LLAMAD_LOG_FORMAT", "not one of auto, json, console"),
-        ([], {}, '[generation]\nruntime = "vllm"\n',
-         "generation.runtime", "file", "not one of auto, llama-server, bundled"),
-        ([], {}, "listen = 50051\n", "listen", "file", "not a string"),
-    ],
-)
-def test_bad_value_names_option_and_source(
-    tmp_path: Path,
-    argv: list[str],
-    env: dict[str, str],
-    toml: str | None,
-    key: str,
-    source: str,
-    why: str,
-) -> None:
+Case = tuple[list[str], dict[str, str], str | None, str, str, str]
+"""A bad value: the flags, the environment and the file text giving it, the option it is
+for, where the refusal says it came from ("file": the file's path follows) and what it
+says is wrong."""
+
+
+def from_env(name: str, value: str, key: str, why: str) -> Case:
+    return [], {name: value}, None, key, f"env {name}", why
+
+
+def from_flag(argv: list[str], key: str, why: str) -> Case:
+    return argv, {}, None, key, f"flag {argv[0].partition('=')[0]}", why
+
+
+def from_file(toml: str, key: str, why: str) -> Case:
+    return [], {}, toml, key, "file", why
+
+
+@pytest.mark.parametrize(("argv", "env", "toml", "key", "source", "why"), [
+    from_env("LLAMAD_GENERATION_THREADS", "four", "generation.threads", "four"),
+    from_flag(["--generation-threads", "2.5"], "generation.threads", "2.5"),
+    from_file("[generation]\nthreads = 2.5\n", "generation.threads", "not an integer"),
+    from_file("[generation]\nthreads = true\n", "generation.threads", "not an integer"),
+    from_env("LLAMAD_EMBEDDING_ENABLED", "maybe", "embedding.enabled", "not a boolean"),
+    from_file('[embedding]\nenabled = "maybe"\n', "embedding.enabled", "not a boolean"),
+    from_env("LLAMAD_RESTART_BACKOFF_BASE", "nan", "restart.backoff_base", "not a finite number"),
+    from_env("LLAMAD_CHILD_STOP_GRACE", "inf", "child.stop_grace", "not a finite number"),
+    from_flag(["--drain-grace=-inf"], "drain_grace", "not a finite number"),
+    from_file("[restart]\nbackoff_cap = nan\n", "restart.backoff_cap", "not a finite number"),
+    from_file("[generation]\nthreads = inf\n", "generation.threads", "not an integer"),
+    from_env("LLAMAD_GENERATION_PARALLEL", "0", "generation.parallel", "below the minimum 1"),
+    from_flag(["--limits-max-message-bytes", "1000"], "limits.max_message_bytes",
+              "below the minimum 1024"),
+    from_file("[child]\nprobe_interval = 0.01\n", "child.probe_interval", "below the minimum 0.05"),
+    from_env("LLAMAD_LOG_FORMAT", "xml", "log.format", "not one of auto, json, console"),
+    from_file('[generation]\nruntime = "vllm"\n', "generation.runtime",
+              "not one of auto, llama-server, bundled"),
+    from_file("listen = 50051\n", "listen", "not a string"),
+])
+def test_bad_value_names_option_and_source(tmp_path: Path, argv: list[str],
+                                           env: dict[str, str], toml: str | None, key: str,
+                                           source: str, why: str) -> None:
     """A bad value is a ConfigError naming the option, its source and what is wrong."""
     file = write_toml(tmp_path, toml) if toml is not None else None
     if source == "file":
