@@ -229,12 +229,14 @@ class AsyncClient(AsyncBase):
                          category: str = "", tags: Sequence[str] = (),
                          review_required: bool = False, history: bool = False,
                          max_age_days: int = 0, max_items: int = 0,
+                         exclude: Sequence[str] = (),
                          timeout: Timeout = DEFAULT) -> Source:
         """Add (or update) a directory, push or history source (see
         :meth:`Client.add_source`)."""
         request = rq.add_source(source_id, path, category=category, tags=tags,
                                 review_required=review_required, history=history,
-                                max_age_days=max_age_days, max_items=max_items)
+                                max_age_days=max_age_days, max_items=max_items,
+                                exclude=exclude)
         return cv.source(await self._unary(self._retrieval.AddSource, request, timeout))
 
     async def remove_source(self, source_id: str, *, timeout: Timeout = DEFAULT) -> int:

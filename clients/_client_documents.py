@@ -155,6 +155,7 @@ class DocumentCalls(SyncBase):
                    category: str = "", tags: Sequence[str] = (),
                    review_required: bool = False, history: bool = False,
                    max_age_days: int = 0, max_items: int = 0,
+                   exclude: Sequence[str] = (),
                    timeout: Timeout = DEFAULT) -> Source:
         """Add (or update) a source: a directory to scan, or without ``path`` a source of
         pushed documents (with ``history``: of time-ordered records, such as shell
@@ -168,6 +169,10 @@ class DocumentCalls(SyncBase):
             history, max_age_days, max_items: a history source (no ``path``): its
                 records are deleted in the background once older than ``max_age_days``
                 or beyond the newest ``max_items`` (0: unlimited).
+            exclude: a directory source's gitignore-style patterns (``private/``,
+                ``*.bak``, ``/drafts``, ``!keep.pem``) of files and directories its scans
+                leave out, after the daemon's built-in key and credential defaults;
+                adding the source again replaces them.
 
         Example:
             >>> from clients import Client
@@ -177,7 +182,8 @@ class DocumentCalls(SyncBase):
         """
         request = rq.add_source(source_id, path, category=category, tags=tags,
                                 review_required=review_required, history=history,
-                                max_age_days=max_age_days, max_items=max_items)
+                                max_age_days=max_age_days, max_items=max_items,
+                                exclude=exclude)
         return cv.source(self._unary(self._retrieval.AddSource, request, timeout))
 
     def remove_source(self, source_id: str, *, timeout: Timeout = DEFAULT) -> int:

@@ -288,7 +288,8 @@ def source(msg: retrieval_pb2.Source) -> Source:
                   tags=tuple(msg.tags), last_scan=_time(msg, "last_scan"),
                   last_error=msg.last_error, documents=msg.documents, disabled=msg.disabled,
                   review_required=msg.review_required, max_age_days=msg.max_age_days,
-                  max_items=msg.max_items, pruned=msg.pruned)
+                  max_items=msg.max_items, pruned=msg.pruned, exclude=tuple(msg.exclude),
+                  excluded=msg.excluded)
 
 
 def reindex_progress(msg: retrieval_pb2.ReindexProgress) -> ReindexProgress:
@@ -299,7 +300,7 @@ def reindex_progress(msg: retrieval_pb2.ReindexProgress) -> ReindexProgress:
         skipped=tuple(FileIssue(f.path, f.reason) for f in msg.skipped), done=msg.done,
         failed_total=max(msg.failed_total, len(msg.failed)),
         skipped_total=max(msg.skipped_total, len(msg.skipped)),
-        limit_reached=msg.limit_reached)
+        limit_reached=msg.limit_reached, excluded=msg.excluded)
 
 
 def _opt(msg: Any, name: str) -> Any:

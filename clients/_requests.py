@@ -154,11 +154,13 @@ def upsert_document(source_id: str, text: str = "", *, document_id: str = "", ti
 
 def add_source(source_id: str, path: str | os.PathLike[str], *, category: str,
                tags: Sequence[str], review_required: bool = False, history: bool = False,
-               max_age_days: int = 0, max_items: int = 0) -> retrieval_pb2.AddSourceRequest:
+               max_age_days: int = 0, max_items: int = 0,
+               exclude: Sequence[str] = ()) -> retrieval_pb2.AddSourceRequest:
     return retrieval_pb2.AddSourceRequest(id=source_id, path=os.fspath(path),
                                           category=category, tags=list(tags),
                                           review_required=review_required, history=history,
-                                          max_age_days=max_age_days, max_items=max_items)
+                                          max_age_days=max_age_days, max_items=max_items,
+                                          exclude=list(exclude))
 
 
 class AskOptions(TypedDict, total=False):

@@ -38,6 +38,8 @@ from .errors import (
     validate_source_id,
 )
 from .extraction._confine import SourceRoot, protected_hardlinks
+from .extraction._exclude import DEFAULT_EXCLUDES, ExcludeError
+from .extraction._exclude import check_patterns as check_exclude_patterns
 from .extraction._extract import Extracted, ExtractLimits, extract_bytes, extract_file
 from .extraction._kinds import KINDS, kind_for
 from .postgres._connect import PgOptions, check_dsn
@@ -48,6 +50,7 @@ from .store._group import Vector
 from .store._rows import DocumentRow, SourceRow
 
 __all__ = [
+    "DEFAULT_EXCLUDES",
     "KINDS",
     "MODES",
     "PLACEHOLDER_PREFIX",
@@ -57,6 +60,7 @@ __all__ = [
     "Embedder",
     "EmbedderLookup",
     "EmbeddingModelMismatch",
+    "ExcludeError",
     "ExtractLimits",
     "Extracted",
     "ExtractionError",
@@ -92,6 +96,7 @@ __all__ = [
     "VectorUnavailable",
     "WrongState",
     "check_dsn",
+    "check_exclude_patterns",
     "check_root",
     "current_only",
     "extract_bytes",

@@ -144,13 +144,17 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
                           "apply to history sources only (set history)")
         if request.path and not Path(request.path).is_dir():
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{request.path} is not a directory")
+        if request.exclude and not request.path:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "exclude patterns apply to "
+                          "directory sources only (give a path)")
         kind = "history" if request.history else "directory" if request.path else "push"
         source = retrieval_pb2.Source(id=request.id, kind=kind,
                                       path=request.path, category=request.category,
                                       tags=request.tags,
                                       review_required=request.review_required,
                                       max_age_days=request.max_age_days,
-                                      max_items=request.max_items)
+                                      max_items=request.max_items,
+                                      exclude=request.exclude)
         self.fake.sources[request.id] = source
         return source
 

@@ -61,6 +61,10 @@ class Source:
     max_age_days: int = 0
     max_items: int = 0
     pruned: int = 0
+    exclude: tuple[str, ...] = ()
+    """A directory source's exclude patterns (gitignore-style)."""
+    excluded: int = 0
+    """Files and directories its last complete scan left out by them and the defaults."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +83,8 @@ class ReindexProgress:
     stays small); ``failed_total`` and ``skipped_total`` count them all. ``limit_reached``
     is non-empty when new files were not added because the source is at
     ``retrieval.max_files_per_source`` (or ``retrieval.max_source_mb``): it says which and
-    how many; documents indexed before are all kept.
+    how many; documents indexed before are all kept. ``excluded`` counts the files and
+    directories the exclude patterns and the built-in defaults left out, unopened.
     """
 
     source_id: str
@@ -94,6 +99,7 @@ class ReindexProgress:
     failed_total: int = 0
     skipped_total: int = 0
     limit_reached: str = ""
+    excluded: int = 0
 
 
 @dataclass(frozen=True, slots=True)

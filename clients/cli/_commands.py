@@ -280,6 +280,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="every new or changed file waits for review (llamad approve) "
                         "before it is searchable; without it, adding the source again "
                         "turns review off")
+    p.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                   help="a gitignore-style pattern of files or directories to leave out "
+                        "(repeatable: 'private/', '*.bak', '/drafts', '!keep.pem'); key and "
+                        "credential files are left out by default; ingesting again replaces "
+                        "the patterns")
     _json_flag(p, "JSON lines (the final counts)")
 
     p = sub.add_parser("sources", parents=common, help="list the document sources",

@@ -263,7 +263,8 @@ def _counts(p: ReindexProgress, seconds: float) -> str:
     rate = p.seen / seconds if seconds > 0 else 0.0
     return (f"{p.source_id}: {p.seen} files: {p.added} added, {p.changed} changed, "
             f"{p.unchanged} unchanged, {p.deleted} deleted, {p.failed_total} failed, "
-            f"{p.skipped_total} skipped — {seconds:.1f}s, {rate:.1f} files/s")
+            f"{p.skipped_total} skipped" + (f", {p.excluded} excluded" if p.excluded else "")
+            + f" — {seconds:.1f}s, {rate:.1f} files/s")
 
 
 def _scan_totals(client: Client, source_id: str) -> dict[str, int | None]:
@@ -345,7 +346,7 @@ def ingest(client: Client, args: argparse.Namespace) -> int:
                              f"{taken.path or 'pushed documents'}: give this directory its "
                              "own id with --source ID")
     client.add_source(source_id, path, category=args.category, tags=args.tags,
-                      review_required=args.review)
+                      review_required=args.review, exclude=args.exclude)
     totals = ({source_id: count_files(path)} if sys.stderr.isatty() and not args.json
               else {})
     return _reindex(client, source_id, args.json, "ingest", totals=totals)

@@ -125,7 +125,8 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
             id=request.id, path=request.path, category=request.category,
             tags=tuple(request.tags), review_required=request.review_required,
             history=request.history, max_age_days=request.max_age_days,
-            max_items=request.max_items), self._allowed_roots())
+            max_items=request.max_items, exclude=tuple(request.exclude)),
+            self._allowed_roots())
         call.note(source=row.id, kind=row.kind)
         return _source(row)
 

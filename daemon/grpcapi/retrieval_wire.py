@@ -185,7 +185,8 @@ def _source(s: SourceRow, documents: int = 0) -> rpb.Source:
     msg = rpb.Source(id=s.id, kind=s.kind, path=s.root, category=s.category, tags=list(s.tags),
                      last_error=s.last_error, documents=documents, disabled=s.disabled,
                      review_required=s.review_required, max_age_days=s.max_age_days,
-                     max_items=s.max_items, pruned=s.pruned)
+                     max_items=s.max_items, pruned=s.pruned, exclude=list(s.exclude),
+                     excluded=s.excluded)
     if (ts := _ts(s.last_scan)) is not None:
         msg.last_scan.CopyFrom(ts)
     return msg
@@ -198,5 +199,5 @@ def _progress(r: ScanReport, done: bool) -> rpb.ReindexProgress:
         failed=[rpb.FileIssue(path=p, reason=why) for p, why in r.failed],
         skipped=[rpb.FileIssue(path=p, reason=why) for p, why in r.skipped],
         failed_total=r.failed_total, skipped_total=r.skipped_total,
-        limit_reached=r.limit_reached,
+        limit_reached=r.limit_reached, excluded=r.excluded,
     )

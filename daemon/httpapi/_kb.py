@@ -249,7 +249,8 @@ async def add_source(api: Api, request: web.BaseRequest, call: Call,
     row = await sources.add(kb.retriever, sources.NewSource(
         id=msg.id, path=msg.path, category=msg.category, tags=tuple(msg.tags),
         review_required=msg.review_required, history=msg.history,
-        max_age_days=msg.max_age_days, max_items=msg.max_items), kb.allowed_roots())
+        max_age_days=msg.max_age_days, max_items=msg.max_items,
+        exclude=tuple(msg.exclude)), kb.allowed_roots())
     call.note(source=row.id, kind=row.kind)
     return json_response(request, to_json(_source(row)))
 

@@ -17,7 +17,17 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from retrieval import Retriever, ScanReport, SourceRow, check_root, scan_source
+import structlog
+
+from retrieval import (
+    ExcludeError,
+    Retriever,
+    ScanReport,
+    SourceRow,
+    check_exclude_patterns,
+    check_root,
+    scan_source,
+)
 
 from ..errors import InvalidArgument
 
@@ -38,6 +48,7 @@ class NewSource:
     history: bool = False
     max_age_days: int = 0
     max_items: int = 0
+    exclude: tuple[str, ...] = ()
 
 
 async def listed(retriever: Retriever) -> list[tuple[SourceRow, int]]:
@@ -67,6 +78,15 @@ async def add(retriever: Retriever, source: NewSource,
                               field="max_age_days" if source.max_age_days else "max_items")
     if "\x00" in source.path:
         raise InvalidArgument("path contains a NUL character", field="path")
+    if source.exclude and not source.path:
+        raise InvalidArgument("exclude patterns apply to directory sources only (give a "
+                              "path)", field="exclude")
+    try:
+        check_exclude_patterns(source.exclude,
+                               max_patterns=retriever.limits.max_exclude_patterns,
+                               max_chars=retriever.limits.max_exclude_chars)
+    except ExcludeError as exc:
+        raise InvalidArgument(str(exc), field="exclude") from None
     root = None
     if source.path:
         root = Path(source.path)
@@ -76,10 +96,34 @@ async def add(retriever: Retriever, source: NewSource,
         await asyncio.to_thread(check_root, root, allowed_roots)
         if not root.is_dir():
             raise InvalidArgument(f"{root} is not a directory", field="path")
-    return await retriever.add_source(
+    before = next((s for s in await retriever.sources() if s.id == source.id), None)
+    row = await retriever.add_source(
         source.id, root=root, category=source.category, tags=source.tags,
         review_required=source.review_required, history=source.history,
-        max_age_days=source.max_age_days, max_items=source.max_items)
+        max_age_days=source.max_age_days, max_items=source.max_items,
+        exclude=source.exclude)
+    if before is not None and before.kind == row.kind == "directory" \
+            and before.exclude != row.exclude and not before.disabled:
+        # New patterns: a scan now removes what they exclude and brings back what they
+        # no longer do (the caller is not kept waiting for it; Reindex shows it).
+        task = asyncio.create_task(_rescan(retriever, row.id, allowed_roots),
+                                   name=f"exclude-rescan-{row.id}")
+        _RESCANS.add(task)
+        task.add_done_callback(_RESCANS.discard)
+    return row
+
+
+_RESCANS: set[asyncio.Task[None]] = set()
+"""Scans started by changed exclude patterns, referenced until they end."""
+
+
+async def _rescan(retriever: Retriever, source_id: str,
+                  allowed_roots: tuple[str, ...]) -> None:
+    try:
+        await scan_source(retriever, source_id, allowed_roots=allowed_roots)
+    except Exception as exc:  # recorded on the source by the scan; logged here
+        structlog.get_logger("llamad.retrieval").warning(
+            "scan after new exclude patterns failed", source=source_id, error=str(exc)[:200])
 
 
 async def set_disabled(retriever: Retriever, source_id: str,

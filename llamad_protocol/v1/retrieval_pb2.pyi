@@ -408,6 +408,7 @@ class AddSourceRequest(_message.Message):
     HISTORY_FIELD_NUMBER: _builtins.int
     MAX_AGE_DAYS_FIELD_NUMBER: _builtins.int
     MAX_ITEMS_FIELD_NUMBER: _builtins.int
+    EXCLUDE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     path: _builtins.str
     """A directory to scan; empty for a source of pushed documents."""
@@ -428,6 +429,16 @@ class AddSourceRequest(_message.Message):
     max_items: _builtins.int
     @_builtins.property
     def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def exclude(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """A directory source's exclude patterns, gitignore-style (`private/`, `*.bak`,
+        `/drafts`, `!keep.pem`), applied after the built-in key and credential defaults
+        (retrieval.exclude_defaults) before a file is looked at or a directory entered.
+        Adding the source again replaces them; its next scan removes the documents they now
+        exclude. At most retrieval.max_exclude_patterns patterns (256) and
+        retrieval.max_exclude_chars characters (16384): INVALID_ARGUMENT past them.
+        """
+
     def __init__(
         self,
         *,
@@ -439,10 +450,11 @@ class AddSourceRequest(_message.Message):
         history: _builtins.bool = ...,
         max_age_days: _builtins.int = ...,
         max_items: _builtins.int = ...,
+        exclude: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "history", b"history", "id", b"id", "max_age_days", b"max_age_days", "max_items", b"max_items", "path", b"path", "review_required", b"review_required", "tags", b"tags"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "exclude", b"exclude", "history", b"history", "id", b"id", "max_age_days", b"max_age_days", "max_items", b"max_items", "path", b"path", "review_required", b"review_required", "tags", b"tags"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -465,6 +477,8 @@ class Source(_message.Message):
     MAX_AGE_DAYS_FIELD_NUMBER: _builtins.int
     MAX_ITEMS_FIELD_NUMBER: _builtins.int
     PRUNED_FIELD_NUMBER: _builtins.int
+    EXCLUDE_FIELD_NUMBER: _builtins.int
+    EXCLUDED_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     kind: _builtins.str
     """"directory", "push" or "history"."""
@@ -479,10 +493,17 @@ class Source(_message.Message):
     """A history source's retention (0: unlimited) and the records it has pruned."""
     max_items: _builtins.int
     pruned: _builtins.int
+    excluded: _builtins.int
     @_builtins.property
     def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def last_scan(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def exclude(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """A directory source's exclude patterns, and the files and directories its last
+        complete scan left out by them and the defaults (a directory counts once).
+        """
+
     def __init__(
         self,
         *,
@@ -499,10 +520,12 @@ class Source(_message.Message):
         max_age_days: _builtins.int = ...,
         max_items: _builtins.int = ...,
         pruned: _builtins.int = ...,
+        exclude: _abc.Iterable[_builtins.str] | None = ...,
+        excluded: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_scan", b"last_scan"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "disabled", b"disabled", "documents", b"documents", "id", b"id", "kind", b"kind", "last_error", b"last_error", "last_scan", b"last_scan", "max_age_days", b"max_age_days", "max_items", b"max_items", "path", b"path", "pruned", b"pruned", "review_required", b"review_required", "tags", b"tags"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["category", b"category", "disabled", b"disabled", "documents", b"documents", "exclude", b"exclude", "excluded", b"excluded", "id", b"id", "kind", b"kind", "last_error", b"last_error", "last_scan", b"last_scan", "max_age_days", b"max_age_days", "max_items", b"max_items", "path", b"path", "pruned", b"pruned", "review_required", b"review_required", "tags", b"tags"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -673,6 +696,7 @@ class ReindexProgress(_message.Message):
     FAILED_TOTAL_FIELD_NUMBER: _builtins.int
     SKIPPED_TOTAL_FIELD_NUMBER: _builtins.int
     LIMIT_REACHED_FIELD_NUMBER: _builtins.int
+    EXCLUDED_FIELD_NUMBER: _builtins.int
     source_id: _builtins.str
     seen: _builtins.int
     """Files the scan took in: those indexed before and the new ones it admitted."""
@@ -688,6 +712,10 @@ class ReindexProgress(_message.Message):
     """Non-empty when new files were not added because the source holds
     retrieval.max_files_per_source documents (or retrieval.max_source_mb): says
     which limit and how many files. Documents indexed before are all kept.
+    """
+    excluded: _builtins.int
+    """Files and directories the source's exclude patterns and the built-in defaults left
+    out, unopened (a directory counts once, its contents not at all).
     """
     @_builtins.property
     def failed(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileIssue]:
@@ -715,10 +743,11 @@ class ReindexProgress(_message.Message):
         failed_total: _builtins.int = ...,
         skipped_total: _builtins.int = ...,
         limit_reached: _builtins.str = ...,
+        excluded: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["added", b"added", "changed", b"changed", "deleted", b"deleted", "done", b"done", "failed", b"failed", "failed_total", b"failed_total", "limit_reached", b"limit_reached", "seen", b"seen", "skipped", b"skipped", "skipped_total", b"skipped_total", "source_id", b"source_id", "unchanged", b"unchanged"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added", b"added", "changed", b"changed", "deleted", b"deleted", "done", b"done", "excluded", b"excluded", "failed", b"failed", "failed_total", b"failed_total", "limit_reached", b"limit_reached", "seen", b"seen", "skipped", b"skipped", "skipped_total", b"skipped_total", "source_id", b"source_id", "unchanged", b"unchanged"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
