@@ -50,7 +50,7 @@ class Template:
     name: str
     version: str
     text: str
-    origin: str = "package"
+    origin: str
 
 
 @dataclass(frozen=True)
