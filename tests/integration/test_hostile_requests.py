@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import descriptor_pool
 from grpc_reflection.v1alpha import reflection_pb2
 
 from llamad_protocol.v1 import answer_pb2 as apb
@@ -156,25 +157,23 @@ async def test_malformed_protobuf_bytes(hostile: Hostile) -> None:
     """Bytes that are no protobuf message get INVALID_ARGUMENT saying where the wire
     format breaks; random bytes never get UNKNOWN or INTERNAL."""
     h = hostile
-    methods = [
-        ("/llamad.v1.InferenceService/Generate", True, "llamad.v1.GenerateRequest"),
-        ("/llamad.v1.InferenceService/Embed", False, "llamad.v1.EmbedRequest"),
-        ("/llamad.v1.RetrievalService/UpsertDocument", False, "llamad.v1.UpsertDocumentRequest"),
-        ("/llamad.v1.RetrievalService/Status", False, "llamad.v1.RetrievalStatusRequest"),
-        ("/llamad.v1.ControlService/Swap", True, "llamad.v1.SwapRequest"),
-        ("/llamad.v1.AnswerService/Ask", True, "llamad.v1.AskRequest"),
-        ("/grpc.health.v1.Health/Watch", True, "grpc.health.v1.HealthCheckRequest"),
-    ]
+    # Unary and streaming methods of each service; how each is called and the request type
+    # the refusal must name are the proto's.
+    methods = ["/llamad.v1.InferenceService/Generate", "/llamad.v1.InferenceService/Embed",
+               "/llamad.v1.RetrievalService/UpsertDocument", "/llamad.v1.RetrievalService/Status",
+               "/llamad.v1.ControlService/Swap", "/llamad.v1.AnswerService/Ask",
+               "/grpc.health.v1.Health/Watch"]
     payloads = [
         (b"\xff\xff\xff\xff", "a varint cut off by the end of the data at byte 0"),
         (b"\x0a\x10abc", "at byte 0 claims 16 bytes but only 3 remain"),
         (b"\x0f", "has wire type 7, which does not exist"),
         (b"\x08" + b"\xff" * 11, "a varint longer than 10 bytes at byte 1"),
     ]
-    for method, stream, type_name in methods:
+    for method in methods:
+        proto = descriptor_pool.Default().FindMethodByName(method[1:].replace("/", "."))
         for payload, reason in payloads:
-            await refused(raw(h, method, payload, stream=stream), INVALID,
-                          f"request is not a valid {type_name}: ", reason)
+            await refused(raw(h, method, payload, stream=proto.server_streaming), INVALID,
+                          f"request is not a valid {proto.input_type.full_name}: ", reason)
     # Server reflection (grpcurl's way in) streams its requests: refused at the first bad one.
     reflect = h.c.channel.stream_stream(
         "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
