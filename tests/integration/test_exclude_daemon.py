@@ -5,8 +5,6 @@ port 0 (BM25 only: both children off), the real client, plain httpx."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 import httpx
@@ -15,34 +13,23 @@ import pytest
 from clients import AsyncClient, errors
 from daemon import Daemon
 from tests.support.access import quiet_env, start
-
-
-def tree(root: Path) -> None:
-    for rel, text in {
-        "runbooks/disk.md": "# Disk\n\nKeyword amberquill.\n",
-        "runbooks/private/notes.md": "# Notes\n\nKeyword basaltmoth.\n",
-        "gcp/credentials.json": '{"keyword": "emberlynx"}\n',
-        "drafts/todo.md": "# Todo\n\nKeyword foxglade.\n",
-    }.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
+from tests.support.eventually import eventually
+from tests.support.exclusions import write_tree
 
 
 async def found(client: AsyncClient, word: str) -> bool:
     return bool((await client.search(word, top_k=1)).hits)
 
 
-async def until(client: AsyncClient, word: str, present: bool, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while await found(client, word) is not present:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{word} {'not found' if present else 'still found'}")
-        await asyncio.sleep(0.1)
+async def until(client: AsyncClient, word: str, present: bool) -> None:
+    async def check() -> bool:
+        return await found(client, word) is present
+    await eventually(check, what=f"{word} {'found' if present else 'gone'}")
 
 
 async def test_patterns_over_grpc_and_http(started: list[Daemon], tmp_path: Path) -> None:
     root = tmp_path / "kb"
-    tree(root)
+    write_tree(root)
     daemon = await start(started, quiet_env(
         LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(tmp_path), LLAMAD_HTTP_LISTEN="127.0.0.1:0"))
     async with AsyncClient(daemon.address, timeout=30) as client, \
@@ -51,9 +38,10 @@ async def test_patterns_over_grpc_and_http(started: list[Daemon], tmp_path: Path
         added = await client.add_source("kb", root, exclude=["private/"])
         assert added.exclude == ("private/",)
         final = [p async for p in client.reindex("kb")][-1]
-        assert (final.added, final.excluded) == (2, 2)  # private/ and the credentials file
+        # private/ and the three key and credential files of the defaults
+        assert (final.added, final.excluded) == (2, 4)
         (listed,) = await client.list_sources()
-        assert (listed.exclude, listed.excluded) == (("private/",), 2)
+        assert (listed.exclude, listed.excluded) == (("private/",), 4)
         assert await found(client, "amberquill") and await found(client, "foxglade")
         assert not await found(client, "basaltmoth")
         assert not await found(client, "emberlynx")

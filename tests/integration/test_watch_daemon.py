@@ -7,7 +7,7 @@ Reindex. A real daemon on port 0, a real MiniLM child, the real client."""
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ from clients import AsyncClient
 from daemon import Daemon
 from tests.support.access import start
 from tests.support.daemon import config_env
+from tests.support.eventually import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -32,15 +33,12 @@ async def hits(client: AsyncClient, query: str) -> list[str]:
     return [h.document_id for h in (await client.search(query, top_k=3)).hits]
 
 
-async def until_found(client: AsyncClient, query: str, doc_id: str,
-                      timeout: float = 60.0) -> float:
-    """Seconds until ``doc_id`` is among the hits (the bound is for a broken watcher)."""
-    start_at = time.monotonic()
-    while doc_id not in await hits(client, query):
-        if time.monotonic() - start_at > timeout:
-            raise AssertionError(f"{doc_id} not found within {timeout} s")
-        await asyncio.sleep(0.1)
-    return time.monotonic() - start_at
+def found(client: AsyncClient, query: str, doc_id: str,
+          present: bool = True) -> Callable[[], Awaitable[bool]]:
+    """A check: is ``doc_id`` among the hits (or, ``present`` False, not)?"""
+    async def check() -> bool:
+        return (doc_id in await hits(client, query)) is present
+    return check
 
 
 async def test_saved_files_are_searchable_without_a_reindex(
@@ -56,7 +54,7 @@ async def test_saved_files_are_searchable_without_a_reindex(
 
         (docs / "vpn.md").write_text("# VPN tunnel down\n\nRestart the strongswan service "
                                      "and check the IKE proposals.\n")
-        await until_found(client, "strongswan IKE proposals", "docs/vpn.md")
+        await eventually(found(client, "strongswan IKE proposals", "docs/vpn.md"), 60)
         result = await client.search("strongswan IKE proposals", top_k=3)
         assert result.hits[0].document_id == "docs/vpn.md"
         assert result.hits[0].vector_rank == 1  # embedded by the real child
@@ -65,13 +63,12 @@ async def test_saved_files_are_searchable_without_a_reindex(
         await asyncio.sleep(1.0)  # the new directories are watched before this write
         (docs / "network" / "dns" / "resolver.md").write_text(
             "# Resolver timeouts\n\nRaise the unbound cache size.\n")
-        await until_found(client, "unbound cache size", "docs/network/dns/resolver.md")
+        await eventually(found(client, "unbound cache size", "docs/network/dns/resolver.md"),
+                         60)
 
         (docs / "vpn.md").unlink()
-        deadline = time.monotonic() + 60
-        while "docs/vpn.md" in await hits(client, "strongswan IKE proposals"):
-            assert time.monotonic() < deadline, "a deleted file stayed searchable"
-            await asyncio.sleep(0.1)
+        await eventually(found(client, "strongswan IKE proposals", "docs/vpn.md",
+                               present=False), 60, "a deleted file gone")
 
 
 async def test_off_nothing_is_found_until_a_reindex(

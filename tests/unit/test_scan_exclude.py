@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from retrieval import InvalidDocument, RetrievalLimits, Retriever, scan_source
+from tests.support.exclusions import write_tree
 
 
 @pytest.fixture
@@ -23,19 +24,6 @@ async def retriever(tmp_path: Path) -> AsyncIterator[Retriever]:
     await r.close()
 
 
-def tree(root: Path) -> None:
-    for rel, text in {
-        "runbooks/disk.md": "# Disk\n\nKeyword amberquill.\n",
-        "runbooks/private/notes.md": "# Notes\n\nKeyword basaltmoth.\n",
-        "tls/server.pem": "-----BEGIN PRIVATE KEY-----\nKeyword cobaltfern.\n",
-        "ssh/id_ed25519": "Keyword duskwillow.\n",
-        "gcp/credentials.json": '{"keyword": "emberlynx"}\n',  # an indexable kind
-        "drafts/todo.md": "# Todo\n\nKeyword foxglade.\n",
-    }.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-
-
 async def ids(r: Retriever) -> list[str]:
     return sorted(d.id for d in await r.documents("kb"))
 
@@ -43,7 +31,7 @@ async def ids(r: Retriever) -> list[str]:
 async def test_defaults_and_patterns_leave_files_unindexed_and_unlooked_at(
         tmp_path: Path, retriever: Retriever) -> None:
     root = tmp_path / "kb"
-    tree(root)
+    write_tree(root)
     # Were these looked at, the scan would list them as skipped: a link out of the root,
     # and a directory whose file name is not UTF-8.
     os.symlink("/etc/hostname", root / "drafts" / "escape.md")
@@ -63,7 +51,7 @@ async def test_defaults_and_patterns_leave_files_unindexed_and_unlooked_at(
 async def test_changed_patterns_remove_what_they_now_exclude_and_restore_the_rest(
         tmp_path: Path, retriever: Retriever) -> None:
     root = tmp_path / "kb"
-    tree(root)
+    write_tree(root)
     await retriever.add_source("kb", root=root)
     await scan_source(retriever, "kb")
     assert await ids(retriever) == ["kb/drafts/todo.md", "kb/runbooks/disk.md",
@@ -82,7 +70,7 @@ async def test_changed_patterns_remove_what_they_now_exclude_and_restore_the_res
 
 async def test_defaults_off(tmp_path: Path) -> None:
     root = tmp_path / "kb"
-    tree(root)
+    write_tree(root)
     r = Retriever(tmp_path / "index", lambda: None, RetrievalLimits(exclude_defaults=False))
     await r.open()
     try:
