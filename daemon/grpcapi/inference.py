@@ -126,10 +126,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         call.note(max_tokens=sampling.max_tokens, model=name)
         async with admitted_generation(self._router, sampling, context.time_remaining(),
                                        chat=chat, note=call.note, model=model) as backend:
-            async for msg in self._stream(start(backend, sampling), backend.model_name, call,
-                                          meter):
-                msg.model_name = name
-                yield msg
+            try:
+                async for msg in self._stream(start(backend, sampling), backend.model_name,
+                                              call, meter):
+                    msg.model_name = name
+                    yield msg
+            finally:
+                meter.flush()  # a stream left early: what it streamed still counts
 
     @rpc.stream("Generate")
     async def Generate(

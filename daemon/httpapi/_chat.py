@@ -104,6 +104,7 @@ async def generate(api: Api, request: web.BaseRequest, call: Call, prepared: Pre
         try:
             return await relay(chunks, meter)
         finally:
+            meter.flush()  # a stream left early: what it streamed still counts
             await chunks.aclose()  # type: ignore[attr-defined]
 
 

@@ -71,6 +71,7 @@ async def _generate(api: Api, request: web.BaseRequest, call: Call, body: _parse
                 return await _stream(request, call, chunks, meter, shape)
             return await _whole(request, call, chunks, meter, shape)
         finally:
+            meter.flush()  # a stream left early: what it streamed still counts
             await chunks.aclose()  # type: ignore[attr-defined]
 
 

@@ -89,10 +89,18 @@ class Meter:
     ``received``, a :func:`time.perf_counter` reading when the call arrived) in
     ``metrics``.
 
-    The model's series are resolved here, once per call: a streamed token costs two
-    plain updates of them (issue 27 measured the lookups at most of a token's cost)."""
+    The model's series are resolved here, once per call. A streamed token's count and
+    inter-token gap are kept here and added to the series together (:meth:`flush`) at
+    most :data:`FLUSH_EVERY` seconds apart, at the end (:meth:`finish`) and when the
+    caller leaves the stream (:meth:`flush`, from its ``finally``): at a model's pace
+    every token comes to a cold process, where the prometheus updates cost more than
+    the rest of a token's relay (issue 27)."""
 
-    __slots__ = ("_first", "_last", "_received", "_series", "_tokens")
+    __slots__ = ("_counted", "_first", "_flushed", "_gaps", "_last", "_received",
+                 "_series", "_tokens")
+
+    FLUSH_EVERY = 1.0
+    """Longest a streamed token waits, in seconds, before the metrics count it."""
 
     def __init__(self, metrics: Metrics | None, received: float, model: str = "") -> None:
         self._series = None if metrics is None else metrics.stream(Role.GENERATION, model)
@@ -100,26 +108,43 @@ class Meter:
         self._first: float | None = None
         self._last = 0.0
         self._tokens = 0
+        self._counted = 0  # of _tokens, those the series have
+        self._gaps: list[float] = []  # inter-token gaps the series do not have yet
+        self._flushed = received
 
     def piece(self, item: Chunk) -> None:
         """Count a chunk that carries text (one without a finish reason)."""
         now = time.perf_counter()
-        series = self._series
-        if series is not None:
-            if item.tokens > 0:
-                series.tokens.inc(item.tokens)
-            if self._first is None:
-                series.ttft.observe(max(0.0, now - self._received))
-            else:
-                series.inter_token.observe(now - self._last)
-        self._last = now
         if self._first is None:
             self._first = now
+            if self._series is not None:
+                self._series.ttft.observe(max(0.0, now - self._received))
+        else:
+            self._gaps.append(now - self._last)
+        self._last = now
         self._tokens += item.tokens
+        if now - self._flushed >= self.FLUSH_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        """Add what was streamed since the last flush to the metrics (idempotent)."""
+        self._flushed = self._last
+        series = self._series
+        if series is None:
+            return
+        if self._tokens > self._counted:
+            series.tokens.inc(self._tokens - self._counted)
+            self._counted = self._tokens
+        if self._gaps:
+            observe = series.inter_token.observe
+            for gap in self._gaps:
+                observe(gap)
+            self._gaps.clear()
 
     def finish(self, item: Chunk) -> Usage:
         """The usage of the stream, given its last chunk (the one with a finish reason):
         the runtime's counts where it reports them, else what was streamed."""
+        self.flush()
         end = time.perf_counter()
         first = self._first
         completion = item.completion_tokens if item.completion_tokens is not None \

@@ -102,6 +102,32 @@ def test_the_meter_counts_a_stream_under_its_model() -> None:
                model="gen-a") == 0
 
 
+def test_the_meter_adds_tokens_at_most_a_second_late_and_on_flush() -> None:
+    """Tokens and gaps are added to the series together: within FLUSH_EVERY of the last
+    addition they wait; a piece past it adds them all; flush (a stream left early, from
+    the caller's finally) adds the rest, once."""
+    m = Metrics(version="t", models=RIG_MODELS)
+    labels = {"role": "generation", "model": "gen-a"}
+
+    def counted() -> tuple[float | None, float | None]:
+        samples = parse(m.render().decode())
+        return (get(samples, "llamad_tokens_generated_total", **labels),
+                get(samples, "llamad_inter_token_latency_seconds_count", **labels))
+
+    meter = Meter(m, time.perf_counter(), "gen-a")
+    for _ in range(3):
+        meter.piece(Chunk(text="x", tokens=1))
+    assert counted() == (0, 0)
+    meter._flushed -= Meter.FLUSH_EVERY  # as if the last addition were a second ago
+    meter.piece(Chunk(text="x", tokens=2))
+    assert counted() == (5, 3)
+    meter.piece(Chunk(text="x", tokens=1))
+    assert counted() == (5, 3)
+    meter.flush()
+    meter.flush()
+    assert counted() == (6, 4)
+
+
 def test_lifecycle_gauges_leave_out_names_outside_the_catalog() -> None:
     """The scrape-time gauges are one-hot over the model states, carry last used when
     known and the expected rest of a load under way; a view of a name outside the catalog
