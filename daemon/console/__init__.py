@@ -15,7 +15,8 @@ what the API has no route for (:mod:`._api`: the node's overview, the metric his
 a child's log lines, a held document's change).
 
 Modules: :mod:`._console` (the mount: pages, routes, the metric sampler), :mod:`._pages`
-(the static files and their security headers), :mod:`._api` (the console's routes).
+(the static files and their security headers), :mod:`._api` (the console's routes),
+:mod:`._exits` (each child's recent exits).
 """
 
 from ._api import Node

@@ -30,6 +30,7 @@ from ..models.pool import Pool
 from ..ops.balancing import Drainer
 from ..services import review
 from ..telemetry.history import MetricHistory
+from ._exits import ExitLog
 from ._pages import SECURITY_HEADERS
 
 ADMIN_PROBE = "/llamad.v1.ControlService/LoadModel"
@@ -53,6 +54,7 @@ class Node:
         drainer: the administrative drain (None: none).
         auth: the token checker (the caller's role).
         history: the metric history.
+        exits: each child's recent exits.
     """
 
     pool: Pool
@@ -62,6 +64,7 @@ class Node:
     drainer: Drainer | None
     auth: AuthInterceptor
     history: MetricHistory
+    exits: ExitLog
 
 
 def _answer(request: web.BaseRequest, data: object) -> web.Response:
@@ -79,14 +82,16 @@ def _is_admin(node: Node, request: web.BaseRequest) -> bool:
 
 def overview(node: Node, request: web.BaseRequest, call: Call) -> web.Response:
     """The node (version, uptime, drain), every catalog model (with its expected load
-    time while loading), every child serving now, and whether the caller is admin."""
+    time while loading), every child serving now (with its recent exits), and whether the
+    caller is admin."""
     pool = node.pool
     status = to_json(status_response(pool, node.version, node.started,
                                      draining=node.draining(), drainer=node.drainer))
     for model in status.get("models", []):
         if model.get("state") == "MODEL_STATE_LOADING":
             model["load_expected_seconds"] = pool.expected_load(model["name"])
-    children = [{"name": name, **to_json(child_status(model))}
+    children = [{"name": name, **to_json(child_status(model)),
+                 "recent_exits": node.exits.of(name)}
                 for name, model in pool.every_model().items()]
     status["children"] = children
     status["admin"] = _is_admin(node, request)

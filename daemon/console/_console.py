@@ -1,6 +1,6 @@
 """The console as a mount of the HTTP listener (:class:`daemon.httpapi.Mount`): its
-static pages, its routes (:mod:`._api`), and the metric sampler that runs while the
-listener does."""
+static pages, its routes (:mod:`._api`), and what runs while the listener does: the
+metric sampler and the record of exits (:mod:`._exits`)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from ..telemetry.history import MetricHistory
 from ..telemetry.metrics import Metrics
 from . import _api
 from ._api import Node
+from ._exits import ExitLog
 from ._pages import Pages, load
 
 PREFIX = "/console"
@@ -82,13 +83,15 @@ class Console:
         return () if found is None else (found.http_method,)
 
     async def start(self) -> None:
-        """Start sampling the metrics (the Metrics page's history)."""
+        """Start sampling the metrics (the Metrics page's history) and recording exits."""
+        self.node.exits.start()
         if self._sampler is None:
             self._sampler = asyncio.create_task(self.node.history.run(),
                                                 name="console-sampler")
 
     async def stop(self) -> None:
-        """Stop sampling."""
+        """Stop sampling and recording."""
+        self.node.exits.stop()
         task, self._sampler = self._sampler, None
         if task is not None:
             task.cancel()
@@ -105,4 +108,5 @@ def console(pool: Pool, version: str, *, started: float, draining: Callable[[], 
         return None
     history = MetricHistory(metrics.registry.collect, interval=settings.sample_interval,
                             window=settings.history, models=pool.names)
-    return Console(Node(pool, version, started, draining, drainer, auth, history))
+    return Console(Node(pool, version, started, draining, drainer, auth, history,
+                        ExitLog(pool)))

@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
@@ -38,13 +39,25 @@ HOSTILE = ("# Hostile wombat page\n\n<script>window.__pwned = 'script'; alert(1)
 LONG_LINE = "x" * (2 * 1024 * 1024)
 
 
+class Running(NamedTuple):
+    daemon: Daemon
+    base: str
+    handbook: Path
+    """A directory the daemon may index (retrieval.allowed_roots)."""
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def running(llama_server: str, tmp_path_factory: pytest.TempPathFactory
-                  ) -> AsyncIterator[tuple[Daemon, str]]:
+                  ) -> AsyncIterator[Running]:
     """A daemon sampling its metrics every second, with a push source of documents, one
     hostile document indexed and one held for review."""
+    handbook = tmp_path_factory.mktemp("handbook")
+    (handbook / "restore.md").write_text("# Restores\n\nRestore the okapi database from "
+                                         "the nightly dump with pg_restore.\n")
+    (handbook / "oncall.md").write_text("# On call\n\nThe on-call rota changes on Monday.\n")
     async with http_daemon(tmp_path_factory.mktemp("state"),
-                           LLAMAD_CONSOLE_SAMPLE_INTERVAL="1") as daemon:
+                           LLAMAD_CONSOLE_SAMPLE_INTERVAL="1",
+                           LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(handbook)) as daemon:
         base = f"http://127.0.0.1:{daemon.http_port}"
         async with httpx.AsyncClient(base_url=base, trust_env=False, timeout=120) as http:
             for source in ("runbooks", "hostile"):
@@ -66,7 +79,7 @@ async def running(llama_server: str, tmp_path_factory: pytest.TempPathFactory
                 assert stream.status_code == 200
                 async for _ in stream.aiter_lines():
                     pass
-        yield daemon, base
+        yield Running(daemon, base, handbook)
 
 
 async def _embedded(http: httpx.AsyncClient) -> None:
@@ -165,10 +178,10 @@ class Watched:
 
 
 @pytest_asyncio.fixture(loop_scope="module")
-async def admin_page(running: tuple[Daemon, str], browser: Browser
+async def admin_page(running: Running, browser: Browser
                      ) -> AsyncIterator[Watched]:
     context = await browser.new_context(viewport={"width": 1280, "height": 800})
-    watched = Watched(await context.new_page(), running[1])
+    watched = Watched(await context.new_page(), running.base)
     await watched.sign_in(ADMIN)
     yield watched
     assert await context.cookies() == []  # the console sets none
@@ -176,12 +189,15 @@ async def admin_page(running: tuple[Daemon, str], browser: Browser
     await context.close()
 
 
-async def test_pages_render_real_data(admin_page: Watched, tmp_path: Path) -> None:
+async def test_pages_render_real_data(admin_page: Watched, running: Running,
+                                      tmp_path: Path) -> None:
     """Every page shows the daemon's own data: models and children with their pids, the
-    metric charts with the chat's tokens, a child's log lines, the sources and documents,
-    search hits with both ranks, the held document's change, a streamed answer with its
-    sources; each page is photographed."""
+    metric charts with the chat's tokens, a child's log lines, the sources and documents
+    (a directory source added and reindexed from the page), search hits with both ranks,
+    the held document's change, a streamed answer with its sources; each page is
+    photographed."""
     page, shots = admin_page.page, _shots(tmp_path)
+    handbook = running.handbook
     main = page.locator("main")
     await expect(main).to_contain_text(GEN_ID)
     await expect(page.locator("td", has_text=re.compile(r"^\d+$")).first).to_be_visible()
@@ -200,6 +216,16 @@ async def test_pages_render_real_data(admin_page: Watched, tmp_path: Path) -> No
     await admin_page.open("kb")
     await expect(main).to_contain_text("runbooks/backup.md")
     await expect(main).to_contain_text("review_required")
+    # A directory source added with the page's form, reindexed with its progress shown.
+    await page.locator("#src-id").fill("handbook")
+    await page.locator("#src-path").fill(str(handbook))
+    await page.locator("#src-tags").fill("ops, restore")
+    await page.locator("button", has_text="Add source").click()
+    await expect(page.locator("tr", has_text="handbook")).to_contain_text(str(handbook))
+    await page.locator("button[data-key='reindex-handbook']").click()
+    await expect(page.locator("#reindex-progress")).to_contain_text(
+        "Reindexed handbook: 2 seen", timeout=60_000)
+    await expect(main).to_contain_text("restore.md")
     await page.screenshot(path=shots / "kb.png")
 
     await admin_page.search("wombat backups nightly")
@@ -258,10 +284,10 @@ async def test_hostile_document_renders_as_text(admin_page: Watched) -> None:
 
 
 async def test_review_approval_makes_the_document_searchable(
-        admin_page: Watched, running: tuple[Daemon, str]) -> None:
+        admin_page: Watched, running: Running) -> None:
     """A runbook held for review is not found; approved on the Review page with a note, the
     Search page finds it by a word only it has."""
-    _, base = running
+    base = running.base
     async with httpx.AsyncClient(base_url=base, trust_env=False, timeout=120) as http:
         await _push(http, "runbooks", "runbooks/disk.md", "Disk full",
                     "# Disk full\n\nWhen the zanzibar partition fills, rotate the logs.\n",
@@ -281,13 +307,13 @@ async def test_review_approval_makes_the_document_searchable(
     await expect(page.locator(".hit[data-doc='runbooks/disk.md']")).to_be_visible()
 
 
-async def test_read_token_sees_no_admin_control(running: tuple[Daemon, str],
+async def test_read_token_sees_no_admin_control(running: Running,
                                                 browser: Browser) -> None:
     """A read token's pages have no Logs page, no load, unload, source, reindex,
     reprocess, approve or reject control; the same admin call made through the console's
     own code is refused by the daemon (403) and changes nothing."""
     context = await browser.new_context(viewport={"width": 1280, "height": 800})
-    watched = Watched(await context.new_page(), running[1])
+    watched = Watched(await context.new_page(), running.base)
     page = watched.page
     await watched.sign_in(READ)
     await expect(page.locator("#who")).to_contain_text("read")
@@ -311,7 +337,7 @@ async def test_read_token_sees_no_admin_control(running: tuple[Daemon, str],
         return answers;
     }""", GEN_ID)
     assert all(a.startswith("403 ") for a in forged), forged
-    async with httpx.AsyncClient(base_url=running[1], trust_env=False) as http:
+    async with httpx.AsyncClient(base_url=running.base, trust_env=False) as http:
         held = (await http.get("/v1/llamad/review", headers=auth(READ))).json()
         assert "hostile/long.txt" in [d["id"] for d in held["documents"]]
         listed = (await http.get("/v1/llamad/sources", headers=auth(READ))).json()
@@ -320,13 +346,13 @@ async def test_read_token_sees_no_admin_control(running: tuple[Daemon, str],
     await context.close()
 
 
-async def test_phone_size_and_keyboard(running: tuple[Daemon, str], browser: Browser,
+async def test_phone_size_and_keyboard(running: Running, browser: Browser,
                                        tmp_path: Path) -> None:
     """At 390x844 every page fits the width (tables scroll inside their box); the whole
     console works from the keyboard: sign in, reach Search by Tab, search with Enter."""
     context = await browser.new_context(viewport={"width": 390, "height": 844},
                                         is_mobile=True, has_touch=True)
-    watched = Watched(await context.new_page(), running[1])
+    watched = Watched(await context.new_page(), running.base)
     page, shots = watched.page, _shots(tmp_path)
     await page.goto(f"{watched.base}/console/")
     await expect(page.locator("#token")).to_be_focused()
@@ -358,10 +384,10 @@ async def test_phone_size_and_keyboard(running: tuple[Daemon, str], browser: Bro
     await context.close()
 
 
-async def test_served_files_and_headers(running: tuple[Daemon, str]) -> None:
+async def test_served_files_and_headers(running: Running) -> None:
     """The pages are served without a token with the CSP and the other headers; the
     console's data needs one; nothing outside the shipped files is served."""
-    async with httpx.AsyncClient(base_url=running[1], trust_env=False) as http:
+    async with httpx.AsyncClient(base_url=running.base, trust_env=False) as http:
         for path in ("/console", "/console/", "/console/app.js", "/console/console.css"):
             r = await http.get(path)
             assert r.status_code == 200, path
@@ -383,3 +409,21 @@ async def test_served_files_and_headers(running: tuple[Daemon, str]) -> None:
                                headers=auth(ADMIN))).json()["admin"] is True
         assert (await http.post("/console/api/overview", headers=auth(READ))).status_code \
             == 405
+
+
+async def test_overview_shows_a_childs_exit(admin_page: Watched,
+                                            running: Running) -> None:
+    """The embedding child killed by SIGKILL: the Overview shows the exit with its cause
+    and a restart, and the new child's pid, without a reload of the page."""
+    daemon = running.daemon
+    page = admin_page.page
+    child = daemon.pool.of_role("embedding").supervisor
+    old = child.pid
+    assert old
+    os.kill(old, signal.SIGKILL)
+    await admin_page.open("overview")
+    row = page.locator("tr", has=page.locator("strong", has_text=re.compile("^embedding$")))
+    await expect(row).to_contain_text("SIGKILL", timeout=30_000)
+    await expect(row.locator("td").nth(7)).not_to_have_text("0")  # restarts
+    await expect(row).to_contain_text("running", timeout=60_000)
+    assert child.pid and child.pid != old

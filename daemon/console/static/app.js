@@ -20,7 +20,7 @@ const SAFE_ATTRIBUTES = new Set([
   "id", "type", "name", "placeholder", "min", "max", "step", "for", "role", "title",
   "aria-label", "aria-live", "aria-current", "aria-describedby", "aria-busy", "scope",
   "autocomplete", "required", "disabled", "tabindex", "colspan", "maxlength", "rows",
-  "spellcheck", "data-key", "data-role", "data-doc", "data-model", "datetime", "open",
+  "spellcheck", "data-key", "data-role", "data-doc", "data-model", "data-source", "datetime", "open",
   "inputmode", "size", "lang",
 ]);
 
@@ -151,6 +151,30 @@ export async function call(path, { method = "GET", query, body, signal } = {}) {
     throw new ApiError(response.status, message, param);
   }
   return response;
+}
+
+/** The events of an event-stream response (each ``data:`` line's JSON) until
+ * ``[DONE]``; an error event throws ApiError with its message. */
+export async function* events(response) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const event = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      for (const line of event.split("\n")) {
+        if (!line.startsWith("data: ")) continue;
+        if (line === "data: [DONE]") return;
+        const data = JSON.parse(line.slice(6));
+        if (data.error) throw new ApiError(0, data.error.message || "the stream failed", data.error.param);
+        yield data;
+      }
+    }
+  }
 }
 
 export async function json(path, options) {

@@ -1,6 +1,6 @@
 // Ask: a question, the streamed answer, its cited sources, and the dry run of what would be
 // sent to the model.
-import { call, el, short, swap } from "../app.js";
+import { call, el, events, short, swap } from "../app.js";
 
 function citations(sources) {
   return el("section", { class: "card", "aria-label": "Sources" }, el("h2", {}, "Sources"),
@@ -47,26 +47,11 @@ export async function render(main, ctx) {
       const response = await call("/v1/llamad/ask", { method: "POST", signal: running.signal, body: {
         question: question.value, top_k: Number(topK.value) || 5, mode: mode.value, dry_run: dry.checked,
         sampling: { max_tokens: Number(maxTokens.value) || 256 }, stream: true } });
-      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-      let buffer = "";
-      for (;;) {
-        const { value, done: ended } = await reader.read();
-        if (ended) break;
-        buffer += value;
-        let cut;
-        while ((cut = buffer.indexOf("\n\n")) >= 0) {
-          const event = buffer.slice(0, cut);
-          buffer = buffer.slice(cut + 2);
-          for (const line of event.split("\n")) {
-            if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
-            const data = JSON.parse(line.slice(6));
-            if (data.error) throw new Error(data.error.message || "the answer failed");
-            if (data.text) text.appendData(data.text);
-            if (data.sources) extra.append(citations(data.sources));
-            if (data.plan) extra.prepend(plan(data.plan));
-            if (data.done) extra.prepend(done(data.done));
-          }
-        }
+      for await (const data of events(response)) {
+        if (data.text) text.appendData(data.text);
+        if (data.sources) extra.append(citations(data.sources));
+        if (data.plan) extra.prepend(plan(data.plan));
+        if (data.done) extra.prepend(done(data.done));
       }
       if (dry.checked && !text.data) text.appendData("Dry run: nothing was generated.");
     } catch (error) {

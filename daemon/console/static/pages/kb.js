@@ -1,7 +1,7 @@
 // Knowledge base: its status, its sources (state, documents, last scan and error) and its
 // documents (ingest state, failure reason); for admins: add a source, reindex, disable or
 // enable, reprocess a document.
-import { badge, call, el, json, kv, short, swap, table, when } from "../app.js";
+import { badge, call, el, events, json, kv, short, swap, table, when } from "../app.js";
 
 const STATES = ["", "pending", "processing", "indexed", "failed", "review_required", "rejected"];
 const KIND = { indexed: "ok", failed: "bad", rejected: "bad", review_required: "warn", processing: "warn", pending: "warn" };
@@ -18,19 +18,47 @@ export async function render(main, ctx) {
   const stateFilter = el("select", { id: "doc-state", "aria-label": "State" },
     STATES.map((s) => el("option", { value: s ? `DOCUMENT_STATE_${s.toUpperCase()}` : "" }, s || "any state")));
 
-  async function act(what, path, body) {
+  const progress = el("div", { id: "reindex-progress", "aria-live": "polite" });
+
+  function report(r, done) {
+    const failed = (r.failed || []).length;
+    return el("p", { class: done ? "" : "muted", "data-source": r.source_id },
+      `${done ? "Reindexed" : "Reindexing"} ${r.source_id || "every source"}: ${r.seen || 0} seen, ${r.added || 0} added, ${r.changed || 0} changed, ${r.unchanged || 0} unchanged, ${r.deleted || 0} deleted`,
+      failed ? el("span", { class: "error" }, `, ${failed} failed: ${(r.failed || []).slice(0, 5).map((f) => `${f.path}: ${f.reason}`).join("; ")}`) : "");
+  }
+
+  async function reindex(sourceId) {
+    const shown = new Map();
     try {
-      await call(path, { method: "POST", body });
-      ctx.toast(what);
+      const response = await call("/v1/llamad/reindex", { method: "POST", body: { source_id: sourceId, stream: true }, signal: ctx.abortable().signal });
+      for await (const event of events(response)) {
+        shown.set(event.source_id || "", report(event, Boolean(event.done)));
+        swap(progress, [...shown.values()]);
+      }
+      ctx.toast(`reindexed ${sourceId}`);
     } catch (error) {
-      ctx.toast(`${what}: ${error.message}`, true);
+      if (error.name !== "AbortError") ctx.toast(`${sourceId}: ${error.message}`, true);
     }
     await refresh();
   }
 
+  async function act(what, path, body) {
+    let done = false;
+    try {
+      await call(path, { method: "POST", body });
+      ctx.toast(what);
+      done = true;
+    } catch (error) {
+      ctx.toast(`${what}: ${error.message}`, true);
+    }
+    await refresh();
+    return done;
+  }
+
   function sources(list) {
     const columns = [
-      { head: "Source", cell: (s) => el("strong", {}, s.id) },
+      { head: "Source", cell: (s) => el("span", {}, el("strong", {}, s.id),
+        s.category || (s.tags || []).length ? el("div", { class: "muted" }, [s.category, ...(s.tags || [])].filter(Boolean).join(", ")) : "") },
       { head: "Kind", cell: (s) => s.kind || "" },
       { head: "Path", wrap: true, cell: (s) => el("span", { class: "mono" }, s.path || "") },
       { head: "State", cell: (s) => (s.disabled ? badge("disabled", "warn") : badge("enabled", "ok")) },
@@ -41,7 +69,7 @@ export async function render(main, ctx) {
     ];
     if (ctx.admin) {
       columns.push({ head: "Actions", cell: (s) => el("div", { class: "actions" },
-        el("button", { type: "button", "data-key": `reindex-${s.id}`, onclick: () => act(`reindexed ${s.id}`, "/v1/llamad/reindex", { source_id: s.id }) }, "Reindex"),
+        el("button", { type: "button", "data-key": `reindex-${s.id}`, onclick: () => reindex(s.id) }, "Reindex"),
         el("button", { type: "button", "data-key": `disable-${s.id}`, onclick: () => act(`${s.disabled ? "enabled" : "disabled"} ${s.id}`, "/v1/llamad/sources/disabled", { id: s.id, disabled: !s.disabled }) }, s.disabled ? "Enable" : "Disable")) });
     }
     return table(columns, list, "No source yet.");
@@ -97,16 +125,17 @@ export async function render(main, ctx) {
     const review = el("input", { type: "checkbox", id: "src-review" });
     main.append(el("form", { class: "card row", "aria-label": "Add a source", onsubmit: async (event) => {
       event.preventDefault();
-      await act(`added source ${id.value}`, "/v1/llamad/sources", {
+      const added = await act(`added source ${id.value}`, "/v1/llamad/sources", {
         id: id.value.trim(), path: path.value.trim(), category: category.value.trim(),
         tags: list(tags.value), review_required: review.checked });
+      if (added) for (const input of [id, path, category, tags]) input.value = "";
     } },
     el("label", { for: "src-id" }, "Source id", id), el("label", { for: "src-path" }, "Directory", path),
     el("label", { for: "src-category" }, "Category", category), el("label", { for: "src-tags" }, "Tags", tags),
     el("label", { class: "check", for: "src-review" }, review, "Review required"),
     el("button", { type: "submit", class: "primary" }, "Add source")));
   }
-  main.append(el("h2", {}, "Sources"), sourcesBox, el("h2", {}, "Documents"),
+  main.append(el("h2", {}, "Sources"), progress, sourcesBox, el("h2", {}, "Documents"),
     el("div", { class: "row" }, el("label", { for: "doc-source" }, "Source", sourceFilter), el("label", { for: "doc-state" }, "State", stateFilter)),
     documentsBox);
   sourceFilter.append(el("option", { value: "" }, "every source"));

@@ -64,7 +64,11 @@ export async function render(main, ctx) {
       { head: "Queue", num: true, cell: (c) => String(c.queued || 0) },
       { head: "Restarts", num: true, cell: (c) => String(c.restarts || 0) },
       { head: "Breaker", cell: (c) => (c.breaker === "BREAKER_STATE_OPEN" ? badge("open", "bad") : `closed (${c.consecutive_failures || 0} failures)`) },
-      { head: "Last exit", wrap: true, cell: (c) => exitCause(c.last_exit) },
+      { head: "Recent exits", wrap: true, cell: (c) => {
+        const exits = c.recent_exits && c.recent_exits.length ? c.recent_exits : c.last_exit ? [c.last_exit] : [];
+        return el("ul", { class: "exits" }, exits.slice(0, 3).map((e) => el("li", {}, exitCause(e))),
+          exits.length > 3 ? el("li", { class: "muted" }, `${exits.length - 3} more`) : "");
+      } },
       { head: "Model file", wrap: true, cell: (c) => el("span", { class: "mono" }, c.model_path || c.endpoint_url || "") },
       { head: "Last error", wrap: true, cell: (c) => el("span", { class: "error" }, c.last_error || "") },
     ], list, "No child is running.");
