@@ -187,6 +187,12 @@ def _model_flag(p: argparse.ArgumentParser, what: str) -> None:
                         "default model)")
 
 
+def _streamed(p: argparse.ArgumentParser) -> None:
+    """The options of a command that streams a generation: sampling and ``--json``."""
+    _sampling(p)
+    _json_flag(p, "JSON lines (one per chunk)")
+
+
 def _sampling(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument("--max-tokens", type=int, metavar="N", help="tokens to generate at most")
@@ -232,8 +238,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                        description="Stream the completion of a raw prompt to stdout.")
     p.add_argument("prompt", metavar="PROMPT", help="the prompt; - reads it from stdin")
     _model_flag(p, "generation")
-    _sampling(p)
-    _json_flag(p, "JSON lines (one per chunk)")
+    _streamed(p)
 
     p = sub.add_parser("chat", parents=common, help="chat with the generation model",
                        description="Send the messages given by --system/--user/--assistant "
@@ -251,8 +256,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                         "lines")
     p.add_argument("--tool-choice", metavar="CHOICE",
                    help="with --tools: auto (default), none, required, or a tool's name")
-    _sampling(p)
-    _json_flag(p, "JSON lines (one per chunk)")
+    _streamed(p)
 
     add_search_commands(sub, common, _json_flag, _moment, _model_flag)
 
