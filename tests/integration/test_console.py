@@ -72,14 +72,19 @@ async def running(llama_server: str, tmp_path_factory: pytest.TempPathFactory
                         f"A line of two mebibytes follows.\n{LONG_LINE}\n<script>alert(2)"
                         "</script>\n", review=True)
             await _embedded(http)
-            # A streamed chat: tokens, a time to first token, in the metric history.
-            async with http.stream("POST", "/v1/chat/completions", headers=auth(READ), json={
-                    "model": GEN_ID, "stream": True, "max_tokens": 8,
-                    "messages": [{"role": "user", "content": "Say hello."}]}) as stream:
-                assert stream.status_code == 200
-                async for _ in stream.aiter_lines():
-                    pass
+            await _chat(http)
         yield Running(daemon, base, handbook)
+
+
+async def _chat(http: httpx.AsyncClient) -> None:
+    """A streamed chat: tokens and a time to first token in the metric history, lines in
+    the generation child's log."""
+    async with http.stream("POST", "/v1/chat/completions", headers=auth(READ), json={
+            "model": GEN_ID, "stream": True, "max_tokens": 8,
+            "messages": [{"role": "user", "content": "Say hello."}]}) as stream:
+        assert stream.status_code == 200
+        async for _ in stream.aiter_lines():
+            pass
 
 
 async def _embedded(http: httpx.AsyncClient) -> None:
@@ -207,10 +212,16 @@ async def test_pages_render_real_data(admin_page: Watched, running: Running,
     await admin_page.open("metrics")
     await expect(page.locator("#chart-tokens polyline").first).to_be_attached(timeout=15_000)
     await expect(page.locator("#chart-tokens .legend")).to_contain_text(GEN_ID)
+    ttft = page.locator("#chart-ttft polyline, #chart-ttft circle")
+    await expect(ttft.first).to_be_attached()
     await page.screenshot(path=shots / "metrics.png")
 
     await admin_page.open("logs")
     await expect(page.locator(".logs div").first).to_be_visible()
+    before = await page.locator(".logs div").count()
+    async with httpx.AsyncClient(base_url=running.base, trust_env=False, timeout=120) as http:
+        await _chat(http)  # the child logs its timings: the page follows them
+    await expect(page.locator(".logs div").nth(before)).to_be_attached(timeout=15_000)
     await page.screenshot(path=shots / "logs.png")
 
     await admin_page.open("kb")
@@ -286,17 +297,23 @@ async def test_hostile_document_renders_as_text(admin_page: Watched) -> None:
 async def test_review_approval_makes_the_document_searchable(
         admin_page: Watched, running: Running) -> None:
     """A runbook held for review is not found; approved on the Review page with a note, the
-    Search page finds it by a word only it has."""
+    Search page finds it by a word only it has. A changed version of an indexed document
+    is shown as its change: the indexed line removed, the held one added."""
     base = running.base
     async with httpx.AsyncClient(base_url=base, trust_env=False, timeout=120) as http:
         await _push(http, "runbooks", "runbooks/disk.md", "Disk full",
                     "# Disk full\n\nWhen the zanzibar partition fills, rotate the logs.\n",
                     review=True)
+        await _push(http, "runbooks", "runbooks/backup.md", "Backups",
+                    "# Backups\n\nThe wombat backups run hourly on web01.\n", review=True)
     page = admin_page.page
     await admin_page.search("zanzibar", "SEARCH_MODE_TEXT")
     await expect(page.locator("#results")).to_contain_text("0 hits")
 
     await admin_page.open("review")
+    changed = page.locator("article[data-doc='runbooks/backup.md'] .diff")
+    await expect(changed.locator(".del")).to_contain_text(["nightly at 02:00"])
+    await expect(changed.locator(".add")).to_contain_text(["hourly"])
     held = page.locator("article[data-doc='runbooks/disk.md']")
     await expect(held.locator(".diff")).to_contain_text("+When the zanzibar partition")
     await held.locator("textarea").fill("checked by the console test")
