@@ -6,20 +6,33 @@ refused is said before it is accepted), shown in state ``pending`` until its ups
 starts, then ``processing``, then ``indexed`` or ``failed`` with the reason, as
 :meth:`retrieval.Retriever.document` shows. Two accepted versions of one document are
 indexed in the order they came. At most ``limits.max_pending`` wait at once: past that,
-:class:`retrieval.errors.Busy` says to retry. A pending document is not durable until it
-is indexed: closing the retriever finishes the ones accepted (the daemon's drain).
+:class:`retrieval.errors.Busy` says to retry.
+
+Durable: an accepted document is written to the journal (one file per document under
+``<index dir>/pending``, written to a temporary name, fsync-ed, renamed into place and
+the directory fsync-ed) before the acceptance is returned, and its file is removed once
+its upsert has ended (indexed, held or failed: the store holds the outcome). A daemon
+killed with documents pending (``kill -9``, a power cut) finds their files at its next
+start (:meth:`Later.recover`) and indexes them in the order they were accepted; one
+indexed just before the kill is indexed again as the same content (no change). Closing
+the retriever finishes the ones accepted (the daemon's drain). The journal holds at most
+``max_pending`` documents, each at most ``max_document_chars``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import structlog
 
-from .errors import Busy, validate_document_id
+from .errors import Busy, StoreUnavailable, validate_document_id
 from .store._rows import DocumentRow
 
 _log = structlog.get_logger("llamad.retrieval")
@@ -30,12 +43,16 @@ Check = Callable[[str, str, str], Awaitable[object]]
 
 
 class Later:
-    """The background upserts of one retriever."""
+    """The background upserts of one retriever; ``journal`` (a directory, made 0700 if
+    missing) keeps them across a crash, None keeps them in memory only."""
 
-    def __init__(self, upsert: Upsert, check: Check, max_pending: Callable[[], int]) -> None:
+    def __init__(self, upsert: Upsert, check: Check, max_pending: Callable[[], int],
+                 journal: Path | None = None) -> None:
         self._upsert = upsert
         self._check = check
         self._max_pending = max_pending
+        self._journal = journal
+        self._seq = -1                                  # the last journal number used
         self.pending: dict[str, DocumentRow] = {}   # accepted, not started
         self._tasks: dict[str, asyncio.Task[None]] = {}  # the latest per document
         self._running: set[asyncio.Task[None]] = set()   # all of them
@@ -43,13 +60,15 @@ class Later:
     async def accept(self, source_id: str, title: str, text: str, *, doc_id: str, kind: str,
                      category: str, tags: Sequence[str], document_date: int | None = None,
                      received_at: int | None = None, review: bool = False) -> DocumentRow:
-        """Check the document as its upsert would, then queue the upsert; return the
-        document in state ``pending`` (with ``review``, held for review once processed).
+        """Check the document as its upsert would, write it to the journal, then queue
+        the upsert; return the document in state ``pending`` (with ``review``, held for
+        review once processed).
 
         Raises:
             InvalidDocument: a bad id or kind, an empty or oversized text.
             NotFound: an unknown source.
             Busy: ``max_pending`` documents already wait.
+            OSError: the journal cannot be written (a full disk): nothing was accepted.
         """
         validate_document_id(doc_id)
         await self._check(source_id, text, kind)
@@ -57,27 +76,41 @@ class Later:
         if waiting >= self._max_pending():
             raise Busy(f"{waiting} documents already wait to be indexed "
                        f"(retrieval.max_pending_upserts); retry shortly, or wait=true")
-        row = DocumentRow(doc_id, source_id, "", title, kind, category, tuple(tags), "", 0, 0,
-                          "pending", "", int(time.time()), 0, document_date)
-        self.pending[doc_id] = row
-        previous = self._tasks.get(doc_id)
-        task = asyncio.create_task(self._run(row, text, previous, received_at, review),
-                                   name=f"upsert-{doc_id}")
-        self._tasks[doc_id] = task
+        entry = {"source_id": source_id, "title": title, "text": text, "doc_id": doc_id,
+                 "kind": kind, "category": category, "tags": list(tags),
+                 "document_date": document_date, "received_at": received_at,
+                 "review": review}
+        saved = await asyncio.to_thread(self._save, entry) if self._journal else None
+        return self._queue(entry, saved)
+
+    def _queue(self, entry: dict[str, Any], saved: Path | None) -> DocumentRow:
+        row = DocumentRow(entry["doc_id"], entry["source_id"], "", entry["title"],
+                          entry["kind"], entry["category"], tuple(entry["tags"]), "", 0, 0,
+                          "pending", "", int(time.time()), 0, entry["document_date"])
+        self.pending[row.id] = row
+        previous = self._tasks.get(row.id)
+        task = asyncio.create_task(self._run(row, entry, previous, saved),
+                                   name=f"upsert-{row.id}")
+        self._tasks[row.id] = task
         self._running.add(task)
         task.add_done_callback(self._running.discard)
         return row
 
-    async def _run(self, row: DocumentRow, text: str,
-                   previous: asyncio.Task[None] | None, received_at: int | None,
-                   review: bool = False) -> None:
+    async def _run(self, row: DocumentRow, entry: dict[str, Any],
+                   previous: asyncio.Task[None] | None, saved: Path | None) -> None:
         if previous is not None:  # an earlier version of this document goes first
             await asyncio.gather(previous, return_exceptions=True)
         try:  # pending until the ingest shows it processing (its state then wins)
-            await self._upsert(row.source_id, row.title, text, doc_id=row.id, kind=row.kind,
-                               category=row.category, tags=row.tags,
-                               document_date=row.document_date, received_at=received_at,
-                               review=review)
+            await self._upsert(row.source_id, row.title, entry["text"], doc_id=row.id,
+                               kind=row.kind, category=row.category, tags=row.tags,
+                               document_date=row.document_date,
+                               received_at=entry["received_at"], review=bool(entry["review"]))
+        except asyncio.CancelledError:
+            raise  # not ended: the journal keeps it for the next start
+        except StoreUnavailable as exc:  # nothing recorded it: the next start tries again
+            _log.warning("background upsert failed: the store is unavailable; kept for "
+                         "the next start", document=row.id, error=str(exc)[:200])
+            saved = None
         except Exception as exc:  # the upsert recorded it as failed; logged here
             _log.warning("background upsert failed", document=row.id, error=str(exc)[:200])
         finally:
@@ -85,9 +118,77 @@ class Later:
                 del self.pending[row.id]
             if self._tasks.get(row.id) is asyncio.current_task():
                 del self._tasks[row.id]
+        if saved is not None:
+            await asyncio.to_thread(saved.unlink, missing_ok=True)
+
+    # -- the journal -------------------------------------------------------------------
+
+    def _entries(self) -> list[Path]:
+        if self._journal is None or not self._journal.is_dir():
+            return []
+        return sorted(p for p in self._journal.iterdir()
+                      if p.suffix == ".json" and p.stem.isdigit())
+
+    def _save(self, entry: dict[str, Any]) -> Path:
+        """Write one accepted document durably; its file."""
+        journal = self._journal
+        if journal is None:
+            raise RuntimeError("no journal")
+        if self._seq < 0:
+            journal.mkdir(mode=0o700, parents=True, exist_ok=True)
+            entries = self._entries()
+            self._seq = int(entries[-1].stem) if entries else 0
+        self._seq += 1
+        final = journal / f"{self._seq:012d}.json"
+        tmp = journal / f".{final.name}.tmp"
+        data = json.dumps(entry, ensure_ascii=False).encode()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+        _fsync_dir(journal)
+        return final
+
+    async def recover(self) -> int:
+        """Queue the documents a previous run accepted and did not finish (their journal
+        files), in the order they were accepted; how many. A file that cannot be read is
+        set aside (renamed ``*.bad``) with a warning."""
+        entries = await asyncio.to_thread(self._entries)
+        count = 0
+        for path in entries:
+            try:
+                entry = json.loads(await asyncio.to_thread(path.read_bytes))
+                if not isinstance(entry, dict):
+                    raise ValueError("not an object")
+                self._queue(entry, path)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                _log.warning("a pending document's journal file cannot be read: set aside",
+                             file=path.name, error=str(exc)[:200])
+                with contextlib.suppress(OSError):
+                    path.rename(path.with_suffix(".bad"))
+                continue
+            count += 1
+        if entries:
+            self._seq = max(self._seq, int(entries[-1].stem))
+        if count:
+            _log.info("indexing documents accepted before a restart", documents=count)
+        return count
 
     async def close(self) -> None:
         """Finish the upserts accepted (they were acknowledged as pending)."""
         while self._running:
             with contextlib.suppress(Exception):
                 await asyncio.gather(*list(self._running), return_exceptions=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

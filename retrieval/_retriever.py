@@ -82,7 +82,8 @@ class Retriever(RetrieverSources):
             built.embedded
         self._ingest = Ingest(self._backend, embedder, limits,
                               on_other_model=self._backfill.on_other_model)
-        self._later = Later(self.upsert, self._ingest.check, lambda: self.limits.max_pending)
+        self._later = Later(self.upsert, self._ingest.check, lambda: self.limits.max_pending,
+                            journal=root / "pending")
         self._search = Search(
             self._backend, embedder, limits,
             unavailable_reason=unavailable_reason or (lambda: "embedding child unavailable"),
@@ -137,6 +138,7 @@ class Retriever(RetrieverSources):
             return
         await asyncio.to_thread(self._backend.open_sync)
         self._retention.start()
+        await self._later.recover()  # documents accepted (wait=false) before a crash
 
     async def close(self) -> None:
         """Stop the background backfill, let the commits under way and queued finish,

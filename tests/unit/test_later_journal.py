@@ -1,0 +1,101 @@
+"""Durable asynchronous pushes (issue 30): a document accepted with wait=false is in the
+journal before the acceptance returns, leaves it once indexed, survives a retriever that
+never closed (its tasks gone as a killed process's are) and is indexed at the next open,
+in the order accepted; an unreadable journal file is set aside, not fatal. The real
+kill -9 of a daemon is tests/integration/test_durable_push.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import stat
+from pathlib import Path
+
+from retrieval import Retriever
+from tests.support.embedder import HashEmbedder
+from tests.support.eventually import eventually
+from tests.support.held import hold_later_upserts
+
+
+def journal(root: Path) -> list[Path]:
+    folder = root / "pending"
+    return sorted(folder.glob("*.json")) if folder.is_dir() else []
+
+
+async def opened(root: Path) -> Retriever:
+    r = Retriever(root, lambda: HashEmbedder("m"))
+    await r.open()
+    return r
+
+
+async def crash(r: Retriever) -> None:
+    """What a kill -9 leaves: the background upserts gone before they ended, nothing
+    closed or flushed by the retriever itself (its SQLite commits are already durable)."""
+    tasks = list(r._later._running)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_accepted_is_journaled_first_and_removed_once_indexed(tmp_path: Path) -> None:
+    root = tmp_path / "index"
+    r = await opened(root)
+    try:
+        await r.add_source("inbox")
+        gate = hold_later_upserts(r)
+        doc = await r.upsert_later("inbox", "Disk", "Rotate the nginx logs.", doc_id="inbox/a")
+        assert doc.state == "pending"
+        (saved,) = journal(root)
+        entry = json.loads(saved.read_text())
+        assert (entry["doc_id"], entry["text"]) == ("inbox/a", "Rotate the nginx logs.")
+        assert stat.S_IMODE(saved.stat().st_mode) == 0o600
+        assert stat.S_IMODE(saved.parent.stat().st_mode) == 0o700
+        gate.set()
+
+        async def indexed() -> bool:
+            d = await r.document("inbox/a")
+            return d is not None and d.state == "indexed" and not journal(root)
+        await eventually(indexed)
+    finally:
+        await r.close()
+
+
+async def test_pending_documents_survive_a_crash_in_order(tmp_path: Path) -> None:
+    root = tmp_path / "index"
+    r = await opened(root)
+    await r.add_source("inbox")
+    hold_later_upserts(r)  # never released: the "process" dies with them pending
+    for i in range(5):
+        await r.upsert_later("inbox", "Note", f"version {i} keyword quillon", doc_id="inbox/n")
+    await r.upsert_later("inbox", "Other", "the other document basaltmoth",
+                         doc_id="inbox/o")
+    await crash(r)
+    assert len(journal(root)) == 6
+    await asyncio.to_thread(r._backend.close_sync)
+
+    again = await opened(root)
+    try:
+        async def all_indexed() -> bool:
+            docs = {d.id: d.state for d in await again.documents("inbox")}
+            return docs == {"inbox/n": "indexed", "inbox/o": "indexed"} \
+                and not journal(root)
+        await eventually(all_indexed)
+        hits = (await again.search("quillon")).hits
+        assert hits[0].text.startswith("version 4")  # the last accepted won
+        assert (await again.search("basaltmoth")).hits
+    finally:
+        await again.close()
+
+
+async def test_an_unreadable_journal_file_is_set_aside(tmp_path: Path) -> None:
+    root = tmp_path / "index"
+    (root / "pending").mkdir(parents=True, mode=0o700)
+    (root / "pending" / "000000000007.json").write_text("{not json")
+    r = await opened(root)
+    try:
+        assert (root / "pending" / "000000000007.bad").exists()
+        await r.add_source("inbox")
+        await r.upsert_later("inbox", "New", "after the bad one", doc_id="inbox/new")
+        assert journal(root)[-1].name == "000000000008.json"  # numbering goes on
+    finally:
+        await r.close()
