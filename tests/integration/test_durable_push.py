@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,16 +23,6 @@ pytestmark = pytest.mark.integration
 DOCUMENTS = 40
 
 
-@pytest.fixture
-def serving() -> Iterator[list[ServeProcess]]:
-    started: list[ServeProcess] = []
-    yield started
-    for d in started:
-        if d.proc.poll() is None:
-            d.proc.kill()
-            d.proc.wait()
-
-
 def start(started: list[ServeProcess], env: dict[str, str]) -> str:
     d = ServeProcess(env)
     started.append(d)
@@ -43,13 +32,13 @@ def start(started: list[ServeProcess], env: dict[str, str]) -> str:
 
 
 async def test_acknowledged_pushes_survive_kill_9(
-        serving: list[ServeProcess], tmp_path: Path) -> None:
+        spawned: list[ServeProcess], tmp_path: Path) -> None:
     state = tmp_path / "state"
     env = config_env("llama-server", LLAMAD_GENERATION_ENABLED="false",
                      LLAMAD_STATE_DIR=str(state))
     # The stopped child stays the embedder (no liveness or token probe replaces it while
     # the pushes are acknowledged): whatever the machine's speed, none can be indexed.
-    address = start(serving, {**env, "LLAMAD_CHILD_PROBE_INTERVAL": "600",
+    address = start(spawned, {**env, "LLAMAD_CHILD_PROBE_INTERVAL": "600",
                               "LLAMAD_CHILD_TOKEN_PROBE_INTERVAL": "600",
                               "LLAMAD_CHILD_FAILED_CALLS": "0"})
     (embedder,) = child_pids(address)
@@ -64,12 +53,12 @@ async def test_acknowledged_pushes_survive_kill_9(
                 assert doc.state == "pending"
             pending = sorted((state / "retrieval" / "pending").glob("*.json"))
             assert len(pending) == DOCUMENTS  # all acknowledged, none indexed yet
-            serving[0].proc.kill()  # SIGKILL: no drain, no close
-            serving[0].proc.wait()
+            spawned[0].proc.kill()  # SIGKILL: no drain, no close
+            spawned[0].proc.wait()
         finally:
             os.kill(embedder, signal.SIGKILL)
 
-    address = start(serving, {**env, "LLAMAD_RETRIEVAL_BACKFILL_INTERVAL": "1"})
+    address = start(spawned, {**env, "LLAMAD_RETRIEVAL_BACKFILL_INTERVAL": "1"})
     async with AsyncClient(address, timeout=30) as client:
         async def all_indexed() -> bool:
             docs = await client.list_documents("inbox")
