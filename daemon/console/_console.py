@@ -17,7 +17,7 @@ from ..httpapi import Api, Route
 from ..httpapi._parse import Body
 from ..models.pool import Pool
 from ..ops.balancing import Drainer
-from ..telemetry.history import MetricHistory
+from ..telemetry.history import WANTED, MetricHistory
 from ..telemetry.metrics import Metrics
 from . import _api
 from ._api import Node
@@ -106,7 +106,8 @@ def console(pool: Pool, version: str, *, started: float, draining: Callable[[], 
     sampled every ``console.sample_interval`` seconds over ``console.history``."""
     if not settings.enabled:
         return None
-    history = MetricHistory(metrics.registry.collect, interval=settings.sample_interval,
-                            window=settings.history, models=pool.names)
+    history = MetricHistory(metrics.registry.restricted_registry(WANTED).collect,
+                            interval=settings.sample_interval, window=settings.history,
+                            models=pool.names)
     return Console(Node(pool, version, started, draining, drainer, auth, history,
                         ExitLog(pool)))

@@ -32,7 +32,11 @@ _QUEUE = "llamad_queue_depth"
 _IN_FLIGHT = "llamad_requests_in_flight"
 _CALLS = "llamad_model_calls_total"
 _REJECTED = "llamad_rejections_total"
-_WANTED = frozenset({_TOKENS, _TTFT, _QUEUE, _IN_FLIGHT, _CALLS, _REJECTED})
+WANTED = frozenset({_TOKENS, _TTFT, _QUEUE, _IN_FLIGHT, _CALLS, _REJECTED})
+"""The sample names a history reads: collecting only their families
+(``registry.restricted_registry(WANTED).collect``) leaves out the rest of the registry
+(the inter-token histograms, the lifecycle gauges), which every sample of an otherwise
+idle daemon paid for (issue 27)."""
 
 
 @dataclass
@@ -78,7 +82,7 @@ def read(families: Iterable[Any]) -> dict[str, _Reading]:
     readings: dict[str, _Reading] = {}
     for family in families:
         for sample in family.samples:
-            if sample.name not in _WANTED:
+            if sample.name not in WANTED:
                 continue
             model = sample.labels.get("model", "")
             r = readings.setdefault(model, _Reading())
@@ -137,7 +141,7 @@ class MetricHistory:
 
     Args:
         collect: the registry's families, read at each sample
-            (``metrics.registry.collect``).
+            (``metrics.registry.restricted_registry(WANTED).collect``).
         interval: seconds between samples.
         window: seconds of samples kept (at least one sample).
         models: the model names kept (others, such as ``other``, are left out; None: all).

@@ -22,7 +22,7 @@ from daemon.grpcapi.rpc import Call
 from daemon.httpapi import Api, Route, json_response
 from daemon.httpapi._parse import Body
 from daemon.services import review
-from daemon.telemetry.history import MetricHistory, quantile
+from daemon.telemetry.history import WANTED, MetricHistory, quantile
 from daemon.telemetry.metrics import Metrics
 from tests.support.httpapi import client, serving
 
@@ -111,13 +111,17 @@ def test_quantile_interpolates_inside_the_bucket() -> None:
     assert quantile(0.5, {1.0: 0.0, float("inf"): 0.0}) is None
 
 
-def test_history_samples_each_interval_from_the_metrics() -> None:
+@pytest.mark.parametrize("restricted", [False, True], ids=["registry", "wanted-only"])
+def test_history_samples_each_interval_from_the_metrics(restricted: bool) -> None:
     """Each sample holds what happened since the one before: tokens per second, the
     interval's TTFT quantiles (None when no call streamed), the queue at the sample,
-    errors and refusals; the catalog's models only; the ring keeps window/interval."""
+    errors and refusals; the catalog's models only; the ring keeps window/interval.
+    The same from the whole registry and from its WANTED families only (the daemon's)."""
     metrics = Metrics(models={"gen": "generation", "emb": "embedding"})
     now = [1000.0]
-    history = MetricHistory(metrics.registry.collect, interval=5, window=15,
+    collect = (metrics.registry.restricted_registry(WANTED).collect if restricted
+               else metrics.registry.collect)
+    history = MetricHistory(collect, interval=5, window=15,
                             models=lambda: ["gen", "emb"], clock=lambda: now[0])
     assert history.sample() is None  # the baseline
     metrics.tokens("generation", 50, "gen")
