@@ -26,6 +26,7 @@ from ._client import ApiShape, EmbedResult, Health, InferenceClient
 from ._clock import Clock, ManualClock, SystemClock
 from ._drain import drain
 from ._exits import ExitCause, classify_exit
+from ._loading import LoadProgress
 from ._logring import LogLine, LogRing
 from ._process import ChildProcess, can_lower_niceness, renice
 from ._runtime import (
@@ -130,6 +131,7 @@ __all__ = [
     "Launcher",
     "LiveChild",
     "LlamaServerRuntime",
+    "LoadProgress",
     "LogLine",
     "LogRing",
     "LogitBias",

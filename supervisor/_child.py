@@ -32,6 +32,7 @@ from typing import Protocol
 
 import structlog
 
+from . import _loading as loading
 from ._client import ApiShape, Health, InferenceClient
 from ._clock import Clock
 from ._exits import ExitCause, cgroup_oom_kills, classify_exit
@@ -55,7 +56,11 @@ class Timeouts:
     Attributes:
         start: seconds a start may go without any sign of progress (new output lines,
             or the health endpoint saying "loading") before it is declared stuck.
-        start_cap: hard limit of a start, progress or not.
+        start_cap: hard limit of a start, progress or not, for a model of no size.
+        start_cap_per_gib: seconds the hard limit grows by per GiB of model file (a 40 GiB
+            model takes longer to read than a 100 MB one).
+        start_cap_max: the most the hard limit grows to with the model's size (never
+            below ``start_cap``).
         probe_interval: seconds between liveness probes while running.
         probe_timeout: seconds a probe may take.
         probe_failures: consecutive failed probes that declare the child hung.
@@ -81,6 +86,8 @@ class Timeouts:
 
     start: float = 60.0
     start_cap: float = 300.0
+    start_cap_per_gib: float = 10.0
+    start_cap_max: float = 1800.0
     probe_interval: float = 5.0
     probe_timeout: float = 3.0
     probe_failures: int = 3
@@ -92,6 +99,13 @@ class Timeouts:
     token_probe_per_gib: float = 5.0
     token_probe_busy_max: float = 60.0
     unresponsive_grace: float = 2.0
+
+    def start_cap_for(self, model_bytes: int) -> float:
+        """The hard limit of a start of a model file of ``model_bytes``: ``start_cap``
+        plus ``start_cap_per_gib`` per GiB, at most ``start_cap_max`` (but never below
+        ``start_cap``)."""
+        grown = self.start_cap + self.start_cap_per_gib * max(0, model_bytes) / 2**30
+        return max(self.start_cap, min(grown, self.start_cap_max))
 
     @property
     def probes(self) -> ProbePolicy:
@@ -189,9 +203,11 @@ class ProcessChild:
     async def wait_ready(self, spec: LaunchSpec, on_stage: StageSink | None = None) -> None:
         """Poll until ready; raise :class:`StartFailure` (child reaped) otherwise."""
         t = self._timeouts
+        cap = t.start_cap_for(self._model_bytes)
         began = self._clock.monotonic()
         soft_deadline = began + t.start
-        lines_seen = self.process.lines_seen
+        lines_seen = 0  # every line, from the first: the watch reads them all
+        watch = loading.current()
         interval = 0.01
         try:
             while True:
@@ -199,17 +215,23 @@ class ProcessChild:
                     raise StartFailure(self._cause(self._exit_task.result()))
                 health = await self.client.health(timeout=min(2.0, t.probe_timeout))
                 now = self._clock.monotonic()
+                if watch is not None:
+                    self._feed(watch, lines_seen)
                 if health is Health.READY:
+                    if watch is not None:
+                        watch.stage("probing")
                     if on_stage is not None:
                         on_stage("probing")
                     await self._prove_identity_and_usable(spec)
                     return
+                if health is Health.LOADING and watch is not None:
+                    watch.stage("loading")
                 if health is Health.LOADING or self.process.lines_seen != lines_seen:
                     lines_seen = self.process.lines_seen
                     soft_deadline = now + t.start
-                if now >= began + t.start_cap or now >= soft_deadline:
-                    limit = "hard cap" if now >= began + t.start_cap else "no progress for"
-                    seconds = t.start_cap if limit == "hard cap" else t.start
+                if now >= began + cap or now >= soft_deadline:
+                    limit = "hard cap" if now >= began + cap else "no progress for"
+                    seconds = cap if limit == "hard cap" else t.start
                     raise StartFailure(ExitCause(
                         "start_timeout", False,
                         f"not ready after {now - began:.1f}s ({limit} {seconds:g}s)",
@@ -223,6 +245,14 @@ class ProcessChild:
         except BaseException:
             await self.stop()
             raise
+
+    def _feed(self, watch: loading.LoadWatch, seen: int) -> None:
+        """Give ``watch`` the lines printed since ``seen`` were (the last 50 at most:
+        a phase is never lost, as later lines only move it on)."""
+        new = self.process.lines_seen - seen
+        if new > 0:
+            for text in self.process.recent_lines()[-new:]:
+                watch.line(text)
 
     async def _prove_identity_and_usable(self, spec: LaunchSpec) -> None:
         try:

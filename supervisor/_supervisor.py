@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from . import _loading as loading
 from ._backoff import CircuitBreaker, RestartPolicy
 from ._child import Launcher, LiveChild, StartFailure
 from ._client import InferenceClient
@@ -104,6 +105,7 @@ class Supervisor:
         self.running_since: float | None = None
         self._starting_since: float | None = None
         self._start_seconds = 0.0  # how long the last successful start took (0: none yet)
+        self._loading: loading.LoadWatch | None = None  # the start under way
         self.retry_at: float | None = None
         self._stopping = False
         self._swap_lock = asyncio.Lock()
@@ -138,8 +140,18 @@ class Supervisor:
         """
         child = self._child
         if self._state is not State.RUNNING or child is None:
-            raise ChildNotReadyError(self.role, self._state.value, self.retry_after())
+            progress = self.load_progress()
+            raise ChildNotReadyError(self.role, self._state.value, self.retry_after(),
+                                     progress.describe() if progress is not None else "")
         return child.client
+
+    def load_progress(self) -> loading.LoadProgress | None:
+        """How far the start under way is (None: no start under way): its phase, seconds
+        so far, and how long the last start took (:mod:`supervisor._loading`)."""
+        watch = self._loading
+        if self._state is not State.STARTING or watch is None:
+            return None
+        return watch.progress(self._start_seconds)
 
     def uptime(self) -> float:
         """Seconds since the child became running; 0 when not running."""
@@ -158,6 +170,9 @@ class Supervisor:
         if self._state is State.BACKOFF and self.retry_at is not None:
             return max(0.0, self.retry_at - now) + start
         if self._state is State.STARTING:
+            progress = self.load_progress()
+            if progress is not None:  # its phase, or what is left of its last start
+                return progress.retry_after()
             began = self._starting_since if self._starting_since is not None else now
             return max(0.1, began + start - now)
         if self._state is State.FAILED:
@@ -319,6 +334,10 @@ class Supervisor:
             self._child = adopted
             self._ack_adoption(None)
         else:
+            # Watched from here (a large file's validation is part of its start); the
+            # launcher finds the watch in the context (supervisor._loading).
+            self._loading = loading.LoadWatch(self._clock.monotonic)
+            watched = loading.WATCH.set(self._loading)
             try:
                 if self._validate is not None:
                     await asyncio.to_thread(self._validate)
@@ -327,6 +346,9 @@ class Supervisor:
                 return ExitCause("invalid_model", True, str(exc), at=self._clock.wall())
             except StartFailure as exc:
                 return exc.cause
+            finally:
+                loading.WATCH.reset(watched)
+                self._loading = None
         self.running_since = self._clock.monotonic()
         if self._starting_since is not None:
             self._start_seconds = self.running_since - self._starting_since

@@ -51,13 +51,18 @@ class ChildNotReadyError(SupervisorError):
         state: its current state name.
         retry_after: seconds after which a retry may succeed, or None if unknown
             (for example while the circuit breaker is open with no cool-down).
+        progress: while it starts, how far (``loading the model (phase 2 of 4), 3.1 s so
+            far``); "" otherwise.
     """
 
-    def __init__(self, role: str, state: str, retry_after: float | None) -> None:
+    def __init__(self, role: str, state: str, retry_after: float | None,
+                 progress: str = "") -> None:
         self.role = role
         self.state = state
         self.retry_after = retry_after
-        super().__init__(f"{role} child is not running (state: {state})")
+        self.progress = progress
+        detail = f"; {progress}" if progress else ""
+        super().__init__(f"{role} child is not running (state: {state}{detail})")
 
 
 class ChildRequestError(SupervisorError):

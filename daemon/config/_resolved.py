@@ -100,6 +100,7 @@ class Config:
         """The supervisor's timeouts, of ``[child]``."""
         c = self.settings.child
         return Timeouts(start=c.start_timeout, start_cap=c.start_cap,
+                        start_cap_per_gib=c.start_cap_per_gib, start_cap_max=c.start_cap_max,
                         probe_interval=c.probe_interval, probe_timeout=c.probe_timeout,
                         probe_failures=c.probe_failures, stop_grace=c.stop_grace,
                         busy_silence=c.busy_silence, failed_calls=c.failed_calls,

@@ -33,7 +33,16 @@ class ChildSettings:
     start_timeout: float = setting(
         60.0, "Seconds a child start may go without progress (output or 'loading').",
         minimum=0.1)
-    start_cap: float = setting(300.0, "Hard limit of a child start, s.", minimum=0.1)
+    start_cap: float = setting(
+        300.0, "Hard limit of a child start, s, for a model of no size (a swap's is "
+        "swap.ready_timeout); it grows by start_cap_per_gib per GiB of model file, up to "
+        "start_cap_max.", minimum=0.1)
+    start_cap_per_gib: float = setting(
+        10.0, "Seconds a start's hard limit grows by per GiB of model file (reading the "
+        "weights from disk: 10 s/GiB is about 100 MB/s).", minimum=0)
+    start_cap_max: float = setting(
+        1800.0, "The most a start's hard limit grows to with the model's size, s (never "
+        "below start_cap or swap.ready_timeout).", minimum=0.1)
     probe_interval: float = setting(5.0, "Seconds between liveness probes.", minimum=0.05)
     probe_timeout: float = setting(3.0, "Seconds a liveness probe may take.", minimum=0.05)
     probe_failures: int = setting(3, "Failed probes in a row that mean hung.", minimum=1)

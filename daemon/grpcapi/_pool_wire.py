@@ -1,8 +1,10 @@
-"""The pool's views on the wire: :class:`~daemon.models.pool.ModelView` as a ``ModelInfo``."""
+"""The pool's views on the wire: :class:`~daemon.models.pool.ModelView` as a ``ModelInfo``,
+and a start's :class:`supervisor.LoadProgress` as a ``LoadProgress``."""
 
 from __future__ import annotations
 
 from llamad_protocol.v1 import control_pb2
+from supervisor import LoadProgress
 
 from ..models.pool import ModelView
 from .inference import ROLE_ENUMS, _timestamp
@@ -14,6 +16,21 @@ _STATES = {
     "draining": control_pb2.MODEL_STATE_DRAINING,
     "failed": control_pb2.MODEL_STATE_FAILED,
 }
+
+
+_PHASES = {
+    "launching": control_pb2.LOAD_PHASE_LAUNCHING,
+    "loading": control_pb2.LOAD_PHASE_LOADING,
+    "warming_up": control_pb2.LOAD_PHASE_WARMING_UP,
+    "probing": control_pb2.LOAD_PHASE_PROBING,
+}
+
+
+def load_progress(progress: LoadProgress) -> control_pb2.LoadProgress:
+    """How far a start is, as ControlService's ``LoadProgress``."""
+    return control_pb2.LoadProgress(
+        phase=_PHASES.get(progress.phase, control_pb2.LOAD_PHASE_UNSPECIFIED),
+        seconds=progress.seconds, expected_seconds=progress.expected_seconds)
 
 
 def model_info(view: ModelView) -> control_pb2.ModelInfo:
@@ -29,4 +46,6 @@ def model_info(view: ModelView) -> control_pb2.ModelInfo:
         preload=view.preload, origin=view.origin)
     if view.last_used is not None:
         info.last_used.CopyFrom(_timestamp(view.last_used))
+    if view.loading is not None:
+        info.loading.CopyFrom(load_progress(view.loading))
     return info

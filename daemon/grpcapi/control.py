@@ -45,7 +45,7 @@ from ..ops.balancing import Drainer
 from ..services import residency
 from ..telemetry.metrics import Metrics
 from . import rpc
-from ._pool_wire import model_info
+from ._pool_wire import load_progress, model_info
 from .inference import ROLE_ENUMS, _role, _timestamp
 
 _STATES = {
@@ -132,6 +132,9 @@ def child_status(child: Model) -> control_pb2.ChildStatus:
             if isinstance(client, EndpointClient):
                 status.endpoint_model = client.model_id
                 status.model_context_length = client.context_length
+    progress = sup.load_progress()
+    if progress is not None:
+        status.loading.CopyFrom(load_progress(progress))
     cause = _exit_cause(sup.last_exit)
     if cause is not None:
         status.last_exit.CopyFrom(cause)

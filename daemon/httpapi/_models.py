@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from supervisor import SupervisorError
+from supervisor import LoadProgress, SupervisorError
 
 from ..config._resolved import ChildConfig
 from ..models.backend import InferenceBackend
@@ -59,6 +59,7 @@ class Listed:
     loaded: bool
     route: str = ""
     names: tuple[str, ...] = ()
+    loading: LoadProgress | None = None
 
     @property
     def aliases(self) -> tuple[str, ...]:
@@ -66,8 +67,13 @@ class Listed:
         return own if self.route else (*own, self.role)
 
     def to_json(self, created: int) -> dict[str, Any]:
-        return {"id": self.name, "object": "model", "created": created,
-                "owned_by": "llamad", "role": self.role, "loaded": self.loaded}
+        out = {"id": self.name, "object": "model", "created": created,
+               "owned_by": "llamad", "role": self.role, "loaded": self.loaded}
+        if self.loading is not None:  # llamad's: how far its load is
+            p = self.loading
+            out["loading"] = {"phase": p.phase, "seconds": round(p.seconds, 1),
+                              "expected_seconds": round(p.expected_seconds, 1)}
+        return out
 
 
 def _listed(served: Served) -> Listed:
@@ -91,7 +97,8 @@ def _pooled(view: ModelView) -> Listed:
     file = Path(view.path)
     names = (*view.aliases, file.name, file.stem) if view.path else view.aliases
     return Listed(view.name, view.role, view.state == "ready",
-                  route="" if view.is_default else view.name, names=tuple(names))
+                  route="" if view.is_default else view.name, names=tuple(names),
+                  loading=view.loading)
 
 
 class Catalog:

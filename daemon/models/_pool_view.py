@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from supervisor import BreakerState, LlamaServerRuntime
+from supervisor import BreakerState, Clock, LlamaServerRuntime, LoadProgress
 
 from ..config._catalog import Catalog, CatalogEntry
 from . import memory
@@ -27,6 +27,8 @@ class ModelView:
         last_used: wall-clock time of the last call it was given (None: never).
         in_flight: calls running on it or waiting for its slots.
         breaker_open: its circuit breaker is open.
+        loading: while it loads, how far (:class:`supervisor.LoadProgress`; None
+            otherwise).
     """
 
     name: str
@@ -44,6 +46,7 @@ class ModelView:
     is_default: bool
     preload: bool
     origin: str
+    loading: LoadProgress | None = None
 
 
 class PoolViews:
@@ -55,6 +58,8 @@ class PoolViews:
     _closing: set[str]
     _last_used: dict[str, float]
     _estimates: dict[str, int]
+    _loading_since: dict[str, float]
+    _clock: Clock
 
     if TYPE_CHECKING:
         def entry(self, name: str, role: str | None = None) -> CatalogEntry: ...
@@ -86,6 +91,7 @@ class PoolViews:
                 self._estimates[entry.name] = estimate_file(entry)
             estimate = self._estimates[entry.name]
         state, busy, breaker, error = "unloaded", 0, False, ""
+        loading: LoadProgress | None = None
         if model is not None:
             state = model.status
             if entry.name in self._closing and state == "ready":
@@ -93,12 +99,17 @@ class PoolViews:
             busy = model.busy()
             breaker = model.supervisor.breaker.state is BreakerState.OPEN
             error = model.last_error
+            loading = model.supervisor.load_progress()
+        since = self._loading_since.get(entry.name)
+        if state == "loading" and loading is None and since is not None:
+            # Loading, its child not started yet (room being made, its file checked).
+            loading = LoadProgress("launching", self._clock.monotonic() - since)
         return ModelView(
             name=entry.name, role=entry.role, aliases=entry.aliases, state=state,
             memory_estimate=estimate, last_used=self._last_used.get(entry.name),
             in_flight=busy, pinned=entry.pin, ttl=entry.ttl, breaker_open=breaker,
             last_error=error, path=entry.path, is_default=entry.name in self._defaults,
-            preload=entry.preload, origin=entry.origin)
+            preload=entry.preload, origin=entry.origin, loading=loading)
 
 
 def estimate_file(entry: CatalogEntry) -> int:

@@ -143,9 +143,12 @@ class InferenceRouter:
             try:
                 served = await asyncio.wait_for(pool.load(name, call=True), time_remaining)
             except TimeoutError:
+                progress = pool.view(name).loading
+                how_far = ("" if progress is None else f" ({progress.describe()}; retry "
+                           f"in about {progress.retry_after():.1f} s)")
                 raise DeadlineUnmeetable(
                     f"model {name!r} was not loaded before the call's deadline; it goes on "
-                    "loading: retry") from None
+                    f"loading{how_far}: retry") from None
             except SwapFailedError as exc:
                 raise FailedPrecondition(f"model {name!r} could not be loaded: "
                                          f"{exc.cause.message}") from None

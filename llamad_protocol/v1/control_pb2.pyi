@@ -58,6 +58,38 @@ MODEL_STATE_FAILED: ModelState.ValueType  # 5
 """Its circuit breaker is open (last_error says why)."""
 Global___ModelState: _TypeAlias = ModelState  # noqa: Y015
 
+class _LoadPhase:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _LoadPhaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_LoadPhase.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    LOAD_PHASE_UNSPECIFIED: _LoadPhase.ValueType  # 0
+    LOAD_PHASE_LAUNCHING: _LoadPhase.ValueType  # 1
+    """Spawned; nothing known printed yet."""
+    LOAD_PHASE_LOADING: _LoadPhase.ValueType  # 2
+    """Reading the model (and, at llama-server's default verbosity, warming it up)."""
+    LOAD_PHASE_WARMING_UP: _LoadPhase.ValueType  # 3
+    """Building its context, warming up, setting up its slots."""
+    LOAD_PHASE_PROBING: _LoadPhase.ValueType  # 4
+    """The server is up: llamad's own readiness request is under way."""
+
+class LoadPhase(_LoadPhase, metaclass=_LoadPhaseEnumTypeWrapper):
+    """A start's phase, read from what the child prints (llama.cpp prints no figure of the
+    weights read, so phases, not a percentage; docs/supervision.md).
+    """
+
+LOAD_PHASE_UNSPECIFIED: LoadPhase.ValueType  # 0
+LOAD_PHASE_LAUNCHING: LoadPhase.ValueType  # 1
+"""Spawned; nothing known printed yet."""
+LOAD_PHASE_LOADING: LoadPhase.ValueType  # 2
+"""Reading the model (and, at llama-server's default verbosity, warming it up)."""
+LOAD_PHASE_WARMING_UP: LoadPhase.ValueType  # 3
+"""Building its context, warming up, setting up its slots."""
+LOAD_PHASE_PROBING: LoadPhase.ValueType  # 4
+"""The server is up: llamad's own readiness request is under way."""
+Global___LoadPhase: _TypeAlias = LoadPhase  # noqa: Y015
+
 class _InferenceMode:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -229,6 +261,7 @@ class ModelInfo(_message.Message):
     IS_DEFAULT_FIELD_NUMBER: _builtins.int
     PRELOAD_FIELD_NUMBER: _builtins.int
     ORIGIN_FIELD_NUMBER: _builtins.int
+    LOADING_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The catalog name (what a request's model field names)."""
     role: _common_pb2.ChildRole.ValueType
@@ -262,6 +295,10 @@ class ModelInfo(_message.Message):
     def last_used(self) -> _timestamp_pb2.Timestamp:
         """The end of the last call it served (unset: none yet)."""
 
+    @_builtins.property
+    def loading(self) -> Global___LoadProgress:
+        """While it loads (state LOADING): how far (unset otherwise)."""
+
     def __init__(
         self,
         *,
@@ -280,14 +317,44 @@ class ModelInfo(_message.Message):
         is_default: _builtins.bool = ...,
         preload: _builtins.bool = ...,
         origin: _builtins.str = ...,
+        loading: Global___LoadProgress | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["last_used", b"last_used"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_used", b"last_used", "loading", b"loading"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aliases", b"aliases", "breaker", b"breaker", "in_flight", b"in_flight", "is_default", b"is_default", "last_error", b"last_error", "last_used", b"last_used", "memory_estimate_bytes", b"memory_estimate_bytes", "name", b"name", "origin", b"origin", "path", b"path", "pinned", b"pinned", "preload", b"preload", "role", b"role", "state", b"state", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aliases", b"aliases", "breaker", b"breaker", "in_flight", b"in_flight", "is_default", b"is_default", "last_error", b"last_error", "last_used", b"last_used", "loading", b"loading", "memory_estimate_bytes", b"memory_estimate_bytes", "name", b"name", "origin", b"origin", "path", b"path", "pinned", b"pinned", "preload", b"preload", "role", b"role", "state", b"state", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ModelInfo: _TypeAlias = ModelInfo  # noqa: Y015
+
+@_typing.final
+class LoadProgress(_message.Message):
+    """How far a child's start is."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PHASE_FIELD_NUMBER: _builtins.int
+    SECONDS_FIELD_NUMBER: _builtins.int
+    EXPECTED_SECONDS_FIELD_NUMBER: _builtins.int
+    phase: Global___LoadPhase.ValueType
+    seconds: _builtins.float
+    """Since the start began."""
+    expected_seconds: _builtins.float
+    """How long this model's last successful start took (0: none yet)."""
+    def __init__(
+        self,
+        *,
+        phase: Global___LoadPhase.ValueType = ...,
+        seconds: _builtins.float = ...,
+        expected_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_seconds", b"expected_seconds", "phase", b"phase", "seconds", b"seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LoadProgress: _TypeAlias = LoadProgress  # noqa: Y015
 
 @_typing.final
 class LoadModelRequest(_message.Message):
@@ -578,6 +645,7 @@ class ChildStatus(_message.Message):
     QUEUE_AHEAD_FIELD_NUMBER: _builtins.int
     CHAT_TEMPLATE_FIELD_NUMBER: _builtins.int
     SOCKET_FIELD_NUMBER: _builtins.int
+    LOADING_FIELD_NUMBER: _builtins.int
     role: _common_pb2.ChildRole.ValueType
     """One per role, whatever its mode ("child" for history)."""
     state: Global___ChildState.ValueType
@@ -642,6 +710,10 @@ class ChildStatus(_message.Message):
     def last_exit(self) -> Global___ExitCause: ...
     @_builtins.property
     def last_swap(self) -> Global___SwapInfo: ...
+    @_builtins.property
+    def loading(self) -> Global___LoadProgress:
+        """While the child starts (state STARTING): how far (unset otherwise)."""
+
     def __init__(
         self,
         *,
@@ -672,10 +744,11 @@ class ChildStatus(_message.Message):
         queue_ahead: _builtins.int = ...,
         chat_template: _builtins.str = ...,
         socket: _builtins.str = ...,
+        loading: Global___LoadProgress | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["last_exit", b"last_exit", "last_swap", b"last_swap"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_exit", b"last_exit", "last_swap", b"last_swap", "loading", b"loading"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["breaker", b"breaker", "chat_template", b"chat_template", "consecutive_failures", b"consecutive_failures", "enabled", b"enabled", "endpoint_model", b"endpoint_model", "endpoint_url", b"endpoint_url", "in_flight", b"in_flight", "last_error", b"last_error", "last_exit", b"last_exit", "last_swap", b"last_swap", "mode", b"mode", "model_architecture", b"model_architecture", "model_context_length", b"model_context_length", "model_path", b"model_path", "model_sha256", b"model_sha256", "pid", b"pid", "port", b"port", "previous_model_path", b"previous_model_path", "queue_ahead", b"queue_ahead", "queued", b"queued", "restarts", b"restarts", "role", b"role", "runtime", b"runtime", "slots", b"slots", "socket", b"socket", "state", b"state", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["breaker", b"breaker", "chat_template", b"chat_template", "consecutive_failures", b"consecutive_failures", "enabled", b"enabled", "endpoint_model", b"endpoint_model", "endpoint_url", b"endpoint_url", "in_flight", b"in_flight", "last_error", b"last_error", "last_exit", b"last_exit", "last_swap", b"last_swap", "loading", b"loading", "mode", b"mode", "model_architecture", b"model_architecture", "model_context_length", b"model_context_length", "model_path", b"model_path", "model_sha256", b"model_sha256", "pid", b"pid", "port", b"port", "previous_model_path", b"previous_model_path", "queue_ahead", b"queue_ahead", "queued", b"queued", "restarts", b"restarts", "role", b"role", "runtime", b"runtime", "slots", b"slots", "socket", b"socket", "state", b"state", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
