@@ -34,7 +34,7 @@ class DocumentCalls(SyncBase):
     def search(
         self, query: str, *, timeout: Timeout = DEFAULT, **options: Unpack[rq.SearchOptions]
     ) -> SearchResult:
-        """Hybrid search (BM25 and vectors fused by RRF; BM25 only without embeddings).
+        """Hybrid search (BM25 and vectors fused; BM25 only without embeddings).
 
         Args:
             top_k: hits to return (0: the daemon's default, 5; above its maximum,
@@ -47,9 +47,11 @@ class DocumentCalls(SyncBase):
             min_score: drop hits whose ``score`` (the fused score normalised to [0, 1];
                 the cosine similarity in vector mode) is below it.
             candidates: candidates each index contributes (0: the daemon's default).
-            text_weight, vector_weight: the rankings' weights in the fusion.
-            group_by_document: one hit per document (its other matching chunks in
-                ``other_chunk_ids``).
+            text_weight, vector_weight: the lists' weights in the fusion.
+            group_by_document: one hit per document, fused per document (its other
+                candidate chunks in ``other_chunk_ids``).
+            fusion: ``rrf``, ``dbsf`` or ``convex`` ("": the daemon's
+                ``retrieval.fusion``).
             dated_since, dated_until: keep hits whose document's own date
                 (``document_date``) is within this window; documents without a date are
                 left out once either is set.

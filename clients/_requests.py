@@ -101,6 +101,7 @@ class SearchOptions(TypedDict, total=False):
     group_by_document: bool
     dated_since: datetime | None
     dated_until: datetime | None
+    fusion: str
 
 
 def search(query: str, *, top_k: int = 0, sources: Sequence[str] = (),
@@ -109,14 +110,15 @@ def search(query: str, *, top_k: int = 0, sources: Sequence[str] = (),
            mode: SearchMode = "hybrid", min_score: float | None = None, candidates: int = 0,
            text_weight: float | None = None, vector_weight: float | None = None,
            group_by_document: bool = False, dated_since: datetime | None = None,
-           dated_until: datetime | None = None) -> retrieval_pb2.SearchRequest:
+           dated_until: datetime | None = None, fusion: str = "",
+           ) -> retrieval_pb2.SearchRequest:
     request = retrieval_pb2.SearchRequest(
         query=query, top_k=top_k, filters=cv.filters(
             sources=sources, kinds=kinds, categories=categories, tags=tags,
             indexed_since=indexed_since, indexed_until=indexed_until,
             dated_since=dated_since, dated_until=dated_until),
         mode=cv.search_mode_enum(mode), candidates=candidates,
-        group_by_document=group_by_document,
+        group_by_document=group_by_document, fusion=fusion,
         # None leaves an optional field unset: the daemon's default.
         min_score=min_score, text_weight=text_weight, vector_weight=vector_weight)
     return request

@@ -31,6 +31,7 @@ class RetrievalLimits:
     vector_candidates: int = 100
     max_candidates: int = 200       # most candidates a search may ask each index for
     rrf_k: int = 60
+    fusion: str = "rrf"            # rrf | dbsf | convex (search._score_fusion)
     text_weight: float = 1.0        # the rankings' weights in the fusion (1 and 1: RRF)
     vector_weight: float = 1.0
     default_k: int = 5

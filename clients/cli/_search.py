@@ -86,10 +86,14 @@ def add_search_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument("--candidates", type=int, default=0, metavar="N",
                    help="candidates each index contributes before fusion (default: the "
                         "daemon's retrieval.text_candidates and vector_candidates)")
+    p.add_argument("--fusion", choices=("rrf", "dbsf", "convex"), default="",
+                   help="how the two lists are fused: reciprocal ranks, distribution-based "
+                        "score fusion or a convex combination of min-max normalised scores "
+                        "(default: the daemon's retrieval.fusion)")
     p.add_argument("--text-weight", type=float, default=None, metavar="W",
-                   help="the BM25 ranking's weight in the fusion (default: the daemon's)")
+                   help="the BM25 list's weight in the fusion (default: the daemon's)")
     p.add_argument("--vector-weight", type=float, default=None, metavar="W",
-                   help="the vector ranking's weight in the fusion (default: the daemon's)")
+                   help="the vector list's weight in the fusion (default: the daemon's)")
     _filter_flags(p)
     _dated_flags(p, moment)
     g = p.add_argument_group("by when the document was indexed")
@@ -216,7 +220,7 @@ def search(client: Client, args: argparse.Namespace) -> int:
     result = client.search(args.query, top_k=args.top_k, mode=args.mode,
                            min_score=args.min_score, group_by_document=args.by_document,
                            candidates=args.candidates, text_weight=args.text_weight,
-                           vector_weight=args.vector_weight,
+                           vector_weight=args.vector_weight, fusion=args.fusion,
                            indexed_since=args.indexed_since,
                            indexed_until=args.indexed_until, **_filters(args))
     if args.json:

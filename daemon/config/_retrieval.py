@@ -16,6 +16,7 @@ from retrieval import StoreUnavailable, check_dsn
 from ._options import ConfigError, Reload, setting
 
 STORES = ("embedded", "postgres")
+FUSIONS = ("rrf", "dbsf", "convex")  # retrieval.search._score_fusion.FUSIONS
 LEXICAL_RANKERS = ("auto", "pg_textsearch", "pg_search", "bm25-sql")  # retrieval.postgres._rankers
 """The values of ``retrieval.store``."""
 
@@ -59,10 +60,14 @@ class RetrievalSettings:
     max_candidates: int = setting(200, minimum=1, help="""
         Most candidates a search may ask each index for (SearchRequest.candidates).""")
     rrf_k: int = setting(60, minimum=1, help="Reciprocal Rank Fusion constant k.")
+    fusion: str = setting("rrf", choices=FUSIONS, help="""
+        How a hybrid search fuses its two lists: rrf (reciprocal ranks), dbsf (each list's
+        scores normalised by its mean and 3 standard deviations, then summed) or convex (min-max
+        normalised scores, summed); text_weight and vector_weight weigh the lists in each.""")
     text_weight: float = setting(1.0, minimum=0, help="""
-        Weight of the BM25 ranking in the fusion (weighted RRF; 1 and 1: plain RRF).""")
+        Weight of the BM25 list in the fusion (with rrf, 1 and 1: plain RRF).""")
     vector_weight: float = setting(1.0, minimum=0, help="""
-        Weight of the vector ranking in the fusion (weighted RRF).""")
+        Weight of the vector list in the fusion.""")
     default_k: int = setting(5, minimum=1, help="Hits returned when a search asks for none.")
     max_k: int = setting(20, minimum=1, help="""
         Most hits a search returns (a larger top_k is clamped to it, with a warning).""")

@@ -77,7 +77,7 @@ def query_from(request: rpb.SearchRequest) -> Query:
         candidates=request.candidates or None,
         text_weight=request.text_weight if request.HasField("text_weight") else None,
         vector_weight=request.vector_weight if request.HasField("vector_weight") else None,
-        group_by_document=request.group_by_document)
+        group_by_document=request.group_by_document, fusion=request.fusion or None)
 
 
 def search_hit(h: Hit) -> rpb.SearchHit:

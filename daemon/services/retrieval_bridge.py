@@ -50,7 +50,7 @@ def limits_from(config: Config) -> RetrievalLimits:
         max_commit_batch=r.max_commit_batch, max_pending=r.max_pending_upserts,
         query_embed_timeout=r.query_embed_timeout,
         text_candidates=r.text_candidates, vector_candidates=r.vector_candidates,
-        rrf_k=r.rrf_k, default_k=r.default_k, max_k=r.max_k,
+        rrf_k=r.rrf_k, fusion=r.fusion, default_k=r.default_k, max_k=r.max_k,
         max_query_chars=r.max_query_chars, max_document_chars=r.max_document_chars,
         max_candidates=r.max_candidates, text_weight=r.text_weight,
         vector_weight=r.vector_weight,

@@ -86,7 +86,7 @@ class _SearchModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SearchMode
     DESCRIPTOR: _descriptor.EnumDescriptor
     SEARCH_MODE_UNSPECIFIED: _SearchMode.ValueType  # 0
     SEARCH_MODE_HYBRID: _SearchMode.ValueType  # 1
-    """BM25 and vectors, fused by RRF."""
+    """BM25 and vectors, fused (SearchRequest.fusion)."""
     SEARCH_MODE_TEXT: _SearchMode.ValueType  # 2
     """BM25 only (asked for, or no embedding child, or no vectors for its model yet)."""
     SEARCH_MODE_VECTOR: _SearchMode.ValueType  # 3
@@ -96,7 +96,7 @@ class SearchMode(_SearchMode, metaclass=_SearchModeEnumTypeWrapper): ...
 
 SEARCH_MODE_UNSPECIFIED: SearchMode.ValueType  # 0
 SEARCH_MODE_HYBRID: SearchMode.ValueType  # 1
-"""BM25 and vectors, fused by RRF."""
+"""BM25 and vectors, fused (SearchRequest.fusion)."""
 SEARCH_MODE_TEXT: SearchMode.ValueType  # 2
 """BM25 only (asked for, or no embedding child, or no vectors for its model yet)."""
 SEARCH_MODE_VECTOR: SearchMode.ValueType  # 3
@@ -818,6 +818,7 @@ class SearchRequest(_message.Message):
     TEXT_WEIGHT_FIELD_NUMBER: _builtins.int
     VECTOR_WEIGHT_FIELD_NUMBER: _builtins.int
     GROUP_BY_DOCUMENT_FIELD_NUMBER: _builtins.int
+    FUSION_FIELD_NUMBER: _builtins.int
     query: _builtins.str
     top_k: _builtins.int
     """Hits to return (default 5). Above the configured maximum (retrieval.max_k, 20 by
@@ -829,20 +830,29 @@ class SearchRequest(_message.Message):
     """
     min_score: _builtins.float
     """Drop hits scoring below this: the cosine similarity in vector mode; otherwise the
-    fused score normalised to [0, 1] (1: ranked first by every index that answered).
+    fused score normalised to [0, 1] (1: ranked first by every index that answered with
+    rrf, at the top of every list's normalised scores with dbsf and convex).
     """
     candidates: _builtins.int
     """Candidates each index contributes before fusion (default retrieval.text_candidates
     and retrieval.vector_candidates; at most retrieval.max_candidates).
     """
     text_weight: _builtins.float
-    """The rankings' weights in the fusion (defaults retrieval.text_weight and
-    retrieval.vector_weight; 1 and 1 is plain RRF).
+    """The lists' weights in the fusion, each 0..100, not both 0 (defaults
+    retrieval.text_weight and retrieval.vector_weight; with rrf, 1 and 1 is plain RRF;
+    with convex, alpha and 1 - alpha is alpha * text + (1 - alpha) * vector).
     """
     vector_weight: _builtins.float
     group_by_document: _builtins.bool
-    """One hit per document: its best chunk, its other matching chunks in other_chunk_ids;
-    top_k counts documents.
+    """One hit per document, fused per document (each list reduced to its best chunk per
+    document, then fused): the document's best chunk, its other candidate chunks in
+    other_chunk_ids; top_k counts documents.
+    """
+    fusion: _builtins.str
+    """How the two lists are fused: "rrf" (reciprocal ranks), "dbsf" (each list's scores
+    normalised by its mean and 3 standard deviations, clipped to [0, 1], then summed
+    with the weights) or "convex" (min-max normalised scores, summed with the weights);
+    empty: retrieval.fusion. Anything else is INVALID_ARGUMENT naming fusion.
     """
     @_builtins.property
     def filters(self) -> Global___SearchFilters: ...
@@ -858,10 +868,11 @@ class SearchRequest(_message.Message):
         text_weight: _builtins.float | None = ...,
         vector_weight: _builtins.float | None = ...,
         group_by_document: _builtins.bool = ...,
+        fusion: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_min_score", b"_min_score", "_text_weight", b"_text_weight", "_vector_weight", b"_vector_weight", "filters", b"filters", "min_score", b"min_score", "text_weight", b"text_weight", "vector_weight", b"vector_weight"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_min_score", b"_min_score", "_text_weight", b"_text_weight", "_vector_weight", b"_vector_weight", "candidates", b"candidates", "filters", b"filters", "group_by_document", b"group_by_document", "min_score", b"min_score", "mode", b"mode", "query", b"query", "text_weight", b"text_weight", "top_k", b"top_k", "vector_weight", b"vector_weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_min_score", b"_min_score", "_text_weight", b"_text_weight", "_vector_weight", b"_vector_weight", "candidates", b"candidates", "filters", b"filters", "fusion", b"fusion", "group_by_document", b"group_by_document", "min_score", b"min_score", "mode", b"mode", "query", b"query", "text_weight", b"text_weight", "top_k", b"top_k", "vector_weight", b"vector_weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__min_score: _TypeAlias = _typing.Literal["min_score"]  # noqa: Y015
     _WhichOneofArgType__min_score: _TypeAlias = _typing.Literal["_min_score", b"_min_score"]  # noqa: Y015

@@ -1,4 +1,5 @@
-"""Hybrid search: BM25 top-N ∥ HNSW top-N (filters applied inside both), fused by RRF.
+"""Hybrid search: BM25 top-N ∥ HNSW top-N (filters applied inside both), fused by RRF,
+DBSF or a convex combination (:mod:`._score_fusion`), per chunk or per document.
 
 Search never fails because of the vector side (invariant 6): without an embedding child
 (down, disabled), or when the query cannot be embedded within ``query_embed_timeout``, it
@@ -28,7 +29,8 @@ from .._interface import StoreBackend
 from .._limits import RetrievalLimits
 from ..errors import EmbeddingModelMismatch, InvalidDocument, VectorUnavailable
 from ..store._bm25 import Filters
-from ._fusion import best_score, rrf
+from ._fusion import FusedHit
+from ._score_fusion import FUSIONS, by_document, ceiling, fuse_scored
 
 if TYPE_CHECKING:
     from .._backfill import BackfillRun
@@ -99,15 +101,22 @@ class Query:
             only: refused with :class:`VectorUnavailable` when it cannot run, never
             degraded).
         min_score: drop hits below it: the cosine similarity in vector mode; otherwise
-            the fused score normalised to [0, 1] by the score of a chunk every answering
-            index ranks first (so 1.0 is "first everywhere"; a BM25-only hybrid search
-            is normalised by the text index alone).
+            the fused score normalised to [0, 1] by the best the fusion can give (RRF:
+            a chunk every answering index ranks first; dbsf and convex: the sum of the
+            weights), so 1.0 is "first everywhere"; a BM25-only hybrid search is
+            normalised by the text index alone.
         candidates: candidates each index contributes (at most
             ``retrieval.max_candidates``).
-        text_weight, vector_weight: the rankings' weights in the fusion (RRF with weights
-            1 and 1 is plain RRF).
-        group_by_document: one hit per document (its best chunk; its other matching
-            chunks in ``other_chunk_ids``), ``k`` documents.
+        fusion: ``rrf`` (reciprocal ranks), ``dbsf`` (each list's scores normalised by
+            its mean and 3 standard deviations, clipped, summed) or ``convex`` (min-max
+            normalised scores, summed); None: ``retrieval.fusion``.
+        text_weight, vector_weight: the lists' weights in the fusion (RRF with weights
+            1 and 1 is plain RRF; convex with ``alpha`` and ``1 - alpha`` is
+            ``alpha * text + (1 - alpha) * vector``).
+        group_by_document: one hit per document, ``k`` documents, fused per document:
+            each list reduced to its best chunk per document before the fusion; the hit
+            is the document's best chunk by chunk fusion, its other candidate chunks in
+            ``other_chunk_ids``.
     """
 
     mode: str = SearchMode.HYBRID
@@ -116,6 +125,7 @@ class Query:
     text_weight: float | None = None
     vector_weight: float | None = None
     group_by_document: bool = False
+    fusion: str | None = None
 
 
 def snippet(text: str, query: str, width: int = 240) -> str:
@@ -160,8 +170,9 @@ class Search:
     async def search(self, query: str, *, k: int | None = None,
                      filters: Filters | None = None, options: Query | None = None
                      ) -> SearchResult:
-        """BM25 top-N ∥ HNSW top-N, fused by (weighted) RRF; top ``k`` hits (``options``:
-        mode, score floor, candidates, weights, grouping by document). A ``k`` above
+        """BM25 top-N ∥ HNSW top-N, fused (``options.fusion``, weighted); top ``k`` hits
+        (``options``: mode, score floor, candidates, fusion, weights, grouping by
+        document). A ``k`` above
         ``retrieval.max_k`` is clamped to it, with a warning.
 
         The query embedding is bounded by ``query_embed_timeout`` (past it, a hybrid
@@ -201,12 +212,13 @@ class Search:
         vec_hits, vector_model = vector if vector is not None else (None, "")
         mode = (q.mode if q.mode != SearchMode.HYBRID
                 else SearchMode.HYBRID if vec_hits is not None else SearchMode.TEXT)
-        used = [(weights[0], [key for key, _ in text_hits])] if q.mode != SearchMode.VECTOR else []
+        used = [(weights[0], text_hits)] if q.mode != SearchMode.VECTOR else []
         if vec_hits is not None:
-            used.append((weights[1], [key for key, _ in vec_hits]))
-        fused = rrf([ranking for _, ranking in used], k=limits.rrf_k,
-                    weights=[w for w, _ in used])
-        top = best_score([w for w, _ in used], limits.rrf_k) or 1.0
+            used.append((weights[1], [(key, 1.0 - dist) for key, dist in vec_hits]))
+        method = q.fusion or limits.fusion
+        lists, used_weights = [ranking for _, ranking in used], [w for w, _ in used]
+        fused_hits = fuse_scored(lists, method, weights=used_weights, k=limits.rrf_k)
+        top = ceiling(method, used_weights, limits.rrf_k) or 1.0
         text_rank = {key: i for i, (key, _) in enumerate(text_hits, start=1)}
         text_score = dict(text_hits)
         vec_rank = {key: i for i, (key, _) in enumerate(vec_hits or [], start=1)}
@@ -215,11 +227,19 @@ class Search:
         def normalised(key: int, score: float) -> float:
             return vec_sim[key] if mode == SearchMode.VECTOR else score / top
 
-        kept = [(key, score) for key, score in fused
-                if q.min_score is None or normalised(key, score) >= q.min_score]
-        chunks = await asyncio.to_thread(
-            store.chunks_by_keys, [key for key, _ in (kept if q.group_by_document
-                                                      else kept[:k])])
+        others: dict[int, list[int]] = {}
+        ranked: list[FusedHit] = fused_hits
+        if q.group_by_document:
+            chunks = await asyncio.to_thread(store.chunks_by_keys,
+                                             [h.key for h in fused_hits])
+            ranked, others = by_document(lists, fused_hits,
+                                         {key: c.doc_id for key, c in chunks.items()},
+                                         method, weights=used_weights, k=limits.rrf_k)
+        kept = [(h.key, h.score) for h in ranked
+                if q.min_score is None or normalised(h.key, h.score) >= q.min_score]
+        if not q.group_by_document:
+            chunks = await asyncio.to_thread(store.chunks_by_keys,
+                                             [key for key, _ in kept[:k]])
         hits = []
         for key, score in kept:
             c = chunks.get(key)
@@ -232,10 +252,11 @@ class Search:
                 "hybrid" if in_text and in_vec else ("text" if in_text else "vector"),
                 score, text_rank.get(key), text_score.get(key), vec_rank.get(key),
                 vec_sim.get(key), c.indexed_at, normalised(key, score), c.kind, c.category,
-                c.tags, c.ordinal, c.mtime_ns, document_date=c.document_date))
-        hits = _by_document(hits) if q.group_by_document else hits
-        candidates = tuple((key, text_rank.get(key), vec_rank.get(key), score)
-                           for key, score in fused)
+                c.tags, c.ordinal, c.mtime_ns, document_date=c.document_date,
+                other_chunk_ids=tuple(chunks[o].chunk_id for o in others.get(key, ())
+                                      if o in chunks)))
+        candidates = tuple((h.key, text_rank.get(h.key), vec_rank.get(h.key), h.score)
+                           for h in fused_hits)
         return SearchResult(hits[:k], mode, warnings, candidates, vector_model)
 
     async def _enabled_only(self, filters: Filters, warnings: list[str]) -> Filters | None:
@@ -270,6 +291,9 @@ class Search:
             raise InvalidDocument(f"query has {len(query)} characters; the limit is "
                                   f"{limits.max_query_chars} (retrieval.max_query_chars)",
                                   field="query")
+        if q.fusion is not None and q.fusion not in FUSIONS:
+            raise InvalidDocument(f"fusion must be one of {', '.join(FUSIONS)}, got "
+                                  f"{q.fusion!r}", field="fusion")
         if q.mode not in MODES:
             raise InvalidDocument(f"mode must be one of {', '.join(MODES)}, got {q.mode!r}",
                                   field="mode")
@@ -330,15 +354,3 @@ class Search:
             return None
         return hits, serving
 
-
-def _by_document(hits: list[Hit]) -> list[Hit]:
-    """One hit per document, in the order of each document's best chunk; the others'
-    chunk ids listed on it, best first."""
-    best: dict[str, Hit] = {}
-    others: dict[str, list[str]] = {}
-    for hit in hits:
-        if hit.doc_id in best:
-            others[hit.doc_id].append(hit.chunk_id)
-        else:
-            best[hit.doc_id], others[hit.doc_id] = hit, []
-    return [dataclasses.replace(h, other_chunk_ids=tuple(others[d])) for d, h in best.items()]

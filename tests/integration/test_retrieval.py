@@ -21,6 +21,7 @@ from daemon import Daemon
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 from llamad_protocol.v1 import retrieval_pb2_grpc
 from tests.conftest import ROOT
+from tests.integration.test_answer import bad_request_fields
 from tests.support.corpus import write_corpus
 from tests.support.daemon import Clients, config_env, make_daemon
 
@@ -192,6 +193,46 @@ async def test_bad_retrieval_requests(daemon_with_corpus) -> None:  # type: igno
     assert "unknown search mode 99" in (err.value.details() or "")
     weird = await r.search('AND OR NOT /.*/ title:foo "unbalanced ((( a-b * \\')
     assert weird.mode in (rpb.SEARCH_MODE_HYBRID, rpb.SEARCH_MODE_TEXT)
+
+
+
+async def test_search_with_each_fusion(daemon_with_corpus) -> None:  # type: ignore[no-untyped-def]
+    """rrf, dbsf and convex through the daemon's Search (real MiniLM child): the runbook
+    that answers leads; scores are the fused ones over the fusion's ceiling (RRF: first
+    in both lists; dbsf and convex: the sum of the weights), best first; per document,
+    one hit each. An unknown fusion, or a weight out of range, is INVALID_ARGUMENT
+    naming the field."""
+    _, _, r, _ = daemon_with_corpus
+    await r.reindex("docs")
+    query = "what to do when the disk is full on the web server"
+    ceilings = {"rrf": 1 / 61, "dbsf": 1.0, "convex": 1.0}
+    orders = {}
+    for fusion, ceiling in ceilings.items():
+        resp = await r.stub.Search(rpb.SearchRequest(
+            query=query, top_k=10, fusion=fusion, text_weight=0.4, vector_weight=0.6))
+        assert resp.mode == rpb.SEARCH_MODE_HYBRID
+        top = resp.hits[0]
+        assert top.document_id == "docs/runbooks/web01.md", fusion
+        assert (top.text_rank, top.vector_rank) == (1, 1), fusion
+        fused = [h.fused_score for h in resp.hits]
+        assert fused == sorted(fused, reverse=True)
+        assert [h.score for h in resp.hits] == pytest.approx([f / ceiling for f in fused])
+        if fusion == "convex":  # min-max: first in both lists is 0.4 * 1 + 0.6 * 1
+            assert top.fused_score == pytest.approx(1.0)
+        orders[fusion] = [h.chunk_id for h in resp.hits]
+        grouped = await r.stub.Search(rpb.SearchRequest(
+            query=query, top_k=10, fusion=fusion, group_by_document=True))
+        docs = [h.document_id for h in grouped.hits]
+        assert docs[0] == "docs/runbooks/web01.md"
+        assert len(docs) == len(set(docs)) == 4
+    assert set(orders["rrf"]) == set(orders["dbsf"]) == set(orders["convex"])
+    for request, field in [(rpb.SearchRequest(query="disk", fusion="borda"), "fusion"),
+                           (rpb.SearchRequest(query="disk", fusion="dbsf", text_weight=101),
+                            "text_weight")]:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await r.stub.Search(request)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert bad_request_fields(err.value) == [field]
 
 
 def test_acknowledged_writes_survive_kill9_at_random_points(tmp_path: Path,

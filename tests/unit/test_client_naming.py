@@ -125,10 +125,12 @@ def test_every_search_option_reaches_the_request(client: Client, fake: FakeLlama
         client.search("q", top_k=3, sources=["s"], kinds=["markdown"], categories=["c"],
                       tags=["t"], indexed_since=since, indexed_until=until, mode="text",
                       min_score=0.2, candidates=40, text_weight=2.0, vector_weight=0.5,
-                      group_by_document=True, dated_since=since, dated_until=until)
+                      group_by_document=True, dated_since=since, dated_until=until,
+                      fusion="convex")
     r = fake.requests["RetrievalService/Search"]
     assert (r.top_k, r.candidates, r.min_score, r.text_weight, r.vector_weight) == (
         3, 40, 0.2, 2.0, 0.5)
+    assert r.fusion == "convex"
     assert r.group_by_document
     assert r.filters.indexed_since.ToDatetime(UTC) == since
     assert r.filters.dated_until.ToDatetime(UTC) == until
@@ -177,10 +179,10 @@ def test_cli_search_options_and_section(llamad: Run, fake: FakeLlamad, tmp_path:
     assert llamad("ingest", str(tmp_path), "--source", "docs")[0] == 0
     status, out, _ = llamad("search", "nginx", "--candidates", "30", "--text-weight", "2",
                             "--vector-weight", "0.5", "--indexed-since", "2026-01-01",
-                            "--mode", "text")
+                            "--mode", "text", "--fusion", "dbsf")
     assert status == 0
     r = fake.requests["RetrievalService/Search"]
-    assert (r.candidates, r.text_weight, r.vector_weight) == (30, 2.0, 0.5)
+    assert (r.candidates, r.text_weight, r.vector_weight, r.fusion) == (30, 2.0, 0.5, "dbsf")
     assert r.filters.HasField("indexed_since")
     row = out.splitlines()[1]
     assert "web01: Disk full" in row  # the fake's title is the file name

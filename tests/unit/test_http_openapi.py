@@ -91,7 +91,7 @@ def _full_messages() -> list[tuple[str, Message]]:
     """(route, a request of it with every kind of field set)."""
     search = rpb.SearchRequest(query="disk full", top_k=7, mode=rpb.SEARCH_MODE_TEXT,
                                min_score=0.25, candidates=40, text_weight=1.5,
-                               vector_weight=0.5, group_by_document=True)
+                               vector_weight=0.5, group_by_document=True, fusion="dbsf")
     search.filters.sources.extend(["runbooks"])
     search.filters.tags.extend(["disk", "linux"])
     search.filters.indexed_since.FromJsonString("2026-01-31T00:00:00Z")
