@@ -23,6 +23,13 @@ if TYPE_CHECKING:
     from ..testing import FakeLlamad
 
 
+_SOURCE_FIELDS = tuple(
+    f.name for f in retrieval_pb2.AddSourceRequest.DESCRIPTOR.fields
+    if f.name in retrieval_pb2.Source.DESCRIPTOR.fields_by_name)
+"""What AddSource sets of a Source: the fields both messages have (id, path, category,
+tags, review_required, retention, exclude, ...)."""
+
+
 @dataclass
 class Doc:
     """A document the fake holds (its whole text is its one chunk)."""
@@ -148,13 +155,13 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "exclude patterns apply to "
                           "directory sources only (give a path)")
         kind = "history" if request.history else "directory" if request.path else "push"
-        source = retrieval_pb2.Source(id=request.id, kind=kind,
-                                      path=request.path, category=request.category,
-                                      tags=request.tags,
-                                      review_required=request.review_required,
-                                      max_age_days=request.max_age_days,
-                                      max_items=request.max_items,
-                                      exclude=request.exclude)
+        source = retrieval_pb2.Source(kind=kind)
+        for name in _SOURCE_FIELDS:  # every setting the request and the Source share
+            value = getattr(request, name)
+            if isinstance(value, str | int | bool):
+                setattr(source, name, value)
+            else:  # a repeated field
+                getattr(source, name).extend(value)
         self.fake.sources[request.id] = source
         return source
 
