@@ -25,6 +25,7 @@ import pytest_asyncio
 from playwright.async_api import Browser, Page, Request, async_playwright, expect
 
 from daemon import Daemon
+from tests.conftest import DEFAULT_MODEL
 from tests.support.http_daemon import ADMIN, GEN_ID, READ, auth, http_daemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -444,3 +445,23 @@ async def test_overview_shows_a_childs_exit(admin_page: Watched,
     await expect(row.locator("td").nth(7)).not_to_have_text("0")  # restarts
     await expect(row).to_contain_text("running", timeout=60_000)
     assert child.pid and child.pid != old
+
+
+async def test_admin_loads_and_unloads_a_model_from_the_overview(admin_page: Watched) -> None:
+    """Load on a catalog model no role serves makes it resident (its state ready, a child
+    of its own listed), Unload takes it out again, both from the Overview's buttons."""
+    page = admin_page.page
+    name = DEFAULT_MODEL.removesuffix(".gguf")
+    await admin_page.open("overview")
+    models = page.locator("table").first
+    row = models.locator("tr", has=page.locator("strong", has_text=re.compile(f"^{name}$")))
+    await expect(row).to_contain_text("unloaded")
+    await row.locator(f"button[data-key='load-{name}']").click()
+    await expect(row).to_contain_text("ready", timeout=120_000)
+    await expect(row.locator("td").nth(3)).to_have_text("yes")
+    children = page.locator("table").nth(1)
+    await expect(children).to_contain_text(name)
+    await row.locator(f"button[data-key='unload-{name}']").focus()
+    await page.keyboard.press("Enter")
+    await expect(row).to_contain_text("unloaded", timeout=60_000)
+    await expect(children).not_to_contain_text(name, timeout=30_000)
