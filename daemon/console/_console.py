@@ -66,10 +66,6 @@ class Console:
                       body: Body) -> web.StreamResponse:
         return await _api.review_change(api, request, call)
 
-    def files(self) -> list[str]:
-        """The static files served."""
-        return self._pages.names()
-
     # -- the Mount protocol ----------------------------------------------------------
 
     def page(self, request: web.BaseRequest) -> web.StreamResponse | None:

@@ -62,10 +62,6 @@ class Pages:
         self._etags = {name: '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
                        for name, body in self._files.items()}
 
-    def names(self) -> list[str]:
-        """The files served."""
-        return sorted(self._files)
-
     def answer(self, request: web.BaseRequest) -> web.StreamResponse | None:
         """The file ``request`` asks for (GET or HEAD), a 304 when its ETag matches;
         None when the path is no file."""

@@ -299,7 +299,8 @@ async def test_review_approval_makes_the_document_searchable(
         admin_page: Watched, running: Running) -> None:
     """A runbook held for review is not found; approved on the Review page with a note, the
     Search page finds it by a word only it has. A changed version of an indexed document
-    is shown as its change: the indexed line removed, the held one added."""
+    is shown as its change (the indexed line removed, the held one added), and rejected
+    with a note."""
     base = running.base
     async with httpx.AsyncClient(base_url=base, trust_env=False, timeout=120) as http:
         await _push(http, "runbooks", "runbooks/disk.md", "Disk full",
@@ -323,6 +324,16 @@ async def test_review_approval_makes_the_document_searchable(
 
     await admin_page.search("zanzibar", "SEARCH_MODE_TEXT")
     await expect(page.locator(".hit[data-doc='runbooks/disk.md']")).to_be_visible()
+
+    await admin_page.open("review")
+    backup = page.locator("article[data-doc='runbooks/backup.md']")
+    await backup.locator("textarea").fill("hourly is wrong")
+    await backup.locator("button", has_text="Reject").click()
+    await expect(backup).to_have_count(0)
+    async with httpx.AsyncClient(base_url=base, trust_env=False, timeout=120) as http:
+        doc = (await http.get("/v1/llamad/document", params={"id": "runbooks/backup.md"},
+                              headers=auth(READ))).json()
+    assert (doc["state"], doc["review_note"]) == ("DOCUMENT_STATE_REJECTED", "hourly is wrong")
 
 
 async def test_read_token_sees_no_admin_control(running: Running,

@@ -1,6 +1,6 @@
 // Review: the documents held for review, each with its change against the indexed version;
 // approve or reject (admins).
-import { call, el, json, swap } from "../app.js";
+import { el, json, swap } from "../app.js";
 
 function diff(change) {
   const lines = change.lines.map((line) => {
