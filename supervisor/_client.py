@@ -39,7 +39,7 @@ from ._transport import (
     UnaryTransport,
 )
 from .errors import ChildBadRequestError, ChildRequestError
-from .http import NotAJsonObject, Response, json_object
+from .http import HTTPTransportError, NotAJsonObject, Response, json_object
 from .http._events import Chunk, int_or_none, sse_chunks
 
 _END_WITHIN = 1.0
@@ -397,6 +397,8 @@ class InferenceClient(TokenizerCalls):
                 body = retry
         except httpx.HTTPError as exc:
             raise self._transport_error("POST", path, exc) from exc
+        except HTTPTransportError as exc:  # the lean transport's, reading the body
+            raise ChildRequestError(f"POST {path}: {exc}") from exc
         finally:
             activity.in_flight -= 1
 

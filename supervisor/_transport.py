@@ -121,28 +121,21 @@ class LoopbackTransport:
     async def stream(self, path: str, body: dict[str, Any], timeout: float
                      ) -> AsyncIterator[Streamed]:
         """POST ``body``; yield the answer once its head has come, its body read as it
-        arrives (a transport failure while reading it raises ChildRequestError too).
+        arrives (a transport failure while reading it raises HTTPTransportError: the
+        reader names it, see :meth:`supervisor.InferenceClient._stream`; no generator
+        around every piece, issue 27).
 
         Raises:
             ChildRequestError: no answer came.
         """
         try:
             async with self._http.stream("POST", path, _encode(body), timeout) as answer:
-                yield Streamed(answer.status, answer.headers, _named(answer.body, path))
+                yield answer
         except HTTPTransportError as exc:
             raise ChildRequestError(f"POST {path}: {exc}") from exc
 
     async def aclose(self) -> None:
         await self._http.aclose()
-
-
-async def _named(body: AsyncIterator[bytes], path: str) -> AsyncIterator[bytes]:
-    """``body``, a transport failure raised as ChildRequestError naming the request."""
-    try:
-        async for piece in body:
-            yield piece
-    except HTTPTransportError as exc:
-        raise ChildRequestError(f"POST {path}: {exc}") from exc
 
 
 def _encode(body: dict[str, Any]) -> bytes:

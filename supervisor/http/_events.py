@@ -16,6 +16,7 @@ import orjson
 from .._sampling import TokenLogprobs, parse_logprobs
 from .._tools import ToolCallDelta, join_tool_deltas, parse_tool_deltas
 from ..errors import ChildRequestError
+from ._read import HTTPTransportError
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -145,7 +146,7 @@ async def _read_end(data: AsyncIterator[bytes], within: float) -> None:
             async for extra in data:
                 if extra.strip():
                     return
-    except (TimeoutError, ChildRequestError):
+    except (TimeoutError, ChildRequestError, HTTPTransportError):
         return
 
 

@@ -105,15 +105,22 @@ class Silence:
             self.stop()
 
 
-async def read_pieces(reader: asyncio.StreamReader, headers: dict[str, str], end: Silence
-                  ) -> AsyncIterator[bytes]:
+def read_pieces(reader: asyncio.StreamReader, headers: dict[str, str], end: Silence
+                ) -> AsyncIterator[bytes]:
     """A body's bytes as they arrive: de-chunked, up to its Content-Length, or to EOF;
     ``end.complete`` set once it was read to its end with nothing after it (then its
-    connection may be reused). A body cut short raises IncompleteReadError."""
+    connection may be reused). A body cut short raises IncompleteReadError.
+
+    The reader itself, not a generator around it: every piece of a stream passes each
+    layer of generators on a cold process (issue 27)."""
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        async for piece in dechunk(reader, end):
-            yield piece
-        return
+        return dechunk(reader, end)
+    return _read_sized(reader, headers, end)
+
+
+async def _read_sized(reader: asyncio.StreamReader, headers: dict[str, str], end: Silence
+                      ) -> AsyncIterator[bytes]:
+    """A body up to its Content-Length, or to EOF without one."""
     left = parse_length(headers["content-length"]) if "content-length" in headers else -1
     end.complete = left == 0
     while left:
