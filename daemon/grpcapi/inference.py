@@ -133,6 +133,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                     yield msg
             finally:
                 meter.flush()  # a stream left early: what it streamed still counts
+                call.fields.setdefault("tokens", meter.streamed)  # its line, its quota
 
     @rpc.stream("Generate")
     async def Generate(

@@ -105,6 +105,7 @@ async def generate(api: Api, request: web.BaseRequest, call: Call, prepared: Pre
             return await relay(chunks, meter)
         finally:
             meter.flush()  # a stream left early: what it streamed still counts
+            call.fields.setdefault("tokens", meter.streamed)  # its line, its quota
             await chunks.aclose()  # type: ignore[attr-defined]
 
 

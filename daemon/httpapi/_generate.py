@@ -72,6 +72,7 @@ async def _generate(api: Api, request: web.BaseRequest, call: Call, body: _parse
             return await _whole(request, call, chunks, meter, shape)
         finally:
             meter.flush()  # a stream left early: what it streamed still counts
+            call.fields.setdefault("tokens", meter.streamed)  # its line, its quota
             await chunks.aclose()  # type: ignore[attr-defined]
 
 

@@ -126,6 +126,12 @@ class Meter:
         if now - self._flushed >= self.FLUSH_EVERY:
             self.flush()
 
+    @property
+    def streamed(self) -> int:
+        """Tokens streamed so far (a stream left early counts them in its token's quota:
+        :mod:`daemon.services.quotas`)."""
+        return self._tokens
+
     def flush(self) -> None:
         """Add what was streamed since the last flush to the metrics (idempotent)."""
         self._flushed = self._last

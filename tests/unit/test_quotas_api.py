@@ -52,6 +52,7 @@ class Served:
     auth: AuthInterceptor
     clock: Clock
     metrics: Metrics
+    gen: FakeBackend | None = None
 
 
 def interceptor(tmp_path: Path, mode: str = "enforce") -> Served:
@@ -86,8 +87,9 @@ def retry_ms(error: grpc.aio.AioRpcError) -> int:
 async def grpc_stub(tmp_path: Path) -> AsyncIterator[tuple[
         inference_pb2_grpc.InferenceServiceStub, Served]]:
     served = interceptor(tmp_path)
+    served.gen = FakeBackend()
     router = InferenceRouter({
-        "generation": FakeRole(FakeBackend()),
+        "generation": FakeRole(served.gen),
         "embedding": FakeRole(FakeBackend(model_name="emb"), Admission("embedding", 2, 4))})
     server = grpc.aio.server(interceptors=[served.auth])
     inference_pb2_grpc.add_InferenceServiceServicer_to_server(
@@ -145,6 +147,25 @@ async def test_grpc_streams_count_their_tokens_when_they_end(
     assert "used 10 tokens of its 10" in (info.value.details() or "")
     served.clock.now += 60
     assert [m async for m in stub.Generate(request, metadata=md(THRIFTY))]
+
+
+async def test_grpc_streams_ended_early_still_count_what_they_streamed(
+        grpc_stub: tuple[inference_pb2_grpc.InferenceServiceStub, Served]) -> None:
+    """tpm=10: streams that end after one token, before any usage (the child dropped
+    them: the path of a client leaving early too), count that token each, so the
+    eleventh is refused: a stream cut short cannot dodge the quota."""
+    stub, served = grpc_stub
+    assert served.gen is not None
+    served.gen.fail_stream_after = 1
+    request = ipb.GenerateRequest(prompt="hello")
+    for _ in range(10):
+        with pytest.raises(grpc.aio.AioRpcError) as dropped:
+            _ = [m async for m in stub.Generate(request, metadata=md(THRIFTY))]
+        assert dropped.value.code() is grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        _ = [m async for m in stub.Generate(request, metadata=md(THRIFTY))]
+    assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "used 10 tokens of its 10" in (info.value.details() or "")
 
 
 async def test_http_rpm_refuses_with_429_retry_after_in_each_routes_shape(
