@@ -228,3 +228,22 @@ async def test_http_shadow_mode_serves_and_a_batch_token_waits_in_batch(
     text = served.metrics.render().decode()
     assert 'llamad_quota_exceeded_total{class="etl",limit="requests",mode="shadow"} 1.0' \
         in text
+
+
+async def test_a_reload_changes_the_mode_and_keeps_the_windows(
+        grpc_stub: tuple[inference_pb2_grpc.InferenceServiceStub, Served]) -> None:
+    """set_tokens (SIGHUP) with quota_mode shadow: the refused token is served; back to
+    enforce, its window (kept across both reloads) refuses it again."""
+    stub, served = grpc_stub
+    request = ipb.EmbedRequest(texts=["x"])
+    tokens = served.auth.tokens
+    for _ in range(2):
+        await stub.Embed(request, metadata=md(LIMITED))
+    with pytest.raises(grpc.aio.AioRpcError):
+        await stub.Embed(request, metadata=md(LIMITED))
+    served.auth.set_tokens(tokens, AuthSettings(quota_mode="shadow"))
+    await stub.Embed(request, metadata=md(LIMITED))
+    served.auth.set_tokens(tokens, AuthSettings(quota_mode="enforce"))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.Embed(request, metadata=md(LIMITED))
+    assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
