@@ -7,6 +7,7 @@ straight to it) that ``bench.bench_retrieval`` and ``bench.bench_ingest`` both r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -21,6 +22,7 @@ from bench._support import EMBED_MODEL, MODELS_DIR
 from daemon import Daemon, load
 from daemon.services.retrieval_bridge import ChildEmbedder, make_provider
 from retrieval import Embedder, RetrievalLimits, Retriever, Vector, redact
+from retrieval._sizing import sized_chunks
 from retrieval.chunking._chunker import chunk_text
 from tests.support.embedder import FixedEmbedder
 
@@ -69,6 +71,17 @@ def predict_chunks(text: str, limits: RetrievalLimits) -> tuple[str, ...]:
     return tuple(c.text for c in chunk_text(cleaned, "text", size=limits.chunk_size,
                                             overlap=limits.chunk_overlap,
                                             max_chars=limits.max_chunk_chars))
+
+
+async def rechunk(col: Collection, limits: RetrievalLimits, embedder: Embedder) -> Collection:
+    """``col`` with each document's chunks as ``Retriever.upsert`` makes them with
+    ``limits`` and the embedding model's tokenizer (``chunk_unit = tokens``)."""
+    docs = []
+    for d in col.docs:
+        cleaned = redact(d.text, hostnames=limits.redact_hostnames, ips=limits.redact_ips).text
+        pieces = await sized_chunks(cleaned, "text", limits, embedder)
+        docs.append(dataclasses.replace(d, chunks=tuple(p.text for p in pieces)))
+    return dataclasses.replace(col, docs=docs)
 
 
 def load_collection(root: Path, name: str, limits: RetrievalLimits) -> Collection:

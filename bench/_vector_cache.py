@@ -30,6 +30,18 @@ def read_cache(cache: Path | None, model: str, wanted: Sequence[str]) -> dict[st
     return table if len(table) == len(wanted) else None
 
 
+def cached_part(cache: Path | None, model: str, wanted: Sequence[str]) -> dict[str, Vec]:
+    """The vectors of those of ``wanted`` that ``cache`` holds (made by ``model``)."""
+    if cache is None or not cache.exists():
+        return {}
+    with np.load(cache) as data:
+        if str(data["model"]) != model:
+            return {}
+        row = {str(h): i for i, h in enumerate(data["hashes"])}
+        matrix = data["vectors"]
+        return {t: matrix[row[hashed(t)]] for t in set(wanted) if hashed(t) in row}
+
+
 def write_cache(cache: Path, model: str, table: dict[str, Vec]) -> None:
     keys = list(table)
     np.savez(cache, model=np.array(model), hashes=np.array([hashed(t) for t in keys]),

@@ -82,6 +82,7 @@ from bench._retrieval import (
     live_ingest,
     load_collection,
     open_retriever,
+    rechunk,
     start_child,
     upsert_all,
 )
@@ -110,8 +111,10 @@ from bench._support import (
     command_line,
     publish,
 )
+from bench._vector_cache import cached_part, write_cache
 from daemon.telemetry import logs
 from retrieval import RetrievalLimits
+from retrieval._sizing import CHUNK_UNITS
 
 # -- main -------------------------------------------------------------------------------
 
@@ -149,6 +152,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--raw", type=Path, default=None, help="also write raw results (JSON)")
     p.add_argument("--workdir", type=Path, default=None,
                    help="index directory (default: a temporary one, removed afterwards)")
+    p.add_argument("--quality-only", action="store_true",
+                   help="stop after the quality stage (write only its section)")
+    p.add_argument("--chunk-unit", choices=CHUNK_UNITS, default="characters",
+                   help="retrieval.chunk_unit of every Retriever (tokens: sizes in tokens of "
+                   "the embedding model, through its child)")
+    p.add_argument("--chunk-size", type=int, default=RetrievalLimits.chunk_size,
+                   help="retrieval.chunk_size, in --chunk-unit")
+    p.add_argument("--chunk-overlap", type=int, default=RetrievalLimits.chunk_overlap,
+                   help="retrieval.chunk_overlap, in --chunk-unit")
+    p.add_argument("--vectors", type=Path, default=None,
+                   help="a vector cache (.npz): texts it holds are not embedded again; it is "
+                   "rewritten with every text embedded")
     p.add_argument("--wait", type=float, default=1800.0,
                    help="seconds to wait for other benchmarks to finish before starting")
     args = p.parse_args(argv)
@@ -185,22 +200,29 @@ def daemon_log(path: Path) -> Iterator[TextIO]:
 
 async def run(args: argparse.Namespace, command: str, work: Path) -> dict[str, Any]:
     began = time.perf_counter()
-    limits = RetrievalLimits(max_query_chars=5000)
+    limits = RetrievalLimits(max_query_chars=5000, chunk_unit=args.chunk_unit,
+                             chunk_size=args.chunk_size, chunk_overlap=args.chunk_overlap)
     names = args.collections.split(",")
     cols = [load_collection(args.data / n, n, limits) for n in names]
+    child = await start_child(work)
+    print(f"embedding child pid {child.pid}: {' '.join(child.argv)}", flush=True)
+    if limits.chunk_unit == "tokens":  # the chunks need the model's tokenizer
+        cols = [await rechunk(c, limits, child.embedder) for c in cols]
     originals = [d for c in cols for d in c.docs]
     queries = [q for c in cols for q in c.queries]
     print(f"{len(originals)} documents, {sum(len(d.chunks) for d in originals)} chunks, "
           f"{len(queries)} queries", flush=True)
-
-    child = await start_child(work)
-    print(f"embedding child pid {child.pid}: {' '.join(child.argv)}", flush=True)
     raw: dict[str, Any] = {"command": command, "child_argv": child.argv}
     try:
         stage("real embeddings: every collection chunk and query, batches of 32, "
               "through ChildEmbedder")
         texts = [t for d in originals for t in d.chunks]
-        table, failed, took = await embed_batched(child.embedder, texts, limits.embed_batch)
+        known = cached_part(args.vectors, child.embedder.model_id, texts)
+        table, failed, took = await embed_batched(
+            child.embedder, [t for t in texts if t not in known], limits.embed_batch)
+        table.update(known)
+        if args.vectors is not None:
+            write_cache(args.vectors, child.embedder.model_id, table)
         qtable, qfailed, qtook = await embed_batched(child.embedder, [q.text for q in queries],
                                                      limits.embed_batch)
         table.update(qtable)
@@ -231,6 +253,12 @@ async def run(args: argparse.Namespace, command: str, work: Path) -> dict[str, A
                   + "; R@100 " + ", ".join(f"{k} {v:.3f}" for k, v in row.recall.items()),
                   flush=True)
         raw["quality"] = [dataclasses.asdict(r) for r in rows]
+        if args.quality_only:
+            env = [*environment(command, child.argv),
+                   f"- Chunks: {limits.chunk_size} / {limits.chunk_overlap} "
+                   f"{limits.chunk_unit}; {len(known)} chunk vectors from `{args.vectors}`."]
+            publish(args.out, [quality_section(rows, env, limits, embed_rate)])
+            return raw
 
         # Documents of the latency index: the originals, then synthetic pairs.
         n_orig_chunks = sum(len(d.chunks) for d in originals)

@@ -1,8 +1,9 @@
 """Ingest: a document's way in, from file or text to an acknowledged write.
 
-``extract`` (files and pushed bytes) → validate → redact (invariant 8) → chunk → fit each
-chunk to the embedding model's context → embed (outside any lock; vectors are cached by
-model and content hash, and concurrent ingests share embedding requests) → group commit
+``extract`` (files and pushed bytes) → validate → redact (invariant 8) → chunk (in
+characters or tokens, each chunk fitted to the embedding model's context:
+:mod:`retrieval._sizing`) → embed (outside any lock; vectors are cached by model and
+content hash, and concurrent ingests share embedding requests) → group commit
 (concurrent writers share one SQLite transaction and one tantivy commit; see
 :mod:`retrieval.store._group`), in the order :mod:`retrieval.store._indexes` keeps crash-consistent.
 
@@ -28,7 +29,7 @@ from ._embedder import Embedder, EmbedderProvider
 from ._interface import StoreBackend
 from ._limits import RetrievalLimits
 from ._review import Review
-from .chunking._chunker import Chunk, chunk_text
+from ._sizing import sized_chunks
 from .errors import InvalidDocument, NotFound, RetrievalError, is_storage_full, validate_document_id
 from .extraction._confine import SourceRoot, display_name
 from .extraction._dates import front_matter_date
@@ -122,10 +123,7 @@ class Ingest:
         limits = self.limits
         doc_id = doc.id
         async with self.processing(doc):
-            pieces = await asyncio.to_thread(
-                chunk_text, text, doc.kind, size=limits.chunk_size,
-                overlap=limits.chunk_overlap, max_chars=limits.max_chunk_chars)
-            pieces = await self._fit_embedding_context(pieces)
+            pieces = await sized_chunks(text, doc.kind, limits, self._embedder())
             rows = [ChunkRow(f"{doc_id}#{i}", i, p.heading, p.text, content_hash(p.text))
                     for i, p in enumerate(pieces, start=1)]
             model, cached, fresh = await self._vectors_for(rows)
@@ -222,41 +220,6 @@ class Ingest:
         return await indexes.commit(batch)
 
     # -- embedding ---------------------------------------------------------------------
-
-    async def _fit_embedding_context(self, pieces: list[Chunk]) -> list[Chunk]:
-        """Split chunks the embedding model could not take in one piece, until each fits.
-
-        Token density varies within a text (a line of emoji costs a byte-level BPE model a
-        token per byte), so the smaller pieces are checked again; a piece whose tokens
-        cannot be counted is kept as it is.
-        """
-        embedder = self._embedder()
-        if embedder is None:
-            return pieces
-        out = []
-        todo = list(reversed(pieces))
-        while todo:
-            piece = todo.pop()
-            # No tokenizer makes more tokens than UTF-8 bytes, plus two special tokens.
-            if len(piece.text.encode("utf-8")) + 2 <= embedder.context:
-                out.append(piece)
-                continue
-            try:
-                tokens = await embedder.count_tokens(piece.text)
-            except Exception:
-                out.append(piece)
-                continue
-            if tokens <= embedder.context or len(piece.text) < 2:
-                out.append(piece)
-                continue
-            # Re-chunk this piece smaller, in proportion to how far over it is (and always
-            # smaller than it was, so this ends).
-            size = max(1, min(len(piece.text) - 1,
-                              int(len(piece.text) * embedder.context / tokens * 0.9)))
-            smaller = chunk_text(piece.text, "text", size=size, overlap=min(100, size // 4),
-                                 max_chars=size)
-            todo.extend(type(piece)(0, s.text, piece.heading) for s in reversed(smaller))
-        return out
 
     async def _vectors_for(
         self, rows: Sequence[ChunkRow]

@@ -19,6 +19,7 @@ class RetrievalLimits:
     chunk_size: int = 1200
     chunk_overlap: int = 200
     max_chunk_chars: int = 2000
+    chunk_unit: str = "characters"  # characters | tokens (retrieval._sizing.CHUNK_UNITS)
     embed_batch: int = 32
     embed_concurrency: int = 2      # embedding requests ingest keeps in flight
     ingest_workers: int = 128       # documents of a directory scan in flight at once

@@ -17,6 +17,7 @@ from ._options import ConfigError, Reload, setting
 
 STORES = ("embedded", "postgres")
 FUSIONS = ("rrf", "dbsf", "convex")  # retrieval.search._score_fusion.FUSIONS
+CHUNK_UNITS = ("characters", "tokens")  # retrieval._sizing.CHUNK_UNITS
 LEXICAL_RANKERS = ("auto", "pg_textsearch", "pg_search", "bm25-sql")  # retrieval.postgres._rankers
 """The values of ``retrieval.store``."""
 
@@ -34,8 +35,13 @@ class RetrievalSettings:
     allowed_roots: tuple[str, ...] = setting((), help="""
         Absolute directories that directory sources must lie under (symlinks and .. resolved);
         several are separated by ':' in a flag or env. Empty: directory sources are refused.""")
-    chunk_size: int = setting(1200, minimum=200, help="Target chunk size, characters.")
-    chunk_overlap: int = setting(200, minimum=0, help="Overlap between chunks, characters.")
+    chunk_size: int = setting(1200, minimum=200, help="Target chunk size, in chunk_unit.")
+    chunk_overlap: int = setting(200, minimum=0, help="Overlap between chunks, in chunk_unit.")
+    chunk_unit: str = setting("characters", choices=CHUNK_UNITS, help="""
+        What chunk_size and chunk_overlap count: characters, or tokens of the embedding model
+        (counted by its tokenizer; a chunk then has at most chunk_size tokens, and
+        max_chunk_chars is raised to the size in characters where it is below). Applies to
+        documents indexed afterwards.""")
     max_chunk_chars: int = setting(2000, minimum=200, help="Hard cap of a chunk, characters.")
     embed_batch: int = setting(32, minimum=1, reload="restart", help="Texts per embedding request.")
     embed_concurrency: int = setting(2, minimum=1, reload="restart", help="""

@@ -43,7 +43,7 @@ from ..models.router import InferenceRouter
 def limits_from(config: Config) -> RetrievalLimits:
     r = config.settings.retrieval
     return RetrievalLimits(
-        chunk_size=r.chunk_size, chunk_overlap=r.chunk_overlap,
+        chunk_size=r.chunk_size, chunk_overlap=r.chunk_overlap, chunk_unit=r.chunk_unit,
         max_chunk_chars=r.max_chunk_chars, embed_batch=r.embed_batch,
         embed_concurrency=r.embed_concurrency, ingest_workers=r.ingest_workers,
         ingest_inflight_bytes=r.ingest_inflight_mb * 1024 * 1024,

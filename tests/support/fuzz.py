@@ -14,7 +14,7 @@ The properties:
   an exception; decodable ones decode exactly as protobuf decodes them;
 * chunks are never longer than ``max_chars``, never blank, numbered, deterministic, and
   cover every non-whitespace character of the input (helpers from tests.support.chunks);
-* after ``_fit_embedding_context`` every piece fits the embedding model's context in
+* after ``fit_tokens`` every piece fits the embedding model's context in
   tokens, whatever the tokenizer's density;
 * redaction is idempotent, counts what it replaced, and never leaves a seeded secret.
 """
@@ -26,7 +26,6 @@ import string
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,7 +44,8 @@ from daemon.services.ask._core import check as check_question
 from llamad_protocol.v1 import answer_pb2 as apb
 from llamad_protocol.v1 import control_pb2, retrieval_pb2
 from llamad_protocol.v1 import inference_pb2 as pb
-from retrieval import KINDS, Retriever
+from retrieval import KINDS
+from retrieval._sizing import fit_tokens
 from retrieval.chunking._chunker import Chunk, chunk_text
 from retrieval.errors import (
     MAX_DOCUMENT_ID_CHARS,
@@ -324,9 +324,8 @@ def check_token_bound(value: tuple[str, str, int, str]) -> None:
     character always fits the contexts drawn), none is blank, and none is lost."""
     text, kind, context, counter = value
     embedder = _Embedder(context, counter)
-    retriever = Retriever(Path("/nonexistent"), lambda: embedder)  # type: ignore[arg-type,return-value]
     pieces = chunk_text(text, kind, size=400, overlap=80, max_chars=700)
-    fitted: list[Chunk] = asyncio.run(retriever._ingest._fit_embedding_context(pieces))
+    fitted: list[Chunk] = asyncio.run(fit_tokens(pieces, embedder))  # type: ignore[arg-type]
     assert len(fitted) >= len(pieces)
     for piece in fitted:
         assert piece.text.strip()

@@ -48,8 +48,8 @@ def test_every_limit_is_set_by_an_option() -> None:
     its default because no option reaches it."""
     env = {o.env: _changed(o.default) for o in OPTIONS
            if o.key.startswith("retrieval.") and o.kind in (int, float, bool)}
-    fusion = next(o for o in OPTIONS if o.key == "retrieval.fusion")
-    env[fusion.env] = next(c for c in fusion.choices if c != fusion.default)
+    for chosen in (o for o in OPTIONS if o.key in ("retrieval.fusion", "retrieval.chunk_unit")):
+        env[chosen.env] = next(c for c in chosen.choices if c != chosen.default)
     limits = limits_from(config.load(None, env={**MODELS, **env}))
     unchanged = {name for name, value in _leaves(limits).items()
                  if value == _leaves(RetrievalLimits())[name]}
