@@ -29,6 +29,7 @@ from .._interface import StoreBackend
 from .._limits import RetrievalLimits
 from ..errors import EmbeddingModelMismatch, InvalidDocument, VectorUnavailable
 from ..store._bm25 import Filters
+from ._dedup import fetch_distinct, first_copies
 from ._fusion import FusedHit
 from ._score_fusion import FUSIONS, by_document, ceiling, fuse_scored
 
@@ -63,6 +64,7 @@ class Hit:
     mtime_ns: int = 0               # the file's modification time (0: pushed)
     other_chunk_ids: tuple[str, ...] = ()  # with group_by_document: its other matches
     document_date: int | None = None  # the document's own date, unix seconds (None: none)
+    also_in: tuple[str, ...] = ()   # the other documents holding this text (._dedup)
 
 
 @dataclass(frozen=True)
@@ -238,12 +240,12 @@ class Search:
         kept = [(h.key, h.score) for h in ranked
                 if q.min_score is None or normalised(h.key, h.score) >= q.min_score]
         if not q.group_by_document:
-            chunks = await asyncio.to_thread(store.chunks_by_keys,
-                                             [key for key, _ in kept[:k]])
+            chunks = await fetch_distinct(store, [key for key, _ in kept], k)
+        holders = first_copies([key for key, _ in kept], chunks)  # one hit per text
         hits = []
         for key, score in kept:
             c = chunks.get(key)
-            if c is None:  # deleted between the index read and now (or not fetched)
+            if c is None or key not in holders:  # deleted since, not fetched, or a copy
                 continue
             in_text, in_vec = key in text_rank, key in vec_rank
             hits.append(Hit(
@@ -253,6 +255,7 @@ class Search:
                 score, text_rank.get(key), text_score.get(key), vec_rank.get(key),
                 vec_sim.get(key), c.indexed_at, normalised(key, score), c.kind, c.category,
                 c.tags, c.ordinal, c.mtime_ns, document_date=c.document_date,
+                also_in=holders[key],
                 other_chunk_ids=tuple(chunks[o].chunk_id for o in others.get(key, ())
                                       if o in chunks)))
         candidates = tuple((h.key, text_rank.get(h.key), vec_rank.get(h.key), h.score)
