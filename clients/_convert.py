@@ -348,7 +348,7 @@ def search_result(msg: retrieval_pb2.SearchResponse) -> SearchResult:
             score=h.score, kind=h.kind, category=h.category, tags=tuple(h.tags),
             ordinal=h.ordinal, modified_at=_time(h, "modified_at"),
             other_chunk_ids=tuple(h.other_chunk_ids),
-            document_date=_time(h, "document_date"))
+            document_date=_time(h, "document_date"), also_in=tuple(h.also_in))
         for h in msg.hits)
     return SearchResult(hits=hits, mode=search_mode(msg.mode), warnings=tuple(msg.warnings),
                         vector_model=msg.vector_model)

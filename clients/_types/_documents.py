@@ -136,6 +136,9 @@ class SearchHit:
     """With ``group_by_document``: the document's other matching chunks."""
     document_date: datetime | None = None
     """The document's own date (None when it has none)."""
+    also_in: tuple[str, ...] = ()
+    """The other documents that hold this text (the same text under several ids is one
+    hit), best first, among those the search's filters admit."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,7 +86,8 @@ def search_hit(h: Hit) -> rpb.SearchHit:
         source_id=h.source_id, path=h.path, heading=h.heading, text=h.text,
         snippet=h.snippet, search_source=SOURCES[h.search_source],
         fused_score=h.fused_score, score=h.score, kind=h.kind, category=h.category,
-        tags=h.tags, ordinal=h.ordinal, other_chunk_ids=h.other_chunk_ids)
+        tags=h.tags, ordinal=h.ordinal, other_chunk_ids=h.other_chunk_ids,
+        also_in=h.also_in)
     if h.text_rank is not None:
         hit.text_rank = h.text_rank
     if h.text_score is not None:

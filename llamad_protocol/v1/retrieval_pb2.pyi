@@ -916,6 +916,7 @@ class SearchHit(_message.Message):
     MODIFIED_AT_FIELD_NUMBER: _builtins.int
     OTHER_CHUNK_IDS_FIELD_NUMBER: _builtins.int
     DOCUMENT_DATE_FIELD_NUMBER: _builtins.int
+    ALSO_IN_FIELD_NUMBER: _builtins.int
     chunk_id: _builtins.str
     """Citation key: "<document id>#<n>"."""
     document_id: _builtins.str
@@ -957,6 +958,13 @@ class SearchHit(_message.Message):
     def document_date(self) -> _timestamp_pb2.Timestamp:
         """The document's own date (unset when it has none)."""
 
+    @_builtins.property
+    def also_in(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The other documents that hold this chunk's text (the same text under several ids
+        is one hit, the best-ranked copy's), best first, among those the search's filters
+        admit; empty when no other does.
+        """
+
     def __init__(
         self,
         *,
@@ -983,10 +991,11 @@ class SearchHit(_message.Message):
         modified_at: _timestamp_pb2.Timestamp | None = ...,
         other_chunk_ids: _abc.Iterable[_builtins.str] | None = ...,
         document_date: _timestamp_pb2.Timestamp | None = ...,
+        also_in: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_text_rank", b"_text_rank", "_text_score", b"_text_score", "_vector_rank", b"_vector_rank", "_vector_score", b"_vector_score", "document_date", b"document_date", "indexed_at", b"indexed_at", "modified_at", b"modified_at", "text_rank", b"text_rank", "text_score", b"text_score", "vector_rank", b"vector_rank", "vector_score", b"vector_score"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_text_rank", b"_text_rank", "_text_score", b"_text_score", "_vector_rank", b"_vector_rank", "_vector_score", b"_vector_score", "category", b"category", "chunk_id", b"chunk_id", "document_date", b"document_date", "document_id", b"document_id", "fused_score", b"fused_score", "heading", b"heading", "indexed_at", b"indexed_at", "kind", b"kind", "modified_at", b"modified_at", "ordinal", b"ordinal", "other_chunk_ids", b"other_chunk_ids", "path", b"path", "score", b"score", "search_source", b"search_source", "snippet", b"snippet", "source_id", b"source_id", "tags", b"tags", "text", b"text", "text_rank", b"text_rank", "text_score", b"text_score", "title", b"title", "vector_rank", b"vector_rank", "vector_score", b"vector_score"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_text_rank", b"_text_rank", "_text_score", b"_text_score", "_vector_rank", b"_vector_rank", "_vector_score", b"_vector_score", "also_in", b"also_in", "category", b"category", "chunk_id", b"chunk_id", "document_date", b"document_date", "document_id", b"document_id", "fused_score", b"fused_score", "heading", b"heading", "indexed_at", b"indexed_at", "kind", b"kind", "modified_at", b"modified_at", "ordinal", b"ordinal", "other_chunk_ids", b"other_chunk_ids", "path", b"path", "score", b"score", "search_source", b"search_source", "snippet", b"snippet", "source_id", b"source_id", "tags", b"tags", "text", b"text", "text_rank", b"text_rank", "text_score", b"text_score", "title", b"title", "vector_rank", b"vector_rank", "vector_score", b"vector_score"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__text_rank: _TypeAlias = _typing.Literal["text_rank"]  # noqa: Y015
     _WhichOneofArgType__text_rank: _TypeAlias = _typing.Literal["_text_rank", b"_text_rank"]  # noqa: Y015
