@@ -28,6 +28,7 @@ from ._types import (
     ExitCause,
     FileIssue,
     GenerateChunk,
+    LoadProgress,
     LogLine,
     Message,
     PlannedHit,
@@ -246,6 +247,10 @@ def child_status(msg: control_pb2.ChildStatus) -> ChildStatus:
         endpoint_url=msg.endpoint_url, endpoint_model=msg.endpoint_model,
         last_error=msg.last_error, queue_ahead=msg.queue_ahead,
         chat_template=msg.chat_template,
+        loading=LoadProgress(
+            phase=enum_name(control_pb2.LoadPhase, msg.loading.phase, "LOAD_PHASE_"),
+            seconds=msg.loading.seconds, expected_seconds=msg.loading.expected_seconds)
+        if msg.HasField("loading") else None,
     )
 
 

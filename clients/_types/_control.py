@@ -30,6 +30,18 @@ class ExitCause:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadProgress:
+    """How far a child's start is: ``phase`` is ``launching``, ``loading``,
+    ``warming_up`` or ``probing`` (read from what the child prints: llama.cpp prints no
+    percentage), ``seconds`` since it began, ``expected_seconds`` how long the model's
+    last start took (0: none yet)."""
+
+    phase: str
+    seconds: float
+    expected_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class SwapInfo:
     """The last model swap of a child."""
 
@@ -54,6 +66,7 @@ class ChildStatus:
     formatted with and why: the model's own, a known one, or ``none: ...`` (refused).
     ``in_flight`` counts calls sent to the child: up to ``slots`` running plus
     ``queue_ahead`` waiting in the child's own queue; ``queued`` wait in llamad.
+    ``loading`` says how far a start is while ``state`` is ``starting`` (else None).
     """
 
     role: str
@@ -83,6 +96,7 @@ class ChildStatus:
     queue_ahead: int = 0
     chat_template: str = ""
     socket: str = ""
+    loading: LoadProgress | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -189,6 +189,11 @@ def status(client: Client, args: argparse.Namespace) -> int:
             print(f"{c.role}: endpoint {c.endpoint_url or '(configured)'}")
         if c.chat_template:
             print(f"{c.role}: chat template {c.chat_template}")
+        if c.loading is not None:
+            p = c.loading
+            print(f"{c.role}: starting, {p.phase.replace('_', ' ')}, {p.seconds:.1f} s so far"
+                  + (f" (its last start took {p.expected_seconds:.1f} s)"
+                     if p.expected_seconds else ""))
         if c.last_swap is not None:
             s = c.last_swap
             print(f"{c.role}: swapped {fmt.basename(s.from_model)} -> "
