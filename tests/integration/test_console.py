@@ -25,7 +25,7 @@ import pytest_asyncio
 from playwright.async_api import Browser, Page, Request, async_playwright, expect
 
 from daemon import Daemon
-from tests.conftest import DEFAULT_MODEL
+from tests.conftest import DEFAULT_MODEL, models_dir
 from tests.support.http_daemon import ADMIN, GEN_ID, READ, auth, http_daemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -58,6 +58,7 @@ async def running(llama_server: str, tmp_path_factory: pytest.TempPathFactory
     (handbook / "oncall.md").write_text("# On call\n\nThe on-call rota changes on Monday.\n")
     async with http_daemon(tmp_path_factory.mktemp("state"),
                            LLAMAD_CONSOLE_SAMPLE_INTERVAL="1",
+                           LLAMAD_MODELS_DIR=str(models_dir()),  # the catalog: gemma too
                            LLAMAD_RETRIEVAL_ALLOWED_ROOTS=str(handbook)) as daemon:
         base = f"http://127.0.0.1:{daemon.http_port}"
         async with httpx.AsyncClient(base_url=base, trust_env=False, timeout=120) as http:
