@@ -337,11 +337,12 @@ async def test_review_approval_makes_the_document_searchable(
     assert (doc["state"], doc["review_note"]) == ("DOCUMENT_STATE_REJECTED", "hourly is wrong")
 
 
-async def test_read_token_sees_no_admin_control(running: Running,
-                                                browser: Browser) -> None:
+async def test_read_token_sees_no_admin_control(running: Running, browser: Browser,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
     """A read token's pages have no Logs page, no load, unload, source, reindex,
     reprocess, approve or reject control; the same admin call made through the console's
-    own code is refused by the daemon (403) and changes nothing."""
+    own code is refused by the daemon (403), logged as denied without the token, and
+    changes nothing."""
     context = await browser.new_context(viewport={"width": 1280, "height": 800})
     watched = Watched(await context.new_page(), running.base)
     page = watched.page
@@ -374,6 +375,9 @@ async def test_read_token_sees_no_admin_control(running: Running,
         assert "forged" not in [s["id"] for s in listed["sources"]]
     watched.check_clean(READ)
     await context.close()
+    logged = capsys.readouterr()
+    assert "access denied" in logged.out and "route=/console/api/overview" in logged.out
+    assert READ not in logged.out + logged.err
 
 
 async def test_phone_size_and_keyboard(running: Running, browser: Browser,
