@@ -87,6 +87,11 @@ class DocumentStore(Protocol):
     def keys_matching(self, *, sources: Sequence[str] = ()) -> set[int]:
         """The chunk keys of these sources' documents (every chunk's when none given)."""
 
+    def copies_of(self, hashes: Sequence[str], limit: int) -> dict[str, list[StoredChunk]]:
+        """The chunks holding each of these texts (content hashes), with their documents'
+        fields, at most ``limit`` a text (by document id): the copies of a text under
+        several documents (:mod:`retrieval.search._dedup`)."""
+
     def cached_vectors(self, model: str, hashes: Iterable[str]) -> dict[str, np.ndarray]:
         """Vectors of ``model`` stored for these content hashes (those it has)."""
 

@@ -35,6 +35,7 @@ class RetrievalLimits:
     fusion: str = "rrf"            # rrf | dbsf | convex (search._score_fusion)
     text_weight: float = 1.0        # the rankings' weights in the fusion (1 and 1: RRF)
     vector_weight: float = 1.0
+    max_also_in: int = 50           # copies of a hit's text read to name its other holders
     default_k: int = 5
     max_k: int = 20
     max_query_chars: int = 2000

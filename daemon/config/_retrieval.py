@@ -65,6 +65,10 @@ class RetrievalSettings:
     vector_candidates: int = setting(100, minimum=1, help="HNSW candidates fused per search.")
     max_candidates: int = setting(200, minimum=1, help="""
         Most candidates a search may ask each index for (SearchRequest.candidates).""")
+    max_also_in: int = setting(50, minimum=0, help="""
+        The same text under several documents is one search hit naming the others (also_in):
+        at most this many copies of a hit's text are read to name them (those the search's
+        filters admit are named).""")
     rrf_k: int = setting(60, minimum=1, help="Reciprocal Rank Fusion constant k.")
     fusion: str = setting("rrf", choices=FUSIONS, help="""
         How a hybrid search fuses its two lists: rrf (reciprocal ranks), dbsf (each list's

@@ -313,6 +313,12 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
                                 (list(keys),)).fetchall()
         return {int(r[0]): chunk_row(r) for r in rows}
 
+    def copies_of(self, hashes: Sequence[str], limit: int) -> dict[str, list[StoredChunk]]:
+        with self._conn() as conn:
+            return {h: [chunk_row(r) for r in conn.execute(
+                CHUNK_SELECT + " WHERE c.content_hash = %s ORDER BY c.doc_id LIMIT %s",
+                (h, limit)).fetchall()] for h in dict.fromkeys(hashes)}
+
     def chunk_count(self) -> int:
         with self._conn() as conn:
             row = conn.execute("SELECT count(*) FROM chunks").fetchone()

@@ -8,9 +8,10 @@ documents that hold the text in its ``also_in``, in rank order. Each copy is ran
 the search's own filters, so a filter that admits one holder returns the hit, and
 ``also_in`` names only holders the filters admit; deleting one holder leaves the others.
 
-Copies are looked for among the fused candidates (both lists' depth): equal texts have the
-same vector and nearly the same BM25 score (the title differs), so they rank together;
-one ranked beyond the candidates' depth is not named.
+Copies are merged among the fused candidates (equal texts have the same vector and nearly
+the same BM25 score: the title differs); then the store names every other holder of each
+hit's text (:meth:`~retrieval._interface.DocumentStore.copies_of`, at most
+``retrieval.max_also_in`` copies read a text), those the search's filters admit.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 
 from .._interface import DocumentStore
+from ..store._bm25 import Filters
 from ..store._rows import StoredChunk
 
 
@@ -55,3 +57,36 @@ def first_copies(keys: Sequence[int], chunks: Mapping[int, StoredChunk]
         elif c.doc_id != chunks[kept].doc_id and c.doc_id not in holders[kept]:
             holders[kept].append(c.doc_id)
     return {key: tuple(docs) for key, docs in holders.items()}
+
+
+async def every_holder(store: DocumentStore, holders: dict[int, tuple[str, ...]],
+                       chunks: Mapping[int, StoredChunk], filters: Filters, limit: int
+                       ) -> dict[int, tuple[str, ...]]:
+    """``holders`` (from :func:`first_copies`: the hits' keys, best first) with the other
+    documents the store holds each text under and ``filters`` admit (after those found
+    among the candidates, by document id; at most ``limit`` copies read a text)."""
+    if limit < 1 or not holders:
+        return holders
+    by_hash = {chunks[key].content_hash: key for key in holders}
+    copies = await asyncio.to_thread(store.copies_of, list(by_hash), limit)
+    out = dict(holders)
+    for digest, found in copies.items():
+        key = by_hash[digest]
+        named = {chunks[key].doc_id, *out[key]}
+        more = [c.doc_id for c in found if c.doc_id not in named and admits(filters, c)]
+        out[key] = out[key] + tuple(dict.fromkeys(more))
+    return out
+
+
+def admits(f: Filters, c: StoredChunk) -> bool:
+    """Whether ``f`` lets ``c`` be found (as both lists apply it inside)."""
+    dated = c.document_date
+    return ((not f.sources or c.source_id in f.sources)
+            and (not f.kinds or c.kind in f.kinds)
+            and (not f.categories or c.category in f.categories)
+            and (not f.tags or any(t in f.tags for t in c.tags))
+            and (f.since is None or c.indexed_at >= f.since)
+            and (f.until is None or c.indexed_at <= f.until)
+            and (f.dated_since is None or (dated is not None and dated >= f.dated_since))
+            and (f.dated_until is None or (dated is not None and dated <= f.dated_until))
+            and (f.doc_ids is None or c.doc_id in f.doc_ids))

@@ -29,7 +29,7 @@ from .._interface import StoreBackend
 from .._limits import RetrievalLimits
 from ..errors import EmbeddingModelMismatch, InvalidDocument, VectorUnavailable
 from ..store._bm25 import Filters
-from ._dedup import fetch_distinct, first_copies
+from ._dedup import every_holder, fetch_distinct, first_copies
 from ._fusion import FusedHit
 from ._score_fusion import FUSIONS, by_document, ceiling, fuse_scored
 
@@ -242,6 +242,8 @@ class Search:
         if not q.group_by_document:
             chunks = await fetch_distinct(store, [key for key, _ in kept], k)
         holders = first_copies([key for key, _ in kept], chunks)  # one hit per text
+        holders = await every_holder(store, dict(list(holders.items())[:k]), chunks, filters,
+                                     limits.max_also_in)
         hits = []
         for key, score in kept:
             c = chunks.get(key)

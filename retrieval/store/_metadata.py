@@ -133,6 +133,8 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache):
         # date filters and retention's oldest-first order (retrieval.store._history).
         self._db.execute("CREATE INDEX IF NOT EXISTS documents_source_date "
                          "ON documents(source_id, document_date, id)")
+        # The copies of a text under several documents (copies_of, for search).
+        self._db.execute("CREATE INDEX IF NOT EXISTS chunks_hash ON chunks(content_hash)")
 
     def close(self) -> None:
         with self._lock:
@@ -351,6 +353,12 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache):
         with self._lock:
             return {int(r[0]): self._chunk(r)
                     for r in self._by_keys(f"{self._CHUNK_SELECT} WHERE c.key IN", keys)}
+
+    def copies_of(self, hashes: Sequence[str], limit: int) -> dict[str, list[StoredChunk]]:
+        with self._lock:
+            return {h: [self._chunk(r) for r in self._db.execute(
+                f"{self._CHUNK_SELECT} WHERE c.content_hash = ? ORDER BY c.doc_id LIMIT ?",
+                (h, limit))] for h in dict.fromkeys(hashes)}
 
     def chunk_count(self) -> int:
         with self._lock:

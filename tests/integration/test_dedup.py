@@ -6,6 +6,7 @@ holder leaves the text searchable under the other."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -103,3 +104,14 @@ async def test_k_distinct_texts_despite_copies(
         [TEXT, "nginx logs rotate weekly on the proxies", "disk quotas on web01 home directories"])
     (copies,) = [h for h in hits if h.text == TEXT]
     assert sorted([copies.doc_id, *copies.also_in]) == [f"wiki/copy{i}" for i in range(5)]
+    # Holders ranked beyond the candidates are named too (the store's copies).
+    (hit,) = (await r.search("nginx logs disk web01 df", k=1,
+                             options=Query(mode="text", candidates=1))).hits
+    assert hit.text == TEXT
+    assert sorted([hit.doc_id, *hit.also_in]) == [f"wiki/copy{i}" for i in range(5)]
+    # At most max_also_in copies are read a text.
+    r.limits = dataclasses.replace(r.limits, max_also_in=2)
+    (hit,) = (await r.search("nginx logs disk web01 df", k=1,
+                             options=Query(mode="text", candidates=1))).hits
+    # The first two by document id are read: those of them that are not the hit named.
+    assert set(hit.also_in) == {"wiki/copy0", "wiki/copy1"} - {hit.doc_id}

@@ -193,6 +193,18 @@ async def test_a_commit_replaces_a_document_whole(filled: StoreBackend) -> None:
     assert near(filled, unit(0, 0, 1, 0))[0] == "docs/db"
 
 
+async def test_copies_of_names_every_chunk_holding_a_text(filled: StoreBackend) -> None:
+    text = CORPUS["docs/disk"][1]
+    await commit(filled, pending("logs/copy", "logs", text, None, category="copied"))
+    rows = filled.require()
+    found = rows.copies_of([f"hash:{text}", "hash:nothing"], 10)
+    assert [c.doc_id for c in found[f"hash:{text}"]] == ["docs/disk", "logs/copy"]
+    assert [c.category for c in found[f"hash:{text}"]] == ["ops", "copied"]  # each its own
+    assert found["hash:nothing"] == []
+    assert [c.doc_id for c in rows.copies_of([f"hash:{text}"], 1)[f"hash:{text}"]] == \
+        ["docs/disk"]
+
+
 async def test_the_embedding_cache_keeps_committed_vectors(filled: StoreBackend) -> None:
     """cached_vectors: the vectors committed, by content hash and model; none of others."""
     rows = filled.require()
