@@ -383,7 +383,8 @@ async def test_read_token_sees_no_admin_control(running: Running, browser: Brows
 async def test_phone_size_and_keyboard(running: Running, browser: Browser,
                                        tmp_path: Path) -> None:
     """At 390x844 every page fits the width (tables scroll inside their box); the whole
-    console works from the keyboard: sign in, reach Search by Tab, search with Enter."""
+    console works from the keyboard: sign in, reach Search by Tab, search with Enter; the
+    token survives a reload of the tab and is gone after Sign out."""
     context = await browser.new_context(viewport={"width": 390, "height": 844},
                                         is_mobile=True, has_touch=True)
     watched = Watched(await context.new_page(), running.base)
@@ -414,6 +415,12 @@ async def test_phone_size_and_keyboard(running: Running, browser: Browser,
     await page.keyboard.type("wombat backups")
     await page.keyboard.press("Enter")
     await expect(page.locator(".hit").first).to_be_visible()
+    # The token outlives a reload of the tab, and Sign out forgets it.
+    await page.reload()
+    await watched.ready("search")
+    await page.locator("#who button", has_text="Sign out").click()
+    await expect(page.locator("#token")).to_be_visible()
+    assert await page.evaluate("window.sessionStorage.length") == 0
     watched.check_clean(ADMIN)
     await context.close()
 
