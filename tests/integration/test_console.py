@@ -90,8 +90,9 @@ async def _chat(http: httpx.AsyncClient) -> None:
 
 
 async def _embedded(http: httpx.AsyncClient) -> None:
-    """Wait until every chunk has its vector (a push may leave embedding to the backfill
-    when the embedding child is busy): the Search page then shows both ranks."""
+    """Wait until every chunk has its vector (an ingest whose embedding fails, the child
+    unavailable a moment, leaves the document text-only until the background backfill
+    embeds it): the Search page then shows both ranks."""
     deadline = time.monotonic() + 120
     while True:
         status = (await http.get("/v1/llamad/status", headers=auth(READ))).json()
