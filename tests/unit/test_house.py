@@ -25,8 +25,8 @@ LAYERS = {
     "daemon": ("config", "telemetry", "errors", "checks", "models", "services", "ops",
                "grpcapi", "httpapi", "console", "server", "cli", "__main__", ""),
     "retrieval": ("errors", "redaction", "extraction", "chunking", "_limits", "_status",
-                  "store", "_interface", "_embedder", "_backfill", "postgres", "_backend",
-                  "search", "_later", "_review", "_retention", "_retriever_sources",
+                  "store", "_interface", "_embedder", "_sizing", "_backfill", "postgres",
+                  "_backend", "search", "_later", "_review", "_retention", "_retriever_sources",
                   "_ingest", "_retriever", "_scan_report", "_scan", "_watch", "_migrate", ""),
 }
 
