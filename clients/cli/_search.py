@@ -238,4 +238,7 @@ def search(client: Client, args: argparse.Namespace) -> int:
             for h in result.hits]
     print(fmt.table(rows, ("CITATION", "TITLE: SECTION", "PATH", "DATED", "FOUND BY",
                            "SCORE", "BM25", "VECTOR")))
+    for h in result.hits:  # the same text under other document ids (one hit)
+        if h.also_in:
+            print(f"{h.chunk_id}: also in {', '.join(h.also_in)}")
     return 0

@@ -1,7 +1,7 @@
 """Issue 30 against a real daemon with the real MiniLM embedding child: token-sized chunks
 (``retrieval.chunk_unit = tokens``) counted by the child's own tokenizer, and the same
-text under two document ids returned once, naming both, over gRPC (the client) and plain
-HTTP."""
+text under two document ids returned once, naming both, over gRPC (the client), plain
+HTTP and the ``llamad search`` command line."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 from clients import AsyncClient
 from daemon import Daemon
+from tests.integration.test_ask_plan import llamad
 from tests.support.modes import MakeDaemon
 
 pytestmark = pytest.mark.integration
@@ -87,6 +88,9 @@ async def test_token_chunks_and_one_hit_per_text(daemon_for: MakeDaemon) -> None
         assert len(hits) == 1
         assert {hits[0]["document_id"], *hits[0]["also_in"]} == \
             {"notes/failover", "wiki/failover-copy"}
+        code, out, err = await llamad(daemon.address, "search", "quillon gateway failover")
+        assert code == 0, err
+        assert f"{holding[0].chunk_id}: also in {holding[0].also_in[0]}" in out.splitlines()
         # A filter admitting one holder returns it alone; a delete keeps the other.
         only = await client.search("quillon gateway failover", top_k=5, categories=["howto"])
         assert [(h.document_id, h.also_in) for h in only.hits] == [("wiki/failover-copy", ())]
