@@ -295,5 +295,6 @@ async function start() {
   await route();
 }
 
+document.getElementById("skip").addEventListener("click", () => document.getElementById("main").focus());
 window.addEventListener("hashchange", () => { if (document.getElementById("nav").childElementCount) route(); });
 start();
