@@ -38,6 +38,7 @@ from ._types import (
     RetrievalStatus,
     SearchHit,
     SearchResult,
+    SearchStats,
     Source,
     SwapInfo,
     SwapProgress,
@@ -355,8 +356,14 @@ def search_result(msg: retrieval_pb2.SearchResponse) -> SearchResult:
             other_chunk_ids=tuple(h.other_chunk_ids),
             document_date=_time(h, "document_date"), also_in=tuple(h.also_in))
         for h in msg.hits)
+    st = msg.stats
+    stats = SearchStats(
+        text_chunks=st.text_chunks, vector_chunks=st.vector_chunks,
+        text_depth=st.text_depth, vector_depth=st.vector_depth,
+        text_candidates=st.text_candidates, vector_candidates=st.vector_candidates,
+        fused=st.fused, stages_ms=dict(st.stages_ms))
     return SearchResult(hits=hits, mode=search_mode(msg.mode), warnings=tuple(msg.warnings),
-                        vector_model=msg.vector_model)
+                        vector_model=msg.vector_model, stats=stats)
 
 
 def retrieval_status(msg: retrieval_pb2.RetrievalStatusResponse) -> RetrievalStatus:

@@ -4,7 +4,7 @@ and the retrieval index's status."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, TypeAlias
 
@@ -142,6 +142,24 @@ class SearchHit:
 
 
 @dataclass(frozen=True, slots=True)
+class SearchStats:
+    """What a search did. ``text_chunks``/``vector_chunks``: what each list ranked among
+    (the text index's chunks, the vector index's vectors; counted at most every 10 s);
+    ``*_depth``: candidates asked of each list (0: it did not run); ``*_candidates``:
+    those it gave; ``fused``: after fusion; ``stages_ms``: milliseconds by stage
+    (``filters``, ``text``, ``embed``, ``vector``, ``fuse``, ``fetch``, ``total``)."""
+
+    text_chunks: int = 0
+    vector_chunks: int = 0
+    text_depth: int = 0
+    vector_depth: int = 0
+    text_candidates: int = 0
+    vector_candidates: int = 0
+    fused: int = 0
+    stages_ms: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class SearchResult:
     """Hits, best first. ``mode`` is ``hybrid`` (BM25 and vectors), ``text`` (BM25 only:
     asked for, or e.g. with the embedding child down; ``warnings`` then says so) or
@@ -153,6 +171,8 @@ class SearchResult:
     vector_model: str = ""
     """The embedding model whose vectors answered ("" when no vector search ran): the
     previous model's while a rebuild for a new one runs and it is still available."""
+    stats: SearchStats = field(default_factory=SearchStats)
+    """How much it searched and how long it took."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .._client import Client
-from .._types import AskDone, AskPlan, AskSources, AskText
+from .._types import AskDone, AskPlan, AskSources, AskText, SearchStats
 from . import _format as fmt
 from ._progress import Elapsed
 
@@ -225,7 +225,8 @@ def search(client: Client, args: argparse.Namespace) -> int:
                            indexed_until=args.indexed_until, **_filters(args))
     if args.json:
         print(fmt.to_json({"mode": result.mode, "vector_model": result.vector_model,
-                           "warnings": result.warnings, "hits": result.hits}, indent=2))
+                           "warnings": result.warnings, "hits": result.hits,
+                           "stats": result.stats}, indent=2))
         return 0
     for warning in result.warnings:
         print(f"llamad: search: warning: {warning}", file=sys.stderr)
@@ -241,4 +242,16 @@ def search(client: Client, args: argparse.Namespace) -> int:
     for h in result.hits:  # the same text under other document ids (one hit)
         if h.also_in:
             print(f"{h.chunk_id}: also in {', '.join(h.also_in)}")
+    if sys.stderr.isatty():
+        print(searched(result.stats), file=sys.stderr)
     return 0
+
+
+def searched(st: SearchStats) -> str:
+    """One line of what a search did, for a terminal."""
+    lists = [f"{st.text_candidates} of {st.text_chunks:,} chunks by BM25"
+             if st.text_depth else "",
+             f"{st.vector_candidates} of {st.vector_chunks:,} vectors"
+             if st.vector_depth else ""]
+    return (f"candidates: {' and '.join(x for x in lists if x) or 'none'}, {st.fused} "
+            f"fused; {st.stages_ms.get('total', 0.0):.1f} ms")

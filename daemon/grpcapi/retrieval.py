@@ -23,7 +23,6 @@ from ..telemetry.audit import AuditLog
 from ..telemetry.metrics import Metrics
 from . import rpc
 from .retrieval_wire import (
-    MODES,
     _document,
     _progress,
     _source,
@@ -31,7 +30,7 @@ from .retrieval_wire import (
     filters_from,
     query_from,
     retrieval_status,
-    search_hit,
+    search_response,
     states_from,
 )
 
@@ -184,9 +183,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         result = await self.search_service.search(
             request.query, top_k=request.top_k, filters=filters_from(request.filters),
             options=query_from(request), note=call.note)
-        return rpb.SearchResponse(hits=[search_hit(h) for h in result.hits],
-                                  mode=MODES[result.mode], warnings=result.warnings,
-                                  vector_model=result.vector_model)
+        return search_response(result)
 
     async def close(self) -> None:
         """Cancel the refreshes searches started (:meth:`SearchService.close`)."""

@@ -16,6 +16,7 @@ from retrieval import (
     RetrievalStatus,
     ScanReport,
     SearchMode,
+    SearchResult,
     SourceRow,
     VectorRebuild,
 )
@@ -78,6 +79,19 @@ def query_from(request: rpb.SearchRequest) -> Query:
         text_weight=request.text_weight if request.HasField("text_weight") else None,
         vector_weight=request.vector_weight if request.HasField("vector_weight") else None,
         group_by_document=request.group_by_document, fusion=request.fusion or None)
+
+
+def search_response(result: SearchResult) -> rpb.SearchResponse:
+    """A search's answer on the wire (gRPC's and, as JSON, HTTP's)."""
+    st = result.stats
+    stats = rpb.SearchStats(
+        text_chunks=st.text_chunks, vector_chunks=st.vector_chunks,
+        text_depth=st.text_depth, vector_depth=st.vector_depth,
+        text_candidates=st.text_candidates, vector_candidates=st.vector_candidates,
+        fused=st.fused, stages_ms=st.stages_ms)
+    return rpb.SearchResponse(hits=[search_hit(h) for h in result.hits],
+                              mode=MODES[result.mode], warnings=result.warnings,
+                              vector_model=result.vector_model, stats=stats)
 
 
 def search_hit(h: Hit) -> rpb.SearchHit:

@@ -20,14 +20,13 @@ from aiohttp import web
 from llamad_protocol.v1 import retrieval_pb2 as rpb
 
 from ..grpcapi.retrieval_wire import (
-    MODES,
     _document,
     _progress,
     _source,
     filters_from,
     query_from,
     retrieval_status,
-    search_hit,
+    search_response,
     states_from,
 )
 from ..grpcapi.rpc import Call
@@ -65,9 +64,7 @@ async def search(api: Api, request: web.BaseRequest, call: Call,
     result = await _kb(api).search.search(
         msg.query, top_k=msg.top_k, filters=filters_from(msg.filters),
         options=query_from(msg), note=call.note)
-    return json_response(request, to_json(rpb.SearchResponse(
-        hits=[search_hit(h) for h in result.hits], mode=MODES[result.mode],
-        warnings=result.warnings, vector_model=result.vector_model)))
+    return json_response(request, to_json(search_response(result)))
 
 
 PUSH = Doc("Push a document as text (or a file's bytes in base64 content with its "

@@ -1024,6 +1024,7 @@ class SearchResponse(_message.Message):
     MODE_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
     VECTOR_MODEL_FIELD_NUMBER: _builtins.int
+    STATS_FIELD_NUMBER: _builtins.int
     mode: Global___SearchMode.ValueType
     vector_model: _builtins.str
     """The embedding model whose vectors answered (empty when no vector search ran): the
@@ -1033,6 +1034,10 @@ class SearchResponse(_message.Message):
     def hits(self) -> _containers.RepeatedCompositeFieldContainer[Global___SearchHit]: ...
     @_builtins.property
     def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def stats(self) -> Global___SearchStats:
+        """How much the search searched and how long it took."""
+
     def __init__(
         self,
         *,
@@ -1040,14 +1045,91 @@ class SearchResponse(_message.Message):
         mode: Global___SearchMode.ValueType = ...,
         warnings: _abc.Iterable[_builtins.str] | None = ...,
         vector_model: _builtins.str = ...,
+        stats: Global___SearchStats | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["stats", b"stats"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "mode", b"mode", "vector_model", b"vector_model", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "mode", b"mode", "stats", b"stats", "vector_model", b"vector_model", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SearchResponse: _TypeAlias = SearchResponse  # noqa: Y015
+
+@_typing.final
+class SearchStats(_message.Message):
+    """What a search did: how much each list searched, how many candidates it gave, and how
+    long each stage took.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class StagesMsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    TEXT_CHUNKS_FIELD_NUMBER: _builtins.int
+    VECTOR_CHUNKS_FIELD_NUMBER: _builtins.int
+    TEXT_DEPTH_FIELD_NUMBER: _builtins.int
+    VECTOR_DEPTH_FIELD_NUMBER: _builtins.int
+    TEXT_CANDIDATES_FIELD_NUMBER: _builtins.int
+    VECTOR_CANDIDATES_FIELD_NUMBER: _builtins.int
+    FUSED_FIELD_NUMBER: _builtins.int
+    STAGES_MS_FIELD_NUMBER: _builtins.int
+    text_chunks: _builtins.int
+    """Chunks the text index holds, and vectors the vector index holds (the serving
+    model's): what each list ranked among. Counted at most every 10 s, in the
+    background, so a figure may be that old.
+    """
+    vector_chunks: _builtins.int
+    text_depth: _builtins.int
+    """Candidates asked of each list (0: that list did not run), and those it gave."""
+    vector_depth: _builtins.int
+    text_candidates: _builtins.int
+    vector_candidates: _builtins.int
+    fused: _builtins.int
+    """Candidates after fusion (and grouping by document), before the score floor and k."""
+    @_builtins.property
+    def stages_ms(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Milliseconds by stage, for the stages that ran: filters, text, embed (the query's
+        embedding), vector, fuse, fetch (the hits' chunks), total. The text list runs beside
+        the query embedding and the vector list, so the stages add up to more than total.
+        """
+
+    def __init__(
+        self,
+        *,
+        text_chunks: _builtins.int = ...,
+        vector_chunks: _builtins.int = ...,
+        text_depth: _builtins.int = ...,
+        vector_depth: _builtins.int = ...,
+        text_candidates: _builtins.int = ...,
+        vector_candidates: _builtins.int = ...,
+        fused: _builtins.int = ...,
+        stages_ms: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fused", b"fused", "stages_ms", b"stages_ms", "text_candidates", b"text_candidates", "text_chunks", b"text_chunks", "text_depth", b"text_depth", "vector_candidates", b"vector_candidates", "vector_chunks", b"vector_chunks", "vector_depth", b"vector_depth"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SearchStats: _TypeAlias = SearchStats  # noqa: Y015
 
 @_typing.final
 class RetrievalStatusRequest(_message.Message):

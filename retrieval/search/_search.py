@@ -18,6 +18,7 @@ import dataclasses
 import enum
 import math
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -32,6 +33,7 @@ from ..store._bm25 import Filters
 from ._dedup import every_holder, fetch_distinct, first_copies
 from ._fusion import FusedHit
 from ._score_fusion import FUSIONS, by_document, ceiling, fuse_scored
+from ._stats import IndexSizes, SearchStats
 
 if TYPE_CHECKING:
     from .._backfill import BackfillRun
@@ -76,6 +78,7 @@ class SearchResult:
     # before the score floor and k (for an audit of the search).
     fused: tuple[tuple[int, int | None, int | None, float], ...] = ()
     vector_model: str = ""          # whose vectors answered ("" : no vector search ran)
+    stats: SearchStats = dataclasses.field(default_factory=SearchStats)
 
 
 class SearchMode(enum.StrEnum):
@@ -168,6 +171,7 @@ class Search:
         self._backfill = backfill
         self.limits = limits
         self._unavailable = unavailable_reason
+        self._sizes = IndexSizes(indexes)
 
     async def search(self, query: str, *, k: int | None = None,
                      filters: Filters | None = None, options: Query | None = None
@@ -186,17 +190,25 @@ class Search:
             VectorUnavailable: a vector-mode search that cannot run now (says why).
             RetrievalError: retrieval is not open.
         """
+        stats = SearchStats()
+        with stats.stage("total"):
+            return await self._search(query, k, filters, options, stats)
+
+    async def _search(self, query: str, k: int | None, filters: Filters | None,
+                      options: Query | None, stats: SearchStats) -> SearchResult:
         limits = self.limits
         store = self._indexes.require()
         q = options or Query()
         warnings: list[str] = []
         k = self._check(query, limits.default_k if k is None else k, q, warnings)
-        filters = await self._enabled_only(filters or Filters(), warnings)
-        if filters is not None:
-            filters = await asyncio.to_thread(self._indexes.narrow, filters)
+        stats.text_chunks, stats.vector_chunks = await self._sizes.get()
+        with stats.stage("filters"):
+            filters = await self._enabled_only(filters or Filters(), warnings)
+            if filters is not None:
+                filters = await asyncio.to_thread(self._indexes.narrow, filters)
         if filters is None:
             mode = SearchMode.TEXT if q.mode == SearchMode.HYBRID else q.mode
-            return SearchResult([], mode, warnings)
+            return SearchResult([], mode, warnings, stats=stats)
         weights = (limits.text_weight if q.text_weight is None else q.text_weight,
                    limits.vector_weight if q.vector_weight is None else q.vector_weight)
         # The caller's depth as given; the configured one at least k deep.
@@ -205,11 +217,14 @@ class Search:
         vector_task = None
         if q.mode != SearchMode.TEXT:
             vector_task = asyncio.create_task(self._vector_search(
-                query, n_vec, filters, warnings, required=q.mode == SearchMode.VECTOR))
+                query, n_vec, filters, warnings, stats,
+                required=q.mode == SearchMode.VECTOR))
         text_hits: list[tuple[int, float]] = []
         if q.mode != SearchMode.VECTOR:
-            text_hits = await asyncio.to_thread(self._indexes.text_ranked, query, filters,
-                                                n_text)
+            stats.text_depth = n_text
+            with stats.stage("text"):
+                text_hits = await asyncio.to_thread(self._indexes.text_ranked, query,
+                                                    filters, n_text)
         vector = await vector_task if vector_task is not None else None
         vec_hits, vector_model = vector if vector is not None else (None, "")
         mode = (q.mode if q.mode != SearchMode.HYBRID
@@ -219,6 +234,8 @@ class Search:
             used.append((weights[1], [(key, 1.0 - dist) for key, dist in vec_hits]))
         method = q.fusion or limits.fusion
         lists, used_weights = [ranking for _, ranking in used], [w for w, _ in used]
+        stats.text_candidates, stats.vector_candidates = len(text_hits), len(vec_hits or ())
+        fuse_began = time.perf_counter()
         fused_hits = fuse_scored(lists, method, weights=used_weights, k=limits.rrf_k)
         top = ceiling(method, used_weights, limits.rrf_k) or 1.0
         text_rank = {key: i for i, (key, _) in enumerate(text_hits, start=1)}
@@ -231,16 +248,21 @@ class Search:
 
         others: dict[int, list[int]] = {}
         ranked: list[FusedHit] = fused_hits
+        stats.stages_ms["fuse"] = round((time.perf_counter() - fuse_began) * 1000, 3)
         if q.group_by_document:
-            chunks = await asyncio.to_thread(store.chunks_by_keys,
-                                             [h.key for h in fused_hits])
-            ranked, others = by_document(lists, fused_hits,
-                                         {key: c.doc_id for key, c in chunks.items()},
-                                         method, weights=used_weights, k=limits.rrf_k)
+            with stats.stage("fetch"):
+                chunks = await asyncio.to_thread(store.chunks_by_keys,
+                                                 [h.key for h in fused_hits])
+            with stats.stage("fuse"):
+                ranked, others = by_document(lists, fused_hits,
+                                             {key: c.doc_id for key, c in chunks.items()},
+                                             method, weights=used_weights, k=limits.rrf_k)
+        stats.fused = len(ranked)
         kept = [(h.key, h.score) for h in ranked
                 if q.min_score is None or normalised(h.key, h.score) >= q.min_score]
         if not q.group_by_document:
-            chunks = await fetch_distinct(store, [key for key, _ in kept], k)
+            with stats.stage("fetch"):
+                chunks = await fetch_distinct(store, [key for key, _ in kept], k)
         holders = first_copies([key for key, _ in kept], chunks)  # one hit per text
         holders = await every_holder(store, dict(list(holders.items())[:k]), chunks, filters,
                                      limits.max_also_in)
@@ -262,7 +284,7 @@ class Search:
                                       if o in chunks)))
         candidates = tuple((h.key, text_rank.get(h.key), vec_rank.get(h.key), h.score)
                            for h in fused_hits)
-        return SearchResult(hits[:k], mode, warnings, candidates, vector_model)
+        return SearchResult(hits[:k], mode, warnings, candidates, vector_model, stats)
 
     async def _enabled_only(self, filters: Filters, warnings: list[str]) -> Filters | None:
         """``filters`` narrowed to the enabled sources (a disabled one is kept but not
@@ -319,7 +341,7 @@ class Search:
         return k
 
     async def _vector_search(self, query: str, n: int, filters: Filters, warnings: list[str],
-                             *, required: bool = False
+                             stats: SearchStats, *, required: bool = False
                              ) -> tuple[list[tuple[int, float]], str] | None:
         """The vector side: ``(key, distance)`` best first and the model whose vectors
         answered, or None (and a warning) when it cannot answer; ``required`` (vector
@@ -346,14 +368,18 @@ class Search:
                     else self._backfill.refusal(current.model_id, serving))
             return None
         try:
-            vectors = await asyncio.wait_for(embedder.embed([query]),
-                                             self.limits.query_embed_timeout)
+            with stats.stage("embed"):
+                vectors = await asyncio.wait_for(embedder.embed([query]),
+                                                 self.limits.query_embed_timeout)
         except Exception as exc:
             without(f"query embedding failed ({type(exc).__name__})")
             return None
         vector = np.asarray(vectors[0], dtype=np.float32)
+        stats.vector_depth = n
         try:
-            hits = await asyncio.to_thread(indexes.vector_ranked, serving, vector, filters, n)
+            with stats.stage("vector"):
+                hits = await asyncio.to_thread(indexes.vector_ranked, serving, vector,
+                                               filters, n)
         except EmbeddingModelMismatch as exc:  # the vectors' model changed meanwhile
             without(str(exc))
             return None
