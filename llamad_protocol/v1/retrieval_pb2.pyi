@@ -208,9 +208,11 @@ class UpsertDocumentRequest(_message.Message):
     wait: _builtins.bool
     """false: return at once with the document in state pending, checked (source, id,
     kind, size) but not yet indexed; it is indexed in the background (GetDocument shows
-    processing, then indexed or failed with the reason). Unset or true: return once it
-    is durable and searchable. At most retrieval.max_pending_upserts wait at once
-    (then RESOURCE_EXHAUSTED, with a retry hint).
+    processing, then indexed or failed with the reason). It is durable when the reply
+    comes (written to the daemon's journal: a daemon killed before indexing it indexes it
+    at its next start). Unset or true: return once it is durable and searchable. At most
+    retrieval.max_pending_upserts wait at once (then RESOURCE_EXHAUSTED, with a retry
+    hint).
     """
     review: _builtins.bool
     """True: hold the document for review (state REVIEW_REQUIRED) even if its source does
