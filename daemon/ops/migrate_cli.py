@@ -10,12 +10,14 @@ the command copies out of the embedded store whatever the daemon is configured w
 It takes the state directory's lock (:mod:`daemon.ops.statelock`) for the whole run: a daemon
 running on that directory makes it refuse, and no daemon can start there meanwhile.
 
-Progress (documents and chunks done of the totals, chunks per second) goes to stderr after
-each batch, at most once a second; the summary, including what was not copied and why,
-to stdout. Exit status: 0 done (or nothing left to do); 1 the server was lost or a batch
-failed (rerun to resume); 2 a configuration or usage error, the state directory in use,
-no embedded store, or a corpus of another embedding model; 3 ``--max-batches`` stopped
-it before the end (rerun to resume).
+Progress goes to stderr after each batch: on a terminal a bar (chunks done of the total,
+the documents, rate and ETA, drawn by tqdm and erased at the end), elsewhere a line
+(documents and chunks of the totals, chunks per second) at most once a second; the
+summary, including what was not copied and why, to stdout. Exit status: 0 done (or
+nothing left to do); 1 the server was lost or a batch failed (rerun to resume); 2 a
+configuration or usage error, the state directory in use, no embedded store, or a corpus
+of another embedding model; 3 ``--max-batches`` stopped it before the end (rerun to
+resume).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm  # type: ignore[import-untyped]  # (no stubs; a small surface)
 
 from retrieval import (
     Migration,
@@ -108,12 +112,19 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Path, PgO
 
 
 class _Reporter:
-    """Progress lines on stderr, at most one a second (and the last)."""
+    """The run's progress on stderr: on a terminal a tqdm bar (chunks of the total, the
+    documents, rate and ETA), erased at the end; elsewhere (a log, a pipe) a line at most
+    once a second and the last."""
 
-    def __init__(self) -> None:
+    def __init__(self, terminal: bool) -> None:
         self._last = 0.0
+        self._bar: Any = None  # a tqdm, on a terminal, from the first report
+        self._terminal = terminal
 
     def __call__(self, m: Migration, *, final: bool = False) -> None:
+        if self._terminal:
+            self._draw(m, final)
+            return
         now = time.monotonic()
         if not final and now - self._last < 1.0:
             return
@@ -121,6 +132,23 @@ class _Reporter:
         print(f"llamad: migrate: {m.documents}/{m.documents_total} documents, "
               f"{m.chunks}/{m.chunks_total} chunks, {m.chunks_per_second:.0f} chunks/s",
               file=sys.stderr, flush=True)
+
+    def _draw(self, m: Migration, final: bool) -> None:
+        if self._bar is None and not final:
+            self._bar = tqdm(total=m.chunks_total or None, file=sys.stderr, desc="migrate",
+                             unit=" chunks", dynamic_ncols=True, leave=False,
+                             mininterval=0.2)
+        if self._bar is None:
+            return
+        self._bar.n = m.chunks
+        self._bar.set_postfix_str(f"{m.documents}/{m.documents_total} documents",
+                                  refresh=False)
+        self._bar.refresh()
+        # Erased at the last batch, before the store logs its summary line on stderr (the
+        # summary on stdout says it all), or at the end of a run stopped early.
+        if final or m.documents >= m.documents_total:
+            self._bar.close()
+            self._bar = None
 
 
 def summary(m: Migration) -> str:
@@ -165,7 +193,7 @@ def run_retrieval(args: argparse.Namespace, env: Mapping[str, str] | None = None
         hint = " (stop the daemon before migrating)" if isinstance(exc, StateDirInUse) else ""
         print(f"llamad: migrate: {exc}{hint}", file=sys.stderr)
         return EXIT_CONFIG
-    reporter = _Reporter()
+    reporter = _Reporter(sys.stderr.isatty())
     try:
         result = migrate_store(state_dir / "retrieval", postgres,
                          batch_documents=args.batch_documents, max_batches=args.max_batches,

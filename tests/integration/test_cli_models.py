@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-import subprocess
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
@@ -19,6 +17,7 @@ import pytest
 from clients import AsyncClient, Client
 from tests.conftest import ROOT, models_dir
 from tests.integration.test_cli import COMMAND, daemon_serving, llamad, one_line_error
+from tests.support.terminal import Terminal, in_tmux
 
 pytestmark = pytest.mark.integration
 
@@ -123,34 +122,35 @@ def test_version_and_models_help(address: str) -> None:
     assert {"ps", "load", "unload", "prepare", "list", "verify"} <= verbs
 
 
-def _in_a_terminal(address: str, tmp: Path, *args: str) -> str:
-    """Run ``llamad ARGS`` on a pseudo-terminal (``script``) 160 columns wide (script's
-    own pty has no size); return all it drew there."""
-    log = tmp / "terminal.log"
-    command = "stty cols 160 rows 40; " + " ".join(shlex.quote(a) for a in (*COMMAND, *args))
-    subprocess.run(["script", "-qefc", command, str(log)], cwd=ROOT,
-                   env={**os.environ, "LLAMAD_ADDRESS": address},
-                   stdin=subprocess.DEVNULL, capture_output=True, timeout=180, check=True)
-    return log.read_text(errors="replace")
+def _in_a_terminal(address: str, *args: str) -> Terminal:
+    """Run ``llamad ARGS`` in a real terminal (a tmux session 160 columns wide)."""
+    shown = in_tmux([*COMMAND, *args], cwd=ROOT, env={**os.environ, "LLAMAD_ADDRESS": address},
+                    timeout=120)
+    assert shown.status == 0, shown.screen
+    return shown
 
 
 def test_progress_in_a_real_terminal_not_with_json(address: str, tmp_path: Path) -> None:
-    """On a terminal: ingest's bar (total counted here, rate, ETA) and ask's waiting line;
-    with --json on the same terminal: none of it, only the JSON lines."""
+    """In a real terminal (tmux): ingest's bar (total counted here, rate, ETA), erased at
+    the end with the final counts left on screen, and ask's waiting line; with --json in
+    the same terminal: none of it, only the JSON lines."""
     corpus = tmp_path / "many"
     corpus.mkdir()
     for i in range(40):
         (corpus / f"note{i:02d}.md").write_text(f"# Note {i}\n\nhost web{i:02d} disk {i}\n")
-    drawn = _in_a_terminal(address, tmp_path, "ingest", str(corpus), "--source", "many")
-    assert "many:" in drawn and "/40" in drawn and "files/s" in drawn, drawn
-    assert "many: 40 files: 40 added" in drawn  # the final counts
-    drawn = _in_a_terminal(address, tmp_path, "reindex", "--source", "many", "--json")
-    assert "/40" not in drawn and "files/s" not in drawn
-    lines = [line.strip() for line in drawn.splitlines() if line.startswith("{")]
+    shown = _in_a_terminal(address, "ingest", str(corpus), "--source", "many")
+    assert "many:" in shown.drawn and "/40" in shown.drawn and "files/s" in shown.drawn, \
+        shown.drawn
+    assert "many: 40 files: 40 added" in shown.screen  # the final counts
+    assert "%|" not in shown.screen and "/40 [" not in shown.screen, shown.screen  # erased
+    shown = _in_a_terminal(address, "reindex", "--source", "many", "--json")
+    assert "/40" not in shown.drawn and "files/s" not in shown.drawn
+    lines = [line.strip() for line in shown.screen.splitlines() if line.startswith("{")]
     assert [json.loads(line)["source_id"] for line in lines] == ["many"]
-    drawn = _in_a_terminal(address, tmp_path, "ask", "disk of web07", "--source", "many",
+    shown = _in_a_terminal(address, "ask", "disk of web07", "--source", "many",
                            "--max-tokens", "4")
-    assert "searching the documents, then waiting for the model (" in drawn
-    drawn = _in_a_terminal(address, tmp_path, "ask", "disk of web07", "--source", "many",
+    assert "searching the documents, then waiting for the model (" in shown.drawn
+    assert "searching the documents" not in shown.screen  # erased once the answer starts
+    shown = _in_a_terminal(address, "ask", "disk of web07", "--source", "many",
                            "--max-tokens", "4", "--json")
-    assert "searching the documents" not in drawn
+    assert "searching the documents" not in shown.drawn

@@ -9,6 +9,8 @@ directory without a store and a corpus of another model are refused."""
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +23,7 @@ from retrieval import PgOptions, Query, Retriever
 from retrieval.postgres._store import PostgresStore
 from tests.conftest import ROOT
 from tests.support.embedder import HashEmbedder
+from tests.support.terminal import in_tmux
 
 MODEL = "hash-a"
 TEXTS = {
@@ -259,3 +262,34 @@ def test_a_run_killed_after_a_batch_resumes_to_the_same_end(
     docs, chunks, vectors = snapshot(pg_dsn)
     assert set(docs) == {f"many/{i}" for i in range(60)}
     assert (chunks, vectors) == (60, 60)
+
+
+def test_progress_is_a_bar_in_a_real_terminal_and_lines_elsewhere(
+        tmp_path: Path, pg_dsn: str) -> None:
+    """Not on a terminal (stderr a pipe): a plain line per report, no bar. In a real
+    terminal (tmux): a tqdm bar of the chunks with the documents, total, rate and ETA,
+    redrawn as the batches commit and erased at the end, the summary left on screen."""
+    state = tmp_path / "state"
+    asyncio.run(build_many(state, 60))
+    command = [sys.executable, "-m", "daemon", "retrieval", "migrate", "--to", "postgres",
+               "--state-dir", str(state), "--retrieval-postgres-dsn", pg_dsn,
+               "--batch-documents", "2"]
+    piped = subprocess.run([*command, "--max-batches", "3"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300, check=False)
+    assert piped.returncode == 3, piped.stderr
+    lines = piped.stderr.splitlines()
+    assert lines and all(line.startswith("llamad: migrate: ") for line in lines), lines
+    assert "\r" not in piped.stderr and "chunks/s]" not in piped.stderr
+    assert "6/60 documents, 6/60 chunks" in lines[-1]
+
+    shown = in_tmux(command, cwd=ROOT, env=os.environ)
+    assert shown.status == 0, shown.screen
+    frames = [f for f in shown.drawn.replace("\n", "\r").split("\r") if "migrate:" in f]
+    bar = re.compile(r"migrate: +\d+%\|.*\| *(\d+)/54 \[\d\d:\d\d<(\d\d:\d\d|\?), "
+                     r" *[\d.?]+ ?chunks/s, (\d+)/54 documents\]")
+    seen = [m for m in map(bar.search, frames) if m]
+    assert len(seen) >= 5, frames  # redrawn batch by batch (27 batches of 2)
+    assert [int(m.group(1)) for m in seen] == sorted(int(m.group(1)) for m in seen)
+    assert any(m.group(2) != "?" for m in seen)  # an ETA once the rate is known
+    assert "migrated into" in shown.screen and ": complete" in shown.screen
+    assert "%|" not in shown.screen, shown.screen  # the bar is erased; the summary stays

@@ -16,6 +16,8 @@ from __future__ import annotations
 import abc
 import contextlib
 import itertools
+import shutil
+import tempfile
 import time
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -124,15 +126,20 @@ class PgServer(DatabaseServer):
 
 
 @pytest.fixture(scope="module")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
+def pg_server() -> Iterator[PgServer]:
     """A PostgreSQL 18 server with pgvector for one test module (module scope: its stop
     runs in the teardown of a test of that module, a process-tier one, never of a unit
     test, where starting pg_ctl would be refused)."""
-    server = PgServer(tmp_path_factory.mktemp("postgres"))
+    # Not under pytest's base directory: a pytest session that starts meanwhile sets
+    # /tmp/pytest-of-<user> back to 0700, and the server (its own user) could no longer
+    # reach its data directory (a PANIC at the next checkpoint).
+    root = Path(tempfile.mkdtemp(prefix="llamad-pg-"))
+    server = PgServer(root)
     try:
         yield server
     finally:
         server.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
