@@ -230,6 +230,13 @@ class HttpSettings:
         requests, or sending its head slowly) before it is closed.""")
     body_timeout: float = setting(30.0, minimum=0.5, help="""
         Seconds an HTTP client has to send its request body; past it: 408.""")
+    responses_stored: int = setting(100, minimum=0, help="""
+        Responses of POST /v1/responses kept in memory to be continued by
+        previous_response_id (each at most one request's text, limits.max_prompt_chars, and
+        its output), the oldest dropped first; 0: none kept (store is answered false and
+        previous_response_id is refused).""")
+    responses_ttl: float = setting(3600.0, minimum=1.0, help="""
+        Seconds a stored response can be continued.""")
 
 
 @dataclass(frozen=True)

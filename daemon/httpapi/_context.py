@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import orjson
@@ -17,6 +17,7 @@ from ..grpcapi.rpc import Call
 from ..models.router import InferenceRouter
 from ..telemetry.metrics import Metrics
 from ._models import Catalog
+from ._stored import ResponseStore
 
 if TYPE_CHECKING:
     from ..models.pool import Pool
@@ -31,6 +32,9 @@ from here."""
 RAW_BODY = web.RequestKey("raw_body", bytes)
 """The body of a route that takes raw bytes (:attr:`daemon.httpapi._routes.Route.raw_body`),
 read within the same limits as a JSON body."""
+CALLER = web.RequestKey("caller", str)
+"""Whose request it is: the fingerprint of its bearer token ("" when no tokens are
+configured); a stored response is continued by its caller only."""
 STREAM = web.RequestKey("stream", web.StreamResponse)
 """The response, once a stream has sent its headers (a deadline then ends it with an
 error event)."""
@@ -54,6 +58,8 @@ class Api:
     """The knowledge base (None: the daemon has none, retrieval off)."""
     pool: Pool | None = None
     """The model pool (admin load and unload)."""
+    responses: ResponseStore = field(default_factory=lambda: ResponseStore(0, 0.0))
+    """The stored responses of ``/v1/responses`` (none kept by default)."""
 
 
 def json_response(request: web.BaseRequest, data: object, status: int = 200

@@ -9,9 +9,14 @@ and ``parallel_tool_calls`` become chat's (a model whose template cannot render 
 is refused as chat refuses it); ``text.format`` becomes ``response_format`` (the same
 schema checks); ``max_output_tokens`` is ``max_tokens``.
 
-Responses are not stored: ``store: true``, ``previous_response_id``, ``conversation``
-and ``background`` are refused by name (400). The official SDKs send ``store`` only when
-the caller sets it, so an omitted ``store`` is the normal, unstored call.
+A response is stored unless ``store`` is false (OpenAI's default is true, which its SDKs
+leave to the server): its conversation is kept in a bounded, in-memory store
+(:mod:`._stored`: ``http.responses_stored`` entries, ``http.responses_ttl`` seconds; 0
+entries: none kept, and the response says ``store: false``), and ``previous_response_id``
+continues it, for the token that created it: the earlier input and output come before
+the new input (the earlier ``instructions`` are not carried over). An id that is not
+kept is a 400 naming ``previous_response_id``; ``conversation`` and ``background`` are
+refused by name.
 
 A stream is the Responses API's events, numbered by ``sequence_number``:
 ``response.created``, ``response.in_progress``, per output item
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -45,20 +50,20 @@ from ._chat import (
     integer,
     relay_answer,
 )
-from ._context import Api
+from ._context import CALLER, Api
 from ._errors import ApiError, ParamError
 from ._parse import kind
 from ._translated import EventBuffer, prepare_translated
+
+Messages = Sequence[dict[str, Any]]
 
 SEQUENCE = web.RequestKey("responses_sequence", list)
 """The next ``sequence_number`` of a Responses stream (a one-item list), for its error
 event."""
 
 _STATEFUL = {
-    "previous_response_id": "responses are not stored by llamad, so none can be continued: "
-                            "send the whole conversation as input items",
-    "conversation": "conversations are not stored by llamad: send the whole conversation "
-                    "as input items",
+    "conversation": "conversations are not kept by llamad: continue a response with "
+                    "previous_response_id, or send the whole conversation as input items",
     "background": "background responses are not available: llamad answers in the request",
 }
 _PART_TYPES = ("input_text", "output_text", "text")
@@ -79,16 +84,20 @@ def responses_style(error: ApiError) -> ApiError:
     return out
 
 
-def _refuse_stateful(body: _parse.Body) -> None:
+def _stateful(body: _parse.Body) -> tuple[bool, str | None]:
+    """Whether the response is to be stored (``store``, true unless false), and the
+    ``previous_response_id`` it continues; the other stateful fields refused."""
     store = body.get("store")
     if store is not None and not isinstance(store, bool):
         raise ParamError("store", f"store must be true or false, not {kind(store)}")
-    if store:
-        raise ParamError("store", "store: true is not supported: llamad does not store "
-                         "responses (omit store, or send store: false)")
+    previous = body.get("previous_response_id")
+    if previous is not None and (not isinstance(previous, str) or not previous):
+        raise ParamError("previous_response_id", "previous_response_id must be the id of a "
+                         f"response (resp_...), not {kind(previous)}")
     for name, why in _STATEFUL.items():
         if body.get(name) not in (None, False, ""):
             raise ParamError(name, f"{name} is not supported: {why}")
+    return store is not False, previous
 
 
 def _text(value: object, where: str) -> str:
@@ -216,10 +225,14 @@ def _format(body: _parse.Body, out: dict[str, Any]) -> None:
         "name": name, "schema": spec["schema"]}}
 
 
-def chat_body(body: _parse.Body) -> dict[str, Any]:
-    """The chat-completions body a Responses body stands for."""
-    _refuse_stateful(body)
-    out: dict[str, Any] = {"model": body.get("model"), "messages": _messages(body)}
+def chat_body(body: _parse.Body, previous: Messages = ()) -> dict[str, Any]:
+    """The chat-completions body a Responses body stands for, ``previous`` (the
+    conversation of the response it continues) before its input."""
+    _stateful(body)
+    messages = _messages(body)
+    at = 1 if messages and messages[0].get(FROM) == "instructions" else 0
+    out: dict[str, Any] = {"model": body.get("model"),
+                           "messages": [*messages[:at], *previous, *messages[at:]]}
     max_tokens = integer(body, "max_output_tokens", low=1)
     if max_tokens is not None:
         out["max_tokens"] = max_tokens
@@ -233,9 +246,11 @@ class _Output(EventBuffer):
     """The output items of one response, built from the chunks (text first as it came,
     then each tool call), and the events that announce them when streaming."""
 
-    def __init__(self, body: _parse.Body, model: str, *, stream: bool) -> None:
+    def __init__(self, body: _parse.Body, model: str, *, stream: bool,
+                 keep: Callable[[str, Messages], None] | None = None) -> None:
         super().__init__(stream=stream)
         self.id = "resp_" + secrets.token_hex(12)
+        self.keep = keep  # stores the conversation with the output once it is whole
         self.model = model
         self.body = body
         self.created = int(time.time())
@@ -262,7 +277,8 @@ class _Output(EventBuffer):
             "max_output_tokens": body.get("max_output_tokens"), "model": self.model,
             "output": self.items if status != "in_progress" else [],
             "parallel_tool_calls": body.get("parallel_tool_calls", True),
-            "previous_response_id": None, "store": False,
+            "previous_response_id": body.get("previous_response_id"),
+            "store": self.keep is not None,
             "temperature": body.get("temperature"), "top_p": body.get("top_p"),
             "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
             "text": {"format": text_format}, "truncation": "disabled",
@@ -333,6 +349,8 @@ class _Output(EventBuffer):
                     "item_id": item["id"], "output_index": index,
                     "arguments": item["arguments"]})
             self._emit("response.output_item.done", {"output_index": index, "item": item})
+        if self.keep is not None:
+            self.keep(self.id, [self._turn()])
         if finish_reason == "length":
             final = self.response("incomplete", usage, "max_output_tokens")
             self._emit("response.incomplete", {"response": final})
@@ -342,13 +360,46 @@ class _Output(EventBuffer):
         return final
 
 
+    def _turn(self) -> dict[str, Any]:
+        """The output as the assistant's chat message (its text, its calls)."""
+        calls = [{"id": c["call_id"], "type": "function",
+                  "function": {"name": c["name"], "arguments": c["arguments"]}}
+                 for c in self.calls.values()]
+        text = self.message["content"][0]["text"] if self.message is not None else \
+            None if calls else ""
+        return {"role": "assistant", "content": text, **({"tool_calls": calls} if calls
+                                                         else {})}
+
+
 async def create(api: Api, request: web.BaseRequest, call: Call,
                  body: _parse.Body) -> web.StreamResponse:
     """``POST /v1/responses``."""
-    translated = chat_body(body)
+    store, previous_id = _stateful(body)
+    caller, stored = request[CALLER], api.responses
+    previous: Messages = ()
+    if previous_id is not None:
+        found = stored.get(previous_id, caller)
+        if found is None:
+            why = ("it is not (or no longer) kept: responses are kept "
+                   f"{stored.ttl:.0f} s, the newest {stored.max_entries} "
+                   "(http.responses_ttl, http.responses_stored), for the token that made "
+                   "them" if stored.enabled else
+                   "this daemon keeps no responses (http.responses_stored = 0)")
+            raise ApiError(400, f"previous_response_id {previous_id[:80]!r} cannot be "
+                           f"continued: {why}; send the whole conversation as input items",
+                           param="previous_response_id", code="previous_response_not_found")
+        previous = [{**m, FROM: "previous_response_id"} for m in found]
+        call.note(previous_turns=len(previous))
+    translated = chat_body(body, previous)
     prepared, stream = prepare_translated(api, call, body, translated, "/v1/responses",
                                           messages_param="input")
-    output = _Output(body, prepared.listed.name, stream=stream)
+    conversation = [m for m in translated["messages"] if m.get(FROM) != "instructions"]
+
+    def keep(response_id: str, output: Messages) -> None:
+        stored.put(response_id, caller, [*conversation, *output])
+
+    output = _Output(body, prepared.listed.name, stream=stream,
+                     keep=keep if store and stored.enabled else None)
 
     def opened() -> None:
         request[SEQUENCE] = output.sequence  # an error event after this one follows on

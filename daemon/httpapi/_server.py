@@ -53,11 +53,12 @@ from ..services.ask import AskService
 from ..services.knowledge import Knowledge
 from ..telemetry.metrics import Metrics
 from . import _parse
-from ._context import RAW_BODY, RECEIVED, REQUEST_ID, STREAM, Api
+from ._context import CALLER, RAW_BODY, RECEIVED, REQUEST_ID, STREAM, Api
 from ._errors import ApiError, api_error
 from ._models import Catalog, Pooled, Served
 from ._mount import Mount, owns
 from ._routes import Route, methods_of, route_of
+from ._stored import ResponseStore
 
 _log = structlog.get_logger("llamad.http")
 
@@ -180,7 +181,9 @@ class HttpApi:
         self._serving = serving
         self._api = Api(router, Catalog(served, int(time.time()), pool), limits, metrics,
                         answer, knowledge=knowledge,
-                        pool=pool if isinstance(pool, Pool) else None)
+                        pool=pool if isinstance(pool, Pool) else None,
+                        responses=ResponseStore(settings.responses_stored,
+                                                settings.responses_ttl))
         self._settings = settings
         self._auth = auth
         self._metrics = metrics
@@ -303,6 +306,7 @@ class HttpApi:
                                   protocol="http")
                 return _error_response(request_id,
                                        route.restyle(api_error_for_denial(found)))
+            request[CALLER] = found.fingerprint if found is not None else ""
             timeout = _timeout(request.headers.get("x-request-timeout"))
             # The token's quota and lane (daemon.services.quotas): a 429 here when past it.
             lane, ticket = quotas.enter(self._auth.quotas, found, route.grpc_method,

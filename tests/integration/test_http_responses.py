@@ -3,8 +3,8 @@ models), called by the official ``openai`` SDK's ``responses.create`` and
 ``responses.stream``: text, instructions, json_schema through ``text.format``, a
 function-call round trip on SmolLM2 with llamad's chatml-tools template (the call forced
 with a logit bias, as tests/integration/test_http_tools.py does), max_output_tokens,
-usage, and the refusals (stored responses, tools on a template without them) naming
-their field.
+usage, stored responses continued by previous_response_id, and the refusals (tools on a
+template without them, an id not kept) naming their field.
 """
 
 from __future__ import annotations
@@ -172,18 +172,48 @@ async def test_a_streamed_function_call(tools_running: Daemon) -> None:
         {"city": "Paris"}
 
 
-async def test_stored_responses_are_refused_by_name(tools_running: Daemon) -> None:
-    """store: true and previous_response_id are a 400 naming the field and saying that
-    llamad stores no responses."""
+async def test_a_stored_response_is_continued_by_previous_response_id(
+        tools_running: Daemon) -> None:
+    """The SDK's plainest call (store left to the server, whose default is true) is
+    stored: a call naming it by previous_response_id reads its input and output before
+    its own, exactly as sending that conversation in full does (the same input tokens;
+    its instructions not carried over); a streamed continuation is stored too, so a chain
+    goes on; store=False is not kept; an unknown id, or one not kept, is a 400 naming
+    previous_response_id."""
     async with _sdk(tools_running) as sdk:
-        with pytest.raises(openai.BadRequestError) as stored:
-            await sdk.responses.create(model=SMOL, input="Hi", store=True)
-        with pytest.raises(openai.BadRequestError) as chained:
-            await sdk.responses.create(model=SMOL, input="Hi",
-                                       previous_response_id="resp_123")
-    assert stored.value.body["param"] == "store"  # type: ignore[index]
-    assert "does not store" in stored.value.message
-    assert chained.value.body["param"] == "previous_response_id"  # type: ignore[index]
+        first = await sdk.responses.create(model=SMOL, instructions="Be brief.",
+                                           input="My name is Ada.", max_output_tokens=8)
+        assert first.to_dict()["store"] is True  # (not a field of the SDK's type)
+        second = await sdk.responses.create(model=SMOL, previous_response_id=first.id,
+                                            input="What is my name?", max_output_tokens=1)
+        assert second.previous_response_id == first.id and second.to_dict()["store"]
+        full = await sdk.responses.create(
+            model=SMOL, store=False, max_output_tokens=1,
+            input=[{"role": "user", "content": "My name is Ada."},
+                   {"role": "assistant", "content": first.output_text},
+                   {"role": "user", "content": "What is my name?"}])
+        assert full.to_dict()["store"] is False
+        assert second.usage is not None and full.usage is not None
+        assert second.usage.input_tokens == full.usage.input_tokens
+        async with sdk.responses.stream(model=SMOL, previous_response_id=second.id,
+                                        input="Say it again.", max_output_tokens=1) as stream:
+            events = [e async for e in stream]  # incomplete at 1 token: no .completed
+        assert events[-1].type == "response.incomplete"
+        third = events[-1].response
+        fourth = await sdk.responses.create(model=SMOL, previous_response_id=third.id,
+                                            input="Thanks.", max_output_tokens=1)
+        assert third.usage is not None and fourth.usage is not None
+        assert fourth.usage.input_tokens > third.usage.input_tokens > \
+            second.usage.input_tokens
+        refused = []
+        for missing in ("resp_123", full.id):
+            with pytest.raises(openai.BadRequestError) as info:
+                await sdk.responses.create(model=SMOL, input="Hi",
+                                           previous_response_id=missing)
+            refused.append(info.value)
+    for error in refused:
+        assert error.body["param"] == "previous_response_id"  # type: ignore[index]
+        assert "cannot be continued" in error.message
 
 
 async def test_refusals_name_their_field(tools_running: Daemon) -> None:

@@ -46,8 +46,9 @@ def test_responses_items_become_chat_messages() -> None:
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"input": "hi", "store": True}, "store"),
-    ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"input": "hi", "store": "yes"}, "store"),
+    ({"input": "hi", "previous_response_id": 5}, "previous_response_id"),
+    ({"input": "hi", "previous_response_id": ""}, "previous_response_id"),
     ({"input": "hi", "conversation": "c"}, "conversation"),
     ({"input": [{"type": "reasoning"}]}, "input[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_file"}]}]},
@@ -61,9 +62,21 @@ def test_responses_refusals_name_the_field(body: dict[str, Any], param: str) -> 
     assert info.value.param == param
 
 
-def test_store_false_and_omitted_are_the_normal_call() -> None:
-    for extra in ({}, {"store": False}, {"store": None}):
+def test_store_true_false_and_omitted_are_a_normal_call() -> None:
+    for extra in ({}, {"store": True}, {"store": False}, {"store": None}):
         assert _responses.chat_body({"model": "m", "input": "hi", **extra})["messages"]
+
+
+def test_a_previous_conversation_goes_after_the_instructions() -> None:
+    """The conversation continued comes after the new instructions (the earlier ones are
+    not carried over) and before the new input."""
+    earlier = [{"role": "user", "content": "My name is Ada."},
+               {"role": "assistant", "content": "Hello Ada."}]
+    body = _responses.chat_body({"model": "m", "instructions": "Be brief.",
+                                 "input": "What is my name?"}, earlier)
+    assert [(m["role"], m["content"]) for m in body["messages"]] == [
+        ("system", "Be brief."), ("user", "My name is Ada."), ("assistant", "Hello Ada."),
+        ("user", "What is my name?")]
 
 
 def test_messages_blocks_become_chat_messages() -> None:
