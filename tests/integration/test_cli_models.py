@@ -132,8 +132,9 @@ def _in_a_terminal(address: str, *args: str) -> Terminal:
 
 def test_progress_in_a_real_terminal_not_with_json(address: str, tmp_path: Path) -> None:
     """In a real terminal (tmux): ingest's bar (total counted here, rate, ETA), erased at
-    the end with the final counts left on screen, and ask's waiting line; with --json in
-    the same terminal: none of it, only the JSON lines."""
+    the end with the final counts left on screen, ask's waiting line and a model load's
+    elapsed time, both erased; with --json in the same terminal: none of it, only the
+    JSON."""
     corpus = tmp_path / "many"
     corpus.mkdir()
     for i in range(40):
@@ -154,3 +155,8 @@ def test_progress_in_a_real_terminal_not_with_json(address: str, tmp_path: Path)
     shown = _in_a_terminal(address, "ask", "disk of web07", "--source", "many",
                            "--max-tokens", "4", "--json")
     assert "searching the documents" not in shown.drawn
+    shown = _in_a_terminal(address, "models", "load", MINILM)
+    assert f"loading {MINILM} (00:" in shown.drawn  # drawn from the start, each 0.5 s
+    assert f"{MINILM}: ready" in shown.screen and "loading" not in shown.screen
+    shown = _in_a_terminal(address, "models", "load", MINILM, "--json")
+    assert "loading" not in shown.drawn and '"state"' in shown.screen
