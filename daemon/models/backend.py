@@ -198,12 +198,7 @@ class ChildBackend(_ClientBackend):
         """Checks the ids against the GGUF's vocabulary first: llama-server answers an id
         outside it with a 500, which would count against the child."""
         info = self._setup.model.info if self._setup is not None else None
-        size = info.vocab_size if info is not None else 0
-        bad = next((t for t in tokens if size and not 0 <= t < size), None)
-        if bad is not None:
-            raise InvalidArgument(f"tokens: {bad} is not a token id of the model "
-                                  f"{self.model_name!r} (its ids run from 0 to {size - 1})",
-                                  field="tokens")
+        _check_ids(tokens, info.vocab_size if info is not None else 0, self.model_name)
         return await super().detokenize(tokens)
 
     @property
@@ -255,6 +250,22 @@ class EndpointBackend(_ClientBackend):
     def context_tokens(self) -> int:
         """What the server reports for the model (0: it does not say)."""
         return self.endpoint.context_length
+
+    async def detokenize(self, tokens: Sequence[int]) -> str:
+        """Checks the ids against the vocabulary llama-server reports (``meta.n_vocab``
+        of ``/v1/models``) when it does."""
+        meta = self.endpoint.model_meta.get("meta")
+        size = meta.get("n_vocab") if isinstance(meta, dict) else None
+        _check_ids(tokens, size if isinstance(size, int) else 0, self.model_name)
+        return await super().detokenize(tokens)
+
+
+def _check_ids(tokens: Sequence[int], size: int, model: str) -> None:
+    """Refuses an id outside a vocabulary of ``size`` tokens (0: not known)."""
+    bad = next((t for t in tokens if size and not 0 <= t < size), None)
+    if bad is not None:
+        raise InvalidArgument(f"tokens: {bad} is not a token id of the model {model!r} (its "
+                              f"ids run from 0 to {size - 1})", field="tokens")
 
 
 class DisabledBackend:

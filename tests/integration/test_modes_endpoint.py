@@ -42,7 +42,8 @@ async def index_note(c: Clients, doc_id: str, title: str, text: str
 async def test_endpoint_mode_from_configuration(servers: dict[str, Server],
                                                 daemon_for: MakeDaemon) -> None:
     """Both roles configured as endpoints (URLs with /v1, one with a trailing slash):
-    generation, chat, tokenize, embeddings and hybrid search go through them; Status and
+    generation, chat, tokenize and detokenize (an id outside the vocabulary the endpoint
+    reports refused), embeddings and hybrid search go through them; Status and
     health say so; no child process is started."""
     gen, emb = servers["gen"], servers["emb"]
     daemon, c = await daemon_for(
@@ -60,6 +61,11 @@ async def test_endpoint_mode_from_configuration(servers: dict[str, Server],
     assert "".join(m.text for m in chat)
     tokens = await c.inference.Tokenize(pb.TokenizeRequest(text="hello world"))
     assert tokens.count == 2
+    text = await c.inference.Detokenize(pb.DetokenizeRequest(tokens=tokens.tokens))
+    assert text.text == "hello world"
+    with pytest.raises(grpc.aio.AioRpcError) as refused:  # n_vocab of its /v1/models
+        await c.inference.Detokenize(pb.DetokenizeRequest(tokens=[4_000_000_000]))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     vectors = await c.inference.Embed(pb.EmbedRequest(texts=["disk full", "no space left"]))
     assert vectors.dimension == 384
     assert vectors.model == str(emb.model)
