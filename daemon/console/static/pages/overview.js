@@ -8,6 +8,16 @@ function stateBadge(state) {
   return badge(state || "unknown", STATE_KIND[state] || "");
 }
 
+// A start under way (ModelInfo.loading, ChildStatus.loading): its phase, how long so far,
+// and how long the model's last start took.
+function loadNote(loading) {
+  if (!loading || !loading.phase) return "";
+  const phase = short(loading.phase, "LOAD_PHASE_").replace("_", " ");
+  const so_far = seconds(loading.seconds || 0);
+  const expected = loading.expected_seconds ? ` of ~${seconds(loading.expected_seconds)}` : "";
+  return el("div", { class: "muted", "data-key": "loading" }, `${phase}: ${so_far}${expected}`);
+}
+
 function exitCause(exit) {
   if (!exit) return "";
   const code = exit.exit_code !== undefined ? `code ${exit.exit_code}` : exit.signal ? `signal ${exit.signal}` : "";
@@ -35,8 +45,7 @@ export async function render(main, ctx) {
       { head: "Role", cell: (m) => short(m.role, "CHILD_ROLE_") },
       { head: "State", cell: (m) => {
         const state = short(m.state, "MODEL_STATE_");
-        const left = m.load_expected_seconds;
-        return el("span", {}, stateBadge(state), left ? el("div", { class: "muted" }, `~${seconds(left)} left`) : "");
+        return el("span", {}, stateBadge(state), loadNote(m.loading));
       } },
       { head: "Resident", cell: (m) => (["MODEL_STATE_READY", "MODEL_STATE_DRAINING"].includes(m.state) ? "yes" : "no") },
       { head: "Pinned", cell: (m) => (m.pinned ? "yes" : "no") },
@@ -57,7 +66,7 @@ export async function render(main, ctx) {
     return table([
       { head: "Child", cell: (c) => el("strong", {}, c.name) },
       { head: "Role", cell: (c) => short(c.role, "CHILD_ROLE_") },
-      { head: "State", cell: (c) => stateBadge(short(c.state, "CHILD_STATE_")) },
+      { head: "State", cell: (c) => el("span", {}, stateBadge(short(c.state, "CHILD_STATE_")), loadNote(c.loading)) },
       { head: "PID", num: true, cell: (c) => String(c.pid || "") },
       { head: "Uptime", num: true, cell: (c) => (c.uptime_seconds ? seconds(c.uptime_seconds) : "") },
       { head: "Slots busy", num: true, cell: (c) => `${c.in_flight || 0} / ${c.slots || 0}` },
