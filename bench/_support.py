@@ -137,6 +137,15 @@ def publish(path: Path, sections: Sequence[list[str]]) -> None:
     print(f"written to {path}", flush=True)
 
 
+def print_or_publish(section: list[str], out: Path, write: bool) -> None:
+    """A bench's one section: published into ``out`` (:func:`publish`), or only printed
+    (``--no-write``)."""
+    if write:
+        publish(out, [section])
+    else:
+        print("\n".join(section))
+
+
 def write_sections(path: Path, sections: Sequence[list[str]]) -> None:
     """Create or replace each section (by its ``## `` heading); keep the others."""
     text = path.read_text() if path.exists() else (

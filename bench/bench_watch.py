@@ -161,11 +161,7 @@ async def run(args: argparse.Namespace) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(argv)
-    section = asyncio.run(run(args))
-    if args.no_write:
-        print("\n".join(section))
-    else:
-        support.publish(args.out, [section])
+    support.print_or_publish(asyncio.run(run(args)), args.out, not args.no_write)
 
 
 if __name__ == "__main__":
