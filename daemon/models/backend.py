@@ -198,7 +198,7 @@ class ChildBackend(_ClientBackend):
         """Checks the ids against the GGUF's vocabulary first: llama-server answers an id
         outside it with a 500, which would count against the child."""
         info = self._setup.model.info if self._setup is not None else None
-        _check_ids(tokens, info.vocab_size if info is not None else 0, self.model_name)
+        _check_ids(tokens, info.vocab_size if info is not None else 0)
         return await super().detokenize(tokens)
 
     @property
@@ -256,16 +256,16 @@ class EndpointBackend(_ClientBackend):
         of ``/v1/models``) when it does."""
         meta = self.endpoint.model_meta.get("meta")
         size = meta.get("n_vocab") if isinstance(meta, dict) else None
-        _check_ids(tokens, size if isinstance(size, int) else 0, self.model_name)
+        _check_ids(tokens, size if isinstance(size, int) else 0)
         return await super().detokenize(tokens)
 
 
-def _check_ids(tokens: Sequence[int], size: int, model: str) -> None:
+def _check_ids(tokens: Sequence[int], size: int) -> None:
     """Refuses an id outside a vocabulary of ``size`` tokens (0: not known)."""
     bad = next((t for t in tokens if size and not 0 <= t < size), None)
     if bad is not None:
-        raise InvalidArgument(f"tokens: {bad} is not a token id of the model {model!r} (its "
-                              f"ids run from 0 to {size - 1})", field="tokens")
+        raise InvalidArgument(f"tokens: {bad} is not a token id of the model (its ids run "
+                              f"from 0 to {size - 1})", field="tokens")
 
 
 class DisabledBackend:
