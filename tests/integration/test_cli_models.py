@@ -131,10 +131,10 @@ def _in_a_terminal(address: str, *args: str) -> Terminal:
 
 
 def test_progress_in_a_real_terminal_not_with_json(address: str, tmp_path: Path) -> None:
-    """In a real terminal (tmux): ingest's bar (total counted here, rate, ETA), erased at
-    the end with the final counts left on screen, ask's waiting line and a model load's
-    elapsed time, both erased; with --json in the same terminal: none of it, only the
-    JSON."""
+    """In a real terminal (tmux): ingest's and reindex's bar (total counted here, rate,
+    ETA), erased at the end with the final counts left on screen, ask's waiting line and
+    a model load's elapsed time, both erased; with --json in the same terminal: none of
+    it, only the JSON."""
     corpus = tmp_path / "many"
     corpus.mkdir()
     for i in range(40):
@@ -144,6 +144,9 @@ def test_progress_in_a_real_terminal_not_with_json(address: str, tmp_path: Path)
         shown.drawn
     assert "many: 40 files: 40 added" in shown.screen  # the final counts
     assert "%|" not in shown.screen and "/40 [" not in shown.screen, shown.screen  # erased
+    shown = _in_a_terminal(address, "reindex", "--source", "many")
+    assert "/40" in shown.drawn and "files/s" in shown.drawn, shown.drawn
+    assert "%|" not in shown.screen and "many: 40 files" in shown.screen, shown.screen
     shown = _in_a_terminal(address, "reindex", "--source", "many", "--json")
     assert "/40" not in shown.drawn and "files/s" not in shown.drawn
     lines = [line.strip() for line in shown.screen.splitlines() if line.startswith("{")]
