@@ -22,7 +22,7 @@ from ..config import Limits, Role
 from ..errors import InvalidArgument
 from ..models.backend import InferenceBackend
 from ..models.router import InferenceRouter
-from ..services.inference import Float32Array, Meter, admitted_generation, embed
+from ..services.inference import Float32Array, Meter, Usage, admitted_generation, embed
 from ..telemetry.metrics import Metrics
 from . import rpc
 
@@ -68,41 +68,6 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         """Apply new request limits (a reload); calls already running keep theirs."""
         self._limits = limits
 
-    async def _stream(
-        self,
-        chunks: AsyncIterator[Chunk],
-        model: str,
-        call: rpc.Call,
-        meter: Meter,
-    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        async for item in chunks:
-            if item.finish_reason is None:
-                meter.piece(item)
-                msg = inference_pb2.GenerateResponse(text=item.text, tokens=item.tokens,
-                                                     model=model)
-                if item.logprobs:
-                    msg.logprobs.extend(_logprobs(entry) for entry in item.logprobs)
-                if item.tool_calls:
-                    msg.tool_calls.extend(_tool_call(delta) for delta in item.tool_calls)
-                yield msg
-                continue
-            usage = meter.finish(item)
-            call.note(tokens=usage.completion_tokens, prompt_tokens=usage.prompt_tokens,
-                      ttft_ms=round(usage.ttft_ms, 2), finish=item.finish_reason)
-            yield inference_pb2.GenerateResponse(
-                text=item.text,
-                tokens=item.tokens,
-                model=model,
-                finish_reason=_FINISH.get(item.finish_reason, inference_pb2.FINISH_REASON_STOP),
-                usage=inference_pb2.Usage(
-                    prompt_tokens=usage.prompt_tokens,
-                    completion_tokens=usage.completion_tokens,
-                    total_tokens=usage.total_tokens,
-                    time_to_first_token_ms=usage.ttft_ms,
-                    tokens_per_second=usage.tokens_per_second,
-                ),
-            )
-
     async def _generate(
         self,
         params: inference_pb2.SamplingParams,
@@ -116,7 +81,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         """Validate the sampling, admit the call on the generation role (refusing by name
         the controls its runtime cannot take:
         :func:`daemon.services.inference.admitted_generation`), start its stream there and relay it
-        (time to first token counts from here)."""
+        (time to first token counts from here).
+
+        The relay loop is here, not in a generator of its own, and Generate and Chat return
+        this generator rather than re-yield it: at a model's pace every layer of
+        generators runs once per token on a cold process (issue 27)."""
         received = time.perf_counter()
         sampling = validation.sampling(
             params, self._limits,
@@ -126,17 +95,26 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         call.note(max_tokens=sampling.max_tokens, model=name)
         async with admitted_generation(self._router, sampling, context.time_remaining(),
                                        chat=chat, note=call.note, model=model) as backend:
+            chunks = start(backend, sampling)
+            served = backend.model_name
             try:
-                async for msg in self._stream(start(backend, sampling), backend.model_name,
-                                              call, meter):
-                    msg.model_name = name
-                    yield msg
+                async for item in chunks:
+                    if item.finish_reason is None:
+                        meter.piece(item)
+                        yield _piece(item, served, name)
+                        continue
+                    usage = meter.finish(item)
+                    call.note(tokens=usage.completion_tokens,
+                              prompt_tokens=usage.prompt_tokens,
+                              ttft_ms=round(usage.ttft_ms, 2), finish=item.finish_reason)
+                    yield _last(item, usage, served, name)
             finally:
                 meter.flush()  # a stream left early: what it streamed still counts
                 call.fields.setdefault("tokens", meter.streamed)  # its line, its quota
+                await chunks.aclose()  # type: ignore[attr-defined]
 
     @rpc.stream("Generate")
-    async def Generate(
+    def Generate(
         self,
         request: inference_pb2.GenerateRequest,
         context: grpc.aio.ServicerContext,
@@ -144,14 +122,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
         prompt = validation.prompt(request, self._limits)
         call.note(prompt_chars=len(prompt))
-        async for msg in self._generate(
-                request.sampling, context, call,
-                lambda backend, sampling: backend.stream_completion(prompt, sampling),
-                chat=False, model=request.model):
-            yield msg
+        return self._generate(
+            request.sampling, context, call,
+            lambda backend, sampling: backend.stream_completion(prompt, sampling),
+            chat=False, model=request.model)
 
     @rpc.stream("Chat")
-    async def Chat(
+    def Chat(
         self,
         request: inference_pb2.ChatRequest,
         context: grpc.aio.ServicerContext,
@@ -162,11 +139,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         call.note(messages=len(messages))
         if offered is not None:
             call.note(tools=len(offered.tools), tool_choice=offered.choice)
-        async for msg in self._generate(
-                request.sampling, context, call,
-                lambda backend, sampling: backend.stream_chat(messages, sampling, offered),
-                chat=True, model=request.model):
-            yield msg
+        return self._generate(
+            request.sampling, context, call,
+            lambda backend, sampling: backend.stream_chat(messages, sampling, offered),
+            chat=True, model=request.model)
 
     @rpc.unary("Embed")
     async def Embed(
@@ -238,6 +214,35 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         name = self._router.model_name(role, request.model)
         return role, name, await self._router.backend_of(role, request.model,
                                                          context.time_remaining())
+
+
+def _piece(item: Chunk, model: str, name: str) -> inference_pb2.GenerateResponse:
+    """The message of a chunk without a finish reason."""
+    msg = inference_pb2.GenerateResponse(text=item.text, tokens=item.tokens, model=model,
+                                         model_name=name)
+    if item.logprobs:
+        msg.logprobs.extend(_logprobs(entry) for entry in item.logprobs)
+    if item.tool_calls:
+        msg.tool_calls.extend(_tool_call(delta) for delta in item.tool_calls)
+    return msg
+
+
+def _last(item: Chunk, usage: Usage, model: str, name: str) -> inference_pb2.GenerateResponse:
+    """The message of the last chunk: its finish reason and the stream's usage."""
+    return inference_pb2.GenerateResponse(
+        text=item.text,
+        tokens=item.tokens,
+        model=model,
+        model_name=name,
+        finish_reason=_FINISH.get(item.finish_reason or "", inference_pb2.FINISH_REASON_STOP),
+        usage=inference_pb2.Usage(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            total_tokens=usage.total_tokens,
+            time_to_first_token_ms=usage.ttft_ms,
+            tokens_per_second=usage.tokens_per_second,
+        ),
+    )
 
 
 def _token(token: TokenLogprob) -> inference_pb2.TokenLogprob:
