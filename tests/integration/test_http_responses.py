@@ -101,7 +101,8 @@ async def test_json_schema_through_text_format(tools_running: Daemon) -> None:
 
 async def test_a_function_call_round_trip(tools_running: Daemon) -> None:
     """The model's call comes back as a function_call item (name, call_id, JSON
-    arguments); sent back with its output as input items, the model answers."""
+    arguments); sent back with its output as input items, the model answers; sent as the
+    output alone with previous_response_id, the model reads the same prompt."""
     async with _sdk(tools_running) as sdk:
         first = await sdk.responses.create(
             model=SMOL, input=QUESTION, tools=[WEATHER], tool_choice="required",
@@ -119,10 +120,25 @@ async def test_a_function_call_round_trip(tools_running: Daemon) -> None:
                     "name": call.name, "arguments": call.arguments},
                    {"type": "function_call_output", "call_id": call.call_id,
                     "output": '{"temperature_c": 18, "sky": "sunny"}'}])
+        # As agent frameworks send it: only the call's output, the rest by reference;
+        # the same prompt as the whole conversation (every call the model made) in full.
+        result: Any = {"type": "function_call_output", "call_id": call.call_id,
+                       "output": '{"temperature_c": 18, "sky": "sunny"}'}
+        chained = await sdk.responses.create(
+            model=SMOL, tools=[WEATHER], temperature=0, max_output_tokens=16,
+            previous_response_id=first.id, input=[result])
+        replayed: Any = [{"role": "user", "content": QUESTION},
+                         *[{"type": "function_call", "call_id": c.call_id, "name": c.name,
+                            "arguments": c.arguments} for c in calls], result]
+        whole = await sdk.responses.create(
+            model=SMOL, tools=[WEATHER], temperature=0, max_output_tokens=16, store=False,
+            input=replayed)
     assert second.status in ("completed", "incomplete")
     assert second.output_text or any(i.type == "function_call" for i in second.output)
     assert second.usage is not None and first.usage is not None
     assert second.usage.input_tokens > first.usage.input_tokens
+    assert chained.usage is not None and whole.usage is not None
+    assert chained.usage.input_tokens == whole.usage.input_tokens
 
 
 async def test_stream_events_in_order(tools_running: Daemon) -> None:
