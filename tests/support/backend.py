@@ -27,6 +27,7 @@ from supervisor import (
     Message,
     Sampling,
     SupervisorError,
+    TokenizeUnavailableError,
     TokenLogprobs,
     ToolCallDelta,
     ToolUse,
@@ -60,6 +61,7 @@ class FakeBackend:
     samplings: list[Sampling] = field(default_factory=list)
     embedded: list[list[str | Sequence[int]]] = field(default_factory=list)
     tokenized: list[tuple[str, bool]] = field(default_factory=list)
+    no_template: str = ""  # set: apply_template raises TokenizeUnavailableError with it
     refusal: RequestError | None = None
     dialect: Dialect = LLAMA_CPP
     logprobs: list[tuple[TokenLogprobs, ...]] | None = None
@@ -114,6 +116,8 @@ class FakeBackend:
 
     async def apply_template(self, messages: Sequence[Message],
                              tools: ToolUse | None = None) -> str:
+        if self.no_template:
+            raise TokenizeUnavailableError(self.no_template)
         return "".join(f"<{m[0]}>{m[1]}" if isinstance(m, tuple) else f"<{m.role}>{m.content}"
                        for m in messages)
 
