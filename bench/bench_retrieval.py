@@ -153,7 +153,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--workdir", type=Path, default=None,
                    help="index directory (default: a temporary one, removed afterwards)")
     p.add_argument("--quality-only", action="store_true",
-                   help="stop after the quality stage (write only its section)")
+                   help="stop after the quality stage (write only its section; without "
+                   "waiting for other benchmarks: it measures no time)")
     p.add_argument("--chunk-unit", choices=CHUNK_UNITS, default="characters",
                    help="retrieval.chunk_unit of every Retriever (tokens: sizes in tokens of "
                    "the embedding model, through its child)")
@@ -392,7 +393,8 @@ async def run(args: argparse.Namespace, command: str, work: Path) -> dict[str, A
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     command = command_line("bench.bench_retrieval", argv)
-    wait_quiet(args.wait)
+    if not args.quality_only:  # nDCG and recall do not depend on what else runs
+        wait_quiet(args.wait)
     with workdir_for(args) as work, daemon_log(work.parent / f"{work.name}.daemon.log"):
         print(f"work directory {work}; daemon log {work.parent / (work.name + '.daemon.log')}",
               flush=True)
