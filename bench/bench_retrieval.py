@@ -115,6 +115,7 @@ from bench._vector_cache import cached_part, write_cache
 from daemon.telemetry import logs
 from retrieval import RetrievalLimits
 from retrieval._sizing import CHUNK_UNITS
+from retrieval.search._score_fusion import FUSIONS
 
 # -- main -------------------------------------------------------------------------------
 
@@ -162,6 +163,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="retrieval.chunk_size, in --chunk-unit")
     p.add_argument("--chunk-overlap", type=int, default=RetrievalLimits.chunk_overlap,
                    help="retrieval.chunk_overlap, in --chunk-unit")
+    p.add_argument("--fusion", choices=FUSIONS, default=RetrievalLimits.fusion,
+                   help="retrieval.fusion of Retriever.search (the RRF sweep is computed "
+                   "offline whatever it is)")
+    p.add_argument("--text-weight", type=float, default=RetrievalLimits.text_weight)
+    p.add_argument("--vector-weight", type=float, default=RetrievalLimits.vector_weight)
     p.add_argument("--vectors", type=Path, default=None,
                    help="a vector cache (.npz): texts it holds are not embedded again; it is "
                    "rewritten with every text embedded")
@@ -202,7 +208,9 @@ def daemon_log(path: Path) -> Iterator[TextIO]:
 async def run(args: argparse.Namespace, command: str, work: Path) -> dict[str, Any]:
     began = time.perf_counter()
     limits = RetrievalLimits(max_query_chars=5000, chunk_unit=args.chunk_unit,
-                             chunk_size=args.chunk_size, chunk_overlap=args.chunk_overlap)
+                             chunk_size=args.chunk_size, chunk_overlap=args.chunk_overlap,
+                             fusion=args.fusion, text_weight=args.text_weight,
+                             vector_weight=args.vector_weight)
     names = args.collections.split(",")
     cols = [load_collection(args.data / n, n, limits) for n in names]
     child = await start_child(work)
@@ -257,7 +265,9 @@ async def run(args: argparse.Namespace, command: str, work: Path) -> dict[str, A
         if args.quality_only:
             env = [*environment(command, child.argv),
                    f"- Chunks: {limits.chunk_size} / {limits.chunk_overlap} "
-                   f"{limits.chunk_unit}; {len(known)} chunk vectors from `{args.vectors}`."]
+                   f"{limits.chunk_unit}; {len(known)} chunk vectors from `{args.vectors}`; "
+                   f"Retriever.search fuses by {limits.fusion} ({limits.text_weight} / "
+                   f"{limits.vector_weight})."]
             publish(args.out, [quality_section(rows, env, limits, embed_rate)])
             return raw
 
