@@ -72,14 +72,21 @@ async def test_vector_mode_is_refused_not_degraded_without_vectors(tmp_path: Pat
 
 
 async def test_min_score_keeps_hits_at_or_above_the_normalised_score(r: Retriever) -> None:
-    """The fused score is normalised by the best possible one: a chunk both indexes rank
-    first scores 1.0; min_score drops what is below (cosine in vector mode)."""
-    every = await r.search("replication lag timestamp", k=3)
+    """The fused score is normalised by the best possible one: with RRF a chunk both
+    indexes rank first scores 1.0; min_score drops what is below (cosine in vector mode;
+    with the default fusion, dbsf, a score is in [0, 1] too)."""
+    rrf = Query(fusion="rrf")
+    every = await r.search("replication lag timestamp", k=3, options=rrf)
     assert every.hits[0].score == pytest.approx(1.0)
     assert all(0 < h.score <= 1 for h in every.hits)
     strict = await r.search("replication lag timestamp", k=3,
-                            options=Query(min_score=0.99))
+                            options=Query(fusion="rrf", min_score=0.99))
     assert [h.doc_id for h in strict.hits] == ["docs/db"]
+    dbsf = await r.search("replication lag timestamp", k=3)
+    assert all(0 < h.score <= 1 for h in dbsf.hits)
+    cut = dbsf.hits[1].score + 1e-9
+    above = await r.search("replication lag timestamp", k=3, options=Query(min_score=cut))
+    assert [h.chunk_id for h in above.hits] == [dbsf.hits[0].chunk_id]
     floor = every.hits[-1].vector_score
     assert floor is not None
     cosine = await r.search("replication lag timestamp", k=3,
