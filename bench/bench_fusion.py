@@ -1,5 +1,8 @@
 """Fusion benchmark: do RRF weights or a deeper candidate list beat plain RRF?
 
+(RRF only, ``fusion="rrf"`` on every search; RRF against DBSF and convex fusion, chosen by
+leaving one collection out, is ``bench.bench_fusion_loco``.)
+
     .venv/bin/python -m bench.bench_fusion [--collections cisi,cranfield,medline,vaswani]
         [--max-queries N] [--data DIR] [--vectors FILE] [--raw FILE] [--no-write]
         [--out bench/RESULTS.md] [--wait-others 3600] [--max-foreign 0.25] [--anyway]
@@ -159,14 +162,14 @@ async def score_queries(r: Retriever, col: Collection, table: dict[str, Vec],
         score("vectors", docs_of(alone.hits) if qv is not None else [], rels)
         for depth in DEPTHS:
             began = time.perf_counter()
-            await r.search(q.text, k=10, options=Options(candidates=depth))
+            await r.search(q.text, k=10, options=Options(candidates=depth, fusion="rrf"))
             s.seconds.setdefault(depth, []).append(time.perf_counter() - began)
             text_keys = [k for k, _ in text_index.search(q.text, filters=Filters(),
                                                          limit=depth)]
             vec_keys = [k for k, _ in vectors.search(qv, depth)] if qv is not None else []
             for w in WEIGHTS:
                 res = await r.search(q.text, k=HITS, options=Options(
-                    candidates=depth, text_weight=w[0], vector_weight=w[1]))
+                    fusion="rrf", candidates=depth, text_weight=w[0], vector_weight=w[1]))
                 s.bm25_only += res.mode != "hybrid"
                 ranked = docs_of(res.hits)
                 lists = [text_keys, vec_keys] if qv is not None else [text_keys]

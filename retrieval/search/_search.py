@@ -320,7 +320,7 @@ class Search:
                                   field="query")
         if q.fusion is not None and q.fusion not in FUSIONS:
             raise InvalidDocument(f"fusion must be one of {', '.join(FUSIONS)}, got "
-                                  f"{q.fusion!r}", field="fusion")
+                                  f"{q.fusion[:40]!r}", field="fusion")  # echo bounded
         if q.mode not in MODES:
             raise InvalidDocument(f"mode must be one of {', '.join(MODES)}, got {q.mode!r}",
                                   field="mode")

@@ -128,3 +128,6 @@ async def test_an_unknown_fusion_is_refused_naming_the_field(r: Retriever) -> No
                                               "got 'borda'") as caught:
         await r.search("disk", options=Query(fusion="borda"))
     assert caught.value.field == "fusion"
+    with pytest.raises(InvalidDocument) as huge:  # a hostile value is not echoed whole
+        await r.search("disk", options=Query(fusion="x" * 100_000))
+    assert len(str(huge.value)) < 200
