@@ -263,7 +263,8 @@ async def test_never_healthy_child_times_out_then_opens_breaker(
     runtime = FakeRuntime(fault="health-503-forever")
     daemon = in_process(config_env(
         "llama-server", LLAMAD_EMBEDDING_ENABLED="false", LLAMAD_CHILD_START_TIMEOUT="1",
-        LLAMAD_CHILD_START_CAP="2", LLAMAD_RESTART_BREAKER_FAILURES="2"))
+        LLAMAD_CHILD_START_CAP="2", LLAMAD_CHILD_START_CAP_PER_GIB="0",  # 2 s whatever its size
+        LLAMAD_RESTART_BREAKER_FAILURES="2"))
     daemon.children["generation"].supervisor.launcher.runtime = runtime  # type: ignore[attr-defined]
     c = Clients(await daemon.start())
     try:
