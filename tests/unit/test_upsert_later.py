@@ -109,18 +109,18 @@ async def test_redaction_and_chunking_run_off_the_event_loop(
     tens of megabytes): both run in a worker thread, never on the loop serving calls."""
     import threading
 
-    from retrieval import _ingest
+    from retrieval import _ingest, _sizing
 
     threads: dict[str, str] = {}
-    for name in ("redact", "chunk_text"):
-        real = getattr(_ingest, name)
+    for module, name in ((_ingest, "redact"), (_sizing, "chunk_text")):
+        real = getattr(module, name)
 
         def spy(*args: object, _real: object = real, _name: str = name,
                 **kwargs: object) -> object:
             threads.setdefault(_name, threading.current_thread().name)
             return _real(*args, **kwargs)  # type: ignore[operator]
 
-        monkeypatch.setattr(_ingest, name, spy)
+        monkeypatch.setattr(module, name, spy)
     loop_thread = threading.current_thread().name
     await r.upsert("inbox", "t", "password: hunter2\n\n" + "word " * 5000)
     assert threads.keys() == {"redact", "chunk_text"}
