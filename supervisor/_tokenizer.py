@@ -5,31 +5,19 @@ runtime keeps them at its own paths (:class:`~supervisor._client.ApiShape`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ._tools import Message, ToolUse, messages_json
 from .errors import ChildRequestError, TokenizeUnavailableError
 
-
-class _Paths(Protocol):
-    @property
-    def tokenize_path(self) -> str: ...
-    @property
-    def tokenize_field(self) -> str: ...
-    @property
-    def tokenize_special_field(self) -> str | None: ...
-    @property
-    def detokenize_path(self) -> str: ...
-    @property
-    def detokenize_field(self) -> str: ...
-    @property
-    def apply_template_path(self) -> str | None: ...
+if TYPE_CHECKING:  # the client module mixes this in: no import at run time
+    from ._client import ApiShape
 
 
 class TokenizerCalls:
     """Mixed into the client, whose ``_api`` names the paths and whose ``_json`` sends."""
 
-    _api: _Paths
+    _api: ApiShape
 
     async def _json(self, method: str, path: str, body: dict[str, Any] | None, *,
                     timeout: float | None = None) -> dict[str, Any]:
