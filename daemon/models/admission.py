@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from ..errors import DeadlineUnmeetable, Overloaded
-from .lanes import Lane, LanePolicy
+from .lanes import Lane, LanePolicy, sharing
 
 _EWMA_WEIGHT = 0.2
 
@@ -242,7 +242,8 @@ class Admission:
         self._changed()
         began = self._clock()
         try:
-            yield
+            with sharing(self.lanes.texts_per_request(lane, self.limit)):
+                yield
         finally:
             held = self._clock() - began
             self.hold_seconds = (held if not self.hold_seconds

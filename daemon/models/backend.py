@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
+
 from supervisor import (
     LLAMA_CPP,
     Chunk,
@@ -36,6 +38,7 @@ from supervisor import (
 )
 
 from ..errors import Disabled, FailedPrecondition, InvalidArgument, ModelUnloaded, RequestError
+from .lanes import texts_per_request
 
 if TYPE_CHECKING:
     from .children import Setup
@@ -158,7 +161,12 @@ class _ClientBackend:
                                   f"calls or tool messages: {refusal}", field="messages")
 
     async def embed(self, texts: Sequence[str | Sequence[int]]) -> EmbedResult:
-        return await self.client.embed(texts)
+        per = texts_per_request()  # a batch or background call's share of the child's slots
+        if not per or len(texts) <= per:
+            return await self.client.embed(texts)
+        parts = [await self.client.embed(texts[i:i + per]) for i in range(0, len(texts), per)]
+        return EmbedResult(np.concatenate([p.matrix for p in parts]),
+                           sum(p.prompt_tokens for p in parts))
 
     async def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
         return await self.client.tokenize(text, add_special=add_special)

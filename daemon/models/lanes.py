@@ -16,7 +16,10 @@ while it waited, or once it waited ``promote_seconds``. Under a steady interacti
 lower lane so gets at least one slot per ``promote_after + 1`` admissions. Where a child has
 two or more slots, batch and background together may hold at most all but one of them and
 are never sent ahead into the child's own queue, so an interactive call finds a free slot
-instead of waiting inside the child behind a batch (``reserve_interactive``).
+instead of waiting inside the child behind a batch (``reserve_interactive``); their
+embedding requests go to the child ``slots - 1`` texts at a time
+(:meth:`LanePolicy.texts_per_request`), as llama-server serves each text as a task of its
+own on any free slot.
 
 Two context variables carry lanes through a call: the lane its client asked for
 (:func:`asking`, set by the transport from the header; :func:`asked`), and the lane the
@@ -91,6 +94,20 @@ class LanePolicy:
             return slots - 1
         return capacity
 
+    def texts_per_request(self, lane: Lane, slots: int) -> int:
+        """Most texts one embedding request of a ``lane`` call sends to a child with
+        ``slots`` slots (0: no limit).
+
+        llama-server makes each text of a request a task of its own, served by any free
+        slot in arrival order: a background batch of 32 texts fills every slot and puts an
+        interactive query embedding behind the rest of them, whatever slot admission kept
+        free. Sent ``slots - 1`` texts at a time, it leaves that slot free in the child too.
+        """
+        if (self.enabled and self.reserve_interactive and lane is not Lane.INTERACTIVE
+                and slots >= 2):
+            return slots - 1
+        return 0
+
 
 def policy_from(limits: Limits) -> LanePolicy:
     """The lane options of ``[limits]``."""
@@ -122,6 +139,26 @@ _asked: contextvars.ContextVar[Lane] = contextvars.ContextVar(
     "llamad_asked_lane", default=Lane.INTERACTIVE)
 _current: contextvars.ContextVar[Lane | None] = contextvars.ContextVar(
     "llamad_lane", default=None)
+_share: contextvars.ContextVar[int] = contextvars.ContextVar("llamad_texts_per_request",
+                                                             default=0)
+
+
+def texts_per_request() -> int:
+    """Most texts the running call's embedding requests may carry (0: no limit), as its
+    admission slot set it (:meth:`LanePolicy.texts_per_request`, :func:`sharing`)."""
+    return _share.get()
+
+
+@contextlib.contextmanager
+def sharing(texts: int) -> Iterator[None]:
+    """Run the body (a call holding its slot) with at most ``texts`` texts per embedding
+    request (0: no limit)."""
+    token = _share.set(texts)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):  # closed from another context: see asking
+            _share.reset(token)
 
 
 def asked() -> Lane:
