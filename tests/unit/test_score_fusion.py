@@ -4,7 +4,7 @@ small lists; document-level fusion; and Search running each, refusing an unknown
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -131,3 +131,47 @@ async def test_an_unknown_fusion_is_refused_naming_the_field(r: Retriever) -> No
     with pytest.raises(InvalidDocument) as huge:  # a hostile value is not echoed whole
         await r.search("disk", options=Query(fusion="x" * 100_000))
     assert len(str(huge.value)) < 200
+
+
+class _Blind(HashEmbedder):
+    """Vectors that never find the one document holding ``word``: it points one way,
+    the query and every other document another, each a little differently."""
+
+    def __init__(self, word: str) -> None:
+        super().__init__("blind")
+        self.word = word
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        out = []
+        for text in texts:
+            v = [0.0] * 32
+            if self.word in text and "note" in text:  # the document, not the query
+                v[1] = 1.0
+            else:
+                v[0], v[2 + len(text) % 30] = 1.0, 0.1 * (len(text) % 7)
+            out.append(v)
+        return out
+
+
+async def test_the_default_fusion_keeps_a_word_one_document_holds_near_the_top(
+        tmp_path: Path) -> None:
+    """A query for a word only one document holds (an error code, a host name) whose
+    vectors miss that document: the default fusion keeps it first or second (with RRF
+    its BM25 rank 1 scores as much as the vectors' first). DBSF 0.4/0.6 buries it: a
+    lone BM25 candidate normalises to the middle, and the vector list outweighs it;
+    why DBSF is not the default."""
+    r = Retriever(tmp_path / "index", lambda: _Blind("quixoticword"))
+    await r.open()
+    try:
+        await r.add_source("docs")
+        await r.upsert("docs", "t", "note about quixoticword only here", doc_id="docs/target")
+        for i in range(20):
+            await r.upsert("docs", f"n{i}", f"another note {i} " + "x" * i,
+                           doc_id=f"docs/n{i}")
+        default = (await r.search("quixoticword", k=5)).hits
+        assert "docs/target" in [h.doc_id for h in default[:2]]
+        dbsf = (await r.search("quixoticword", k=5, options=Query(
+            fusion="dbsf", text_weight=0.4, vector_weight=0.6))).hits
+        assert "docs/target" not in [h.doc_id for h in dbsf]
+    finally:
+        await r.close()
