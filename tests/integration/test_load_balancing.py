@@ -279,8 +279,8 @@ def test_client_side_round_robin(nodes: tuple[Node, Node]) -> None:
         client.wait_serving(timeout=30)
 
         def call() -> int:
-            return sum(1 for c in client.generate("hello", max_tokens=TOKENS,
-                                                  timeout=DEADLINE) if c.text)
+            return sum(c.tokens for c in client.generate("hello", max_tokens=TOKENS,
+                                                         timeout=DEADLINE))
 
         def health_of(node: Node, status: str) -> Callable[[], None]:
             def wait() -> None:
