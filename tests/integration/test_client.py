@@ -59,12 +59,14 @@ async def test_generate_streams_then_usage(running: tuple[Daemon, str]) -> None:
             return list(client.generate("The three primary colors are", max_tokens=16))
 
     chunks = await asyncio.to_thread(call)
-    assert len(chunks) >= 4
+    # Streamed: pieces before the last (a busy relay may carry several tokens in one).
+    assert len(chunks) >= 2
     last = chunks[-1]
     assert getattr(last, "finish_reason", None) in ("stop", "length")
     usage = getattr(last, "usage", None)
     assert usage is not None
     assert 3 <= usage.completion_tokens <= 16
+    assert sum(getattr(c, "tokens", 0) for c in chunks) == usage.completion_tokens
     assert all(getattr(c, "usage", None) is None for c in chunks[:-1])
     assert getattr(last, "model", "") == SMALL_MODEL
     async with AsyncClient(address) as client:
