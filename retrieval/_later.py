@@ -80,16 +80,34 @@ class Later:
                  "kind": kind, "category": category, "tags": list(tags),
                  "document_date": document_date, "received_at": received_at,
                  "review": review}
-        saved = await asyncio.to_thread(self._save, entry) if self._journal else None
-        return self._queue(entry, saved)
+        if self._journal is None:
+            return self._queue(entry, None)
+        # Numbered and queued at once, on the loop, so that the journal's order (a restart
+        # replays it) is the order the upserts run in, however the concurrent writes end;
+        # the upsert starts once its file is written. A caller that goes away meanwhile
+        # does not stop the write: what reaches the journal is indexed, now or at restart.
+        saved = self._next_path()
+        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        row = self._queue(entry, saved, written)
+        write = asyncio.ensure_future(asyncio.to_thread(_write, saved, entry))
 
-    def _queue(self, entry: dict[str, Any], saved: Path | None) -> DocumentRow:
+        def settle(done: asyncio.Future[None]) -> None:
+            if done.cancelled() or done.exception() is not None:
+                written.cancel()  # not in the journal: never indexed
+            else:
+                written.set_result(None)
+        write.add_done_callback(settle)
+        await asyncio.shield(write)
+        return row
+
+    def _queue(self, entry: dict[str, Any], saved: Path | None,
+               written: asyncio.Future[None] | None = None) -> DocumentRow:
         row = DocumentRow(entry["doc_id"], entry["source_id"], "", entry["title"],
                           entry["kind"], entry["category"], tuple(entry["tags"]), "", 0, 0,
                           "pending", "", int(time.time()), 0, entry["document_date"])
         self.pending[row.id] = row
         previous = self._tasks.get(row.id)
-        task = asyncio.create_task(self._run(row, entry, previous, saved),
+        task = asyncio.create_task(self._run(row, entry, previous, saved, written),
                                    name=f"upsert-{row.id}")
         self._tasks[row.id] = task
         self._running.add(task)
@@ -97,7 +115,17 @@ class Later:
         return row
 
     async def _run(self, row: DocumentRow, entry: dict[str, Any],
-                   previous: asyncio.Task[None] | None, saved: Path | None) -> None:
+                   previous: asyncio.Task[None] | None, saved: Path | None,
+                   written: asyncio.Future[None] | None) -> None:
+        try:
+            if written is not None:
+                await written  # cancelled: its file could not be written
+        except asyncio.CancelledError:
+            if self.pending.get(row.id) is row:
+                del self.pending[row.id]
+            if self._tasks.get(row.id) is asyncio.current_task():
+                del self._tasks[row.id]
+            raise
         if previous is not None:  # an earlier version of this document goes first
             await asyncio.gather(previous, return_exceptions=True)
         try:  # pending until the ingest shows it processing (its state then wins)
@@ -129,8 +157,9 @@ class Later:
         return sorted(p for p in self._journal.iterdir()
                       if p.suffix == ".json" and p.stem.isdigit())
 
-    def _save(self, entry: dict[str, Any]) -> Path:
-        """Write one accepted document durably; its file."""
+    def _next_path(self) -> Path:
+        """The journal file of the next accepted document (numbers go on from the files
+        there, so a restart never reuses one). On the loop: a directory listing once."""
         journal = self._journal
         if journal is None:
             raise RuntimeError("no journal")
@@ -139,20 +168,7 @@ class Later:
             entries = self._entries()
             self._seq = int(entries[-1].stem) if entries else 0
         self._seq += 1
-        final = journal / f"{self._seq:012d}.json"
-        tmp = journal / f".{final.name}.tmp"
-        data = json.dumps(entry, ensure_ascii=False).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
-        _fsync_dir(journal)
-        return final
+        return journal / f"{self._seq:012d}.json"
 
     async def recover(self) -> int:
         """Queue the documents a previous run accepted and did not finish (their journal
@@ -184,6 +200,23 @@ class Later:
         while self._running:
             with contextlib.suppress(Exception):
                 await asyncio.gather(*list(self._running), return_exceptions=True)
+
+
+def _write(final: Path, entry: dict[str, Any]) -> None:
+    """Write one accepted document durably at ``final``: a temporary name, fsync, rename,
+    then the directory fsync-ed."""
+    tmp = final.with_name(f".{final.name}.tmp")
+    data = json.dumps(entry, ensure_ascii=False).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -7,11 +7,14 @@ kill -9 of a daemon is tests/integration/test_durable_push.py."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import stat
 from pathlib import Path
 
-from retrieval import Retriever
+import pytest
+
+from retrieval import Retriever, _later
 from tests.support.embedder import HashEmbedder
 from tests.support.eventually import eventually
 from tests.support.held import hold_later_upserts
@@ -97,5 +100,51 @@ async def test_an_unreadable_journal_file_is_set_aside(tmp_path: Path) -> None:
         await r.add_source("inbox")
         await r.upsert_later("inbox", "New", "after the bad one", doc_id="inbox/new")
         assert journal(root)[-1].name == "000000000008.json"  # numbering goes on
+    finally:
+        await r.close()
+
+
+async def test_concurrent_pushes_each_get_their_file_in_acceptance_order(
+        tmp_path: Path) -> None:
+    """Fifty acceptances at once (their writes run in worker threads side by side): fifty
+    files, numbered in the order the upserts were queued, so a restart replays what ran."""
+    root = tmp_path / "index"
+    r = await opened(root)
+    try:
+        await r.add_source("inbox")
+        gate = hold_later_upserts(r)
+        await asyncio.gather(*(
+            r.upsert_later("inbox", "N", f"version {i} of one note", doc_id="inbox/n")
+            for i in range(50)))
+        files = journal(root)
+        assert len(files) == 50
+        texts = [json.loads(f.read_text())["text"] for f in files]
+        assert sorted(texts) == sorted(f"version {i} of one note" for i in range(50))
+        gate.set()
+
+        async def done() -> bool:
+            return not journal(root)
+        await eventually(done)
+        hits = (await r.search("note", k=1)).hits
+        assert hits[0].text == texts[-1]  # the last in the journal is the one indexed
+    finally:
+        await r.close()
+
+
+async def test_a_push_the_journal_cannot_hold_is_refused_and_never_indexed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "index"
+    r = await opened(root)
+    try:
+        await r.add_source("inbox")
+
+        def full(*_: object) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        monkeypatch.setattr(_later, "_write", full)
+        with pytest.raises(OSError, match="No space"):
+            await r.upsert_later("inbox", "Disk", "never indexed", doc_id="inbox/x")
+        await asyncio.sleep(0.2)
+        assert await r.document("inbox/x") is None
+        assert not r._later.pending and not r._later._running
     finally:
         await r.close()
