@@ -17,7 +17,8 @@ The rules are git's (``gitignore(5)``), on paths relative to the source's root:
 
 Each component is matched by :mod:`fnmatch`'s translation (whose regular expressions do
 not backtrack catastrophically), and the components by a bounded dynamic programme, so
-a hostile pattern costs at most its length times the path's.
+a hostile pattern costs at most its length times the path's; rules that name a file or
+directory at any depth (all the defaults) are folded into one expression.
 
 :data:`DEFAULT_EXCLUDES` keeps key and credential files out of every directory source
 unless the operator turns them off (``retrieval.exclude_defaults``) or includes one
@@ -100,13 +101,45 @@ def _matches(parts: tuple[str, ...], path: tuple[str, ...]) -> bool:
     return ok[0][0]
 
 
+@dataclass(frozen=True, slots=True)
+class _Names:
+    """Adjacent rules that match a name at any depth (``*.pem``, ``private/``) and agree
+    in negation and directory-only: one regular expression for the last component (such
+    a rule matches a path exactly when it matches its last component)."""
+
+    regex: re.Pattern[str]
+    negated: bool
+    directory_only: bool
+
+
 class ExcludeRules:
     """Compiled patterns (checked against the limits before, by :func:`check_patterns`);
-    :meth:`excluded` says whether a relative path is left out."""
+    :meth:`excluded` says whether a relative path is left out.
+
+    A scan asks for every file and directory of a source on its event loop, so the
+    common rules (a name at any depth: all the defaults) are folded into one regular
+    expression per run of alike rules; the others are matched component by component.
+    """
 
     def __init__(self, patterns: Sequence[str]) -> None:
         self.patterns = tuple(patterns)
-        self._rules = [r for r in map(_parse, patterns) if r is not None]
+        self._rules: list[_Rule | _Names] = []
+        names: list[str] = []
+        for rule in (r for r in map(_parse, patterns) if r is not None):
+            last = self._rules[-1] if self._rules else None
+            if len(rule.parts) == 2 and rule.parts[0] == "**" and "**" not in rule.parts[1]:
+                piece = fnmatch.translate(rule.parts[1])
+                if isinstance(last, _Names) and (last.negated, last.directory_only) == (
+                        rule.negated, rule.directory_only):
+                    names.append(piece)
+                    self._rules[-1] = _Names(re.compile("|".join(names)), rule.negated,
+                                             rule.directory_only)
+                    continue
+                names = [piece]
+                self._rules.append(_Names(re.compile(piece), rule.negated,
+                                          rule.directory_only))
+            else:
+                self._rules.append(rule)
 
     def __bool__(self) -> bool:
         return bool(self._rules)
@@ -116,10 +149,15 @@ class ExcludeRules:
         pattern that matches it. Its directories are not looked at: a walk never enters
         an excluded directory."""
         path = tuple(p for p in rel.split("/") if p)
+        if not path:
+            return False
         for rule in reversed(self._rules):
             if rule.directory_only and not is_dir:
                 continue
-            if _matches(rule.parts, path):
+            if isinstance(rule, _Names):
+                if rule.regex.match(path[-1]) is not None:
+                    return not rule.negated
+            elif _matches(rule.parts, path):
                 return not rule.negated
         return False
 
