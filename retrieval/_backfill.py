@@ -185,7 +185,7 @@ class Backfill(BackfillRun):
             return False
         if indexes.vectors is None or indexes.vector_model != embedder.model_id:
             return indexes.store.chunk_count() > 0
-        missing = indexes.store.chunk_count() - indexes.vectors.count()
+        missing = indexes.store.entry_count() - indexes.vectors.count()  # a text's once
         return missing > len(self._failed) if self._failed_model == embedder.model_id \
             else missing > 0
 
@@ -238,7 +238,7 @@ class Backfill(BackfillRun):
         if embedder is None or vectors is None or self._indexes.vector_model != \
                 embedder.model_id:
             return set(keys)
-        return vectors.missing(keys)
+        return vectors.missing(self._indexes.require().entries_of(keys))
 
     async def close(self) -> None:
         """Stop a run (what it embedded stays cached; the next start resumes)."""
@@ -257,9 +257,9 @@ class Backfill(BackfillRun):
         # new one; with no index at all, the first vectors make one at once.
         switching = indexes.vectors is not None and indexes.vector_model != model
         self._model, self._switching = model, switching
-        keys = await asyncio.to_thread(store.chunk_keys)
+        keys = await asyncio.to_thread(store.entry_keys)  # a text's vector: once
         if only is not None:
-            keys &= only
+            keys &= await asyncio.to_thread(store.entries_of, only)
         if indexes.vectors is not None and not switching:
             keys = indexes.vectors.missing(keys)
         todo = sorted(keys)

@@ -21,7 +21,10 @@ from collections.abc import Mapping, Sequence
 
 from .._interface import DocumentStore
 from ..store._bm25 import Filters
+from ..store._entries import admits
 from ..store._rows import StoredChunk
+
+__all__ = ["admits", "every_holder", "fetch_distinct", "first_copies"]
 
 
 async def fetch_distinct(store: DocumentStore, keys: Sequence[int], k: int
@@ -76,17 +79,3 @@ async def every_holder(store: DocumentStore, holders: dict[int, tuple[str, ...]]
         more = [c.doc_id for c in found if c.doc_id not in named and admits(filters, c)]
         out[key] = out[key] + tuple(dict.fromkeys(more))
     return out
-
-
-def admits(f: Filters, c: StoredChunk) -> bool:
-    """Whether ``f`` lets ``c`` be found (as both lists apply it inside)."""
-    dated = c.document_date
-    return ((not f.sources or c.source_id in f.sources)
-            and (not f.kinds or c.kind in f.kinds)
-            and (not f.categories or c.category in f.categories)
-            and (not f.tags or any(t in f.tags for t in c.tags))
-            and (f.since is None or c.indexed_at >= f.since)
-            and (f.until is None or c.indexed_at <= f.until)
-            and (f.dated_since is None or (dated is not None and dated >= f.dated_since))
-            and (f.dated_until is None or (dated is not None and dated <= f.dated_until))
-            and (f.doc_ids is None or c.doc_id in f.doc_ids))

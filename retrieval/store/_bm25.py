@@ -1,6 +1,8 @@
 """The BM25 side: a tantivy index of chunks, searched with queries built from escaped terms.
 
-Schema (one tantivy document per chunk):
+Schema (one tantivy document per entry: a text, once however many documents hold it,
+keyed by its indexed holder's chunk; the filter fields hold the values of every holder,
+:mod:`retrieval.store._entries`):
 
 =============  ===============================  =============================================
 field          analysis                         used for
@@ -103,8 +105,22 @@ class Filters:
 
 
 @dataclass(frozen=True)
+class Holder:
+    """A document holding an entry's text, as the filter fields see it."""
+
+    doc_id: str
+    source: str
+    kind: str
+    category: str
+    tags: tuple[str, ...]
+    indexed_at: int
+
+
+@dataclass(frozen=True)
 class IndexedChunk:
-    """One chunk as the text index sees it (built from the SQLite rows)."""
+    """One entry as the text index sees it (built from the SQLite rows): its indexed
+    holder's chunk, and the filter fields of every holder of its text in ``also``
+    (:mod:`retrieval.store._entries`; the index keeps the distinct values)."""
 
     key: int
     doc_id: str
@@ -116,6 +132,7 @@ class IndexedChunk:
     title: str
     heading: str
     text: str
+    also: tuple[Holder, ...] = ()
 
 
 def _schema() -> tantivy.Schema:
@@ -306,13 +323,18 @@ class TextIndex:
     def _document(self, c: IndexedChunk) -> tantivy.Document:
         doc = tantivy.Document()
         doc.add_unsigned("key", _check_key(c.key))
-        doc.add_text("doc_id", _utf8(c.doc_id))
-        doc.add_text("source", _utf8(c.source))
-        doc.add_text("kind", _utf8(c.kind))
-        doc.add_text("category", _utf8(c.category))
-        for tag in c.tags:
-            doc.add_text("tags", _utf8(tag))
-        doc.add_integer("indexed_at", c.indexed_at)
+        holders = (Holder(c.doc_id, c.source, c.kind, c.category, c.tags, c.indexed_at),
+                   *c.also)
+        # Multi-valued: a filter term matches when any holder has it.
+        for name, values in (("doc_id", [h.doc_id for h in holders]),
+                             ("source", [h.source for h in holders]),
+                             ("kind", [h.kind for h in holders]),
+                             ("category", [h.category for h in holders]),
+                             ("tags", [t for h in holders for t in h.tags])):
+            for value in dict.fromkeys(values):
+                doc.add_text(name, _utf8(value))
+        for at in dict.fromkeys(h.indexed_at for h in holders):
+            doc.add_integer("indexed_at", at)
         text = _utf8("\n".join(part for part in (c.title, c.heading, c.text) if part))
         doc.add_text("body", text)
         doc.add_text("exact", text)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import shutil
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
@@ -45,9 +46,10 @@ from ..errors import (
     opened,
 )
 from ._bm25 import Filters, IndexedChunk, TextIndex
+from ._entries import TEXT_FORMAT
 from ._history import dated_documents
 from ._metadata import Store
-from ._rows import DocumentRow, PendingWrite, Replacement, StoredChunk
+from ._rows import DocumentRow, PendingWrite, Replacement
 from ._vectors import VectorIndex
 
 _log = structlog.get_logger("llamad.retrieval")
@@ -58,11 +60,6 @@ PAGE = 4096
 flat as the corpus grows (all at once, 100k chunks held about 1 GB)."""
 _PAGES_PER_COMMIT = 4
 """A start-up repair commits tantivy every this many pages, rather than once at the end."""
-
-
-def _indexed(c: StoredChunk) -> IndexedChunk:
-    return IndexedChunk(c.key, c.doc_id, c.source_id, c.kind, c.category, c.tags,
-                        c.indexed_at, c.title, c.heading, c.text)
 
 
 class Indexes(StoreHolder[Store]):
@@ -95,6 +92,9 @@ class Indexes(StoreHolder[Store]):
         """Open (or create) the stores and reconcile the derived ones from SQLite."""
         self.root.mkdir(parents=True, exist_ok=True)
         store = Store(self.root / "meta.sqlite3")
+        rebuild = store.get_meta("text_format") != TEXT_FORMAT
+        if rebuild:  # a text index of a chunk per copy (before entries): made anew
+            shutil.rmtree(self.root / "bm25", ignore_errors=True)
         text = TextIndex(self.root / "bm25")
         self.vector_model = store.get_meta("vector_model") or ""
         self.disabled_sources = frozenset(s.id for s in store.sources() if s.disabled)
@@ -102,24 +102,29 @@ class Indexes(StoreHolder[Store]):
         vectors = VectorIndex(self.root / "vectors.hnsw", dim) if dim else None
         self.store, self.text, self.vectors = store, text, vectors
         self.repaired = self._reconcile()
+        if rebuild:
+            store.set_meta("text_format", TEXT_FORMAT)
 
     def _reconcile(self) -> dict[str, int]:
-        """Make tantivy and hnswlib agree with SQLite; log and return what was repaired."""
+        """Make tantivy and hnswlib agree with SQLite (one entry per text, the holders of
+        every text whose holders changed rewritten); log and return what was repaired."""
         store, text = self.require(), self._text()
-        truth = store.chunk_keys()
+        truth = store.entry_keys()
         in_text = text.keys()
         extra, missing = in_text - truth, truth - in_text
         if extra:
             text.delete_keys(extra)
-        ordered = sorted(missing)
-        for i in range(0, len(ordered), PAGE):  # page by page: texts held per page only
-            text.add([_indexed(c) for c in store.chunks_by_keys(ordered[i:i + PAGE]).values()])
+        dirty = store.dirty_hashes()
+        hashes = sorted(set(store.chunk_hashes(missing).values()) | set(dirty))
+        for i in range(0, len(hashes), PAGE):  # page by page: texts held per page only
+            text.add(list(store.entries(hashes[i:i + PAGE]).values()))
             if (i // PAGE) % _PAGES_PER_COMMIT == _PAGES_PER_COMMIT - 1:
                 # Commit as it goes: tantivy's writer otherwise fills its whole memory
                 # budget before flushing (~40 MB more at 100k chunks, measured).
                 text.commit()
-        if extra or missing:
+        if extra or hashes:
             text.commit()
+        store.applied(dirty)
         repaired = {"text_removed": len(extra), "text_added": len(missing)}
         if self.vectors is not None:
             in_vec = self.vectors.keys()
@@ -148,7 +153,7 @@ class Indexes(StoreHolder[Store]):
         ordered = sorted(keys)
         added = 0
         for i in range(0, len(ordered), PAGE):
-            hashes = store.chunk_hashes(ordered[i:i + PAGE])
+            hashes = store.entry_hashes(ordered[i:i + PAGE])  # a text's vector: once
             cached = store.cached_vectors(self.vector_model, hashes.values())
             pairs = [(k, cached[h]) for k, h in hashes.items() if h in cached]
             if pairs:
@@ -272,33 +277,44 @@ class Indexes(StoreHolder[Store]):
 
     def _apply_batch(self, replacements: list[Replacement],
                      batch: list[PendingWrite]) -> None:
-        """The derived indexes follow SQLite: net of every replacement, in order (a
-        document upserted twice in one batch keeps only its second version)."""
-        text = self._text()
-        removed: set[int] = set()
-        added: dict[int, StoredChunk] = {}
+        """The derived indexes follow SQLite: the chunks every replacement removed leave
+        them, the texts whose holders changed are rewritten (:meth:`_apply`)."""
+        removed = {key for r in replacements for key in r.removed}
         vectors: dict[str, np.ndarray] = {}
-        for replacement, pending in zip(replacements, batch, strict=True):
-            for key in replacement.removed:
-                removed.add(key)
-                added.pop(key, None)
-            for chunk in replacement.added:
-                added[chunk.key] = chunk
+        for pending in batch:
             if pending.model == self.vector_model:
                 vectors.update(pending.cached)
                 vectors.update(pending.fresh)
+        self._apply(sorted(removed), vectors)
+
+    def _apply(self, removed: Sequence[int], vectors: dict[str, np.ndarray]) -> None:
+        """After a SQLite write: drop the ``removed`` chunks from tantivy and hnswlib and
+        rewrite each text whose holders changed (``entry_dirty``): its entry, keyed by
+        its indexed holder, with every holder's filter fields; a text with no holder
+        left is gone with its last chunk. ``vectors`` (by content hash) spare reading
+        the cache. Blocking; the caller holds the writer lock."""
+        store, text = self.require(), self._text()
+        dirty = store.dirty_hashes()
         if removed:
-            text.delete_keys(sorted(removed))
-        text.add([_indexed(c) for c in added.values()])
+            text.delete_keys(removed)
+        entries: dict[str, IndexedChunk] = {}
+        for i in range(0, len(dirty), PAGE):
+            part = store.entries(dirty[i:i + PAGE])
+            text.add(list(part.values()))  # replaces an entry of the same key
+            entries.update(part)
         text.commit()
         if self.vectors is not None:
-            if removed:
-                self.vectors.delete(sorted(removed))
-            pairs = [(c.key, vectors[c.content_hash]) for c in added.values()
-                     if c.content_hash in vectors]
+            self.vectors.delete(removed)
+            wanted = self.vectors.missing(e.key for e in entries.values())
+            lacking = [h for h, e in entries.items() if e.key in wanted and h not in vectors]
+            if lacking and self.vector_model:
+                vectors = {**vectors, **store.cached_vectors(self.vector_model, lacking)}
+            pairs = [(e.key, vectors[h]) for h, e in entries.items()
+                     if e.key in wanted and h in vectors]
             if pairs:
                 self.vectors.add([k for k, _ in pairs], np.stack([v for _, v in pairs]))
             self.vectors_dirty = True
+        store.applied(dirty)
 
     def use_vector_model_sync(self, model: str, dim: int) -> None:
         """Make the vector index ``model``'s: a fresh index built from the cached vectors
@@ -311,20 +327,14 @@ class Indexes(StoreHolder[Store]):
             stale.unlink(missing_ok=True)
         self.vectors = VectorIndex(path, dim)
         self.vector_model = model
-        self.add_cached_vectors(store.chunk_keys())
+        self.add_cached_vectors(store.entry_keys())
         self.vectors.save()
         store.set_meta("vector_model", model)
         store.set_meta("vector_dim", str(dim))
 
     def _drop_keys(self, keys: Sequence[int]) -> None:
-        text = self._text()
-        if not keys:
-            return
-        text.delete_keys(keys)
-        text.commit()
-        if self.vectors is not None:
-            self.vectors.delete(keys)
-            self.vectors_dirty = True
+        if keys:
+            self._apply(keys, {})
 
     async def delete_document(self, doc_id: str) -> bool:
         """Remove a document from SQLite, then tantivy and hnswlib; False if it did not
@@ -402,8 +412,21 @@ class Indexes(StoreHolder[Store]):
 
     def text_ranked(self, query: str, filters: Filters, limit: int
                     ) -> list[tuple[int, float]]:
-        """The BM25 list (tantivy), filters applied inside: ``(key, score)``. Blocking."""
-        return self._text().search(query, filters=filters, limit=limit)
+        """The BM25 list (tantivy), filters applied inside: ``(key, score)``, each text
+        once, under the holder the filters admit (:meth:`Store.resolve`). Blocking."""
+        text = self._text()
+        if filters == Filters():
+            return text.search(query, filters=filters, limit=limit)
+        fetch = limit
+        while True:
+            hits = text.search(query, filters=filters, limit=fetch)
+            shown = self.require().resolve([key for key, _ in hits], filters)
+            out = [(shown[key], score) for key, score in hits if key in shown]
+            # An entry whose holders pass the filters only together (one the source,
+            # another the kind) was dropped: search deeper for what it displaced.
+            if len(out) >= limit or len(hits) < fetch or fetch >= 8 * limit:
+                return out[:limit]
+            fetch *= 2
 
     def serving_model(self) -> str:
         """The model of the vector index ("" while there is none)."""
@@ -419,14 +442,15 @@ class Indexes(StoreHolder[Store]):
                 the query was embedded).
         """
         store = self.require()
-        allowed = None if filters == Filters() else store.keys_matching(
-            sources=filters.sources, kinds=filters.kinds, categories=filters.categories,
-            tags=filters.tags, since=filters.since, until=filters.until,
-            dated_since=filters.dated_since, dated_until=filters.dated_until)
+        # Entry -> the holder shown: the entries some holder of which passes the filters.
+        shown = None if filters == Filters() else store.entries_matching(filters)
         index = self.vectors
         if index is None or self.vector_model != model:
             raise EmbeddingModelMismatch("the vector index was replaced during the search")
-        return index.search(vector, limit, None if allowed is None else allowed.__contains__)
+        if shown is None:
+            return index.search(vector, limit)
+        return [(shown[key], dist)
+                for key, dist in index.search(vector, limit, shown.__contains__)]
 
     # -- status ------------------------------------------------------------------------
 

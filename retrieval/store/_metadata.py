@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ._bm25 import Filters
 from ._embeddings import EmbeddingCache
+from ._entries import ENTRY_BACKFILL, ENTRY_SCHEMA, EntryStore
 from ._history import HistoryStore, bounded
 from ._review import INSERT_DOCUMENT, REVIEW_SCHEMA, ReviewStore, document_head
 from ._rows import ChunkRow, DocumentRow, Replacement, SourceRow, StoredChunk
@@ -93,6 +95,7 @@ _ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("documents", "review_note", "TEXT NOT NULL DEFAULT ''"),
     ("sources", "exclude", "TEXT NOT NULL DEFAULT '[]'"),
     ("sources", "excluded", "INTEGER NOT NULL DEFAULT 0"),
+    ("chunks", "entry", "INTEGER"),  # the text's indexed holder (retrieval.store._entries)
 )
 """Columns added since the first schema, in order: (table, column, declaration)."""
 
@@ -102,11 +105,14 @@ def _tags(raw: str) -> tuple[str, ...]:
     return tuple(str(t) for t in value) if isinstance(value, list) else ()
 
 
-class Store(ReviewStore, HistoryStore, EmbeddingCache):
+class Store(ReviewStore, HistoryStore, EmbeddingCache, EntryStore):
     """Thread-safe access to the SQLite database (one connection, one lock); versions
     held for review are :class:`~retrieval.store._review.ReviewStore`'s, retention's
     queries :class:`~retrieval.store._history.HistoryStore`'s, the embedding cache
-    :class:`~retrieval.store._embeddings.EmbeddingCache`'s."""
+    :class:`~retrieval.store._embeddings.EmbeddingCache`'s, a text's one index entry
+    :class:`~retrieval.store._entries.EntryStore`'s."""
+
+    _tags_of = staticmethod(_tags)
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -114,6 +120,7 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache):
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._lock = threading.RLock()
+        self._applied: set[str] = set()
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
@@ -135,6 +142,10 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache):
                          "ON documents(source_id, document_date, id)")
         # The copies of a text under several documents (copies_of, for search).
         self._db.execute("CREATE INDEX IF NOT EXISTS chunks_hash ON chunks(content_hash)")
+        # One index entry per text: before the triggers, a store made earlier names each
+        # chunk's entry (its text's oldest holder).
+        self._db.executescript(ENTRY_SCHEMA)
+        self._db.execute(ENTRY_BACKFILL)
 
     def close(self) -> None:
         with self._lock:
@@ -147,6 +158,7 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache):
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
+                self._clear_applied()
                 yield
                 self._db.execute("COMMIT")
             except BaseException:
@@ -415,6 +427,29 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache):
         """Chunk keys whose document passes the filters (any-of within each kind;
         ``since``/``until`` bound when it was indexed, ``dated_since``/``dated_until`` its
         own date, which a document without one never passes)."""
+        sql, args = self._matching(sources=sources, kinds=kinds, categories=categories,
+                                   tags=tags, since=since, until=until,
+                                   dated_since=dated_since, dated_until=dated_until)
+        with self._lock:
+            return {int(r[0]) for r in self._db.execute(
+                "SELECT c.key FROM chunks c JOIN documents d ON d.id = c.doc_id"  # noqa: S608 - placeholders only
+                + (f" WHERE {sql}" if sql else ""), args)}
+
+    def entries_matching(self, f: Filters) -> dict[int, int]:
+        """Entry key -> the holder a search under ``f`` shows, for the entries some holder
+        of which ``f`` admits (``doc_ids`` aside: the dates are read here)."""
+        return self.entries_admitted(*self._matching(
+            sources=f.sources, kinds=f.kinds, categories=f.categories, tags=f.tags,
+            since=f.since, until=f.until, dated_since=f.dated_since,
+            dated_until=f.dated_until))
+
+    @staticmethod
+    def _matching(*, sources: Sequence[str], kinds: Sequence[str], categories: Sequence[str],
+                  tags: Sequence[str], since: int | None, until: int | None,
+                  dated_since: int | None, dated_until: int | None,
+                  ) -> tuple[str, list[object]]:
+        """The condition on ``d`` (a chunk's document) of :meth:`keys_matching`, and its
+        arguments."""
         where: list[str] = []
         args: list[object] = []
         for column, values in (("d.source_id", sources), ("d.kind", kinds),
@@ -428,11 +463,7 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache):
             args.extend(tags)
         bounded(where, args, ("d.indexed_at >= ?", since), ("d.indexed_at <= ?", until),
                 ("d.document_date >= ?", dated_since), ("d.document_date <= ?", dated_until))
-        sql = "SELECT c.key FROM chunks c JOIN documents d ON d.id = c.doc_id"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        with self._lock:
-            return {int(r[0]) for r in self._db.execute(sql, args)}
+        return " AND ".join(where), args
 
     # -- stats -------------------------------------------------------------------------
 
