@@ -240,6 +240,10 @@ class StoreBackend(Protocol):
 
     # -- status
 
+    async def sizes(self) -> tuple[int, int]:
+        """``(chunks the lexical list ranks, vectors the vector list searches)``, cheaply
+        (no count over every row; what a search's stats show), at most seconds old."""
+
     async def status(self, model: str, processing: int, pending: int = 0) -> RetrievalStatus:
         """Counts: ``embedded_chunks`` for ``model``; ``processing`` and ``pending``
         documents shown in those states."""

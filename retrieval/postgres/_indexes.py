@@ -292,6 +292,10 @@ class PgIndexes(StoreHolder[PgDocumentStore]):
 
     # -- status ------------------------------------------------------------------------
 
+    async def sizes(self) -> tuple[int, int]:
+        """``(chunks, the corpus model's vectors)``, cheaply (``PostgresStore.sizes``)."""
+        return await asyncio.to_thread(self.require().sizes)
+
     async def status(self, model: str, processing: int, pending: int = 0) -> RetrievalStatus:
         """Counts from Postgres (as the embedded backend's; ``vectors`` counts the
         corpus model's, ``disk_bytes`` is 0: the server's disk is not this node's)."""

@@ -424,6 +424,30 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
                                "ON s.id = v.space_id WHERE s.model = %s", (model,)).fetchone()
         return int(row[0]) if row else 0
 
+    def sizes(self, exact_below: int = 50_000) -> tuple[int, int]:
+        """``(chunks, the corpus model's vectors)``, cheaply: counted when the server's
+        statistics say fewer than ``exact_below`` rows (a count that costs milliseconds),
+        else those statistics' live rows (``pg_stat_user_tables.n_live_tup``: every
+        node's committed inserts and deletes, reported within about 10 s; reset by a
+        crash of the server until autovacuum analyzes). Vectors of every model are counted
+        there, so past ``exact_below`` they are capped at the chunks (a switch of model
+        under way shows the chunks)."""
+        with self._conn() as conn:
+            row = conn.execute(
+                "SELECT (SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = "
+                "'chunks'::regclass), (SELECT n_live_tup FROM pg_stat_user_tables WHERE "
+                "relid = 'chunk_vectors'::regclass)").fetchone()
+            chunks, vectors = (int(row[0] or 0), int(row[1] or 0)) if row else (0, 0)
+            if chunks < exact_below:
+                counted = conn.execute("SELECT count(*) FROM chunks").fetchone()
+                chunks = int(counted[0]) if counted else 0
+            if vectors >= exact_below:
+                return chunks, min(vectors, chunks)
+            counted = conn.execute(
+                "SELECT count(*) FROM chunk_vectors v JOIN corpus_model c "
+                "ON c.space_id = v.space_id").fetchone()
+            return chunks, int(counted[0]) if counted else 0
+
     # -- one scanner per source --------------------------------------------------------
 
     def try_scan_lock(self, source_id: str) -> bool:

@@ -1,11 +1,13 @@
 """What a search did: how much each list searched, how many candidates it gave, and how
 long each stage took (``SearchResponse.stats``).
 
-The sizes searched (chunks in the text index, vectors in the vector index: the serving
-model's) are counted by the store's status, which costs a count over every chunk: they are
-counted at most every :data:`SIZES_EVERY` seconds, in the background (the first search
-of a retriever waits for the first count), so a search never pays for them and a figure
-may be that many seconds old.
+The sizes searched (entries in the text index, vectors in the vector index: the serving
+model's) are the store's cheap sizes (``StoreBackend.sizes``: the embedded store's
+tantivy and HNSW counts in memory; PostgreSQL's live-row statistics, counted exactly
+below 50,000 rows), never its status (counts over every chunk, a walk of the index
+directory). Read at most every :data:`SIZES_EVERY` seconds, in the background (the
+first search of a retriever waits for the first), so a figure may be that many seconds
+old.
 """
 
 from __future__ import annotations
@@ -70,5 +72,4 @@ class IndexSizes:
 
     async def _count(self) -> None:
         with contextlib.suppress(Exception):  # informational: a failed count keeps the last
-            status = await self._indexes.status("", 0)
-            self._sizes = (status.chunks, status.vectors)
+            self._sizes = await self._indexes.sizes()

@@ -454,6 +454,13 @@ class Indexes(StoreHolder[Store]):
 
     # -- status ------------------------------------------------------------------------
 
+    async def sizes(self) -> tuple[int, int]:
+        """``(entries in the text index, live vectors in the vector index)``: tantivy's
+        document count and the HNSW index's, read in memory (no SQLite)."""
+        text, vectors = self.text, self.vectors
+        return (text.count() if text is not None else 0,
+                vectors.count() if vectors is not None else 0)
+
     async def status(self, model: str, processing: int, pending: int = 0) -> RetrievalStatus:
         """Counts from SQLite and the vector index (reads only; no writer lock).
 

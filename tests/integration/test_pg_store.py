@@ -298,6 +298,27 @@ def test_delete_document_and_source(store: PostgresStore) -> None:
     assert store.embedded_chunks(MODEL) == 1
 
 
+def test_sizes_past_the_exact_count_read_the_servers_statistics(store: PostgresStore) -> None:
+    """sizes counts exactly below its threshold; past it (here 0) it reads the live rows
+    the server's statistics keep, which follow the commits within seconds; vectors of
+    every model are capped at the chunks."""
+    store.use_embedding_model(MODEL, DIM)
+    store.upsert_source(SourceRow("docs", "push"))
+    put(store, doc("docs/a"), chunks("docs/a", "alpha", "alpha two"),
+        [unit(1, 0, 0, 0), unit(0, 1, 0, 0)])
+    put(store, doc("docs/b"), chunks("docs/b", "bravo"))
+    assert store.sizes() == (3, 2)
+    deadline = time.monotonic() + 30  # statistics are flushed within about 10 s
+    while store.sizes(exact_below=0) != (3, 2):
+        assert time.monotonic() < deadline, store.sizes(exact_below=0)
+        time.sleep(0.2)
+    store.delete_document("docs/a")
+    assert store.sizes() == (1, 0)
+    while store.sizes(exact_below=0) != (1, 0):
+        assert time.monotonic() < deadline + 30, store.sizes(exact_below=0)
+        time.sleep(0.2)
+
+
 def test_a_node_notices_that_its_lock_session_was_lost(pg_dsn: str,
                                                        store: PostgresStore) -> None:
     """When the server ends the session holding a scan lock (a restart, an operator's

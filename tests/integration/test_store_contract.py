@@ -424,6 +424,19 @@ async def test_status_counts(filled: StoreBackend) -> None:
     assert (await filled.status("other", processing=0)).embedded_chunks == 0
 
 
+async def test_sizes_are_what_the_lists_search(filled: StoreBackend) -> None:
+    """sizes: the chunks the lexical list ranks and the vectors the vector list searches
+    (three of the four documents have one), as status counts them; a deleted document
+    leaves both (a small store is counted exactly, at once)."""
+    assert await filled.sizes() == (4, 3)
+    status = await filled.status(MODEL, processing=0)
+    assert await filled.sizes() == (status.chunks, status.vectors)
+    assert await filled.delete_document("docs/disk") is True
+    assert await filled.sizes() == (3, 2)
+    assert await filled.delete_document("logs/plain") is True
+    assert await filled.sizes() == (2, 2)
+
+
 async def test_storage_full_says_what_to_do(store: StoreBackend) -> None:
     """storage_full: the error for a full disk, saying to free space and that what was
     indexed before is intact."""
