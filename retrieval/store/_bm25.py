@@ -104,16 +104,9 @@ class Filters:
     doc_ids: frozenset[str] | None = None  # only these documents (None: any)
 
 
-@dataclass(frozen=True)
-class Holder:
-    """A document holding an entry's text, as the filter fields see it."""
-
-    doc_id: str
-    source: str
-    kind: str
-    category: str
-    tags: tuple[str, ...]
-    indexed_at: int
+Holder = tuple[str, str, str, str, tuple[str, ...], int]
+"""A document holding an entry's text, as the filter fields see it: ``(doc_id, source,
+kind, category, tags, indexed_at)``."""
 
 
 @dataclass(frozen=True)
@@ -323,17 +316,15 @@ class TextIndex:
     def _document(self, c: IndexedChunk) -> tantivy.Document:
         doc = tantivy.Document()
         doc.add_unsigned("key", _check_key(c.key))
-        holders = (Holder(c.doc_id, c.source, c.kind, c.category, c.tags, c.indexed_at),
-                   *c.also)
+        holders: list[Holder] = [
+            (c.doc_id, c.source, c.kind, c.category, c.tags, c.indexed_at), *c.also]
         # Multi-valued: a filter term matches when any holder has it.
-        for name, values in (("doc_id", [h.doc_id for h in holders]),
-                             ("source", [h.source for h in holders]),
-                             ("kind", [h.kind for h in holders]),
-                             ("category", [h.category for h in holders]),
-                             ("tags", [t for h in holders for t in h.tags])):
-            for value in dict.fromkeys(values):
+        for i, name in enumerate(("doc_id", "source", "kind", "category")):
+            for value in dict.fromkeys(str(h[i]) for h in holders):
                 doc.add_text(name, _utf8(value))
-        for at in dict.fromkeys(h.indexed_at for h in holders):
+        for tag in dict.fromkeys(t for h in holders for t in h[4]):
+            doc.add_text("tags", _utf8(tag))
+        for at in dict.fromkeys(h[5] for h in holders):
             doc.add_integer("indexed_at", at)
         text = _utf8("\n".join(part for part in (c.title, c.heading, c.text) if part))
         doc.add_text("body", text)
@@ -423,8 +414,16 @@ class TextIndex:
         return {_as_key(v) for v in values}
 
     def count(self) -> int:
-        """Committed chunks."""
+        """Committed entries (a text once, however many documents hold it)."""
         return self._index.searcher().num_docs
+
+    def holding(self, term: str) -> int:
+        """Committed entries whose ``body`` holds ``term`` (as indexed: stemmed,
+        lowercase): its document frequency without the deleted entries tantivy's own
+        statistics keep until their segments merge."""
+        query = tantivy.Query.term_query(self._schema, "body", _utf8(term))
+        found = self._index.searcher().search(query, limit=1, count=True)
+        return int(getattr(found, "count", 0) or 0)  # not in tantivy's type stubs
 
 
 def _low_on_space(path: Path) -> bool:

@@ -141,8 +141,8 @@ class EntryStore:
                         f"WHERE c.content_hash IN ({_marks(part)}) ORDER BY c.key", part):
                     digest = str(r[0])
                     keys.setdefault(digest, int(r[1]))
-                    holders.setdefault(digest, []).append(Holder(
-                        r[2], r[3], r[4], r[5], self._tags_of(r[6]), int(r[7])))
+                    holders.setdefault(digest, []).append(
+                        (r[2], r[3], r[4], r[5], self._tags_of(r[6]), int(r[7])))
             texts = {int(r[0]): self._chunk(r) for part in _parts(keys.values())
                      for r in self._db.execute(
                          f"{self._CHUNK_SELECT} WHERE c.key IN ({_marks(part)})", part)}
