@@ -34,9 +34,10 @@ reload. Connections already open keep the certificate they were made with.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -250,11 +251,14 @@ class AuthInterceptor(HandlerInterceptor):
         if handler.unary_unary is not None:
             inner = handler.unary_unary
 
-            async def unary(request: object, context: grpc.aio.ServicerContext) -> object:
-                with calling(quotas, entry, method):
-                    return await inner(request, context)
-
-            return grpc.unary_unary_rpc_method_handler(unary, **shapes)
+            return grpc.unary_unary_rpc_method_handler(
+                _coroutine_under(quotas, entry, method, inner), **shapes)
+        if handler.unary_stream is not None and inspect.iscoroutinefunction(
+                handler.unary_stream):
+            # A streaming handler that writes its messages (rpc.writes): no generator
+            # layer per message here either.
+            return grpc.unary_stream_rpc_method_handler(
+                _coroutine_under(quotas, entry, method, handler.unary_stream), **shapes)
         if handler.unary_stream is not None:
             streamed = handler.unary_stream
 
@@ -282,6 +286,19 @@ class AuthInterceptor(HandlerInterceptor):
         if handler.response_streaming:
             return grpc.unary_stream_rpc_method_handler(refuse)
         return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+def _coroutine_under(quotas: Quotas, entry: TokenEntry, method: str,
+                     inner: Callable[[object, grpc.aio.ServicerContext], Awaitable[object]]
+                     ) -> Callable[[object, grpc.aio.ServicerContext], Awaitable[object]]:
+    """A coroutine handler (unary, or streaming by ``context.write``) run under
+    ``entry``'s quota and lane."""
+
+    async def handler(request: object, context: grpc.aio.ServicerContext) -> object:
+        with calling(quotas, entry, method):
+            return await inner(request, context)
+
+    return handler
 
 
 class TlsCredentials:

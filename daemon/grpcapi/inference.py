@@ -77,15 +77,16 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         *,
         chat: bool,
         model: str = "",
-    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+    ) -> None:
         """Validate the sampling, admit the call on the generation role (refusing by name
         the controls its runtime cannot take:
         :func:`daemon.services.inference.admitted_generation`), start its stream there and relay it
         (time to first token counts from here).
 
-        The relay loop is here, not in a generator of its own, and Generate and Chat return
-        this generator rather than re-yield it: at a model's pace every layer of
-        generators runs once per token on a cold process (issue 27)."""
+        Each message is sent with ``context.write`` from this one coroutine: no generator
+        of ours runs per message (issue 27: at a model's pace every layer runs once per
+        token on a cold process). A write returns once grpc has taken the message, so
+        what the child sends meanwhile is read as one chunk, one message."""
         received = time.perf_counter()
         sampling = validation.sampling(
             params, self._limits,
@@ -97,49 +98,52 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                                        chat=chat, note=call.note, model=model) as backend:
             chunks = start(backend, sampling)
             served = backend.model_name
+            write = context.write
             try:
                 async for item in chunks:
                     if item.finish_reason is None:
                         meter.piece(item)
-                        yield _piece(item, served, name)
+                        await write(_piece(item, served, name))
                         continue
                     usage = meter.finish(item)
                     call.note(tokens=usage.completion_tokens,
                               prompt_tokens=usage.prompt_tokens,
                               ttft_ms=round(usage.ttft_ms, 2), finish=item.finish_reason)
-                    yield _last(item, usage, served, name)
+                    await write(_last(item, usage, served, name))
             finally:
                 meter.flush()  # a stream left early: what it streamed still counts
                 call.fields.setdefault("tokens", meter.streamed)  # its line, its quota
                 await chunks.aclose()  # type: ignore[attr-defined]
 
-    @rpc.stream("Generate")
-    def Generate(
+    # The generated stub types a streaming method as a generator; grpc.aio takes a
+    # coroutine that writes as well (rpc.writes).
+    @rpc.writes("Generate")
+    async def Generate(  # type: ignore[override]
         self,
         request: inference_pb2.GenerateRequest,
         context: grpc.aio.ServicerContext,
         call: rpc.Call,
-    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+    ) -> None:
         prompt = validation.prompt(request, self._limits)
         call.note(prompt_chars=len(prompt))
-        return self._generate(
+        await self._generate(
             request.sampling, context, call,
             lambda backend, sampling: backend.stream_completion(prompt, sampling),
             chat=False, model=request.model)
 
-    @rpc.stream("Chat")
-    def Chat(
+    @rpc.writes("Chat")
+    async def Chat(  # type: ignore[override]
         self,
         request: inference_pb2.ChatRequest,
         context: grpc.aio.ServicerContext,
         call: rpc.Call,
-    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+    ) -> None:
         messages = validation.chat_messages(request, self._limits)
         offered = tools.chat_tools(request, self._limits)
         call.note(messages=len(messages))
         if offered is not None:
             call.note(tools=len(offered.tools), tool_choice=offered.choice)
-        return self._generate(
+        await self._generate(
             request.sampling, context, call,
             lambda backend, sampling: backend.stream_chat(messages, sampling, offered),
             chat=True, model=request.model)

@@ -159,6 +159,17 @@ def unary(method: str) -> Callable[[UnaryFn[Self, Req, Resp]], Unary[Self, Req, 
     return wrap
 
 
+def writes(method: str) -> Callable[[UnaryFn[Self, Req, None]], Unary[Self, Req, None]]:
+    """Wrap a server-streaming handler that sends its messages itself (a coroutine
+    ``(self, request, context, call)`` awaiting ``context.write`` per message).
+
+    The same frame as :func:`unary`: grpc.aio takes a coroutine as a streaming handler
+    that writes. A relay written so runs no generator per message (an async generator
+    handler is driven by grpc's own ``async for``, a layer per message, on a process
+    that is cold at every token at a model's pace: issue 27)."""
+    return unary(method)
+
+
 def stream(method: str) -> Callable[[StreamFn[Self, Req, Resp]], Stream[Self, Req, Resp]]:
     """Wrap a server-streaming handler (an async generator ``(self, request, context, call)``)."""
 
