@@ -112,14 +112,18 @@ def fake_binary(tmp: str, delay: float) -> str:
 
 
 @contextlib.asynccontextmanager
-async def daemon(binary: str, slots: int, threads: int, tmp: str, tag: str
+async def daemon(binary: str, slots: int, threads: int, tmp: str, tag: str, *,
+                 connections: int = 0
                  ) -> AsyncIterator[tuple[DaemonProcess, grpc.aio.Channel, int]]:
+    """The daemon; ``connections``: the child's HTTP threads, if set (``--threads-http``)."""
     port = free_port()
     env = {**daemon_env("llama-server", support.model_file(support.SMALL_MODEL), threads),
            **GREEDY_CHAT, "LLAMAD_STATE_DIR": tempfile.mkdtemp(dir=tmp),
            "LLAMAD_LLAMA_BIN": binary, "LLAMAD_HTTP_LISTEN": f"127.0.0.1:{port}",
            "LLAMAD_GENERATION_PARALLEL": str(slots), "LLAMAD_LIMITS_QUEUE_SIZE": "128",
            "LLAMAD_GENERATION_CTX_SIZE": "2048"}
+    if connections:
+        env["LLAMAD_GENERATION_EXTRA_ARGS"] = f"--threads-http {connections}"
     async with serving(env, FilePath(tmp) / f"daemon-{tag}.log") as (proc, channel):
         yield proc, channel, port
 
@@ -174,8 +178,13 @@ async def source_run(args: argparse.Namespace, tmp: str, kind: str) -> list[str]
     slots = max([*args.levels, *args.curve]) if fake else args.slots
     lines: list[str] = []
     async with contextlib.AsyncExitStack() as stack:
+        # llama-server serves slots + 2 connections at once by default (its HTTP threads)
+        # and closes the ones past them unanswered: the direct and router paths open one
+        # per stream (llamad queues past its slots itself), and the daemon's liveness probe
+        # and kept connections need threads too. The router runs the child's command line.
         proc, channel, port = await stack.enter_async_context(
-            daemon(binary, slots, 1 if fake else 2, tmp, kind))
+            daemon(binary, slots, 1 if fake else 2, tmp, kind,
+                   connections=0 if fake else max(args.levels) + slots + 8))
         child = await generation_child(channel)
         every = {DAEMON: proc.pid, "child": child.pid}
         print(f"{kind}: daemon pid {proc.pid}, child pid {child.pid}", flush=True)
