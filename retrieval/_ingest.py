@@ -80,13 +80,15 @@ class Ingest:
                      path: str = "", mtime_ns: int = 0, size: int = 0,
                      document_date: int | None = None,
                      received_at: int | None = None,
-                     review: bool = False) -> DocumentRow:
+                     review: bool = False, redacted: int | None = None) -> DocumentRow:
         """Index a document (replacing its previous version atomically), or hold it for
         review (``review``, or its source requires it); see
-        :meth:`retrieval.Retriever.upsert`."""
+        :meth:`retrieval.Retriever.upsert`. ``redacted``: the text was redacted before
+        (a journalled push, :mod:`retrieval._later`), replacing that many secrets; its
+        size was checked then (placeholders can lengthen it)."""
         limits = self.limits
         store = self._indexes.require()
-        source = await self.check(source_id, text, kind)
+        source = await self.check(source_id, text, kind, sized=redacted is None)
         doc_id = validate_document_id(
             doc_id or f"{source_id}/{content_hash(title + chr(0) + text)[:16]}")
         # Redaction and chunking are CPU work linear in the text (a 20 MB push is seconds):
@@ -106,7 +108,7 @@ class Ingest:
         doc = DocumentRow(
             doc_id, source_id, path, clean_title, kind, category or source.category,
             tuple(tags) or source.tags, digest, mtime_ns, size, "processing", "",
-            int(time.time()), sum(cleaned.counts.values()), document_date)
+            int(time.time()), sum(cleaned.counts.values()) + (redacted or 0), document_date)
         await self._indexes.catch_up()
         if existing is not None and existing.state == "indexed" and \
                 existing.content_hash == digest and existing.category == doc.category \
@@ -149,9 +151,10 @@ class Ingest:
             if self.inflight.get(doc.id) is doc:
                 del self.inflight[doc.id]
 
-    async def check(self, source_id: str, text: str, kind: str) -> SourceRow:
-        """What refuses a document before any work: its kind, empty or oversized text, an
-        unknown source; returns the source.
+    async def check(self, source_id: str, text: str, kind: str, *,
+                    sized: bool = True) -> SourceRow:
+        """What refuses a document before any work: its kind, empty or oversized text
+        (not ``sized``: measured before), an unknown source; returns the source.
 
         Raises:
             InvalidDocument, NotFound: the refusal, saying why.
@@ -160,7 +163,7 @@ class Ingest:
         check_kind(kind)
         if not text.strip():
             raise InvalidDocument("document text is empty")
-        if len(text) > self.limits.max_document_chars:
+        if sized and len(text) > self.limits.max_document_chars:
             raise InvalidDocument(f"document has {len(text)} characters; the limit is "
                                   f"{self.limits.max_document_chars} "
                                   "(retrieval.max_document_chars)")

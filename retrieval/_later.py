@@ -17,6 +17,13 @@ start (:meth:`Later.recover`) and indexes them in the order they were accepted; 
 indexed just before the kill is indexed again as the same content (no change). Closing
 the retriever finishes the ones accepted (the daemon's drain). The journal holds at most
 ``max_pending`` documents, each at most ``max_document_chars``.
+
+Redacted first (invariant 8): the journal, and the memory holding a pending document,
+keep its title and text as the upsert would index them, with the count of secrets the
+redaction replaced (``redactions``: the upsert adds it to the document's count, since
+redacting again finds none) and the date a Markdown front matter gives, so a document
+indexed from the journal is the one indexed at once. A journal file without
+``redactions`` (written before) holds the text as pushed: its upsert redacts it then.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ from typing import Any
 import structlog
 
 from .errors import Busy, StoreUnavailable, validate_document_id
+from .extraction._dates import front_matter_date
+from .redaction._redactor import Redacted, redact
 from .store._rows import DocumentRow
 
 _log = structlog.get_logger("llamad.retrieval")
@@ -40,16 +49,21 @@ _log = structlog.get_logger("llamad.retrieval")
 Upsert = Callable[..., Awaitable[DocumentRow]]
 Check = Callable[[str, str, str], Awaitable[object]]
 """What refuses a document (source id, text, kind), raising: the upsert's own check."""
+Redact = Callable[[str], Redacted]
+"""The upsert's redaction of a document's text (its configured rules)."""
 
 
 class Later:
     """The background upserts of one retriever; ``journal`` (a directory, made 0700 if
-    missing) keeps them across a crash, None keeps them in memory only."""
+    missing) keeps them across a crash, None keeps them in memory only; ``redact`` is the
+    upsert's redaction of a text (titles are redacted as the upsert does, by default
+    rules)."""
 
     def __init__(self, upsert: Upsert, check: Check, max_pending: Callable[[], int],
-                 journal: Path | None = None) -> None:
+                 journal: Path | None = None, redact: Redact = redact) -> None:
         self._upsert = upsert
         self._check = check
+        self._redact = redact
         self._max_pending = max_pending
         self._journal = journal
         self._seq = -1                                  # the last journal number used
@@ -72,14 +86,17 @@ class Later:
         """
         validate_document_id(doc_id)
         await self._check(source_id, text, kind)
-        waiting = len(self._running)
-        if waiting >= self._max_pending():
-            raise Busy(f"{waiting} documents already wait to be indexed "
-                       f"(retrieval.max_pending_upserts); retry shortly, or wait=true")
-        entry = {"source_id": source_id, "title": title, "text": text, "doc_id": doc_id,
+        self._refuse_if_busy()
+        if document_date is None and kind == "markdown":
+            document_date = front_matter_date(text)  # read from the text as pushed
+        # CPU work linear in the text: in a thread, as the upsert's own redaction.
+        cleaned = await asyncio.to_thread(self._redact, text)
+        entry = {"source_id": source_id, "title": redact(title).text,
+                 "text": cleaned.text, "redactions": cleaned.total, "doc_id": doc_id,
                  "kind": kind, "category": category, "tags": list(tags),
                  "document_date": document_date, "received_at": received_at,
                  "review": review}
+        self._refuse_if_busy()  # others may have been queued meanwhile
         if self._journal is None:
             return self._queue(entry, None)
         # Numbered and queued at once, on the loop, so that the journal's order (a restart
@@ -99,6 +116,12 @@ class Later:
         write.add_done_callback(settle)
         await asyncio.shield(write)
         return row
+
+    def _refuse_if_busy(self) -> None:
+        waiting = len(self._running)
+        if waiting >= self._max_pending():
+            raise Busy(f"{waiting} documents already wait to be indexed "
+                       f"(retrieval.max_pending_upserts); retry shortly, or wait=true")
 
     def _queue(self, entry: dict[str, Any], saved: Path | None,
                written: asyncio.Future[None] | None = None) -> DocumentRow:
@@ -132,7 +155,8 @@ class Later:
             await self._upsert(row.source_id, row.title, entry["text"], doc_id=row.id,
                                kind=row.kind, category=row.category, tags=row.tags,
                                document_date=row.document_date,
-                               received_at=entry["received_at"], review=bool(entry["review"]))
+                               received_at=entry["received_at"], review=bool(entry["review"]),
+                               redacted=entry.get("redactions"))
         except asyncio.CancelledError:
             raise  # not ended: the journal keeps it for the next start
         except StoreUnavailable as exc:  # nothing recorded it: the next start tries again

@@ -41,6 +41,7 @@ from .errors import (
 from .extraction._confine import SourceRoot
 from .postgres._connect import PgOptions
 from .postgres._indexes import not_supported
+from .redaction._redactor import redact
 from .search._search import Query, Search, SearchResult
 from .store._bm25 import Filters
 from .store._indexes import Indexes
@@ -83,7 +84,9 @@ class Retriever(RetrieverSources):
         self._ingest = Ingest(self._backend, embedder, limits,
                               on_other_model=self._backfill.on_other_model)
         self._later = Later(self.upsert, self._ingest.check, lambda: self.limits.max_pending,
-                            journal=root / "pending")
+                            journal=root / "pending", redact=lambda text: redact(
+                                text, hostnames=self.limits.redact_hostnames,
+                                ips=self.limits.redact_ips))
         self._search = Search(
             self._backend, embedder, limits,
             unavailable_reason=unavailable_reason or (lambda: "embedding child unavailable"),
@@ -160,7 +163,8 @@ class Retriever(RetrieverSources):
                      kind: str = "text", category: str = "", tags: Sequence[str] = (),
                      path: str = "", mtime_ns: int = 0, size: int = 0,
                      review: bool = False, document_date: int | None = None,
-                     received_at: int | None = None) -> DocumentRow:
+                     received_at: int | None = None,
+                     redacted: int | None = None) -> DocumentRow:
         """Index a document (replacing its previous version atomically).
 
         Its own date (``document_date``, unix seconds) is the caller's, else a Markdown
@@ -183,6 +187,10 @@ class Retriever(RetrieverSources):
         searchable until :meth:`approve`; a version indexed before stays searchable
         meanwhile. See :mod:`retrieval._review`.
 
+        ``redacted`` (a journalled ``wait=false`` push, :mod:`retrieval._later`): the
+        text and title were redacted when accepted, replacing that many secrets (counted
+        in the document's redactions); its size was checked then.
+
         Raises:
             InvalidDocument: bad ids, kind, or empty or oversized text.
             NotFound: unknown source.
@@ -191,7 +199,7 @@ class Retriever(RetrieverSources):
         return await self._ingest.upsert(
             source_id, title, text, doc_id=doc_id, kind=kind, category=category, tags=tags,
             path=path, mtime_ns=mtime_ns, size=size, review=review,
-            document_date=document_date,
+            document_date=document_date, redacted=redacted,
             received_at=int(self._clock.wall()) if received_at is None else received_at)
 
     async def upsert_later(self, source_id: str, title: str, text: str, *,

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from retrieval import Retriever, _later
+from retrieval import Query, RetrievalLimits, Retriever, _later
+from retrieval.redaction._redactor import redact
 from tests.support.embedder import HashEmbedder
 from tests.support.eventually import eventually
 from tests.support.held import hold_later_upserts
@@ -146,5 +147,115 @@ async def test_a_push_the_journal_cannot_hold_is_refused_and_never_indexed(
         await asyncio.sleep(0.2)
         assert await r.document("inbox/x") is None
         assert not r._later.pending and not r._later._running
+    finally:
+        await r.close()
+
+
+# -- redacted before it is journaled -----------------------------------------------------
+
+SECRETS = ("Hunter2Secret9", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+           "ghp_16C7e42F292c6912E7710c838347Ae178B4a")
+PUSHED = ("---\ndate: 2024-03-05\n---\n# Vault\n\nThe db password: Hunter2Secret9\n\n"
+          "export AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\n"
+          "rotate quarterly with the vaultword runbook\n")
+TITLE = "Deploy token=ghp_16C7e42F292c6912E7710c838347Ae178B4a"
+
+
+async def indexed_at_once(root: Path) -> tuple[int, int | None, str]:
+    """The document as an upsert that waits indexes it: its redactions, date and hash."""
+    r = await opened(root)
+    try:
+        await r.add_source("inbox")
+        doc = await r.upsert("inbox", TITLE, PUSHED, doc_id="inbox/v", kind="markdown")
+        return doc.redactions, doc.document_date, doc.content_hash
+    finally:
+        await r.close()
+
+
+async def replayed(root: Path) -> Retriever:
+    again = await opened(root)
+
+    async def indexed() -> bool:
+        d = await again.document("inbox/v")
+        return d is not None and d.state == "indexed" and not journal(root)
+    await eventually(indexed)
+    return again
+
+
+async def test_the_journal_never_holds_a_secret_and_the_count_survives_a_replay(
+        tmp_path: Path) -> None:
+    """A pushed text with three secrets (password, AWS secret key in the text, a GitHub
+    token in the title): the journal file holds none of them, only placeholders and the
+    count; replayed after a crash, the document has the redactions, date and content
+    hash an upsert that waits gives it."""
+    want = await indexed_at_once(tmp_path / "direct")
+    assert want[0] == 2 and want[1] is not None
+    root = tmp_path / "index"
+    r = await opened(root)
+    await r.add_source("inbox")
+    hold_later_upserts(r)
+    pending = await r.upsert_later("inbox", TITLE, PUSHED, doc_id="inbox/v", kind="markdown")
+    assert not any(s in pending.title for s in SECRETS)
+    (saved,) = journal(root)
+    raw = saved.read_bytes()
+    assert not [s for s in SECRETS if s.encode() in raw]
+    entry = json.loads(raw)
+    assert entry["redactions"] == 2 and "[REDACTED:password]" in entry["text"]
+    assert entry["title"] == "Deploy token=[REDACTED:github_token]"
+    await crash(r)
+    await asyncio.to_thread(r._backend.close_sync)
+
+    again = await replayed(root)
+    try:
+        doc = await again.document("inbox/v")
+        assert doc is not None
+        assert (doc.redactions, doc.document_date, doc.content_hash) == want
+        assert (await again.search("vaultword")).hits
+        assert not (await again.search("Hunter2Secret9", options=Query(mode="text"))).hits
+    finally:
+        await again.close()
+
+
+async def test_a_journal_file_written_before_redaction_still_replays(tmp_path: Path) -> None:
+    """A file of the earlier format (the text as pushed, no ``redactions``) is indexed at
+    the next start as an upsert that waits indexes it: redacted then, counted then."""
+    want = await indexed_at_once(tmp_path / "direct")
+    root = tmp_path / "index"
+    r = await opened(root)
+    await r.add_source("inbox")
+    await r.close()
+    (root / "pending").mkdir(mode=0o700)
+    (root / "pending" / "000000000003.json").write_text(json.dumps({
+        "source_id": "inbox", "title": TITLE, "text": PUSHED, "doc_id": "inbox/v",
+        "kind": "markdown", "category": "", "tags": [], "document_date": None,
+        "received_at": 1_700_000_000, "review": False}))
+    again = await replayed(root)
+    try:
+        doc = await again.document("inbox/v")
+        assert doc is not None
+        assert (doc.redactions, doc.document_date, doc.content_hash) == want
+        assert not any(s in doc.title for s in SECRETS)
+        assert not (await again.search("Hunter2Secret9", options=Query(mode="text"))).hits
+    finally:
+        await again.close()
+
+
+async def test_a_push_at_the_size_limit_is_indexed_though_redaction_lengthens_it(
+        tmp_path: Path) -> None:
+    """The size limit is checked on the text as pushed: a text at the limit whose
+    placeholder is longer than its secret is indexed, not failed for its new length."""
+    r = Retriever(tmp_path / "index", lambda: HashEmbedder("m"),
+                  limits=RetrievalLimits(max_document_chars=200))
+    await r.open()
+    try:
+        await r.add_source("inbox")
+        text = "password: abc123\n" + "word " * 36 + "end"
+        assert len(text) == 200 and len(redact(text).text) > 200
+        await r.upsert_later("inbox", "Edge", text, doc_id="inbox/e")
+
+        async def indexed() -> bool:
+            d = await r.document("inbox/e")
+            return d is not None and d.state == "indexed" and d.redactions == 1
+        await eventually(indexed)
     finally:
         await r.close()
