@@ -48,6 +48,7 @@ class Stream:
     tokens: int  # the completion tokens its usage reports
     ttft: float  # request sent to the first text, s
     texts: int  # events or messages that carried text
+    gap: float = float("nan")  # mean time between two of them, s (HTTP paths)
 
 
 @dataclass
@@ -68,7 +69,7 @@ def http_path(name: str, client: LoopbackHTTP, model: str, processes: dict[str, 
         body |= {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
                  "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
         sent = time.perf_counter()
-        first = 0.0
+        first = last = 0.0
         tokens = texts = 0
         async with client.stream("POST", "/v1/chat/completions", orjson.dumps(body),
                                  300.0) as answer:
@@ -89,11 +90,12 @@ def http_path(name: str, client: LoopbackHTTP, model: str, processes: dict[str, 
                     for choice in data.get("choices") or ():
                         if (choice.get("delta") or {}).get("content"):
                             texts += 1
-                            if not first:
-                                first = time.perf_counter()
+                            last = time.perf_counter()
+                            first = first or last
         if not texts:
             raise RuntimeError(f"{name} streamed no text")
-        return Stream(tokens or texts, first - sent, texts)
+        gap = (last - first) / (texts - 1) if texts > 1 else float("nan")
+        return Stream(tokens or texts, first - sent, texts, gap)
 
     return Path(name, stream, processes)
 
@@ -142,6 +144,7 @@ class Round:
     client_cpu: float  # this process's CPU s
     ttfts: list[float]
     retried: int = 0  # requests dropped before any answer and sent again
+    gaps: list[float] = field(default_factory=list)  # each stream's mean gap, s (HTTP)
 
     def per_1k(self, process: str) -> float:
         """CPU ms of ``process`` per 1,000 tokens."""
@@ -186,7 +189,8 @@ async def measure(path: Path, concurrency: int, per_worker: int, max_tokens: int
     cpu = {name: (cpu_ns(pid) - before[name]) / 1e9 for name, pid in every.items()}
     streams = [s for batch in done for s in batch]
     return Round(path.name, concurrency, sum(s.tokens for s in streams), wall, cpu,
-                 time.process_time() - own, [s.ttft for s in streams], len(retried))
+                 time.process_time() - own, [s.ttft for s in streams], len(retried),
+                 [s.gap for s in streams if s.gap == s.gap])
 
 
 def med(values: Sequence[float]) -> float:

@@ -94,6 +94,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--llama-bin", default=str(support.ROOT / ".venv" / "bin" / "llama-server"))
     p.add_argument("--out", type=FilePath, default=support.ROOT / "bench" / "RESULTS.md")
     p.add_argument("--no-write", action="store_true", help="print, do not write --out")
+    p.add_argument("--stream-interval", type=int, default=None,
+                   help="the daemon's [child] stream_interval, ms (default: its default)")
     p.add_argument("--floor", action="store_true",
                    help="also measure the floor: an asyncio process's CPU per wake-up")
     args = p.parse_args(argv)
@@ -113,9 +115,10 @@ def fake_binary(tmp: str, delay: float) -> str:
 
 @contextlib.asynccontextmanager
 async def daemon(binary: str, slots: int, threads: int, tmp: str, tag: str, *,
-                 connections: int = 0
+                 connections: int = 0, interval: int | None = None
                  ) -> AsyncIterator[tuple[DaemonProcess, grpc.aio.Channel, int]]:
-    """The daemon; ``connections``: the child's HTTP threads, if set (``--threads-http``)."""
+    """The daemon; ``connections``: the child's HTTP threads, if set (``--threads-http``);
+    ``interval``: its ``[child] stream_interval`` (ms), if set."""
     port = free_port()
     env = {**daemon_env("llama-server", support.model_file(support.SMALL_MODEL), threads),
            **GREEDY_CHAT, "LLAMAD_STATE_DIR": tempfile.mkdtemp(dir=tmp),
@@ -124,6 +127,8 @@ async def daemon(binary: str, slots: int, threads: int, tmp: str, tag: str, *,
            "LLAMAD_GENERATION_CTX_SIZE": "2048"}
     if connections:
         env["LLAMAD_GENERATION_EXTRA_ARGS"] = f"--threads-http {connections}"
+    if interval is not None:
+        env["LLAMAD_CHILD_STREAM_INTERVAL"] = str(interval)
     async with serving(env, FilePath(tmp) / f"daemon-{tag}.log") as (proc, channel):
         yield proc, channel, port
 
@@ -164,12 +169,19 @@ def cost_rows(kept: Sequence[Round], paths: Sequence[Path], levels: Sequence[int
                          f"{med([r.per_1k('child') for r in these]):.1f}",
                          f"{med([r.client_cpu * 1e6 / r.tokens for r in these]):.1f}",
                          f"{med([med(r.ttfts) for r in these]) * 1000:.1f}",
-                         f"{sum(r.tokens for r in these)}"])
+                         _gap(these), f"{sum(r.tokens for r in these)}"])
     return rows
 
 
+def _gap(these: Sequence[Round]) -> str:
+    """The median of the streams' mean gaps between two text events (HTTP paths), ms."""
+    gaps = [g for r in these for g in r.gaps]
+    return f"{med(gaps) * 1000:.1f}" if gaps else "-"
+
+
 COST_HEADER = ["streams", "path", "tokens/s", "relay CPU ms / 1k tokens", "relay cores",
-               "child CPU ms / 1k", "bench clients ms / 1k", "median TTFT ms", "tokens"]
+               "child CPU ms / 1k", "bench clients ms / 1k", "median TTFT ms",
+               "median event gap ms", "tokens"]
 
 
 async def source_run(args: argparse.Namespace, tmp: str, kind: str) -> list[str]:
@@ -184,7 +196,8 @@ async def source_run(args: argparse.Namespace, tmp: str, kind: str) -> list[str]
         # and kept connections need threads too. The router runs the child's command line.
         proc, channel, port = await stack.enter_async_context(
             daemon(binary, slots, 1 if fake else 2, tmp, kind,
-                   connections=0 if fake else max(args.levels) + slots + 8))
+                   connections=0 if fake else max(args.levels) + slots + 8,
+                   interval=args.stream_interval))
         child = await generation_child(channel)
         every = {DAEMON: proc.pid, "child": child.pid}
         print(f"{kind}: daemon pid {proc.pid}, child pid {child.pid}", flush=True)
