@@ -162,6 +162,12 @@ class EntryStore:
             return {int(r[0]) for r in self._db.execute(
                 "SELECT key FROM chunks WHERE entry = key")}
 
+    def shared_entries(self) -> set[int]:
+        """The entries of texts more than one chunk holds."""
+        with self._lock:
+            return {int(r[0]) for r in self._db.execute(
+                "SELECT entry FROM chunks GROUP BY entry HAVING count(*) > 1")}
+
     def entry_count(self) -> int:
         """Distinct texts stored (index entries)."""
         with self._lock:
@@ -212,7 +218,8 @@ class EntryStore:
             sql += f" WHERE {where}"
         admitted: dict[int, int] = {}
         with self._lock:
-            for entry, key in self._db.execute(sql + " ORDER BY c.key", list(args)):
-                if entry not in admitted or key == entry:
+            for entry, key in self._db.execute(sql, list(args)):
+                shown = admitted.get(entry)  # the entry itself, else the oldest holder
+                if shown is None or key == entry or (shown != entry and key < shown):
                     admitted[int(entry)] = int(key)
         return admitted

@@ -82,6 +82,9 @@ class Indexes(StoreHolder[Store]):
         self.disabled_sources: frozenset[str] = frozenset()  # kept, not searched
         self.vectors_dirty = False      # ``vectors`` has changes not saved yet
         self.repaired: dict[str, int] = {}   # what open() repaired (for Status)
+        # Entries of texts several chunks hold: only their hits need resolving to a
+        # holder a filter admits (a single holder's filter fields are exact in tantivy).
+        self.shared: set[int] = set()
         # SQLite holds a write that tantivy or hnswlib failed to take (a full disk, say):
         # the next write first brings them in line (see catch_up).
         self.behind = False
@@ -125,6 +128,7 @@ class Indexes(StoreHolder[Store]):
         if extra or hashes:
             text.commit()
         store.applied(dirty)
+        self.shared = store.shared_entries()
         repaired = {"text_removed": len(extra), "text_added": len(missing)}
         if self.vectors is not None:
             in_vec = self.vectors.keys()
@@ -303,6 +307,12 @@ class Indexes(StoreHolder[Store]):
             text.add(list(part.values()))  # replaces an entry of the same key
             entries.update(part)
         text.commit()
+        self.shared.difference_update(removed)
+        for e in entries.values():
+            if len(e.also) > 1:
+                self.shared.add(e.key)
+            else:
+                self.shared.discard(e.key)
         if self.vectors is not None:
             self.vectors.delete(removed)
             wanted = self.vectors.missing(e.key for e in entries.values())
@@ -420,8 +430,10 @@ class Indexes(StoreHolder[Store]):
         fetch = limit
         while True:
             hits = text.search(query, filters=filters, limit=fetch)
-            shown = self.require().resolve([key for key, _ in hits], filters)
-            out = [(shown[key], score) for key, score in hits if key in shown]
+            shared = self.shared
+            shown = self.require().resolve([k for k, _ in hits if k in shared], filters)
+            out = [(shown.get(key, key), score) for key, score in hits
+                   if key in shown or key not in shared]
             # An entry whose holders pass the filters only together (one the source,
             # another the kind) was dropped: search deeper for what it displaced.
             if len(out) >= limit or len(hits) < fetch or fetch >= 8 * limit:
