@@ -8,10 +8,20 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from supervisor import find_llama_server
 
 pytest_plugins = ["pytester", "tests.tiers", "tests.skips", "tests.support.postgres"]
+
+# No property test is about speed: Hypothesis's wall-clock checks (a 200 ms deadline an
+# example, "too slow" when generating takes over a second) fail on a busy machine and say
+# nothing about the property. Loaded here, before any test module builds its @settings,
+# so every test's settings inherit it. Size (data_too_large) is no verdict either: the
+# properties draw large inputs on purpose.
+settings.register_profile("llamad", deadline=None, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile("llamad")
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"

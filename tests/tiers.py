@@ -12,7 +12,8 @@ Every test is in exactly one tier, marked so that ``-m`` selects it:
 * ``integration``: real GGUF models, mostly served by real llama.cpp children (explicit).
 
 Each tier has its own timeout, applied unless the test (or its module) sets one, so that
-a hung unit test fails in seconds rather than after the integration tier's 300 s.
+a hung unit test fails sooner than after the integration tier's; each is scaled by the load
+factor of ``tests/support/load.py`` (a busy machine is not a hang).
 """
 
 from __future__ import annotations
@@ -26,12 +27,16 @@ from typing import Any
 
 import pytest
 
+from tests.support.load import patience
+
 UNIT, PROCESS, INTEGRATION = "unit", "process", "integration"
 TIERS = (UNIT, PROCESS, INTEGRATION)
-# Seconds, with headroom for a busy 2-core machine, where the slowest unit test takes ~7 s
+# Seconds on a quiet 2-core machine, where the slowest unit test takes ~7 s
 # (test_extract_html.py::test_gigantic_html_within_max_bytes) and the slowest process test ~2 s
-# (the fake child's slow start); integration keeps pyproject's 300 s (a model's load).
-TIMEOUTS = {UNIT: 20, PROCESS: 60, INTEGRATION: 300}
+# (the fake child's slow start), integration 300 s (a model's load); times LOAD (10 unless
+# $LLAMAD_TEST_LOAD says otherwise), so that a machine with 20 runnable threads on its 2
+# cores passes and a hang still fails.
+TIMEOUTS = {UNIT: patience(20), PROCESS: patience(60), INTEGRATION: patience(300)}
 
 _TESTS_DIR = Path(__file__).resolve().parent
 _UNIT_DIR = _TESTS_DIR / "unit"

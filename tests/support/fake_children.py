@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from supervisor.testing import fake_child_command
+from tests.support.load import patience
 from tests.support.procs import free_port
 
 PROMPT = "the quick brown fox"
@@ -32,7 +33,7 @@ class Child:
         """Return everything the child has written to stderr so far."""
         return self.stderr_path.read_text()
 
-    def wait_ready(self, timeout: float = 5.0) -> float:
+    def wait_ready(self, timeout: float = patience(5.0)) -> float:
         """Poll /health until it answers 200 and return when that happened (monotonic)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -46,7 +47,7 @@ class Child:
             time.sleep(0.01)
         pytest.fail(f"child not ready after {timeout} s: {self.stderr()}")
 
-    def wait_stderr(self, text: str, timeout: float = 5.0) -> None:
+    def wait_stderr(self, text: str, timeout: float = patience(5.0)) -> None:
         """Wait until ``text`` appears on the child's stderr, without sending any request."""
         deadline = time.monotonic() + timeout
         while text not in self.stderr():

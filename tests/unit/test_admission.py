@@ -13,6 +13,7 @@ from daemon.models.admission import Admission
 from daemon.models.children import make_setup
 from daemon.models.model import ahead_for
 from supervisor import BundledRuntime, LlamaServerRuntime, Runtime
+from tests.support.load import patience
 
 
 class Clock:
@@ -225,11 +226,11 @@ async def held_back(adm: Admission, hold_seconds: float, log: list[str]
 
 async def test_hand_over_is_bounded_and_a_no_op_when_idle() -> None:
     adm = Admission("generation", limit=2, queue_size=8)
-    await asyncio.wait_for(adm.hand_over(30), 1)  # nothing runs: returns at once
+    await asyncio.wait_for(adm.hand_over(30), patience(1))  # nothing runs: returns at once
     log: list[str] = []
     old, handover, new = await held_back(adm, 0.2, log)
     assert log == ["old"]
-    await asyncio.wait_for(handover, 2)  # the old call never ends: the hold does
+    await asyncio.wait_for(handover, patience(2))  # the old call never ends: the hold does
     await spin()
     assert log == ["old", "new"] and adm.in_flight == 2
     for task in (old, new):

@@ -5,6 +5,7 @@ first word is another (the "param": "the" defect of issue 26)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from daemon.grpcapi.retrieval import RetrievalServicer
 from daemon.models.router import InferenceRouter
 from daemon.services import ask as asking
 from daemon.services.ask import Question, Turn
+from daemon.services.retrieval_bridge import ChildEmbedder, counting_tokens
 from daemon.services.search import SearchService
 from daemon.telemetry.audit import AuditLog
 from llamad_protocol.v1 import answer_pb2 as apb
@@ -84,6 +86,43 @@ async def test_ask_takes_plain_arguments_and_yields_plain_events(
         done.prompt_sha256
 
 
+async def test_an_ask_stream_cut_short_notes_the_prompt_and_the_tokens_it_streamed(
+        retriever: Retriever, tmp_path: Path) -> None:
+    """The client leaves after two of five pieces: the call's fields (what its token's
+    tpm quota counts when it ends, as for Generate and Chat) hold the prompt's tokens and
+    the two streamed."""
+    backend = FakeBackend(pieces=["Rotate", " the", " logs", " now", " [S1]."])
+    ask = service(InferenceRouter({"generation": FakeRole(backend)}), retriever,
+                  tmp_path / "audit.jsonl")
+    noted: dict[str, object] = {}
+    events = ask.ask(Question("web01 disk full: what do I do?", mode="text"),
+                     Sampling(max_tokens=32), note=noted.update)
+    pieces = []
+    async for event in events:
+        if isinstance(event, str):
+            pieces.append(event)
+            if len(pieces) == 2:
+                break
+    await events.aclose()  # type: ignore[attr-defined]
+    assert noted["tokens"] == 2
+    prompt = noted["prompt_tokens"]
+    assert isinstance(prompt, int) and prompt > 0
+
+
+async def test_embeddings_made_inside_counting_tokens_add_their_tokens() -> None:
+    """A Search's tpm counts its query embedding: each embedding's prompt tokens, as the
+    child counted them (no call of its own), add to the box, those made in tasks started
+    inside too; an embedding outside adds nothing."""
+    backend = FakeBackend()
+    embedder = ChildEmbedder(InferenceRouter({"embedding": FakeRole(backend)}), backend)
+    with counting_tokens() as spent:
+        await embedder.embed(["disk full on web01"])  # 4 words: the fake's 4 tokens
+        await asyncio.gather(asyncio.create_task(embedder.embed(["two words"])))
+    assert spent == [6]
+    await embedder.embed(["not counted"])
+    assert spent == [6]
+
+
 @pytest.mark.parametrize(("question", "field", "first_word"), [
     (Question("why?", history=(Turn("user", "a"),) * 3), "history", "3"),
     (Question("why?", attachment="a\x00b", task="diagnose"), "attachment", "question"),
@@ -116,7 +155,8 @@ async def test_search_takes_plain_arguments_and_names_the_field_it_refuses(
     result = await search.search("disk full", top_k=2, filters=Filters(),
                                  options=Query(mode="text"), note=noted.update)
     assert result.mode == "text" and result.hits[0].doc_id == "docs/disk"
-    assert noted == {"query_chars": 9, "hits": len(result.hits), "mode": "text"}
+    assert noted == {"query_chars": 9, "hits": len(result.hits), "mode": "text",
+                     "prompt_tokens": 0}  # text mode: no query embedding to count
     for query, options, field in (
             (" ", Query(), "query"),
             ("disk", Query(text_weight=0, vector_weight=0), "text_weight"),

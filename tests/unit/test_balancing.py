@@ -13,6 +13,7 @@ from daemon.config import ConfigError, load
 from daemon.config.inference_mode import InferenceMode, Mode
 from daemon.ops.balancing import AgentServer, Drainer, agent_reply, in_flight
 from supervisor import State
+from tests.support.load import patience
 
 
 @dataclass
@@ -89,7 +90,7 @@ def test_drainer_is_idempotent_and_tells_on_change() -> None:
 async def _read(port: int) -> bytes:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        return await asyncio.wait_for(reader.read(), 5)
+        return await asyncio.wait_for(reader.read(), patience(5))
     finally:
         writer.close()
 
@@ -104,7 +105,7 @@ async def test_agent_port_answers_one_line_and_closes() -> None:
         state["line"] = "drain\n"
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"backend/server\n")  # what agent-send would send
-        assert await asyncio.wait_for(reader.read(), 5) == b"drain\n"
+        assert await asyncio.wait_for(reader.read(), patience(5)) == b"drain\n"
         writer.close()
     finally:
         await server.close()
@@ -131,7 +132,7 @@ async def test_agent_port_caps_connections() -> None:
     port = await server.start("127.0.0.1:0")
     try:
         held = asyncio.create_task(_read(port))
-        await asyncio.wait_for(entered.wait(), 5)
+        await asyncio.wait_for(entered.wait(), patience(5))
         assert await _read(port) == b""  # over the cap
         gate.set()
         assert await held == b"up ready 100%\n"

@@ -22,6 +22,7 @@ from supervisor._logring import LogRing
 from supervisor._process import ChildProcess
 from supervisor._transport import ChildAddress
 from tests.conftest import ROOT
+from tests.support.load import patience
 
 pytestmark = pytest.mark.process  # real child processes
 
@@ -36,7 +37,7 @@ async def test_cancelling_stop_propagates_and_still_reaps_the_child(tmp_path: Pa
     ring = LogRing()
     process = await ChildProcess.spawn([sys.executable, "-c", STUBBORN], ring=ring)
     # Until it prints "up" it does not ignore SIGTERM yet, and stop() would end at once.
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(patience(10)):
         async for line in ring.follow():
             if line.text == "up":
                 break
@@ -51,7 +52,7 @@ async def test_cancelling_stop_propagates_and_still_reaps_the_child(tmp_path: Pa
     stopping.cancel()
     with pytest.raises(asyncio.CancelledError):
         await stopping
-    code = await asyncio.wait_for(process.wait(), 5)  # the shielded kill goes on
+    code = await asyncio.wait_for(process.wait(), patience(5))  # the shielded kill goes on
     assert code != 0
     await asyncio.sleep(0)  # the shielded stop's last step: the socket goes once reaped
     for _ in range(100):

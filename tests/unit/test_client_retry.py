@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -184,10 +183,10 @@ def test_deadlines(fake: FakeLlamad) -> None:
     per-call timeout overrides both; a passed deadline raises DeadlineExceeded."""
     fake.delay[STATUS] = 0.5
     with Client(fake.address, timeout=0.2) as client:
-        began = time.monotonic()
+        # The reply comes 0.5 s after the call at the earliest: an error, not a reply,
+        # shows the 0.2 s deadline was applied (a busy machine can only make both later).
         with pytest.raises(errors.DeadlineExceeded):
             client.status()
-        assert time.monotonic() - began < 0.45
         assert client.status(timeout=5).version == "0.0.0-fake"
         with pytest.raises(errors.DeadlineExceeded):
             client.status(timeout=0.1)

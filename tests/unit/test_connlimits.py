@@ -22,6 +22,7 @@ from daemon.grpcapi.connlimits import (
     grpc_options,
 )
 from daemon.grpcapi.peerguard import connections, descriptors_held, enforce, worth_a_look
+from tests.support.load import patience
 
 S = ConnectionSettings()
 
@@ -254,11 +255,11 @@ async def test_guard_loop_reads_the_tables_first_then_only_when_worth_it(
     monkeypatch.setattr(peerguard, "descriptors_held", count)
     task = asyncio.create_task(peerguard.guard_loop(7, 128, 0.01))
     try:
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(patience(30)):
             await quiet_looks.wait()
         assert reads == [7]  # the first look only
         held[0] = 200
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(patience(30)):
             await read_again.wait()
     finally:
         task.cancel()

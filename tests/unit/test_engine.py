@@ -9,6 +9,7 @@ from pathlib import Path
 
 from retrieval import Retriever
 from tests.support.embedder import DOCS, HashEmbedder, fill, filled
+from tests.support.load import patience
 
 
 async def test_embedding_model_change_rebuilds_vectors_in_background(tmp_path: Path) -> None:
@@ -25,7 +26,7 @@ async def test_embedding_model_change_rebuilds_vectors_in_background(tmp_path: P
     assert any("being rebuilt for embedding model model-b" in w for w in during.warnings)
     await r.upsert("docs", "new", "printer queue stuck on floor two", doc_id="docs/new")
     assert r.backfill_task is not None
-    await asyncio.wait_for(r.backfill_task, 10)
+    await asyncio.wait_for(r.backfill_task, patience(10))
     after = await r.search("nginx logs disk")
     assert after.mode == "hybrid"
     assert after.hits[0].doc_id == "docs/disk"

@@ -18,6 +18,7 @@ import pytest
 from retrieval.errors import ExtractionError
 from retrieval.extraction._extract import ExtractLimits, extract_bytes, extract_file
 from tests.support.extraction import fails, write
+from tests.support.load import patience
 
 # --- binary and size ---------------------------------------------------------------------
 
@@ -88,7 +89,7 @@ def no_block(call: Callable[[], object], seconds: float = 5.0) -> BaseException 
     return outcome[0]
 
 
-@pytest.mark.timeout(20)
+@pytest.mark.timeout(patience(20))
 def test_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
     """A FIFO named like a document returns not_regular at once: never opened, so it
     cannot block waiting for a writer."""
@@ -100,7 +101,7 @@ def test_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
     assert "FIFO" in str(error)
 
 
-@pytest.mark.timeout(20)
+@pytest.mark.timeout(patience(20))
 def test_symlink_to_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
     """Following a symlink does not get around the check."""
     fifo = tmp_path / "pipe"

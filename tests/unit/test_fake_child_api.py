@@ -18,6 +18,7 @@ import pytest
 
 from supervisor.testing import fake_child as fake
 from tests.support.fake_children import PROMPT, Spawner, post_stream
+from tests.support.load import patience
 
 pytestmark = pytest.mark.process  # every test runs the fake child
 
@@ -105,7 +106,7 @@ def test_stream_disconnect_cancels_the_task(spawn: Spawner) -> None:
         received = [next(lines) for _ in range(5)]
         assert received[0].startswith("data: ")
         assert child.stats()["active_streams"] == 1
-    deadline = time.monotonic() + 3.0
+    deadline = time.monotonic() + patience(3.0)
     while child.stats() != {"cancelled": 1, "completions": 0, "active_streams": 0}:
         assert time.monotonic() < deadline, child.stats()
         time.sleep(0.02)
@@ -124,7 +125,7 @@ def test_non_streamed_disconnect_cancels_the_task(spawn: Spawner) -> None:
     with socket.create_connection(("127.0.0.1", child.port)) as sock:
         sock.sendall(request)
         time.sleep(0.1)
-    deadline = time.monotonic() + 3.0
+    deadline = time.monotonic() + patience(3.0)
     while child.stats()["cancelled"] != 1:
         assert time.monotonic() < deadline, child.stats()
         time.sleep(0.02)

@@ -17,6 +17,7 @@ from structlog.testing import capture_logs
 from retrieval import InvalidDocument, Query, RetrievalLimits, Retriever
 from supervisor import ManualClock
 from tests.support.embedder import HashEmbedder
+from tests.support.load import patience
 
 DAY = 86_400
 
@@ -249,7 +250,7 @@ async def test_closing_lets_the_deletion_under_way_finish_whole(
     await asyncio.sleep(0.05)
     assert not closing.done()
     r._indexes.write.release()
-    await asyncio.wait_for(closing, 10)
+    await asyncio.wait_for(closing, patience(10))
     assert (r.pruned, await ids_of(r, "h")) == (2, ids[2:])
     text = r._indexes.text
     assert text is not None and text.keys() == r._indexes.require().chunk_keys()

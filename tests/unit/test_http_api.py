@@ -21,6 +21,7 @@ from llamad_protocol.v1 import inference_pb2 as ipb
 from supervisor import ChildNotReadyError
 from tests.support import config_load
 from tests.support.httpapi import client, events, serving
+from tests.support.load import patience
 
 
 async def test_models_list_names_each_role_and_whether_it_is_loaded() -> None:
@@ -235,7 +236,7 @@ async def _raw(url: str, data: bytes, *, pause: float = 0.0, tail: bytes = b"") 
         if pause:
             await asyncio.sleep(pause)
             writer.write(tail)
-        return await asyncio.wait_for(reader.read(65536), 5)
+        return await asyncio.wait_for(reader.read(65536), patience(5))
     finally:
         writer.close()
 
@@ -280,9 +281,9 @@ async def test_expect_100_continue_is_answered_before_the_body() -> None:
         writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
                      % len(body))
-        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), patience(5))
         writer.write(body)
-        final = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        final = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), patience(5))
         writer.close()
     assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
     assert final.startswith(b"HTTP/1.1 200")

@@ -10,6 +10,7 @@ from supervisor import ManualClock
 from supervisor._exits import ExitCause
 from supervisor._liveness import ProbeFailure, ProbePolicy, watch_liveness
 from supervisor._transport import Activity
+from tests.support.load import patience
 
 POLICY = ProbePolicy(interval=5.0, failures=3, busy_silence=120.0)
 DOWN = ProbeFailure("hung", False, "down")
@@ -49,7 +50,7 @@ async def test_three_failed_probes_in_a_row_end_the_watch() -> None:
     await clock.advance(0.1)
     assert server.probes == 1
     await clock.advance(10.0)
-    cause = await asyncio.wait_for(watch, 1)
+    cause = await asyncio.wait_for(watch, patience(1))
     assert (cause.kind, cause.permanent) == ("hung", False)
     assert cause.message == "3 liveness probes failed in a row (down)"
     assert cause.at == clock.wall()
@@ -66,7 +67,7 @@ async def test_a_success_resets_the_count() -> None:
     assert server.probes == 5
     server.answers = [DOWN]
     await clock.advance(5.0)
-    assert (await asyncio.wait_for(watch, 1)).message.startswith("3 liveness probes")
+    assert (await asyncio.wait_for(watch, patience(1))).message.startswith("3 liveness probes")
 
 
 async def test_a_busy_server_that_keeps_talking_is_not_probed() -> None:
@@ -86,7 +87,7 @@ async def test_a_busy_server_that_keeps_talking_is_not_probed() -> None:
     assert not watch.done()
     await clock.advance(125.0)  # silent past busy_silence: probed again, from zero
     assert server.probes == 5
-    cause = await asyncio.wait_for(watch, 1)
+    cause = await asyncio.wait_for(watch, patience(1))
     assert cause.kind == "hung"
 
 
@@ -97,7 +98,7 @@ async def test_an_exit_is_returned_instead_of_probing() -> None:
     crash = ExitCause("crash", False, "segfault")
     watch = await start(server, clock, Activity(clock.monotonic), exited=crash)
     await clock.advance(5.0)
-    assert await asyncio.wait_for(watch, 1) is crash
+    assert await asyncio.wait_for(watch, patience(1)) is crash
     assert server.probes == 0
 
 
@@ -107,6 +108,6 @@ async def test_a_permanent_failure_stays_permanent() -> None:
     gone = ProbeFailure("unknown_model", True, "model m is no longer offered")
     watch = await start(Server([gone] * 3), clock, Activity(clock.monotonic))
     await clock.advance(15.0)
-    cause = await asyncio.wait_for(watch, 1)
+    cause = await asyncio.wait_for(watch, patience(1))
     assert (cause.kind, cause.permanent) == ("unknown_model", True)
     assert "no longer offered" in cause.message

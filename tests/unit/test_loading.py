@@ -13,6 +13,7 @@ from supervisor import ChildNotReadyError, ManualClock, State, Supervisor, Timeo
 from supervisor import _loading as loading
 from supervisor._child import StageSink
 from supervisor._loading import LoadProgress, LoadWatch, phase_of
+from tests.support.load import patience
 
 # llama-server (llama.cpp 0.5.0-dev, commit 0c1e570) at its default verbosity, as it
 # printed loading gemma-3-270m (our capture, timestamps kept).
@@ -141,7 +142,7 @@ async def test_a_starting_supervisor_reports_its_progress_to_waiting_callers() -
     progress = sup.load_progress()
     assert progress is not None and progress.phase == "launching"
     launcher.lines.put_nowait("0.00.012 I srv    load_model: loading model 'm.gguf'")
-    await asyncio.wait_for(launcher.fed.wait(), 5)
+    await asyncio.wait_for(launcher.fed.wait(), patience(5))
     await clock.advance(2.5)
     with pytest.raises(ChildNotReadyError) as info:
         _ = sup.client
@@ -152,7 +153,7 @@ async def test_a_starting_supervisor_reports_its_progress_to_waiting_callers() -
     assert error.retry_after == pytest.approx(0.1)  # 1 s expected before any start
     launcher.fed.clear()
     launcher.lines.put_nowait("0.01.304 I srv  llama_server: model loaded")
-    await asyncio.wait_for(launcher.fed.wait(), 5)
+    await asyncio.wait_for(launcher.fed.wait(), patience(5))
     assert sup.retry_after() == pytest.approx(0.1)
     await sup.stop()
     assert sup.load_progress() is None

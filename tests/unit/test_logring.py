@@ -10,6 +10,7 @@ from typing import cast
 import pytest
 
 from supervisor import LogLine, LogRing
+from tests.support.load import patience
 
 CUT = " …[cut]"
 
@@ -191,7 +192,7 @@ async def test_close_ends_every_follower() -> None:
         waits = [await pending_next(first), await pending_next(second)]
         assert not any(w.done() for w in waits)
         ring.close()
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(patience(5)):
             for w in waits:
                 with pytest.raises(StopAsyncIteration):
                     await w

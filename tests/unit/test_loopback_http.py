@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.http import HTTPTransportError, LoopbackHTTP
+from tests.support.load import patience
 from tests.support.loopback import loopback_servers
 
 Reply = Callable[[int, bytes], Awaitable[bytes | None]]  # (request number, body) -> raw answer
@@ -249,16 +250,16 @@ async def test_a_timeout_or_a_cancellation_closes_the_connection(
     with pytest.raises(HTTPTransportError) as err:
         await http.request("POST", "/v1/completions", b"{}", 0.2)
     assert err.value.kind == "timeout" and "0.2 s" in str(err.value)
-    await asyncio.wait_for(server.eof.wait(), 5)  # the server saw the connection close
+    await asyncio.wait_for(server.eof.wait(), patience(5))  # the server saw the connection close
     server.eof.clear()
 
     server.arrived.clear()
     task = asyncio.create_task(http.request("POST", "/v1/completions", b"{}", 30))
-    await asyncio.wait_for(server.arrived.wait(), 5)
+    await asyncio.wait_for(server.arrived.wait(), patience(5))
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.wait_for(server.eof.wait(), 5)
+    await asyncio.wait_for(server.eof.wait(), patience(5))
     assert server.closed_by_client == 2 and server.connections == 2
     await http.aclose()
 
@@ -337,7 +338,7 @@ async def test_a_unix_socket_child_gets_its_key_on_every_request(tmp_path: Path)
             assert (await http.request("GET", "/v1/models", None, 5)).status == 200
     finally:
         await http.aclose()
-        await asyncio.wait_for(ended.wait(), 5)  # the client's close reached the server
+        await asyncio.wait_for(ended.wait(), patience(5))  # the client's close reached the server
         server.close()
         await server.wait_closed()
     assert len(heads) == 3

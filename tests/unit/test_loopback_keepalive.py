@@ -23,6 +23,7 @@ from supervisor import ChildRequestError, InferenceClient, Sampling
 from supervisor._runtime import LLAMA_SERVER_API
 from supervisor._transport import ChildAddress
 from supervisor.http import LoopbackHTTP
+from tests.support.load import patience
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 KEY = "k" * 32
@@ -161,7 +162,7 @@ async def test_a_cancelled_failed_or_overlong_stream_is_never_reused(
     await relay(client)  # connection 1, kept
     if what == "hang":
         task = asyncio.ensure_future(relay(client))
-        await asyncio.wait_for(server.hanging.wait(), 5)
+        await asyncio.wait_for(server.hanging.wait(), patience(5))
         await asyncio.sleep(0.05)  # its first tokens read
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -171,7 +172,7 @@ async def test_a_cancelled_failed_or_overlong_stream_is_never_reused(
             await relay(client)
     else:  # an event after [DONE]: not the end of an SSE stream, so not reusable
         assert (await relay(client))[-1] == ("", "stop")
-    await asyncio.wait_for(server.gone.wait(), 5)
+    await asyncio.wait_for(server.gone.wait(), patience(5))
     assert server.hung_up == [1]  # the child learnt that nobody reads
     assert await relay(client) == [("Hello", None), ("", "stop")]
     assert server.requests == [1, 1, 2]  # the next request on a new connection
@@ -186,7 +187,7 @@ async def test_closing_the_client_closes_its_pooled_connections(
     await asyncio.sleep(0.02)
     assert server.hung_up == []
     await client.aclose()
-    await asyncio.wait_for(server.gone.wait(), 5)
+    await asyncio.wait_for(server.gone.wait(), patience(5))
     assert server.hung_up == [1]
     second, client2 = await child()
     assert await relay(client2) == [("Hello", None), ("", "stop")]
@@ -207,7 +208,7 @@ async def test_the_pool_keeps_at_most_max_idle_connections(
         assert all(body.endswith(b"data: [DONE]\n\n") for body in bodies)
         assert server.connections == 3
         while len(server.hung_up) < 2:
-            await asyncio.wait_for(server.gone.wait(), 5)
+            await asyncio.wait_for(server.gone.wait(), patience(5))
             server.gone.clear()
         await asyncio.sleep(0.02)
         assert len(server.hung_up) == 2  # one kept
@@ -227,6 +228,6 @@ async def test_a_child_client_with_max_idle_0_keeps_no_connection(child: Start) 
     assert await relay(client) == [("Hello", None), ("", "stop")]
     assert server.requests == [1, 2, 3]
     while len(server.hung_up) < 3:
-        await asyncio.wait_for(server.gone.wait(), 5)
+        await asyncio.wait_for(server.gone.wait(), patience(5))
         server.gone.clear()
     assert sorted(server.hung_up) == [1, 2, 3]

@@ -17,6 +17,7 @@ import pytest
 from supervisor import ChildRequestError, InferenceClient, Sampling
 from supervisor._runtime import LLAMA_SERVER_API
 from supervisor.http import HTTPTransportError, LoopbackHTTP, Streamed
+from tests.support.load import patience
 from tests.support.loopback import loopback_servers
 
 CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n" \
@@ -81,7 +82,7 @@ async def served(serve: Callable[[], Awaitable[Server]]
 
 
 async def next_piece(body: AsyncIterator[bytes]) -> bytes:
-    return await asyncio.wait_for(anext(body), 5)
+    return await asyncio.wait_for(anext(body), patience(5))
 
 
 async def test_a_chunked_body_is_read_piece_by_piece_whatever_the_boundaries(
@@ -154,7 +155,7 @@ async def test_a_silent_server_times_out_a_slow_reader_does_not(
         with pytest.raises(HTTPTransportError) as err:  # now the server says nothing
             await next_piece(answer.body)
     assert err.value.kind == "timeout" and "0.3 s" in str(err.value)
-    await asyncio.wait_for(server.eof.wait(), 5)
+    await asyncio.wait_for(server.eof.wait(), patience(5))
 
 
 async def test_leaving_a_stream_early_closes_its_connection(
@@ -162,7 +163,7 @@ async def test_leaving_a_stream_early_closes_its_connection(
     server, _ = served
     async with past_the_first_piece(served, 5):
         pass
-    await asyncio.wait_for(server.eof.wait(), 5)  # how llama.cpp learns to stop
+    await asyncio.wait_for(server.eof.wait(), patience(5))  # how llama.cpp learns to stop
 
 
 @pytest.mark.parametrize(("rest", "kind", "words"), [
@@ -201,7 +202,7 @@ async def test_a_childs_chat_stream_goes_through_the_loopback_client(
     stream = client.stream_chat([("user", "hi")], Sampling(max_tokens=2))
     async with contextlib.aclosing(stream):  # type: ignore[type-var]
         server.pieces.put_nowait(CHUNKED_HEAD + chunk(events[0]))
-        first = await asyncio.wait_for(anext(stream), 5)
+        first = await asyncio.wait_for(anext(stream), patience(5))
         assert (first.text, first.tokens) == ("Hel", 1)
         # An event split across two chunks, then the last one and [DONE] in one.
         server.pieces.put_nowait(chunk(events[1][:9]) + chunk(events[1][9:]))
@@ -217,7 +218,7 @@ async def test_a_childs_chat_stream_goes_through_the_loopback_client(
     await asyncio.sleep(0.05)
     assert not server.eof.is_set()
     await client.aclose()
-    await asyncio.wait_for(server.eof.wait(), 5)
+    await asyncio.wait_for(server.eof.wait(), patience(5))
     client = InferenceClient(f"http://127.0.0.1:{server.port}", model_id="m",
                              api=LLAMA_SERVER_API, loopback=True)
 
@@ -279,9 +280,9 @@ async def test_events_that_came_together_are_relayed_as_one_chunk(
     ])
     async with contextlib.aclosing(stream):  # type: ignore[type-var]
         server.pieces.put_nowait(CHUNKED_HEAD + chunk(together))
-        first = await asyncio.wait_for(anext(stream), 5)
+        first = await asyncio.wait_for(anext(stream), patience(5))
         server.pieces.put_nowait(chunk(delta("!")))
-        second = await asyncio.wait_for(anext(stream), 5)
+        second = await asyncio.wait_for(anext(stream), patience(5))
         last = sse({"choices": [{"delta": {}, "finish_reason": "tool_calls"}],
                     "usage": {"prompt_tokens": 3, "completion_tokens": 5}})
         server.pieces.put_nowait(chunk(last + b"data: [DONE]\n\n") + b"0\r\n\r\n")

@@ -17,6 +17,7 @@ from supervisor import ChildRequestError, Chunk, ManualClock, Sampling, Timeouts
 from supervisor._runtime import LLAMA_SERVER_API
 from supervisor.errors import ChildBadRequestError, ChildUnresponsiveError
 from supervisor.outcomes import OutcomePolicy, Outcomes, WatchedClient, watch_outcomes
+from tests.support.load import patience
 
 POLICY = OutcomePolicy(failures=3, interval=1.0, probe_timeout=4.0, busy_silence=120.0)
 SAMPLING = Sampling(max_tokens=4)
@@ -114,7 +115,7 @@ async def test_three_failed_calls_in_a_row_take_the_child_out_at_once() -> None:
         with pytest.raises(ChildRequestError):
             await stream_text(child)
     await asyncio.sleep(0)
-    cause = await asyncio.wait_for(watch, 1)
+    cause = await asyncio.wait_for(watch, patience(1))
     assert cause.kind == "calls_failing" and not cause.permanent
     assert cause.message.startswith("3 calls in a row failed on it while its /health")
     assert "timed out (ReadTimeout)" in cause.message
@@ -182,7 +183,7 @@ async def test_a_silent_stream_gets_a_probe_and_a_stalled_one_condemns_the_child
     await clock.advance(3.5)
     assert not watch.done()
     await clock.advance(0.5)
-    cause = await asyncio.wait_for(watch, 1)
+    cause = await asyncio.wait_for(watch, patience(1))
     assert cause.kind == "probe_stalled"
     assert "no answer within 4.0 s" in cause.message and "waited in silence" in cause.message
     child.client.outcomes.condemn(cause)  # what ProcessChild.watch does with the cause
@@ -214,7 +215,7 @@ async def test_a_busy_child_is_not_condemned_for_a_slow_probe() -> None:
     assert child.probes >= 2 and not watch.done()
     child.loop_answers = False  # and then nothing answers
     await clock.advance(10.0)
-    assert (await asyncio.wait_for(watch, 1)).kind == "probe_stalled"
+    assert (await asyncio.wait_for(watch, patience(1))).kind == "probe_stalled"
     silent.cancel()
 
 
@@ -267,7 +268,7 @@ async def test_a_computing_child_gets_time_and_a_stuck_one_does_not() -> None:
     child.chunks.put_nowait(Chunk("w", 1, finish_reason="length"))
     await clock.advance(4.0)
     assert not watch.done()
-    assert await asyncio.wait_for(reader, 1) == "w"
+    assert await asyncio.wait_for(reader, patience(1)) == "w"
     watch.cancel()
 
     # Computing for one window, then frozen (SIGSTOP): judged at the end of the next one.
@@ -277,7 +278,7 @@ async def test_a_computing_child_gets_time_and_a_stuck_one_does_not() -> None:
     await clock.advance(3.9)
     assert not watch.done()
     await clock.advance(0.1)
-    assert (await asyncio.wait_for(watch, 1)).kind == "probe_stalled"
+    assert (await asyncio.wait_for(watch, patience(1))).kind == "probe_stalled"
     reader.cancel()
 
     # No CPU time at all over the probe's allowance: judged at once, as without the check.
@@ -285,7 +286,7 @@ async def test_a_computing_child_gets_time_and_a_stuck_one_does_not() -> None:
     child, clock, watch, reader = await watched(cpu)
     cpu.used = 0.001
     await clock.advance(4.0)
-    assert (await asyncio.wait_for(watch, 1)).kind == "probe_stalled"
+    assert (await asyncio.wait_for(watch, patience(1))).kind == "probe_stalled"
     reader.cancel()
 
     # Spinning (CPU time grows) but never answering: judged at busy_max.
@@ -294,7 +295,7 @@ async def test_a_computing_child_gets_time_and_a_stuck_one_does_not() -> None:
     await computing(cpu, clock, watch, 4, 4.0)
     cpu.used = (cpu.used or 0) + 4.0
     await clock.advance(4.0)
-    assert (await asyncio.wait_for(watch, 1)).kind == "probe_stalled"
+    assert (await asyncio.wait_for(watch, patience(1))).kind == "probe_stalled"
     reader.cancel()
 
 
@@ -309,7 +310,7 @@ async def test_a_failing_probe_condemns_at_once() -> None:
     with pytest.raises(ChildRequestError):
         await stream_text(child)
     await clock.advance(1.0)
-    cause = await asyncio.wait_for(watch, 1)
+    cause = await asyncio.wait_for(watch, patience(1))
     assert cause.kind == "probe_failed"
     assert cause.message == ("its 1-token probe failed while its /health answered "
                              "(/v1/completions: HTTP 500: fake: wedged)")
@@ -343,7 +344,7 @@ async def test_a_long_unary_call_is_given_busy_silence() -> None:
     assert child.probes == 1
     assert child.unary is not None
     child.unary.set_result({"data": [{"index": 0, "embedding": [1.0, 0.0]}]})
-    assert (await asyncio.wait_for(call, 1)).matrix.shape == (1, 2)
+    assert (await asyncio.wait_for(call, patience(1))).matrix.shape == (1, 2)
     assert child.client.outcomes.failures == 0
     watch.cancel()
 
@@ -417,7 +418,7 @@ async def test_with_probes_off_the_count_alone_decides() -> None:
         child.chunks.put_nowait(ChildRequestError("HTTP 500: boom", status=500))
         with pytest.raises(ChildRequestError):
             await stream_text(child)
-    cause = await asyncio.wait_for(watch, 1)
+    cause = await asyncio.wait_for(watch, patience(1))
     assert cause.kind == "calls_failing" and child.probes == 0
     assert cause.message == ("3 calls in a row failed on it while its /health answered "
                              "(last: HTTP 500: boom)")

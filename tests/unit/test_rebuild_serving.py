@@ -24,6 +24,7 @@ from retrieval import (
     VectorUnavailable,
 )
 from tests.support.embedder import DOCS, HashEmbedder, fill
+from tests.support.load import patience
 
 
 class Gated(HashEmbedder):
@@ -180,7 +181,7 @@ async def test_when_the_rebuild_completes_the_new_model_answers(tmp_path: Path) 
     await rebuild_under_way(r, models, new, keep_old=True)
     new.gate.set()
     assert r.backfill_task is not None
-    await asyncio.wait_for(r.backfill_task, 10)
+    await asyncio.wait_for(r.backfill_task, patience(10))
     result = await r.search("nginx logs disk")
     assert (result.mode, result.vector_model) == ("hybrid", "model-b")
     assert result.hits[0].doc_id == "docs/disk"
@@ -203,7 +204,7 @@ async def test_a_rebuild_not_under_way_shows_the_cached_progress(tmp_path: Path)
     models.current, models.resident = new, {"model-a": old, "model-b": new}
     await r.upsert("docs", "vpn", DOCS["vpn"] + " again", doc_id="docs/vpn")  # by model-b
     assert r.backfill_task is not None  # started by the upsert; stops at the first failure
-    await asyncio.wait_for(r.backfill_task, 10)
+    await asyncio.wait_for(r.backfill_task, patience(10))
     status = await r.status()
     assert status.backfill.last_error
     assert (status.rebuild.running, status.rebuild.model, status.rebuild.serving_model) == (
@@ -228,6 +229,6 @@ async def test_with_one_model_at_a_time_the_default_lookup_is_the_current_one(
     assert (during.mode, during.vector_model) == ("text", "")
     assert any("rebuilt for embedding model model-b" in w for w in during.warnings)
     assert r.backfill_task is not None
-    await asyncio.wait_for(r.backfill_task, 10)
+    await asyncio.wait_for(r.backfill_task, patience(10))
     assert (await r.search("nginx logs disk")).vector_model == "model-b"
     await r.close()

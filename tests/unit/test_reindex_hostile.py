@@ -21,6 +21,7 @@ from llamad_protocol.v1 import retrieval_pb2 as rpb
 from llamad_protocol.v1 import retrieval_pb2_grpc
 from retrieval import RetrievalLimits, Retriever
 from tests.support.inprocess import serving
+from tests.support.load import patience
 from tests.support.races import OUTSIDE_DIR_WORD
 
 # Each document of the source carries a word found nowhere else: its search key.
@@ -177,7 +178,7 @@ def make_files(bulk: Path) -> None:
 
 
 # Making and scanning 30,000 files takes ~6 s on a quiet machine, 16 s on a loaded one.
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(patience(60))
 async def test_a_reindex_of_30k_files_streams_small_messages_with_exact_counts(
         served: Served) -> None:
     """30,000 files (long names: 29,950 empty, 40 binary, 10 with text) in a source: every

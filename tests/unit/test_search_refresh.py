@@ -16,6 +16,7 @@ from llamad_protocol.v1 import retrieval_pb2_grpc
 from retrieval import Retriever
 from tests.support.embedder import scanned
 from tests.support.inprocess import serving
+from tests.support.load import patience
 
 
 class Wall:
@@ -63,7 +64,7 @@ async def test_a_search_rescans_a_stale_source_at_most_once_per_interval(
         first = await stub.Search(rpb.SearchRequest(query="vpn tunnel"))
         assert scans == ["kb"]
         assert "kb/vpn.txt" not in [h.document_id for h in first.hits]  # it did not wait
-        await asyncio.wait_for(servicer.search_service._refreshes["kb"], 10)
+        await asyncio.wait_for(servicer.search_service._refreshes["kb"], patience(10))
         after = await stub.Search(rpb.SearchRequest(query="vpn tunnel"))
         assert after.hits[0].document_id == "kb/vpn.txt"
         wall.now += 599

@@ -29,6 +29,7 @@ from supervisor import ChildNotReadyError, ChildRequestError
 from tests.support.backend import FakeBackend, FakeRole
 from tests.support.embedder import HashEmbedder, filled
 from tests.support.inprocess import serving
+from tests.support.load import patience
 
 
 class Inference:
@@ -168,7 +169,7 @@ async def test_calls_beyond_the_slots_and_queue_are_resource_exhausted(
     gate = backend_of(inference.generation).gate = asyncio.Event()
     first = asyncio.ensure_future(inference.generate())
     second = asyncio.ensure_future(inference.generate())
-    await asyncio.wait_for(queued.wait(), 5)
+    await asyncio.wait_for(queued.wait(), patience(5))
     error = await refused(inference.generate)
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     gate.set()

@@ -3,13 +3,16 @@ gets one tier and its timeout, and a unit test that starts a process fails."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests import tiers
+from tests.support import load
 from tests.tiers import TIMEOUTS, tier
 
 SPAWNS = "import subprocess\n@pytest.mark.unit\ndef test_it():\n    {body}\n"
@@ -85,3 +88,40 @@ def test_a_unit_test_outside_tests_unit_is_refused() -> None:
     assert tier(_item(tests.parent.parent / "elsewhere" / "test_x.py", "unit")) == "unit"
     assert tier(_item(tests / "unit" / "test_x.py")) == "unit"
     assert tier(_item(tests / "unit" / "test_x.py", "process")) == "process"
+
+
+def test_every_wait_is_stretched_by_the_load_factor() -> None:
+    """The tiers' timeouts are a quiet machine's seconds times LOAD: 10 by default, read
+    from $LLAMAD_TEST_LOAD, never below 1 (a busy machine is not a hang)."""
+    assert TIMEOUTS == {"unit": 20 * load.LOAD, "process": 60 * load.LOAD,
+                        "integration": 300 * load.LOAD}
+    assert load.patience(2.0) == 2.0 * load.LOAD
+    for value, expected in (("", 10.0), ("3", 3.0), ("1", 1.0)):
+        assert loaded(value) == expected
+    for bad in ("0.5", "nan", "-1"):
+        with pytest.raises(ValueError, match="LLAMAD_TEST_LOAD"):
+            loaded(bad)
+
+
+def loaded(value: str) -> float:
+    """tests/support/load.py's LOAD as $LLAMAD_TEST_LOAD=value makes it (a fresh module
+    object, the imported one left alone)."""
+    spec = importlib.util.spec_from_file_location("load_copy", load.__file__)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LLAMAD_TEST_LOAD", value)
+        spec.loader.exec_module(module)
+    return float(module.LOAD)
+
+
+def test_no_property_test_is_timed() -> None:
+    """Hypothesis's wall-clock checks are off for every test (tests/conftest.py's profile):
+    no deadline, no "too slow" or "data too large" health check; a test's own @settings
+    inherit that."""
+    default = settings.default
+    assert default is not None and default.deadline is None
+    assert {HealthCheck.too_slow, HealthCheck.data_too_large} <= set(
+        default.suppress_health_check)
+    own = settings(max_examples=5)
+    assert own.deadline is None and HealthCheck.too_slow in own.suppress_health_check
