@@ -7,7 +7,8 @@ Where models come from, in order (an earlier source wins a name):
    ``pin``, ``ttl`` (idle seconds before unload, 0 never), ``preload``, and the launch
    settings of a role section (``runtime``, ``ctx_size``, ``threads``, ``parallel``,
    ``queue_ahead``, ``batch``, ``cache_ram``, ``spin_count``, ``extra_args``,
-   ``chat_template``), which default to the values of the model's role section;
+   ``chat_template``, ``background_instance``), which default to the values of the
+   model's role section;
 2. the sections of ``models_preset``, llama-server's router preset INI
    (:mod:`daemon.config._catalog_preset`);
 3. ``[generation]`` and ``[embedding]``: each role's default model, the one a request
@@ -46,7 +47,8 @@ _ROLES = ", ".join(Role)
 
 _OWN_KEYS = ("model", "role", "aliases", "pin", "ttl", "preload", "env", "device")
 _CHILD_KEYS = ("runtime", "ctx_size", "threads", "parallel", "queue_ahead", "batch",
-               "cache_ram", "spin_count", "extra_args", "chat_template")
+               "cache_ram", "spin_count", "extra_args", "chat_template",
+               "background_instance")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,127}")
 _MAGIC = b"GGUF"

@@ -94,6 +94,13 @@ class RoleSettings:
         and the web UI, tools and MCP, RPC, downloads), options unknown to llama-server and
         llama_cpp.server, and file options outside models_dir. Swap's extra_args take
         performance and model-behaviour options only.""")
+    background_instance: str = setting("auto", choices=("auto", "true", "false"), help="""
+        Serve the batch and background lanes from a second child of the same model, started
+        at a lower CPU priority (limits.background_instance_nice) on the first such call and
+        stopped once they were idle for the model's ttl (else limits.background_instance_ttl),
+        its memory counted by the pool's budget: the interactive lane's child then decodes
+        alone and the kernel gives it the cores first. auto: on for embedding models, off for
+        generation models (it doubles their memory).""")
     chat_template: str = setting("auto", choices=_TEMPLATES, help="""
         Chat template of a generation model: auto (the GGUF's own, else one llamad knows for
         it), or one of llamad's: chatml, chatml-tools (ChatML that renders tools, for tool
@@ -343,6 +350,12 @@ class Limits:
     interactive_reserved_slot: bool = setting(True, help="""
         Keep one slot of a child with two or more for interactive calls (batch and background
         are also never sent ahead into the child's own queue).""")
+    background_instance_nice: int = setting(10, minimum=1, help="""
+        Nice value added to a model's background instance ([ROLE] background_instance), 1-19:
+        the kernel gives the cores to the interactive lane's child first.""")
+    background_instance_ttl: float = setting(300.0, minimum=1, help="""
+        Seconds a background instance stays after its last batch or background call, for a
+        model without a ttl of its own.""")
     max_message_bytes: int = setting(16 * 1024 * 1024, minimum=1024, reload="restart", help="""
         Largest gRPC message received or sent, bytes.""")
     # Chat's sampling when a request leaves it unset (Generate stays greedy; see

@@ -29,6 +29,9 @@ class ModelView:
         breaker_open: its circuit breaker is open.
         loading: while it loads, how far (:class:`supervisor.LoadProgress`; None
             otherwise).
+        lane_instance: its background instance (:mod:`daemon.models.lane_instance`):
+            "" for none, else ``off``, ``refused: <why>``, ``failed: <why>`` or its
+            child's state, pid and nice value.
     """
 
     name: str
@@ -47,6 +50,7 @@ class ModelView:
     preload: bool
     origin: str
     loading: LoadProgress | None = None
+    lane_instance: str = ""
 
 
 class PoolViews:
@@ -92,7 +96,9 @@ class PoolViews:
             estimate = self._estimates[entry.name]
         state, busy, breaker, error = "unloaded", 0, False, ""
         loading: LoadProgress | None = None
+        instance = ""
         if model is not None:
+            instance = model.lane_instance.status if model.lane_instance is not None else ""
             state = model.status
             if entry.name in self._closing and state == "ready":
                 state = "draining"  # evicted: serving its last calls, taking no new ones
@@ -109,7 +115,8 @@ class PoolViews:
             memory_estimate=estimate, last_used=self._last_used.get(entry.name),
             in_flight=busy, pinned=entry.pin, ttl=entry.ttl, breaker_open=breaker,
             last_error=error, path=entry.path, is_default=entry.name in self._defaults,
-            preload=entry.preload, origin=entry.origin, loading=loading)
+            preload=entry.preload, origin=entry.origin, loading=loading,
+            lane_instance=instance)
 
 
 def estimate_file(entry: CatalogEntry) -> int:

@@ -52,6 +52,7 @@ from ..config import ChildConfig, Config, Role
 from ..config.inference_mode import InferenceMode, Mode
 from ..telemetry.logs import ChildLogForwarder
 from .admission import Admission
+from .lane_instance import LaneInstance, wanted
 from .lanes import policy_from
 from .model import Model, ahead_for, handover_settings, slots_for
 
@@ -220,13 +221,20 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None,
     admission = Admission(role, slots_for(mode, setup, cc), settings.limits.queue_size,
                           ahead=ahead_for(mode, setup, cc),
                           lanes=policy_from(settings.limits))
-    return Model(role, cc, setup, ring, sup,
-                 launchers=functools.partial(launcher_for, timeouts=swap_timeouts),
-                 endpoints=functools.partial(endpoint_for, timeouts=swap_timeouts),
-                 admission=admission, mode=mode, clock=clock,
-                 handover=handover_settings(settings.swap.drain_timeout,
-                                            settings.swap.handover_hold,
-                                            settings.swap.launch_nice))
+    model = Model(role, cc, setup, ring, sup,
+                  launchers=functools.partial(launcher_for, timeouts=swap_timeouts),
+                  endpoints=functools.partial(endpoint_for, timeouts=swap_timeouts),
+                  admission=admission, mode=mode, clock=clock,
+                  handover=handover_settings(settings.swap.drain_timeout,
+                                             settings.swap.handover_hold,
+                                             settings.swap.launch_nice))
+    if wanted(cc.background_instance, role):
+        limits = settings.limits
+        model.lane_instance = LaneInstance(
+            model, role, nice=limits.background_instance_nice,
+            idle=limits.background_instance_ttl, lanes=admission.lanes, clock=clock,
+            drain_timeout=settings.swap.drain_timeout)
+    return model
 
 
 ManagedChild = Model

@@ -83,6 +83,7 @@ from .backend import ChildBackend, DisabledBackend, EndpointBackend, InferenceBa
 if TYPE_CHECKING:
     from ..config import ChildConfig
     from .children import Setup
+    from .lane_instance import LaneInstance
 
 __all__ = ["Handover", "Model", "Target", "ahead_for", "handover_settings", "slots_for"]
 
@@ -152,6 +153,7 @@ class Model:
         self._began, self._reason = 0.0, ""  # of the replace() running, for its record
         self._switching = asyncio.Lock()  # held by replace() and unload(): never interleave
         self._listeners: list[Listener] = []
+        self.lane_instance: LaneInstance | None = None  # its batch/background child
         supervisor.subscribe(self._on_child)
 
     # -- observation ------------------------------------------------------------------
@@ -241,7 +243,8 @@ class Model:
         if self.supervisor.state is State.RUNNING:
             with contextlib.suppress(ChildNotReadyError):  # stopped in between: none
                 requests = self.supervisor.client.in_flight
-        return max(self.admission.in_flight, requests)
+        lower = self.lane_instance.busy() if self.lane_instance is not None else 0
+        return max(self.admission.in_flight, requests) + lower
 
     def subscribe(self, listener: Listener) -> None:
         """Call ``listener`` after each change of what serves the model (a cut-over, an
@@ -268,6 +271,8 @@ class Model:
         operation still running finds the model stopped and ends without changing it."""
         if self._state is not ModelState.STOPPED:
             self._move(ModelState.STOPPED)
+        if self.lane_instance is not None:
+            await self.lane_instance.close()
         await self.supervisor.stop()
 
     def reset(self) -> None:

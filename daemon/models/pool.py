@@ -49,6 +49,7 @@ from ..config.inference_mode import InferenceMode
 from ..errors import FailedPrecondition, InvalidArgument, Overloaded, UnknownModel
 from ..telemetry.metrics import Metrics
 from . import memory
+from ._pool_instances import PoolInstances
 from ._pool_reload import PoolReloads, pooled_config
 from ._pool_view import ModelView, PoolViews
 from ._residency import Limits, Resident, make_room
@@ -67,7 +68,7 @@ _RETRY_AFTER = 5.0
 """The retry hint of a call refused because nothing can make room for its model."""
 
 
-class Pool(PoolViews, PoolReloads):
+class Pool(PoolViews, PoolReloads, PoolInstances):
     """Every model of ``catalog`` by name.
 
     Args:
@@ -127,6 +128,7 @@ class Pool(PoolViews, PoolReloads):
         return unsubscribe
 
     def _watch(self, model: Model, name: str) -> None:
+        self._watch_instance(model, name)
         model.subscribe(lambda _: self._changed())
         model.supervisor.subscribe(lambda _: self._changed())
         metrics = self._metrics
@@ -366,6 +368,8 @@ class Pool(PoolViews, PoolReloads):
             evictable = (entry is not None and not entry.pin
                          and model.state is ModelState.SERVING)
             memory_held = memory.memory_needed(model.current) if model.current else 0
+            if model.lane_instance is not None:  # its background instance, when started
+                memory_held += model.lane_instance.memory()
             used = max(self._last_used.get(name, 0.0), self._loaded_at.get(name, 0.0))
             out.append(Resident(name, memory_held, used, model.busy(), evictable,
                                 entry.device if entry is not None else ""))
@@ -442,6 +446,7 @@ class Pool(PoolViews, PoolReloads):
             await self._clock.sleep(self._settings.ttl_check_interval)
             try:
                 await self.expire()
+                await self.expire_instances()
             except Exception as exc:  # a failure must not end the loop
                 _log.warning("ttl check failed", error=str(exc))
 

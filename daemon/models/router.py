@@ -234,19 +234,19 @@ class InferenceRouter:
                                                                     time_remaining)
             if not fixed:
                 self._check(served)
-            async with served.admission.slot(time_remaining, lane):
+            async with self._slot(name, served, time_remaining, lane) as gate:
                 if loaded:
                     loaded = False
                     self._entered(name)
-                pid = served.serving_pid
+                pid = gate.serving_pid
                 try:
-                    yield (self.backend(role, in_flight=in_flight) if fixed
-                           else self._check(served))
+                    yield (self.backend(role, in_flight=in_flight)
+                           if fixed and gate is served else self._check(gate))
                 except asyncio.CancelledError:
-                    if self.on_cancelled is not None:
+                    if self.on_cancelled is not None and gate is served:
                         self.on_cancelled(served, pid)
                     raise
-                served.admission.count_served(pid)
+                gate.admission.count_served(pid)
                 outcome = "ok"
         except asyncio.CancelledError:
             outcome = "cancelled"
@@ -256,6 +256,23 @@ class InferenceRouter:
                 self._entered(name)
             if self.metrics is not None:
                 self.metrics.call(role, name, outcome)
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, name: str, served: Role, time_remaining: float | None,
+                    lane: Lane) -> AsyncIterator[Role]:
+        """A slot for a call in ``lane`` of the model ``name``: of its background instance
+        when the call is a batch or background one and the instance runs
+        (:mod:`daemon.models.lane_instance`), else of the model itself (also when the
+        instance stopped while the call waited for it)."""
+        instance = self._pool.lane_instance(name) if self._pool is not None else None
+        gate = instance.gate(lane) if instance is not None else None
+        if gate is not None:
+            async with gate.admission.slot(time_remaining, lane):
+                if gate.running:
+                    yield gate
+                    return
+        async with served.admission.slot(time_remaining, lane):
+            yield served
 
     def _entered(self, name: str) -> None:
         if self._pool is not None:

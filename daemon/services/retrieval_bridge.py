@@ -13,8 +13,10 @@ id and URL for an endpoint), so a swap or a switch never mixes vector spaces.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
 import structlog
@@ -91,6 +93,23 @@ def pg_options(r: RetrievalSettings, *, max_connections: int | None = None) -> P
         bm25_candidates_per_term=r.postgres_bm25_candidates)
 
 
+_embedded: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "llamad_embedded_tokens", default=None)
+
+
+@contextlib.contextmanager
+def counting_tokens() -> Iterator[list[int]]:
+    """Count the tokens the body's embeddings cost (a Search's query, for its token's
+    ``tpm``): the box's one item, the embedding child's own count, with no call of its
+    own; the tasks the body starts add to it too."""
+    box = [0]
+    token = _embedded.set(box)
+    try:
+        yield box
+    finally:
+        _embedded.reset(token)
+
+
 class ChildEmbedder:
     """The embedding role's current backend (a child or an endpoint) as a
     ``retrieval.Embedder``; made afresh by the provider for each use, so its identity and
@@ -116,6 +135,8 @@ class ChildEmbedder:
                 # Swapped or switched since: these vectors would carry the wrong identity.
                 raise ChildRequestError("the embedding model changed; retry")
             result = await backend.embed(list(texts))
+        if (box := _embedded.get()) is not None:
+            box[0] += result.prompt_tokens
         return list(result.matrix)  # float32 rows, as the index stores them
 
     async def count_tokens(self, text: str) -> int:

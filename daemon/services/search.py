@@ -23,7 +23,7 @@ from retrieval import Filters, InvalidDocument, Query, Retriever, SearchResult, 
 from ..errors import InvalidArgument
 from ..models import lanes
 from ..telemetry.audit import AuditLog
-from .retrieval_bridge import _no_roots
+from .retrieval_bridge import _no_roots, counting_tokens
 
 REFRESH_CHECK = 10.0
 """Seconds between two looks at the sources' last scans by searches (lazy refresh): a
@@ -82,13 +82,15 @@ class SearchService:
             # The query's embedding waits in the caller's lane (interactive unless it asked
             # for batch), not in the background lane of the retriever's own embeddings;
             # set here, not around the rescans above, which are background work.
-            with lanes.using(lanes.asked()):
+            # Its tokens are those of its query embedding (its token's tpm counts them).
+            with lanes.using(lanes.asked()), counting_tokens() as spent:
                 result = await self._r.search(query, k=top_k or None, filters=filters,
                                               options=options)
         except InvalidDocument as exc:
             field = None if exc.field is None else _FIELDS.get(exc.field, exc.field)
             raise InvalidArgument(str(exc), field=field) from None
-        note(query_chars=len(query), hits=len(result.hits), mode=result.mode)
+        note(query_chars=len(query), hits=len(result.hits), mode=result.mode,
+             prompt_tokens=spent[0])
         if self._audit is not None:
             await self._record(self._audit, query, top_k, result, filters=filters,
                                options=options, seconds=time.perf_counter() - began)

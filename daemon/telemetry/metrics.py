@@ -196,6 +196,11 @@ class Metrics:
             "llamad_child_state",
             "1 for the state the child is in now, 0 for the other states.",
             ["role", "model", "state"], registry=r)
+        self._lane_instance = Gauge(
+            "llamad_lane_instance_state",
+            "1 for the state a model's background instance (its batch and background "
+            "lanes' child) is in now, 0 for the other states.",
+            ["role", "model", "state"], registry=r)
         self._child_exits = Counter(
             "llamad_child_exits",
             "Child exits and failed starts, by classified cause (see ExitCause.kind).",
@@ -334,6 +339,14 @@ class Metrics:
         names = (*CHILD_STATES, OTHER) if (role, model) in self._other_state else CHILD_STATES
         for name in names:
             self._child_state.labels(role, model, name).set(1 if name == state else 0)
+
+    def lane_instance_state(self, role: str, model: str, state: str) -> None:
+        """Make ``state`` (a child state) the current state of ``model``'s background
+        instance: its series 1, the other states 0."""
+        role, model = self._role(role), self._model(model)
+        state = _fold(state, self._states)
+        for name in (*CHILD_STATES, OTHER):
+            self._lane_instance.labels(role, model, name).set(1 if name == state else 0)
 
     def mode(self, role: str, mode: str) -> None:
         """Make ``mode`` the role's inference mode: its series 1, the other modes 0."""

@@ -93,6 +93,8 @@ async def test_a_search_is_admitted_ahead_of_queued_background_embeddings(
         # depend on how fast the child embeds.
         LLAMAD_EMBEDDING_PARALLEL="1", LLAMAD_EMBEDDING_QUEUE_AHEAD="0",
         LLAMAD_LIMITS_LANE_PROMOTE_SECONDS="600",
+        # The main child alone: this is the lanes of one child (lane_instance has its own).
+        LLAMAD_EMBEDDING_BACKGROUND_INSTANCE="false",
         # The Search waits for the call running on the child: never a timeout here.
         LLAMAD_RETRIEVAL_QUERY_EMBED_TIMEOUT="300"))
     c = Clients(await daemon.start())

@@ -393,6 +393,8 @@ class AskService:
         else:
             pieces: list[str] = []
             completion, prompt_tokens, finish = 0, assembled.prompt_tokens, "stop"
+            # Noted as they come: a stream cut short counts what it cost (its token's tpm).
+            note(prompt_tokens=prompt_tokens, tokens=0)
             async with self._router.admit(Role.GENERATION, time_remaining(),
                                           in_flight=True, model=q.model,
                                           lane=lanes.asked()) as backend:
@@ -401,6 +403,7 @@ class AskService:
                         if first is None:
                             first = time.perf_counter()
                         completion += chunk.tokens
+                        note(tokens=completion)
                         pieces.append(chunk.text)
                         yield chunk.text
                     else:
@@ -409,6 +412,7 @@ class AskService:
                         prompt_tokens = chunk.prompt_tokens or prompt_tokens
                         generated_at = time.perf_counter()
             text = "".join(pieces)
+            note(prompt_tokens=prompt_tokens)  # the child's own count, when it gave one
             self._cache.put(model, assembled.sha256, sampling,
                             CachedAnswer(text, completion, prompt_tokens, finish))
         yield Sources(citations, mode, tuple(warnings))
