@@ -20,6 +20,7 @@ from supervisor import (
     StateChange,
     Supervisor,
 )
+from tests.support.load import patience
 
 API = ApiShape("/health", "/tokenize", "content", "add_special")
 TRANSIENT = ExitCause("crash", False, "segfault")
@@ -89,7 +90,7 @@ def make(
 
 
 async def settle(sup: Supervisor, *states: State) -> None:
-    await sup.wait_for(*states, timeout=2)
+    await sup.wait_for(*states, timeout=patience(2))
 
 
 async def started(

@@ -137,7 +137,7 @@ async def test_a_starting_supervisor_reports_its_progress_to_waiting_callers() -
     launcher = FeedingLauncher()
     sup = Supervisor("generation", launcher, clock=clock)  # type: ignore[arg-type]
     sup.start()
-    await sup.wait_for(State.STARTING, timeout=5)
+    await sup.wait_for(State.STARTING, timeout=patience(5))
     await asyncio.sleep(0)
     progress = sup.load_progress()
     assert progress is not None and progress.phase == "launching"
