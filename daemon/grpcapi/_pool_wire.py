@@ -43,7 +43,7 @@ def model_info(view: ModelView) -> control_pb2.ModelInfo:
         breaker=(control_pb2.BREAKER_STATE_OPEN if view.breaker_open
                  else control_pb2.BREAKER_STATE_CLOSED),
         last_error=view.last_error, path=view.path, is_default=view.is_default,
-        preload=view.preload, origin=view.origin)
+        preload=view.preload, origin=view.origin, lane_instance=view.lane_instance)
     if view.last_used is not None:
         info.last_used.CopyFrom(_timestamp(view.last_used))
     if view.loading is not None:

@@ -262,6 +262,7 @@ class ModelInfo(_message.Message):
     PRELOAD_FIELD_NUMBER: _builtins.int
     ORIGIN_FIELD_NUMBER: _builtins.int
     LOADING_FIELD_NUMBER: _builtins.int
+    LANE_INSTANCE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The catalog name (what a request's model field names)."""
     role: _common_pb2.ChildRole.ValueType
@@ -288,6 +289,13 @@ class ModelInfo(_message.Message):
     origin: _builtins.str
     """Where it was declared: models.NAME, models_preset [NAME], models_dir, generation,
     embedding.
+    """
+    lane_instance: _builtins.str
+    """Its background instance, the niced second child serving its batch and background
+    lanes ([ROLE] background_instance): "" none; "off" (not started, or stopped when
+    idle); "refused: <why>" (it does not fit the memory budget: the lower lanes run on
+    the model's own child); "failed: <why>"; else its state, pid and nice value
+    ("running pid 4242 nice +10").
     """
     @_builtins.property
     def aliases(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -318,10 +326,11 @@ class ModelInfo(_message.Message):
         preload: _builtins.bool = ...,
         origin: _builtins.str = ...,
         loading: Global___LoadProgress | None = ...,
+        lane_instance: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_used", b"last_used", "loading", b"loading"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aliases", b"aliases", "breaker", b"breaker", "in_flight", b"in_flight", "is_default", b"is_default", "last_error", b"last_error", "last_used", b"last_used", "loading", b"loading", "memory_estimate_bytes", b"memory_estimate_bytes", "name", b"name", "origin", b"origin", "path", b"path", "pinned", b"pinned", "preload", b"preload", "role", b"role", "state", b"state", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aliases", b"aliases", "breaker", b"breaker", "in_flight", b"in_flight", "is_default", b"is_default", "lane_instance", b"lane_instance", "last_error", b"last_error", "last_used", b"last_used", "loading", b"loading", "memory_estimate_bytes", b"memory_estimate_bytes", "name", b"name", "origin", b"origin", "path", b"path", "pinned", b"pinned", "preload", b"preload", "role", b"role", "state", b"state", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
