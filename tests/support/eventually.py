@@ -8,8 +8,10 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+from tests.support.load import patience
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 30.0,
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = patience(10.0),
                      what: str = "the condition", interval: float = 0.05) -> float:
     """Poll ``check`` every ``interval`` seconds until it returns True; the seconds it
     took. Raises AssertionError naming ``what`` after ``timeout`` seconds."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,7 @@ from structlog.testing import capture_logs
 from retrieval import InvalidDocument, Query, RetrievalLimits, Retriever
 from supervisor import ManualClock
 from tests.support.embedder import HashEmbedder
+from tests.support.eventually import eventually
 from tests.support.load import patience
 
 DAY = 86_400
@@ -47,15 +48,6 @@ async def push(r: Retriever, source: str, n: int, *, first: int, step: int = DAY
                              kind=kind, document_date=first + i * step)
         ids.append(doc.id)
     return ids
-
-
-async def eventually(check: Callable[[], Awaitable[bool]]) -> None:
-    """Poll ``check`` (a background step finishing) for up to about ten seconds."""
-    for _ in range(2000):
-        if await check():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("the background step never finished")
 
 
 async def ids_of(r: Retriever, source: str) -> list[str]:
