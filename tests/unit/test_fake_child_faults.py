@@ -126,7 +126,7 @@ def test_ignore_sigterm_survives_until_sigkill(spawn: Spawner) -> None:
 
 
 def test_flood_stdout_while_serving(spawn: Spawner) -> None:
-    """flood-stdout writes over 1 MB of stdout within a second while completions still work."""
+    """flood-stdout writes over 1 MB of stdout while completions still work."""
     child = spawn(fault="flood-stdout", stdout=subprocess.PIPE)
     received = [0]
     first_line: list[bytes] = []
@@ -144,7 +144,10 @@ def test_flood_stdout_while_serving(spawn: Spawner) -> None:
     ready_at = child.wait_ready()
     response = httpx.post(f"{child.url}/v1/completions", json={"prompt": PROMPT}, timeout=5.0)
     assert response.status_code == 200
-    time.sleep(max(0.0, ready_at + 1.0 - time.monotonic()))
+    # Over 1 MB within a second of ready on a quiet machine; a busy one is given LOAD times
+    # as long (the flood's size is the point, not its speed).
+    while received[0] <= 1_000_000 and time.monotonic() < ready_at + patience(1.0):
+        time.sleep(0.05)
     assert received[0] > 1_000_000
     assert first_line[0].startswith(b"flood line 0 ")
     child.proc.kill()
