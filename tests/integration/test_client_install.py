@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.load import patience
+
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.process, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.process, pytest.mark.timeout(patience(180))]
 
 # Run inside the client venv, from a directory outside the source tree.
 PROBE = """

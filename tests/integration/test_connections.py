@@ -33,8 +33,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llamad_protocol.v1 import control_pb2, control_pb2_grpc
 from tests.support.access import READ_TOKEN, token_files
 from tests.support.daemon_process import DaemonProcess
+from tests.support.load import patience
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(patience(180))
 
 NOFILE = 320
 RESERVE = 96

@@ -27,10 +27,11 @@ from llamad_protocol.v1 import inference_pb2_grpc
 from supervisor.testing import fake_child_command
 from tests.support import haproxy
 from tests.support.daemon_process import DaemonProcess
+from tests.support.load import patience
 from tests.support.models import write_model
 from tests.support.procs import free_port
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(patience(180))
 
 TOKENS = 8  # a stream: 8 tokens, 50 ms apart
 DEADLINE = 30.0  # per call: a stream that hangs ends DEADLINE_EXCEEDED, which fails a test
