@@ -427,15 +427,16 @@ class Indexes(StoreHolder[Store]):
         text = self._text()
         if filters == Filters():
             return text.search(query, filters=filters, limit=limit)
-        fetch = limit
+        # A quarter more when texts are shared: a hit whose holders pass the filters only
+        # together (one the source, another the kind) is dropped, and seldom more.
+        fetch = limit + limit // 4 if self.shared else limit
         while True:
             hits = text.search(query, filters=filters, limit=fetch)
             shared = self.shared
             shown = self.require().resolve([k for k, _ in hits if k in shared], filters)
             out = [(shown.get(key, key), score) for key, score in hits
                    if key in shown or key not in shared]
-            # An entry whose holders pass the filters only together (one the source,
-            # another the kind) was dropped: search deeper for what it displaced.
+            # More were dropped: search deeper for what they displaced.
             if len(out) >= limit or len(hits) < fetch or fetch >= 8 * limit:
                 return out[:limit]
             fetch *= 2
