@@ -393,6 +393,8 @@ class ProcessLauncher:
         read_timeout: seconds a call to the child may wait for its answer.
         max_connections: requests open to the child at once (its socket's connections).
         max_idle: connections kept open between requests for reuse (0: none).
+        stream_interval: seconds between two reads of a stream once a chunk was relayed
+            (0: none; see :class:`supervisor.http._read.Silence`).
         launch_nice: added to the child's nice value at launch (a swap's incoming child),
             0: none.
     """
@@ -409,6 +411,7 @@ class ProcessLauncher:
     read_timeout: float = 300.0
     max_connections: int = 64
     max_idle: int = 16
+    stream_interval: float = 0.0
     launch_nice: int = field(default=0, init=False)
 
     @property
@@ -481,6 +484,7 @@ class ProcessLauncher:
             read_timeout=self.read_timeout,
             max_connections=self.max_connections,
             max_idle=self.max_idle,
+            stream_interval=self.stream_interval,
             child=ChildAddress(str(sock), key),
             now=self.clock.monotonic,
         )

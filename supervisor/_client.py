@@ -41,6 +41,7 @@ from ._transport import (
 from .errors import ChildBadRequestError, ChildRequestError
 from .http import HTTPTransportError, NotAJsonObject, Response, json_object
 from .http._events import Chunk, int_or_none, sse_chunks
+from .http._read import Silence
 
 _END_WITHIN = 1.0
 """Seconds a loopback child's stream may take, after ``[DONE]``, to end its body before
@@ -121,6 +122,7 @@ class InferenceClient(TokenizerCalls):
         read_timeout: float = 300.0,
         max_connections: int = 64,
         max_idle: int = 16,
+        stream_interval: float = 0.0,
         loopback: bool = False,
         child: ChildAddress | None = None,
         now: Callable[[], float] = time.monotonic,
@@ -140,6 +142,9 @@ class InferenceClient(TokenizerCalls):
             now: the monotonic clock activity is recorded on (the supervisor's).
             max_connections: requests open at once.
             max_idle: the lean transport's connections kept open between requests.
+            stream_interval: seconds the lean transport's streams wait, after a chunk was
+                handed on, before they read the child again (0: never): what came
+                meanwhile is one chunk (see :class:`supervisor.http._read.Silence`).
         """
         self.base_url = base_url
         self.model_id = model_id
@@ -156,6 +161,7 @@ class InferenceClient(TokenizerCalls):
         """Why a chat with tools cannot be served ("": it can). A child's is learnt once
         it is ready (:meth:`read_chat_caps`); an endpoint decides for itself."""
         self._read_timeout = read_timeout
+        self._stream_interval = stream_interval
         # trust_env=False: an HTTP(S)_PROXY in the daemon's environment must never
         # capture loopback traffic to our own child.
         limits = httpx.Limits(
@@ -380,10 +386,9 @@ class InferenceClient(TokenizerCalls):
         top = sampling.top_logprobs if sampling.logprobs else None
         try:
             while True:  # each retry drops a field: bounded by the body's size
-                async with self._post_stream(path, body) as (status, data, reusable):
+                async with self._post_stream(path, body) as (status, data, pace):
                     if status == 200:
-                        events = self._events(data, path, chat=chat, top=top,
-                                              end_within=_END_WITHIN if reusable else None)
+                        events = self._events(data, path, chat=chat, top=top, pace=pace)
                         async with contextlib.aclosing(events) as it:
                             async for chunk in it:
                                 yield chunk
@@ -404,26 +409,29 @@ class InferenceClient(TokenizerCalls):
 
     @contextlib.asynccontextmanager
     async def _post_stream(self, path: str, body: dict[str, Any]
-                           ) -> AsyncIterator[tuple[int, AsyncIterator[bytes], bool]]:
+                           ) -> AsyncIterator[tuple[int, AsyncIterator[bytes], Silence | None]]:
         """POST ``body`` for a streamed answer; yield its status, its body's bytes as
-        they come and whether its connection is reused once the body was read to its
-        end: through the lean loopback client for a child llamad launched (httpx cost as
-        much CPU per streamed token as the rest of the relay; its connection is reused),
-        else httpx (an endpoint's stream: its connection is closed after ``[DONE]``)."""
+        they come and its pace: through the lean loopback client for a child llamad
+        launched (httpx cost as much CPU per streamed token as the rest of the relay; its
+        connection is reused once the body was read to its end, and its reading paced by
+        the stream interval), else httpx (an endpoint's stream: its connection is closed
+        after ``[DONE]``; no pace, None)."""
         if isinstance(self._unary, LoopbackTransport):
-            async with self._unary.stream(path, body, self._read_timeout) as answer:
-                yield answer.status, answer.body, True
+            async with self._unary.stream(path, body, self._read_timeout,
+                                          self._stream_interval) as answer:
+                yield answer.status, answer.body, answer.pace
             return
         async with self._http.stream("POST", path, json=body) as resp:
-            yield resp.status_code, resp.aiter_bytes(), False
+            yield resp.status_code, resp.aiter_bytes(), None
 
     def _events(
         self, data: AsyncIterator[bytes], path: str, *, chat: bool, top: int | None,
-        end_within: float | None = None,
+        pace: Silence | None = None,
     ) -> AsyncGenerator[Chunk, None]:
-        """The chunks of one server-sent-events answer (:func:`._events.sse_chunks`)."""
+        """The chunks of one server-sent-events answer (:func:`._events.sse_chunks`); a
+        paced one is the lean transport's, whose connection is reused after its end."""
         return sse_chunks(data, path, chat=chat, top=top, heard=self.activity.heard,
-                          end_within=end_within)
+                          end_within=_END_WITHIN if pace is not None else None, pace=pace)
 
     async def embed(self, texts: Sequence[str | Sequence[int]]) -> EmbedResult:
         """Embed ``texts`` (one vector each, in order); an item may be token ids (sent

@@ -79,6 +79,12 @@ class ChildSettings:
     max_idle_connections: int = setting(16, minimum=0, help="""
         Connections to a launched child kept open between requests for reuse (a stream read to
         its end gives its connection back); 0: a connection per request.""")
+    stream_interval: int = setting(40, minimum=0, help="""
+        Milliseconds between two reads of a launched child's stream once its first token was
+        relayed: what the child sent meanwhile goes to the client as one event (gRPC: one
+        message), so that llamad wakes up once per interval instead of once per token (its
+        CPU per token). The first token and a cancel are never held back; the stream's end or
+        an error waits at most for the interval in progress. 0: every read at once.""")
     slots: bool = setting(False, reload="restart", help="""
         llama-server children serve /slots (each slot's prompt and parameters), for debugging:
         still only on their private socket and with their per-launch key (LLAMA_API_KEY in the

@@ -16,7 +16,7 @@ import orjson
 from .._sampling import TokenLogprobs, parse_logprobs
 from .._tools import ToolCallDelta, join_tool_deltas, parse_tool_deltas
 from ..errors import ChildRequestError
-from ._read import HTTPTransportError
+from ._read import HTTPTransportError, Silence
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -66,8 +66,8 @@ def join_chunks(chunks: Sequence[Chunk]) -> Chunk:
 
 
 async def sse_chunks(data: AsyncIterator[bytes], path: str, *, chat: bool, top: int | None,
-                     heard: Callable[[], None], end_within: float | None = None
-                     ) -> AsyncGenerator[Chunk, None]:
+                     heard: Callable[[], None], end_within: float | None = None,
+                     pace: Silence | None = None) -> AsyncGenerator[Chunk, None]:
     """The chunks of one server-sent-events answer, its body's bytes ``data`` (with their
     tokens' logprobs and ``top`` alternatives each, unless ``top`` is None); ``heard``
     is called as each piece arrives (the client's activity record).
@@ -76,6 +76,10 @@ async def sse_chunks(data: AsyncIterator[bytes], path: str, *, chat: bool, top: 
     chunk, up to the body's end, so that the connection can serve the next request (a
     loopback child's: see :mod:`supervisor.http._loopback`); more events, or no end within that
     time, leave it unread (the connection is then closed, as without ``end_within``).
+
+    ``pace`` (the lean transport's stream) is told when a chunk is handed on and when the
+    stream's end came (its finish reason or ``[DONE]``): the reading of ``data`` is then
+    paced by the stream's interval, never before the first chunk nor after the end.
 
     Raises:
         ChildRequestError: a malformed event, or the child's error event (after the
@@ -130,6 +134,11 @@ async def sse_chunks(data: AsyncIterator[bytes], path: str, *, chat: bool, top: 
                                          tool_calls=calls))
                 elif text or calls:
                     got.append(Chunk(text, 1, tool_calls=calls))
+        if pace is not None:
+            if done or finish is not None:
+                pace.ending()  # the end is never held back
+            elif got:
+                pace.flushed()
         if got:
             yield got[0] if len(got) == 1 else join_chunks(got)
         if done:

@@ -55,11 +55,13 @@ class Response:
 @dataclass(frozen=True)
 class Streamed:
     """An answer whose body is read as it comes: ``body`` yields its bytes (de-chunked) in
-    the pieces they arrived in."""
+    the pieces they arrived in; ``pace`` is told when the reader of its events handed a
+    chunk on (and when the stream ends), for the stream's interval (:class:`Silence`)."""
 
     status: int
     headers: dict[str, str]
     body: AsyncIterator[bytes]
+    pace: Silence | None = None
 
     async def read(self) -> bytes:
         """The whole (rest of the) body."""
@@ -126,7 +128,7 @@ class LoopbackHTTP:
 
     @contextlib.asynccontextmanager
     async def stream(self, method: str, path: str, body: bytes | None,
-                     timeout: float | None) -> AsyncIterator[Streamed]:
+                     timeout: float | None, interval: float = 0.0) -> AsyncIterator[Streamed]:
         """Send one request; yield its answer once its head has come, the body to be read
         as it arrives. ``timeout`` bounds the wait for the head and then each silence
         between two pieces of the body (a server that stops sending), as httpx's read
@@ -137,6 +139,9 @@ class LoopbackHTTP:
         of the ``max_connections`` until then; one whose body was read to its end (the
         chunked terminator or the whole ``Content-Length``) goes back to the pool as the
         body ends, for the next request.
+
+        ``interval`` (seconds, 0: none) paces the body's reading once its reader said it
+        handed a chunk on (:attr:`Streamed.pace`): see :class:`Silence`.
 
         Raises:
             HTTPTransportError: no (complete) head, or, while ``body`` is read, the body
@@ -151,10 +156,10 @@ class LoopbackHTTP:
                 raise HTTPTransportError("timeout", f"timed out after {timeout:g} s") from None
             if keep:
                 conn.expires = keep_alive_expiry(headers.get("keep-alive", ""))
-            watch = Silence(conn, timeout, self._keep if keep else None)
+            watch = Silence(conn, timeout, self._keep if keep else None, interval)
             try:
                 pieces = watch.body(read_pieces(conn.reader, headers, watch))
-                yield Streamed(status, headers, pieces)
+                yield Streamed(status, headers, pieces, watch)
             finally:
                 watch.stop()
                 if not watch.kept:  # left early, failed or cancelled: never reused

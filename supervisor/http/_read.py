@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 MAX_HEADER_LINES = 100
 MAX_BODY_BYTES = 256 * 1024 * 1024  # an answer larger than this is not a child's JSON
 LINE_LIMIT = 64 * 1024  # longest status or header line (StreamReader limit)
+BACKLOG = 32 * 1024  # a piece this large: more is likely waiting, read on without pause
 
 
 class HTTPTransportError(Exception):
@@ -53,10 +54,21 @@ class Silence:
 
     Also the body's end: ``complete`` once it was read to its end (set by :func:`read_pieces`),
     ``kept`` once its connection went back to the pool (``keep``, None: never).
+
+    And its pace (``interval`` seconds, 0: none): once the reader of the events handed a
+    chunk on (:meth:`flushed`), the connection is not read again until ``interval`` has
+    passed since then (its reading paused: the kernel holds what comes meanwhile), then
+    all that came is read at once, and relayed as one chunk. At a model's pace a token
+    comes at a time, and each read of one is a wake-up of the whole relay, which costs
+    more than the relay's own work (issue 27): every ``interval`` one wake-up for all.
+    Nothing waits before the first chunk (time to first token), once the events said the
+    stream ends (:meth:`ending`), nor after a read that found a backlog; leaving the
+    stream (a cancel) ends a pause at once.
     """
 
     def __init__(self, conn: Connection, timeout: float | None,
-                 keep: Callable[[Connection], bool] | None = None) -> None:
+                 keep: Callable[[Connection], bool] | None = None,
+                 interval: float = 0.0) -> None:
         self._conn = conn
         self._keep = keep
         self.complete = False
@@ -67,6 +79,17 @@ class Silence:
         self.expired = False
         self._timer = (None if timeout is None
                        else self._loop.call_at(self.last + timeout, self._check))
+        self._interval = interval
+        self._flushed = -1.0  # loop time of the last chunk handed on (< 0: none yet)
+
+    def flushed(self) -> None:
+        """A chunk was handed on just now: the next read waits for the interval."""
+        if self._interval > 0:
+            self._flushed = self._loop.time()
+
+    def ending(self) -> None:
+        """The stream's end (its finish reason, ``[DONE]``) came: read on without pause."""
+        self._interval = 0.0
 
     def _check(self) -> None:
         now = self._loop.time()
@@ -84,13 +107,17 @@ class Silence:
             self._timer = None
 
     async def body(self, pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """``pieces``, noting when each came; a failure named (HTTPTransportError)."""
+        """``pieces``, noting when each came, paced; a failure named (HTTPTransportError)."""
         loop = self._loop
         try:
             async for piece in pieces:
                 self.last = -1.0
                 yield piece
-                self.last = loop.time()
+                self.last = now = loop.time()
+                if self._interval > 0 and self._flushed >= 0 and len(piece) < BACKLOG:
+                    until = self._flushed + self._interval
+                    if until > now:
+                        await self._hold(until - now)
             self.stop()  # before the connection may serve another request
             if self.complete and not self.expired and self._keep is not None:
                 self.kept = self._keep(self._conn)
@@ -103,6 +130,19 @@ class Silence:
             raise HTTPTransportError("protocol", "chunk size line too long") from exc
         finally:
             self.stop()
+
+    async def _hold(self, seconds: float) -> None:
+        """Leave the connection unread for ``seconds`` (cancellable: a cancel ends it at
+        once, and the connection is then closed by its stream)."""
+        transport = self._conn.writer.transport
+        if not isinstance(transport, asyncio.ReadTransport):  # not a socket's: no pause
+            return
+        transport.pause_reading()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            if not transport.is_closing():
+                transport.resume_reading()
 
 
 def read_pieces(reader: asyncio.StreamReader, headers: dict[str, str], end: Silence

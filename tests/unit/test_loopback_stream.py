@@ -313,3 +313,110 @@ async def test_an_error_after_tokens_in_one_piece_comes_after_them(
             got.append(piece.text)
     assert got == ["xy"]
     await client.aclose()
+
+
+INTERVAL = 0.5  # s; the server's separate writes land well inside one pause
+
+
+async def put_apart(server: Server, pieces: list[bytes], gap: float = 0.02) -> None:
+    """Send ``pieces`` as separate writes ``gap`` apart (a child's tokens one by one)."""
+    for piece in pieces:
+        server.pieces.put_nowait(piece)
+        await asyncio.sleep(gap)
+
+
+async def test_a_paced_stream_joins_what_came_during_its_interval(
+        serve: Callable[[], Awaitable[Server]]) -> None:
+    """With a stream interval the first chunk is not held; what the child sends one event
+    at a time after it is read once the interval has passed, as one chunk: texts, tokens,
+    logprobs in order and a tool call's pieces joined; once the finish was read nothing
+    waits for another interval, and the connection is reused after the end (issue 27)."""
+    server = await serve()
+    client = InferenceClient(f"http://127.0.0.1:{server.port}", model_id="m",
+                             api=LLAMA_SERVER_API, loopback=True, stream_interval=INTERVAL)
+    sampling = Sampling(max_tokens=9, logprobs=True, top_logprobs=1)
+    call = {"index": 0, "id": "c1", "type": "function",
+            "function": {"name": "f", "arguments": "{\"a\""}}
+    loop = asyncio.get_running_loop()
+    stream = client.stream_chat([("user", "hi")], sampling)
+    async with contextlib.aclosing(stream):  # type: ignore[type-var]
+        server.pieces.put_nowait(CHUNKED_HEAD + chunk(delta(role="assistant")))
+        server.pieces.put_nowait(chunk(sse({"choices": [{
+            "delta": {"content": "A"}, "finish_reason": None,
+            "logprobs": {"content": [logprob("A", -0.5)]}}]})))
+        first = await asyncio.wait_for(anext(stream), 5)
+        handed = loop.time()
+        assert (first.text, first.tokens) == ("A", 1)  # a role delta alone is no chunk
+        apart = asyncio.ensure_future(put_apart(server, [
+            chunk(sse({"choices": [{"delta": {"content": " b"}, "finish_reason": None,
+                                    "logprobs": {"content": [logprob(" b", -1.5)]}}]})),
+            chunk(delta(tool_calls=[call])),
+            chunk(delta(tool_calls=[{"index": 0, "function": {"arguments": ": 1}"}}]))]))
+        second = await asyncio.wait_for(anext(stream), 5)
+        waited = loop.time() - handed
+        await apart
+        last = sse({"choices": [{"delta": {}, "finish_reason": "tool_calls"}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 5}})
+        server.pieces.put_nowait(chunk(delta("!") + last))  # [DONE] apart from the finish
+        third = await asyncio.wait_for(anext(stream), 5)
+        finish_read = loop.time()
+        loop.call_later(0.05, server.pieces.put_nowait,
+                        chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        rest = [c async for c in stream]
+        ended = loop.time() - finish_read
+    assert waited >= INTERVAL * 0.9  # held: one read for the three events
+    assert (second.text, second.tokens) == (" b", 3)
+    assert [(p.chosen.token, p.chosen.logprob) for p in second.logprobs] == [(" b", -1.5)]
+    assert [(d.index, d.id, d.name, d.arguments) for d in second.tool_calls] == [
+        (0, "c1", "f", "{\"a\": 1}")]
+    assert (third.text, third.tokens) == ("!", 1)
+    assert [(c.finish_reason, c.completion_tokens) for c in rest] == [("tool_calls", 5)]
+    assert ended < INTERVAL / 2  # once the finish was read, nothing is held any more
+    await asyncio.sleep(0.05)
+    assert not server.eof.is_set()  # read to its end: kept for the next request
+    await client.aclose()
+
+
+async def test_leaving_a_paced_stream_closes_its_connection_at_once(
+        serve: Callable[[], Awaitable[Server]]) -> None:
+    """A stream whose reading is paused (a long interval) and left by its reader (a client
+    gone) closes the child's connection at once, not after the pause."""
+    server = await serve()
+    client = InferenceClient(f"http://127.0.0.1:{server.port}", model_id="m",
+                             api=LLAMA_SERVER_API, loopback=True, stream_interval=60.0)
+    stream = client.stream_chat([("user", "hi")], Sampling(max_tokens=9))
+    server.pieces.put_nowait(CHUNKED_HEAD + chunk(delta("x")))
+    assert (await asyncio.wait_for(anext(stream), 5)).text == "x"
+    waiting = asyncio.ensure_future(anext(stream))  # paused for 60 s
+    server.pieces.put_nowait(chunk(delta("y")))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    waiting.cancel()  # the relay's task cancelled: its client left
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
+    await stream.aclose()  # type: ignore[attr-defined]
+    await asyncio.wait_for(server.eof.wait(), 5)  # how llama.cpp learns to stop
+    assert client.in_flight == 0
+    await client.aclose()
+
+
+async def test_an_error_after_a_pause_comes_after_the_tokens_before_it(
+        serve: Callable[[], Awaitable[Server]]) -> None:
+    """A child's error event that came during a pause: the tokens before it are relayed
+    as one chunk, then the error is raised."""
+    server = await serve()
+    client = InferenceClient(f"http://127.0.0.1:{server.port}", model_id="m",
+                             api=LLAMA_SERVER_API, loopback=True, stream_interval=INTERVAL)
+    error = sse({"error": {"code": 500, "message": "boom", "type": "server_error"}})
+    server.pieces.put_nowait(CHUNKED_HEAD + chunk(delta("w")))
+    got: list[str] = []
+    sending: list[asyncio.Future[None]] = []
+    with pytest.raises(ChildRequestError, match="boom"):
+        async for piece in client.stream_chat([("user", "hi")], Sampling(max_tokens=9)):
+            got.append(piece.text)
+            if len(got) == 1:
+                sending.append(asyncio.ensure_future(put_apart(
+                    server, [chunk(delta("x")), chunk(delta("y")), chunk(error)])))
+    await sending[0]
+    assert got == ["w", "xy"]
+    await client.aclose()
