@@ -92,6 +92,7 @@ class Shape:
         self._object = "chat.completion.chunk" if chat else "text_completion"
         self._role_sent = False
         self._offset = 0  # completions: text_offset of the next token
+        self._frame: tuple[bytes, bytes] | None = None  # a text piece's event around its text
 
     def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
         body: dict[str, Any] = {"id": self.id, "object": self._object,
@@ -106,6 +107,12 @@ class Shape:
               tool_calls: tuple[ToolCallDelta, ...] = ()) -> bytes:
         """A streamed chunk: the text (the chat role in the first one), its logprobs, the
         pieces of tool calls, and the finish reason in the last."""
+        if not (logprobs or tool_calls or finish_reason) and (
+                not self.chat or (text and self._role_sent)):
+            # Most events of a stream are text alone: the same bytes, the text put between
+            # the rest of its event built once (issue 27: one per flush, on a cold process).
+            frame = self._frame or self._text_frame()
+            return frame[0] + orjson.dumps(text) + frame[1]
         choice: dict[str, Any] = {"index": 0}
         if self.chat:
             delta: dict[str, Any] = {}
@@ -123,6 +130,21 @@ class Shape:
             choice["logprobs"] = self.completion_logprobs(logprobs) if logprobs else None
         choice["finish_reason"] = finish_reason
         return sse(self._chunk(choice))
+
+    def _text_frame(self) -> tuple[bytes, bytes]:
+        """The event of a text piece (no logprobs, no tool call, not the last) before and
+        after its text's JSON string."""
+        mark = "\x00"  # the text's place: its last occurrence (the fields after it are fixed)
+        choice: dict[str, Any] = {"index": 0}
+        if self.chat:
+            choice["delta"] = {"content": mark}
+        else:
+            choice["text"] = mark
+        choice["logprobs"] = None
+        choice["finish_reason"] = None
+        before, _, after = sse(self._chunk(choice)).rpartition(orjson.dumps(mark))
+        self._frame = before, after
+        return self._frame
 
     def usage_chunk(self, usage: Usage) -> bytes:
         body = self._chunk({})

@@ -81,6 +81,7 @@ class Silence:
                        else self._loop.call_at(self.last + timeout, self._check))
         self._interval = interval
         self._flushed = -1.0  # loop time of the last chunk handed on (< 0: none yet)
+        self._resume: asyncio.TimerHandle | None = None  # ends the pause in progress
 
     def flushed(self) -> None:
         """A chunk was handed on just now: the next read waits for the interval."""
@@ -117,7 +118,7 @@ class Silence:
                 if self._interval > 0 and self._flushed >= 0 and len(piece) < BACKLOG:
                     until = self._flushed + self._interval
                     if until > now:
-                        await self._hold(until - now)
+                        self._pause(until)
             self.stop()  # before the connection may serve another request
             if self.complete and not self.expired and self._keep is not None:
                 self.kept = self._keep(self._conn)
@@ -130,19 +131,24 @@ class Silence:
             raise HTTPTransportError("protocol", "chunk size line too long") from exc
         finally:
             self.stop()
+            if self._resume is not None:
+                self._resume.cancel()
 
-    async def _hold(self, seconds: float) -> None:
-        """Leave the connection unread for ``seconds`` (cancellable: a cancel ends it at
-        once, and the connection is then closed by its stream)."""
+    def _pause(self, until: float) -> None:
+        """Leave the connection unread until ``until`` (loop time): the next read of the
+        body waits for its reading to resume then (one wake-up for all that came, and one
+        step of the generators above; a cancel ends the wait at once and the stream then
+        closes the connection). What was read already is not held."""
         transport = self._conn.writer.transport
         if not isinstance(transport, asyncio.ReadTransport):  # not a socket's: no pause
             return
         transport.pause_reading()
-        try:
-            await asyncio.sleep(seconds)
-        finally:
-            if not transport.is_closing():
-                transport.resume_reading()
+        self._resume = self._loop.call_at(until, self._resumed, transport)
+
+    def _resumed(self, transport: asyncio.ReadTransport) -> None:
+        self._resume = None
+        if not transport.is_closing():
+            transport.resume_reading()
 
 
 def read_pieces(reader: asyncio.StreamReader, headers: dict[str, str], end: Silence
