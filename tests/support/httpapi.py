@@ -17,6 +17,7 @@ from daemon.grpcapi.auth import AuthInterceptor
 from daemon.grpcapi.connlimits import ConnectionCap
 from daemon.httpapi import HttpApi, Mount
 from daemon.models.admission import Admission
+from daemon.models.backend import InferenceBackend
 from daemon.models.router import InferenceRouter
 from daemon.services.ask import AskService
 from daemon.telemetry.metrics import Metrics
@@ -61,17 +62,20 @@ async def serving(*, tokens: TokenTable | None = None, queue: int = 4,
                   tls: TlsMaterial | None = None, connections: ConnectionCap | None = None,
                   handshake_timeout: float = 10.0,
                   auth: AuthInterceptor | None = None,
-                  mount: Mount | None = None) -> AsyncIterator[Harness]:
+                  mount: Mount | None = None,
+                  generation: InferenceBackend | None = None) -> AsyncIterator[Harness]:
     """The API on port 0: generation and embedding served by scripted backends (one slot
     each; ``queue`` calls may wait for generation's), Ask by ``answer`` if given, with
     ``connections`` and ``handshake_timeout`` (HttpApi's) if given, and ``auth`` in
-    place of an interceptor over ``tokens``, and ``mount`` served beside the API."""
+    place of an interceptor over ``tokens``, and ``mount`` served beside the API;
+    ``generation``, if given, serves generation instead of the scripted backend (a real
+    supervised child's)."""
     gen = FakeBackend(model_name="gen.gguf")
     if pieces is not None:
         gen.pieces = pieces
     emb = FakeBackend(model_name="emb.gguf", dimension=4)
     gen_admission = Admission("generation", 1, queue)
-    gen_role = Served(gen, gen_admission, role="generation")
+    gen_role = Served(generation or gen, gen_admission, role="generation")
     served = {"generation": gen_role,
               "embedding": Served(emb, Admission("embedding", 1, 4), role="embedding")}
     router = InferenceRouter(served)
