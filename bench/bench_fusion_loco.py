@@ -9,14 +9,18 @@
    the two candidate lists at depth 100 (``TextIndex.search``, ``VectorIndex.search``:
    BM25 scores, cosine similarities); each cell of the grid fuses their first ``depth``
    entries offline with ``retrieval.search._score_fusion.fuse_scored``, the function
-   ``Retriever.search`` runs: method (rrf k=60, dbsf, convex = min-max, zscore) x text
+   ``Retriever.search`` runs, knowing the text list's depth as Search does (a short BM25
+   list normalised among the zeros below it, its weight raised toward the vectors'):
+   method (rrf k=60, dbsf, convex = min-max, zscore; and ``dbsf-plain``, DBSF over each
+   list alone, the default 5d913f0 chose and 041344b reverted) x text
    weight alpha (vector weight 1 - alpha; RRF with 0.5/0.5 is plain RRF) x depth x level
    (``chunk``: chunks fused, then each document at its best chunk, what a Search
    without ``group_by_document`` gives; ``doc``: each list reduced to one entry per
    document, its best chunk, then fused, what ``group_by_document`` does). nDCG@10 over
    corpus documents (linear graded gains).
 3. **Leave one collection out** (:func:`decide`): for each collection, the chunk-level
-   cell of a fusion Search offers (rrf, dbsf, convex) with the best mean nDCG@10 over the
+   cell of a fusion Search offers (rrf, dbsf, convex) that keeps a word one document holds
+   first or second (:func:`keeps_lone_match`) with the best mean nDCG@10 over the
    other three is chosen and scored on the held-out one, against a base (plain RRF,
    today's default: rrf, weights 1/1, 100 candidates per list, chunk level). Every knob
    at once is reported; then knob by knob, each changed only if its own choice beats its
@@ -54,10 +58,14 @@ from bench._retrieval_bench.quality import chunk_docs
 from bench._vector_cache import vectors_for
 from retrieval import Filters, RetrievalLimits, Retriever
 from retrieval import Query as Options
-from retrieval.search._score_fusion import by_document, fuse_scored
+from retrieval.search._score_fusion import FUSIONS, by_document, fuse_scored
 
 HEADING = "## Fusion by leaving one collection out"
-METHODS = ("rrf", "dbsf", "convex", "zscore")
+# DBSF over each list alone (Qdrant's; 5d913f0's default, reverted in 041344b): a short
+# BM25 list normalised as if it were a full one. Every other method fuses as Search does,
+# knowing the text list's depth (retrieval.search._score_fusion, "Short lexical lists").
+PLAIN_DBSF = "dbsf-plain"
+METHODS = ("rrf", "dbsf", "convex", "zscore", PLAIN_DBSF)
 ALPHAS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 DEPTHS = (25, 50, 100)
 LEVELS = ("chunk", "doc")
@@ -82,13 +90,18 @@ class Cell:
     def weights(self) -> tuple[float, float]:
         return (self.alpha, round(1 - self.alpha, 6))
 
+    @property
+    def fusion(self) -> tuple[str, tuple[int | None, ...] | None]:
+        """``fuse_scored``'s method and depths for this cell (Search's: the text list's
+        depth known; ``dbsf-plain``: none)."""
+        if self.method == PLAIN_DBSF:
+            return "dbsf", None
+        return self.method, (self.depth, None)
+
 
 PLAIN = Cell("rrf", 0.5, 100, "chunk")
 CELLS = tuple(Cell(m, a, d, lv) for m in METHODS for a in ALPHAS for d in DEPTHS
               for lv in LEVELS)
-# What a default can be: a fusion Search offers, at chunk level (a Search's own; the level
-# is not a setting: group_by_document fuses per document, measured beside).
-CHOICES = tuple(c for c in CELLS if c.level == "chunk" and c.method != "zscore")
 
 
 @dataclasses.dataclass
@@ -98,6 +111,7 @@ class Scores:
     ndcg: dict[Cell, list[float]]
     mismatches: dict[Cell, int] = dataclasses.field(default_factory=dict)
     searched: dict[Cell, list[float]] = dataclasses.field(default_factory=dict)  # via Search
+    short: dict[int, int] = dataclasses.field(default_factory=dict)  # text lists < depth
 
     def mean(self, cell: Cell) -> float:
         return statistics.fmean(self.ndcg[cell])
@@ -106,11 +120,32 @@ class Scores:
 def fused_docs(cell: Cell, text: Sequence[tuple[int, float]], vec: Sequence[tuple[int, float]],
                doc_of: dict[int, str]) -> list[str]:
     lists = [list(text[:cell.depth]), list(vec[:cell.depth])]
-    hits = fuse_scored(lists, cell.method, weights=cell.weights)
+    method, depths = cell.fusion
+    hits = fuse_scored(lists, method, weights=cell.weights, depths=depths)
     if cell.level == "doc":  # keyed, so tie-broken, by each document's best chunk
         near = {h.key: doc_of[h.key] for h in hits if h.key in doc_of}  # as Search fetches
-        hits, _ = by_document(lists, hits, near, cell.method, weights=cell.weights)
+        hits, _ = by_document(lists, hits, near, method, weights=cell.weights,
+                              depths=depths)
     return doc_ranking([h.key for h in hits], doc_of)
+
+
+def keeps_lone_match(cell: Cell) -> bool:
+    """Whether ``cell`` keeps a word only one document holds first or second when the
+    vectors miss that document and their first stands clear of the rest (the worst case:
+    tests/unit/test_score_fusion.py): BM25 finds document 0 alone."""
+    vec = [(1, 0.9), *((2 + i, 0.5 - 0.001 * i) for i in range(cell.depth - 1))]
+    lists = [[(0, 3.2)], vec]
+    method, depths = cell.fusion
+    hits = fuse_scored(lists, method, weights=cell.weights, depths=depths)
+    return 0 in [h.key for h in hits[:2]]
+
+
+# What a default can be: a fusion Search offers, at chunk level (a Search's own; the level
+# is not a setting: group_by_document fuses per document, measured beside), that keeps a
+# lone exact match first or second.
+CHOICES = tuple(c for c in CELLS if c.level == "chunk" and c.method in FUSIONS
+                and keeps_lone_match(c))
+REVERTED = Cell(PLAIN_DBSF, 0.4, 100, "chunk")  # 5d913f0's default
 
 
 async def measure(col: rb.Collection, table: dict[str, rb.Vec], embedder: TableEmbedder,
@@ -125,11 +160,14 @@ async def measure(col: rb.Collection, table: dict[str, rb.Vec], embedder: TableE
     assert vectors is not None
     queries = col.queries[:max_queries]
     s = Scores(col.name, len(queries), {c: [] for c in CELLS})
+    s.short = {d: 0 for d in DEPTHS}
     kept = []
     for q in queries:
         rels = col.qrels[q.id]
         text = text_index.search(q.text, filters=Filters(), limit=DEEP)
         vec = [(k, 1.0 - d) for k, d in vectors.search(table[q.text], DEEP)]
+        for depth in DEPTHS:
+            s.short[depth] += len(text) < depth
         kept.append((q, rels, text, vec, doc_of))
         for cell in CELLS:
             s.ndcg[cell].append(ndcg(fused_docs(cell, text, vec, doc_of), rels))
@@ -140,6 +178,8 @@ async def cross_check(r: Retriever, s: Scores, kept: list[tuple[Any, ...]],
                       cells: Sequence[Cell]) -> None:
     """Through Retriever.search, the shipped path: rankings that differ from offline."""
     for cell in cells:
+        if cell.method not in FUSIONS:
+            continue  # not a fusion Search offers
         s.mismatches[cell], s.searched[cell] = 0, []
         for q, rels, text, vec, doc_of in kept:
             res = await r.search(q.text, k=2 * cell.depth, options=Options(
@@ -248,7 +288,8 @@ def section(rows: Sequence[Scores], stages: Sequence[Stage], default: Cell,
     out += support.table(["choice", "held out", "chosen on the other three",
                           "its mean there", "base there", "held-out chosen",
                           "held-out base", "gain"], table)
-    shown = list(dict.fromkeys([PLAIN, default,
+    shown = list(dict.fromkeys([PLAIN, default, REVERTED,
+                                dataclasses.replace(REVERTED, method="dbsf"),
                                 *(f.chosen for st in stages for f in st.folds),
                                 dataclasses.replace(PLAIN, level="doc"),
                                 dataclasses.replace(default, level="doc")]))
@@ -328,6 +369,7 @@ async def run(args: argparse.Namespace, command: str, work: Path) -> dict[str, A
             print(f"   {col.name}: plain {s.mean(PLAIN):.3f}", flush=True)
         stages, default = decide(rows)
         checked = list(dict.fromkeys([PLAIN, default,
+                                      dataclasses.replace(REVERTED, method="dbsf"),
                                       *(f.chosen for st in stages for f in st.folds),
                                       dataclasses.replace(PLAIN, level="doc"),
                                       dataclasses.replace(default, level="doc")]))
@@ -337,13 +379,19 @@ async def run(args: argparse.Namespace, command: str, work: Path) -> dict[str, A
         for r, _ in retrievers:
             await r.close()
         await child.daemon.shutdown()
+    buried = sorted({f"{c.method} {c.alpha:g}/{1 - c.alpha:g}" for c in CELLS
+                     if c.level == "chunk" and not keeps_lone_match(c)})
+    short = ", ".join(f"{r.name} {'/'.join(str(r.short[d]) for d in DEPTHS)}" for r in rows)
     notes = [*support.environment(command),
              f"- Whole run {(time.perf_counter() - began) / 60:.1f} minutes; {embedded}.",
              "- Each corpus document is one `Retriever.upsert` (kind text, corpus title). Per "
              "query the BM25 and vector candidate lists at depth 100 (`TextIndex.search`, "
              "`VectorIndex.search`), each cell fusing their first `depth` entries with "
              "`retrieval.search._score_fusion.fuse_scored` (what `Retriever.search` runs); "
-             f"{len(CELLS)} cells: method (rrf k=60; dbsf; convex = min-max; zscore) x text "
+             f"{len(CELLS)} cells: method (rrf k=60; dbsf; convex = min-max; zscore; each "
+             "knowing the text list's depth as Search does: a shorter list normalised among "
+             "the zeros below it, its weight raised toward the vectors'; dbsf-plain: DBSF "
+             "over each list alone, 5d913f0's) x text "
              f"weight alpha {', '.join(map(str, ALPHAS))} (vector weight 1 - alpha) x depth "
              f"{', '.join(map(str, DEPTHS))} x level (chunk: chunks fused, documents at "
              "their best chunk; doc: each list one entry per document, then fused, as "
@@ -353,7 +401,14 @@ async def run(args: argparse.Namespace, command: str, work: Path) -> dict[str, A
              "- Cross-check, the table's cells through `Retriever.search(options=Query(fusion"
              "=..., text_weight, vector_weight, candidates, group_by_document))`: document "
              "rankings differing from the offline fusion in the column `mismatches` (of "
-             f"{sum(r.queries for r in rows)} queries)."]
+             f"{sum(r.queries for r in rows)} queries).",
+             "- A default must keep a word one document holds first or second when the "
+             "vectors miss that document (`keeps_lone_match`: BM25 finds it alone, the "
+             "vectors' first stands clear of the rest; the unit test "
+             "tests/unit/test_score_fusion.py pins the same through Search). Cells that bury "
+             f"it: {', '.join(buried) or 'none'} (at one depth or more). Queries whose BM25 list "
+             f"is shorter than the depth ({'/'.join(map(str, DEPTHS))}): {short}; only "
+             "those fuse differently from dbsf-plain."]
     out = section(rows, stages, default, notes)
     if not args.no_write:
         support.publish(args.out, [out])

@@ -20,6 +20,16 @@ zscore), being at most as good as its last candidate. With weights ``alpha`` and
 ``1 - alpha``, convex is the textbook ``alpha * text + (1 - alpha) * vector``; other
 weights give the same order (divided by their sum, :func:`ceiling`). The order is
 :func:`~retrieval.search._fusion.fuse`'s: score descending, then best single rank, then key.
+
+**Short lexical lists** (issue 30): a BM25 list holds fewer candidates than it was asked
+for when fewer documents hold the query's words; every document missing from it scores 0
+there. Normalised alone, such a list misleads: a list of one (a word only one document
+holds, an error code, a host name) is its own mean, so DBSF put its match in the middle
+(0.5) and a vector list weighted 0.6 buried it. Given the lists' depths
+(:func:`fuse_scored`), a short lexical list is normalised among those zeros (its few
+matches map to the top) and its weight rises toward the other list's
+(:func:`honest_weights`), so a lone exact match ties at worst with the vectors' first. A
+full list (every natural-language query on a real corpus) is fused exactly as above.
 """
 
 from __future__ import annotations
@@ -41,56 +51,106 @@ Scored = Sequence[tuple[int, float]]
 G = TypeVar("G", bound=Hashable)
 
 
-def _dbsf(scores: Sequence[float]) -> tuple[list[float], float]:
-    mean, sd = statistics.fmean(scores), statistics.pstdev(scores)
+def _padded(scores: Sequence[float], pad: int) -> list[float]:
+    return [*scores, *([0.0] * pad)] if pad > 0 else list(scores)
+
+
+def _dbsf(scores: Sequence[float], pad: int = 0) -> tuple[list[float], float]:
+    every = _padded(scores, pad)
+    mean, sd = statistics.fmean(every), statistics.pstdev(every)
     if sd == 0 or not math.isfinite(sd):
         return [0.5] * len(scores), 0.0
     low = mean - 3 * sd
     return [min(1.0, max(0.0, (s - low) / (6 * sd))) for s in scores], 0.0
 
 
-def _minmax(scores: Sequence[float]) -> tuple[list[float], float]:
-    low, high = min(scores), max(scores)
+def _minmax(scores: Sequence[float], pad: int = 0) -> tuple[list[float], float]:
+    every = _padded(scores, pad)
+    low, high = min(every), max(every)
     if high == low:
         return [1.0] * len(scores), 0.0
     return [(s - low) / (high - low) for s in scores], 0.0
 
 
-def _zscore(scores: Sequence[float]) -> tuple[list[float], float]:
-    mean, sd = statistics.fmean(scores), statistics.pstdev(scores)
+def _zscore(scores: Sequence[float], pad: int = 0) -> tuple[list[float], float]:
+    every = _padded(scores, pad)
+    mean, sd = statistics.fmean(every), statistics.pstdev(every)
     if sd == 0 or not math.isfinite(sd):
         return [0.0] * len(scores), 0.0
-    z = [(s - mean) / sd for s in scores]
-    return z, min(z)
+    z = [(s - mean) / sd for s in every]
+    return z[:len(scores)], min(z)
 
 
-NORMALISE: dict[str, Callable[[Sequence[float]], tuple[list[float], float]]] = {
+NORMALISE: dict[str, Callable[[Sequence[float], int], tuple[list[float], float]]] = {
     "dbsf": _dbsf, "convex": _minmax, "zscore": _zscore}
-"""Each scored fusion's normalisation: a list's scores -> (normalised, floor for absent)."""
+"""Each scored fusion's normalisation: a list's scores and how many zeros pad it ->
+(normalised scores, floor for absent)."""
 
 
-def normalised(method: str, scores: Sequence[float]) -> list[float]:
-    """``scores`` (one list's, any order) as ``method`` normalises them."""
-    return NORMALISE[method](scores)[0] if scores else []
+def normalised(method: str, scores: Sequence[float], pad: int = 0) -> list[float]:
+    """``scores`` (one list's, any order) as ``method`` normalises them, the statistics
+    taken over them and ``pad`` zeros."""
+    return NORMALISE[method](scores, pad)[0] if scores else []
+
+
+def honest_weights(lists: Sequence[Scored], weights: Sequence[float],
+                   depths: Sequence[int | None] | None) -> list[float]:
+    """``weights``, each short lexical list's raised toward the largest other weight.
+
+    A list with a depth (``depths[i]``: the candidates it was asked for, where a document
+    missing from it scores 0: BM25) that holds ``n`` of them, ``0 < n < depth``, weighs at
+    least ``max(other weights) * (depth - n + 1) / depth``: a list of one (a word only one
+    document holds) weighs as much as the heaviest other list, so its match ties at worst
+    with that list's first; a list nearly full keeps its own weight.
+
+    Raises:
+        ValueError: weights negative or not one per list.
+    """
+    if len(weights) != len(lists) or any(w < 0 for w in weights):
+        raise ValueError(f"one weight >= 0 per list, got {list(weights)}")
+    out = list(weights)
+    if not depths or len(lists) < 2:
+        return out
+    for i, (ranking, depth) in enumerate(zip(lists, depths, strict=True)):
+        n = len({key for key, _ in ranking})
+        if depth is None or not 0 < n < depth:
+            continue
+        heaviest = max(w for j, w in enumerate(weights) if j != i)
+        out[i] = max(out[i], heaviest * (depth - n + 1) / depth)
+    return out
 
 
 def fuse_scored(lists: Sequence[Scored], method: str, *, weights: Sequence[float],
-                k: int = 60) -> list[FusedHit]:
+                k: int = 60, depths: Sequence[int | None] | None = None) -> list[FusedHit]:
     """Fuse best-first ``(key, score)`` lists by ``method`` (``rrf``, ``dbsf``,
     ``convex`` or ``zscore``; ``k`` is RRF's constant), best first.
 
     A key repeated within one list counts once, at its first place. ``FusedHit.ranks``
     are the keys' 1-based ranks in each list, as for RRF.
 
+    ``depths`` (one per list, or None) names the lexical lists: ``depths[i]`` is the
+    candidates list ``i`` was asked for when a document missing from it scores 0 there
+    (BM25: it holds none of the query's words), None for a list without such a floor
+    (cosine similarities). A lexical list shorter than its depth (fewer documents hold
+    the query's words) is taken as what it is: its scores are normalised among the
+    missing documents' zeros (padded to ``depth``), so its few matches map to the top
+    of the range, not to the middle of a list of one; and its weight rises
+    (:func:`honest_weights`). The weights used are ``honest_weights(lists, weights,
+    depths)``: :func:`ceiling` of those normalises the fused scores.
+
     Raises:
         ValueError: an unknown method, weights negative or not one per list.
     """
+    return _fuse(lists, method, honest_weights(lists, weights, depths), k, depths)
+
+
+def _fuse(lists: Sequence[Scored], method: str, weights: Sequence[float], k: int,
+          depths: Sequence[int | None] | None) -> list[FusedHit]:
+    """:func:`fuse_scored` with the weights as given (a short list's already raised)."""
     if method == "rrf":
         return fuse([[key for key, _ in ranking] for ranking in lists], k, weights)
     if method not in NORMALISE:
         raise ValueError(f"fusion must be one of rrf, {', '.join(SCORED)}; got {method!r}")
-    if len(weights) != len(lists) or any(w < 0 for w in weights):
-        raise ValueError(f"one weight >= 0 per list, got {list(weights)}")
     ranks: dict[int, list[int | None]] = {}
     parts: dict[int, list[float]] = {}
     floors = []
@@ -98,7 +158,9 @@ def fuse_scored(lists: Sequence[Scored], method: str, *, weights: Sequence[float
         first: dict[int, float] = {}
         for key, score in ranking:
             first.setdefault(key, score)
-        values, floor = NORMALISE[method](list(first.values())) if first else ([], 0.0)
+        depth = depths[i] if depths else None
+        pad = depth - len(first) if depth is not None else 0
+        values, floor = NORMALISE[method](list(first.values()), pad) if first else ([], 0.0)
         floors.append(floor)
         for rank, (key, value) in enumerate(zip(first, values, strict=True), start=1):
             ranks.setdefault(key, [None] * len(lists))[i] = rank
@@ -132,14 +194,16 @@ def per_group(ranking: Scored, group_of: Mapping[int, G]) -> list[tuple[G, float
 
 def by_document(lists: Sequence[Scored], chunks: Sequence[FusedHit],
                 doc_of: Mapping[int, str], method: str, *, weights: Sequence[float],
-                k: int = 60) -> tuple[list[FusedHit], dict[int, list[int]]]:
+                k: int = 60, depths: Sequence[int | None] | None = None
+                ) -> tuple[list[FusedHit], dict[int, list[int]]]:
     """Fuse per document: each list reduced to one entry per document (its best chunk
     there, :func:`per_group`), then fused by ``method``. So a document whose best BM25
     chunk and best vector chunk differ gets both lists' credit, where chunk fusion would
     rank two half-supported chunks.
 
     Args:
-        lists: the candidate lists, as for :func:`fuse_scored`.
+        lists, weights, depths: the candidate lists and their weights and depths, as for
+            :func:`fuse_scored` (a lexical list's documents counted against its depth).
         chunks: the same lists fused per chunk: each document is represented by its best
             chunk in this order.
         doc_of: chunk key -> document id (keys missing: dropped, e.g. deleted meanwhile).
@@ -161,6 +225,11 @@ def by_document(lists: Sequence[Scored], chunks: Sequence[FusedHit],
             representative[doc] = hit.key
             others[hit.key] = []
     group = {key: representative[doc] for key, doc in doc_of.items() if doc in representative}
-    docs = fuse_scored([per_group(ranking, group) for ranking in lists], method,
-                       weights=weights, k=k)
+    # A list that was full holds the best chunks of more documents than it shows: only a
+    # short one (every match there) has zeros below it, counted per document.
+    short = [d if d is not None and len(ranking) < d else None
+             for ranking, d in zip(lists, depths or [None] * len(lists), strict=True)]
+    # The weights are the chunk lists' (what Search's ceiling is computed from).
+    docs = _fuse([per_group(ranking, group) for ranking in lists], method,
+                 honest_weights(lists, weights, depths), k, short)
     return docs, others

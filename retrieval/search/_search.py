@@ -32,7 +32,7 @@ from ..errors import EmbeddingModelMismatch, InvalidDocument, VectorUnavailable
 from ..store._bm25 import Filters
 from ._dedup import every_holder, fetch_distinct, first_copies
 from ._fusion import FusedHit
-from ._score_fusion import FUSIONS, by_document, ceiling, fuse_scored
+from ._score_fusion import FUSIONS, by_document, ceiling, fuse_scored, honest_weights
 from ._stats import IndexSizes, SearchStats
 
 if TYPE_CHECKING:
@@ -236,8 +236,12 @@ class Search:
         lists, used_weights = [ranking for _, ranking in used], [w for w, _ in used]
         stats.text_candidates, stats.vector_candidates = len(text_hits), len(vec_hits or ())
         fuse_began = time.perf_counter()
-        fused_hits = fuse_scored(lists, method, weights=used_weights, k=limits.rrf_k)
-        top = ceiling(method, used_weights, limits.rrf_k) or 1.0
+        # The text list's depth: a shorter one is every match there is (fuse_scored).
+        depths = [n_text, None][:len(lists)] if q.mode != SearchMode.VECTOR else [None]
+        fused_hits = fuse_scored(lists, method, weights=used_weights, k=limits.rrf_k,
+                                 depths=depths)
+        top = ceiling(method, honest_weights(lists, used_weights, depths),
+                      limits.rrf_k) or 1.0
         text_rank = {key: i for i, (key, _) in enumerate(text_hits, start=1)}
         text_score = dict(text_hits)
         vec_rank = {key: i for i, (key, _) in enumerate(vec_hits or [], start=1)}
@@ -256,7 +260,8 @@ class Search:
             with stats.stage("fuse"):
                 ranked, others = by_document(lists, fused_hits,
                                              {key: c.doc_id for key, c in chunks.items()},
-                                             method, weights=used_weights, k=limits.rrf_k)
+                                             method, weights=used_weights, k=limits.rrf_k,
+                                             depths=depths)
         stats.fused = len(ranked)
         kept = [(h.key, h.score) for h in ranked
                 if q.min_score is None or normalised(h.key, h.score) >= q.min_score]

@@ -12,7 +12,13 @@ import pytest
 
 from retrieval import Filters, InvalidDocument, Query, Retriever
 from retrieval.search._fusion import fuse
-from retrieval.search._score_fusion import by_document, ceiling, fuse_scored, normalised
+from retrieval.search._score_fusion import (
+    by_document,
+    ceiling,
+    fuse_scored,
+    honest_weights,
+    normalised,
+)
 from tests.support.embedder import HashEmbedder, filled
 
 
@@ -85,6 +91,67 @@ def test_document_fusion_credits_a_document_for_both_lists() -> None:
     assert others == {10: [12], 13: [11]}
 
 
+def test_a_short_lexical_list_is_normalised_among_the_zeros_below_it() -> None:
+    """BM25 asked for 4 found 2 (8 and 2): the two missing score 0, so the statistics are
+    over 8, 2, 0, 0 (mean 2.5, sd 3.28): 8 maps to (8 + 7.35) / 19.69 = 0.780, 2 to
+    0.475; unpadded they would be 2/3 and 1/3. A list of one padded to 100 maps to the
+    top (1), where alone it was the middle (0.5)."""
+    sd = (sum((x - 2.5) ** 2 for x in (8, 2, 0, 0)) / 4) ** 0.5
+    assert normalised("dbsf", [8.0, 2.0], pad=2) == pytest.approx(
+        [(8 - 2.5 + 3 * sd) / (6 * sd), (2 - 2.5 + 3 * sd) / (6 * sd)])
+    assert normalised("dbsf", [8.0, 2.0]) == pytest.approx([2 / 3, 1 / 3])
+    assert normalised("dbsf", [7.0], pad=99) == [1.0]
+    assert normalised("convex", [8.0, 2.0], pad=2) == pytest.approx([1.0, 0.25])
+    assert normalised("zscore", [8.0, 2.0], pad=2) == pytest.approx(
+        [(8 - 2.5) / sd, (2 - 2.5) / sd])
+
+
+def test_a_short_lexical_list_weighs_toward_the_other_list() -> None:
+    """Depth 100, weights 0.4 / 0.6: a list of one weighs 0.6 * 100 / 100; of 11,
+    0.6 * 90 / 100 = 0.54; of 34 or more, its own 0.4 (0.6 * 67 / 100 = 0.402 at 34);
+    a full list, a list without a depth (vectors) and an empty one keep their weight."""
+    vec = [(1000 + i, 0.5) for i in range(100)]
+
+    def text(n: int) -> list[tuple[int, float]]:
+        return [(i, 5.0) for i in range(n)]
+    assert honest_weights([text(1), vec], [0.4, 0.6], [100, None]) == [0.6, 0.6]
+    assert honest_weights([text(11), vec], [0.4, 0.6], [100, None]) == pytest.approx(
+        [0.54, 0.6])
+    assert honest_weights([text(34), vec], [0.4, 0.6], [100, None]) == pytest.approx(
+        [0.402, 0.6])
+    assert honest_weights([text(40), vec], [0.4, 0.6], [100, None]) == [0.4, 0.6]
+    for n in (0, 100):
+        assert honest_weights([text(n), vec], [0.4, 0.6], [100, None]) == [0.4, 0.6]
+    assert honest_weights([text(1), vec], [0.4, 0.6], None) == [0.4, 0.6]
+    assert honest_weights([text(1)], [0.4], [100]) == [0.4]
+
+
+def lone_match_lists() -> list[list[tuple[int, float]]]:
+    """The worst case for a word one document holds: BM25 finds document 7 alone; the
+    vectors miss it, their first (key 100) well clear of the other 99 (a clipped 1)."""
+    vec = [(100, 0.9)] + [(101 + i, 0.5 - i * 0.001) for i in range(99)]
+    return [[(7, 3.2)], vec]
+
+
+@pytest.mark.parametrize("fusion", ["rrf", "dbsf", "convex", "zscore"])
+@pytest.mark.parametrize("alpha", [0.2, 0.4, 0.5, 0.8])
+def test_a_lone_exact_match_ties_at_worst_with_the_vectors_first(fusion: str,
+                                                                 alpha: float) -> None:
+    """Whatever the fusion and weights, a lone BM25 match is first or second (tied with
+    the vectors' first, the key breaking the tie) when the fusion knows the depths."""
+    hits = fuse_scored(lone_match_lists(), fusion, weights=[alpha, 1 - alpha],
+                       depths=[100, None])
+    assert 7 in [h.key for h in hits[:2]], [(h.key, h.score) for h in hits[:4]]
+    assert hits[0].score == pytest.approx(hits[1].score) or hits[0].key == 7
+
+
+def test_without_the_depths_dbsf_buries_the_lone_match() -> None:
+    """What fusing the lists alone did (Qdrant's DBSF, 5d913f0): the list of one maps to
+    0.5, 0.4 * 0.5 = 0.2, below every vector candidate down to a normalised 1/3."""
+    hits = fuse_scored(lone_match_lists(), "dbsf", weights=[0.4, 0.6])
+    assert [h.key for h in hits].index(7) > 50
+
+
 # -- through Search --------------------------------------------------------------------
 
 
@@ -106,11 +173,12 @@ async def test_search_fuses_the_two_lists_as_asked(r: Retriever, fusion: str) ->
     qv = (await HashEmbedder("m").embed(["check disk"]))[0]
     vec = r._indexes.vector_ranked("m", np.asarray(qv, dtype=np.float32), Filters(),
                                    r.limits.vector_candidates)
-    want = fuse_scored([text, [(k, 1 - d) for k, d in vec]], fusion, weights=[0.3, 0.7],
-                       k=r.limits.rrf_k)
+    lists = [text, [(k, 1 - d) for k, d in vec]]
+    depths = [r.limits.text_candidates, None]
+    want = fuse_scored(lists, fusion, weights=[0.3, 0.7], k=r.limits.rrf_k, depths=depths)
     assert [h.fused_score for h in res.hits] == pytest.approx([h.score for h in want][:len(
         res.hits)])
-    top = ceiling(fusion, [0.3, 0.7], r.limits.rrf_k)
+    top = ceiling(fusion, honest_weights(lists, [0.3, 0.7], depths), r.limits.rrf_k)
     assert [h.score for h in res.hits] == pytest.approx([h.fused_score / top
                                                           for h in res.hits])
 
@@ -153,25 +221,30 @@ class _Blind(HashEmbedder):
         return out
 
 
-async def test_the_default_fusion_keeps_a_word_one_document_holds_near_the_top(
+async def test_a_word_one_document_holds_stays_near_the_top_with_every_fusion(
         tmp_path: Path) -> None:
     """A query for a word only one document holds (an error code, a host name) whose
-    vectors miss that document: the default fusion keeps it first or second (with RRF
-    its BM25 rank 1 scores as much as the vectors' first). DBSF 0.4/0.6 buries it: a
-    lone BM25 candidate normalises to the middle, and the vector list outweighs it;
-    why DBSF is not the default."""
+    vectors miss that document (110 others, so it is not among the vectors' 100
+    candidates): the default fusion, and each fusion Search offers at weights 0.4 / 0.6,
+    keeps it first or second. Plain DBSF buried it (a lone BM25 candidate normalised to
+    the middle, the vector list outweighing it: test_faults_process found it missing from
+    the top 5); the search's text list is short, so it counts as what it is."""
     r = Retriever(tmp_path / "index", lambda: _Blind("quixoticword"))
     await r.open()
     try:
         await r.add_source("docs")
         await r.upsert("docs", "t", "note about quixoticword only here", doc_id="docs/target")
-        for i in range(20):
-            await r.upsert("docs", f"n{i}", f"another note {i} " + "x" * i,
+        for i in range(110):
+            await r.upsert("docs", f"n{i}", f"another note {i} " + "x" * (i % 40),
                            doc_id=f"docs/n{i}")
-        default = (await r.search("quixoticword", k=5)).hits
-        assert "docs/target" in [h.doc_id for h in default[:2]]
-        dbsf = (await r.search("quixoticword", k=5, options=Query(
-            fusion="dbsf", text_weight=0.4, vector_weight=0.6))).hits
-        assert "docs/target" not in [h.doc_id for h in dbsf]
+        default = await r.search("quixoticword", k=5)
+        (lone,) = [(t, v) for _, t, v, _ in default.fused if t is not None]
+        assert lone == (1, None)  # BM25 found it alone, the vectors missed it
+        assert "docs/target" in [h.doc_id for h in default.hits[:2]]
+        for fusion in ("rrf", "dbsf", "convex"):
+            hits = (await r.search("quixoticword", k=5, options=Query(
+                fusion=fusion, text_weight=0.4, vector_weight=0.6))).hits
+            assert "docs/target" in [h.doc_id for h in hits[:2]], fusion
+            assert 0 < hits[0].score <= 1.0
     finally:
         await r.close()
