@@ -6,8 +6,9 @@ ingest and batch Embed clients load the same daemon, lanes on and lanes off.
         [--max-tokens 16] [--modes on,off] [--wait-others S] [--max-foreign C] [--anyway]
         [--out bench/RESULTS.md] [--no-write]
 
-One ``python -m daemon serve`` process per mode (``limits.lanes`` true, then false; every
-other option its default), the default models on llama-server (SmolLM2-135M generating,
+One ``python -m daemon serve`` process per mode (``limits.lanes`` true, then false; mode
+``shared``: lanes on without the embedding model's background instance; every other
+option its default), the default models on llama-server (SmolLM2-135M generating,
 all-MiniLM-L6-v2 embedding), retrieval on with a directory source of ``--seed-docs``
 generated documents indexed first, so that a hybrid Search has an index to search. The
 *interactive client* loops, one call at a time: a hybrid Search (top 10) of two words of
@@ -76,15 +77,19 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--loaded-seconds", type=float, default=120.0,
                    help="longest loaded phase (it ends sooner when its ingest is done)")
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--modes", default="on,off", help="lanes settings to run, in order")
+    p.add_argument("--modes", default="on,off", help="lanes settings to run, in order: on "
+                   "(the defaults: the embedding model's background instance too), shared "
+                   "(lanes on, one child per model: background_instance false), off")
+    p.add_argument("--instance-nice", type=int, default=0,
+                   help="limits.background_instance_nice of mode on (0: its default)")
     p.add_argument("--llama-bin", default=str(support.ROOT / ".venv" / "bin" / "llama-server"))
     p.add_argument("--out", type=Path, default=support.ROOT / "bench" / "RESULTS.md")
     p.add_argument("--no-write", action="store_true", help="print only")
     support.add_quiet_options(p, "before each phase")
     args = p.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not args.modes or any(m not in ("on", "off") for m in args.modes):
-        p.error("--modes is a comma-separated list of on and off")
+    if not args.modes or any(m not in ("on", "shared", "off") for m in args.modes):
+        p.error("--modes is a comma-separated list of on, shared and off")
     if min(args.docs, args.seed_docs, args.batch_size, args.idle_calls, args.max_tokens) < 1:
         p.error("--docs, --seed-docs, --batch-size, --idle-calls, --max-tokens must be >= 1")
     return args
@@ -99,15 +104,18 @@ def write_docs(folder: Path, name: str, count: int) -> None:
         (folder / f"{i:05}.md").write_text(f"# {name} note {i}\n\n{name}{i} {words}.\n")
 
 
-def env(mode: str, root: Path, state: Path, llama_bin: str) -> dict[str, str]:
-    return {**GREEDY_CHAT, "LLAMAD_LISTEN": "127.0.0.1:0", "LLAMAD_STATE_DIR": str(state),
+def env(mode: str, root: Path, state: Path, llama_bin: str, nice: int = 0
+        ) -> dict[str, str]:
+    extra = {"LLAMAD_LIMITS_BACKGROUND_INSTANCE_NICE": str(nice)} if nice else {}
+    return {**extra, **GREEDY_CHAT, "LLAMAD_LISTEN": "127.0.0.1:0", "LLAMAD_STATE_DIR": str(state),
             "LLAMAD_LLAMA_BIN": llama_bin, "LLAMAD_LOG_FORMAT": "json",
             "LLAMAD_MODELS_DIR": str(support.MODELS_DIR),
             "LLAMAD_GENERATION_MODEL": str(support.model_file(support.SMALL_MODEL)),
             "LLAMAD_EMBEDDING_MODEL": str(support.model_file(support.EMBED_MODEL)),
             "LLAMAD_RETRIEVAL_ALLOWED_ROOTS": str(root),
             "LLAMAD_RETRIEVAL_RESCAN_INTERVAL": "0", "LLAMAD_RETRIEVAL_WATCH": "false",
-            "LLAMAD_LIMITS_LANES": "true" if mode == "on" else "false"}
+            "LLAMAD_LIMITS_LANES": "false" if mode == "off" else "true",
+            "LLAMAD_EMBEDDING_BACKGROUND_INSTANCE": "false" if mode == "shared" else "auto"}
 
 
 @dataclass
@@ -116,6 +124,7 @@ class Interactive:
 
     search: list[float] = field(default_factory=list)
     embed: list[float] = field(default_factory=list)  # Search's own "embed" stage
+    stages: dict[str, list[float]] = field(default_factory=dict)  # every stage, ms
     ttft: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -130,6 +139,8 @@ class Interactive:
                 query=query, top_k=10, mode=retrieval_pb2.SEARCH_MODE_HYBRID), timeout=120)
             self.search.append((time.perf_counter() - began) * 1000)
             self.embed.append(found.stats.stages_ms.get("embed", float("nan")))
+            for stage, took in found.stats.stages_ms.items():
+                self.stages.setdefault(stage, []).append(took)
             request = inference_pb2.ChatRequest(
                 messages=[inference_pb2.ChatMessage(role=inference_pb2.CHAT_ROLE_USER,
                                                     content=PROMPT)],
@@ -236,7 +247,8 @@ async def part(args: argparse.Namespace, name: str) -> support.PartNote:
 async def one_mode(args: argparse.Namespace, mode: str, work: Path) -> list[Phase]:
     root = work / "docs"
     phases: list[Phase] = []
-    async with serving(env(mode, root, work / f"state-{mode}", args.llama_bin),
+    async with serving(env(mode, root, work / f"state-{mode}", args.llama_bin,
+                           args.instance_nice),
                        work / f"daemon-{mode}.log") as (proc, channel), \
             AsyncClient(await proc.address(), timeout=120) as client:
         never = asyncio.Event()
@@ -313,6 +325,13 @@ def report(args: argparse.Namespace, runs: dict[str, list[Phase]], command: str)
     lines += support.table(["lanes", "phase", "pairs", "Search p50", "Search p95", "p95 x",
                             "of it embed p95", "TTFT p50", "TTFT p95", "p95 x", "errors",
                             "load (1 min)", "foreign cores"], rows)
+    lines += ["", "Search's stages, p95 in ms (its stats' stages_ms):", ""]
+    for mode, phases in runs.items():
+        for ph in phases:
+            if ph.interactive is not None and ph.interactive.stages:
+                each = ", ".join(f"{stage} {support.pct(v, 95):.0f}"
+                                 for stage, v in sorted(ph.interactive.stages.items()))
+                lines.append(f"- {mode}, {ph.name}: {each}")
     lines += ["", "Ingest throughput (documents indexed to the last vector per second, from "
               "AddSource):", ""]
     rows = []
