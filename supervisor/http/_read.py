@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -63,7 +64,8 @@ class Silence:
     more than the relay's own work (issue 27): every ``interval`` one wake-up for all.
     Nothing waits before the first chunk (time to first token), once the events said the
     stream ends (:meth:`ending`), nor after a read that found a backlog; leaving the
-    stream (a cancel) ends a pause at once.
+    stream (a cancel) ends a pause at once. Pauses end on a grid of a quarter interval
+    (the loop's clock), so that concurrent streams are read in the same wake-up.
     """
 
     def __init__(self, conn: Connection, timeout: float | None,
@@ -116,7 +118,10 @@ class Silence:
                 yield piece
                 self.last = now = loop.time()
                 if self._interval > 0 and self._flushed >= 0 and len(piece) < BACKLOG:
-                    until = self._flushed + self._interval
+                    # On a grid of a quarter interval: the pauses of concurrent streams
+                    # end together, all their reads in one wake-up of the loop.
+                    grid = self._interval / 4
+                    until = math.ceil((self._flushed + self._interval) / grid) * grid
                     if until > now:
                         self._pause(until)
             self.stop()  # before the connection may serve another request
