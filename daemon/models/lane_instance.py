@@ -256,16 +256,16 @@ class LaneInstance:
         await self.stop()
         return True
 
-    async def stop(self) -> None:
-        """Take no new call, let the running ones end (bounded by the drain timeout), then
-        stop and reap its child. Idempotent."""
+    async def stop(self, *, wait: bool = True) -> None:
+        """Take no new call, let the running ones end (bounded by the drain timeout;
+        ``wait`` False: not at all), then stop and reap its child. Idempotent."""
         sup = self.supervisor
         if sup is None:
             return
         self._retiring = True
         try:
-            left = await drain(self.busy, self._drain_timeout, self._clock)
-            if left:
+            left = await drain(self.busy, self._drain_timeout if wait else 0, self._clock)
+            if left and wait:
                 _log.warning("background instance drain timed out", model=self.name,
                              in_flight=left)
             await sup.stop()
@@ -276,8 +276,9 @@ class LaneInstance:
             self._changed()
 
     async def close(self) -> None:
-        """Shut down with the daemon: stop it and wait for the stops under way."""
-        await self.stop()
+        """Shut down with the daemon (which drained its calls first): stop it now and
+        wait for the stops under way."""
+        await self.stop(wait=False)
         for task in list(self._tasks):
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await task
