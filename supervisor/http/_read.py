@@ -125,6 +125,7 @@ class Silence:
                     if until > now:
                         self._pause(until)
             self.stop()  # before the connection may serve another request
+            self._unpause()  # its end may have been read during a pause
             if self.complete and not self.expired and self._keep is not None:
                 self.kept = self._keep(self._conn)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
@@ -136,8 +137,7 @@ class Silence:
             raise HTTPTransportError("protocol", "chunk size line too long") from exc
         finally:
             self.stop()
-            if self._resume is not None:
-                self._resume.cancel()
+            self._unpause()
 
     def _pause(self, until: float) -> None:
         """Leave the connection unread until ``until`` (loop time): the next read of the
@@ -148,7 +148,18 @@ class Silence:
         if not isinstance(transport, asyncio.ReadTransport):  # not a socket's: no pause
             return
         transport.pause_reading()
+        if self._resume is not None:  # a pause whose read found data already buffered
+            self._resume.cancel()
         self._resume = self._loop.call_at(until, self._resumed, transport)
+
+    def _unpause(self) -> None:
+        """End a pause now: what was buffered before it may hold the body's end, and a
+        connection kept paused would never read its next answer."""
+        if self._resume is not None:
+            self._resume.cancel()
+            transport = self._conn.writer.transport
+            if isinstance(transport, asyncio.ReadTransport):
+                self._resumed(transport)
 
     def _resumed(self, transport: asyncio.ReadTransport) -> None:
         self._resume = None

@@ -95,6 +95,8 @@ class Server:
             writer.write(chunk(sse({"error": {"message": "boom"}})))
             await reader.read(1)
             return False
+        if what == "slow-tail":  # the end comes after the tokens were read
+            await asyncio.sleep(0.05)
         tail = chunk(LAST + b"data: [DONE]\n\n")
         if what == "after-done":
             tail += chunk(sse({"choices": [{"delta": {"content": "x"}}]}))
@@ -118,21 +120,23 @@ async def child() -> AsyncIterator[Start]:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         made = itertools.count()
 
-        async def start(max_idle: int = 16) -> tuple[Server, InferenceClient]:
+        async def start(max_idle: int = 16, stream_interval: float = 0.0
+                        ) -> tuple[Server, InferenceClient]:
             state = Server(str(tmp / f"c{next(made)}.sock"))
             await stack.enter_async_context(
                 await asyncio.start_unix_server(state.handle, state.path))
             client = InferenceClient(ChildAddress.BASE_URL, model_id="m",
                                      api=LLAMA_SERVER_API, child=ChildAddress(state.path, KEY),
-                                     max_idle=max_idle)
+                                     max_idle=max_idle, stream_interval=stream_interval)
             stack.push_async_callback(client.aclose)
             return state, client
 
         yield start
 
 
-async def relay(client: InferenceClient) -> list[tuple[str, str | None]]:
-    """Chat as the relay does: up to the chunk with a finish reason, then leave."""
+async def relay(client: InferenceClient, busy: float = 0.0) -> list[tuple[str, str | None]]:
+    """Chat as the relay does: up to the chunk with a finish reason, then leave; ``busy``
+    seconds (its write downstream) after each chunk."""
     got = []
     stream = client.stream_chat([("user", "hi")], Sampling(max_tokens=2))
     async with contextlib.aclosing(stream):  # type: ignore[type-var]
@@ -140,6 +144,7 @@ async def relay(client: InferenceClient) -> list[tuple[str, str | None]]:
             got.append((item.text, item.finish_reason))
             if item.finish_reason is not None:
                 break
+            await asyncio.sleep(busy)
     return got
 
 
@@ -231,3 +236,17 @@ async def test_a_child_client_with_max_idle_0_keeps_no_connection(child: Start) 
         await asyncio.wait_for(server.gone.wait(), patience(5))
         server.gone.clear()
     assert sorted(server.hung_up) == [1, 2, 3]
+
+
+async def test_a_paced_stream_whose_end_came_while_its_reader_was_busy_is_reused(
+        child: Start) -> None:
+    """A stream interval's pause begun with the stream's end already read (it came while
+    the relay wrote the chunk before) ends with the stream: the connection goes back to
+    the pool reading, and the next request on it is answered (issue 27)."""
+    server, client = await child(stream_interval=30.0)
+    server.script = {1: "slow-tail"}
+    assert await relay(client, busy=0.2) == [("Hello", None), ("", "stop")]
+    assert await asyncio.wait_for(relay(client, busy=0.2), patience(5)) == [
+        ("Hello", None), ("", "stop")]
+    assert server.requests == [1, 1]
+    assert server.hung_up == []
