@@ -51,8 +51,9 @@ class PoolInstances:
         if entry is not None and entry.ttl:
             instance.idle = entry.ttl
         instance.room = functools.partial(self._instance_room, name)
+        # Its series appear with its first start: a model never served embedded (a
+        # disabled role) exports none.
         instance.on_change = functools.partial(self._instance_changed, name)
-        self._instance_changed(name, instance)
 
     def _instance_room(self, name: str, need: int) -> str:
         """Why an instance of ``name`` needing ``need`` bytes does not fit beside the
