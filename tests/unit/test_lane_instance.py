@@ -1,0 +1,44 @@
+"""The background instance's decisions that need no child (issue 28): which models get
+one, and that interactive calls, lanes off, or a model not serving never start one (the
+calls then go to the model's own child)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from daemon.models._states import ModelState
+from daemon.models.lane_instance import wanted
+from daemon.models.lanes import Lane, LanePolicy
+from tests.support.daemon import config_env, make_daemon
+
+
+def test_auto_is_on_for_embedding_models_and_off_for_generation_models() -> None:
+    assert wanted("auto", "embedding") and not wanted("auto", "generation")
+    assert wanted("true", "generation") and not wanted("false", "embedding")
+
+
+def test_generation_models_get_none_by_default_and_one_when_asked() -> None:
+    daemon = make_daemon(config_env("llama-server"))
+    assert daemon.children["generation"].lane_instance is None
+    assert daemon.children["embedding"].lane_instance is not None
+    asked = make_daemon(config_env("llama-server", LLAMAD_GENERATION_BACKGROUND_INSTANCE="true",
+                                   LLAMAD_EMBEDDING_BACKGROUND_INSTANCE="false"))
+    assert asked.children["generation"].lane_instance is not None
+    assert asked.children["embedding"].lane_instance is None
+
+
+async def test_nothing_starts_one_but_a_lower_lane_call_to_a_serving_model() -> None:
+    """Not started (the model is not serving yet), whatever the lane; with the model
+    serving, an interactive call or lanes off still start nothing."""
+    daemon = make_daemon(config_env("llama-server"))
+    model = daemon.children["embedding"]
+    instance = model.lane_instance
+    assert instance is not None
+    for lane in Lane:
+        assert instance.gate(lane) is None
+    assert instance.supervisor is None and instance.status == "off"
+    model._move(ModelState.SERVING)  # serving, as start() makes it (no child needed)
+    assert instance.gate(Lane.INTERACTIVE) is None
+    model.admission.configure(dataclasses.replace(LanePolicy(), enabled=False))
+    assert instance.gate(Lane.BACKGROUND) is None
+    assert instance.supervisor is None
