@@ -83,8 +83,10 @@ class ChildSettings:
         Milliseconds between two reads of a launched child's stream once its first token was
         relayed: what the child sent meanwhile goes to the client as one event (gRPC: one
         message), so that llamad wakes up once per interval instead of once per token (its
-        CPU per token). The first token and a cancel are never held back; the stream's end or
-        an error waits at most for the interval in progress. 0: every read at once.""")
+        CPU per token; pauses end on a grid of a quarter interval, so at 40 a reader gets an
+        event about every 50 ms). The first token and a cancel are never held back; the
+        stream's end or an error waits at most for the pause in progress. 0: every read at
+        once.""")
     slots: bool = setting(False, reload="restart", help="""
         llama-server children serve /slots (each slot's prompt and parameters), for debugging:
         still only on their private socket and with their per-launch key (LLAMA_API_KEY in the
