@@ -162,7 +162,12 @@ def connect(options: PgOptions) -> Connection:
         raise StoreUnavailable(f"cannot connect to PostgreSQL at {describe(options.dsn)}: "
                                f"{reason}") from None
     try:
-        conn.execute("SELECT set_config('statement_timeout', %s, false)",
+        # JIT off for this session: llamad's statements are short index lookups, where
+        # compiling a plan (tens of ms, once its estimated cost passes jit_above_cost,
+        # 100 000 by default, which a large corpus's estimates can) costs more than it
+        # saves; PostgreSQL 11 and later have it on by default.
+        conn.execute("SELECT set_config('statement_timeout', %s, false), "
+                     "set_config('jit', 'off', false)",
                      (str(options.statement_timeout_ms),))
     except psycopg.Error:
         conn.close()

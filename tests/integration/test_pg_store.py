@@ -404,6 +404,21 @@ def test_a_node_with_another_embedding_model_is_refused(pg_dsn: str) -> None:
         other.close()
 
 
+def test_every_connection_has_the_session_settings_llamad_sets(pg_dsn: str) -> None:
+    """The pool's connections carry the statement timeout asked for and JIT off (plan
+    compilation costs more than llamad's short statements take), whatever the server's
+    defaults."""
+    store = PostgresStore.open(PgOptions(pg_dsn, statement_timeout_ms=4321))
+    try:
+        with store._conn() as conn:
+            assert conn.execute("SELECT current_setting('statement_timeout'), "
+                                "current_setting('jit')").fetchone() == ("4321ms", "off")
+    finally:
+        store.close()
+    with psycopg.connect(pg_dsn) as other:  # the server's own default is untouched
+        assert other.execute("SHOW jit").fetchone() == ("on",)
+
+
 def test_the_password_is_read_from_a_file_or_env_and_never_shown(
         pg_server: PgServer, pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
