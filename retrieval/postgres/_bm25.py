@@ -312,15 +312,16 @@ FILL_BATCH = 500
 
 
 def fill_missing(conn: Connection, batch: int = FILL_BATCH) -> int:
-    """Add the BM25 rows of every chunk that has none (a database made before schema
-    version 4); return how many. Each batch is a transaction; the rows are locked, so
+    """Add the BM25 rows of every text's entry that has none (a database made before
+    schema version 4); return how many. Each batch is a transaction; the rows are locked, so
     two nodes opening together split the work instead of writing a chunk twice."""
     done = 0
     while True:
         with conn.transaction():
             rows = conn.execute(
-                "SELECT c.key, c.title, c.heading, c.text FROM chunks c WHERE NOT EXISTS "
-                "(SELECT 1 FROM bm25_docs d WHERE d.chunk_key = c.key) ORDER BY c.key "
+                "SELECT c.key, c.title, c.heading, c.text FROM chunks c WHERE "
+                "c.entry = c.key AND NOT EXISTS (SELECT 1 FROM bm25_docs d WHERE "
+                "d.chunk_key = c.key) ORDER BY c.key "
                 "LIMIT %s FOR UPDATE OF c SKIP LOCKED", (batch,)).fetchall()
             if not rows:
                 return done

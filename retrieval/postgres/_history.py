@@ -19,6 +19,7 @@ A mixin of :class:`~retrieval.postgres._store.PostgresStore` (which provides the
 from __future__ import annotations
 
 from ._connect import PgConnected
+from ._entries import lock_texts_of, write_entries
 from ._locks import document_lock_key
 
 
@@ -72,8 +73,10 @@ class PgHistory(PgConnected):
             keys = [int(r[0]) for r in conn.execute(
                 "SELECT c.key FROM chunks c JOIN documents d ON d.id = c.doc_id "
                 "WHERE d.source_id = %s AND d.id = ANY(%s)", (source_id, ids))]
+            lock_texts_of(conn, "d.source_id = %s AND d.id = ANY(%s)", (source_id, ids))
             deleted = conn.execute("DELETE FROM documents WHERE source_id = %s AND "
                                    "id = ANY(%s)", (source_id, ids)).rowcount
+            write_entries(conn, [])  # their texts other documents hold stay, once
             if deleted:
                 conn.execute("UPDATE sources SET pruned = pruned + %s WHERE id = %s",
                              (deleted, source_id))

@@ -23,6 +23,7 @@ from psycopg.rows import TupleRow
 
 from ..store._rows import DocumentRow
 from ._connect import Connection, PgConnected
+from ._entries import lock_texts_of, write_entries
 from ._locks import document_lock_key
 from ._rows import DOCUMENT_COLUMNS, document_row
 
@@ -127,8 +128,10 @@ class PgReview(PgConnected):
             if row is None:
                 return []
             v = _held(row)
+            lock_texts_of(conn, "c.doc_id = %s", (doc_id,))
             keys = [int(r[0]) for r in conn.execute(
                 "DELETE FROM chunks WHERE doc_id = %s RETURNING key", (doc_id,))]
+            write_entries(conn, [])  # its texts other documents hold stay, once
             conn.execute(
                 "UPDATE documents SET path = %s, title = %s, kind = %s, category = %s, "
                 "tags = %s, content_hash = %s, mtime_ns = %s, size = %s, redactions = %s, "

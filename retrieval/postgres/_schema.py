@@ -2,7 +2,9 @@
 
 Tables (schema version 1; version 2 adds ``corpus_switch``, version 3 ``held_documents``,
 version 4 the BM25 tables of :mod:`retrieval.postgres._bm25` and drops ``chunks.fts``, version 5
-drops the postings' primary key, version 7 adds ``sources.exclude`` and ``sources.excluded``):
+drops the postings' primary key, version 7 adds ``sources.exclude`` and ``sources.excluded``,
+version 8 ``chunks.entry``: a text's BM25 rows and vectors held once,
+:mod:`retrieval.postgres._entries`):
 
 ==================  ==========================================================================
 table               holds
@@ -54,6 +56,7 @@ from ..errors import EmbeddingModelMismatch, SchemaTooNew, StoreUnavailable
 from ._bm25 import MIGRATION_6_STATEMENTS
 from ._bm25 import MIGRATION_STATEMENTS as BM25_STATEMENTS
 from ._connect import Connection
+from ._entries import MIGRATION_STATEMENTS as ENTRY_STATEMENTS
 
 MIGRATION_LOCK = 0x6C6C_616D_6164_0001
 """The advisory lock key (bigint) migrations and vector-space creation hold."""
@@ -183,6 +186,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         "ALTER TABLE sources ADD COLUMN exclude text[] NOT NULL DEFAULT '{}'",
         "ALTER TABLE sources ADD COLUMN excluded integer NOT NULL DEFAULT 0",
     )),
+    Migration(8, "a text several documents hold is stored once (chunks.entry)",
+              ENTRY_STATEMENTS),
 )
 """Every migration, in order; a new one is appended (never edited once released)."""
 

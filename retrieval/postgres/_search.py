@@ -10,8 +10,9 @@ strict_order`` set for the transaction only: with a filter, pgvector 0.8 keeps w
 graph until ``limit`` rows pass it (up to ``hnsw.max_scan_tuples``) instead of filtering a
 fixed top-k, so a selective filter still gets its nearest chunks, in exact order.
 
-Filters (:class:`~retrieval.store._bm25.Filters`) are SQL conditions on the chunk's document in
-both queries; a disabled source's chunks are never returned.
+Filters (:class:`~retrieval.store._bm25.Filters`) are SQL conditions on the documents holding
+the chunk's text in both queries (a text is stored once: :mod:`retrieval.postgres._entries`);
+a disabled source's chunks are never returned.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from psycopg import sql
 
 from ..store._bm25 import Filters
 from ._connect import Connection
+from ._entries import holders_where
 
 BM25_EXTENSIONS = ("pg_search", "pg_textsearch")
 """BM25 extensions looked for, in order of preference."""
@@ -90,6 +92,7 @@ def vector_statement(space_id: int, dim: int,
     floats) comes before them and the limit after. The space and dimension are literals,
     so the statement matches the space's partial HNSW index in any plan."""
     where, args = filter_sql(filters)
+    where = holders_where(where)  # a text's vector is its entry's; a holder passes
     cast = sql.SQL("::vector({})").format(sql.Literal(dim))
     return sql.SQL(
         "SELECT v.chunk_key, v.embedding{cast} <=> q.v AS distance "

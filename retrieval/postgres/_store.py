@@ -40,7 +40,7 @@ from ..errors import (
 )
 from ..store._bm25 import Filters
 from ..store._rows import ChunkRow, DocumentRow, Replacement, SourceRow, StoredChunk
-from ._bm25 import delete_terms, fill_missing, write_terms
+from ._bm25 import delete_terms, fill_missing
 from ._connect import (
     Connection,
     PgOptions,
@@ -50,6 +50,7 @@ from ._connect import (
     first_line,
     translated,
 )
+from ._entries import holders_where, lock_texts, lock_texts_of, resolve, write_entries
 from ._history import PgHistory
 from ._locks import ScanLocks, document_lock_key
 from ._rankers import Ranker, choose
@@ -208,8 +209,10 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
             keys = [int(r[0]) for r in conn.execute(
                 "SELECT c.key FROM chunks c JOIN documents d ON d.id = c.doc_id "
                 "WHERE d.source_id = %s", (source_id,))]
+            lock_texts_of(conn, "d.source_id = %s", (source_id,))
             delete_terms(conn, keys)
             conn.execute("DELETE FROM sources WHERE id = %s", (source_id,))
+            write_entries(conn, [])  # its texts other documents hold stay, once
         return keys
 
     # -- documents ---------------------------------------------------------------------
@@ -278,6 +281,11 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
             # One statement takes every document's lock, in key order (as every writer).
             conn.execute("SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) AS k",
                          (sorted({document_lock_key(doc.id) for doc, _ in items}),))
+            # Then their texts', old and new (a text held once: retrieval.postgres._entries).
+            lock_texts(conn, [c.content_hash for _, chunks in items for c in chunks]
+                       + [str(r[0]) for r in conn.execute(
+                           "SELECT content_hash FROM chunks WHERE doc_id = ANY(%s)",
+                           ([doc.id for doc, _ in items],))])
             given: dict[int, dict[str, np.ndarray]] = {s.id: {} for s in spaces}
             for model, vecs in vectors:
                 for space in spaces:
@@ -289,8 +297,8 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
             # of each statistics trigger for the whole batch. A document listed twice
             # replaced its first chunks here already (keys are never reused).
             gone = {k for r in results for k in r.removed}
-            write_terms(conn, [(c.key, c.title, c.heading, c.text) for r in results
-                               for c in r.added if c.key not in gone])
+            write_entries(conn, [(c.key, c.title, c.heading, c.text) for r in results
+                                 for c in r.added if c.key not in gone])
             return results
 
     def delete_document(self, doc_id: str) -> list[int] | None:
@@ -302,7 +310,9 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
                 return None
             keys = [int(r[0]) for r in conn.execute(
                 "SELECT key FROM chunks WHERE doc_id = %s", (doc_id,))]
+            lock_texts_of(conn, "c.doc_id = %s", (doc_id,))
             conn.execute("DELETE FROM documents WHERE id = %s", (doc_id,))
+            write_entries(conn, [])
         return keys
 
     # -- chunks ------------------------------------------------------------------------
@@ -315,9 +325,11 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
 
     def copies_of(self, hashes: Sequence[str], limit: int) -> dict[str, list[StoredChunk]]:
         with self._conn() as conn:
+            # A disabled source's holders are never named (no search admits them).
             return {h: [chunk_row(r) for r in conn.execute(
-                CHUNK_SELECT + " WHERE c.content_hash = %s ORDER BY c.doc_id LIMIT %s",
-                (h, limit)).fetchall()] for h in dict.fromkeys(hashes)}
+                CHUNK_SELECT + " WHERE c.content_hash = %s AND NOT EXISTS (SELECT 1 FROM "  # noqa: S608 - fixed clauses, placeholders
+                "sources s WHERE s.id = d.source_id AND s.disabled) ORDER BY c.doc_id "
+                "LIMIT %s", (h, limit)).fetchall()] for h in dict.fromkeys(hashes)}
 
     def chunk_count(self) -> int:
         with self._conn() as conn:
@@ -381,8 +393,10 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
         :mod:`retrieval.postgres._rankers`), filters applied in the query: ``(key, score)``."""
         where, args = filter_sql(filters)
         with self._conn() as conn:
-            return self._ranker.search(conn, query, limit, where, args,
-                                       filtered=filters != Filters())
+            # The ranker ranks entries a holder of which passes; each shown under one.
+            return resolve(conn, self._ranker.search(
+                conn, query, limit, holders_where(where), args,
+                filtered=filters != Filters()), where, args)
 
     def vector_search(self, model: str, vector: np.ndarray, *, filters: Filters,
                       limit: int) -> list[tuple[int, float]]:
@@ -399,10 +413,11 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
             if row is None or str(row[1]) != model:
                 raise self._mismatch(model, None if row is None else (str(row[1]),
                                                                       int(row[2])))
-            return vector_search(conn, int(row[0]), int(row[2]), vector.tolist(),
-                                 filters=filters, limit=limit,
-                                 ef_search=self.options.ef_search,
-                                 max_scan_tuples=self.options.max_scan_tuples)
+            where, args = filter_sql(filters)
+            return resolve(conn, vector_search(
+                conn, int(row[0]), int(row[2]), vector.tolist(), filters=filters,
+                limit=limit, ef_search=self.options.ef_search,
+                max_scan_tuples=self.options.max_scan_tuples), where, args)
 
     # -- status ------------------------------------------------------------------------
 
@@ -418,10 +433,11 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
                 **{f"documents_{k}": v for k, v in docs.items()}}
 
     def embedded_chunks(self, model: str) -> int:
-        """Chunks with a vector of ``model``."""
+        """Chunks whose text has a vector of ``model`` (held by its entry)."""
         with self._conn() as conn:
-            row = conn.execute("SELECT count(*) FROM chunk_vectors v JOIN vector_spaces s "
-                               "ON s.id = v.space_id WHERE s.model = %s", (model,)).fetchone()
+            row = conn.execute("SELECT count(*) FROM chunks c JOIN chunk_vectors v ON "
+                               "v.chunk_key = c.entry JOIN vector_spaces s ON s.id = "
+                               "v.space_id WHERE s.model = %s", (model,)).fetchone()
         return int(row[0]) if row else 0
 
     def sizes(self, exact_below: int = 50_000) -> tuple[int, int]:

@@ -52,9 +52,11 @@ def locked_spaces(conn: Connection, mode: str = "") -> tuple[Space | None, Space
     return spaces[0], spaces[1]
 
 
-_MISSING = ("NOT EXISTS (SELECT 1 FROM chunk_vectors v WHERE v.chunk_key = c.key "
-            "AND v.space_id = %s) AND c.content_hash <> ALL(%s::text[])")
-"""A chunk ``c`` without a vector of a space, its text not among the skipped hashes."""
+_MISSING = ("c.entry = c.key AND NOT EXISTS (SELECT 1 FROM chunk_vectors v "
+            "WHERE v.chunk_key = c.key AND v.space_id = %s) "
+            "AND c.content_hash <> ALL(%s::text[])")
+"""A text's entry ``c`` (its copies hold no vector: :mod:`retrieval.postgres._entries`)
+without a vector of a space, its text not among the skipped hashes."""
 
 
 class PgVectors(PgConnected):
@@ -127,11 +129,12 @@ class PgVectors(PgConnected):
         return int(row[0]) if row else 0
 
     def missing_keys(self, space: int, keys: Iterable[int]) -> set[int]:
-        """Those of ``keys`` (existing chunks) without a vector of ``space``."""
+        """The entries of the texts of ``keys`` (existing chunks) without a vector of
+        ``space``."""
         with self._conn() as conn:
             return {int(r[0]) for r in conn.execute(
-                f"SELECT c.key FROM chunks c WHERE c.key = ANY(%s) AND {_MISSING}",  # noqa: S608 - a fixed clause
-                (list(keys), space, []))}
+                "SELECT c.key FROM chunks c WHERE c.key IN (SELECT entry FROM chunks "  # noqa: S608 - a fixed clause
+                f"WHERE key = ANY(%s)) AND {_MISSING}", (list(keys), space, []))}
 
     def add_vectors(self, space: Space, vectors: dict[int, np.ndarray]) -> int | None:
         """Store vectors of ``space`` for the chunks of these keys, in one transaction; a
@@ -154,8 +157,8 @@ class PgVectors(PgConnected):
             # FOR KEY SHARE waits for a replacement deleting one of these chunks, then
             # leaves it out: no vector is written for a chunk that is gone.
             alive = {int(r[0]) for r in conn.execute(
-                "SELECT key FROM chunks WHERE key = ANY(%s) FOR KEY SHARE",
-                (sorted(vectors),))}
+                "SELECT key FROM chunks WHERE key = ANY(%s) AND entry = key FOR KEY SHARE",
+                (sorted(vectors),))}  # a copy's text has its vector on its entry
             rows = [(k, space.id, space.dim, vectors[k].astype(np.float32).tolist())
                     for k in sorted(alive)]
             added = 0

@@ -81,16 +81,23 @@ def replace_round(conn: Connection, items: Sequence[Item], *, spaces: Sequence[S
     results = {doc.id: Replacement() for doc, _ in items}
     kept = _remove_old(conn, ids, spaces, results)
     rows = _insert_chunks(conn, items)
+    # A text's vector is its entry's (retrieval.postgres._entries): written once, for an
+    # entry that has none yet.
+    has = set(conn.execute(
+        "SELECT chunk_key, space_id FROM chunk_vectors WHERE chunk_key = ANY(%s)",
+        ([entry for _, entry in rows.values()],)).fetchall()) if spaces and rows else set()
     pending: dict[Space, tuple[list[int], list[np.ndarray]]] = {}
     for doc, chunks in items:
         result = results[doc.id]
         for c in chunks:
-            key = rows[c.chunk_id]
+            key, entry = rows[c.chunk_id]
             result.added.append(StoredChunk(
                 key, c.chunk_id, doc.id, c.ordinal, c.heading, c.text, c.content_hash,
                 doc.title, doc.source_id, doc.path, doc.kind, doc.category, doc.tags,
                 doc.indexed_at, doc.mtime_ns, doc.document_date))
             for space in spaces:
+                if (entry, space.id) in has:
+                    continue
                 vector = given[space.id].get(c.content_hash)
                 if vector is None:
                     vector = kept.get((doc.id, space.id, c.content_hash))
@@ -106,8 +113,9 @@ def replace_round(conn: Connection, items: Sequence[Item], *, spaces: Sequence[S
                     raise InvalidDocument(f"document {doc.id!r}: the vector of chunk "
                                           f"{c.chunk_id} is not finite")
                 keys, vectors = pending.setdefault(space, ([], []))
-                keys.append(key)
+                keys.append(entry)
                 vectors.append(values)
+                has.add((entry, space.id))
     copy_vectors(conn, pending)
     return [results[doc_id] for doc_id in ids]
 
@@ -125,7 +133,7 @@ def _remove_old(conn: Connection, ids: list[str], spaces: Sequence[Space],
     if spaces:
         for doc_id, space, content_hash, vector in conn.execute(
                 "SELECT c.doc_id, v.space_id, c.content_hash, v.embedding::float4[] "
-                "FROM chunks c JOIN chunk_vectors v ON v.chunk_key = c.key "
+                "FROM chunks c JOIN chunk_vectors v ON v.chunk_key = c.entry "
                 "WHERE c.key = ANY(%s) AND v.space_id = ANY(%s)",
                 (keys, [s.id for s in spaces])):
             kept[(str(doc_id), int(space), str(content_hash))] = np.asarray(
@@ -137,8 +145,9 @@ def _remove_old(conn: Connection, ids: list[str], spaces: Sequence[Space],
     return kept
 
 
-def _insert_chunks(conn: Connection, items: Sequence[Item]) -> dict[str, int]:
-    """Insert every document's new chunks in one statement; chunk id -> key."""
+def _insert_chunks(conn: Connection, items: Sequence[Item]) -> dict[str, tuple[int, int]]:
+    """Insert every document's new chunks in one statement; chunk id -> (key, the key
+    of its text's entry: its own when it is the first holder)."""
     columns: tuple[list[object], ...] = ([], [], [], [], [], [], [])
     for doc, chunks in items:
         for c in chunks:
@@ -155,8 +164,8 @@ def _insert_chunks(conn: Connection, items: Sequence[Item]) -> dict[str, int]:
         "SELECT u.chunk_id, u.doc_id, u.ordinal, u.title, u.heading, u.text, u.hash "
         "FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::text[], %s::text[], "
         "%s::text[]) WITH ORDINALITY AS u(doc_id, title, chunk_id, ordinal, heading, text, "
-        "hash, n) ORDER BY u.n RETURNING key, chunk_id", columns).fetchall()
-    return {str(chunk_id): int(key) for key, chunk_id in rows}
+        "hash, n) ORDER BY u.n RETURNING key, chunk_id, entry", columns).fetchall()
+    return {str(chunk_id): (int(key), int(entry)) for key, chunk_id, entry in rows}
 
 
 def copy_vectors(conn: Connection, pending: dict[Space, tuple[list[int], list[np.ndarray]]]

@@ -226,8 +226,8 @@ def _add_chunk(conn: psycopg.Connection[Any], doc_id: str) -> None:
     and its BM25 rows, as the store writes them; the statistics trigger runs."""
     conn.execute("INSERT INTO documents(id, source_id) VALUES (%s, 'docs')", (doc_id,))
     key = conn.execute("INSERT INTO chunks(chunk_id, doc_id, ordinal, text, content_hash) "
-                       "VALUES (%s, %s, 1, 'alpha beta gamma', 'h') RETURNING key",
-                       (f"{doc_id}#1", doc_id)).fetchone()
+                       "VALUES (%s, %s, 1, 'alpha beta gamma', %s) RETURNING key",
+                       (f"{doc_id}#1", doc_id, f"h-{doc_id}")).fetchone()
     assert key is not None
     conn.execute("INSERT INTO bm25_docs VALUES (%s, 3, 3)", key)
     conn.execute("INSERT INTO bm25_postings SELECT t, %s, 1, 3, 0.5 FROM "

@@ -1,11 +1,10 @@
-"""A text several documents hold is stored once (issue 30), counted in the index itself:
-one BM25 entry and one vector per text, each document keeping its rows; the entry moves to
-another holder when its indexed holder goes, and leaves with the last; filters apply to
-the holders; copies neither take candidate slots nor count twice in BM25 statistics; a
+"""A text several documents hold is stored once (issue 30), on both store backends (the
+embedded store in a temporary directory, a real PostgreSQL 18 + pgvector server), counted
+in the index itself: one BM25 entry and one vector per text, each document keeping its
+rows; the entry moves to another holder when its indexed holder goes, and leaves with the
+last (its postings and its document frequency too); filters apply to the holders; copies
+neither take candidate slots nor count twice; two writers of one text leave one entry; a
 store made before this upgrades in place at open.
-
-The embedded store (the default). The PostgreSQL store still holds a chunk's terms and
-vector per holder (its copies are merged at search time, tests/integration/test_dedup.py).
 """
 
 from __future__ import annotations
@@ -13,17 +12,22 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import numpy as np
+import psycopg
 import pytest
 
 from retrieval import Filters, Query, Retriever
+from retrieval.postgres._bm25 import write_terms
+from retrieval.postgres._connect import PgOptions
+from retrieval.postgres._schema import ensure_vector_space, migrate
 from retrieval.store._bm25 import IndexedChunk, TextIndex
 from retrieval.store._indexes import Indexes
 from retrieval.store._vectors import VectorIndex
 from tests.support.embedder import HashEmbedder
+from tests.support.postgres import two_nodes
 
 pytestmark = pytest.mark.integration
 
@@ -33,15 +37,22 @@ OTHER = "The vpn tunnel flaps: tune dead peer detection on both gateways, then n
 QUERY = "nginx logs disk df"
 DATED = 1_700_000_000
 
+Counts = Callable[[], tuple[int, int, int]]
+"""(BM25 entries, vectors, entries holding "nginx": its document frequency)."""
 
-@pytest.fixture
-async def retriever(tmp_path: Path) -> AsyncIterator[Retriever]:
-    r = Retriever(tmp_path / "node", lambda: HashEmbedder("m"))
+
+@pytest.fixture(params=("embedded", "postgres"))
+async def store(request: pytest.FixtureRequest, tmp_path: Path
+                ) -> AsyncIterator[tuple[Retriever, Counts]]:
+    dsn = request.getfixturevalue("pg_dsn") if request.param == "postgres" else ""
+    r = Retriever(tmp_path / "node", lambda: HashEmbedder("m"),
+                  postgres=PgOptions(dsn) if dsn else None)
     await r.open()
     try:
+        assert r.store_kind == request.param
         await r.add_source("runbooks", category="ops")
         await r.add_source("wiki", category="notes")
-        yield r
+        yield r, (lambda: pg_counts(dsn)) if dsn else (lambda: counts(r))
     finally:
         await r.close()
 
@@ -53,10 +64,22 @@ def _indexes(r: Retriever) -> Indexes:
 
 
 def counts(r: Retriever) -> tuple[int, int, int]:
-    """(BM25 entries, vectors, entries holding "nginx" in their body)."""
+    """The embedded index's (tantivy's live documents, hnswlib's live vectors)."""
     indexes = _indexes(r)
     assert indexes.text is not None and indexes.vectors is not None
     return indexes.text.count(), indexes.vectors.count(), indexes.text.holding("nginx")
+
+
+def pg_counts(dsn: str) -> tuple[int, int, int]:
+    """The PostgreSQL store's: BM25 documents, vectors, and the statistics' document
+    frequency of "nginx" (checked against its postings)."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM bm25_docs), (SELECT count(*) FROM chunk_vectors), "
+            "(SELECT coalesce(sum(df), 0) FROM bm25_df WHERE term = 'b:nginx'), "
+            "(SELECT count(*) FROM bm25_postings WHERE term = 'b:nginx')").fetchone()
+    assert row is not None and row[2] == row[3]
+    return int(row[0]), int(row[1]), int(row[2])
 
 
 async def hits(r: Retriever, mode: str = "hybrid", filters: Filters | None = None,
@@ -67,45 +90,46 @@ async def hits(r: Retriever, mode: str = "hybrid", filters: Filters | None = Non
 
 
 async def test_one_entry_and_one_vector_a_text_moving_to_the_next_holder(
-        retriever: Retriever) -> None:
-    r = retriever
+        store: tuple[Retriever, Counts]) -> None:
+    r, count = store
     await r.upsert("runbooks", "Disk full", TEXT, doc_id="a")
-    assert counts(r) == (1, 1, 1)
+    assert count() == (1, 1, 1)
     await r.upsert("wiki", "Copied note", TEXT, doc_id="b", tags=("copied",))
     await r.upsert("wiki", "Vpn", OTHER, doc_id="other")
     # Two texts: two entries, two vectors; "nginx" is in two texts (not three chunks).
-    assert counts(r) == (2, 2, 2)
+    assert count() == (2, 2, 2)
     assert (await r.status()).chunks == 3  # each document keeps its own chunk row
     for mode in ("hybrid", "text", "vector"):
         assert await hits(r, mode) == [("a", ("b",))], mode
     # The indexed holder goes: the text stays, under the other one, still once.
     assert await r.delete("a")
-    assert counts(r) == (2, 2, 2)
+    assert count() == (2, 2, 2)
     for mode in ("hybrid", "text", "vector"):
         assert await hits(r, mode) == [("b", ())], mode
     # The last holder goes: no entry, no vector, no posting of the text left.
     assert await r.delete("b")
-    assert counts(r) == (1, 1, 1)
+    assert count() == (1, 1, 1)
     for mode in ("hybrid", "text", "vector"):
         assert await hits(r, mode) == [], mode
 
 
-async def test_replacing_the_indexed_holder_promotes_the_other(retriever: Retriever) -> None:
-    r = retriever
+async def test_replacing_the_indexed_holder_promotes_the_other(
+        store: tuple[Retriever, Counts]) -> None:
+    r, count = store
     await r.upsert("runbooks", "Disk full", TEXT, doc_id="a")
     await r.upsert("wiki", "Copied note", TEXT, doc_id="b")
     await r.upsert("runbooks", "Disk full", OTHER, doc_id="a")  # a now holds the other text
-    assert counts(r)[:2] == (2, 2)
+    assert count()[:2] == (2, 2)
     assert await hits(r) == [("b", ())]
     result = await r.search("vpn tunnel dead peer", k=5, options=Query(mode="text"))
     assert [(h.doc_id, h.text) for h in result.hits] == [("a", OTHER)]
 
 
-async def test_filters_apply_to_every_holder(retriever: Retriever) -> None:
+async def test_filters_apply_to_every_holder(store: tuple[Retriever, Counts]) -> None:
     """The entry is a's (runbooks, ops); a filter admitting only b still finds the text,
     shown under b; a filter no single holder passes (b's source with a's category) finds
     nothing, in either list."""
-    r = retriever
+    r, _ = store
     await r.upsert("runbooks", "Disk full", TEXT, doc_id="a", tags=("web",))
     await r.upsert("wiki", "Copied note", TEXT, doc_id="b", category="howto",
                    tags=("copied",), kind="markdown", document_date=DATED)
@@ -123,10 +147,10 @@ async def test_filters_apply_to_every_holder(retriever: Retriever) -> None:
         assert await hits(r, mode) == [("b", ())], mode
 
 
-async def test_copies_take_no_candidate_slot(retriever: Retriever) -> None:
+async def test_copies_take_no_candidate_slot(store: tuple[Retriever, Counts]) -> None:
     """k = 2 with two candidates a list over three copies of one text and another text:
     both texts (a list of chunks would have given two copies)."""
-    r = retriever
+    r, _ = store
     for i in range(3):
         await r.upsert("wiki", f"copy {i}", TEXT, doc_id=f"copy{i}")
     await r.upsert("wiki", "Vpn", OTHER, doc_id="other")
@@ -135,20 +159,25 @@ async def test_copies_take_no_candidate_slot(retriever: Retriever) -> None:
         assert sorted(h.text for h in result.hits) == sorted([TEXT, OTHER]), mode
 
 
-async def test_concurrent_writers_of_one_text_leave_one_entry(retriever: Retriever) -> None:
-    r = retriever
+async def test_concurrent_writers_of_one_text_leave_one_entry(
+        store: tuple[Retriever, Counts]) -> None:
+    r, count = store
     await asyncio.gather(*(r.upsert("wiki", f"copy {i}", TEXT, doc_id=f"copy{i}")
                            for i in range(8)))
-    assert counts(r) == (1, 1, 1)
+    assert count() == (1, 1, 1)
     assert [sorted([d, *also]) for d, also in await hits(r, k=3)] == [
         sorted(f"copy{i}" for i in range(8))]
 
 
-async def test_a_failed_index_write_is_caught_up(retriever: Retriever,
+async def test_a_failed_index_write_is_caught_up(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """SQLite took the second holder and tantivy did not (a full disk, say): the next
-    write brings the entry in line, and a filter admitting only that holder finds it."""
-    r = retriever
+    """Embedded: SQLite took the second holder and tantivy did not (a full disk, say):
+    the next write brings the entry in line, and a filter admitting only that holder
+    finds it."""
+    r = Retriever(tmp_path / "node", lambda: HashEmbedder("m"))
+    await r.open()
+    await r.add_source("runbooks")
+    await r.add_source("wiki")
     await r.upsert("runbooks", "Disk full", TEXT, doc_id="a")
     indexes = _indexes(r)
     real = TextIndex.commit
@@ -164,6 +193,7 @@ async def test_a_failed_index_write_is_caught_up(retriever: Retriever,
     await r.upsert("wiki", "Vpn", OTHER, doc_id="other")
     assert await hits(r, "text", Filters(sources=("wiki",))) == [("b", ())]
     assert counts(r)[:2] == (2, 2)
+    await r.close()
 
 
 async def test_a_store_made_before_upgrades_in_place(tmp_path: Path) -> None:
@@ -219,3 +249,63 @@ def _age(root: Path) -> None:
                                                 for r in rows]))
     vectors.save()
     assert vectors.count() == 4
+
+
+async def test_two_nodes_writing_one_text_leave_one_entry(tmp_path: Path, pg_dsn: str) -> None:
+    """PostgreSQL: two nodes (two connections) write the same text under two ids at once,
+    many times over: one entry, one vector, one document frequency each time."""
+    async with two_nodes(tmp_path, pg_dsn) as (a, b):
+        for node in (a, b):
+            await node.add_source("wiki")
+        for i in range(6):
+            text = f"{TEXT} Round {i}."
+            await asyncio.gather(a.upsert("wiki", "on a", text, doc_id=f"a{i}"),
+                                 b.upsert("wiki", "on b", text, doc_id=f"b{i}"))
+        assert pg_counts(pg_dsn) == (6, 6, 6)
+        for node in (a, b):
+            result = await node.search(f"{QUERY} Round 3", k=1, options=Query(mode="text"))
+            assert [sorted([h.doc_id, *h.also_in]) for h in result.hits] == [["a3", "b3"]]
+        await a.delete("a3")
+        await b.delete("b3")
+        assert pg_counts(pg_dsn) == (5, 5, 5)
+
+
+async def test_a_postgres_store_made_before_upgrades_in_place(tmp_path: Path,
+                                                              pg_dsn: str) -> None:
+    """A schema 7 database, every chunk with its own BM25 rows and vector (three copies of
+    one text and another text), migrated at open: one entry and one vector a text, the
+    document frequency counting the text once, search as before."""
+    vectors = await HashEmbedder("m").embed([TEXT, OTHER])
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        migrate(conn, "test", upto=7)
+        space = ensure_vector_space(conn, "m", len(vectors[0]))
+        conn.execute("INSERT INTO corpus_model(space_id) VALUES (%s)", (space,))
+        conn.execute("INSERT INTO sources(id, kind, created_at) VALUES ('wiki', 'push', 1)")
+        docs = [(f"copy{i}", TEXT, vectors[0]) for i in range(3)] + [("other", OTHER,
+                                                                      vectors[1])]
+        with conn.transaction():
+            for doc_id, text, vector in docs:
+                conn.execute("INSERT INTO documents(id, source_id, title, state, indexed_at) "
+                             "VALUES (%s, 'wiki', %s, 'indexed', 1)", (doc_id, doc_id))
+                row = conn.execute(
+                    "INSERT INTO chunks(chunk_id, doc_id, ordinal, title, text, content_hash) "
+                    "VALUES (%s, %s, 1, %s, %s, md5(%s)) RETURNING key",
+                    (f"{doc_id}#1", doc_id, doc_id, text, text)).fetchone()
+                assert row is not None
+                write_terms(conn, [(int(row[0]), doc_id, "", text)])
+                conn.execute("INSERT INTO chunk_vectors(chunk_key, space_id, dim, embedding) "
+                             "VALUES (%s, %s, %s, %s::float4[]::vector)",
+                             (row[0], space, len(vector), vector))
+    assert pg_counts(pg_dsn) == (4, 4, 4)
+    r = Retriever(tmp_path / "node", lambda: HashEmbedder("m"), postgres=PgOptions(pg_dsn))
+    await r.open()
+    try:
+        assert pg_counts(pg_dsn) == (2, 2, 2)
+        for mode in ("hybrid", "text", "vector"):
+            assert [sorted([d, *also]) for d, also in await hits(r, mode)] == [
+                ["copy0", "copy1", "copy2"]], mode
+        assert await r.delete("copy0") and pg_counts(pg_dsn) == (2, 2, 2)
+        assert await hits(r, "vector", Filters(sources=("wiki",))) == [("copy1", ("copy2",))]
+    finally:
+        await r.close()
