@@ -187,7 +187,7 @@ async def run(args: argparse.Namespace, work: Path, server: PgServer | PgembedSe
                 with store._conn() as conn:
                     raw["postgres"]["settings"] = {
                         str(name): str(value) for name, value in conn.execute(
-                            "SELECT name, setting || coalesce(unit, '') FROM pg_settings "
+                            "SELECT name, current_setting(name) FROM pg_settings "
                             "WHERE name IN ('shared_buffers', 'work_mem', "
                             "'maintenance_work_mem', 'max_parallel_workers_per_gather', "
                             "'synchronous_commit', 'fsync')")}
