@@ -175,7 +175,8 @@ async def build(server: PgembedServer, work: Path, docs: Sequence[Doc], *,
     report.setdefault("sizes", {})[SQL_RANKER] = sizes(server, base)
     for ranker in EXTENSIONS:
         name = database(chunks, ranker)
-        if _exists(server, name):
+        if _exists(server, name):  # built by an earlier run: its sizes read again
+            report["sizes"][ranker] = sizes(server, name)
             continue
         with server.admin() as conn:
             conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
