@@ -41,6 +41,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -148,10 +149,30 @@ CHOICES = tuple(c for c in CELLS if c.level == "chunk" and c.method in FUSIONS
 REVERTED = Cell(PLAIN_DBSF, 0.4, 100, "chunk")  # 5d913f0's default
 
 
+def shuffled(col: rb.Collection, order: int) -> rb.Collection:
+    """``col`` with its documents in ingest order ``order`` (0: the corpus's own; else a
+    permutation seeded by ``order``)."""
+    if order == 0:
+        return col
+    docs = list(col.docs)
+    random.Random(order).shuffle(docs)
+    return dataclasses.replace(col, docs=docs)
+
+
+def averaged(runs: Sequence[Scores]) -> Scores:
+    """One ``Scores`` whose per-query nDCG@10 is the mean over ``runs`` (the same
+    collection ingested in several orders), its short-list counts the first run's."""
+    first = runs[0]
+    return Scores(first.name, first.queries,
+                  {c: [statistics.fmean(vals) for vals in zip(*(r.ndcg[c] for r in runs),
+                                                               strict=True)]
+                   for c in first.ndcg}, short=dict(first.short))
+
+
 async def measure(col: rb.Collection, table: dict[str, rb.Vec], embedder: TableEmbedder,
                   root: Path, *, limits: RetrievalLimits, max_queries: int | None
                   ) -> tuple[Scores, Retriever, list[tuple[Any, ...]]]:
-    r = await rb.open_retriever(root / col.name, lambda: embedder, limits, [col.name])
+    r = await rb.open_retriever(root, lambda: embedder, limits, [col.name])
     ingest = await rb.upsert_all(r, col.docs)
     print(f"   {col.name}: {ingest.docs} documents, {ingest.chunks} chunks", flush=True)
     doc_of, _ = chunk_docs(r)
@@ -345,7 +366,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=support.ROOT / "bench" / "RESULTS.md")
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--raw", type=Path, default=None)
-    return p.parse_args(argv)
+    p.add_argument("--orders", type=int, default=1, metavar="N",
+                   help="ingest each collection in N document orders (the corpus's, then "
+                        "seeded permutations) and average each query's nDCG@10 over them "
+                        "before choosing: the order moves BM25 ties and the HNSW graph, "
+                        "and a choice must not rest on one order's coin toss")
+    args = p.parse_args(argv)
+    if args.orders < 1:
+        p.error("--orders must be at least 1")
+    return args
 
 
 async def run(args: argparse.Namespace, command: str, work: Path) -> dict[str, Any]:
@@ -362,11 +391,18 @@ async def run(args: argparse.Namespace, command: str, work: Path) -> dict[str, A
         embedder = TableEmbedder(table, child.embedder, child.embedder.model_id,
                                  child.embedder.context)
         for col in cols:
-            s, r, kept = await measure(col, table, embedder, work / "index", limits=limits,
-                                       max_queries=args.max_queries)
-            rows.append(s)
-            retrievers.append((r, kept))
-            print(f"   {col.name}: plain {s.mean(PLAIN):.3f}", flush=True)
+            runs = []
+            for order in range(args.orders):
+                s, r, kept = await measure(shuffled(col, order), table, embedder,
+                                           work / "index" / f"{col.name}-{order}",
+                                           limits=limits, max_queries=args.max_queries)
+                runs.append(s)
+                print(f"   {col.name} order {order}: plain {s.mean(PLAIN):.3f}", flush=True)
+                if order == 0:  # the corpus's own order is the one cross-checked
+                    retrievers.append((r, kept))
+                else:
+                    await r.close()
+            rows.append(averaged(runs))
         stages, default = decide(rows)
         checked = list(dict.fromkeys([PLAIN, default,
                                       dataclasses.replace(REVERTED, method="dbsf"),
@@ -397,9 +433,14 @@ async def run(args: argparse.Namespace, command: str, work: Path) -> dict[str, A
              "their best chunk; doc: each list one entry per document, then fused, as "
              "`group_by_document` does). nDCG@10 over corpus documents, linear graded "
              "gains" + (f"; the first {args.max_queries} queries only." if args.max_queries
-                        else "."),
-             "- Cross-check, the table's cells through `Retriever.search(options=Query(fusion"
-             "=..., text_weight, vector_weight, candidates, group_by_document))`: document "
+                        else ".")
+             + (f" Each collection ingested in {args.orders} document orders (its own, "
+                f"then permutations seeded 1..{args.orders - 1}); each query's nDCG@10 is "
+                "the mean over the orders, so no choice rests on one order's ties."
+                if args.orders > 1 else ""),
+             "- Cross-check (the corpus's own order), the table's cells through "
+             "`Retriever.search(options=Query(fusion=..., text_weight, vector_weight, "
+             "candidates, group_by_document))`: document "
              "rankings differing from the offline fusion in the column `mismatches` (of "
              f"{sum(r.queries for r in rows)} queries).",
              "- A default must keep a word one document holds first or second when the "
