@@ -27,9 +27,11 @@ there. Normalised alone, such a list misleads: a list of one (a word only one do
 holds, an error code, a host name) is its own mean, so DBSF put its match in the middle
 (0.5) and a vector list weighted 0.6 buried it. Given the lists' depths
 (:func:`fuse_scored`), a short lexical list is normalised among those zeros (its few
-matches map to the top) and its weight rises toward the other list's
-(:func:`honest_weights`), so a lone exact match ties at worst with the vectors' first. A
-full list (every natural-language query on a real corpus) is fused exactly as above.
+matches map to the top; under DBSF, whose 3 sd band they lie beyond, the band's top is
+anchored at the best match so that they keep BM25's order) and its weight rises toward
+the other list's (:func:`honest_weights`), so a lone exact match ties at worst with the
+vectors' first. A full list (every natural-language query on a real corpus) is fused
+exactly as above.
 """
 
 from __future__ import annotations
@@ -60,8 +62,13 @@ def _dbsf(scores: Sequence[float], pad: int = 0) -> tuple[list[float], float]:
     mean, sd = statistics.fmean(every), statistics.pstdev(every)
     if sd == 0 or not math.isfinite(sd):
         return [0.5] * len(scores), 0.0
-    low = mean - 3 * sd
-    return [min(1.0, max(0.0, (s - low) / (6 * sd))) for s in scores], 0.0
+    low, high = mean - 3 * sd, mean + 3 * sd
+    if pad > 0:
+        # Among the zeros of a short list its few matches lie beyond mean + 3 sd: clipped,
+        # they would all map to 1 and lose BM25's order among them. The top is anchored
+        # at the best of them instead (a lone match still maps to 1).
+        high = max(high, *scores)
+    return [min(1.0, max(0.0, (s - low) / (high - low))) for s in scores], 0.0
 
 
 def _minmax(scores: Sequence[float], pad: int = 0) -> tuple[list[float], float]:

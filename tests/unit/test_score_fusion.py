@@ -101,6 +101,10 @@ def test_a_short_lexical_list_is_normalised_among_the_zeros_below_it() -> None:
         [(8 - 2.5 + 3 * sd) / (6 * sd), (2 - 2.5 + 3 * sd) / (6 * sd)])
     assert normalised("dbsf", [8.0, 2.0]) == pytest.approx([2 / 3, 1 / 3])
     assert normalised("dbsf", [7.0], pad=99) == [1.0]
+    # A few matches among 97 zeros lie beyond mean + 3 sd: the top is anchored at the
+    # best of them (not clipped to one value), so they keep BM25's order.
+    few = normalised("dbsf", [9.0, 8.0, 7.0], pad=97)
+    assert few[0] == 1.0 and few[0] > few[1] > few[2] > 0
     assert normalised("convex", [8.0, 2.0], pad=2) == pytest.approx([1.0, 0.25])
     assert normalised("zscore", [8.0, 2.0], pad=2) == pytest.approx(
         [(8 - 2.5) / sd, (2 - 2.5) / sd])
