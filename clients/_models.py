@@ -23,6 +23,9 @@ class ModelInfo:
         breaker: ``closed`` or ``open``.
         origin: where it was declared (``models.NAME``, ``models_preset [NAME]``,
             ``models_dir``, ``generation``, ``embedding``).
+        lane_instance: its background instance, the niced second child serving its
+            batch and background lanes: ``""`` none, ``"off"``, ``"refused: <why>"``,
+            ``"failed: <why>"``, or its state, pid and nice (``"running pid 42 nice +10"``).
     """
 
     name: str
@@ -40,6 +43,7 @@ class ModelInfo:
     is_default: bool
     preload: bool
     origin: str
+    lane_instance: str
 
 
 def model_info(msg: control_pb2.ModelInfo) -> ModelInfo:
@@ -50,7 +54,7 @@ def model_info(msg: control_pb2.ModelInfo) -> ModelInfo:
         in_flight=msg.in_flight, pinned=msg.pinned, ttl_seconds=msg.ttl_seconds,
         breaker=enum_name(control_pb2.BreakerState, msg.breaker, "BREAKER_STATE_"),
         last_error=msg.last_error, path=msg.path, is_default=msg.is_default,
-        preload=msg.preload, origin=msg.origin)
+        preload=msg.preload, origin=msg.origin, lane_instance=msg.lane_instance)
 
 
 def model_list(msg: control_pb2.ListModelsResponse) -> list[ModelInfo]:
