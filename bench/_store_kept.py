@@ -251,6 +251,8 @@ def probes(store: Any, ranker: str, queries: Sequence[str]) -> dict[str, dict[st
     and of the ranker's own text list, on one connection, after a warm-up pass."""
     out: dict[str, dict[str, float]] = {}
     where, args = filter_sql(Filters())
+    embedded = asyncio.run(HashEmbedder(MODEL, DIM).embed(list(queries[:PROBE_QUERIES])))
+    vectors = dict(zip(queries[:PROBE_QUERIES], embedded, strict=True))
     with store._conn() as conn:
         def own(q: str) -> object:
             return store._ranker.search(conn, q, LIST_DEPTH, where, args, filtered=False)
@@ -259,6 +261,8 @@ def probes(store: Any, ranker: str, queries: Sequence[str]) -> dict[str, dict[st
         for name, statement in [*PROBES["any"], *PROBES.get(ranker, [])]:
             runs.append((name, lambda q, s=statement: conn.execute(
                 s, (q,) * s.count("%s")).fetchall()))
+        runs.append(("vector list without the holders' EXISTS (its HNSW scan)",
+                     lambda q: _plain_vector(conn, store, vectors[q])))
         if ranker == SQL_RANKER:
             for bound in (300, 3000):
                 runs.append((f"bm25-sql, {bound} postings a term", lambda q, b=bound:
@@ -278,6 +282,28 @@ def probes(store: Any, ranker: str, queries: Sequence[str]) -> dict[str, dict[st
                 continue
             out[name] = summary(seconds)
     return out
+
+
+def _plain_vector(conn: Any, store: Any, vector: Sequence[float]) -> object:
+    """The vector list's statement without the holders' EXISTS that issue 30 added
+    (``holders_where``), so the cost of that condition shows beside llamad's own list:
+    the HNSW index's ordered scan and the filter on ``d`` alone."""
+    where, args = filter_sql(Filters())
+    space = store.use_embedding_model(MODEL, DIM)
+    statement = sql.SQL(
+        "SELECT v.chunk_key, v.embedding::vector({dim}) <=> q.v AS distance "
+        "FROM (SELECT %s::float4[]::vector({dim}) AS v) q, chunk_vectors v "
+        "JOIN chunks c ON c.key = v.chunk_key JOIN documents d ON d.id = c.doc_id "
+        "WHERE v.space_id = {space} AND {where} "
+        "ORDER BY v.embedding::vector({dim}) <=> q.v LIMIT %s").format(
+            dim=sql.Literal(DIM), space=sql.Literal(space), where=where)
+    with conn.transaction():
+        conn.execute("SELECT set_config('hnsw.ef_search', %s, true), "
+                     "set_config('hnsw.iterative_scan', 'strict_order', true), "
+                     "set_config('hnsw.max_scan_tuples', %s, true)",
+                     (str(max(store.options.ef_search, LIST_DEPTH)),
+                      str(store.options.max_scan_tuples)))
+        return conn.execute(statement, [list(vector), *args, LIST_DEPTH]).fetchall()
 
 
 async def measure(server: PgembedServer, work: Path, queries: Sequence[str], *,
