@@ -94,7 +94,8 @@ class RoleSettings:
         and the web UI, tools and MCP, RPC, downloads), options unknown to llama-server and
         llama_cpp.server, and file options outside models_dir. Swap's extra_args take
         performance and model-behaviour options only.""")
-    background_instance: str = setting("auto", choices=("auto", "true", "false"), help="""
+    background_instance: str = setting("auto", choices=("auto", "true", "false"),
+                                       reload="restart", help="""
         Serve the batch and background lanes from a second child of the same model, started
         at a lower CPU priority (limits.background_instance_nice) on the first such call and
         stopped once they were idle for the model's ttl (else limits.background_instance_ttl),

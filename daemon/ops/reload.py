@@ -142,9 +142,10 @@ def settle(plan: dict[str, Reload], report: ReloadReport) -> None:
 
 
 def _child_settings(cc: ChildConfig) -> tuple[object, ...]:
-    """The settings a launched child is started with: a change needs a new child."""
+    """The settings a launched child is started with (everything ``make_setup`` puts in
+    its launch): a change needs a new child."""
     return (cc.model, cc.runtime, cc.ctx_size, cc.threads, cc.parallel, cc.batch,
-            cc.extra_args, cc.spin_count)
+            cc.cache_ram, cc.chat_template, cc.extra_args, cc.spin_count, cc.env)
 
 
 async def _apply_role(model: Model, current: Config, new: Config,

@@ -80,9 +80,12 @@ def test_chat_and_ask_sampling_options_differ_only_in_their_call(name: str) -> N
 
 
 def test_a_section_takes_its_reload_kind_unless_the_option_says_otherwise() -> None:
-    """A role's options go through a new child but for its queue ahead, which applies."""
+    """A role's options go through a new child but for its queue ahead, which applies, and
+    whether it has a background instance, which waits for a restart (a reload does not
+    add or remove one)."""
     kinds = {o.key: o.reload for o in OPTIONS if o.key.startswith("generation.")}
     assert kinds.pop("generation.queue_ahead") == "apply"
+    assert kinds.pop("generation.background_instance") == "restart"
     assert set(kinds.values()) == {"new_child"}
 
 

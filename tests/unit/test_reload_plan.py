@@ -11,7 +11,14 @@ import pytest
 
 from daemon import config
 from daemon.config import OPTIONS, Config, ConfigError, Option, Reload
-from daemon.ops.reload import CATALOG, ReloadReport, reload_config, reload_plan, settle
+from daemon.ops.reload import (
+    CATALOG,
+    ReloadReport,
+    _child_settings,
+    reload_config,
+    reload_plan,
+    settle,
+)
 from tests.support.models import write_model
 from tests.support.pki import make_ca
 
@@ -133,6 +140,26 @@ def test_every_option_change_is_planned_and_reported(opt: Option, tmp_path: Path
     nothing_ran = ReloadReport()
     settle(plan, nothing_ran)
     assert opt.key in nothing_ran.changes
+
+
+# Role options that change how a role is served rather than its child's launch: a reload
+# switches the mode (daemon.ops.reload._apply_role) instead of swapping the child.
+MODE_OPTIONS = ("enabled", "mode", "endpoint_url", "endpoint_model", "api_key_file",
+                "api_key_env")
+
+
+@pytest.mark.parametrize("opt", [
+    pytest.param(o, id=o.key) for o in OPTIONS
+    if o.key.startswith("generation.") and o.reload == "new_child"
+    and o.key.split(".", 1)[1] not in MODE_OPTIONS])
+def test_every_role_option_a_new_child_takes_starts_one(opt: Option, tmp_path: Path) -> None:
+    """A role option declared to need a new child changes what the reload compares to
+    decide a swap (a change of cache_ram or chat_template was reported as taken by a new
+    child while the running one kept its command line)."""
+    base = {o.key: o.default for o in OPTIONS} | MODELS
+    current, new = _build(base), _changed(opt, base, tmp_path)
+    assert _child_settings(current.child("generation")) != _child_settings(
+        new.child("generation"))
 
 
 async def test_a_reload_applies_retrieval_limits_and_reports_the_rest() -> None:
