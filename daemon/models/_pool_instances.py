@@ -54,6 +54,7 @@ class PoolInstances:
         # Its series appear with its first start: a model never served embedded (a
         # disabled role) exports none.
         instance.on_change = functools.partial(self._instance_changed, name)
+        instance.on_exit = functools.partial(self._instance_exited, name)
 
     def _instance_room(self, name: str, need: int) -> str:
         """Why an instance of ``name`` needing ``need`` bytes does not fit beside the
@@ -77,6 +78,10 @@ class PoolInstances:
             state = sup.state.value if sup is not None else State.STOPPED.value
             self._metrics.lane_instance_state(instance.model.role, name, state)
         self._changed()
+
+    def _instance_exited(self, name: str, instance: LaneInstance, kind: str) -> None:
+        if self._metrics is not None:
+            self._metrics.lane_instance_exit(instance.model.role, name, kind)
 
     async def expire_instances(self) -> list[str]:
         """Stop every background instance idle past its ttl; return their models' names."""

@@ -101,12 +101,15 @@ class LaneInstance:
         clock: time source.
         drain_timeout: seconds its running calls get before it stops.
         on_change: called on each state change of its child (Status, metrics).
+        on_exit: called with the classified cause (``ExitCause.kind``) of each exit or
+            failed start of its child (metrics).
     """
 
     def __init__(self, model: Model, name: str, *, nice: int, idle: float,
                  lanes: LanePolicy, clock: Clock, drain_timeout: float = 30.0,
                  room: Callable[[int], str] | None = None,
-                 on_change: Callable[[LaneInstance], None] | None = None) -> None:
+                 on_change: Callable[[LaneInstance], None] | None = None,
+                 on_exit: Callable[[LaneInstance, str], None] | None = None) -> None:
         self.model = model
         self.name = name
         self.nice = min(19, max(1, nice))
@@ -115,6 +118,7 @@ class LaneInstance:
         self._clock = clock
         self._drain_timeout = drain_timeout
         self.on_change = on_change
+        self.on_exit = on_exit
         self._lanes = lanes  # the main admission's, whose reloads the instance follows
         self.admission = Admission(model.role, 1, 0, lanes=self._policy(lanes),
                                    clock=clock.monotonic)
@@ -303,6 +307,8 @@ class LaneInstance:
         if change.new in (State.RUNNING, State.FAILED):
             _log.info("background instance " + change.new.value, model=self.name,
                       pid=change.pid)
+        if change.cause is not None and self.on_exit is not None:  # into backoff or failed
+            self.on_exit(self, change.cause.kind)
         self._changed()
 
     def _changed(self) -> None:

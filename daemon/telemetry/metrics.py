@@ -201,6 +201,11 @@ class Metrics:
             "1 for the state a model's background instance (its batch and background "
             "lanes' child) is in now, 0 for the other states.",
             ["role", "model", "state"], registry=r)
+        self._lane_instance_exits = Counter(
+            "llamad_lane_instance_exits",
+            "A model's background instance: exits and failed starts, by classified cause "
+            "(see ExitCause.kind; the model's own child counts in llamad_child_exits).",
+            ["role", "model", "kind"], registry=r)
         self._child_exits = Counter(
             "llamad_child_exits",
             "Child exits and failed starts, by classified cause (see ExitCause.kind).",
@@ -358,6 +363,12 @@ class Metrics:
         """Count an exit or failed start of ``model``'s child classified as ``kind``."""
         self._child_exits.labels(self._role(role), self._model(model),
                                  _fold(kind, self._kinds)).inc()
+
+    def lane_instance_exit(self, role: str, model: str, kind: str) -> None:
+        """Count an exit or failed start of ``model``'s background instance classified as
+        ``kind``."""
+        self._lane_instance_exits.labels(self._role(role), self._model(model),
+                                         _fold(kind, self._kinds)).inc()
 
     def child_restart(self, role: str, model: str = "") -> None:
         """Count a restart of ``model``'s child (a start after backoff or after the failed

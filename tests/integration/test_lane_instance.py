@@ -51,6 +51,17 @@ async def wait_for(check: Callable[[], object], what: str, seconds: float = 90) 
         await asyncio.sleep(0.02)
 
 
+def exit_counts(daemon: Daemon, family: str, model: str) -> dict[str, float]:
+    """``family``'s samples for ``model`` by their ``kind`` label, from the scrape."""
+    counts = {}
+    for line in daemon.metrics.render().decode().splitlines():
+        if line.startswith(family + "{") and f'model="{model}"' in line:
+            labels, value = line.rsplit(" ", 1)
+            kind = labels.split('kind="', 1)[1].split('"', 1)[0]
+            counts[kind] = float(value)
+    return counts
+
+
 class Served:
     """Calls each child completed since this was made (the admissions' own counts)."""
 
@@ -130,8 +141,13 @@ async def test_while_the_instance_is_down_lower_lanes_complete_on_the_main_child
         await wait_for(lambda: instance.running, "the background instance running")
         sup = instance.supervisor
         assert sup is not None
+        name = daemon.pool.catalog.defaults["embedding"]
+        exits_before = exit_counts(daemon, "llamad_child_exits_total", name)
         os.kill(instance.serving_pid, signal.SIGKILL)
         await wait_for(lambda: sup.state is not State.RUNNING, "the instance seen down", 30)
+        # Counted as the instance's exit, classified; not as the model's own child's.
+        assert sum(exit_counts(daemon, "llamad_lane_instance_exits_total", name).values()) == 1
+        assert exit_counts(daemon, "llamad_child_exits_total", name) == exits_before
         served = Served(model, instance)
         resp = await stub.Embed(ipb.EmbedRequest(texts=TEXTS), metadata=BATCH)
         assert len(resp.embeddings) == len(TEXTS)
