@@ -150,6 +150,7 @@ class Retriever(RetrieverSources):
         await self._later.close()
         await self._backfill.close()
         await self._ingest.close()
+        self._search.close()
         async with self._backend.write:
             await asyncio.to_thread(self._backend.close_sync)
 

@@ -67,6 +67,9 @@ class RetrievalSettings:
     vector_candidates: int = setting(100, minimum=1, help="HNSW candidates fused per search.")
     max_candidates: int = setting(200, minimum=1, help="""
         Most candidates a search may ask each index for (SearchRequest.candidates).""")
+    search_threads: int = setting(4, minimum=1, reload="restart", help="""
+        Threads a search's index and store reads run on, its own: a search never waits in
+        a queue behind an ingest's thread work (chunking, file reads, commits).""")
     max_also_in: int = setting(50, minimum=0, help="""
         The same text under several documents is one search hit naming the others (also_in):
         at most this many copies of a hit's text are read to name them (those the search's

@@ -55,7 +55,7 @@ def limits_from(config: Config) -> RetrievalLimits:
         rrf_k=r.rrf_k, fusion=r.fusion, default_k=r.default_k, max_k=r.max_k,
         max_query_chars=r.max_query_chars, max_document_chars=r.max_document_chars,
         max_candidates=r.max_candidates, text_weight=r.text_weight,
-        max_also_in=r.max_also_in,
+        max_also_in=r.max_also_in, search_threads=r.search_threads,
         vector_weight=r.vector_weight,
         max_files_per_source=r.max_files_per_source,
         max_bytes_per_source=r.max_source_mb * 1024 * 1024,

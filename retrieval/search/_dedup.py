@@ -16,18 +16,18 @@ hit's text (:meth:`~retrieval._interface.DocumentStore.copies_of`, at most
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 
 from .._interface import DocumentStore
 from ..store._bm25 import Filters
 from ..store._entries import admits
 from ..store._rows import StoredChunk
+from ._reads import Reads
 
 __all__ = ["admits", "every_holder", "fetch_distinct", "first_copies"]
 
 
-async def fetch_distinct(store: DocumentStore, keys: Sequence[int], k: int
+async def fetch_distinct(reads: Reads, store: DocumentStore, keys: Sequence[int], k: int
                          ) -> dict[int, StoredChunk]:
     """The chunks of ``keys`` (best first) until they hold ``k`` distinct texts: ``2 k``
     at first (the copies of the last hits, ranked just below them, come with it), then
@@ -36,7 +36,7 @@ async def fetch_distinct(store: DocumentStore, keys: Sequence[int], k: int
     start, window = 0, 2 * k
     while start < len(keys):
         part = keys[start:start + window]
-        chunks.update(await asyncio.to_thread(store.chunks_by_keys, part))
+        chunks.update(await reads.run(store.chunks_by_keys, part))
         start += len(part)
         if len({c.content_hash for c in chunks.values()}) >= k:
             break
@@ -62,16 +62,17 @@ def first_copies(keys: Sequence[int], chunks: Mapping[int, StoredChunk]
     return {key: tuple(docs) for key, docs in holders.items()}
 
 
-async def every_holder(store: DocumentStore, holders: dict[int, tuple[str, ...]],
-                       chunks: Mapping[int, StoredChunk], filters: Filters, limit: int
-                       ) -> dict[int, tuple[str, ...]]:
+async def every_holder(reads: Reads, store: DocumentStore,
+                       holders: dict[int, tuple[str, ...]],
+                       chunks: Mapping[int, StoredChunk], filters: Filters, *,
+                       limit: int) -> dict[int, tuple[str, ...]]:
     """``holders`` (from :func:`first_copies`: the hits' keys, best first) with the other
     documents the store holds each text under and ``filters`` admit (after those found
     among the candidates, by document id; at most ``limit`` copies read a text)."""
     if limit < 1 or not holders:
         return holders
     by_hash = {chunks[key].content_hash: key for key in holders}
-    copies = await asyncio.to_thread(store.copies_of, list(by_hash), limit)
+    copies = await reads.run(store.copies_of, list(by_hash), limit)
     out = dict(holders)
     for digest, found in copies.items():
         key = by_hash[digest]

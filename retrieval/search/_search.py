@@ -32,6 +32,7 @@ from ..errors import EmbeddingModelMismatch, InvalidDocument, VectorUnavailable
 from ..store._bm25 import Filters
 from ._dedup import every_holder, fetch_distinct, first_copies
 from ._fusion import FusedHit
+from ._reads import Reads
 from ._score_fusion import FUSIONS, by_document, ceiling, fuse_scored, honest_weights
 from ._stats import IndexSizes, SearchStats
 
@@ -172,6 +173,11 @@ class Search:
         self.limits = limits
         self._unavailable = unavailable_reason
         self._sizes = IndexSizes(indexes)
+        self._reads = Reads(limits.search_threads)
+
+    def close(self) -> None:
+        """Stop the search threads (a read under way ends in the background)."""
+        self._reads.close()
 
     async def search(self, query: str, *, k: int | None = None,
                      filters: Filters | None = None, options: Query | None = None
@@ -205,7 +211,7 @@ class Search:
         with stats.stage("filters"):
             filters = await self._enabled_only(filters or Filters(), warnings)
             if filters is not None:
-                filters = await asyncio.to_thread(self._indexes.narrow, filters)
+                filters = await self._reads.run(self._indexes.narrow, filters)
         if filters is None:
             mode = SearchMode.TEXT if q.mode == SearchMode.HYBRID else q.mode
             return SearchResult([], mode, warnings, stats=stats)
@@ -223,8 +229,8 @@ class Search:
         if q.mode != SearchMode.VECTOR:
             stats.text_depth = n_text
             with stats.stage("text"):
-                text_hits = await asyncio.to_thread(self._indexes.text_ranked, query,
-                                                    filters, n_text)
+                text_hits = await self._reads.run(self._indexes.text_ranked, query,
+                                                  filters, n_text)
         vector = await vector_task if vector_task is not None else None
         vec_hits, vector_model = vector if vector is not None else (None, "")
         mode = (q.mode if q.mode != SearchMode.HYBRID
@@ -255,8 +261,8 @@ class Search:
         stats.stages_ms["fuse"] = round((time.perf_counter() - fuse_began) * 1000, 3)
         if q.group_by_document:
             with stats.stage("fetch"):
-                chunks = await asyncio.to_thread(store.chunks_by_keys,
-                                                 [h.key for h in fused_hits])
+                chunks = await self._reads.run(store.chunks_by_keys,
+                                               [h.key for h in fused_hits])
             with stats.stage("fuse"):
                 ranked, others = by_document(lists, fused_hits,
                                              {key: c.doc_id for key, c in chunks.items()},
@@ -267,10 +273,10 @@ class Search:
                 if q.min_score is None or normalised(h.key, h.score) >= q.min_score]
         if not q.group_by_document:
             with stats.stage("fetch"):
-                chunks = await fetch_distinct(store, [key for key, _ in kept], k)
+                chunks = await fetch_distinct(self._reads, store, [key for key, _ in kept], k)
         holders = first_copies([key for key, _ in kept], chunks)  # one hit per text
-        holders = await every_holder(store, dict(list(holders.items())[:k]), chunks, filters,
-                                     limits.max_also_in)
+        holders = await every_holder(self._reads, store, dict(list(holders.items())[:k]),
+                                     chunks, filters, limit=limits.max_also_in)
         hits = []
         for key, score in kept:
             c = chunks.get(key)
@@ -301,7 +307,7 @@ class Search:
         asked = filters.sources
         if not asked:
             store = self._indexes.require()
-            asked = tuple(s.id for s in await asyncio.to_thread(store.sources))
+            asked = tuple(s.id for s in await self._reads.run(store.sources))
         named = sorted(set(filters.sources) & disabled)
         if named:
             warnings.append(f"source {', '.join(named)} is disabled: not searched")
@@ -358,7 +364,7 @@ class Search:
 
         indexes = self._indexes
         current = self._embedder()
-        serving = await asyncio.to_thread(indexes.serving_model)
+        serving = await self._reads.run(indexes.serving_model)
         if current is not None and current.model_id != serving:
             self._backfill.on_other_model()  # no vectors yet, or another model's
         if not serving:
@@ -383,8 +389,8 @@ class Search:
         stats.vector_depth = n
         try:
             with stats.stage("vector"):
-                hits = await asyncio.to_thread(indexes.vector_ranked, serving, vector,
-                                               filters, n)
+                hits = await self._reads.run(indexes.vector_ranked, serving, vector,
+                                             filters, n)
         except EmbeddingModelMismatch as exc:  # the vectors' model changed meanwhile
             without(str(exc))
             return None
