@@ -77,13 +77,49 @@ def vector_search(conn: Connection, space_id: int, dim: int, vector: Sequence[fl
         raise ValueError(f"the query vector must be {dim} finite numbers, got shape "
                          f"{values.shape}")
     statement, args = vector_statement(space_id, dim, filters)
+    cut = limit + VECTOR_JOIN_MARGIN
     with conn.transaction():
         conn.execute("SELECT set_config('hnsw.ef_search', %s, true), "
                      "set_config('hnsw.iterative_scan', 'strict_order', true), "
                      "set_config('hnsw.max_scan_tuples', %s, true)",
-                     (str(max(ef_search, min(limit, 1000))), str(max_scan_tuples)))
+                     (str(max(ef_search, min(cut, 1000))), str(max_scan_tuples)))
+        if filters == Filters():
+            # Unfiltered, the nearest vectors are taken on the index alone and joined to
+            # their holders after (a margin for a disabled source's): joined in the same
+            # query, the planner's semi-join to the holders left the HNSW scan and
+            # measured every vector (1.8 s at 100 000 chunks against 9 ms for the scan).
+            top, top_args = vector_top_statement(space_id, dim, filters)
+            rows = conn.execute(top, [values.tolist(), cut, *top_args, limit]).fetchall()
+            hits = [(int(k), float(d)) for k, d, _ in rows if k is not None]
+            found = next((int(n) for k, _, n in rows if k is None), 0)
+            if len(hits) >= limit or found < cut:
+                return hits
         rows = conn.execute(statement, [values.tolist(), *args, limit]).fetchall()
     return [(int(key), float(distance)) for key, distance in rows]
+
+
+VECTOR_JOIN_MARGIN = 64
+"""Nearest vectors taken beyond the ``limit`` asked for, unfiltered, before they are joined
+to their holders (a disabled source's are dropped there)."""
+
+
+def vector_top_statement(space_id: int, dim: int,
+                         filters: Filters) -> tuple[sql.Composed, list[object]]:
+    """The unfiltered vector list: the nearest ``cut`` vectors of the space on its HNSW
+    index alone (materialized), then those some admitted holder holds, nearest first,
+    and one row more, ``(NULL, NULL, n)``: how many the scan gave. Parameters: the query
+    vector, ``cut``, the filter's, the limit."""
+    where, args = filter_sql(filters)
+    where = holders_where(where)
+    cast = sql.SQL("::vector({})").format(sql.Literal(dim))
+    return sql.SQL(
+        "WITH q AS (SELECT %s::float4[]{cast} AS v), top AS MATERIALIZED ("
+        "SELECT v.chunk_key, v.embedding{cast} <=> q.v AS distance FROM q, chunk_vectors v "
+        "WHERE v.space_id = {space} ORDER BY v.embedding{cast} <=> q.v LIMIT %s) "
+        "(SELECT t.chunk_key, t.distance, NULL::bigint FROM top t "
+        "JOIN chunks c ON c.key = t.chunk_key WHERE {where} ORDER BY t.distance LIMIT %s) "
+        "UNION ALL SELECT NULL, NULL, count(*) FROM top").format(
+            cast=cast, space=sql.Literal(space_id), where=where), args
 
 
 def vector_statement(space_id: int, dim: int,

@@ -28,7 +28,7 @@ from retrieval.errors import (
 )
 from retrieval.postgres._connect import PgOptions
 from retrieval.postgres._schema import SCHEMA_VERSION
-from retrieval.postgres._search import vector_statement
+from retrieval.postgres._search import vector_statement, vector_top_statement
 from retrieval.postgres._store import PostgresStore
 from retrieval.store._bm25 import Filters
 from retrieval.store._metadata import ChunkRow, DocumentRow, SourceRow
@@ -195,6 +195,47 @@ def test_a_filter_inside_the_hnsw_scan_still_gets_k_vector_hits(pg_dsn: str) -> 
             plan = "\n".join(r[0] for r in conn.execute(
                 sql.SQL("EXPLAIN ") + statement, [[1.0, 0.0, 0.0, 0.0], *args, 20]))
         assert "Index Scan using chunk_vectors_hnsw_1" in plan, plan
+    finally:
+        store.close()
+
+
+def test_unfiltered_the_hnsw_scan_runs_alone_and_a_disabled_source_is_still_left_out(
+        pg_dsn: str) -> None:
+    """Unfiltered, the vector list takes the nearest vectors on the HNSW index alone and
+    joins them to their holders after (joined in one query, the semi-join to the holders
+    left the index at 100 000 chunks); when a disabled source holds every one of them, the
+    filtered query still gives the k nearest of the enabled sources."""
+    store = PostgresStore.open(PgOptions(pg_dsn, ef_search=10))
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER DATABASE {} SET enable_sort = off").format(
+            sql.Identifier(conn.info.dbname)))
+    try:
+        store.use_embedding_model(MODEL, DIM)
+        rng = np.random.default_rng(11)
+        for source, direction in (("near", (1, 0, 0)), ("far", (0, 1, 0))):
+            store.upsert_source(SourceRow(source, "push"))
+            store.replace_documents(
+                [(doc(f"{source}/{i}", source), chunks(f"{source}/{i}", f"t {i}"))
+                 for i in range(150)],
+                [(MODEL, {f"{source}/{i}:t {i}": unit(*direction, 0) + rng.random(4) * 0.2
+                          for i in range(150)})])
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("ANALYZE")
+        query = unit(1, 0, 0, 0)
+        hits = store.vector_search(MODEL, query, filters=Filters(), limit=20)
+        assert all(i.startswith("near/") for i in chunk_ids(store, hits))
+        assert len(hits) == 20 and [d for _, d in hits] == sorted(d for _, d in hits)
+        statement, args = vector_top_statement(1, DIM, Filters())
+        with psycopg.connect(pg_dsn) as conn:
+            plan = "\n".join(r[0] for r in conn.execute(
+                sql.SQL("EXPLAIN ") + statement, [[1.0, 0.0, 0.0, 0.0], 84, *args, 20]))
+        assert "Index Scan using chunk_vectors_hnsw_1" in plan, plan
+        # The 84 nearest (20 asked + the margin) all in a disabled source: the filtered
+        # query runs, and the 20 nearest of the enabled source come back.
+        assert store.set_source_disabled("near", True)
+        hits = store.vector_search(MODEL, query, filters=Filters(), limit=20)
+        assert len(hits) == 20
+        assert all(i.startswith("far/") for i in chunk_ids(store, hits))
     finally:
         store.close()
 
