@@ -261,8 +261,8 @@ def probes(store: Any, ranker: str, queries: Sequence[str]) -> dict[str, dict[st
         for name, statement in [*PROBES["any"], *PROBES.get(ranker, [])]:
             runs.append((name, lambda q, s=statement: conn.execute(
                 s, (q,) * s.count("%s")).fetchall()))
-        runs.append(("vector list without the holders' EXISTS (its HNSW scan)",
-                     lambda q: _plain_vector(conn, store, vectors[q])))
+        runs.append((f"vector: the HNSW scan alone, top {TOP}",
+                     lambda q: _hnsw_top(conn, store, vectors[q])))
         if ranker == SQL_RANKER:
             for bound in (300, 3000):
                 runs.append((f"bm25-sql, {bound} postings a term", lambda q, b=bound:
@@ -284,26 +284,19 @@ def probes(store: Any, ranker: str, queries: Sequence[str]) -> dict[str, dict[st
     return out
 
 
-def _plain_vector(conn: Any, store: Any, vector: Sequence[float]) -> object:
-    """The vector list's statement without the holders' EXISTS that issue 30 added
-    (``holders_where``), so the cost of that condition shows beside llamad's own list:
-    the HNSW index's ordered scan and the filter on ``d`` alone."""
-    where, args = filter_sql(Filters())
+def _hnsw_top(conn: Any, store: Any, vector: Sequence[float]) -> object:
+    """The HNSW index's ordered scan alone: the nearest :data:`TOP` vectors of the space,
+    no join (what the vector list's materialized top reads before its join)."""
     space = store.use_embedding_model(MODEL, DIM)
     statement = sql.SQL(
-        "SELECT v.chunk_key, v.embedding::vector({dim}) <=> q.v AS distance "
-        "FROM (SELECT %s::float4[]::vector({dim}) AS v) q, chunk_vectors v "
-        "JOIN chunks c ON c.key = v.chunk_key JOIN documents d ON d.id = c.doc_id "
-        "WHERE v.space_id = {space} AND {where} "
-        "ORDER BY v.embedding::vector({dim}) <=> q.v LIMIT %s").format(
-            dim=sql.Literal(DIM), space=sql.Literal(space), where=where)
+        "SELECT chunk_key FROM chunk_vectors WHERE space_id = {space} "
+        "ORDER BY embedding::vector({dim}) <=> %s::float4[]::vector({dim}) LIMIT %s").format(
+            dim=sql.Literal(DIM), space=sql.Literal(space))
     with conn.transaction():
         conn.execute("SELECT set_config('hnsw.ef_search', %s, true), "
-                     "set_config('hnsw.iterative_scan', 'strict_order', true), "
-                     "set_config('hnsw.max_scan_tuples', %s, true)",
-                     (str(max(store.options.ef_search, LIST_DEPTH)),
-                      str(store.options.max_scan_tuples)))
-        return conn.execute(statement, [list(vector), *args, LIST_DEPTH]).fetchall()
+                     "set_config('hnsw.iterative_scan', 'strict_order', true)",
+                     (str(max(store.options.ef_search, TOP)),))
+        return conn.execute(statement, [list(vector), TOP]).fetchall()
 
 
 async def measure(server: PgembedServer, work: Path, queries: Sequence[str], *,
