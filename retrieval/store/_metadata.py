@@ -128,6 +128,16 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache, EntryStore):
             self._db.execute("PRAGMA busy_timeout=5000")
             self._db.executescript(_SCHEMA + REVIEW_SCHEMA)
             self._migrate()
+        # A search's reads of chunks (its fetch stage, the copies of a text) go through a
+        # connection of their own: in WAL mode a write transaction (a group commit of up to
+        # retrieval.max_commit_batch documents) does not block it, where on the writer's
+        # connection a search waited for the whole commit under the one lock.
+        self._read_db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._read_db.row_factory = sqlite3.Row
+        self._read_db.execute("PRAGMA busy_timeout=5000")
+        self._read_db.execute("PRAGMA query_only=ON")
+        self._read_lock = threading.Lock()
+        self._writer = 0  # the thread inside a write transaction (0: none)
 
     def _migrate(self) -> None:
         """Bring a store made by an older llamad up to this schema (columns added since
@@ -148,8 +158,22 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache, EntryStore):
         self._db.execute(ENTRY_BACKFILL)
 
     def close(self) -> None:
+        with self._read_lock:
+            self._read_db.close()
         with self._lock:
             self._db.close()
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """The connection for a read of chunks: the writer's own inside its transaction
+        (it reads what it wrote), else the reader connection, which sees the last commit
+        and does not wait for a write transaction."""
+        if self._writer == threading.get_ident():
+            with self._lock:
+                yield self._db
+        else:
+            with self._read_lock:
+                yield self._read_db
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -157,6 +181,7 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache, EntryStore):
         block exits normally (a ``return`` too), rolled back when it or the commit raises."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
+            self._writer = threading.get_ident()
             try:
                 self._clear_applied()
                 yield
@@ -167,6 +192,8 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache, EntryStore):
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise
+            finally:
+                self._writer = 0
 
     # -- meta --------------------------------------------------------------------------
 
@@ -353,22 +380,25 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache, EntryStore):
                            r[11], _tags(r[12]), r[13], int(r[14] or 0),
                            None if r[15] is None else int(r[15]))
 
-    def _by_keys(self, select: str, keys: Iterable[int]) -> Iterator[sqlite3.Row]:
+    def _by_keys(self, select: str, keys: Iterable[int],
+                 db: sqlite3.Connection | None = None) -> Iterator[sqlite3.Row]:
         """The rows of ``select`` (ending in ``IN``) for ``keys``, 500 keys a statement
-        (SQLite's limit on placeholders); the caller holds the lock."""
+        (SQLite's limit on placeholders), on ``db`` (the writer's connection by default);
+        the caller holds that connection's lock."""
+        db = db or self._db
         wanted = list(keys)
         for i in range(0, len(wanted), 500):
             part = wanted[i:i + 500]
-            yield from self._db.execute(f"{select} ({','.join('?' * len(part))})", part)
+            yield from db.execute(f"{select} ({','.join('?' * len(part))})", part)
 
     def chunks_by_keys(self, keys: Iterable[int]) -> dict[int, StoredChunk]:
-        with self._lock:
-            return {int(r[0]): self._chunk(r)
-                    for r in self._by_keys(f"{self._CHUNK_SELECT} WHERE c.key IN", keys)}
+        with self._reading() as db:
+            return {int(r[0]): self._chunk(r) for r in self._by_keys(
+                f"{self._CHUNK_SELECT} WHERE c.key IN", keys, db)}
 
     def copies_of(self, hashes: Sequence[str], limit: int) -> dict[str, list[StoredChunk]]:
-        with self._lock:
-            return {h: [self._chunk(r) for r in self._db.execute(
+        with self._reading() as db:
+            return {h: [self._chunk(r) for r in db.execute(
                 f"{self._CHUNK_SELECT} WHERE c.content_hash = ? ORDER BY c.doc_id LIMIT ?",
                 (h, limit))] for h in dict.fromkeys(hashes)}
 
