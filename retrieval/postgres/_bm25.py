@@ -349,11 +349,12 @@ def text_search(conn: Connection, query: str, limit: int, where: sql.Composable,
     params = [terms, [weights[t] for t in terms], *args, limit]
     if not filtered:
         cut = limit + JOIN_MARGIN
-        hits, scored = _hits(conn.execute(_statement(where, per_term, cut), params
-                                          ).fetchall())
+        hits, scored = _hits(conn.execute(_statement(where, per_term, cut), params,
+                                          prepare=False).fetchall())
         if len(hits) >= limit or scored < cut:
             return hits
-    return _hits(conn.execute(_statement(where, None, None), params).fetchall())[0]
+    return _hits(conn.execute(_statement(where, None, None), params,
+                              prepare=False).fetchall())[0]
 
 
 def _hits(rows: Sequence[Sequence[object]]) -> tuple[list[tuple[int, float]], int]:

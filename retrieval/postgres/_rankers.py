@@ -22,6 +22,13 @@ whose index builds, else ``bm25-sql``. Both extensions define an access method n
 ranker indexes ``chunks.bm25_body`` (title, heading and text; a generated column added
 when the ranker is first set up: neither extension indexes an expression). The plain-SQL
 statistics are kept whichever ranker serves, so a database can change ranker at any open.
+
+Every ranked statement (each ranker's, and the vector list's) runs unprepared
+(``prepare=False``), so PostgreSQL plans it with its values each time: psycopg prepares a
+statement run five times on a connection, and the server may then keep a generic plan.
+At 100 000 chunks pg_search's generic plan (the query text a parameter when planned) cost
+75 ms where the custom plan cost 9 ms; pg_textsearch's list 25 against 20 ms, bm25-sql's
+8.7 against 6.7 (bench/RESULTS.md, "PostgreSQL store at 100k chunks per ranker").
 """
 
 from __future__ import annotations
@@ -109,7 +116,7 @@ class TextsearchRanker:
             cut = limit + _pg_bm25.JOIN_MARGIN
             rows = conn.execute(_TEXTSEARCH_TOP.format(
                 where=where, index=sql.Literal(TEXTSEARCH_INDEX)),
-                                [text, text, cut, *args, limit]).fetchall()
+                                [text, text, cut, *args, limit], prepare=False).fetchall()
             hits = _ordered([(k, s) for k, s, _ in rows if k is not None])
             scored = next((int(str(n)) for k, _, n in rows if k is None), 0)
             if len(hits) >= limit or scored < cut:
@@ -120,7 +127,8 @@ class TextsearchRanker:
             "SELECT c.key, -({d}) FROM chunks c JOIN documents d ON d.id = c.doc_id "
             "WHERE {d} < 0 AND {where} ORDER BY {d} LIMIT %s").format(d=distance,
                                                                        where=where)
-        return _ordered(conn.execute(statement, [text, text, *args, text, limit]).fetchall())
+        return _ordered(conn.execute(statement, [text, text, *args, text, limit],
+                                     prepare=False).fetchall())
 
 
 _TEXTSEARCH_TOP = sql.SQL(
@@ -154,7 +162,7 @@ class SearchRanker:
         if not filtered:
             cut = limit + _pg_bm25.JOIN_MARGIN
             rows = conn.execute(_SEARCH_TOP.format(where=where),
-                                [text, cut, *args, limit]).fetchall()
+                                [text, cut, *args, limit], prepare=False).fetchall()
             hits = _ordered([(k, s) for k, s, _ in rows if k is not None])
             scored = next((int(str(n)) for k, _, n in rows if k is None), 0)
             if len(hits) >= limit or scored < cut:
@@ -163,7 +171,8 @@ class SearchRanker:
             "SELECT c.key, pdb.score(c.key) FROM chunks c JOIN documents d ON "
             "d.id = c.doc_id WHERE c.bm25_body ||| %s AND {where} "
             "ORDER BY pdb.score(c.key) DESC LIMIT %s").format(where=where)
-        return _ordered(conn.execute(statement, [text, *args, limit]).fetchall())
+        return _ordered(conn.execute(statement, [text, *args, limit],
+                                     prepare=False).fetchall())
 
 
 _SEARCH_TOP = sql.SQL(

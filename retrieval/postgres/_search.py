@@ -89,12 +89,14 @@ def vector_search(conn: Connection, space_id: int, dim: int, vector: Sequence[fl
             # query, the planner's semi-join to the holders left the HNSW scan and
             # measured every vector (1.8 s at 100 000 chunks against 9 ms for the scan).
             top, top_args = vector_top_statement(space_id, dim, filters)
-            rows = conn.execute(top, [values.tolist(), cut, *top_args, limit]).fetchall()
+            rows = conn.execute(top, [values.tolist(), cut, *top_args, limit],
+                                prepare=False).fetchall()
             hits = [(int(k), float(d)) for k, d, _ in rows if k is not None]
             found = next((int(n) for k, _, n in rows if k is None), 0)
             if len(hits) >= limit or found < cut:
                 return hits
-        rows = conn.execute(statement, [values.tolist(), *args, limit]).fetchall()
+        rows = conn.execute(statement, [values.tolist(), *args, limit],
+                            prepare=False).fetchall()
     return [(int(key), float(distance)) for key, distance in rows]
 
 
