@@ -189,7 +189,8 @@ class _Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, Any]] = []
 
-    def execute(self, statement: Any, params: Any = None) -> _Recorder:
+    def execute(self, statement: Any, params: Any = None, *,
+                prepare: bool | None = None) -> _Recorder:
         self.calls.append((statement, params))
         return self
 
