@@ -28,7 +28,7 @@ class RetrievalLimits:
     max_pending: int = 1000         # upserts accepted to index in the background, waiting
     # 100/100: +0.011 mean nDCG@10 over 25/25 on 4 of 4 BEIR collections; no other depth
     # generalises, left one collection out. DBSF 0.4/0.6: chosen on three collections, it
-    # beats plain RRF on each held-out one (+0.0005 to +0.005, +0.003 on the folds' mean,
+    # beats plain RRF on each held-out one (+0.0004 to +0.005, +0.003 on the folds' mean,
     # nDCG@10 averaged over five ingest orders); a short BM25 list is fused as what it is,
     # so a word only one document holds stays first or second (bench/RESULTS.md, Fusion by
     # leaving one collection out)
