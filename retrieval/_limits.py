@@ -40,7 +40,7 @@ class RetrievalLimits:
     text_weight: float = 0.4        # the lists' weights in the fusion (rrf, 1 and 1: plain RRF)
     vector_weight: float = 0.6
     max_also_in: int = 50           # copies of a hit's text read to name its other holders
-    search_threads: int = 4         # threads of a search's reads (search._reads), apart
+    search_threads: int = 4         # threads of its own for a search's reads (search._reads)
     default_k: int = 5
     max_k: int = 20
     max_query_chars: int = 2000

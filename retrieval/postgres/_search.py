@@ -76,7 +76,6 @@ def vector_search(conn: Connection, space_id: int, dim: int, vector: Sequence[fl
     if values.shape != (dim,) or not np.isfinite(values).all():
         raise ValueError(f"the query vector must be {dim} finite numbers, got shape "
                          f"{values.shape}")
-    statement, args = vector_statement(space_id, dim, filters)
     cut = limit + VECTOR_JOIN_MARGIN
     with conn.transaction():
         conn.execute("SELECT set_config('hnsw.ef_search', %s, true), "
@@ -88,13 +87,14 @@ def vector_search(conn: Connection, space_id: int, dim: int, vector: Sequence[fl
             # their holders after (a margin for a disabled source's): joined in the same
             # query, the planner's semi-join to the holders left the HNSW scan and
             # measured every vector (1.8 s at 100 000 chunks against 9 ms for the scan).
-            top, top_args = vector_top_statement(space_id, dim, filters)
+            top, top_args = vector_top_statement(space_id, dim)
             rows = conn.execute(top, [values.tolist(), cut, *top_args, limit],
                                 prepare=False).fetchall()
             hits = [(int(k), float(d)) for k, d, _ in rows if k is not None]
             found = next((int(n) for k, _, n in rows if k is None), 0)
             if len(hits) >= limit or found < cut:
                 return hits
+        statement, args = vector_statement(space_id, dim, filters)
         rows = conn.execute(statement, [values.tolist(), *args, limit],
                             prepare=False).fetchall()
     return [(int(key), float(distance)) for key, distance in rows]
@@ -105,15 +105,20 @@ VECTOR_JOIN_MARGIN = 64
 to their holders (a disabled source's are dropped there)."""
 
 
-def vector_top_statement(space_id: int, dim: int,
-                         filters: Filters) -> tuple[sql.Composed, list[object]]:
-    """The unfiltered vector list: the nearest ``cut`` vectors of the space on its HNSW
-    index alone (materialized), then those some admitted holder holds, nearest first,
-    and one row more, ``(NULL, NULL, n)``: how many the scan gave. Parameters: the query
-    vector, ``cut``, the filter's, the limit."""
+def _vector_parts(dim: int, filters: Filters
+                  ) -> tuple[sql.Composable, sql.Composable, list[object]]:
+    """The vector cast of ``dim`` and the filter as a condition on the entry ``c`` (a
+    text's vector is its entry's; a holder passes) with its parameters."""
     where, args = filter_sql(filters)
-    where = holders_where(where)
-    cast = sql.SQL("::vector({})").format(sql.Literal(dim))
+    return sql.SQL("::vector({})").format(sql.Literal(dim)), holders_where(where), args
+
+
+def vector_top_statement(space_id: int, dim: int) -> tuple[sql.Composed, list[object]]:
+    """The unfiltered vector list: the nearest ``cut`` vectors of the space on its HNSW
+    index alone (materialized), then those some holder in an enabled source holds,
+    nearest first, and one row more, ``(NULL, NULL, n)``: how many the scan gave.
+    Parameters: the query vector, ``cut``, the returned arguments, the limit."""
+    cast, where, args = _vector_parts(dim, Filters())
     return sql.SQL(
         "WITH q AS (SELECT %s::float4[]{cast} AS v), top AS MATERIALIZED ("
         "SELECT v.chunk_key, v.embedding{cast} <=> q.v AS distance FROM q, chunk_vectors v "
@@ -129,9 +134,7 @@ def vector_statement(space_id: int, dim: int,
     """The vector list's query and its filter parameters: the query vector (a list of
     floats) comes before them and the limit after. The space and dimension are literals,
     so the statement matches the space's partial HNSW index in any plan."""
-    where, args = filter_sql(filters)
-    where = holders_where(where)  # a text's vector is its entry's; a holder passes
-    cast = sql.SQL("::vector({})").format(sql.Literal(dim))
+    cast, where, args = _vector_parts(dim, filters)
     return sql.SQL(
         "SELECT v.chunk_key, v.embedding{cast} <=> q.v AS distance "
         "FROM (SELECT %s::float4[]{cast} AS v) q, chunk_vectors v "

@@ -29,9 +29,8 @@ class Reads:
     ``asyncio.to_thread``: the caller's context variables go with the call)."""
 
     def __init__(self, threads: int) -> None:
-        self.threads = max(1, threads)
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=self.threads, thread_name_prefix="llamad-search")
+            max_workers=max(1, threads), thread_name_prefix="llamad-search")
 
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)`` on one of the search threads."""

@@ -6,6 +6,7 @@ message."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
 import subprocess
@@ -164,9 +165,10 @@ def test_both_lists_find_a_document_with_filters_applied_inside(store: PostgresS
     assert store.text_search("zebra", filters=Filters(), limit=10) == []
 
 
-def test_a_filter_inside_the_hnsw_scan_still_gets_k_vector_hits(pg_dsn: str) -> None:
-    """On the HNSW index, a filter that the nearest chunks all fail still returns the k
-    nearest that pass it (pgvector's iterative scan), not the few of a fixed top-k."""
+@contextlib.contextmanager
+def near_and_far(pg_dsn: str, *, seed: int) -> Iterator[PostgresStore]:
+    """A store (ef_search 10) with 150 chunks in source ``near``, their vectors near
+    (1, 0, 0, 0), and 150 in ``far`` near (0, 1, 0, 0); analysed, sorting off."""
     store = PostgresStore.open(PgOptions(pg_dsn, ef_search=10))
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         # Tables this small are otherwise read whole and sorted (exact): the planner
@@ -175,7 +177,7 @@ def test_a_filter_inside_the_hnsw_scan_still_gets_k_vector_hits(pg_dsn: str) -> 
             sql.Identifier(conn.info.dbname)))
     try:
         store.use_embedding_model(MODEL, DIM)
-        rng = np.random.default_rng(7)
+        rng = np.random.default_rng(seed)
         for source, direction in (("near", (1, 0, 0)), ("far", (0, 1, 0))):
             store.upsert_source(SourceRow(source, "push"))
             store.replace_documents(
@@ -185,6 +187,15 @@ def test_a_filter_inside_the_hnsw_scan_still_gets_k_vector_hits(pg_dsn: str) -> 
                           for i in range(150)})])
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute("ANALYZE")
+        yield store
+    finally:
+        store.close()
+
+
+def test_a_filter_inside_the_hnsw_scan_still_gets_k_vector_hits(pg_dsn: str) -> None:
+    """On the HNSW index, a filter that the nearest chunks all fail still returns the k
+    nearest that pass it (pgvector's iterative scan), not the few of a fixed top-k."""
+    with near_and_far(pg_dsn, seed=7) as store:
         filters = Filters(sources=("far",))
         hits = store.vector_search(MODEL, unit(1, 0, 0, 0), filters=filters, limit=20)
         assert len(hits) == 20
@@ -195,8 +206,6 @@ def test_a_filter_inside_the_hnsw_scan_still_gets_k_vector_hits(pg_dsn: str) -> 
             plan = "\n".join(r[0] for r in conn.execute(
                 sql.SQL("EXPLAIN ") + statement, [[1.0, 0.0, 0.0, 0.0], *args, 20]))
         assert "Index Scan using chunk_vectors_hnsw_1" in plan, plan
-    finally:
-        store.close()
 
 
 def test_unfiltered_the_hnsw_scan_runs_alone_and_a_disabled_source_is_still_left_out(
@@ -205,27 +214,12 @@ def test_unfiltered_the_hnsw_scan_runs_alone_and_a_disabled_source_is_still_left
     joins them to their holders after (joined in one query, the semi-join to the holders
     left the index at 100 000 chunks); when a disabled source holds every one of them, the
     filtered query still gives the k nearest of the enabled sources."""
-    store = PostgresStore.open(PgOptions(pg_dsn, ef_search=10))
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("ALTER DATABASE {} SET enable_sort = off").format(
-            sql.Identifier(conn.info.dbname)))
-    try:
-        store.use_embedding_model(MODEL, DIM)
-        rng = np.random.default_rng(11)
-        for source, direction in (("near", (1, 0, 0)), ("far", (0, 1, 0))):
-            store.upsert_source(SourceRow(source, "push"))
-            store.replace_documents(
-                [(doc(f"{source}/{i}", source), chunks(f"{source}/{i}", f"t {i}"))
-                 for i in range(150)],
-                [(MODEL, {f"{source}/{i}:t {i}": unit(*direction, 0) + rng.random(4) * 0.2
-                          for i in range(150)})])
-        with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            conn.execute("ANALYZE")
+    with near_and_far(pg_dsn, seed=11) as store:
         query = unit(1, 0, 0, 0)
         hits = store.vector_search(MODEL, query, filters=Filters(), limit=20)
         assert all(i.startswith("near/") for i in chunk_ids(store, hits))
         assert len(hits) == 20 and [d for _, d in hits] == sorted(d for _, d in hits)
-        statement, args = vector_top_statement(1, DIM, Filters())
+        statement, args = vector_top_statement(1, DIM)
         with psycopg.connect(pg_dsn) as conn:
             plan = "\n".join(r[0] for r in conn.execute(
                 sql.SQL("EXPLAIN ") + statement, [[1.0, 0.0, 0.0, 0.0], 84, *args, 20]))
@@ -236,8 +230,6 @@ def test_unfiltered_the_hnsw_scan_runs_alone_and_a_disabled_source_is_still_left
         hits = store.vector_search(MODEL, query, filters=Filters(), limit=20)
         assert len(hits) == 20
         assert all(i.startswith("far/") for i in chunk_ids(store, hits))
-    finally:
-        store.close()
 
 
 def test_replace_swaps_chunks_and_a_failed_one_keeps_the_old_version(
