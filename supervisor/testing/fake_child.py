@@ -136,6 +136,7 @@ import contextlib
 import json
 import math
 import os
+import select
 import signal
 import socket
 import socketserver
@@ -815,6 +816,19 @@ def _sleep_unless_stopped(seconds: float) -> None:
         time.sleep(min(left, 0.05))
 
 
+def _idle_until_stopped() -> None:
+    """Block until a stop signal's handler ran, using no CPU meanwhile (as an idle or
+    wedged llama-server: the outcome watch reads a child's CPU time to tell a computing
+    child from a stuck one, so the fake must not poll). The handler's wakeup byte ends
+    the wait; with the signals ignored (the wedges), it never ends."""
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    while not _StopFlag.requested:
+        select.select([wake_read], [], [])
+        os.read(wake_read, 512)
+
+
 def _flood_stdout() -> None:
     pad = "x" * 64
     n = 0
@@ -868,7 +882,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError:
         _log(f"main: couldn't bind HTTP server socket, hostname: {config.where}")
         return 1
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    # Nothing calls shutdown(): the poll interval only sets how often an idle server wakes.
+    threading.Thread(target=server.serve_forever, args=(5.0,), daemon=True).start()
     _log(f"main: HTTP server is listening, hostname: {config.where}")
     _log("main: loading model")
     _log(_srv("load_model", f"loading model '{args.model}'"))
@@ -913,8 +928,7 @@ def main(argv: list[str] | None = None) -> int:
         if config.fault == "exit-after-ready":
             threading.Thread(target=_exit_after, args=(config.fault_after,), daemon=True).start()
 
-    while not _StopFlag.requested:
-        time.sleep(0.05)
+    _idle_until_stopped()
     _log(_srv("operator()", "operator(): cleaning up before exit..."))
     return 0
 
