@@ -3,7 +3,8 @@ ingest and batch Embed clients load the same daemon, lanes on and lanes off.
 
     .venv/bin/python -m bench.bench_lanes [--docs 5000] [--seed-docs 300]
         [--batch-clients 8] [--batch-size 16] [--idle-calls 40] [--loaded-seconds 120]
-        [--max-tokens 16] [--modes on,off] [--wait-others S] [--max-foreign C] [--anyway]
+        [--max-tokens 16] [--modes on,off] [--setting LLAMAD_X=V] [--wait-others S]
+        [--max-foreign C] [--anyway]
         [--out bench/RESULTS.md] [--no-write]
 
 One ``python -m daemon serve`` process per mode (``limits.lanes`` true, then false; mode
@@ -82,6 +83,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    "(lanes on, one child per model: background_instance false), off")
     p.add_argument("--instance-nice", type=int, default=0,
                    help="limits.background_instance_nice of mode on (0: its default)")
+    p.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                   help="an extra LLAMAD_* environment setting of the daemon (repeatable), "
+                   "e.g. LLAMAD_EMBEDDING_THREADS=1")
     p.add_argument("--llama-bin", default=str(support.ROOT / ".venv" / "bin" / "llama-server"))
     p.add_argument("--out", type=Path, default=support.ROOT / "bench" / "RESULTS.md")
     p.add_argument("--no-write", action="store_true", help="print only")
@@ -104,10 +108,15 @@ def write_docs(folder: Path, name: str, count: int) -> None:
         (folder / f"{i:05}.md").write_text(f"# {name} note {i}\n\n{name}{i} {words}.\n")
 
 
-def env(mode: str, root: Path, state: Path, llama_bin: str, nice: int = 0
-        ) -> dict[str, str]:
+def env(mode: str, root: Path, state: Path, llama_bin: str, *, nice: int = 0,
+        settings: Sequence[str] = ()) -> dict[str, str]:
     extra = {"LLAMAD_LIMITS_BACKGROUND_INSTANCE_NICE": str(nice)} if nice else {}
-    return {**extra, **GREEDY_CHAT, "LLAMAD_LISTEN": "127.0.0.1:0", "LLAMAD_STATE_DIR": str(state),
+    for setting in settings:
+        name, _, value = setting.partition("=")
+        if not name.startswith("LLAMAD_") or not _:
+            raise SystemExit(f"--setting {setting!r}: expected LLAMAD_NAME=VALUE")
+        extra[name] = value
+    return {**GREEDY_CHAT, "LLAMAD_LISTEN": "127.0.0.1:0", "LLAMAD_STATE_DIR": str(state),
             "LLAMAD_LLAMA_BIN": llama_bin, "LLAMAD_LOG_FORMAT": "json",
             "LLAMAD_MODELS_DIR": str(support.MODELS_DIR),
             "LLAMAD_GENERATION_MODEL": str(support.model_file(support.SMALL_MODEL)),
@@ -115,7 +124,8 @@ def env(mode: str, root: Path, state: Path, llama_bin: str, nice: int = 0
             "LLAMAD_RETRIEVAL_ALLOWED_ROOTS": str(root),
             "LLAMAD_RETRIEVAL_RESCAN_INTERVAL": "0", "LLAMAD_RETRIEVAL_WATCH": "false",
             "LLAMAD_LIMITS_LANES": "false" if mode == "off" else "true",
-            "LLAMAD_EMBEDDING_BACKGROUND_INSTANCE": "false" if mode == "shared" else "auto"}
+            "LLAMAD_EMBEDDING_BACKGROUND_INSTANCE": "false" if mode == "shared" else "auto",
+            **extra}
 
 
 @dataclass
@@ -248,7 +258,7 @@ async def one_mode(args: argparse.Namespace, mode: str, work: Path) -> list[Phas
     root = work / "docs"
     phases: list[Phase] = []
     async with serving(env(mode, root, work / f"state-{mode}", args.llama_bin,
-                           args.instance_nice),
+                           nice=args.instance_nice, settings=args.setting),
                        work / f"daemon-{mode}.log") as (proc, channel), \
             AsyncClient(await proc.address(), timeout=120) as client:
         never = asyncio.Event()

@@ -421,10 +421,16 @@ class Daemon:
                     self._tls.update(self.config.tls)
                 if self._http is not None and self.config.tls is not None:
                     self._http.update_tls(self.config.tls)
-                lanes = policy_from(self.config.settings.limits)
+                limits = self.config.settings.limits
+                lanes = policy_from(limits)
                 for model in self.pool.built():  # one loaded later keeps it too
-                    model.set_queue_size(self.config.settings.limits.queue_size)
+                    model.set_queue_size(limits.queue_size)
                     model.admission.configure(lanes)
+                    if model.lane_instance is not None:
+                        model.lane_instance.configure(
+                            nice=limits.background_instance_nice,
+                            threads=limits.background_instance_threads,
+                            idle=limits.background_instance_ttl)
                 return report
             finally:
                 self._notifier.status(self.status_line())

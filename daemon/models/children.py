@@ -233,6 +233,7 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None,
         limits = settings.limits
         model.lane_instance = LaneInstance(
             model, role, nice=limits.background_instance_nice,
+            threads=limits.background_instance_threads,
             idle=limits.background_instance_ttl, lanes=admission.lanes, clock=clock,
             drain_timeout=settings.swap.drain_timeout)
     return model

@@ -67,6 +67,22 @@ _REFUSED_RETRY = 30.0
 """Seconds before an instance refused for memory is considered again."""
 
 
+def instance_threads(model_threads: int, setting: int) -> int:
+    """The CPU threads of a model's background instance: ``setting`` when given, else half
+    the model's threads, at least one.
+
+    The instance runs beside the interactive lane's children by design, at a lower
+    priority, and llama.cpp's threads are a team that meets at a barrier after every
+    operation: a team as large as the cores waits, each operation, on whichever of its
+    threads an interactive child preempted (measured on 2 cores, bench/RESULTS.md "Lanes":
+    an ingest beside a chat client kept 0.47x of its speed alone with two threads, 0.74x
+    with one, at the same documents/s under load).
+    """
+    if setting > 0:
+        return setting
+    return max(1, model_threads // 2)
+
+
 def wanted(background_instance: str, role: str) -> bool:
     """Whether a model of ``role`` with ``[ROLE] background_instance`` set so gets an
     instance: ``auto`` is on for embedding models (small), off for generation models (it
@@ -93,6 +109,8 @@ class LaneInstance:
         model: the model it serves the lower lanes of.
         name: the model's catalog name (logs, Status).
         nice: added to the instance's nice value at launch (1-19).
+        threads: its CPU threads; 0: half the model's, at least one (see
+            :func:`instance_threads`).
         idle: seconds without a lower-lane call after which it stops.
         room: says why a child needing the given bytes does not fit beside the resident
             models ("" when it does): the pool's budget.
@@ -107,12 +125,14 @@ class LaneInstance:
 
     def __init__(self, model: Model, name: str, *, nice: int, idle: float,
                  lanes: LanePolicy, clock: Clock, drain_timeout: float = 30.0,
+                 threads: int = 0,
                  room: Callable[[int], str] | None = None,
                  on_change: Callable[[LaneInstance], None] | None = None,
                  on_exit: Callable[[LaneInstance, str], None] | None = None) -> None:
         self.model = model
         self.name = name
         self.nice = min(19, max(1, nice))
+        self.threads = threads
         self.idle = idle
         self.room = room or system_room
         self._clock = clock
@@ -130,6 +150,11 @@ class LaneInstance:
         self._retiring = False
         self._tasks: set[asyncio.Task[None]] = set()
         model.subscribe(self._on_model)
+
+    def configure(self, *, nice: int, threads: int, idle: float) -> None:
+        """A reload's ``[limits]``: ``idle`` at once, ``nice`` and ``threads`` from the
+        instance's next start (a running one keeps its own)."""
+        self.nice, self.threads, self.idle = min(19, max(1, nice)), threads, idle
 
     @staticmethod
     def _policy(lanes: LanePolicy) -> LanePolicy:
@@ -233,7 +258,9 @@ class LaneInstance:
             self._changed()
             return
         self.refused = ""
-        launcher = self.model.target_for(setup).launcher
+        own = dataclasses.replace(setup, spec=dataclasses.replace(
+            setup.spec, threads=instance_threads(setup.spec.threads, self.threads)))
+        launcher = self.model.target_for(own).launcher
         if isinstance(launcher, ProcessLauncher):
             launcher.launch_nice = self.nice
         sup = Supervisor(self.model.role, launcher, validate=setup.model.validate,
@@ -243,7 +270,7 @@ class LaneInstance:
         self.admission.resize(slots_for(self.model.mode, setup, self.model.config),
                               ahead_for(self.model.mode, setup, self.model.config))
         _log.info("background instance starting", model=self.name, nice=self.nice,
-                  memory_estimate=need)
+                  threads=own.spec.threads, memory_estimate=need)
         sup.start()
 
     async def expire(self) -> bool:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from daemon import Daemon
+from daemon.config import load
 from daemon.models import memory
 from daemon.models.lane_instance import LaneInstance
 from daemon.models.model import Model
@@ -42,6 +43,12 @@ def nice_of(pid: int) -> int:
     """The nice value of ``pid`` (field 19 of /proc/PID/stat)."""
     stat = Path(f"/proc/{pid}/stat").read_bytes()
     return int(stat[stat.rfind(b")") + 2:].split()[16])
+
+
+def threads_of(pid: int) -> int:
+    """The ``--threads`` llama-server ``pid`` was started with."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    return int(argv[argv.index("--threads") + 1])
 
 
 async def wait_for(check: Callable[[], object], what: str, seconds: float = 90) -> None:
@@ -76,8 +83,15 @@ class Served:
                 self.instance.admission.served_by(self.instance.serving_pid) - self.lower0)
 
 
-async def start(tmp_path: Path, **more: str) -> tuple[Daemon, Clients, Model, LaneInstance]:
-    daemon = make_daemon(env(tmp_path, **more))
+async def start(tmp_path: Path, *, reload_from: dict[str, str] | None = None, **more: str
+                ) -> tuple[Daemon, Clients, Model, LaneInstance]:
+    """A started daemon of :func:`env` and ``more``; with ``reload_from``, a reload reads
+    its environment from that dict (filled here: the test changes it, then reloads)."""
+    if reload_from is None:
+        daemon = make_daemon(env(tmp_path, **more))
+    else:
+        reload_from.update(env(tmp_path, **more))
+        daemon = Daemon(load(None, env=reload_from), reload=lambda: load(None, env=reload_from))
     c = Clients(await daemon.start())
     await c.wait_serving("")
     model = daemon.children["embedding"]
@@ -102,6 +116,9 @@ async def test_lower_lanes_go_to_a_niced_instance_and_interactive_calls_never_do
         pid, main = instance.serving_pid, model.serving_pid
         assert pid and pid != main
         assert nice_of(pid) == min(19, nice_of(main) + 10)  # limits.background_instance_nice
+        # limits.background_instance_threads 0: half the model's threads, at least one.
+        assert threads_of(main) == model.setup.spec.threads
+        assert threads_of(pid) == max(1, model.setup.spec.threads // 2)
 
         served = Served(model, instance)
         for _ in range(3):
@@ -192,8 +209,11 @@ async def test_a_budget_too_small_for_both_refuses_the_instance_not_the_model(
 
 async def test_the_instance_stops_after_the_lower_lanes_were_idle(
         tmp_path: Path, llama_server: str) -> None:
+    """Stopped once idle for its ttl; started again by the next lower-lane call, with the
+    nice value and threads a reload gave meanwhile."""
+    settings: dict[str, str] = {}
     daemon, c, model, instance = await start(
-        tmp_path, LLAMAD_LIMITS_BACKGROUND_INSTANCE_TTL="1",
+        tmp_path, reload_from=settings, LLAMAD_LIMITS_BACKGROUND_INSTANCE_TTL="1",
         LLAMAD_MODELS_TTL_CHECK_INTERVAL="0.2")
     try:
         stub = inference_pb2_grpc.InferenceServiceStub(c.channel)
@@ -204,10 +224,20 @@ async def test_the_instance_stops_after_the_lower_lanes_were_idle(
         assert not Path(f"/proc/{pid}").exists()
         assert instance.status == "off"
         assert model.serving_pid  # the model itself serves on
-        # The next lower-lane call starts it again (served by the main child meanwhile).
+        settings.update({"LLAMAD_LIMITS_BACKGROUND_INSTANCE_NICE": "5",
+                         "LLAMAD_LIMITS_BACKGROUND_INSTANCE_THREADS": "3",
+                         "LLAMAD_LIMITS_BACKGROUND_INSTANCE_TTL": "60"})
+        report = await daemon.reload()
+        assert report.error == "" and report.changes[
+            "limits.background_instance_threads"] == "applied"
+        # The next lower-lane call starts it again (served by the main child meanwhile),
+        # with the reload's nice value and threads.
         resp = await stub.Embed(ipb.EmbedRequest(texts=TEXTS), metadata=BATCH)
         assert len(resp.embeddings) == len(TEXTS)
         await wait_for(lambda: instance.running, "the background instance started again")
+        pid, main = instance.serving_pid, model.serving_pid
+        assert nice_of(pid) == min(19, nice_of(main) + 5) and threads_of(pid) == 3
+        assert instance.idle == 60
     finally:
         await c.close()
         await daemon.shutdown()

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from retrieval.errors import StoreUnavailable
 from retrieval.postgres._connect import PgOptions
+from retrieval.postgres._rankers import _TEXTSEARCH_TOP, TEXTSEARCH_INDEX
 from retrieval.postgres._store import PostgresStore
 from retrieval.store._bm25 import Filters
 from retrieval.store._metadata import ChunkRow, DocumentRow, SourceRow
@@ -111,6 +114,38 @@ def test_each_ranker_finds_filters_and_forgets(database: str, ranker: str) -> No
         assert "disk" not in names(store, search("full disks", filters=Filters(), limit=10))
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("database", [("pg_textsearch",)], indirect=True)
+def test_pg_textsearch_reads_each_score_off_its_index_scan(database: str) -> None:
+    """pg_textsearch's list selects the index scan's own score (the extension's planner
+    hook puts ``bm25_get_current_score()`` where the selected distance is the ORDER BY's
+    expression), not a second scoring of each row from its text; the scores are the
+    extension's BM25, unfiltered and filtered alike."""
+    store = PostgresStore.open(PgOptions(database, lexical_ranker="pg_textsearch"))
+    try:
+        fill(store)
+        query = "full disks restart nginx"
+        unfiltered = store.text_search(query, filters=Filters(), limit=10)
+        filtered = store.text_search(query, filters=Filters(sources=("docs",)), limit=10)
+        found = names(store, unfiltered)
+        assert found[0] == "nginx" and sorted(found[1:]) == ["backup", "disk"]
+    finally:
+        store.close()
+    assert {k for k, _ in filtered} == {k for k, _ in unfiltered}
+    index = sql.Literal(TEXTSEARCH_INDEX)
+    with psycopg.connect(database) as conn:
+        standalone: dict[int, float] = dict(conn.execute(sql.SQL(
+            "SELECT key, -(bm25_body <@> to_bm25query(%s, {})) FROM chunks").format(index),
+            [query]).fetchall())
+        for key, score in unfiltered + filtered:
+            assert score == pytest.approx(standalone[key], rel=1e-5)
+        conn.execute("SET enable_seqscan = off")  # five rows: the planner would scan them
+        explained = sql.SQL("EXPLAIN (VERBOSE, COSTS OFF) ") + _TEXTSEARCH_TOP.format(
+            where=sql.SQL("true"), index=index)
+        plan = "\n".join(r[0] for r in conn.execute(explained, [query, query, 10]))
+    assert "bm25_get_current_score()" in plan, plan
+
 
 
 def test_an_extension_the_server_lacks_is_refused_by_name_and_auto_falls_back(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from daemon.models._states import ModelState
-from daemon.models.lane_instance import wanted
+from daemon.models.lane_instance import instance_threads, wanted
 from daemon.models.lanes import Lane, LanePolicy
 from tests.support.daemon import make_daemon
 from tests.support.models import write_model
@@ -65,3 +65,11 @@ async def test_nothing_starts_one_but_a_lower_lane_call_to_a_serving_model(
     model.admission.configure(dataclasses.replace(LanePolicy(), enabled=False))
     assert instance.gate(Lane.BACKGROUND) is None
     assert instance.supervisor is None
+
+
+def test_the_instance_gets_half_the_model_threads_unless_told() -> None:
+    """``limits.background_instance_threads`` 0: half the model's threads, at least one
+    (it runs beside the interactive children); a positive value as given."""
+    assert [instance_threads(n, 0) for n in (1, 2, 3, 8)] == [1, 1, 1, 4]
+    assert instance_threads(2, 2) == 2 and instance_threads(8, 3) == 3
+
