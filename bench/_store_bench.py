@@ -25,6 +25,7 @@ from bench._retrieval_bench.metrics import ndcg, pct
 from daemon.telemetry import logs
 from retrieval import Filters, PgOptions, Query, RetrievalError, RetrievalLimits, Retriever
 from retrieval.postgres._bm25 import CANDIDATES_PER_TERM
+from retrieval.postgres._entries import holders_where
 from retrieval.postgres._indexes import PgIndexes
 from retrieval.postgres._search import filter_sql, vector_search
 from retrieval.postgres._store import PostgresStore
@@ -214,8 +215,8 @@ def explain(store: PostgresStore, mode: str, query: str) -> list[str]:
                       max_scan_tuples=store.options.max_scan_tuples)
     else:
         where, args = filter_sql(Filters())
-        store._ranker.search(rec, query, LIST_DEPTH, where, args,  # type: ignore[arg-type]
-                             filtered=False)
+        store._ranker.search(rec, query, LIST_DEPTH,  # type: ignore[arg-type]
+                             holders_where(where), args, filtered=False)  # as the store
     *settings, (statement, params) = rec.calls
     with store._conn() as conn, conn.transaction():
         for s, p in settings:
@@ -259,10 +260,33 @@ class NodesResult:
     wall_s: float
     seconds: list[float] = field(default_factory=list)
     failed: int = 0
+    busy_s: float = 0.0
+    """CPU seconds the whole machine was busy while the nodes searched (every process:
+    the nodes, the server's backends, anything else)."""
 
     @property
     def qps(self) -> float:
         return self.queries / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def cores(self) -> float:
+        """Cores busy on average while they searched."""
+        return self.busy_s / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def cpu_ms_per_query(self) -> float:
+        """Machine CPU per query: the same for one node and two when nothing in the
+        database makes them wait on each other, so the queries/s ratio is then the
+        cores' (two nodes need twice the CPU of one)."""
+        return 1000 * self.busy_s / self.queries if self.queries else 0.0
+
+
+def busy_seconds() -> float:
+    """CPU seconds the machine has been busy since boot (/proc/stat: all but idle and
+    iowait)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def _node(dsn: str, work: tuple[list[str], int], ready: Any,
@@ -312,8 +336,10 @@ def nodes(dsn: str, queries: Sequence[str], count: int, rounds: int) -> NodesRes
     try:
         for _ in procs:
             ready.get(timeout=300)
+        busy0 = busy_seconds()
         go.set()
         results = [out.get(timeout=3600) for _ in procs]
+        busy = busy_seconds() - busy0
     finally:
         for p in procs:
             p.join(timeout=60)
@@ -322,7 +348,7 @@ def nodes(dsn: str, queries: Sequence[str], count: int, rounds: int) -> NodesRes
     wall = max(w for w, _, _ in results)
     seconds = [s for _, ss, _ in results for s in ss]
     failed = sum(f for _, _, f in results)
-    return NodesResult(count, len(seconds) + failed, wall, seconds, failed)
+    return NodesResult(count, len(seconds) + failed, wall, seconds, failed, busy_s=busy)
 
 
 @contextlib.contextmanager

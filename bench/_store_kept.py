@@ -45,6 +45,7 @@ from bench._store_bench import (
 from bench._support import source, table
 from retrieval import Filters, Query, RetrievalError, RetrievalLimits
 from retrieval.postgres import _bm25 as _pg_bm25
+from retrieval.postgres._entries import holders_where
 from retrieval.postgres._rankers import EXTENSIONS, SQL_RANKER
 from retrieval.postgres._schema import hnsw_index_name
 from retrieval.postgres._search import filter_sql
@@ -231,7 +232,11 @@ PROBES: dict[str, list[tuple[str, str]]] = {
          "to_bm25query(%s, 'chunks_bm25_textsearch') LIMIT 25"),
         (f"top {TOP} on chunks alone", "SELECT key FROM chunks ORDER BY bm25_body <@> "
          "to_bm25query(%s, 'chunks_bm25_textsearch') LIMIT 89"),
-        (f"top {TOP} on chunks alone, scored (llamad's inner scan)",
+        (f"top {TOP} on chunks alone, the score read off the scan (llamad's inner scan)",
+         "SELECT key, bm25_body <@> to_bm25query(%s, 'chunks_bm25_textsearch') FROM "
+         "chunks ORDER BY bm25_body <@> to_bm25query(%s, 'chunks_bm25_textsearch') "
+         "LIMIT 89"),
+        (f"top {TOP} on chunks alone, the score negated (scored again per row)",
          "SELECT key, -(bm25_body <@> to_bm25query(%s, 'chunks_bm25_textsearch')) FROM "
          "chunks ORDER BY bm25_body <@> to_bm25query(%s, 'chunks_bm25_textsearch') "
          "LIMIT 89"),
@@ -251,11 +256,12 @@ def probes(store: Any, ranker: str, queries: Sequence[str]) -> dict[str, dict[st
     and of the ranker's own text list, on one connection, after a warm-up pass."""
     out: dict[str, dict[str, float]] = {}
     where, args = filter_sql(Filters())
+    entries = holders_where(where)  # a ranker's conditions, as the store gives them
     embedded = asyncio.run(HashEmbedder(MODEL, DIM).embed(list(queries[:PROBE_QUERIES])))
     vectors = dict(zip(queries[:PROBE_QUERIES], embedded, strict=True))
     with store._conn() as conn:
         def own(q: str) -> object:
-            return store._ranker.search(conn, q, LIST_DEPTH, where, args, filtered=False)
+            return store._ranker.search(conn, q, LIST_DEPTH, entries, args, filtered=False)
 
         def custom(q: str) -> object:
             # Prepared (psycopg prepares a statement after 5 runs), a statement may move to
@@ -276,7 +282,7 @@ def probes(store: Any, ranker: str, queries: Sequence[str]) -> dict[str, dict[st
         if ranker == SQL_RANKER:
             for bound in (300, 3000):
                 runs.append((f"bm25-sql, {bound} postings a term", lambda q, b=bound:
-                             _pg_bm25.text_search(conn, q, LIST_DEPTH, where, args,
+                             _pg_bm25.text_search(conn, q, LIST_DEPTH, entries, args,
                                                   filtered=False, per_term=b)))
         for name, run in runs:
             try:
@@ -354,9 +360,11 @@ async def measure(server: PgembedServer, work: Path, queries: Sequence[str], *,
                 n = await asyncio.to_thread(nodes, dsn, queries, count, args.node_rounds)
             s = summary(n.seconds)
             print(f"   {n.qps:.1f} queries/s, p50 {s['p50_ms']:.1f} ms, "
-                  f"p99 {s['p99_ms']:.1f} ms", flush=True)
+                  f"p99 {s['p99_ms']:.1f} ms, {n.cores:.2f} cores busy, "
+                  f"{n.cpu_ms_per_query:.1f} CPU ms a query", flush=True)
             got["nodes"].append({"nodes": count, "queries": n.queries, "qps": n.qps,
-                                 "failed": n.failed, **s})
+                                 "failed": n.failed, "cores": n.cores,
+                                 "cpu_ms_per_query": n.cpu_ms_per_query, **s})
     report["settings"] = settings(server, database(args.chunks, rankers[0]))
     with server.admin() as conn:
         report["server"] = str(conn.execute("SHOW server_version").fetchone()[0])  # type: ignore[index]
@@ -416,10 +424,15 @@ def section(report: dict[str, Any], built: dict[str, Any], command: str,
                    [[ranker, name, f"{v['p50_ms']:.1f}", f"{v['p99_ms']:.1f}"]
                     for ranker, got in report["rankers"].items()
                     for name, v in got.get("probes", {}).items()])
-    lines += ["", "Nodes searching one database (hybrid, k=10):", ""]
-    lines += table(["ranker", "nodes", "queries/s", "p50 ms", "p99 ms", "failed"],
+    lines += ["", "Nodes searching one database (hybrid, k=10; cores: the machine's busy "
+              "cores meanwhile, every process; CPU ms a query: the machine's busy CPU / "
+              "queries, the same for 1 and 2 nodes when they do not wait on each other):",
+              ""]
+    lines += table(["ranker", "nodes", "queries/s", "p50 ms", "p99 ms", "failed", "cores",
+                    "CPU ms a query"],
                    [[ranker, str(n["nodes"]), f"{n['qps']:.1f}", f"{n['p50_ms']:.1f}",
-                     f"{n['p99_ms']:.1f}", str(n["failed"])]
+                     f"{n['p99_ms']:.1f}", str(n["failed"]), f"{n.get('cores', 0):.2f}",
+                     f"{n.get('cpu_ms_per_query', 0):.1f}"]
                     for ranker, got in report["rankers"].items() for n in got["nodes"]])
     for ranker, got in report["rankers"].items():
         for mode, ex in got["explain"].items():

@@ -28,7 +28,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import shutil
+import stat
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
@@ -495,5 +497,26 @@ class Indexes(StoreHolder[Store]):
             repaired=dict(self.repaired))
 
     def disk_bytes(self) -> int:
-        """Bytes of every file under ``root``. Blocking."""
-        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
+        """Bytes of every file under ``root``. Blocking.
+
+        An ingest changes the directory while this reads it (tantivy merges segments and
+        deletes the merged ones, SQLite's journals come and go): a file or directory gone
+        between its listing and its size is not counted, never an error (Status polled
+        during an ingest once failed INTERNAL with FileNotFoundError)."""
+        return directory_bytes(self.root)
+
+
+def directory_bytes(root: Path) -> int:
+    """Bytes of the regular files under ``root`` (symbolic links not followed); files and
+    directories removed while it walks are skipped (:func:`os.walk` ignores a directory
+    it cannot list)."""
+    total = 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except FileNotFoundError:
+                continue  # removed since it was listed
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
