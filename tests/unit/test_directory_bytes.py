@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from retrieval.store import _indexes
 from retrieval.store._indexes import directory_bytes
 
 
@@ -33,7 +32,7 @@ def test_a_file_removed_after_it_was_listed_is_skipped(
             os.unlink(path)
         return real(path)
 
-    monkeypatch.setattr(_indexes.os, "lstat", lstat)
+    monkeypatch.setattr(os, "lstat", lstat)  # what directory_bytes calls
     assert directory_bytes(tmp_path) == 7
 
 
@@ -51,5 +50,5 @@ def test_a_directory_removed_while_walked_is_skipped(
             gone.rmdir()  # before the walk descends into it
         return real(path)
 
-    monkeypatch.setattr(_indexes.os, "lstat", lstat)
+    monkeypatch.setattr(os, "lstat", lstat)  # what directory_bytes calls
     assert directory_bytes(tmp_path) == 3
