@@ -275,8 +275,10 @@ def probes(store: Any, ranker: str, queries: Sequence[str]) -> dict[str, dict[st
             (f"{ranker}: the text list as llamad asks it", own),
             (f"{ranker}: the same, plan_cache_mode = force_custom_plan", custom)]
         for name, statement in [*PROBES["any"], *PROBES.get(ranker, [])]:
+            # Unprepared, as llamad runs its statements: a prepared one may get a generic
+            # plan, where pg_textsearch's planner hook cannot match the two <@>.
             runs.append((name, lambda q, s=statement: conn.execute(
-                s, (q,) * s.count("%s")).fetchall()))
+                s, (q,) * s.count("%s"), prepare=False).fetchall()))
         runs.append((f"vector: the HNSW scan alone, top {TOP}",
                      lambda q: _hnsw_top(conn, store, vectors[q])))
         if ranker == SQL_RANKER:

@@ -98,12 +98,15 @@ _DEVICE = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}")
 
 def build_catalog(settings: Settings, children: MutableMapping[Role, ChildConfig],
                   tables: Mapping[str, Mapping[str, Any]], models_dir: Path,
-                  where: str = "config", *, share_cores: bool = False) -> Catalog:
+                  where: str = "config", *, share_cores: bool = False,
+                  share_embedding_cores: bool = False) -> Catalog:
     """The catalog of ``tables`` (the TOML file's), ``settings.models_preset``, the
     roles' ``children`` and ``models_dir``; a role whose model names a catalog model gets
     that model's settings in ``children``. With ``share_cores`` (``generation.threads``
     left at its default), the generation models whose table sets no ``threads`` divide
-    the cores among those that stay resident together (:func:`_share_cores`).
+    the cores among those that stay resident together (:func:`_share_cores`); with
+    ``share_embedding_cores`` (``embedding.threads`` left at its default), an embedding
+    model with a background instance gets half of them (:func:`_halve_for_instance`).
 
     Raises:
         ConfigError: see the module docstring.
@@ -161,6 +164,8 @@ def build_catalog(settings: Settings, children: MutableMapping[Role, ChildConfig
         check_child(entry.origin, entry.child.extra_argv, entry.child.env, models_dir)
     if share_cores:
         _share_cores(entries, children, defaults, given, settings)
+    if share_embedding_cores:
+        _halve_for_instance(entries, children, defaults, given, settings)
     return Catalog(tuple(entries.values()), defaults, tuple(skipped))
 
 
@@ -193,6 +198,36 @@ def _share_cores(entries: MutableMapping[str, CatalogEntry],
             entry, child=dataclasses.replace(entry.child, threads=threads))
         if defaults.get(Role.GENERATION) == name:
             children[Role.GENERATION] = entries[name].child
+
+
+def _halve_for_instance(entries: MutableMapping[str, CatalogEntry],
+                        children: MutableMapping[Role, ChildConfig],
+                        defaults: Mapping[str, str], given: set[str],
+                        settings: Settings) -> None:
+    """Give each embedding model with a background instance (lanes on, its
+    ``background_instance`` auto or true) and no ``threads`` of its own half the cores:
+    its instance takes the other half ([limits] background_instance_threads).
+
+    The interactive child and its instance run at once by design (a query's embedding
+    beside an ingest's), and llama.cpp's threads meet at a barrier after every operation:
+    a child whose team spans every core waits, each operation, on whichever thread the
+    other child or a chat preempted. Measured on 2 cores with a 5,000-document ingest, 8
+    batch Embed clients and a chat beside (bench/RESULTS.md, "Lanes"): Search's query
+    embedding p95 31 ms with two threads against 17 idle, hybrid Search p95 3.3x idle;
+    with one thread each, see the section.
+    """
+    if not settings.limits.lanes:
+        return
+    threads = max(1, settings.embedding.threads // 2)
+    for name, entry in entries.items():
+        background = entry.child.background_instance
+        if (entry.role is not Role.EMBEDDING or name in given
+                or background not in ("auto", "true")):
+            continue
+        entries[name] = dataclasses.replace(
+            entry, child=dataclasses.replace(entry.child, threads=threads))
+        if defaults.get(Role.EMBEDDING) == name:
+            children[Role.EMBEDDING] = entries[name].child
 
 
 def _entry(name: str, table: Mapping[str, Any], settings: Settings, origin: str,

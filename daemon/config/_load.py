@@ -146,7 +146,8 @@ def _build(
             origins[f"{role}.model"] = "models_dir"
     catalog = build_catalog(
         s, children, tables or {}, models_dir,
-        share_cores=sources.get("generation.threads", "default") == "default")
+        share_cores=sources.get("generation.threads", "default") == "default",
+        share_embedding_cores=sources.get("embedding.threads", "default") == "default")
     if s.restart.backoff_cap < s.restart.backoff_base:
         raise ConfigError("restart.backoff_cap must be >= restart.backoff_base")
     if s.child.start_cap < s.child.start_timeout:

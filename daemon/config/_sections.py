@@ -67,7 +67,9 @@ class RoleSettings:
         CPU threads for the child (default: every core). Left at its default, the generation
         models that stay resident together (pinned or preloaded, at most [models] max_resident)
         divide the cores among them, and so does every generation model without a threads
-        setting of its own: two children on the same cores wait on each other's threads.""")
+        setting of its own: two children on the same cores wait on each other's threads. For
+        the same reason an embedding model with a background instance (lanes on) gets half the
+        cores, its instance the other half.""")
     parallel: int = setting(PER_SECTION, minimum=1, help="""
         Concurrent request slots (llama-server; the bundled runtime serves one; calls llamad
         sends an endpoint at once).""")
@@ -356,12 +358,12 @@ class Limits:
         the kernel gives the cores to the interactive lane's child first. A reload applies
         it from the instance's next start.""")
     background_instance_threads: int = setting(0, minimum=0, help="""
-        CPU threads of a background instance; 0: half the model's threads, at least one.
-        The instance runs beside the interactive children by design, and llama.cpp's
-        threads meet at a barrier after every operation: a team as large as the cores,
-        niced, waits on whichever of its threads the interactive children preempt (on 2
-        cores an ingest beside a chat client ran at 0.47x of alone with two threads, 0.74x
-        with one). More threads make an ingest on a quiet machine faster (37 against 24
+        CPU threads of a background instance; 0: half the cores, at most the model's own
+        threads. The instance runs beside the interactive children by design, and llama.cpp's
+        threads meet at a barrier after every operation: a team as large as the cores, niced,
+        waits on whichever of its threads the interactive children preempt (on 2 cores an
+        ingest beside a chat client ran at 0.47x of alone with two threads, 0.71-0.76x with
+        one). Every core makes an ingest on a quiet machine faster (37 against 25-27
         documents/s there). A reload applies it from the instance's next start.""")
     background_instance_ttl: float = setting(300.0, minimum=1, help="""
         Seconds a background instance stays after its last batch or background call, for a

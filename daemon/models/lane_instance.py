@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING
 
@@ -67,20 +68,23 @@ _REFUSED_RETRY = 30.0
 """Seconds before an instance refused for memory is considered again."""
 
 
-def instance_threads(model_threads: int, setting: int) -> int:
+def instance_threads(model_threads: int, setting: int, cores: int | None = None) -> int:
     """The CPU threads of a model's background instance: ``setting`` when given, else half
-    the model's threads, at least one.
+    the cores (``cores``, default this machine's), at most the model's own threads, at
+    least one.
 
     The instance runs beside the interactive lane's children by design, at a lower
     priority, and llama.cpp's threads are a team that meets at a barrier after every
     operation: a team as large as the cores waits, each operation, on whichever of its
     threads an interactive child preempted (measured on 2 cores, bench/RESULTS.md "Lanes":
-    an ingest beside a chat client kept 0.47x of its speed alone with two threads, 0.74x
-    with one, at the same documents/s under load).
+    an ingest beside a chat client kept 0.47x of its speed alone with two threads, 0.71-0.76x
+    with one). An embedding model left at its default threads gets the other half
+    (daemon.config._catalog_load).
     """
     if setting > 0:
         return setting
-    return max(1, model_threads // 2)
+    half = max(1, (cores if cores is not None else os.cpu_count() or 2) // 2)
+    return max(1, min(model_threads, half))
 
 
 def wanted(background_instance: str, role: str) -> bool:
@@ -109,7 +113,7 @@ class LaneInstance:
         model: the model it serves the lower lanes of.
         name: the model's catalog name (logs, Status).
         nice: added to the instance's nice value at launch (1-19).
-        threads: its CPU threads; 0: half the model's, at least one (see
+        threads: its CPU threads; 0: half the cores, at most the model's (see
             :func:`instance_threads`).
         idle: seconds without a lower-lane call after which it stops.
         room: says why a child needing the given bytes does not fit beside the resident

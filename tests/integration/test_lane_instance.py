@@ -19,7 +19,7 @@ import pytest
 from daemon import Daemon
 from daemon.config import load
 from daemon.models import memory
-from daemon.models.lane_instance import LaneInstance
+from daemon.models.lane_instance import LaneInstance, instance_threads
 from daemon.models.model import Model
 from daemon.services.retrieval_bridge import make_provider
 from llamad_protocol.v1 import control_pb2, control_pb2_grpc, inference_pb2_grpc
@@ -116,9 +116,9 @@ async def test_lower_lanes_go_to_a_niced_instance_and_interactive_calls_never_do
         pid, main = instance.serving_pid, model.serving_pid
         assert pid and pid != main
         assert nice_of(pid) == min(19, nice_of(main) + 10)  # limits.background_instance_nice
-        # limits.background_instance_threads 0: half the model's threads, at least one.
+        # limits.background_instance_threads 0: half the cores, at most the model's.
         assert threads_of(main) == model.setup.spec.threads
-        assert threads_of(pid) == max(1, model.setup.spec.threads // 2)
+        assert threads_of(pid) == instance_threads(model.setup.spec.threads, 0)
 
         served = Served(model, instance)
         for _ in range(3):

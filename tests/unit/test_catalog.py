@@ -327,7 +327,9 @@ def test_generation_models_resident_together_share_the_cores(models: Path,
     """Two generation models that stay resident together (the pinned default and a
     preloaded one) each get half the cores, as does one loaded on demand beside them; a
     model's own threads, and generation.threads set anywhere, win; one resident
-    generation model (the embedding model does not count) keeps every core."""
+    generation model (the embedding model does not count) keeps every core. The embedding
+    model, which has a background instance, gets half the cores (the instance the other
+    half)."""
     cores = Settings().generation.threads
     half = max(1, cores // 2)
     toml = write_toml(tmp_path, f"""
@@ -341,7 +343,7 @@ threads = 7
 """)
     cfg = load(models=False, env=_env(models), file=toml)
     threads = {e.name: e.child.threads for e in cfg.catalog.entries}
-    assert threads == {"gen-a": half, "other": half, "mine": 7, "emb": cores}
+    assert threads == {"gen-a": half, "other": half, "mine": 7, "emb": half}
     assert cfg.generation.threads == half  # the role's default model runs with it
     env = _env(models) | {"LLAMAD_GENERATION_THREADS": str(cores)}
     explicit = load(models=False, env=env, file=toml)

@@ -5,6 +5,7 @@ calls then go to the model's own child)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -67,9 +68,27 @@ async def test_nothing_starts_one_but_a_lower_lane_call_to_a_serving_model(
     assert instance.supervisor is None
 
 
-def test_the_instance_gets_half_the_model_threads_unless_told() -> None:
-    """``limits.background_instance_threads`` 0: half the model's threads, at least one
-    (it runs beside the interactive children); a positive value as given."""
-    assert [instance_threads(n, 0) for n in (1, 2, 3, 8)] == [1, 1, 1, 4]
-    assert instance_threads(2, 2) == 2 and instance_threads(8, 3) == 3
+def test_the_instance_gets_half_the_cores_unless_told() -> None:
+    """``limits.background_instance_threads`` 0: half the cores, at most the model's own
+    threads, at least one (it runs beside the interactive children); a positive value as
+    given."""
+    assert [instance_threads(n, 0, cores=2) for n in (1, 2)] == [1, 1]
+    assert [instance_threads(n, 0, cores=16) for n in (4, 8, 16)] == [4, 8, 8]
+    assert instance_threads(1, 0, cores=1) == 1
+    assert instance_threads(2, 2, cores=2) == 2 and instance_threads(8, 3, cores=16) == 3
 
+
+def test_an_embedding_model_with_an_instance_gets_half_the_cores(
+        models: dict[str, str]) -> None:
+    """Its threads left at the default, an embedding model with a background instance
+    gets half the cores (the instance the other half); lanes off, no instance, or threads
+    set: its threads as configured."""
+    cores = os.cpu_count() or 2
+    half = max(1, cores // 2)
+    assert make_daemon(models).children["embedding"].setup.spec.threads == half
+    for more in ({"LLAMAD_LIMITS_LANES": "false"},
+                 {"LLAMAD_EMBEDDING_BACKGROUND_INSTANCE": "false"}):
+        assert make_daemon({**models, **more}).children["embedding"].setup.spec.threads == cores
+    told = make_daemon({**models, "LLAMAD_EMBEDDING_THREADS": "3"})
+    assert told.children["embedding"].setup.spec.threads == 3
+    assert make_daemon(models).children["generation"].setup.spec.threads == cores
