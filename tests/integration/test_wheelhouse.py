@@ -73,13 +73,21 @@ def wait_ready(llamad: str, address: str, env: dict[str, str], cwd: Path,
 
 
 def stack_dump(daemon: DaemonProcess) -> list[str]:
-    """The files of every frame of every thread of the daemon (SIGUSR1: faulthandler)."""
+    """The files of every frame of every thread of the daemon (SIGUSR1: faulthandler),
+    once the whole dump is in its log: faulthandler writes the threads newest first, the
+    main thread last, so a read that finds the first frames may be one of a dump still
+    being written (it failed so in CI, with only worker threads' frames read). Done when
+    two reads 0.3 s apart find the same frames."""
     daemon.proc.send_signal(signal.SIGUSR1)
     deadline = time.monotonic() + 30
-    while not (files := re.findall(r'File "([^"]+)"', daemon.tail(10**6))):
-        assert time.monotonic() < deadline, f"no stack dump:\n{daemon.tail()}"
-        time.sleep(0.1)
-    return files
+    seen: list[str] = []
+    while True:
+        files = re.findall(r'File "([^"]+)"', daemon.tail(10**6))
+        if files and files == seen:
+            return files
+        assert time.monotonic() < deadline, f"no whole stack dump:\n{daemon.tail()}"
+        seen = files
+        time.sleep(0.3)
 
 
 def mapped_files(pid: int) -> set[str]:
