@@ -21,6 +21,7 @@ import contextlib
 import faulthandler
 import functools
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -115,6 +116,9 @@ class Daemon:
         self._notifier = notifier or Notifier(None)
         self._watchdog: asyncio.Task[None] | None = None
         self.config = config
+        # The interpreter is the process's: the latest daemon made (one per process,
+        # but for tests) sets how long a thread may keep it while another waits.
+        sys.setswitchinterval(config.settings.limits.switch_interval_ms / 1000)
         self._reload_source = reload
         self._reloading = asyncio.Lock()
         self._clock = clock or SystemClock()
@@ -422,6 +426,7 @@ class Daemon:
                 if self._http is not None and self.config.tls is not None:
                     self._http.update_tls(self.config.tls)
                 limits = self.config.settings.limits
+                sys.setswitchinterval(limits.switch_interval_ms / 1000)
                 lanes = policy_from(limits)
                 for model in self.pool.built():  # one loaded later keeps it too
                     model.set_queue_size(limits.queue_size)

@@ -368,6 +368,13 @@ class Limits:
     background_instance_ttl: float = setting(300.0, minimum=1, help="""
         Seconds a background instance stays after its last batch or background call, for a
         model without a ttl of its own.""")
+    switch_interval_ms: float = setting(1.0, minimum=0.1, help="""
+        How long one of the daemon's threads may keep Python's interpreter while another
+        waits for it, ms (sys.setswitchinterval; Python's default is 5). A search's index
+        reads, an ingest's chunking and the batch calls' encoding share the interpreter;
+        each time a search's thread gets it back it waited up to this long: under an ingest
+        and 8 batch Embed clients, hybrid Search p95 was 65 ms at 5 and 34 ms at 1 (2 cores,
+        bench/RESULTS.md "Lanes").""")
     max_message_bytes: int = setting(16 * 1024 * 1024, minimum=1024, reload="restart", help="""
         Largest gRPC message received or sent, bytes.""")
     # Chat's sampling when a request leaves it unset (Generate stays greedy; see

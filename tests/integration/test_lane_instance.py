@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -226,10 +227,12 @@ async def test_the_instance_stops_after_the_lower_lanes_were_idle(
         assert model.serving_pid  # the model itself serves on
         settings.update({"LLAMAD_LIMITS_BACKGROUND_INSTANCE_NICE": "5",
                          "LLAMAD_LIMITS_BACKGROUND_INSTANCE_THREADS": "3",
-                         "LLAMAD_LIMITS_BACKGROUND_INSTANCE_TTL": "60"})
+                         "LLAMAD_LIMITS_BACKGROUND_INSTANCE_TTL": "60",
+                         "LLAMAD_LIMITS_SWITCH_INTERVAL_MS": "2"})
         report = await daemon.reload()
         assert report.error == "" and report.changes[
             "limits.background_instance_threads"] == "applied"
+        assert sys.getswitchinterval() == pytest.approx(0.002)  # limits.switch_interval_ms
         # The next lower-lane call starts it again (served by the main child meanwhile),
         # with the reload's nice value and threads.
         resp = await stub.Embed(ipb.EmbedRequest(texts=TEXTS), metadata=BATCH)
