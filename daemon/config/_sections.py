@@ -373,8 +373,8 @@ class Limits:
         waits for it, ms (sys.setswitchinterval; Python's default is 5). A search's index
         reads, an ingest's chunking and the batch calls' encoding share the interpreter;
         each time a search's thread gets it back it waited up to this long: under an ingest
-        and 8 batch Embed clients, hybrid Search p95 was 65 ms at 5 and 34 ms at 1 (2 cores,
-        bench/RESULTS.md "Lanes").""")
+        and 8 batch Embed clients, hybrid Search p95 was 65 ms at 5 and 34-54 ms at 1 over two
+        runs (2 cores, bench/RESULTS.md "Lanes").""")
     max_message_bytes: int = setting(16 * 1024 * 1024, minimum=1024, reload="restart", help="""
         Largest gRPC message received or sent, bytes.""")
     # Chat's sampling when a request leaves it unset (Generate stays greedy; see
