@@ -112,8 +112,8 @@ def env(mode: str, root: Path, state: Path, llama_bin: str, *, nice: int = 0,
         settings: Sequence[str] = ()) -> dict[str, str]:
     extra = {"LLAMAD_LIMITS_BACKGROUND_INSTANCE_NICE": str(nice)} if nice else {}
     for setting in settings:
-        name, _, value = setting.partition("=")
-        if not name.startswith("LLAMAD_") or not _:
+        name, sep, value = setting.partition("=")
+        if not name.startswith("LLAMAD_") or not sep:
             raise SystemExit(f"--setting {setting!r}: expected LLAMAD_NAME=VALUE")
         extra[name] = value
     return {**GREEDY_CHAT, "LLAMAD_LISTEN": "127.0.0.1:0", "LLAMAD_STATE_DIR": str(state),

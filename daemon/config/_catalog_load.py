@@ -41,7 +41,7 @@ from ._options import ConfigError, _coerce
 from ._resolved import ChildConfig
 from ._sections import _BY_KEY, RoleSettings, Settings
 from .inference_mode import InferenceMode
-from .role import Role
+from .role import Role, background_instance_wanted
 
 _ROLES = ", ".join(Role)
 
@@ -220,9 +220,9 @@ def _halve_for_instance(entries: MutableMapping[str, CatalogEntry],
         return
     threads = max(1, settings.embedding.threads // 2)
     for name, entry in entries.items():
-        background = entry.child.background_instance
         if (entry.role is not Role.EMBEDDING or name in given
-                or background not in ("auto", "true")):
+                or not background_instance_wanted(entry.child.background_instance,
+                                                  entry.role)):
             continue
         entries[name] = dataclasses.replace(
             entry, child=dataclasses.replace(entry.child, threads=threads))

@@ -18,3 +18,12 @@ class Role(enum.StrEnum):
     """Text: Generate, Chat, Ask and the HTTP API's completions."""
     EMBEDDING = "embedding"
     """Vectors: Embed, and the knowledge base's ingest and search."""
+
+
+def background_instance_wanted(background_instance: str, role: str) -> bool:
+    """Whether a model of ``role`` with ``[ROLE] background_instance`` set so gets a
+    background instance (when lanes are on): ``auto`` is on for embedding models (small),
+    off for generation models (it would double their memory)."""
+    if background_instance == "auto":
+        return role == Role.EMBEDDING
+    return background_instance == "true"

@@ -50,9 +50,10 @@ from supervisor import (
 
 from ..config import ChildConfig, Config, Role
 from ..config.inference_mode import InferenceMode, Mode
+from ..config.role import background_instance_wanted
 from ..telemetry.logs import ChildLogForwarder
 from .admission import Admission
-from .lane_instance import LaneInstance, wanted
+from .lane_instance import LaneInstance
 from .lanes import policy_from
 from .model import Model, ahead_for, handover_settings, slots_for
 
@@ -229,7 +230,7 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None,
                   handover=handover_settings(settings.swap.drain_timeout,
                                              settings.swap.handover_hold,
                                              settings.swap.launch_nice))
-    if wanted(cc.background_instance, role):
+    if background_instance_wanted(cc.background_instance, role):
         limits = settings.limits
         model.lane_instance = LaneInstance(
             model, role, nice=limits.background_instance_nice,

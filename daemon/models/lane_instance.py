@@ -87,15 +87,6 @@ def instance_threads(model_threads: int, setting: int, cores: int | None = None)
     return max(1, min(model_threads, half))
 
 
-def wanted(background_instance: str, role: str) -> bool:
-    """Whether a model of ``role`` with ``[ROLE] background_instance`` set so gets an
-    instance: ``auto`` is on for embedding models (small), off for generation models (it
-    would double their memory)."""
-    if background_instance == "auto":
-        return role == "embedding"
-    return background_instance == "true"
-
-
 def system_room(need: int) -> str:
     """Why a child needing ``need`` bytes does not fit in what the system has available
     ("" when it does, or when that is unknown)."""
@@ -135,9 +126,10 @@ class LaneInstance:
                  on_exit: Callable[[LaneInstance, str], None] | None = None) -> None:
         self.model = model
         self.name = name
-        self.nice = min(19, max(1, nice))
-        self.threads = threads
-        self.idle = idle
+        self.nice: int
+        self.threads: int
+        self.idle: float
+        self.configure(nice=nice, threads=threads, idle=idle)
         self.room = room or system_room
         self._clock = clock
         self._drain_timeout = drain_timeout

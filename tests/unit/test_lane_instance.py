@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from daemon.config.role import background_instance_wanted as wanted
 from daemon.models._states import ModelState
-from daemon.models.lane_instance import instance_threads, wanted
+from daemon.models.lane_instance import instance_threads
 from daemon.models.lanes import Lane, LanePolicy
 from tests.support.daemon import make_daemon
 from tests.support.models import write_model

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.config import load
+from daemon.config import ConfigError, load
 from daemon.server import Daemon
 from tests.support.models import write_model
 
@@ -41,5 +41,5 @@ def test_the_daemon_sets_the_switch_interval(env: dict[str, str]) -> None:
 
 
 def test_a_value_under_a_tenth_of_a_millisecond_is_refused(env: dict[str, str]) -> None:
-    with pytest.raises(Exception, match="switch_interval_ms"):
+    with pytest.raises(ConfigError, match="switch_interval_ms"):
         load(None, env={**env, "LLAMAD_LIMITS_SWITCH_INTERVAL_MS": "0.01"})
