@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -43,6 +44,7 @@ from ._read import (
     read_pieces,
     read_until_eof,
 )
+from ._socket import SocketStream
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,7 @@ class LoopbackHTTP:
                 conn.expires = keep_alive_expiry(headers.get("keep-alive", ""))
             watch = Silence(conn, timeout, self._keep if keep else None, interval)
             try:
-                pieces = watch.body(read_pieces(conn.reader, headers, watch))
+                pieces = watch.body(read_pieces(conn.stream, headers, watch))
                 yield Streamed(status, headers, pieces, watch)
             finally:
                 watch.stop()
@@ -224,11 +226,10 @@ class LoopbackHTTP:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 if self._unix_path is not None:
-                    reader, writer = await asyncio.open_unix_connection(
-                        self._unix_path, limit=LINE_LIMIT)
+                    stream = await SocketStream.connect(socket.AF_UNIX, self._unix_path,
+                                                        LINE_LIMIT)
                 else:
-                    reader, writer = await asyncio.open_connection(
-                        self._host, self._port, limit=LINE_LIMIT)
+                    stream = await self._connect_tcp()
         except (ConnectionRefusedError, FileNotFoundError):
             raise HTTPTransportError(
                 "refused", "connection refused (child not listening)") from None
@@ -237,16 +238,28 @@ class LoopbackHTTP:
         except OSError as exc:
             raise HTTPTransportError(
                 "refused", f"cannot connect: {exc.strerror or exc}") from None
-        return Connection(reader, writer)
+        return Connection(stream)
+
+    async def _connect_tcp(self) -> SocketStream:
+        """The first of the host's addresses that accepts (as asyncio.open_connection)."""
+        infos = await asyncio.get_running_loop().getaddrinfo(
+            self._host, self._port, type=socket.SOCK_STREAM)
+        error: OSError = ConnectionRefusedError(f"no address for {self._host}")
+        for family, _type, _proto, _name, address in infos:
+            try:
+                host_port = (str(address[0]), int(address[1]))
+                return await SocketStream.connect(family, host_port, LINE_LIMIT)
+            except OSError as exc:
+                error = exc
+        raise error
 
     async def _head(self, conn: Connection, message: bytes) -> _Head:
         """Send ``message``; the answer's status, headers and whether the connection may
         be kept."""
-        reader = conn.reader
+        reader = conn.stream
         try:
             try:
-                conn.writer.write(message)
-                await conn.writer.drain()
+                await reader.send(message)
                 status_line = await reader.readuntil(b"\r\n")
             except asyncio.IncompleteReadError as exc:
                 if not exc.partial:
@@ -275,7 +288,7 @@ class LoopbackHTTP:
 
     async def _body(self, conn: Connection, head: _Head) -> tuple[Response, bool]:
         """The whole answer, its head read."""
-        reader = conn.reader
+        reader = conn.stream
         status, headers, keep = head
         try:
             if "chunked" in headers.get("transfer-encoding", "").lower():

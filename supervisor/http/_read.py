@@ -13,9 +13,11 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable
 
+from ._socket import SocketStream
+
 MAX_HEADER_LINES = 100
 MAX_BODY_BYTES = 256 * 1024 * 1024  # an answer larger than this is not a child's JSON
-LINE_LIMIT = 64 * 1024  # longest status or header line (StreamReader limit)
+LINE_LIMIT = 64 * 1024  # longest status or header line (readuntil's limit)
 BACKLOG = 32 * 1024  # a piece this large: more is likely waiting, read on without pause
 
 
@@ -34,17 +36,16 @@ class HTTPTransportError(Exception):
 
 
 class Connection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
+    def __init__(self, stream: SocketStream) -> None:
+        self.stream = stream
         self.expires = float("inf")  # time.monotonic() after which the server may close it
 
     def usable(self) -> bool:
-        return (time.monotonic() < self.expires and not self.reader.at_eof()
-                and not self.writer.is_closing())
+        return (time.monotonic() < self.expires and not self.stream.at_eof()
+                and not self.stream.is_closing())
 
     def close(self) -> None:
-        self.writer.close()
+        self.stream.close()
 
 
 class Silence:
@@ -83,7 +84,6 @@ class Silence:
                        else self._loop.call_at(self.last + timeout, self._check))
         self._interval = interval
         self._flushed = -1.0  # loop time of the last chunk handed on (< 0: none yet)
-        self._resume: asyncio.TimerHandle | None = None  # ends the pause in progress
 
     def flushed(self) -> None:
         """A chunk was handed on just now: the next read waits for the interval."""
@@ -102,7 +102,7 @@ class Silence:
             return
         self.expired = True
         self._timer = None
-        self._conn.writer.transport.abort()
+        self._conn.stream.abort()
 
     def stop(self) -> None:
         if self._timer is not None:
@@ -140,34 +140,19 @@ class Silence:
             self._unpause()
 
     def _pause(self, until: float) -> None:
-        """Leave the connection unread until ``until`` (loop time): the next read of the
-        body waits for its reading to resume then (one wake-up for all that came, and one
+        """Make no read of the connection before ``until`` (loop time): the next read of
+        the body waits until then and takes all that came meanwhile (one wake-up, one
         step of the generators above; a cancel ends the wait at once and the stream then
         closes the connection). What was read already is not held."""
-        transport = self._conn.writer.transport
-        if not isinstance(transport, asyncio.ReadTransport):  # not a socket's: no pause
-            return
-        transport.pause_reading()
-        if self._resume is not None:  # a pause whose read found data already buffered
-            self._resume.cancel()
-        self._resume = self._loop.call_at(until, self._resumed, transport)
+        self._conn.stream.hold(until)
 
     def _unpause(self) -> None:
-        """End a pause now: what was buffered before it may hold the body's end, and a
-        connection kept paused would never read its next answer."""
-        if self._resume is not None:
-            self._resume.cancel()
-            transport = self._conn.writer.transport
-            if isinstance(transport, asyncio.ReadTransport):
-                self._resumed(transport)
-
-    def _resumed(self, transport: asyncio.ReadTransport) -> None:
-        self._resume = None
-        if not transport.is_closing():
-            transport.resume_reading()
+        """End a pause now: what came before it may hold the body's end, and the
+        connection's next answer must not wait."""
+        self._conn.stream.release()
 
 
-def read_pieces(reader: asyncio.StreamReader, headers: dict[str, str], end: Silence
+def read_pieces(reader: SocketStream, headers: dict[str, str], end: Silence
                 ) -> AsyncIterator[bytes]:
     """A body's bytes as they arrive: de-chunked, up to its Content-Length, or to EOF;
     ``end.complete`` set once it was read to its end with nothing after it (then its
@@ -180,7 +165,7 @@ def read_pieces(reader: asyncio.StreamReader, headers: dict[str, str], end: Sile
     return _read_sized(reader, headers, end)
 
 
-async def _read_sized(reader: asyncio.StreamReader, headers: dict[str, str], end: Silence
+async def _read_sized(reader: SocketStream, headers: dict[str, str], end: Silence
                       ) -> AsyncIterator[bytes]:
     """A body up to its Content-Length, or to EOF without one."""
     left = parse_length(headers["content-length"]) if "content-length" in headers else -1
@@ -196,7 +181,7 @@ async def _read_sized(reader: asyncio.StreamReader, headers: dict[str, str], end
         yield piece
 
 
-async def dechunk(reader: asyncio.StreamReader, state: Silence) -> AsyncIterator[bytes]:
+async def dechunk(reader: SocketStream, state: Silence) -> AsyncIterator[bytes]:
     """A chunked body's data as it arrives: per read, the data of every chunk the read
     brought, as one piece, whatever the chunk boundaries (a token's event is usually one
     chunk in one segment; what a fast server sent while the consumer was busy is many,
@@ -250,7 +235,7 @@ async def dechunk(reader: asyncio.StreamReader, state: Silence) -> AsyncIterator
         pos = 0
 
 
-async def read_trailers(reader: asyncio.StreamReader, buf: bytes) -> bool:
+async def read_trailers(reader: SocketStream, buf: bytes) -> bool:
     """Read a chunked body's trailer section (``buf``: what came of it already) to its
     empty line; whether nothing came after it (else the connection is not reusable)."""
     while True:
@@ -265,7 +250,7 @@ async def read_trailers(reader: asyncio.StreamReader, buf: bytes) -> bool:
         buf = buf[eol + 2:]
 
 
-async def read_more(reader: asyncio.StreamReader) -> bytes:
+async def read_more(reader: SocketStream) -> bytes:
     data = await reader.read(65536)
     if not data:
         raise asyncio.IncompleteReadError(b"", None)
@@ -285,7 +270,7 @@ def parse_length(value: str) -> int:
     return int(value)
 
 
-async def read_chunked(reader: asyncio.StreamReader) -> bytes:
+async def read_chunked(reader: SocketStream) -> bytes:
     parts: list[bytes] = []
     total = 0
     while True:
@@ -306,7 +291,7 @@ async def read_chunked(reader: asyncio.StreamReader) -> bytes:
             raise HTTPTransportError("protocol", "chunk not followed by CRLF")
 
 
-async def read_until_eof(reader: asyncio.StreamReader) -> bytes:
+async def read_until_eof(reader: SocketStream) -> bytes:
     parts: list[bytes] = []
     total = 0
     while chunk := await reader.read(65536):
