@@ -106,6 +106,7 @@ class Outcomes:
         self.condemned: ExitCause | None = None
         self._calls: set[_Call] = set()
         self._failed = asyncio.Event()
+        self._stirred = asyncio.Event()  # a call began or failed (see stirred())
 
     # -- calls --------------------------------------------------------------------------
 
@@ -119,6 +120,7 @@ class Outcomes:
             raise self.error()
         call = _Call(_current_task(), stream, self._now())
         self._calls.add(call)
+        self._stirred.set()
         return call
 
     def end(self, call: _Call) -> None:
@@ -137,6 +139,7 @@ class Outcomes:
         self.last_failure = detail[:300]
         self.failed_since_probe = True
         self._failed.set()
+        self._stirred.set()
 
     def interrupted(self, call: _Call) -> bool:
         """Whether the cancellation ``call`` got is ours (the child was condemned) and
@@ -192,6 +195,21 @@ class Outcomes:
     def waiting(self) -> int:
         """Calls waiting on the child now."""
         return sum(1 for call in self._calls if call.waiting)
+
+    async def stirred(self) -> None:
+        """Return once there is something to look at: a call running on the child, or
+        one failed since the last probe (at once if so now). Until then a look finds
+        nothing, and the watch waits here instead of waking every interval: an idle
+        daemon's wake-ups are most of its idle CPU (issue 27)."""
+        while not self._calls and not self.failed_since_probe:
+            self._stirred.clear()
+            await self._stirred.wait()
+
+    def take_failure(self) -> bool:
+        """Whether a call failed since the last call of this or :meth:`failure`."""
+        failed = self._failed.is_set()
+        self._failed.clear()
+        return failed
 
     async def failure(self) -> None:
         """Return once a call failed (at once if one failed since the last call)."""
@@ -292,7 +310,11 @@ async def _while_computing(asked: asyncio.Future[str | None], cpu_seconds: CpuSe
 
 
 async def _pause(outcomes: Outcomes, clock: Clock, seconds: float) -> None:
-    """Sleep ``seconds``, or less if a call fails meanwhile."""
+    """Sleep ``seconds``, or less if a call fails meanwhile; first, while no call runs on
+    the child and none failed since the last probe, wait for one (nothing to look at)."""
+    await outcomes.stirred()
+    if outcomes.take_failure():
+        return
     sleeper = asyncio.ensure_future(clock.sleep(seconds))
     failed = asyncio.ensure_future(outcomes.failure())
     try:
