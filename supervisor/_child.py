@@ -395,6 +395,7 @@ class ProcessLauncher:
         max_idle: connections kept open between requests for reuse (0: none).
         stream_interval: seconds between two reads of a stream once a chunk was relayed
             (0: none; see :class:`supervisor.http._read.Silence`).
+        stream_interval_max: the longest such wait, for a slow stream.
         launch_nice: added to the child's nice value at launch (a swap's incoming child),
             0: none.
     """
@@ -412,6 +413,7 @@ class ProcessLauncher:
     max_connections: int = 64
     max_idle: int = 16
     stream_interval: float = 0.0
+    stream_interval_max: float = 0.0
     launch_nice: int = field(default=0, init=False)
 
     @property
@@ -485,6 +487,7 @@ class ProcessLauncher:
             max_connections=self.max_connections,
             max_idle=self.max_idle,
             stream_interval=self.stream_interval,
+            stream_interval_max=self.stream_interval_max,
             child=ChildAddress(str(sock), key),
             now=self.clock.monotonic,
         )

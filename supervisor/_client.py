@@ -123,6 +123,7 @@ class InferenceClient(TokenizerCalls):
         max_connections: int = 64,
         max_idle: int = 16,
         stream_interval: float = 0.0,
+        stream_interval_max: float = 0.0,
         loopback: bool = False,
         child: ChildAddress | None = None,
         now: Callable[[], float] = time.monotonic,
@@ -145,6 +146,8 @@ class InferenceClient(TokenizerCalls):
             stream_interval: seconds the lean transport's streams wait, after a chunk was
                 handed on, before they read the child again (0: never): what came
                 meanwhile is one chunk (see :class:`supervisor.http._read.Silence`).
+            stream_interval_max: the longest such wait, for a stream slower than a token
+                per interval (below ``stream_interval``: no longer wait).
         """
         self.base_url = base_url
         self.model_id = model_id
@@ -162,6 +165,7 @@ class InferenceClient(TokenizerCalls):
         it is ready (:meth:`read_chat_caps`); an endpoint decides for itself."""
         self._read_timeout = read_timeout
         self._stream_interval = stream_interval
+        self._stream_interval_max = stream_interval_max
         # trust_env=False: an HTTP(S)_PROXY in the daemon's environment must never
         # capture loopback traffic to our own child.
         limits = httpx.Limits(
@@ -418,7 +422,8 @@ class InferenceClient(TokenizerCalls):
         after ``[DONE]``; no pace, None)."""
         if isinstance(self._unary, LoopbackTransport):
             async with self._unary.stream(path, body, self._read_timeout,
-                                          self._stream_interval) as answer:
+                                          self._stream_interval,
+                                          self._stream_interval_max) as answer:
                 yield answer.status, answer.body, answer.pace
             return
         async with self._http.stream("POST", path, json=body) as resp:

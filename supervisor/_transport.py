@@ -119,19 +119,19 @@ class LoopbackTransport:
 
     @contextlib.asynccontextmanager
     async def stream(self, path: str, body: dict[str, Any], timeout: float,
-                     interval: float = 0.0) -> AsyncIterator[Streamed]:
+                     interval: float = 0.0, longest: float = 0.0) -> AsyncIterator[Streamed]:
         """POST ``body``; yield the answer once its head has come, its body read as it
         arrives (a transport failure while reading it raises HTTPTransportError: the
         reader names it, see :meth:`supervisor.InferenceClient._stream`; no generator
-        around every piece, issue 27), paced by ``interval`` (seconds: see
-        :class:`supervisor.http._read.Silence`).
+        around every piece, issue 27), paced by ``interval`` and a slow stream's
+        ``longest`` (seconds: see :class:`supervisor.http._read.Silence`).
 
         Raises:
             ChildRequestError: no answer came.
         """
         try:
             async with self._http.stream("POST", path, _encode(body), timeout,
-                                         interval) as answer:
+                                         interval=interval, longest=longest) as answer:
                 yield answer
         except HTTPTransportError as exc:
             raise ChildRequestError(f"POST {path}: {exc}") from exc

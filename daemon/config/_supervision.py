@@ -87,6 +87,13 @@ class ChildSettings:
         event about every 50 ms). The first token and a cancel are never held back; the
         stream's end or an error waits at most for the pause in progress. 0: every read at
         once.""")
+    stream_interval_max: int = setting(120, minimum=0, help="""
+        Milliseconds a slow stream's reads may be apart (at most; at or below
+        stream_interval: none longer). A stream that gets fewer tokens than two per
+        stream_interval (many streams sharing one child) would otherwise be relayed one
+        token per event, and llamad's CPU per token is mostly its CPU per event: its
+        interval grows with its pace to about two tokens' time, up to this. A fast stream
+        keeps stream_interval; the first token, the end and a cancel are never held.""")
     slots: bool = setting(False, reload="restart", help="""
         llama-server children serve /slots (each slot's prompt and parameters), for debugging:
         still only on their private socket and with their per-launch key (LLAMA_API_KEY in the

@@ -198,6 +198,7 @@ def build_child(config: Config, role: str, *, clock: Clock | None = None,
             max_connections=settings.child.max_connections,
             max_idle=settings.child.max_idle_connections,
             stream_interval=settings.child.stream_interval / 1000,
+            stream_interval_max=settings.child.stream_interval_max / 1000,
         )
 
     def endpoint_for(spec: EndpointSpec, timeouts: Timeouts = config.timeouts) -> EndpointLauncher:

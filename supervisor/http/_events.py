@@ -138,7 +138,7 @@ async def sse_chunks(data: AsyncIterator[bytes], path: str, *, chat: bool, top: 
             if done or finish is not None:
                 pace.ending()  # the end is never held back
             elif got:
-                pace.flushed()
+                pace.flushed(sum(c.tokens for c in got))
         if got:
             yield got[0] if len(got) == 1 else join_chunks(got)
         if done:

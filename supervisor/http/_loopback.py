@@ -130,7 +130,8 @@ class LoopbackHTTP:
 
     @contextlib.asynccontextmanager
     async def stream(self, method: str, path: str, body: bytes | None,
-                     timeout: float | None, interval: float = 0.0) -> AsyncIterator[Streamed]:
+                     timeout: float | None, *, interval: float = 0.0, longest: float = 0.0
+                     ) -> AsyncIterator[Streamed]:
         """Send one request; yield its answer once its head has come, the body to be read
         as it arrives. ``timeout`` bounds the wait for the head and then each silence
         between two pieces of the body (a server that stops sending), as httpx's read
@@ -143,7 +144,8 @@ class LoopbackHTTP:
         body ends, for the next request.
 
         ``interval`` (seconds, 0: none) paces the body's reading once its reader said it
-        handed a chunk on (:attr:`Streamed.pace`): see :class:`Silence`.
+        handed a chunk on (:attr:`Streamed.pace`), up to ``longest`` for a slow stream:
+        see :class:`Silence`.
 
         Raises:
             HTTPTransportError: no (complete) head, or, while ``body`` is read, the body
@@ -158,7 +160,7 @@ class LoopbackHTTP:
                 raise HTTPTransportError("timeout", f"timed out after {timeout:g} s") from None
             if keep:
                 conn.expires = keep_alive_expiry(headers.get("keep-alive", ""))
-            watch = Silence(conn, timeout, self._keep if keep else None, interval)
+            watch = Silence(conn, timeout, self._keep if keep else None, interval, longest)
             try:
                 pieces = watch.body(read_pieces(conn.stream, headers, watch))
                 yield Streamed(status, headers, pieces, watch)

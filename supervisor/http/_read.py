@@ -19,6 +19,7 @@ MAX_HEADER_LINES = 100
 MAX_BODY_BYTES = 256 * 1024 * 1024  # an answer larger than this is not a child's JSON
 LINE_LIMIT = 64 * 1024  # longest status or header line (readuntil's limit)
 BACKLOG = 32 * 1024  # a piece this large: more is likely waiting, read on without pause
+TOKENS_PER_EVENT = 2  # what a slow stream's pause grows to wait for (Silence's longest)
 
 
 class HTTPTransportError(Exception):
@@ -67,11 +68,18 @@ class Silence:
     stream ends (:meth:`ending`), nor after a read that found a backlog; leaving the
     stream (a cancel) ends a pause at once. Pauses end on a grid of a quarter interval
     (the loop's clock), so that concurrent streams are read in the same wake-up.
+
+    A slow stream (many streams sharing a child: each gets a token every 60-80 ms on these
+    machines) would be relayed one token per read at any interval shorter than its pace,
+    and the relay's CPU per token is its CPU per event. With ``longest`` above
+    ``interval``, the pause grows with the stream's token rate, seen at each chunk handed
+    on, to about :data:`TOKENS_PER_EVENT` tokens' time, at most ``longest`` seconds; a
+    fast stream keeps ``interval``.
     """
 
     def __init__(self, conn: Connection, timeout: float | None,
                  keep: Callable[[Connection], bool] | None = None,
-                 interval: float = 0.0) -> None:
+                 interval: float = 0.0, longest: float = 0.0) -> None:
         self._conn = conn
         self._keep = keep
         self.complete = False
@@ -83,12 +91,22 @@ class Silence:
         self._timer = (None if timeout is None
                        else self._loop.call_at(self.last + timeout, self._check))
         self._interval = interval
+        self._longest = max(interval, longest)
         self._flushed = -1.0  # loop time of the last chunk handed on (< 0: none yet)
+        self._rate = 0.0  # the stream's tokens per second, smoothed (0: not known yet)
 
-    def flushed(self) -> None:
-        """A chunk was handed on just now: the next read waits for the interval."""
+    def flushed(self, tokens: int = 1) -> None:
+        """A chunk of ``tokens`` tokens was handed on just now: the next read waits for
+        the interval (a slow stream's longer: see the class)."""
         if self._interval > 0:
-            self._flushed = self._loop.time()
+            now = self._loop.time()
+            if self._longest > self._interval and self._flushed >= 0:
+                self._rate = token_rate(self._rate, tokens, now - self._flushed)
+            self._flushed = now
+
+    def pause_length(self) -> float:
+        """Seconds from a chunk handed on to the next read."""
+        return pause_length(self._interval, self._longest, self._rate)
 
     def ending(self) -> None:
         """The stream's end (its finish reason, ``[DONE]``) came: read on without pause."""
@@ -121,7 +139,7 @@ class Silence:
                     # On a grid of a quarter interval: the pauses of concurrent streams
                     # end together, all their reads in one wake-up of the loop.
                     grid = self._interval / 4
-                    until = math.ceil((self._flushed + self._interval) / grid) * grid
+                    until = math.ceil((self._flushed + self.pause_length()) / grid) * grid
                     if until > now:
                         self._pause(until)
             self.stop()  # before the connection may serve another request
@@ -150,6 +168,24 @@ class Silence:
         """End a pause now: what came before it may hold the body's end, and the
         connection's next answer must not wait."""
         self._conn.stream.release()
+
+
+def token_rate(rate: float, tokens: int, seconds: float) -> float:
+    """A stream's tokens per second, smoothed: ``rate`` so far (<= 0: none yet) and
+    ``tokens`` that came in the ``seconds`` since the previous chunk."""
+    if seconds <= 0:
+        return rate
+    seen = tokens / seconds
+    return seen if rate <= 0 else (rate + seen) / 2
+
+
+def pause_length(interval: float, longest: float, rate: float) -> float:
+    """Seconds a stream of ``rate`` tokens per second (<= 0: not known) waits from one
+    chunk handed on to its next read: ``interval``, or for a slow stream the time of
+    :data:`TOKENS_PER_EVENT` tokens, at most ``longest``."""
+    if rate <= 0 or longest <= interval:
+        return interval
+    return min(longest, max(interval, TOKENS_PER_EVENT / rate))
 
 
 def read_pieces(reader: SocketStream, headers: dict[str, str], end: Silence

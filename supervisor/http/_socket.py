@@ -87,6 +87,9 @@ class SocketStream:
             return
         self._closed = True
         self._unwatch()
+        # A send cancelled just now (a request's deadline) leaves its writer registered
+        # until the loop's next turn: never a closed descriptor in the selector.
+        self._loop.remove_writer(self._fd)
         self._wake(ConnectionAbortedError("connection closed"))
         self._sock.close()
 

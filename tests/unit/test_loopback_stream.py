@@ -17,6 +17,7 @@ import pytest
 from supervisor import ChildRequestError, InferenceClient, Sampling
 from supervisor._runtime import LLAMA_SERVER_API
 from supervisor.http import HTTPTransportError, LoopbackHTTP, Streamed
+from supervisor.http._read import TOKENS_PER_EVENT, pause_length, token_rate
 from tests.support.load import patience
 from tests.support.loopback import loopback_servers
 
@@ -419,4 +420,45 @@ async def test_an_error_after_a_pause_comes_after_the_tokens_before_it(
                     server, [chunk(delta("x")), chunk(delta("y")), chunk(error)])))
     await sending[0]
     assert got == ["w", "xy"]
+    await client.aclose()
+
+
+def test_a_slow_streams_pause_grows_to_two_tokens_time_up_to_its_longest() -> None:
+    """The pause after a chunk: the interval for a fast stream or one whose pace is not
+    known yet; for a slow one the time of TOKENS_PER_EVENT tokens, never past
+    ``longest``, and never longer than the interval when ``longest`` is not above it."""
+    assert TOKENS_PER_EVENT == 2
+    assert pause_length(0.04, 0.12, 0.0) == 0.04  # pace not known yet
+    assert pause_length(0.04, 0.12, 100.0) == 0.04  # 2 tokens in 20 ms: fast
+    assert pause_length(0.04, 0.12, 25.0) == pytest.approx(0.08)
+    assert pause_length(0.04, 0.12, 5.0) == 0.12  # 400 ms for two: capped
+    assert pause_length(0.04, 0.0, 5.0) == 0.04  # no longest: the interval alone
+    rate = token_rate(0.0, 1, 0.1)
+    assert rate == pytest.approx(10.0)  # the first chunk's pace as it is
+    assert token_rate(rate, 3, 0.1) == pytest.approx(20.0)  # then smoothed
+    assert token_rate(rate, 1, 0.0) == rate  # no time passed: nothing learnt
+
+
+async def test_a_slow_stream_is_relayed_about_two_tokens_an_event(
+        serve: Callable[[], Awaitable[Server]]) -> None:
+    """A child that sends a token every 60 ms (many streams sharing it): with an interval
+    of 40 ms alone every event would carry one token; with a longest of 300 ms the pause
+    grows to two tokens' time and the events carry two or more (a loaded machine only
+    joins more). Every token arrives, in order (issue 27)."""
+    server = await serve()
+    client = InferenceClient(f"http://127.0.0.1:{server.port}", model_id="m",
+                             api=LLAMA_SERVER_API, loopback=True, stream_interval=0.04,
+                             stream_interval_max=0.3)
+    words = [f"w{i} " for i in range(16)]
+    server.pieces.put_nowait(CHUNKED_HEAD + chunk(delta(words[0])))
+    feeding = asyncio.ensure_future(put_apart(server, [
+        *(chunk(delta(w)) for w in words[1:]),
+        chunk(sse({"choices": [{"delta": {}, "finish_reason": "stop"}]})
+              + b"data: [DONE]\n\n") + b"0\r\n\r\n"], gap=0.06))
+    got = [c async for c in client.stream_chat([("user", "hi")], Sampling(max_tokens=99))]
+    await feeding
+    texts = [c for c in got if c.text]
+    assert "".join(c.text for c in texts) == "".join(words)
+    steady = sorted(c.tokens for c in texts[3:])  # once its pace was seen
+    assert steady[len(steady) // 2] >= 2, [c.tokens for c in texts]
     await client.aclose()
