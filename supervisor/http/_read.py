@@ -120,7 +120,7 @@ class Silence:
             return
         self.expired = True
         self._timer = None
-        self._conn.stream.abort()
+        self._conn.stream.close()
 
     def stop(self) -> None:
         if self._timer is not None:

@@ -93,10 +93,6 @@ class SocketStream:
         self._wake(ConnectionAbortedError("connection closed"))
         self._sock.close()
 
-    def abort(self) -> None:
-        """As :meth:`close` (nothing is ever buffered for writing here)."""
-        self.close()
-
     def hold(self, until: float) -> None:
         """Make no read before ``until`` (loop time): the next read waits until then, then
         takes what came meanwhile with one ``recv``. :meth:`close` ends the wait, and so
@@ -181,23 +177,13 @@ class SocketStream:
         """Wait for data (the buffer is empty or too short): what one ``recv`` took at
         once (returned, not buffered; b"" at the end), or None once the watch put data in
         the buffer or saw the end. Raises what the socket failed with."""
-        if self._hold:
-            delay = self._hold - self._loop.time()
-            self._hold = 0.0
-            if delay > 0:
-                await self._wait(self._loop.call_at(self._loop.time() + delay, self._wake))
+        until, self._hold = self._hold, 0.0
+        if until > self._loop.time():
+            await self._wait(self._loop.call_at(until, self._wake))
         self._check()
         if not self._watching:
-            try:
-                data = self._sock.recv(min(n, CHUNK))
-            except (BlockingIOError, InterruptedError):
-                pass
-            except OSError as exc:
-                self._error = exc
-                raise
-            else:
-                if not data:
-                    self._eof = True
+            data = self._recv(min(n, CHUNK))
+            if data is not None:
                 return data
             self._watch()
         await self._wait(None)
@@ -237,22 +223,29 @@ class SocketStream:
             self._loop.remove_reader(self._fd)
             self._watching = False
 
+    def _recv(self, n: int) -> bytes | None:
+        """What one ``recv`` takes now: None if nothing came yet, b"" at the end (noted).
+        A failure is kept (every later read raises it) and raised."""
+        try:
+            data = self._sock.recv(n)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as exc:
+            self._error = exc
+            raise
+        if not data:
+            self._eof = True
+        return data
+
     def _readable(self) -> None:
         """The loop saw the socket readable: take what came into the buffer."""
         try:
-            data = self._sock.recv(CHUNK)
-        except (BlockingIOError, InterruptedError):
+            data = self._recv(CHUNK)
+        except OSError:
+            data = b""  # the error is kept for the waiting read
+        if data is None:
             return
-        except OSError as exc:
-            self._error = exc
-            self._unwatch()
-            self._wake()
-            return
-        if data:
-            self._buf += data
-            if len(self._buf) >= HIGH_WATER:
-                self._unwatch()
-        else:
-            self._eof = True
+        self._buf += data
+        if not data or len(self._buf) >= HIGH_WATER:
             self._unwatch()
         self._wake()

@@ -96,7 +96,7 @@ async def test_closing_wakes_a_held_or_waiting_read(
     stream.hold(asyncio.get_running_loop().time() + 60)
     held = asyncio.ensure_future(stream.read(100))
     await asyncio.sleep(0.02)
-    stream.abort()  # the read timeout's abort, or the stream's owner leaving
+    stream.close()  # the read timeout's abort, or the stream's owner leaving
     with pytest.raises(ConnectionAbortedError):
         await asyncio.wait_for(held, 1)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -128,12 +128,13 @@ async def test_a_fast_peer_is_not_buffered_without_bound(
         pair: tuple[SocketStream, socket.socket]) -> None:
     stream, peer = pair
     peer.setblocking(False)
-    reading = asyncio.ensure_future(stream.read(1))  # watches the socket
+    reading = asyncio.ensure_future(stream.read(1))
+    await asyncio.sleep(0.02)  # found nothing: it watches the socket from now on
     sent = 0
     with pytest.raises(BlockingIOError):
         # Nobody reads after the first byte: the kernel's buffers fill once the stream
         # stopped taking (a transport's flow control, at HIGH_WATER).
-        for _ in range(100_000):
+        for _ in range(200):  # 12.5 MiB: far past the bound and the kernel's buffers
             sent += peer.send(b"y" * 65536)
             await asyncio.sleep(0)
     assert await reading == b"y"
