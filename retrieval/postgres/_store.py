@@ -76,6 +76,15 @@ from ._write import replace_round, rounds
 
 _log = structlog.get_logger("llamad.retrieval")
 
+CACHED_VECTORS = (
+    "SELECT h.hash, v.embedding::float4[] "
+    "FROM unnest(%s::text[]) AS h(hash) CROSS JOIN LATERAL ("
+    " SELECT v.embedding FROM chunks c JOIN chunk_vectors v ON v.chunk_key = c.key"
+    " AND v.space_id = ANY(ARRAY(SELECT id FROM vector_spaces WHERE model = %s))"
+    " WHERE c.content_hash = h.hash LIMIT 1) v")
+"""The stored vector of each content hash (``hashes``, ``model``): one ``chunks_hash``
+probe a hash (:meth:`PostgresStore.cached_vectors`)."""
+
 
 @dataclass(frozen=True)
 class PgInfo:
@@ -375,14 +384,21 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
         return model_mismatch(self.target, node, corpus)
 
     def cached_vectors(self, model: str, hashes: Iterable[str]) -> dict[str, np.ndarray]:
-        """Vectors of ``model`` already stored for chunks of these texts (by hash)."""
+        """Vectors of ``model`` already stored for chunks of these texts (by hash).
+
+        Ingest asks this once a document, so it must cost the same at any corpus size.
+        The statement is driven by the hashes (one ``chunks_hash`` probe each, then the
+        vector's key), and runs unprepared: a join of the three tables planned by cost
+        chose, on a corpus not yet analysed (a new database filling up), to read every
+        vector of the space and look each one's chunk up, 2.4-3 ms a call at 3,000
+        chunks and growing with the corpus (bench/RESULTS.md, "PostgreSQL ingest:
+        a lookup that grew with the corpus"); a prepared statement's cached plan would
+        keep such a plan after the tables have grown."""
+        wanted = sorted(set(hashes))
+        if not wanted:
+            return {}
         with self._conn() as conn:
-            rows = conn.execute(
-                "SELECT DISTINCT ON (c.content_hash) c.content_hash, v.embedding::float4[] "
-                "FROM chunks c JOIN chunk_vectors v ON v.chunk_key = c.key "
-                "JOIN vector_spaces s ON s.id = v.space_id "
-                "WHERE s.model = %s AND c.content_hash = ANY(%s)",
-                (model, list(set(hashes)))).fetchall()
+            rows = conn.execute(CACHED_VECTORS, (wanted, model), prepare=False).fetchall()
         return {str(h): np.asarray(v, dtype=np.float32) for h, v in rows}
 
     # -- search ------------------------------------------------------------------------
