@@ -47,6 +47,12 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _document_of(write: PendingWrite) -> str:
+    """A pending write's key for the group committer: its document's versions are never
+    in two batches under way at once."""
+    return write.doc.id
+
+
 class Ingest:
     """The ingest pipeline over a store backend (:mod:`retrieval._interface`)."""
 
@@ -67,7 +73,8 @@ class Ingest:
         self._batcher: EmbedBatcher | None = None
         self._batcher_model = ""
         self.committer: GroupCommitter[PendingWrite, DocumentRow] = GroupCommitter(
-            self._commit_batch, indexes.write, max_batch=limits.max_commit_batch)
+            self._commit_batch, indexes.write, max_batch=limits.max_commit_batch,
+            in_flight=indexes.commits_in_flight, key=_document_of)
 
     async def close(self) -> None:
         """Wait for the commits under way (none is cut short) and those queued."""
@@ -212,7 +219,8 @@ class Ingest:
     # -- committing --------------------------------------------------------------------
 
     async def _commit_batch(self, batch: list[PendingWrite]) -> list[DocumentRow]:
-        """The group committer's commit (the writer lock is held)."""
+        """The group committer's commit (the writer lock held when one batch is written
+        at a time)."""
         indexes = self._indexes
         models = {p.model for p in batch if p.has_vectors}
         if indexes.vector_model and models - {indexes.vector_model}:

@@ -144,6 +144,11 @@ class StoreBackend(Protocol):
         """This node's writer lock: the caller of :meth:`commit` holds it."""
 
     @property
+    def commits_in_flight(self) -> int:
+        """Group commits written at once: 1 (under :attr:`write`), or more for a store
+        that orders concurrent writers itself, without :attr:`write`."""
+
+    @property
     def repaired(self) -> dict[str, int]:
         """What the last open repaired, by kind (empty when nothing was)."""
 
@@ -183,7 +188,8 @@ class StoreBackend(Protocol):
 
     async def commit(self, batch: list[PendingWrite]) -> list[DocumentRow]:
         """Commit documents with their chunks and vectors together (the caller holds
-        :attr:`write`); returns them as committed (state ``indexed``)."""
+        :attr:`write` when :attr:`commits_in_flight` is 1); returns them as committed
+        (state ``indexed``)."""
 
     async def delete_document(self, doc_id: str) -> bool:
         """Remove a document from every index; False if it did not exist."""

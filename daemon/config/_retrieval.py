@@ -185,6 +185,12 @@ class RetrievalSettings:
         How the PostgreSQL store ranks the lexical list: auto (a BM25 extension the server
         offers, pg_textsearch then pg_search, else BM25 in plain SQL), or one by name (the store
         refuses to open without it).""")
+    postgres_commits_in_flight: int = setting(2, minimum=1, reload="restart", help="""
+        Group commits this node writes to the PostgreSQL store at once, each one transaction
+        on its own connection (a document's versions never in two at once): while one waits
+        on the server (pgvector's HNSW insertion is most of an ingest's cost) the next is
+        written. 1: one at a time, as the embedded store does. Counts against
+        postgres_max_connections.""")
     postgres_bm25_candidates: int = setting(1000, minimum=1, reload="restart", help="""
         With the plain-SQL BM25 ranker: postings read per query term, highest impact first, when
         a search has no filter (bounds a query's cost; rarer terms are read whole).""")

@@ -90,7 +90,8 @@ def pg_options(r: RetrievalSettings, *, max_connections: int | None = None) -> P
         statement_timeout_ms=round(r.postgres_statement_timeout * 1000),
         ef_search=r.postgres_ef_search, max_scan_tuples=r.postgres_max_scan_tuples,
         lexical_ranker=r.postgres_lexical_ranker,
-        bm25_candidates_per_term=r.postgres_bm25_candidates)
+        bm25_candidates_per_term=r.postgres_bm25_candidates,
+        commits_in_flight=r.postgres_commits_in_flight)
 
 
 _embedded: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(

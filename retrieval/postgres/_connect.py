@@ -58,6 +58,8 @@ class PgOptions:
         bm25_candidates_per_term: ``bm25-sql`` reads at most this many postings of each
             query term (highest impact first) when no filter is given: the bound on a
             query's cost; a rarer term is read whole, so its scores are exact.
+        commits_in_flight: group commits written at once, each one transaction on its own
+            connection (:class:`retrieval.store._group.GroupCommitter`).
     """
 
     dsn: str
@@ -70,6 +72,7 @@ class PgOptions:
     max_scan_tuples: int = 20_000
     lexical_ranker: str = "auto"
     bm25_candidates_per_term: int = 1000
+    commits_in_flight: int = 2
 
 
 def describe(dsn: str) -> str:

@@ -86,6 +86,9 @@ class PgIndexes(StoreHolder[PgDocumentStore]):
         self.root = root
         self.options = options
         self.write = asyncio.Lock()
+        # Postgres orders concurrent writers (as it does other nodes'): several batches
+        # at once, each on its own connection, without the writer lock.
+        self.commits_in_flight = max(1, options.commits_in_flight)
         self.store: PgDocumentStore | None = None
         self.vector_model = ""          # the corpus's embedding model once checked
         self.switch_model = ""          # the model the corpus is being switched to

@@ -13,7 +13,7 @@ cancelled stops waiting, but a commit that has begun is never abandoned halfway.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -30,62 +30,123 @@ Vector = Sequence[float] | np.ndarray[Any, np.dtype[np.float32]]
 class GroupCommitter(Generic[T, R]):
     """Batches concurrent :meth:`submit` calls into calls of ``commit``.
 
-    ``commit(items)`` runs with ``lock`` held (the writer lock other mutations also
-    take), one batch at a time, and returns one result per item, in order: a value, or
-    an exception for that writer alone. If it raises, every writer of the batch gets the
-    exception.
+    ``commit(items)`` returns one result per item, in order: a value, or an exception for
+    that writer alone. If it raises, every writer of the batch gets the exception.
+
+    With ``in_flight`` 1 (the default) each commit runs with ``lock`` held (the writer
+    lock other mutations also take), one batch at a time. A store that orders concurrent
+    writers itself (PostgreSQL: each batch one transaction, as another node's would be)
+    can take up to ``in_flight`` batches at once, each on its own connection, without
+    ``lock``: while one batch waits on the server another is written. Then ``key`` (a
+    document's id) keeps two versions of one document out of concurrent batches: an item
+    waits while a batch under way holds its key, so its versions commit in the order
+    they were submitted.
     """
 
     def __init__(self, commit: CommitFn[T, R], lock: asyncio.Lock, *,
-                 max_batch: int = 256) -> None:
+                 max_batch: int = 256, in_flight: int = 1,
+                 key: Callable[[T], Hashable] | None = None) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
+        if in_flight < 1:
+            raise ValueError("in_flight must be at least 1")
+        if in_flight > 1 and key is None:
+            raise ValueError("concurrent batches need a key")
         self._commit = commit
         self._lock = lock
         self._max_batch = max_batch
+        self._in_flight = in_flight
+        self._key = key
         self._waiting: list[tuple[T, asyncio.Future[R]]] = []
-        self._runner: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()
+        self._busy: set[Hashable] = set()   # the keys of the batches under way
         self.commits = 0            # batches committed (for tests and benchmarks)
+        self.most_at_once = 0       # the most batches under way at once (the same)
 
     async def submit(self, item: T) -> R:
         """Queue ``item`` and return its result once its batch is committed."""
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._waiting.append((item, future))
-        if self._runner is None or self._runner.done():
-            self._runner = asyncio.create_task(self._run(), name="group-commit")
+        self._start()
         return await future
 
     async def close(self) -> None:
         """Wait for the commits under way (and those queued) to finish."""
-        if self._runner is not None:
-            await asyncio.shield(self._runner)
+        while self._running:
+            await asyncio.shield(asyncio.gather(*self._running, return_exceptions=True))
 
-    async def _run(self) -> None:
-        while self._waiting:
-            async with self._lock:
-                batch = self._waiting[:self._max_batch]
-                del self._waiting[:self._max_batch]
-                try:
-                    results = await self._commit([item for item, _ in batch])
-                    if len(results) != len(batch):
-                        raise RuntimeError(f"commit returned {len(results)} results "
-                                           f"for {len(batch)} items")
-                except Exception as exc:  # every writer of the batch learns why
-                    results = [exc] * len(batch)
-                except BaseException as exc:  # cancelled (shutdown): nobody waits forever
-                    for _, future in batch + self._waiting:
-                        if not future.done():
-                            future.set_exception(RuntimeError(f"ingest stopped: {exc!r}"))
-                    self._waiting.clear()
-                    raise
-                self.commits += 1
-            for (_, future), result in zip(batch, results, strict=True):
-                if future.done():  # the writer stopped waiting (its RPC was cancelled)
-                    continue
-                if isinstance(result, BaseException):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
+    def _start(self) -> None:
+        """Start batches of the waiting items while a slot is free."""
+        while self._waiting and len(self._running) < self._in_flight:
+            batch = self._take()
+            if not batch:
+                return  # every waiting item's document is in a batch under way
+            task = asyncio.create_task(self._run(batch), name="group-commit")
+            self._running.add(task)
+            self.most_at_once = max(self.most_at_once, len(self._running))
+
+    def _take(self) -> list[tuple[T, asyncio.Future[R]]]:
+        """The next batch: the oldest items, at most ``max_batch``, none whose key a
+        batch under way holds (those wait, with every later item of their key)."""
+        if self._key is None:
+            batch = self._waiting[:self._max_batch]
+            del self._waiting[:self._max_batch]
+            return batch
+        batch, kept, keys = [], [], set()
+        for entry in self._waiting:
+            key = self._key(entry[0])
+            if key in self._busy or len(batch) >= self._max_batch:
+                kept.append(entry)
+            else:
+                batch.append(entry)
+                keys.add(key)
+        self._waiting = kept
+        self._busy |= keys
+        return batch
+
+    async def _run(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+        cancelled = False
+        try:
+            if self._in_flight == 1:
+                async with self._lock:
+                    results = await self._results(batch)
+            else:
+                results = await self._results(batch)
+            self.commits += 1
+        except BaseException as exc:  # cancelled (shutdown): nobody waits forever
+            cancelled = True
+            for _, future in batch + self._waiting:
+                if not future.done():
+                    future.set_exception(RuntimeError(f"ingest stopped: {exc!r}"))
+            self._waiting.clear()
+            raise
+        finally:
+            task = asyncio.current_task()
+            if task is not None:
+                self._running.discard(task)
+            if self._key is not None:
+                self._busy -= {self._key(item) for item, _ in batch}
+            if not cancelled:
+                self._start()  # the items that came meanwhile, or waited for a key
+        for (_, future), result in zip(batch, results, strict=True):
+            if future.done():  # the writer stopped waiting (its RPC was cancelled)
+                continue
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+    async def _results(self, batch: list[tuple[T, asyncio.Future[R]]]
+                       ) -> Sequence[R | BaseException]:
+        """``commit``'s results for the batch; its exception as every item's."""
+        try:
+            results = await self._commit([item for item, _ in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"commit returned {len(results)} results "
+                                   f"for {len(batch)} items")
+            return results
+        except Exception as exc:  # every writer of the batch learns why
+            return [exc] * len(batch)
 
 
 class EmbedBatcher:

@@ -77,6 +77,7 @@ class Indexes(StoreHolder[Store]):
     def __init__(self, root: Path) -> None:
         self.root = root
         self.write = asyncio.Lock()     # the one writer: every mutation of the indexes
+        self.commits_in_flight = 1      # tantivy and hnswlib have one writer each
         self.store: Store | None = None
         self.text: TextIndex | None = None
         self.vectors: VectorIndex | None = None

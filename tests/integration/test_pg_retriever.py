@@ -27,6 +27,8 @@ from retrieval import (
 )
 from retrieval.errors import EmbeddingModelMismatch, NotSupported
 from retrieval.postgres._connect import PgOptions
+from retrieval.store._metadata import DocumentRow
+from retrieval.store._rows import PendingWrite
 from tests.support.embedder import HashEmbedder
 from tests.support.inprocess import serving
 from tests.support.postgres import two_nodes
@@ -178,3 +180,55 @@ async def test_two_daemons_services_share_the_store_over_grpc(nodes: Nodes) -> N
         assert (await stub_b.DeleteDocument(rpb.DeleteDocumentRequest(id="docs/vpn"))).deleted
         gone = await stub_a.Search(rpb.SearchRequest(query="dead peer detection"))
         assert list(gone.hits) == []
+
+
+async def test_one_node_writes_two_batches_at_once_and_keeps_a_documents_versions_in_order(
+        tmp_path: Path, pg_dsn: str) -> None:
+    """retrieval.postgres_commits_in_flight (2): while one group commit waits on the
+    server, the next is written on another connection; a document's newer version waits
+    for the batch holding its older one, so the newer is what stays."""
+    r = Retriever(tmp_path / "n", lambda: HashEmbedder("m"), postgres=PgOptions(pg_dsn))
+    await r.open()
+    await r.add_source("docs")
+    backend = r._backend
+    real = backend.commit
+    active, most = 0, 0
+    first_in, release_first = asyncio.Event(), asyncio.Event()
+
+    async def commit(batch: list[PendingWrite]) -> list[DocumentRow]:
+        nonlocal active, most
+        active += 1
+        most = max(most, active)
+        try:
+            if any(p.doc.id == "docs/ver" and "first" in p.rows[0].text for p in batch):
+                first_in.set()
+                await release_first.wait()  # the server is slow on this batch
+            return await real(batch)
+        finally:
+            active -= 1
+
+    backend.commit = commit  # type: ignore[method-assign]
+    try:
+        first = asyncio.create_task(
+            r.upsert("docs", "v", "first version of the page " * 10, doc_id="docs/ver"))
+        await first_in.wait()
+        second = asyncio.create_task(
+            r.upsert("docs", "v", "second version of the page " * 10, doc_id="docs/ver"))
+        # Within a minute, or the others waited for the held batch (one at a time).
+        await asyncio.wait_for(asyncio.gather(*(
+            r.upsert("docs", f"d{i}", f"token{i} runbook for service {i}", doc_id=f"docs/d{i}")
+            for i in range(20))), 60)
+        assert most == 2  # the others were written beside the held batch
+        assert not second.done()  # its document is in the held batch
+        release_first.set()
+        await first
+        await second
+        assert r._ingest.committer.most_at_once == 2
+        hits = (await r.search("second version", k=5)).hits
+        assert "docs/ver" in {h.doc_id for h in hits}
+        stale = [h for h in (await r.search("first", k=20)).hits if h.doc_id == "docs/ver"]
+        assert stale == []
+        assert (await r.status()).documents_by_state["indexed"] == 21
+    finally:
+        release_first.set()
+        await r.close()

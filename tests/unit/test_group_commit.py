@@ -73,6 +73,82 @@ async def test_a_cancelled_writer_does_not_abandon_the_commit() -> None:
     assert committed == ["x"]
 
 
+async def test_one_batch_at_a_time_holds_the_writer_lock() -> None:
+    """in_flight 1 (the embedded store's): a commit waits for the writer lock that other
+    mutations take."""
+    lock = asyncio.Lock()
+    committed: list[str] = []
+
+    async def commit(items: list[str]) -> Sequence[str | BaseException]:
+        assert lock.locked()
+        committed.extend(items)
+        return items
+
+    group: GroupCommitter[str, str] = GroupCommitter(commit, lock)
+    await lock.acquire()
+    writer = asyncio.create_task(group.submit("x"))
+    await asyncio.sleep(0.01)
+    assert committed == []  # the mutation holding the lock runs first
+    lock.release()
+    assert await writer == "x"
+
+
+async def test_batches_in_flight_overlap_and_keep_a_documents_versions_in_order() -> None:
+    """in_flight 2 (PostgreSQL's): a second batch is written while the first waits on
+    the server, without the writer lock; an item whose key (document) is in a batch
+    under way waits for it, so two versions of a document never commit concurrently or
+    out of order."""
+    lock = asyncio.Lock()
+    await lock.acquire()  # held elsewhere: concurrent batches do not take it
+    gates: list[asyncio.Event] = []
+    running: list[list[str]] = []
+    overlap: list[tuple[list[str], list[str]]] = []
+    order: list[str] = []
+
+    async def commit(items: list[str]) -> Sequence[str | BaseException]:
+        overlap.extend((items, other) for other in running)
+        running.append(items)
+        gate = asyncio.Event()
+        gates.append(gate)
+        await gate.wait()
+        running.remove(items)
+        order.extend(items)
+        return [item.upper() for item in items]
+
+    group: GroupCommitter[str, str] = GroupCommitter(
+        commit, lock, in_flight=2, key=lambda item: item.split(":")[0])
+    first = asyncio.create_task(group.submit("a:1"))
+    await asyncio.sleep(0)
+    later = [asyncio.create_task(group.submit(i)) for i in ("b:1", "a:2", "c:1")]
+    await asyncio.sleep(0.01)
+    assert running == [["a:1"], ["b:1"]]  # two at once; a:2 and c:1 wait for a slot
+    assert group.most_at_once == 2
+    gates[1].set()  # b:1's batch ends: c:1 goes, a:2 still waits for a:1's
+    await asyncio.sleep(0.01)
+    assert running == [["a:1"], ["c:1"]]
+    gates[0].set()
+    await asyncio.sleep(0.01)
+    assert running == [["c:1"], ["a:2"]]
+    gates[2].set()
+    gates[3].set()
+    assert await first == "A:1"
+    assert [await t for t in later] == ["B:1", "A:2", "C:1"]
+    assert order.index("a:1") < order.index("a:2")
+    assert not any({"a:1", "a:2"} <= {*mine, *other} for mine, other in overlap)
+    await group.close()
+    lock.release()
+
+
+def test_concurrent_batches_need_a_key() -> None:
+    async def commit(items: list[str]) -> Sequence[str | BaseException]:
+        return items
+
+    with pytest.raises(ValueError, match="key"):
+        GroupCommitter(commit, asyncio.Lock(), in_flight=2)
+    with pytest.raises(ValueError, match="in_flight"):
+        GroupCommitter(commit, asyncio.Lock(), in_flight=0, key=str)
+
+
 async def test_concurrent_upserts_are_grouped_searchable_and_not_interleaved(
         tmp_path: Path) -> None:
     r = Retriever(tmp_path, lambda: HashEmbedder("m"))
