@@ -36,6 +36,8 @@ RANKER_ENV = "LLAMAD_BENCH_RANKER"
 environment so that the node processes of (d) use it too."""
 PER_TERM_ENV = "LLAMAD_BENCH_BM25_PER_TERM"
 """``PgOptions.bm25_candidates_per_term`` for the benches (default: its default)."""
+COMMITS_ENV = "LLAMAD_BENCH_COMMITS_IN_FLIGHT"
+"""``PgOptions.commits_in_flight`` for the benches (default: its default)."""
 MODEL = "hash-bow-384"
 """The vectors: :class:`HashEmbedder` (bag of hashed words, 384 dimensions, as the default
 embedding model's), not a real model: the same on both backends, cheap enough for 100k
@@ -66,7 +68,9 @@ def retriever(kind: str, root: Path, dsn: str, embedder: HashEmbedder | None,
     without an embedder, BM25-only."""
     ranker = os.environ.get(RANKER_ENV) or "auto"
     per_term = int(os.environ.get(PER_TERM_ENV) or CANDIDATES_PER_TERM)
-    options = PgOptions(dsn, lexical_ranker=ranker, bm25_candidates_per_term=per_term)
+    commits = int(os.environ.get(COMMITS_ENV) or PgOptions("").commits_in_flight)
+    options = PgOptions(dsn, lexical_ranker=ranker, bm25_candidates_per_term=per_term,
+                        commits_in_flight=commits)
     return Retriever(root, lambda: embedder, limits,
                      postgres=options if kind == "postgres" else None)
 
