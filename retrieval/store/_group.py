@@ -85,17 +85,18 @@ class GroupCommitter(Generic[T, R]):
             self._running.add(task)
             self.most_at_once = max(self.most_at_once, len(self._running))
 
-    def _take(self) -> list[tuple[T, asyncio.Future[R]]]:
-        """The next batch: the oldest items, at most ``max_batch``, none whose key a
-        batch under way holds (those wait, with every later item of their key)."""
+    def _take(self, room: int | None = None) -> list[tuple[T, asyncio.Future[R]]]:
+        """The next batch: the oldest items, at most ``room`` (``max_batch``), none whose
+        key a batch under way holds (those wait, with every later item of their key)."""
+        room = self._max_batch if room is None else room
         if self._key is None:
-            batch = self._waiting[:self._max_batch]
-            del self._waiting[:self._max_batch]
+            batch = self._waiting[:room]
+            del self._waiting[:room]
             return batch
         batch, kept, keys = [], [], set()
         for entry in self._waiting:
             key = self._key(entry[0])
-            if key in self._busy or len(batch) >= self._max_batch:
+            if key in self._busy or len(batch) >= room:
                 kept.append(entry)
             else:
                 batch.append(entry)
@@ -109,6 +110,8 @@ class GroupCommitter(Generic[T, R]):
         try:
             if self._in_flight == 1:
                 async with self._lock:
+                    # The items that came while another mutation held the lock join.
+                    batch += self._take(self._max_batch - len(batch))
                     results = await self._results(batch)
             else:
                 results = await self._results(batch)

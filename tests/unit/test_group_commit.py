@@ -77,20 +77,23 @@ async def test_one_batch_at_a_time_holds_the_writer_lock() -> None:
     """in_flight 1 (the embedded store's): a commit waits for the writer lock that other
     mutations take."""
     lock = asyncio.Lock()
-    committed: list[str] = []
+    batches: list[list[str]] = []
 
     async def commit(items: list[str]) -> Sequence[str | BaseException]:
         assert lock.locked()
-        committed.extend(items)
+        batches.append(items)
         return items
 
     group: GroupCommitter[str, str] = GroupCommitter(commit, lock)
     await lock.acquire()
     writer = asyncio.create_task(group.submit("x"))
     await asyncio.sleep(0.01)
-    assert committed == []  # the mutation holding the lock runs first
+    later = asyncio.create_task(group.submit("y"))  # came while the lock was held
+    await asyncio.sleep(0.01)
+    assert batches == []  # the mutation holding the lock runs first
     lock.release()
-    assert await writer == "x"
+    assert (await writer, await later) == ("x", "y")
+    assert batches == [["x", "y"]]  # one commit for both
 
 
 async def test_batches_in_flight_overlap_and_keep_a_documents_versions_in_order() -> None:
