@@ -131,6 +131,13 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
         target = describe(options.dsn)
         conn = connect(options)
         try:
+            # This connection is the open's own: migrations, the BM25 fill and a lexical
+            # extension's set-up (a rewrite of chunks, then an index over every chunk)
+            # are whole-corpus work, minutes at a million chunks, and a node opening
+            # beside another waits for its migration lock that long. The statement
+            # timeout bounds searches and writes, not this (an open cut at 30 s would
+            # roll back and start over at every open, never done).
+            conn.execute("SET statement_timeout = 0")
             vector_version = ensure_vector_extension(conn, target)
             applied = migrate(conn, target)
             filled = fill_missing(conn)  # chunks written before schema version 4

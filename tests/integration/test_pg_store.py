@@ -28,7 +28,7 @@ from retrieval.errors import (
     StoreUnavailable,
 )
 from retrieval.postgres._connect import PgOptions
-from retrieval.postgres._schema import SCHEMA_VERSION
+from retrieval.postgres._schema import MIGRATION_LOCK, SCHEMA_VERSION
 from retrieval.postgres._search import vector_statement, vector_top_statement
 from retrieval.postgres._store import CACHED_VECTORS, PostgresStore
 from retrieval.store._bm25 import Filters
@@ -310,6 +310,33 @@ def test_an_unchanged_chunk_keeps_its_vector_across_a_replacement(
     assert list(cached) == ["docs/a:same text"]
     np.testing.assert_allclose(cached["docs/a:same text"], unit(1, 2, 3, 4), rtol=1e-6)
     assert store.embedded_chunks(MODEL) == 1
+
+
+def test_an_open_waits_out_another_nodes_migration_past_the_statement_timeout(
+        pg_dsn: str) -> None:
+    """The statement timeout bounds searches and writes, not an open: migrations, the
+    BM25 fill and an extension's index are whole-corpus work (minutes at a million
+    chunks), and a node opening meanwhile waits for the migration lock that long. Here
+    another session holds that lock for longer than the timeout; the open waits and
+    succeeds, and the pool's sessions keep the timeout."""
+    with psycopg.connect(pg_dsn, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
+        opened: list[PostgresStore] = []
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            opening = pool.submit(
+                lambda: opened.append(PostgresStore.open(PgOptions(
+                    pg_dsn, statement_timeout_ms=300))))
+            time.sleep(1.5)  # five timeouts' worth
+            assert not opening.done()  # waiting for the lock, not refused
+            holder.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
+            opening.result(timeout=60)
+    store = opened[0]
+    try:
+        assert store.info().schema_version == SCHEMA_VERSION
+        with store._conn() as conn:
+            assert conn.execute("SHOW statement_timeout").fetchone() == ("300ms",)
+    finally:
+        store.close()
 
 
 def _plan_nodes(plan: dict[str, object]) -> Iterator[dict[str, object]]:
