@@ -136,6 +136,9 @@ async def test_life_cycle(kind: str, tmp_path: Path, request: pytest.FixtureRequ
     store.open_sync()
     assert store.is_open and store.repaired == {} and store.require().sources() == []
     assert isinstance(store.write, asyncio.Lock)
+    # The embedded store writes one batch at a time under the lock; PostgreSQL orders
+    # concurrent transactions itself and takes its option's count (2 by default).
+    assert store.commits_in_flight == (2 if kind == "postgres" else 1)
     await fill(store)
     await store.flush()
     await store.catch_up()
