@@ -45,6 +45,7 @@ from .config import Config, Role
 from .config._catalog import Catalog, CatalogEntry
 from .config.inference_mode import InferenceMode
 from .console import console
+from .grpcapi import rpc
 from .grpcapi.answer import AnswerServicer
 from .grpcapi.auth import AuthInterceptor, TlsCredentials
 from .grpcapi.connlimits import ConnectionCap, budget_of, grpc_options
@@ -93,6 +94,10 @@ from .telemetry.metrics import Metrics
 from .telemetry.model_gauges import model_lives
 
 _log = structlog.get_logger("llamad.daemon")
+
+CALLS_ENDING_MAX = 5.0
+"""Seconds a shutdown waits, after everything is stopped, for gRPC calls the drain cut
+that are still ending, so that their summary lines come before ``stopped``."""
 
 SERVICE_NAMES = (  # what reflection lists (test_proto ties the names to the descriptors)
     wire.INFERENCE_SERVICE, wire.CONTROL_SERVICE, wire.RETRIEVAL_SERVICE,
@@ -492,6 +497,10 @@ class Daemon:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watchdog
             self._watchdog = None
+        # A call the drain cut may still be ending (a swap stopping what it loaded):
+        # its summary line comes before this daemon's last.
+        if left := await rpc.calls_ended(CALLS_ENDING_MAX):
+            _log.warning("calls still ending at stop", calls=left)
         self._notifier.close()
         self._state_lock.release()  # last: everything in the state directory is closed
         _log.info("stopped")

@@ -22,6 +22,23 @@ from .wire import RPC_MARKER, Malformed
 
 _log = structlog.get_logger("llamad.rpc")
 
+_running: set[asyncio.Task[Any]] = set()
+"""The tasks of the gRPC calls whose frame (:func:`_handled`) has not ended, in this
+process: a call cut by the drain still runs its ending (a swap stopping the child it was
+loading) after the server has stopped, and its summary line comes after that."""
+
+
+async def calls_ended(timeout: float) -> int:
+    """Wait, at most ``timeout`` seconds, for the calls still ending (:data:`_running`)
+    and then for their summary lines (written on the next turn of the loop); return
+    how many had not ended. The daemon's shutdown waits for them before its last line."""
+    me = asyncio.current_task()
+    waiting = {task for task in _running if task is not me and not task.done()}
+    if waiting:
+        await asyncio.wait(waiting, timeout=timeout)
+    await asyncio.sleep(0)  # the summaries scheduled by the calls' ends (call_soon)
+    return sum(not task.done() for task in waiting)
+
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Self = TypeVar("Self")
@@ -118,6 +135,9 @@ async def _handled(method: str, servicer: object, request: object,
     abort raises), note a cancellation's code, and write the summary line at the end."""
     call = _start(context)
     started = time.perf_counter()
+    task = asyncio.current_task()
+    if task is not None:
+        _running.add(task)
     try:
         if isinstance(request, Malformed):  # see daemon.grpcapi.wire
             raise InvalidArgument(request.message)
@@ -141,6 +161,8 @@ async def _handled(method: str, servicer: object, request: object,
         raise AssertionError("unreachable: abort raises") from exc
     finally:
         _summary(method, started, call, servicer)
+        if task is not None:
+            _running.discard(task)
 
 
 def unary(method: str) -> Callable[[UnaryFn[Self, Req, Resp]], Unary[Self, Req, Resp]]:
