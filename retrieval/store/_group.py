@@ -13,6 +13,7 @@ cancelled stops waiting, but a commit that has begun is never abandoned halfway.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -82,6 +83,27 @@ class GroupCommitter(Generic[T, R]):
                 return  # every waiting item's document is in a batch under way
             task = asyncio.create_task(self._run(batch), name="group-commit")
             self._running.add(task)
+            # A done callback, not the task's own finally: a task cancelled before it
+            # first ran (a loop shutting down) never runs its finally.
+            task.add_done_callback(functools.partial(self._ended, batch))
+
+    def _ended(self, batch: list[tuple[T, asyncio.Future[R]]],
+               task: asyncio.Task[None]) -> None:
+        """A batch's task is done: free its slot and keys, then start the next batch;
+        stopped (cancelled, or a BaseException), fail its writers and those waiting:
+        nobody waits forever."""
+        self._running.discard(task)
+        if self._key is not None:
+            self._busy -= {self._key(item) for item, _ in batch}
+        stopped: BaseException | None = (asyncio.CancelledError() if task.cancelled()
+                                          else task.exception())
+        if stopped is None:
+            self._start()  # the items that came meanwhile, or waited for a key
+            return
+        for _, future in batch + self._waiting:
+            if not future.done():
+                future.set_exception(RuntimeError(f"ingest stopped: {stopped!r}"))
+        self._waiting.clear()
 
     def _take(self, room: int | None = None) -> list[tuple[T, asyncio.Future[R]]]:
         """The next batch: the oldest items, at most ``room`` (``max_batch``), none whose
@@ -104,31 +126,15 @@ class GroupCommitter(Generic[T, R]):
         return batch
 
     async def _run(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
-        cancelled = False
-        try:
-            if self._in_flight == 1:
-                async with self._lock:
-                    # The items that came while another mutation held the lock join.
-                    batch += self._take(self._max_batch - len(batch))
-                    results = await self._results(batch)
-            else:
+        if self._in_flight == 1:
+            async with self._lock:
+                # The items that came while another mutation held the lock join (the
+                # list is the one _ended gets).
+                batch += self._take(self._max_batch - len(batch))
                 results = await self._results(batch)
-            self.commits += 1
-        except BaseException as exc:  # cancelled (shutdown): nobody waits forever
-            cancelled = True
-            for _, future in batch + self._waiting:
-                if not future.done():
-                    future.set_exception(RuntimeError(f"ingest stopped: {exc!r}"))
-            self._waiting.clear()
-            raise
-        finally:
-            task = asyncio.current_task()
-            if task is not None:
-                self._running.discard(task)
-            if self._key is not None:
-                self._busy -= {self._key(item) for item, _ in batch}
-            if not cancelled:
-                self._start()  # the items that came meanwhile, or waited for a key
+        else:
+            results = await self._results(batch)
+        self.commits += 1
         for (_, future), result in zip(batch, results, strict=True):
             if future.done():  # the writer stopped waiting (its RPC was cancelled)
                 continue

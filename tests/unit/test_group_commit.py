@@ -141,6 +141,23 @@ async def test_batches_in_flight_overlap_and_keep_a_documents_versions_in_order(
     lock.release()
 
 
+async def test_a_commit_cancelled_before_it_ran_fails_its_writers_and_frees_its_slot(
+        ) -> None:
+    """A loop shutting down cancels tasks that never ran: the batch's writers learn it
+    (nobody waits forever) and the next submit still gets a slot."""
+    async def commit(items: list[str]) -> Sequence[str | BaseException]:
+        return items
+
+    group: GroupCommitter[str, str] = GroupCommitter(commit, asyncio.Lock())
+    writer = asyncio.ensure_future(group.submit("x"))
+    await asyncio.sleep(0)  # the submit ran: its commit task exists, not yet started
+    (task,) = group._running
+    task.cancel()
+    with pytest.raises(RuntimeError, match="ingest stopped"):
+        await writer
+    assert await asyncio.wait_for(group.submit("y"), 5) == "y"
+
+
 def test_concurrent_batches_need_a_key() -> None:
     async def commit(items: list[str]) -> Sequence[str | BaseException]:
         return items
