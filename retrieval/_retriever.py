@@ -300,6 +300,23 @@ class Retriever(RetrieverSources):
                 rows[doc_id] = doc
         return [rows[k] for k in sorted(rows) if not states or rows[k].state in states]
 
+    async def document_counts(self) -> dict[str, int]:
+        """Documents per source id, as :meth:`documents` lists them (those being processed
+        or journalled and not stored yet included), without reading them: the database
+        counts, and only the documents under way are looked up (a few, however large the
+        corpus). A source without documents is left out."""
+        store = self._backend.require()
+        counts = await asyncio.to_thread(store.document_counts)
+        under_way = {**self._later.pending, **self._ingest.inflight}
+        if under_way:
+            stored = await asyncio.to_thread(store.document_sources, list(under_way))
+            for doc_id, doc in under_way.items():
+                was = stored.get(doc_id)
+                if was is not None:
+                    counts[was] -= 1
+                counts[doc.source_id] = counts.get(doc.source_id, 0) + 1
+        return {source: n for source, n in counts.items() if n > 0}
+
     # -- review ------------------------------------------------------------------------
 
     async def approve(self, doc_id: str, note: str = "") -> DocumentRow:

@@ -184,6 +184,22 @@ async def test_commit_returns_the_documents_indexed_and_stores_their_rows(
     assert rows.keys_matching() == keys
 
 
+async def test_document_counts_and_sources(filled: StoreBackend) -> None:
+    """document_counts: per source, as documents() holds them, held ones included, an
+    empty source left out; document_sources: the stored ids' sources, others left out."""
+    rows = filled.require()
+    rows.upsert_source(SourceRow("empty", "push"))
+    assert rows.document_counts() == {"docs": 2, "logs": 2}
+    rows.hold_document(DocumentRow("logs/new", "logs", title="held"), "a held text")
+    assert rows.document_counts() == {"docs": 2, "logs": 3} == {
+        s: sum(d.source_id == s for d in rows.documents()) for s in ("docs", "logs")}
+    assert rows.document_sources(["docs/db", "logs/new", "logs/none", "docs/db"]) == \
+        {"docs/db": "docs", "logs/new": "logs"}
+    assert rows.document_sources([]) == {}
+    many = [f"docs/x{i}" for i in range(1200)] + ["logs/vpn"]
+    assert rows.document_sources(many) == {"logs/vpn": "logs"}
+
+
 async def test_a_commit_replaces_a_document_whole(filled: StoreBackend) -> None:
     """A document committed again: its old chunks leave both lists, the new ones enter."""
     before = filled.require().document_chunk_keys("docs/db")

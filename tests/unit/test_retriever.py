@@ -58,6 +58,70 @@ def doc_ids(hits: Sequence[Hit]) -> set[str]:
 # -- status --------------------------------------------------------------------------------
 
 
+class GatedEmbedder(HashEmbedder):
+    """A hash embedder whose requests wait while ``gate`` is set and closed; ``arrived``
+    is set once ``expected`` texts wait there."""
+
+    def __init__(self, model_id: str) -> None:
+        super().__init__(model_id)
+        self.gate: asyncio.Event | None = None
+        self.expected = 0
+        self.waiting = 0
+        self.arrived = asyncio.Event()
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        if self.gate is not None and not self.gate.is_set():
+            self.waiting += len(texts)
+            if self.waiting >= self.expected:
+                self.arrived.set()
+            await self.gate.wait()
+        return await super().embed(texts)
+
+
+async def test_document_counts_are_the_listing_counted_with_documents_under_way(
+        tmp_path: Path) -> None:
+    """document_counts (Status's and ListSources' numbers) equals documents() counted per
+    source while documents are in flight: a new one and a replaced one (their embedding
+    waits), one moved to another source by its id, and one journalled (wait=false). A
+    source with none is left out."""
+    embedder = GatedEmbedder("m")
+    r = await filled(tmp_path, embedder)
+    stuck: list[asyncio.Task[object]] = []
+    gate = embedder.gate = asyncio.Event()
+    embedder.gate.set()
+    try:
+        await r.add_source("logs")
+        await r.add_source("empty")
+        await r.upsert("logs", "vpn", "vpn tunnel up again", doc_id="logs/vpn")
+
+        def listed() -> dict[str, int]:
+            counts: dict[str, int] = {}
+            for d in docs:
+                counts[d.source_id] = counts.get(d.source_id, 0) + 1
+            return counts
+
+        docs = await r.documents()
+        assert await r.document_counts() == listed() == {"docs": 3, "logs": 1}
+        gate.clear()
+        embedder.expected = 3
+        stuck += [asyncio.create_task(r.upsert(source, "t", text, doc_id=doc_id))
+                  for source, text, doc_id in (
+                      ("docs", "a new runbook on printers", "docs/new"),
+                      ("docs", "db02 lag: replay again", "docs/db"),
+                      ("logs", "disk full moved to the logs", "docs/disk"))]
+        async with asyncio.timeout(patience(10)):
+            await embedder.arrived.wait()  # all three are being processed
+        await r.upsert_later("logs", "later", "a journalled log line", doc_id="logs/later")
+        docs = await r.documents()
+        assert {d.id for d in docs if d.state in ("processing", "pending")} >= \
+            {"docs/new", "docs/db", "docs/disk"}
+        assert await r.document_counts() == listed() == {"docs": 3, "logs": 3}
+    finally:
+        gate.set()
+        await asyncio.gather(*stuck, return_exceptions=True)
+        await r.close()
+
+
 async def test_status_counts_every_store(hashed: Retriever) -> None:
     """status() is a RetrievalStatus counting sources, documents by state, chunks, vectors."""
     status = await hashed.status()
