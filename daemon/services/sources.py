@@ -135,7 +135,7 @@ async def set_disabled(retriever: Retriever, source_id: str,
         NotFound: no such source.
     """
     row = await retriever.set_source_disabled(source_id, disabled)
-    return row, len(await retriever.documents(source_id))
+    return row, (await retriever.document_counts()).get(source_id, 0)
 
 
 async def remove(retriever: Retriever, source_id: str) -> int:
