@@ -4,12 +4,20 @@ when it writes one server-sent event per wake-up (aiohttp), and when it sends on
 message per wake-up (grpc.aio), each in a process of its own woken by a timer every
 ``interval`` seconds (a model's pace: ~70 tokens/s). A relay that gets one token per
 wake-up from its child cannot cost less per token than these (it also reads the child).
+
+Beside them, in a second process without an event loop: a plain thread that sleeps (what
+a wake-up costs a process that runs no loop), and grpcio's synchronous server sending one
+message per wake-up from its handler thread (does leaving grpc.aio make a message
+cheaper?).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import multiprocessing
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -20,6 +28,7 @@ from aiohttp import web
 from bench._relay_cost import cpu_ns
 
 KINDS = ("asyncio wake-up only", "aiohttp SSE event", "grpc.aio message")
+SYNC_KINDS = ("thread wake-up only", "sync grpc message")
 
 
 async def _sleeper(port_out: Any, count: int, interval: float) -> None:
@@ -65,6 +74,29 @@ def _serve(port_out: Any, count: int, interval: float) -> None:
     asyncio.run(_sleeper(port_out, count, interval))
 
 
+def _serve_sync(port_out: Any, count: int, interval: float) -> None:
+    """The synchronous kinds: a unary call whose handler thread sleeps ``count`` times,
+    and a stream whose handler thread sends a message after each sleep."""
+    def sleeps(_request: bytes, _context: Any) -> bytes:
+        for _ in range(count):
+            time.sleep(interval)
+        return b"ok"
+
+    def messages(_request: bytes, _context: Any) -> Any:
+        for _ in range(count):
+            time.sleep(interval)
+            yield b"token"
+
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("floor.Floor", {
+        "Sleep": grpc.unary_unary_rpc_method_handler(sleeps),
+        "Stream": grpc.unary_stream_rpc_method_handler(messages)})])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    port_out.put(port)
+    threading.Event().wait()
+
+
 async def floors(count: int = 300, interval: float = 0.014) -> dict[str, float]:
     """CPU µs per wake-up of each kind (:data:`KINDS`), in a fresh server process."""
     queue: Any = multiprocessing.get_context("spawn").Queue()
@@ -98,6 +130,38 @@ async def floors(count: int = 300, interval: float = 0.014) -> dict[str, float]:
                 before = cpu_ns(pid)
                 await run()
                 out[kind] = (cpu_ns(pid) - before) / 1e3 / count
+    finally:
+        proc.kill()
+        proc.join()
+    return out | await _sync_floors(count, interval)
+
+
+async def _sync_floors(count: int, interval: float) -> dict[str, float]:
+    """CPU µs per wake-up of each of :data:`SYNC_KINDS`, in a fresh process."""
+    queue: Any = multiprocessing.get_context("spawn").Queue()
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_serve_sync, args=(queue, count, interval), daemon=True)
+    proc.start()
+    try:
+        port = await asyncio.to_thread(queue.get, True, 60)
+        pid = proc.pid
+        assert pid is not None
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            sleep, stream = channel.unary_unary("/floor.Floor/Sleep"), \
+                channel.unary_stream("/floor.Floor/Stream")
+
+            async def idle() -> None:
+                await sleep(b"")
+
+            async def messages() -> None:
+                async for _ in stream(b""):
+                    pass
+
+            out: dict[str, float] = {}
+            for kind, run in zip(SYNC_KINDS, (idle, messages), strict=True):
+                before = cpu_ns(pid)
+                await run()
+                out[kind] = (cpu_ns(pid) - before) / 1e3 / count
             return out
     finally:
         proc.kill()
@@ -106,6 +170,7 @@ async def floors(count: int = 300, interval: float = 0.014) -> dict[str, float]:
 
 def floor_lines(found: dict[str, float], interval: float) -> list[str]:
     cells = ", ".join(f"{kind} **{us:.0f} µs**" for kind, us in found.items())
-    return ["", f"Floor (`--floor`): one process woken every {interval * 1000:g} ms by a "
-            f"timer, CPU per wake-up: {cells}. A relay that gets one token per wake-up "
-            "cannot cost less per token (it also reads its child)."]
+    return ["", f"Floor (`--floor`): a process woken every {interval * 1000:g} ms by a "
+            f"timer, CPU per wake-up: {cells} (the first three in an asyncio process, the "
+            "last two in one without an event loop). A relay that gets one token per "
+            "wake-up cannot cost less per token (it also reads its child)."]
