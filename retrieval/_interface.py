@@ -67,13 +67,10 @@ class DocumentStore(Protocol):
     def documents(self, source_id: str | None = None) -> list[DocumentRow]:
         """Documents by id (of one source)."""
 
-    def document_counts(self) -> dict[str, int]:
-        """Documents per source id, as :meth:`documents` holds them; a source without
-        any is left out. Counted by the database, not read row by row."""
-
-    def document_sources(self, doc_ids: Sequence[str]) -> dict[str, str]:
-        """Document id -> its source id, for those of ``doc_ids`` stored (the others
-        left out)."""
+    def document_counts(self, leaving_out: Sequence[str] = ()) -> dict[str, int]:
+        """Documents per source id, as :meth:`documents` holds them, but for the ids of
+        ``leaving_out``; a source without any is left out. Counted by the database in
+        one statement (one snapshot), not read row by row."""
 
     def set_state(self, doc: DocumentRow, state: str, error: str = "") -> None:
         """Record a document's state (making its row if it has none); chunks kept."""

@@ -303,19 +303,15 @@ class Retriever(RetrieverSources):
     async def document_counts(self) -> dict[str, int]:
         """Documents per source id, as :meth:`documents` lists them (those being processed
         or journalled and not stored yet included), without reading them: the database
-        counts, and only the documents under way are looked up (a few, however large the
-        corpus). A source without documents is left out."""
+        counts every other document, in one statement, and those under way (a few,
+        however large the corpus) count by their new version's source. A source without
+        documents is left out."""
         store = self._backend.require()
-        counts = await asyncio.to_thread(store.document_counts)
         under_way = {**self._later.pending, **self._ingest.inflight}
-        if under_way:
-            stored = await asyncio.to_thread(store.document_sources, list(under_way))
-            for doc_id, doc in under_way.items():
-                was = stored.get(doc_id)
-                if was is not None:
-                    counts[was] -= 1
-                counts[doc.source_id] = counts.get(doc.source_id, 0) + 1
-        return {source: n for source, n in counts.items() if n > 0}
+        counts = await asyncio.to_thread(store.document_counts, list(under_way))
+        for doc in under_way.values():
+            counts[doc.source_id] = counts.get(doc.source_id, 0) + 1
+        return counts
 
     # -- review ------------------------------------------------------------------------
 

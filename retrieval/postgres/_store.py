@@ -247,23 +247,14 @@ class PostgresStore(PgVectors, PgReview, PgHistory):
                                     (source_id,)).fetchall()
         return [document_row(r) for r in rows]
 
-    def document_counts(self) -> dict[str, int]:
-        """Documents per source id (sources without any left out), counted by the
-        server."""
+    def document_counts(self, leaving_out: Sequence[str] = ()) -> dict[str, int]:
+        """Documents per source id, but for those of ``leaving_out`` (sources without any
+        left out), counted by the server in one statement."""
         with self._conn() as conn:
             rows = conn.execute(
-                "SELECT source_id, COUNT(*) FROM documents GROUP BY source_id").fetchall()
+                "SELECT source_id, COUNT(*) FROM documents WHERE NOT (id = ANY(%s)) "
+                "GROUP BY source_id", (list(leaving_out),)).fetchall()
         return {str(source): int(n) for source, n in rows}
-
-    def document_sources(self, doc_ids: Sequence[str]) -> dict[str, str]:
-        """Document id -> its source id, for those of ``doc_ids`` stored."""
-        ids = list(dict.fromkeys(doc_ids))
-        if not ids:
-            return {}
-        with self._conn() as conn:
-            rows = conn.execute("SELECT id, source_id FROM documents WHERE id = ANY(%s)",
-                                (ids,)).fetchall()
-        return {str(i): str(s) for i, s in rows}
 
     def set_state(self, doc: DocumentRow, state: str, error: str = "") -> None:
         """Record a document's pipeline state (creating the row if needed), chunks kept."""

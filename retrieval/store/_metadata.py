@@ -28,9 +28,6 @@ from ._rows import ChunkRow, DocumentRow, Replacement, SourceRow, StoredChunk
 
 __all__ = ["ChunkRow", "DocumentRow", "Replacement", "SourceRow", "Store", "StoredChunk"]
 
-_IDS_PER_QUERY = 500
-"""Ids bound in one ``IN (...)`` (SQLite allows 999 parameters in older builds)."""
-
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS sources (
@@ -297,27 +294,17 @@ class Store(ReviewStore, HistoryStore, EmbeddingCache, EntryStore):
                                         (source_id,)).fetchall()
         return [self._document(r) for r in rows]
 
-    def document_counts(self) -> dict[str, int]:
-        """Documents per source id, as :meth:`documents` holds them (sources without any
-        left out): counted by SQLite, not read row by row (Status and ListSources ask
-        for this, operators every second or so during an ingest)."""
+    def document_counts(self, leaving_out: Sequence[str] = ()) -> dict[str, int]:
+        """Documents per source id, as :meth:`documents` holds them, but for those of
+        ``leaving_out`` (sources without any left out): counted by SQLite in one
+        statement, not read row by row (Status and ListSources ask for this, operators
+        every second or so during an ingest)."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT source_id, COUNT(*) FROM documents GROUP BY source_id").fetchall()
+                "SELECT source_id, COUNT(*) FROM documents WHERE id NOT IN "
+                "(SELECT value FROM json_each(?)) GROUP BY source_id",
+                (json.dumps(list(leaving_out)),)).fetchall()
         return {str(source): int(n) for source, n in rows}
-
-    def document_sources(self, doc_ids: Sequence[str]) -> dict[str, str]:
-        """Document id -> its source id, for those of ``doc_ids`` stored."""
-        found: dict[str, str] = {}
-        ids = list(dict.fromkeys(doc_ids))
-        for at in range(0, len(ids), _IDS_PER_QUERY):
-            part = ids[at:at + _IDS_PER_QUERY]
-            with self._lock:
-                rows = self._db.execute(
-                    "SELECT id, source_id FROM documents WHERE id IN "  # noqa: S608 - placeholders only
-                    f"({','.join('?' * len(part))})", part).fetchall()
-            found.update((str(i), str(s)) for i, s in rows)
-        return found
 
     def set_state(self, doc: DocumentRow, state: str, error: str = "") -> None:
         """Record a document's pipeline state (creating the row if needed), chunks kept."""

@@ -85,23 +85,25 @@ async def test_document_counts_are_the_listing_counted_with_documents_under_way(
     waits), one moved to another source by its id, and one journalled (wait=false). A
     source with none is left out."""
     embedder = GatedEmbedder("m")
-    r = await filled(tmp_path, embedder)
+    # Room for each of the three texts' requests at the gate at once (with the default 2 in
+    # flight, a third text waits in the batcher, before the gate, whenever the first two
+    # went out in separate requests).
+    r = await filled(tmp_path, embedder, RetrievalLimits(embed_concurrency=4))
     stuck: list[asyncio.Task[object]] = []
     gate = embedder.gate = asyncio.Event()
-    embedder.gate.set()
+    gate.set()
     try:
         await r.add_source("logs")
         await r.add_source("empty")
         await r.upsert("logs", "vpn", "vpn tunnel up again", doc_id="logs/vpn")
 
-        def listed() -> dict[str, int]:
+        async def listed() -> dict[str, int]:
             counts: dict[str, int] = {}
-            for d in docs:
+            for d in await r.documents():
                 counts[d.source_id] = counts.get(d.source_id, 0) + 1
             return counts
 
-        docs = await r.documents()
-        assert await r.document_counts() == listed() == {"docs": 3, "logs": 1}
+        assert await r.document_counts() == await listed() == {"docs": 3, "logs": 1}
         gate.clear()
         embedder.expected = 3
         stuck += [asyncio.create_task(r.upsert(source, "t", text, doc_id=doc_id))
@@ -115,7 +117,7 @@ async def test_document_counts_are_the_listing_counted_with_documents_under_way(
         docs = await r.documents()
         assert {d.id for d in docs if d.state in ("processing", "pending")} >= \
             {"docs/new", "docs/db", "docs/disk"}
-        assert await r.document_counts() == listed() == {"docs": 3, "logs": 3}
+        assert await r.document_counts() == await listed() == {"docs": 3, "logs": 3}
     finally:
         gate.set()
         await asyncio.gather(*stuck, return_exceptions=True)
