@@ -332,8 +332,11 @@ async def test_shared_first_start_ttl_unload_and_a_broken_file_alone(
         assert daemon.children["generation"].serving_pid == smol_pid
 
         # Idle for its ttl: gemma is unloaded (its child gone), the pinned default stays.
+        # The pool counts the unload once the unload has returned: the child can be gone
+        # a turn of the loop before the count.
         for _ in range(200):
-            if gemma.serving_pid == 0 and not alive(gemma_pid):
+            if gemma.serving_pid == 0 and not alive(gemma_pid) and \
+                    count("llamad_model_unloads", model="gemma", reason="ttl"):
                 break
             await asyncio.sleep(0.1)
         assert gemma.serving_pid == 0 and not alive(gemma_pid)
